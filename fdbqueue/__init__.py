@@ -1,0 +1,81 @@
+"""fdbqueue: durable, transactional queues in an ordered transactional key-value store.
+
+``fdbqueue.open(url)`` gives a Database (embedded sqlite by default, FoundationDB,
+memory or the fault-injecting simulation); ``Queue(name)`` is a handle whose methods
+take a Database (own retried transaction) or a Transaction (joins the caller's).
+"""
+
+from __future__ import annotations
+
+from fdbqueue.admin import (
+    create_queue,
+    destroy_queue,
+    list_queues,
+    queue_config,
+    set_state,
+    start_queue,
+    stop_queue,
+)
+from fdbqueue.config import QueueConfig, QueueNotFoundError, QueueState, UnsupportedLayerFormatError
+from fdbqueue.delivery import LeaseError, LeaseExpiredError
+from fdbqueue.engines import open_database as open
+from fdbqueue.engines.base import (
+    Database,
+    KeySelector,
+    KeyValue,
+    Transaction,
+    Watch,
+    transactional,
+)
+from fdbqueue.errors import (
+    ClusterUnavailableError,
+    EngineError,
+    InvalidURLError,
+    NestedTransactionError,
+    QueueError,
+    StoreError,
+    UnsupportedFormatError,
+)
+from fdbqueue.message import ContentType, InvalidPayloadError, Message, PayloadTooLargeError
+from fdbqueue.queue import Queue, QueueFullError, QueueStoppedError
+from fdbqueue.sweep import SweepStats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ClusterUnavailableError",
+    "ContentType",
+    "Database",
+    "EngineError",
+    "InvalidPayloadError",
+    "InvalidURLError",
+    "KeySelector",
+    "KeyValue",
+    "LeaseError",
+    "LeaseExpiredError",
+    "Message",
+    "NestedTransactionError",
+    "PayloadTooLargeError",
+    "Queue",
+    "QueueConfig",
+    "QueueError",
+    "QueueFullError",
+    "QueueNotFoundError",
+    "QueueState",
+    "QueueStoppedError",
+    "StoreError",
+    "SweepStats",
+    "Transaction",
+    "UnsupportedFormatError",
+    "UnsupportedLayerFormatError",
+    "Watch",
+    "create_queue",
+    "destroy_queue",
+    "list_queues",
+    "open",
+    "queue_config",
+    "set_state",
+    "start_queue",
+    "stop_queue",
+    "transactional",
+]

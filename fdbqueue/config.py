@@ -1,0 +1,167 @@
+"""Queue settings and state, stored in the database under each queue's subspace."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from fdbqueue.engines.base import ReadView, Transaction
+from fdbqueue.errors import QueueError
+from fdbqueue.layout import LAYER_FORMAT, QueueKeys
+
+
+class QueueNotFoundError(QueueError, KeyError):
+    """No queue of that name exists."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "queue not found"
+
+
+class UnsupportedLayerFormatError(QueueError):
+    """The database holds queues of a newer, incompatible fdbqueue layer format."""
+
+
+OVERFLOW_POLICIES = ("reject", "block")
+EXPIRY_ACTIONS = ("error", "discard")
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    """A queue's settings. Stored as JSON; every field has a default."""
+
+    max_size: int | None = None
+    overflow: str = "reject"  # full queue: "reject" (QueueFull) or "block" (wait up to a timeout)
+    max_deliveries: int = 5
+    error_queue: str | None = None  # None: "<name>.error"
+    retry_delay: float = 0.0
+    retry_backoff: float = 1.0  # retry n waits retry_delay * retry_backoff ** (n - 1)
+    max_retry_delay: float = 3600.0
+    lease_seconds: float = 30.0
+    ttl: float | None = None
+    expiry_action: str = "error"  # expired messages: "error" (error queue, tag expired) or "discard"
+    strict_order: bool = False
+    max_payload: int = 1_048_576
+    dedup_window: float = 3600.0
+    extra: dict[str, Any] = field(default_factory=dict)  # owner, privileges, description ...
+
+    def __post_init__(self) -> None:
+        def positive_number(name: str, value: Any, *, allow_none: bool = False, zero: bool = True) -> None:
+            if value is None and allow_none:
+                return
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+                raise QueueError(f"{name} must be a number, got {value!r}")
+            if value < 0 or (value == 0 and not zero):
+                raise QueueError(f"{name} must be {'>= 0' if zero else '> 0'}, got {value!r}")
+
+        if self.max_size is not None and (
+            isinstance(self.max_size, bool) or not isinstance(self.max_size, int) or self.max_size < 1
+        ):
+            raise QueueError(f"max_size must be a positive int or None, got {self.max_size!r}")
+        if self.overflow not in OVERFLOW_POLICIES:
+            raise QueueError(f"overflow must be one of {OVERFLOW_POLICIES}, got {self.overflow!r}")
+        if isinstance(self.max_deliveries, bool) or not isinstance(self.max_deliveries, int) or self.max_deliveries < 1:
+            raise QueueError(f"max_deliveries must be an int >= 1, got {self.max_deliveries!r}")
+        positive_number("retry_delay", self.retry_delay)
+        positive_number("retry_backoff", self.retry_backoff, zero=False)
+        positive_number("max_retry_delay", self.max_retry_delay)
+        positive_number("lease_seconds", self.lease_seconds, zero=False)
+        positive_number("ttl", self.ttl, allow_none=True, zero=False)
+        positive_number("dedup_window", self.dedup_window)
+        if self.expiry_action not in EXPIRY_ACTIONS:
+            raise QueueError(f"expiry_action must be one of {EXPIRY_ACTIONS}, got {self.expiry_action!r}")
+        if isinstance(self.max_payload, bool) or not isinstance(self.max_payload, int) or self.max_payload < 1:
+            raise QueueError(f"max_payload must be a positive int, got {self.max_payload!r}")
+        if self.error_queue is not None and not isinstance(self.error_queue, str):
+            raise QueueError(f"error_queue must be a str or None, got {self.error_queue!r}")
+
+    def encode(self) -> bytes:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> QueueConfig:
+        data = json.loads(raw)
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def error_queue_for(self, name: str) -> str:
+        return self.error_queue or f"{name}.error"
+
+    def retry_wait(self, deliveries: int) -> float:
+        """How long a message waits before its next delivery after ``deliveries`` deliveries."""
+        if self.retry_delay <= 0:
+            return 0.0
+        return float(min(self.max_retry_delay, self.retry_delay * self.retry_backoff ** max(0, deliveries - 1)))
+
+    def replace(self, **changes: Any) -> QueueConfig:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class QueueState:
+    """Whether each direction is open (seed 002: stop/start, enable/disable independently)."""
+
+    enqueue: bool = True
+    dequeue: bool = True
+
+    def encode(self) -> bytes:
+        return json.dumps({"enqueue": self.enqueue, "dequeue": self.dequeue}).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes | None) -> QueueState:
+        if not raw:
+            return cls()
+        data = json.loads(raw)
+        return cls(enqueue=bool(data.get("enqueue", True)), dequeue=bool(data.get("dequeue", True)))
+
+
+_config_cache: dict[bytes, QueueConfig] = {}
+
+
+def read_config(tr: ReadView, keys: QueueKeys) -> QueueConfig | None:
+    """The queue's settings, or None when it does not exist (a serializable point read)."""
+    raw = tr.get(keys.config)
+    if raw is None:
+        return None
+    cfg = _config_cache.get(raw)
+    if cfg is None:
+        cfg = QueueConfig.decode(raw)
+        if len(_config_cache) > 1024:
+            _config_cache.clear()
+        _config_cache[raw] = cfg
+    return cfg
+
+
+def check_layer_format(tr: Transaction, keys: QueueKeys) -> None:
+    """Write the layer format on first use; refuse a store of a newer major format."""
+    raw = tr.get(keys.format)
+    if raw is None:
+        tr.set(keys.format, LAYER_FORMAT.encode())
+        return
+    major = raw.decode(errors="replace").split(".")[0]
+    if major != LAYER_FORMAT.split(".")[0]:
+        raise UnsupportedLayerFormatError(
+            f"this database holds fdbqueue layer format {raw.decode(errors='replace')}; "
+            f"this version reads format {LAYER_FORMAT}"
+        )
+
+
+def write_config(tr: Transaction, keys: QueueKeys, cfg: QueueConfig) -> None:
+    check_layer_format(tr, keys)
+    tr.set(keys.config, cfg.encode())
+    tr.set(keys.listing, b"")
+
+
+def config_or_create(tr: Transaction, keys: QueueKeys) -> QueueConfig:
+    """Settings of the queue, creating it with defaults on first use."""
+    cfg = read_config(tr, keys)
+    if cfg is None:
+        cfg = QueueConfig()
+        write_config(tr, keys, cfg)
+    return cfg
+
+
+def read_state(tr: ReadView, keys: QueueKeys) -> QueueState:
+    return QueueState.decode(tr.get(keys.state))

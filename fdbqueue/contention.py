@@ -1,0 +1,168 @@
+"""High-contention dequeue: the staged dequeue-request set (FoundationDB's high-contention queue).
+
+A dequeuer registers a request ``("pop", time, rand)``; whichever waiter runs next pairs
+waiting requests with ready messages in batches, using snapshot range reads plus exact
+point reads of each paired request and message, so two fulfillers conflict only when
+they touch the same one; each pairing writes the message to ``("res", rand)``, and its
+requester collects it. Throughput holds up as dequeuers are added, where plain
+dequeues all collide on the first key.
+
+It cannot join a caller's transaction: the request must be committed (visible) before
+anyone can fulfil it, and the result is collected in a later transaction, so a staged
+dequeue spans several transactions of its own. In a caller's transaction use the plain
+dequeue: it conflicts under contention and the caller's retry loop runs it again.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import struct
+import time
+from typing import TYPE_CHECKING
+
+from fdbqueue.clock import now_us
+from fdbqueue.config import read_config, read_state
+from fdbqueue.engines.base import Database, EngineError, Transaction
+from fdbqueue.delivery import remove_message
+from fdbqueue.layout import MINUS_ONE, QueueKeys
+from fdbqueue.message import Message, Record
+
+if TYPE_CHECKING:
+    from fdbqueue.queue import Queue
+
+BATCH = 100
+STALE_REQUEST_US = 30_000_000  # a request this old lost its waiter: clear it, pair nothing
+_PENDING = object()
+_RESULT_HEAD = struct.Struct("<qH")
+
+
+def encode_result(made_us: int, key: bytes, record: bytes) -> bytes:
+    """A fulfilled request: when, the message's ready key (its place), its record."""
+    return _RESULT_HEAD.pack(made_us, len(key)) + key + record
+
+
+def decode_result(raw: bytes) -> tuple[int, bytes, bytes]:
+    made_us, n = _RESULT_HEAD.unpack_from(raw)
+    start = _RESULT_HEAD.size
+    return made_us, raw[start : start + n], raw[start + n :]
+
+
+def _expired(raw: bytes, now: int) -> bool:
+    exp = Record.decode(raw).expires_us
+    return exp is not None and exp <= now
+
+
+def waiting_requests(tr: Transaction, keys: QueueKeys) -> bool:
+    """True when staged requests wait (a snapshot read: no conflict)."""
+    return bool(tr.snapshot.get_range(*keys.pop_range(), limit=1))
+
+
+def staged_dequeue(db: Database, queue: Queue) -> Message | None:
+    """Dequeue through the request set; None when the queue was empty at fulfilment."""
+    from fdbqueue.queue import run_once
+
+    keys = queue.keys
+    rand = os.urandom(8)  # made outside every retry loop: the request's identity
+    req_key = keys.pop_key(now_us(), rand)
+    res_key = keys.result_key(rand)
+
+    def register(t: Transaction, _: bool) -> bool:
+        if read_config(t, keys) is None:
+            return False
+        if not read_state(t, keys).dequeue:
+            from fdbqueue.queue import QueueStoppedError
+
+            raise QueueStoppedError(f"dequeue is disabled on queue {queue.name!r}")
+        t.set(req_key, b"")  # the same key on every attempt: idempotent
+        return True
+
+    if not run_once(db, register):
+        return None
+    delay = 0.0005
+    while True:
+        fulfil(db, queue)
+        got = _collect(db, queue, req_key, res_key)
+        if got is not _PENDING:
+            return got  # type: ignore[return-value]
+        time.sleep(delay * random.uniform(0.5, 1.0))
+        delay = min(delay * 2, 0.05)
+
+
+def _collect(db: Database, queue: Queue, req_key: bytes, res_key: bytes) -> object:
+    from fdbqueue.queue import run_once
+
+    keys = queue.keys
+    taken: list[Message] = []
+
+    def body(t: Transaction, unknown: bool) -> object:
+        if unknown and taken:
+            if t.get(res_key) is None:
+                return taken[0]  # the attempt that ended in commit_unknown_result committed
+        if t.get(req_key) is not None:
+            return _PENDING
+        raw = t.get(res_key)
+        if raw is None:
+            return None
+        _made, key, record = decode_result(raw)
+        msg = queue._message(t, key, record, delivered=True)
+        t.clear(res_key)
+        if Record.decode(record).chunks:
+            t.clear_range(*keys.chunk_range(msg.id))
+        taken[:] = [msg]
+        return msg
+
+    return run_once(db, body)
+
+
+def fulfil(db: Database, queue: Queue) -> int:
+    """Pair waiting requests with ready messages, a batch per transaction; returns pairs made."""
+    keys = queue.keys
+    made = 0
+    t = db.create_transaction()
+    try:
+        while True:
+            try:
+                reqs = t.snapshot.get_range(*keys.pop_range(), limit=BATCH)
+                if not reqs:
+                    return made
+                now = now_us()
+                # Expired messages are left to the plain path and the sweep, which expire them.
+                items = [
+                    kv
+                    for kv in t.snapshot.get_range(*keys.ready_range(), limit=2 * len(reqs))
+                    if not _expired(kv.value, now)
+                ][: len(reqs)]
+                stale_before = now - STALE_REQUEST_US
+                live = []
+                for req in reqs:
+                    if keys.unpack_tail(req.key)[1] < stale_before:
+                        t.get(req.key)
+                        t.clear(req.key)
+                    else:
+                        live.append(req)
+                for req, item in zip(live, items):
+                    # Point reads make only true collisions conflict (keep them: without
+                    # them two fulfillers could hand out one message twice).
+                    t.get(req.key)
+                    t.get(item.key)
+                    rand = keys.unpack_tail(req.key)[2]
+                    t.set(keys.result_key(rand), encode_result(now, item.key, item.value))
+                    rec = Record.decode(item.value)
+                    remove_message(t, keys, item.key, rec, chunks=False)  # its requester reads them
+                    t.add(keys.counter("ready"), MINUS_ONE)
+                    t.clear(req.key)
+                for req in live[len(items) :]:
+                    t.get(req.key)
+                    t.clear(req.key)  # nothing to pair: its requester gets None
+                t.commit()
+                made += min(len(live), len(items))
+                if len(reqs) < BATCH:
+                    return made
+                t.reset()
+            except EngineError as exc:
+                if exc.code == 1020:
+                    return made  # another waiter fulfilled these
+                t.on_error(exc)
+    finally:
+        t.cancel()

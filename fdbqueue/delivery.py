@@ -1,0 +1,296 @@
+"""Delivery guarantees: leases, release to the original place, poison messages, expiry.
+
+Where a message can be (``layout.py`` has the keys):
+
+* ready     ``("r", -priority, index, rand)`` -> record
+* leased    ``("f", id)`` -> record whose ``extra`` holds its ready key, receipt and deadline;
+            plus ``("l", deadline, id)`` so that sweeps find expired leases in deadline order
+* delayed   ``("d", due, id)`` -> record whose ``extra`` holds the ready key to go back to
+            (a retry) or the priority to enqueue at (a delayed enqueue)
+* the error queue, as a ready message of that queue, tagged with ``origin`` and ``reason``
+
+A failed delivery (nack, lease expiry, an aborted in-transaction dequeue) puts the
+message back at its original key - order kept through its lifetime (seed 000) - after
+the queue's retry delay, or moves it to the error queue once it has had max_deliveries.
+Every function here composes inside the caller's transaction.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from fdbqueue.config import QueueConfig, config_or_create
+from fdbqueue.engines.base import Transaction
+from fdbqueue.errors import QueueError
+from fdbqueue.layout import MINUS_ONE, ONE, QueueKeys, new_rand, pack_count, unpack_count
+from fdbqueue.message import Message, Record
+
+if TYPE_CHECKING:
+    from fdbqueue.queue import Queue
+
+
+class LeaseError(QueueError):
+    """The lease is unknown, was already settled, or has expired."""
+
+
+class LeaseExpiredError(LeaseError):
+    """The lease expired: the message was (or will be, at the next sweep) released."""
+
+
+# -- moving records --------------------------------------------------------------------------
+
+
+def remove_message(tr: Transaction, keys: QueueKeys, key: bytes, rec: Record, *, chunks: bool = True) -> None:
+    """Clear a message from wherever ``key`` says it is, with its id entry and TTL entry."""
+    tr.clear(key)
+    tr.clear(keys.id_key(rec.id))
+    if rec.expires_us is not None:
+        tr.clear(keys.expiry_key(rec.expires_us, rec.id))
+    if chunks and rec.chunks:
+        tr.clear_range(*keys.chunk_range(rec.id))
+
+
+def put_ready(tr: Transaction, keys: QueueKeys, key: bytes | None, rec: Record, priority: int) -> bytes:
+    """Make ``rec`` ready at ``key`` (its original place) or at the tail of its priority."""
+    if key is None:
+        index = unpack_count(tr.snapshot.get(keys.hwm)) + 1
+        tr.max(keys.hwm, pack_count(index))
+        key = keys.ready_key(priority, index, new_rand())
+        tr.set(keys.priority_marker(priority), b"")
+    tr.set(key, rec.encode())
+    tr.set(keys.id_key(rec.id), key)
+    if rec.expires_us is not None:
+        tr.set(keys.expiry_key(rec.expires_us, rec.id), b"")
+    tr.add(keys.counter("ready"), ONE)
+    tr.add(keys.wake, ONE)
+    return key
+
+
+def put_delayed(
+    tr: Transaction, keys: QueueKeys, due_us: int, rec: Record, *, key: bytes | None, priority: int
+) -> None:
+    """Hold ``rec`` until ``due_us``; then it goes to ``key`` (a retry) or the tail (an enqueue)."""
+    extra = {k: v for k, v in rec.extra.items() if k not in ("key", "receipt", "deadline")}
+    extra["priority"] = priority
+    if key is not None:
+        extra["key"] = key.hex()
+    dkey = keys.delayed_key(due_us, rec.id)
+    tr.set(dkey, rec.with_(extra=extra).encode())
+    tr.set(keys.id_key(rec.id), dkey)
+    if rec.expires_us is not None:
+        tr.set(keys.expiry_key(rec.expires_us, rec.id), b"")
+    tr.add(keys.counter("delayed"), ONE)
+
+
+def dead_letter(q: Queue, tr: Transaction, cfg: QueueConfig, rec: Record, reason: str) -> None:
+    """Move a message (already removed from ``q``, chunks still there) to the error queue."""
+    from fdbqueue.queue import Queue as QueueCls
+
+    eq = QueueCls(cfg.error_queue_for(q.name), root=q.root)
+    ekeys = eq.keys
+    config_or_create(tr, ekeys)
+    if rec.chunks:
+        for kv in tr.get_range(*q.keys.chunk_range(rec.id)):
+            tr.set(ekeys.q.pack(("b", rec.id, q.keys.q.unpack(kv.key)[2])), kv.value)
+        tr.clear_range(*q.keys.chunk_range(rec.id))
+    extra = {"origin": q.name, "reason": reason, "deliveries": rec.deliveries}
+    dead = rec.with_(deliveries=0, extra=extra, expires_us=None)
+    put_ready(tr, ekeys, None, dead, 0)
+    tr.add(q.keys.counter("dead"), ONE)
+
+
+def expire(q: Queue, tr: Transaction, cfg: QueueConfig, key: bytes, rec: Record) -> None:
+    """A ready message past its TTL: discarded, or to the error queue tagged ``expired``."""
+    remove_message(tr, q.keys, key, rec, chunks=cfg.expiry_action == "discard")
+    tr.add(q.keys.counter("ready"), MINUS_ONE)
+    tr.add(q.keys.counter("expired"), ONE)
+    if cfg.expiry_action == "error":
+        dead_letter(q, tr, cfg, rec, "expired")
+
+
+def release(
+    q: Queue,
+    tr: Transaction,
+    cfg: QueueConfig,
+    rec: Record,
+    ready_key: bytes,
+    *,
+    reason: str | None,
+    delay: float | None,
+    now: int,
+) -> str:
+    """A delivery failed: back to ``ready_key`` (after the retry delay) or to the error queue.
+
+    ``rec.deliveries`` counts the failed delivery. Returns where it went:
+    ``ready``, ``delayed``, ``dead`` or ``expired``.
+    """
+    keys = q.keys
+    if rec.expires_us is not None and rec.expires_us <= now:
+        tr.add(keys.counter("expired"), ONE)
+        if cfg.expiry_action == "error":
+            dead_letter(q, tr, cfg, rec, "expired")
+        elif rec.chunks:
+            tr.clear_range(*keys.chunk_range(rec.id))
+        tr.clear(keys.id_key(rec.id))
+        return "expired"
+    if rec.deliveries >= cfg.max_deliveries:
+        dead_letter(q, tr, cfg, rec, reason or "max_deliveries")
+        tr.clear(keys.id_key(rec.id))
+        return "dead"
+    wait = cfg.retry_wait(rec.deliveries) if delay is None else delay
+    extra = {k: v for k, v in rec.extra.items() if k not in ("key", "receipt", "deadline", "not_before")}
+    if reason is not None:
+        extra["last_error"] = reason
+    rec = rec.with_(extra=extra)
+    priority = keys.parse_ready(ready_key)[0]
+    if wait > 0 and cfg.strict_order:
+        # Strict order: the message keeps its place and holds the queue until it is due.
+        extra["not_before"] = now + int(wait * 1e6)
+        put_ready(tr, keys, ready_key, rec.with_(extra=extra), priority)
+        return "ready"
+    if wait > 0:
+        put_delayed(tr, keys, now + int(wait * 1e6), rec, key=ready_key, priority=priority)
+        return "delayed"
+    put_ready(tr, keys, ready_key, rec, priority)
+    return "ready"
+
+
+# -- leases ------------------------------------------------------------------------------------
+
+
+def lease_in(q: Queue, tr: Transaction, msg: Message, rec: Record, seconds: float, receipt: str, now: int) -> Message:
+    """Move a ready message (just removed by the caller) into flight under ``receipt``."""
+    keys = q.keys
+    deadline = now + int(seconds * 1e6)
+    extra = dict(rec.extra)
+    extra.update(key=msg.key.hex(), receipt=receipt, deadline=deadline)
+    extra.pop("not_before", None)
+    leased = rec.with_(deliveries=rec.deliveries + 1, extra=extra)
+    fkey = keys.inflight_key(rec.id)
+    tr.set(fkey, leased.encode())
+    tr.set(keys.lease_key(deadline, rec.id), receipt.encode())
+    tr.set(keys.id_key(rec.id), fkey)
+    tr.add(keys.counter("inflight"), ONE)
+    return Message.from_record(
+        leased, q.name, msg.priority, msg.key, msg.payload, receipt=receipt, lease_deadline=deadline / 1e6
+    )
+
+
+def _leased(q: Queue, tr: Transaction, m: Message, now: int, *, allow_expired: bool = False) -> Record:
+    if not isinstance(m, Message) or not m.receipt:
+        raise LeaseError("ack, nack and extend take a Message returned by lease()")
+    raw = tr.get(q.keys.inflight_key(m.id))
+    rec = None if raw is None else Record.decode(raw)
+    if rec is None or rec.extra.get("receipt") != m.receipt:
+        raise LeaseError(f"message {m.id} is not leased under this receipt (already acked, nacked or expired)")
+    if not allow_expired and int(rec.extra["deadline"]) <= now:
+        raise LeaseExpiredError(f"the lease on message {m.id} expired; it goes back to the queue")
+    return rec
+
+
+def _end_lease(q: Queue, tr: Transaction, rec: Record) -> None:
+    keys = q.keys
+    tr.clear(keys.inflight_key(rec.id))
+    tr.clear(keys.lease_key(int(rec.extra["deadline"]), rec.id))
+    tr.add(keys.counter("inflight"), MINUS_ONE)
+
+
+def ack_in(q: Queue, tr: Transaction, m: Message, now: int) -> None:
+    rec = _leased(q, tr, m, now)
+    _end_lease(q, tr, rec)
+    tr.clear(q.keys.id_key(rec.id))
+    if rec.chunks:
+        tr.clear_range(*q.keys.chunk_range(rec.id))
+    if rec.expires_us is not None:
+        tr.clear(q.keys.expiry_key(rec.expires_us, rec.id))
+
+
+def nack_in(
+    q: Queue, tr: Transaction, cfg: QueueConfig, m: Message, delay: float | None, reason: str | None, now: int
+) -> str:
+    rec = _leased(q, tr, m, now)
+    _end_lease(q, tr, rec)
+    return release(q, tr, cfg, rec, bytes.fromhex(rec.extra["key"]), reason=reason, delay=delay, now=now)
+
+
+def extend_in(q: Queue, tr: Transaction, m: Message, seconds: float, now: int) -> Message:
+    rec = _leased(q, tr, m, now)
+    keys = q.keys
+    tr.clear(keys.lease_key(int(rec.extra["deadline"]), rec.id))
+    deadline = now + int(seconds * 1e6)
+    extra = {**rec.extra, "deadline": deadline}
+    tr.set(keys.inflight_key(rec.id), rec.with_(extra=extra).encode())
+    tr.set(keys.lease_key(deadline, rec.id), str(m.receipt).encode())
+    return Message.from_record(
+        rec.with_(extra=extra), q.name, m.priority, m.key, m.payload, receipt=m.receipt, lease_deadline=deadline / 1e6
+    )
+
+
+def expire_lease(q: Queue, tr: Transaction, cfg: QueueConfig, lease_key: bytes, now: int) -> str | None:
+    """Release the message of an expired lease entry (a sweep step); None if already settled."""
+    keys = q.keys
+    _, deadline, msg_id = keys.unpack_tail(lease_key)
+    if tr.get(lease_key) is None:
+        return None
+    tr.clear(lease_key)
+    raw = tr.get(keys.inflight_key(msg_id))
+    if raw is None:
+        return None
+    rec = Record.decode(raw)
+    if int(rec.extra.get("deadline", -1)) != deadline:
+        return None  # extended since: this entry is stale
+    tr.clear(keys.inflight_key(msg_id))
+    tr.add(keys.counter("inflight"), MINUS_ONE)
+    return release(q, tr, cfg, rec, bytes.fromhex(rec.extra["key"]), reason=None, delay=None, now=now)
+
+
+def promote_delayed(q: Queue, tr: Transaction, cfg: QueueConfig, dkey: bytes, now: int) -> str | None:
+    """Move a due delayed message to the ready set (or expire it); None if already moved."""
+    raw = tr.get(dkey)
+    if raw is None:
+        return None
+    keys = q.keys
+    rec = Record.decode(raw)
+    tr.clear(dkey)
+    tr.add(keys.counter("delayed"), MINUS_ONE)
+    if rec.expires_us is not None and rec.expires_us <= now:
+        tr.clear(keys.expiry_key(rec.expires_us, rec.id))
+        tr.add(keys.counter("expired"), ONE)
+        tr.clear(keys.id_key(rec.id))
+        if cfg.expiry_action == "error":
+            dead_letter(q, tr, cfg, rec, "expired")
+        elif rec.chunks:
+            tr.clear_range(*keys.chunk_range(rec.id))
+        return "expired"
+    extra = dict(rec.extra)
+    target = extra.pop("key", None)
+    priority = int(extra.pop("priority", 0))
+    put_ready(tr, keys, None if target is None else bytes.fromhex(target), rec.with_(extra=extra), priority)
+    return "ready"
+
+
+def message_elsewhere(q: Queue, tr: Transaction, key: bytes, raw: bytes) -> Message | None:
+    """A message found through the id index outside the ready set (leased or delayed)."""
+    tag = q.keys.unpack_tail(key)[0]
+    rec = Record.decode(raw)
+    payload = rec.payload
+    if rec.chunks:
+        payload = b"".join(kv.value for kv in tr.get_range(*q.keys.chunk_range(rec.id)))
+    more: dict[str, Any] = {}
+    if tag == "f":
+        ready_key = bytes.fromhex(rec.extra["key"])
+        more = {"receipt": None, "lease_deadline": int(rec.extra["deadline"]) / 1e6}
+        priority = q.keys.parse_ready(ready_key)[0]
+    elif tag == "d":
+        ready_key = bytes.fromhex(rec.extra["key"]) if "key" in rec.extra else b""
+        priority = int(rec.extra.get("priority", 0))
+    else:
+        return None
+    return Message.from_record(rec, q.name, priority, ready_key, payload, **more)
+
+
+def check_lease_seconds(seconds: object) -> float:
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or math.isnan(seconds) or seconds <= 0:
+        raise QueueError(f"lease seconds must be a number > 0, got {seconds!r}")
+    return float(seconds)

@@ -1,0 +1,276 @@
+"""Cross-process wake-ups for the embedded engine's watches.
+
+Every process that watches keys of a store binds one Unix datagram socket in the store's
+notify directory and runs one daemon thread that waits on it. A process that commits
+writes sends, after releasing the store lock, one datagram to every socket in that
+directory: the 8-byte hashes of the keys it wrote, or an "all" marker (clear_range, or
+more keys than fit in about 4 KB). The receiving thread re-reads only the watched keys
+whose hash arrived and fires the watches whose value now differs from what their
+transaction saw. Watches of the committing process itself are checked directly.
+
+A process that binds or closes its socket writes a fresh random token into a shared page
+(the store's lock file, mapped by every process). Committers cache the directory listing
+under that token, so a commit with no new watcher costs one memory read, no system call.
+Sockets that refuse a datagram belong to dead processes and are removed by whoever meets
+them.
+
+A receiver's queue is short (``net.unix.max_dgram_qlen``, often 10). A sender that finds it
+full creates ``<socket>.overflow`` and sends one more "all" marker; the receiver checks for
+that file after draining each batch, so a full queue never loses a wake-up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import mmap
+import os
+import secrets
+import socket
+import tempfile
+import threading
+from collections.abc import Callable
+
+from fdbqueue.engines.base import EventWatch
+
+Reader = Callable[[list[bytes]], dict[bytes, bytes | None]]
+
+_ALL = b"A"
+_KEYS = b"K"
+_STOP = b"S"
+_MAX_HASHES = 500  # 4,000 bytes of hashes: one datagram, well under any socket limit
+_SOCKET_PATH_MAX = 100  # sun_path holds 108 bytes on Linux, 104 on macOS
+
+
+def key_hash(key: bytes) -> bytes:
+    return hashlib.blake2b(key, digest_size=8).digest()
+
+
+def notify_dir_for(real_path: str) -> str:
+    """``<db>-notify``, or a directory in the temp dir when socket paths there would be too long."""
+    directory = real_path + "-notify"
+    if len(directory) + 32 > _SOCKET_PATH_MAX:  # "/<pid>-<12 hex>.sock" is at most 32 bytes
+        digest = hashlib.blake2b(real_path.encode(), digest_size=10).hexdigest()
+        directory = os.path.join(tempfile.gettempdir(), f"fdbqueue-{digest}-notify")
+    return directory
+
+
+class WatchHub:
+    """The watches of one process on one store, and the sockets that wake them."""
+
+    def __init__(self, directory: str, read: Reader, shared: mmap.mmap, token_at: int) -> None:
+        self._dir = directory
+        self._read = read
+        self._shared = shared
+        self._token = slice(token_at, token_at + 8)
+        self._lock = threading.Lock()
+        self._watches: dict[bytes, set[EventWatch]] = {}
+        self._by_hash: dict[bytes, set[bytes]] = {}
+        self._sock: socket.socket | None = None
+        self._path = ""
+        self._thread: threading.Thread | None = None
+        self._closing = False
+        self._out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._out.setblocking(False)  # a full receiver must never stall a committer
+        self._cache: tuple[bytes, tuple[str, ...]] = (b"", ())  # token, sockets of other processes
+
+    # -- watching ------------------------------------------------------------------------------
+
+    def add(self, watches: list[EventWatch]) -> None:
+        """Register committed watches, then fire those whose key already changed."""
+        self._listen()
+        with self._lock:
+            for w in watches:
+                w._on_cancel = self.remove
+                self._watches.setdefault(w.key, set()).add(w)
+                self._by_hash.setdefault(key_hash(w.key), set()).add(w.key)
+        # Registered first, read second: a commit lands either before this read (seen
+        # here) or after the registration (its notification finds the watch).
+        self.check([w.key for w in watches])
+
+    def remove(self, watch: EventWatch) -> None:
+        with self._lock:
+            self._drop(watch)
+
+    def _drop(self, watch: EventWatch) -> None:
+        group = self._watches.get(watch.key)
+        if group is None or watch not in group:
+            return
+        group.discard(watch)
+        if not group:
+            del self._watches[watch.key]
+            h = key_hash(watch.key)
+            keys = self._by_hash.get(h)
+            if keys is not None:
+                keys.discard(watch.key)
+                if not keys:
+                    del self._by_hash[h]
+
+    def check(self, keys: list[bytes] | None) -> None:
+        """Re-read ``keys`` (None: every watched key) and fire the watches they no longer match."""
+        with self._lock:
+            wanted = list(self._watches) if keys is None else [k for k in set(keys) if k in self._watches]
+        if not wanted:
+            return
+        try:
+            values: dict[bytes, bytes | None] | None = self._read(wanted)
+        except Exception:
+            # A watch is a hint: waking its waiter, who re-reads and meets the real
+            # error in a transaction, beats leaving it asleep.
+            values = None
+        with self._lock:
+            for k in wanted:
+                for w in list(self._watches.get(k, ())):
+                    if values is None or values.get(k) != w.seen:
+                        w.fire()
+                        self._drop(w)
+
+    # -- receiving -----------------------------------------------------------------------------
+
+    def _listen(self) -> None:
+        with self._lock:
+            if self._sock is not None or self._closing:
+                return
+            os.makedirs(self._dir, exist_ok=True)
+            path = os.path.join(self._dir, f"{os.getpid()}-{secrets.token_hex(6)}.sock")
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            try:
+                sock.bind(path)
+            except OSError:
+                sock.close()
+                raise
+            self._sock, self._path = sock, path
+            # After the bind: a committer that reads the new token lists the new socket.
+            self._shared[self._token] = secrets.token_bytes(8)
+            self._thread = threading.Thread(
+                target=self._run, args=(sock, path + ".overflow"), name="fdbqueue-watch", daemon=True
+            )
+            self._thread.start()
+
+    def _run(self, sock: socket.socket, overflow: str) -> None:
+        while True:
+            try:
+                batch = [sock.recv(65536)]
+                while True:
+                    try:
+                        batch.append(sock.recv(65536, socket.MSG_DONTWAIT))
+                    except BlockingIOError:
+                        break
+            except OSError:
+                return  # the socket was closed
+            if self._closing:
+                return
+            everything = any(m[:1] != _KEYS for m in batch)
+            try:
+                os.unlink(overflow)
+                everything = True
+            except FileNotFoundError:
+                pass
+            except OSError:
+                everything = True
+            try:
+                if everything:
+                    self.check(None)
+                else:
+                    hashes = {m[i : i + 8] for m in batch for i in range(1, len(m), 8)}
+                    with self._lock:
+                        keys = [k for h in hashes for k in self._by_hash.get(h, ())]
+                    if keys:
+                        self.check(keys)
+            except Exception:
+                # This thread must survive anything: if it died, every later watch would hang.
+                self._fire_all()
+
+    def _fire_all(self) -> None:
+        with self._lock:
+            for group in list(self._watches.values()):
+                for w in list(group):
+                    w.fire()
+                    self._drop(w)
+
+    # -- sending -------------------------------------------------------------------------------
+
+    def publish(self, keys: list[bytes] | None) -> None:
+        """After a commit: wake the watches of ``keys`` (None: any key) in every process.
+
+        Never raises: the commit it reports has already happened.
+        """
+        if self._watches:
+            self.check(keys)
+        targets = self._targets()
+        if not targets:
+            return
+        if keys is None:
+            payload = _ALL
+        else:
+            unique = set(keys)
+            payload = _ALL if len(unique) > _MAX_HASHES else _KEYS + b"".join(map(key_hash, unique))
+        for path in targets:
+            try:
+                self._out.sendto(payload, path)
+            except BlockingIOError:
+                self._overflow(path)
+            except (ConnectionRefusedError, FileNotFoundError):
+                self._forget(path)
+            except OSError:
+                pass  # e.g. another user's socket we may not write to: it cannot be woken by us
+
+    def _targets(self) -> tuple[str, ...]:
+        token = self._shared[self._token]
+        cached, listing = self._cache
+        if token == cached:
+            return listing
+        # Token first, listing second: a socket bound after the listing changes the token again.
+        try:
+            names = os.listdir(self._dir)
+        except OSError:
+            names = []  # no directory: nobody watches this store
+        own = self._path
+        paths = (os.path.join(self._dir, n) for n in names if n.endswith(".sock"))
+        listing = tuple(p for p in paths if p != own)
+        self._cache = (token, listing)  # one tuple, swapped whole by concurrent committers
+        return listing
+
+    def _overflow(self, path: str) -> None:
+        try:
+            os.close(os.open(path + ".overflow", os.O_CREAT | os.O_WRONLY, 0o666))
+        except OSError:
+            return
+        # Still full: the receiver drains it, then finds the overflow file.
+        with contextlib.suppress(OSError):
+            self._out.sendto(_ALL, path)
+
+    def _forget(self, path: str) -> None:
+        token, listing = self._cache
+        if path in listing:
+            self._cache = (token, tuple(p for p in listing if p != path))
+        for stale in (path, path + ".overflow"):
+            with contextlib.suppress(OSError):  # another process removed it first
+                os.unlink(stale)
+
+    # -- life cycle ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the thread, remove the socket, fail the watches still waiting (1101)."""
+        with self._lock:
+            self._closing = True
+            sock, path, thread = self._sock, self._path, self._thread
+            self._sock = None
+            waiting = [w for group in self._watches.values() for w in group]
+            self._watches.clear()
+            self._by_hash.clear()
+        for w in waiting:
+            w.fail(1101, "the database was closed")
+        if sock is not None and thread is not None:
+            with contextlib.suppress(OSError):  # the thread then stops when its socket closes
+                self._out.sendto(_STOP, path)
+            thread.join(2.0)
+            sock.close()
+            self._forget(path)
+            self._shared[self._token] = secrets.token_bytes(8)
+        self._out.close()
+
+    def unlink_socket(self) -> None:
+        """At interpreter exit: leave no socket file behind (the thread dies with the process)."""
+        if self._sock is not None:
+            self._forget(self._path)

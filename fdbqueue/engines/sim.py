@@ -1,0 +1,708 @@
+"""In-memory engine with FoundationDB's optimistic concurrency, plus seeded fault injection.
+
+``memory://`` and ``sim://?seed=N&faults=P&delay=S`` are this engine; memory has no faults.
+It is where the queue layer proves itself on FoundationDB's terms (fdb-reference.md §2):
+
+* MVCC: every key keeps a chain of ``(version, value | None)``; a transaction reads the
+  snapshot at its read version (the latest commit when it first reads) merged with its
+  own buffered writes. Versions advance with the clock (1e6 a second) and by >= 1 a commit.
+* Conflicts: reads record read-conflict ranges exactly as FDB's ReadYourWrites does (not
+  for snapshot reads, not over keys this transaction already set or cleared, only over the
+  part of a range actually read). A commit fails with 1020 when a transaction committed
+  after its read version wrote into one of them.
+* Faults: from ``random.Random(seed)``, each commit with writes may fail with 1020 or 1007
+  (not applied) or 1021 (applied or not, by a coin flip) - the cases a layer must survive.
+
+One lock guards the store; it is held for one operation at a time, never across user code.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import threading
+import time
+from bisect import bisect_left, bisect_right
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from heapq import merge
+from typing import TYPE_CHECKING
+
+from sortedcontainers import SortedList
+
+from fdbqueue.engines.base import (
+    SYSTEM_KEYS,
+    TRANSACTION_WINDOW_SECONDS,
+    EventWatch,
+    KeySelector,
+    KeyValue,
+    LocalDatabase,
+    LocalTransaction,
+    apply_atomic,
+    fill_versionstamp,
+    key_after,
+    make_versionstamp,
+)
+from fdbqueue.errors import EngineError, InvalidURLError
+
+if TYPE_CHECKING:
+    from fdbqueue.engines import ParsedURL
+
+VERSIONS_PER_SECOND = 1_000_000
+# Registrations of read versions older than the window plus this margin are dropped, so a
+# forgotten transaction cannot pin old versions forever; its next read or commit gets 1007.
+WINDOW_MARGIN_SECONDS = 1.0
+MAX_WATCHES = 10_000  # FoundationDB's default per-database limit (1032 beyond it)
+
+Chain = list[tuple[int, bytes | None]]
+Range = tuple[bytes, bytes]
+
+# Kinds of a buffered write to one key (FoundationDB's WriteMap distinguishes the same cases).
+_UNDER = 0  # atomic ops over the database's value: "dependent", reading it still conflicts
+_VALUE = 1  # a set or clear (atomic ops on top folded in): "independent" of the database
+_STAMP = 2  # set_versionstamped_value: unreadable until commit (1036)
+
+
+class ManualClock:
+    """A clock tests drive by hand: ``SimDatabase(clock=c)`` reads ``now()`` and sleeps by advancing."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._now = float(start)
+        self._lock = threading.Lock()
+
+    def now(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self._now += seconds
+
+    def sleep(self, seconds: float) -> None:
+        self.advance(seconds)
+
+
+@dataclass
+class SimStats:
+    """Counters for tests and benchmarks (read under the database's lock for a consistent view)."""
+
+    commits: int = 0  # commits that wrote (including 1021s that were applied)
+    read_only: int = 0  # commits with nothing to write: local, no check
+    conflicts: int = 0  # genuine 1020s
+    too_old: int = 0  # genuine 1007s at commit
+    faults: dict[int, int] = field(default_factory=dict)  # injected errors by code
+
+
+def _value_at(chain: Chain, version: int) -> bytes | None:
+    for v, value in reversed(chain):
+        if v <= version:
+            return value
+    return None
+
+
+class _Write:
+    __slots__ = ("kind", "ops", "value")
+
+    def __init__(self, kind: int, value: bytes | None, ops: list[tuple[str, bytes]] | None = None) -> None:
+        self.kind = kind
+        self.value = value
+        self.ops = ops
+
+
+class SimTransaction(LocalTransaction):
+    """One attempt's reads, conflict ranges and buffered writes; the store sees them only at commit."""
+
+    def __init__(self, db: SimDatabase) -> None:
+        self._sim = db
+        self._rv: int | None = None
+        self._rv_time = 0.0
+        self._token: int | None = None
+        self._reset_attempt()
+        super().__init__(db)
+
+    def _reset_attempt(self) -> None:
+        self._writes: dict[bytes, _Write] = {}
+        self._wkeys: SortedList | None = None  # sorted keys of _writes, built when a range needs it
+        self._cb: list[bytes] = []  # cleared ranges: sorted, disjoint begins ...
+        self._ce: list[bytes] = []  # ... and ends
+        self._clears: list[tuple[int, bytes, bytes]] = []  # (sequence, begin, end) in call order
+        self._vs_keys: list[tuple[int, bytes, bytes]] = []  # (sequence, key template, value)
+        self._unreadable: list[Range] = []  # where versionstamped keys may land
+        self._seq = 0
+        self._rconf: list[Range] = []
+        self._wconf: list[Range] = []
+
+    # -- attempt life cycle ----------------------------------------------------------------------
+
+    def _begin(self) -> None:
+        self._release()
+        self._reset_attempt()
+
+    def _rollback(self) -> None:
+        # Lock-free on purpose: __del__ calls this from the garbage collector, which may run
+        # in the middle of a locked section of this very thread.
+        self._release()
+
+    def _release(self) -> None:
+        token, self._token, self._rv = self._token, None, None
+        if token is not None:
+            self._sim._live.pop(token, None)
+
+    def _acquire_locked(self) -> int:
+        """The read version, taken at the first read: the latest commit (store lock held)."""
+        rv = self._rv
+        if rv is None:
+            db = self._sim
+            rv = self._rv = db._version
+            self._rv_time = db.clock()
+            self._token = next(db._tokens)
+            db._live[self._token] = (rv, self._rv_time)
+        elif self._token not in self._sim._live:
+            raise EngineError(1007, "read version expired: older than the 5-second window")
+        return rv
+
+    def _check_window(self) -> None:
+        # FoundationDB counts the 5 s from the read version (taken at the first read), not
+        # from the first operation: a transaction that only wrote so far is not too old.
+        if self._rv is not None and self.db.clock() - self._rv_time > TRANSACTION_WINDOW_SECONDS:
+            raise EngineError(1007, "transaction is older than the 5-second window")
+
+    # -- read-your-writes helpers ----------------------------------------------------------------
+
+    def _sorted_writes(self) -> SortedList:
+        if self._wkeys is None:
+            self._wkeys = SortedList(self._writes)
+        return self._wkeys
+
+    def _in_cleared(self, key: bytes) -> bool:
+        i = bisect_right(self._cb, key) - 1
+        return i >= 0 and key < self._ce[i]
+
+    def _check_readable(self, begin: bytes, end: bytes) -> None:
+        for ub, ue in self._unreadable:
+            if ub < end and begin < ue:
+                raise EngineError(1036, "range holds a versionstamped key of this transaction")
+
+    def _eval(self, key: bytes, w: _Write, rv: int) -> bytes | None:
+        """This transaction's view of ``key`` given its buffered write ``w``."""
+        if w.kind == _VALUE:
+            return w.value
+        if w.kind == _STAMP:
+            raise EngineError(1036, "a versionstamped value cannot be read before commit")
+        chain = self._sim._chains.get(key)
+        value = None if chain is None or self._in_cleared(key) else _value_at(chain, rv)
+        for op, param in w.ops or ():
+            value = apply_atomic(op, value, param)
+        return value
+
+    def _merged(self, begin: bytes, end: bytes, reverse: bool) -> Iterator[tuple[bytes, bytes]]:
+        """Present keys of [begin, end) in order: the snapshot overlaid with own writes (lock held)."""
+        rv = self._rv
+        assert rv is not None
+        chains = self._sim._chains
+        stored = self._sim._keys.irange(begin, end, (True, False), reverse)
+        if not self._writes and not self._cb:
+            for k in stored:
+                v = _value_at(chains[k], rv)
+                if v is not None:
+                    yield k, v
+            return
+        mine = self._sorted_writes().irange(begin, end, (True, False), reverse)
+        last = None
+        for k in merge(stored, mine, reverse=reverse):
+            if k == last:
+                continue
+            last = k
+            w = self._writes.get(k)
+            if w is not None:
+                v = self._eval(k, w, rv)
+            elif self._cb and self._in_cleared(k):
+                continue
+            else:
+                v = _value_at(chains[k], rv)
+            if v is not None:
+                yield k, v
+
+    def _add_read_conflict(self, begin: bytes, end: bytes) -> None:
+        """Add [begin, end) minus what this transaction's own sets and clears already decide.
+
+        FDB's updateConflictMap: only unmodified ranges and atomic-op-only keys conflict.
+        """
+        end = min(end, SYSTEM_KEYS)
+        if begin >= end:
+            return
+        self._has_reads = True
+        if not self._writes and not self._cb:
+            self._rconf.append((begin, end))
+            return
+        known: list[Range] = []
+        i = bisect_right(self._ce, begin)
+        while i < len(self._cb) and self._cb[i] < end:
+            known.append((self._cb[i], self._ce[i]))
+            i += 1
+        if self._writes:
+            for k in self._sorted_writes().irange(begin, end, (True, False)):
+                if self._writes[k].kind != _UNDER:
+                    known.append((k, key_after(k)))
+        known.sort()
+        cur = begin
+        for kb, ke in known:
+            if kb > cur:
+                self._rconf.append((cur, kb))
+            cur = max(cur, ke)
+            if cur >= end:
+                return
+        self._rconf.append((cur, end))
+
+    # -- engine primitives: reads --------------------------------------------------------------
+    # Base sets _has_reads before each read; FDB's commit-time 1007 applies only to a
+    # transaction with read-conflict ranges, so it is recomputed from those.
+
+    def _get(self, key: bytes, snapshot: bool) -> bytes | None:
+        self._has_reads = bool(self._rconf)
+        with self._sim._lock:
+            rv = self._acquire_locked()
+            w = self._writes.get(key)
+            if w is not None and w.kind != _UNDER:
+                return self._eval(key, w, rv)  # decided by this transaction: no conflict
+            if self._unreadable:
+                self._check_readable(key, key_after(key))
+            cleared = bool(self._cb) and self._in_cleared(key)
+            if w is not None:
+                value = self._eval(key, w, rv)
+            elif cleared:
+                value = None
+            else:
+                chain = self._sim._chains.get(key)
+                value = None if chain is None else _value_at(chain, rv)
+        if not snapshot and not cleared:
+            self._add_read_conflict(key, key_after(key))
+        return value
+
+    def _resolve(self, selector: KeySelector, snapshot: bool) -> bytes:
+        key, or_equal, offset = selector
+        self._has_reads = bool(self._rconf)
+        with self._sim._lock:
+            self._acquire_locked()
+            if offset >= 1:
+                # The offset-th key after the anchor (the last key < key, or <= if or_equal).
+                lo = key_after(key) if or_equal else key
+                result, n = SYSTEM_KEYS, offset
+                for k, _ in self._merged(lo, SYSTEM_KEYS, False):
+                    n -= 1
+                    if n == 0:
+                        result = k
+                        break
+                hi = key_after(result)
+            else:
+                hi = key_after(key) if or_equal else key
+                result, n = b"", 1 - offset
+                for k, _ in self._merged(b"", hi, True):
+                    n -= 1
+                    if n == 0:
+                        result = k
+                        break
+                lo = result
+            if self._unreadable:
+                self._check_readable(lo, hi)
+        if not snapshot:  # over what resolution examined (RYW addConflictRange for GetKeyReq)
+            self._add_read_conflict(lo, hi)
+        return result
+
+    def _get_range(
+        self, begin: bytes, end: bytes, limit: int, reverse: bool, snapshot: bool
+    ) -> list[KeyValue]:
+        self._has_reads = bool(self._rconf)
+        out: list[KeyValue] = []
+        with self._sim._lock:
+            self._acquire_locked()
+            for k, v in self._merged(begin, end, reverse):
+                out.append(KeyValue(k, v))
+                if len(out) == limit:
+                    break
+            # Only the part actually read conflicts: with the limit reached, the keys past
+            # the last one returned were not looked at.
+            lo, hi = begin, end
+            if limit and len(out) == limit:
+                if reverse:
+                    lo = out[-1].key
+                else:
+                    hi = key_after(out[-1].key)
+            if self._unreadable:
+                self._check_readable(lo, hi)
+        if not snapshot:
+            self._add_read_conflict(lo, hi)
+        return out
+
+    def _read_version(self) -> int:
+        with self._sim._lock:
+            return self._acquire_locked()
+
+    # -- engine primitives: writes -------------------------------------------------------------
+
+    def _put(self, key: bytes, w: _Write) -> None:
+        if key not in self._writes and self._wkeys is not None:
+            self._wkeys.add(key)
+        self._writes[key] = w
+        self._wconf.append((key, key_after(key)))
+
+    def _set(self, key: bytes, value: bytes) -> None:
+        self._put(key, _Write(_VALUE, value))
+
+    def _clear(self, key: bytes) -> None:
+        self._put(key, _Write(_VALUE, None))
+
+    def _clear_range(self, begin: bytes, end: bytes) -> None:
+        if self._writes:
+            wkeys = self._sorted_writes()
+            for k in list(wkeys.irange(begin, end, (True, False))):
+                del self._writes[k]
+                wkeys.remove(k)
+        # Merge into the disjoint cleared ranges (touching ones too).
+        i = bisect_left(self._ce, begin)
+        j = bisect_right(self._cb, end)
+        b, e = begin, end
+        if i < j:
+            b, e = min(b, self._cb[i]), max(e, self._ce[j - 1])
+        self._cb[i:j] = [b]
+        self._ce[i:j] = [e]
+        self._clears.append((self._seq, begin, end))
+        self._seq += 1
+        self._unreadable = [(ub, ue) for ub, ue in self._unreadable if not (begin <= ub and ue <= end)]
+        self._wconf.append((begin, end))
+
+    def _atomic(self, op: str, key: bytes, param: bytes) -> None:
+        w = self._writes.get(key)
+        if w is None:
+            if self._cb and self._in_cleared(key):  # over a clear: the result is known
+                self._put(key, _Write(_VALUE, apply_atomic(op, None, param)))
+            else:
+                self._put(key, _Write(_UNDER, None, [(op, param)]))
+            return
+        if w.kind == _VALUE:
+            w.value = apply_atomic(op, w.value, param)
+        else:
+            assert w.ops is not None
+            w.ops.append((op, param))
+        self._wconf.append((key, key_after(key)))
+
+    def _versionstamped(self, kind: str, key: bytes, value: bytes) -> None:
+        if kind == "value":
+            self._put(key, _Write(_STAMP, value, []))
+            return
+        # The final key is known only at commit. Like FDB (RYW atomicOp), the range it may
+        # land in - stamps from read version + 1 up to all 0xff - is a write conflict and
+        # unreadable (1036) for the rest of the transaction.
+        first = make_versionstamp(self._rv + 1 if self._rv is not None else 0)
+        lo = fill_versionstamp(key, first)
+        hi = key_after(fill_versionstamp(key, b"\xff" * 10))
+        self._vs_keys.append((self._seq, key, value))
+        self._seq += 1
+        self._unreadable.append((lo, hi))
+        if lo < SYSTEM_KEYS:
+            self._wconf.append((lo, min(hi, SYSTEM_KEYS)))
+
+    def _conflict_range(self, kind: str, begin: bytes, end: bytes) -> None:
+        if kind == "read":
+            # No read version yet is fine: one taken at commit sees no later write.
+            self._has_reads = bool(self._rconf)
+            self._add_read_conflict(begin, end)
+        elif begin < end:
+            self._wconf.append((begin, end))
+
+    # -- commit ----------------------------------------------------------------------------------
+
+    def _commit(self) -> int:
+        db = self._sim
+        try:
+            if not (self._writes or self._cb or self._vs_keys or self._wconf):
+                with db._lock:
+                    db.stats.read_only += 1
+                return -1  # read-only: commits locally, no conflict check (FDB)
+            if db.delay > 0:
+                db.sleep(db._rng.random() * db.delay)
+            fired: list[EventWatch] = []
+            fault = 0
+            with db._lock:
+                applied = True
+                if db.faults > 0:
+                    r = db._rng.random()
+                    if r < db.faults:
+                        fault = (1020, 1021, 1007)[min(2, int(3 * r / db.faults))]
+                        db.stats.faults[fault] = db.stats.faults.get(fault, 0) + 1
+                        if fault != 1021:
+                            raise EngineError(fault, "injected fault")
+                        applied = db._rng.random() < 0.5
+                version = -1
+                if applied:
+                    try:
+                        version = self._check_and_apply_locked(fired)
+                    except EngineError:
+                        if fault != 1021:
+                            raise
+                self._release()
+                db._collect_locked()
+        finally:
+            self._release()
+        for w in fired:
+            w.fire()
+        if fault == 1021:
+            raise EngineError(
+                1021, "injected fault: the commit " + ("was" if version >= 0 else "was not") + " applied"
+            )
+        return version
+
+    def _check_and_apply_locked(self, fired: list[EventWatch]) -> int:
+        db = self._sim
+        rv = self._rv
+        if self._rconf and rv is not None:
+            if self._token not in db._live or rv < db._pruned_through:
+                db.stats.too_old += 1
+                raise EngineError(1007, "read version is older than the 5-second window")
+            for version, wb, we in reversed(db._log):
+                if version <= rv:
+                    break
+                for rb, re in self._rconf:
+                    j = bisect_right(we, rb)
+                    if j < len(wb) and wb[j] < re:
+                        db.stats.conflicts += 1
+                        raise EngineError(
+                            1020, "a transaction committed since this one's read version wrote what it read"
+                        )
+        version = max(db._version + 1, int(db.clock() * VERSIONS_PER_SECOND))
+        db._version = version
+        stamp = make_versionstamp(version)
+        chains = db._chains
+
+        # The final value of every key this commit changes, computed over the latest state
+        # (atomic ops and clears act on what is there at commit, not on the snapshot).
+        final: dict[bytes, bytes | None] = {}
+        for b, e in zip(self._cb, self._ce, strict=True):
+            for k in db._keys.irange(b, e, (True, False)):
+                if chains[k][-1][1] is not None:
+                    final[k] = None
+        for k, w in self._writes.items():
+            if w.kind == _VALUE:
+                final[k] = w.value
+                continue
+            if w.kind == _STAMP:
+                assert w.value is not None
+                value: bytes | None = fill_versionstamp(w.value, stamp)
+            else:
+                chain = chains.get(k)
+                value = None if chain is None or self._in_cleared(k) else chain[-1][1]
+            for op, param in w.ops or ():
+                value = apply_atomic(op, value, param)
+            final[k] = value
+        for seq, template, value_ in self._vs_keys:
+            k = fill_versionstamp(template, stamp)
+            # Mutations apply in call order: a later clear_range over the final key wins.
+            if not any(s > seq and b <= k < e for s, b, e in self._clears):
+                final[k] = value_
+
+        watches = db._watches
+        for k, value in final.items():
+            chain = chains.get(k)
+            if chain is None:
+                if value is None:
+                    continue
+                chains[k] = [(version, value)]
+                db._keys.add(k)
+            else:
+                if chain[-1][1] == value:
+                    continue
+                chain.append((version, value))
+                db._pending.append((version, k))
+            if watches and k in watches:
+                db._fire_locked(k, value, fired)
+
+        wb_list: list[bytes] = []
+        we_list: list[bytes] = []
+        for b, e in sorted(self._wconf):
+            if we_list and b <= we_list[-1]:
+                if e > we_list[-1]:
+                    we_list[-1] = e
+            else:
+                wb_list.append(b)
+                we_list.append(e)
+        if wb_list:
+            db._log.append((version, wb_list, we_list))
+        db.stats.commits += 1
+        return version
+
+
+class SimDatabase(LocalDatabase):
+    """The in-memory store: per-key version chains, a log of recent commits' write ranges, watches."""
+
+    retry_base_delay = 0.001  # fault-heavy tests retry a lot; FDB's 10 ms would only slow them
+
+    def __init__(
+        self, *, seed: int = 0, faults: float = 0.0, delay: float = 0.0, clock: ManualClock | None = None
+    ) -> None:
+        if not 0.0 <= faults <= 1.0:
+            raise ValueError(f"faults must be a probability in [0, 1], got {faults!r}")
+        if not (math.isfinite(delay) and delay >= 0.0):
+            raise ValueError(f"delay must be a non-negative number of seconds, got {delay!r}")
+        self.seed, self.faults, self.delay = seed, faults, delay
+        self.engine = "sim"
+        self.url = f"sim://?seed={seed}&faults={faults}&delay={delay}"
+        self.max_watches = MAX_WATCHES
+        self.stats = SimStats()
+        self._manual = clock
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._keys = SortedList()  # every key with a version chain (tombstones until compacted)
+        self._chains: dict[bytes, Chain] = {}
+        self._version = int(self.clock() * VERSIONS_PER_SECOND)
+        # Read versions of open transactions: token -> (version, clock when taken). Removal
+        # is a single dict.pop, safe without the lock (see SimTransaction._rollback).
+        self._live: dict[int, tuple[int, float]] = {}
+        self._tokens = itertools.count()
+        self._pending: deque[tuple[int, bytes]] = deque()  # (version, key) with an older version to drop
+        self._log: deque[tuple[int, list[bytes], list[bytes]]] = deque()  # commits' merged write ranges
+        self._pruned_through = 0  # newest commit dropped from the log
+        self._watches: dict[bytes, list[EventWatch]] = {}
+        self._watch_count = 0
+
+    def clock(self) -> float:
+        return self._manual.now() if self._manual is not None else time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        if self._manual is not None:
+            self._manual.sleep(seconds)
+        else:
+            time.sleep(seconds)
+
+    def create_transaction(self) -> SimTransaction:
+        return SimTransaction(self)
+
+    def sizes(self) -> dict[str, int]:
+        """Internal sizes, to check that compaction keeps a long-running store small."""
+        with self._lock:
+            return {
+                "keys": len(self._keys),
+                "versions": sum(len(c) for c in self._chains.values()),
+                "log": len(self._log),
+                "pending": len(self._pending),
+                "live": len(self._live),
+                "watches": self._watch_count,
+            }
+
+    def _collect_locked(self) -> None:
+        """Drop versions and log entries no transaction can still need."""
+        if not self._pending and not self._log:
+            return
+        floor = self._version  # a transaction that reads from now on gets at least this
+        if self._live:
+            oldest = self.clock() - TRANSACTION_WINDOW_SECONDS - WINDOW_MARGIN_SECONDS
+            for token, (rv, taken) in list(self._live.items()):
+                if taken < oldest:
+                    self._live.pop(token, None)  # expired: its next read or commit is 1007
+                elif rv < floor:
+                    floor = rv
+        pending, chains = self._pending, self._chains
+        while pending and pending[0][0] <= floor:
+            key = pending.popleft()[1]
+            chain = chains.get(key)
+            if chain is None:
+                continue
+            i = len(chain) - 1
+            while i > 0 and chain[i][0] > floor:
+                i -= 1
+            if i:
+                del chain[:i]
+            if len(chain) == 1 and chain[0][1] is None:
+                del chains[key]
+                self._keys.remove(key)
+        log = self._log
+        while log and log[0][0] <= floor:
+            self._pruned_through = log.popleft()[0]
+
+    def _fire_locked(self, key: bytes, value: bytes | None, fired: list[EventWatch]) -> None:
+        waiting = self._watches[key]
+        keep = [w for w in waiting if w.seen == value]
+        if len(keep) == len(waiting):
+            return
+        fired.extend(w for w in waiting if w.seen != value)
+        self._watch_count -= len(waiting) - len(keep)
+        if keep:
+            self._watches[key] = keep
+        else:
+            del self._watches[key]
+
+    def _arm_watches(self, watches: list[EventWatch]) -> None:
+        fire: list[EventWatch] = []
+        refuse: list[EventWatch] = []
+        with self._lock:
+            for w in watches:
+                if w.is_ready():
+                    continue  # cancelled before its transaction committed
+                chain = self._chains.get(w.key)
+                if (chain[-1][1] if chain else None) != w.seen:
+                    fire.append(w)
+                elif self._watch_count >= self.max_watches:
+                    refuse.append(w)
+                else:
+                    w._on_cancel = self._unregister
+                    self._watches.setdefault(w.key, []).append(w)
+                    self._watch_count += 1
+        for w in fire:
+            w.fire()
+        for w in refuse:
+            w.fail(1032, f"more than {self.max_watches} outstanding watches")
+
+    def _unregister(self, w: EventWatch) -> None:
+        with self._lock:
+            waiting = self._watches.get(w.key)
+            if waiting and w in waiting:
+                waiting.remove(w)
+                self._watch_count -= 1
+                if not waiting:
+                    del self._watches[w.key]
+
+    def close(self) -> None:
+        """Fail outstanding watches (1101) so that no waiter hangs on a closed database."""
+        with self._lock:
+            waiting = [w for ws in self._watches.values() for w in ws]
+            self._watches.clear()
+            self._watch_count = 0
+        for w in waiting:
+            w.fail(1101, "database closed")
+
+
+def _number(params: dict[str, str], name: str, lo: float, hi: float) -> float:
+    raw = params[name]
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and lo <= value <= hi):
+        bound = f"between {lo:g} and {hi:g}" if math.isfinite(hi) else f"a number >= {lo:g}"
+        raise InvalidURLError(f"sim:// parameter {name} must be {bound}, got {raw!r}")
+    return value
+
+
+def open_sim(url: str, parsed: ParsedURL) -> SimDatabase:
+    """Open ``memory://`` (no faults, no parameters) or ``sim://?seed=N&faults=P&delay=S``."""
+    from fdbqueue.engines import take_params
+
+    if parsed.path:
+        raise InvalidURLError(f"{parsed.scheme}:// takes no path, got {parsed.path!r} in {url!r}")
+    if parsed.scheme == "memory":
+        take_params(parsed, {})
+        db = SimDatabase()
+        db.engine = "memory"
+    else:
+        params = take_params(parsed, {"seed": "0", "faults": "0", "delay": "0"})
+        try:
+            seed = int(params["seed"])
+        except ValueError:
+            raise InvalidURLError(
+                f"sim:// parameter seed must be an integer, got {params['seed']!r}"
+            ) from None
+        faults = _number(params, "faults", 0.0, 1.0)
+        delay = _number(params, "delay", 0.0, math.inf)
+        db = SimDatabase(seed=seed, faults=faults, delay=delay)
+    db.url = url
+    return db

@@ -1,0 +1,726 @@
+"""The embedded engine: one SQLite file, safe for many threads and processes.
+
+URL: ``sqlite:///abs/path.db`` or ``sqlite://rel/path.db``, with ``sync=full`` (default:
+every commit is fsynced before it returns, so it survives power loss) or ``sync=normal``
+(survives a process crash; the last commits may be lost on power loss), and
+``lock_timeout=10`` (seconds a transaction may wait for the store lock).
+
+Concurrency: pessimistic and serializable, one writer at a time. A transaction takes the
+store lock at its first operation and holds it until it commits or rolls back. The lock is
+a per-process ``threading.Lock`` (threads), then ``flock(LOCK_EX)`` on ``<db>-lock``
+(processes: the kernel wakes the next waiter on release, where SQLite's busy handler
+would sleep and poll), then ``BEGIN IMMEDIATE`` on the Database's one connection, which
+only the lock holder uses. So reads go straight to SQLite, snapshot reads are the same
+reads, read-your-writes is SQLite's own, writes run as SQL at once, atomic ops are
+read-modify-write, and conflict ranges record nothing: no transaction can ever conflict
+(1020). Waiting longer than ``lock_timeout`` raises 1037 (retryable). A thread that opens
+a second transaction while it holds the lock gets :class:`NestedTransactionError` at
+once, instead of a deadlock.
+
+Storage: WAL journal, ``PRAGMA synchronous=FULL`` or ``NORMAL``; table
+``kv(k BLOB PRIMARY KEY, v BLOB) WITHOUT ROWID`` (BLOBs compare as bytes, as FDB keys do)
+and ``meta(name, value)`` holding ``format``, ``format_version`` (major.minor; a newer major
+is refused) and ``version``. A commit with writes gets version
+``max(stored + 1, microseconds since the epoch)``: strictly increasing in commit order across
+processes, about 1e6 per second like FoundationDB's; its versionstamped keys and values
+are filled in just before COMMIT. Read-only commits return -1.
+
+Watches: see :mod:`fdbqueue.engines._notify` (Unix datagram sockets, no polling).
+
+Forks: a Database used in a forked child reopens its connection and lock file there (an
+inherited flock descriptor is shared with the parent and would not exclude it).
+"""
+
+from __future__ import annotations
+
+import atexit
+import fcntl
+import mmap
+import os
+import secrets
+import sqlite3
+import struct
+import threading
+import time
+import uuid
+from typing import Any
+
+from fdbqueue.engines import ParsedURL, take_params
+from fdbqueue.engines._notify import WatchHub, notify_dir_for
+from fdbqueue.engines.base import (
+    SYSTEM_KEYS,
+    EventWatch,
+    KeySelector,
+    KeyValue,
+    LocalDatabase,
+    LocalTransaction,
+    apply_atomic,
+    fill_versionstamp,
+    make_versionstamp,
+)
+from fdbqueue.errors import (
+    EngineError,
+    InvalidURLError,
+    NestedTransactionError,
+    QueueError,
+    StoreError,
+    UnsupportedFormatError,
+)
+
+FORMAT = "fdbqueue-sqlite"
+FORMAT_VERSION = "1.0"
+_MAJOR = 1
+
+_GET = "SELECT v FROM kv WHERE k = ?"
+_PUT = "INSERT OR REPLACE INTO kv (k, v) VALUES (?, ?)"
+_DEL = "DELETE FROM kv WHERE k = ?"
+_DEL_RANGE = "DELETE FROM kv WHERE k >= ? AND k < ?"
+_RANGE = (
+    "SELECT k, v FROM kv WHERE k >= ? AND k < ? ORDER BY k LIMIT ?",
+    "SELECT k, v FROM kv WHERE k >= ? AND k < ? ORDER BY k DESC LIMIT ?",
+)
+# Key selectors, indexed by or_equal: the n-th key after, or before, the anchor.
+_AFTER = (
+    "SELECT k FROM kv WHERE k >= ? ORDER BY k LIMIT 1 OFFSET ?",
+    "SELECT k FROM kv WHERE k > ? ORDER BY k LIMIT 1 OFFSET ?",
+)
+_BEFORE = (
+    "SELECT k FROM kv WHERE k < ? ORDER BY k DESC LIMIT 1 OFFSET ?",
+    "SELECT k FROM kv WHERE k <= ? ORDER BY k DESC LIMIT 1 OFFSET ?",
+)
+_VERSION = "SELECT value FROM meta WHERE name = 'version'"
+_SET_VERSION = "UPDATE meta SET value = ? WHERE name = 'version'"
+
+# The lock file's first page is mapped shared by every process of the store. At 0, the
+# version clock (see _next_version): boot id + store id, the last commit version, the
+# reservation stored in meta, a pending flag. At 64, the watchers' token (_notify).
+_PAGE = 4096
+_CLOCK = struct.Struct(">32sQQB")
+_PENDING_AT = _CLOCK.size - 1
+_PENDING = 1
+_TOKEN_AT = 64
+_RESERVE_US = 1_000_000  # one meta write per second of versions
+
+
+def _boot_id() -> bytes | None:
+    """This boot's id: page-cache contents from before a crash of the machine are not trusted."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return uuid.UUID(f.read().strip()).bytes
+    except (OSError, ValueError):
+        return None  # not Linux: the version is then kept in meta at every commit
+
+
+_BOOT_ID = _boot_id()
+_SCHEMA = (
+    "CREATE TABLE kv (k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE meta (name TEXT PRIMARY KEY, value)",
+)
+
+
+def open_sqlite(url: str, parsed: ParsedURL) -> SqliteDatabase:
+    """Open (creating it and its parent directories if needed) the store ``parsed.path`` names."""
+    params = take_params(parsed, {"sync": "full", "lock_timeout": "10"})
+    if not parsed.path:
+        raise InvalidURLError(f"{url!r} names no file: use sqlite:///abs/path.db or sqlite://rel/path.db")
+    sync = params["sync"].lower()
+    if sync not in ("full", "normal"):
+        raise InvalidURLError(f"sync={params['sync']!r} in {url!r}: use sync=full or sync=normal")
+    try:
+        lock_timeout = float(params["lock_timeout"])
+    except ValueError:
+        lock_timeout = -1.0
+    if not lock_timeout > 0:
+        raise InvalidURLError(f"lock_timeout={params['lock_timeout']!r} in {url!r}: use seconds > 0")
+    return SqliteDatabase(url=url, path=parsed.path, sync=sync, lock_timeout=lock_timeout)
+
+
+def _translate(exc: sqlite3.Error, path: str) -> QueueError:
+    """A SQLite error as the QueueError a caller can act on."""
+    text = str(exc)
+    low = text.lower()
+    if "locked" in low or "busy" in low:
+        return EngineError(1037, f"{path} stayed locked by another SQLite connection ({text})")
+    if "full" in low:
+        return StoreError(f"{path}: the disk is full ({text}); the transaction was not committed")
+    if "disk i/o" in low:
+        return StoreError(f"{path}: disk I/O error ({text})")
+    if "not a database" in low or "malformed" in low or "corrupt" in low:
+        return StoreError(f"{path} is not an fdbqueue store: not a SQLite database, or corrupt ({text})")
+    return StoreError(f"{path}: SQLite error: {text}")
+
+
+# ---------------------------------------------------------------------------------------------
+# What one process shares for one store file, whichever Database objects point at it.
+
+
+class _FlockWaiter:
+    """A thread that blocks in ``flock(LOCK_EX)`` so that its caller can wait with a timeout.
+
+    Only used when the lock is busy; the uncontended path is one non-blocking flock.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._cond = threading.Condition(threading.Lock())
+        self._blocking = False  # the thread is in, or about to enter, flock()
+        self._wanted = False  # a caller is waiting for the lock
+        self._granted = False
+        self._closed = False
+        threading.Thread(target=self._run, name="fdbqueue-flock", daemon=True).start()
+
+    def wait(self, timeout: float) -> bool:
+        with self._cond:
+            self._wanted = True
+            if not self._blocking:
+                self._blocking = True
+                self._cond.notify_all()
+            if self._cond.wait_for(lambda: self._granted, max(timeout, 0.0)):
+                self._granted = self._wanted = False
+                return True
+            self._wanted = False  # the thread hands the lock back if it gets it later
+            return False
+
+    def close(self) -> None:
+        """The thread closes the descriptor once it is out of flock()."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._blocking or self._closed)
+                if not self._blocking:
+                    os.close(self._fd)
+                    return
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            with self._cond:
+                self._blocking = False
+                if self._wanted and not self._closed:
+                    self._granted = True
+                    self._cond.notify_all()
+                    continue
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+
+class _Store:
+    def __init__(self, real: str, ident: tuple[int, int], fd: int) -> None:
+        self.real = real
+        self.ident = ident
+        self.fd = fd
+        if os.fstat(fd).st_size < _PAGE:
+            os.ftruncate(fd, _PAGE)  # extends with zeros; never shortens what others wrote
+        self.shared = mmap.mmap(fd, _PAGE)
+        self.refs = 0
+        self.mutex = threading.Lock()
+        self.owner: int | None = None  # the thread holding the store lock
+        self._waiter: _FlockWaiter | None = None
+        self._reader: sqlite3.Connection | None = None
+        self._reader_lock = threading.Lock()
+        self.hub = WatchHub(notify_dir_for(real), self._read_values, self.shared, _TOKEN_AT)
+
+    def acquire(self, timeout: float, path: str) -> None:
+        me = threading.get_ident()
+        if self.owner == me:
+            raise NestedTransactionError(
+                f"this thread already holds a transaction on {path}: finish it before opening another "
+                "(the embedded engine has a single writer; waiting here would deadlock)"
+            )
+        start = time.monotonic()
+        if not self.mutex.acquire(True, timeout):
+            raise EngineError(1037, self._held_too_long(path, timeout, "another thread of this process"))
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if self._waiter is None:
+                self._waiter = _FlockWaiter(self.fd)
+            if not self._waiter.wait(timeout - (time.monotonic() - start)):
+                self.mutex.release()
+                raise EngineError(1037, self._held_too_long(path, timeout, "another process")) from None
+        except BaseException:
+            self.mutex.release()
+            raise
+        self.owner = me
+
+    @staticmethod
+    def _held_too_long(path: str, timeout: float, who: str) -> str:
+        return (
+            f"waited {timeout:g} s for the store lock of {path}: {who} holds it "
+            "(a long or abandoned transaction, or a stopped process)"
+        )
+
+    def release(self) -> None:
+        self.owner = None
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        self.mutex.release()
+
+    def _read_values(self, keys: list[bytes]) -> dict[bytes, bytes | None]:
+        # A connection of its own, used without the store lock: under WAL a reader
+        # sees the last commit and never waits for the writer.
+        with self._reader_lock:
+            if self._reader is None:
+                self._reader = sqlite3.connect(self.real, isolation_level=None, check_same_thread=False)
+            out: dict[bytes, bytes | None] = {}
+            for k in keys:
+                row = self._reader.execute(_GET, (k,)).fetchone()
+                out[k] = row[0] if row else None
+            return out
+
+    def close(self) -> None:
+        self.hub.close()
+        self.shared.close()
+        with self._reader_lock:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
+        if self._waiter is not None:
+            self._waiter.close()
+        else:
+            os.close(self.fd)
+
+
+_registry_lock = threading.Lock()
+_stores: dict[tuple[int, int], _Store] = {}
+_fork_generation = 0
+# Connections inherited through fork(): closing one in the child could checkpoint or
+# delete the parent's WAL, so the child keeps them referenced and never touches them.
+_inherited: list[Any] = []
+
+
+def _attach(real: str, path: str) -> _Store:
+    try:
+        fd = os.open(real + "-lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot open the lock file {real}-lock: {exc.strerror}") from exc
+    try:
+        st = os.fstat(fd)
+        ident = (st.st_dev, st.st_ino)
+        with _registry_lock:
+            store = _stores.get(ident)
+            if store is None:
+                store = _stores[ident] = _Store(real, ident, fd)
+                fd = -1
+            store.refs += 1
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot use the lock file {real}-lock: {exc.strerror}") from exc
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    return store
+
+
+def _detach(store: _Store) -> None:
+    with _registry_lock:
+        store.refs -= 1
+        if store.refs > 0:
+            return
+        if _stores.get(store.ident) is store:
+            del _stores[store.ident]
+    store.close()
+
+
+def _after_fork_in_child() -> None:
+    global _registry_lock, _stores, _fork_generation
+    _inherited.append(_stores)
+    _registry_lock = threading.Lock()
+    _stores = {}
+    _fork_generation += 1
+
+
+def _unlink_sockets() -> None:
+    for store in list(_stores.values()):
+        store.hub.unlink_socket()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(_unlink_sockets)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class SqliteTransaction(LocalTransaction):
+    """A transaction holding the store lock from its first operation to its end."""
+
+    db: SqliteDatabase
+
+    def __init__(self, db: SqliteDatabase) -> None:
+        self._locked = False
+        self._nested = False  # reading a snapshot while this thread holds another transaction
+        self._conn: sqlite3.Connection = db._conn  # replaced at _begin (a fork may reopen it)
+        super().__init__(db)
+
+    def _clear_state(self) -> None:
+        super()._clear_state()
+        self._dirty = False  # a commit version is due (FDB: any mutation or write conflict)
+        self._all = False  # a clear_range: watchers must re-read every key
+        self._keys: list[bytes] = []
+        self._stamped: list[tuple[str, bytes, bytes]] = []
+        self._rv: int | None = None
+        self._bumped = False  # this commit raised the version reservation in meta
+
+    def _begin(self) -> None:
+        db = self.db
+        if db._generation != _fork_generation:
+            db._reopen_after_fork()
+        if db._closed:
+            raise StoreError(f"{db.path}: the database is closed")
+        if db._store.owner == threading.get_ident():
+            # This thread holds the lock in another transaction, which cannot end while
+            # we wait: read the last committed state from a snapshot instead; writing
+            # raises NestedTransactionError (see _no_writes).
+            conn = db._take_reader()
+            try:
+                conn.execute("BEGIN")
+            except sqlite3.Error as exc:
+                db._give_back_reader(conn)
+                raise _translate(exc, db.path) from exc
+            self._nested = True
+        else:
+            conn = db._conn
+            db._store.acquire(db._lock_timeout, db.path)
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                db._store.release()
+                raise _translate(exc, db.path) from exc
+        self._conn = conn
+        self._locked = True
+
+    def _no_writes(self) -> NestedTransactionError:
+        return NestedTransactionError(
+            f"this thread holds another transaction on {self.db.path}: a transaction begun meanwhile "
+            "may read (the last committed state) but not write, since the embedded engine has a "
+            "single writer and waiting for it here would deadlock"
+        )
+
+    def _fail(self, exc: sqlite3.Error) -> QueueError:
+        self._rollback()
+        return _translate(exc, self.db.path)
+
+    def _get(self, key: bytes, snapshot: bool) -> bytes | None:
+        try:
+            for (value,) in self._conn.execute(_GET, (key,)):
+                return value  # type: ignore[no-any-return]
+        except sqlite3.Error as exc:
+            raise self._fail(exc) from exc
+        return None
+
+    def _resolve(self, selector: KeySelector, snapshot: bool) -> bytes:
+        key, or_equal, offset = selector
+        try:
+            if offset >= 1:
+                row = self._conn.execute(_AFTER[or_equal], (key, offset - 1)).fetchone()
+                return row[0] if row else SYSTEM_KEYS
+            row = self._conn.execute(_BEFORE[or_equal], (key, -offset)).fetchone()
+        except sqlite3.Error as exc:
+            raise self._fail(exc) from exc
+        return row[0] if row else b""
+
+    def _get_range(
+        self, begin: bytes, end: bytes, limit: int, reverse: bool, snapshot: bool
+    ) -> list[KeyValue]:
+        try:
+            rows = self._conn.execute(_RANGE[reverse], (begin, end, limit or -1)).fetchall()
+        except sqlite3.Error as exc:
+            raise self._fail(exc) from exc
+        return list(map(KeyValue._make, rows))
+
+    def _set(self, key: bytes, value: bytes) -> None:
+        if self._nested:
+            raise self._no_writes()
+        try:
+            self._conn.execute(_PUT, (key, value))
+        except sqlite3.Error as exc:
+            raise self._fail(exc) from exc
+        self._keys.append(key)
+        self._dirty = True
+
+    def _clear(self, key: bytes) -> None:
+        if self._nested:
+            raise self._no_writes()
+        try:
+            self._conn.execute(_DEL, (key,))
+        except sqlite3.Error as exc:
+            raise self._fail(exc) from exc
+        self._keys.append(key)
+        self._dirty = True
+
+    def _clear_range(self, begin: bytes, end: bytes) -> None:
+        if self._nested:
+            raise self._no_writes()
+        try:
+            self._conn.execute(_DEL_RANGE, (begin, end))
+        except sqlite3.Error as exc:
+            raise self._fail(exc) from exc
+        self._all = self._dirty = True
+
+    def _atomic(self, op: str, key: bytes, param: bytes) -> None:
+        if self._nested:
+            raise self._no_writes()
+        new = apply_atomic(op, self._get(key, True), param)
+        if new is None:
+            self._clear(key)
+        else:
+            self._set(key, new)
+
+    def _versionstamped(self, kind: str, key: bytes, value: bytes) -> None:
+        # Applied at commit, once the version is known. Like FDB (which raises 1036),
+        # this transaction cannot read what it wrote here: it simply does not see it.
+        if self._nested:
+            raise self._no_writes()
+        self._stamped.append((kind, key, value))
+        self._dirty = True
+
+    def _conflict_range(self, kind: str, begin: bytes, end: bytes) -> None:
+        # Nothing to record: under the lock nothing can conflict. A write conflict
+        # range still earns a commit version, as on FoundationDB.
+        if kind == "write":
+            if self._nested:
+                raise self._no_writes()
+            self._dirty = True
+
+    def _read_version(self) -> int:
+        if self._rv is None:
+            clock = self._clock()
+            self._rv = clock[0] if clock else self._reserved()
+        return self._rv
+
+    def _clock(self) -> tuple[int, int] | None:
+        """(last commit version, reservation) from the lock file, when it can be trusted."""
+        tag = self.db._clock_tag
+        if tag is None:
+            return None
+        found, last, reserved, state = _CLOCK.unpack_from(self.db._store.shared)
+        return (last, reserved) if found == tag and state != _PENDING else None
+
+    def _reserved(self) -> int:
+        try:
+            return int(self._conn.execute(_VERSION).fetchone()[0])
+        except sqlite3.Error as exc:
+            raise self._fail(exc) from exc
+
+    def _next_version(self) -> int:
+        """max(last + 1, microseconds since the epoch), strictly increasing across processes.
+
+        Writing the version into meta at every commit would dirty a second page and
+        halve the commit rate. So meta holds a reservation, and the last version lives
+        in the lock file, shared through the page cache by every process (we hold its
+        flock). Invariant: every committed version <= meta's reservation, which is
+        raised in the same transaction when a version passes it. The lock file is
+        trusted only when it names this boot and this store and no commit died
+        half-way (flag pending); otherwise the clock restarts from the reservation.
+        """
+        clock = self._clock()
+        last, reserved = clock if clock else (self._reserved(),) * 2
+        version = max(last + 1, time.time_ns() // 1000)
+        self._bumped = version > reserved
+        if self._bumped:
+            reserved = version + _RESERVE_US
+            self._conn.execute(_SET_VERSION, (reserved,))
+        tag = self.db._clock_tag
+        if tag is not None:
+            # Pending only while a raised reservation is not committed yet; a version
+            # that never commits is merely a gap.
+            state = _PENDING if self._bumped else 0
+            _CLOCK.pack_into(self.db._store.shared, 0, tag, version, reserved, state)
+        return version
+
+    def _commit(self) -> int:
+        conn = self._conn
+        version = -1
+        try:
+            if self._dirty:
+                version = self._next_version()
+                if self._stamped:
+                    self._apply_stamped(conn, make_versionstamp(version))
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise self._fail(exc) from exc  # the clock stays pending: the next commit re-reads meta
+        if self._bumped and self.db._clock_tag is not None:
+            self.db._store.shared[_PENDING_AT] = 0
+        self._end()
+        if self._dirty:
+            self.db._store.hub.publish(None if self._all else self._keys)
+        return version
+
+    def _apply_stamped(self, conn: sqlite3.Connection, stamp: bytes) -> None:
+        for kind, key, value in self._stamped:
+            if kind == "key":
+                key = fill_versionstamp(key, stamp)
+            else:
+                value = fill_versionstamp(value, stamp)
+            conn.execute(_PUT, (key, value))
+            self._keys.append(key)
+
+    def _rollback(self) -> None:
+        if not self._locked:
+            return
+        try:
+            self._conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass  # SQLite already rolled back (after a failed statement): nothing left to undo
+        finally:
+            self._end()
+
+    def _end(self) -> None:
+        self._locked = False
+        if self._nested:
+            self._nested = False
+            self.db._give_back_reader(self._conn)
+        else:
+            self.db._store.release()
+
+
+class SqliteDatabase(LocalDatabase):
+    """A SQLite store file. Thread-safe: the store lock serialises transactions."""
+
+    engine = "sqlite"
+
+    def __init__(self, *, url: str, path: str, sync: str, lock_timeout: float) -> None:
+        self.url = url
+        self.path = path
+        self.sync = sync
+        self._lock_timeout = lock_timeout
+        self._real = os.path.realpath(path)
+        self._closed = False
+        self._clock_tag: bytes | None = None  # set once the store's id is known
+        # Connections for transactions begun while their thread holds another (rare).
+        self._readers: list[sqlite3.Connection] = []
+        self._readers_lock = threading.Lock()
+        try:
+            os.makedirs(os.path.dirname(self._real), exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"{path}: cannot create its directory: {exc.strerror}") from exc
+        self._open()
+
+    def _open(self) -> None:
+        self._generation = _fork_generation
+        self._store = _attach(self._real, self.path)
+        try:
+            self._conn = self._connect()
+        except BaseException:
+            _detach(self._store)
+            raise
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            # timeout is SQLite's busy handler: a backstop for foreign connections only,
+            # since our own writers queue on the flock before BEGIN IMMEDIATE.
+            conn = sqlite3.connect(
+                self._real, timeout=self._lock_timeout, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from exc
+        try:
+            conn.execute(f"PRAGMA synchronous={self.sync.upper()}")
+            mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+            if not (self._check_format(conn) and mode == "wal"):
+                self._initialise(conn)
+        except BaseException as exc:
+            conn.close()
+            if isinstance(exc, sqlite3.Error):
+                raise _translate(exc, self.path) from exc
+            raise
+        return conn
+
+    def _check_format(self, conn: sqlite3.Connection) -> bool:
+        """True for a valid store, False for an empty file; raises for anything else."""
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if not tables:
+            return False
+        meta: dict[str, Any] = {}
+        if {"kv", "meta"} <= tables:
+            try:
+                meta = dict(conn.execute("SELECT name, value FROM meta"))
+            except sqlite3.OperationalError:
+                meta = {}  # a foreign table named meta
+        if meta.get("format") != FORMAT:
+            raise StoreError(
+                f"{self.path} is a SQLite database but not an fdbqueue store "
+                f"(tables: {', '.join(sorted(tables))}); refusing to use it"
+            )
+        found = str(meta.get("format_version", ""))
+        major = found.partition(".")[0]
+        store_id = meta.get("store_id")
+        if not major.isdigit() or "version" not in meta or not isinstance(store_id, bytes):
+            raise StoreError(f"{self.path}: damaged fdbqueue store meta table (format_version {found!r})")
+        if int(major) > _MAJOR:
+            raise UnsupportedFormatError(
+                f"{self.path} has store format {found}, newer than this fdbqueue reads "
+                f"({_MAJOR}.x): upgrade fdbqueue to open it"
+            )
+        self._clock_tag = None if _BOOT_ID is None else _BOOT_ID + store_id[:16].ljust(16, b"\0")
+        return True
+
+    def _initialise(self, conn: sqlite3.Connection) -> None:
+        self._store.acquire(self._lock_timeout, self.path)
+        try:
+            if conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] != "wal":
+                raise StoreError(f"{self.path}: SQLite refused WAL mode (is the file system local?)")
+            conn.execute("BEGIN IMMEDIATE")
+            if not self._check_format(conn):  # another process may have just done it
+                for statement in _SCHEMA:
+                    conn.execute(statement)
+                conn.executemany(
+                    "INSERT INTO meta (name, value) VALUES (?, ?)",
+                    [
+                        ("format", FORMAT),
+                        ("format_version", FORMAT_VERSION),
+                        ("version", 0),
+                        ("store_id", secrets.token_bytes(16)),
+                    ],
+                )
+                self._check_format(conn)
+            conn.execute("COMMIT")
+        finally:
+            try:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+            finally:
+                self._store.release()
+
+    def _reopen_after_fork(self) -> None:
+        _inherited.extend((self._conn, self._readers))
+        self._readers = []
+        self._open()
+
+    def _take_reader(self) -> sqlite3.Connection:
+        with self._readers_lock:
+            if self._readers:
+                return self._readers.pop()
+        try:
+            return sqlite3.connect(
+                self._real, timeout=self._lock_timeout, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from exc
+
+    def _give_back_reader(self, conn: sqlite3.Connection) -> None:
+        with self._readers_lock:
+            self._readers.append(conn)
+
+    def create_transaction(self) -> SqliteTransaction:
+        if self._closed:
+            raise StoreError(f"{self.path}: the database is closed")
+        return SqliteTransaction(self)
+
+    def _arm_watches(self, watches: list[EventWatch]) -> None:
+        if self._generation != _fork_generation:
+            self._reopen_after_fork()
+        self._store.hub.add(watches)
+
+    def close(self) -> None:
+        """Close the connection; the last Database of this process on the file stops its watches."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._generation != _fork_generation:
+            return  # inherited from the parent process: its resources are not ours to release
+        self._conn.close()
+        with self._readers_lock:
+            for conn in self._readers:
+                conn.close()
+            self._readers.clear()
+        _detach(self._store)

@@ -1,0 +1,104 @@
+"""Every error fdbqueue raises derives from :class:`QueueError`.
+
+Engine errors carry FoundationDB's numeric ``code`` and its retryable /
+maybe-committed split, whatever the engine, so that code written against the
+embedded engine handles a cluster's errors the same way.
+"""
+
+from __future__ import annotations
+
+# FoundationDB error codes (api-error-codes.rst) that the engines raise or pass through.
+ERROR_NAMES: dict[int, str] = {
+    1007: "transaction_too_old",
+    1009: "future_version",
+    1020: "not_committed",
+    1021: "commit_unknown_result",
+    1025: "transaction_cancelled",
+    1031: "transaction_timed_out",
+    1032: "too_many_watches",
+    1036: "accessed_unreadable",
+    1037: "process_behind",
+    1038: "database_locked",
+    1039: "cluster_version_changed",
+    1042: "proxy_memory_limit_exceeded",
+    1051: "batch_transaction_throttled",
+    1078: "grv_proxy_memory_limit_exceeded",
+    1101: "operation_cancelled",
+    1213: "tag_throttled",
+    1235: "transaction_throttled_hot_shard",
+    1242: "transaction_rejected_range_locked",
+    2004: "key_outside_legal_range",
+    2005: "inverted_range",
+    2006: "invalid_option_value",
+    2017: "used_during_commit",
+    2020: "no_commit_version",
+    2021: "transaction_read_only",
+    2101: "transaction_too_large",
+    2102: "key_too_large",
+    2103: "value_too_large",
+    4100: "internal_error",
+}
+
+# fdb_error_predicate(FDB_ERROR_PREDICATE_RETRYABLE_NOT_COMMITTED / MAYBE_COMMITTED)
+RETRYABLE_NOT_COMMITTED = frozenset(
+    {1020, 1007, 1009, 1037, 1038, 1042, 1051, 1078, 1213, 1235, 1242}
+)
+MAYBE_COMMITTED = frozenset({1021, 1039})
+RETRYABLE = RETRYABLE_NOT_COMMITTED | MAYBE_COMMITTED
+
+
+class QueueError(Exception):
+    """An fdbqueue operation failed."""
+
+    def __init__(self, *args: object) -> None:
+        # The class docstring's first line is the default message (procrastinate's idiom).
+        if not args and self.__doc__:
+            args = (self.__doc__.strip().splitlines()[0],)
+        super().__init__(*args)
+
+
+class EngineError(QueueError):
+    """The storage engine refused or failed a transaction."""
+
+    def __init__(self, code: int, message: str | None = None) -> None:
+        self.code = int(code)
+        self.name = ERROR_NAMES.get(self.code, "unknown_error")
+        super().__init__(f"{self.name} ({self.code})" + (f": {message}" if message else ""))
+
+    @property
+    def retryable(self) -> bool:
+        """True when running the transaction again may succeed (on_error retries it)."""
+        return self.code in RETRYABLE
+
+    @property
+    def maybe_committed(self) -> bool:
+        """True when the transaction may have committed (1021): the retry must be idempotent."""
+        return self.code in MAYBE_COMMITTED
+
+    @property
+    def retryable_not_committed(self) -> bool:
+        """True when the transaction certainly did not commit and may be retried."""
+        return self.code in RETRYABLE_NOT_COMMITTED
+
+
+class InvalidURLError(QueueError):
+    """The database URL is malformed or names an unknown engine."""
+
+
+class StoreError(QueueError):
+    """The store cannot be opened: missing, corrupt, foreign or of a newer format."""
+
+
+class UnsupportedFormatError(StoreError):
+    """The store was written by a newer, incompatible fdbqueue format."""
+
+
+class ClusterUnavailableError(QueueError):
+    """The FoundationDB cluster or its client library cannot be reached."""
+
+
+class NestedTransactionError(QueueError):
+    """A second transaction was opened on the embedded engine while this thread holds one.
+
+    The embedded engine has a single writer; waiting for it here would deadlock.
+    """

@@ -1,0 +1,161 @@
+"""Messages: the public :class:`Message` and the record stored for each one."""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from types import MappingProxyType
+from typing import Any
+
+from fdbqueue.errors import QueueError
+
+RECORD_FORMAT = 1
+_HEAD = struct.Struct("<BI")
+
+
+class InvalidPayloadError(QueueError, TypeError):
+    """The payload is not bytes, str, or JSON-serialisable."""
+
+
+class PayloadTooLargeError(QueueError, ValueError):
+    """The payload is larger than the queue's maximum."""
+
+
+class ContentType(str, Enum):
+    BYTES = "b"
+    TEXT = "t"
+    JSON = "j"
+
+
+def coerce_payload(payload: object) -> tuple[bytes, ContentType]:
+    """bytes-like stay bytes; str is UTF-8 text; anything else must be JSON-serialisable."""
+    if isinstance(payload, bytes):
+        return payload, ContentType.BYTES
+    if isinstance(payload, (bytearray, memoryview)):
+        return bytes(payload), ContentType.BYTES
+    if isinstance(payload, str):
+        return payload.encode("utf-8"), ContentType.TEXT
+    try:
+        return json.dumps(payload, separators=(",", ":"), allow_nan=False).encode(), ContentType.JSON
+    except (TypeError, ValueError) as exc:
+        raise InvalidPayloadError(
+            f"payload must be bytes, str or JSON-serialisable; {type(payload).__name__}: {exc}"
+        ) from None
+
+
+def check_headers(headers: object) -> dict[str, Any]:
+    if headers is None:
+        return {}
+    if not isinstance(headers, Mapping):
+        raise QueueError(f"headers must be a mapping of str to JSON values, not {type(headers).__name__}")
+    out: dict[str, Any] = {}
+    for k, v in headers.items():
+        if not isinstance(k, str):
+            raise QueueError(f"header names must be str, got {k!r}")
+        if v is not None and not isinstance(v, (str, int, float, bool)):
+            raise QueueError(f"header {k!r} must be str, int, float, bool or None, not {type(v).__name__}")
+        out[k] = v
+    return out
+
+
+@dataclass(frozen=True)
+class Record:
+    """What is stored for a message, wherever it is (ready, leased, delayed, error queue)."""
+
+    id: str
+    enqueued_us: int
+    content_type: str
+    headers: dict[str, Any]
+    deliveries: int = 0
+    expires_us: int | None = None
+    chunks: int = 0  # > 0: the payload is in that many chunk keys, not inline
+    extra: dict[str, Any] = field(default_factory=dict)  # origin queue, reason, lease ...
+    payload: bytes = b""
+
+    def encode(self) -> bytes:
+        meta = json.dumps(
+            [
+                self.id,
+                self.enqueued_us,
+                self.content_type,
+                self.headers,
+                self.deliveries,
+                self.expires_us,
+                self.chunks,
+                self.extra,
+            ],
+            separators=(",", ":"),
+        ).encode()
+        return _HEAD.pack(RECORD_FORMAT, len(meta)) + meta + self.payload
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Record:
+        fmt, n = _HEAD.unpack_from(raw)
+        if fmt != RECORD_FORMAT:
+            raise QueueError(f"message record of unknown format {fmt}: written by a newer fdbqueue?")
+        meta = json.loads(raw[_HEAD.size : _HEAD.size + n])
+        return cls(*meta, payload=raw[_HEAD.size + n :])
+
+    def with_(self, **changes: Any) -> Record:
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Message:
+    """A message handed out by a queue. ``payload`` is always bytes."""
+
+    id: str
+    payload: bytes
+    queue: str
+    priority: int
+    enqueued_at: float
+    deliveries: int
+    headers: Mapping[str, Any]
+    content_type: ContentType
+    expires_at: float | None = None
+    key: bytes = b""  # its place in the ready order: where a release puts it back
+    receipt: str | None = None  # the lease it was handed out under (worker mode)
+    lease_deadline: float | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def text(self) -> str:
+        """The payload decoded as UTF-8."""
+        return self.payload.decode("utf-8")
+
+    def json(self) -> Any:
+        """The payload parsed as JSON."""
+        return json.loads(self.payload)
+
+    @property
+    def reason(self) -> str | None:
+        """Why a message is in an error queue (``max_deliveries``, ``expired``, a nack reason)."""
+        r = self.extra.get("reason")
+        return None if r is None else str(r)
+
+    @property
+    def origin(self) -> str | None:
+        """The queue a dead-lettered message came from."""
+        o = self.extra.get("origin")
+        return None if o is None else str(o)
+
+    @classmethod
+    def from_record(
+        cls, rec: Record, queue: str, priority: int, key: bytes, payload: bytes, **more: Any
+    ) -> Message:
+        return cls(
+            id=rec.id,
+            payload=payload,
+            queue=queue,
+            priority=priority,
+            enqueued_at=rec.enqueued_us / 1e6,
+            deliveries=rec.deliveries,
+            headers=MappingProxyType(dict(rec.headers)),
+            content_type=ContentType(rec.content_type),
+            expires_at=None if rec.expires_us is None else rec.expires_us / 1e6,
+            key=key,
+            extra=MappingProxyType(dict(rec.extra)),
+            **more,
+        )

@@ -1,0 +1,763 @@
+"""The queue: ordered, prioritised, transactional enqueue and dequeue, and worker-mode leases.
+
+Every method takes ``tr`` first: a Transaction joins the caller's transaction (the
+operation commits or aborts with it); a Database runs it in its own retried
+transaction, exactly once even across commit_unknown_result (1021): ids and receipts
+are made before the retry loop and checked inside it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, NamedTuple, TypeVar
+
+import tenacity
+
+from fdbqueue.clock import now_us
+from fdbqueue.config import QueueConfig, config_or_create, read_config, read_state
+from fdbqueue.delivery import (
+    LeaseError,
+    ack_in,
+    check_lease_seconds,
+    expire,
+    extend_in,
+    lease_in,
+    message_elsewhere,
+    nack_in,
+    release,
+    remove_message,
+)
+from fdbqueue.engines.base import Database, EventWatch, Transaction, Watch, is_transaction
+from fdbqueue.errors import EngineError, NestedTransactionError, QueueError
+from fdbqueue.layout import DEFAULT_ROOT, MINUS_ONE, QueueKeys, new_rand, pack_count, unpack_count
+from fdbqueue.message import (
+    ContentType,
+    Message,
+    PayloadTooLargeError,
+    Record,
+    check_headers,
+    coerce_payload,
+)
+from fdbqueue.sweep import SweepStats, sweep, sweep_step
+
+CHUNK_SIZE = 10_000  # FoundationDB's blob recipe: values of about 10 kB
+FILTER_SCAN_LIMIT = 10_000  # dequeue(where=...) looks at most this many messages
+RECEIPT_TTL_US = 600_000_000  # receipts older than this are swept
+HEAD_SKIP_LIMIT = 100  # expired messages one dequeue moves aside before giving up
+
+T = TypeVar("T")
+log = logging.getLogger("fdbqueue")
+
+
+class QueueStoppedError(QueueError):
+    """This direction of the queue is disabled (stopped)."""
+
+
+class QueueFullError(QueueError):
+    """The queue holds max_size messages."""
+
+    def __init__(self, *args: object, block: bool = False) -> None:
+        super().__init__(*args)
+        self.block = block  # the queue's overflow policy is "block": waiting may help
+
+
+class _Item(NamedTuple):
+    id: str
+    rand: bytes
+    payload: bytes
+    content_type: ContentType
+    priority: int
+    headers: dict[str, Any]
+    delay: float
+    ttl: float | None
+    dedup_key: str | None
+
+
+def run_once(tr: Transaction | Database, body: Callable[[Transaction, bool], T]) -> T:
+    """Run ``body(tr, maybe_committed_before)`` in the caller's or its own retried transaction.
+
+    ``maybe_committed_before`` is True on an attempt that follows a commit_unknown_result:
+    the body then checks whether its earlier attempt committed (ids made outside the loop).
+    """
+    if is_transaction(tr):
+        return body(tr, False)  # type: ignore[arg-type]
+    if not hasattr(tr, "create_transaction"):
+        raise QueueError(f"expected a Database or Transaction, not {type(tr).__name__}")
+    t = tr.create_transaction()
+    unknown = False
+    try:
+        while True:
+            try:
+                result = body(t, unknown)
+                t.commit()
+                return result
+            except EngineError as exc:
+                unknown = unknown or exc.maybe_committed
+                t.on_error(exc)
+    except BaseException:
+        t.cancel()
+        raise
+
+
+class Queue:
+    """A handle on one queue: no I/O until used; the queue is created on first use with defaults.
+
+    ``Queue("jobs", root=("myapp",))`` keeps the queue's keys under another root subspace.
+    """
+
+    def __init__(self, name: str, *, root: tuple[Any, ...] = DEFAULT_ROOT) -> None:
+        self.keys = QueueKeys.make(name, root)
+        self.name = self.keys.name
+        self.root = tuple(root)
+
+    def __repr__(self) -> str:
+        return f"Queue({self.name!r})"
+
+    # -- enqueue -------------------------------------------------------------------------------
+
+    def _item(
+        self,
+        payload: object,
+        priority: int,
+        headers: Mapping[str, Any] | None,
+        delay: float,
+        ttl: float | None,
+        dedup_key: str | None,
+    ) -> _Item:
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise QueueError(f"priority must be an int, not {type(priority).__name__}")
+        if not -(2**31) <= priority < 2**31:
+            raise QueueError(f"priority must fit in 32 bits, got {priority}")
+        delay = _seconds("delay", delay)
+        if ttl is not None:
+            ttl = _seconds("ttl", ttl)
+            if ttl == 0:
+                raise QueueError("ttl must be > 0 (None: never expires)")
+        if dedup_key is not None and (not isinstance(dedup_key, str) or not dedup_key):
+            raise QueueError("dedup_key must be a non-empty str")
+        data, ctype = coerce_payload(payload)
+        hdrs = check_headers(headers)
+        return _Item(uuid.uuid4().hex, new_rand(), data, ctype, priority, hdrs, delay, ttl, dedup_key)
+
+    def enqueue(
+        self,
+        tr: Transaction | Database,
+        payload: object,
+        *,
+        priority: int = 0,
+        delay: float = 0.0,
+        ttl: float | None = None,
+        headers: Mapping[str, Any] | None = None,
+        dedup_key: str | None = None,
+        autonomous: bool = False,
+        timeout: float | None = None,
+    ) -> str:
+        """Add one message; returns its id. Composes inside the caller's transaction.
+
+        ``payload``: bytes, str (UTF-8) or anything JSON-serialisable. Higher ``priority``
+        is dequeued first, FIFO within a priority. Conflict-free against other enqueues.
+        ``delay``: seconds before it can be dequeued; ``ttl``: seconds before it expires.
+        ``dedup_key``: within the queue's dedup window, a second enqueue with the same key
+        writes nothing and returns the first message's id. ``autonomous``: commit on its
+        own, even if the caller's transaction aborts (on the embedded engine: as soon as
+        the caller's transaction ends). ``timeout``: how long to wait for room in a full
+        queue whose overflow policy is ``block`` (needs a Database).
+        """
+        item = self._item(payload, priority, headers, delay, ttl, dedup_key)
+        if autonomous and is_transaction(tr):
+            return self._autonomous(tr, item)  # type: ignore[arg-type]
+        return self._enqueue_items(tr, [item], timeout)[0]
+
+    def enqueue_many(
+        self,
+        tr: Transaction | Database,
+        payloads: Iterable[object],
+        *,
+        priority: int = 0,
+        headers: Mapping[str, Any] | None = None,
+        ttl: float | None = None,
+        delay: float = 0.0,
+        timeout: float | None = None,
+    ) -> list[str]:
+        """Add several messages atomically (one transaction), in order; returns their ids."""
+        items = [self._item(p, priority, headers, delay, ttl, None) for p in payloads]
+        return self._enqueue_items(tr, items, timeout) if items else []
+
+    def _enqueue_items(self, tr: Transaction | Database, items: list[_Item], timeout: float | None) -> list[str]:
+        receipt = self.keys.receipt_key(now_us(), items[0].rand)
+
+        def body(t: Transaction, unknown: bool) -> list[str]:
+            return self._enqueue_in(t, items, unknown, None if is_transaction(tr) else receipt)
+
+        if timeout is None or is_transaction(tr):
+            return run_once(tr, body)
+        timeout = _seconds("timeout", timeout)
+        try:
+            for attempt in tenacity.Retrying(
+                stop=tenacity.stop_after_delay(timeout),
+                wait=tenacity.wait_exponential(multiplier=0.005, max=0.25),
+                retry=tenacity.retry_if_exception(lambda e: isinstance(e, QueueFullError) and e.block),
+                reraise=True,
+            ):
+                with attempt:
+                    return run_once(tr, body)
+        except QueueFullError as exc:
+            raise QueueFullError(f"{exc}; waited {timeout} s for room") from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _enqueue_in(
+        self, tr: Transaction, items: list[_Item], unknown: bool, receipt: bytes | None
+    ) -> list[str]:
+        keys = self.keys
+        if unknown and receipt is not None and tr.get(receipt) is not None:
+            return [it.id for it in items]  # the attempt that ended in commit_unknown_result committed
+        cfg = config_or_create(tr, keys)
+        if not read_state(tr, keys).enqueue:
+            raise QueueStoppedError(f"enqueue is disabled on queue {self.name!r}")
+        for it in items:
+            if len(it.payload) > cfg.max_payload:
+                raise PayloadTooLargeError(
+                    f"payload of {len(it.payload)} bytes exceeds queue {self.name!r}'s "
+                    f"max_payload of {cfg.max_payload} bytes"
+                )
+        t_us = now_us()
+        first = items[0]
+        if first.dedup_key is not None:
+            seen = tr.get(keys.dedup_key(first.dedup_key))
+            if seen is not None:
+                first_id, at = seen.decode().split("|")
+                if t_us - int(at) < cfg.dedup_window * 1e6:
+                    return [first_id]
+            tr.set(keys.dedup_key(first.dedup_key), f"{first.id}|{t_us}".encode())
+            tr.set(keys.dedup_time_key(t_us, first.dedup_key), b"")
+        if cfg.max_size is not None:
+            held = sum(unpack_count(tr.snapshot.get(keys.counter(c))) for c in ("ready", "inflight", "delayed"))
+            if held + len(items) > cfg.max_size:
+                raise QueueFullError(
+                    f"queue {self.name!r} is full ({held} of max_size {cfg.max_size})",
+                    block=cfg.overflow == "block",
+                )
+        if receipt is not None:
+            tr.set(receipt, b"enqueue")
+        base = unpack_count(tr.snapshot.get(keys.hwm))
+        priorities: set[int] = set()
+        ready = 0
+        for i, it in enumerate(items):
+            ready += self._write_new(tr, cfg, it, base + 1 + i, t_us)
+            priorities.add(it.priority)
+        for p in priorities:
+            tr.set(keys.priority_marker(p), b"")
+        tr.max(keys.hwm, pack_count(base + len(items)))
+        if ready:
+            tr.add(keys.counter("ready"), pack_count(ready))
+            tr.add(keys.wake, pack_count(ready))
+        if ready < len(items):
+            tr.add(keys.counter("delayed"), pack_count(len(items) - ready))
+        return [it.id for it in items]
+
+    def _write_new(self, tr: Transaction, cfg: QueueConfig, it: _Item, index: int, t_us: int) -> int:
+        """Write one new message, ready (returns 1) or delayed (returns 0)."""
+        keys = self.keys
+        ttl = it.ttl if it.ttl is not None else cfg.ttl
+        expires = None if ttl is None else t_us + int(ttl * 1e6)
+        payload, chunks = it.payload, 0
+        if len(payload) > CHUNK_SIZE:
+            chunks = math.ceil(len(payload) / CHUNK_SIZE)
+            for n in range(chunks):
+                tr.set(keys.chunk_key(it.id, n), payload[n * CHUNK_SIZE : (n + 1) * CHUNK_SIZE])
+            payload = b""
+        rec = Record(it.id, t_us, it.content_type.value, it.headers, 0, expires, chunks, {}, payload)
+        if expires is not None:
+            tr.set(keys.expiry_key(expires, it.id), b"")
+        if it.delay > 0:
+            key = keys.delayed_key(t_us + int(it.delay * 1e6), it.id)
+            rec = rec.with_(extra={"priority": it.priority})
+            ready = 0
+        else:
+            key = keys.ready_key(it.priority, index, it.rand)
+            ready = 1
+        tr.set(key, rec.encode())
+        tr.set(keys.id_key(it.id), key)
+        return ready
+
+    def _autonomous(self, tr: Transaction, item: _Item) -> str:
+        """Enqueue in a transaction of its own, whatever becomes of the caller's (seed 002)."""
+        db: Database = tr.db
+
+        def later(_error: EngineError | None) -> None:
+            try:
+                self._enqueue_items(db, [item], None)
+            except Exception:  # the caller's outcome must not be masked by this write's failure
+                log.exception("fdbqueue: autonomous enqueue to %r failed", self.name)
+
+        try:
+            return self._enqueue_items(db, [item], None)[0]
+        except NestedTransactionError:
+            # The embedded engine's single writer is held by the caller: write once it ends.
+            tr.on_finish(later)
+            return item.id
+
+    # -- reading messages ----------------------------------------------------------------------
+
+    def _message(self, tr: Any, key: bytes, raw: bytes, *, delivered: bool = False) -> Message:
+        rec = Record.decode(raw)
+        if delivered:
+            rec = rec.with_(deliveries=rec.deliveries + 1)
+        payload = rec.payload
+        if rec.chunks:
+            payload = b"".join(kv.value for kv in tr.get_range(*self.keys.chunk_range(rec.id)))
+        priority, _, _ = self.keys.parse_ready(key)
+        return Message.from_record(rec, self.name, priority, key, payload)
+
+    # -- dequeue and leases --------------------------------------------------------------------
+
+    def dequeue(
+        self,
+        tr: Transaction | Database,
+        *,
+        timeout: float | None = None,
+        where: Mapping[str, Any] | None = None,
+        fallback: bool = False,
+    ) -> Message | None:
+        """Remove and return the next message (higher priority first, FIFO within), or None.
+
+        Given a Transaction, the message is gone when the caller commits and back in its
+        place if the caller aborts; an abort counts as a failed delivery (poison
+        handling: after max_deliveries the message goes to the error queue). Given a
+        Database: its own transaction, exactly once; under contention it switches to the
+        staged dequeue-request set; with ``timeout`` it blocks on a watch (no polling),
+        which needs a Database since a watch only arms when its transaction commits.
+        ``where`` takes the oldest message whose headers match; with ``fallback`` the
+        oldest message when none matches.
+        """
+        if where is not None and not isinstance(where, Mapping):
+            raise QueueError("where must be a mapping of header names to values")
+        if is_transaction(tr):
+            if timeout:
+                raise QueueError(
+                    "a blocking dequeue cannot join a caller's transaction (it must commit to "
+                    "wait); pass a Database, or use timeout=None"
+                )
+            return self._take(tr, where, fallback, in_caller=True)  # type: ignore[arg-type]
+        db = _database(tr)
+        return self._blocking(db, timeout, lambda watch: self._dequeue_own(db, where, fallback, watch))
+
+    def lease(
+        self, tr: Transaction | Database, lease_seconds: float | None = None, *, timeout: float | None = None
+    ) -> Message | None:
+        """Take the next message in worker mode: hidden until ack, nack or lease expiry.
+
+        Every lease counts a delivery. Composes inside a caller's transaction; ``timeout``
+        (blocking) needs a Database. ``lease_seconds`` defaults to the queue's setting.
+        """
+        seconds = None if lease_seconds is None else check_lease_seconds(lease_seconds)
+        receipt = uuid.uuid4().hex
+        if is_transaction(tr):
+            if timeout:
+                raise QueueError("a blocking lease cannot join a caller's transaction; pass a Database")
+            return self._lease_in(tr, seconds, receipt)  # type: ignore[arg-type]
+        db = _database(tr)
+
+        def attempt(want_watch: bool) -> tuple[Message | None, Watch | None]:
+            def body(t: Transaction, unknown: bool) -> Message | None:
+                if unknown and taken:
+                    raw = t.get(self.keys.inflight_key(taken[0].id))
+                    if raw is not None and Record.decode(raw).extra.get("receipt") == receipt:
+                        return taken[0]  # the attempt that ended in commit_unknown_result committed
+                m = self._lease_in(t, seconds, receipt)
+                taken[:] = [] if m is None else [m]
+                return m
+
+            taken: list[Message] = []
+            m = run_once(db, body)
+            return m, (None if m is not None or not want_watch else _watch(db, self.keys, self._strict(db)))
+
+        return self._blocking(db, timeout, attempt)
+
+    def ack(self, tr: Transaction | Database, m: Message) -> None:
+        """Settle a leased message: it is done and removed. LeaseError if the lease is gone."""
+
+        def body(t: Transaction, unknown: bool) -> None:
+            if unknown and t.get(self.keys.inflight_key(m.id)) is None:
+                return  # the attempt that ended in commit_unknown_result committed
+            ack_in(self, t, m, now_us())
+            cfg = read_config(t, self.keys)
+            if cfg is not None and cfg.strict_order:
+                t.add(self.keys.wake, pack_count(1))  # the next delivery may go ahead now
+
+        run_once(tr, body)
+
+    def nack(
+        self, tr: Transaction | Database, m: Message, *, delay: float | None = None, reason: str | None = None
+    ) -> str:
+        """Give a leased message back: to its original place after ``delay`` (default: the
+        queue's retry delay), or to the error queue (tagged ``reason``) once it has had
+        max_deliveries. Returns where it went: ``ready``, ``delayed``, ``dead``, ``expired``."""
+        if delay is not None:
+            delay = _seconds("delay", delay)
+        if reason is not None and not isinstance(reason, str):
+            raise QueueError("reason must be a str")
+        outcome: list[str] = []
+
+        def body(t: Transaction, unknown: bool) -> str:
+            if unknown and outcome and t.get(self.keys.inflight_key(m.id)) is None:
+                return outcome[0]
+            cfg = config_or_create(t, self.keys)
+            outcome[:] = [nack_in(self, t, cfg, m, delay, reason, now_us())]
+            return outcome[0]
+
+        return run_once(tr, body)
+
+    def extend(self, tr: Transaction | Database, m: Message, lease_seconds: float) -> Message:
+        """Renew a lease for ``lease_seconds`` from now; returns the message with its new deadline."""
+        seconds = check_lease_seconds(lease_seconds)
+        return run_once(tr, lambda t, _: extend_in(self, t, m, seconds, now_us()))
+
+    def sweep(self, tr: Transaction | Database, *, limit: int = 100) -> SweepStats:
+        """Expired leases back, due delayed messages in, TTLs out, old dedup entries forgotten.
+
+        Idempotent and safe from many workers at once. Given a Database it runs
+        transactions of up to ``limit`` moves per index until nothing is due; given a
+        Transaction, one such step inside it.
+        """
+        if is_transaction(tr):
+            return sweep(self, tr, now_us(), limit)  # type: ignore[arg-type]
+        db = _database(tr)
+        total = SweepStats()
+        while True:
+            st = run_once(db, lambda t, _: sweep(self, t, now_us(), limit))
+            total.add(st)
+            if st.total() == 0:
+                return total
+
+    def wait(self, db: Database, timeout: float | None = None) -> bool:
+        """Block until a message may be ready, up to ``timeout`` seconds (a watch, no polling).
+
+        True at once when a message is ready. For consumers that dequeue inside their
+        own transactions, which cannot block. Needs a Database.
+        """
+        if is_transaction(db) or not hasattr(db, "create_transaction"):
+            raise QueueError("wait() needs a Database: a watch arms only when its transaction commits")
+        if timeout is not None:
+            timeout = _seconds("timeout", timeout)
+        watch = _watch(db, self.keys)
+        try:
+            return watch.wait(self._bounded(db, timeout))
+        finally:
+            watch.cancel()
+
+    def _strict(self, db: Database) -> bool:
+        cfg = run_once(db, lambda t, _: read_config(t, self.keys))
+        return cfg is not None and cfg.strict_order
+
+    def _bounded(self, db: Database, timeout: float | None) -> float | None:
+        """``timeout`` cut short at the next delayed message's due time or lease deadline."""
+        due = run_once(db, lambda t, _: _next_due(t, self.keys))
+        if due is None:
+            return timeout
+        until_due = max(0.0, (due - now_us()) / 1e6) + 0.001
+        return until_due if timeout is None else min(timeout, until_due)
+
+    def _blocking(
+        self, db: Database, timeout: float | None, attempt: Callable[[bool], tuple[Message | None, Watch | None]]
+    ) -> Message | None:
+        if timeout is not None:
+            timeout = _seconds("timeout", timeout)
+        deadline = None if not timeout else time.monotonic() + timeout
+        while True:
+            msg, watch = attempt(deadline is not None)
+            if msg is not None or deadline is None:
+                return msg
+            assert watch is not None
+            try:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                watch.wait(self._bounded(db, remaining))
+            finally:
+                watch.cancel()
+
+    def _dequeue_own(
+        self, db: Database, where: Mapping[str, Any] | None, fallback: bool, want_watch: bool
+    ) -> tuple[Message | None, Watch | None]:
+        from fdbqueue.contention import staged_dequeue, waiting_requests
+
+        keys = self.keys
+        receipt = keys.receipt_key(now_us(), os.urandom(8))
+        taken: Message | None = None
+        unknown = False
+        strict = False
+        t = db.create_transaction()
+        try:
+            while True:
+                try:
+                    if unknown and taken is not None and t.get(receipt) is not None:
+                        t.clear(receipt)  # the attempt with the unknown result did commit
+                        t.commit()
+                        return taken, None
+                    cfg = read_config(t, keys)
+                    strict = cfg is not None and cfg.strict_order
+                    if where is None and not strict and waiting_requests(t, keys):
+                        break  # others are queued in the staged set: do not jump the line
+                    msg = self._take(t, where, fallback)
+                    if msg is None:
+                        t.commit()
+                        return None, (_watch(db, keys, strict) if want_watch else None)
+                    t.set(receipt, msg.id.encode())
+                    taken = msg
+                    t.commit()
+                    return msg, None
+                except EngineError as exc:
+                    unknown = unknown or exc.maybe_committed
+                    if exc.code == 1020 and where is None and not strict:
+                        break  # plain dequeues collide: use the staged request set
+                    t.on_error(exc)
+        finally:
+            t.cancel()
+        msg = staged_dequeue(db, self)
+        return msg, (_watch(db, keys) if msg is None and want_watch else None)
+
+    def _head(
+        self, tr: Transaction, cfg: QueueConfig, where: Mapping[str, Any] | None, fallback: bool, now: int
+    ) -> tuple[bytes, Record] | None:
+        """The next deliverable ready message; moves aside expired ones it meets."""
+        keys = self.keys
+        if _next_due(tr, keys, now) is not None:
+            sweep_step(self, tr, cfg, now, 16)  # due delays and expired leases first
+        if cfg.strict_order:
+            if where is not None:
+                raise QueueError(f"queue {self.name!r} keeps strict order: dequeue by filter would break it")
+            if tr.get_range(*keys.index_range("l"), limit=1):
+                return None  # strict order: one delivery in flight at a time
+        begin, end = keys.ready_range()
+        if where is not None:
+            return self._find(tr, cfg, begin, end, dict(where), fallback, now)
+        for _ in range(HEAD_SKIP_LIMIT):
+            kvs = tr.get_range(begin, end, 1)
+            if not kvs:
+                return None
+            key, raw = kvs[0]
+            rec = Record.decode(raw)
+            if rec.expires_us is not None and rec.expires_us <= now:
+                expire(self, tr, cfg, key, rec)
+                begin = key + b"\x00"
+                continue
+            if int(rec.extra.get("not_before", 0)) > now:
+                return None  # strict order: the head waits out its retry delay
+            return key, rec
+        return None
+
+    def _find(
+        self,
+        tr: Transaction,
+        cfg: QueueConfig,
+        begin: bytes,
+        end: bytes,
+        where: dict[str, Any],
+        fallback: bool,
+        now: int,
+    ) -> tuple[bytes, Record] | None:
+        first: tuple[bytes, Record] | None = None
+        scanned = 0
+        while scanned < FILTER_SCAN_LIMIT:
+            batch = tr.get_range(begin, end, 100)
+            for key, raw in batch:
+                rec = Record.decode(raw)
+                if rec.expires_us is not None and rec.expires_us <= now:
+                    expire(self, tr, cfg, key, rec)
+                    continue
+                if first is None:
+                    first = (key, rec)
+                if all(rec.headers.get(k, _MISSING) == v for k, v in where.items()):
+                    return key, rec
+            scanned += len(batch)
+            if len(batch) < 100:
+                break
+            begin = batch[-1].key + b"\x00"
+        return first if fallback else None
+
+    def _take(
+        self, tr: Transaction, where: Mapping[str, Any] | None, fallback: bool, *, in_caller: bool = False
+    ) -> Message | None:
+        keys = self.keys
+        cfg = read_config(tr, keys)
+        if cfg is None:
+            return None  # never created: empty
+        if not read_state(tr, keys).dequeue:
+            raise QueueStoppedError(f"dequeue is disabled on queue {self.name!r}")
+        head = self._head(tr, cfg, where, fallback, now_us())
+        if head is None:
+            return None
+        key, rec = head
+        msg = self._message(tr, key, rec.encode(), delivered=True)
+        remove_message(tr, keys, key, rec)
+        tr.add(keys.counter("ready"), MINUS_ONE)
+        if in_caller:
+            db = tr.db
+            tr.on_finish(lambda error: error is None or self._failed_attempt(db, msg, error))
+        return msg
+
+    def _lease_in(self, tr: Transaction, seconds: float | None, receipt: str) -> Message | None:
+        keys = self.keys
+        cfg = read_config(tr, keys)
+        if cfg is None:
+            return None
+        if not read_state(tr, keys).dequeue:
+            raise QueueStoppedError(f"dequeue is disabled on queue {self.name!r}")
+        now = now_us()
+        head = self._head(tr, cfg, None, False, now)
+        if head is None:
+            return None
+        key, rec = head
+        msg = self._message(tr, key, rec.encode())
+        tr.clear(key)
+        if rec.expires_us is not None:
+            tr.clear(keys.expiry_key(rec.expires_us, rec.id))
+        tr.add(keys.counter("ready"), MINUS_ONE)
+        return lease_in(self, tr, msg, rec, seconds or cfg.lease_seconds, receipt, now)
+
+    def _failed_attempt(self, db: Database, msg: Message, error: EngineError) -> None:
+        """The caller's transaction that dequeued ``msg`` did not commit: count the delivery.
+
+        Runs after that transaction has ended (its locks released), in one of its own. A
+        conflict (1020) is the engine's, not the message's fault: it is not counted.
+        """
+        if error.code == 1020:
+            return
+
+        def body(t: Transaction, _: bool) -> None:
+            raw = t.get(msg.key)
+            if raw is None:
+                return  # taken by another consumer, or the caller's commit did land (1021)
+            rec = Record.decode(raw)
+            if rec.id != msg.id:
+                return
+            cfg = config_or_create(t, self.keys)
+            remove_message(t, self.keys, msg.key, rec, chunks=False)
+            t.add(self.keys.counter("ready"), MINUS_ONE)
+            failed = rec.with_(deliveries=rec.deliveries + 1)
+            release(self, t, cfg, failed, msg.key, reason=None, delay=None, now=now_us())
+
+        try:
+            run_once(db, body)
+        except Exception:  # never mask the caller's own error with this bookkeeping
+            log.exception("fdbqueue: could not count the failed delivery of %s on %r", msg.id, self.name)
+
+    # -- examining without consuming ----------------------------------------------------------
+
+    def peek(self, tr: Transaction | Database) -> Message | None:
+        """The next message dequeue would return, left in place."""
+        return self.nth(tr, 0)
+
+    def nth(self, tr: Transaction | Database, n: int) -> Message | None:
+        """The message at 0-based position ``n`` in dequeue order, or None."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise QueueError(f"n must be an int >= 0, got {n!r}")
+
+        def body(t: Transaction, _: bool) -> Message | None:
+            kvs = t.get_range(*self.keys.ready_range(), limit=n + 1)
+            return self._message(t, *kvs[n]) if len(kvs) > n else None
+
+        return run_once(tr, body)
+
+    def get(self, tr: Transaction | Database, msg_id: str) -> Message | None:
+        """The message with id ``msg_id`` wherever it waits (ready, leased, delayed), or None."""
+        if not isinstance(msg_id, str):
+            raise QueueError(f"message id must be a str, not {type(msg_id).__name__}")
+
+        def body(t: Transaction, _: bool) -> Message | None:
+            where = t.get(self.keys.id_key(msg_id))
+            raw = None if where is None else t.get(where)
+            if where is None or raw is None:
+                return None
+            if self.keys.unpack_tail(where)[0] == "r":
+                return self._message(t, where, raw)
+            return message_elsewhere(self, t, where, raw)
+
+        return run_once(tr, body)
+
+    def size(self, tr: Transaction | Database) -> int:
+        """Ready messages (not leased, not delayed); a snapshot read of an atomic counter."""
+        return run_once(tr, lambda t, _: max(0, unpack_count(t.snapshot.get(self.keys.counter("ready")))))
+
+    def empty(self, tr: Transaction | Database) -> bool:
+        """True when no message is ready."""
+        return run_once(tr, lambda t, _: not t.get_range(*self.keys.ready_range(), limit=1))
+
+    def browse(
+        self, tr: Transaction | Database, *, limit: int | None = None, batch: int = 100
+    ) -> Iterator[Message]:
+        """Walk ready messages in dequeue order without consuming them (a cursor).
+
+        Each batch is its own read (a Database) or a read in the caller's transaction.
+        The cursor keeps its place across concurrent dequeues, and a higher-priority
+        message that arrives behind it is still visited (the cursor moves back, seed 000).
+        """
+        from fdbqueue.browse import browse
+
+        return browse(self, tr, limit=limit, batch=batch)
+
+
+__all__ = ["LeaseError", "Queue", "QueueFullError", "QueueStoppedError"]
+
+_MISSING = object()
+
+
+def _database(tr: object) -> Database:
+    if not hasattr(tr, "create_transaction"):
+        raise QueueError(f"expected a Database or Transaction, not {type(tr).__name__}")
+    return tr  # type: ignore[return-value]
+
+
+def _seconds(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise QueueError(f"{name} must be a number of seconds, not {value!r}")
+    if value < 0:
+        raise QueueError(f"{name} must be >= 0, got {value}")
+    return float(value)
+
+
+def _next_due(tr: Transaction, keys: QueueKeys, now: int | None = None) -> int | None:
+    """The earliest delayed due time or lease deadline (``<= now`` only, when given).
+
+    Without ``now`` (a waiter's question) also a strict-order head's retry time.
+    """
+    due = None
+    if now is None:
+        head = tr.snapshot.get_range(*keys.ready_range(), limit=1)
+        if head:
+            due = int(Record.decode(head[0].value).extra.get("not_before", 0)) or None
+    for tag in ("d", "l"):
+        begin, end = keys.index_range(tag, None if now is None else now + 1)
+        kvs = tr.snapshot.get_range(begin, end, 1)
+        if kvs:
+            t = int(keys.unpack_tail(kvs[0].key)[1])
+            due = t if due is None else min(due, t)
+    return due
+
+
+def _watch(db: Database, keys: QueueKeys, strict: bool = False) -> Watch:
+    """A watch on the wake key, already fired when a message is ready (none missed in between).
+
+    Under strict order a ready message may be held back by one in flight: then only the
+    wake key (bumped by an ack or release) or a deadline ends the wait.
+    """
+    t = db.create_transaction()
+    while True:
+        try:
+            w = t.watch(keys.wake)
+            ready = not strict and t.snapshot.get_range(*keys.ready_range(), limit=1)
+            t.commit()
+            if ready:
+                w.cancel()
+                fired = EventWatch(keys.wake, None)
+                fired.fire()
+                return fired
+            return w
+        except EngineError as exc:
+            t.on_error(exc)

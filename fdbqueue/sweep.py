@@ -1,0 +1,124 @@
+"""Timeout sweeps: expired leases back, due delayed messages in, TTLs out, old entries gone.
+
+Every index is ordered by its deadline, so a sweep reads only what is due: cheap when
+nothing is. Each due entry is read serializably before it is moved, so sweepers running
+at once conflict only over the same entry; the loser retries and finds it gone. A sweep
+is therefore idempotent and safe from many workers (no double moves).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from fdbqueue.config import QueueConfig, read_config
+from fdbqueue.delivery import expire, expire_lease, promote_delayed
+from fdbqueue.engines.base import Transaction
+from fdbqueue.message import Record
+
+if TYPE_CHECKING:
+    from fdbqueue.queue import Queue
+
+RESULT_TTL_US = 300_000_000  # an uncollected staged-dequeue result goes back after 5 min
+
+
+@dataclass
+class SweepStats:
+    """What one sweep moved."""
+
+    leases: int = 0
+    delayed: int = 0
+    expired: int = 0
+    dead: int = 0
+    dedup: int = 0
+    results: int = 0
+
+    def total(self) -> int:
+        return self.leases + self.delayed + self.expired + self.dedup + self.results
+
+    def add(self, other: SweepStats) -> None:
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+def _due(tr: Transaction, q: Queue, tag: str, now: int, limit: int) -> list[bytes]:
+    begin, end = q.keys.index_range(tag, now + 1)
+    # A snapshot read: only the entries acted on are read serializably (point reads).
+    return [kv.key for kv in tr.snapshot.get_range(begin, end, limit)]
+
+
+def sweep_step(q: Queue, tr: Transaction, cfg: QueueConfig, now: int, limit: int) -> SweepStats:
+    """Move up to ``limit`` due entries of each index; composes inside ``tr``."""
+    keys = q.keys
+    st = SweepStats()
+    for lkey in _due(tr, q, "l", now, limit):
+        outcome = expire_lease(q, tr, cfg, lkey, now)
+        if outcome is not None:
+            st.leases += 1
+            st.dead += outcome == "dead"
+            st.expired += outcome == "expired"
+    for dkey in _due(tr, q, "d", now, limit):
+        outcome = promote_delayed(q, tr, cfg, dkey, now)
+        if outcome is not None:
+            st.delayed += outcome == "ready"
+            st.expired += outcome == "expired"
+    for xkey in _due(tr, q, "x", now, limit):
+        if tr.get(xkey) is None:
+            continue
+        tr.clear(xkey)
+        msg_id = keys.unpack_tail(xkey)[2]
+        where = tr.get(keys.id_key(msg_id))
+        if where is None or keys.unpack_tail(where)[0] != "r":
+            continue  # leased or delayed: checked again when it is released or promoted
+        raw = tr.get(where)
+        if raw is None:
+            continue
+        expire(q, tr, cfg, where, Record.decode(raw))
+        st.expired += 1
+    return st
+
+
+def sweep_housekeeping(q: Queue, tr: Transaction, cfg: QueueConfig, now: int, limit: int) -> SweepStats:
+    """Old dedup entries, old dequeue receipts and uncollected staged results."""
+    keys = q.keys
+    st = SweepStats()
+    horizon = now - int(cfg.dedup_window * 1e6)
+    for kv in tr.snapshot.get_range(*keys.index_range("kt", horizon), limit):
+        _, _t, dkey = keys.unpack_tail(kv.key)
+        tr.clear(kv.key)
+        raw = tr.get(keys.dedup_key(dkey))
+        if raw is not None and int(raw.split(b"|")[1]) <= horizon:
+            tr.clear(keys.dedup_key(dkey))
+        st.dedup += 1
+    from fdbqueue.queue import RECEIPT_TTL_US
+
+    begin, _ = keys.index_range("rc")
+    tr.clear_range(begin, keys.q.pack(("rc", now - RECEIPT_TTL_US)))
+    st.results += reclaim_results(q, tr, now, limit)
+    return st
+
+
+def reclaim_results(q: Queue, tr: Transaction, now: int, limit: int) -> int:
+    """Staged-dequeue results nobody collected (the requester died): back to their place."""
+    from fdbqueue.contention import decode_result
+    from fdbqueue.delivery import put_ready
+
+    n = 0
+    for kv in tr.snapshot.get_range(*q.keys.index_range("res"), limit):
+        made_us, key, raw = decode_result(kv.value)
+        if made_us > now - RESULT_TTL_US or tr.get(kv.key) is None:
+            continue
+        tr.clear(kv.key)
+        put_ready(tr, q.keys, key, Record.decode(raw), q.keys.parse_ready(key)[0])
+        n += 1
+    return n
+
+
+def sweep(q: Queue, tr: Transaction, now: int, limit: int = 100) -> SweepStats:
+    """One sweep transaction's worth of work on ``q`` (see the module docstring)."""
+    cfg = read_config(tr, q.keys)
+    if cfg is None:
+        return SweepStats()
+    st = sweep_step(q, tr, cfg, now, limit)
+    st.add(sweep_housekeeping(q, tr, cfg, now, limit))
+    return st
