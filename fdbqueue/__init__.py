@@ -8,16 +8,21 @@ take a Database (own retried transaction) or a Transaction (joins the caller's).
 from __future__ import annotations
 
 from fdbqueue.admin import (
+    QueueStats,
     create_queue,
     destroy_queue,
     list_queues,
+    purge_queue,
     queue_config,
+    queue_rates,
+    queue_stats,
     set_state,
     start_queue,
     stop_queue,
 )
 from fdbqueue.config import QueueConfig, QueueNotFoundError, QueueState, UnsupportedLayerFormatError
 from fdbqueue.delivery import LeaseError, LeaseExpiredError
+from fdbqueue.dispatcher import Consumer, Dispatcher, DispatcherStats
 from fdbqueue.engines import open_database as open
 from fdbqueue.engines.base import (
     Database,
@@ -39,13 +44,17 @@ from fdbqueue.errors import (
 from fdbqueue.message import ContentType, InvalidPayloadError, Message, PayloadTooLargeError
 from fdbqueue.queue import Queue, QueueFullError, QueueStoppedError
 from fdbqueue.sweep import SweepStats
+from fdbqueue.worker import Worker, WorkerStats
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ClusterUnavailableError",
+    "Consumer",
     "ContentType",
     "Database",
+    "Dispatcher",
+    "DispatcherStats",
     "EngineError",
     "InvalidPayloadError",
     "InvalidURLError",
@@ -62,6 +71,7 @@ __all__ = [
     "QueueFullError",
     "QueueNotFoundError",
     "QueueState",
+    "QueueStats",
     "QueueStoppedError",
     "StoreError",
     "SweepStats",
@@ -69,11 +79,16 @@ __all__ = [
     "UnsupportedFormatError",
     "UnsupportedLayerFormatError",
     "Watch",
+    "Worker",
+    "WorkerStats",
     "create_queue",
     "destroy_queue",
     "list_queues",
     "open",
+    "purge_queue",
     "queue_config",
+    "queue_rates",
+    "queue_stats",
     "set_state",
     "start_queue",
     "stop_queue",

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import time
+from dataclasses import dataclass
 from typing import Any
 
+from fdbqueue.clock import now_us
 from fdbqueue.config import (
     QueueConfig,
     QueueNotFoundError,
@@ -13,8 +17,9 @@ from fdbqueue.config import (
     write_config,
 )
 from fdbqueue.engines.base import Database, Transaction
-from fdbqueue.layout import DEFAULT_ROOT, QueueKeys, pack_count, queues_range, root_subspace
-from fdbqueue.queue import run_once
+from fdbqueue.layout import DEFAULT_ROOT, QueueKeys, pack_count, queues_range, root_subspace, unpack_count
+from fdbqueue.message import Record
+from fdbqueue.txn import run_once
 
 
 def create_queue(
@@ -47,7 +52,9 @@ def create_queue(
     return run_once(tr, body)
 
 
-def queue_config(tr: Transaction | Database, name: str, *, root: tuple[Any, ...] = DEFAULT_ROOT) -> QueueConfig:
+def queue_config(
+    tr: Transaction | Database, name: str, *, root: tuple[Any, ...] = DEFAULT_ROOT
+) -> QueueConfig:
     """The settings of queue ``name``; QueueNotFoundError when it does not exist."""
     keys = QueueKeys.make(name, root)
 
@@ -118,3 +125,104 @@ def stop_queue(tr: Transaction | Database, name: str, *, root: tuple[Any, ...] =
 def start_queue(tr: Transaction | Database, name: str, *, root: tuple[Any, ...] = DEFAULT_ROOT) -> QueueState:
     """Enable both directions."""
     return set_state(tr, name, enqueue=True, dequeue=True, root=root)
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """A queue's figures; counts are atomic counters read at snapshot isolation."""
+
+    name: str
+    ready: int
+    inflight: int
+    delayed: int
+    errors: int  # messages waiting in the queue's error queue
+    enqueued: int  # totals since creation
+    done: int
+    dead: int
+    expired: int
+    oldest_age: float | None  # seconds the oldest ready message has waited
+    enqueue_enabled: bool
+    dequeue_enabled: bool
+    enqueue_rate: float | None = None  # messages/s over the sampled interval
+    done_rate: float | None = None
+
+
+def queue_stats(tr: Transaction | Database, name: str, *, root: tuple[Any, ...] = DEFAULT_ROOT) -> QueueStats:
+    """Depth, in flight, delayed, error-queue depth, totals and the oldest message's age."""
+    keys = QueueKeys.make(name, root)
+
+    def body(t: Transaction, _: bool) -> QueueStats:
+        cfg = read_config(t, keys)
+        if cfg is None:
+            raise QueueNotFoundError(f"no queue named {name!r}")
+        snap = t.snapshot
+
+        def count(tag: str, k: QueueKeys = keys) -> int:
+            return max(0, unpack_count(snap.get(k.counter(tag))))
+
+        oldest: int | None = None
+        for marker in snap.get_range(*keys.priority_marker_range()):
+            p = -int(keys.unpack_tail(marker.key)[1])
+            head = snap.get_range(*keys.priority_range(p), limit=1)
+            if head:
+                at = Record.decode(head[0].value).enqueued_us
+                oldest = at if oldest is None else min(oldest, at)
+        ekeys = QueueKeys.make(cfg.error_queue_for(name), root)
+        st = read_state(t, keys)
+        return QueueStats(
+            name=name,
+            ready=count("ready"),
+            inflight=count("inflight"),
+            delayed=count("delayed"),
+            errors=count("ready", ekeys),
+            enqueued=count("enqueued"),
+            done=count("done"),
+            dead=count("dead"),
+            expired=count("expired"),
+            oldest_age=None if oldest is None else max(0.0, (now_us() - oldest) / 1e6),
+            enqueue_enabled=st.enqueue,
+            dequeue_enabled=st.dequeue,
+        )
+
+    return run_once(tr, body)
+
+
+def queue_rates(
+    db: Database, name: str, *, interval: float = 1.0, root: tuple[Any, ...] = DEFAULT_ROOT
+) -> QueueStats:
+    """:func:`queue_stats` with enqueue and completion rates measured over ``interval`` seconds."""
+    first = queue_stats(db, name, root=root)
+    start = time.monotonic()
+    time.sleep(interval)
+    second = queue_stats(db, name, root=root)
+    dt = time.monotonic() - start
+    return dataclasses.replace(
+        second,
+        enqueue_rate=(second.enqueued - first.enqueued) / dt,
+        done_rate=(second.done - first.done) / dt,
+    )
+
+
+_MESSAGE_TAGS = ("r", "id", "b", "f", "l", "d", "x", "k", "kt", "pop", "res", "rc", "pri")
+
+
+def purge_queue(tr: Transaction | Database, name: str, *, root: tuple[Any, ...] = DEFAULT_ROOT) -> int:
+    """Remove every message (ready, leased, delayed) and its indexes; keep the settings.
+
+    Atomic: one transaction of range clears. Returns how many messages it removed.
+    """
+    keys = QueueKeys.make(name, root)
+
+    def body(t: Transaction, _: bool) -> int:
+        if read_config(t, keys) is None:
+            raise QueueNotFoundError(f"no queue named {name!r}")
+        removed = 0
+        for tag in ("ready", "inflight", "delayed"):
+            removed += max(0, unpack_count(t.get(keys.counter(tag))))
+            t.set(keys.counter(tag), pack_count(0))
+        for tag in _MESSAGE_TAGS:
+            r = keys.q.range((tag,))
+            t.clear_range(r.start, r.stop)
+        return removed
+
+    return run_once(tr, body)

@@ -3,69 +3,732 @@
 from __future__ import annotations
 
 import argparse
+import base64
+import contextlib
+import dataclasses
+import datetime
+import functools
+import importlib
+import json
+import math
 import os
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import fdbqueue
-from fdbqueue.errors import QueueError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+EMPTY = 3  # exit code: dequeue/peek found no message
+BATCH = 500  # messages per enqueue_many transaction when reading stdin
+PROGRESS_OVER = 1000  # show a progress bar (auto) when enqueueing more lines than this
+
+EPILOG = """\
+exit codes:
+  0    success
+  1    runtime failure: no such queue or message, queue stopped or full, store or cluster error
+  2    usage or bad input: malformed argument, URL, header, JSON line or handler; payload too large
+  3    nothing to return: dequeue or peek found no message (with --json, prints null)
+  130  interrupted (Ctrl-C)
+
+The database URL comes from --url, else $FDBQUEUE_URL, else sqlite://fdbqueue.db (./fdbqueue.db).
+"""
+
+# Conditions of the store or the queue, not mistakes in the command: exit 1. Every other
+# QueueError is the library refusing an argument (a bad name, number or URL): exit 2.
+RUNTIME_ERRORS: tuple[type[Exception], ...] = (
+    fdbqueue.QueueNotFoundError,
+    fdbqueue.QueueStoppedError,
+    fdbqueue.QueueFullError,
+    fdbqueue.EngineError,
+    fdbqueue.ClusterUnavailableError,
+    fdbqueue.StoreError,
+    fdbqueue.UnsupportedLayerFormatError,
+    fdbqueue.LeaseError,
+)
+
+
+class CommandError(Exception):
+    """A one-line error for the user, with the exit code to end on."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# -- output helpers --------------------------------------------------------------------------------
+
+
+def _console(stderr: bool = False) -> Console:
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    # Piped output is not cut at 80 columns: tables take the width their content needs.
+    width = None if stream.isatty() else 512
+    return Console(file=stream, width=width, highlight=False, markup=False, emoji=False)
+
+
+def _table(*columns: str) -> Table:
+    from rich.table import Table
+
+    table = Table()
+    for col in columns:
+        numeric = col in ("ready", "in flight", "delayed", "errors", "priority", "deliveries")
+        table.add_column(col, justify="right" if numeric else "left", no_wrap=col == "id")
+    return table
+
+
+def _cells(*values: object) -> list[Any]:
+    from rich.text import Text
+
+    return [Text("-" if v is None else str(v)) for v in values]  # Text: no markup parsing
+
+
+def _print_pairs(rows: Sequence[tuple[str, object]], title: str | None = None) -> None:
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", show_header=False, box=None, pad_edge=False)
+    table.add_column("field")
+    table.add_column("value")
+    for k, v in rows:
+        table.add_row(*_cells(k, v))
+    _render(table)
+
+
+def _render(table: Table) -> None:
+    console = _console()
+    with console.capture() as captured:
+        console.print(table)
+    print("\n".join(line.rstrip() for line in captured.get().splitlines()))
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=None, sort_keys=False, default=str))
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    at = datetime.datetime.fromtimestamp(ts).isoformat(sep=" ", timespec="seconds")
+    delta = time.time() - ts
+    return f"{at} ({_age(abs(delta))} {'ago' if delta >= 0 else 'from now'})"
+
+
+def _payload_text(m: fdbqueue.Message) -> str:
+    try:
+        return m.payload.decode("utf-8")
+    except UnicodeDecodeError:
+        return f"<binary, {len(m.payload)} bytes> base64:{base64.b64encode(m.payload).decode()}"
+
+
+def _message_json(m: fdbqueue.Message) -> dict[str, Any]:
+    fields = ("id", "queue", "priority", "deliveries", "enqueued_at", "expires_at", "lease_deadline")
+    out: dict[str, Any] = {f: getattr(m, f) for f in fields}
+    out.update(headers=dict(m.headers), content_type=m.content_type.name.lower())
+    if m.reason is not None:
+        out.update(reason=m.reason, origin=m.origin)
+    try:
+        if m.content_type is fdbqueue.ContentType.JSON:
+            out.update(payload=m.json(), payload_encoding="json")
+        else:
+            out.update(payload=m.payload.decode("utf-8"), payload_encoding="text")
+    except (UnicodeDecodeError, ValueError):
+        out.update(payload=base64.b64encode(m.payload).decode(), payload_encoding="base64")
+    return out
+
+
+def _print_message(m: fdbqueue.Message, args: argparse.Namespace) -> None:
+    if getattr(args, "json", False):
+        _print_json(_message_json(m))
+        return
+    if getattr(args, "payload_only", False):
+        sys.stdout.flush()
+        sys.stdout.buffer.write(m.payload)
+        sys.stdout.buffer.flush()
+        return
+    rows = [("id", m.id), ("priority", m.priority), ("deliveries", m.deliveries)]
+    rows += [
+        ("enqueued", _when(m.enqueued_at)),
+        ("headers", json.dumps(dict(m.headers)) if m.headers else "-"),
+    ]
+    if m.expires_at is not None:
+        rows.append(("expires", _when(m.expires_at)))
+    if m.lease_deadline is not None:
+        rows.append(("leased until", _when(m.lease_deadline)))
+    if m.reason is not None:
+        rows.append(("reason", f"{m.reason} (from {m.origin})"))
+    for k, v in [*rows, ("payload", _payload_text(m))]:
+        print(f"{k:<12} {v}")  # plain lines, not a table: a long payload is neither cut nor wrapped
+
+
+# -- argument types --------------------------------------------------------------------------------
+
+
+def _parser(kind: type, low: float | None, what: str, none: bool = False) -> Callable[[str], Any]:
+    """An argparse type: ``kind`` (int or float), finite, >= ``low``; ``none`` also takes "none"."""
+
+    def parse(text: str) -> Any:
+        if none and text.lower() == "none":
+            return None
+        try:
+            value = kind(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or (low is not None and value < low):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    return parse
+
+
+_int = _parser(int, None, "a whole number")
+_positive = _parser(int, 1, "a whole number >= 1")
+_count = _parser(int, 0, "a whole number >= 0")
+_seconds = _parser(float, 0, "a number of seconds >= 0")
+_number = _parser(float, None, "a number")
+
+
+def _headers(pairs: Sequence[str] | None) -> dict[str, Any] | None:
+    """``k=v`` gives the string v; ``k:=v`` parses v as JSON (a number, true, null ...)."""
+    if not pairs:
+        return None
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key or key == ":":
+            raise CommandError(f"bad header {pair!r}: expected name=value (or name:=json)")
+        if key.endswith(":"):
+            key = key[:-1]
+            try:
+                out[key] = json.loads(value)
+            except ValueError:
+                raise CommandError(f"bad header {pair!r}: {value!r} is not JSON") from None
+        else:
+            out[key] = value
+    return out
+
+
+# -- commands --------------------------------------------------------------------------------------
+
+S = {"metavar": "S"}
+_CREATE_OPTIONS: list[tuple[str, dict[str, Any], str]] = [
+    ("--max-size", {"type": _parser(int, 1, "a whole number >= 1 or none", none=True)},
+     "most messages held (none: no limit)"),
+    ("--overflow", {"choices": ("reject", "block")}, "when full: refuse, or wait (enqueue --timeout)"),
+    ("--max-deliveries", {"type": _positive}, "deliveries before the error queue"),
+    ("--error-queue", {"metavar": "Q"}, "dead-letter queue ('': NAME.error)"),
+    ("--retry-delay", {"type": _seconds, **S}, "wait before a retry"),
+    ("--retry-backoff", {"type": _number, "metavar": "F"}, "retry delay multiplier per delivery"),
+    ("--max-retry-delay", {"type": _seconds, **S}, "longest retry delay"),
+    ("--lease-seconds", {"type": _seconds, **S}, "worker-mode lease"),
+    ("--ttl", {"type": _parser(float, 0, "seconds >= 0 or none", none=True), **S}, "lifetime (none)"),
+    ("--expiry-action", {"choices": ("error", "discard")}, "expired messages: error queue, or dropped"),
+    ("--strict-order", {"action": argparse.BooleanOptionalAction}, "one delivery at a time, in order"),
+    ("--max-payload", {"type": _positive, "metavar": "B"}, "largest payload, bytes"),
+    ("--dedup-window", {"type": _seconds, **S}, "how long a --dedup-key is remembered"),
+]  # fmt: skip
+_SETTINGS = [flag[2:].replace("-", "_") for flag, _, _ in _CREATE_OPTIONS]
+
+
+def _cmd_create(db: fdbqueue.Database, args: argparse.Namespace) -> int:
+    settings = {k: getattr(args, k) for k in _SETTINGS if hasattr(args, k)}
+    if settings.get("error_queue") == "":
+        settings["error_queue"] = None  # back to the default, "<name>.error"
+    try:
+        fdbqueue.queue_config(db, args.name)
+        verb = "updated" if settings else "unchanged"
+    except fdbqueue.QueueNotFoundError:
+        verb = "created"
+    cfg = fdbqueue.create_queue(db, args.name, **settings)
+    values = dataclasses.asdict(cfg)
+    if args.json:
+        _print_json({"name": args.name, **values})
+    else:
+        rows = [(k, v) for k, v in values.items() if k != "extra" or v]
+        _print_pairs(rows, title=f"queue {args.name!r} {verb}")
+    return 0
+
+
+def _held(st: fdbqueue.QueueStats) -> int:
+    return st.ready + st.inflight + st.delayed
+
+
+def _cmd_delete(db: fdbqueue.Database, args: argparse.Namespace) -> int:
+    held = _held(fdbqueue.queue_stats(db, args.name))
+    if held and not args.yes:
+        raise CommandError(f"queue {args.name!r} holds {held} message(s); pass --yes to delete it anyway")
+    fdbqueue.destroy_queue(db, args.name)
+    print(f"deleted queue {args.name!r}" + (f" and its {held} message(s)" if held else ""))
+    return 0
+
+
+def _state(st: fdbqueue.QueueStats) -> str:
+    if st.enqueue_enabled and st.dequeue_enabled:
+        return "running"
+    if not st.enqueue_enabled and not st.dequeue_enabled:
+        return "paused"
+    return "enqueue paused" if not st.enqueue_enabled else "dequeue paused"
+
+
+def _cmd_list(db: fdbqueue.Database, args: argparse.Namespace) -> int:
+    stats = []
+    for name in fdbqueue.list_queues(db):
+        with contextlib.suppress(fdbqueue.QueueNotFoundError):  # deleted since the listing
+            stats.append(fdbqueue.queue_stats(db, name))
+    if args.json:
+        _print_json([{**dataclasses.asdict(s), "state": _state(s)} for s in stats])
+        return 0
+    if not stats:
+        print("no queues")
+        return 0
+    table = _table("name", "ready", "in flight", "delayed", "errors", "state")
+    for s in stats:
+        table.add_row(*_cells(s.name, s.ready, s.inflight, s.delayed, s.errors, _state(s)))
+    _render(table)
+    return 0
+
+
+def _cmd_stats(db: fdbqueue.Database, args: argparse.Namespace) -> int:
+    if args.interval > 0:
+        st = fdbqueue.queue_rates(db, args.name, interval=args.interval)
+    else:
+        st = fdbqueue.queue_stats(db, args.name)
+    if args.json:
+        _print_json(dataclasses.asdict(st))
+        return 0
+    labels = dict(ready="ready (depth)", inflight="in flight", errors="errors (in error queue)")
+    labels.update(enqueued="enqueued (total)", done="done (total)")
+    names = ["ready", "inflight", "delayed", "errors", "dead", "expired", "enqueued", "done"]
+    rows: list[tuple[str, object]] = [(labels.get(n, n), getattr(st, n)) for n in names]
+    rows += [("oldest age", _age(st.oldest_age)), ("state", _state(st))]
+    for label, rate in (("enqueue rate", st.enqueue_rate), ("done rate", st.done_rate)):
+        if rate is not None:
+            rows.append((label, f"{rate:,.1f} msg/s"))
+    _print_pairs(rows, title=f"queue {st.name!r}")
+    return 0
+
+
+def _read_stdin(args: argparse.Namespace) -> list[tuple[int, object]]:
+    """(line number, payload) for every non-blank line of stdin; all parsed before any is written."""
+    if sys.stdin.isatty():
+        print("reading messages from stdin, one per line (end with Ctrl-D)", file=sys.stderr)
+    data = sys.stdin.buffer.read()
+    if args.raw:
+        return [(1, data)]
+    out: list[tuple[int, object]] = []
+    for n, raw in enumerate(data.split(b"\n"), start=1):
+        raw = raw.removesuffix(b"\r")
+        if not raw.strip():
+            continue
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise CommandError(f"line {n}: not UTF-8 text (use --raw for a binary message)") from None
+        out.append((n, _parse_payload(text, f"line {n}", args.json)))
+    return out
+
+
+def _parse_payload(text: str, where: str, as_json: bool) -> object:
+    if not as_json:
+        return text
+    try:
+        value = json.loads(text)
+        json.dumps(value, allow_nan=False)  # NaN / Infinity parse, but are no JSON payload
+    except json.JSONDecodeError as exc:
+        raise CommandError(f"{where}: invalid JSON: {exc.msg} (column {exc.colno})") from None
+    except ValueError as exc:
+        raise CommandError(f"{where}: invalid JSON: {exc}") from None
+    return value
+
+
+def _encoded_size(payload: object) -> int:
+    if isinstance(payload, bytes):
+        return len(payload)
+    if isinstance(payload, str):
+        return len(payload.encode("utf-8"))
+    return len(json.dumps(payload, separators=(",", ":"), allow_nan=False).encode())
+
+
+@contextlib.contextmanager
+def _progress(total: int, show: bool | None) -> Iterator[Callable[[int], None]]:
+    if show is None:
+        show = total > PROGRESS_OVER and sys.stderr.isatty()
+    if not show:
+        yield lambda n: None
+        return
+    from rich.progress import Progress
+
+    with Progress(console=_console(stderr=True), transient=True) as bar:
+        task = bar.add_task("enqueueing", total=total)
+        yield lambda n: bar.advance(task, n)
+
+
+def _cmd_enqueue(db: fdbqueue.Database, args: argparse.Namespace) -> int:
+    headers = _headers(args.header)
+    if args.payload:
+        if args.raw:
+            raise CommandError("--raw reads stdin; it takes no PAYLOAD arguments")
+        items = [(n, _parse_payload(p, f"argument {n}", args.json)) for n, p in enumerate(args.payload, 1)]
+        what = "argument"
+    else:
+        items = _read_stdin(args)
+        what = "line"
+    if not items:
+        raise CommandError("nothing to enqueue: no PAYLOAD arguments and no lines on stdin")
+    if args.dedup_key is not None and len(items) > 1:
+        raise CommandError(f"--dedup-key applies to a single message; got {len(items)}")
+    try:
+        limit = fdbqueue.queue_config(db, args.name).max_payload
+    except fdbqueue.QueueNotFoundError:
+        limit = fdbqueue.QueueConfig().max_payload  # created with defaults on first use
+    for n, p in items:
+        if _encoded_size(p) > limit:
+            raise CommandError(
+                f"{what} {n}: payload of {_encoded_size(p)} bytes exceeds queue {args.name!r}'s "
+                f"max_payload of {limit} bytes; nothing was enqueued"
+            )
+    q = fdbqueue.Queue(args.name)
+    opts: dict[str, Any] = dict(priority=args.priority, delay=args.delay, ttl=args.ttl, headers=headers)
+    ids: list[str] = []
+    try:
+        if len(items) == 1:
+            ids.append(q.enqueue(db, items[0][1], dedup_key=args.dedup_key, timeout=args.timeout, **opts))
+        else:
+            with _progress(len(items), args.progress) as advance:
+                for start in range(0, len(items), BATCH):
+                    batch = [p for _, p in items[start : start + BATCH]]
+                    ids.extend(q.enqueue_many(db, batch, timeout=args.timeout, **opts))
+                    advance(len(batch))
+    except fdbqueue.QueueError as exc:
+        if not ids:
+            raise
+        _print_ids(ids, args.quiet)
+        code = 1 if isinstance(exc, RUNTIME_ERRORS) else 2
+        raise CommandError(
+            f"{exc}; the first {len(ids)} of {len(items)} messages (through {what} "
+            f"{items[len(ids) - 1][0]}) were enqueued, the rest were not",
+            code,
+        ) from None
+    _print_ids(ids, args.quiet)
+    return 0
+
+
+def _print_ids(ids: list[str], quiet: bool) -> None:
+    print(len(ids) if quiet else "\n".join(ids))
+
+
+def _existing(db: fdbqueue.Database, name: str) -> fdbqueue.Queue:
+    """A handle on ``name``, which must exist: reading a mistyped queue should not look empty."""
+    fdbqueue.queue_config(db, name)
+    return fdbqueue.Queue(name)
+
+
+def _show_or_empty(m: fdbqueue.Message | None, args: argparse.Namespace) -> int:
+    if m is None:
+        if args.json:
+            _print_json(None)
+        else:
+            print(f"queue {args.name!r} has no message ready", file=sys.stderr)
+        return EMPTY
+    _print_message(m, args)
+    return 0
+
+
+def _cmd_dequeue(db: fdbqueue.Database, args: argparse.Namespace) -> int:
+    return _show_or_empty(_existing(db, args.name).dequeue(db, timeout=args.timeout), args)
+
+
+def _cmd_peek(db: fdbqueue.Database, args: argparse.Namespace) -> int:
+    return _show_or_empty(_existing(db, args.name).peek(db), args)
+
+
+def _cmd_get(db: fdbqueue.Database, args: argparse.Namespace) -> int:
+    m = _existing(db, args.name).get(db, args.id)
+    if m is None:
+        raise CommandError(f"no message {args.id!r} in queue {args.name!r}", 1)
+    _print_message(m, args)
+    return 0
+
+
+def _cmd_browse(db: fdbqueue.Database, args: argparse.Namespace) -> int:
+    messages = _existing(db, args.name).browse(db, limit=args.limit or None)
+    if args.json:  # JSON Lines: one message per line, streamed
+        for m in messages:
+            _print_json(_message_json(m))
+        return 0
+    table = _table("id", "priority", "deliveries", "enqueued", "headers", "payload")
+    table.columns[5].max_width, table.columns[5].no_wrap, table.columns[5].overflow = 60, True, "ellipsis"
+    for m in messages:
+        payload = _payload_text(m).replace("\n", "\\n")
+        headers = json.dumps(dict(m.headers)) if m.headers else ""
+        table.add_row(
+            *_cells(
+                m.id, m.priority, m.deliveries, _age(time.time() - m.enqueued_at) + " ago", headers, payload
+            )
+        )
+    if not table.row_count:
+        print(f"queue {args.name!r} has no message ready")
+        return 0
+    _render(table)
+    return 0
+
+
+def _cmd_sweep(db: fdbqueue.Database, args: argparse.Namespace) -> int:
+    st = _existing(db, args.name).sweep(db)
+    if args.json:
+        _print_json(dataclasses.asdict(st))
+    else:
+        _print_pairs(list(dataclasses.asdict(st).items()), title=f"sweep of {args.name!r}")
+    return 0
+
+
+def _cmd_purge(db: fdbqueue.Database, args: argparse.Namespace) -> int:
+    if not args.yes:
+        raise CommandError(f"purge removes every message of queue {args.name!r}; pass --yes to confirm")
+    removed = fdbqueue.purge_queue(db, args.name)
+    print(f"purged {removed} message(s) from queue {args.name!r}")
+    return 0
+
+
+def _set_state(db: fdbqueue.Database, args: argparse.Namespace, *, enabled: bool) -> int:
+    both = not args.enqueue and not args.dequeue
+    st = fdbqueue.set_state(
+        db,
+        args.name,
+        enqueue=enabled if (both or args.enqueue) else None,
+        dequeue=enabled if (both or args.dequeue) else None,
+    )
+    print(
+        f"queue {args.name!r}: enqueue {'running' if st.enqueue else 'paused'}, "
+        f"dequeue {'running' if st.dequeue else 'paused'}"
+    )
+    return 0
+
+
+def _load_handler(spec: str) -> Callable[..., Any]:
+    """``module:function`` (or ``module:obj.method``), imported from the current directory too."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise CommandError(f"--handler must look like module:function, got {spec!r}")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` does; the console script does not
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module_name + ".").startswith(exc.name + "."):
+            raise CommandError(f"cannot import handler module {module_name!r}: no such module") from None
+        raise CommandError(f"importing handler module {module_name!r} failed: {exc}") from None
+    except Exception as exc:  # the user's module raised on import: their mistake, one line
+        raise CommandError(
+            f"importing handler module {module_name!r} failed: {type(exc).__name__}: {exc}"
+        ) from None
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise CommandError(f"handler module {module_name!r} has no attribute {attr!r}") from None
+    if not callable(obj):
+        raise CommandError(f"handler {spec!r} is not callable")
+    return obj  # type: ignore[no-any-return]
+
+
+def _cmd_worker(db: fdbqueue.Database, args: argparse.Namespace) -> int:
+    handler = _load_handler(args.handler)
+    from fdbqueue.worker import Worker
+
+    worker = Worker(
+        db,
+        args.names,
+        handler,
+        mode=args.mode.replace("-", "_"),
+        concurrency=args.concurrency,
+        lease_seconds=args.lease_seconds,
+        sweep_interval=args.sweep_interval,
+    )
+    print(
+        f"fdbqueue worker: {', '.join(args.names)} in {args.mode} mode, concurrency "
+        f"{args.concurrency}, handler {args.handler}; stop with SIGTERM or Ctrl-C",
+        file=sys.stderr,
+    )
+    stats = worker.run(install_signals=True, until_empty=args.until_empty, max_messages=args.max_messages)
+    values = dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else dict(vars(stats))
+    if args.json:
+        _print_json(values)
+    else:
+        _print_pairs([(k, v) for k, v in values.items()], title="worker stopped")
+    return 0
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from fdbqueue.demo import run_demo
 
+    url = args.url or os.environ.get("FDBQUEUE_URL")  # None: the demo makes a fresh temporary store
     print(
         f"fdbqueue demo: {args.producers} producer and {args.workers} worker processes, "
         f"{args.messages} messages, exactly-once processing on the embedded engine"
     )
-    r = run_demo(args.url, messages=args.messages, producers=args.producers, workers=args.workers)
-    rows = [
-        ("messages enqueued", f"{r.messages}"),
-        ("processed exactly once", f"{r.processed_once}"),
-        ("processed twice or more", f"{r.duplicates}"),
-        ("lost", f"{r.missing}"),
-        ("wall time", f"{r.seconds:.2f} s"),
-        ("throughput", f"{r.messages / r.seconds:,.0f} msg/s"),
-        ("latency p50 / p99", f"{r.p50_ms:.1f} / {r.p99_ms:.1f} ms"),
+    r = run_demo(url, messages=args.messages, producers=args.producers, workers=args.workers)
+    messages, secs = getattr(r, "messages", args.messages), getattr(r, "seconds", 0.0)
+    rows: list[tuple[str, object]] = [
+        ("messages enqueued", messages),
+        ("processed exactly once", getattr(r, "processed_once", "-")),
+        ("processed twice or more", getattr(r, "duplicates", "-")),
+        ("lost", getattr(r, "missing", "-")),
+        ("wall time", f"{secs:.2f} s"),
+        ("throughput", f"{messages / secs:,.0f} msg/s" if secs else "-"),
+        ("latency p50 / p99", f"{getattr(r, 'p50_ms', 0.0):.1f} / {getattr(r, 'p99_ms', 0.0):.1f} ms"),
     ]
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        print(f"  {k:<{width}}  {v}")
-    print("OK: every message processed exactly once" if r.ok else "FAILED: see the counts above")
-    return 0 if r.ok else 1
+    _print_pairs(rows)
+    ok = bool(getattr(r, "ok", False))
+    print("OK: every message processed exactly once" if ok else "FAILED: see the counts above")
+    return 0 if ok else 1
 
 
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {n}")
-    return n
+# -- the parser ------------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fdbqueue", description="Durable, transactional queues.")
-    parser.add_argument(
-        "--url", default=os.environ.get("FDBQUEUE_URL"), help="database URL (default: $FDBQUEUE_URL)"
+    url_help = "database URL (default: $FDBQUEUE_URL, else sqlite://fdbqueue.db)"
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="fdbqueue", description="Durable, transactional queues.", epilog=EPILOG, formatter_class=fmt
     )
+    parser.add_argument("--url", default=None, help=url_help)
     parser.add_argument("--version", action="version", version=f"fdbqueue {fdbqueue.__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run the end-to-end demo on the embedded engine")
-    demo.add_argument("--messages", type=_positive, default=2000)
-    demo.add_argument("--producers", type=_positive, default=2)
-    demo.add_argument("--workers", type=_positive, default=3)
-    demo.set_defaults(func=_cmd_demo)
+    # --url after the subcommand too; SUPPRESS keeps an absent one from hiding the global one.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", default=argparse.SUPPRESS, help=url_help)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(
+        name: str, func: Callable[..., int], help: str, *, json_flag: bool = True, named: bool = True
+    ) -> argparse.ArgumentParser:
+        p = sub.add_parser(
+            name, help=help, description=help, parents=[common], epilog=EPILOG, formatter_class=fmt
+        )
+        p.set_defaults(func=func)
+        if named:
+            p.add_argument("name", metavar="NAME", help="queue name")
+        if json_flag:
+            p.add_argument("--json", action="store_true", help="print JSON (for scripts)")
+        return p
+
+    def message_output(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--payload-only", action="store_true", help="print only the raw payload bytes")
+
+    p = add("create", _cmd_create, "create a queue, or update the settings of an existing one")
+    for flag, kw, text in _CREATE_OPTIONS:  # absent options are left out: they change nothing
+        p.add_argument(flag, default=argparse.SUPPRESS, help=text, **kw)
+
+    p = add("delete", _cmd_delete, "delete a queue (--yes when it holds messages)", json_flag=False)
+    p.add_argument("--yes", action="store_true", help="delete even if it holds messages")
+    add("list", _cmd_list, "list queues with their depths", named=False)
+    p = add("stats", _cmd_stats, "a queue's depth, in flight, delayed, errors, ages and rates")
+    p.add_argument("--interval", type=_seconds, default=0.0, metavar="S", help="measure rates over S seconds")
+
+    p = add("enqueue", _cmd_enqueue, "enqueue PAYLOADs, or one message per line of stdin", json_flag=False)
+    p.add_argument("payload", nargs="*", metavar="PAYLOAD", help="message text (none: read stdin)")
+    p.add_argument("--json", "--json-lines", action="store_true", help="parse each PAYLOAD / line as JSON")
+    p.add_argument("--raw", action="store_true", help="all of stdin is one binary message")
+    p.add_argument("--priority", type=_int, default=0, help="higher is dequeued first")
+    p.add_argument("--delay", type=_seconds, default=0.0, metavar="S", help="invisible for S seconds")
+    p.add_argument("--ttl", type=_seconds, default=None, metavar="S", help="expires after S seconds")
+    p.add_argument("--header", action="append", metavar="K=V", help="a header (K:=JSON for non-strings)")
+    p.add_argument("--dedup-key", default=None, metavar="K", help="enqueue at most once per key")
+    p.add_argument("--timeout", type=_seconds, default=None, metavar="S", help="wait for room when full")
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"progress bar (default: on a terminal, over {PROGRESS_OVER} lines)",
+    )
+    p.add_argument("--quiet", "-q", action="store_true", help="print the count, not the ids")
+
+    p = add("dequeue", _cmd_dequeue, "remove and print the next message")
+    p.add_argument("--timeout", type=_seconds, default=None, metavar="S", help="wait up to S seconds")
+    message_output(p)
+    p = add("peek", _cmd_peek, "print the next message without removing it")
+    message_output(p)
+    p = add("browse", _cmd_browse, "list ready messages in dequeue order (JSON Lines with --json)")
+    p.add_argument("--limit", type=_count, default=100, help="at most N messages (0: all; default 100)")
+    p = add("get", _cmd_get, "print the message with id ID")
+    p.add_argument("id", metavar="ID")
+    message_output(p)
+    add("sweep", _cmd_sweep, "move expired leases, due delayed messages and expired TTLs now")
+    p = add("purge", _cmd_purge, "remove every message of a queue (keeps its settings)", json_flag=False)
+    p.add_argument("--yes", action="store_true", help="confirm")
+    for name, enabled in (("pause", False), ("resume", True)):
+        func = functools.partial(_set_state, enabled=enabled)
+        p = add(name, func, f"{name} enqueue and/or dequeue", json_flag=False)
+        p.add_argument("--enqueue", action="store_true", help=f"{name} enqueue (neither flag: both)")
+        p.add_argument("--dequeue", action="store_true", help=f"{name} dequeue (neither flag: both)")
+
+    p = add("worker", _cmd_worker, "run a handler over queues until SIGTERM / Ctrl-C")
+    p.add_argument("names", nargs="*", metavar="NAME", help="more queues")
+    p.add_argument(
+        "--handler",
+        required=True,
+        metavar="MODULE:FUNCTION",
+        help="lease mode: f(message); exactly-once: f(tr, message)",
+    )
+    p.add_argument("--mode", choices=("lease", "exactly-once", "exactly_once"), default="lease")
+    p.add_argument("--concurrency", type=_positive, default=1)
+    p.add_argument("--lease-seconds", type=_seconds, default=None, metavar="S")
+    p.add_argument("--sweep-interval", type=_seconds, default=5.0, metavar="S")
+    p.add_argument("--until-empty", action="store_true", help="stop once nothing is ready or delayed")
+    p.add_argument("--max-messages", type=_positive, default=None, metavar="N")
+
+    p = add("demo", _cmd_demo, "run the end-to-end demo on the embedded engine", json_flag=False, named=False)
+    p.add_argument("--messages", type=_positive, default=2000)
+    p.add_argument("--producers", type=_positive, default=2)
+    p.add_argument("--workers", type=_positive, default=3)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run the command line; returns the exit code (see EPILOG)."""
     try:
-        return int(args.func(args))
-    except QueueError as exc:
-        print(f"fdbqueue: error: {exc}", file=sys.stderr)
-        return 2
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a usage error argparse has printed
+        return exc.code if isinstance(exc.code, int) else 2
+    if args.command == "worker":
+        args.names = [args.name, *args.names]
+    db: fdbqueue.Database | None = None
+    try:
+        if args.command == "demo":
+            return int(args.func(args))
+        db = fdbqueue.open(args.url)
+        return int(args.func(db, args))
+    except CommandError as exc:
+        return _fail(str(exc), exc.code)
+    except fdbqueue.QueueError as exc:
+        return _fail(str(exc), 1 if isinstance(exc, RUNTIME_ERRORS) else 2)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (| head): not an error worth a traceback
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    finally:
+        if db is not None:
+            with contextlib.suppress(Exception):
+                db.close()
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"fdbqueue: error: {message}", file=sys.stderr)
+    return code

@@ -62,7 +62,11 @@ class QueueConfig:
             raise QueueError(f"max_size must be a positive int or None, got {self.max_size!r}")
         if self.overflow not in OVERFLOW_POLICIES:
             raise QueueError(f"overflow must be one of {OVERFLOW_POLICIES}, got {self.overflow!r}")
-        if isinstance(self.max_deliveries, bool) or not isinstance(self.max_deliveries, int) or self.max_deliveries < 1:
+        if (
+            isinstance(self.max_deliveries, bool)
+            or not isinstance(self.max_deliveries, int)
+            or self.max_deliveries < 1
+        ):
             raise QueueError(f"max_deliveries must be an int >= 1, got {self.max_deliveries!r}")
         positive_number("retry_delay", self.retry_delay)
         positive_number("retry_backoff", self.retry_backoff, zero=False)
@@ -72,7 +76,11 @@ class QueueConfig:
         positive_number("dedup_window", self.dedup_window)
         if self.expiry_action not in EXPIRY_ACTIONS:
             raise QueueError(f"expiry_action must be one of {EXPIRY_ACTIONS}, got {self.expiry_action!r}")
-        if isinstance(self.max_payload, bool) or not isinstance(self.max_payload, int) or self.max_payload < 1:
+        if (
+            isinstance(self.max_payload, bool)
+            or not isinstance(self.max_payload, int)
+            or self.max_payload < 1
+        ):
             raise QueueError(f"max_payload must be a positive int, got {self.max_payload!r}")
         if self.error_queue is not None and not isinstance(self.error_queue, str):
             raise QueueError(f"error_queue must be a str or None, got {self.error_queue!r}")
@@ -93,7 +101,9 @@ class QueueConfig:
         """How long a message waits before its next delivery after ``deliveries`` deliveries."""
         if self.retry_delay <= 0:
             return 0.0
-        return float(min(self.max_retry_delay, self.retry_delay * self.retry_backoff ** max(0, deliveries - 1)))
+        return float(
+            min(self.max_retry_delay, self.retry_delay * self.retry_backoff ** max(0, deliveries - 1))
+        )
 
     def replace(self, **changes: Any) -> QueueConfig:
         return dataclasses.replace(self, **changes)

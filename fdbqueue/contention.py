@@ -23,10 +23,12 @@ from typing import TYPE_CHECKING
 
 from fdbqueue.clock import now_us
 from fdbqueue.config import read_config, read_state
-from fdbqueue.engines.base import Database, EngineError, Transaction
 from fdbqueue.delivery import remove_message
-from fdbqueue.layout import MINUS_ONE, QueueKeys
+from fdbqueue.engines.base import Database, Transaction
+from fdbqueue.errors import EngineError
+from fdbqueue.layout import MINUS_ONE, ONE, QueueKeys
 from fdbqueue.message import Message, Record
+from fdbqueue.waiting import next_due
 
 if TYPE_CHECKING:
     from fdbqueue.queue import Queue
@@ -96,9 +98,8 @@ def _collect(db: Database, queue: Queue, req_key: bytes, res_key: bytes) -> obje
     taken: list[Message] = []
 
     def body(t: Transaction, unknown: bool) -> object:
-        if unknown and taken:
-            if t.get(res_key) is None:
-                return taken[0]  # the attempt that ended in commit_unknown_result committed
+        if unknown and taken and t.get(res_key) is None:
+            return taken[0]  # the attempt that ended in commit_unknown_result committed
         if t.get(req_key) is not None:
             return _PENDING
         raw = t.get(res_key)
@@ -127,6 +128,11 @@ def fulfil(db: Database, queue: Queue) -> int:
                 if not reqs:
                     return made
                 now = now_us()
+                cfg = read_config(t, keys)
+                if cfg is not None and next_due(t, keys, now) is not None:
+                    from fdbqueue.sweep import sweep_step
+
+                    sweep_step(queue, t, cfg, now, 16)  # due delays and expired leases first
                 # Expired messages are left to the plain path and the sweep, which expire them.
                 items = [
                     kv
@@ -141,7 +147,7 @@ def fulfil(db: Database, queue: Queue) -> int:
                         t.clear(req.key)
                     else:
                         live.append(req)
-                for req, item in zip(live, items):
+                for req, item in zip(live, items, strict=False):
                     # Point reads make only true collisions conflict (keep them: without
                     # them two fulfillers could hand out one message twice).
                     t.get(req.key)
@@ -151,6 +157,7 @@ def fulfil(db: Database, queue: Queue) -> int:
                     rec = Record.decode(item.value)
                     remove_message(t, keys, item.key, rec, chunks=False)  # its requester reads them
                     t.add(keys.counter("ready"), MINUS_ONE)
+                    t.add(keys.counter("done"), ONE)
                     t.clear(req.key)
                 for req in live[len(items) :]:
                     t.get(req.key)

@@ -17,17 +17,27 @@ Every function here composes inside the caller's transaction.
 
 from __future__ import annotations
 
+import logging
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from fdbqueue.clock import now_us
 from fdbqueue.config import QueueConfig, config_or_create
-from fdbqueue.engines.base import Transaction
-from fdbqueue.errors import QueueError
+from fdbqueue.engines.base import Database, Transaction
+from fdbqueue.errors import EngineError, QueueError
 from fdbqueue.layout import MINUS_ONE, ONE, QueueKeys, new_rand, pack_count, unpack_count
 from fdbqueue.message import Message, Record
+from fdbqueue.txn import run_once
+from fdbqueue.waiting import next_due
 
 if TYPE_CHECKING:
     from fdbqueue.queue import Queue
+
+HEAD_SKIP_LIMIT = 100  # expired messages one dequeue moves aside before giving up
+FILTER_SCAN_LIMIT = 10_000  # dequeue(where=...) looks at most this many messages
+_MISSING = object()
+log = logging.getLogger("fdbqueue")
 
 
 class LeaseError(QueueError):
@@ -159,7 +169,9 @@ def release(
 # -- leases ------------------------------------------------------------------------------------
 
 
-def lease_in(q: Queue, tr: Transaction, msg: Message, rec: Record, seconds: float, receipt: str, now: int) -> Message:
+def lease_in(
+    q: Queue, tr: Transaction, msg: Message, rec: Record, seconds: float, receipt: str, now: int
+) -> Message:
     """Move a ready message (just removed by the caller) into flight under ``receipt``."""
     keys = q.keys
     deadline = now + int(seconds * 1e6)
@@ -183,7 +195,9 @@ def _leased(q: Queue, tr: Transaction, m: Message, now: int, *, allow_expired: b
     raw = tr.get(q.keys.inflight_key(m.id))
     rec = None if raw is None else Record.decode(raw)
     if rec is None or rec.extra.get("receipt") != m.receipt:
-        raise LeaseError(f"message {m.id} is not leased under this receipt (already acked, nacked or expired)")
+        raise LeaseError(
+            f"message {m.id} is not leased under this receipt (already acked, nacked or expired)"
+        )
     if not allow_expired and int(rec.extra["deadline"]) <= now:
         raise LeaseExpiredError(f"the lease on message {m.id} expired; it goes back to the queue")
     return rec
@@ -199,6 +213,7 @@ def _end_lease(q: Queue, tr: Transaction, rec: Record) -> None:
 def ack_in(q: Queue, tr: Transaction, m: Message, now: int) -> None:
     rec = _leased(q, tr, m, now)
     _end_lease(q, tr, rec)
+    tr.add(q.keys.counter("done"), ONE)
     tr.clear(q.keys.id_key(rec.id))
     if rec.chunks:
         tr.clear_range(*q.keys.chunk_range(rec.id))
@@ -214,6 +229,16 @@ def nack_in(
     return release(q, tr, cfg, rec, bytes.fromhex(rec.extra["key"]), reason=reason, delay=delay, now=now)
 
 
+def release_in(q: Queue, tr: Transaction, m: Message, now: int) -> None:
+    """Back to its original place at once; the delivery is not counted (it never started)."""
+    rec = _leased(q, tr, m, now, allow_expired=True)
+    _end_lease(q, tr, rec)
+    extra = {k: v for k, v in rec.extra.items() if k not in ("key", "receipt", "deadline")}
+    back = rec.with_(deliveries=max(0, rec.deliveries - 1), extra=extra)
+    key = bytes.fromhex(rec.extra["key"])
+    put_ready(tr, q.keys, key, back, q.keys.parse_ready(key)[0])
+
+
 def extend_in(q: Queue, tr: Transaction, m: Message, seconds: float, now: int) -> Message:
     rec = _leased(q, tr, m, now)
     keys = q.keys
@@ -223,7 +248,13 @@ def extend_in(q: Queue, tr: Transaction, m: Message, seconds: float, now: int) -
     tr.set(keys.inflight_key(rec.id), rec.with_(extra=extra).encode())
     tr.set(keys.lease_key(deadline, rec.id), str(m.receipt).encode())
     return Message.from_record(
-        rec.with_(extra=extra), q.name, m.priority, m.key, m.payload, receipt=m.receipt, lease_deadline=deadline / 1e6
+        rec.with_(extra=extra),
+        q.name,
+        m.priority,
+        m.key,
+        m.payload,
+        receipt=m.receipt,
+        lease_deadline=deadline / 1e6,
     )
 
 
@@ -291,6 +322,119 @@ def message_elsewhere(q: Queue, tr: Transaction, key: bytes, raw: bytes) -> Mess
 
 
 def check_lease_seconds(seconds: object) -> float:
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or math.isnan(seconds) or seconds <= 0:
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, (int, float))
+        or math.isnan(seconds)
+        or seconds <= 0
+    ):
         raise QueueError(f"lease seconds must be a number > 0, got {seconds!r}")
     return float(seconds)
+
+
+# -- what a dequeue may hand out -------------------------------------------------------------
+
+
+def deliverable_head(
+    q: Queue, tr: Transaction, cfg: QueueConfig, where: Mapping[str, Any] | None, fallback: bool, now: int
+) -> tuple[bytes, Record] | None:
+    """The next deliverable ready message; moves aside expired ones it meets."""
+    keys = q.keys
+    if next_due(tr, keys, now) is not None:
+        from fdbqueue.sweep import sweep_step  # sweep builds on this module
+
+        sweep_step(q, tr, cfg, now, 16)  # due delays and expired leases first
+    if cfg.strict_order:
+        if where is not None:
+            raise QueueError(f"queue {q.name!r} keeps strict order: dequeue by filter would break it")
+        if tr.get_range(*keys.index_range("l"), limit=1):
+            return None  # strict order: one delivery in flight at a time
+    begin, end = keys.ready_range()
+    if where is not None:
+        return _find(q, tr, cfg, begin, end, dict(where), fallback, now)
+    for _ in range(HEAD_SKIP_LIMIT):
+        kvs = tr.get_range(begin, end, 1)
+        if not kvs:
+            return None
+        key, raw = kvs[0]
+        rec = Record.decode(raw)
+        if rec.expires_us is not None and rec.expires_us <= now:
+            expire(q, tr, cfg, key, rec)
+            begin = key + b"\x00"
+            continue
+        if int(rec.extra.get("not_before", 0)) > now:
+            return None  # strict order: the head waits out its retry delay
+        return key, rec
+    return None
+
+
+def _find(
+    q: Queue,
+    tr: Transaction,
+    cfg: QueueConfig,
+    begin: bytes,
+    end: bytes,
+    where: dict[str, Any],
+    fallback: bool,
+    now: int,
+) -> tuple[bytes, Record] | None:
+    first: tuple[bytes, Record] | None = None
+    scanned = 0
+    while scanned < FILTER_SCAN_LIMIT:
+        batch = tr.get_range(begin, end, 100)
+        for key, raw in batch:
+            rec = Record.decode(raw)
+            if rec.expires_us is not None and rec.expires_us <= now:
+                expire(q, tr, cfg, key, rec)
+                continue
+            if first is None:
+                first = (key, rec)
+            if all(rec.headers.get(k, _MISSING) == v for k, v in where.items()):
+                return key, rec
+        scanned += len(batch)
+        if len(batch) < 100:
+            break
+        begin = batch[-1].key + b"\x00"
+    return first if fallback else None
+
+
+def count_failed_attempt(q: Queue, db: Database, msg: Message, error: EngineError) -> None:
+    """The caller's transaction that dequeued ``msg`` did not commit: count the delivery.
+
+    Runs after that transaction has ended (its locks released), in one of its own. A
+    conflict (1020) is the engine's, not the message's fault: it is not counted.
+    """
+    if error.code == 1020:
+        return
+
+    def body(t: Transaction, _: bool) -> None:
+        keys = q.keys
+        where = t.get(keys.id_key(msg.id))
+        raw = None if where is None else t.get(where)
+        if where is None or raw is None:
+            return  # taken by another consumer, or the caller's commit did land (1021)
+        rec = Record.decode(raw)
+        tag = keys.unpack_tail(where)[0]
+        if tag == "r":
+            ready_key = where
+            t.add(keys.counter("ready"), MINUS_ONE)
+        elif tag == "d":
+            # The dequeue promoted a due delayed message itself, and the abort undid that too:
+            # it is still delayed, with the place it was due to go back to (if a retry).
+            extra = dict(rec.extra)
+            target = extra.pop("key", None)
+            extra.pop("priority", None)
+            ready_key = bytes.fromhex(target) if target else msg.key
+            rec = rec.with_(extra=extra)
+            t.add(keys.counter("delayed"), MINUS_ONE)
+        else:
+            return  # leased again meanwhile: its lease counts its deliveries
+        cfg = config_or_create(t, keys)
+        remove_message(t, keys, where, rec, chunks=False)
+        failed = rec.with_(deliveries=rec.deliveries + 1)
+        release(q, t, cfg, failed, ready_key, reason=None, delay=None, now=now_us())
+
+    try:
+        run_once(db, body)
+    except Exception:  # never mask the caller's own error with this bookkeeping
+        log.exception("fdbqueue: could not count the failed delivery of %s on %r", msg.id, q.name)

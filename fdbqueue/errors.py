@@ -40,9 +40,7 @@ ERROR_NAMES: dict[int, str] = {
 }
 
 # fdb_error_predicate(FDB_ERROR_PREDICATE_RETRYABLE_NOT_COMMITTED / MAYBE_COMMITTED)
-RETRYABLE_NOT_COMMITTED = frozenset(
-    {1020, 1007, 1009, 1037, 1038, 1042, 1051, 1078, 1213, 1235, 1242}
-)
+RETRYABLE_NOT_COMMITTED = frozenset({1020, 1007, 1009, 1037, 1038, 1042, 1051, 1078, 1213, 1235, 1242})
 MAYBE_COMMITTED = frozenset({1021, 1039})
 RETRYABLE = RETRYABLE_NOT_COMMITTED | MAYBE_COMMITTED
 
@@ -102,3 +100,15 @@ class NestedTransactionError(QueueError):
 
     The embedded engine has a single writer; waiting for it here would deadlock.
     """
+
+
+class QueueStoppedError(QueueError):
+    """This direction of the queue is disabled (stopped)."""
+
+
+class QueueFullError(QueueError):
+    """The queue holds max_size messages."""
+
+    def __init__(self, *args: object, block: bool = False) -> None:
+        super().__init__(*args)
+        self.block = block  # the queue's overflow policy is "block": waiting may help

@@ -50,7 +50,9 @@ from fdbqueue.errors import QueueError
 LAYER_FORMAT = "1.0"
 DEFAULT_ROOT: tuple[Any, ...] = ("fdbqueue",)
 
-COUNTERS = ("ready", "wake", "inflight", "delayed", "dead", "expired")
+# ready/inflight/delayed: messages in each state now; enqueued/done/dead/expired: totals
+# ever (rates come from two samples); wake: bumped whenever messages become ready.
+COUNTERS = ("ready", "inflight", "delayed", "enqueued", "done", "dead", "expired", "wake")
 
 _ONE = struct.pack("<q", 1)
 _MINUS_ONE = struct.pack("<q", -1)
@@ -73,14 +75,19 @@ def _allow_versionstamps_without_native_client() -> None:
         class Value(bytes):
             """Never instantiated: no packed value is an fdb future here."""
 
-        stub.Value = Value  # type: ignore[attr-defined]
+        setattr(stub, "Value", Value)  # noqa: B010 - a module attribute mypy cannot see
         # The attribute only, not sys.modules: fdb.api_version() must still find the real module.
-        fdb.impl = stub  # type: ignore[attr-defined]
+        setattr(fdb, "impl", stub)  # noqa: B010
 
 
 _allow_versionstamps_without_native_client()
 
 # ---------------------------------------------------------------------------------------------
+
+
+def _pack(sub: Subspace, parts: tuple[Any, ...]) -> bytes:
+    key: bytes = sub.pack(parts)  # fdb.tuple is untyped: name the type once, here
+    return key
 
 
 def pack_count(n: int) -> bytes:
@@ -123,35 +130,35 @@ class QueueKeys:
     # -- single keys ---------------------------------------------------------------------------
     @property
     def config(self) -> bytes:
-        return self.q.pack(("cfg",))
+        return _pack(self.q, ("cfg",))
 
     @property
     def state(self) -> bytes:
-        return self.q.pack(("st",))
+        return _pack(self.q, ("st",))
 
     @property
     def hwm(self) -> bytes:
-        return self.q.pack(("hwm",))
+        return _pack(self.q, ("hwm",))
 
     @property
     def wake(self) -> bytes:
         """Grows with every message made ready; blocking dequeues watch it (no spurious wake-ups)."""
-        return self.q.pack(("n", "wake"))
+        return _pack(self.q, ("n", "wake"))
 
     @property
     def listing(self) -> bytes:
-        return self.root.pack(("queues", self.name))
+        return _pack(self.root, ("queues", self.name))
 
     @property
     def format(self) -> bytes:
-        return self.root.pack(("format",))
+        return _pack(self.root, ("format",))
 
     def counter(self, name: str) -> bytes:
-        return self.q.pack(("n", name))
+        return _pack(self.q, ("n", name))
 
     # -- ready items ---------------------------------------------------------------------------
     def ready_key(self, priority: int, index: int, rand: bytes) -> bytes:
-        return self.q.pack(("r", -priority, index, rand))
+        return _pack(self.q, ("r", -priority, index, rand))
 
     def ready_range(self) -> tuple[bytes, bytes]:
         r = self.q.range(("r",))
@@ -169,32 +176,32 @@ class QueueKeys:
 
     # -- other states --------------------------------------------------------------------------
     def id_key(self, msg_id: str) -> bytes:
-        return self.q.pack(("id", msg_id))
+        return _pack(self.q, ("id", msg_id))
 
     def chunk_key(self, msg_id: str, n: int) -> bytes:
-        return self.q.pack(("b", msg_id, n))
+        return _pack(self.q, ("b", msg_id, n))
 
     def chunk_range(self, msg_id: str) -> tuple[bytes, bytes]:
         r = self.q.range(("b", msg_id))
         return r.start, r.stop
 
     def inflight_key(self, msg_id: str) -> bytes:
-        return self.q.pack(("f", msg_id))
+        return _pack(self.q, ("f", msg_id))
 
     def lease_key(self, deadline_us: int, msg_id: str) -> bytes:
-        return self.q.pack(("l", deadline_us, msg_id))
+        return _pack(self.q, ("l", deadline_us, msg_id))
 
     def delayed_key(self, due_us: int, msg_id: str) -> bytes:
-        return self.q.pack(("d", due_us, msg_id))
+        return _pack(self.q, ("d", due_us, msg_id))
 
     def expiry_key(self, expires_us: int, msg_id: str) -> bytes:
-        return self.q.pack(("x", expires_us, msg_id))
+        return _pack(self.q, ("x", expires_us, msg_id))
 
     def dedup_key(self, key: str) -> bytes:
-        return self.q.pack(("k", key))
+        return _pack(self.q, ("k", key))
 
     def dedup_time_key(self, time_us: int, key: str) -> bytes:
-        return self.q.pack(("kt", time_us, key))
+        return _pack(self.q, ("kt", time_us, key))
 
     def index_range(self, tag: str, upto_us: int | None = None) -> tuple[bytes, bytes]:
         """The deadline-ordered index ``tag`` ('l', 'd', 'x'), up to (excluding) ``upto_us``."""
@@ -202,20 +209,20 @@ class QueueKeys:
         return r.start, (r.stop if upto_us is None else self.q.pack((tag, upto_us)))
 
     def receipt_key(self, time_us: int, rand: bytes) -> bytes:
-        return self.q.pack(("rc", time_us, rand))
+        return _pack(self.q, ("rc", time_us, rand))
 
     def pop_key(self, index: int, rand: bytes) -> bytes:
-        return self.q.pack(("pop", index, rand))
+        return _pack(self.q, ("pop", index, rand))
 
     def pop_range(self) -> tuple[bytes, bytes]:
         r = self.q.range(("pop",))
         return r.start, r.stop
 
     def result_key(self, rand: bytes) -> bytes:
-        return self.q.pack(("res", rand))
+        return _pack(self.q, ("res", rand))
 
     def priority_marker(self, priority: int) -> bytes:
-        return self.q.pack(("pri", -priority))
+        return _pack(self.q, ("pri", -priority))
 
     def priority_marker_range(self) -> tuple[bytes, bytes]:
         r = self.q.range(("pri",))
@@ -240,7 +247,12 @@ def queues_range(root: tuple[Any, ...] = DEFAULT_ROOT) -> tuple[bytes, bytes]:
 
 def journal_key_template(root: tuple[Any, ...], user_version: int = 0) -> bytes:
     """A journal key for ``set_versionstamped_key`` (stamp filled in at commit)."""
-    return root_subspace(root).pack_with_versionstamp(("j", fdb.tuple.Versionstamp(user_version=user_version)))
+    key: bytes = root_subspace(root).pack_with_versionstamp(
+        ("j", fdb.tuple.Versionstamp(user_version=user_version))
+    )
+    return key
+
+    return key
 
 
 def journal_range(root: tuple[Any, ...] = DEFAULT_ROOT) -> tuple[bytes, bytes]:

@@ -96,8 +96,12 @@ class Record:
         fmt, n = _HEAD.unpack_from(raw)
         if fmt != RECORD_FORMAT:
             raise QueueError(f"message record of unknown format {fmt}: written by a newer fdbqueue?")
-        meta = json.loads(raw[_HEAD.size : _HEAD.size + n])
-        return cls(*meta, payload=raw[_HEAD.size + n :])
+        msg_id, enqueued, ctype, headers, deliveries, expires, chunks, extra = json.loads(
+            raw[_HEAD.size : _HEAD.size + n]
+        )
+        return cls(
+            msg_id, enqueued, ctype, headers, deliveries, expires, chunks, extra, raw[_HEAD.size + n :]
+        )
 
     def with_(self, **changes: Any) -> Record:
         return replace(self, **changes)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 import math
 import os
-import time
+import random
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, NamedTuple, TypeVar
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, NamedTuple
 
 import tenacity
 
@@ -24,17 +24,24 @@ from fdbqueue.delivery import (
     LeaseError,
     ack_in,
     check_lease_seconds,
-    expire,
+    count_failed_attempt,
+    deliverable_head,
     extend_in,
     lease_in,
     message_elsewhere,
     nack_in,
-    release,
+    release_in,
     remove_message,
 )
-from fdbqueue.engines.base import Database, EventWatch, Transaction, Watch, is_transaction
-from fdbqueue.errors import EngineError, NestedTransactionError, QueueError
-from fdbqueue.layout import DEFAULT_ROOT, MINUS_ONE, QueueKeys, new_rand, pack_count, unpack_count
+from fdbqueue.engines.base import Database, Transaction, Watch, is_transaction
+from fdbqueue.errors import (
+    EngineError,
+    NestedTransactionError,
+    QueueError,
+    QueueFullError,
+    QueueStoppedError,
+)
+from fdbqueue.layout import DEFAULT_ROOT, MINUS_ONE, ONE, QueueKeys, new_rand, pack_count, unpack_count
 from fdbqueue.message import (
     ContentType,
     Message,
@@ -43,27 +50,14 @@ from fdbqueue.message import (
     check_headers,
     coerce_payload,
 )
-from fdbqueue.sweep import SweepStats, sweep, sweep_step
+from fdbqueue.sweep import SweepStats, sweep
+from fdbqueue.txn import as_database, run_once, seconds
+from fdbqueue.waiting import blocking, bounded, strict_of, watch_queue
 
 CHUNK_SIZE = 10_000  # FoundationDB's blob recipe: values of about 10 kB
-FILTER_SCAN_LIMIT = 10_000  # dequeue(where=...) looks at most this many messages
 RECEIPT_TTL_US = 600_000_000  # receipts older than this are swept
-HEAD_SKIP_LIMIT = 100  # expired messages one dequeue moves aside before giving up
 
-T = TypeVar("T")
 log = logging.getLogger("fdbqueue")
-
-
-class QueueStoppedError(QueueError):
-    """This direction of the queue is disabled (stopped)."""
-
-
-class QueueFullError(QueueError):
-    """The queue holds max_size messages."""
-
-    def __init__(self, *args: object, block: bool = False) -> None:
-        super().__init__(*args)
-        self.block = block  # the queue's overflow policy is "block": waiting may help
 
 
 class _Item(NamedTuple):
@@ -76,32 +70,6 @@ class _Item(NamedTuple):
     delay: float
     ttl: float | None
     dedup_key: str | None
-
-
-def run_once(tr: Transaction | Database, body: Callable[[Transaction, bool], T]) -> T:
-    """Run ``body(tr, maybe_committed_before)`` in the caller's or its own retried transaction.
-
-    ``maybe_committed_before`` is True on an attempt that follows a commit_unknown_result:
-    the body then checks whether its earlier attempt committed (ids made outside the loop).
-    """
-    if is_transaction(tr):
-        return body(tr, False)  # type: ignore[arg-type]
-    if not hasattr(tr, "create_transaction"):
-        raise QueueError(f"expected a Database or Transaction, not {type(tr).__name__}")
-    t = tr.create_transaction()
-    unknown = False
-    try:
-        while True:
-            try:
-                result = body(t, unknown)
-                t.commit()
-                return result
-            except EngineError as exc:
-                unknown = unknown or exc.maybe_committed
-                t.on_error(exc)
-    except BaseException:
-        t.cancel()
-        raise
 
 
 class Queue:
@@ -133,9 +101,9 @@ class Queue:
             raise QueueError(f"priority must be an int, not {type(priority).__name__}")
         if not -(2**31) <= priority < 2**31:
             raise QueueError(f"priority must fit in 32 bits, got {priority}")
-        delay = _seconds("delay", delay)
+        delay = seconds("delay", delay)
         if ttl is not None:
-            ttl = _seconds("ttl", ttl)
+            ttl = seconds("ttl", ttl)
             if ttl == 0:
                 raise QueueError("ttl must be > 0 (None: never expires)")
         if dedup_key is not None and (not isinstance(dedup_key, str) or not dedup_key):
@@ -188,7 +156,9 @@ class Queue:
         items = [self._item(p, priority, headers, delay, ttl, None) for p in payloads]
         return self._enqueue_items(tr, items, timeout) if items else []
 
-    def _enqueue_items(self, tr: Transaction | Database, items: list[_Item], timeout: float | None) -> list[str]:
+    def _enqueue_items(
+        self, tr: Transaction | Database, items: list[_Item], timeout: float | None
+    ) -> list[str]:
         receipt = self.keys.receipt_key(now_us(), items[0].rand)
 
         def body(t: Transaction, unknown: bool) -> list[str]:
@@ -196,7 +166,7 @@ class Queue:
 
         if timeout is None or is_transaction(tr):
             return run_once(tr, body)
-        timeout = _seconds("timeout", timeout)
+        timeout = seconds("timeout", timeout)
         try:
             for attempt in tenacity.Retrying(
                 stop=tenacity.stop_after_delay(timeout),
@@ -236,7 +206,9 @@ class Queue:
             tr.set(keys.dedup_key(first.dedup_key), f"{first.id}|{t_us}".encode())
             tr.set(keys.dedup_time_key(t_us, first.dedup_key), b"")
         if cfg.max_size is not None:
-            held = sum(unpack_count(tr.snapshot.get(keys.counter(c))) for c in ("ready", "inflight", "delayed"))
+            held = sum(
+                unpack_count(tr.snapshot.get(keys.counter(c))) for c in ("ready", "inflight", "delayed")
+            )
             if held + len(items) > cfg.max_size:
                 raise QueueFullError(
                     f"queue {self.name!r} is full ({held} of max_size {cfg.max_size})",
@@ -244,6 +216,7 @@ class Queue:
                 )
         if receipt is not None:
             tr.set(receipt, b"enqueue")
+            clear_old_receipts(tr, keys)
         base = unpack_count(tr.snapshot.get(keys.hwm))
         priorities: set[int] = set()
         ready = 0
@@ -253,6 +226,7 @@ class Queue:
         for p in priorities:
             tr.set(keys.priority_marker(p), b"")
         tr.max(keys.hwm, pack_count(base + len(items)))
+        tr.add(keys.counter("enqueued"), pack_count(len(items)))
         if ready:
             tr.add(keys.counter("ready"), pack_count(ready))
             tr.add(keys.wake, pack_count(ready))
@@ -344,8 +318,8 @@ class Queue:
                     "wait); pass a Database, or use timeout=None"
                 )
             return self._take(tr, where, fallback, in_caller=True)  # type: ignore[arg-type]
-        db = _database(tr)
-        return self._blocking(db, timeout, lambda watch: self._dequeue_own(db, where, fallback, watch))
+        db = as_database(tr)
+        return blocking(db, self.keys, timeout, lambda watch: self._dequeue_own(db, where, fallback, watch))
 
     def lease(
         self, tr: Transaction | Database, lease_seconds: float | None = None, *, timeout: float | None = None
@@ -355,29 +329,44 @@ class Queue:
         Every lease counts a delivery. Composes inside a caller's transaction; ``timeout``
         (blocking) needs a Database. ``lease_seconds`` defaults to the queue's setting.
         """
-        seconds = None if lease_seconds is None else check_lease_seconds(lease_seconds)
-        receipt = uuid.uuid4().hex
+        got = self.lease_many(tr, 1, lease_seconds, timeout=timeout)
+        return got[0] if got else None
+
+    def lease_many(
+        self,
+        tr: Transaction | Database,
+        n: int,
+        lease_seconds: float | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> list[Message]:
+        """Lease up to ``n`` messages in one transaction (a worker's prefetch); [] when none."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise QueueError(f"n must be an int >= 1, got {n!r}")
+        secs = None if lease_seconds is None else check_lease_seconds(lease_seconds)
+        receipt = uuid.uuid4().hex  # made outside the retry loop: settles a 1021
         if is_transaction(tr):
             if timeout:
                 raise QueueError("a blocking lease cannot join a caller's transaction; pass a Database")
-            return self._lease_in(tr, seconds, receipt)  # type: ignore[arg-type]
-        db = _database(tr)
+            return self._lease_in(tr, secs, receipt, n)  # type: ignore[arg-type]
+        db = as_database(tr)
+        taken: list[Message] = []
 
-        def attempt(want_watch: bool) -> tuple[Message | None, Watch | None]:
-            def body(t: Transaction, unknown: bool) -> Message | None:
-                if unknown and taken:
-                    raw = t.get(self.keys.inflight_key(taken[0].id))
-                    if raw is not None and Record.decode(raw).extra.get("receipt") == receipt:
-                        return taken[0]  # the attempt that ended in commit_unknown_result committed
-                m = self._lease_in(t, seconds, receipt)
-                taken[:] = [] if m is None else [m]
-                return m
+        def body(t: Transaction, unknown: bool) -> list[Message]:
+            if unknown and taken:
+                raw = t.get(self.keys.inflight_key(taken[0].id))
+                if raw is not None and Record.decode(raw).extra.get("receipt") == taken[0].receipt:
+                    return list(taken)  # the attempt that ended in commit_unknown_result committed
+            taken[:] = self._lease_in(t, secs, receipt, n)
+            return list(taken)
 
-            taken: list[Message] = []
-            m = run_once(db, body)
-            return m, (None if m is not None or not want_watch else _watch(db, self.keys, self._strict(db)))
+        def attempt(want_watch: bool) -> tuple[list[Message] | None, Watch | None]:
+            got = run_once(db, body)
+            if got or not want_watch:
+                return got, None
+            return None, watch_queue(db, self.keys, strict_of(db, self.keys))
 
-        return self._blocking(db, timeout, attempt)
+        return blocking(db, self.keys, timeout, attempt) or []
 
     def ack(self, tr: Transaction | Database, m: Message) -> None:
         """Settle a leased message: it is done and removed. LeaseError if the lease is gone."""
@@ -399,7 +388,7 @@ class Queue:
         queue's retry delay), or to the error queue (tagged ``reason``) once it has had
         max_deliveries. Returns where it went: ``ready``, ``delayed``, ``dead``, ``expired``."""
         if delay is not None:
-            delay = _seconds("delay", delay)
+            delay = seconds("delay", delay)
         if reason is not None and not isinstance(reason, str):
             raise QueueError("reason must be a str")
         outcome: list[str] = []
@@ -413,10 +402,21 @@ class Queue:
 
         return run_once(tr, body)
 
+    def release(self, tr: Transaction | Database, m: Message) -> None:
+        """Give a leased message back to its place at once, without counting the delivery
+        (a worker shutting down returns what it prefetched but never started)."""
+
+        def body(t: Transaction, unknown: bool) -> None:
+            if unknown and t.get(self.keys.inflight_key(m.id)) is None:
+                return
+            release_in(self, t, m, now_us())
+
+        run_once(tr, body)
+
     def extend(self, tr: Transaction | Database, m: Message, lease_seconds: float) -> Message:
         """Renew a lease for ``lease_seconds`` from now; returns the message with its new deadline."""
-        seconds = check_lease_seconds(lease_seconds)
-        return run_once(tr, lambda t, _: extend_in(self, t, m, seconds, now_us()))
+        secs = check_lease_seconds(lease_seconds)
+        return run_once(tr, lambda t, _: extend_in(self, t, m, secs, now_us()))
 
     def sweep(self, tr: Transaction | Database, *, limit: int = 100) -> SweepStats:
         """Expired leases back, due delayed messages in, TTLs out, old dedup entries forgotten.
@@ -427,7 +427,7 @@ class Queue:
         """
         if is_transaction(tr):
             return sweep(self, tr, now_us(), limit)  # type: ignore[arg-type]
-        db = _database(tr)
+        db = as_database(tr)
         total = SweepStats()
         while True:
             st = run_once(db, lambda t, _: sweep(self, t, now_us(), limit))
@@ -444,43 +444,12 @@ class Queue:
         if is_transaction(db) or not hasattr(db, "create_transaction"):
             raise QueueError("wait() needs a Database: a watch arms only when its transaction commits")
         if timeout is not None:
-            timeout = _seconds("timeout", timeout)
-        watch = _watch(db, self.keys)
+            timeout = seconds("timeout", timeout)
+        watch = watch_queue(db, self.keys)
         try:
-            return watch.wait(self._bounded(db, timeout))
+            return watch.wait(bounded(db, self.keys, timeout))
         finally:
             watch.cancel()
-
-    def _strict(self, db: Database) -> bool:
-        cfg = run_once(db, lambda t, _: read_config(t, self.keys))
-        return cfg is not None and cfg.strict_order
-
-    def _bounded(self, db: Database, timeout: float | None) -> float | None:
-        """``timeout`` cut short at the next delayed message's due time or lease deadline."""
-        due = run_once(db, lambda t, _: _next_due(t, self.keys))
-        if due is None:
-            return timeout
-        until_due = max(0.0, (due - now_us()) / 1e6) + 0.001
-        return until_due if timeout is None else min(timeout, until_due)
-
-    def _blocking(
-        self, db: Database, timeout: float | None, attempt: Callable[[bool], tuple[Message | None, Watch | None]]
-    ) -> Message | None:
-        if timeout is not None:
-            timeout = _seconds("timeout", timeout)
-        deadline = None if not timeout else time.monotonic() + timeout
-        while True:
-            msg, watch = attempt(deadline is not None)
-            if msg is not None or deadline is None:
-                return msg
-            assert watch is not None
-            try:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return None
-                watch.wait(self._bounded(db, remaining))
-            finally:
-                watch.cancel()
 
     def _dequeue_own(
         self, db: Database, where: Mapping[str, Any] | None, fallback: bool, want_watch: bool
@@ -497,8 +466,8 @@ class Queue:
             while True:
                 try:
                     if unknown and taken is not None and t.get(receipt) is not None:
-                        t.clear(receipt)  # the attempt with the unknown result did commit
-                        t.commit()
+                        # The attempt with the unknown result did commit. Read-only, this check
+                        # cannot itself end unknown; the receipt is swept later.
                         return taken, None
                     cfg = read_config(t, keys)
                     strict = cfg is not None and cfg.strict_order
@@ -507,79 +476,22 @@ class Queue:
                     msg = self._take(t, where, fallback)
                     if msg is None:
                         t.commit()
-                        return None, (_watch(db, keys, strict) if want_watch else None)
+                        return None, (watch_queue(db, keys, strict) if want_watch else None)
                     t.set(receipt, msg.id.encode())
+                    clear_old_receipts(t, keys)
                     taken = msg
                     t.commit()
                     return msg, None
                 except EngineError as exc:
                     unknown = unknown or exc.maybe_committed
-                    if exc.code == 1020 and where is None and not strict:
+                    settling = unknown and taken is not None  # must learn if that take landed
+                    if exc.code == 1020 and where is None and not strict and not settling:
                         break  # plain dequeues collide: use the staged request set
                     t.on_error(exc)
         finally:
             t.cancel()
         msg = staged_dequeue(db, self)
-        return msg, (_watch(db, keys) if msg is None and want_watch else None)
-
-    def _head(
-        self, tr: Transaction, cfg: QueueConfig, where: Mapping[str, Any] | None, fallback: bool, now: int
-    ) -> tuple[bytes, Record] | None:
-        """The next deliverable ready message; moves aside expired ones it meets."""
-        keys = self.keys
-        if _next_due(tr, keys, now) is not None:
-            sweep_step(self, tr, cfg, now, 16)  # due delays and expired leases first
-        if cfg.strict_order:
-            if where is not None:
-                raise QueueError(f"queue {self.name!r} keeps strict order: dequeue by filter would break it")
-            if tr.get_range(*keys.index_range("l"), limit=1):
-                return None  # strict order: one delivery in flight at a time
-        begin, end = keys.ready_range()
-        if where is not None:
-            return self._find(tr, cfg, begin, end, dict(where), fallback, now)
-        for _ in range(HEAD_SKIP_LIMIT):
-            kvs = tr.get_range(begin, end, 1)
-            if not kvs:
-                return None
-            key, raw = kvs[0]
-            rec = Record.decode(raw)
-            if rec.expires_us is not None and rec.expires_us <= now:
-                expire(self, tr, cfg, key, rec)
-                begin = key + b"\x00"
-                continue
-            if int(rec.extra.get("not_before", 0)) > now:
-                return None  # strict order: the head waits out its retry delay
-            return key, rec
-        return None
-
-    def _find(
-        self,
-        tr: Transaction,
-        cfg: QueueConfig,
-        begin: bytes,
-        end: bytes,
-        where: dict[str, Any],
-        fallback: bool,
-        now: int,
-    ) -> tuple[bytes, Record] | None:
-        first: tuple[bytes, Record] | None = None
-        scanned = 0
-        while scanned < FILTER_SCAN_LIMIT:
-            batch = tr.get_range(begin, end, 100)
-            for key, raw in batch:
-                rec = Record.decode(raw)
-                if rec.expires_us is not None and rec.expires_us <= now:
-                    expire(self, tr, cfg, key, rec)
-                    continue
-                if first is None:
-                    first = (key, rec)
-                if all(rec.headers.get(k, _MISSING) == v for k, v in where.items()):
-                    return key, rec
-            scanned += len(batch)
-            if len(batch) < 100:
-                break
-            begin = batch[-1].key + b"\x00"
-        return first if fallback else None
+        return msg, (watch_queue(db, keys) if msg is None and want_watch else None)
 
     def _take(
         self, tr: Transaction, where: Mapping[str, Any] | None, fallback: bool, *, in_caller: bool = False
@@ -590,63 +502,46 @@ class Queue:
             return None  # never created: empty
         if not read_state(tr, keys).dequeue:
             raise QueueStoppedError(f"dequeue is disabled on queue {self.name!r}")
-        head = self._head(tr, cfg, where, fallback, now_us())
+        head = deliverable_head(self, tr, cfg, where, fallback, now_us())
         if head is None:
             return None
         key, rec = head
         msg = self._message(tr, key, rec.encode(), delivered=True)
         remove_message(tr, keys, key, rec)
         tr.add(keys.counter("ready"), MINUS_ONE)
+        tr.add(keys.counter("done"), ONE)
         if in_caller:
             db = tr.db
-            tr.on_finish(lambda error: error is None or self._failed_attempt(db, msg, error))
+
+            def finished(error: EngineError | None) -> None:
+                if error is not None:
+                    count_failed_attempt(self, db, msg, error)
+
+            tr.on_finish(finished)
         return msg
 
-    def _lease_in(self, tr: Transaction, seconds: float | None, receipt: str) -> Message | None:
+    def _lease_in(self, tr: Transaction, seconds: float | None, receipt: str, n: int) -> list[Message]:
         keys = self.keys
         cfg = read_config(tr, keys)
         if cfg is None:
-            return None
+            return []
         if not read_state(tr, keys).dequeue:
             raise QueueStoppedError(f"dequeue is disabled on queue {self.name!r}")
         now = now_us()
-        head = self._head(tr, cfg, None, False, now)
-        if head is None:
-            return None
-        key, rec = head
-        msg = self._message(tr, key, rec.encode())
-        tr.clear(key)
-        if rec.expires_us is not None:
-            tr.clear(keys.expiry_key(rec.expires_us, rec.id))
-        tr.add(keys.counter("ready"), MINUS_ONE)
-        return lease_in(self, tr, msg, rec, seconds or cfg.lease_seconds, receipt, now)
-
-    def _failed_attempt(self, db: Database, msg: Message, error: EngineError) -> None:
-        """The caller's transaction that dequeued ``msg`` did not commit: count the delivery.
-
-        Runs after that transaction has ended (its locks released), in one of its own. A
-        conflict (1020) is the engine's, not the message's fault: it is not counted.
-        """
-        if error.code == 1020:
-            return
-
-        def body(t: Transaction, _: bool) -> None:
-            raw = t.get(msg.key)
-            if raw is None:
-                return  # taken by another consumer, or the caller's commit did land (1021)
-            rec = Record.decode(raw)
-            if rec.id != msg.id:
-                return
-            cfg = config_or_create(t, self.keys)
-            remove_message(t, self.keys, msg.key, rec, chunks=False)
-            t.add(self.keys.counter("ready"), MINUS_ONE)
-            failed = rec.with_(deliveries=rec.deliveries + 1)
-            release(self, t, cfg, failed, msg.key, reason=None, delay=None, now=now_us())
-
-        try:
-            run_once(db, body)
-        except Exception:  # never mask the caller's own error with this bookkeeping
-            log.exception("fdbqueue: could not count the failed delivery of %s on %r", msg.id, self.name)
+        out: list[Message] = []
+        for i in range(n):
+            head = deliverable_head(self, tr, cfg, None, False, now)
+            if head is None:
+                break
+            key, rec = head
+            msg = self._message(tr, key, rec.encode())
+            tr.clear(key)
+            if rec.expires_us is not None:
+                tr.clear(keys.expiry_key(rec.expires_us, rec.id))
+            tr.add(keys.counter("ready"), MINUS_ONE)
+            secs = seconds or cfg.lease_seconds
+            out.append(lease_in(self, tr, msg, rec, secs, f"{receipt}.{i}", now))
+        return out
 
     # -- examining without consuming ----------------------------------------------------------
 
@@ -703,61 +598,15 @@ class Queue:
         return browse(self, tr, limit=limit, batch=batch)
 
 
-__all__ = ["LeaseError", "Queue", "QueueFullError", "QueueStoppedError"]
+def clear_old_receipts(tr: Transaction, keys: QueueKeys) -> None:
+    """About one call in 64 clears receipts past their TTL: a blind range clear, no conflict.
 
-_MISSING = object()
-
-
-def _database(tr: object) -> Database:
-    if not hasattr(tr, "create_transaction"):
-        raise QueueError(f"expected a Database or Transaction, not {type(tr).__name__}")
-    return tr  # type: ignore[return-value]
-
-
-def _seconds(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise QueueError(f"{name} must be a number of seconds, not {value!r}")
-    if value < 0:
-        raise QueueError(f"{name} must be >= 0, got {value}")
-    return float(value)
-
-
-def _next_due(tr: Transaction, keys: QueueKeys, now: int | None = None) -> int | None:
-    """The earliest delayed due time or lease deadline (``<= now`` only, when given).
-
-    Without ``now`` (a waiter's question) also a strict-order head's retry time.
+    Receipts only settle a commit_unknown_result, which is retried within seconds, so
+    users who never run a sweep do not accumulate them.
     """
-    due = None
-    if now is None:
-        head = tr.snapshot.get_range(*keys.ready_range(), limit=1)
-        if head:
-            due = int(Record.decode(head[0].value).extra.get("not_before", 0)) or None
-    for tag in ("d", "l"):
-        begin, end = keys.index_range(tag, None if now is None else now + 1)
-        kvs = tr.snapshot.get_range(begin, end, 1)
-        if kvs:
-            t = int(keys.unpack_tail(kvs[0].key)[1])
-            due = t if due is None else min(due, t)
-    return due
+    if random.random() < 1 / 64:
+        begin, _ = keys.index_range("rc")
+        tr.clear_range(begin, keys.q.pack(("rc", now_us() - RECEIPT_TTL_US)))
 
 
-def _watch(db: Database, keys: QueueKeys, strict: bool = False) -> Watch:
-    """A watch on the wake key, already fired when a message is ready (none missed in between).
-
-    Under strict order a ready message may be held back by one in flight: then only the
-    wake key (bumped by an ack or release) or a deadline ends the wait.
-    """
-    t = db.create_transaction()
-    while True:
-        try:
-            w = t.watch(keys.wake)
-            ready = not strict and t.snapshot.get_range(*keys.ready_range(), limit=1)
-            t.commit()
-            if ready:
-                w.cancel()
-                fired = EventWatch(keys.wake, None)
-                fired.fire()
-                return fired
-            return w
-        except EngineError as exc:
-            t.on_error(exc)
+__all__ = ["LeaseError", "Queue", "QueueFullError", "QueueStoppedError", "run_once"]

@@ -292,3 +292,28 @@ def test_stop_and_start_each_direction(db: Database) -> None:
         q.enqueue(db, "refused")
     fdbqueue.start_queue(db, "jobs")
     assert texts(q, db) == ["kept", "still accepted"]
+
+
+def test_in_transaction_poison_with_retry_delay(db: Database, clock: FakeClock) -> None:
+    """Each retry is promoted from the delayed set by the failing dequeue itself, and the
+    abort rolls that promotion back too: the failed delivery must still be counted."""
+    q = make(db, max_deliveries=3, retry_delay=1.0)
+    mid = q.enqueue(db, "always fails")
+    seen: list[int] = []
+
+    @fdbqueue.transactional
+    def handler(tr: Any) -> None:
+        m = q.dequeue(tr)
+        if m is not None:
+            seen.append(m.deliveries)
+            raise RuntimeError("fails")
+
+    for _ in range(5):
+        try:
+            handler(db)
+        except RuntimeError:
+            pass
+        clock.advance(1.1)
+    assert seen == [1, 2, 3]
+    dead = Queue("jobs.error").get(db, mid)
+    assert dead is not None and dead.reason == "max_deliveries"

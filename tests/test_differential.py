@@ -19,9 +19,7 @@ from fdbqueue import EngineError, KeySelector
 
 KEYS = st.sampled_from([b"", b"a", b"a\x00", b"ab", b"b", b"ba", b"c", b"q/1", b"q/2", b"z"])
 VALUES = st.binary(max_size=6)
-SELECTOR = st.builds(
-    KeySelector, KEYS.filter(bool), st.booleans(), st.integers(min_value=-3, max_value=3)
-)
+SELECTOR = st.builds(KeySelector, KEYS.filter(bool), st.booleans(), st.integers(min_value=-3, max_value=3))
 ATOMIC = st.sampled_from(["add", "max", "min", "byte_max", "byte_min", "bit_xor", "compare_and_clear"])
 
 OPS = st.one_of(

@@ -22,7 +22,7 @@ import uuid
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, event, settings
+from hypothesis import HealthCheck, Phase, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
@@ -43,7 +43,9 @@ JSON_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-(2**40), 2**40), 
 JSON_PAYLOADS = st.one_of(
     st.integers(),
     st.lists(JSON_VALUES, max_size=3),
-    st.dictionaries(st.sampled_from(["a", "b", "ü"]), JSON_VALUES | st.lists(JSON_VALUES, max_size=2), max_size=3),
+    st.dictionaries(
+        st.sampled_from(["a", "b", "ü"]), JSON_VALUES | st.lists(JSON_VALUES, max_size=2), max_size=3
+    ),
 )
 SMALL_PAYLOADS = st.one_of(
     st.tuples(st.just("bytes"), st.binary(max_size=24)),
@@ -155,6 +157,9 @@ class QueueModel(RuleBasedStateMachine):
         db = fdbqueue.open(f"sim://?seed={seed}&faults=0.05")
         assert isinstance(db, SimDatabase)
         self.db = db
+        # Aborted in-transaction dequeues count as failed deliveries; this model of the core
+        # queue keeps them below max_deliveries (poison handling: test_delivery_model.py).
+        fdbqueue.create_queue(db, "model", max_deliveries=1_000_000)
 
     @rule(spec=PAYLOADS, priority=PRIORITIES, headers=HEADERS)
     def enqueue(self, spec: tuple[str, Any], priority: int, headers: Any) -> None:
@@ -165,7 +170,7 @@ class QueueModel(RuleBasedStateMachine):
     def enqueue_many(self, specs: list[tuple[str, Any]], priority: int, headers: Any) -> None:
         ids = self.q.enqueue_many(self.db, [_payload(s) for s in specs], priority=priority, headers=headers)
         assert len(ids) == len(specs)
-        for mid, spec in zip(ids, specs):
+        for mid, spec in zip(ids, specs, strict=False):
             self._add(mid, spec, priority, headers)
 
     @rule(spec=PAYLOADS, priority=PRIORITIES, headers=HEADERS, fail=st.booleans())
@@ -211,7 +216,11 @@ class QueueModel(RuleBasedStateMachine):
 
     # Reads are grouped in two rules so that most steps write (and so meet injected faults).
 
-    @rule(kind=st.sampled_from(["peek", "nth", "browse", "empty"]), k=st.integers(0, 12), batch=st.integers(1, 7))
+    @rule(
+        kind=st.sampled_from(["peek", "nth", "browse", "empty"]),
+        k=st.integers(0, 12),
+        batch=st.integers(1, 7),
+    )
     def examine(self, kind: str, k: int, batch: int) -> None:
         if kind == "peek":
             m = self.q.peek(self.db)
@@ -228,7 +237,7 @@ class QueueModel(RuleBasedStateMachine):
         elif kind == "browse":
             got = list(self.q.browse(self.db, batch=batch))
             assert [m.id for m in got] == [e.id for e in self.model]
-            for e, m in zip(self.model, got):
+            for e, m in zip(self.model, got, strict=False):
                 e.check(m, "browse")
         else:
             assert self.q.empty(self.db) == (not self.model)
@@ -279,6 +288,7 @@ QueueModel.TestCase.settings = settings(
     stateful_step_count=80,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],  # DBG
 )
 TestQueueModel = QueueModel.TestCase
 
@@ -321,9 +331,7 @@ def test_enqueue_exactly_once_when_commit_result_is_unknown(scripted: Any, first
 
 
 @pytest.mark.parametrize("take", [("1021", True), ("1021", False)], ids=["applied", "not-applied"])
-@pytest.mark.parametrize(
-    "confirm", [None, 1020, 1007, ("1021", True), ("1021", False)], ids=str
-)
+@pytest.mark.parametrize("confirm", [None, 1020, 1007, ("1021", True), ("1021", False)], ids=str)
 @pytest.mark.parametrize("where", [None, {"k": "v"}], ids=["plain", "where"])
 def test_dequeue_exactly_once_when_commit_result_is_unknown(
     scripted: Any, take: Any, confirm: Any, where: Any

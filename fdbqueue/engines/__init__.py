@@ -31,7 +31,9 @@ def parse_url(url: str) -> ParsedURL:
     if not isinstance(url, str) or not url.strip():
         raise InvalidURLError(f"database URL must be a non-empty string, got {url!r}")
     if "://" not in url:
-        raise InvalidURLError(f"malformed database URL {url!r}: expected scheme://..., e.g. sqlite:///tmp/q.db")
+        raise InvalidURLError(
+            f"malformed database URL {url!r}: expected scheme://..., e.g. sqlite:///tmp/q.db"
+        )
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in SCHEMES:

@@ -203,7 +203,7 @@ class Database(Protocol):
 class TransactionOptions:
     """The per-transaction options FoundationDB keeps across ``on_error`` (the persistent ones)."""
 
-    __slots__ = ("timeout_ms", "retry_limit", "max_retry_delay_ms")
+    __slots__ = ("max_retry_delay_ms", "retry_limit", "timeout_ms")
 
     def __init__(self) -> None:
         self.timeout_ms = 0
@@ -305,10 +305,10 @@ def apply_atomic(op: str, existing: bytes | None, param: bytes) -> bytes | None:
             return param
         old = _fit(existing, len(param))
         if op == "bit_and":
-            return bytes(a & b for a, b in zip(old, param))
+            return bytes(a & b for a, b in zip(old, param, strict=False))
         if op == "bit_or":
-            return bytes(a | b for a, b in zip(old, param))
-        return bytes(a ^ b for a, b in zip(old, param))
+            return bytes(a | b for a, b in zip(old, param, strict=False))
+        return bytes(a ^ b for a, b in zip(old, param, strict=False))
     if op == "compare_and_clear":
         return None if existing == param else existing
     if op == "append_if_fits":
@@ -344,7 +344,7 @@ def make_versionstamp(version: int, batch: int = 0) -> bytes:
 class EventWatch:
     """A :class:`Watch` completed by its engine from any thread."""
 
-    __slots__ = ("key", "seen", "_event", "_error", "_on_cancel")
+    __slots__ = ("_error", "_event", "_on_cancel", "key", "seen")
 
     def __init__(self, key: bytes, seen: bytes | None) -> None:
         self.key = key
@@ -378,7 +378,7 @@ class EventWatch:
 
 
 class StampFuture:
-    __slots__ = ("_stamp", "_error")
+    __slots__ = ("_error", "_stamp")
 
     def __init__(self) -> None:
         self._stamp: bytes | None = None
@@ -415,9 +415,7 @@ class _Snapshot:
     ) -> list[KeyValue]:
         return self._tr._read_range(begin, end, limit, reverse, True)
 
-    def get_range_startswith(
-        self, prefix: bytes, limit: int = 0, reverse: bool = False
-    ) -> list[KeyValue]:
+    def get_range_startswith(self, prefix: bytes, limit: int = 0, reverse: bool = False) -> list[KeyValue]:
         p = check_bytes("prefix", prefix)
         return self._tr._read_range(p, strinc(p) if p else SYSTEM_KEYS, limit, reverse, True)
 
@@ -576,7 +574,7 @@ class LocalTransaction(ABC):
 
     def __getitem__(self, key: bytes) -> bytes | None:
         if isinstance(key, slice):
-            return self.get_range(key.start or b"", key.stop or SYSTEM_KEYS, 0, key.step == -1)  # type: ignore[return-value]
+            return self.get_range(key.start or b"", key.stop or SYSTEM_KEYS, 0, key.step == -1)
         return self._read_get(key, False)
 
     def get_key(self, selector: KeySelector) -> bytes:
@@ -592,9 +590,7 @@ class LocalTransaction(ABC):
         """
         return self._read_range(begin, end, limit, reverse, False)
 
-    def get_range_startswith(
-        self, prefix: bytes, limit: int = 0, reverse: bool = False
-    ) -> list[KeyValue]:
+    def get_range_startswith(self, prefix: bytes, limit: int = 0, reverse: bool = False) -> list[KeyValue]:
         p = check_bytes("prefix", prefix)
         return self._read_range(p, strinc(p) if p else SYSTEM_KEYS, limit, reverse, False)
 
@@ -623,7 +619,11 @@ class LocalTransaction(ABC):
         self._check_window()
         self._has_reads = True
         b = self._resolve(begin, snapshot) if isinstance(begin, KeySelector) else check_read_key(begin)
-        e = self._resolve(end, snapshot) if isinstance(end, KeySelector) else clamp_end(check_bytes("end", end))
+        e = (
+            self._resolve(end, snapshot)
+            if isinstance(end, KeySelector)
+            else clamp_end(check_bytes("end", end))
+        )
         if b >= e:
             return []
         return self._get_range(b, e, limit, reverse, snapshot)
@@ -772,7 +772,7 @@ class LocalTransaction(ABC):
 
     # -- engine primitives ---------------------------------------------------------------------
 
-    def _begin(self) -> None:
+    def _begin(self) -> None:  # noqa: B027 - a hook: most engines need nothing here
         """The first operation of an attempt (the sqlite engine takes its lock here)."""
 
     @abstractmethod

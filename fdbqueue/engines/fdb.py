@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import platform
-import sys
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar

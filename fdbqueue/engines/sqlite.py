@@ -13,29 +13,33 @@ would sleep and poll), then ``BEGIN IMMEDIATE`` on the Database's one connection
 only the lock holder uses. So reads go straight to SQLite, snapshot reads are the same
 reads, read-your-writes is SQLite's own, writes run as SQL at once, atomic ops are
 read-modify-write, and conflict ranges record nothing: no transaction can ever conflict
-(1020). Waiting longer than ``lock_timeout`` raises 1037 (retryable). A thread that opens
-a second transaction while it holds the lock gets :class:`NestedTransactionError` at
-once, instead of a deadlock.
+(1020). Waiting longer than ``lock_timeout`` raises 1037 (retryable).
+
+Nesting: a transaction begun by a thread that already holds the lock (through any handle
+on the file) cannot wait for it: that would deadlock. It reads the last committed state
+from a WAL snapshot on a connection of its own instead, and its first write raises
+:class:`NestedTransactionError`. So ``db.get(k)`` inside an open transaction works (and
+does not see that transaction's writes), while a nested write fails at once.
 
 Storage: WAL journal, ``PRAGMA synchronous=FULL`` or ``NORMAL``; table
 ``kv(k BLOB PRIMARY KEY, v BLOB) WITHOUT ROWID`` (BLOBs compare as bytes, as FDB keys do)
 and ``meta(name, value)`` holding ``format``, ``format_version`` (major.minor; a newer major
-is refused) and ``version``. A commit with writes gets version
-``max(stored + 1, microseconds since the epoch)``: strictly increasing in commit order across
-processes, about 1e6 per second like FoundationDB's; its versionstamped keys and values
-are filled in just before COMMIT. Read-only commits return -1.
+is refused), ``store_id`` and ``version`` (a reservation, see ``_next_version``).
 
-Watches: see :mod:`fdbqueue.engines._notify` (Unix datagram sockets, no polling).
+Versions: a commit with writes gets ``max(last + 1, microseconds since the epoch)``:
+strictly increasing in commit order across processes, about 1e6 per second like
+FoundationDB's; its versionstamped keys and values are filled in just before COMMIT.
+Read-only commits return -1.
 
-Forks: a Database used in a forked child reopens its connection and lock file there (an
-inherited flock descriptor is shared with the parent and would not exclude it).
+Shared state (:mod:`._shared`): the lock, the lock file's first page mapped by every
+process (version clock, watchers' token) and the watch hub (:mod:`._notify`: Unix
+datagram sockets, no polling). A Database used in a forked child reopens its connection
+and lock file there (an inherited flock descriptor is shared with the parent and would
+not exclude it).
 """
 
 from __future__ import annotations
 
-import atexit
-import fcntl
-import mmap
 import os
 import secrets
 import sqlite3
@@ -45,8 +49,7 @@ import time
 import uuid
 from typing import Any
 
-from fdbqueue.engines import ParsedURL, take_params
-from fdbqueue.engines._notify import WatchHub, notify_dir_for
+from fdbqueue.engines import ParsedURL, _shared, take_params
 from fdbqueue.engines.base import (
     SYSTEM_KEYS,
     EventWatch,
@@ -94,11 +97,9 @@ _SET_VERSION = "UPDATE meta SET value = ? WHERE name = 'version'"
 # The lock file's first page is mapped shared by every process of the store. At 0, the
 # version clock (see _next_version): boot id + store id, the last commit version, the
 # reservation stored in meta, a pending flag. At 64, the watchers' token (_notify).
-_PAGE = 4096
 _CLOCK = struct.Struct(">32sQQB")
 _PENDING_AT = _CLOCK.size - 1
 _PENDING = 1
-_TOKEN_AT = 64
 _RESERVE_US = 1_000_000  # one meta write per second of versions
 
 
@@ -112,6 +113,7 @@ def _boot_id() -> bytes | None:
 
 
 _BOOT_ID = _boot_id()
+
 _SCHEMA = (
     "CREATE TABLE kv (k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID",
     "CREATE TABLE meta (name TEXT PRIMARY KEY, value)",
@@ -151,193 +153,6 @@ def _translate(exc: sqlite3.Error, path: str) -> QueueError:
 
 
 # ---------------------------------------------------------------------------------------------
-# What one process shares for one store file, whichever Database objects point at it.
-
-
-class _FlockWaiter:
-    """A thread that blocks in ``flock(LOCK_EX)`` so that its caller can wait with a timeout.
-
-    Only used when the lock is busy; the uncontended path is one non-blocking flock.
-    """
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self._cond = threading.Condition(threading.Lock())
-        self._blocking = False  # the thread is in, or about to enter, flock()
-        self._wanted = False  # a caller is waiting for the lock
-        self._granted = False
-        self._closed = False
-        threading.Thread(target=self._run, name="fdbqueue-flock", daemon=True).start()
-
-    def wait(self, timeout: float) -> bool:
-        with self._cond:
-            self._wanted = True
-            if not self._blocking:
-                self._blocking = True
-                self._cond.notify_all()
-            if self._cond.wait_for(lambda: self._granted, max(timeout, 0.0)):
-                self._granted = self._wanted = False
-                return True
-            self._wanted = False  # the thread hands the lock back if it gets it later
-            return False
-
-    def close(self) -> None:
-        """The thread closes the descriptor once it is out of flock()."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._blocking or self._closed)
-                if not self._blocking:
-                    os.close(self._fd)
-                    return
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-            with self._cond:
-                self._blocking = False
-                if self._wanted and not self._closed:
-                    self._granted = True
-                    self._cond.notify_all()
-                    continue
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-
-
-class _Store:
-    def __init__(self, real: str, ident: tuple[int, int], fd: int) -> None:
-        self.real = real
-        self.ident = ident
-        self.fd = fd
-        if os.fstat(fd).st_size < _PAGE:
-            os.ftruncate(fd, _PAGE)  # extends with zeros; never shortens what others wrote
-        self.shared = mmap.mmap(fd, _PAGE)
-        self.refs = 0
-        self.mutex = threading.Lock()
-        self.owner: int | None = None  # the thread holding the store lock
-        self._waiter: _FlockWaiter | None = None
-        self._reader: sqlite3.Connection | None = None
-        self._reader_lock = threading.Lock()
-        self.hub = WatchHub(notify_dir_for(real), self._read_values, self.shared, _TOKEN_AT)
-
-    def acquire(self, timeout: float, path: str) -> None:
-        me = threading.get_ident()
-        if self.owner == me:
-            raise NestedTransactionError(
-                f"this thread already holds a transaction on {path}: finish it before opening another "
-                "(the embedded engine has a single writer; waiting here would deadlock)"
-            )
-        start = time.monotonic()
-        if not self.mutex.acquire(True, timeout):
-            raise EngineError(1037, self._held_too_long(path, timeout, "another thread of this process"))
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if self._waiter is None:
-                self._waiter = _FlockWaiter(self.fd)
-            if not self._waiter.wait(timeout - (time.monotonic() - start)):
-                self.mutex.release()
-                raise EngineError(1037, self._held_too_long(path, timeout, "another process")) from None
-        except BaseException:
-            self.mutex.release()
-            raise
-        self.owner = me
-
-    @staticmethod
-    def _held_too_long(path: str, timeout: float, who: str) -> str:
-        return (
-            f"waited {timeout:g} s for the store lock of {path}: {who} holds it "
-            "(a long or abandoned transaction, or a stopped process)"
-        )
-
-    def release(self) -> None:
-        self.owner = None
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
-        self.mutex.release()
-
-    def _read_values(self, keys: list[bytes]) -> dict[bytes, bytes | None]:
-        # A connection of its own, used without the store lock: under WAL a reader
-        # sees the last commit and never waits for the writer.
-        with self._reader_lock:
-            if self._reader is None:
-                self._reader = sqlite3.connect(self.real, isolation_level=None, check_same_thread=False)
-            out: dict[bytes, bytes | None] = {}
-            for k in keys:
-                row = self._reader.execute(_GET, (k,)).fetchone()
-                out[k] = row[0] if row else None
-            return out
-
-    def close(self) -> None:
-        self.hub.close()
-        self.shared.close()
-        with self._reader_lock:
-            if self._reader is not None:
-                self._reader.close()
-                self._reader = None
-        if self._waiter is not None:
-            self._waiter.close()
-        else:
-            os.close(self.fd)
-
-
-_registry_lock = threading.Lock()
-_stores: dict[tuple[int, int], _Store] = {}
-_fork_generation = 0
-# Connections inherited through fork(): closing one in the child could checkpoint or
-# delete the parent's WAL, so the child keeps them referenced and never touches them.
-_inherited: list[Any] = []
-
-
-def _attach(real: str, path: str) -> _Store:
-    try:
-        fd = os.open(real + "-lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-    except OSError as exc:
-        raise StoreError(f"{path}: cannot open the lock file {real}-lock: {exc.strerror}") from exc
-    try:
-        st = os.fstat(fd)
-        ident = (st.st_dev, st.st_ino)
-        with _registry_lock:
-            store = _stores.get(ident)
-            if store is None:
-                store = _stores[ident] = _Store(real, ident, fd)
-                fd = -1
-            store.refs += 1
-    except OSError as exc:
-        raise StoreError(f"{path}: cannot use the lock file {real}-lock: {exc.strerror}") from exc
-    finally:
-        if fd >= 0:
-            os.close(fd)
-    return store
-
-
-def _detach(store: _Store) -> None:
-    with _registry_lock:
-        store.refs -= 1
-        if store.refs > 0:
-            return
-        if _stores.get(store.ident) is store:
-            del _stores[store.ident]
-    store.close()
-
-
-def _after_fork_in_child() -> None:
-    global _registry_lock, _stores, _fork_generation
-    _inherited.append(_stores)
-    _registry_lock = threading.Lock()
-    _stores = {}
-    _fork_generation += 1
-
-
-def _unlink_sockets() -> None:
-    for store in list(_stores.values()):
-        store.hub.unlink_socket()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-atexit.register(_unlink_sockets)
-
-
-# ---------------------------------------------------------------------------------------------
 
 
 class SqliteTransaction(LocalTransaction):
@@ -362,7 +177,7 @@ class SqliteTransaction(LocalTransaction):
 
     def _begin(self) -> None:
         db = self.db
-        if db._generation != _fork_generation:
+        if db._generation != _shared.fork_generation:
             db._reopen_after_fork()
         if db._closed:
             raise StoreError(f"{db.path}: the database is closed")
@@ -396,7 +211,11 @@ class SqliteTransaction(LocalTransaction):
         )
 
     def _fail(self, exc: sqlite3.Error) -> QueueError:
+        # SQLite may already have rolled the transaction back (disk full, I/O error):
+        # end it here, and refuse any later operation, which would otherwise run in
+        # autocommit mode outside the lock.
         self._rollback()
+        self._state = "failed"
         return _translate(exc, self.db.path)
 
     def _get(self, key: bytes, snapshot: bool) -> bytes | None:
@@ -516,10 +335,11 @@ class SqliteTransaction(LocalTransaction):
         last, reserved = clock if clock else (self._reserved(),) * 2
         version = max(last + 1, time.time_ns() // 1000)
         self._bumped = version > reserved
-        if self._bumped:
-            reserved = version + _RESERVE_US
-            self._conn.execute(_SET_VERSION, (reserved,))
         tag = self.db._clock_tag
+        if self._bumped:
+            # Without a trusted lock file (no boot id), meta holds the last version itself.
+            reserved = version + (_RESERVE_US if tag is not None else 0)
+            self._conn.execute(_SET_VERSION, (reserved,))
         if tag is not None:
             # Pending only while a raised reservation is not committed yet; a version
             # that never commits is merely a gap.
@@ -596,12 +416,12 @@ class SqliteDatabase(LocalDatabase):
         self._open()
 
     def _open(self) -> None:
-        self._generation = _fork_generation
-        self._store = _attach(self._real, self.path)
+        self._generation = _shared.fork_generation
+        self._store = _shared.attach(self._real, self.path)
         try:
             self._conn = self._connect()
         except BaseException:
-            _detach(self._store)
+            _shared.detach(self._store)
             raise
 
     def _connect(self) -> sqlite3.Connection:
@@ -682,7 +502,7 @@ class SqliteDatabase(LocalDatabase):
                 self._store.release()
 
     def _reopen_after_fork(self) -> None:
-        _inherited.extend((self._conn, self._readers))
+        _shared.inherited.extend((self._conn, self._readers))
         self._readers = []
         self._open()
 
@@ -707,20 +527,25 @@ class SqliteDatabase(LocalDatabase):
         return SqliteTransaction(self)
 
     def _arm_watches(self, watches: list[EventWatch]) -> None:
-        if self._generation != _fork_generation:
+        if self._generation != _shared.fork_generation:
             self._reopen_after_fork()
-        self._store.hub.add(watches)
+        try:
+            self._store.hub.add(watches)
+        except OSError as exc:
+            # The transaction has committed: report the failure on the watches, not here.
+            for w in watches:
+                w.fail(4100, f"cannot watch {self.path}: {exc}")
 
     def close(self) -> None:
         """Close the connection; the last Database of this process on the file stops its watches."""
         if self._closed:
             return
         self._closed = True
-        if self._generation != _fork_generation:
+        if self._generation != _shared.fork_generation:
             return  # inherited from the parent process: its resources are not ours to release
         self._conn.close()
         with self._readers_lock:
             for conn in self._readers:
                 conn.close()
             self._readers.clear()
-        _detach(self._store)
+        _shared.detach(self._store)

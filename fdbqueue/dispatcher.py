@@ -1,0 +1,271 @@
+"""The push model (seed 002): a dispatcher leases messages and calls consumers with them.
+
+When a dispatch round starts is the ``schedule``:
+
+* ``"each"``     - at once for every message, while load control allows;
+* ``"idle"``     - only when no handler is running: one message at a time;
+* ``"length"``   - when the queues hold at least ``length`` ready messages; the round drains them;
+* ``"interval"`` - every ``interval`` seconds while a queue is non-empty; the round drains them.
+
+Load control: at most ``max_concurrent`` handlers run at once. Consumers (seed 001) have a
+``priority`` and a ``capacity``: a message goes to the highest-priority consumer with a free
+slot, and among equals to the one served least recently, so equal consumers share fairly.
+Several queues are leased from in rotation, so each gets its turn. A consumer returning
+acks the message; raising nacks it with the exception as the reason.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from fdbqueue.engines.base import Database
+from fdbqueue.errors import QueueError
+from fdbqueue.message import Message
+from fdbqueue.queue import Queue
+from fdbqueue.worker import _as_queues, wait_any
+
+log = logging.getLogger("fdbqueue.dispatcher")
+
+SCHEDULES = ("each", "idle", "length", "interval")
+
+
+@dataclass
+class Consumer:
+    """A handler registered with a dispatcher, with its priority and capacity (free slots)."""
+
+    handler: Callable[[Message], Any]
+    priority: int = 0
+    capacity: int = 1
+    name: str = ""
+    running: int = 0
+    served: int = 0
+    failed: int = 0
+    last_served: int = 0  # dispatch sequence number: the fairness tie-breaker
+
+
+@dataclass
+class DispatcherStats:
+    dispatched: int = 0
+    acked: int = 0
+    nacked: int = 0
+    rounds: int = 0
+    max_running: int = 0
+    per_consumer: dict[str, int] = field(default_factory=dict)
+    per_queue: dict[str, int] = field(default_factory=dict)
+
+
+class Dispatcher:
+    """Push messages from ``queues`` to registered consumers (see the module docstring)."""
+
+    def __init__(
+        self,
+        db: Database,
+        queues: Queue | str | Iterable[Queue | str],
+        *,
+        schedule: str = "each",
+        max_concurrent: int = 4,
+        length: int = 100,
+        interval: float = 1.0,
+        lease_seconds: float | None = None,
+        sweep_interval: float = 5.0,
+        idle_timeout: float = 1.0,
+    ) -> None:
+        if schedule not in SCHEDULES:
+            raise QueueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+        for name, value in (("max_concurrent", max_concurrent), ("length", length)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise QueueError(f"{name} must be an int >= 1, got {value!r}")
+        if interval <= 0:
+            raise QueueError(f"interval must be > 0, got {interval!r}")
+        self.db = db
+        self.queues = _as_queues(queues)
+        self.schedule = schedule
+        self.max_concurrent = 1 if schedule == "idle" else max_concurrent
+        self.length = length
+        self.interval = interval
+        self.lease_seconds = lease_seconds
+        self.sweep_interval = sweep_interval
+        self.idle_timeout = idle_timeout
+        self.consumers: list[Consumer] = []
+        self.stats = DispatcherStats(per_queue={q.name: 0 for q in self.queues})
+        self._stop = threading.Event()
+        self._cond = threading.Condition()
+        self._running = 0
+        self._seq = itertools.count(1)
+        self._turn = 0
+        self._round = schedule in ("each", "idle")
+        self._last_round = 0.0
+        self._last_sweep = 0.0
+        self._limit: int | None = None
+
+    def add_consumer(
+        self,
+        handler: Callable[[Message], Any],
+        *,
+        priority: int = 0,
+        capacity: int = 1,
+        name: str | None = None,
+    ) -> Consumer:
+        """Register ``handler``; higher ``priority`` is served first while it has free capacity."""
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise QueueError(f"capacity must be an int >= 1, got {capacity!r}")
+        c = Consumer(handler, priority, capacity, name or f"consumer-{len(self.consumers) + 1}")
+        with self._cond:
+            self.consumers.append(c)
+            self.stats.per_consumer[c.name] = 0
+        return c
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+
+    # -- choosing --------------------------------------------------------------------------
+
+    def _free_slots(self) -> int:
+        free = sum(c.capacity - c.running for c in self.consumers)
+        return max(0, min(free, self.max_concurrent - self._running))
+
+    def _pick(self) -> Consumer:
+        """Highest priority with a free slot; among equals the least recently served."""
+        free = [c for c in self.consumers if c.running < c.capacity]
+        return max(free, key=lambda c: (c.priority, -c.last_served))
+
+    def _should_dispatch(self) -> bool:
+        if self._round:
+            return True
+        if self.schedule == "length":
+            ready = sum(q.size(self.db) for q in self.queues)
+            self._round = ready >= self.length
+        elif self.schedule == "interval" and time.monotonic() - self._last_round >= self.interval:
+            self._round = not all(q.empty(self.db) for q in self.queues)
+            self._last_round = time.monotonic()
+        if self._round:
+            self.stats.rounds += 1
+        return self._round
+
+    # -- running -----------------------------------------------------------------------------
+
+    def run(
+        self, *, max_messages: int | None = None, until_empty: bool = False, install_signals: bool = False
+    ) -> DispatcherStats:
+        """Dispatch until :meth:`stop` (or SIGTERM/SIGINT), ``max_messages``, or ``until_empty``."""
+        if not self.consumers:
+            raise QueueError("add a consumer before running the dispatcher")
+        self._limit = max_messages
+        previous: dict[signal.Signals, Any] = {}
+        if install_signals and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, lambda *_: self.stop())
+        pool = ThreadPoolExecutor(max_workers=self.max_concurrent, thread_name_prefix="fdbqueue-dispatch")
+        try:
+            self._loop(pool, until_empty)
+        finally:
+            self._stop.set()
+            pool.shutdown(wait=True)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return self.stats
+
+    def _loop(self, pool: ThreadPoolExecutor, until_empty: bool) -> None:
+        while not self._stop.is_set():
+            with self._cond:
+                slots = self._free_slots()
+                if self._limit is not None:
+                    slots = min(slots, self._limit - self.stats.dispatched)
+                    if slots <= 0 and self._running == 0:
+                        return
+            if slots <= 0:
+                with self._cond:
+                    self._cond.wait(0.1)  # until a handler finishes
+                continue
+            if not self._should_dispatch():
+                self._wait(self.interval if self.schedule == "interval" else self.idle_timeout)
+                continue
+            got = self._lease(slots)
+            if got:
+                for q, m in got:
+                    self._submit(pool, q, m)
+                continue
+            if self.schedule in ("length", "interval"):
+                self._round = False  # drained: the round is over
+            with self._cond:
+                busy = self._running > 0
+            if busy:
+                with self._cond:
+                    self._cond.wait(0.1)
+                continue
+            self._maybe_sweep()
+            if until_empty and all(q.empty(self.db) for q in self.queues):
+                return
+            self._wait(self.idle_timeout)
+
+    def _wait(self, timeout: float) -> None:
+        if self.schedule == "interval" and not self._round:
+            self._stop.wait(max(0.0, self.interval - (time.monotonic() - self._last_round)))
+        else:
+            wait_any(self.db, self.queues, timeout, self._stop)
+
+    def _lease(self, slots: int) -> list[tuple[Queue, Message]]:
+        got: list[tuple[Queue, Message]] = []
+        for i in range(len(self.queues)):
+            q = self.queues[(self._turn + i) % len(self.queues)]
+            if len(got) >= slots:
+                break
+            got.extend((q, m) for m in q.lease_many(self.db, slots - len(got), self.lease_seconds))
+        self._turn = (self._turn + 1) % len(self.queues)
+        return got
+
+    def _submit(self, pool: ThreadPoolExecutor, q: Queue, m: Message) -> None:
+        with self._cond:
+            c = self._pick()
+            c.running += 1
+            c.last_served = next(self._seq)
+            self._running += 1
+            self.stats.dispatched += 1
+            self.stats.max_running = max(self.stats.max_running, self._running)
+        pool.submit(self._call, c, q, m)
+
+    def _call(self, c: Consumer, q: Queue, m: Message) -> None:
+        ok = True
+        try:
+            c.handler(m)
+        except Exception as exc:
+            ok = False
+            try:
+                q.nack(self.db, m, reason=f"{type(exc).__name__}: {exc}"[:500])
+            except QueueError as err:
+                log.warning("could not nack %s: %s", m.id, err)
+        if ok:
+            try:
+                q.ack(self.db, m)
+            except QueueError as err:
+                ok = False
+                log.warning("could not ack %s: %s", m.id, err)
+        with self._cond:
+            c.running -= 1
+            self._running -= 1
+            if ok:
+                c.served += 1
+                self.stats.acked += 1
+                self.stats.per_consumer[c.name] += 1
+                self.stats.per_queue[q.name] += 1
+            else:
+                c.failed += 1
+                self.stats.nacked += 1
+            self._cond.notify_all()
+
+    def _maybe_sweep(self) -> None:
+        now = time.monotonic()
+        if now - self._last_sweep >= self.sweep_interval:
+            self._last_sweep = now
+            for q in self.queues:
+                q.sweep(self.db)

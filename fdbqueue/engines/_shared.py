@@ -1,0 +1,209 @@
+"""What one process shares for one store file, whichever Database objects point at it.
+
+The store lock (a thread lock, then ``flock`` on ``<db>-lock``), the lock file's first
+page mapped shared by every process (the version clock and the watchers' token live
+there), and the watch hub with its read connection. Handles on the same file share one
+:class:`SharedStore`, found by the lock file's (device, inode); after ``fork()`` the
+child starts a registry of its own, so that it never uses the parent's descriptors.
+"""
+
+from __future__ import annotations
+
+import atexit
+import fcntl
+import mmap
+import os
+import sqlite3
+import threading
+import time
+from typing import Any
+
+from fdbqueue.engines._notify import WatchHub, notify_dir_for
+from fdbqueue.errors import EngineError, NestedTransactionError, StoreError
+
+PAGE = 4096
+TOKEN_AT = 64  # the watchers' token; the version clock is at 0 (sqlite.py)
+_READ = "SELECT v FROM kv WHERE k = ?"  # the kv table of sqlite.py
+
+
+class _FlockWaiter:
+    """A thread that blocks in ``flock(LOCK_EX)`` so that its caller can wait with a timeout.
+
+    Only used when the lock is busy; the uncontended path is one non-blocking flock.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._cond = threading.Condition(threading.Lock())
+        self._blocking = False  # the thread is in, or about to enter, flock()
+        self._wanted = False  # a caller is waiting for the lock
+        self._granted = False
+        self._closed = False
+        threading.Thread(target=self._run, name="fdbqueue-flock", daemon=True).start()
+
+    def wait(self, timeout: float) -> bool:
+        with self._cond:
+            self._wanted = True
+            if not self._blocking:
+                self._blocking = True
+                self._cond.notify_all()
+            if self._cond.wait_for(lambda: self._granted, max(timeout, 0.0)):
+                self._granted = self._wanted = False
+                return True
+            self._wanted = False  # the thread hands the lock back if it gets it later
+            return False
+
+    def close(self) -> None:
+        """The thread closes the descriptor once it is out of flock()."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._blocking or self._closed)
+                if not self._blocking:
+                    os.close(self._fd)
+                    return
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            with self._cond:
+                self._blocking = False
+                if self._wanted and not self._closed:
+                    self._granted = True
+                    self._cond.notify_all()
+                    continue
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+
+class SharedStore:
+    def __init__(self, real: str, ident: tuple[int, int], fd: int) -> None:
+        self.real = real
+        self.ident = ident
+        self.fd = fd
+        if os.fstat(fd).st_size < PAGE:
+            os.ftruncate(fd, PAGE)  # extends with zeros; never shortens what others wrote
+        self.shared = mmap.mmap(fd, PAGE)
+        self.refs = 0
+        self.mutex = threading.Lock()
+        self.owner: int | None = None  # the thread holding the store lock
+        self._waiter: _FlockWaiter | None = None
+        self._reader: sqlite3.Connection | None = None
+        self._reader_lock = threading.Lock()
+        self.hub = WatchHub(notify_dir_for(real), self._read_values, self.shared, TOKEN_AT)
+
+    def acquire(self, timeout: float, path: str) -> None:
+        me = threading.get_ident()
+        if self.owner == me:
+            raise NestedTransactionError(
+                f"this thread already holds a transaction on {path}: finish it before opening another "
+                "(the embedded engine has a single writer; waiting here would deadlock)"
+            )
+        start = time.monotonic()
+        if not self.mutex.acquire(True, timeout):
+            raise EngineError(1037, self._held_too_long(path, timeout, "another thread of this process"))
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if self._waiter is None:
+                self._waiter = _FlockWaiter(self.fd)
+            if not self._waiter.wait(timeout - (time.monotonic() - start)):
+                self.mutex.release()
+                raise EngineError(1037, self._held_too_long(path, timeout, "another process")) from None
+        except BaseException:
+            self.mutex.release()
+            raise
+        self.owner = me
+
+    @staticmethod
+    def _held_too_long(path: str, timeout: float, who: str) -> str:
+        return (
+            f"waited {timeout:g} s for the store lock of {path}: {who} holds it "
+            "(a long or abandoned transaction, or a stopped process)"
+        )
+
+    def release(self) -> None:
+        self.owner = None
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        self.mutex.release()
+
+    def _read_values(self, keys: list[bytes]) -> dict[bytes, bytes | None]:
+        # A connection of its own, used without the store lock: under WAL a reader
+        # sees the last commit and never waits for the writer.
+        with self._reader_lock:
+            if self._reader is None:
+                self._reader = sqlite3.connect(self.real, isolation_level=None, check_same_thread=False)
+            out: dict[bytes, bytes | None] = {}
+            for k in keys:
+                row = self._reader.execute(_READ, (k,)).fetchone()
+                out[k] = row[0] if row else None
+            return out
+
+    def close(self) -> None:
+        self.hub.close()
+        self.shared.close()
+        with self._reader_lock:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
+        if self._waiter is not None:
+            self._waiter.close()
+        else:
+            os.close(self.fd)
+
+
+_registry_lock = threading.Lock()
+_stores: dict[tuple[int, int], SharedStore] = {}
+fork_generation = 0
+# Connections inherited through fork(): closing one in the child could checkpoint or
+# delete the parent's WAL, so the child keeps them referenced and never touches them.
+inherited: list[Any] = []
+
+
+def attach(real: str, path: str) -> SharedStore:
+    try:
+        fd = os.open(real + "-lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot open the lock file {real}-lock: {exc.strerror}") from exc
+    try:
+        st = os.fstat(fd)
+        ident = (st.st_dev, st.st_ino)
+        with _registry_lock:
+            store = _stores.get(ident)
+            if store is None:
+                store = _stores[ident] = SharedStore(real, ident, fd)
+                fd = -1
+            store.refs += 1
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot use the lock file {real}-lock: {exc.strerror}") from exc
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    return store
+
+
+def detach(store: SharedStore) -> None:
+    with _registry_lock:
+        store.refs -= 1
+        if store.refs > 0:
+            return
+        if _stores.get(store.ident) is store:
+            del _stores[store.ident]
+    store.close()
+
+
+def _after_fork_in_child() -> None:
+    global _registry_lock, _stores, fork_generation
+    inherited.append(_stores)
+    _registry_lock = threading.Lock()
+    _stores = {}
+    fork_generation += 1
+
+
+def _unlink_sockets() -> None:
+    for store in list(_stores.values()):
+        store.hub.unlink_socket()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(_unlink_sockets)

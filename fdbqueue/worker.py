@@ -1,0 +1,403 @@
+"""Workers: run a handler over one or more queues, exactly once or in lease mode.
+
+* ``mode="exactly_once"``: the dequeue and the handler's writes are one transaction; the
+  handler is called as ``handler(tr, message)``. An exception aborts both: the message
+  stays, and the abort counts as a failed delivery (poison messages reach the error queue).
+* ``mode="lease"``: the handler is called as ``handler(message)`` outside any transaction;
+  returning acks the message, raising nacks it with the exception as the reason.
+
+An idle worker waits on watches (no polling, no spurious wake-ups; seed 001), bounded by
+the queues' next deadlines. SIGTERM / SIGINT stop it gracefully: the message in hand is
+finished and settled, prefetched ones are released (not counted as deliveries). In lease
+mode the worker prefetches a batch; its size follows the measured ingress and egress rates
+(seed 004) within bounds.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fdbqueue.engines.base import Database, Watch, transactional
+from fdbqueue.errors import QueueError
+from fdbqueue.message import Message
+from fdbqueue.queue import Queue
+from fdbqueue.waiting import bounded, watch_queue
+
+log = logging.getLogger("fdbqueue.worker")
+
+IO_BATCH = 64  # seed 004: page in batches - not so large that the queue blocks, nor so small it thrashes
+MODES = ("lease", "exactly_once")
+
+
+class Rate:
+    """An exponentially weighted events-per-second estimate."""
+
+    def __init__(self, alpha: float = 0.3) -> None:
+        self.alpha = alpha
+        self.value = 0.0
+        self._count = 0
+        self._since = time.monotonic()
+
+    def add(self, n: int = 1) -> None:
+        self._count += n
+
+    def tick(self) -> float:
+        now = time.monotonic()
+        dt = now - self._since
+        if dt >= 0.05:
+            sample = self._count / dt
+            self.value = sample if self.value == 0 else self.alpha * sample + (1 - self.alpha) * self.value
+            self._count, self._since = 0, now
+        return self.value
+
+
+class PrefetchBudget:
+    """How many messages to hold in memory: (ingress + egress rate) x horizon, within bounds.
+
+    RabbitMQ's variable queue sizes its RAM budget from measured rates the same way
+    (seed 004): enough to keep handlers busy for ``horizon`` seconds, no more, so that
+    prefetched messages do not sit out their leases in memory.
+    """
+
+    def __init__(self, low: int = 1, high: int = 256, horizon: float = 0.5) -> None:
+        if not 1 <= low <= high:
+            raise QueueError(f"prefetch bounds must satisfy 1 <= low <= high, got {low}, {high}")
+        self.low, self.high, self.horizon = low, high, horizon
+        self.ingress = Rate()
+        self.egress = Rate()
+
+    @property
+    def size(self) -> int:
+        target = (self.ingress.tick() + self.egress.tick()) * self.horizon
+        return max(self.low, min(self.high, int(target) + 1))
+
+
+@dataclass
+class WorkerStats:
+    """What a worker did; ``prefetch`` and the rates are its latest estimates."""
+
+    processed: int = 0
+    failed: int = 0
+    released: int = 0
+    swept: int = 0
+    wakeups: int = 0
+    idle_wakeups: int = 0  # woke and found nothing: spurious wake-ups
+    prefetch: int = 0
+    ingress_rate: float = 0.0
+    egress_rate: float = 0.0
+    per_queue: dict[str, int] = field(default_factory=dict)
+
+
+def _as_queues(queues: Queue | str | Iterable[Queue | str]) -> list[Queue]:
+    items: Iterable[Queue | str] = [queues] if isinstance(queues, (Queue, str)) else queues
+    out = [q if isinstance(q, Queue) else Queue(q) for q in items]
+    if not out:
+        raise QueueError("a worker needs at least one queue")
+    return out
+
+
+def wait_any(db: Database, queues: Sequence[Queue], timeout: float | None, stop: threading.Event) -> bool:
+    """Wait until any queue may have a message ready, ``timeout`` passes or ``stop`` is set.
+
+    One watch per queue; with several, a small thread per watch relays its firing.
+    """
+    fired = threading.Event()
+    watches: list[Watch] = []
+    try:
+        limit = timeout
+        for q in queues:
+            watches.append(watch_queue(db, q.keys))
+            limit = bounded(db, q.keys, limit)
+        if any(w.is_ready() for w in watches):
+            return True
+
+        def relay(w: Watch) -> None:
+            try:
+                if w.wait(None):
+                    fired.set()
+            except QueueError:
+                pass  # cancelled: the wait is over anyway
+
+        for w in watches:
+            threading.Thread(target=relay, args=(w,), daemon=True).start()
+        deadline = None if limit is None else time.monotonic() + limit
+        while not stop.is_set():
+            step = 0.25 if deadline is None else min(0.25, deadline - time.monotonic())
+            if step <= 0:
+                return False
+            if fired.wait(step):
+                return True
+        return False
+    finally:
+        for w in watches:
+            w.cancel()
+
+
+class Worker:
+    """Run ``handler`` over ``queues`` until stopped (see the module docstring)."""
+
+    def __init__(
+        self,
+        db: Database,
+        queues: Queue | str | Iterable[Queue | str],
+        handler: Callable[..., Any],
+        *,
+        mode: str = "lease",
+        concurrency: int = 1,
+        lease_seconds: float | None = None,
+        sweep_interval: float = 5.0,
+        idle_timeout: float = 1.0,
+        prefetch: tuple[int, int] = (1, 256),
+    ) -> None:
+        if mode not in MODES:
+            raise QueueError(f"mode must be one of {MODES}, got {mode!r}")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise QueueError(f"concurrency must be an int >= 1, got {concurrency!r}")
+        if not callable(handler):
+            raise QueueError("handler must be callable")
+        self.db = db
+        self.queues = _as_queues(queues)
+        self.handler = handler
+        self.mode = mode
+        self.concurrency = concurrency
+        self.lease_seconds = lease_seconds
+        self.sweep_interval = sweep_interval
+        self.idle_timeout = idle_timeout
+        self.budget = PrefetchBudget(*prefetch)
+        self.stats = WorkerStats(per_queue={q.name: 0 for q in self.queues})
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._turn = 0
+        self._last_sweep = 0.0
+        self._limit: int | None = None
+
+    # -- control -------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the worker to finish the message in hand and return from :meth:`run`."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def run(
+        self, *, max_messages: int | None = None, until_empty: bool = False, install_signals: bool = False
+    ) -> WorkerStats:
+        """Process messages until :meth:`stop`, SIGTERM/SIGINT (with ``install_signals``),
+        ``max_messages`` handled, or - with ``until_empty`` - nothing is ready or delayed."""
+        self._limit = max_messages
+        self._stop.clear()
+        previous: dict[signal.Signals, Any] = {}
+        if install_signals and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, lambda *_: self.stop())
+        try:
+            if self.mode == "exactly_once":
+                self._run_threads(lambda: self._exactly_once_loop(until_empty))
+            else:
+                self._run_lease(until_empty)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        self.stats.prefetch = self.budget.size
+        self.stats.ingress_rate = self.budget.ingress.tick()
+        self.stats.egress_rate = self.budget.egress.tick()
+        return self.stats
+
+    def _run_threads(self, loop: Callable[[], None]) -> None:
+        threads = [threading.Thread(target=loop, daemon=True) for _ in range(self.concurrency - 1)]
+        for t in threads:
+            t.start()
+        loop()
+        for t in threads:
+            t.join()
+
+    # -- shared --------------------------------------------------------------------------------
+
+    def _rotation(self) -> Iterator[Queue]:
+        """Every queue once, starting one further each round: fair between queues."""
+        with self._lock:
+            start = self._turn
+            self._turn = (self._turn + 1) % len(self.queues)
+        for i in range(len(self.queues)):
+            yield self.queues[(start + i) % len(self.queues)]
+
+    def _count(self, q: Queue, ok: bool) -> bool:
+        """Record one handled message; True when the worker should stop (max_messages)."""
+        with self._lock:
+            if ok:
+                self.stats.processed += 1
+                self.stats.per_queue[q.name] += 1
+            else:
+                self.stats.failed += 1
+            self.budget.egress.add()
+            done = self.stats.processed + self.stats.failed
+            if self._limit is not None and done >= self._limit:
+                self._stop.set()
+                return True
+        return False
+
+    def _maybe_sweep(self) -> None:
+        now = time.monotonic()
+        if now - self._last_sweep < self.sweep_interval:
+            return
+        self._last_sweep = now
+        for q in self.queues:
+            try:
+                st = q.sweep(self.db)
+                self.stats.swept += st.total()
+            except QueueError as exc:
+                log.warning("sweep of %r failed: %s", q.name, exc)
+
+    def _idle(self, until_empty: bool) -> None:
+        """Nothing was ready: sweep if due, then wait on the queues' watches."""
+        self._maybe_sweep()
+        if until_empty and self._drained():
+            self._stop.set()
+            return
+        woke = wait_any(self.db, self.queues, self.idle_timeout, self._stop)
+        with self._lock:
+            self.stats.wakeups += woke
+
+    def _drained(self) -> bool:
+        from fdbqueue.admin import queue_stats
+
+        for q in self.queues:
+            st = queue_stats(self.db, q.name, root=q.root)
+            if st.ready or st.delayed or st.inflight:
+                return False
+        return True
+
+    # -- exactly once --------------------------------------------------------------------------
+
+    def _exactly_once_loop(self, until_empty: bool) -> None:
+        @transactional
+        def step(tr: Any, q: Queue) -> Message | None:
+            m = q.dequeue(tr)
+            if m is not None:
+                self.handler(tr, m)
+            return m
+
+        while not self.stopping:
+            progressed = False
+            for q in self._rotation():
+                if self.stopping:
+                    return
+                try:
+                    m = step(self.db, q)
+                except Exception as exc:  # the handler failed: its transaction rolled back
+                    log.warning("handler failed on %r: %s", q.name, exc)
+                    progressed = True
+                    if self._count(q, False):
+                        return
+                    continue
+                if m is not None:
+                    progressed = True
+                    if self._count(q, True):
+                        return
+            if not progressed:
+                self._idle(until_empty)
+
+    # -- lease mode ----------------------------------------------------------------------------
+
+    def _run_lease(self, until_empty: bool) -> None:
+        buffer: deque[tuple[Queue, Message]] = deque()
+        cond = threading.Condition()
+        busy = [0]
+
+        def handle_loop() -> None:
+            while True:
+                with cond:
+                    while not buffer and not self.stopping:
+                        cond.wait(0.25)
+                    if self.stopping:
+                        return
+                    q, m = buffer.popleft()
+                    busy[0] += 1
+                    cond.notify_all()
+                try:
+                    self._handle_leased(q, m)
+                finally:
+                    with cond:
+                        busy[0] -= 1
+                        cond.notify_all()
+
+        handlers = [threading.Thread(target=handle_loop, daemon=True) for _ in range(self.concurrency)]
+        for t in handlers:
+            t.start()
+        try:
+            while not self.stopping:
+                with cond:
+                    want = self.budget.size - len(buffer)
+                    if want <= 0:
+                        cond.wait(0.05)
+                        continue
+                got = self._fetch(want)
+                if got:
+                    with cond:
+                        buffer.extend(got)
+                        cond.notify_all()
+                    continue
+                with cond:
+                    idle = not buffer and busy[0] == 0
+                if idle:
+                    self._idle(until_empty)
+                else:
+                    with cond:
+                        cond.wait(0.05)
+        finally:
+            self._stop.set()
+            with cond:
+                cond.notify_all()
+            for t in handlers:
+                t.join()
+            for q, m in buffer:  # prefetched, never started: back without counting a delivery
+                try:
+                    q.release(self.db, m)
+                    self.stats.released += 1
+                except QueueError as exc:
+                    log.warning("could not release %s: %s", m.id, exc)
+
+    def _fetch(self, want: int) -> list[tuple[Queue, Message]]:
+        got: list[tuple[Queue, Message]] = []
+        for q in self._rotation():
+            n = min(want - len(got), IO_BATCH)
+            if n <= 0 or self.stopping:
+                break
+            got.extend((q, m) for m in q.lease_many(self.db, n, self.lease_seconds))
+        self.budget.ingress.add(len(got))
+        return got
+
+    def _handle_leased(self, q: Queue, m: Message) -> None:
+        if m.lease_deadline is not None:
+            left = m.lease_deadline - time.time()
+            lease = self.lease_seconds or max(1.0, 2 * left)
+            if left < lease / 2:  # sat in the prefetch buffer: renew before starting
+                try:
+                    m = q.extend(self.db, m, lease)
+                except QueueError:
+                    return  # lost while waiting: the sweep hands it out again
+        try:
+            self.handler(m)
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            try:
+                q.nack(self.db, m, reason=reason[:500])
+            except QueueError as err:
+                log.warning("could not nack %s: %s", m.id, err)
+            self._count(q, False)
+            return
+        try:
+            q.ack(self.db, m)
+        except QueueError as err:
+            log.warning("could not ack %s: %s", m.id, err)
+            return
+        self._count(q, True)

@@ -1,0 +1,399 @@
+"""The ``fdbqueue`` command: every subcommand in-process, the entry points as real processes."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+import fdbqueue
+from fdbqueue.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+Run = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture
+def url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.delenv("FDBQUEUE_URL", raising=False)
+    return f"sqlite://{tmp_path / 'q.db'}?sync=normal"
+
+
+@pytest.fixture
+def db(url: str) -> Iterator[fdbqueue.Database]:
+    database = fdbqueue.open(url)
+    yield database
+    database.close()
+
+
+@pytest.fixture
+def run(url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Run:
+    """``run(*argv, stdin=None)`` -> (exit code, stdout, stderr), in this process."""
+
+    def call(*argv: str, stdin: bytes | None = None) -> tuple[int, str, str]:
+        if stdin is not None:
+            monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+        code = main(["--url", url, *argv])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return call
+
+
+def one_line_error(err: str, *fragments: str) -> None:
+    assert err.startswith("fdbqueue: error: "), err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    for f in fragments:
+        assert f in err, (f, err)
+
+
+# -- queue management --------------------------------------------------------------------------
+
+
+def test_help_documents_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "exit codes" in out and "runtime failure" in out and "usage or bad input" in out
+    for cmd in ["create", "delete", "list", "stats", "enqueue", "dequeue", "peek", "browse", "get"]:
+        assert cmd in out
+    assert main(["worker", "--help"]) == 0
+    assert "MODULE:FUNCTION" in capsys.readouterr().out
+
+
+def test_create_update_and_json(run: Run, db: fdbqueue.Database) -> None:
+    code, out, _ = run("create", "jobs", "--max-size", "10", "--overflow", "block", "--retry-delay", "0.5",
+                       "--ttl", "60", "--strict-order", "--error-queue", "dead", "--max-payload", "4096")  # fmt: skip
+    assert code == 0 and "created" in out and "max_size" in out
+    cfg = fdbqueue.queue_config(db, "jobs")
+    assert (cfg.max_size, cfg.overflow, cfg.retry_delay, cfg.ttl) == (10, "block", 0.5, 60.0)
+    assert cfg.strict_order and cfg.error_queue == "dead" and cfg.max_payload == 4096
+    # An update changes only what it names; "none" clears a limit.
+    code, out, _ = run("create", "jobs", "--max-size", "none", "--no-strict-order", "--json")
+    settings = json.loads(out)
+    assert code == 0 and settings["name"] == "jobs" and settings["max_size"] is None
+    assert settings["strict_order"] is False and settings["ttl"] == 60.0 and settings["overflow"] == "block"
+
+
+def test_create_rejects_bad_settings(run: Run) -> None:
+    for argv in (["--max-size", "0"], ["--max-size", "ten"], ["--retry-delay", "-1"], ["--ttl", "nan"],
+                 ["--overflow", "drop"]):  # fmt: skip
+        code, _, err = run("create", "jobs", *argv)
+        assert code == 2 and "usage:" in err, argv
+    code, _, err = run("create", "jobs", "--retry-backoff", "0")  # refused by QueueConfig itself
+    assert code == 2
+    one_line_error(err, "retry_backoff")
+    code, _, err = run("create", "")
+    assert code == 2
+    one_line_error(err, "queue name")
+
+
+def test_list_stats_delete(run: Run, db: fdbqueue.Database) -> None:
+    assert run("list") == (0, "no queues\n", "")
+    assert run("list", "--json")[1] == "[]\n"
+    fdbqueue.Queue("a").enqueue_many(db, ["x", "y"])
+    fdbqueue.Queue("b").enqueue(db, "z", delay=60)
+    fdbqueue.stop_queue(db, "b")
+    code, out, _ = run("list")
+    assert code == 0
+    lines = [line for line in out.splitlines() if " a " in line or " b " in line]
+    assert len(lines) == 2 and "running" in lines[0] and "paused" in lines[1]
+    rows = {r["name"]: r for r in json.loads(run("list", "--json")[1])}
+    assert (rows["a"]["ready"], rows["b"]["delayed"], rows["b"]["state"]) == (2, 1, "paused")
+
+    code, out, _ = run("stats", "a")
+    assert code == 0 and "ready (depth)" in out and "oldest age" in out and "rate" not in out
+    code, out, _ = run("stats", "a", "--json", "--interval", "0.05")
+    st = json.loads(out)
+    assert st["ready"] == 2 and st["enqueue_rate"] == 0.0 and st["oldest_age"] >= 0
+    code, out, _ = run("stats", "a", "--interval", "0.05")
+    assert "enqueue rate" in out and "done rate" in out
+
+    code, _, err = run("delete", "a")
+    assert code == 2
+    one_line_error(err, "holds 2 message", "--yes")
+    assert run("delete", "a", "--yes")[0] == 0
+    fdbqueue.create_queue(db, "empty")
+    code, out, _ = run("delete", "empty")
+    assert code == 0 and "deleted queue 'empty'" in out
+    assert fdbqueue.list_queues(db) == ["b"]
+
+
+@pytest.mark.parametrize("command", [["stats"], ["delete", "--yes"], ["purge", "--yes"], ["pause"],
+                                     ["resume"], ["sweep"], ["peek"], ["dequeue"], ["browse"], ["get", "x"]])  # fmt: skip
+def test_unknown_queue_is_exit_1(run: Run, command: list[str]) -> None:
+    code, out, err = run(command[0], "nope", *command[1:])
+    assert code == 1 and out == ""
+    one_line_error(err, "no queue named 'nope'")
+
+
+# -- enqueue -----------------------------------------------------------------------------------
+
+
+def test_enqueue_arguments_headers_and_options(run: Run, db: fdbqueue.Database) -> None:
+    code, out, _ = run("enqueue", "jobs", "one", "two", "--priority", "3", "--header", "k=v",
+                       "--header", "n:=5", "--header", "flag:=true", "--ttl", "60")  # fmt: skip
+    ids = out.split()
+    assert code == 0 and len(ids) == 2
+    m = fdbqueue.Queue("jobs").get(db, ids[0])
+    assert m is not None and m.text() == "one" and m.priority == 3
+    assert dict(m.headers) == {"k": "v", "n": 5, "flag": True} and m.expires_at is not None
+    code, out, _ = run("enqueue", "jobs", '{"a": [1, 2]}', "--json", "--delay", "30")
+    later = fdbqueue.Queue("jobs").get(db, out.strip())
+    assert later is not None and later.json() == {"a": [1, 2]}
+    assert fdbqueue.queue_stats(db, "jobs").delayed == 1
+    first = run("enqueue", "jobs", "once", "--dedup-key", "k1")[1]
+    assert run("enqueue", "jobs", "again", "--dedup-key", "k1")[1] == first
+    code, _, err = run("enqueue", "jobs", "a", "b", "--dedup-key", "k2")
+    assert code == 2
+    one_line_error(err, "single message")
+
+
+def test_enqueue_stdin_lines_batches_and_progress(run: Run, db: fdbqueue.Database) -> None:
+    lines = b"".join(b"line %d\r\n" % i for i in range(1200)) + b"\n   \n"
+    code, out, err = run("enqueue", "bulk", "--quiet", "--progress", stdin=lines)
+    assert (code, out) == (0, "1200\n")
+    got = [m.text() for m in fdbqueue.Queue("bulk").browse(db)]
+    assert got == [f"line {i}" for i in range(1200)]  # in order, blank lines skipped, CR stripped
+    code, out, _ = run("enqueue", "bulk", "--json-lines", stdin=b'{"n": 1}\n\n[2]\n"three"\n')
+    ids = out.split()
+    assert code == 0 and len(ids) == 3
+    got_back = [fdbqueue.Queue("bulk").get(db, i) for i in ids]
+    assert [m.json() for m in got_back[:2] if m] == [{"n": 1}, [2]]
+    # A JSON string becomes a text message: the API has no way to mark a str as JSON.
+    assert got_back[2] is not None and got_back[2].content_type is fdbqueue.ContentType.TEXT
+
+
+def test_enqueue_bad_input_writes_nothing(run: Run, db: fdbqueue.Database) -> None:
+    good = b"".join(b'{"n": %d}\n' % i for i in range(700))
+    code, out, err = run("enqueue", "jobs", "--json-lines", stdin=good + b"{broken\n" + good)
+    assert code == 2 and out == ""
+    one_line_error(err, "line 701", "invalid JSON")
+    code, _, err = run("enqueue", "jobs", "--json-lines", stdin=b"1\nNaN\n")
+    assert code == 2
+    one_line_error(err, "line 2")
+    code, _, err = run("enqueue", "jobs", "--json", "{'single': 1}")
+    assert code == 2
+    one_line_error(err, "argument 1", "invalid JSON")
+    code, _, err = run("enqueue", "jobs", stdin=b"ok\n\xff\xfe\n")
+    assert code == 2
+    one_line_error(err, "line 2", "UTF-8")
+    code, _, err = run("enqueue", "jobs", stdin=b"\n\n")
+    assert code == 2
+    one_line_error(err, "nothing to enqueue")
+    for header in ("novalue", "=v", "x:=nope"):
+        code, _, err = run("enqueue", "jobs", "p", "--header", header)
+        assert code == 2
+        one_line_error(err, "bad header")
+    assert run("enqueue", "jobs", "p", "--priority", "high")[0] == 2
+    code, _, err = run("enqueue", "jobs", "p", "--priority", str(2**40))
+    assert code == 2
+    one_line_error(err, "priority")
+    fdbqueue.create_queue(db, "small", max_payload=10)
+    code, _, err = run("enqueue", "small", stdin=b"short\n" + b"x" * 11 + b"\n")
+    assert code == 2
+    one_line_error(err, "line 2", "max_payload of 10", "nothing was enqueued")
+    assert fdbqueue.list_queues(db) == ["small"] and fdbqueue.queue_stats(db, "small").enqueued == 0
+
+
+def test_enqueue_stopped_or_full_queue(run: Run, db: fdbqueue.Database) -> None:
+    fdbqueue.create_queue(db, "capped", max_size=600)
+    code, out, err = run("enqueue", "capped", stdin=b"".join(b"m%d\n" % i for i in range(1000)))
+    assert code == 1 and len(out.split()) == 500  # the first batch went in; its ids are printed
+    one_line_error(err, "full", "first 500 of 1000", "through line 500")
+    assert fdbqueue.queue_stats(db, "capped").ready == 500
+    fdbqueue.set_state(db, "capped", enqueue=False)
+    code, _, err = run("enqueue", "capped", "x")
+    assert code == 1
+    one_line_error(err, "enqueue is disabled")
+
+
+def test_binary_payload_and_message_output(run: Run, db: fdbqueue.Database) -> None:
+    mid = run("enqueue", "bin", "--raw", stdin=b"\x00\xffbinary")[1].strip()
+    code, out, _ = run("get", "bin", mid)
+    assert code == 0 and f"id           {mid}" in out and "<binary, 8 bytes> base64:AP9iaW5hcnk=" in out
+    doc = json.loads(run("peek", "bin", "--json")[1])
+    assert (doc["payload"], doc["payload_encoding"], doc["content_type"]) == ("AP9iaW5hcnk=", "base64", "bytes")
+    assert run("enqueue", "bin", "x", "--raw")[0] == 2  # --raw reads stdin, takes no PAYLOAD
+
+
+# -- reading messages --------------------------------------------------------------------------
+
+
+def test_dequeue_peek_get_browse(run: Run, db: fdbqueue.Database) -> None:
+    q = fdbqueue.Queue("jobs")
+    low = q.enqueue(db, "low [b]markup[/b]", headers={"h": "1"})
+    high = q.enqueue(db, {"n": 1}, priority=5)
+    code, out, _ = run("browse", "jobs")
+    assert code == 0 and out.index(high) < out.index(low) and "[b]markup[/b]" in out
+    assert [json.loads(line)["id"] for line in run("browse", "jobs", "--json")[1].splitlines()] == [high, low]
+    assert len(run("browse", "jobs", "--json", "--limit", "1")[1].splitlines()) == 1
+    code, out, _ = run("peek", "jobs")
+    assert code == 0 and f"id           {high}" in out and "deliveries   0" in out and 'payload      {"n":1}' in out
+    code, out, _ = run("get", "jobs", low)
+    assert code == 0 and 'headers      {"h": "1"}' in out and "payload      low [b]markup[/b]" in out
+    code, _, err = run("get", "jobs", "0" * 32)
+    assert code == 1
+    one_line_error(err, "no message")
+    doc = json.loads(run("dequeue", "jobs", "--json")[1])
+    assert doc["id"] == high and doc["payload"] == {"n": 1} and doc["payload_encoding"] == "json"
+    assert doc["deliveries"] == 1 and doc["priority"] == 5
+    assert run("dequeue", "jobs", "--payload-only")[:2] == (0, "low [b]markup[/b]")
+    assert run("dequeue", "jobs") == (3, "", "queue 'jobs' has no message ready\n")
+    assert run("dequeue", "jobs", "--json", "--timeout", "0.1")[:2] == (3, "null\n")
+    assert run("peek", "jobs", "--json")[:2] == (3, "null\n")
+    assert run("browse", "jobs")[:2] == (0, "queue 'jobs' has no message ready\n")
+
+
+def test_sweep_purge_pause_resume(run: Run, db: fdbqueue.Database) -> None:
+    q = fdbqueue.Queue("jobs")
+    q.enqueue(db, "later", delay=0.05)
+    q.enqueue(db, "now")
+    time.sleep(0.1)
+    code, out, _ = run("sweep", "jobs", "--json")
+    assert code == 0 and json.loads(out)["delayed"] == 1
+    assert "leases" in run("sweep", "jobs")[1]
+    assert run("pause", "jobs", "--dequeue")[1] == "queue 'jobs': enqueue running, dequeue paused\n"
+    code, _, err = run("dequeue", "jobs")
+    assert code == 1
+    one_line_error(err, "dequeue is disabled")
+    assert run("pause", "jobs")[1] == "queue 'jobs': enqueue paused, dequeue paused\n"
+    assert run("resume", "jobs", "--enqueue")[1] == "queue 'jobs': enqueue running, dequeue paused\n"
+    assert run("resume", "jobs")[1] == "queue 'jobs': enqueue running, dequeue running\n"
+    code, _, err = run("purge", "jobs")
+    assert code == 2
+    one_line_error(err, "--yes")
+    assert run("purge", "jobs", "--yes")[:2] == (0, "purged 2 message(s) from queue 'jobs'\n")
+    assert fdbqueue.queue_stats(db, "jobs").ready == 0
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("bad_url", "fragment"),
+    [("bogus://x", "unknown engine"), ("sqlite://", "names no file"), ("nonsense", "malformed")],
+)
+def test_bad_urls(bad_url: str, fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--url", bad_url, "list"]) == 2
+    one_line_error(capsys.readouterr().err, fragment)
+    assert main(["stats", "jobs", "--url", bad_url]) == 2  # --url after the subcommand too
+    one_line_error(capsys.readouterr().err, fragment)
+
+
+def test_usage_errors_exit_2(run: Run) -> None:
+    for argv in (["frobnicate"], ["dequeue", "q", "--timeout", "soon"], ["browse", "q", "--limit", "-1"],
+                 ["stats"], ["worker", "q"], ["worker", "q", "--handler", "m:f", "--concurrency", "0"]):  # fmt: skip
+        code, out, err = run(*argv)
+        assert code == 2 and out == "" and "usage:" in err and "Traceback" not in err, argv
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        ("no_colon", "module:function"),
+        (":f", "module:function"),
+        ("no_such_module_xyz:f", "cannot import handler module 'no_such_module_xyz'"),
+        ("tests.cli_handlers:missing", "has no attribute 'missing'"),
+        ("tests.cli_handlers:NOT_CALLABLE", "not callable"),
+        ("tests.cli_broken_handler:f", "RuntimeError: this module is broken on purpose"),
+    ],
+)
+def test_bad_handler_spec(run: Run, spec: str, fragment: str) -> None:
+    code, out, err = run("worker", "jobs", "--handler", spec)
+    assert code == 2 and out == ""
+    one_line_error(err, fragment)
+
+
+# -- worker and demo ---------------------------------------------------------------------------
+
+
+def test_worker_in_process_until_empty(run: Run, db: fdbqueue.Database, tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    ids = fdbqueue.Queue("a").enqueue_many(db, [b"1", b"2", b"3"]) + [fdbqueue.Queue("b").enqueue(db, b"4")]
+    code, out, _ = run("worker", "a", "b", "--handler", "tests.cli_handlers:in_transaction",
+                       "--mode", "exactly-once", "--until-empty", "--json")  # fmt: skip
+    stats = json.loads(out)
+    assert code == 0 and stats["processed"] == 4 and stats["per_queue"] == {"a": 3, "b": 1}
+    assert all(db.get(b"cli_handlers/" + i.encode()) for i in ids)  # type: ignore[attr-defined]
+    monkeypatch.setenv("CLI_HANDLER_LOG", str(tmp_path / "log"))
+    fdbqueue.Queue("a").enqueue(db, "x")
+    code, out, _ = run("worker", "a", "--handler", "tests.cli_handlers:record", "--max-messages", "1")
+    assert code == 0 and "processed" in out and (tmp_path / "log").read_text().count("\n") == 1
+
+
+def test_demo(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--url", url, "demo", "--messages", "20", "--producers", "1", "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "processed exactly once" in out and "OK" in out
+
+
+# -- real processes: the entry points ----------------------------------------------------------
+
+
+def cli(*argv: str, env: dict[str, str] | None = None, script: bool = False,
+        stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:  # fmt: skip
+    cmd = [str(BIN / "fdbqueue")] if script else [sys.executable, "-m", "fdbqueue"]
+    return subprocess.run([*cmd, *argv], input=stdin, capture_output=True, cwd=ROOT, env=env, timeout=60)
+
+
+def test_entry_points(tmp_path: Path) -> None:
+    env = {**os.environ, "FDBQUEUE_URL": f"sqlite://{tmp_path / 'env.db'}"}
+    r = cli("--version")
+    assert r.returncode == 0 and b"fdbqueue" in r.stdout
+    r = cli("enqueue", "jobs", "--json-lines", env=env, script=True, stdin=b'{"a": 1}\n')
+    assert r.returncode == 0 and len(r.stdout.split()) == 1
+    r = cli("dequeue", "jobs", "--json", env=env)
+    assert r.returncode == 0 and json.loads(r.stdout)["payload"] == {"a": 1}
+    r = cli("dequeue", "jobs", env=env, script=True)
+    assert r.returncode == 3
+    r = cli("--url", "bogus://x", "list", script=True)
+    assert r.returncode == 2 and r.stderr.startswith(b"fdbqueue: error: unknown engine")
+    assert b"Traceback" not in r.stderr and r.stderr.count(b"\n") == 1
+    r = cli("stats", "missing", env=env)
+    assert r.returncode == 1 and r.stderr == b"fdbqueue: error: no queue named 'missing'\n"
+
+
+def test_worker_process_stops_on_sigterm_and_loses_nothing(tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path / 'w.db'}?sync=normal"
+    log = tmp_path / "processed.log"
+    env = {**os.environ, "FDBQUEUE_URL": url, "CLI_HANDLER_LOG": str(log), "CLI_HANDLER_SLEEP": "0.002"}
+    first = cli("enqueue", "work", *[f"m{i}" for i in range(50)], env=env).stdout.decode().split()
+    assert len(first) == 50
+    proc = subprocess.Popen(
+        [str(BIN / "fdbqueue"), "worker", "work", "--handler", "tests.cli_handlers:record",
+         "--concurrency", "2", "--sweep-interval", "0.5"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (not log.exists() or len(log.read_text().split()) < 50):
+            time.sleep(0.05)
+        assert set(log.read_text().split()) == set(first)
+        # More work arriving as the worker is told to stop: each is processed or still queued.
+        second = cli("enqueue", "work", *[f"n{i}" for i in range(200)], env=env).stdout.decode().split()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err.decode()
+    assert b"worker stopped" in out and b"processed" in out
+    processed = log.read_text().split()
+    assert len(processed) == len(set(processed))  # and none twice
+    db = fdbqueue.open(url)
+    try:
+        q = fdbqueue.Queue("work")
+        still = {m.id for m in q.browse(db)} | {i for i in second if q.get(db, i) is not None}
+        assert set(first) | set(second) <= set(processed) | still
+        assert fdbqueue.queue_stats(db, "work").inflight == 0  # prefetched leases were released
+    finally:
+        db.close()
