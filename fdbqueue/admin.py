@@ -136,15 +136,15 @@ class QueueStats:
     inflight: int
     delayed: int
     errors: int  # messages waiting in the queue's error queue
-    enqueued: int  # totals since creation
-    done: int
+    made_ready: int  # totals since creation: enqueued, retried or promoted messages...
+    done: int  # ...and messages consumed (dequeued or acked)
     dead: int
     expired: int
     oldest_age: float | None  # seconds the oldest ready message has waited
     enqueue_enabled: bool
     dequeue_enabled: bool
-    enqueue_rate: float | None = None  # messages/s over the sampled interval
-    done_rate: float | None = None
+    ready_rate: float | None = None  # messages/s made ready, over the sampled interval
+    done_rate: float | None = None  # messages/s consumed
 
 
 def queue_stats(tr: Transaction | Database, name: str, *, root: tuple[Any, ...] = DEFAULT_ROOT) -> QueueStats:
@@ -162,7 +162,7 @@ def queue_stats(tr: Transaction | Database, name: str, *, root: tuple[Any, ...] 
 
         oldest: int | None = None
         for marker in snap.get_range(*keys.priority_marker_range()):
-            p = -int(keys.unpack_tail(marker.key)[1])
+            p = keys.parse_marker(marker.key)
             head = snap.get_range(*keys.priority_range(p), limit=1)
             if head:
                 at = Record.decode(head[0].value).enqueued_us
@@ -175,7 +175,7 @@ def queue_stats(tr: Transaction | Database, name: str, *, root: tuple[Any, ...] 
             inflight=count("inflight"),
             delayed=count("delayed"),
             errors=count("ready", ekeys),
-            enqueued=count("enqueued"),
+            made_ready=count("wake"),
             done=count("done"),
             dead=count("dead"),
             expired=count("expired"),
@@ -198,12 +198,12 @@ def queue_rates(
     dt = time.monotonic() - start
     return dataclasses.replace(
         second,
-        enqueue_rate=(second.enqueued - first.enqueued) / dt,
+        ready_rate=(second.made_ready - first.made_ready) / dt,
         done_rate=(second.done - first.done) / dt,
     )
 
 
-_MESSAGE_TAGS = ("r", "id", "b", "f", "l", "d", "x", "k", "kt", "pop", "res", "rc", "pri")
+_MESSAGE_TAGS = ("r", "id", "b", "f", "l", "d", "x", "k", "kt", "pop", "res", "rc")
 
 
 def purge_queue(tr: Transaction | Database, name: str, *, root: tuple[Any, ...] = DEFAULT_ROOT) -> int:
@@ -223,6 +223,7 @@ def purge_queue(tr: Transaction | Database, name: str, *, root: tuple[Any, ...] 
         for tag in _MESSAGE_TAGS:
             r = keys.q.range((tag,))
             t.clear_range(r.start, r.stop)
+        t.clear_range(*keys.priority_marker_range())
         return removed
 
     return run_once(tr, body)

@@ -37,12 +37,12 @@ def browse(queue: Queue, tr: Transaction | Database, *, limit: int | None, batch
     def page(t: Transaction, _: bool) -> list[Message]:
         nonlocal pos, mark
         if mark is None:
-            mark = unpack_count(t.snapshot.get(keys.hwm))
+            mark = unpack_count(t.snapshot.get(keys.wake))
         late: list[KeyValue] = []
         if pos is not None:
             cur = keys.parse_ready(pos)[0]
             for marker in t.snapshot.get_range(*keys.priority_marker_range()):
-                p = -keys.unpack_tail(marker.key)[1]
+                p = keys.parse_marker(marker.key)
                 if p <= cur:
                     break  # markers sort by -priority: the rest are not behind the cursor
                 start = max(seen_upto.get(p, mark), mark) + 1

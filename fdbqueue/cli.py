@@ -10,6 +10,7 @@ import datetime
 import functools
 import importlib
 import json
+import logging
 import math
 import os
 import sys
@@ -224,22 +225,22 @@ def _headers(pairs: Sequence[str] | None) -> dict[str, Any] | None:
 
 # -- commands --------------------------------------------------------------------------------------
 
-S = {"metavar": "S"}
+_S = {"metavar": "S"}
 _CREATE_OPTIONS: list[tuple[str, dict[str, Any], str]] = [
     ("--max-size", {"type": _parser(int, 1, "a whole number >= 1 or none", none=True)},
      "most messages held (none: no limit)"),
     ("--overflow", {"choices": ("reject", "block")}, "when full: refuse, or wait (enqueue --timeout)"),
     ("--max-deliveries", {"type": _positive}, "deliveries before the error queue"),
     ("--error-queue", {"metavar": "Q"}, "dead-letter queue ('': NAME.error)"),
-    ("--retry-delay", {"type": _seconds, **S}, "wait before a retry"),
+    ("--retry-delay", {"type": _seconds, **_S}, "wait before a retry"),
     ("--retry-backoff", {"type": _number, "metavar": "F"}, "retry delay multiplier per delivery"),
-    ("--max-retry-delay", {"type": _seconds, **S}, "longest retry delay"),
-    ("--lease-seconds", {"type": _seconds, **S}, "worker-mode lease"),
-    ("--ttl", {"type": _parser(float, 0, "seconds >= 0 or none", none=True), **S}, "lifetime (none)"),
+    ("--max-retry-delay", {"type": _seconds, **_S}, "longest retry delay"),
+    ("--lease-seconds", {"type": _seconds, **_S}, "worker-mode lease"),
+    ("--ttl", {"type": _parser(float, 0, "seconds >= 0 or none", none=True), **_S}, "lifetime (none)"),
     ("--expiry-action", {"choices": ("error", "discard")}, "expired messages: error queue, or dropped"),
     ("--strict-order", {"action": argparse.BooleanOptionalAction}, "one delivery at a time, in order"),
     ("--max-payload", {"type": _positive, "metavar": "B"}, "largest payload, bytes"),
-    ("--dedup-window", {"type": _seconds, **S}, "how long a --dedup-key is remembered"),
+    ("--dedup-window", {"type": _seconds, **_S}, "how long a --dedup-key is remembered"),
 ]  # fmt: skip
 _SETTINGS = [flag[2:].replace("-", "_") for flag, _, _ in _CREATE_OPTIONS]
 
@@ -263,12 +264,9 @@ def _cmd_create(db: fdbqueue.Database, args: argparse.Namespace) -> int:
     return 0
 
 
-def _held(st: fdbqueue.QueueStats) -> int:
-    return st.ready + st.inflight + st.delayed
-
-
 def _cmd_delete(db: fdbqueue.Database, args: argparse.Namespace) -> int:
-    held = _held(fdbqueue.queue_stats(db, args.name))
+    st = fdbqueue.queue_stats(db, args.name)
+    held = st.ready + st.inflight + st.delayed
     if held and not args.yes:
         raise CommandError(f"queue {args.name!r} holds {held} message(s); pass --yes to delete it anyway")
     fdbqueue.destroy_queue(db, args.name)
@@ -277,11 +275,8 @@ def _cmd_delete(db: fdbqueue.Database, args: argparse.Namespace) -> int:
 
 
 def _state(st: fdbqueue.QueueStats) -> str:
-    if st.enqueue_enabled and st.dequeue_enabled:
-        return "running"
-    if not st.enqueue_enabled and not st.dequeue_enabled:
-        return "paused"
-    return "enqueue paused" if not st.enqueue_enabled else "dequeue paused"
+    names = {(True, True): "running", (False, False): "paused", (False, True): "enqueue paused"}
+    return names.get((st.enqueue_enabled, st.dequeue_enabled), "dequeue paused")
 
 
 def _cmd_list(db: fdbqueue.Database, args: argparse.Namespace) -> int:
@@ -302,6 +297,9 @@ def _cmd_list(db: fdbqueue.Database, args: argparse.Namespace) -> int:
     return 0
 
 
+_STAT_LABELS = {"ready": "ready (depth)", "inflight": "in flight", "errors": "errors (in error queue)"}
+
+
 def _cmd_stats(db: fdbqueue.Database, args: argparse.Namespace) -> int:
     if args.interval > 0:
         st = fdbqueue.queue_rates(db, args.name, interval=args.interval)
@@ -310,14 +308,17 @@ def _cmd_stats(db: fdbqueue.Database, args: argparse.Namespace) -> int:
     if args.json:
         _print_json(dataclasses.asdict(st))
         return 0
-    labels = dict(ready="ready (depth)", inflight="in flight", errors="errors (in error queue)")
-    labels.update(enqueued="enqueued (total)", done="done (total)")
-    names = ["ready", "inflight", "delayed", "errors", "dead", "expired", "enqueued", "done"]
-    rows: list[tuple[str, object]] = [(labels.get(n, n), getattr(st, n)) for n in names]
-    rows += [("oldest age", _age(st.oldest_age)), ("state", _state(st))]
-    for label, rate in (("enqueue rate", st.enqueue_rate), ("done rate", st.done_rate)):
-        if rate is not None:
-            rows.append((label, f"{rate:,.1f} msg/s"))
+    # Every field QueueStats has, so that figures added to it show up here without a change.
+    rows: list[tuple[str, object]] = []
+    for key, value in dataclasses.asdict(st).items():
+        label = _STAT_LABELS.get(key, key.replace("_", " "))
+        if key.endswith("_rate"):
+            rows += [] if value is None else [(label, f"{value:,.1f} msg/s")]
+        elif key.endswith("_age"):
+            rows.append((label, _age(value)))
+        elif key not in ("name", "enqueue_enabled", "dequeue_enabled"):
+            rows.append((label, value))
+    rows.append(("state", _state(st)))
     _print_pairs(rows, title=f"queue {st.name!r}")
     return 0
 
@@ -449,11 +450,9 @@ def _show_or_empty(m: fdbqueue.Message | None, args: argparse.Namespace) -> int:
 
 
 def _cmd_dequeue(db: fdbqueue.Database, args: argparse.Namespace) -> int:
-    return _show_or_empty(_existing(db, args.name).dequeue(db, timeout=args.timeout), args)
-
-
-def _cmd_peek(db: fdbqueue.Database, args: argparse.Namespace) -> int:
-    return _show_or_empty(_existing(db, args.name).peek(db), args)
+    """``dequeue`` and ``peek``."""
+    q = _existing(db, args.name)
+    return _show_or_empty(q.peek(db) if args.command == "peek" else q.dequeue(db, timeout=args.timeout), args)
 
 
 def _cmd_get(db: fdbqueue.Database, args: argparse.Namespace) -> int:
@@ -548,7 +547,12 @@ def _load_handler(spec: str) -> Callable[..., Any]:
 
 def _cmd_worker(db: fdbqueue.Database, args: argparse.Namespace) -> int:
     handler = _load_handler(args.handler)
-    from fdbqueue.worker import Worker
+    from fdbqueue import Worker  # public API
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    missing = sorted(set(args.names) - set(fdbqueue.list_queues(db)))
+    if missing:  # a typo would otherwise wait silently forever
+        print(f"fdbqueue: warning: no queue named {', '.join(missing)} yet; waiting", file=sys.stderr)
 
     worker = Worker(
         db,
@@ -573,25 +577,25 @@ def _cmd_worker(db: fdbqueue.Database, args: argparse.Namespace) -> int:
     return 0
 
 
+_DEMO_FIELDS = [("enqueued", "messages"), ("processed exactly once", "processed_once")]
+_DEMO_FIELDS += [("processed twice", "duplicates"), ("lost", "missing")]
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from fdbqueue.demo import run_demo
 
     url = args.url or os.environ.get("FDBQUEUE_URL")  # None: the demo makes a fresh temporary store
     print(
         f"fdbqueue demo: {args.producers} producer and {args.workers} worker processes, "
-        f"{args.messages} messages, exactly-once processing on the embedded engine"
+        f"{args.messages} messages, exactly-once processing"
     )
     r = run_demo(url, messages=args.messages, producers=args.producers, workers=args.workers)
-    messages, secs = getattr(r, "messages", args.messages), getattr(r, "seconds", 0.0)
-    rows: list[tuple[str, object]] = [
-        ("messages enqueued", messages),
-        ("processed exactly once", getattr(r, "processed_once", "-")),
-        ("processed twice or more", getattr(r, "duplicates", "-")),
-        ("lost", getattr(r, "missing", "-")),
-        ("wall time", f"{secs:.2f} s"),
-        ("throughput", f"{messages / secs:,.0f} msg/s" if secs else "-"),
-        ("latency p50 / p99", f"{getattr(r, 'p50_ms', 0.0):.1f} / {getattr(r, 'p99_ms', 0.0):.1f} ms"),
-    ]
+    if callable(getattr(r, "rows", None)):
+        rows: list[tuple[str, object]] = list(r.rows())  # the result knows how to present itself
+    else:
+        secs = getattr(r, "seconds", 0.0)
+        rows = [(label, getattr(r, name, "-")) for label, name in _DEMO_FIELDS]
+        rows += [("wall time", f"{secs:.2f} s")]
     _print_pairs(rows)
     ok = bool(getattr(r, "ok", False))
     print("OK: every message processed exactly once" if ok else "FAILED: see the counts above")
@@ -661,7 +665,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("dequeue", _cmd_dequeue, "remove and print the next message")
     p.add_argument("--timeout", type=_seconds, default=None, metavar="S", help="wait up to S seconds")
     message_output(p)
-    p = add("peek", _cmd_peek, "print the next message without removing it")
+    p = add("peek", _cmd_dequeue, "print the next message without removing it")
     message_output(p)
     p = add("browse", _cmd_browse, "list ready messages in dequeue order (JSON Lines with --json)")
     p.add_argument("--limit", type=_count, default=100, help="at most N messages (0: all; default 100)")
@@ -701,8 +705,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (see EPILOG)."""
+    parser = build_parser()
     try:
-        args = build_parser().parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        # argparse fills a variadic positional only before the first option: collect the rest
+        # ("enqueue q a --priority 1 b"), and refuse anything else it did not recognise.
+        variadic = {"enqueue": "payload", "worker": "names"}.get(args.command)
+        if variadic and not any(e.startswith("-") and len(e) > 1 for e in extra):
+            setattr(args, variadic, [*getattr(args, variadic), *extra])
+        elif extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as exc:  # --help, --version, or a usage error argparse has printed
         return exc.code if isinstance(exc.code, int) else 2
     if args.command == "worker":

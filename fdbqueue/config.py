@@ -8,9 +8,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from fdbqueue.engines.base import ReadView, Transaction
+from fdbqueue.engines.base import ReadView, Transaction, engine_traits
 from fdbqueue.errors import QueueError
-from fdbqueue.layout import LAYER_FORMAT, QueueKeys
+from fdbqueue.layout import LAYER_FORMAT, QueueKeys, unpack_count
 
 
 class QueueNotFoundError(QueueError, KeyError):
@@ -133,8 +133,10 @@ _config_cache: dict[bytes, QueueConfig] = {}
 def read_config(tr: ReadView, keys: QueueKeys) -> QueueConfig | None:
     """The queue's settings, or None when it does not exist (a serializable point read)."""
     raw = tr.get(keys.config)
-    if raw is None:
-        return None
+    return None if raw is None else _decode_config(raw)
+
+
+def _decode_config(raw: bytes) -> QueueConfig:
     cfg = _config_cache.get(raw)
     if cfg is None:
         cfg = QueueConfig.decode(raw)
@@ -175,3 +177,45 @@ def config_or_create(tr: Transaction, keys: QueueKeys) -> QueueConfig:
 
 def read_state(tr: ReadView, keys: QueueKeys) -> QueueState:
     return QueueState.decode(tr.get(keys.state))
+
+
+@dataclass
+class Meta:
+    """A queue's small keys, fetched by one range read (see ``layout.py``)."""
+
+    config: QueueConfig | None
+    state: QueueState
+    counters: dict[str, int]
+    made_ready: int  # the wake counter: also the index high-water mark
+    priorities: set[int]
+
+    def count(self, name: str) -> int:
+        return max(0, self.counters.get(name, 0))
+
+
+def read_meta(tr: Transaction, keys: QueueKeys) -> Meta:
+    """Settings, state, counters, index mark and priorities in one snapshot range read.
+
+    Settings and state get read conflicts of their own (as serializable reads would), so
+    a concurrent pause or reconfiguration conflicts; the hot counters get none.
+    """
+    kvs = tr.snapshot.get_range(*keys.meta_range())
+    if engine_traits(tr.db)[0]:  # pointless where nothing conflicts (the embedded engine)
+        tr.add_read_conflict_key(keys.config)
+        tr.add_read_conflict_key(keys.state)
+    cfg: QueueConfig | None = None
+    state = QueueState()
+    counters: dict[str, int] = {}
+    priorities: set[int] = set()
+    counter_prefix = keys.counter("")[:-1]  # the counters' common prefix
+    marker_prefix = keys.priority_marker_range()[0]
+    for key, value in kvs:
+        if key.startswith(counter_prefix):
+            counters[key[len(counter_prefix) : -1].decode()] = unpack_count(value)
+        elif key.startswith(marker_prefix):
+            priorities.add(keys.parse_marker(key))
+        elif key == keys.config:
+            cfg = _decode_config(value)
+        elif key == keys.state:
+            state = QueueState.decode(value)
+    return Meta(cfg, state, counters, counters.get("wake", 0), priorities)

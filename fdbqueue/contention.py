@@ -22,9 +22,9 @@ import time
 from typing import TYPE_CHECKING
 
 from fdbqueue.clock import now_us
-from fdbqueue.config import read_config, read_state
-from fdbqueue.delivery import remove_message
-from fdbqueue.engines.base import Database, Transaction
+from fdbqueue.config import QueueConfig, read_config, read_state
+from fdbqueue.delivery import HEAD_SKIP_LIMIT, expire, remove_message
+from fdbqueue.engines.base import Database, KeyValue, Transaction
 from fdbqueue.errors import EngineError
 from fdbqueue.layout import MINUS_ONE, ONE, QueueKeys
 from fdbqueue.message import Message, Record
@@ -50,9 +50,25 @@ def decode_result(raw: bytes) -> tuple[int, bytes, bytes]:
     return made_us, raw[start : start + n], raw[start + n :]
 
 
-def _expired(raw: bytes, now: int) -> bool:
-    exp = Record.decode(raw).expires_us
-    return exp is not None and exp <= now
+def _live_items(queue: Queue, t: Transaction, cfg: QueueConfig, n: int, now: int) -> list[KeyValue]:
+    """Up to ``n`` ready messages from the head, moving aside the expired ones met on the way."""
+    begin, end = queue.keys.ready_range()
+    out: list[KeyValue] = []
+    scanned = 0
+    while len(out) < n and scanned < n + HEAD_SKIP_LIMIT:
+        batch = t.snapshot.get_range(begin, end, limit=n - len(out) + 8)
+        for kv in batch:
+            rec = Record.decode(kv.value)
+            if rec.expires_us is not None and rec.expires_us <= now:
+                t.get(kv.key)  # as for a pairing: only a true collision conflicts
+                expire(queue, t, cfg, kv.key, rec)
+            elif len(out) < n:
+                out.append(kv)
+        scanned += len(batch)
+        if len(batch) < n - len(out) + 8 or not batch:
+            break
+        begin = batch[-1].key + b"\x00"
+    return out
 
 
 def waiting_requests(tr: Transaction, keys: QueueKeys) -> bool:
@@ -69,7 +85,11 @@ def staged_dequeue(db: Database, queue: Queue) -> Message | None:
     req_key = keys.pop_key(now_us(), rand)
     res_key = keys.result_key(rand)
 
-    def register(t: Transaction, _: bool) -> bool:
+    def register(t: Transaction, unknown: bool) -> bool:
+        if unknown and (t.get(res_key) is not None or t.get(req_key) is not None):
+            # The attempt that ended in commit_unknown_result did register, and another
+            # waiter may already have paired it: registering again could pair it twice.
+            return True
         if read_config(t, keys) is None:
             return False
         if not read_state(t, keys).dequeue:
@@ -133,12 +153,6 @@ def fulfil(db: Database, queue: Queue) -> int:
                     from fdbqueue.sweep import sweep_step
 
                     sweep_step(queue, t, cfg, now, 16)  # due delays and expired leases first
-                # Expired messages are left to the plain path and the sweep, which expire them.
-                items = [
-                    kv
-                    for kv in t.snapshot.get_range(*keys.ready_range(), limit=2 * len(reqs))
-                    if not _expired(kv.value, now)
-                ][: len(reqs)]
                 stale_before = now - STALE_REQUEST_US
                 live = []
                 for req in reqs:
@@ -147,12 +161,16 @@ def fulfil(db: Database, queue: Queue) -> int:
                         t.clear(req.key)
                     else:
                         live.append(req)
+                items = _live_items(queue, t, cfg, len(live), now) if cfg is not None else []
                 for req, item in zip(live, items, strict=False):
                     # Point reads make only true collisions conflict (keep them: without
                     # them two fulfillers could hand out one message twice).
                     t.get(req.key)
                     t.get(item.key)
                     rand = keys.unpack_tail(req.key)[2]
+                    if t.get(keys.result_key(rand)) is not None:
+                        t.clear(req.key)  # already paired (see register): never pair twice
+                        continue
                     t.set(keys.result_key(rand), encode_result(now, item.key, item.value))
                     rec = Record.decode(item.value)
                     remove_message(t, keys, item.key, rec, chunks=False)  # its requester reads them

@@ -26,7 +26,7 @@ from fdbqueue.clock import now_us
 from fdbqueue.config import QueueConfig, config_or_create
 from fdbqueue.engines.base import Database, Transaction
 from fdbqueue.errors import EngineError, QueueError
-from fdbqueue.layout import MINUS_ONE, ONE, QueueKeys, new_rand, pack_count, unpack_count
+from fdbqueue.layout import MINUS_ONE, ONE, QueueKeys, new_rand, unpack_count
 from fdbqueue.message import Message, Record
 from fdbqueue.txn import run_once
 from fdbqueue.waiting import next_due
@@ -64,8 +64,7 @@ def remove_message(tr: Transaction, keys: QueueKeys, key: bytes, rec: Record, *,
 def put_ready(tr: Transaction, keys: QueueKeys, key: bytes | None, rec: Record, priority: int) -> bytes:
     """Make ``rec`` ready at ``key`` (its original place) or at the tail of its priority."""
     if key is None:
-        index = unpack_count(tr.snapshot.get(keys.hwm)) + 1
-        tr.max(keys.hwm, pack_count(index))
+        index = unpack_count(tr.snapshot.get(keys.wake)) + 1  # the add below moves it on
         key = keys.ready_key(priority, index, new_rand())
         tr.set(keys.priority_marker(priority), b"")
     tr.set(key, rec.encode())
@@ -81,7 +80,7 @@ def put_delayed(
     tr: Transaction, keys: QueueKeys, due_us: int, rec: Record, *, key: bytes | None, priority: int
 ) -> None:
     """Hold ``rec`` until ``due_us``; then it goes to ``key`` (a retry) or the tail (an enqueue)."""
-    extra = {k: v for k, v in rec.extra.items() if k not in ("key", "receipt", "deadline")}
+    extra = {k: v for k, v in rec.extra.items() if k not in ("key", "receipt", "deadline", "strict")}
     extra["priority"] = priority
     if key is not None:
         extra["key"] = key.hex()
@@ -149,7 +148,9 @@ def release(
         tr.clear(keys.id_key(rec.id))
         return "dead"
     wait = cfg.retry_wait(rec.deliveries) if delay is None else delay
-    extra = {k: v for k, v in rec.extra.items() if k not in ("key", "receipt", "deadline", "not_before")}
+    extra = {
+        k: v for k, v in rec.extra.items() if k not in ("key", "receipt", "deadline", "not_before", "strict")
+    }
     if reason is not None:
         extra["last_error"] = reason
     rec = rec.with_(extra=extra)
@@ -170,7 +171,15 @@ def release(
 
 
 def lease_in(
-    q: Queue, tr: Transaction, msg: Message, rec: Record, seconds: float, receipt: str, now: int
+    q: Queue,
+    tr: Transaction,
+    msg: Message,
+    rec: Record,
+    seconds: float,
+    receipt: str,
+    now: int,
+    *,
+    strict: bool = False,
 ) -> Message:
     """Move a ready message (just removed by the caller) into flight under ``receipt``."""
     keys = q.keys
@@ -178,6 +187,8 @@ def lease_in(
     extra = dict(rec.extra)
     extra.update(key=msg.key.hex(), receipt=receipt, deadline=deadline)
     extra.pop("not_before", None)
+    if strict:
+        extra["strict"] = True  # its ack must wake whoever waits for the next delivery
     leased = rec.with_(deliveries=rec.deliveries + 1, extra=extra)
     fkey = keys.inflight_key(rec.id)
     tr.set(fkey, leased.encode())
@@ -210,7 +221,7 @@ def _end_lease(q: Queue, tr: Transaction, rec: Record) -> None:
     tr.add(keys.counter("inflight"), MINUS_ONE)
 
 
-def ack_in(q: Queue, tr: Transaction, m: Message, now: int) -> None:
+def ack_in(q: Queue, tr: Transaction, m: Message, now: int) -> Record:
     rec = _leased(q, tr, m, now)
     _end_lease(q, tr, rec)
     tr.add(q.keys.counter("done"), ONE)
@@ -219,6 +230,7 @@ def ack_in(q: Queue, tr: Transaction, m: Message, now: int) -> None:
         tr.clear_range(*q.keys.chunk_range(rec.id))
     if rec.expires_us is not None:
         tr.clear(q.keys.expiry_key(rec.expires_us, rec.id))
+    return rec
 
 
 def nack_in(
@@ -233,7 +245,7 @@ def release_in(q: Queue, tr: Transaction, m: Message, now: int) -> None:
     """Back to its original place at once; the delivery is not counted (it never started)."""
     rec = _leased(q, tr, m, now, allow_expired=True)
     _end_lease(q, tr, rec)
-    extra = {k: v for k, v in rec.extra.items() if k not in ("key", "receipt", "deadline")}
+    extra = {k: v for k, v in rec.extra.items() if k not in ("key", "receipt", "deadline", "strict")}
     back = rec.with_(deliveries=max(0, rec.deliveries - 1), extra=extra)
     key = bytes.fromhex(rec.extra["key"])
     put_ready(tr, q.keys, key, back, q.keys.parse_ready(key)[0])
@@ -336,11 +348,22 @@ def check_lease_seconds(seconds: object) -> float:
 
 
 def deliverable_head(
-    q: Queue, tr: Transaction, cfg: QueueConfig, where: Mapping[str, Any] | None, fallback: bool, now: int
+    q: Queue,
+    tr: Transaction,
+    cfg: QueueConfig,
+    where: Mapping[str, Any] | None,
+    fallback: bool,
+    now: int,
+    *,
+    check_due: bool = True,
 ) -> tuple[bytes, Record] | None:
-    """The next deliverable ready message; moves aside expired ones it meets."""
+    """The next deliverable ready message; moves aside expired ones it meets.
+
+    ``check_due``: whether delayed or leased messages may exist (their counters), so that
+    what came due is made ready first; when none exist the two index reads are skipped.
+    """
     keys = q.keys
-    if next_due(tr, keys, now) is not None:
+    if check_due and next_due(tr, keys, now) is not None:
         from fdbqueue.sweep import sweep_step  # sweep builds on this module
 
         sweep_step(q, tr, cfg, now, 16)  # due delays and expired leases first
@@ -402,9 +425,11 @@ def count_failed_attempt(q: Queue, db: Database, msg: Message, error: EngineErro
     """The caller's transaction that dequeued ``msg`` did not commit: count the delivery.
 
     Runs after that transaction has ended (its locks released), in one of its own. A
-    conflict (1020) is the engine's, not the message's fault: it is not counted.
+    conflict (1020) or an unknown commit result (1021) is the engine's, not the message's
+    doing: not counted. An application abort (1025) and a handler too slow for the
+    5-second window (1007) are counted.
     """
-    if error.code == 1020:
+    if error.code == 1020 or error.maybe_committed:
         return
 
     def body(t: Transaction, _: bool) -> None:
@@ -414,6 +439,8 @@ def count_failed_attempt(q: Queue, db: Database, msg: Message, error: EngineErro
         if where is None or raw is None:
             return  # taken by another consumer, or the caller's commit did land (1021)
         rec = Record.decode(raw)
+        if rec.deliveries >= msg.deliveries:
+            return  # counted already (this count's own commit ended unknown, then retried)
         tag = keys.unpack_tail(where)[0]
         if tag == "r":
             ready_key = where

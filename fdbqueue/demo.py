@@ -149,7 +149,7 @@ def run_demo(
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             st = fdbqueue.queue_stats(db, QUEUE)
-            if st.enqueued >= total and not (st.ready or st.delayed or st.inflight):
+            if not (st.ready or st.delayed or st.inflight):  # the producers are done: all enqueued
                 break
             time.sleep(0.05)
         seconds = time.perf_counter() - start

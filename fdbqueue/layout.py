@@ -5,8 +5,10 @@ default. ``Q`` below is ``root + ("q", queue_name)``::
 
     root + ("format",)                          layer format version, "MAJOR.MINOR"
     root + ("queues", name)                     b"" for every queue that exists (listing)
-    Q + ("cfg",)                                queue settings, JSON
-    Q + ("st",)                                 queue state flags, JSON (paused directions)
+    Q + ("m", "cfg")                            queue settings, JSON
+    Q + ("m", "st")                             queue state flags, JSON (paused directions)
+    Q + ("m", "n", counter)                     8-byte little-endian counters, atomic adds only
+    Q + ("m", "pri", -priority)                 priorities in use (browse looks back over them)
     Q + ("r", -priority, index, rand)           ready messages: higher priority first, FIFO within
     Q + ("id", msg_id)                          id index -> the message's current key
     Q + ("b", msg_id, chunk)                    payload chunks of a large message
@@ -18,28 +20,27 @@ default. ``Q`` below is ``root + ("q", queue_name)``::
     Q + ("kt", time_us, dedup_key)              dedup entries by time (the sweep forgets old ones)
     Q + ("pop", index, rand)                    staged dequeue requests (high contention)
     Q + ("res", rand)                           fulfilled staged requests -> message record
-    Q + ("pri", -priority)                      priorities in use (browse looks back over them)
-    Q + ("n", counter)                          8-byte little-endian counters, atomic adds only
-    Q + ("hwm",)                                highest index handed out, atomic max only
-    Q + ("n", "wake")                           grows whenever messages become ready (or dequeue
-                                                is re-enabled); blocking dequeues watch it
+    Q + ("m", "n", "wake")                      grows by one for every message made ready (and when
+                                                dequeue is re-enabled): the index high-water mark,
+                                                and the key blocking dequeues watch
     Q + ("rc", time_us, rand)                   enqueue/dequeue receipts: settle a commit_unknown_result
-    root + ("j", versionstamp)                  journal: one entry per operation, commit order
 
-Index = the queue's high-water mark, read at snapshot isolation, plus one; the random
+Index = the queue's wake counter, read at snapshot isolation, plus one; the random
 suffix breaks ties, so concurrent enqueues never conflict (FoundationDB queue recipe).
-A high-water mark (rather than the last ready key) keeps indexes increasing after the
-queue drains, so a released message goes back ahead of every newer one.
+That counter (rather than the last ready key) keeps indexes increasing after the queue
+drains, so a released message goes back ahead of every newer one; and being the key
+that wakes blocked dequeuers too, it costs an enqueue no extra write.
+
+The small per-queue keys live together under ``Q + ("m",)``: one range read fetches a
+queue's settings, state, counters and mark, and their writes dirty one page, not five.
 """
 
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import struct
 import types
-from dataclasses import dataclass
 from typing import Any
 
 import fdb.tuple
@@ -50,9 +51,9 @@ from fdbqueue.errors import QueueError
 LAYER_FORMAT = "1.0"
 DEFAULT_ROOT: tuple[Any, ...] = ("fdbqueue",)
 
-# ready/inflight/delayed: messages in each state now; enqueued/done/dead/expired: totals
-# ever (rates come from two samples); wake: bumped whenever messages become ready.
-COUNTERS = ("ready", "inflight", "delayed", "enqueued", "done", "dead", "expired", "wake")
+# ready/inflight/delayed: messages in each state now; done/dead/expired: totals ever (rates
+# come from two samples); wake: messages ever made ready (enqueues, retries, promotions).
+COUNTERS = ("ready", "inflight", "delayed", "done", "dead", "expired", "wake")
 
 _ONE = struct.pack("<q", 1)
 _MINUS_ONE = struct.pack("<q", -1)
@@ -114,36 +115,125 @@ def validate_queue_name(name: object) -> str:
     return name
 
 
-@dataclass(frozen=True)
-class QueueKeys:
-    """The subspaces of one queue (pure computation, no I/O)."""
+_BIG = (1 << 64) - 1
 
-    name: str
-    root: Subspace
-    q: Subspace
+
+def enc_int(n: int) -> bytes:
+    """``fdb.tuple.pack((n,))`` for ``|n| < 2**64``, without the general encoder's overhead."""
+    if n == 0:
+        return b"\x14"
+    if not -_BIG < n < _BIG:
+        return _pack_one(n)  # magnitudes from 2**64 - 1 have their own type codes
+    if n > 0:
+        size = (n.bit_length() + 7) // 8
+        return bytes((0x14 + size,)) + n.to_bytes(size, "big")
+    size = ((-n).bit_length() + 7) // 8
+    return bytes((0x14 - size,)) + ((1 << (8 * size)) - 1 + n).to_bytes(size, "big")
+
+
+def enc_bytes(b: bytes) -> bytes:
+    """``fdb.tuple.pack((b,))`` for bytes."""
+    return b"\x01" + b.replace(b"\x00", b"\x00\xff") + b"\x00"
+
+
+def enc_str(s: str) -> bytes:
+    """``fdb.tuple.pack((s,))`` for str."""
+    return b"\x02" + s.encode("utf-8").replace(b"\x00", b"\x00\xff") + b"\x00"
+
+
+def dec_int(key: bytes, pos: int) -> tuple[int, int]:
+    """The tuple-encoded int at ``key[pos:]`` and the position after it."""
+    code = key[pos]
+    if code == 0x14:
+        return 0, pos + 1
+    if 0x14 < code <= 0x1C:
+        size = code - 0x14
+        return int.from_bytes(key[pos + 1 : pos + 1 + size], "big"), pos + 1 + size
+    if 0x0C <= code < 0x14:
+        size = 0x14 - code
+        raw = int.from_bytes(key[pos + 1 : pos + 1 + size], "big")
+        return raw - ((1 << (8 * size)) - 1), pos + 1 + size
+    value, end = fdb.tuple._decode(key, pos)  # big ints: the general decoder
+    return int(value), end
+
+
+def _pack_one(value: Any) -> bytes:
+    key: bytes = fdb.tuple.pack((value,))
+    return key
+
+
+_PRI = b"\x02pri\x00"  # enc_str("pri")
+
+
+class QueueKeys:
+    """The keys of one queue (pure computation, no I/O).
+
+    Prefixes are packed once; keys are built by concatenating tuple-encoded elements,
+    which is what ``fdb.tuple.pack`` produces for a flat tuple.
+    """
+
+    __slots__ = ("_cache", "_id", "_m", "_r", "name", "q", "root")
+
+    def __init__(self, name: str, root: Subspace, q: Subspace) -> None:
+        self.name = name
+        self.root = root
+        self.q = q
+        self._r = _pack(q, ("r",))
+        self._id = _pack(q, ("id",))
+        self._m = _pack(q, ("m",))
+        self._cache: dict[str, bytes] = {}
 
     @classmethod
     def make(cls, name: str, root: tuple[Any, ...] = DEFAULT_ROOT) -> QueueKeys:
         r = Subspace(tuple(root))
-        return cls(validate_queue_name(name), r, r[("q")][name])
+        return cls(validate_queue_name(name), r, r["q"][name])
 
-    # -- single keys ---------------------------------------------------------------------------
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, QueueKeys) and other.q.key() == self.q.key()
+
+    def __hash__(self) -> int:
+        return hash(self.q.key())
+
+    # -- the queue's metadata: one contiguous range, read in one go ---------------------------
+    def meta_range(self) -> tuple[bytes, bytes]:
+        """Settings, state, counters, index mark and priority markers: a few small keys."""
+        return self._m, self._m + b"\xff"
+
+    def _meta(self, name: str) -> bytes:
+        key = self._cache.get(name)
+        if key is None:
+            key = self._cache[name] = self._m + enc_str(name)
+        return key
+
     @property
     def config(self) -> bytes:
-        return _pack(self.q, ("cfg",))
+        return self._meta("cfg")
 
     @property
     def state(self) -> bytes:
-        return _pack(self.q, ("st",))
-
-    @property
-    def hwm(self) -> bytes:
-        return _pack(self.q, ("hwm",))
+        return self._meta("st")
 
     @property
     def wake(self) -> bytes:
-        """Grows with every message made ready; blocking dequeues watch it (no spurious wake-ups)."""
-        return _pack(self.q, ("n", "wake"))
+        """Grows whenever messages become ready; blocking dequeues watch it (no spurious wake-ups)."""
+        return self.counter("wake")
+
+    def counter(self, name: str) -> bytes:
+        key = self._cache.get("n/" + name)
+        if key is None:
+            key = self._cache["n/" + name] = self._m + enc_str("n") + enc_str(name)
+        return key
+
+    def priority_marker(self, priority: int) -> bytes:
+        return self._m + _PRI + enc_int(-priority)
+
+    def priority_marker_range(self) -> tuple[bytes, bytes]:
+        prefix = self._m + _PRI
+        return prefix, prefix + b"\xff"
+
+    def parse_marker(self, key: bytes) -> int:
+        """The priority of a priority marker key."""
+        return -dec_int(key, len(self._m) + len(_PRI))[0]
 
     @property
     def listing(self) -> bytes:
@@ -153,30 +243,29 @@ class QueueKeys:
     def format(self) -> bytes:
         return _pack(self.root, ("format",))
 
-    def counter(self, name: str) -> bytes:
-        return _pack(self.q, ("n", name))
-
     # -- ready items ---------------------------------------------------------------------------
     def ready_key(self, priority: int, index: int, rand: bytes) -> bytes:
-        return _pack(self.q, ("r", -priority, index, rand))
+        return self._r + enc_int(-priority) + enc_int(index) + enc_bytes(rand)
 
     def ready_range(self) -> tuple[bytes, bytes]:
-        r = self.q.range(("r",))
-        return r.start, r.stop
+        return self._r + b"\x00", self._r + b"\xff"
 
     def priority_range(self, priority: int, from_index: int | None = None) -> tuple[bytes, bytes]:
-        r = self.q.range(("r", -priority))
-        start = r.start if from_index is None else self.q.pack(("r", -priority, from_index))
-        return start, r.stop
+        prefix = self._r + enc_int(-priority)
+        return (prefix + b"\x00" if from_index is None else prefix + enc_int(from_index)), prefix + b"\xff"
 
     def parse_ready(self, key: bytes) -> tuple[int, int, bytes]:
         """(priority, index, rand) of a ready key."""
-        _, negp, index, rand = self.q.unpack(key)
-        return -negp, index, rand
+        negp, pos = dec_int(key, len(self._r))
+        index, pos = dec_int(key, pos)
+        return -negp, index, fdb.tuple.unpack(key[pos:])[0]
+
+    def priority_of(self, key: bytes) -> int:
+        return -dec_int(key, len(self._r))[0]
 
     # -- other states --------------------------------------------------------------------------
     def id_key(self, msg_id: str) -> bytes:
-        return _pack(self.q, ("id", msg_id))
+        return self._id + enc_str(msg_id)
 
     def chunk_key(self, msg_id: str, n: int) -> bytes:
         return _pack(self.q, ("b", msg_id, n))
@@ -204,9 +293,9 @@ class QueueKeys:
         return _pack(self.q, ("kt", time_us, key))
 
     def index_range(self, tag: str, upto_us: int | None = None) -> tuple[bytes, bytes]:
-        """The deadline-ordered index ``tag`` ('l', 'd', 'x'), up to (excluding) ``upto_us``."""
+        """The deadline-ordered index ``tag`` ('l', 'd', 'x', ...), up to (excluding) ``upto_us``."""
         r = self.q.range((tag,))
-        return r.start, (r.stop if upto_us is None else self.q.pack((tag, upto_us)))
+        return r.start, (r.stop if upto_us is None else _pack(self.q, (tag, upto_us)))
 
     def receipt_key(self, time_us: int, rand: bytes) -> bytes:
         return _pack(self.q, ("rc", time_us, rand))
@@ -220,13 +309,6 @@ class QueueKeys:
 
     def result_key(self, rand: bytes) -> bytes:
         return _pack(self.q, ("res", rand))
-
-    def priority_marker(self, priority: int) -> bytes:
-        return _pack(self.q, ("pri", -priority))
-
-    def priority_marker_range(self) -> tuple[bytes, bytes]:
-        r = self.q.range(("pri",))
-        return r.start, r.stop
 
     def all_range(self) -> tuple[bytes, bytes]:
         r = self.q.range()
@@ -243,29 +325,6 @@ def root_subspace(root: tuple[Any, ...] = DEFAULT_ROOT) -> Subspace:
 def queues_range(root: tuple[Any, ...] = DEFAULT_ROOT) -> tuple[bytes, bytes]:
     r = root_subspace(root).range(("queues",))
     return r.start, r.stop
-
-
-def journal_key_template(root: tuple[Any, ...], user_version: int = 0) -> bytes:
-    """A journal key for ``set_versionstamped_key`` (stamp filled in at commit)."""
-    key: bytes = root_subspace(root).pack_with_versionstamp(
-        ("j", fdb.tuple.Versionstamp(user_version=user_version))
-    )
-    return key
-
-    return key
-
-
-def journal_range(root: tuple[Any, ...] = DEFAULT_ROOT) -> tuple[bytes, bytes]:
-    r = root_subspace(root).range(("j",))
-    return r.start, r.stop
-
-
-def encode_json(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
-
-
-def decode_json(raw: bytes) -> Any:
-    return json.loads(raw)
 
 
 ONE = _ONE

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import tenacity
 
 from fdbqueue.clock import now_us
-from fdbqueue.config import QueueConfig, config_or_create, read_config, read_state
+from fdbqueue.config import Meta, QueueConfig, config_or_create, read_meta, write_config
 from fdbqueue.delivery import (
     LeaseError,
     ack_in,
@@ -33,7 +33,7 @@ from fdbqueue.delivery import (
     release_in,
     remove_message,
 )
-from fdbqueue.engines.base import Database, Transaction, Watch, is_transaction
+from fdbqueue.engines.base import Database, Transaction, Watch, engine_traits, is_transaction
 from fdbqueue.errors import (
     EngineError,
     NestedTransactionError,
@@ -159,10 +159,13 @@ class Queue:
     def _enqueue_items(
         self, tr: Transaction | Database, items: list[_Item], timeout: float | None
     ) -> list[str]:
-        receipt = self.keys.receipt_key(now_us(), items[0].rand)
+        # A receipt settles a commit_unknown_result of our own transaction (none to settle
+        # in a caller's, nor on an engine whose commits are never unknown).
+        own = not is_transaction(tr) and engine_traits(tr)[1]
+        receipt = self.keys.receipt_key(now_us(), items[0].rand) if own else None
 
         def body(t: Transaction, unknown: bool) -> list[str]:
-            return self._enqueue_in(t, items, unknown, None if is_transaction(tr) else receipt)
+            return self._enqueue_in(t, items, unknown, receipt)
 
         if timeout is None or is_transaction(tr):
             return run_once(tr, body)
@@ -177,7 +180,7 @@ class Queue:
                 with attempt:
                     return run_once(tr, body)
         except QueueFullError as exc:
-            raise QueueFullError(f"{exc}; waited {timeout} s for room") from None
+            raise QueueFullError(f"{exc}; waited {timeout} s for room", block=exc.block) from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _enqueue_in(
@@ -186,8 +189,12 @@ class Queue:
         keys = self.keys
         if unknown and receipt is not None and tr.get(receipt) is not None:
             return [it.id for it in items]  # the attempt that ended in commit_unknown_result committed
-        cfg = config_or_create(tr, keys)
-        if not read_state(tr, keys).enqueue:
+        meta = read_meta(tr, keys)
+        cfg = meta.config
+        if cfg is None:
+            cfg = QueueConfig()
+            write_config(tr, keys, cfg)
+        if not meta.state.enqueue:
             raise QueueStoppedError(f"enqueue is disabled on queue {self.name!r}")
         for it in items:
             if len(it.payload) > cfg.max_payload:
@@ -206,9 +213,7 @@ class Queue:
             tr.set(keys.dedup_key(first.dedup_key), f"{first.id}|{t_us}".encode())
             tr.set(keys.dedup_time_key(t_us, first.dedup_key), b"")
         if cfg.max_size is not None:
-            held = sum(
-                unpack_count(tr.snapshot.get(keys.counter(c))) for c in ("ready", "inflight", "delayed")
-            )
+            held = meta.count("ready") + meta.count("inflight") + meta.count("delayed")
             if held + len(items) > cfg.max_size:
                 raise QueueFullError(
                     f"queue {self.name!r} is full ({held} of max_size {cfg.max_size})",
@@ -217,16 +222,14 @@ class Queue:
         if receipt is not None:
             tr.set(receipt, b"enqueue")
             clear_old_receipts(tr, keys)
-        base = unpack_count(tr.snapshot.get(keys.hwm))
+        base = meta.made_ready
         priorities: set[int] = set()
         ready = 0
         for i, it in enumerate(items):
             ready += self._write_new(tr, cfg, it, base + 1 + i, t_us)
             priorities.add(it.priority)
-        for p in priorities:
+        for p in priorities - meta.priorities:
             tr.set(keys.priority_marker(p), b"")
-        tr.max(keys.hwm, pack_count(base + len(items)))
-        tr.add(keys.counter("enqueued"), pack_count(len(items)))
         if ready:
             tr.add(keys.counter("ready"), pack_count(ready))
             tr.add(keys.wake, pack_count(ready))
@@ -279,14 +282,15 @@ class Queue:
     # -- reading messages ----------------------------------------------------------------------
 
     def _message(self, tr: Any, key: bytes, raw: bytes, *, delivered: bool = False) -> Message:
-        rec = Record.decode(raw)
+        return self._to_message(tr, key, Record.decode(raw), delivered=delivered)
+
+    def _to_message(self, tr: Any, key: bytes, rec: Record, *, delivered: bool = False) -> Message:
         if delivered:
             rec = rec.with_(deliveries=rec.deliveries + 1)
         payload = rec.payload
         if rec.chunks:
             payload = b"".join(kv.value for kv in tr.get_range(*self.keys.chunk_range(rec.id)))
-        priority, _, _ = self.keys.parse_ready(key)
-        return Message.from_record(rec, self.name, priority, key, payload)
+        return Message.from_record(rec, self.name, self.keys.priority_of(key), key, payload)
 
     # -- dequeue and leases --------------------------------------------------------------------
 
@@ -374,10 +378,8 @@ class Queue:
         def body(t: Transaction, unknown: bool) -> None:
             if unknown and t.get(self.keys.inflight_key(m.id)) is None:
                 return  # the attempt that ended in commit_unknown_result committed
-            ack_in(self, t, m, now_us())
-            cfg = read_config(t, self.keys)
-            if cfg is not None and cfg.strict_order:
-                t.add(self.keys.wake, pack_count(1))  # the next delivery may go ahead now
+            if ack_in(self, t, m, now_us()).extra.get("strict"):
+                t.add(self.keys.wake, ONE)  # strict order: the next delivery may go ahead now
 
         run_once(tr, body)
 
@@ -457,7 +459,8 @@ class Queue:
         from fdbqueue.contention import staged_dequeue, waiting_requests
 
         keys = self.keys
-        receipt = keys.receipt_key(now_us(), os.urandom(8))
+        may_conflict, may_unknown = engine_traits(db)
+        receipt = keys.receipt_key(now_us(), os.urandom(8)) if may_unknown else None
         taken: Message | None = None
         unknown = False
         strict = False
@@ -465,27 +468,29 @@ class Queue:
         try:
             while True:
                 try:
-                    if unknown and taken is not None and t.get(receipt) is not None:
+                    if unknown and taken is not None and receipt and t.get(receipt) is not None:
                         # The attempt with the unknown result did commit. Read-only, this check
                         # cannot itself end unknown; the receipt is swept later.
                         return taken, None
-                    cfg = read_config(t, keys)
-                    strict = cfg is not None and cfg.strict_order
-                    if where is None and not strict and waiting_requests(t, keys):
+                    meta = read_meta(t, keys)
+                    strict = meta.config is not None and meta.config.strict_order
+                    staged_ok = may_conflict and where is None and not strict
+                    if staged_ok and waiting_requests(t, keys):
                         break  # others are queued in the staged set: do not jump the line
-                    msg = self._take(t, where, fallback)
+                    msg = self._take(t, where, fallback, meta=meta)
                     if msg is None:
                         t.commit()
                         return None, (watch_queue(db, keys, strict) if want_watch else None)
-                    t.set(receipt, msg.id.encode())
-                    clear_old_receipts(t, keys)
+                    if receipt is not None:
+                        t.set(receipt, msg.id.encode())
+                        clear_old_receipts(t, keys)
                     taken = msg
                     t.commit()
                     return msg, None
                 except EngineError as exc:
                     unknown = unknown or exc.maybe_committed
                     settling = unknown and taken is not None  # must learn if that take landed
-                    if exc.code == 1020 and where is None and not strict and not settling:
+                    if exc.code == 1020 and staged_ok and not settling:
                         break  # plain dequeues collide: use the staged request set
                     t.on_error(exc)
         finally:
@@ -493,20 +498,34 @@ class Queue:
         msg = staged_dequeue(db, self)
         return msg, (watch_queue(db, keys) if msg is None and want_watch else None)
 
+    def _open_for_dequeue(self, tr: Transaction, meta: Meta | None) -> tuple[QueueConfig, Meta] | None:
+        meta = meta or read_meta(tr, self.keys)
+        if meta.config is None:
+            return None  # never created: empty
+        if not meta.state.dequeue:
+            raise QueueStoppedError(f"dequeue is disabled on queue {self.name!r}")
+        return meta.config, meta
+
     def _take(
-        self, tr: Transaction, where: Mapping[str, Any] | None, fallback: bool, *, in_caller: bool = False
+        self,
+        tr: Transaction,
+        where: Mapping[str, Any] | None,
+        fallback: bool,
+        *,
+        in_caller: bool = False,
+        meta: Meta | None = None,
     ) -> Message | None:
         keys = self.keys
-        cfg = read_config(tr, keys)
-        if cfg is None:
-            return None  # never created: empty
-        if not read_state(tr, keys).dequeue:
-            raise QueueStoppedError(f"dequeue is disabled on queue {self.name!r}")
-        head = deliverable_head(self, tr, cfg, where, fallback, now_us())
+        opened = self._open_for_dequeue(tr, meta)
+        if opened is None:
+            return None
+        cfg, meta = opened
+        due = bool(meta.count("delayed") or meta.count("inflight"))
+        head = deliverable_head(self, tr, cfg, where, fallback, now_us(), check_due=due)
         if head is None:
             return None
         key, rec = head
-        msg = self._message(tr, key, rec.encode(), delivered=True)
+        msg = self._to_message(tr, key, rec, delivered=True)
         remove_message(tr, keys, key, rec)
         tr.add(keys.counter("ready"), MINUS_ONE)
         tr.add(keys.counter("done"), ONE)
@@ -522,25 +541,25 @@ class Queue:
 
     def _lease_in(self, tr: Transaction, seconds: float | None, receipt: str, n: int) -> list[Message]:
         keys = self.keys
-        cfg = read_config(tr, keys)
-        if cfg is None:
+        opened = self._open_for_dequeue(tr, None)
+        if opened is None:
             return []
-        if not read_state(tr, keys).dequeue:
-            raise QueueStoppedError(f"dequeue is disabled on queue {self.name!r}")
+        cfg, meta = opened
+        due = bool(meta.count("delayed") or meta.count("inflight"))
         now = now_us()
         out: list[Message] = []
         for i in range(n):
-            head = deliverable_head(self, tr, cfg, None, False, now)
+            head = deliverable_head(self, tr, cfg, None, False, now, check_due=due and i == 0)
             if head is None:
                 break
             key, rec = head
-            msg = self._message(tr, key, rec.encode())
+            msg = self._to_message(tr, key, rec)
             tr.clear(key)
             if rec.expires_us is not None:
                 tr.clear(keys.expiry_key(rec.expires_us, rec.id))
             tr.add(keys.counter("ready"), MINUS_ONE)
             secs = seconds or cfg.lease_seconds
-            out.append(lease_in(self, tr, msg, rec, secs, f"{receipt}.{i}", now))
+            out.append(lease_in(self, tr, msg, rec, secs, f"{receipt}.{i}", now, strict=cfg.strict_order))
         return out
 
     # -- examining without consuming ----------------------------------------------------------

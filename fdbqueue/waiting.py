@@ -9,7 +9,7 @@ from typing import TypeVar
 from fdbqueue.clock import now_us
 from fdbqueue.config import read_config
 from fdbqueue.engines.base import Database, EventWatch, Transaction, Watch
-from fdbqueue.errors import EngineError
+from fdbqueue.errors import EngineError, QueueStoppedError
 from fdbqueue.layout import QueueKeys
 from fdbqueue.message import Record
 from fdbqueue.txn import run_once, seconds
@@ -87,7 +87,13 @@ def blocking(
         timeout = seconds("timeout", timeout)
     deadline = None if not timeout else time.monotonic() + timeout
     while True:
-        msg, watch = attempt(deadline is not None)
+        try:
+            msg, watch = attempt(deadline is not None)
+        except QueueStoppedError:
+            if deadline is None:
+                raise  # non-blocking: a clear error at once
+            # Blocking: wait for dequeue to be enabled again (which bumps the wake key).
+            msg, watch = None, watch_queue(db, keys, strict=True)
         if msg is not None or deadline is None:
             return msg
         assert watch is not None

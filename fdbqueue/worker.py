@@ -269,9 +269,13 @@ class Worker:
 
     def _drained(self) -> bool:
         from fdbqueue.admin import queue_stats
+        from fdbqueue.config import QueueNotFoundError
 
         for q in self.queues:
-            st = queue_stats(self.db, q.name, root=q.root)
+            try:
+                st = queue_stats(self.db, q.name, root=q.root)
+            except QueueNotFoundError:
+                continue  # never created: empty
             if st.ready or st.delayed or st.inflight:
                 return False
         return True

@@ -66,7 +66,8 @@ def show_table(title: str, headers: list[str], rows: list[list[Any]]) -> None:
     if _MARKDOWN:
         print(f"\n**{title}**\n")
         print("| " + " | ".join(headers) + " |")
-        print("|" + "|".join("---" if i == 0 else "---:" for i in range(len(headers))) + "|")
+        numeric = [i > 0 and all(_numeric(r[i]) for r in cells) for i in range(len(headers))]
+        print("|" + "|".join("---:" if num else "---" for num in numeric) + "|")
         for row in cells:
             print("| " + " | ".join(row) + " |")
         return
@@ -92,6 +93,10 @@ def show_table(title: str, headers: list[str], rows: list[list[Any]]) -> None:
                 c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
             )
         )
+
+
+def _numeric(cell: str) -> bool:
+    return (bool(cell) and all(c.isdigit() or c in ",.-/%" for c in cell)) or cell == "-"
 
 
 def _fmt(value: Any) -> str:
@@ -137,6 +142,7 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "sqlite": sqlite3.sqlite_version,
         "platform": platform.platform(),
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
     }
 
 
@@ -464,10 +470,11 @@ def run_contention(mode: str, dequeuers: int, latency: float, prefill: int, seco
         def dequeue_one() -> Any:
             return counting_staged(db, q)
 
-    results: list[list[tuple[str, float]]] = [[] for _ in range(dequeuers)]
+    results: list[list[tuple[str, float, float]]] = [[] for _ in range(dequeuers)]
     errors: list[BaseException] = []
     barrier = threading.Barrier(dequeuers + 1)
     stop_at = [0.0]
+    drained = [False]
 
     def worker(slot: int) -> None:
         got = results[slot]
@@ -476,9 +483,11 @@ def run_contention(mode: str, dequeuers: int, latency: float, prefill: int, seco
             while time.perf_counter() < stop_at[0]:
                 t0 = time.perf_counter()
                 m = dequeue_one()
+                t1 = time.perf_counter()
                 if m is None:
+                    drained[0] = True
                     return
-                got.append((m.id, time.perf_counter() - t0))
+                got.append((m.id, t1 - t0, t1))
         except BaseException as exc:
             errors.append(exc)
 
@@ -497,8 +506,15 @@ def run_contention(mode: str, dequeuers: int, latency: float, prefill: int, seco
         contention.staged_dequeue = real_staged  # type: ignore[assignment]
     if errors:
         raise errors[0]
-    ids = [i for got in results for i, _ in got]
-    lat = sorted(d for got in results for _, d in got)
+    ids = [i for got in results for i, _, _ in got]
+    lat = sorted(d for got in results for _, d, _ in got)
+    # Throughput over a fixed window: dequeues completed by the deadline over the window
+    # (or, when the queue ran dry first, up to the last completion). A dequeuer stuck in a
+    # retry backoff past the deadline neither counts nor stretches the window.
+    done_at = sorted(t for got in results for _, _, t in got)
+    end = done_at[-1] if drained[0] and done_at and done_at[-1] < stop_at[0] else stop_at[0]
+    in_window = sum(1 for t in done_at if t <= end)
+    window = end - start
     left = q.size(db)
     commits = db.stats.commits - base[0]
     read_only = db.stats.read_only - base[1]
@@ -513,7 +529,8 @@ def run_contention(mode: str, dequeuers: int, latency: float, prefill: int, seco
         "latency_ms": latency * 1000,
         "messages": n,
         "seconds": elapsed,
-        "rate": n / elapsed if elapsed > 0 else 0.0,
+        "window_seconds": window,
+        "rate": in_window / window if window > 0 else 0.0,
         "commits": commits,
         "read_only_commits": read_only,
         "conflicts": conflicts,
@@ -525,6 +542,7 @@ def run_contention(mode: str, dequeuers: int, latency: float, prefill: int, seco
         "staged_share": (staged_calls[0] / per) if mode != "plain" else 0.0,
         "p50_ms": 1000 * lat[len(lat) // 2] if lat else 0.0,
         "p99_ms": 1000 * lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else 0.0,
+        "max_ms": 1000 * lat[-1] if lat else 0.0,
         "duplicates": n - len(set(ids)),
         "left_in_queue": left,
         "exactly_once": len(set(ids)) == n and left == prefill - n,
@@ -582,6 +600,7 @@ def main(argv: list[str] | None = None) -> int:
     note(
         f"machine: {m['nproc']} CPU ({m['cpu']}), Python {m['python']}, SQLite {m['sqlite']}, {m['platform']}"
     )
+    note(f"load average at start (1, 5, 15 min): {m['loadavg_at_start']} (other load skews figures)")
     note(f"command: {report['command']}")
     wall = time.perf_counter()
 
@@ -638,7 +657,7 @@ def main(argv: list[str] | None = None) -> int:
                     "ratio",
                     "fdbqueue µs",
                     "raw µs",
-                    "msgs",
+                    "msgs (fdbqueue/raw)",
                 ],
                 rows,
             )
@@ -689,7 +708,7 @@ def main(argv: list[str] | None = None) -> int:
                         runs.append(
                             {"mode": mode, "dequeuers": k, "latency_ms": latency * 1000, "error": failed}
                         )
-                        rows.append([f"{mode} x{k}", f"ERROR {failed[:80]}", *[""] * 11])
+                        rows.append([f"{mode} x{k}", f"ERROR {failed[:80]}", *[""] * 12])
                         continue
                     got = sorted(samples[(mode, k)], key=lambda x: x["rate"])
                     r = dict(got[len(got) // 2])  # the median run by rate
@@ -713,6 +732,7 @@ def main(argv: list[str] | None = None) -> int:
                             f"{100 * r['staged_share']:.0f}%" if mode != "plain" else "-",
                             r["p50_ms"],
                             r["p99_ms"],
+                            r["max_ms"],
                             "ok" if r["exactly_once"] else "FAILED",
                         ]
                     )
@@ -733,6 +753,7 @@ def main(argv: list[str] | None = None) -> int:
                         "via staged",
                         "p50 ms",
                         "p99 ms",
+                        "max ms",
                         "exactly once",
                     ],
                     rows,

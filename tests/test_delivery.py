@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -309,10 +310,8 @@ def test_in_transaction_poison_with_retry_delay(db: Database, clock: FakeClock) 
             raise RuntimeError("fails")
 
     for _ in range(5):
-        try:
+        with contextlib.suppress(RuntimeError):
             handler(db)
-        except RuntimeError:
-            pass
         clock.advance(1.1)
     assert seen == [1, 2, 3]
     dead = Queue("jobs.error").get(db, mid)

@@ -174,7 +174,9 @@ class DeliveryModel(RuleBasedStateMachine):
     def _new(self, mid: str, priority: int, delay: float, ttl: float | None, now: int) -> Entry:
         assert isinstance(mid, str) and mid not in self.entries, f"enqueue returned a used id {mid!r}"
         self.n += 1
-        e = Entry(mid, self.n, f"m-{self.n}".encode(), priority, None if ttl is None else now + int(ttl * 1e6))
+        e = Entry(
+            mid, self.n, f"m-{self.n}".encode(), priority, None if ttl is None else now + int(ttl * 1e6)
+        )
         self.hwm += 1  # every new message takes an index, even a delayed one
         if delay > 0:
             e.state, e.due = DELAYED, now + int(delay * 1e6)

@@ -72,7 +72,7 @@ def _payload(spec: tuple[str, Any]) -> object:
 
 
 class Entry:
-    __slots__ = ("headers", "id", "kind", "payload", "priority", "seq")
+    __slots__ = ("aborts", "headers", "id", "kind", "payload", "priority", "seq", "slack")
 
     def __init__(self, mid: str, spec: tuple[str, Any], priority: int, headers: Any, seq: int) -> None:
         self.id = mid
@@ -80,11 +80,24 @@ class Entry:
         self.priority = priority
         self.headers = dict(headers or {})
         self.seq = seq
+        self.aborts = 0  # caller transactions that dequeued it and aborted: failed deliveries
+        self.slack = 0  # caller attempts that took it and failed with a 1007
 
-    def check(self, m: Message | None, what: str) -> None:
+    def check(self, m: Message | None, what: str, *, delivered: bool = False) -> None:
         assert m is not None, f"{what}: expected message {self.id}, got None"
         assert m.id == self.id, f"{what}: expected message {self.id} (priority {self.priority}), got {m.id}"
         assert m.priority == self.priority
+        # Every aborted in-transaction dequeue counts one failed delivery, exactly once. An
+        # attempt that the engine failed with 1007 counts too (deliberately: a message whose
+        # processing outlasts the 5 s window is poison), but the fault injected here is not
+        # the body's, so the model allows it as slack; a conflict (1020) or an unknown result
+        # (1021) never counts (delivery.count_failed_attempt). Delivered: counts this one.
+        low = self.aborts + delivered
+        assert low <= m.deliveries <= low + self.slack, (
+            f"{what}: message {self.id} has deliveries={m.deliveries}, expected "
+            f"{low}{f' to {low + self.slack}' if self.slack else ''} ({self.aborts} aborted "
+            f"in-transaction dequeues{', this delivery' if delivered else ''})"
+        )
         assert dict(m.headers) == self.headers
         if self.kind in ("bytes", "big"):
             assert m.payload == self.payload
@@ -115,7 +128,7 @@ class QueueModel(RuleBasedStateMachine):
 
     def _take(self, index: int, m: Message | None, what: str) -> None:
         e = self.model.pop(index)
-        e.check(m, what)
+        e.check(m, what, delivered=True)
         self.consumed.add(e.id)
 
     def _find(self, where: dict[str, Any], fallback: bool) -> int | None:
@@ -124,16 +137,21 @@ class QueueModel(RuleBasedStateMachine):
                 return i
         return 0 if fallback and self.model else None
 
-    def _once(self, body: Any, fail: bool) -> tuple[bool, Any]:
+    def _once(self, body: Any, fail: bool) -> tuple[bool, Any, int]:
         """Run ``body(tr)`` in a caller transaction that is idempotent across retries.
 
-        Returns (replayed, result): replayed when an attempt that ended in 1021 had in
-        fact committed, and result is then what that attempt recorded under its token.
+        Returns (replayed, result, engine_failures): replayed when an attempt that ended
+        in 1021 had in fact committed, and result is then what that attempt recorded
+        under its token; engine_failures counts attempts that ended in an engine error
+        the layer counts as a failed delivery: neither a conflict (1020), nor an unknown
+        result (1021), nor the application's own abort (1025).
         """
         token = b"app/tok/" + uuid.uuid4().hex.encode()
+        ended: list[Any] = []
 
         @fdbqueue.transactional
         def run(tr: Any) -> tuple[bool, Any]:
+            tr.on_finish(ended.append)
             done = tr.get(token)
             if done is not None:
                 return True, done.decode()
@@ -147,8 +165,15 @@ class QueueModel(RuleBasedStateMachine):
             with pytest.raises(Abort):
                 run(self.db)
             assert self.db is not None and self.db.get(token) is None  # the abort left no trace
-            return False, None
-        return run(self.db)
+            replayed, result = False, None
+        else:
+            replayed, result = run(self.db)
+        failures = sum(
+            1 for e in ended if e is not None and e.code not in (1020, 1025) and not e.maybe_committed
+        )
+        if failures:
+            event("caller transaction: an attempt failed with 1007")
+        return replayed, result, failures
 
     # -- rules --------------------------------------------------------------------------------
 
@@ -175,7 +200,7 @@ class QueueModel(RuleBasedStateMachine):
 
     @rule(spec=PAYLOADS, priority=PRIORITIES, headers=HEADERS, fail=st.booleans())
     def enqueue_in_transaction(self, spec: tuple[str, Any], priority: int, headers: Any, fail: bool) -> None:
-        replayed, mid = self._once(
+        replayed, mid, _ = self._once(
             lambda tr: self.q.enqueue(tr, _payload(spec), priority=priority, headers=headers), fail
         )
         if not fail:
@@ -193,9 +218,16 @@ class QueueModel(RuleBasedStateMachine):
 
     @rule(fail=st.booleans())
     def dequeue_in_transaction(self, fail: bool) -> None:
-        replayed, got = self._once(lambda tr: self.q.dequeue(tr), fail)
+        replayed, got, failures = self._once(lambda tr: self.q.dequeue(tr), fail)
+        if self.model:
+            head = self.model[0]  # what every attempt took
+            head.slack += failures
+            if fail:
+                head.aborts += 1  # back in its place, one failed delivery counted
+                event("caller transaction aborted after a dequeue")
+                return
         if fail:
-            return  # the model is unchanged; later steps check the message is still first
+            return
         if not self.model:
             assert got in (None, ""), f"dequeue of an empty queue returned {got}"
         elif replayed:
@@ -288,7 +320,12 @@ QueueModel.TestCase.settings = settings(
     stateful_step_count=80,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
-    phases=[Phase.explicit, Phase.reuse, Phase.generate],  # DBG
+    # No shrinking: the faults a run meets follow from the drawn seed and the count of
+    # commits before them, so dropping a step moves every later fault and the shrinker
+    # spends minutes on variants that no longer fail. A failure prints its full steps and
+    # a @reproduce_failure blob instead.
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+    print_blob=True,
 )
 TestQueueModel = QueueModel.TestCase
 
@@ -351,3 +388,28 @@ def test_dequeue_exactly_once_when_commit_result_is_unknown(
         f"A was {'lost' if q.get(db, a) is None else 'skipped'}"
     )
     assert q.dequeue(db) is None and q.size(db) == 0
+
+
+@pytest.mark.parametrize("outcome", [None, 1020, 1007, ("1021", True), ("1021", False)], ids=str)
+def test_aborted_dequeue_counts_one_delivery_when_the_count_commit_fails(scripted: Any, outcome: Any) -> None:
+    """An aborted in-transaction dequeue counts one failed delivery, in a transaction of the
+    layer's own; that commit ends in ``outcome`` and is retried: still one count."""
+    db, faults = scripted
+    q = Queue("jobs")
+    a, b = q.enqueue_many(db, [b"A", b"B"])
+
+    @fdbqueue.transactional
+    def consume(tr: Any) -> None:
+        assert q.dequeue(tr).id == a  # type: ignore[union-attr]
+        raise Abort
+
+    faults.arm([outcome])  # the next commit with writes is the layer's count of the failure
+    with pytest.raises(Abort):
+        consume(db)
+    assert faults.drawn >= 1
+    back = q.peek(db)
+    assert back is not None and back.id == a, "the aborted message is not back in its place"
+    assert back.deliveries == 1, f"one aborted delivery was counted {back.deliveries} times"
+    m = q.dequeue(db)
+    assert m is not None and m.id == a and m.deliveries == 2
+    assert [x.id for x in q.browse(db)] == [b] and q.size(db) == 1

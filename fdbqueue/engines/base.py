@@ -865,6 +865,9 @@ class LocalDatabase(DatabaseConveniences, ABC):
     url: str
     engine: str
     retry_base_delay: float = 0.01  # FoundationDB: 10 ms doubling up to max_retry_delay
+    # What the layer may skip on an engine that cannot produce it (see engine_traits).
+    may_conflict: bool = True
+    may_commit_unknown: bool = True
 
     def clock(self) -> float:
         """Seconds on the engine's clock (the sim engine's can be driven by tests)."""
@@ -917,6 +920,16 @@ def run_transaction(db: Database, body: Callable[[Transaction], T]) -> T:
     except BaseException:
         tr.cancel()
         raise
+
+
+def engine_traits(db: object) -> tuple[bool, bool]:
+    """(may_conflict, may_commit_unknown) of a database; unknown engines: both True.
+
+    A pessimistic engine (the embedded one) never reports a conflict (1020) nor an
+    unknown commit result (1021): the layer then skips the staged dequeue path and the
+    receipts that settle a 1021, which would be pure cost there.
+    """
+    return bool(getattr(db, "may_conflict", True)), bool(getattr(db, "may_commit_unknown", True))
 
 
 def is_transaction(obj: object) -> bool:

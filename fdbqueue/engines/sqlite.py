@@ -51,6 +51,7 @@ from typing import Any
 
 from fdbqueue.engines import ParsedURL, _shared, take_params
 from fdbqueue.engines.base import (
+    ATOMIC_OPS,
     SYSTEM_KEYS,
     EventWatch,
     KeySelector,
@@ -77,6 +78,12 @@ _MAJOR = 1
 _GET = "SELECT v FROM kv WHERE k = ?"
 _PUT = "INSERT OR REPLACE INTO kv (k, v) VALUES (?, ?)"
 _DEL = "DELETE FROM kv WHERE k = ?"
+# One statement per atomic op: SQLite calls back into apply_atomic for the new value.
+_ATOMIC = (
+    "INSERT INTO kv (k, v) VALUES (?1, fdb_atomic(?2, NULL, ?3)) "
+    "ON CONFLICT (k) DO UPDATE SET v = fdb_atomic(?2, v, ?3)"
+)
+_NEVER_CLEARS = frozenset(op for op in ATOMIC_OPS if op != "compare_and_clear")
 _DEL_RANGE = "DELETE FROM kv WHERE k >= ? AND k < ?"
 _RANGE = (
     "SELECT k, v FROM kv WHERE k >= ? AND k < ? ORDER BY k LIMIT ?",
@@ -278,6 +285,14 @@ class SqliteTransaction(LocalTransaction):
     def _atomic(self, op: str, key: bytes, param: bytes) -> None:
         if self._nested:
             raise self._no_writes()
+        if op in _NEVER_CLEARS:
+            try:
+                self._conn.execute(_ATOMIC, (key, op, param))
+            except sqlite3.Error as exc:
+                raise self._fail(exc) from exc
+            self._keys.append(key)
+            self._dirty = True
+            return
         new = apply_atomic(op, self._get(key, True), param)
         if new is None:
             self._clear(key)
@@ -393,10 +408,18 @@ class SqliteTransaction(LocalTransaction):
             self.db._store.release()
 
 
+def _sql_atomic(op: str, existing: bytes | None, param: bytes) -> bytes | None:
+    return apply_atomic(op, existing, param)
+
+
 class SqliteDatabase(LocalDatabase):
     """A SQLite store file. Thread-safe: the store lock serialises transactions."""
 
     engine = "sqlite"
+    # One writer at a time: nothing conflicts, and SQLite's commit is atomic - it
+    # either happened or was rolled back, never unknown.
+    may_conflict = False
+    may_commit_unknown = False
 
     def __init__(self, *, url: str, path: str, sync: str, lock_timeout: float) -> None:
         self.url = url
@@ -433,6 +456,7 @@ class SqliteDatabase(LocalDatabase):
             )
         except sqlite3.Error as exc:
             raise _translate(exc, self.path) from exc
+        conn.create_function("fdb_atomic", 3, _sql_atomic, deterministic=True)
         try:
             conn.execute(f"PRAGMA synchronous={self.sync.upper()}")
             mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
