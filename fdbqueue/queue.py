@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import random
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
@@ -110,7 +111,7 @@ class Queue:
             raise QueueError("dedup_key must be a non-empty str")
         data, ctype = coerce_payload(payload)
         hdrs = check_headers(headers)
-        return _Item(uuid.uuid4().hex, new_rand(), data, ctype, priority, hdrs, delay, ttl, dedup_key)
+        return _Item(new_id(), new_rand(), data, ctype, priority, hdrs, delay, ttl, dedup_key)
 
     def enqueue(
         self,
@@ -615,6 +616,15 @@ class Queue:
         from fdbqueue.browse import browse
 
         return browse(self, tr, limit=limit, batch=batch)
+
+
+def new_id() -> str:
+    """A message id: 48 bits of milliseconds, then 80 random bits, as 32 hex digits.
+
+    Time first (as in UUIDv7), so that the id index grows at its end instead of at random
+    places: an enqueue then dirties one index page, not a new random one each time.
+    """
+    return f"{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}"
 
 
 def clear_old_receipts(tr: Transaction, keys: QueueKeys) -> None:

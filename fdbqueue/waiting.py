@@ -8,7 +8,8 @@ from typing import TypeVar
 
 from fdbqueue.clock import now_us
 from fdbqueue.config import read_config
-from fdbqueue.engines.base import Database, EventWatch, Transaction, Watch
+from fdbqueue.engines.base import Database, Transaction, Watch
+from fdbqueue.engines.local import EventWatch
 from fdbqueue.errors import EngineError, QueueStoppedError
 from fdbqueue.layout import QueueKeys
 from fdbqueue.message import Record

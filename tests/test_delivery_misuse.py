@@ -125,7 +125,14 @@ def test_settling_an_unknown_lease_is_a_lease_error(db: Database, op: str, forge
 
 @pytest.mark.parametrize(
     ("first", "then"),
-    [("ack", "ack"), ("ack", "nack"), ("ack", "extend"), ("nack", "ack"), ("nack", "nack"), ("nack", "extend")],
+    [
+        ("ack", "ack"),
+        ("ack", "nack"),
+        ("ack", "extend"),
+        ("nack", "ack"),
+        ("nack", "nack"),
+        ("nack", "extend"),
+    ],
 )
 def test_settling_a_lease_twice_is_a_lease_error(db: Database, first: str, then: str) -> None:
     q = make(db)

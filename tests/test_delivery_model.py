@@ -87,7 +87,7 @@ class DeliveryModel(RuleBasedStateMachine):
         self.errors = Queue("jobs.error")
         self.entries: dict[str, Entry] = {}
         self.error_ids: list[str] = []  # jobs.error in its dequeue order (dead-letter order)
-        self.hwm = 0  # the layer's index high-water mark of "jobs"
+        self.hwm = 0  # order of arrival in the ready set (the layer's indexes, relatively)
         self.dedup: dict[str, tuple[str, int]] = {}  # key -> (first id, first-seen us)
         self.stale: list[Message] = []  # lease handles that were settled or expired and swept
         self.n = 0
@@ -177,7 +177,7 @@ class DeliveryModel(RuleBasedStateMachine):
         e = Entry(
             mid, self.n, f"m-{self.n}".encode(), priority, None if ttl is None else now + int(ttl * 1e6)
         )
-        self.hwm += 1  # every new message takes an index, even a delayed one
+        self.hwm += 1  # the model's own index: only the order matters (later sorts later)
         if delay > 0:
             e.state, e.due = DELAYED, now + int(delay * 1e6)
         else:

@@ -54,7 +54,9 @@ def lease_worker(url: str, outdir: str) -> None:
     db = fdbqueue.open(url)
     q = Queue("jobs")
     fd = os.open(os.path.join(outdir, f"done-{os.getpid()}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    refused = os.open(os.path.join(outdir, f"refused-{os.getpid()}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    refused = os.open(
+        os.path.join(outdir, f"refused-{os.getpid()}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND
+    )
     swept = 0.0
     while True:
         if time.monotonic() - swept > SWEEP_EVERY:
@@ -152,7 +154,9 @@ def _drain_while_killing(db: Any, pool: Pool) -> tuple[float, int]:
     next_kill = start + random.uniform(*KILL_EVERY)
     try:
         while _held(db, q) != (0, 0, 0):
-            assert time.monotonic() - start < GIVE_UP_AFTER, f"not drained after {GIVE_UP_AFTER} s: {_held(db, q)}"
+            assert time.monotonic() - start < GIVE_UP_AFTER, (
+                f"not drained after {GIVE_UP_AFTER} s: {_held(db, q)}"
+            )
             pool.check_alive()
             if time.monotonic() >= next_kill:
                 pool.kill_one()
@@ -213,7 +217,9 @@ def test_exactly_once_workers_killed_at_random_process_each_message_once(url: st
     ids = _fill(db)
     seconds, kills = _drain_while_killing(db, Pool(exactly_once_worker, url, tmp_path))
 
-    done = {kv.key[len(b"done/") :].decode(): unpack_count(kv.value) for kv in db.get_range_startswith(b"done/")}
+    done = {
+        kv.key[len(b"done/") :].decode(): unpack_count(kv.value) for kv in db.get_range_startswith(b"done/")
+    }
     lost = set(ids) - set(done)
     twice = {i: n for i, n in done.items() if n != 1}
     print(f"\nexactly-once mode: {MESSAGES} messages, {WORKERS} workers, {kills} kills, {seconds:.1f} s")

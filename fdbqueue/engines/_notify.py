@@ -31,7 +31,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 
-from fdbqueue.engines.base import EventWatch
+from fdbqueue.engines.local import EventWatch
 
 Reader = Callable[[list[bytes]], dict[bytes, bytes | None]]
 

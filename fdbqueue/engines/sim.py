@@ -35,16 +35,14 @@ from sortedcontainers import SortedList
 from fdbqueue.engines.base import (
     SYSTEM_KEYS,
     TRANSACTION_WINDOW_SECONDS,
-    EventWatch,
     KeySelector,
     KeyValue,
-    LocalDatabase,
-    LocalTransaction,
     apply_atomic,
     fill_versionstamp,
     key_after,
     make_versionstamp,
 )
+from fdbqueue.engines.local import EventWatch, LocalDatabase, LocalTransaction
 from fdbqueue.errors import EngineError, InvalidURLError
 
 if TYPE_CHECKING:

@@ -53,15 +53,13 @@ from fdbqueue.engines import ParsedURL, _shared, take_params
 from fdbqueue.engines.base import (
     ATOMIC_OPS,
     SYSTEM_KEYS,
-    EventWatch,
     KeySelector,
     KeyValue,
-    LocalDatabase,
-    LocalTransaction,
     apply_atomic,
     fill_versionstamp,
     make_versionstamp,
 )
+from fdbqueue.engines.local import EventWatch, LocalDatabase, LocalTransaction
 from fdbqueue.errors import (
     EngineError,
     InvalidURLError,

@@ -1,0 +1,560 @@
+"""The shared half of the in-process engines (sim and sqlite).
+
+:class:`LocalTransaction` checks arguments exactly as FoundationDB does, accounts the
+transaction's size, keeps the options, the retry backoff, the 5-second window and the
+life cycle of watches, and delegates storage to the engine's primitives (``_get``,
+``_get_range``, ``_set`` ...). :class:`LocalDatabase` adds the clock and the watch hook.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+from fdbqueue.engines.base import (
+    KEY_SIZE_LIMIT,
+    SYSTEM_KEYS,
+    TRANSACTION_SIZE_LIMIT,
+    TRANSACTION_WINDOW_SECONDS,
+    VALUE_SIZE_LIMIT,
+    DatabaseConveniences,
+    FinishCallback,
+    KeyOrSelector,
+    KeySelector,
+    KeyValue,
+    TransactionOptions,
+    VersionstampFuture,
+    Watch,
+    check_bytes,
+    check_read_key,
+    check_value,
+    check_write_key,
+    clamp_end,
+    fill_versionstamp,
+    key_after,
+    make_versionstamp,
+    register_transaction_type,
+    strinc,
+)
+from fdbqueue.errors import RETRYABLE, EngineError
+
+# ---------------------------------------------------------------------------------------------
+# Watches and versionstamp futures for the local engines.
+
+
+class EventWatch:
+    """A :class:`Watch` completed by its engine from any thread."""
+
+    __slots__ = ("_error", "_event", "_on_cancel", "key", "seen")
+
+    def __init__(self, key: bytes, seen: bytes | None) -> None:
+        self.key = key
+        self.seen = seen
+        self._event = threading.Event()
+        self._error: EngineError | None = None
+        self._on_cancel: Callable[[EventWatch], None] | None = None
+
+    def fire(self) -> None:
+        self._event.set()
+
+    def fail(self, code: int, message: str | None = None) -> None:
+        if not self._event.is_set():
+            self._error = EngineError(code, message)
+            self._event.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if not self._event.wait(timeout):
+            return False
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_ready(self) -> bool:
+        return self._event.is_set()
+
+    def cancel(self) -> None:
+        self.fail(1101, "watch cancelled")
+        if self._on_cancel is not None:
+            self._on_cancel(self)
+
+
+class StampFuture:
+    __slots__ = ("_error", "_stamp")
+
+    def __init__(self) -> None:
+        self._stamp: bytes | None = None
+        self._error: int | None = None
+
+    def wait(self) -> bytes:
+        if self._stamp is not None:
+            return self._stamp
+        raise EngineError(self._error or 2021, "the versionstamp is known only after a commit with writes")
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class _Snapshot:
+    """``tr.snapshot``: the same reads without read conflicts; still sees the transaction's writes."""
+
+    __slots__ = ("_tr",)
+
+    def __init__(self, tr: LocalTransaction) -> None:
+        self._tr = tr
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._tr._read_get(key, True)
+
+    def __getitem__(self, key: bytes) -> bytes | None:
+        return self._tr._read_get(key, True)
+
+    def get_key(self, selector: KeySelector) -> bytes:
+        return self._tr._read_key(selector, True)
+
+    def get_range(
+        self, begin: KeyOrSelector, end: KeyOrSelector, limit: int = 0, reverse: bool = False
+    ) -> list[KeyValue]:
+        return self._tr._read_range(begin, end, limit, reverse, True)
+
+    def get_range_startswith(self, prefix: bytes, limit: int = 0, reverse: bool = False) -> list[KeyValue]:
+        p = check_bytes("prefix", prefix)
+        return self._tr._read_range(p, strinc(p) if p else SYSTEM_KEYS, limit, reverse, True)
+
+
+class LocalTransaction(ABC):
+    """The shared half of the sim and sqlite transactions.
+
+    Public methods check arguments exactly as FoundationDB does, account the
+    transaction's size, and delegate to the engine's primitives below.
+    """
+
+    def __init__(self, db: LocalDatabase) -> None:
+        self.db = db
+        self.options = TransactionOptions()
+        self.snapshot = _Snapshot(self)
+        self._retries = 0
+        self._clear_state()
+
+    # -- life cycle ----------------------------------------------------------------------------
+
+    def _clear_state(self) -> None:
+        self._started: float | None = None
+        self._has_reads = False
+        self._size = 0
+        self._committed_version = -1
+        self._stamp = StampFuture()
+        self._watches: list[EventWatch] = []
+        self._finish: list[FinishCallback] = []
+        self._state = "open"  # open | committing | committed | cancelled
+
+    def _touch(self) -> None:
+        """Called before every operation: refuses a used transaction, starts the clocks."""
+        if self._state != "open":
+            if self._state == "committing":
+                raise EngineError(2017, "transaction used during commit")
+            if self._state == "cancelled":
+                raise EngineError(1025, "transaction was cancelled")
+            raise EngineError(2017, "transaction already committed; call reset() to reuse it")
+        now = self.db.clock()
+        if self._started is None:
+            # Begin first: if it fails (the sqlite lock), the next operation begins again;
+            # the clock starts once it succeeded, so lock waits do not eat the 5 s window.
+            self._begin()
+            self._started = self.db.clock()
+            return
+        elapsed = now - self._started
+        if self.options.timeout_ms and elapsed * 1000.0 >= self.options.timeout_ms:
+            self._abort(1031)
+            raise EngineError(1031, f"transaction timed out after {self.options.timeout_ms} ms")
+
+    def _check_window(self) -> None:
+        if self._started is not None and self.db.clock() - self._started > TRANSACTION_WINDOW_SECONDS:
+            raise EngineError(1007, "transaction is older than the 5-second window")
+
+    def commit(self) -> None:
+        """Atomically apply every write; raises a retryable EngineError when it could not."""
+        self._touch()
+        if self._has_reads:
+            try:
+                self._check_window()
+            except EngineError:
+                self._abort(1007)
+                raise
+        if self._size > TRANSACTION_SIZE_LIMIT:
+            self._abort(2101)
+            raise EngineError(2101, f"transaction of {self._size} bytes exceeds {TRANSACTION_SIZE_LIMIT}")
+        self._state = "committing"
+        try:
+            version = self._commit()
+        except EngineError as exc:
+            self._state = "cancelled" if exc.code in (1025,) else "failed"
+            self._stamp._error = 2020  # FoundationDB: no_commit_version after a failed commit
+            for w in self._watches:
+                w.fail(exc.code, "the watch's transaction did not commit")
+            self._run_finish(exc)
+            raise
+        except BaseException:
+            self._state = "failed"
+            for w in self._watches:
+                w.fail(4100, "the watch's transaction did not commit")
+            self._run_finish(EngineError(4100, "commit failed"))
+            raise
+        self._state = "committed"
+        self._committed_version = version
+        if version >= 0:
+            self._stamp._stamp = make_versionstamp(version)
+        if self._watches:
+            self.db._arm_watches(self._watches)
+        self._run_finish(None)
+
+    def on_error(self, error: BaseException) -> None:
+        """Back off and reset when ``error`` is retryable; otherwise re-raise it (as ``fdb``)."""
+        if not isinstance(error, EngineError) or error.code not in RETRYABLE:
+            self._abort(getattr(error, "code", 1025))
+            raise error
+        if self.options.retry_limit >= 0 and self._retries >= self.options.retry_limit:
+            self._abort(error.code)
+            raise error
+        self._retries += 1
+        cap = self.options.max_retry_delay_ms / 1000.0
+        delay = min(cap, self.db.retry_base_delay * (2 ** (self._retries - 1)))
+        self._abort(error.code)
+        self._clear_state()
+        if delay > 0:
+            self.db.sleep(delay * random.uniform(0.5, 1.0))
+
+    def reset(self) -> None:
+        """Drop every read, write and watch; options too (FoundationDB's reset)."""
+        self._abort(1025)
+        self.options = TransactionOptions()
+        self._retries = 0
+        self._clear_state()
+
+    def cancel(self) -> None:
+        """Abandon the transaction; any later call raises 1025."""
+        self._abort(1025)
+        self._state = "cancelled"
+
+    def _abort(self, code: int) -> None:
+        if self._state in ("open", "committing", "failed"):
+            if self._started is not None:
+                self._rollback()
+            for w in self._watches:
+                w.fail(code, "the watch's transaction did not commit")
+            self._watches = []
+            self._run_finish(EngineError(code))
+            self._state = "cancelled" if code == 1025 else "failed"
+
+    def on_finish(self, callback: FinishCallback) -> None:
+        """Call ``callback(error)`` once this attempt ends: None when it committed, else the
+        EngineError it ended with (1025 when cancelled or reset, e.g. after an application
+        exception; 1020 for a conflict ...), after its locks are released.
+
+        An extension of the FoundationDB API: it is how the layer writes what must
+        survive the caller's abort without nesting a transaction inside the caller's.
+        """
+        self._finish.append(callback)
+
+    def _run_finish(self, error: EngineError | None) -> None:
+        callbacks, self._finish = self._finish, []
+        for cb in callbacks:
+            cb(error)
+
+    def __del__(self) -> None:
+        try:
+            if getattr(self, "_state", None) == "open" and self._started is not None:
+                self._rollback()
+        except Exception:
+            pass
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def get(self, key: bytes) -> bytes | None:
+        """The value of ``key`` or None; adds a read conflict on ``key``."""
+        return self._read_get(key, False)
+
+    def __getitem__(self, key: bytes) -> bytes | None:
+        if isinstance(key, slice):
+            return self.get_range(key.start or b"", key.stop or SYSTEM_KEYS, 0, key.step == -1)
+        return self._read_get(key, False)
+
+    def get_key(self, selector: KeySelector) -> bytes:
+        """The key ``selector`` resolves to; adds a read conflict over what it examined."""
+        return self._read_key(selector, False)
+
+    def get_range(
+        self, begin: KeyOrSelector, end: KeyOrSelector, limit: int = 0, reverse: bool = False
+    ) -> list[KeyValue]:
+        """Keys in [begin, end) in order (reversed on request), at most ``limit`` (0: all).
+
+        Adds a read conflict over the part actually read (fdb-reference.md §2).
+        """
+        return self._read_range(begin, end, limit, reverse, False)
+
+    def get_range_startswith(self, prefix: bytes, limit: int = 0, reverse: bool = False) -> list[KeyValue]:
+        p = check_bytes("prefix", prefix)
+        return self._read_range(p, strinc(p) if p else SYSTEM_KEYS, limit, reverse, False)
+
+    def _read_get(self, key: bytes, snapshot: bool) -> bytes | None:
+        k = check_read_key(key)
+        self._touch()
+        self._check_window()
+        self._has_reads = True
+        return self._get(k, snapshot)
+
+    def _read_key(self, selector: KeySelector, snapshot: bool) -> bytes:
+        if not isinstance(selector, KeySelector):
+            raise TypeError("get_key takes a KeySelector")
+        check_read_key(selector.key)
+        self._touch()
+        self._check_window()
+        self._has_reads = True
+        return self._resolve(selector, snapshot)
+
+    def _read_range(
+        self, begin: KeyOrSelector, end: KeyOrSelector, limit: int, reverse: bool, snapshot: bool
+    ) -> list[KeyValue]:
+        if not isinstance(limit, int) or limit < 0:
+            raise EngineError(2006, f"limit must be a non-negative int, got {limit!r}")
+        self._touch()
+        self._check_window()
+        self._has_reads = True
+        b = self._resolve(begin, snapshot) if isinstance(begin, KeySelector) else check_read_key(begin)
+        e = (
+            self._resolve(end, snapshot)
+            if isinstance(end, KeySelector)
+            else clamp_end(check_bytes("end", end))
+        )
+        if b >= e:
+            return []
+        return self._get_range(b, e, limit, reverse, snapshot)
+
+    # -- writes --------------------------------------------------------------------------------
+
+    def set(self, key: bytes, value: bytes) -> None:
+        """Write ``value`` at ``key`` (blind: adds a write conflict only)."""
+        k, v = check_write_key(key), check_value(value)
+        self._touch()
+        self._size += len(k) + len(v)
+        self._set(k, v)
+
+    __setitem__ = set
+
+    def clear(self, key: bytes) -> None:
+        k = check_write_key(key)
+        self._touch()
+        self._size += len(k)
+        self._clear(k)
+
+    __delitem__ = clear
+
+    def clear_range(self, begin: bytes, end: bytes) -> None:
+        """Remove every key in [begin, end); 2005 if end < begin."""
+        b = check_write_key(begin)
+        e = clamp_end(check_bytes("end", end))
+        if e < b:
+            raise EngineError(2005, "clear_range end is before begin")
+        self._touch()
+        self._size += len(b) + len(e)
+        if b < e:
+            self._clear_range(b, e)
+
+    def clear_range_startswith(self, prefix: bytes) -> None:
+        p = check_bytes("prefix", prefix)
+        self.clear_range(p, strinc(p) if p else SYSTEM_KEYS)
+
+    def _atomic_op(self, op: str, key: bytes, param: bytes) -> None:
+        k = check_write_key(key)
+        p = check_value(param)
+        self._touch()
+        self._size += len(k) + len(p)
+        self._atomic(op, k, p)
+
+    def add(self, key: bytes, param: bytes) -> None:
+        """Little-endian add; never a read conflict, so hot counters do not conflict."""
+        self._atomic_op("add", key, param)
+
+    def max(self, key: bytes, param: bytes) -> None:
+        self._atomic_op("max", key, param)
+
+    def min(self, key: bytes, param: bytes) -> None:
+        self._atomic_op("min", key, param)
+
+    def byte_max(self, key: bytes, param: bytes) -> None:
+        self._atomic_op("byte_max", key, param)
+
+    def byte_min(self, key: bytes, param: bytes) -> None:
+        self._atomic_op("byte_min", key, param)
+
+    def bit_and(self, key: bytes, param: bytes) -> None:
+        self._atomic_op("bit_and", key, param)
+
+    def bit_or(self, key: bytes, param: bytes) -> None:
+        self._atomic_op("bit_or", key, param)
+
+    def bit_xor(self, key: bytes, param: bytes) -> None:
+        self._atomic_op("bit_xor", key, param)
+
+    def compare_and_clear(self, key: bytes, param: bytes) -> None:
+        self._atomic_op("compare_and_clear", key, param)
+
+    def append_if_fits(self, key: bytes, param: bytes) -> None:
+        self._atomic_op("append_if_fits", key, param)
+
+    def set_versionstamped_key(self, key: bytes, value: bytes) -> None:
+        """Write ``value`` at ``key`` with its 10 stamp bytes filled in at commit."""
+        k = check_bytes("key", key)
+        if len(k) - 4 > KEY_SIZE_LIMIT:
+            raise EngineError(2102, f"key of {len(k) - 4} bytes exceeds {KEY_SIZE_LIMIT}")
+        if k[:-4] >= SYSTEM_KEYS:
+            raise EngineError(2004, "keys at or after b'\\xff' are reserved")
+        v = check_value(value)
+        fill_versionstamp(k, b"\x00" * 10)  # validates the offset now, not at commit
+        self._touch()
+        self._size += len(k) + len(v)
+        self._versionstamped("key", k, v)
+
+    def set_versionstamped_value(self, key: bytes, value: bytes) -> None:
+        """Write ``value`` (with its stamp bytes filled in at commit) at ``key``."""
+        k = check_write_key(key)
+        v = check_bytes("value", value)
+        if len(v) - 4 > VALUE_SIZE_LIMIT:
+            raise EngineError(2103, f"value of {len(v) - 4} bytes exceeds {VALUE_SIZE_LIMIT}")
+        fill_versionstamp(v, b"\x00" * 10)
+        self._touch()
+        self._size += len(k) + len(v)
+        self._versionstamped("value", k, v)
+
+    # -- conflicts, versions, watches ----------------------------------------------------------
+
+    def add_read_conflict_range(self, begin: bytes, end: bytes) -> None:
+        b, e = check_read_key(begin), clamp_end(check_bytes("end", end))
+        if e < b:
+            raise EngineError(2005, "conflict range end is before begin")
+        self._touch()
+        self._has_reads = True
+        self._size += len(b) + len(e)
+        self._conflict_range("read", b, e)
+
+    def add_read_conflict_key(self, key: bytes) -> None:
+        k = check_read_key(key)
+        self.add_read_conflict_range(k, key_after(k))
+
+    def add_write_conflict_range(self, begin: bytes, end: bytes) -> None:
+        b, e = check_read_key(begin), clamp_end(check_bytes("end", end))
+        if e < b:
+            raise EngineError(2005, "conflict range end is before begin")
+        self._touch()
+        self._size += len(b) + len(e)
+        self._conflict_range("write", b, e)
+
+    def add_write_conflict_key(self, key: bytes) -> None:
+        k = check_read_key(key)
+        self.add_write_conflict_range(k, key_after(k))
+
+    def watch(self, key: bytes) -> Watch:
+        """A watch armed when this transaction commits (it reads ``key`` serializably)."""
+        k = check_write_key(key)
+        seen = self._read_get(k, False)
+        w = EventWatch(k, seen)
+        self._watches.append(w)
+        return w
+
+    def get_read_version(self) -> int:
+        self._touch()
+        return self._read_version()
+
+    def get_committed_version(self) -> int:
+        """The commit version, or -1 for a read-only or uncommitted transaction."""
+        return self._committed_version
+
+    def get_versionstamp(self) -> VersionstampFuture:
+        return self._stamp
+
+    # -- engine primitives ---------------------------------------------------------------------
+
+    def _begin(self) -> None:  # noqa: B027 - a hook: most engines need nothing here
+        """The first operation of an attempt (the sqlite engine takes its lock here)."""
+
+    @abstractmethod
+    def _get(self, key: bytes, snapshot: bool) -> bytes | None: ...
+
+    @abstractmethod
+    def _resolve(self, selector: KeySelector, snapshot: bool) -> bytes: ...
+
+    @abstractmethod
+    def _get_range(
+        self, begin: bytes, end: bytes, limit: int, reverse: bool, snapshot: bool
+    ) -> list[KeyValue]: ...
+
+    @abstractmethod
+    def _set(self, key: bytes, value: bytes) -> None: ...
+
+    @abstractmethod
+    def _clear(self, key: bytes) -> None: ...
+
+    @abstractmethod
+    def _clear_range(self, begin: bytes, end: bytes) -> None: ...
+
+    @abstractmethod
+    def _atomic(self, op: str, key: bytes, param: bytes) -> None: ...
+
+    @abstractmethod
+    def _versionstamped(self, kind: str, key: bytes, value: bytes) -> None: ...
+
+    @abstractmethod
+    def _conflict_range(self, kind: str, begin: bytes, end: bytes) -> None: ...
+
+    @abstractmethod
+    def _read_version(self) -> int: ...
+
+    @abstractmethod
+    def _commit(self) -> int:
+        """Apply the attempt atomically; return the commit version (-1 when nothing was written).
+
+        On an EngineError nothing may be applied, except for 1021 (maybe committed).
+        """
+
+    @abstractmethod
+    def _rollback(self) -> None:
+        """Discard the attempt (idempotent)."""
+
+
+class LocalDatabase(DatabaseConveniences, ABC):
+    """The shared half of the sim and sqlite databases."""
+
+    url: str
+    engine: str
+    retry_base_delay: float = 0.01  # FoundationDB: 10 ms doubling up to max_retry_delay
+    # What the layer may skip on an engine that cannot produce it (see engine_traits).
+    may_conflict: bool = True
+    may_commit_unknown: bool = True
+
+    def clock(self) -> float:
+        """Seconds on the engine's clock (the sim engine's can be driven by tests)."""
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    @abstractmethod
+    def create_transaction(self) -> LocalTransaction: ...
+
+    @abstractmethod
+    def _arm_watches(self, watches: list[EventWatch]) -> None:
+        """Start watching after a commit; fire at once if a value already differs."""
+
+    def close(self) -> None:
+        """Release files and threads; the handle is unusable afterwards."""
+
+    def __enter__(self) -> LocalDatabase:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+register_transaction_type(LocalTransaction)
