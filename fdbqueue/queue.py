@@ -56,7 +56,7 @@ from fdbqueue.txn import as_database, run_once, seconds
 from fdbqueue.waiting import blocking, bounded, strict_of, watch_queue
 
 CHUNK_SIZE = 10_000  # FoundationDB's blob recipe: values of about 10 kB
-RECEIPT_TTL_US = 600_000_000  # receipts older than this are swept
+RECEIPT_TTL_US = 60_000_000  # receipts settle one call's retries: a minute is plenty
 
 log = logging.getLogger("fdbqueue")
 
@@ -465,6 +465,7 @@ class Queue:
         taken: Message | None = None
         unknown = False
         strict = False
+        conflicts = 0
         t = db.create_transaction()
         try:
             while True:
@@ -491,8 +492,11 @@ class Queue:
                 except EngineError as exc:
                     unknown = unknown or exc.maybe_committed
                     settling = unknown and taken is not None  # must learn if that take landed
-                    if exc.code == 1020 and staged_ok and not settling:
-                        break  # plain dequeues collide: use the staged request set
+                    conflicts += exc.code == 1020
+                    if conflicts >= 2 and staged_ok and not settling:
+                        # Plain dequeues keep colliding: the staged request set costs about
+                        # three commits a message and pays off only from a few dequeuers.
+                        break
                     t.on_error(exc)
         finally:
             t.cancel()

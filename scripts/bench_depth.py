@@ -292,38 +292,57 @@ class Store:
 # Rates around a depth.
 
 
-def run_block(fn: Callable[[], None], n: int, lat: list[float]) -> float:
+def run_block(fn: Callable[[], None], n: int, lat: list[float]) -> tuple[float, float]:
+    """Run ``fn`` ``n`` times; (wall seconds, CPU seconds of this process), latencies appended."""
     clock = time.perf_counter
+    cpu0 = time.process_time()
     start = prev = clock()
     for _ in range(n):
         fn()
         now = clock()
         lat.append(now - prev)
         prev = now
-    return prev - start
+    return prev - start, time.process_time() - cpu0
 
 
-def measure_round(st: Store, ops: int, block: int) -> dict[str, dict[str, Any]]:
-    """``ops`` messages of each operation around the store's depth; the depth moves by <= block."""
-    done = dict.fromkeys(OPS, 0)
-    secs = dict.fromkeys(OPS, 0.0)
-    lat: dict[str, list[float]] = {op: [] for op in OPS}
-    fns = {op: st.op(op) for op in OPS}
-    while done["dequeue"] < ops or done["lease+ack"] < ops:
+def measure_round(stores: list[Store], ops: int, block: int, turn: int = 0) -> dict[int, dict[str, Any]]:
+    """``ops`` messages of each operation on every store, interleaved block by block.
+
+    Blocks cycle enqueue, dequeue, enqueue, lease+ack, so each store's depth moves by at most
+    ``block``. Every block runs on each store in turn (the order rotating), so the stores of
+    a round see the same machine within a fraction of a second: a neighbour's burst of load
+    hits every depth alike instead of whichever happened to be running.
+    """
+    acc: dict[int, dict[str, dict[str, Any]]] = {
+        st.depth: {op: {"n": 0, "wall": 0.0, "cpu": 0.0, "lat": []} for op in OPS} for st in stores
+    }
+    fns = {st.depth: {op: st.op(op) for op in OPS} for st in stores}
+    done = 0
+    while done < ops:
         for op in ("enqueue", "dequeue", "enqueue", "lease+ack"):
-            secs[op] += run_block(fns[op], block, lat[op])
-            done[op] += block
-    out = {}
-    for op in OPS:
-        xs = sorted(lat[op])
-        out[op] = {
-            "messages": done[op],
-            "seconds": secs[op],
-            "rate": done[op] / secs[op],
-            "p50_us": 1e6 * xs[len(xs) // 2],
-            "p99_us": 1e6 * xs[min(len(xs) - 1, int(len(xs) * 0.99))],
-            "max_us": 1e6 * xs[-1],
-        }
+            order = stores[turn % len(stores) :] + stores[: turn % len(stores)]
+            turn += 1
+            for st in order:
+                a = acc[st.depth][op]
+                wall, cpu = run_block(fns[st.depth][op], block, a["lat"])
+                a["n"] += block
+                a["wall"] += wall
+                a["cpu"] += cpu
+        done += block
+    out: dict[int, dict[str, Any]] = {}
+    for d, per_op in acc.items():
+        out[d] = {}
+        for op, a in per_op.items():
+            xs = sorted(a["lat"])
+            out[d][op] = {
+                "messages": a["n"],
+                "seconds": a["wall"],
+                "rate": a["n"] / a["wall"],
+                "cpu_us": 1e6 * a["cpu"] / a["n"],
+                "p50_us": 1e6 * xs[len(xs) // 2],
+                "p99_us": 1e6 * xs[min(len(xs) - 1, int(len(xs) * 0.99))],
+                "max_us": 1e6 * xs[-1],
+            }
     return out
 
 
@@ -355,29 +374,55 @@ def btree_info(path: str) -> dict[str, Any]:
     }
 
 
-def wal_frames_per_txn(st: Store, probe: int) -> dict[str, float | None]:
-    """WAL frames (dirty pages) written per transaction of each operation, ``probe`` of each.
+def _wal_frames(path: str) -> int:
+    try:
+        size = os.path.getsize(path + "-wal")
+    except OSError:
+        return 0
+    return max(0, (size - 32) // (4096 + 24))  # WAL header, then (frame header + page) each
 
-    lease+ack is two transactions: its figure is per message (both). Depth is restored after.
+
+def wal_probe(st: Store, frames: int, sync: str) -> dict[str, dict[str, float | None]]:
+    """Per operation: WAL frames (dirty 4 KiB pages) written per message, and what the
+    checkpoint of those frames then costs per message.
+
+    After a TRUNCATE checkpoint, the operation runs until the log holds ``frames`` frames
+    (SQLite checkpoints on its own at 1000), then one PASSIVE checkpoint is timed: the
+    cadence of the automatic checkpoints, whose cost the measured rates include. lease+ack
+    is two transactions: its figures are per message. The depth is restored after each
+    operation. Only a separate sqlite3 connection on the file is used.
     """
     assert st.path is not None
-    out: dict[str, float | None] = {}
-    conn = sqlite3.connect(st.path, isolation_level=None)
+    path = st.path
+    out: dict[str, dict[str, float | None]] = {}
+    conn = sqlite3.connect(path, isolation_level=None)
     try:
+        conn.execute(f"PRAGMA synchronous={sync.upper()}")  # the checkpoint syncs as the store's own do
         for op in ("enqueue", "dequeue", "lease+ack"):
             if op != "enqueue":
-                for _ in range(probe):
-                    st.enqueue()  # what the probe takes (an empty queue has nothing to take)
+                for _ in range(frames):
+                    st.enqueue()  # enough to take (an empty queue has nothing to take)
             busy, _log, _ckpt = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
             fn = st.op(op)
-            for _ in range(probe):
+            n = 0
+            while n < frames and _wal_frames(path) < frames:
                 fn()
-            busy2, log, _ = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-            # > ~1000 frames: an automatic checkpoint restarted the log meanwhile: unknown.
-            out[op] = None if busy or busy2 or log >= 990 else log / probe
+                n += 1
+            t0 = time.perf_counter()
+            busy2, log, ckpt = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            secs = time.perf_counter() - t0
+            ok = not busy and not busy2 and 0 < log < 1000 and ckpt == log
+            out[op] = {
+                "messages": n,
+                "frames": log / n if ok else None,
+                "checkpoint_us": 1e6 * secs / n if ok else None,
+            }
             if op == "enqueue":
-                for _ in range(probe):
+                for _ in range(n):
                     st.dequeue()  # back to the depth it had
+            else:
+                for _ in range(n, frames):
+                    st.dequeue()
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     finally:
         conn.close()
@@ -548,12 +593,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--block", type=int, default=100, help="messages per block; the depth moves by at most this (100)"
     )
-    p.add_argument("--repeat", type=int, default=3, help="rounds over every depth; medians shown (3)")
+    p.add_argument("--repeat", type=int, default=5, help="rounds over every depth; medians shown (5)")
     p.add_argument(
         "--warmup-ops", type=int, default=300, help="untimed messages per operation before round 1 (300)"
     )
     p.add_argument(
-        "--probe", type=int, default=50, help="transactions per operation in the WAL-frames probe (50)"
+        "--probe-frames",
+        type=int,
+        default=800,
+        help="WAL frames each operation writes in the WAL probe (800)",
     )
     p.add_argument("--rss-seconds", type=float, default=60.0, help="each worker child runs this long, s (60)")
     p.add_argument("--rss-interval", type=float, default=0.5, help="RSS sampling period, s (0.5)")
@@ -671,22 +719,20 @@ def main(argv: list[str] | None = None) -> int:
         # 2. Rates --------------------------------------------------------------------------
         note(
             f"\n== 2. Rates around each depth: {args.ops:,} messages per operation per round, blocks of "
-            f"{args.block}, {args.repeat} rounds round-robin over the depths (load now {loadavg()})"
+            f"{args.block} interleaved over the depths, {args.repeat} rounds (load now {loadavg()})"
         )
-        for st in stores.values():  # warm caches and code paths: a round that is not kept
-            measure_round(st, max(args.block, args.warmup_ops), args.block)
+        order = list(stores.values())
+        measure_round(order, max(args.block, args.warmup_ops), args.block)  # warm-up: not kept
         rounds: list[dict[int, dict[str, dict[str, Any]]]] = []
         for r in range(args.repeat):
-            this: dict[int, dict[str, dict[str, Any]]] = {}
-            for d, st in stores.items():
-                this[d] = measure_round(st, args.ops, args.block)
+            this = measure_round(order, args.ops, args.block, turn=r)
             rounds.append(this)
             note(
                 f"   round {r + 1}: "
                 + "; ".join(
                     f"{d:,}: " + "/".join(f"{this[d][op]['rate']:,.0f}" for op in OPS) for d in depths
                 )
-                + " msg/s (enqueue/dequeue/lease+ack)"
+                + f" msg/s (enqueue/dequeue/lease+ack); load {loadavg()}"
             )
         rates: list[dict[str, Any]] = []
         rows = []
@@ -697,6 +743,9 @@ def main(argv: list[str] | None = None) -> int:
                 med = statistics.median(rs)
                 ratio = statistics.median(ratios)
                 p50 = statistics.median(rd[d][op]["p50_us"] for rd in rounds)
+                p50_ratio = statistics.median(rd[0][op]["p50_us"] / rd[d][op]["p50_us"] for rd in rounds)
+                cpu = statistics.median(rd[d][op]["cpu_us"] for rd in rounds)
+                cpu_ratio = statistics.median(rd[0][op]["cpu_us"] / rd[d][op]["cpu_us"] for rd in rounds)
                 p99 = statistics.median(rd[d][op]["p99_us"] for rd in rounds)
                 mx = max(rd[d][op]["max_us"] for rd in rounds)
                 rates.append(
@@ -708,6 +757,9 @@ def main(argv: list[str] | None = None) -> int:
                         "ratio": ratio,
                         "ratios": ratios,
                         "p50_us": p50,
+                        "p50_ratio": p50_ratio,
+                        "cpu_us": cpu,
+                        "cpu_ratio": cpu_ratio,
                         "p99_us": p99,
                         "max_us": mx,
                         "messages": sum(rd[d][op]["messages"] for rd in rounds),
@@ -723,6 +775,9 @@ def main(argv: list[str] | None = None) -> int:
                         f"{ratio:.2f}",
                         "-" if not d else f"{min(ratios):.2f}-{max(ratios):.2f}",
                         p50,
+                        f"{p50_ratio:.2f}",
+                        cpu,
+                        f"{cpu_ratio:.2f}",
                         p99,
                         mx / 1000,
                         "-" if not d else ("yes" if ratio >= 0.8 else "NO"),
@@ -732,7 +787,8 @@ def main(argv: list[str] | None = None) -> int:
         report["rounds"] = rounds
         show_table(
             f"Rates around each depth ({label}; msg/s, one message per transaction, "
-            f"lease+ack = 2 transactions; median of {args.repeat} rounds)",
+            f"lease+ack = 2 transactions; median of {args.repeat} rounds; ratios: rate(depth) / rate(0) of "
+            "the same round, p50(0) / p50(depth), CPU(0) / CPU(depth))",
             [
                 "operation",
                 "depth",
@@ -741,6 +797,9 @@ def main(argv: list[str] | None = None) -> int:
                 "ratio vs depth 0",
                 "ratio range",
                 "p50 µs",
+                "p50 ratio",
+                "CPU µs/msg",
+                "CPU ratio",
                 "p99 µs",
                 "max ms",
                 ">= 0.8",
@@ -751,39 +810,46 @@ def main(argv: list[str] | None = None) -> int:
         # 3. What a transaction writes ----------------------------------------------------
         if sqlite_engine:
             note(
-                f"\n== 3. Pages written per transaction ({args.probe} of each operation, WAL frames) "
-                "and the B-tree"
+                f"\n== 3. Pages written per transaction (each operation until {args.probe_frames} "
+                "WAL frames) and the B-tree"
             )
             shape = []
             rows = []
             for d, st in stores.items():
                 assert st.path is not None
-                frames = wal_frames_per_txn(st, args.probe)
+                probed = wal_probe(st, args.probe_frames, args.sync)
                 info = btree_info(st.path)
-                info.update({"depth": d, "ready": st.size(), "wal_frames": frames})
+                info.update({"depth": d, "ready": st.size(), "wal": probed})
                 shape.append(info)
+
+                def cell(v: float | None) -> Any:
+                    return "-" if v is None else v
+
                 rows.append(
                     [
                         f"{d:,}",
                         info["ready"],
                         info.get("btree_height"),
                         info.get("file_mb"),
-                        info.get("freelist_pages"),
-                        *(("-" if frames[op] is None else frames[op]) for op in OPS),
+                        *(cell(probed[op]["frames"]) for op in OPS),
+                        *(cell(probed[op]["checkpoint_us"]) for op in OPS),
                     ]
                 )
             report["shape"] = shape
             show_table(
-                "Store shape and WAL frames (4 KiB pages) per message",
+                "Store shape; WAL frames (4 KiB pages written) per message; checkpoint of those "
+                "frames, µs per message (lease+ack = 2 transactions)",
                 [
                     "depth",
                     "ready now",
                     "kv B-tree height",
                     "file MB",
-                    "free pages",
                     "frames/enqueue",
                     "frames/dequeue",
-                    "frames/lease+ack (2 txns)",
+                    "frames/lease+ack",
+                    "ckpt µs/enqueue",
+                    "ckpt µs/dequeue",
+                    "ckpt µs/lease+ack",
                 ],
                 rows,
             )

@@ -46,7 +46,7 @@ as_user() {
 
 pg_bindir() {
     local d
-    d=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
+    d=$(printf '%s\n' /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
     [ -n "$d" ] && [ -x "$d/initdb" ] && [ -x "$d/pg_ctl" ] && printf '%s\n' "$d"
 }
 

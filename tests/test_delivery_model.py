@@ -11,18 +11,20 @@ ready (with its place in dequeue order), leased (deadline, receipt), delayed (du
 acked, consumed (a plain dequeue), or in ``jobs.error`` (reason, deliveries). It follows
 the layer's documented rules (DESIGN.md §5, delivery.py): a release goes back to the
 message's original place, a delayed enqueue joins the tail when it becomes due, a lease,
-nack or expiry past max_deliveries dead-letters it, a message past its TTL is moved to the
-error queue tagged ``expired`` by a sweep or by a dequeue that meets it. Every lease and
-dequeue must hand out exactly the message the model predicts, and after every step each
-message is in exactly one place: found by ``jobs.get`` when the model says it waits in
-``jobs``, listed once in ``jobs.error`` when dead-lettered, gone when acked; the ready
-order (browse), ``size()``, the in-flight and delayed counters and the raw indexes agree.
+nack or expiry past max_deliveries dead-letters it, a message past its TTL is never handed
+out and is moved to the error queue tagged ``expired``. Every lease and dequeue must hand
+out exactly the message the model predicts, and after every step each message is in
+exactly one place: found by ``jobs.get`` when the model says it waits in ``jobs``, listed
+once in ``jobs.error`` when dead-lettered, gone when acked; the ready order (browse),
+``size()``, the in-flight and delayed counters and the raw indexes agree.
 
-One non-determinism is resolved by observation: a plain ``dequeue(db)`` whose attempt hits
-a conflict (1020) switches to the staged request set (contention.py), which does the due
-work (expired leases, due delays) but passes over expired messages without moving them
-aside. The model tells the two paths apart by whether a 1020 was injected during the call
-(the staged path is entered only after one).
+``sweep`` must do all due work, and the model predicts it exactly. A lease or dequeue may
+also do some of it on the way (release expired leases, promote due delays, move aside
+expired messages it meets; the plain and the staged dequeue paths differ there, and a
+dequeue switches to the staged path on a conflict): the model observes which of those
+moves happened (each still has to be a legal move) before it predicts the message handed
+out, which must be the first deliverable one in dequeue order. The error queue is
+therefore compared as a set; its order is the order of those moves, not part of the model.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ class Entry:
         return self.expires is not None and self.expires <= now
 
     def __repr__(self) -> str:
-        return f"<{self.id[:6]} {self.state} d={self.deliveries} pos={self.pos} exp={self.expires}>"
+        return f"<{self.id[-6:]} {self.state} d={self.deliveries} pos={self.pos} exp={self.expires}>"
 
 
 class DeliveryModel(RuleBasedStateMachine):
@@ -86,7 +88,7 @@ class DeliveryModel(RuleBasedStateMachine):
         self.jobs = Queue("jobs")
         self.errors = Queue("jobs.error")
         self.entries: dict[str, Entry] = {}
-        self.error_ids: list[str] = []  # jobs.error in its dequeue order (dead-letter order)
+        self.error_ids: list[str] = []  # what jobs.error holds
         self.hwm = 0  # order of arrival in the ready set (the layer's indexes, relatively)
         self.dedup: dict[str, tuple[str, int]] = {}  # key -> (first id, first-seen us)
         self.stale: list[Message] = []  # lease handles that were settled or expired and swept
@@ -131,6 +133,16 @@ class DeliveryModel(RuleBasedStateMachine):
         e.state = READY
         return "ready"
 
+    def _promote(self, e: Entry, now: int) -> None:
+        """A due delayed message: to its place (a retry), the tail (an enqueue), or expired."""
+        if e.expired(now):
+            self._dead_letter(e, "expired")
+            return
+        if e.pos is None:  # a delayed enqueue joins the tail now
+            self.hwm += 1
+            e.pos = (-e.priority, self.hwm)
+        e.state = READY
+
     def _sweep_step(self, now: int) -> None:
         """What one sweep transaction moves, in its order: leases, delays, then TTLs."""
         for e in sorted(self._in(LEASED), key=lambda e: (e.deadline, e.id)):
@@ -139,31 +151,54 @@ class DeliveryModel(RuleBasedStateMachine):
                 self._release(e, None, None, now)
         for e in sorted(self._in(DELAYED), key=lambda e: (e.due, e.id)):
             if e.due <= now:
-                if e.expired(now):
-                    self._dead_letter(e, "expired")
-                    continue
-                if e.pos is None:  # a delayed enqueue joins the tail now
-                    self.hwm += 1
-                    e.pos = (-e.priority, self.hwm)
-                e.state = READY
+                self._promote(e, now)
         for e in sorted(self._in(READY), key=lambda e: (e.expires or 0, e.id)):
             if e.expired(now):
                 self._dead_letter(e, "expired")
 
-    def _next(self, now: int, *, staged: bool = False) -> Entry | None:
-        """The message a lease or dequeue takes now, after the work that call does first."""
-        if any(e.deadline <= now for e in self._in(LEASED)) or any(e.due <= now for e in self._in(DELAYED)):
-            self._sweep_step(now)
-        if staged:
-            # The staged request set pairs the first unexpired ready message; expired ones
-            # it passes over stay where they are, for a sweep or a plain dequeue.
-            return next((e for e in self._ready_order() if not e.expired(now)), None)
-        for e in self._ready_order():
-            if e.expired(now):
-                self._dead_letter(e, "expired")  # moved aside by the dequeue that meets it
-                continue
-            return e
-        return None
+    def _where(self, e: Entry) -> tuple[str | None, int | None]:
+        """Where the store has ``e``: the id index's tag, and a lease's deadline (us)."""
+        assert self.db is not None
+        key = self.db.get(self.jobs.keys.id_key(e.id))
+        if key is None:
+            return None, None
+        tag = str(self.jobs.keys.unpack_tail(key)[0])
+        if tag != "f":
+            return tag, None
+        m = self.jobs.get(self.db, e.id)
+        assert m is not None and m.lease_deadline is not None
+        return tag, round(m.lease_deadline * 1e6)
+
+    def _observe_due_work(self, now: int, taken: str | None) -> None:
+        """Apply the due moves a lease or dequeue made on its way, as the store shows them.
+
+        ``taken``: the id the call handed out (a released or promoted message may be it).
+        """
+        for e in sorted(self._in(LEASED), key=lambda e: (e.deadline, e.id)):
+            if e.deadline <= now and (e.id == taken or self._where(e) != ("f", e.deadline)):
+                self._end_lease(e)
+                self._release(e, None, None, now)
+        for e in sorted(self._in(DELAYED), key=lambda e: (e.due, e.id)):
+            if e.due <= now and (e.id == taken or self._where(e)[0] != "d"):
+                self._promote(e, now)
+        for e in sorted(self._in(READY), key=lambda e: (e.expires or 0, e.id)):
+            if e.expired(now) and e.id != taken and self._where(e)[0] is None:
+                self._dead_letter(e, "expired")  # moved aside by the call that met it
+
+    def _head(self, now: int) -> Entry | None:
+        """The first deliverable message in dequeue order: ready, and not past its TTL."""
+        return next((e for e in self._ready_order() if not e.expired(now)), None)
+
+    def _take(self, m: Message | None, what: str) -> Entry | None:
+        now = self.now
+        self._observe_due_work(now, None if m is None else m.id)
+        e = self._head(now)
+        if e is None:
+            assert m is None, f"{what}: expected nothing, got {self.entries.get(m.id, m.id)}"
+        else:
+            assert m is not None, f"{what}: expected {e}, got None"
+            assert m.id == e.id, f"{what}: expected {e}, got {self.entries.get(m.id, m.id)}"
+        return e
 
     def _check(self, e: Entry, m: Message | None, what: str, deliveries: int) -> None:
         assert m is not None, f"{what}: expected {e}, got None"
@@ -184,10 +219,6 @@ class DeliveryModel(RuleBasedStateMachine):
             e.pos = (-priority, self.hwm)
         self.entries[mid] = e
         return e
-
-    def _faults(self, code: int) -> int:
-        assert self.db is not None
-        return self.db.stats.faults.get(code, 0)
 
     # -- rules --------------------------------------------------------------------------------
 
@@ -247,9 +278,8 @@ class DeliveryModel(RuleBasedStateMachine):
     def lease(self, seconds: float | None) -> None:
         m = self.jobs.lease(self.db, seconds)
         now = self.now
-        e = self._next(now)
+        e = self._take(m, "lease")
         if e is None:
-            assert m is None, f"lease: expected nothing, got {self.entries.get(m.id, m.id)}"
             return
         e.deliveries += 1
         self._check(e, m, "lease", e.deliveries)
@@ -283,16 +313,11 @@ class DeliveryModel(RuleBasedStateMachine):
 
     @rule()
     def dequeue(self) -> None:
-        conflicts = self._faults(1020)
         m = self.jobs.dequeue(self.db)
-        staged = self._faults(1020) > conflicts  # the staged path follows a conflict only
-        if staged:
-            event("dequeue: staged request set")
-        e = self._next(self.now, staged=staged)
+        e = self._take(m, "dequeue")
         if e is None:
-            assert m is None, f"dequeue: expected nothing, got {self.entries.get(m.id, m.id)}"
             return
-        self._check(e, m, f"dequeue ({'staged' if staged else 'plain'})", e.deliveries + 1)
+        self._check(e, m, "dequeue", e.deliveries + 1)
         assert m is not None and m.receipt is None
         e.state = CONSUMED
 
@@ -395,7 +420,8 @@ class DeliveryModel(RuleBasedStateMachine):
             assert n == len(self._in(*states)), f"{n} keys under {tag!r}, model: {len(self._in(*states))}"
 
         dead = list(self.errors.browse(db))
-        assert [m.id for m in dead] == self.error_ids, "the error queue differs (lost or duplicated?)"
+        got = sorted(m.id for m in dead)
+        assert got == sorted(self.error_ids), "the error queue differs (a message lost or duplicated?)"
         for m in dead:
             e = self.entries[m.id]
             assert (m.reason, m.origin, m.extra["deliveries"]) == (e.reason, "jobs", e.dead_deliveries), e

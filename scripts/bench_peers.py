@@ -1,0 +1,1214 @@
+#!/usr/bin/env python3
+"""fdbqueue against the alternatives (issue 6). One run measures, side by side on this machine:
+
+- fdbqueue, embedded engine (``sqlite://...?sync=full``; ``sync=normal`` in the fast table);
+- persist-queue's ``SQLiteAckQueue`` (multithreading=True, auto_commit=True; its own default
+  SQLite settings: WAL journal, ``synchronous`` left at SQLite's default FULL);
+- PostgreSQL via psycopg 3: one row per message, dequeue = ``SELECT ... FOR UPDATE SKIP LOCKED``
+  then ``DELETE`` in one transaction (``synchronous_commit=on``; ``off`` in the fast table);
+- Redis reliable list queue: ``LPUSH``; dequeue = ``LMOVE`` to a processing list, ack =
+  ``LREM`` (``appendfsync always``; ``everysec`` in the fast table).
+
+Workloads, 200-byte messages:
+  (a) enqueue, one commit per message;
+  (b) dequeue + ack, one per transaction (fdbqueue: ``q.dequeue(tr)`` in a
+      ``@fdbqueue.transactional`` function, exactly once; and ``lease`` + ``ack``);
+  (c) 4 consumer processes draining a pre-filled queue at once; every id must be seen exactly
+      once across them (fdbqueue: the in-transaction dequeue);
+  (d) end-to-end latency at 500 msg/s offered load, one blocking consumer (fdbqueue:
+      ``q.dequeue(db, timeout=...)`` in a consumer process); the producer stamps its send time
+      into the payload.
+
+Each round runs every system once through every workload (the order of systems rotates
+between rounds); tables give the median over rounds, ratios are medians of the per-round
+ratios fdbqueue/peer. Start the servers first with ``scripts/peers.sh start``; a peer that
+cannot be reached is skipped with the reason.
+
+Usage: .venv/bin/python scripts/bench_peers.py [--n 10000] [--n-durable 1000] [--repeat 3]
+       [--settings durable,fast] [--systems fdbqueue,persistqueue,postgres,redis] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.metadata
+import json
+import multiprocessing as mp
+import os
+import platform
+import shutil
+import sqlite3
+import statistics
+import struct
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import fdbqueue
+
+PAYLOAD_SIZE = 200
+HEADER = struct.Struct(">Qd")  # sequence number, send time (time.monotonic(): system-wide on Linux)
+SENTINEL = 2**64 - 1
+PAD = bytes(range(256))[: PAYLOAD_SIZE - HEADER.size]
+FILL_BATCH = 500
+CONSUMERS = 4
+
+SYSTEMS = ("fdbqueue", "persistqueue", "postgres", "redis")
+LABEL = {
+    "fdbqueue": "fdbqueue",
+    "persistqueue": "persist-queue",
+    "postgres": "PostgreSQL",
+    "redis": "Redis",
+}
+WHAT = {  # what each system runs, for the settings table
+    "fdbqueue": (
+        "embedded engine; (b) q.dequeue(tr) in @transactional, and lease + ack (2 transactions); "
+        "(d) q.dequeue(db, timeout=0.5)"
+    ),
+    "persistqueue": (
+        "SQLiteAckQueue(multithreading=True, auto_commit=True); (b) get + ack (2 commits); "
+        "(d) get(timeout=0.5) + ack in a thread of the producer's process"
+    ),
+    "postgres": (
+        "one row per message, INSERT + pg_notify in one statement; (b) BEGIN, SELECT ... FOR UPDATE "
+        "SKIP LOCKED, DELETE, COMMIT; (d) the same, LISTEN between empty polls"
+    ),
+    "redis": "LPUSH; (b) LMOVE to a processing list + LREM (ack); (d) BLMOVE + LREM",
+}
+DEFAULT_PG = "postgresql://postgres@127.0.0.1:55432/bench"
+DEFAULT_REDIS = "redis://127.0.0.1:56379/0"
+DEFAULT_REDIS_FAST = "redis://127.0.0.1:56380/0"
+
+
+def payload(seq: int, stamp: float = 0.0) -> bytes:
+    return HEADER.pack(seq, stamp) + PAD
+
+
+def unpack(p: bytes) -> tuple[int, float]:
+    seq, stamp = HEADER.unpack_from(p)
+    return seq, stamp
+
+
+def log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Clients: one per system, built from a picklable spec in whichever process uses it.
+
+
+@fdbqueue.transactional
+def _fdb_take(tr: Any, q: fdbqueue.Queue) -> bytes | None:
+    m = q.dequeue(tr)  # gone when tr commits: exactly once
+    return None if m is None else m.payload
+
+
+class FdbqueueClient:
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.db = fdbqueue.open(spec["url"])
+        self.q = fdbqueue.Queue(spec["queue"])
+
+    def enqueue(self, p: bytes) -> None:
+        self.q.enqueue(self.db, p)
+
+    def take(self) -> bytes | None:
+        return _fdb_take(self.db, self.q)
+
+    def lease_ack(self) -> bytes | None:
+        m = self.q.lease(self.db)
+        if m is None:
+            return None
+        self.q.ack(self.db, m)
+        return m.payload
+
+    def take_blocking(self, timeout: float) -> bytes | None:
+        m = self.q.dequeue(self.db, timeout=timeout)
+        return None if m is None else m.payload
+
+    def fill(self, payloads: list[bytes]) -> None:
+        for i in range(0, len(payloads), FILL_BATCH):
+            self.q.enqueue_many(self.db, payloads[i : i + FILL_BATCH])
+
+    def close(self) -> None:
+        self.db.close()
+
+
+class PersistQueueClient:
+    def __init__(self, spec: dict[str, Any]) -> None:
+        import persistqueue
+
+        self.empty = persistqueue.Empty
+        self.q = persistqueue.SQLiteAckQueue(spec["path"], multithreading=True, auto_commit=True)
+        if spec["sync"] != "default":
+            # Not a persist-queue option: set on both of its connections (the fast table only).
+            for conn in {id(c): c for c in (self.q._getter, self.q._putter)}.values():
+                conn.execute(f"PRAGMA synchronous={spec['sync']}")
+
+    def pragmas(self) -> dict[str, Any]:
+        conn = self.q._putter
+        return {
+            "journal_mode": conn.execute("PRAGMA journal_mode").fetchone()[0],
+            "synchronous": {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}.get(
+                conn.execute("PRAGMA synchronous").fetchone()[0], "?"
+            ),
+        }
+
+    def enqueue(self, p: bytes) -> None:
+        self.q.put(p)
+
+    def take(self) -> bytes | None:
+        try:
+            item = self.q.get(block=False, raw=True)
+        except self.empty:
+            return None
+        self.q.ack(id=item["pqid"])
+        return item["data"]
+
+    def take_blocking(self, timeout: float) -> bytes | None:
+        try:
+            item = self.q.get(block=True, timeout=timeout, raw=True)
+        except self.empty:
+            return None
+        self.q.ack(id=item["pqid"])
+        return item["data"]
+
+    def fill(self, payloads: list[bytes]) -> None:
+        q = self.q
+        now = time.time()
+        with q.tran_lock:  # its own INSERT, many rows in one transaction (not timed)
+            q._putter.executemany(q._sql_insert, [(q._serializer.dumps(p), now) for p in payloads])
+            q._putter.commit()
+        q.total += len(payloads)
+
+    def close(self) -> None:
+        self.q.close()
+
+
+class PostgresClient:
+    def __init__(self, spec: dict[str, Any]) -> None:
+        import psycopg
+
+        self.conn = psycopg.connect(spec["dsn"], autocommit=True, connect_timeout=5)
+        self.conn.execute(f"SET synchronous_commit = {spec['synchronous_commit']}")
+        t, self.channel = spec["table"], spec["channel"]
+        # Enqueue: the row and a NOTIFY for blocking consumers, one statement, one transaction.
+        self.sql_put = (
+            f"WITH ins AS (INSERT INTO {t} (payload) VALUES (%s)) SELECT pg_notify('{self.channel}', '')"
+        )
+        self.sql_head = f"SELECT id, payload FROM {t} ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED"
+        self.sql_del = f"DELETE FROM {t} WHERE id = %s"
+        self.table = t
+        self.listening = False
+
+    def enqueue(self, p: bytes) -> None:
+        self.conn.execute(self.sql_put, (p,))
+
+    def take(self) -> bytes | None:
+        conn = self.conn
+        with conn.transaction():  # BEGIN; SELECT ... FOR UPDATE SKIP LOCKED; DELETE; COMMIT
+            row = conn.execute(self.sql_head).fetchone()
+            if row is None:
+                return None
+            conn.execute(self.sql_del, (row[0],))
+        return bytes(row[1])
+
+    def take_blocking(self, timeout: float) -> bytes | None:
+        if not self.listening:
+            self.conn.execute(f"LISTEN {self.channel}")
+            self.listening = True
+        deadline = time.monotonic() + timeout
+        while True:
+            got = self.take()
+            if got is not None:
+                return got
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            # Notifications that came during take() are buffered by psycopg: no lost wake-up.
+            for _ in self.conn.notifies(timeout=remaining, stop_after=1):
+                pass
+
+    def fill(self, payloads: list[bytes]) -> None:
+        with (
+            self.conn.transaction(),
+            self.conn.cursor() as cur,
+            cur.copy(f"COPY {self.table} (payload) FROM STDIN") as cp,
+        ):
+            for p in payloads:
+                cp.write_row((p,))
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class RedisClient:
+    def __init__(self, spec: dict[str, Any]) -> None:
+        import redis
+
+        self.r = redis.Redis.from_url(spec["url"], socket_connect_timeout=5)
+        self.key = spec["key"]
+        self.processing = f"{spec['key']}:processing:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+    def enqueue(self, p: bytes) -> None:
+        self.r.lpush(self.key, p)
+
+    def take(self) -> bytes | None:
+        v = self.r.lmove(self.key, self.processing, "RIGHT", "LEFT")
+        if v is None:
+            return None
+        self.r.lrem(self.processing, 1, v)  # the ack
+        return bytes(v)
+
+    def take_blocking(self, timeout: float) -> bytes | None:
+        v = self.r.blmove(self.key, self.processing, timeout, "RIGHT", "LEFT")
+        if v is None:
+            return None
+        self.r.lrem(self.processing, 1, v)
+        return bytes(v)
+
+    def fill(self, payloads: list[bytes]) -> None:
+        pipe = self.r.pipeline(transaction=False)
+        for i in range(0, len(payloads), FILL_BATCH):
+            pipe.lpush(self.key, *payloads[i : i + FILL_BATCH])
+        pipe.execute()
+
+    def close(self) -> None:
+        self.r.close()
+
+
+CLIENTS: dict[str, Any] = {
+    "fdbqueue": FdbqueueClient,
+    "persistqueue": PersistQueueClient,
+    "postgres": PostgresClient,
+    "redis": RedisClient,
+}
+
+
+def client(spec: dict[str, Any]) -> Any:
+    return CLIENTS[spec["system"]](spec)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fresh storage for one run of one system, and what the run's setting is.
+
+
+class Peers:
+    """Where each system lives, whether it is reachable, and how to give a run fresh storage."""
+
+    def __init__(self, args: argparse.Namespace, directory: str) -> None:
+        self.dir = directory
+        self.args = args
+        self.skip: dict[str, str] = {}
+        self.info: dict[str, Any] = {}
+        self._count = 0
+        self._probe()
+
+    def _probe(self) -> None:
+        try:
+            self.info["persist-queue"] = importlib.metadata.version("persist-queue")
+        except importlib.metadata.PackageNotFoundError:
+            self.skip["persistqueue"] = "persist-queue is not installed (pip install persist-queue)"
+        try:
+            import psycopg
+
+            self.info["psycopg"] = psycopg.__version__
+            with psycopg.connect(self.args.pg_dsn, autocommit=True, connect_timeout=5) as conn:
+                self.info["postgresql"] = conn.execute("SHOW server_version").fetchone()[0]
+                self.info["postgresql_fsync"] = conn.execute("SHOW fsync").fetchone()[0]
+                self.info["postgresql_wal_sync_method"] = conn.execute("SHOW wal_sync_method").fetchone()[0]
+                if self.info["postgresql_fsync"] != "on":
+                    log("warning: the PostgreSQL server runs with fsync=off: not durable")
+        except ImportError:
+            self.skip["postgres"] = "psycopg is not installed (pip install 'psycopg[binary]')"
+        except Exception as exc:
+            self.skip["postgres"] = f"PostgreSQL not reachable at {self.args.pg_dsn}: {_short(exc)}"
+        try:
+            import redis
+
+            self.info["redis-py"] = redis.__version__
+            for setting, url in (("durable", self.args.redis_url), ("fast", self.args.redis_fast_url)):
+                r = redis.Redis.from_url(url, socket_connect_timeout=5)
+                try:
+                    self.info["redis"] = r.info("server")["redis_version"]
+                    conf = {**r.config_get("appendonly"), **r.config_get("appendfsync")}
+                    self.info[f"redis_{setting}"] = conf
+                    want = "always" if setting == "durable" else "everysec"
+                    if conf.get("appendonly") != "yes" or conf.get("appendfsync") != want:
+                        log(f"warning: Redis at {url} has {conf}, not appendonly yes / appendfsync {want}")
+                finally:
+                    r.close()
+        except ImportError:
+            self.skip["redis"] = "redis (redis-py) is not installed (pip install redis)"
+        except Exception as exc:
+            self.skip["redis"] = f"Redis not reachable: {_short(exc)}"
+
+    def spec(self, system: str, setting: str) -> dict[str, Any]:
+        """A fresh, empty queue of ``system`` at ``setting`` ('durable' or 'fast')."""
+        self._count += 1
+        tag = f"r{os.getpid()}_{self._count}"
+        durable = setting == "durable"
+        if system == "fdbqueue":
+            path = os.path.join(self.dir, f"fdbqueue-{tag}.db")
+            return {
+                "system": system,
+                "url": f"sqlite://{path}?sync={'full' if durable else 'normal'}",
+                "queue": "bench",
+                "files": [path],
+            }
+        if system == "persistqueue":
+            path = os.path.join(self.dir, f"persistqueue-{tag}")
+            return {
+                "system": system,
+                "path": path,
+                "sync": "default" if durable else "NORMAL",
+                "files": [path],
+            }
+        if system == "postgres":
+            import psycopg
+
+            table = f"bench_q_{tag}"
+            with psycopg.connect(self.args.pg_dsn, autocommit=True, connect_timeout=5) as conn:
+                conn.execute(f"DROP TABLE IF EXISTS {table}")
+                conn.execute(f"CREATE TABLE {table} (id bigserial PRIMARY KEY, payload bytea NOT NULL)")
+            return {
+                "system": system,
+                "dsn": self.args.pg_dsn,
+                "table": table,
+                "channel": f"chan_{tag}",
+                "synchronous_commit": "on" if durable else "off",
+            }
+        if system == "redis":
+            url = self.args.redis_url if durable else self.args.redis_fast_url
+            return {
+                "system": system,
+                "url": url,
+                "key": f"fdbqueue-bench:{tag}",
+            }
+        raise ValueError(system)
+
+    def spec_text(self, system: str, setting: str) -> str:
+        """The durability setting of ``system`` at ``setting``, as run."""
+        durable = setting == "durable"
+        if system == "fdbqueue":
+            return "sync=full" if durable else "sync=normal"
+        if system == "persistqueue":
+            return (
+                "WAL, synchronous=FULL (its default)"
+                if durable
+                else "WAL, synchronous=NORMAL (set on its connections by this script)"
+            )
+        if system == "postgres":
+            fsync = self.info.get("postgresql_fsync", "?")
+            return f"synchronous_commit={'on' if durable else 'off'} (server fsync={fsync})"
+        conf = self.info.get(f"redis_{setting}", {})
+        return f"appendonly {conf.get('appendonly', '?')}, appendfsync {conf.get('appendfsync', '?')}"
+
+    def drop(self, spec: dict[str, Any]) -> None:
+        with contextlib.suppress(Exception):
+            if spec["system"] in ("fdbqueue", "persistqueue"):
+                for f in spec["files"]:
+                    if os.path.isdir(f):
+                        shutil.rmtree(f, ignore_errors=True)
+                    else:
+                        for suffix in ("", "-wal", "-shm", ".lock", "-journal"):
+                            with contextlib.suppress(OSError):
+                                os.unlink(f + suffix)
+                        for extra in os.listdir(self.dir):  # the engine's side files
+                            if extra.startswith(os.path.basename(f)):
+                                p = os.path.join(self.dir, extra)
+                                if os.path.isdir(p):
+                                    shutil.rmtree(p, ignore_errors=True)
+                                else:
+                                    os.unlink(p)
+            elif spec["system"] == "postgres":
+                import psycopg
+
+                with psycopg.connect(self.args.pg_dsn, autocommit=True, connect_timeout=5) as conn:
+                    conn.execute(f"DROP TABLE IF EXISTS {spec['table']}")
+            elif spec["system"] == "redis":
+                import redis
+
+                r = redis.Redis.from_url(spec["url"], socket_connect_timeout=5)
+                keys = list(r.scan_iter(match=spec["key"] + "*", count=1000))
+                if keys:
+                    r.delete(*keys)
+                r.close()
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}"[:200]
+
+
+# ---------------------------------------------------------------------------------------------
+# Workloads.
+
+
+def run_enqueue_dequeue(spec: dict[str, Any], n: int) -> dict[str, Any]:
+    """(a) n enqueues, one commit each; then (b) n dequeue+ack, one transaction each."""
+    c = client(spec)
+    try:
+        t0 = time.perf_counter()
+        for i in range(n):
+            c.enqueue(payload(i))
+        t_enq = time.perf_counter() - t0
+        seen: list[int] = []
+        t0 = time.perf_counter()
+        for _ in range(n):
+            p = c.take()
+            if p is None:
+                break
+            seen.append(unpack(p)[0])
+        t_deq = time.perf_counter() - t0
+        leftover = c.take()
+    finally:
+        c.close()
+    return {
+        "enqueue": {"n": n, "seconds": t_enq, "rate": n / t_enq},
+        "dequeue": {"n": len(seen), "seconds": t_deq, "rate": len(seen) / t_deq, **check(seen, n, leftover)},
+    }
+
+
+def run_lease_ack(spec: dict[str, Any], n: int) -> dict[str, Any]:
+    """(b) fdbqueue only: lease + ack (two transactions a message) on a pre-filled queue."""
+    c = client(spec)
+    try:
+        c.fill([payload(i) for i in range(n)])
+        seen: list[int] = []
+        t0 = time.perf_counter()
+        for _ in range(n):
+            p = c.lease_ack()
+            if p is None:
+                break
+            seen.append(unpack(p)[0])
+        t = time.perf_counter() - t0
+        leftover = c.lease_ack()
+    finally:
+        c.close()
+    return {"n": len(seen), "seconds": t, "rate": len(seen) / t, **check(seen, n, leftover)}
+
+
+def check(seen: list[int], n: int, leftover: Any = None) -> dict[str, Any]:
+    counts = Counter(seen)
+    dupes = sum(v - 1 for v in counts.values() if v > 1)
+    missing = n - len(counts.keys() & set(range(n)))
+    return {
+        "duplicates": dupes,
+        "missing": missing,
+        "left_in_queue": leftover is not None,
+        "exactly_once": dupes == 0 and missing == 0 and leftover is None,
+    }
+
+
+def _drain(c: Any) -> tuple[list[int], float, str | None]:
+    seen: list[int] = []
+    misses = 0
+    error = None
+    try:
+        while True:
+            p = c.take()
+            if p is None:
+                misses += 1
+                if misses >= 3:  # empty three times in a row, 2 ms apart: drained
+                    break
+                time.sleep(0.002)
+                continue
+            misses = 0
+            seen.append(unpack(p)[0])
+    except Exception as exc:
+        error = _short(exc)
+    return seen, time.monotonic(), error
+
+
+def _drain_process(spec: dict[str, Any], barrier: Any, out: Any) -> None:
+    try:
+        c = client(spec)
+    except Exception as exc:
+        out.put((os.getpid(), [], time.monotonic(), f"open: {_short(exc)}"))
+        with contextlib.suppress(Exception):
+            barrier.abort()
+        return
+    try:
+        barrier.wait(timeout=120)
+    except Exception as exc:
+        out.put((os.getpid(), [], time.monotonic(), f"start: {_short(exc)}"))
+        return
+    seen, t_end, error = _drain(c)
+    with contextlib.suppress(Exception):
+        c.close()
+    out.put((os.getpid(), seen, t_end, error))
+
+
+def run_drain(spec: dict[str, Any], n: int, threads: bool = False) -> dict[str, Any]:
+    """(c) CONSUMERS processes (or threads sharing one client) drain n pre-filled messages."""
+    c = client(spec)
+    c.fill([payload(i) for i in range(n)])
+    results: list[tuple[int, list[int], float, str | None]] = []
+    if threads:
+        lock = threading.Lock()
+        start = threading.Barrier(CONSUMERS + 1)
+
+        def body() -> None:
+            start.wait()
+            seen, t_end, err = _drain(c)
+            with lock:
+                results.append((threading.get_ident(), seen, t_end, err))
+
+        ts = [threading.Thread(target=body) for _ in range(CONSUMERS)]
+        for t in ts:
+            t.start()
+        start.wait()
+        t0 = time.monotonic()
+        for t in ts:
+            t.join()
+    else:
+        c.close()
+        ctx = mp.get_context("spawn")
+        barrier = ctx.Barrier(CONSUMERS + 1)
+        out = ctx.Queue()
+        procs = [ctx.Process(target=_drain_process, args=(spec, barrier, out)) for _ in range(CONSUMERS)]
+        for p in procs:
+            p.start()
+        with contextlib.suppress(Exception):  # a consumer that failed to open broke it: reported below
+            barrier.wait(timeout=120)
+        t0 = time.monotonic()
+        deadline = time.monotonic() + max(120.0, n / 50)
+        for _ in procs:
+            try:
+                results.append(out.get(timeout=max(1.0, deadline - time.monotonic())))
+            except Exception:
+                break
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        c = client(spec)
+    try:
+        leftover = c.take()
+    finally:
+        c.close()
+    seen = [s for r in results for s in r[1]]
+    errors = [r[3] for r in results if r[3]]
+    if len(results) < CONSUMERS:
+        errors.append(f"{CONSUMERS - len(results)} consumer(s) did not report")
+    t_end = max((r[2] for r in results), default=t0)
+    elapsed = max(t_end - t0, 1e-9)
+    return {
+        "n": len(seen),
+        "seconds": elapsed,
+        "rate": len(seen) / elapsed,
+        "per_consumer": sorted(len(r[1]) for r in results),
+        "errors": errors,
+        "mode": "threads" if threads else "processes",
+        **check(seen, n, leftover),
+    }
+
+
+def _latency_consume(c: Any, ready: Any, hard_deadline: float) -> tuple[list[float], int, str | None]:
+    lat: list[float] = []
+    got = 0
+    error = None
+    try:
+        ready.set()
+        while time.monotonic() < hard_deadline:
+            p = c.take_blocking(0.5)
+            now = time.monotonic()
+            if p is None:
+                continue
+            seq, stamp = unpack(p)
+            if seq == SENTINEL:
+                break
+            got += 1
+            lat.append(now - stamp)
+    except Exception as exc:
+        error = _short(exc)
+    return lat, got, error
+
+
+def _latency_process(spec: dict[str, Any], ready: Any, out: Any, hard_deadline: float) -> None:
+    try:
+        c = client(spec)
+    except Exception as exc:
+        ready.set()
+        out.put(([], 0, f"open: {_short(exc)}"))
+        return
+    res = _latency_consume(c, ready, hard_deadline)
+    with contextlib.suppress(Exception):
+        c.close()
+    out.put(res)
+
+
+def run_latency(spec: dict[str, Any], rate: float, seconds: float, drain: float) -> dict[str, Any]:
+    """(d) an open-loop producer at ``rate`` msg/s for ``seconds``; one blocking consumer."""
+    in_thread = spec["system"] == "persistqueue"  # its blocking get is woken by put() in-process only
+    c = client(spec)
+    # Create the queue before the consumer starts (fdbqueue creates it on first use).
+    c.enqueue(payload(SENTINEL - 1))
+    c.take()
+    box: list[Any] = []
+    if in_thread:
+        ready: Any = threading.Event()
+        hard = time.monotonic() + seconds + drain + 10
+        th = threading.Thread(target=lambda: box.append(_latency_consume(c, ready, hard)))
+        th.start()
+    else:
+        ctx = mp.get_context("spawn")
+        ready = ctx.Event()
+        out = ctx.Queue()
+        hard = time.monotonic() + seconds + drain + 30  # + start-up of the process
+        proc = ctx.Process(target=_latency_process, args=(spec, ready, out, hard))
+        proc.start()
+    ready.wait(60)
+    time.sleep(0.3)  # let the consumer reach its first blocking wait
+    lags: list[float] = []
+    sent = 0
+    t0 = time.monotonic()
+    total = int(rate * seconds)
+    while sent < total:
+        target = t0 + sent / rate
+        now = time.monotonic()
+        if now - t0 >= seconds:
+            break
+        if now < target:
+            time.sleep(target - now)
+        stamp = time.monotonic()
+        lags.append(stamp - target)
+        c.enqueue(payload(sent, stamp))
+        sent += 1
+    t_sent = time.monotonic() - t0
+    c.enqueue(payload(SENTINEL))
+    if in_thread:
+        th.join()
+        lat, got, error = box[0]
+    else:
+        try:
+            lat, got, error = out.get(timeout=max(1.0, hard - time.monotonic() + 5))
+        except Exception:
+            lat, got, error = [], 0, "the consumer did not report"
+        proc.join(timeout=10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    c.close()
+    lat.sort()
+    return {
+        "offered": rate,
+        "sent": sent,
+        "achieved": sent / t_sent if t_sent > 0 else 0.0,
+        "received": got,
+        "p50_ms": pct(lat, 50) * 1e3,
+        "p99_ms": pct(lat, 99) * 1e3,
+        "max_ms": (lat[-1] if lat else float("nan")) * 1e3,
+        "send_lag_p99_ms": pct(sorted(lags), 99) * 1e3,
+        "consumer": "thread in the producer's process" if in_thread else "separate process",
+        "error": error,
+    }
+
+
+def pct(sorted_values: list[float], p: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    k = min(len(sorted_values) - 1, max(0, round(p / 100 * (len(sorted_values) - 1))))
+    return sorted_values[k]
+
+
+# ---------------------------------------------------------------------------------------------
+# One round: every system through every workload.
+
+
+def run_system(peers: Peers, system: str, setting: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
+    res: dict[str, Any] = {}
+    wl = args.workloads
+
+    def fresh() -> dict[str, Any]:
+        return peers.spec(system, setting)
+
+    if "a" in wl or "b" in wl:
+        spec = fresh()
+        try:
+            if system == "persistqueue":
+                pq = PersistQueueClient(spec)
+                res["pragmas"] = pq.pragmas()
+                pq.close()
+            r = run_enqueue_dequeue(spec, n)
+            res["a"] = r["enqueue"]
+            res["b"] = r["dequeue"]
+        finally:
+            peers.drop(spec)
+        log(f"    {system:12} a {res['a']['rate']:9,.0f} msg/s   b {res['b']['rate']:9,.0f} msg/s")
+        if system == "fdbqueue" and "b" in wl:
+            spec = fresh()
+            try:
+                res["b_lease"] = run_lease_ack(spec, n)
+            finally:
+                peers.drop(spec)
+            log(f"    {system:12} b (lease+ack) {res['b_lease']['rate']:9,.0f} msg/s")
+    if "c" in wl:
+        spec = fresh()
+        try:
+            res["c"] = run_drain(spec, n)
+        finally:
+            peers.drop(spec)
+        log(
+            f"    {system:12} c {res['c']['rate']:9,.0f} msg/s  exactly-once={res['c']['exactly_once']}"
+            f" dupes={res['c']['duplicates']} missing={res['c']['missing']} {res['c']['errors'] or ''}"
+        )
+        if system == "persistqueue":
+            spec = fresh()
+            try:
+                res["c_threads"] = run_drain(spec, n, threads=True)
+            finally:
+                peers.drop(spec)
+            log(f"    {system:12} c (threads) {res['c_threads']['rate']:9,.0f} msg/s")
+    if "d" in wl:
+        spec = fresh()
+        try:
+            res["d"] = run_latency(spec, args.rate, args.latency_seconds, args.drain_seconds)
+        finally:
+            peers.drop(spec)
+        d = res["d"]
+        log(
+            f"    {system:12} d sent {d['achieved']:.0f}/s p50 {d['p50_ms']:.2f} ms p99 {d['p99_ms']:.2f} ms"
+            f" received {d['received']}/{d['sent']} {d['error'] or ''}"
+        )
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables.
+
+try:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    _console: Any = Console(width=None if sys.stdout.isatty() else 200)
+except ImportError:  # pragma: no cover - optional
+    _console = None
+
+_MARKDOWN = False
+
+
+def fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if value != value:
+            return "-"
+        if value >= 100:
+            return f"{value:,.0f}"
+        if value >= 10:
+            return f"{value:.1f}"
+        return f"{value:.2f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def show(title: str, headers: list[str], rows: list[list[Any]]) -> None:
+    cells = [[fmt(c) for c in row] for row in rows]
+    if _MARKDOWN or _console is None:
+        print(f"\n**{title}**\n")
+        print("| " + " | ".join(headers) + " |")
+        numeric = [i > 0 and all(_numeric(row[i]) for row in cells) for i in range(len(headers))]
+        print("|" + "|".join("---:" if num else "---" for num in numeric) + "|")
+        for row in cells:
+            print("| " + " | ".join(row) + " |")
+        return
+    table = Table(title=escape(title), title_justify="left")
+    for i, h in enumerate(headers):
+        numeric = i > 0 and all(_numeric(row[i]) for row in cells)
+        table.add_column(escape(h), justify="right" if numeric else "left")
+    for row in cells:
+        table.add_row(*(escape(c) for c in row))
+    _console.print(table)
+
+
+def _numeric(cell: str) -> bool:
+    return cell == "-" or (bool(cell) and all(c.isdigit() or c in ",.-/%" for c in cell))
+
+
+def med(values: list[float]) -> float:
+    vals = [v for v in values if v == v]
+    return statistics.median(vals) if vals else float("nan")
+
+
+def spread(values: list[float]) -> str:
+    vals = [v for v in values if v == v]
+    if not vals:
+        return "-"
+    return f"{fmt(min(vals))}-{fmt(max(vals))}"
+
+
+def get(rounds: list[dict[str, Any]], system: str, wl: str, field: str) -> list[float]:
+    out = []
+    for rnd in rounds:
+        v = rnd.get(system, {}).get(wl, {}).get(field)
+        if v is not None:
+            out.append(float(v))
+    return out
+
+
+def paired_ratio(rounds: list[dict[str, Any]], a: tuple[str, str], b: tuple[str, str], field: str) -> float:
+    """Median over rounds of fdbqueue's figure over the peer's, both from the same round."""
+    rs = []
+    for rnd in rounds:
+        x = rnd.get(a[0], {}).get(a[1], {}).get(field)
+        y = rnd.get(b[0], {}).get(b[1], {}).get(field)
+        if x and y and x == x and y == y:
+            rs.append(x / y)
+    return med(rs)
+
+
+def summarise(setting: str, n: int, rounds: list[dict[str, Any]], systems: list[str]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for system in systems:
+        s: dict[str, Any] = {}
+        for wl in ("a", "b", "b_lease", "c", "c_threads"):
+            rates = get(rounds, system, wl, "rate")
+            if rates:
+                s[wl] = {"rate_median": med(rates), "rate_min": min(rates), "rate_max": max(rates)}
+                if wl.startswith("b") or wl.startswith("c"):
+                    s[wl]["exactly_once_all_rounds"] = all(
+                        rnd[system][wl]["exactly_once"] for rnd in rounds if wl in rnd.get(system, {})
+                    )
+                    s[wl]["duplicates_max"] = max(get(rounds, system, wl, "duplicates") or [0])
+                    s[wl]["missing_max"] = max(get(rounds, system, wl, "missing") or [0])
+        if get(rounds, system, "d", "p50_ms"):
+            s["d"] = {
+                f: med(get(rounds, system, "d", f))
+                for f in ("achieved", "p50_ms", "p99_ms", "max_ms", "send_lag_p99_ms", "received", "sent")
+            }
+        summary[system] = s
+    return summary
+
+
+def print_tables(
+    setting: str, n: int, rounds: list[dict[str, Any]], peers: Peers, systems: list[str]
+) -> None:
+    present = [s for s in systems if any(s in rnd for rnd in rounds)]
+    if not present:
+        return
+    r = len(rounds)
+    tag = f"({setting}, N={n:,}, median of {r} round{'s' if r > 1 else ''})"
+    fdb = "fdbqueue" in present
+
+    show(
+        f"Systems at the {setting} setting",
+        ["system", "durability", "what runs"],
+        [[LABEL[s], peers.spec_text(s, setting), WHAT[s]] for s in present],
+    )
+
+    def ratio(system: str, wl: str, fdb_wl: str, field: str = "rate") -> Any:
+        if system == "fdbqueue" or not fdb:
+            return "-"
+        return paired_ratio(rounds, ("fdbqueue", fdb_wl), (system, wl), field)
+
+    def once(system: str, wl: str) -> str:
+        flags = [rnd[system][wl]["exactly_once"] for rnd in rounds if wl in rnd.get(system, {})]
+        return "yes" if all(flags) else f"NO ({flags.count(False)}/{len(flags)} rounds)"
+
+    rows = []
+    for s in present:
+        rates = get(rounds, s, "a", "rate")
+        if rates:
+            rows.append([LABEL[s], med(rates), spread(rates), 1e6 / med(rates), ratio(s, "a", "a")])
+    if rows:
+        show(
+            f"(a) enqueue, one commit per message {tag}",
+            ["system", "msg/s", "range", "µs/msg", "fdbqueue ÷ peer"],
+            rows,
+        )
+
+    rows = []
+    names = {
+        ("fdbqueue", "b"): "fdbqueue: dequeue(tr), 1 transaction",
+        ("fdbqueue", "b_lease"): "fdbqueue: lease + ack, 2 transactions",
+        ("persistqueue", "b"): "persist-queue: get + ack, 2 commits",
+        ("postgres", "b"): "PostgreSQL: SKIP LOCKED + DELETE, 1 transaction",
+        ("redis", "b"): "Redis: LMOVE + LREM, 2 commands",
+    }
+    for s in present:
+        for wl in ("b", "b_lease"):
+            rates = get(rounds, s, wl, "rate")
+            if not rates:
+                continue
+            rows.append(
+                [
+                    names[(s, wl)],
+                    med(rates),
+                    spread(rates),
+                    1e6 / med(rates),
+                    once(s, wl),
+                    ratio(s, wl, "b") if wl == "b" else "-",
+                    ratio(s, wl, "b_lease") if wl == "b" else "-",
+                ]
+            )
+    if rows:
+        show(
+            f"(b) dequeue + ack, one message at a time {tag}",
+            [
+                "system",
+                "msg/s",
+                "range",
+                "µs/msg",
+                "each once",
+                "fdbqueue tx ÷ peer",
+                "fdbqueue lease ÷ peer",
+            ],
+            rows,
+        )
+
+    rows = []
+    for s in present:
+        for wl in ("c", "c_threads"):
+            rates = get(rounds, s, wl, "rate")
+            if not rates:
+                continue
+            label = LABEL[s] + (f": {CONSUMERS} threads, one queue object" if wl == "c_threads" else "")
+            errs = sorted({e for rnd in rounds for e in rnd.get(s, {}).get(wl, {}).get("errors", [])})
+            rows.append(
+                [
+                    label,
+                    med(rates),
+                    spread(rates),
+                    once(s, wl),
+                    int(max(get(rounds, s, wl, "duplicates") or [0])),
+                    int(max(get(rounds, s, wl, "missing") or [0])),
+                    ratio(s, wl, "c"),
+                    ("; ".join(errs))[:60] or "-",
+                ]
+            )
+    if rows:
+        show(
+            f"(c) {CONSUMERS} consumer processes draining N messages at once {tag}",
+            [
+                "system",
+                "msg/s",
+                "range",
+                "exactly once",
+                "max dupes",
+                "max missing",
+                "fdbqueue ÷ peer",
+                "errors",
+            ],
+            rows,
+        )
+
+    rows = []
+    offered = float("nan")
+    for s in present:
+        p50 = get(rounds, s, "d", "p50_ms")
+        if not p50:
+            continue
+        offered = next(rnd[s]["d"]["offered"] for rnd in rounds if "d" in rnd.get(s, {}))
+        p99 = get(rounds, s, "d", "p99_ms")
+        rows.append(
+            [
+                LABEL[s],
+                med(get(rounds, s, "d", "achieved")),
+                med(p50),
+                spread(p50),
+                med(p99),
+                spread(p99),
+                med(get(rounds, s, "d", "max_ms")),
+                f"{int(med(get(rounds, s, 'd', 'received')))}/{int(med(get(rounds, s, 'd', 'sent')))}",
+                ratio(s, "d", "d", "p50_ms"),
+                ratio(s, "d", "d", "p99_ms"),
+            ]
+        )
+    if rows:
+        show(
+            f"(d) end-to-end latency, {offered:.0f} msg/s offered, one blocking consumer {tag}",
+            [
+                "system",
+                "sent msg/s",
+                "p50 ms",
+                "p50 range",
+                "p99 ms",
+                "p99 range",
+                "max ms",
+                "received/sent",
+                "fdbqueue p50 ÷ peer",
+                "fdbqueue p99 ÷ peer",
+            ],
+            rows,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# The machine.
+
+
+def machine(directory: str) -> dict[str, Any]:
+    cpu = "unknown"
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    fs = ""
+    with contextlib.suppress(OSError), open("/proc/mounts") as f:
+        best = ""
+        real = os.path.realpath(directory)
+        for line in f:
+            dev, mnt, fstype = line.split()[:3]
+            if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+                best, fs = mnt, f"{fstype} on {dev}"
+    return {
+        "nproc": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cpu": cpu,
+        "python": platform.python_version(),
+        "sqlite": sqlite3.sqlite_version,
+        "platform": platform.platform(),
+        "filesystem": fs,
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    global _MARKDOWN
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "--n",
+        type=int,
+        default=10_000,
+        help="messages per workload at the fast setting (10000: 3 rounds of everything take 6-9 "
+        "minutes on 2 loaded cores; persist-queue's dequeue slows with N, see the docs)",
+    )
+    p.add_argument(
+        "--n-durable",
+        type=int,
+        default=None,
+        help="messages per workload at the durable setting (default: 1000, or --n if smaller): "
+        "every commit waits for an fsync, 0.3 to 7 ms on this shared disk",
+    )
+    p.add_argument("--repeat", type=int, default=3, help="rounds; tables give medians (3)")
+    p.add_argument("--settings", default="durable,fast", help="durable,fast (both)")
+    p.add_argument("--systems", default=",".join(SYSTEMS), help=f"subset of {','.join(SYSTEMS)}")
+    p.add_argument("--workloads", default="abcd", help="subset of abcd (all)")
+    p.add_argument("--rate", type=float, default=500.0, help="offered load of (d), msg/s (500)")
+    p.add_argument("--latency-seconds", type=float, default=4.0, help="length of the (d) producer run, s (4)")
+    p.add_argument(
+        "--drain-seconds", type=float, default=30.0, help="(d): longest wait for the backlog, s (30)"
+    )
+    p.add_argument("--pg-dsn", default=os.environ.get("PEERS_PG_DSN", DEFAULT_PG))
+    p.add_argument("--redis-url", default=os.environ.get("PEERS_REDIS_URL", DEFAULT_REDIS))
+    p.add_argument("--redis-fast-url", default=os.environ.get("PEERS_REDIS_FAST_URL", DEFAULT_REDIS_FAST))
+    p.add_argument("--dir", default=None, help="directory for the SQLite files (default: a temp dir)")
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
+    p.add_argument("--markdown", action="store_true", help="print the tables as Markdown")
+    args = p.parse_args(argv)
+    _MARKDOWN = args.markdown
+    systems = [s for s in args.systems.split(",") if s]
+    for s in systems:
+        if s not in SYSTEMS:
+            p.error(f"unknown system {s!r}")
+    settings = [s for s in args.settings.split(",") if s]
+    for s in settings:
+        if s not in ("durable", "fast"):
+            p.error(f"unknown setting {s!r}")
+    n_fast = args.n
+    n_durable = args.n_durable if args.n_durable is not None else min(1000, args.n)
+
+    started = time.monotonic()
+    directory = tempfile.mkdtemp(prefix="bench-peers-", dir=args.dir)
+    try:
+        peers = Peers(args, directory)
+        mach = machine(directory)
+        for s, why in peers.skip.items():
+            if s in systems:
+                log(f"skipping {LABEL[s]}: {why}")
+        active = [s for s in systems if s not in peers.skip]
+        doc: dict[str, Any] = {
+            "machine": mach,
+            "versions": {"fdbqueue": fdbqueue.__version__, **peers.info},
+            "skipped": {s: peers.skip[s] for s in systems if s in peers.skip},
+            "payload_bytes": PAYLOAD_SIZE,
+            "consumers": CONSUMERS,
+            "rate": args.rate,
+            "latency_seconds": args.latency_seconds,
+            "repeat": args.repeat,
+            "settings": {},
+        }
+        for setting in settings:
+            n = n_durable if setting == "durable" else n_fast
+            rounds: list[dict[str, Any]] = []
+            for k in range(args.repeat):
+                order = active[k % len(active) :] + active[: k % len(active)] if active else []
+                log(f"[{setting} N={n} round {k + 1}/{args.repeat}] {', '.join(order)}")
+                rnd: dict[str, Any] = {}
+                for system in order:
+                    t = time.monotonic()
+                    try:
+                        rnd[system] = run_system(peers, system, setting, n, args)
+                    except Exception as exc:
+                        log(f"    {system}: failed: {_short(exc)}")
+                        rnd[system] = {"error": _short(exc)}
+                    rnd[system]["setting_text"] = peers.spec_text(system, setting)
+                    rnd[system]["wall_seconds"] = time.monotonic() - t
+                rounds.append(rnd)
+            doc["settings"][setting] = {
+                "n": n,
+                "rounds": rounds,
+                "summary": summarise(setting, n, rounds, active),
+            }
+            if not args.json:
+                print_tables(setting, n, rounds, peers, active)
+        doc["seconds"] = time.monotonic() - started
+        doc["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        if args.json:
+            print(json.dumps(doc, indent=2, default=str))
+        else:
+            print_footer(doc)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return 0
+
+
+def print_footer(doc: dict[str, Any]) -> None:
+    m, v = doc["machine"], doc["versions"]
+    print()
+    print(
+        f"Machine: nproc={m['nproc']}, CPU {m['cpu']!r}, Python {m['python']}, SQLite {m['sqlite']}, "
+        f"PostgreSQL {v.get('postgresql', '-')}, Redis {v.get('redis', '-')}, {m['platform']}; "
+        f"SQLite files on {m['filesystem'] or '?'}; load average {m['loadavg_at_start']} at start, "
+        f"{m['loadavg_at_end']} at end."
+    )
+    print(
+        f"Clients: fdbqueue {v.get('fdbqueue')}, persist-queue {v.get('persist-queue', '-')}, "
+        f"psycopg {v.get('psycopg', '-')}, redis-py {v.get('redis-py', '-')}."
+    )
+    for setting, data in doc["settings"].items():
+        pragmas = {
+            json.dumps(r["persistqueue"]["pragmas"])
+            for r in data["rounds"]
+            if "pragmas" in r.get("persistqueue", {})
+        }
+        if pragmas:
+            print(
+                f"persist-queue at the {setting} setting, read back from its connection: "
+                f"{', '.join(sorted(pragmas))}."
+            )
+    for s, why in doc["skipped"].items():
+        print(f"Skipped {LABEL[s]}: {why}")
+    ns = ", ".join(f"{k} N={d['n']:,}" for k, d in doc["settings"].items())
+    print(
+        f"Messages of {PAYLOAD_SIZE} bytes ({ns}); (c) {CONSUMERS} consumer processes; "
+        f"(d) {doc['rate']:.0f} msg/s offered for {doc['latency_seconds']:.0f} s. "
+        f"Each figure is the median of {doc['repeat']} rounds. Ratios are fdbqueue ÷ peer, medians of "
+        "same-round pairs: above 1 fdbqueue is faster (throughput); below 1 its latency is lower. "
+        f"Took {doc['seconds']:.0f} s."
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
