@@ -207,15 +207,17 @@ def read_meta(tr: Transaction, keys: QueueKeys) -> Meta:
     state = QueueState()
     counters: dict[str, int] = {}
     priorities: set[int] = set()
-    counter_prefix = keys.counter("")[:-1]  # the counters' common prefix
+    names = keys.meta_names()
     marker_prefix = keys.priority_marker_range()[0]
     for key, value in kvs:
-        if key.startswith(counter_prefix):
-            counters[key[len(counter_prefix) : -1].decode()] = unpack_count(value)
-        elif key.startswith(marker_prefix):
-            priorities.add(keys.parse_marker(key))
-        elif key == keys.config:
+        name = names.get(key)
+        if name is None:
+            if key.startswith(marker_prefix):
+                priorities.add(keys.parse_marker(key))
+        elif name == "cfg":
             cfg = _decode_config(value)
-        elif key == keys.state:
+        elif name == "st":
             state = QueueState.decode(value)
+        else:
+            counters[name] = unpack_count(value)
     return Meta(cfg, state, counters, counters.get("wake", 0), priorities)

@@ -117,7 +117,7 @@ class DemoResult:
             ("lost", f"{self.lost}"),
             ("wall time", f"{self.seconds:.2f} s"),
             ("throughput", f"{self.throughput:,.0f} msg/s"),
-            ("latency p50 / p99", f"{self.p50_ms:.1f} / {self.p99_ms:.1f} ms"),
+            ("time in queue p50 / p99", f"{self.p50_ms:.1f} / {self.p99_ms:.1f} ms (enqueue to processed)"),
         ]
 
 

@@ -172,7 +172,7 @@ class QueueKeys:
     which is what ``fdb.tuple.pack`` produces for a flat tuple.
     """
 
-    __slots__ = ("_cache", "_id", "_m", "_r", "name", "q", "root")
+    __slots__ = ("_cache", "_id", "_m", "_names", "_r", "name", "q", "root")
 
     def __init__(self, name: str, root: Subspace, q: Subspace) -> None:
         self.name = name
@@ -182,6 +182,7 @@ class QueueKeys:
         self._id = _pack(q, ("id",))
         self._m = _pack(q, ("m",))
         self._cache: dict[str, bytes] = {}
+        self._names: dict[bytes, str] | None = None
 
     @classmethod
     def make(cls, name: str, root: tuple[Any, ...] = DEFAULT_ROOT) -> QueueKeys:
@@ -223,6 +224,15 @@ class QueueKeys:
         if key is None:
             key = self._cache["n/" + name] = self._m + enc_str("n") + enc_str(name)
         return key
+
+    def meta_names(self) -> dict[bytes, str]:
+        """Metadata key -> "cfg", "st" or the counter's name (priority markers aside)."""
+        names = self._names
+        if names is None:
+            names = {self.config: "cfg", self.state: "st"}
+            names.update({self.counter(c): c for c in COUNTERS})
+            self._names = names
+        return names
 
     def priority_marker(self, priority: int) -> bytes:
         return self._m + _PRI + enc_int(-priority)

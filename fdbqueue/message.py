@@ -147,15 +147,24 @@ class Message:
 
     @classmethod
     def from_record(
-        cls, rec: Record, queue: str, priority: int, key: bytes, payload: bytes, **more: Any
+        cls,
+        rec: Record,
+        queue: str,
+        priority: int,
+        key: bytes,
+        payload: bytes,
+        *,
+        delivered: bool = False,
+        **more: Any,
     ) -> Message:
+        """The Message for ``rec``; ``delivered`` counts the delivery it is handed out in."""
         return cls(
             id=rec.id,
             payload=payload,
             queue=queue,
             priority=priority,
             enqueued_at=rec.enqueued_us / 1e6,
-            deliveries=rec.deliveries,
+            deliveries=rec.deliveries + delivered,
             headers=MappingProxyType(dict(rec.headers)),
             content_type=ContentType(rec.content_type),
             expires_at=None if rec.expires_us is None else rec.expires_us / 1e6,

@@ -286,12 +286,11 @@ class Queue:
         return self._to_message(tr, key, Record.decode(raw), delivered=delivered)
 
     def _to_message(self, tr: Any, key: bytes, rec: Record, *, delivered: bool = False) -> Message:
-        if delivered:
-            rec = rec.with_(deliveries=rec.deliveries + 1)
         payload = rec.payload
         if rec.chunks:
             payload = b"".join(kv.value for kv in tr.get_range(*self.keys.chunk_range(rec.id)))
-        return Message.from_record(rec, self.name, self.keys.priority_of(key), key, payload)
+        priority = self.keys.priority_of(key)
+        return Message.from_record(rec, self.name, priority, key, payload, delivered=delivered)
 
     # -- dequeue and leases --------------------------------------------------------------------
 

@@ -77,10 +77,9 @@ _GET = "SELECT v FROM kv WHERE k = ?"
 _PUT = "INSERT OR REPLACE INTO kv (k, v) VALUES (?, ?)"
 _DEL = "DELETE FROM kv WHERE k = ?"
 # One statement per atomic op: SQLite calls back into apply_atomic for the new value.
-_ATOMIC = (
-    "INSERT INTO kv (k, v) VALUES (?1, fdb_atomic(?2, NULL, ?3)) "
-    "ON CONFLICT (k) DO UPDATE SET v = fdb_atomic(?2, v, ?3)"
-)
+# On an absent key every op but compare_and_clear stores its param, so the insert needs no
+# call back into Python; only an existing value does.
+_ATOMIC = "INSERT INTO kv (k, v) VALUES (?1, ?3) ON CONFLICT (k) DO UPDATE SET v = fdb_atomic(?2, v, ?3)"
 _NEVER_CLEARS = frozenset(op for op in ATOMIC_OPS if op != "compare_and_clear")
 _DEL_RANGE = "DELETE FROM kv WHERE k >= ? AND k < ?"
 _RANGE = (
