@@ -258,6 +258,15 @@ def check_value(value: object) -> bytes:
     return v
 
 
+def check_write_range(begin: object, end: object) -> tuple[bytes, bytes]:
+    """A clear range's bounds: a legal begin key, an end clamped to b'\\xff'; 2005 if inverted."""
+    b = check_write_key(begin)
+    e = clamp_end(check_bytes("end", end))
+    if e < b:
+        raise EngineError(2005, "clear_range end is before begin")
+    return b, e
+
+
 def clamp_end(key: bytes) -> bytes:
     """Range ends may be anything up to b'\\xff'; later keys are clamped (as FDB clamps selectors)."""
     return key if key <= SYSTEM_KEYS else SYSTEM_KEYS

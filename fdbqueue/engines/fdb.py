@@ -38,6 +38,7 @@ from fdbqueue.engines.base import (
     check_bytes,
     check_value,
     check_write_key,
+    check_write_range,
     clamp_end,
     register_transaction_type,
     strinc,
@@ -285,11 +286,7 @@ class FDBTransaction(_FDBReads):
 
     def clear_range(self, begin: bytes, end: bytes) -> None:
         """Remove every key in [begin, end); 2005 if end < begin."""
-        b = check_write_key(begin)
-        e = clamp_end(check_bytes("end", end))
-        if e < b:
-            raise EngineError(2005, "clear_range end is before begin")
-        _call(self._tr.clear_range, b, e)
+        _call(self._tr.clear_range, *check_write_range(begin, end))
 
     def clear_range_startswith(self, prefix: bytes) -> None:
         self.clear_range(*_prefix_range(prefix))

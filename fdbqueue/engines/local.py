@@ -32,6 +32,7 @@ from fdbqueue.engines.base import (
     check_read_key,
     check_value,
     check_write_key,
+    check_write_range,
     clamp_end,
     fill_versionstamp,
     key_after,
@@ -353,10 +354,7 @@ class LocalTransaction(ABC):
 
     def clear_range(self, begin: bytes, end: bytes) -> None:
         """Remove every key in [begin, end); 2005 if end < begin."""
-        b = check_write_key(begin)
-        e = clamp_end(check_bytes("end", end))
-        if e < b:
-            raise EngineError(2005, "clear_range end is before begin")
+        b, e = check_write_range(begin, end)
         self._touch()
         self._size += len(b) + len(e)
         if b < e:
