@@ -25,6 +25,11 @@ dequeue switches to the staged path on a conflict): the model observes which of 
 moves happened (each still has to be a legal move) before it predicts the message handed
 out, which must be the first deliverable one in dequeue order. The error queue is
 therefore compared as a set; its order is the order of those moves, not part of the model.
+A plain dequeue goes to the staged request set only after repeated conflicts, which the
+seeded faults seldom make: ``dequeue_under_contention`` injects two conflicts in a row.
+
+The scripted tests after the model replay, deterministically, the interleavings around
+commit_unknown_result (1021) and conflicts that a seed finds only rarely.
 """
 
 from __future__ import annotations
@@ -78,6 +83,27 @@ class Entry:
 
     def __repr__(self) -> str:
         return f"<{self.id[-6:]} {self.state} d={self.deliveries} pos={self.pos} exp={self.expires}>"
+
+
+class Conflicts:
+    """Stands in for the sim's fault generator (see tests/faults.py): the next ``n`` commits
+    with writes fail with a conflict (1020); then the seeded faults go on as before."""
+
+    def __init__(self, db: SimDatabase, n: int) -> None:
+        self.db, self.real, self.n = db, db._rng, n
+
+    def random(self) -> float:
+        if self.n > 0:
+            self.n -= 1
+            return self.db.faults * 0.1  # the sim maps a draw below faults / 3 to 1020
+        return self.real.random()
+
+    def __enter__(self) -> Conflicts:
+        self.db._rng = self  # type: ignore[assignment]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.db._rng = self.real
 
 
 class DeliveryModel(RuleBasedStateMachine):
@@ -321,6 +347,21 @@ class DeliveryModel(RuleBasedStateMachine):
         assert m is not None and m.receipt is None
         e.state = CONSUMED
 
+    @rule()
+    def dequeue_under_contention(self) -> None:
+        """Plain dequeues that keep colliding switch to the staged request set (contention.py)."""
+        assert self.db is not None
+        with Conflicts(self.db, 2) as conflicts:
+            m = self.jobs.dequeue(self.db)
+        if conflicts.n == 0:
+            event("dequeue: two conflicts (staged request set)")
+        e = self._take(m, "dequeue after two conflicts")
+        if e is None:
+            return
+        self._check(e, m, "dequeue after two conflicts", e.deliveries + 1)
+        assert m is not None and m.receipt is None
+        e.state = CONSUMED
+
     def _pick(self, data: st.DataObject, *, live: bool) -> Entry:
         now = self.now
         choices = [e for e in self._in(LEASED) if (e.deadline > now) == live]
@@ -555,13 +596,13 @@ def test_dedup_enqueue_exactly_once(scripted: Any, first: Any, then: Any) -> Non
     assert [m.id for m in q.browse(db)] == [mid]
 
 
-def test_dequeue_after_a_conflict_takes_a_due_delayed_message(scripted: Any) -> None:
-    """A conflict (1020) sends dequeue(db) to the staged request set; a due message is still taken."""
+def test_dequeue_after_conflicts_takes_a_due_delayed_message(scripted: Any) -> None:
+    """Conflicts (1020) send dequeue(db) to the staged request set; a due message is still taken."""
     db, faults, clock = scripted
     q = Queue("jobs")
     a = q.enqueue(db, b"A", delay=5)
     clock.advance(10)
-    faults.arm([1020])
+    faults.arm([1020, 1020])  # the first, or the first two, attempts conflict: whichever path
     m = q.dequeue(db)
     assert m is not None and m.id == a, f"dequeue returned {m} while A is due (A is {_where(db, q, a)!r})"
 
@@ -589,18 +630,18 @@ def test_dequeue_of_a_due_delayed_message_exactly_once(scripted: Any, first: Any
     assert [x.id for x in q.browse(db)] == [b]
 
 
-def test_dequeue_after_a_conflict_takes_a_live_message_behind_expired_ones(scripted: Any) -> None:
+def test_dequeue_after_conflicts_takes_a_live_message_behind_expired_ones(scripted: Any) -> None:
     """The staged request set passes over expired messages; it must not stop at them.
 
     Two expired messages head the queue, C behind them is live: a non-blocking dequeue(db)
-    that meets a conflict (and so goes through the staged set) must still return C.
+    that meets conflicts (and so goes through the staged set) must still return C.
     """
     db, faults, clock = scripted
     q = Queue("jobs")
     q.enqueue_many(db, [b"X1", b"X2"], ttl=10)
     c = q.enqueue(db, b"C")
     clock.advance(11)
-    faults.arm([1020])
+    faults.arm([1020, 1020])
     m = q.dequeue(db)
-    assert db.stats.faults == {1020: 1}
+    assert db.stats.faults == {1020: 2}
     assert m is not None and m.id == c, f"dequeue returned {m} while C is ready behind two expired messages"
