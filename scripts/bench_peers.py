@@ -20,11 +20,11 @@ Workloads, 200-byte messages:
       into the payload.
 
 Each round runs every system once through every workload (the order of systems rotates
-between rounds); tables give the median over rounds, ratios are medians of the per-round
-ratios fdbqueue/peer. Start the servers first with ``scripts/peers.sh start``; a peer that
+between rounds); tables give the median over rounds, and each ratio fdbqueue/peer is the
+ratio of the two medians. Start the servers first with ``scripts/peers.sh start``; a peer that
 cannot be reached is skipped with the reason.
 
-Usage: .venv/bin/python scripts/bench_peers.py [--n 10000] [--n-durable 1000] [--repeat 3]
+Usage: .venv/bin/python scripts/bench_peers.py [--n 10000] [--n-durable 600] [--repeat 3]
        [--settings durable,fast] [--systems fdbqueue,persistqueue,postgres,redis] [--json]
 """
 
@@ -601,10 +601,12 @@ def run_drain(spec: dict[str, Any], n: int, threads: bool = False) -> dict[str, 
         errors.append(f"{CONSUMERS - len(results)} consumer(s) did not report")
     t_end = max((r[2] for r in results), default=t0)
     elapsed = max(t_end - t0, 1e-9)
+    distinct = len(set(seen))
     return {
-        "n": len(seen),
+        "n": distinct,
+        "deliveries": len(seen),
         "seconds": elapsed,
-        "rate": len(seen) / elapsed,
+        "rate": distinct / elapsed,  # distinct messages: a duplicate delivery is not throughput
         "per_consumer": sorted(len(r[1]) for r in results),
         "errors": errors,
         "mode": "threads" if threads else "processes",
@@ -701,6 +703,7 @@ def run_latency(spec: dict[str, Any], rate: float, seconds: float, drain: float)
     lat.sort()
     return {
         "offered": rate,
+        "seconds": seconds,
         "sent": sent,
         "achieved": sent / t_sent if t_sent > 0 else 0.0,
         "received": got,
@@ -807,7 +810,9 @@ def fmt(value: Any) -> str:
             return f"{value:,.0f}"
         if value >= 10:
             return f"{value:.1f}"
-        return f"{value:.2f}"
+        if value >= 0.1 or value == 0:
+            return f"{value:.2f}"
+        return f"{value:.2g}"
     if isinstance(value, int):
         return f"{value:,}"
     return str(value)
@@ -825,11 +830,19 @@ def show(title: str, headers: list[str], rows: list[list[Any]]) -> None:
         return
     table = Table(title=escape(title), title_justify="left")
     for i, h in enumerate(headers):
-        numeric = i > 0 and all(_numeric(row[i]) for row in cells)
-        table.add_column(escape(h), justify="right" if numeric else "left")
+        right = i > 0 and all(_numeric(row[i]) for row in cells)
+        table.add_column(escape(h), justify="right" if right else "left")
     for row in cells:
         table.add_row(*(escape(c) for c in row))
     _console.print(table)
+
+
+def args_seconds(rounds: list[dict[str, Any]]) -> str:
+    for rnd in rounds:
+        for res in rnd.values():
+            if isinstance(res, dict) and "d" in res:
+                return f"{res['d']['seconds']:g} s"
+    return "?"
 
 
 def _numeric(cell: str) -> bool:
@@ -857,15 +870,17 @@ def get(rounds: list[dict[str, Any]], system: str, wl: str, field: str) -> list[
     return out
 
 
-def paired_ratio(rounds: list[dict[str, Any]], a: tuple[str, str], b: tuple[str, str], field: str) -> float:
-    """Median over rounds of fdbqueue's figure over the peer's, both from the same round."""
-    rs = []
-    for rnd in rounds:
-        x = rnd.get(a[0], {}).get(a[1], {}).get(field)
-        y = rnd.get(b[0], {}).get(b[1], {}).get(field)
-        if x and y and x == x and y == y:
-            rs.append(x / y)
-    return med(rs)
+def ratio_of_medians(
+    rounds: list[dict[str, Any]], a: tuple[str, str], b: tuple[str, str], field: str
+) -> float:
+    """fdbqueue's median figure over the peer's: the ratio of the two cells of the table.
+
+    Not a median of same-round ratios: one system's workloads take 10-40 s here, and the shared
+    disk's fsync time changes several-fold within that, so pairs in a round are no closer in
+    conditions than any two runs; the median of each side over rounds is the sturdier figure.
+    """
+    x, y = med(get(rounds, a[0], a[1], field)), med(get(rounds, b[0], b[1], field))
+    return x / y if x == x and y == y and y else float("nan")
 
 
 def summarise(setting: str, n: int, rounds: list[dict[str, Any]], systems: list[str]) -> dict[str, Any]:
@@ -887,13 +902,27 @@ def summarise(setting: str, n: int, rounds: list[dict[str, Any]], systems: list[
                 f: med(get(rounds, system, "d", f))
                 for f in ("achieved", "p50_ms", "p99_ms", "max_ms", "send_lag_p99_ms", "received", "sent")
             }
+        if system != "fdbqueue" and "fdbqueue" in systems:
+            s["fdbqueue_over_peer"] = {
+                name: ratio_of_medians(rounds, ("fdbqueue", fw), (system, wl), field)
+                for name, fw, wl, field in (
+                    ("a", "a", "a", "rate"),
+                    ("b", "b", "b", "rate"),
+                    ("b_lease", "b_lease", "b", "rate"),
+                    ("c", "c", "c", "rate"),
+                    ("d_p50", "d", "d", "p50_ms"),
+                    ("d_p99", "d", "d", "p99_ms"),
+                )
+            }
         summary[system] = s
     return summary
 
 
-def print_tables(
-    setting: str, n: int, rounds: list[dict[str, Any]], peers: Peers, systems: list[str]
-) -> None:
+def setting_text(rounds: list[dict[str, Any]], system: str) -> str:
+    return next((rnd[system]["setting_text"] for rnd in rounds if system in rnd), "?")
+
+
+def print_tables(setting: str, n: int, rounds: list[dict[str, Any]], systems: list[str]) -> None:
     present = [s for s in systems if any(s in rnd for rnd in rounds)]
     if not present:
         return
@@ -904,13 +933,13 @@ def print_tables(
     show(
         f"Systems at the {setting} setting",
         ["system", "durability", "what runs"],
-        [[LABEL[s], peers.spec_text(s, setting), WHAT[s]] for s in present],
+        [[LABEL[s], setting_text(rounds, s), WHAT[s]] for s in present],
     )
 
     def ratio(system: str, wl: str, fdb_wl: str, field: str = "rate") -> Any:
         if system == "fdbqueue" or not fdb:
             return "-"
-        return paired_ratio(rounds, ("fdbqueue", fdb_wl), (system, wl), field)
+        return ratio_of_medians(rounds, ("fdbqueue", fdb_wl), (system, wl), field)
 
     def once(system: str, wl: str) -> str:
         flags = [rnd[system][wl]["exactly_once"] for rnd in rounds if wl in rnd.get(system, {})]
@@ -1027,7 +1056,8 @@ def print_tables(
         )
     if rows:
         show(
-            f"(d) end-to-end latency, {offered:.0f} msg/s offered, one blocking consumer {tag}",
+            f"(d) end-to-end latency, {offered:.0f} msg/s offered for {args_seconds(rounds)}, one blocking "
+            f"consumer ({setting}, median of {r} round{'s' if r > 1 else ''})",
             [
                 "system",
                 "sent msg/s",
@@ -1064,6 +1094,7 @@ def machine(directory: str) -> dict[str, Any]:
             if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
                 best, fs = mnt, f"{fstype} on {dev}"
     return {
+        "fdbqueue_commit": _git_commit(),
         "nproc": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "cpu": cpu,
         "python": platform.python_version(),
@@ -1072,6 +1103,26 @@ def machine(directory: str) -> dict[str, Any]:
         "filesystem": fs,
         "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+def _git_commit() -> str:
+    """The checkout's commit, '+changes' when fdbqueue/ differs from it ('' outside git)."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(
+            ["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", root, "status", "--porcelain", "--", "fdbqueue"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return head + ("+changes" if dirty else "") if head else ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1088,7 +1139,7 @@ def main(argv: list[str] | None = None) -> int:
         "--n-durable",
         type=int,
         default=None,
-        help="messages per workload at the durable setting (default: 1000, or --n if smaller): "
+        help="messages per workload at the durable setting (default: 600, or --n if smaller): "
         "every commit waits for an fsync, 0.3 to 7 ms on this shared disk",
     )
     p.add_argument("--repeat", type=int, default=3, help="rounds; tables give medians (3)")
@@ -1105,9 +1156,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--redis-fast-url", default=os.environ.get("PEERS_REDIS_FAST_URL", DEFAULT_REDIS_FAST))
     p.add_argument("--dir", default=None, help="directory for the SQLite files (default: a temp dir)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
+    p.add_argument("--json-file", default=None, help="also write the JSON document to this file")
     p.add_argument("--markdown", action="store_true", help="print the tables as Markdown")
+    p.add_argument(
+        "--from-json", default=None, help="print the tables of a saved --json document; run nothing"
+    )
     args = p.parse_args(argv)
     _MARKDOWN = args.markdown
+    if args.from_json:
+        with open(args.from_json) as f:
+            saved = json.load(f)
+        for setting, data in saved["settings"].items():
+            present = [s for s in SYSTEMS if any(s in rnd for rnd in data["rounds"])]
+            print_tables(setting, data["n"], data["rounds"], present)
+        print_footer(saved)
+        return 0
     systems = [s for s in args.systems.split(",") if s]
     for s in systems:
         if s not in SYSTEMS:
@@ -1117,7 +1180,7 @@ def main(argv: list[str] | None = None) -> int:
         if s not in ("durable", "fast"):
             p.error(f"unknown setting {s!r}")
     n_fast = args.n
-    n_durable = args.n_durable if args.n_durable is not None else min(1000, args.n)
+    n_durable = args.n_durable if args.n_durable is not None else min(600, args.n)
 
     started = time.monotonic()
     directory = tempfile.mkdtemp(prefix="bench-peers-", dir=args.dir)
@@ -1162,9 +1225,13 @@ def main(argv: list[str] | None = None) -> int:
                 "summary": summarise(setting, n, rounds, active),
             }
             if not args.json:
-                print_tables(setting, n, rounds, peers, active)
+                print_tables(setting, n, rounds, active)
         doc["seconds"] = time.monotonic() - started
         doc["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        doc["machine"]["fdbqueue_commit_at_end"] = _git_commit()
+        if args.json_file:
+            with open(args.json_file, "w") as f:
+                json.dump(doc, f, indent=2, default=str)
         if args.json:
             print(json.dumps(doc, indent=2, default=str))
         else:
@@ -1184,7 +1251,8 @@ def print_footer(doc: dict[str, Any]) -> None:
         f"{m['loadavg_at_end']} at end."
     )
     print(
-        f"Clients: fdbqueue {v.get('fdbqueue')}, persist-queue {v.get('persist-queue', '-')}, "
+        f"Clients: fdbqueue {v.get('fdbqueue')} (commit {m.get('fdbqueue_commit') or '?'} at start, "
+        f"{m.get('fdbqueue_commit_at_end') or '?'} at end), persist-queue {v.get('persist-queue', '-')}, "
         f"psycopg {v.get('psycopg', '-')}, redis-py {v.get('redis-py', '-')}."
     )
     for setting, data in doc["settings"].items():
@@ -1204,8 +1272,8 @@ def print_footer(doc: dict[str, Any]) -> None:
     print(
         f"Messages of {PAYLOAD_SIZE} bytes ({ns}); (c) {CONSUMERS} consumer processes; "
         f"(d) {doc['rate']:.0f} msg/s offered for {doc['latency_seconds']:.0f} s. "
-        f"Each figure is the median of {doc['repeat']} rounds. Ratios are fdbqueue ÷ peer, medians of "
-        "same-round pairs: above 1 fdbqueue is faster (throughput); below 1 its latency is lower. "
+        f"Each figure is the median of {doc['repeat']} round(s). Ratios are fdbqueue ÷ peer, the ratio of "
+        "the two medians: above 1 fdbqueue is faster (throughput); below 1 its latency is lower. "
         f"Took {doc['seconds']:.0f} s."
     )
 
