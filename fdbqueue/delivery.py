@@ -54,7 +54,8 @@ class LeaseExpiredError(LeaseError):
 def remove_message(tr: Transaction, keys: QueueKeys, key: bytes, rec: Record, *, chunks: bool = True) -> None:
     """Clear a message from wherever ``key`` says it is, with its id entry and TTL entry."""
     tr.clear(key)
-    tr.clear(keys.id_key(rec.id))
+    if key != keys.home_key(rec.id):  # at home it has no id entry
+        tr.clear(keys.id_key(rec.id))
     if rec.expires_us is not None:
         tr.clear(keys.expiry_key(rec.expires_us, rec.id))
     if chunks and rec.chunks:
@@ -68,7 +69,10 @@ def put_ready(tr: Transaction, keys: QueueKeys, key: bytes | None, rec: Record, 
         key = keys.ready_key(priority, index, new_rand())
         tr.set(keys.priority_marker(priority), b"")
     tr.set(key, rec.encode())
-    tr.set(keys.id_key(rec.id), key)
+    if key == keys.home_key(rec.id):
+        tr.clear(keys.id_key(rec.id))  # back home: the id finds it without an entry
+    else:
+        tr.set(keys.id_key(rec.id), key)
     if rec.expires_us is not None:
         tr.set(keys.expiry_key(rec.expires_us, rec.id), b"")
     tr.add(keys.counter("ready"), ONE)
@@ -313,6 +317,14 @@ def promote_delayed(q: Queue, tr: Transaction, cfg: QueueConfig, dkey: bytes, no
     return "ready"
 
 
+def locate(tr: Transaction, keys: QueueKeys, msg_id: str) -> bytes | None:
+    """The key where message ``msg_id`` is now (its home key, else its id entry), or None."""
+    home = keys.home_key(msg_id)
+    if home is not None and tr.get(home) is not None:
+        return home
+    return tr.get(keys.id_key(msg_id))
+
+
 def message_elsewhere(q: Queue, tr: Transaction, key: bytes, raw: bytes) -> Message | None:
     """A message found through the id index outside the ready set (leased or delayed)."""
     tag = q.keys.unpack_tail(key)[0]
@@ -434,7 +446,7 @@ def count_failed_attempt(q: Queue, db: Database, msg: Message, error: EngineErro
 
     def body(t: Transaction, _: bool) -> None:
         keys = q.keys
-        where = t.get(keys.id_key(msg.id))
+        where = locate(t, keys, msg.id)
         raw = None if where is None else t.get(where)
         if where is None or raw is None:
             return  # taken by another consumer, or the caller's commit did land (1021)

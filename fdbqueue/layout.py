@@ -10,7 +10,8 @@ default. ``Q`` below is ``root + ("q", queue_name)``::
     Q + ("m", "n", counter)                     8-byte little-endian counters, atomic adds only
     Q + ("m", "pri", -priority)                 priorities in use (browse looks back over them)
     Q + ("r", -priority, index, rand)           ready messages: higher priority first, FIFO within
-    Q + ("id", msg_id)                          id index -> the message's current key
+    Q + ("id", msg_id)                          id index -> the message's current key, for messages
+                                                away from the home key their id names (below)
     Q + ("b", msg_id, chunk)                    payload chunks of a large message
     Q + ("f", msg_id)                           in-flight (leased) message record
     Q + ("l", deadline_us, msg_id)              lease deadlines (sweep order)
@@ -30,6 +31,10 @@ suffix breaks ties, so concurrent enqueues never conflict (FoundationDB queue re
 That counter (rather than the last ready key) keeps indexes increasing after the queue
 drains, so a released message goes back ahead of every newer one; and being the key
 that wakes blocked dequeuers too, it costs an enqueue no extra write.
+
+A message enqueued ready gets the id "r" + hex(-priority, index, rand): its id names its home
+key, so enqueue and dequeue write no id-index entry. Messages away from home (delayed,
+leased, dead-lettered, or ids made before their place was known) have one.
 
 The small per-queue keys live together under ``Q + ("m",)``: one range read fetches a
 queue's settings, state, counters and mark, and their writes dirty one page, not five.
@@ -272,6 +277,25 @@ class QueueKeys:
 
     def priority_of(self, key: bytes) -> int:
         return -dec_int(key, len(self._r))[0]
+
+    # -- message ids -------------------------------------------------------------------------------
+    def home_id(self, priority: int, index: int, rand: bytes) -> str:
+        """The id of a message enqueued ready: "r" + its ready key's tail, in hex.
+
+        Such an id names the message's home key, so the common path (enqueue, dequeue) needs
+        no id-index entry: only a message away from home (delayed, leased, dead-lettered, or
+        given its id before its place was known) has one.
+        """
+        return "r" + (enc_int(-priority) + enc_int(index) + enc_bytes(rand)).hex()
+
+    def home_key(self, msg_id: str) -> bytes | None:
+        """The ready key ``msg_id`` names in this queue, or None for other ids."""
+        if not msg_id.startswith("r"):
+            return None
+        try:
+            return self._r + bytes.fromhex(msg_id[1:])
+        except ValueError:
+            return None
 
     # -- other states --------------------------------------------------------------------------
     def id_key(self, msg_id: str) -> bytes:

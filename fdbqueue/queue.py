@@ -29,6 +29,7 @@ from fdbqueue.delivery import (
     deliverable_head,
     extend_in,
     lease_in,
+    locate,
     message_elsewhere,
     nack_in,
     release_in,
@@ -71,6 +72,7 @@ class _Item(NamedTuple):
     delay: float
     ttl: float | None
     dedup_key: str | None
+    fixed_id: bool = False  # the id must be known before the write (an autonomous enqueue)
 
 
 class Queue:
@@ -188,8 +190,10 @@ class Queue:
         self, tr: Transaction, items: list[_Item], unknown: bool, receipt: bytes | None
     ) -> list[str]:
         keys = self.keys
-        if unknown and receipt is not None and tr.get(receipt) is not None:
-            return [it.id for it in items]  # the attempt that ended in commit_unknown_result committed
+        if unknown and receipt is not None:
+            landed = tr.get(receipt)
+            if landed is not None:  # the attempt that ended in commit_unknown_result committed
+                return landed.decode().split(",")
         meta = read_meta(tr, keys)
         cfg = meta.config
         if cfg is None:
@@ -211,8 +215,6 @@ class Queue:
                 first_id, at = seen.decode().split("|")
                 if t_us - int(at) < cfg.dedup_window * 1e6:
                     return [first_id]
-            tr.set(keys.dedup_key(first.dedup_key), f"{first.id}|{t_us}".encode())
-            tr.set(keys.dedup_time_key(t_us, first.dedup_key), b"")
         if cfg.max_size is not None:
             held = meta.count("ready") + meta.count("inflight") + meta.count("delayed")
             if held + len(items) > cfg.max_size:
@@ -220,15 +222,19 @@ class Queue:
                     f"queue {self.name!r} is full ({held} of max_size {cfg.max_size})",
                     block=cfg.overflow == "block",
                 )
-        if receipt is not None:
-            tr.set(receipt, b"enqueue")
-            clear_old_receipts(tr, keys)
         base = meta.made_ready
         priorities: set[int] = set()
-        ready = 0
+        ids: list[str] = []
         for i, it in enumerate(items):
-            ready += self._write_new(tr, cfg, it, base + 1 + i, t_us)
+            ids.append(self._write_new(tr, cfg, it, base + 1 + i, t_us))
             priorities.add(it.priority)
+        ready = sum(1 for it in items if it.delay <= 0)
+        if first.dedup_key is not None:
+            tr.set(keys.dedup_key(first.dedup_key), f"{ids[0]}|{t_us}".encode())
+            tr.set(keys.dedup_time_key(t_us, first.dedup_key), b"")
+        if receipt is not None:
+            tr.set(receipt, ",".join(ids).encode())  # ids are made here: a retry reads them back
+            clear_old_receipts(tr, keys)
         for p in priorities - meta.priorities:
             tr.set(keys.priority_marker(p), b"")
         if ready:
@@ -236,36 +242,42 @@ class Queue:
             tr.add(keys.wake, pack_count(ready))
         if ready < len(items):
             tr.add(keys.counter("delayed"), pack_count(len(items) - ready))
-        return [it.id for it in items]
+        return ids
 
-    def _write_new(self, tr: Transaction, cfg: QueueConfig, it: _Item, index: int, t_us: int) -> int:
-        """Write one new message, ready (returns 1) or delayed (returns 0)."""
+    def _write_new(self, tr: Transaction, cfg: QueueConfig, it: _Item, index: int, t_us: int) -> str:
+        """Write one new message, ready or delayed; returns its id.
+
+        A ready message's id names its home key (no id entry); a delayed one, or one whose
+        id had to be known before its place (``fixed_id``), keeps the id made for it.
+        """
         keys = self.keys
+        home = it.delay <= 0 and not it.fixed_id
+        msg_id = keys.home_id(it.priority, index, it.rand) if home else it.id
         ttl = it.ttl if it.ttl is not None else cfg.ttl
         expires = None if ttl is None else t_us + int(ttl * 1e6)
         payload, chunks = it.payload, 0
         if len(payload) > CHUNK_SIZE:
             chunks = math.ceil(len(payload) / CHUNK_SIZE)
             for n in range(chunks):
-                tr.set(keys.chunk_key(it.id, n), payload[n * CHUNK_SIZE : (n + 1) * CHUNK_SIZE])
+                tr.set(keys.chunk_key(msg_id, n), payload[n * CHUNK_SIZE : (n + 1) * CHUNK_SIZE])
             payload = b""
-        rec = Record(it.id, t_us, it.content_type.value, it.headers, 0, expires, chunks, {}, payload)
+        rec = Record(msg_id, t_us, it.content_type.value, it.headers, 0, expires, chunks, {}, payload)
         if expires is not None:
-            tr.set(keys.expiry_key(expires, it.id), b"")
+            tr.set(keys.expiry_key(expires, msg_id), b"")
         if it.delay > 0:
-            key = keys.delayed_key(t_us + int(it.delay * 1e6), it.id)
+            key = keys.delayed_key(t_us + int(it.delay * 1e6), msg_id)
             rec = rec.with_(extra={"priority": it.priority})
-            ready = 0
         else:
             key = keys.ready_key(it.priority, index, it.rand)
-            ready = 1
         tr.set(key, rec.encode())
-        tr.set(keys.id_key(it.id), key)
-        return ready
+        if not home:
+            tr.set(keys.id_key(msg_id), key)
+        return msg_id
 
     def _autonomous(self, tr: Transaction, item: _Item) -> str:
         """Enqueue in a transaction of its own, whatever becomes of the caller's (seed 002)."""
         db: Database = tr.db
+        item = item._replace(fixed_id=True)  # its id is returned before it is written
 
         def later(_error: EngineError | None) -> None:
             try:
@@ -589,7 +601,7 @@ class Queue:
             raise QueueError(f"message id must be a str, not {type(msg_id).__name__}")
 
         def body(t: Transaction, _: bool) -> Message | None:
-            where = t.get(self.keys.id_key(msg_id))
+            where = locate(t, self.keys, msg_id)
             raw = None if where is None else t.get(where)
             if where is None or raw is None:
                 return None

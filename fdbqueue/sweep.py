@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fdbqueue.config import QueueConfig, read_config
-from fdbqueue.delivery import expire, expire_lease, promote_delayed
+from fdbqueue.delivery import expire, expire_lease, locate, promote_delayed
 from fdbqueue.engines.base import Transaction
 from fdbqueue.message import Record
 
@@ -67,7 +67,7 @@ def sweep_step(q: Queue, tr: Transaction, cfg: QueueConfig, now: int, limit: int
             continue
         tr.clear(xkey)
         msg_id = keys.unpack_tail(xkey)[2]
-        where = tr.get(keys.id_key(msg_id))
+        where = locate(tr, keys, msg_id)
         if where is None or keys.unpack_tail(where)[0] != "r":
             continue  # leased or delayed: checked again when it is released or promoted
         raw = tr.get(where)

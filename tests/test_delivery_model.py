@@ -44,6 +44,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 import fdbqueue
 from fdbqueue import LeaseError, LeaseExpiredError, Message, Queue
 from fdbqueue.clock import FakeClock, set_clock
+from fdbqueue.delivery import locate
+from fdbqueue.engines.base import run_transaction
 from fdbqueue.engines.sim import SimDatabase
 from fdbqueue.layout import unpack_count
 from tests.faults import ScriptedFaults
@@ -183,9 +185,9 @@ class DeliveryModel(RuleBasedStateMachine):
                 self._dead_letter(e, "expired")
 
     def _where(self, e: Entry) -> tuple[str | None, int | None]:
-        """Where the store has ``e``: the id index's tag, and a lease's deadline (us)."""
+        """Where the store has ``e``: the tag of its key, and a lease's deadline (us)."""
         assert self.db is not None
-        key = self.db.get(self.jobs.keys.id_key(e.id))
+        key = _locate(self.db, self.jobs, e.id)
         if key is None:
             return None, None
         tag = str(self.jobs.keys.unpack_tail(key)[0])
@@ -456,9 +458,17 @@ class DeliveryModel(RuleBasedStateMachine):
         assert self.jobs.size(db) == len(ready)
         counters = {c: unpack_count(db.get(self.jobs.keys.counter(c))) for c in ("inflight", "delayed")}
         assert counters == {"inflight": len(self._in(LEASED)), "delayed": len(self._in(DELAYED))}
-        for tag, states in (("f", (LEASED,)), ("l", (LEASED,)), ("d", (DELAYED,)), ("id", IN_JOBS)):
+        for tag, states in (("f", (LEASED,)), ("l", (LEASED,)), ("d", (DELAYED,))):
             n = len(db.get_range_startswith(self.jobs.keys.q.pack((tag,))))
             assert n == len(self._in(*states)), f"{n} keys under {tag!r}, model: {len(self._in(*states))}"
+        # Id entries exist only for messages away from the home key their id names, and each
+        # points at the message (get() above already found every message in jobs).
+        in_jobs = {e.id for e in self._in(*IN_JOBS)}
+        for kv in db.get_range_startswith(self.jobs.keys.q.pack(("id",))):
+            msg_id = self.jobs.keys.unpack_tail(kv.key)[1]
+            assert msg_id in in_jobs, f"a stale id entry for {msg_id}"
+            assert kv.value != self.jobs.keys.home_key(msg_id), f"an id entry for {msg_id}, at home"
+            assert db.get(kv.value) is not None, f"the id entry of {msg_id} points nowhere"
 
         dead = list(self.errors.browse(db))
         got = sorted(m.id for m in dead)
@@ -513,8 +523,13 @@ def scripted() -> Any:
     db.close()
 
 
+def _locate(db: SimDatabase, q: Queue, mid: str) -> bytes | None:
+    """The key the message is at: its home key (which its id names), else its id entry."""
+    return run_transaction(db, lambda tr: locate(tr, q.keys, mid))
+
+
 def _where(db: SimDatabase, q: Queue, mid: str) -> str | None:
-    where = db.get(q.keys.id_key(mid))
+    where = _locate(db, q, mid)
     return None if where is None else str(q.keys.unpack_tail(where)[0])
 
 
