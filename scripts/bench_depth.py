@@ -50,7 +50,6 @@ import contextlib
 import hashlib
 import json
 import os
-import platform
 import shlex
 import shutil
 import sqlite3
@@ -65,6 +64,8 @@ from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+import benchlib  # noqa: E402
 
 import fdbqueue  # noqa: E402
 
@@ -140,33 +141,13 @@ def show_table(title: str, headers: list[str], rows: list[list[Any]]) -> None:
 
 
 def machine() -> dict[str, Any]:
-    cpu = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        nproc = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        nproc = os.cpu_count() or 0
     mem = None
     try:
         with open("/proc/meminfo") as f:
             mem = int(f.readline().split()[1]) // 1024
     except (OSError, ValueError, IndexError):
         pass
-    return {
-        "nproc": nproc,
-        "cpu": cpu,
-        "memory_mb": mem,
-        "python": platform.python_version(),
-        "sqlite": sqlite3.sqlite_version,
-        "platform": platform.platform(),
-    }
+    return benchlib.machine(memory_mb=mem)
 
 
 def loadavg() -> list[float] | None:

@@ -16,7 +16,6 @@ import importlib
 import importlib.util
 import json
 import os
-import platform
 import sqlite3
 import statistics
 import sys
@@ -24,6 +23,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
+
+import benchlib
 
 import fdbqueue
 from fdbqueue.engines.base import Transaction, run_transaction
@@ -103,19 +104,9 @@ def compare(sync: str, n: int, repeat: int) -> dict[str, Any]:
 
 
 def machine() -> dict[str, Any]:
-    cpu = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return {
-        "cpus": os.cpu_count(),
-        "cpu": cpu,
-        "python": platform.python_version(),
-        "sqlite": sqlite3.sqlite_version,
-        "platform": platform.platform(),
-    }
+    m = benchlib.machine()
+    m["cpus"] = m.pop("nproc")
+    return m
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,9 +36,7 @@ import importlib.metadata
 import json
 import multiprocessing as mp
 import os
-import platform
 import shutil
-import sqlite3
 import statistics
 import struct
 import sys
@@ -50,6 +48,8 @@ from collections import Counter
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import benchlib
 
 import fdbqueue
 
@@ -1079,12 +1079,6 @@ def print_tables(setting: str, n: int, rounds: list[dict[str, Any]], systems: li
 
 
 def machine(directory: str) -> dict[str, Any]:
-    cpu = "unknown"
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
     fs = ""
     with contextlib.suppress(OSError), open("/proc/mounts") as f:
         best = ""
@@ -1095,13 +1089,7 @@ def machine(directory: str) -> dict[str, Any]:
                 best, fs = mnt, f"{fstype} on {dev}"
     return {
         "fdbqueue_commit": _git_commit(),
-        "nproc": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "cpu": cpu,
-        "python": platform.python_version(),
-        "sqlite": sqlite3.sqlite_version,
-        "platform": platform.platform(),
-        "filesystem": fs,
-        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+        **benchlib.machine(filesystem=fs, loadavg_at_start=benchlib.loadavg()),
     }
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
 import shutil
 import sqlite3
@@ -37,6 +36,8 @@ from collections.abc import Callable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import benchlib
 
 import fdbqueue
 import fdbqueue.contention as contention
@@ -123,27 +124,7 @@ _JSON = False
 
 
 def machine() -> dict[str, Any]:
-    cpu = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        nproc = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        nproc = os.cpu_count() or 0
-    return {
-        "nproc": nproc,
-        "cpu": cpu,
-        "python": platform.python_version(),
-        "sqlite": sqlite3.sqlite_version,
-        "platform": platform.platform(),
-        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
-    }
+    return benchlib.machine(loadavg_at_start=benchlib.loadavg())
 
 
 def filesystem_of(path: str) -> str:
