@@ -1,0 +1,56 @@
+"""The keyspace's fast key builders produce exactly what fdb.tuple produces."""
+
+from __future__ import annotations
+
+import fdb.tuple
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fdbqueue.layout import QueueKeys, dec_int, enc_bytes, enc_int, enc_str
+
+INTS = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.sampled_from([0, 1, -1, 255, 256, -256, 2**64 - 2, 2**64 - 1, 2**64, -(2**64 - 1), -(2**64)]),
+)
+
+
+@given(INTS)
+def test_enc_int_matches_the_tuple_layer(n: int) -> None:
+    packed = fdb.tuple.pack((n,))
+    assert enc_int(n) == packed
+    assert dec_int(b"ab" + packed + b"z", 2) == (n, 2 + len(packed))
+
+
+@given(st.binary(max_size=40), st.text(max_size=40))
+def test_enc_bytes_and_str_match_the_tuple_layer(b: bytes, s: str) -> None:
+    assert enc_bytes(b) == fdb.tuple.pack((b,))
+    assert enc_str(s) == fdb.tuple.pack((s,))
+
+
+@given(st.integers(-(2**31), 2**31 - 1), st.integers(0, 2**62), st.binary(min_size=8, max_size=8))
+def test_queue_keys_match_the_subspace(priority: int, index: int, rand: bytes) -> None:
+    k = QueueKeys.make("jobs", ("app", 1))
+    key = k.ready_key(priority, index, rand)
+    assert key == k.q.pack(("r", -priority, index, rand))
+    assert k.parse_ready(key) == (priority, index, rand)
+    assert k.priority_of(key) == priority
+    mid = k.home_id(priority, index, rand)
+    assert k.home_key(mid) == key  # a ready message's id names its key
+    assert k.priority_marker(priority) == k.q.pack(("m", "pri", -priority))
+    assert k.parse_marker(k.priority_marker(priority)) == priority
+    begin, end = k.priority_range(priority)
+    assert begin < key < end
+    r = k.q.range(("r",))
+    assert k.ready_range() == (r.start, r.stop)
+
+
+def test_fixed_keys_match_the_subspace() -> None:
+    k = QueueKeys.make("jobs")
+    assert k.config == k.q.pack(("m", "cfg"))
+    assert k.state == k.q.pack(("m", "st"))
+    assert k.counter("ready") == k.q.pack(("m", "n", "ready"))
+    assert k.wake == k.q.pack(("m", "n", "wake"))
+    assert k.id_key("x") == k.q.pack(("id", "x"))
+    assert k.home_key("not-a-home-id") is None and k.home_key("rzz") is None
+    begin, end = k.meta_range()
+    assert all(begin <= key < end for key in (k.config, k.state, k.wake, k.priority_marker(3)))
