@@ -122,6 +122,17 @@ def expire(q: Queue, tr: Transaction, cfg: QueueConfig, key: bytes, rec: Record)
         dead_letter(q, tr, cfg, rec, "expired")
 
 
+def _expire_unready(q: Queue, tr: Transaction, cfg: QueueConfig, rec: Record) -> None:
+    """A message already out of the ready set (leased, delayed) past its TTL: discard it or
+    dead-letter it tagged ``expired``; its id entry goes either way."""
+    tr.add(q.keys.counter("expired"), ONE)
+    tr.clear(q.keys.id_key(rec.id))
+    if cfg.expiry_action == "error":
+        dead_letter(q, tr, cfg, rec, "expired")
+    elif rec.chunks:
+        tr.clear_range(*q.keys.chunk_range(rec.id))
+
+
 def release(
     q: Queue,
     tr: Transaction,
@@ -140,12 +151,7 @@ def release(
     """
     keys = q.keys
     if rec.expires_us is not None and rec.expires_us <= now:
-        tr.add(keys.counter("expired"), ONE)
-        if cfg.expiry_action == "error":
-            dead_letter(q, tr, cfg, rec, "expired")
-        elif rec.chunks:
-            tr.clear_range(*keys.chunk_range(rec.id))
-        tr.clear(keys.id_key(rec.id))
+        _expire_unready(q, tr, cfg, rec)
         return "expired"
     if rec.deliveries >= cfg.max_deliveries:
         dead_letter(q, tr, cfg, rec, reason or "max_deliveries")
@@ -303,12 +309,7 @@ def promote_delayed(q: Queue, tr: Transaction, cfg: QueueConfig, dkey: bytes, no
     tr.add(keys.counter("delayed"), MINUS_ONE)
     if rec.expires_us is not None and rec.expires_us <= now:
         tr.clear(keys.expiry_key(rec.expires_us, rec.id))
-        tr.add(keys.counter("expired"), ONE)
-        tr.clear(keys.id_key(rec.id))
-        if cfg.expiry_action == "error":
-            dead_letter(q, tr, cfg, rec, "expired")
-        elif rec.chunks:
-            tr.clear_range(*keys.chunk_range(rec.id))
+        _expire_unready(q, tr, cfg, rec)
         return "expired"
     extra = dict(rec.extra)
     target = extra.pop("key", None)

@@ -52,12 +52,11 @@ from fdbqueue.message import (
     check_headers,
     coerce_payload,
 )
-from fdbqueue.sweep import SweepStats, sweep
+from fdbqueue.sweep import SweepStats, clear_old_receipts, sweep
 from fdbqueue.txn import as_database, run_once, seconds
 from fdbqueue.waiting import blocking, bounded, strict_of, watch_queue
 
 CHUNK_SIZE = 10_000  # FoundationDB's blob recipe: values of about 10 kB
-RECEIPT_TTL_US = 60_000_000  # receipts settle one call's retries: a minute is plenty
 
 log = logging.getLogger("fdbqueue")
 
@@ -234,7 +233,7 @@ class Queue:
             tr.set(keys.dedup_time_key(t_us, first.dedup_key), b"")
         if receipt is not None:
             tr.set(receipt, ",".join(ids).encode())  # ids are made here: a retry reads them back
-            clear_old_receipts(tr, keys)
+            maybe_clear_old_receipts(tr, keys)
         for p in priorities - meta.priorities:
             tr.set(keys.priority_marker(p), b"")
         if ready:
@@ -496,7 +495,7 @@ class Queue:
                         return None, (watch_queue(db, keys, strict) if want_watch else None)
                     if receipt is not None:
                         t.set(receipt, msg.id.encode())
-                        clear_old_receipts(t, keys)
+                        maybe_clear_old_receipts(t, keys)
                     taken = msg
                     t.commit()
                     return msg, None
@@ -642,15 +641,14 @@ def new_id() -> str:
     return f"{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}"
 
 
-def clear_old_receipts(tr: Transaction, keys: QueueKeys) -> None:
-    """About one call in 64 clears receipts past their TTL: a blind range clear, no conflict.
+def maybe_clear_old_receipts(tr: Transaction, keys: QueueKeys) -> None:
+    """About one call in 64 clears receipts past their TTL (as every sweep does).
 
     Receipts only settle a commit_unknown_result, which is retried within seconds, so
     users who never run a sweep do not accumulate them.
     """
     if random.random() < 1 / 64:
-        begin, _ = keys.index_range("rc")
-        tr.clear_range(begin, keys.q.pack(("rc", now_us() - RECEIPT_TTL_US)))
+        clear_old_receipts(tr, keys, now_us())
 
 
 __all__ = ["LeaseError", "Queue", "QueueFullError", "QueueStoppedError", "run_once"]

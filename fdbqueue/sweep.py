@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING
 from fdbqueue.config import QueueConfig, read_config
 from fdbqueue.delivery import expire, expire_lease, locate, promote_delayed
 from fdbqueue.engines.base import Transaction
+from fdbqueue.layout import QueueKeys
 from fdbqueue.message import Record
 
 if TYPE_CHECKING:
     from fdbqueue.queue import Queue
 
+RECEIPT_TTL_US = 60_000_000  # receipts settle one call's retries: a minute is plenty
 RESULT_TTL_US = 300_000_000  # an uncollected staged-dequeue result goes back after 5 min
 
 
@@ -90,10 +92,7 @@ def sweep_housekeeping(q: Queue, tr: Transaction, cfg: QueueConfig, now: int, li
         if raw is not None and int(raw.split(b"|")[1]) <= horizon:
             tr.clear(keys.dedup_key(dkey))
         st.dedup += 1
-    from fdbqueue.queue import RECEIPT_TTL_US
-
-    begin, _ = keys.index_range("rc")
-    tr.clear_range(begin, keys.q.pack(("rc", now - RECEIPT_TTL_US)))
+    clear_old_receipts(tr, keys, now)
     st.results += reclaim_results(q, tr, now, limit)
     return st
 
@@ -112,6 +111,11 @@ def reclaim_results(q: Queue, tr: Transaction, now: int, limit: int) -> int:
         put_ready(tr, q.keys, key, Record.decode(raw), q.keys.parse_ready(key)[0])
         n += 1
     return n
+
+
+def clear_old_receipts(tr: Transaction, keys: QueueKeys, now: int) -> None:
+    """Clear receipts past their TTL: one blind range clear, no conflict."""
+    tr.clear_range(*keys.index_range("rc", now - RECEIPT_TTL_US))
 
 
 def sweep(q: Queue, tr: Transaction, now: int, limit: int = 100) -> SweepStats:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from fdbqueue.errors import EngineError, QueueError
@@ -384,6 +384,7 @@ T = TypeVar("T")
 
 
 def _db_call(db: Any, body: Callable[[Transaction], T]) -> T:
+    # The conveniences live in a mixin, which the type checker cannot see as a Database.
     return run_transaction(db, body)
 
 
@@ -473,18 +474,3 @@ def transactional(func: F) -> F:
         )
 
     return wrapper  # type: ignore[return-value]
-
-
-def iter_range_batches(
-    tr: ReadView, begin: bytes, end: bytes, batch: int = 1000, reverse: bool = False
-) -> Iterator[KeyValue]:
-    """Walk [begin, end) in batches of ``batch`` keys (each batch one range read)."""
-    while begin < end:
-        chunk = tr.get_range(begin, end, batch, reverse)
-        yield from chunk
-        if len(chunk) < batch:
-            return
-        if reverse:
-            end = chunk[-1].key
-        else:
-            begin = key_after(chunk[-1].key)
