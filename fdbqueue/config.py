@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -204,7 +205,7 @@ def read_meta(tr: Transaction, keys: QueueKeys) -> Meta:
         tr.add_read_conflict_key(keys.config)
         tr.add_read_conflict_key(keys.state)
     cfg: QueueConfig | None = None
-    state = QueueState()
+    state = _OPEN
     counters: dict[str, int] = {}
     priorities: set[int] = set()
     names = keys.meta_names()
@@ -217,7 +218,24 @@ def read_meta(tr: Transaction, keys: QueueKeys) -> Meta:
         elif name == "cfg":
             cfg = _decode_config(value)
         elif name == "st":
-            state = QueueState.decode(value)
+            state = _decode_state(value)
+        elif len(value) == 8:  # the hot path: every counter is 8 bytes
+            counters[name] = _COUNT(value)[0]
         else:
             counters[name] = unpack_count(value)
     return Meta(cfg, state, counters, counters.get("wake", 0), priorities)
+
+
+_OPEN = QueueState()
+_COUNT = struct.Struct("<q").unpack
+_state_cache: dict[bytes, QueueState] = {}
+
+
+def _decode_state(raw: bytes) -> QueueState:
+    state = _state_cache.get(raw)
+    if state is None:
+        state = QueueState.decode(raw)
+        if len(_state_cache) > 64:  # a handful of distinct values, unless someone wrote junk
+            _state_cache.clear()
+        _state_cache[raw] = state
+    return state

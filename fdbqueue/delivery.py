@@ -4,7 +4,9 @@ Where a message can be (``layout.py`` has the keys):
 
 * ready     ``("r", -priority, index, rand)`` -> record
 * leased    ``("f", id)`` -> record whose ``extra`` holds its ready key, receipt and deadline;
-            plus ``("l", deadline, id)`` so that sweeps find expired leases in deadline order
+            plus ``("l", deadline, id)`` so that sweeps find expired leases in deadline order.
+            Its id finds it there directly: a lease writes no id entry (one page less per
+            lease and per ack)
 * delayed   ``("d", due, id)`` -> record whose ``extra`` holds the ready key to go back to
             (a retry) or the priority to enqueue at (a delayed enqueue)
 * the error queue, as a ready message of that queue, tagged with ``origin`` and ``reason``
@@ -200,10 +202,10 @@ def lease_in(
     if strict:
         extra["strict"] = True  # its ack must wake whoever waits for the next delivery
     leased = rec.with_(deliveries=rec.deliveries + 1, extra=extra)
-    fkey = keys.inflight_key(rec.id)
-    tr.set(fkey, leased.encode())
+    tr.set(keys.inflight_key(rec.id), leased.encode())
     tr.set(keys.lease_key(deadline, rec.id), receipt.encode())
-    tr.set(keys.id_key(rec.id), fkey)
+    if msg.key != keys.home_key(rec.id):
+        tr.clear(keys.id_key(rec.id))  # it pointed at the ready key; ("f", id) is found by id
     tr.add(keys.counter("inflight"), ONE)
     return Message.from_record(
         leased, q.name, msg.priority, msg.key, msg.payload, receipt=receipt, lease_deadline=deadline / 1e6
@@ -235,7 +237,6 @@ def ack_in(q: Queue, tr: Transaction, m: Message, now: int) -> Record:
     rec = _leased(q, tr, m, now)
     _end_lease(q, tr, rec)
     tr.add(q.keys.counter("done"), ONE)
-    tr.clear(q.keys.id_key(rec.id))
     if rec.chunks:
         tr.clear_range(*q.keys.chunk_range(rec.id))
     if rec.expires_us is not None:
@@ -319,10 +320,14 @@ def promote_delayed(q: Queue, tr: Transaction, cfg: QueueConfig, dkey: bytes, no
 
 
 def locate(tr: Transaction, keys: QueueKeys, msg_id: str) -> bytes | None:
-    """The key where message ``msg_id`` is now (its home key, else its id entry), or None."""
+    """The key where message ``msg_id`` is now, or None: its home key, its lease
+    (``("f", id)``), else where its id entry points (delayed, or ready away from home)."""
     home = keys.home_key(msg_id)
     if home is not None and tr.get(home) is not None:
         return home
+    fkey = keys.inflight_key(msg_id)
+    if tr.get(fkey) is not None:
+        return fkey
     return tr.get(keys.id_key(msg_id))
 
 

@@ -11,9 +11,11 @@ default. ``Q`` below is ``root + ("q", queue_name)``::
     Q + ("m", "pri", -priority)                 priorities in use (browse looks back over them)
     Q + ("r", -priority, index, rand)           ready messages: higher priority first, FIFO within
     Q + ("id", msg_id)                          id index -> the message's current key, for messages
-                                                away from the home key their id names (below)
+                                                delayed, or ready away from the home key
+                                                their id names (below)
     Q + ("b", msg_id, chunk)                    payload chunks of a large message
-    Q + ("f", msg_id)                           in-flight (leased) message record
+    Q + ("f", msg_id)                           in-flight (leased) message record: found by its id,
+                                                so a leased message has no id entry
     Q + ("l", deadline_us, msg_id)              lease deadlines (sweep order)
     Q + ("d", due_us, msg_id)                   delayed messages by due time
     Q + ("x", expires_us, msg_id)               TTL index by expiry time
@@ -33,8 +35,9 @@ drains, so a released message goes back ahead of every newer one; and being the 
 that wakes blocked dequeuers too, it costs an enqueue no extra write.
 
 A message enqueued ready gets the id "r" + hex(-priority, index, rand): its id names its home
-key, so enqueue and dequeue write no id-index entry. Messages away from home (delayed,
-leased, dead-lettered, or ids made before their place was known) have one.
+key, so enqueue and dequeue write no id-index entry; a leased message is found at
+``("f", id)``, so lease and ack write none either. Delayed messages, and ready ones away
+from home (dead-lettered, or given ids before their place was known), have one.
 
 The small per-queue keys live together under ``Q + ("m",)``: one range read fetches a
 queue's settings, state, counters and mark, and their writes dirty one page, not five.
@@ -177,7 +180,7 @@ class QueueKeys:
     which is what ``fdb.tuple.pack`` produces for a flat tuple.
     """
 
-    __slots__ = ("_cache", "_id", "_m", "_names", "_r", "name", "q", "root")
+    __slots__ = ("_cache", "_d", "_f", "_id", "_l", "_m", "_names", "_r", "_x", "name", "q", "root")
 
     def __init__(self, name: str, root: Subspace, q: Subspace) -> None:
         self.name = name
@@ -185,6 +188,10 @@ class QueueKeys:
         self.q = q
         self._r = _pack(q, ("r",))
         self._id = _pack(q, ("id",))
+        self._f = _pack(q, ("f",))
+        self._l = _pack(q, ("l",))
+        self._d = _pack(q, ("d",))
+        self._x = _pack(q, ("x",))
         self._m = _pack(q, ("m",))
         self._cache: dict[str, bytes] = {}
         self._names: dict[bytes, str] | None = None
@@ -309,16 +316,16 @@ class QueueKeys:
         return r.start, r.stop
 
     def inflight_key(self, msg_id: str) -> bytes:
-        return _pack(self.q, ("f", msg_id))
+        return self._f + enc_str(msg_id)
 
     def lease_key(self, deadline_us: int, msg_id: str) -> bytes:
-        return _pack(self.q, ("l", deadline_us, msg_id))
+        return self._l + enc_int(deadline_us) + enc_str(msg_id)
 
     def delayed_key(self, due_us: int, msg_id: str) -> bytes:
-        return _pack(self.q, ("d", due_us, msg_id))
+        return self._d + enc_int(due_us) + enc_str(msg_id)
 
     def expiry_key(self, expires_us: int, msg_id: str) -> bytes:
-        return _pack(self.q, ("x", expires_us, msg_id))
+        return self._x + enc_int(expires_us) + enc_str(msg_id)
 
     def dedup_key(self, key: str) -> bytes:
         return _pack(self.q, ("k", key))

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 from fdbqueue.errors import QueueError
 
@@ -61,9 +61,15 @@ def check_headers(headers: object) -> dict[str, Any]:
     return out
 
 
-@dataclass(frozen=True)
-class Record:
-    """What is stored for a message, wherever it is (ready, leased, delayed, error queue)."""
+_ENCODER = json.JSONEncoder(separators=(",", ":"))  # one encoder: json.dumps makes one a call
+_DECODE = json.JSONDecoder().decode
+
+
+class Record(NamedTuple):
+    """What is stored for a message, wherever it is (ready, leased, delayed, error queue).
+
+    A named tuple, not a dataclass: one is built or decoded for every message moved.
+    """
 
     id: str
     enqueued_us: int
@@ -72,23 +78,11 @@ class Record:
     deliveries: int = 0
     expires_us: int | None = None
     chunks: int = 0  # > 0: the payload is in that many chunk keys, not inline
-    extra: dict[str, Any] = field(default_factory=dict)  # origin queue, reason, lease ...
+    extra: dict[str, Any] = {}
     payload: bytes = b""
 
     def encode(self) -> bytes:
-        meta = json.dumps(
-            [
-                self.id,
-                self.enqueued_us,
-                self.content_type,
-                self.headers,
-                self.deliveries,
-                self.expires_us,
-                self.chunks,
-                self.extra,
-            ],
-            separators=(",", ":"),
-        ).encode()
+        meta = _ENCODER.encode(self[:8]).encode()  # the fields but the payload, as a JSON list
         return _HEAD.pack(RECORD_FORMAT, len(meta)) + meta + self.payload
 
     @classmethod
@@ -96,15 +90,16 @@ class Record:
         fmt, n = _HEAD.unpack_from(raw)
         if fmt != RECORD_FORMAT:
             raise QueueError(f"message record of unknown format {fmt}: written by a newer fdbqueue?")
-        msg_id, enqueued, ctype, headers, deliveries, expires, chunks, extra = json.loads(
-            raw[_HEAD.size : _HEAD.size + n]
-        )
-        return cls(
-            msg_id, enqueued, ctype, headers, deliveries, expires, chunks, extra, raw[_HEAD.size + n :]
-        )
+        end = _HEAD.size + n
+        fields = _DECODE(raw[_HEAD.size : end].decode())
+        fields.append(raw[end:])
+        return _make_record(fields)
 
     def with_(self, **changes: Any) -> Record:
-        return replace(self, **changes)
+        return self._replace(**changes)
+
+
+_make_record = Record._make
 
 
 @dataclass(frozen=True)
@@ -158,17 +153,30 @@ class Message:
         **more: Any,
     ) -> Message:
         """The Message for ``rec``; ``delivered`` counts the delivery it is handed out in."""
-        return cls(
-            id=rec.id,
-            payload=payload,
-            queue=queue,
-            priority=priority,
-            enqueued_at=rec.enqueued_us / 1e6,
-            deliveries=rec.deliveries + delivered,
-            headers=MappingProxyType(dict(rec.headers)),
-            content_type=ContentType(rec.content_type),
-            expires_at=None if rec.expires_us is None else rec.expires_us / 1e6,
-            key=key,
-            extra=MappingProxyType(dict(rec.extra)),
-            **more,
-        )
+        fields = {
+            "id": rec.id,
+            "payload": payload,
+            "queue": queue,
+            "priority": priority,
+            "enqueued_at": rec.enqueued_us / 1e6,
+            "deliveries": rec.deliveries + delivered,
+            "headers": MappingProxyType(dict(rec.headers)),
+            "content_type": _CONTENT_TYPES[rec.content_type],
+            "expires_at": None if rec.expires_us is None else rec.expires_us / 1e6,
+            "key": key,
+            "receipt": None,
+            "lease_deadline": None,
+            "extra": MappingProxyType(dict(rec.extra)),
+        }
+        if more:
+            if not more.keys() <= fields.keys():
+                raise TypeError(f"unknown Message fields: {sorted(more.keys() - fields.keys())}")
+            fields.update(more)
+        # Every field is given, so the frozen dataclass's __init__ (13 checked setattr calls,
+        # on the path of every message handed out) is skipped: the instance is the same.
+        m = object.__new__(cls)
+        m.__dict__.update(fields)
+        return m
+
+
+_CONTENT_TYPES = {ct.value: ct for ct in ContentType}

@@ -62,7 +62,7 @@ log = logging.getLogger("fdbqueue")
 
 
 class _Item(NamedTuple):
-    id: str
+    id: str  # "" for a ready message: its id is made from its key when written
     rand: bytes
     payload: bytes
     content_type: ContentType
@@ -112,7 +112,9 @@ class Queue:
             raise QueueError("dedup_key must be a non-empty str")
         data, ctype = coerce_payload(payload)
         hdrs = check_headers(headers)
-        return _Item(new_id(), new_rand(), data, ctype, priority, hdrs, delay, ttl, dedup_key)
+        # A ready message's id names its home key (see _write_new): none to make here.
+        msg_id = new_id() if delay > 0 else ""
+        return _Item(msg_id, new_rand(), data, ctype, priority, hdrs, delay, ttl, dedup_key)
 
     def enqueue(
         self,
@@ -276,7 +278,7 @@ class Queue:
     def _autonomous(self, tr: Transaction, item: _Item) -> str:
         """Enqueue in a transaction of its own, whatever becomes of the caller's (seed 002)."""
         db: Database = tr.db
-        item = item._replace(fixed_id=True)  # its id is returned before it is written
+        item = item._replace(fixed_id=True, id=item.id or new_id())  # returned before it is written
 
         def later(_error: EngineError | None) -> None:
             try:

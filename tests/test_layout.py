@@ -54,3 +54,13 @@ def test_fixed_keys_match_the_subspace() -> None:
     assert k.home_key("not-a-home-id") is None and k.home_key("rzz") is None
     begin, end = k.meta_range()
     assert all(begin <= key < end for key in (k.config, k.state, k.wake, k.priority_marker(3)))
+
+
+@given(st.integers(0, 2**63), st.text(max_size=40))
+def test_index_keys_match_the_subspace(t_us: int, msg_id: str) -> None:
+    k = QueueKeys.make("jobs", ("app", 1))
+    assert k.inflight_key(msg_id) == k.q.pack(("f", msg_id))
+    assert k.lease_key(t_us, msg_id) == k.q.pack(("l", t_us, msg_id))
+    assert k.delayed_key(t_us, msg_id) == k.q.pack(("d", t_us, msg_id))
+    assert k.expiry_key(t_us, msg_id) == k.q.pack(("x", t_us, msg_id))
+    assert k.unpack_tail(k.lease_key(t_us, msg_id)) == ("l", t_us, msg_id)

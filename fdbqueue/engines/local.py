@@ -95,6 +95,18 @@ class StampFuture:
         raise EngineError(self._error or 2021, "the versionstamp is known only after a commit with writes")
 
 
+def _plain_write(key: object, value: object) -> bool:
+    """True when ``key`` and ``value`` are bytes within the limits, with no system key; the
+    full checks (``check_write_key``, ``check_value``) then raise the precise error."""
+    return (
+        type(key) is bytes
+        and type(value) is bytes
+        and len(key) <= KEY_SIZE_LIMIT
+        and key < SYSTEM_KEYS
+        and len(value) <= VALUE_SIZE_LIMIT
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 
 
@@ -159,15 +171,14 @@ class LocalTransaction(ABC):
             if self._state == "cancelled":
                 raise EngineError(1025, "transaction was cancelled")
             raise EngineError(2017, "transaction already committed; call reset() to reuse it")
-        now = self.db.clock()
         if self._started is None:
             # Begin first: if it fails (the sqlite lock), the next operation begins again;
             # the clock starts once it succeeded, so lock waits do not eat the 5 s window.
             self._begin()
             self._started = self.db.clock()
             return
-        elapsed = now - self._started
-        if self.options.timeout_ms and elapsed * 1000.0 >= self.options.timeout_ms:
+        # The clock is read only when a timeout is set: this runs before every operation.
+        if self.options.timeout_ms and (self.db.clock() - self._started) * 1000.0 >= self.options.timeout_ms:
             self._abort(1031)
             raise EngineError(1031, f"transaction timed out after {self.options.timeout_ms} ms")
 
@@ -323,12 +334,15 @@ class LocalTransaction(ABC):
         self._touch()
         self._check_window()
         self._has_reads = True
-        b = self._resolve(begin, snapshot) if isinstance(begin, KeySelector) else check_read_key(begin)
-        e = (
-            self._resolve(end, snapshot)
-            if isinstance(end, KeySelector)
-            else clamp_end(check_bytes("end", end))
-        )
+        if type(begin) is bytes and type(end) is bytes and begin <= SYSTEM_KEYS >= end:
+            b, e = check_read_key(begin) if len(begin) > KEY_SIZE_LIMIT else begin, end  # plain keys
+        else:
+            b = self._resolve(begin, snapshot) if isinstance(begin, KeySelector) else check_read_key(begin)
+            e = (
+                self._resolve(end, snapshot)
+                if isinstance(end, KeySelector)
+                else clamp_end(check_bytes("end", end))
+            )
         if b >= e:
             return []
         return self._get_range(b, e, limit, reverse, snapshot)
@@ -337,18 +351,20 @@ class LocalTransaction(ABC):
 
     def set(self, key: bytes, value: bytes) -> None:
         """Write ``value`` at ``key`` (blind: adds a write conflict only)."""
-        k, v = check_write_key(key), check_value(value)
+        if not _plain_write(key, value):  # the hot path: two type checks and three comparisons
+            key, value = check_write_key(key), check_value(value)
         self._touch()
-        self._size += len(k) + len(v)
-        self._set(k, v)
+        self._size += len(key) + len(value)
+        self._set(key, value)
 
     __setitem__ = set
 
     def clear(self, key: bytes) -> None:
-        k = check_write_key(key)
+        if not _plain_write(key, b""):
+            key = check_write_key(key)
         self._touch()
-        self._size += len(k)
-        self._clear(k)
+        self._size += len(key)
+        self._clear(key)
 
     __delitem__ = clear
 
@@ -365,11 +381,11 @@ class LocalTransaction(ABC):
         self.clear_range(p, strinc(p) if p else SYSTEM_KEYS)
 
     def _atomic_op(self, op: str, key: bytes, param: bytes) -> None:
-        k = check_write_key(key)
-        p = check_value(param)
+        if not _plain_write(key, param):
+            key, param = check_write_key(key), check_value(param)
         self._touch()
-        self._size += len(k) + len(p)
-        self._atomic(op, k, p)
+        self._size += len(key) + len(param)
+        self._atomic(op, key, param)
 
     def add(self, key: bytes, param: bytes) -> None:
         """Little-endian add; never a read conflict, so hot counters do not conflict."""

@@ -81,6 +81,8 @@ _DEL = "DELETE FROM kv WHERE k = ?"
 # call back into Python; only an existing value does.
 _ATOMIC = "INSERT INTO kv (k, v) VALUES (?1, ?3) ON CONFLICT (k) DO UPDATE SET v = fdb_atomic(?2, v, ?3)"
 _NEVER_CLEARS = frozenset(op for op in ATOMIC_OPS if op != "compare_and_clear")
+# The layer's counters: add gets a function of its own (no dispatch on the op's name).
+_ADD = "INSERT INTO kv (k, v) VALUES (?1, ?2) ON CONFLICT (k) DO UPDATE SET v = fdb_add(v, ?2)"
 _DEL_RANGE = "DELETE FROM kv WHERE k >= ? AND k < ?"
 _RANGE = (
     "SELECT k, v FROM kv WHERE k >= ? AND k < ? ORDER BY k LIMIT ?",
@@ -282,6 +284,14 @@ class SqliteTransaction(LocalTransaction):
     def _atomic(self, op: str, key: bytes, param: bytes) -> None:
         if self._nested:
             raise self._no_writes()
+        if op == "add":
+            try:
+                self._conn.execute(_ADD, (key, param))
+            except sqlite3.Error as exc:
+                raise self._fail(exc) from exc
+            self._keys.append(key)
+            self._dirty = True
+            return
         if op in _NEVER_CLEARS:
             try:
                 self._conn.execute(_ATOMIC, (key, op, param))
@@ -409,6 +419,16 @@ def _sql_atomic(op: str, existing: bytes | None, param: bytes) -> bytes | None:
     return apply_atomic(op, existing, param)
 
 
+_I64 = struct.Struct("<q")
+
+
+def _sql_add(existing: bytes, param: bytes) -> bytes | None:
+    if len(existing) == len(param) == 8:  # a counter: wrapping 64-bit add, as FoundationDB's
+        total = _I64.unpack(existing)[0] + _I64.unpack(param)[0]
+        return _I64.pack((total + 2**63) % 2**64 - 2**63)
+    return apply_atomic("add", existing, param)
+
+
 class SqliteDatabase(LocalDatabase):
     """A SQLite store file. Thread-safe: the store lock serialises transactions."""
 
@@ -454,6 +474,7 @@ class SqliteDatabase(LocalDatabase):
         except sqlite3.Error as exc:
             raise _translate(exc, self.path) from exc
         conn.create_function("fdb_atomic", 3, _sql_atomic, deterministic=True)
+        conn.create_function("fdb_add", 2, _sql_add, deterministic=True)
         try:
             conn.execute(f"PRAGMA synchronous={self.sync.upper()}")
             mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
