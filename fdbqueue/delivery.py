@@ -185,7 +185,7 @@ def release(
 def lease_in(
     q: Queue,
     tr: Transaction,
-    msg: Message,
+    key: bytes,
     rec: Record,
     seconds: float,
     receipt: str,
@@ -193,22 +193,25 @@ def lease_in(
     *,
     strict: bool = False,
 ) -> Message:
-    """Move a ready message (just removed by the caller) into flight under ``receipt``."""
+    """Move the ready message at ``key`` (just removed by the caller) into flight under ``receipt``."""
     keys = q.keys
     deadline = now + int(seconds * 1e6)
     extra = dict(rec.extra)
-    extra.update(key=msg.key.hex(), receipt=receipt, deadline=deadline)
+    extra.update(key=key.hex(), receipt=receipt, deadline=deadline)
     extra.pop("not_before", None)
     if strict:
         extra["strict"] = True  # its ack must wake whoever waits for the next delivery
     leased = rec.with_(deliveries=rec.deliveries + 1, extra=extra)
     tr.set(keys.inflight_key(rec.id), leased.encode())
     tr.set(keys.lease_key(deadline, rec.id), receipt.encode())
-    if msg.key != keys.home_key(rec.id):
+    if key != keys.home_key(rec.id):
         tr.clear(keys.id_key(rec.id))  # it pointed at the ready key; ("f", id) is found by id
     tr.add(keys.counter("inflight"), ONE)
+    payload = rec.payload
+    if rec.chunks:
+        payload = b"".join(kv.value for kv in tr.get_range(*keys.chunk_range(rec.id)))
     return Message.from_record(
-        leased, q.name, msg.priority, msg.key, msg.payload, receipt=receipt, lease_deadline=deadline / 1e6
+        leased, q.name, keys.priority_of(key), key, payload, receipt=receipt, lease_deadline=deadline / 1e6
     )
 
 

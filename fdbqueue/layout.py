@@ -293,7 +293,11 @@ class QueueKeys:
         no id-index entry: only a message away from home (delayed, leased, dead-lettered, or
         given its id before its place was known) has one.
         """
-        return "r" + (enc_int(-priority) + enc_int(index) + enc_bytes(rand)).hex()
+        return self.id_of_home(self.ready_key(priority, index, rand))
+
+    def id_of_home(self, ready_key: bytes) -> str:
+        """The id of the message enqueued at ``ready_key`` (see ``home_id``)."""
+        return "r" + ready_key[len(self._r) :].hex()
 
     def home_key(self, msg_id: str) -> bytes | None:
         """The ready key ``msg_id`` names in this queue, or None for other ids."""

@@ -78,11 +78,22 @@ class Record(NamedTuple):
     deliveries: int = 0
     expires_us: int | None = None
     chunks: int = 0  # > 0: the payload is in that many chunk keys, not inline
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {}  # origin, reason, lease ... (never mutated: copied to change)
     payload: bytes = b""
 
     def encode(self) -> bytes:
-        meta = _ENCODER.encode(self[:8]).encode()  # the fields but the payload, as a JSON list
+        ct = self.content_type
+        plain = type(ct) is str and ct.isascii() and ct.isalnum()
+        if plain and not self.headers and not self.extra and self.id.isascii() and self.id.isalnum():
+            # The common record (no headers, nothing extra, an id of ours: hex digits)
+            # written directly: what the encoder below writes, at a quarter of its cost.
+            expires = "null" if self.expires_us is None else int(self.expires_us)
+            meta = (
+                f'["{self.id}",{int(self.enqueued_us)},"{ct}",{{}},'
+                f"{int(self.deliveries)},{expires},{int(self.chunks)},{{}}]"
+            ).encode()
+        else:
+            meta = _ENCODER.encode(self[:8]).encode()  # the fields but the payload, as a JSON list
         return _HEAD.pack(RECORD_FORMAT, len(meta)) + meta + self.payload
 
     @classmethod

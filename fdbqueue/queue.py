@@ -13,7 +13,6 @@ import math
 import os
 import random
 import time
-import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -253,7 +252,8 @@ class Queue:
         """
         keys = self.keys
         home = it.delay <= 0 and not it.fixed_id
-        msg_id = keys.home_id(it.priority, index, it.rand) if home else it.id
+        ready_key = keys.ready_key(it.priority, index, it.rand) if it.delay <= 0 else b""
+        msg_id = keys.id_of_home(ready_key) if home else it.id
         ttl = it.ttl if it.ttl is not None else cfg.ttl
         expires = None if ttl is None else t_us + int(ttl * 1e6)
         payload, chunks = it.payload, 0
@@ -269,7 +269,7 @@ class Queue:
             key = keys.delayed_key(t_us + int(it.delay * 1e6), msg_id)
             rec = rec.with_(extra={"priority": it.priority})
         else:
-            key = keys.ready_key(it.priority, index, it.rand)
+            key = ready_key
         tr.set(key, rec.encode())
         if not home:
             tr.set(keys.id_key(msg_id), key)
@@ -361,7 +361,7 @@ class Queue:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise QueueError(f"n must be an int >= 1, got {n!r}")
         secs = None if lease_seconds is None else check_lease_seconds(lease_seconds)
-        receipt = uuid.uuid4().hex  # made outside the retry loop: settles a 1021
+        receipt = os.urandom(16).hex()  # made outside the retry loop: settles a 1021
         if is_transaction(tr):
             if timeout:
                 raise QueueError("a blocking lease cannot join a caller's transaction; pass a Database")
@@ -570,13 +570,12 @@ class Queue:
             if head is None:
                 break
             key, rec = head
-            msg = self._to_message(tr, key, rec)
             tr.clear(key)
             if rec.expires_us is not None:
                 tr.clear(keys.expiry_key(rec.expires_us, rec.id))
             tr.add(keys.counter("ready"), MINUS_ONE)
             secs = seconds or cfg.lease_seconds
-            out.append(lease_in(self, tr, msg, rec, secs, f"{receipt}.{i}", now, strict=cfg.strict_order))
+            out.append(lease_in(self, tr, key, rec, secs, f"{receipt}.{i}", now, strict=cfg.strict_order))
         return out
 
     # -- examining without consuming ----------------------------------------------------------

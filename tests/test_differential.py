@@ -31,6 +31,13 @@ OPS = st.one_of(
     st.tuples(st.just("sel_range"), SELECTOR, SELECTOR, st.integers(0, 4)),
     st.tuples(st.just("get_key"), SELECTOR),
     st.tuples(st.just("atomic"), ATOMIC, KEYS.filter(bool), st.binary(min_size=1, max_size=3)),
+    # 8-byte adds (the layer's counters): the embedded engine merges them until a read needs them
+    st.tuples(
+        st.just("atomic"),
+        st.just("add"),
+        KEYS.filter(bool),
+        st.integers(-(2**63), 2**63 - 1).map(lambda n: n.to_bytes(8, "little", signed=True)),
+    ),
 )
 TRANSACTIONS = st.lists(
     st.tuples(st.lists(OPS, max_size=8), st.sampled_from(["commit", "commit", "cancel"])),
