@@ -162,6 +162,9 @@ class LocalTransaction(ABC):
         self._watches: list[EventWatch] = []
         self._finish: list[FinishCallback] = []
         self._state = "open"  # open | committing | committed | cancelled
+        # Open, begun and without a timeout: an operation need not call _touch (which
+        # runs before every operation otherwise). Cleared whenever _state changes.
+        self._live = False
 
     def _touch(self) -> None:
         """Called before every operation: refuses a used transaction, starts the clocks."""
@@ -176,6 +179,7 @@ class LocalTransaction(ABC):
             # the clock starts once it succeeded, so lock waits do not eat the 5 s window.
             self._begin()
             self._started = self.db.clock()
+            self._live = not self.options.timeout_ms
             return
         # The clock is read only when a timeout is set: this runs before every operation.
         if self.options.timeout_ms and (self.db.clock() - self._started) * 1000.0 >= self.options.timeout_ms:
@@ -183,7 +187,8 @@ class LocalTransaction(ABC):
             raise EngineError(1031, f"transaction timed out after {self.options.timeout_ms} ms")
 
     def _check_window(self) -> None:
-        if self._started is not None and self.db.clock() - self._started > TRANSACTION_WINDOW_SECONDS:
+        started = self._started
+        if started is not None and self.db.clock() - started > TRANSACTION_WINDOW_SECONDS:
             raise EngineError(1007, "transaction is older than the 5-second window")
 
     def commit(self) -> None:
@@ -199,6 +204,7 @@ class LocalTransaction(ABC):
             self._abort(2101)
             raise EngineError(2101, f"transaction of {self._size} bytes exceeds {TRANSACTION_SIZE_LIMIT}")
         self._state = "committing"
+        self._live = False
         try:
             version = self._commit()
         except EngineError as exc:
@@ -249,6 +255,7 @@ class LocalTransaction(ABC):
         """Abandon the transaction; any later call raises 1025."""
         self._abort(1025)
         self._state = "cancelled"
+        self._live = False
 
     def _abort(self, code: int) -> None:
         if self._state in ("open", "committing", "failed"):
@@ -259,6 +266,7 @@ class LocalTransaction(ABC):
             self._watches = []
             self._run_finish(EngineError(code))
             self._state = "cancelled" if code == 1025 else "failed"
+            self._live = False
 
     def on_finish(self, callback: FinishCallback) -> None:
         """Call ``callback(error)`` once this attempt ends: None when it committed, else the
@@ -311,11 +319,13 @@ class LocalTransaction(ABC):
         return self._read_range(p, strinc(p) if p else SYSTEM_KEYS, limit, reverse, False)
 
     def _read_get(self, key: bytes, snapshot: bool) -> bytes | None:
-        k = check_read_key(key)
-        self._touch()
+        if type(key) is not bytes or len(key) > KEY_SIZE_LIMIT or key > SYSTEM_KEYS:
+            check_read_key(key)
+        if not self._live or self.options.timeout_ms:
+            self._touch()
         self._check_window()
         self._has_reads = True
-        return self._get(k, snapshot)
+        return self._get(key, snapshot)
 
     def _read_key(self, selector: KeySelector, snapshot: bool) -> bytes:
         if not isinstance(selector, KeySelector):
@@ -331,7 +341,8 @@ class LocalTransaction(ABC):
     ) -> list[KeyValue]:
         if not isinstance(limit, int) or limit < 0:
             raise EngineError(2006, f"limit must be a non-negative int, got {limit!r}")
-        self._touch()
+        if not self._live or self.options.timeout_ms:
+            self._touch()
         self._check_window()
         self._has_reads = True
         if type(begin) is bytes and type(end) is bytes and begin <= SYSTEM_KEYS >= end:
@@ -353,7 +364,8 @@ class LocalTransaction(ABC):
         """Write ``value`` at ``key`` (blind: adds a write conflict only)."""
         if not _plain_write(key, value):  # the hot path: two type checks and three comparisons
             key, value = check_write_key(key), check_value(value)
-        self._touch()
+        if not self._live or self.options.timeout_ms:
+            self._touch()
         self._size += len(key) + len(value)
         self._set(key, value)
 
@@ -362,7 +374,8 @@ class LocalTransaction(ABC):
     def clear(self, key: bytes) -> None:
         if not _plain_write(key, b""):
             key = check_write_key(key)
-        self._touch()
+        if not self._live or self.options.timeout_ms:
+            self._touch()
         self._size += len(key)
         self._clear(key)
 
@@ -383,7 +396,8 @@ class LocalTransaction(ABC):
     def _atomic_op(self, op: str, key: bytes, param: bytes) -> None:
         if not _plain_write(key, param):
             key, param = check_write_key(key), check_value(param)
-        self._touch()
+        if not self._live or self.options.timeout_ms:
+            self._touch()
         self._size += len(key) + len(param)
         self._atomic(op, key, param)
 
@@ -547,9 +561,9 @@ class LocalDatabase(DatabaseConveniences, ABC):
     may_conflict: bool = True
     may_commit_unknown: bool = True
 
-    def clock(self) -> float:
-        """Seconds on the engine's clock (the sim engine's can be driven by tests)."""
-        return time.monotonic()
+    # Seconds on the engine's clock (the sim engine's can be driven by tests). A static
+    # alias of the C function, not a method: transactions read it before every read.
+    clock: Callable[[], float] = staticmethod(time.monotonic)
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)

@@ -69,6 +69,13 @@ from fdbqueue.errors import (
     UnsupportedFormatError,
 )
 
+# Python's sqlite3 binds int, float, str and bytearray directly but sends bytes through its
+# adapter lookup, which raises and clears two AttributeErrors per parameter (3.11-3.13):
+# about a twentieth of a queue operation's CPU. Naming bytes' own adapter - bytes(), which
+# returns the same object - makes that lookup one dict hit. It changes nothing else for
+# any user of sqlite3 in the process: a bytes value binds as the same BLOB either way.
+sqlite3.register_adapter(bytes, bytes)
+
 FORMAT = "fdbqueue-sqlite"
 FORMAT_VERSION = "1.0"
 _MAJOR = 1
@@ -222,6 +229,7 @@ class SqliteTransaction(LocalTransaction):
         # autocommit mode outside the lock.
         self._rollback()
         self._state = "failed"
+        self._live = False
         return _translate(exc, self.db.path)
 
     def _get(self, key: bytes, snapshot: bool) -> bytes | None:
