@@ -138,13 +138,21 @@ def read_config(tr: ReadView, keys: QueueKeys) -> QueueConfig | None:
 
 
 def _decode_config(raw: bytes) -> QueueConfig:
+    global _last_config
+    last_raw, last = _last_config
+    if raw == last_raw:  # a compare, not a hash of a fresh 300-byte value: the common case
+        return last
     cfg = _config_cache.get(raw)
     if cfg is None:
         cfg = QueueConfig.decode(raw)
         if len(_config_cache) > 1024:
             _config_cache.clear()
         _config_cache[raw] = cfg
+    _last_config = (raw, cfg)
     return cfg
+
+
+_last_config: tuple[bytes, QueueConfig] = (b"", QueueConfig())
 
 
 def check_layer_format(tr: Transaction, keys: QueueKeys) -> None:
@@ -209,12 +217,12 @@ def read_meta(tr: Transaction, keys: QueueKeys) -> Meta:
     counters: dict[str, int] = {}
     priorities: set[int] = set()
     names = keys.meta_names()
-    marker_prefix = keys.priority_marker_range()[0]
     for key, value in kvs:
         name = names.get(key)
         if name is None:
-            if key.startswith(marker_prefix):
-                priorities.add(keys.parse_marker(key))
+            p = keys.marker_priority(key)
+            if p is not None:
+                priorities.add(p)
         elif name == "cfg":
             cfg = _decode_config(value)
         elif name == "st":

@@ -180,7 +180,21 @@ class QueueKeys:
     which is what ``fdb.tuple.pack`` produces for a flat tuple.
     """
 
-    __slots__ = ("_cache", "_d", "_f", "_id", "_l", "_m", "_names", "_r", "_x", "name", "q", "root")
+    __slots__ = (
+        "_cache",
+        "_d",
+        "_f",
+        "_id",
+        "_l",
+        "_m",
+        "_markers",
+        "_names",
+        "_r",
+        "_x",
+        "name",
+        "q",
+        "root",
+    )
 
     def __init__(self, name: str, root: Subspace, q: Subspace) -> None:
         self.name = name
@@ -195,6 +209,7 @@ class QueueKeys:
         self._m = _pack(q, ("m",))
         self._cache: dict[str, bytes] = {}
         self._names: dict[bytes, str] | None = None
+        self._markers: dict[bytes, int] = {}
 
     @classmethod
     def make(cls, name: str, root: tuple[Any, ...] = DEFAULT_ROOT) -> QueueKeys:
@@ -252,6 +267,17 @@ class QueueKeys:
     def priority_marker_range(self) -> tuple[bytes, bytes]:
         prefix = self._m + _PRI
         return prefix, prefix + b"\xff"
+
+    def marker_priority(self, key: bytes) -> int | None:
+        """The priority of ``key`` if it is a priority marker, else None (memoised: every
+        operation reads the markers with the queue's metadata)."""
+        markers = self._markers
+        p = markers.get(key)
+        if p is None and key.startswith(self._m + _PRI):
+            if len(markers) > 4096:
+                markers.clear()
+            p = markers[key] = self.parse_marker(key)
+        return p
 
     def parse_marker(self, key: bytes) -> int:
         """The priority of a priority marker key."""

@@ -422,16 +422,22 @@ def engine_traits(db: object) -> tuple[bool, bool]:
 
 def is_transaction(obj: object) -> bool:
     """True for a transaction of any engine (each engine registers its class)."""
-    return isinstance(obj, _TransactionTypes)
+    kind = type(obj)
+    known = _transaction_kinds.get(kind)
+    if known is None:  # isinstance of an ABC runs Python code: asked once per type
+        known = _transaction_kinds[kind] = isinstance(obj, _TransactionTypes)
+    return known
 
 
 _TransactionTypes: tuple[type, ...] = ()
+_transaction_kinds: dict[type, bool] = {}
 
 
 def register_transaction_type(cls: type) -> None:
     """Let ``transactional`` and the layer recognise an engine's transactions."""
     global _TransactionTypes
     _TransactionTypes = (*_TransactionTypes, cls)
+    _transaction_kinds.clear()
 
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -83,15 +83,15 @@ class EventWatch:
 
 
 class StampFuture:
-    __slots__ = ("_error", "_stamp")
+    __slots__ = ("_error", "_version")
 
     def __init__(self) -> None:
-        self._stamp: bytes | None = None
+        self._version: int | None = None  # the commit version: the stamp is made when asked
         self._error: int | None = None
 
     def wait(self) -> bytes:
-        if self._stamp is not None:
-            return self._stamp
+        if self._version is not None:
+            return make_versionstamp(self._version)
         raise EngineError(self._error or 2021, "the versionstamp is known only after a commit with writes")
 
 
@@ -223,7 +223,7 @@ class LocalTransaction(ABC):
         self._state = "committed"
         self._committed_version = version
         if version >= 0:
-            self._stamp._stamp = make_versionstamp(version)
+            self._stamp._version = version
         if self._watches:
             self.db._arm_watches(self._watches)
         self._run_finish(None)

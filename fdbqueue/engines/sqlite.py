@@ -47,6 +47,7 @@ import struct
 import threading
 import time
 import uuid
+from itertools import repeat
 from typing import Any
 
 from fdbqueue.engines import ParsedURL, _shared, take_params
@@ -258,7 +259,8 @@ class SqliteTransaction(LocalTransaction):
             rows = self._conn.execute(_RANGE[reverse], (begin, end, limit or -1)).fetchall()
         except sqlite3.Error as exc:
             raise self._fail(exc) from exc
-        return list(map(KeyValue._make, rows))
+        # tuple.__new__ straight from C: KeyValue._make would run Python code for every row.
+        return list(map(tuple.__new__, repeat(KeyValue, len(rows)), rows))
 
     def _set(self, key: bytes, value: bytes) -> None:
         if self._nested:
