@@ -262,25 +262,22 @@ class SqliteTransaction(LocalTransaction):
         # tuple.__new__ straight from C: KeyValue._make would run Python code for every row.
         return list(map(tuple.__new__, repeat(KeyValue, len(rows)), rows))
 
-    def _set(self, key: bytes, value: bytes) -> None:
+    def _write(self, sql: str, params: tuple[object, ...], key: bytes) -> None:
+        """One statement writing ``key``: refused in a nested transaction, noted for watches."""
         if self._nested:
             raise self._no_writes()
         try:
-            self._conn.execute(_PUT, (key, value))
+            self._conn.execute(sql, params)
         except sqlite3.Error as exc:
             raise self._fail(exc) from exc
         self._keys.append(key)
         self._dirty = True
 
+    def _set(self, key: bytes, value: bytes) -> None:
+        self._write(_PUT, (key, value), key)
+
     def _clear(self, key: bytes) -> None:
-        if self._nested:
-            raise self._no_writes()
-        try:
-            self._conn.execute(_DEL, (key,))
-        except sqlite3.Error as exc:
-            raise self._fail(exc) from exc
-        self._keys.append(key)
-        self._dirty = True
+        self._write(_DEL, (key,), key)
 
     def _clear_range(self, begin: bytes, end: bytes) -> None:
         if self._nested:
@@ -292,24 +289,14 @@ class SqliteTransaction(LocalTransaction):
         self._all = self._dirty = True
 
     def _atomic(self, op: str, key: bytes, param: bytes) -> None:
-        if self._nested:
-            raise self._no_writes()
         if op == "add":
-            try:
-                self._conn.execute(_ADD, (key, param))
-            except sqlite3.Error as exc:
-                raise self._fail(exc) from exc
-            self._keys.append(key)
-            self._dirty = True
+            self._write(_ADD, (key, param), key)
             return
         if op in _NEVER_CLEARS:
-            try:
-                self._conn.execute(_ATOMIC, (key, op, param))
-            except sqlite3.Error as exc:
-                raise self._fail(exc) from exc
-            self._keys.append(key)
-            self._dirty = True
+            self._write(_ATOMIC, (key, op, param), key)
             return
+        if self._nested:
+            raise self._no_writes()
         new = apply_atomic(op, self._get(key, True), param)
         if new is None:
             self._clear(key)
