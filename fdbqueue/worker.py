@@ -313,6 +313,9 @@ class Worker:
     # -- lease mode ----------------------------------------------------------------------------
 
     def _run_lease(self, until_empty: bool) -> None:
+        if self.concurrency == 1:
+            self._lease_loop(until_empty)
+            return
         buffer: deque[tuple[Queue, Message]] = deque()
         cond = threading.Condition()
         busy = [0]
@@ -363,12 +366,34 @@ class Worker:
                 cond.notify_all()
             for t in handlers:
                 t.join()
-            for q, m in buffer:  # prefetched, never started: back without counting a delivery
-                try:
-                    q.release(self.db, m)
-                    self.stats.released += 1
-                except QueueError as exc:
-                    log.warning("could not release %s: %s", m.id, exc)
+            self._release_unstarted(buffer)
+
+    def _lease_loop(self, until_empty: bool) -> None:
+        """One handler: fetch a batch, handle it in this thread, fetch again.
+
+        A fetching thread beside a single handler buys no overlap under the GIL, and the
+        two take turns at the embedded engine's single writer: this is about twice as fast.
+        """
+        buffer: deque[tuple[Queue, Message]] = deque()
+        try:
+            while not self.stopping:
+                if not buffer:
+                    buffer.extend(self._fetch(self.budget.size))
+                    if not buffer:
+                        self._idle(until_empty)
+                    continue
+                q, m = buffer.popleft()
+                self._handle_leased(q, m)
+        finally:
+            self._release_unstarted(buffer)
+
+    def _release_unstarted(self, buffer: deque[tuple[Queue, Message]]) -> None:
+        for q, m in buffer:  # prefetched, never started: back without counting a delivery
+            try:
+                q.release(self.db, m)
+                self.stats.released += 1
+            except QueueError as exc:
+                log.warning("could not release %s: %s", m.id, exc)
 
     def _fetch(self, want: int) -> list[tuple[Queue, Message]]:
         got: list[tuple[Queue, Message]] = []
