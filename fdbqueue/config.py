@@ -139,9 +139,9 @@ def read_config(tr: ReadView, keys: QueueKeys) -> QueueConfig | None:
 
 def _decode_config(raw: bytes) -> QueueConfig:
     global _last_config
-    last_raw, last = _last_config
-    if raw == last_raw:  # a compare, not a hash of a fresh 300-byte value: the common case
-        return last
+    last = _last_config
+    if last is not None and raw == last[0]:  # a compare, not a hash of a fresh 300-byte value
+        return last[1]
     cfg = _config_cache.get(raw)
     if cfg is None:
         cfg = QueueConfig.decode(raw)
@@ -152,7 +152,7 @@ def _decode_config(raw: bytes) -> QueueConfig:
     return cfg
 
 
-_last_config: tuple[bytes, QueueConfig] = (b"", QueueConfig())
+_last_config: tuple[bytes, QueueConfig] | None = None
 
 
 def check_layer_format(tr: Transaction, keys: QueueKeys) -> None:
