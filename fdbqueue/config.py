@@ -6,8 +6,9 @@ import dataclasses
 import json
 import math
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from fdbqueue.engines.base import ReadView, Transaction, engine_traits
 from fdbqueue.errors import QueueError
@@ -128,6 +129,7 @@ class QueueState:
         return cls(enqueue=bool(data.get("enqueue", True)), dequeue=bool(data.get("dequeue", True)))
 
 
+T = TypeVar("T")
 _config_cache: dict[bytes, QueueConfig] = {}
 
 
@@ -142,14 +144,21 @@ def _decode_config(raw: bytes) -> QueueConfig:
     last = _last_config
     if last is not None and raw == last[0]:  # a compare, not a hash of a fresh 300-byte value
         return last[1]
-    cfg = _config_cache.get(raw)
-    if cfg is None:
-        cfg = QueueConfig.decode(raw)
-        if len(_config_cache) > 1024:
-            _config_cache.clear()
-        _config_cache[raw] = cfg
+    cfg = _decoded(_config_cache, raw, QueueConfig.decode, 1024)
     _last_config = (raw, cfg)
     return cfg
+
+
+def _decoded(cache: dict[bytes, T], raw: bytes, decode: Callable[[bytes], T], bound: int) -> T:
+    """``decode(raw)``, remembered: settings and state are read by every operation and
+    change rarely. The cache is emptied past ``bound`` entries (someone writing junk)."""
+    value = cache.get(raw)
+    if value is None:
+        value = decode(raw)
+        if len(cache) > bound:
+            cache.clear()
+        cache[raw] = value
+    return value
 
 
 _last_config: tuple[bytes, QueueConfig] | None = None
@@ -240,10 +249,4 @@ _state_cache: dict[bytes, QueueState] = {}
 
 
 def _decode_state(raw: bytes) -> QueueState:
-    state = _state_cache.get(raw)
-    if state is None:
-        state = QueueState.decode(raw)
-        if len(_state_cache) > 64:  # a handful of distinct values, unless someone wrote junk
-            _state_cache.clear()
-        _state_cache[raw] = state
-    return state
+    return _decoded(_state_cache, raw, QueueState.decode, 64)  # a handful of distinct values
