@@ -75,15 +75,7 @@ DEFAULT_DEPTHS = (0, 100_000, 1_000_000)
 OPS = ("enqueue", "dequeue", "lease+ack")
 
 # ---------------------------------------------------------------------------------------------
-# Output: rich tables when rich is importable, Markdown with --markdown, plain text otherwise.
-
-try:  # pragma: no cover - optional
-    from rich.console import Console
-    from rich.table import Table
-
-    _console: Any = Console(width=None if sys.stdout.isatty() else 200)
-except ImportError:  # pragma: no cover - optional
-    _console = None
+# Output: rich tables, or Markdown with --markdown.
 
 _JSON = False
 _MARKDOWN = False
@@ -107,33 +99,8 @@ def _fmt(value: Any) -> str:
 
 
 def show_table(title: str, headers: list[str], rows: list[list[Any]]) -> None:
-    if _JSON:
-        return
-    cells = [[_fmt(c) for c in row] for row in rows]
-    if _MARKDOWN:
-        print(f"\n**{title}**\n")
-        print("| " + " | ".join(headers) + " |")
-        print("|" + "|".join("---" if i == 0 else "---:" for i in range(len(headers))) + "|")
-        for row in cells:
-            print("| " + " | ".join(row) + " |")
-        return
-    if _console is not None:
-        table = Table(title=title, title_justify="left")
-        for i, h in enumerate(headers):
-            table.add_column(h, justify="left" if i == 0 else "right")
-        for row in cells:
-            table.add_row(*row)
-        _console.print(table)
-        return
-    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
-    print(f"\n{title}")
-    for line in [headers, *cells]:
-        print(
-            "  ".join(
-                c.ljust(w) if i == 0 else c.rjust(w)
-                for i, (c, w) in enumerate(zip(line, widths, strict=True))
-            )
-        )
+    if not _JSON:
+        benchlib.show_table(title, headers, [[_fmt(c) for c in row] for row in rows], markdown=_MARKDOWN)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,23 +117,8 @@ def machine() -> dict[str, Any]:
     return benchlib.machine(memory_mb=mem)
 
 
-def loadavg() -> list[float] | None:
-    return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
-
-
-def filesystem_of(path: str) -> str:
-    """'ext4 on /dev/vda' for the mount holding ``path`` (Linux), else ''."""
-    best, found = "", ""
-    real = os.path.realpath(path)
-    try:
-        with open("/proc/mounts") as f:
-            for line in f:
-                dev, mnt, fstype = line.split()[:3]
-                if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
-                    best, found = mnt, f"{fstype} on {dev}"
-    except OSError:
-        pass
-    return found
+loadavg = benchlib.loadavg
+filesystem_of = benchlib.filesystem_of
 
 
 def code_version() -> dict[str, str]:

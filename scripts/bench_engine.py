@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib
-import importlib.util
 import json
 import os
 import sqlite3
@@ -127,22 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    headers = ("sync", "fdbqueue commits/s", "raw sqlite3 commits/s", "ratio")
-    cells = [(str(r["sync"]), f"{r['fdbqueue']:,.0f}", f"{r['raw']:,.0f}", f"{r['ratio']:.2f}") for r in rows]
-    if importlib.util.find_spec("rich") is None:
-        widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
-        print("  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True)))
-        for c in cells:
-            print("  ".join(v.rjust(w) for v, w in zip(c, widths, strict=True)))
-    else:  # optional: a nicer table when rich is installed
-        table = importlib.import_module("rich.table").Table(
-            title=f"one-key transactions, n={args.n}, median of {args.repeat}"
-        )
-        for h in headers:
-            table.add_column(h, justify="right")
-        for c in cells:
-            table.add_row(*c)
-        importlib.import_module("rich.console").Console().print(table)
+    headers = ["sync", "fdbqueue commits/s", "raw sqlite3 commits/s", "ratio"]
+    cells = [[str(r["sync"]), f"{r['fdbqueue']:,.0f}", f"{r['raw']:,.0f}", f"{r['ratio']:.2f}"] for r in rows]
+    benchlib.show_table(
+        f"one-key transactions, n={args.n}, median of {args.repeat}", headers, cells, markdown=False
+    )
     print(f"memory engine: {memory:,.0f} commits/s" if memory else "memory engine: n/a")
     m = report["machine"]
     print(f"machine: {m['cpus']} CPUs, {m['cpu']}, Python {m['python']}, SQLite {m['sqlite']}")

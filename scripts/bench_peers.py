@@ -788,15 +788,6 @@ def run_system(peers: Peers, system: str, setting: str, n: int, args: argparse.N
 # ---------------------------------------------------------------------------------------------
 # Tables.
 
-try:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
-    _console: Any = Console(width=None if sys.stdout.isatty() else 200)
-except ImportError:  # pragma: no cover - optional
-    _console = None
-
 _MARKDOWN = False
 
 
@@ -819,22 +810,7 @@ def fmt(value: Any) -> str:
 
 
 def show(title: str, headers: list[str], rows: list[list[Any]]) -> None:
-    cells = [[fmt(c) for c in row] for row in rows]
-    if _MARKDOWN or _console is None:
-        print(f"\n**{title}**\n")
-        print("| " + " | ".join(headers) + " |")
-        numeric = [i > 0 and all(_numeric(row[i]) for row in cells) for i in range(len(headers))]
-        print("|" + "|".join("---:" if num else "---" for num in numeric) + "|")
-        for row in cells:
-            print("| " + " | ".join(row) + " |")
-        return
-    table = Table(title=escape(title), title_justify="left")
-    for i, h in enumerate(headers):
-        right = i > 0 and all(_numeric(row[i]) for row in cells)
-        table.add_column(escape(h), justify="right" if right else "left")
-    for row in cells:
-        table.add_row(*(escape(c) for c in row))
-    _console.print(table)
+    benchlib.show_table(title, headers, [[fmt(c) for c in row] for row in rows], markdown=_MARKDOWN)
 
 
 def args_seconds(rounds: list[dict[str, Any]]) -> str:
@@ -843,10 +819,6 @@ def args_seconds(rounds: list[dict[str, Any]]) -> str:
             if isinstance(res, dict) and "d" in res:
                 return f"{res['d']['seconds']:g} s"
     return "?"
-
-
-def _numeric(cell: str) -> bool:
-    return cell == "-" or (bool(cell) and all(c.isdigit() or c in ",.-/%" for c in cell))
 
 
 def med(values: list[float]) -> float:
@@ -1079,17 +1051,9 @@ def print_tables(setting: str, n: int, rounds: list[dict[str, Any]], systems: li
 
 
 def machine(directory: str) -> dict[str, Any]:
-    fs = ""
-    with contextlib.suppress(OSError), open("/proc/mounts") as f:
-        best = ""
-        real = os.path.realpath(directory)
-        for line in f:
-            dev, mnt, fstype = line.split()[:3]
-            if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
-                best, fs = mnt, f"{fstype} on {dev}"
     return {
         "fdbqueue_commit": _git_commit(),
-        **benchlib.machine(filesystem=fs, loadavg_at_start=benchlib.loadavg()),
+        **benchlib.machine(filesystem=benchlib.filesystem_of(directory), loadavg_at_start=benchlib.loadavg()),
     }
 
 
@@ -1215,7 +1179,7 @@ def main(argv: list[str] | None = None) -> int:
             if not args.json:
                 print_tables(setting, n, rounds, active)
         doc["seconds"] = time.monotonic() - started
-        doc["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        doc["machine"]["loadavg_at_end"] = benchlib.loadavg()
         doc["machine"]["fdbqueue_commit_at_end"] = _git_commit()
         if args.json_file:
             with open(args.json_file, "w") as f:

@@ -54,55 +54,13 @@ QUEUE = "bench"
 PREFILL_BATCH = 200
 
 # ---------------------------------------------------------------------------------------------
-# Output: rich tables when rich is importable, plain aligned text otherwise.
-
-try:  # pragma: no cover - optional
-    from rich.console import Console
-    from rich.table import Table
-
-    _console: Any = Console(width=None if sys.stdout.isatty() else 200)
-except ImportError:  # pragma: no cover - optional
-    _console = None
+# Output: rich tables, or Markdown with --markdown.
 
 _MARKDOWN = False
 
 
 def show_table(title: str, headers: list[str], rows: list[list[Any]]) -> None:
-    cells = [[_fmt(c) for c in row] for row in rows]
-    if _MARKDOWN:
-        print(f"\n**{title}**\n")
-        print("| " + " | ".join(headers) + " |")
-        numeric = [i > 0 and all(_numeric(r[i]) for r in cells) for i in range(len(headers))]
-        print("|" + "|".join("---:" if num else "---" for num in numeric) + "|")
-        for row in cells:
-            print("| " + " | ".join(row) + " |")
-        return
-    if _console is not None:
-        table = Table(title=title, title_justify="left")
-        for i, h in enumerate(headers):
-            table.add_column(h, justify="left" if i == 0 else "right")
-        for row in cells:
-            table.add_row(*row)
-        _console.print(table)
-        return
-    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
-    print(f"\n{title}")
-    print(
-        "  ".join(
-            h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(headers, widths, strict=True))
-        )
-    )
-    print("  ".join("-" * w for w in widths))
-    for row in cells:
-        print(
-            "  ".join(
-                c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
-            )
-        )
-
-
-def _numeric(cell: str) -> bool:
-    return (bool(cell) and all(c.isdigit() or c in ",.-/%" for c in cell)) or cell == "-"
+    benchlib.show_table(title, headers, [[_fmt(c) for c in row] for row in rows], markdown=_MARKDOWN)
 
 
 def _fmt(value: Any) -> str:
@@ -132,19 +90,7 @@ def machine() -> dict[str, Any]:
     return benchlib.machine(loadavg_at_start=benchlib.loadavg())
 
 
-def filesystem_of(path: str) -> str:
-    """'ext4 on /dev/vda' for the mount holding ``path`` (Linux), else ''."""
-    best, found = "", ""
-    real = os.path.realpath(path)
-    try:
-        with open("/proc/mounts") as f:
-            for line in f:
-                dev, mnt, fstype = line.split()[:3]
-                if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
-                    best, found = mnt, f"{fstype} on {dev}"
-    except OSError:
-        pass
-    return found
+filesystem_of = benchlib.filesystem_of
 
 
 # ---------------------------------------------------------------------------------------------

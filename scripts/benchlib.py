@@ -6,7 +6,14 @@ import contextlib
 import os
 import platform
 import sqlite3
+import sys
 from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+_console = Console(width=None if sys.stdout.isatty() else 200)
 
 
 def cpu_model() -> str:
@@ -39,3 +46,40 @@ def machine(**more: Any) -> dict[str, Any]:
         "platform": platform.platform(),
         **more,
     }
+
+
+def filesystem_of(path: str) -> str:
+    """'ext4 on /dev/vda' for the mount holding ``path`` (Linux), else ''."""
+    best, found = "", ""
+    real = os.path.realpath(path)
+    with contextlib.suppress(OSError), open("/proc/mounts") as f:
+        for line in f:
+            dev, mnt, fstype = line.split()[:3]
+            if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+                best, found = mnt, f"{fstype} on {dev}"
+    return found
+
+
+def show_table(title: str, headers: list[str], cells: list[list[str]], *, markdown: bool) -> None:
+    """A table of formatted cells: Markdown, or a rich table on the terminal.
+
+    Columns whose every cell is a number (or "-") are right-aligned, the others left.
+    """
+    numeric = [i > 0 and all(_numeric(row[i]) for row in cells) for i in range(len(headers))]
+    if markdown:
+        print(f"\n**{title}**\n")
+        print("| " + " | ".join(headers) + " |")
+        print("|" + "|".join("---:" if num else "---" for num in numeric) + "|")
+        for row in cells:
+            print("| " + " | ".join(row) + " |")
+        return
+    table = Table(title=escape(title), title_justify="left")
+    for h, num in zip(headers, numeric, strict=True):
+        table.add_column(escape(h), justify="right" if num else "left")
+    for row in cells:
+        table.add_row(*(escape(c) for c in row))
+    _console.print(table)
+
+
+def _numeric(cell: str) -> bool:
+    return cell == "-" or (bool(cell) and all(c.isdigit() or c in ",.-/%" for c in cell))
