@@ -45,6 +45,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -459,15 +460,7 @@ def run_enqueue_dequeue(spec: dict[str, Any], n: int) -> dict[str, Any]:
         for i in range(n):
             c.enqueue(payload(i))
         t_enq = time.perf_counter() - t0
-        seen: list[int] = []
-        t0 = time.perf_counter()
-        for _ in range(n):
-            p = c.take()
-            if p is None:
-                break
-            seen.append(unpack(p)[0])
-        t_deq = time.perf_counter() - t0
-        leftover = c.take()
+        seen, t_deq, leftover = _take_all(c.take, n)
     finally:
         c.close()
     return {
@@ -481,18 +474,23 @@ def run_lease_ack(spec: dict[str, Any], n: int) -> dict[str, Any]:
     c = client(spec)
     try:
         c.fill([payload(i) for i in range(n)])
-        seen: list[int] = []
-        t0 = time.perf_counter()
-        for _ in range(n):
-            p = c.lease_ack()
-            if p is None:
-                break
-            seen.append(unpack(p)[0])
-        t = time.perf_counter() - t0
-        leftover = c.lease_ack()
+        seen, t, leftover = _take_all(c.lease_ack, n)
     finally:
         c.close()
     return {"n": len(seen), "seconds": t, "rate": len(seen) / t, **check(seen, n, leftover)}
+
+
+def _take_all(take: Callable[[], bytes | None], n: int) -> tuple[list[int], float, bytes | None]:
+    """Up to n takes, timed: the sequence numbers seen, the seconds, then one more take
+    (which must find nothing)."""
+    seen: list[int] = []
+    t0 = time.perf_counter()
+    for _ in range(n):
+        p = take()
+        if p is None:
+            break
+        seen.append(unpack(p)[0])
+    return seen, time.perf_counter() - t0, take()
 
 
 def check(seen: list[int], n: int, leftover: Any = None) -> dict[str, Any]:
