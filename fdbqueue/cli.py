@@ -3,30 +3,46 @@
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
 import dataclasses
-import datetime
 import functools
 import importlib
 import json
 import logging
-import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import fdbqueue
-
-if TYPE_CHECKING:
-    from rich.console import Console
-    from rich.table import Table
+from fdbqueue.cli_io import (
+    PROGRESS_OVER,
+    _age,
+    _cells,
+    _count,
+    _encoded_size,
+    _headers,
+    _int,
+    _message_json,
+    _number,
+    _parse_payload,
+    _parser,
+    _payload_text,
+    _positive,
+    _print_json,
+    _print_message,
+    _print_pairs,
+    _progress,
+    _read_stdin,
+    _render,
+    _seconds,
+    _table,
+)
+from fdbqueue.cli_io import CommandError as CommandError  # "as": re-exported, still fdbqueue.cli.CommandError
 
 EMPTY = 3  # exit code: dequeue/peek found no message
 BATCH = 500  # messages per enqueue_many transaction when reading stdin
-PROGRESS_OVER = 1000  # show a progress bar (auto) when enqueueing more lines than this
 
 EPILOG = """\
 exit codes:
@@ -51,176 +67,6 @@ RUNTIME_ERRORS: tuple[type[Exception], ...] = (
     fdbqueue.UnsupportedLayerFormatError,
     fdbqueue.LeaseError,
 )
-
-
-class CommandError(Exception):
-    """A one-line error for the user, with the exit code to end on."""
-
-    def __init__(self, message: str, code: int = 2) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-# -- output helpers --------------------------------------------------------------------------------
-
-
-def _console(stderr: bool = False) -> Console:
-    from rich.console import Console
-
-    stream = sys.stderr if stderr else sys.stdout
-    # Piped output is not cut at 80 columns: tables take the width their content needs.
-    width = None if stream.isatty() else 512
-    return Console(file=stream, width=width, highlight=False, markup=False, emoji=False)
-
-
-def _table(*columns: str) -> Table:
-    from rich.table import Table
-
-    table = Table()
-    for col in columns:
-        numeric = col in ("ready", "in flight", "delayed", "errors", "priority", "deliveries")
-        table.add_column(col, justify="right" if numeric else "left", no_wrap=col == "id")
-    return table
-
-
-def _cells(*values: object) -> list[Any]:
-    from rich.text import Text
-
-    return [Text("-" if v is None else str(v)) for v in values]  # Text: no markup parsing
-
-
-def _print_pairs(rows: Sequence[tuple[str, object]], title: str | None = None) -> None:
-    from rich.table import Table
-
-    table = Table(title=title, title_justify="left", show_header=False, box=None, pad_edge=False)
-    table.add_column("field")
-    table.add_column("value")
-    for k, v in rows:
-        table.add_row(*_cells(k, v))
-    _render(table)
-
-
-def _render(table: Table) -> None:
-    console = _console()
-    with console.capture() as captured:
-        console.print(table)
-    print("\n".join(line.rstrip() for line in captured.get().splitlines()))
-
-
-def _print_json(value: Any) -> None:
-    print(json.dumps(value, indent=None, sort_keys=False, default=str))
-
-
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
-def _when(ts: float | None) -> str:
-    if ts is None:
-        return "-"
-    at = datetime.datetime.fromtimestamp(ts).isoformat(sep=" ", timespec="seconds")
-    delta = time.time() - ts
-    return f"{at} ({_age(abs(delta))} {'ago' if delta >= 0 else 'from now'})"
-
-
-def _payload_text(m: fdbqueue.Message) -> str:
-    try:
-        return m.payload.decode("utf-8")
-    except UnicodeDecodeError:
-        return f"<binary, {len(m.payload)} bytes> base64:{base64.b64encode(m.payload).decode()}"
-
-
-def _message_json(m: fdbqueue.Message) -> dict[str, Any]:
-    fields = ("id", "queue", "priority", "deliveries", "enqueued_at", "expires_at", "lease_deadline")
-    out: dict[str, Any] = {f: getattr(m, f) for f in fields}
-    out.update(headers=dict(m.headers), content_type=m.content_type.name.lower())
-    if m.reason is not None:
-        out.update(reason=m.reason, origin=m.origin)
-    try:
-        if m.content_type is fdbqueue.ContentType.JSON:
-            out.update(payload=m.json(), payload_encoding="json")
-        else:
-            out.update(payload=m.payload.decode("utf-8"), payload_encoding="text")
-    except (UnicodeDecodeError, ValueError):
-        out.update(payload=base64.b64encode(m.payload).decode(), payload_encoding="base64")
-    return out
-
-
-def _print_message(m: fdbqueue.Message, args: argparse.Namespace) -> None:
-    if getattr(args, "json", False):
-        _print_json(_message_json(m))
-        return
-    if getattr(args, "payload_only", False):
-        sys.stdout.flush()
-        sys.stdout.buffer.write(m.payload)
-        sys.stdout.buffer.flush()
-        return
-    rows = [("id", m.id), ("priority", m.priority), ("deliveries", m.deliveries)]
-    rows += [
-        ("enqueued", _when(m.enqueued_at)),
-        ("headers", json.dumps(dict(m.headers)) if m.headers else "-"),
-    ]
-    if m.expires_at is not None:
-        rows.append(("expires", _when(m.expires_at)))
-    if m.lease_deadline is not None:
-        rows.append(("leased until", _when(m.lease_deadline)))
-    if m.reason is not None:
-        rows.append(("reason", f"{m.reason} (from {m.origin})"))
-    for k, v in [*rows, ("payload", _payload_text(m))]:
-        print(f"{k:<12} {v}")  # plain lines, not a table: a long payload is neither cut nor wrapped
-
-
-# -- argument types --------------------------------------------------------------------------------
-
-
-def _parser(kind: type, low: float | None, what: str, none: bool = False) -> Callable[[str], Any]:
-    """An argparse type: ``kind`` (int or float), finite, >= ``low``; ``none`` also takes "none"."""
-
-    def parse(text: str) -> Any:
-        if none and text.lower() == "none":
-            return None
-        try:
-            value = kind(text)
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value) or (low is not None and value < low):
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-        return value
-
-    return parse
-
-
-_int = _parser(int, None, "a whole number")
-_positive = _parser(int, 1, "a whole number >= 1")
-_count = _parser(int, 0, "a whole number >= 0")
-_seconds = _parser(float, 0, "a number of seconds >= 0")
-_number = _parser(float, None, "a number")
-
-
-def _headers(pairs: Sequence[str] | None) -> dict[str, Any] | None:
-    """``k=v`` gives the string v; ``k:=v`` parses v as JSON (a number, true, null ...)."""
-    if not pairs:
-        return None
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key or key == ":":
-            raise CommandError(f"bad header {pair!r}: expected name=value (or name:=json)")
-        if key.endswith(":"):
-            key = key[:-1]
-            try:
-                out[key] = json.loads(value)
-            except ValueError:
-                raise CommandError(f"bad header {pair!r}: {value!r} is not JSON") from None
-        else:
-            out[key] = value
-    return out
 
 
 # -- commands --------------------------------------------------------------------------------------
@@ -321,61 +167,6 @@ def _cmd_stats(db: fdbqueue.Database, args: argparse.Namespace) -> int:
     rows.append(("state", _state(st)))
     _print_pairs(rows, title=f"queue {st.name!r}")
     return 0
-
-
-def _read_stdin(args: argparse.Namespace) -> list[tuple[int, object]]:
-    """(line number, payload) for every non-blank line of stdin; all parsed before any is written."""
-    if sys.stdin.isatty():
-        print("reading messages from stdin, one per line (end with Ctrl-D)", file=sys.stderr)
-    data = sys.stdin.buffer.read()
-    if args.raw:
-        return [(1, data)]
-    out: list[tuple[int, object]] = []
-    for n, raw in enumerate(data.split(b"\n"), start=1):
-        raw = raw.removesuffix(b"\r")
-        if not raw.strip():
-            continue
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise CommandError(f"line {n}: not UTF-8 text (use --raw for a binary message)") from None
-        out.append((n, _parse_payload(text, f"line {n}", args.json)))
-    return out
-
-
-def _parse_payload(text: str, where: str, as_json: bool) -> object:
-    if not as_json:
-        return text
-    try:
-        value = json.loads(text)
-        json.dumps(value, allow_nan=False)  # NaN / Infinity parse, but are no JSON payload
-    except json.JSONDecodeError as exc:
-        raise CommandError(f"{where}: invalid JSON: {exc.msg} (column {exc.colno})") from None
-    except ValueError as exc:
-        raise CommandError(f"{where}: invalid JSON: {exc}") from None
-    return value
-
-
-def _encoded_size(payload: object) -> int:
-    if isinstance(payload, bytes):
-        return len(payload)
-    if isinstance(payload, str):
-        return len(payload.encode("utf-8"))
-    return len(json.dumps(payload, separators=(",", ":"), allow_nan=False).encode())
-
-
-@contextlib.contextmanager
-def _progress(total: int, show: bool | None) -> Iterator[Callable[[int], None]]:
-    if show is None:
-        show = total > PROGRESS_OVER and sys.stderr.isatty()
-    if not show:
-        yield lambda n: None
-        return
-    from rich.progress import Progress
-
-    with Progress(console=_console(stderr=True), transient=True) as bar:
-        task = bar.add_task("enqueueing", total=total)
-        yield lambda n: bar.advance(task, n)
 
 
 def _cmd_enqueue(db: fdbqueue.Database, args: argparse.Namespace) -> int:

@@ -14,24 +14,32 @@ It is where the queue layer proves itself on FoundationDB's terms (fdb-reference
   (not applied) or 1021 (applied or not, by a coin flip) - the cases a layer must survive.
 
 One lock guards the store; it is held for one operation at a time, never across user code.
+The store itself (version chains, commit resolution, garbage collection, watches) is in
+``_simstore.py``; this module holds the transactions, fault injection and the URL.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
-import threading
-import time
 from bisect import bisect_left, bisect_right
-from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from heapq import merge
 from typing import TYPE_CHECKING
 
 from sortedcontainers import SortedList
 
+from fdbqueue.engines._simstore import (
+    _STAMP,
+    _UNDER,
+    _VALUE,
+    ManualClock,
+    Range,
+    SimStats,
+    SimStore,
+    _value_at,
+    _Write,
+)
 from fdbqueue.engines.base import (
     SYSTEM_KEYS,
     TRANSACTION_WINDOW_SECONDS,
@@ -48,64 +56,8 @@ from fdbqueue.errors import EngineError, InvalidURLError
 if TYPE_CHECKING:
     from fdbqueue.engines import ParsedURL
 
-VERSIONS_PER_SECOND = 1_000_000
-# Registrations of read versions older than the window plus this margin are dropped, so a
-# forgotten transaction cannot pin old versions forever; its next read or commit gets 1007.
-WINDOW_MARGIN_SECONDS = 1.0
-MAX_WATCHES = 10_000  # FoundationDB's default per-database limit (1032 beyond it)
-
-Chain = list[tuple[int, bytes | None]]
-Range = tuple[bytes, bytes]
-
-# Kinds of a buffered write to one key (FoundationDB's WriteMap distinguishes the same cases).
-_UNDER = 0  # atomic ops over the database's value: "dependent", reading it still conflicts
-_VALUE = 1  # a set or clear (atomic ops on top folded in): "independent" of the database
-_STAMP = 2  # set_versionstamped_value: unreadable until commit (1036)
-
-
-class ManualClock:
-    """A clock tests drive by hand: ``SimDatabase(clock=c)`` reads ``now()`` and sleeps by advancing."""
-
-    def __init__(self, start: float = 0.0) -> None:
-        self._now = float(start)
-        self._lock = threading.Lock()
-
-    def now(self) -> float:
-        return self._now
-
-    def advance(self, seconds: float) -> None:
-        with self._lock:
-            self._now += seconds
-
-    def sleep(self, seconds: float) -> None:
-        self.advance(seconds)
-
-
-@dataclass
-class SimStats:
-    """Counters for tests and benchmarks (read under the database's lock for a consistent view)."""
-
-    commits: int = 0  # commits that wrote (including 1021s that were applied)
-    read_only: int = 0  # commits with nothing to write: local, no check
-    conflicts: int = 0  # genuine 1020s
-    too_old: int = 0  # genuine 1007s at commit
-    faults: dict[int, int] = field(default_factory=dict)  # injected errors by code
-
-
-def _value_at(chain: Chain, version: int) -> bytes | None:
-    for v, value in reversed(chain):
-        if v <= version:
-            return value
-    return None
-
-
-class _Write:
-    __slots__ = ("kind", "ops", "value")
-
-    def __init__(self, kind: int, value: bytes | None, ops: list[tuple[str, bytes]] | None = None) -> None:
-        self.kind = kind
-        self.value = value
-        self.ops = ops
+# ManualClock and SimStats live in _simstore.py; tests and callers import them from here.
+__all__ = ["ManualClock", "SimDatabase", "SimStats", "SimTransaction", "open_sim"]
 
 
 class SimTransaction(LocalTransaction):
@@ -435,7 +387,7 @@ class SimTransaction(LocalTransaction):
                 version = -1
                 if applied:
                     try:
-                        version = self._check_and_apply_locked(fired)
+                        version = db._check_and_apply_locked(self, fired)
                     except EngineError:
                         if fault != 1021:
                             raise
@@ -451,87 +403,9 @@ class SimTransaction(LocalTransaction):
             )
         return version
 
-    def _check_and_apply_locked(self, fired: list[EventWatch]) -> int:
-        db = self._sim
-        rv = self._rv
-        if self._rconf and rv is not None:
-            if self._token not in db._live or rv < db._pruned_through:
-                db.stats.too_old += 1
-                raise EngineError(1007, "read version is older than the 5-second window")
-            for version, wb, we in reversed(db._log):
-                if version <= rv:
-                    break
-                for rb, re in self._rconf:
-                    j = bisect_right(we, rb)
-                    if j < len(wb) and wb[j] < re:
-                        db.stats.conflicts += 1
-                        raise EngineError(
-                            1020, "a transaction committed since this one's read version wrote what it read"
-                        )
-        version = max(db._version + 1, int(db.clock() * VERSIONS_PER_SECOND))
-        db._version = version
-        stamp = make_versionstamp(version)
-        chains = db._chains
 
-        # The final value of every key this commit changes, computed over the latest state
-        # (atomic ops and clears act on what is there at commit, not on the snapshot).
-        final: dict[bytes, bytes | None] = {}
-        for b, e in zip(self._cb, self._ce, strict=True):
-            for k in db._keys.irange(b, e, (True, False)):
-                if chains[k][-1][1] is not None:
-                    final[k] = None
-        for k, w in self._writes.items():
-            if w.kind == _VALUE:
-                final[k] = w.value
-                continue
-            if w.kind == _STAMP:
-                assert w.value is not None
-                value: bytes | None = fill_versionstamp(w.value, stamp)
-            else:
-                chain = chains.get(k)
-                value = None if chain is None or self._in_cleared(k) else chain[-1][1]
-            for op, param in w.ops or ():
-                value = apply_atomic(op, value, param)
-            final[k] = value
-        for seq, template, value_ in self._vs_keys:
-            k = fill_versionstamp(template, stamp)
-            # Mutations apply in call order: a later clear_range over the final key wins.
-            if not any(s > seq and b <= k < e for s, b, e in self._clears):
-                final[k] = value_
-
-        watches = db._watches
-        for k, value in final.items():
-            chain = chains.get(k)
-            if chain is None:
-                if value is None:
-                    continue
-                chains[k] = [(version, value)]
-                db._keys.add(k)
-            else:
-                if chain[-1][1] == value:
-                    continue
-                chain.append((version, value))
-                db._pending.append((version, k))
-            if watches and k in watches:
-                db._fire_locked(k, value, fired)
-
-        wb_list: list[bytes] = []
-        we_list: list[bytes] = []
-        for b, e in sorted(self._wconf):
-            if we_list and b <= we_list[-1]:
-                if e > we_list[-1]:
-                    we_list[-1] = e
-            else:
-                wb_list.append(b)
-                we_list.append(e)
-        if wb_list:
-            db._log.append((version, wb_list, we_list))
-        db.stats.commits += 1
-        return version
-
-
-class SimDatabase(LocalDatabase):
-    """The in-memory store: per-key version chains, a log of recent commits' write ranges, watches."""
+class SimDatabase(SimStore, LocalDatabase):
+    """The sim engine's database: a :class:`SimStore` with seeded faults and :class:`SimTransaction` s."""
 
     retry_base_delay = 0.001  # fault-heavy tests retry a lot; FDB's 10 ms would only slow them
 
@@ -547,131 +421,14 @@ class SimDatabase(LocalDatabase):
             raise ValueError(f"faults must be a probability in [0, 1], got {faults!r}")
         if not (math.isfinite(delay) and delay >= 0.0):
             raise ValueError(f"delay must be a non-negative number of seconds, got {delay!r}")
+        super().__init__(clock)
         self.seed, self.faults, self.delay = seed, faults, delay
         self.engine = "sim"
         self.url = f"sim://?seed={seed}&faults={faults}&delay={delay}"
-        self.max_watches = MAX_WATCHES
-        self.stats = SimStats()
-        self._manual = clock
         self._rng = random.Random(seed)
-        self._lock = threading.Lock()
-        self._keys = SortedList()  # every key with a version chain (tombstones until compacted)
-        self._chains: dict[bytes, Chain] = {}
-        self._version = int(self.clock() * VERSIONS_PER_SECOND)
-        # Read versions of open transactions: token -> (version, clock when taken). Removal
-        # is a single dict.pop, safe without the lock (see SimTransaction._rollback).
-        self._live: dict[int, tuple[int, float]] = {}
-        self._tokens = itertools.count()
-        self._pending: deque[tuple[int, bytes]] = deque()  # (version, key) with an older version to drop
-        self._log: deque[tuple[int, list[bytes], list[bytes]]] = deque()  # commits' merged write ranges
-        self._pruned_through = 0  # newest commit dropped from the log
-        self._watches: dict[bytes, list[EventWatch]] = {}
-        self._watch_count = 0
-
-    def clock(self) -> float:
-        return self._manual.now() if self._manual is not None else time.monotonic()
-
-    def sleep(self, seconds: float) -> None:
-        if self._manual is not None:
-            self._manual.sleep(seconds)
-        else:
-            time.sleep(seconds)
 
     def create_transaction(self) -> SimTransaction:
         return SimTransaction(self)
-
-    def sizes(self) -> dict[str, int]:
-        """Internal sizes, to check that compaction keeps a long-running store small."""
-        with self._lock:
-            return {
-                "keys": len(self._keys),
-                "versions": sum(len(c) for c in self._chains.values()),
-                "log": len(self._log),
-                "pending": len(self._pending),
-                "live": len(self._live),
-                "watches": self._watch_count,
-            }
-
-    def _collect_locked(self) -> None:
-        """Drop versions and log entries no transaction can still need."""
-        if not self._pending and not self._log:
-            return
-        floor = self._version  # a transaction that reads from now on gets at least this
-        if self._live:
-            oldest = self.clock() - TRANSACTION_WINDOW_SECONDS - WINDOW_MARGIN_SECONDS
-            for token, (rv, taken) in list(self._live.items()):
-                if taken < oldest:
-                    self._live.pop(token, None)  # expired: its next read or commit is 1007
-                elif rv < floor:
-                    floor = rv
-        pending, chains = self._pending, self._chains
-        while pending and pending[0][0] <= floor:
-            key = pending.popleft()[1]
-            chain = chains.get(key)
-            if chain is None:
-                continue
-            i = len(chain) - 1
-            while i > 0 and chain[i][0] > floor:
-                i -= 1
-            if i:
-                del chain[:i]
-            if len(chain) == 1 and chain[0][1] is None:
-                del chains[key]
-                self._keys.remove(key)
-        log = self._log
-        while log and log[0][0] <= floor:
-            self._pruned_through = log.popleft()[0]
-
-    def _fire_locked(self, key: bytes, value: bytes | None, fired: list[EventWatch]) -> None:
-        waiting = self._watches[key]
-        keep = [w for w in waiting if w.seen == value]
-        if len(keep) == len(waiting):
-            return
-        fired.extend(w for w in waiting if w.seen != value)
-        self._watch_count -= len(waiting) - len(keep)
-        if keep:
-            self._watches[key] = keep
-        else:
-            del self._watches[key]
-
-    def _arm_watches(self, watches: list[EventWatch]) -> None:
-        fire: list[EventWatch] = []
-        refuse: list[EventWatch] = []
-        with self._lock:
-            for w in watches:
-                if w.is_ready():
-                    continue  # cancelled before its transaction committed
-                chain = self._chains.get(w.key)
-                if (chain[-1][1] if chain else None) != w.seen:
-                    fire.append(w)
-                elif self._watch_count >= self.max_watches:
-                    refuse.append(w)
-                else:
-                    w._on_cancel = self._unregister
-                    self._watches.setdefault(w.key, []).append(w)
-                    self._watch_count += 1
-        for w in fire:
-            w.fire()
-        for w in refuse:
-            w.fail(1032, f"more than {self.max_watches} outstanding watches")
-
-    def _unregister(self, w: EventWatch) -> None:
-        with self._lock:
-            waiting = self._watches.get(w.key)
-            if waiting and w in waiting:
-                waiting.remove(w)
-                self._watch_count -= 1
-                if not waiting:
-                    del self._watches[w.key]
-
-    def close(self) -> None:
-        """Fail outstanding watches (1101) so that no waiter hangs on a closed database."""
-        with self._lock:
-            waiting = [w for ws in self._watches.values() for w in ws]
-            self._watches.clear()
-            self._watch_count = 0
-        for w in waiting:
-            w.fail(1101, "database closed")
 
 
 def _number(params: dict[str, str], name: str, lo: float, hi: float) -> float:
