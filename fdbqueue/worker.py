@@ -317,53 +317,64 @@ class Worker:
             self._lease_loop(until_empty)
             return
         buffer: deque[tuple[Queue, Message]] = deque()
-        cond = threading.Condition()
+        lock = threading.Lock()
+        # Two conditions on one lock, each notified only for its own waiters: handlers wait
+        # for work, the fetcher for room (or for everything to settle).
+        work = threading.Condition(lock)
+        room = threading.Condition(lock)
         busy = [0]
+
+        def low_water() -> int:
+            # Refill at half the budget, not at every free slot: a lease transaction per
+            # handled message would double the commits (and fsyncs) per message.
+            return max(self.concurrency, self.budget.size // 2)
 
         def handle_loop() -> None:
             while True:
-                with cond:
+                with lock:
                     while not buffer and not self.stopping:
-                        cond.wait(0.25)
+                        work.wait(0.25)
                     if self.stopping:
                         return
                     q, m = buffer.popleft()
                     busy[0] += 1
-                    cond.notify_all()
+                    if len(buffer) == low_water():
+                        room.notify()
                 try:
                     self._handle_leased(q, m)
                 finally:
-                    with cond:
+                    with lock:
                         busy[0] -= 1
-                        cond.notify_all()
+                        if not buffer and not busy[0]:
+                            room.notify()
 
         handlers = [threading.Thread(target=handle_loop, daemon=True) for _ in range(self.concurrency)]
         for t in handlers:
             t.start()
         try:
             while not self.stopping:
-                with cond:
-                    want = self.budget.size - len(buffer)
-                    if want <= 0:
-                        cond.wait(0.05)
+                with lock:
+                    if len(buffer) > low_water():
+                        room.wait(0.05)
                         continue
+                    want = self.budget.size - len(buffer)
                 got = self._fetch(want)
                 if got:
-                    with cond:
+                    with lock:
                         buffer.extend(got)
-                        cond.notify_all()
+                        work.notify(len(got))
                     continue
-                with cond:
+                with lock:
                     idle = not buffer and busy[0] == 0
                 if idle:
                     self._idle(until_empty)
                 else:
-                    with cond:
-                        cond.wait(0.05)
+                    with lock:
+                        room.wait(0.05)
         finally:
             self._stop.set()
-            with cond:
-                cond.notify_all()
+            with lock:
+                work.notify_all()
             for t in handlers:
                 t.join()
             self._release_unstarted(buffer)

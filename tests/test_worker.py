@@ -244,3 +244,26 @@ def test_bad_worker_and_dispatcher_arguments(wdb: Database) -> None:
         Dispatcher(wdb, "jobs", schedule="whenever")
     with pytest.raises(fdbqueue.QueueError):
         Dispatcher(wdb, "jobs").run()  # no consumer
+
+
+def test_lease_worker_with_several_handlers_leases_in_batches(
+    wdb: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refilling the prefetch buffer at every freed slot would cost a lease transaction (and, at
+    sync=full, an fsync) per message on top of its ack: the buffer is refilled at half. (The
+    budget starts at one message and grows with the measured rates, so the first few are small.)"""
+    n = 3000
+    q = fill(wdb, "jobs", n)
+    batches: list[int] = []
+    real = Queue.lease_many
+
+    def counting(self: Queue, *args: Any, **kw: Any) -> list[Message]:
+        got = real(self, *args, **kw)
+        if got:
+            batches.append(len(got))
+        return got
+
+    monkeypatch.setattr(Queue, "lease_many", counting)
+    stats = Worker(wdb, q, lambda m: None, mode="lease", concurrency=4).run(until_empty=True)
+    assert stats.processed == n and sum(batches) == n
+    assert len(batches) <= n / 10, f"{len(batches)} lease transactions for {n} messages"
