@@ -23,7 +23,7 @@ import pytest
 
 import fdbqueue
 from fdbqueue import StoreError
-from fdbqueue.engines import _shared
+from fdbqueue.engines import _shared, _walsync
 from fdbqueue.engines import sqlite as sqlite_engine
 from fdbqueue.engines.sqlite import SqliteDatabase
 
@@ -61,17 +61,17 @@ def db(tmp_path: Path) -> Iterator[SqliteDatabase]:
 
 
 def synced_version(db: SqliteDatabase) -> int:
-    tag, synced, _ = sqlite_engine._SYNCED.unpack_from(db._store.shared, _shared.SYNCED_AT)
+    tag, synced, _ = _walsync.SYNCED.unpack_from(db._store.shared, _shared.SYNCED_AT)
     assert tag == db._clock_tag
     return int(synced)
 
 
 def committed_version(db: SqliteDatabase) -> int:
-    return int(sqlite_engine._SYNCED.unpack_from(db._store.shared, _shared.SYNCED_AT)[2])
+    return int(_walsync.SYNCED.unpack_from(db._store.shared, _shared.SYNCED_AT)[2])
 
 
 def set_synced_version(db: SqliteDatabase, version: int) -> None:
-    sqlite_engine._U64.pack_into(db._store.shared, sqlite_engine._SYNCED_VERSION_AT, version)
+    _walsync._U64.pack_into(db._store.shared, _walsync.SYNCED_VERSION_AT, version)
 
 
 def commit(db: SqliteDatabase, body: Callable[[fdbqueue.Transaction], object]) -> int:
@@ -121,7 +121,7 @@ def test_a_commit_already_covered_by_a_later_flush_skips_its_own(
 
 
 def test_a_stale_marker_of_another_store_is_not_trusted(db: SqliteDatabase, synced_files: list[str]) -> None:
-    sqlite_engine._SYNCED.pack_into(db._store.shared, _shared.SYNCED_AT, b"\1" * 32, 2**63, 2**63)
+    _walsync.SYNCED.pack_into(db._store.shared, _shared.SYNCED_AT, b"\1" * 32, 2**63, 2**63)
     synced_files.clear()
     version = commit(db, lambda tr: tr.set(b"k", b"v"))
     assert synced_files == [wal_of(db)]

@@ -24,7 +24,7 @@ does not see that transaction's writes), while a nested write fails at once.
 Durability (``sync=full``): SQLite runs at ``synchronous=NORMAL`` and each commit then
 fdatasyncs the WAL itself, after releasing the store lock, before it returns; a read-only
 transaction that may have seen a commit still in its fsync fdatasyncs too. So commits that
-overlap share one flush of the disk (``SqliteDatabase._make_durable`` says why this is safe).
+overlap share one flush of the disk (:mod:`._walsync` says how, and why this is safe).
 What a transaction read is durable once its commit returns; one that is abandoned instead
 may, for the length of an fsync, have read a commit that a power loss would still undo.
 
@@ -47,7 +47,6 @@ not exclude it).
 
 from __future__ import annotations
 
-import fcntl
 import os
 import secrets
 import sqlite3
@@ -59,6 +58,7 @@ from itertools import repeat
 from typing import Any
 
 from fdbqueue.engines import ParsedURL, _shared, take_params
+from fdbqueue.engines._walsync import WalSync
 from fdbqueue.engines.base import (
     ATOMIC_OPS,
     SYSTEM_KEYS,
@@ -123,14 +123,6 @@ _CLOCK = struct.Struct(">32sQQB")
 _PENDING_AT = _CLOCK.size - 1
 _PENDING = 1
 _RESERVE_US = 1_000_000  # one meta write per second of versions
-# At _shared.SYNCED_AT (see SqliteDatabase._make_durable): the clock's tag, the highest
-# version known to be on disk, and the last version whose COMMIT has returned. The two
-# versions are trusted only under this store's tag; each is written on its own (8 aligned
-# bytes), by different processes.
-_SYNCED = struct.Struct(">32sQQ")
-_U64 = struct.Struct(">Q")
-_SYNCED_VERSION_AT = _shared.SYNCED_AT + 32
-_COMMITTED_AT = _shared.SYNCED_AT + 40
 
 
 def _boot_id() -> bytes | None:
@@ -397,12 +389,13 @@ class SqliteTransaction(LocalTransaction):
         if self._bumped and db._clock_tag is not None:
             db._store.shared[_PENDING_AT] = 0
         # Still under the store lock: what this commit wrote, or (read-only) may have read.
-        seen = db._committed(version) if db._own_sync else None
+        wal = db._wal
+        seen = wal.committed(db._store.shared, db._clock_tag, version) if wal else None
         self._end()
         if self._dirty:
             db._store.hub.publish(None if self._all else self._keys)
-        if db._own_sync:
-            db._make_durable(seen)
+        if wal:
+            wal.make_durable(db._store.shared, db._clock_tag, seen)
         return version
 
     def _apply_stamped(self, conn: sqlite3.Connection, stamp: bytes) -> None:
@@ -460,13 +453,11 @@ class SqliteDatabase(LocalDatabase):
         self.url = url
         self.path = path
         self.sync = sync
-        # sync=full: SQLite runs at synchronous=NORMAL and each commit fsyncs the WAL itself,
-        # after releasing the store lock (see _make_durable).
-        self._own_sync = sync == "full"
-        self._wal_fd: int | None = None
-        self._sync_mutex = threading.Lock()
-        self._lock_timeout = lock_timeout
         self._real = os.path.realpath(path)
+        # sync=full: SQLite runs at synchronous=NORMAL and each commit fsyncs the WAL itself,
+        # after releasing the store lock (see _walsync).
+        self._wal = WalSync(self._real, path) if sync == "full" else None
+        self._lock_timeout = lock_timeout
         self._closed = False
         self._clock_tag: bytes | None = None  # set once the store's id is known
         # Connections for transactions begun while their thread holds another (rare).
@@ -569,94 +560,9 @@ class SqliteDatabase(LocalDatabase):
     def _reopen_after_fork(self) -> None:
         _shared.inherited.extend((self._conn, self._readers))
         self._readers = []
-        if self._wal_fd is not None:
-            os.close(self._wal_fd)  # this process's copy of the parent's descriptor
-            self._wal_fd = None
-        self._sync_mutex = threading.Lock()  # may have been held by a thread of the parent
+        if self._wal:
+            self._wal.after_fork()
         self._open()
-
-    def _committed(self, version: int) -> int | None:
-        """Record ``version`` (-1: none) as committed; the last committed version, or None.
-
-        Called under the store lock, right after COMMIT: every version up to the one
-        returned has its WAL frames written (None: not known, so every commit counts).
-        """
-        tag = self._clock_tag
-        if tag is None:
-            return None
-        shared = self._store.shared
-        found, _, committed = _SYNCED.unpack_from(shared, _shared.SYNCED_AT)
-        if found != tag:
-            if version < 0:
-                return None
-            _SYNCED.pack_into(shared, _shared.SYNCED_AT, tag, 0, version)
-            return version
-        if version < 0:
-            return int(committed)
-        _U64.pack_into(shared, _COMMITTED_AT, version)
-        return version
-
-    def _make_durable(self, version: int | None) -> None:
-        """Return once every commit up to ``version`` (None: every commit so far) is on disk.
-
-        Called after the store lock is released, so the next transaction runs while this
-        one waits for the disk. Group commit, as PostgreSQL's backends share WAL flushes:
-        one fsync at a time per store (a flock on the WAL); a waiter that gets its turn
-        first checks whether the fsync before it, which covered every commit that had
-        returned when it began, covered its own. Safe because SQLite's WAL recovery keeps
-        the longest run of valid frames, so what survives a crash is a prefix of the
-        commits, and an fsync of the WAL covers every frame written before it. A commit
-        returns after its fsync; a read-only transaction that may have seen a commit whose
-        fsync is still under way waits for one too.
-        """
-        tag = self._clock_tag
-        shared = self._store.shared
-        if tag is not None and version is not None and self._synced(shared, tag) >= version:
-            return
-        try:
-            with self._sync_mutex:  # threads of this process share one descriptor (and flock)
-                if self._wal_fd is None:
-                    self._wal_fd = self._open_wal()
-                fcntl.flock(self._wal_fd, fcntl.LOCK_EX)
-                try:
-                    if tag is None or version is None:
-                        os.fdatasync(self._wal_fd)
-                        return
-                    if self._synced(shared, tag) >= version:
-                        return  # the fsync we waited for began after our commit
-                    found, _, target = _SYNCED.unpack_from(shared, _shared.SYNCED_AT)
-                    os.fdatasync(self._wal_fd)
-                    if found == tag and target > self._synced(shared, tag):
-                        _U64.pack_into(shared, _SYNCED_VERSION_AT, target)
-                finally:
-                    fcntl.flock(self._wal_fd, fcntl.LOCK_UN)
-        except OSError as exc:
-            raise StoreError(
-                f"{self.path}: the commit was written but its fsync failed ({exc.strerror}): it may "
-                "not survive a power loss"
-            ) from exc
-
-    @staticmethod
-    def _synced(shared: Any, tag: bytes) -> int:
-        found, synced, _ = _SYNCED.unpack_from(shared, _shared.SYNCED_AT)
-        return int(synced) if found == tag else -1
-
-    def _open_wal(self) -> int:
-        # The WAL exists once the connection has read or written, and stays (the same
-        # inode: SQLite truncates or rewrites it in place) while any connection is open,
-        # ours included. SQLite fsyncs the directory of a new WAL only at its first own
-        # sync, which at synchronous=NORMAL is the first checkpoint: do it here once.
-        fd = os.open(self._real + "-wal", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            dir_fd = os.open(os.path.dirname(self._real), os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
 
     def _take_reader(self) -> sqlite3.Connection:
         with self._readers_lock:
@@ -696,9 +602,8 @@ class SqliteDatabase(LocalDatabase):
         if self._generation != _shared.fork_generation:
             return  # inherited from the parent process: its resources are not ours to release
         self._conn.close()
-        if self._wal_fd is not None:
-            os.close(self._wal_fd)
-            self._wal_fd = None
+        if self._wal:
+            self._wal.close()
         with self._readers_lock:
             for conn in self._readers:
                 conn.close()

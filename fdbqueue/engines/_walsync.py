@@ -1,0 +1,135 @@
+"""Group commit for the embedded engine at ``sync=full``: one fsync serves every commit before it.
+
+SQLite runs at ``synchronous=NORMAL`` (``COMMIT`` writes the WAL frames, no fsync), and each
+commit then calls :meth:`WalSync.make_durable` after releasing the store lock and before it
+returns, so the next transaction runs while this one waits for the disk. One fsync at a
+time per store (a ``flock`` on the WAL; threads of a process queue on a mutex first), as
+PostgreSQL's backends queue on its WAL write lock: a committer that gets its turn first
+checks whether the fsync it waited behind covered it.
+
+Why it is safe: SQLite's WAL recovery keeps the longest run of valid frames (each carries a
+checksum chained from the one before), so what a power loss leaves is a prefix of the
+commits, and an fsync of the WAL covers every frame written before it began. A commit
+returns after an fsync that began after its frames were written. Others can *see* a commit
+before its fsync ends, so a read-only transaction that may have seen a version above the
+on-disk mark fsyncs too before its commit returns; a writing one needs nothing more, its
+own fsync covering everything before it.
+
+Shared state, at ``_shared.SYNCED_AT`` in the lock file's mapped page: the version clock's
+tag (boot + store, see ``sqlite.py``), the highest version known to be on disk, and the
+last version whose ``COMMIT`` has returned. The two versions are trusted only under this
+store's tag, and each is written on its own (8 aligned bytes) by different processes.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import struct
+import threading
+
+from fdbqueue.engines import _shared
+from fdbqueue.errors import StoreError
+
+SYNCED = struct.Struct(">32sQQ")  # tag, on disk, committed
+_U64 = struct.Struct(">Q")
+SYNCED_VERSION_AT = _shared.SYNCED_AT + 32
+_COMMITTED_AT = _shared.SYNCED_AT + 40
+
+
+def _synced(shared: mmap.mmap, tag: bytes) -> int:
+    found, synced, _ = SYNCED.unpack_from(shared, _shared.SYNCED_AT)
+    return int(synced) if found == tag else -1
+
+
+class WalSync:
+    """The fsyncs of one Database's WAL (``real`` is the store file's resolved path)."""
+
+    def __init__(self, real: str, path: str) -> None:
+        self._real = real
+        self._path = path
+        self._fd: int | None = None
+        self._mutex = threading.Lock()
+
+    @staticmethod
+    def committed(shared: mmap.mmap, tag: bytes | None, version: int) -> int | None:
+        """Record ``version`` (-1: none) as committed; the last committed version, or None.
+
+        Called under the store lock, right after COMMIT: every version up to the one
+        returned has its WAL frames written (None: not known, so every commit counts).
+        """
+        if tag is None:
+            return None
+        found, _, committed = SYNCED.unpack_from(shared, _shared.SYNCED_AT)
+        if found != tag:
+            if version < 0:
+                return None
+            SYNCED.pack_into(shared, _shared.SYNCED_AT, tag, 0, version)
+            return version
+        if version < 0:
+            return int(committed)
+        _U64.pack_into(shared, _COMMITTED_AT, version)
+        return version
+
+    def make_durable(self, shared: mmap.mmap, tag: bytes | None, version: int | None) -> None:
+        """Return once every commit up to ``version`` (None: every commit so far) is on disk.
+
+        Called after the store lock is released. Raises StoreError if the fsync fails: the
+        commit was written (and may be seen) but may not survive a power loss.
+        """
+        if tag is not None and version is not None and _synced(shared, tag) >= version:
+            return
+        try:
+            with self._mutex:  # threads of this process share one descriptor (and flock)
+                if self._fd is None:
+                    self._fd = self._open_wal()
+                fcntl.flock(self._fd, fcntl.LOCK_EX)
+                try:
+                    if tag is None or version is None:
+                        os.fdatasync(self._fd)
+                        return
+                    if _synced(shared, tag) >= version:
+                        return  # the fsync we waited for began after our commit
+                    found, _, target = SYNCED.unpack_from(shared, _shared.SYNCED_AT)
+                    os.fdatasync(self._fd)
+                    # Two processes may race here and leave the lower value: that only costs
+                    # a later commit an fsync it could have skipped.
+                    if found == tag and target > _synced(shared, tag):
+                        _U64.pack_into(shared, SYNCED_VERSION_AT, target)
+                finally:
+                    fcntl.flock(self._fd, fcntl.LOCK_UN)
+        except OSError as exc:
+            raise StoreError(
+                f"{self._path}: the commit was written but its fsync failed ({exc.strerror}): it may "
+                "not survive a power loss"
+            ) from exc
+
+    def _open_wal(self) -> int:
+        # The WAL exists once the connection has read or written, and stays (the same
+        # inode: SQLite truncates or rewrites it in place) while any connection is open,
+        # ours included. SQLite fsyncs the directory of a new WAL only at its first own
+        # sync, which at synchronous=NORMAL is the first checkpoint: do it here once.
+        fd = os.open(self._real + "-wal", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            dir_fd = os.open(os.path.dirname(self._real), os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def after_fork(self) -> None:
+        """In a forked child: drop the parent's descriptor and mutex (it may have been held)."""
+        if self._fd is not None:
+            os.close(self._fd)  # this process's copy; the parent's stays open
+            self._fd = None
+        self._mutex = threading.Lock()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
