@@ -17,7 +17,8 @@ Workloads, 200-byte messages:
       once across them (fdbqueue: the in-transaction dequeue);
   (d) end-to-end latency at 500 msg/s offered load, one blocking consumer (fdbqueue:
       ``q.dequeue(db, timeout=...)`` in a consumer process); the producer stamps its send time
-      into the payload.
+      into the payload. At the durable setting a last row gives the disk's own floor at the
+      same rate: two 8 KiB writes, each followed by fdatasync, per message.
 
 Each round runs every system once through every workload (the order of systems rotates
 between rounds); tables give the median over rounds, and each ratio fdbqueue/peer is the
@@ -714,6 +715,51 @@ def run_latency(spec: dict[str, Any], rate: float, seconds: float, drain: float)
     }
 
 
+DISK = "disk"  # a row of (d) at the durable setting, not a system: the disk's own floor
+FRAME = 8240  # what an fdbqueue enqueue appends to the WAL: two frames of 4 KiB pages
+
+
+def run_disk_floor(directory: str, rate: float, seconds: float) -> dict[str, Any]:
+    """(d)'s floor on this disk: at the same offered rate, per message, two appends to one file,
+    each followed by fdatasync (the enqueue's commit and the dequeue's, which no durable queue
+    can avoid), timed from before the first write to after the second fsync."""
+    path = os.path.join(directory, "disk-floor.bin")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        span = 4 << 20  # written once and fsynced first: later writes overwrite, as a WAL does
+        os.pwrite(fd, b"\0" * span, 0)
+        os.fsync(fd)
+        block = PAD[:1] * FRAME
+        lat: list[float] = []
+        t0 = time.monotonic()
+        offset = 0
+        for i in range(int(rate * seconds)):
+            target = t0 + i / rate
+            now = time.monotonic()
+            if now < target:
+                time.sleep(target - now)
+            start = time.monotonic()
+            for _ in range(2):
+                os.pwrite(fd, block, offset)
+                os.fdatasync(fd)
+                offset = (offset + FRAME) % (span - FRAME)
+            lat.append(time.monotonic() - start)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    lat.sort()
+    return {
+        "offered": rate,
+        "seconds": seconds,
+        "sent": len(lat),
+        "achieved": len(lat) / max(time.monotonic() - t0, 1e-9),
+        "received": len(lat),
+        "p50_ms": pct(lat, 50) * 1e3,
+        "p99_ms": pct(lat, 99) * 1e3,
+        "max_ms": (lat[-1] if lat else float("nan")) * 1e3,
+    }
+
+
 def pct(sorted_values: list[float], p: float) -> float:
     if not sorted_values:
         return float("nan")
@@ -1024,6 +1070,22 @@ def print_tables(setting: str, n: int, rounds: list[dict[str, Any]], systems: li
                 ratio(s, "d", "d", "p99_ms"),
             ]
         )
+    floor50, floor99 = get(rounds, DISK, "d", "p50_ms"), get(rounds, DISK, "d", "p99_ms")
+    if rows and floor50:
+        rows.append(
+            [
+                "floor: 2 x (write 8 KiB + fdatasync) per message, same disk",
+                med(get(rounds, DISK, "d", "achieved")),
+                med(floor50),
+                spread(floor50),
+                med(floor99),
+                spread(floor99),
+                med(get(rounds, DISK, "d", "max_ms")),
+                "-",
+                None,
+                None,
+            ]
+        )
     if rows:
         show(
             f"(d) end-to-end latency, {offered:.0f} msg/s offered for {args_seconds(rounds)}, one blocking "
@@ -1169,6 +1231,10 @@ def main(argv: list[str] | None = None) -> int:
                         rnd[system] = {"error": _short(exc)}
                     rnd[system]["setting_text"] = peers.spec_text(system, setting)
                     rnd[system]["wall_seconds"] = time.monotonic() - t
+                if setting == "durable" and "d" in args.workloads:
+                    rnd[DISK] = {"d": run_disk_floor(directory, args.rate, args.latency_seconds)}
+                    d = rnd[DISK]["d"]
+                    log(f"    {'disk floor':12} d p50 {d['p50_ms']:.2f} ms p99 {d['p99_ms']:.2f} ms")
                 rounds.append(rnd)
             doc["settings"][setting] = {
                 "n": n,
