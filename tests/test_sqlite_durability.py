@@ -221,3 +221,29 @@ def test_counters_from_processes_are_exact_and_on_disk(tmp_path: Path) -> None:
         assert synced_version(db) == last
     finally:
         db.close()
+
+
+def test_the_wal_is_zero_filled_up_front_and_reused_in_place(tmp_path: Path) -> None:
+    """At sync=full the WAL starts at its working size, so no commit's fsync has to grow it;
+    the zeros past the last frame are ignored, by readers and by recovery on reopen."""
+    target = 32 + _walsync.WAL_FRAMES * (24 + 4096)
+    db = open_db(tmp_path)
+    wal = wal_of(db)
+    try:
+        assert os.path.getsize(wal) == target
+        for i in range(1_500):  # past SQLite's checkpoint at 1,000 pages: the WAL restarts
+            db[b"k%05d" % i] = b"v" * 100
+        assert os.path.getsize(wal) == target
+    finally:
+        db.close()
+    reopened = open_db(tmp_path)
+    try:
+        assert len(reopened.get_range_startswith(b"k")) == 1_500  # type: ignore[attr-defined]
+    finally:
+        reopened.close()
+    fast = fdbqueue.open(f"sqlite://{tmp_path}/fast.db?sync=normal")
+    try:
+        fast[b"k"] = b"v"
+        assert os.path.getsize(os.path.realpath(f"{tmp_path}/fast.db") + "-wal") < target
+    finally:
+        fast.close()

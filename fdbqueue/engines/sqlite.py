@@ -494,6 +494,12 @@ class SqliteDatabase(LocalDatabase):
             mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
             if not (self._check_format(conn) and mode == "wal"):
                 self._initialise(conn)
+            if self._wal:
+                self._store.acquire(self._lock_timeout, self.path)
+                try:
+                    self._wal.preallocate(conn)
+                finally:
+                    self._store.release()
         except BaseException as exc:
             conn.close()
             if isinstance(exc, sqlite3.Error):
