@@ -23,7 +23,7 @@ from fdbqueue.errors import EngineError, NestedTransactionError, StoreError
 
 PAGE = 4096
 TOKEN_AT = 64  # the watchers' token; the version clock is at 0 (sqlite.py)
-SYNCED_AT = 128  # the highest version known to be on disk (sqlite.py)
+SYNCED_AT = 128  # the last version committed and the last one on disk (_walsync.py)
 _READ = "SELECT v FROM kv WHERE k = ?"  # the kv table of sqlite.py
 
 

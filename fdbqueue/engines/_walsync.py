@@ -85,35 +85,44 @@ class WalSync:
             return
         try:
             with self._mutex:  # threads of this process share one descriptor (and flock)
-                if self._fd is None:
-                    self._fd = self._open_wal()
-                fcntl.flock(self._fd, fcntl.LOCK_EX)
+                fd = self._wal()
+                fcntl.flock(fd, fcntl.LOCK_EX)
                 try:
                     if tag is None or version is None:
-                        os.fdatasync(self._fd)
+                        os.fdatasync(fd)
                         return
                     if _synced(shared, tag) >= version:
                         return  # the fsync we waited for began after our commit
                     found, _, target = SYNCED.unpack_from(shared, _shared.SYNCED_AT)
-                    os.fdatasync(self._fd)
+                    os.fdatasync(fd)
                     # Two processes may race here and leave the lower value: that only costs
                     # a later commit an fsync it could have skipped.
                     if found == tag and target > _synced(shared, tag):
                         _U64.pack_into(shared, SYNCED_VERSION_AT, target)
                 finally:
-                    fcntl.flock(self._fd, fcntl.LOCK_UN)
+                    fcntl.flock(fd, fcntl.LOCK_UN)
         except OSError as exc:
             raise StoreError(
                 f"{self._path}: the commit was written but its fsync failed ({exc.strerror}): it may "
                 "not survive a power loss"
             ) from exc
 
+    def _wal(self) -> int:
+        """The WAL's descriptor, opened once (call with ``_mutex`` held)."""
+        if self._fd is None:
+            self._fd = self._open_wal()
+        return self._fd
+
     def _open_wal(self) -> int:
         # The WAL exists once the connection has read or written, and stays (the same
         # inode: SQLite truncates or rewrites it in place) while any connection is open,
         # ours included. SQLite fsyncs the directory of a new WAL only at its first own
         # sync, which at synchronous=NORMAL is the first checkpoint: do it here once.
-        fd = os.open(self._real + "-wal", os.O_RDONLY | os.O_CLOEXEC)
+        # Read-only where the store is (its reads may still need an fsync of others' commits).
+        try:
+            fd = os.open(self._real + "-wal", os.O_RDWR | os.O_CLOEXEC)
+        except PermissionError:
+            fd = os.open(self._real + "-wal", os.O_RDONLY | os.O_CLOEXEC)
         try:
             dir_fd = os.open(os.path.dirname(self._real), os.O_RDONLY | os.O_CLOEXEC)
             try:
@@ -143,14 +152,12 @@ class WalSync:
         except sqlite3.Error:
             return  # e.g. a read-only store: its commits will fail on their own terms
         try:
-            fd = os.open(self._real + "-wal", os.O_WRONLY | os.O_CLOEXEC)
-            try:
+            with self._mutex:
+                fd = self._wal()
                 size = os.fstat(fd).st_size
                 if size < target:
                     os.pwrite(fd, bytes(target - size), size)
                     os.fdatasync(fd)
-            finally:
-                os.close(fd)
         except OSError:
             pass  # an optimisation only: SQLite reports a WAL it cannot write by itself
         finally:
