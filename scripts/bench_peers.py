@@ -46,7 +46,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -647,6 +647,20 @@ def _latency_process(spec: dict[str, Any], ready: Any, out: Any, hard_deadline: 
     out.put(res)
 
 
+def paced(rate: float, seconds: float) -> Iterator[float]:
+    """An open-loop schedule: yields each send's due time, t0 + i / rate, once it has come,
+    for ``seconds`` (a late send does not move the ones after it)."""
+    t0 = time.monotonic()
+    for i in range(int(rate * seconds)):
+        target = t0 + i / rate
+        now = time.monotonic()
+        if now - t0 >= seconds:
+            return
+        if now < target:
+            time.sleep(target - now)
+        yield target
+
+
 def run_latency(spec: dict[str, Any], rate: float, seconds: float, drain: float) -> dict[str, Any]:
     """(d) an open-loop producer at ``rate`` msg/s for ``seconds``; one blocking consumer."""
     in_thread = spec["system"] == "persistqueue"  # its blocking get is woken by put() in-process only
@@ -672,14 +686,7 @@ def run_latency(spec: dict[str, Any], rate: float, seconds: float, drain: float)
     lags: list[float] = []
     sent = 0
     t0 = time.monotonic()
-    total = int(rate * seconds)
-    while sent < total:
-        target = t0 + sent / rate
-        now = time.monotonic()
-        if now - t0 >= seconds:
-            break
-        if now < target:
-            time.sleep(target - now)
+    for target in paced(rate, seconds):
         stamp = time.monotonic()
         lags.append(stamp - target)
         c.enqueue(payload(sent, stamp))
@@ -733,11 +740,7 @@ def run_disk_floor(directory: str, rate: float, seconds: float) -> dict[str, Any
         lat: list[float] = []
         t0 = time.monotonic()
         offset = 0
-        for i in range(int(rate * seconds)):
-            target = t0 + i / rate
-            now = time.monotonic()
-            if now < target:
-                time.sleep(target - now)
+        for _ in paced(rate, seconds):
             start = time.monotonic()
             for _ in range(2):
                 os.pwrite(fd, block, offset)
