@@ -55,7 +55,7 @@ def open_db(tmp_path: Path, sync: str = "full") -> SqliteDatabase:
 @pytest.fixture
 def db(tmp_path: Path) -> Iterator[SqliteDatabase]:
     db = open_db(tmp_path)
-    db[b"warm"] = b"up"  # the first commit opens the WAL's descriptor
+    db[b"warm"] = b"up"  # each test starts after a first commit, with its WAL on disk
     yield db
     db.close()
 
