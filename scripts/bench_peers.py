@@ -1051,44 +1051,35 @@ def print_tables(setting: str, n: int, rounds: list[dict[str, Any]], systems: li
             rows,
         )
 
+    def latency_cells(key: str) -> list[Any]:
+        p50, p99 = get(rounds, key, "d", "p50_ms"), get(rounds, key, "d", "p99_ms")
+        return [
+            med(get(rounds, key, "d", "achieved")),
+            med(p50),
+            spread(p50),
+            med(p99),
+            spread(p99),
+            med(get(rounds, key, "d", "max_ms")),
+        ]
+
     rows = []
     offered = float("nan")
     for s in present:
-        p50 = get(rounds, s, "d", "p50_ms")
-        if not p50:
+        if not get(rounds, s, "d", "p50_ms"):
             continue
         offered = next(rnd[s]["d"]["offered"] for rnd in rounds if "d" in rnd.get(s, {}))
-        p99 = get(rounds, s, "d", "p99_ms")
         rows.append(
             [
                 LABEL[s],
-                med(get(rounds, s, "d", "achieved")),
-                med(p50),
-                spread(p50),
-                med(p99),
-                spread(p99),
-                med(get(rounds, s, "d", "max_ms")),
+                *latency_cells(s),
                 f"{int(med(get(rounds, s, 'd', 'received')))}/{int(med(get(rounds, s, 'd', 'sent')))}",
                 ratio(s, "d", "d", "p50_ms"),
                 ratio(s, "d", "d", "p99_ms"),
             ]
         )
-    floor50, floor99 = get(rounds, DISK, "d", "p50_ms"), get(rounds, DISK, "d", "p99_ms")
-    if rows and floor50:
-        rows.append(
-            [
-                "floor: 2 x (write 8 KiB + fdatasync) per message, same disk",
-                med(get(rounds, DISK, "d", "achieved")),
-                med(floor50),
-                spread(floor50),
-                med(floor99),
-                spread(floor99),
-                med(get(rounds, DISK, "d", "max_ms")),
-                "-",
-                None,
-                None,
-            ]
-        )
+    if rows and get(rounds, DISK, "d", "p50_ms"):
+        floor = "floor: 2 x (write 8 KiB + fdatasync) per message, same disk"
+        rows.append([floor, *latency_cells(DISK), "-", None, None])
     if rows:
         show(
             f"(d) end-to-end latency, {offered:.0f} msg/s offered for {args_seconds(rounds)}, one blocking "
