@@ -341,13 +341,7 @@ class DeliveryModel(RuleBasedStateMachine):
 
     @rule()
     def dequeue(self) -> None:
-        m = self.jobs.dequeue(self.db)
-        e = self._take(m, "dequeue")
-        if e is None:
-            return
-        self._check(e, m, "dequeue", e.deliveries + 1)
-        assert m is not None and m.receipt is None
-        e.state = CONSUMED
+        self._consumed(self.jobs.dequeue(self.db), "dequeue")
 
     @rule()
     def dequeue_under_contention(self) -> None:
@@ -357,10 +351,14 @@ class DeliveryModel(RuleBasedStateMachine):
             m = self.jobs.dequeue(self.db)
         if conflicts.n == 0:
             event("dequeue: two conflicts (staged request set)")
-        e = self._take(m, "dequeue after two conflicts")
+        self._consumed(m, "dequeue after two conflicts")
+
+    def _consumed(self, m: Message | None, how: str) -> None:
+        """An exactly-once dequeue's result: the expected message, gone for good."""
+        e = self._take(m, how)
         if e is None:
             return
-        self._check(e, m, "dequeue after two conflicts", e.deliveries + 1)
+        self._check(e, m, how, e.deliveries + 1)
         assert m is not None and m.receipt is None
         e.state = CONSUMED
 
