@@ -1,0 +1,269 @@
+"""A database wrapper that measures what each transaction would cost on FoundationDB.
+
+``CountingDatabase(inner)`` wraps any engine's database. Every attempt of every transaction
+it creates is recorded as a :class:`TxnCost`:
+
+* ``size``: the transaction's size as FoundationDB counts it at commit
+  (``Transaction::getSize`` in ``fdbclient/NativeAPI.actor.cpp`` is
+  ``CommitTransactionRef::expectedSize`` in ``fdbclient/include/fdbclient/CommitTransaction.h``:
+  every mutation's ``param1 + param2`` bytes, plus the begin + end bytes of every read and
+  write conflict range). Conflict ranges are coalesced as the RYW layer does before commit;
+  read conflicts are counted for every serializable read (an upper bound: the RYW layer leaves
+  out keys the transaction wrote itself). FoundationDB refuses more than 10,000,000 bytes
+  (2101) and advises staying under 1 MB.
+* ``reads``: sequential read round trips: one per read call (``get``, ``get_key``,
+  ``get_range``, and ``get_many`` where the engine has it: one for all its keys), plus one per
+  further ``REPLY_BYTE_LIMIT`` (80,000 bytes, ``fdbclient/ClientKnobs.cpp``) of a range read's
+  result, which the client fetches in batches.
+* ``grv``: 1 when the attempt needed a read version (its first read, or
+  ``get_read_version``); ``commit``: 1 when it committed mutations (a read-only commit is local).
+
+Only measuring: every call goes to the wrapped engine unchanged, so results are the engine's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fdbqueue.engines.base import KeySelector, KeyValue, register_transaction_type
+
+REPLY_BYTE_LIMIT = 80_000
+SIZE_LIMIT = 10_000_000
+
+
+@dataclass
+class TxnCost:
+    """One attempt of one transaction."""
+
+    mutations: int = 0  # bytes of mutations (param1 + param2)
+    reads: int = 0  # sequential read round trips
+    grv: int = 0
+    commit: int = 0
+    committed: bool = False
+    error: int | None = None  # the code it ended with, if it failed
+    read_ranges: list[tuple[bytes, bytes]] = field(default_factory=list)
+    write_ranges: list[tuple[bytes, bytes]] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        """Bytes as FoundationDB counts them at commit."""
+        return self.mutations + _ranges_size(self.read_ranges) + _ranges_size(self.write_ranges)
+
+    @property
+    def round_trips(self) -> int:
+        """Sequential round trips: read version, reads, commit."""
+        return self.grv + self.reads + self.commit
+
+
+def _ranges_size(ranges: list[tuple[bytes, bytes]]) -> int:
+    total = 0
+    cur_b: bytes | None = None
+    cur_e = b""
+    for b, e in sorted(ranges):
+        if cur_b is not None and b <= cur_e:
+            cur_e = max(cur_e, e)
+            continue
+        if cur_b is not None:
+            total += len(cur_b) + len(cur_e)
+        cur_b, cur_e = b, e
+    if cur_b is not None:
+        total += len(cur_b) + len(cur_e)
+    return total
+
+
+def _after(key: bytes) -> bytes:
+    return key + b"\x00"
+
+
+class _CountingReads:
+    """Reads through ``inner`` (a transaction or its snapshot), counted into ``owner``'s cost."""
+
+    def __init__(self, owner: CountingTransaction, inner: Any, snapshot: bool) -> None:
+        self._owner = owner
+        self._inner = inner
+        self._snapshot = snapshot
+
+    def _read(self, ranges: list[tuple[bytes, bytes]], trips: int = 1) -> None:
+        cost = self._owner.cost
+        cost.grv = 1
+        cost.reads += trips
+        if not self._snapshot:
+            cost.read_ranges.extend(ranges)
+
+    def get(self, key: bytes) -> bytes | None:
+        value = self._inner.get(key)
+        self._read([(key, _after(key))])
+        return value  # type: ignore[no-any-return]
+
+    def __getitem__(self, key: bytes) -> bytes | None:
+        return self.get(key)
+
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        values = self._inner.get_many(keys)
+        self._read([(k, _after(k)) for k in keys])
+        return values  # type: ignore[no-any-return]
+
+    def get_key(self, selector: KeySelector) -> bytes:
+        key: bytes = self._inner.get_key(selector)
+        lo, hi = sorted((selector.key, key))
+        self._read([(lo, _after(hi))])
+        return key
+
+    def get_range(self, begin: Any, end: Any, limit: int = 0, reverse: bool = False) -> list[KeyValue]:
+        rows: list[KeyValue] = self._inner.get_range(begin, end, limit, reverse)
+        b = begin.key if isinstance(begin, KeySelector) else begin
+        e = end.key if isinstance(end, KeySelector) else end
+        if limit and len(rows) == limit:  # only the part read conflicts
+            if reverse:
+                b = rows[-1].key
+            else:
+                e = _after(rows[-1].key)
+        returned = sum(len(k) + len(v) for k, v in rows)
+        self._read([(b, e)], 1 + returned // REPLY_BYTE_LIMIT)
+        return rows
+
+    def get_range_startswith(self, prefix: bytes, limit: int = 0, reverse: bool = False) -> list[KeyValue]:
+        from fdbqueue.engines.base import strinc
+
+        return self.get_range(prefix, strinc(prefix) if prefix else b"\xff", limit, reverse)
+
+
+class CountingTransaction(_CountingReads):
+    """A transaction of the wrapped engine, each attempt's cost recorded on the database."""
+
+    def __init__(self, db: CountingDatabase, inner: Any) -> None:
+        super().__init__(self, inner, False)
+        self.db = db
+        self.snapshot = _CountingReads(self, inner.snapshot, True)
+        self.cost = TxnCost()
+        db.costs.append(self.cost)
+
+    def _new_attempt(self) -> None:
+        self.cost = TxnCost()
+        self.db.costs.append(self.cost)
+
+    @property
+    def options(self) -> Any:
+        return self._inner.options
+
+    # -- writes ------------------------------------------------------------------------------
+    def _mutation(self, p1: bytes, p2: bytes, wb: bytes, we: bytes) -> None:
+        self.cost.mutations += len(p1) + len(p2)
+        self.cost.write_ranges.append((wb, we))
+
+    def set(self, key: bytes, value: bytes) -> None:
+        self._inner.set(key, value)
+        self._mutation(key, value, key, _after(key))
+
+    __setitem__ = set
+
+    def clear(self, key: bytes) -> None:
+        self._inner.clear(key)
+        # FoundationDB sends a point clear as ClearRange [key, keyAfter(key)).
+        self._mutation(key, _after(key), key, _after(key))
+
+    __delitem__ = clear
+
+    def clear_range(self, begin: bytes, end: bytes) -> None:
+        self._inner.clear_range(begin, end)
+        self._mutation(begin, end, begin, end)
+
+    def clear_range_startswith(self, prefix: bytes) -> None:
+        from fdbqueue.engines.base import strinc
+
+        self.clear_range(prefix, strinc(prefix) if prefix else b"\xff")
+
+    def __getattr__(self, name: str) -> Any:
+        # Atomic ops and versionstamped writes: one mutation of key + param each.
+        atomic = getattr(self._inner, name)
+        if name in {
+            "add",
+            "max",
+            "min",
+            "byte_max",
+            "byte_min",
+            "bit_and",
+            "bit_or",
+            "bit_xor",
+            "compare_and_clear",
+            "append_if_fits",
+            "set_versionstamped_key",
+            "set_versionstamped_value",
+        }:
+
+            def op(key: bytes, param: bytes) -> None:
+                atomic(key, param)
+                self._mutation(key, param, key, _after(key))
+
+            return op
+        return atomic
+
+    def add_read_conflict_range(self, begin: bytes, end: bytes) -> None:
+        self._inner.add_read_conflict_range(begin, end)
+        self.cost.read_ranges.append((begin, end))
+
+    def add_read_conflict_key(self, key: bytes) -> None:
+        self._inner.add_read_conflict_key(key)
+        self.cost.read_ranges.append((key, _after(key)))
+
+    def add_write_conflict_range(self, begin: bytes, end: bytes) -> None:
+        self._inner.add_write_conflict_range(begin, end)
+        self.cost.write_ranges.append((begin, end))
+
+    def add_write_conflict_key(self, key: bytes) -> None:
+        self._inner.add_write_conflict_key(key)
+        self.cost.write_ranges.append((key, _after(key)))
+
+    def get_read_version(self) -> int:
+        self.cost.grv = 1
+        return int(self._inner.get_read_version())
+
+    # -- life cycle --------------------------------------------------------------------------
+    def commit(self) -> None:
+        cost = self.cost
+        if cost.mutations or cost.write_ranges:
+            cost.commit = 1
+        try:
+            self._inner.commit()
+        except Exception as exc:
+            cost.error = int(getattr(exc, "code", -1))
+            raise
+        cost.committed = True
+
+    def on_error(self, error: BaseException) -> None:
+        if self.cost.error is None:
+            self.cost.error = int(getattr(error, "code", -1))
+        self._inner.on_error(error)
+        self._new_attempt()
+
+    def reset(self) -> None:
+        self._inner.reset()
+        self._new_attempt()
+
+
+register_transaction_type(CountingTransaction)
+
+
+class CountingDatabase:
+    """Wraps ``inner``; ``costs`` lists every attempt of every transaction, in creation order."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.engine = inner.engine
+        self.costs: list[TxnCost] = []
+
+    def create_transaction(self) -> CountingTransaction:
+        return CountingTransaction(self, self.inner.create_transaction())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)  # may_conflict, clock, sleep, ...
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def take(self) -> list[TxnCost]:
+        """The costs recorded so far, forgetting them."""
+        out, self.costs = self.costs, []
+        return out
