@@ -9,6 +9,8 @@ above them, and no client's wall clock takes part. The layer decides every deadl
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +19,9 @@ import pytest
 
 import fdbqueue
 from fdbqueue.clock import VERSIONS_PER_SECOND, fake_clock
+from fdbqueue import Queue, QueueConfig, UnsupportedLayerFormatError
 from fdbqueue.engines.base import Database
+from fdbqueue.layout import QueueKeys
 from tests.conftest import engine_url
 
 LOCAL = ["memory", "sim", "sqlite"]
@@ -108,3 +112,43 @@ def test_sqlite_versions_are_shared_by_every_handle_and_survive_reopening(tmp_pa
         assert read_version(c) > cv
     finally:
         c.close()
+
+
+# -- the layer format ---------------------------------------------------------------------------
+
+
+def _write_format_1_store(db: Database) -> None:
+    """What fdbqueue 1.x leaves: the root's format key at 1.0 and a queue whose settings
+    carry no format (its deadlines were wall-clock microseconds)."""
+    keys = QueueKeys.make("jobs")
+    settings = {f.name: getattr(QueueConfig(), f.name) for f in dataclasses.fields(QueueConfig)}
+    tr = db.create_transaction()
+    tr.set(keys.format, b"1.0")
+    tr.set(keys.config, json.dumps(settings, sort_keys=True).encode())
+    tr.set(keys.listing, b"")
+    tr.commit()
+
+
+def test_a_store_of_layer_format_1_is_refused(local_db: Database) -> None:
+    _write_format_1_store(local_db)
+    q = Queue("jobs")
+    calls = [
+        lambda: q.enqueue(local_db, b"x"),
+        lambda: q.dequeue(local_db),
+        lambda: q.lease(local_db),
+        lambda: q.sweep(local_db),
+        lambda: fdbqueue.queue_config(local_db, "jobs"),
+        lambda: fdbqueue.create_queue(local_db, "other"),
+    ]
+    for call in calls:
+        with pytest.raises(UnsupportedLayerFormatError, match=r"format 1\.0.*wall-clock"):
+            call()
+    raw = local_db.get(QueueKeys.make("jobs").config)  # type: ignore[attr-defined]
+    assert raw is not None and b'"format"' not in raw, "the refused store was rewritten"
+
+
+def test_a_new_store_records_layer_format_2(local_db: Database) -> None:
+    fdbqueue.create_queue(local_db, "jobs")
+    keys = QueueKeys.make("jobs")
+    assert local_db.get(keys.format) == b"2.0"  # type: ignore[attr-defined]
+    assert json.loads(local_db.get(keys.config))["format"] == "2.0"  # type: ignore[attr-defined]
