@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 import fdbqueue
-from fdbqueue.clock import VERSIONS_PER_SECOND, fake_clock
 from fdbqueue import Queue, QueueConfig, UnsupportedLayerFormatError
+from fdbqueue.clock import VERSIONS_PER_SECOND, fake_clock
 from fdbqueue.engines.base import Database
 from fdbqueue.layout import QueueKeys
 from tests.conftest import engine_url
