@@ -54,7 +54,7 @@ from fdbqueue.message import (
     coerce_payload,
 )
 from fdbqueue.sweep import SweepStats, clear_old_receipts, new_receipt, read_receipt, sweep
-from fdbqueue.txn import as_database, run_once, seconds
+from fdbqueue.txn import as_database, may_have_landed, run_once, seconds, unknown_outcome
 from fdbqueue.waiting import blocking, bounded, strict_of, watch_queue
 
 CHUNK_SIZE = 10_000  # FoundationDB's blob recipe: values of about 10 kB
@@ -496,6 +496,7 @@ class Queue:
         t = db.create_transaction()
         try:
             while True:
+                committing = False
                 try:
                     if may_unknown and receipt is None:
                         receipt = new_receipt(t, keys, rand)
@@ -521,17 +522,23 @@ class Queue:
                         t.set(receipt, msg.id.encode())
                         maybe_clear_old_receipts(t, keys)
                     taken = msg
+                    committing = True
                     t.commit()
                     return msg, None
                 except EngineError as exc:
-                    unknown = unknown or exc.maybe_committed
+                    unknown = unknown or may_have_landed(exc, committing)
                     settling = unknown and taken is not None  # must learn if that take landed
                     conflicts += exc.code == 1020
                     if conflicts >= 2 and staged_ok and not settling:
                         # Plain dequeues keep colliding: the staged request set costs about
                         # three commits a message and pays off only from a few dequeuers.
                         break
-                    t.on_error(exc)
+                    try:
+                        t.on_error(exc)
+                    except EngineError as final:
+                        if settling:
+                            raise unknown_outcome(final) from final
+                        raise
         finally:
             t.cancel()
         msg = staged_dequeue(db, self)

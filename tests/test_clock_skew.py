@@ -22,8 +22,8 @@ import fdbqueue
 from fdbqueue import LeaseError, Queue
 from fdbqueue.clock import fake_clock, thread_skew
 from fdbqueue.engines.base import Database
-from fdbqueue.engines.sim import SimDatabase
-from fdbqueue.errors import CommitUnknownError
+from fdbqueue.engines.sim import SimDatabase, SimTransaction
+from fdbqueue.errors import CommitUnknownError, EngineError
 from fdbqueue.layout import unpack_count
 from fdbqueue.sweep import RECEIPT_TTL_SECONDS
 from tests.conftest import engine_url
@@ -137,6 +137,60 @@ def test_a_dequeue_retried_past_the_receipt_ttl_raises_instead_of_guessing(
             q.dequeue(db)
     # Applied: A was taken (and its taker told the outcome is unknown), B is not taken too.
     assert payloads(db, q) == ([b"B"] if applied else [b"A", b"B"])
+
+
+class _TimesOutDuringCommit:
+    """The next ``n`` commits with writes land, then report transaction_timed_out (1031), as a
+    FoundationDB client's timeout can fire while the commit is already at the proxy."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+        self.n = n
+        real = SimTransaction.commit
+
+        def commit(tr: SimTransaction) -> None:
+            writes = bool(tr._writes or tr._cb or tr._vs_keys)
+            real(tr)
+            if writes and self.n > 0:
+                self.n -= 1
+                raise EngineError(1031, "injected: the timeout fired while the commit landed")
+
+        monkeypatch.setattr(SimTransaction, "commit", commit)
+
+
+@pytest.mark.parametrize("op", ["enqueue", "dequeue"])
+def test_a_commit_that_timed_out_is_reported_unknown_not_failed(
+    scripted: Any, monkeypatch: pytest.MonkeyPatch, op: str
+) -> None:
+    """A 1031 at commit is not retried (on_error re-raises it), and the commit may have
+    landed: the caller must learn that the outcome is unknown, not that it failed."""
+    db, _ = scripted
+    q = Queue("jobs")
+    q.enqueue(db, b"A")
+    _TimesOutDuringCommit(monkeypatch, 1)
+    with pytest.raises(CommitUnknownError) as info:
+        q.enqueue(db, b"B") if op == "enqueue" else q.dequeue(db)
+    assert isinstance(info.value.__cause__, EngineError) and info.value.__cause__.code == 1031
+    assert payloads(db, q) == ([b"A", b"B"] if op == "enqueue" else [])
+
+
+def test_a_retry_after_1021_that_times_out_is_reported_unknown(
+    scripted: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first commit ends in 1021 (it landed); the retry, settling it, times out."""
+    db, faults = scripted
+    q = Queue("jobs")
+    faults.arm([("1021", True)])
+    _TimesOutDuringCommit(monkeypatch, 0)
+    real_sleep = db.sleep
+
+    def then_time_out(seconds: float) -> None:  # in the backoff: the retry's commit times out
+        real_sleep(seconds)
+        raise EngineError(1031, "injected: timed out in the backoff")
+
+    monkeypatch.setattr(db, "sleep", then_time_out)
+    with pytest.raises(CommitUnknownError):
+        q.enqueue(db, b"A")
+    assert payloads(db, q) == [b"A"]
 
 
 # -- leases ---------------------------------------------------------------------------------------
