@@ -27,7 +27,7 @@ from fdbqueue.clock import db_now, versions
 from fdbqueue.config import QueueConfig, read_config, read_state
 from fdbqueue.delivery import HEAD_SKIP_LIMIT, expire, remove_message
 from fdbqueue.engines.base import Database, KeyValue, Transaction
-from fdbqueue.errors import EngineError
+from fdbqueue.errors import CommitUnknownError, EngineError
 from fdbqueue.layout import MINUS_ONE, ONE, QueueKeys
 from fdbqueue.message import Message, Record
 from fdbqueue.waiting import next_due
@@ -122,16 +122,30 @@ def _collect(db: Database, queue: Queue, req_key: bytes, res_key: bytes) -> obje
 
     keys = queue.keys
     taken: list[Message] = []
+    made: list[int] = []  # when the result was made (a version)
 
     def body(t: Transaction, unknown: bool) -> object:
-        if unknown and taken and t.get(res_key) is None:
-            return taken[0]  # the attempt that ended in commit_unknown_result committed
+        if unknown and taken:
+            # A sweep reclaims results older than RESULT_TTL: past that, a missing result
+            # may be one put back rather than one we collected (the same argument as for
+            # receipts: sweep.read_receipt).
+            from fdbqueue.sweep import RESULT_TTL_VERSIONS
+
+            if db_now(t) - made[0] > RESULT_TTL_VERSIONS:
+                raise CommitUnknownError(
+                    "the outcome of collecting a staged dequeue's message is unknown: its commit "
+                    "ended in commit_unknown_result (1021) and the retry came after uncollected "
+                    "results are put back; the message was taken, or is back in the queue"
+                )
+            if t.get(res_key) is None:
+                return taken[0]  # the attempt that ended in commit_unknown_result committed
         if t.get(req_key) is not None:
             return _PENDING
         raw = t.get(res_key)
         if raw is None:
             return None
-        _made, key, record = decode_result(raw)
+        made_at, key, record = decode_result(raw)
+        made[:] = [made_at]
         msg = queue._message(t, key, record, delivered=True)
         t.clear(res_key)
         if Record.decode(record).chunks:

@@ -20,12 +20,13 @@ import pytest
 
 import fdbqueue
 from fdbqueue import LeaseError, Queue
-from fdbqueue.clock import fake_clock, thread_skew
+from fdbqueue.clock import VERSIONS_PER_SECOND, fake_clock, thread_skew
+from fdbqueue.contention import staged_dequeue
 from fdbqueue.engines.base import Database
 from fdbqueue.engines.sim import SimDatabase, SimTransaction
 from fdbqueue.errors import CommitUnknownError, EngineError
 from fdbqueue.layout import unpack_count
-from fdbqueue.sweep import RECEIPT_TTL_SECONDS
+from fdbqueue.sweep import RECEIPT_TTL_SECONDS, RESULT_TTL_VERSIONS
 from tests.conftest import engine_url
 from tests.faults import ScriptedFaults, on_backoff
 
@@ -137,6 +138,30 @@ def test_a_dequeue_retried_past_the_receipt_ttl_raises_instead_of_guessing(
             q.dequeue(db)
     # Applied: A was taken (and its taker told the outcome is unknown), B is not taken too.
     assert payloads(db, q) == ([b"B"] if applied else [b"A", b"B"])
+
+
+@pytest.mark.parametrize("applied", [True, False], ids=["applied", "not-applied"])
+def test_a_staged_collect_retried_past_the_result_ttl_raises_instead_of_guessing(
+    scripted: Any, applied: bool
+) -> None:
+    """The collect of a staged result ends in 1021; before its retry, the result's TTL passes
+    and a sweep reclaims results nobody collected. A missing result then proves nothing: if
+    the collect had not landed, the message is back in the queue, and returning it too would
+    deliver it twice."""
+    db, faults = scripted
+    q = Queue("jobs")
+    q.enqueue(db, b"A")
+    with fake_clock() as clock:
+
+        def late() -> None:
+            clock.advance(RESULT_TTL_VERSIONS / VERSIONS_PER_SECOND + 1)
+            q.sweep(db)
+
+        on_backoff(db, late)
+        faults.arm([None, None, ("1021", applied)])  # register, fulfil, collect
+        with pytest.raises(CommitUnknownError):
+            staged_dequeue(db, q)
+    assert payloads(db, q) == ([] if applied else [b"A"])
 
 
 class _TimesOutDuringCommit:
