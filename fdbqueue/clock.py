@@ -148,8 +148,8 @@ def fake_clock(start: float | None = None) -> Iterator[FakeClock]:
 def db_now(tr: Transaction) -> int:
     """Now in database time: the transaction's read version.
 
-    Free once the transaction has read (FoundationDB caches the read version in the
-    transaction: ``Transaction::getReadVersion``, ``fdbclient/NativeAPI.actor.cpp``).
+    Free once the transaction has read (FoundationDB keeps the transaction's read version
+    future, ``readVersionFuture`` in ``fdbclient/NativeAPI.actor.cpp``, and returns it again).
     Every later commit has a higher version; a later transaction reads a version >= it.
     """
     return int(tr.get_read_version())

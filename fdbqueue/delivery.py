@@ -86,14 +86,14 @@ def put_ready(tr: Transaction, keys: QueueKeys, key: bytes | None, rec: Record, 
 
 
 def put_delayed(
-    tr: Transaction, keys: QueueKeys, due_us: int, rec: Record, *, key: bytes | None, priority: int
+    tr: Transaction, keys: QueueKeys, due: int, rec: Record, *, key: bytes | None, priority: int
 ) -> None:
-    """Hold ``rec`` until ``due_us``; then it goes to ``key`` (a retry) or the tail (an enqueue)."""
+    """Hold ``rec`` until ``due`` (a version); then it goes to ``key`` (a retry) or the tail (an enqueue)."""
     extra = {k: v for k, v in rec.extra.items() if k not in _LEASE_FIELDS}
     extra["priority"] = priority
     if key is not None:
         extra["key"] = key.hex()
-    dkey = keys.delayed_key(due_us, rec.id)
+    dkey = keys.delayed_key(due, rec.id)
     tr.set(dkey, rec.with_(extra=extra).encode())
     tr.set(keys.id_key(rec.id), dkey)
     if rec.expires_us is not None:

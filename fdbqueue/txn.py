@@ -51,10 +51,11 @@ def run_once(tr: Transaction | Database, body: Callable[[Transaction, bool], T])
 def may_have_landed(exc: EngineError, committing: bool) -> bool:
     """Whether the attempt that raised ``exc`` may have committed.
 
-    1021 and 1039 say so (``maybe_committed``); a 1031 (transaction_timed_out) raised by the
-    commit too: the timeout only stops the client waiting, and the commit may still land
-    (FoundationDB's ``fdb_error_predicate`` leaves 1031 out of the retryable errors, so
-    ``on_error`` re-raises it).
+    1021 and 1039 say so (``maybe_committed``, ``fdb_error_predicate`` in
+    ``bindings/c/fdb_c.cpp``); a 1031 (transaction_timed_out) raised by the commit too: the
+    timeout only stops the client waiting, and the commit may still land, as FoundationDB's
+    own client simulates (``simulateTimeoutInFlightCommit`` in ``fdbclient/ReadYourWrites.cpp``).
+    ``on_error`` does not retry 1031, so the outcome stays unknown.
     """
     return exc.maybe_committed or (committing and exc.code == 1031)
 
