@@ -415,10 +415,12 @@ def _run_skewed_clients(seed: int) -> None:
         counts = {c: unpack_count(db.get(q.keys.counter(c))) for c in ("ready", "inflight", "delayed")}
         assert counts == {"ready": 0, "inflight": 0, "delayed": 0}, counts
         assert Queue("jobs.error").size(db) == 0, "messages expired or were dead-lettered"
+        injected = db.stats.faults
+        assert all(injected.get(code) for code in (1020, 1007, 1021)), f"faults injected: {injected}"
     finally:
         db.close()
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", range(1, 9))
 def test_clients_with_clocks_ten_minutes_apart_lose_and_duplicate_nothing(seed: int) -> None:
     _run_skewed_clients(seed)
