@@ -40,7 +40,13 @@ if TYPE_CHECKING:
 VERSIONS_PER_SECOND = 1_000_000
 
 _source: Callable[[], float] = time.time
-_skews = threading.local()
+
+
+class _Skew(threading.local):
+    us = 0  # this thread's wall-clock offset (thread_skew)
+
+
+_skews = _Skew()
 
 
 # -- the wall clock (what users read) ------------------------------------------------------------
@@ -48,8 +54,7 @@ _skews = threading.local()
 
 def now_us() -> int:
     """Now on the wall clock, in microseconds since the epoch: for what people read only."""
-    skew = getattr(_skews, "us", 0)
-    return int(_source() * 1e6) + skew
+    return int(_source() * 1e6) + _skews.us
 
 
 def set_clock(source: Callable[[], float] | None) -> None:
@@ -73,7 +78,7 @@ def thread_skew(seconds: float) -> Iterator[None]:
 
     Models a client whose clock is wrong; database time is not affected.
     """
-    before = getattr(_skews, "us", 0)
+    before = _skews.us
     _skews.us = int(seconds * 1e6)
     try:
         yield
@@ -107,6 +112,8 @@ def monotonic_us() -> int:
 
 def monotonic() -> float:
     """:func:`monotonic_us` in seconds (the engines' 5-second window and timeouts)."""
+    if _frozen_us is None:  # the common case, read before most operations: one C call
+        return time.monotonic() + _ahead_us / 1e6
     return monotonic_us() / 1e6
 
 

@@ -487,7 +487,7 @@ class Queue:
 
         keys = self.keys
         may_conflict, may_unknown = engine_traits(db)
-        rand = os.urandom(8)
+        rand = os.urandom(8) if may_unknown else b""
         receipt: bytes | None = None  # made in the first attempt, from its read version
         taken: Message | None = None
         unknown = False
