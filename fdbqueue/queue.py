@@ -500,12 +500,7 @@ class Queue:
                 try:
                     if may_unknown and receipt is None:
                         receipt = new_receipt(t, keys, rand)
-                    if (
-                        unknown
-                        and taken is not None
-                        and receipt
-                        and read_receipt(t, keys, receipt) is not None
-                    ):
+                    if unknown and taken is not None and receipt and read_receipt(t, keys, receipt):
                         # The attempt with the unknown result did commit. Read-only, this check
                         # cannot itself end unknown; the receipt is swept later.
                         return taken, None
