@@ -34,6 +34,7 @@ from fdbqueue.engines.base import (
 )
 from fdbqueue.errors import (
     ClusterUnavailableError,
+    CommitUnknownError,
     EngineError,
     InvalidURLError,
     NestedTransactionError,
@@ -50,6 +51,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ClusterUnavailableError",
+    "CommitUnknownError",
     "Consumer",
     "ContentType",
     "Database",

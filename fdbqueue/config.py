@@ -23,7 +23,24 @@ class QueueNotFoundError(QueueError, KeyError):
 
 
 class UnsupportedLayerFormatError(QueueError):
-    """The database holds queues of a newer, incompatible fdbqueue layer format."""
+    """The database holds queues of another, incompatible fdbqueue layer format."""
+
+
+def check_format(found: str) -> None:
+    """Refuse a layer format whose major differs from ours (stored by another fdbqueue)."""
+    if found.split(".")[0] == LAYER_FORMAT.split(".")[0]:
+        return
+    why = (
+        "it kept deadlines, due times and receipts in wall-clock microseconds, which this "
+        "version keeps in database versions; drain its queues with the fdbqueue that wrote "
+        "them, then clear their keys"
+        if found.split(".")[0] == "1"
+        else "it was written by another fdbqueue version; use that one"
+    )
+    raise UnsupportedLayerFormatError(
+        f"this database holds fdbqueue layer format {found}; this version reads format "
+        f"{LAYER_FORMAT} only: {why}"
+    )
 
 
 OVERFLOW_POLICIES = ("reject", "block")
@@ -88,11 +105,15 @@ class QueueConfig:
             raise QueueError(f"error_queue must be a str or None, got {self.error_queue!r}")
 
     def encode(self) -> bytes:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":")).encode()
+        # The layer format travels with the settings every operation reads, so a queue of
+        # another format is refused on first use at no extra read.
+        data = {**dataclasses.asdict(self), "format": LAYER_FORMAT}
+        return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, raw: bytes) -> QueueConfig:
         data = json.loads(raw)
+        check_format(str(data.get("format", "1.0")))  # 1.x stored none
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -165,17 +186,12 @@ _last_config: tuple[bytes, QueueConfig] | None = None
 
 
 def check_layer_format(tr: Transaction, keys: QueueKeys) -> None:
-    """Write the layer format on first use; refuse a store of a newer major format."""
+    """Write the layer format on first use; refuse a store of another major format."""
     raw = tr.get(keys.format)
     if raw is None:
         tr.set(keys.format, LAYER_FORMAT.encode())
         return
-    major = raw.decode(errors="replace").split(".")[0]
-    if major != LAYER_FORMAT.split(".")[0]:
-        raise UnsupportedLayerFormatError(
-            f"this database holds fdbqueue layer format {raw.decode(errors='replace')}; "
-            f"this version reads format {LAYER_FORMAT}"
-        )
+    check_format(raw.decode(errors="replace"))
 
 
 def write_config(tr: Transaction, keys: QueueKeys, cfg: QueueConfig) -> None:

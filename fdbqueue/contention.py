@@ -1,6 +1,8 @@
 """High-contention dequeue: the staged dequeue-request set (FoundationDB's high-contention queue).
 
-A dequeuer registers a request ``("pop", time, rand)``; whichever waiter runs next pairs
+A dequeuer registers a request ``("pop", version, rand)`` (the read version of its first
+attempt: requests are served in that order and aged by database time, never by a client's
+clock); whichever waiter runs next pairs
 waiting requests with ready messages in batches, using snapshot range reads plus exact
 point reads of each paired request and message, so two fulfillers conflict only when
 they touch the same one; each pairing writes the message to ``("res", rand)``, and its
@@ -21,11 +23,11 @@ import struct
 import time
 from typing import TYPE_CHECKING
 
-from fdbqueue.clock import now_us
+from fdbqueue.clock import db_now, versions
 from fdbqueue.config import QueueConfig, read_config, read_state
 from fdbqueue.delivery import HEAD_SKIP_LIMIT, expire, remove_message
 from fdbqueue.engines.base import Database, KeyValue, Transaction
-from fdbqueue.errors import EngineError
+from fdbqueue.errors import CommitUnknownError, EngineError
 from fdbqueue.layout import MINUS_ONE, ONE, QueueKeys
 from fdbqueue.message import Message, Record
 from fdbqueue.waiting import next_due
@@ -34,20 +36,20 @@ if TYPE_CHECKING:
     from fdbqueue.queue import Queue
 
 BATCH = 100
-STALE_REQUEST_US = 30_000_000  # a request this old lost its waiter: clear it, pair nothing
+STALE_REQUEST_VERSIONS = versions(30)  # a request this old lost its waiter: clear it, pair nothing
 _PENDING = object()
 _RESULT_HEAD = struct.Struct("<qH")
 
 
-def encode_result(made_us: int, key: bytes, record: bytes) -> bytes:
-    """A fulfilled request: when, the message's ready key (its place), its record."""
-    return _RESULT_HEAD.pack(made_us, len(key)) + key + record
+def encode_result(made: int, key: bytes, record: bytes) -> bytes:
+    """A fulfilled request: when (a read version), the message's ready key (its place), its record."""
+    return _RESULT_HEAD.pack(made, len(key)) + key + record
 
 
 def decode_result(raw: bytes) -> tuple[int, bytes, bytes]:
-    made_us, n = _RESULT_HEAD.unpack_from(raw)
+    made, n = _RESULT_HEAD.unpack_from(raw)
     start = _RESULT_HEAD.size
-    return made_us, raw[start : start + n], raw[start + n :]
+    return made, raw[start : start + n], raw[start + n :]
 
 
 def _live_items(queue: Queue, t: Transaction, cfg: QueueConfig, n: int, now: int) -> list[KeyValue]:
@@ -82,10 +84,13 @@ def staged_dequeue(db: Database, queue: Queue) -> Message | None:
 
     keys = queue.keys
     rand = os.urandom(8)  # made outside every retry loop: the request's identity
-    req_key = keys.pop_key(now_us(), rand)
     res_key = keys.result_key(rand)
+    made: list[bytes] = []  # the request's key: made in the first attempt, kept by the retries
 
     def register(t: Transaction, unknown: bool) -> bool:
+        if not made:
+            made.append(keys.pop_key(db_now(t), rand))
+        req_key = made[0]
         if unknown and (t.get(res_key) is not None or t.get(req_key) is not None):
             # The attempt that ended in commit_unknown_result did register, and another
             # waiter may already have paired it: registering again could pair it twice.
@@ -101,6 +106,7 @@ def staged_dequeue(db: Database, queue: Queue) -> Message | None:
 
     if not run_once(db, register):
         return None
+    req_key = made[0]
     delay = 0.0005
     while True:
         fulfil(db, queue)
@@ -116,16 +122,30 @@ def _collect(db: Database, queue: Queue, req_key: bytes, res_key: bytes) -> obje
 
     keys = queue.keys
     taken: list[Message] = []
+    made: list[int] = []  # when the result was made (a version)
 
     def body(t: Transaction, unknown: bool) -> object:
-        if unknown and taken and t.get(res_key) is None:
-            return taken[0]  # the attempt that ended in commit_unknown_result committed
+        if unknown and taken:
+            # A sweep reclaims results older than RESULT_TTL: past that, a missing result
+            # may be one put back rather than one we collected (the same argument as for
+            # receipts: sweep.read_receipt).
+            from fdbqueue.sweep import RESULT_TTL_VERSIONS
+
+            if db_now(t) - made[0] > RESULT_TTL_VERSIONS:
+                raise CommitUnknownError(
+                    "the outcome of collecting a staged dequeue's message is unknown: its commit "
+                    "ended in commit_unknown_result (1021) and the retry came after uncollected "
+                    "results are put back; the message was taken, or is back in the queue"
+                )
+            if t.get(res_key) is None:
+                return taken[0]  # the attempt that ended in commit_unknown_result committed
         if t.get(req_key) is not None:
             return _PENDING
         raw = t.get(res_key)
         if raw is None:
             return None
-        _made, key, record = decode_result(raw)
+        made_at, key, record = decode_result(raw)
+        made[:] = [made_at]
         msg = queue._message(t, key, record, delivered=True)
         t.clear(res_key)
         if Record.decode(record).chunks:
@@ -147,13 +167,13 @@ def fulfil(db: Database, queue: Queue) -> int:
                 reqs = t.snapshot.get_range(*keys.pop_range(), limit=BATCH)
                 if not reqs:
                     return made
-                now = now_us()
+                now = db_now(t)
                 cfg = read_config(t, keys)
                 if cfg is not None and next_due(t, keys, now) is not None:
                     from fdbqueue.sweep import sweep_step
 
                     sweep_step(queue, t, cfg, now, 16)  # due delays and expired leases first
-                stale_before = now - STALE_REQUEST_US
+                stale_before = now - STALE_REQUEST_VERSIONS
                 live = []
                 for req in reqs:
                     if keys.unpack_tail(req.key)[1] < stale_before:

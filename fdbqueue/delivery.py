@@ -3,7 +3,8 @@
 Where a message can be (``layout.py`` has the keys):
 
 * ready     ``("r", -priority, index, rand)`` -> record
-* leased    ``("f", id)`` -> record whose ``extra`` holds its ready key, receipt and deadline;
+* leased    ``("f", id)`` -> record whose ``extra`` holds its ready key, receipt, deadline
+            (a version) and ``until`` (the wall-clock estimate ``Message.lease_deadline`` shows);
             plus ``("l", deadline, id)`` so that sweeps find expired leases in deadline order.
             Its id finds it there directly: a lease writes no id entry (one page less per
             lease and per ack)
@@ -14,7 +15,9 @@ Where a message can be (``layout.py`` has the keys):
 A failed delivery (nack, lease expiry, an aborted in-transaction dequeue) puts the
 message back at its original key - order kept through its lifetime (seed 000) - after
 the queue's retry delay, or moves it to the error queue once it has had max_deliveries.
-Every function here composes inside the caller's transaction.
+Every function here composes inside the caller's transaction. Every ``now`` is the
+transaction's read version and every deadline a version (``fdbqueue.clock``), so no
+client's wall clock decides when a lease, a delay or a TTL ends.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from fdbqueue.clock import now_us
+from fdbqueue.clock import db_now, now_us, seconds_of, versions
 from fdbqueue.config import QueueConfig, config_or_create
 from fdbqueue.engines.base import Database, Transaction
 from fdbqueue.errors import EngineError, QueueError
@@ -83,14 +86,14 @@ def put_ready(tr: Transaction, keys: QueueKeys, key: bytes | None, rec: Record, 
 
 
 def put_delayed(
-    tr: Transaction, keys: QueueKeys, due_us: int, rec: Record, *, key: bytes | None, priority: int
+    tr: Transaction, keys: QueueKeys, due: int, rec: Record, *, key: bytes | None, priority: int
 ) -> None:
-    """Hold ``rec`` until ``due_us``; then it goes to ``key`` (a retry) or the tail (an enqueue)."""
-    extra = {k: v for k, v in rec.extra.items() if k not in ("key", "receipt", "deadline", "strict")}
+    """Hold ``rec`` until ``due`` (a version); then it goes to ``key`` (a retry) or the tail (an enqueue)."""
+    extra = {k: v for k, v in rec.extra.items() if k not in _LEASE_FIELDS}
     extra["priority"] = priority
     if key is not None:
         extra["key"] = key.hex()
-    dkey = keys.delayed_key(due_us, rec.id)
+    dkey = keys.delayed_key(due, rec.id)
     tr.set(dkey, rec.with_(extra=extra).encode())
     tr.set(keys.id_key(rec.id), dkey)
     if rec.expires_us is not None:
@@ -160,26 +163,41 @@ def release(
         tr.clear(keys.id_key(rec.id))
         return "dead"
     wait = cfg.retry_wait(rec.deliveries) if delay is None else delay
-    extra = {
-        k: v for k, v in rec.extra.items() if k not in ("key", "receipt", "deadline", "not_before", "strict")
-    }
+    extra = {k: v for k, v in rec.extra.items() if k not in _LEASE_FIELDS and k != "not_before"}
     if reason is not None:
         extra["last_error"] = reason
     rec = rec.with_(extra=extra)
     priority = keys.parse_ready(ready_key)[0]
     if wait > 0 and cfg.strict_order:
         # Strict order: the message keeps its place and holds the queue until it is due.
-        extra["not_before"] = now + int(wait * 1e6)
+        extra["not_before"] = now + versions(wait)
         put_ready(tr, keys, ready_key, rec.with_(extra=extra), priority)
         return "ready"
     if wait > 0:
-        put_delayed(tr, keys, now + int(wait * 1e6), rec, key=ready_key, priority=priority)
+        put_delayed(tr, keys, now + versions(wait), rec, key=ready_key, priority=priority)
         return "delayed"
     put_ready(tr, keys, ready_key, rec, priority)
     return "ready"
 
 
 # -- leases ------------------------------------------------------------------------------------
+
+# What a lease adds to a record's extra (and a release takes away again).
+_LEASE_FIELDS = ("key", "receipt", "deadline", "until", "strict")
+
+
+def lease_until(seconds: float) -> int:
+    """Wall-clock microseconds when a lease of ``seconds`` taken now ends, by this client's
+    clock: what ``Message.lease_deadline`` shows. Expiry is decided by database time."""
+    return now_us() + int(seconds * 1e6)
+
+
+def expires_at(tr: Transaction, rec: Record) -> float | None:
+    """``Message.expires_at``: when the message's TTL ends, as a wall-clock estimate (seconds
+    since the epoch, by this client's clock); the TTL itself is kept in database time."""
+    if rec.expires_us is None:
+        return None
+    return now_us() / 1e6 + seconds_of(rec.expires_us - db_now(tr))
 
 
 def lease_in(
@@ -195,9 +213,10 @@ def lease_in(
 ) -> Message:
     """Move the ready message at ``key`` (just removed by the caller) into flight under ``receipt``."""
     keys = q.keys
-    deadline = now + int(seconds * 1e6)
+    deadline = now + versions(seconds)
+    until = lease_until(seconds)
     extra = dict(rec.extra)
-    extra.update(key=key.hex(), receipt=receipt, deadline=deadline)
+    extra.update(key=key.hex(), receipt=receipt, deadline=deadline, until=until)
     extra.pop("not_before", None)
     if strict:
         extra["strict"] = True  # its ack must wake whoever waits for the next delivery
@@ -211,7 +230,14 @@ def lease_in(
     if rec.chunks:
         payload = b"".join(kv.value for kv in tr.get_range(*keys.chunk_range(rec.id)))
     return Message.from_record(
-        leased, q.name, keys.priority_of(key), key, payload, receipt=receipt, lease_deadline=deadline / 1e6
+        leased,
+        q.name,
+        keys.priority_of(key),
+        key,
+        payload,
+        receipt=receipt,
+        lease_deadline=until / 1e6,
+        expires_at=expires_at(tr, rec),
     )
 
 
@@ -259,7 +285,7 @@ def release_in(q: Queue, tr: Transaction, m: Message, now: int) -> None:
     """Back to its original place at once; the delivery is not counted (it never started)."""
     rec = _leased(q, tr, m, now, allow_expired=True)
     _end_lease(q, tr, rec)
-    extra = {k: v for k, v in rec.extra.items() if k not in ("key", "receipt", "deadline", "strict")}
+    extra = {k: v for k, v in rec.extra.items() if k not in _LEASE_FIELDS}
     back = rec.with_(deliveries=max(0, rec.deliveries - 1), extra=extra)
     key = bytes.fromhex(rec.extra["key"])
     put_ready(tr, q.keys, key, back, q.keys.parse_ready(key)[0])
@@ -269,8 +295,9 @@ def extend_in(q: Queue, tr: Transaction, m: Message, seconds: float, now: int) -
     rec = _leased(q, tr, m, now)
     keys = q.keys
     tr.clear(keys.lease_key(int(rec.extra["deadline"]), rec.id))
-    deadline = now + int(seconds * 1e6)
-    extra = {**rec.extra, "deadline": deadline}
+    deadline = now + versions(seconds)
+    until = lease_until(seconds)
+    extra = {**rec.extra, "deadline": deadline, "until": until}
     tr.set(keys.inflight_key(rec.id), rec.with_(extra=extra).encode())
     tr.set(keys.lease_key(deadline, rec.id), str(m.receipt).encode())
     return Message.from_record(
@@ -280,7 +307,8 @@ def extend_in(q: Queue, tr: Transaction, m: Message, seconds: float, now: int) -
         m.key,
         m.payload,
         receipt=m.receipt,
-        lease_deadline=deadline / 1e6,
+        lease_deadline=until / 1e6,
+        expires_at=m.expires_at,
     )
 
 
@@ -344,13 +372,14 @@ def message_elsewhere(q: Queue, tr: Transaction, key: bytes, raw: bytes) -> Mess
     more: dict[str, Any] = {}
     if tag == "f":
         ready_key = bytes.fromhex(rec.extra["key"])
-        more = {"receipt": None, "lease_deadline": int(rec.extra["deadline"]) / 1e6}
+        more = {"receipt": None, "lease_deadline": int(rec.extra["until"]) / 1e6}
         priority = q.keys.parse_ready(ready_key)[0]
     elif tag == "d":
         ready_key = bytes.fromhex(rec.extra["key"]) if "key" in rec.extra else b""
         priority = int(rec.extra.get("priority", 0))
     else:
         return None
+    more["expires_at"] = expires_at(tr, rec)
     return Message.from_record(rec, q.name, priority, ready_key, payload, **more)
 
 
@@ -480,7 +509,7 @@ def count_failed_attempt(q: Queue, db: Database, msg: Message, error: EngineErro
         cfg = config_or_create(t, keys)
         remove_message(t, keys, where, rec, chunks=False)
         failed = rec.with_(deliveries=rec.deliveries + 1)
-        release(q, t, cfg, failed, ready_key, reason=None, delay=None, now=now_us())
+        release(q, t, cfg, failed, ready_key, reason=None, delay=None, now=db_now(t))
 
     try:
         run_once(db, body)

@@ -112,3 +112,13 @@ class QueueFullError(QueueError):
     def __init__(self, *args: object, block: bool = False) -> None:
         super().__init__(*args)
         self.block = block  # the queue's overflow policy is "block": waiting may help
+
+
+class CommitUnknownError(QueueError):
+    """A commit ended in commit_unknown_result and its outcome can no longer be learnt.
+
+    The retry came later than the receipt that settles it is kept (database time, so a
+    recovery's version jump counts): the operation may or may not have happened. Not
+    retried, since guessing could write it twice or report a loss as a success; check
+    the queue (by message id) before doing it again.
+    """

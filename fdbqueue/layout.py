@@ -16,17 +16,26 @@ default. ``Q`` below is ``root + ("q", queue_name)``::
     Q + ("b", msg_id, chunk)                    payload chunks of a large message
     Q + ("f", msg_id)                           in-flight (leased) message record: found by its id,
                                                 so a leased message has no id entry
-    Q + ("l", deadline_us, msg_id)              lease deadlines (sweep order)
-    Q + ("d", due_us, msg_id)                   delayed messages by due time
-    Q + ("x", expires_us, msg_id)               TTL index by expiry time
-    Q + ("k", dedup_key)                        dedup key -> b"<message id>|<first-seen us>"
-    Q + ("kt", time_us, dedup_key)              dedup entries by time (the sweep forgets old ones)
-    Q + ("pop", index, rand)                    staged dequeue requests (high contention)
-    Q + ("res", rand)                           fulfilled staged requests -> message record
+    Q + ("l", deadline, msg_id)                 lease deadlines (sweep order)
+    Q + ("d", due, msg_id)                      delayed messages by due time
+    Q + ("x", expires, msg_id)                  TTL index by expiry time
+    Q + ("k", dedup_key)                        dedup key -> b"<message id>|<first-seen version>"
+    Q + ("kt", version, dedup_key)              dedup entries by time (the sweep forgets old ones)
+    Q + ("pop", version, rand)                  staged dequeue requests (high contention)
+    Q + ("res", rand)                           fulfilled staged requests -> version, message record
     Q + ("m", "n", "wake")                      grows by one for every message made ready (and when
                                                 dequeue is re-enabled): the index high-water mark,
                                                 and the key blocking dequeues watch
-    Q + ("rc", time_us, rand)                   enqueue/dequeue receipts: settle a commit_unknown_result
+    Q + ("rc", version, rand)                   enqueue/dequeue receipts: settle a commit_unknown_result
+
+Times are database time (layer format 2): read versions, about 1e6 a second
+(``fdbqueue.clock``), never a client's wall clock. A deadline, due or expiry time is the
+read version of the transaction that set it plus its seconds in versions; a receipt,
+request, result or dedup entry carries the read version of the transaction that made it;
+each is compared with the read version of the transaction that looks. The record fields
+and ``extra`` entries holding times are versions too (``expires_us``, ``deadline``,
+``not_before``), except ``enqueued_us`` and a lease's ``until``: wall-clock microseconds,
+for people to read (``Message.enqueued_at``, ``Message.lease_deadline``).
 
 Index = the queue's wake counter, read at snapshot isolation, plus one; the random
 suffix breaks ties, so concurrent enqueues never conflict (FoundationDB queue recipe).
@@ -56,7 +65,8 @@ from fdb.subspace_impl import Subspace
 
 from fdbqueue.errors import QueueError
 
-LAYER_FORMAT = "1.0"
+# 2.0: every stored time is database time (versions), where 1.x stored wall-clock µs.
+LAYER_FORMAT = "2.0"
 DEFAULT_ROOT: tuple[Any, ...] = ("fdbqueue",)
 
 # ready/inflight/delayed: messages in each state now; done/dead/expired: totals ever (rates
@@ -348,31 +358,31 @@ class QueueKeys:
     def inflight_key(self, msg_id: str) -> bytes:
         return self._f + enc_str(msg_id)
 
-    def lease_key(self, deadline_us: int, msg_id: str) -> bytes:
-        return self._l + enc_int(deadline_us) + enc_str(msg_id)
+    def lease_key(self, deadline: int, msg_id: str) -> bytes:
+        return self._l + enc_int(deadline) + enc_str(msg_id)
 
-    def delayed_key(self, due_us: int, msg_id: str) -> bytes:
-        return self._d + enc_int(due_us) + enc_str(msg_id)
+    def delayed_key(self, due: int, msg_id: str) -> bytes:
+        return self._d + enc_int(due) + enc_str(msg_id)
 
-    def expiry_key(self, expires_us: int, msg_id: str) -> bytes:
-        return self._x + enc_int(expires_us) + enc_str(msg_id)
+    def expiry_key(self, expires: int, msg_id: str) -> bytes:
+        return self._x + enc_int(expires) + enc_str(msg_id)
 
     def dedup_key(self, key: str) -> bytes:
         return _pack(self.q, ("k", key))
 
-    def dedup_time_key(self, time_us: int, key: str) -> bytes:
-        return _pack(self.q, ("kt", time_us, key))
+    def dedup_time_key(self, version: int, key: str) -> bytes:
+        return _pack(self.q, ("kt", version, key))
 
-    def index_range(self, tag: str, upto_us: int | None = None) -> tuple[bytes, bytes]:
-        """The deadline-ordered index ``tag`` ('l', 'd', 'x', ...), up to (excluding) ``upto_us``."""
+    def index_range(self, tag: str, upto: int | None = None) -> tuple[bytes, bytes]:
+        """The time-ordered index ``tag`` ('l', 'd', 'x', ...), up to (excluding) version ``upto``."""
         r = self.q.range((tag,))
-        return r.start, (r.stop if upto_us is None else _pack(self.q, (tag, upto_us)))
+        return r.start, (r.stop if upto is None else _pack(self.q, (tag, upto)))
 
-    def receipt_key(self, time_us: int, rand: bytes) -> bytes:
-        return _pack(self.q, ("rc", time_us, rand))
+    def receipt_key(self, version: int, rand: bytes) -> bytes:
+        return _pack(self.q, ("rc", version, rand))
 
-    def pop_key(self, index: int, rand: bytes) -> bytes:
-        return _pack(self.q, ("pop", index, rand))
+    def pop_key(self, version: int, rand: bytes) -> bytes:
+        return _pack(self.q, ("pop", version, rand))
 
     def pop_range(self) -> tuple[bytes, bytes]:
         r = self.q.range(("pop",))

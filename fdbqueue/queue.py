@@ -3,7 +3,8 @@
 Every method takes ``tr`` first: a Transaction joins the caller's transaction (the
 operation commits or aborts with it); a Database runs it in its own retried
 transaction, exactly once even across commit_unknown_result (1021): ids and receipts
-are made before the retry loop and checked inside it.
+are made once, in the first attempt, and checked by the retries. Receipts, delays, TTLs,
+leases and dedup windows are in database time (read versions, ``fdbqueue.clock``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, NamedTuple
 
 import tenacity
 
-from fdbqueue.clock import now_us
+from fdbqueue.clock import db_now, now_us, versions
 from fdbqueue.config import Meta, QueueConfig, config_or_create, read_meta, write_config
 from fdbqueue.delivery import (
     LeaseError,
@@ -26,6 +27,7 @@ from fdbqueue.delivery import (
     check_lease_seconds,
     count_failed_attempt,
     deliverable_head,
+    expires_at,
     extend_in,
     lease_in,
     locate,
@@ -51,8 +53,8 @@ from fdbqueue.message import (
     check_headers,
     coerce_payload,
 )
-from fdbqueue.sweep import SweepStats, clear_old_receipts, sweep
-from fdbqueue.txn import as_database, run_once, seconds
+from fdbqueue.sweep import SweepStats, clear_old_receipts, new_receipt, read_receipt, sweep
+from fdbqueue.txn import as_database, may_have_landed, run_once, seconds, unknown_outcome
 from fdbqueue.waiting import blocking, bounded, strict_of, watch_queue
 
 CHUNK_SIZE = 10_000  # FoundationDB's blob recipe: values of about 10 kB
@@ -165,13 +167,15 @@ class Queue:
         # A receipt settles a commit_unknown_result of our own transaction (none to settle
         # in a caller's, nor on an engine whose commits are never unknown).
         own = not is_transaction(tr) and engine_traits(tr)[1]
-        receipt = self.keys.receipt_key(now_us(), items[0].rand) if own else None
 
-        def body(t: Transaction, unknown: bool) -> list[str]:
-            return self._enqueue_in(t, items, unknown, receipt)
+        def body() -> list[str]:
+            # The receipt is made in the first attempt (from its read version) and kept by
+            # that call's retries; a new call after a refusal (a full queue) makes its own.
+            receipt: list[bytes] | None = [] if own else None
+            return run_once(tr, lambda t, unknown: self._enqueue_in(t, items, unknown, receipt))
 
         if timeout is None or is_transaction(tr):
-            return run_once(tr, body)
+            return body()
         timeout = seconds("timeout", timeout)
         try:
             for attempt in tenacity.Retrying(
@@ -181,17 +185,19 @@ class Queue:
                 reraise=True,
             ):
                 with attempt:
-                    return run_once(tr, body)
+                    return body()
         except QueueFullError as exc:
             raise QueueFullError(f"{exc}; waited {timeout} s for room", block=exc.block) from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _enqueue_in(
-        self, tr: Transaction, items: list[_Item], unknown: bool, receipt: bytes | None
+        self, tr: Transaction, items: list[_Item], unknown: bool, receipt: list[bytes] | None
     ) -> list[str]:
         keys = self.keys
-        if unknown and receipt is not None:
-            landed = tr.get(receipt)
+        if receipt is not None and not receipt:
+            receipt.append(new_receipt(tr, keys, items[0].rand))
+        if unknown and receipt:
+            landed = read_receipt(tr, keys, receipt[0])
             if landed is not None:  # the attempt that ended in commit_unknown_result committed
                 return landed.decode().split(",")
         meta = read_meta(tr, keys)
@@ -207,13 +213,14 @@ class Queue:
                     f"payload of {len(it.payload)} bytes exceeds queue {self.name!r}'s "
                     f"max_payload of {cfg.max_payload} bytes"
                 )
-        t_us = now_us()
+        t_us = now_us()  # the wall clock: enqueued_at, for people only
+        now = db_now(tr)  # database time: due times, expiry, the dedup window
         first = items[0]
         if first.dedup_key is not None:
             seen = tr.get(keys.dedup_key(first.dedup_key))
             if seen is not None:
                 first_id, at = seen.decode().split("|")
-                if t_us - int(at) < cfg.dedup_window * 1e6:
+                if now - int(at) < versions(cfg.dedup_window):
                     return [first_id]
         if cfg.max_size is not None:
             held = meta.count("ready") + meta.count("inflight") + meta.count("delayed")
@@ -226,14 +233,14 @@ class Queue:
         priorities: set[int] = set()
         ids: list[str] = []
         for i, it in enumerate(items):
-            ids.append(self._write_new(tr, cfg, it, base + 1 + i, t_us))
+            ids.append(self._write_new(tr, cfg, it, base + 1 + i, t_us, now))
             priorities.add(it.priority)
         ready = sum(1 for it in items if it.delay <= 0)
         if first.dedup_key is not None:
-            tr.set(keys.dedup_key(first.dedup_key), f"{ids[0]}|{t_us}".encode())
-            tr.set(keys.dedup_time_key(t_us, first.dedup_key), b"")
-        if receipt is not None:
-            tr.set(receipt, ",".join(ids).encode())  # ids are made here: a retry reads them back
+            tr.set(keys.dedup_key(first.dedup_key), f"{ids[0]}|{now}".encode())
+            tr.set(keys.dedup_time_key(now, first.dedup_key), b"")
+        if receipt:
+            tr.set(receipt[0], ",".join(ids).encode())  # ids are made here: a retry reads them back
             maybe_clear_old_receipts(tr, keys)
         for p in priorities - meta.priorities:
             tr.set(keys.priority_marker(p), b"")
@@ -244,8 +251,12 @@ class Queue:
             tr.add(keys.counter("delayed"), pack_count(len(items) - ready))
         return ids
 
-    def _write_new(self, tr: Transaction, cfg: QueueConfig, it: _Item, index: int, t_us: int) -> str:
+    def _write_new(
+        self, tr: Transaction, cfg: QueueConfig, it: _Item, index: int, t_us: int, now: int
+    ) -> str:
         """Write one new message, ready or delayed; returns its id.
+
+        ``t_us``: the wall clock (enqueued_at); ``now``: database time (due, expiry).
 
         A ready message's id names its home key (no id entry); a delayed one, or one whose
         id had to be known before its place (``fixed_id``), keeps the id made for it.
@@ -255,7 +266,7 @@ class Queue:
         ready_key = keys.ready_key(it.priority, index, it.rand) if it.delay <= 0 else b""
         msg_id = keys.id_of_home(ready_key) if home else it.id
         ttl = it.ttl if it.ttl is not None else cfg.ttl
-        expires = None if ttl is None else t_us + int(ttl * 1e6)
+        expires = None if ttl is None else now + versions(ttl)
         payload, chunks = it.payload, 0
         if len(payload) > CHUNK_SIZE:
             chunks = math.ceil(len(payload) / CHUNK_SIZE)
@@ -266,7 +277,7 @@ class Queue:
         if expires is not None:
             tr.set(keys.expiry_key(expires, msg_id), b"")
         if it.delay > 0:
-            key = keys.delayed_key(t_us + int(it.delay * 1e6), msg_id)
+            key = keys.delayed_key(now + versions(it.delay), msg_id)
             rec = rec.with_(extra={"priority": it.priority})
         else:
             key = ready_key
@@ -303,7 +314,10 @@ class Queue:
         if rec.chunks:
             payload = b"".join(kv.value for kv in tr.get_range(*self.keys.chunk_range(rec.id)))
         priority = self.keys.priority_of(key)
-        return Message.from_record(rec, self.name, priority, key, payload, delivered=delivered)
+        if rec.expires_us is None:
+            return Message.from_record(rec, self.name, priority, key, payload, delivered=delivered)
+        more = {"expires_at": expires_at(tr, rec)}
+        return Message.from_record(rec, self.name, priority, key, payload, delivered=delivered, **more)
 
     # -- dequeue and leases --------------------------------------------------------------------
 
@@ -391,7 +405,7 @@ class Queue:
         def body(t: Transaction, unknown: bool) -> None:
             if unknown and t.get(self.keys.inflight_key(m.id)) is None:
                 return  # the attempt that ended in commit_unknown_result committed
-            if ack_in(self, t, m, now_us()).extra.get("strict"):
+            if ack_in(self, t, m, db_now(t)).extra.get("strict"):
                 t.add(self.keys.wake, ONE)  # strict order: the next delivery may go ahead now
 
         run_once(tr, body)
@@ -412,7 +426,7 @@ class Queue:
             if unknown and outcome and t.get(self.keys.inflight_key(m.id)) is None:
                 return outcome[0]
             cfg = config_or_create(t, self.keys)
-            outcome[:] = [nack_in(self, t, cfg, m, delay, reason, now_us())]
+            outcome[:] = [nack_in(self, t, cfg, m, delay, reason, db_now(t))]
             return outcome[0]
 
         return run_once(tr, body)
@@ -424,14 +438,14 @@ class Queue:
         def body(t: Transaction, unknown: bool) -> None:
             if unknown and t.get(self.keys.inflight_key(m.id)) is None:
                 return
-            release_in(self, t, m, now_us())
+            release_in(self, t, m, db_now(t))
 
         run_once(tr, body)
 
     def extend(self, tr: Transaction | Database, m: Message, lease_seconds: float) -> Message:
         """Renew a lease for ``lease_seconds`` from now; returns the message with its new deadline."""
         secs = check_lease_seconds(lease_seconds)
-        return run_once(tr, lambda t, _: extend_in(self, t, m, secs, now_us()))
+        return run_once(tr, lambda t, _: extend_in(self, t, m, secs, db_now(t)))
 
     def sweep(self, tr: Transaction | Database, *, limit: int = 100) -> SweepStats:
         """Expired leases back, due delayed messages in, TTLs out, old dedup entries forgotten.
@@ -441,11 +455,11 @@ class Queue:
         Transaction, one such step inside it.
         """
         if is_transaction(tr):
-            return sweep(self, tr, now_us(), limit)  # type: ignore[arg-type]
+            return sweep(self, tr, db_now(tr), limit)  # type: ignore[arg-type]
         db = as_database(tr)
         total = SweepStats()
         while True:
-            st = run_once(db, lambda t, _: sweep(self, t, now_us(), limit))
+            st = run_once(db, lambda t, _: sweep(self, t, db_now(t), limit))
             total.add(st)
             if st.total() == 0:
                 return total
@@ -473,7 +487,8 @@ class Queue:
 
         keys = self.keys
         may_conflict, may_unknown = engine_traits(db)
-        receipt = keys.receipt_key(now_us(), os.urandom(8)) if may_unknown else None
+        rand = os.urandom(8) if may_unknown else b""
+        receipt: bytes | None = None  # made in the first attempt, from its read version
         taken: Message | None = None
         unknown = False
         strict = False
@@ -481,8 +496,11 @@ class Queue:
         t = db.create_transaction()
         try:
             while True:
+                committing = False
                 try:
-                    if unknown and taken is not None and receipt and t.get(receipt) is not None:
+                    if may_unknown and receipt is None:
+                        receipt = new_receipt(t, keys, rand)
+                    if unknown and taken is not None and receipt and read_receipt(t, keys, receipt):
                         # The attempt with the unknown result did commit. Read-only, this check
                         # cannot itself end unknown; the receipt is swept later.
                         return taken, None
@@ -499,17 +517,23 @@ class Queue:
                         t.set(receipt, msg.id.encode())
                         maybe_clear_old_receipts(t, keys)
                     taken = msg
+                    committing = True
                     t.commit()
                     return msg, None
                 except EngineError as exc:
-                    unknown = unknown or exc.maybe_committed
+                    unknown = unknown or may_have_landed(exc, committing)
                     settling = unknown and taken is not None  # must learn if that take landed
                     conflicts += exc.code == 1020
                     if conflicts >= 2 and staged_ok and not settling:
                         # Plain dequeues keep colliding: the staged request set costs about
                         # three commits a message and pays off only from a few dequeuers.
                         break
-                    t.on_error(exc)
+                    try:
+                        t.on_error(exc)
+                    except EngineError as final:
+                        if settling:
+                            raise unknown_outcome(final) from final
+                        raise
         finally:
             t.cancel()
         msg = staged_dequeue(db, self)
@@ -538,7 +562,7 @@ class Queue:
             return None
         cfg, meta = opened
         due = bool(meta.count("delayed") or meta.count("inflight"))
-        head = deliverable_head(self, tr, cfg, where, fallback, now_us(), check_due=due)
+        head = deliverable_head(self, tr, cfg, where, fallback, db_now(tr), check_due=due)
         if head is None:
             return None
         key, rec = head
@@ -563,7 +587,7 @@ class Queue:
             return []
         cfg, meta = opened
         due = bool(meta.count("delayed") or meta.count("inflight"))
-        now = now_us()
+        now = db_now(tr)
         out: list[Message] = []
         for i in range(n):
             head = deliverable_head(self, tr, cfg, None, False, now, check_due=due and i == 0)
@@ -637,7 +661,9 @@ def new_id() -> str:
     """A message id: 48 bits of milliseconds, then 80 random bits, as 32 hex digits.
 
     Time first (as in UUIDv7), so that the id index grows at its end instead of at random
-    places: an enqueue then dirties one index page, not a new random one each time.
+    places: an enqueue then dirties one index page, not a new random one each time. The
+    wall clock serves locality only: uniqueness is the random bits', and nothing orders or
+    ages messages by their ids, so a client's wrong clock costs nothing here.
     """
     return f"{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}"
 
@@ -649,7 +675,7 @@ def maybe_clear_old_receipts(tr: Transaction, keys: QueueKeys) -> None:
     users who never run a sweep do not accumulate them.
     """
     if random.random() < 1 / 64:
-        clear_old_receipts(tr, keys, now_us())
+        clear_old_receipts(tr, keys, db_now(tr))
 
 
 __all__ = ["LeaseError", "Queue", "QueueFullError", "QueueStoppedError", "run_once"]

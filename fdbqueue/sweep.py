@@ -4,6 +4,9 @@ Every index is ordered by its deadline, so a sweep reads only what is due: cheap
 nothing is. Each due entry is read serializably before it is moved, so sweepers running
 at once conflict only over the same entry; the loser retries and finds it gone. A sweep
 is therefore idempotent and safe from many workers (no double moves).
+
+``now`` throughout is the sweeping transaction's read version, and every deadline is in
+versions (``fdbqueue.clock``): whose clock runs the sweep does not matter.
 """
 
 from __future__ import annotations
@@ -11,17 +14,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fdbqueue.clock import db_now, versions
 from fdbqueue.config import QueueConfig, read_config
 from fdbqueue.delivery import expire, expire_lease, locate, promote_delayed
 from fdbqueue.engines.base import Transaction
+from fdbqueue.errors import CommitUnknownError
 from fdbqueue.layout import QueueKeys
 from fdbqueue.message import Record
 
 if TYPE_CHECKING:
     from fdbqueue.queue import Queue
 
-RECEIPT_TTL_US = 60_000_000  # receipts settle one call's retries: a minute is plenty
-RESULT_TTL_US = 300_000_000  # an uncollected staged-dequeue result goes back after 5 min
+# Receipts settle the retry of a commit that ended in commit_unknown_result (1021). They are
+# keyed and aged by database time (read versions), never a client's clock. A 1021 comes with
+# a recovery, and a recovery moves versions on by MAX_VERSIONS_IN_FLIGHT, 100 s of versions
+# (fdbserver/core/ServerKnobs.cpp; fdbserver/clustercontroller/ClusterRecovery.cpp sets
+# recoveryTransactionVersion = lastEpochEnd + MAX_VERSIONS_IN_FLIGHT): ten minutes leaves room
+# for that and for the retries' backoff. A retry later than this raises CommitUnknownError.
+RECEIPT_TTL_SECONDS = 600
+RECEIPT_TTL_VERSIONS = versions(RECEIPT_TTL_SECONDS)
+RESULT_TTL_VERSIONS = versions(300)  # an uncollected staged-dequeue result goes back after 5 min
 
 
 @dataclass
@@ -84,7 +96,7 @@ def sweep_housekeeping(q: Queue, tr: Transaction, cfg: QueueConfig, now: int, li
     """Old dedup entries, old dequeue receipts and uncollected staged results."""
     keys = q.keys
     st = SweepStats()
-    horizon = now - int(cfg.dedup_window * 1e6)
+    horizon = now - versions(cfg.dedup_window)
     for kv in tr.snapshot.get_range(*keys.index_range("kt", horizon), limit):
         _, _t, dkey = keys.unpack_tail(kv.key)
         tr.clear(kv.key)
@@ -104,8 +116,8 @@ def reclaim_results(q: Queue, tr: Transaction, now: int, limit: int) -> int:
 
     n = 0
     for kv in tr.snapshot.get_range(*q.keys.index_range("res"), limit):
-        made_us, key, raw = decode_result(kv.value)
-        if made_us > now - RESULT_TTL_US or tr.get(kv.key) is None:
+        made, key, raw = decode_result(kv.value)
+        if made > now - RESULT_TTL_VERSIONS or tr.get(kv.key) is None:
             continue
         tr.clear(kv.key)
         put_ready(tr, q.keys, key, Record.decode(raw), q.keys.parse_ready(key)[0])
@@ -114,8 +126,33 @@ def reclaim_results(q: Queue, tr: Transaction, now: int, limit: int) -> int:
 
 
 def clear_old_receipts(tr: Transaction, keys: QueueKeys, now: int) -> None:
-    """Clear receipts past their TTL: one blind range clear, no conflict."""
-    tr.clear_range(*keys.index_range("rc", now - RECEIPT_TTL_US))
+    """Clear receipts past their TTL (``now``: a read version): one blind range clear, no conflict."""
+    tr.clear_range(*keys.index_range("rc", now - RECEIPT_TTL_VERSIONS))
+
+
+def new_receipt(tr: Transaction, keys: QueueKeys, rand: bytes) -> bytes:
+    """A receipt key for an operation whose first attempt runs in ``tr``: keyed by its read
+    version, so that every client ages it alike. Make it once; every retry reuses it."""
+    return keys.receipt_key(db_now(tr), rand)
+
+
+def read_receipt(tr: Transaction, keys: QueueKeys, receipt: bytes) -> bytes | None:
+    """The receipt's value if the attempt that ended in commit_unknown_result committed, else None.
+
+    Authoritative while this read version is within the TTL of the receipt's: every cleaner
+    that committed before it cleared only receipts older than its own read version minus the
+    TTL, which is below this one's (and a cleaner committing later conflicts with this read).
+    Past that it may have been cleared: CommitUnknownError, never a guess.
+    """
+    made = int(keys.unpack_tail(receipt)[1])
+    if db_now(tr) - made > RECEIPT_TTL_VERSIONS:
+        raise CommitUnknownError(
+            "the outcome of a commit that ended in commit_unknown_result (1021) is unknown: its "
+            f"retry came more than {RECEIPT_TTL_SECONDS} s of database time later (a long outage "
+            "or recovery), when the receipt that settles it may be gone; it may or may not have "
+            "happened, so check before doing it again"
+        )
+    return tr.get(receipt)
 
 
 def sweep(q: Queue, tr: Transaction, now: int, limit: int = 100) -> SweepStats:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from fdbqueue.engines.base import Database, Transaction, is_transaction
-from fdbqueue.errors import EngineError, QueueError
+from fdbqueue.errors import CommitUnknownError, EngineError, QueueError
 
 T = TypeVar("T")
 
@@ -17,6 +17,9 @@ def run_once(tr: Transaction | Database, body: Callable[[Transaction, bool], T])
 
     ``maybe_committed_before`` is True on an attempt that follows a commit_unknown_result:
     the body then checks whether its earlier attempt committed (ids made outside the loop).
+    A commit that may have landed but cannot be retried raises :class:`CommitUnknownError`
+    (see :func:`unknown_outcome`), never the bare error: the caller must not take it for a
+    failure and do it again.
     """
     if is_transaction(tr):
         return body(tr, False)  # type: ignore[arg-type]
@@ -26,16 +29,44 @@ def run_once(tr: Transaction | Database, body: Callable[[Transaction, bool], T])
     unknown = False
     try:
         while True:
+            committing = False
             try:
                 result = body(t, unknown)
+                committing = True
                 t.commit()
                 return result
             except EngineError as exc:
-                unknown = unknown or exc.maybe_committed
-                t.on_error(exc)
+                unknown = unknown or may_have_landed(exc, committing)
+                try:
+                    t.on_error(exc)
+                except EngineError as final:
+                    if unknown:
+                        raise unknown_outcome(final) from final
+                    raise
     except BaseException:
         t.cancel()
         raise
+
+
+def may_have_landed(exc: EngineError, committing: bool) -> bool:
+    """Whether the attempt that raised ``exc`` may have committed.
+
+    1021 and 1039 say so (``maybe_committed``, ``fdb_error_predicate`` in
+    ``bindings/c/fdb_c.cpp``); a 1031 (transaction_timed_out) raised by the commit too: the
+    timeout only stops the client waiting, and the commit may still land, as FoundationDB's
+    own client simulates (``simulateTimeoutInFlightCommit`` in ``fdbclient/ReadYourWrites.cpp``).
+    ``on_error`` does not retry 1031, so the outcome stays unknown.
+    """
+    return exc.maybe_committed or (committing and exc.code == 1031)
+
+
+def unknown_outcome(exc: EngineError) -> CommitUnknownError:
+    """The error for a call whose commit may have landed and cannot be retried or settled."""
+    return CommitUnknownError(
+        f"the outcome is unknown: a commit may have landed, and the transaction then ended with "
+        f"{exc.name} ({exc.code}) before its retry could learn whether it did; it may or may "
+        "not have happened, so check before doing it again"
+    )
 
 
 def as_database(tr: object) -> Database:

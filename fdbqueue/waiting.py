@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from fdbqueue.clock import now_us
+from fdbqueue.clock import db_now, seconds_of
 from fdbqueue.config import read_config
 from fdbqueue.engines.base import Database, Transaction, Watch
 from fdbqueue.engines.local import EventWatch
@@ -19,7 +19,8 @@ from fdbqueue.txn import run_once, seconds
 def next_due(tr: Transaction, keys: QueueKeys, now: int | None = None) -> int | None:
     """The earliest delayed due time or lease deadline (``<= now`` only, when given).
 
-    Without ``now`` (a waiter's question) also a strict-order head's retry time.
+    Without ``now`` (a waiter's question) also a strict-order head's retry time. Times are
+    database time (versions, ``fdbqueue.clock``), as ``now`` is.
     """
     due = None
     if now is None:
@@ -63,11 +64,15 @@ def strict_of(db: Database, keys: QueueKeys) -> bool:
 
 
 def bounded(db: Database, keys: QueueKeys, timeout: float | None) -> float | None:
-    """``timeout`` cut short at the next delayed message's due time or lease deadline."""
-    due = run_once(db, lambda t, _: next_due(t, keys))
+    """``timeout`` cut short at the next delayed message's due time or lease deadline.
+
+    How long until then is measured in database time (the same transaction's read version),
+    converted to seconds: no client's clock takes part.
+    """
+    due, now = run_once(db, lambda t, _: (next_due(t, keys), db_now(t)))
     if due is None:
         return timeout
-    until_due = max(0.0, (due - now_us()) / 1e6) + 0.001
+    until_due = max(0.0, seconds_of(due - now)) + 0.001
     return until_due if timeout is None else min(timeout, until_due)
 
 

@@ -18,8 +18,7 @@ import pytest
 import fdbqueue
 import fdbqueue.contention as contention
 from fdbqueue import Queue
-from fdbqueue.clock import now_us
-from fdbqueue.contention import STALE_REQUEST_US, fulfil, staged_dequeue
+from fdbqueue.contention import STALE_REQUEST_VERSIONS, fulfil, staged_dequeue
 from fdbqueue.engines.sim import SimDatabase
 from tests.faults import ScriptedFaults, on_backoff
 
@@ -30,6 +29,15 @@ def db() -> Iterator[SimDatabase]:
     assert isinstance(database, SimDatabase)
     yield database
     database.close()
+
+
+def db_now(db: SimDatabase) -> int:
+    """Database time: a fresh read version (requests are made and aged by them)."""
+    tr = db.create_transaction()
+    try:
+        return tr.get_read_version()
+    finally:
+        tr.cancel()
 
 
 def leftovers(db: Any, q: Queue) -> dict[str, int]:
@@ -135,7 +143,7 @@ def test_staged_dequeue_carries_large_payloads(db: SimDatabase) -> None:
 def test_stale_request_is_cleared_without_taking_a_message(db: SimDatabase) -> None:
     q = Queue("staged")
     mid = q.enqueue(db, b"keep me")
-    stale = q.keys.pop_key(now_us() - STALE_REQUEST_US - 1_000_000, os.urandom(8))
+    stale = q.keys.pop_key(db_now(db) - STALE_REQUEST_VERSIONS - 1_000_000, os.urandom(8))
     db.set(stale, b"")
     assert fulfil(db, q) == 0
     assert db.get(stale) is None, "the stale request was not cleared"
@@ -147,8 +155,8 @@ def test_fresh_request_is_paired_with_the_head(db: SimDatabase) -> None:
     q = Queue("staged")
     first, second = q.enqueue_many(db, [b"first", b"second"])
     rand = os.urandom(8)
-    fresh = q.keys.pop_key(now_us(), rand)
-    stale = q.keys.pop_key(now_us() - STALE_REQUEST_US - 1_000_000, os.urandom(8))
+    fresh = q.keys.pop_key(db_now(db), rand)
+    stale = q.keys.pop_key(db_now(db) - STALE_REQUEST_VERSIONS - 1_000_000, os.urandom(8))
     db.set(fresh, b"")
     db.set(stale, b"")
     assert fulfil(db, q) == 1

@@ -3,8 +3,9 @@
 ``sim://?seed=<drawn>&faults=0.05``: commits with writes fail with 1020, 1007 or 1021
 (applied or not), so every Database call below goes through the layer's retry loop and its
 exactly-once checks. The queue is ``create_queue(db, "jobs", max_deliveries=3,
-lease_seconds=30, retry_delay=0)``; time is the layer's fake clock (``fdbqueue.clock``),
-moved by a rule, never slept.
+lease_seconds=30, retry_delay=0)``; time is the fake clock of ``fdbqueue.clock``, moved by a
+rule, never slept: it moves the wall clock and database time (the sim's read versions, by
+which the layer decides every deadline) together.
 
 The model keeps, for every message ever enqueued (one per dedup key), where it is:
 ready (with its place in dequeue order), leased (deadline, receipt), delayed (due time),
@@ -126,7 +127,10 @@ class DeliveryModel(RuleBasedStateMachine):
 
     @property
     def now(self) -> int:
-        return int(self.clock.now * 1e6)  # exactly what fdbqueue.clock.now_us computes
+        # The fake clock's microseconds. Database time moves with it, and a frozen clock still
+        # ticks a microsecond per reading: a deadline set earlier is met exactly when the
+        # model says (as with a real clock, what happens later reads later).
+        return int(self.clock.now * 1e6)
 
     def _in(self, *states: str) -> list[Entry]:
         return [e for e in self.entries.values() if e.state in states]

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from sortedcontainers import SortedList
 
+from fdbqueue.clock import VERSIONS_PER_SECOND, monotonic, monotonic_us
 from fdbqueue.engines.base import (
     TRANSACTION_WINDOW_SECONDS,
     apply_atomic,
@@ -30,7 +31,6 @@ from fdbqueue.errors import EngineError
 if TYPE_CHECKING:
     from fdbqueue.engines.sim import SimTransaction
 
-VERSIONS_PER_SECOND = 1_000_000
 # Registrations of read versions older than the window plus this margin are dropped, so a
 # forgotten transaction cannot pin old versions forever; its next read or commit gets 1007.
 WINDOW_MARGIN_SECONDS = 1.0
@@ -100,7 +100,7 @@ class SimStore:
         self._lock = threading.Lock()
         self._keys = SortedList()  # every key with a version chain (tombstones until compacted)
         self._chains: dict[bytes, Chain] = {}
-        self._version = int(self.clock() * VERSIONS_PER_SECOND)
+        self._version = self._now_version()
         # Read versions of open transactions: token -> (version, clock when taken). Removal
         # is a single dict.pop, safe without the lock (see SimTransaction._rollback).
         self._live: dict[int, tuple[int, float]] = {}
@@ -112,7 +112,13 @@ class SimStore:
         self._watch_count = 0
 
     def clock(self) -> float:
-        return self._manual.now() if self._manual is not None else time.monotonic()
+        return self._manual.now() if self._manual is not None else monotonic()
+
+    def _now_version(self) -> int:
+        """The clock in versions (integer microseconds when it is the monotonic clock)."""
+        if self._manual is not None:
+            return int(self._manual.now() * VERSIONS_PER_SECOND)
+        return monotonic_us()
 
     def sleep(self, seconds: float) -> None:
         if self._manual is not None:
@@ -150,7 +156,8 @@ class SimStore:
                         raise EngineError(
                             1020, "a transaction committed since this one's read version wrote what it read"
                         )
-        version = max(self._version + 1, int(self.clock() * VERSIONS_PER_SECOND))
+        # Above every read version handed out (sim.py: at most the clock's version - 1).
+        version = max(self._version + 1, self._now_version())
         self._version = version
         stamp = make_versionstamp(version)
         chains = self._chains

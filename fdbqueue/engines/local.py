@@ -14,6 +14,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
+from fdbqueue.clock import monotonic
 from fdbqueue.engines.base import (
     KEY_SIZE_LIMIT,
     SYSTEM_KEYS,
@@ -561,9 +562,10 @@ class LocalDatabase(DatabaseConveniences, ABC):
     may_conflict: bool = True
     may_commit_unknown: bool = True
 
-    # Seconds on the engine's clock (the sim engine's can be driven by tests). A static
-    # alias of the C function, not a method: transactions read it before every read.
-    clock: Callable[[], float] = staticmethod(time.monotonic)
+    # Seconds on the engine's clock: CLOCK_MONOTONIC, which tests drive through
+    # fdbqueue.clock.fake_clock (the sim engine's can also be a ManualClock). A static
+    # alias, not a method: transactions read it before every read.
+    clock: Callable[[], float] = staticmethod(monotonic)
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)

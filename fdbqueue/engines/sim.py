@@ -100,11 +100,19 @@ class SimTransaction(LocalTransaction):
             self._sim._live.pop(token, None)
 
     def _acquire_locked(self) -> int:
-        """The read version, taken at the first read: the latest commit (store lock held)."""
+        """The read version, taken at the first read (store lock held).
+
+        As FoundationDB's GRV: at least the latest commit, and advancing with the clock even
+        when nothing commits (the master advances commit versions by VERSIONS_PER_SECOND times
+        the time elapsed, ``fdbserver/sequencer/masterserver.cpp``, and proxies commit empty
+        batches when idle, ``MAX_COMMIT_BATCH_INTERVAL`` in ``fdbserver/core/ServerKnobs.cpp``).
+        One below the clock's version, so that every later commit (at least the clock's
+        version) is above it.
+        """
         rv = self._rv
         if rv is None:
             db = self._sim
-            rv = self._rv = db._version
+            rv = self._rv = max(db._version, db._now_version() - 1)
             self._rv_time = db.clock()
             self._token = next(db._tokens)
             db._live[self._token] = (rv, self._rv_time)

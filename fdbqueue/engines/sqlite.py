@@ -33,10 +33,13 @@ Storage: WAL journal, ``PRAGMA synchronous=NORMAL``; table
 and ``meta(name, value)`` holding ``format``, ``format_version`` (major.minor; a newer major
 is refused), ``store_id`` and ``version`` (a reservation, see ``_next_version``).
 
-Versions: a commit with writes gets ``max(last + 1, microseconds since the epoch)``:
-strictly increasing in commit order across processes, about 1e6 per second like
-FoundationDB's; its versionstamped keys and values are filled in just before COMMIT.
-Read-only commits return -1.
+Versions: a version clock advances at 1e6 per second, like FoundationDB's, on
+``CLOCK_MONOTONIC`` (shared by every process of one boot, never moved by a wall-clock
+correction): a read version is ``max(last commit, clock - 1)``, so it advances even when
+nothing commits; a commit with writes gets ``max(last + 1, clock, read version + 1)``:
+strictly increasing in commit order across processes and above every read version handed
+out before it. Its versionstamped keys and values are filled in just before COMMIT.
+Read-only commits return -1. (Without a boot id - not Linux - the wall clock drives it.)
 
 Shared state (:mod:`._shared`): the lock, the lock file's first page mapped by every
 process (version clock, watchers' token) and the watch hub (:mod:`._notify`: Unix
@@ -57,6 +60,7 @@ import uuid
 from itertools import repeat
 from typing import Any
 
+from fdbqueue.clock import VERSIONS_PER_SECOND, monotonic_us
 from fdbqueue.engines import ParsedURL, _shared, take_params
 from fdbqueue.engines._walsync import WalSync
 from fdbqueue.engines.base import (
@@ -118,9 +122,11 @@ _SET_VERSION = "UPDATE meta SET value = ? WHERE name = 'version'"
 
 # The lock file's first page is mapped shared by every process of the store. At 0, the
 # version clock (see _next_version): boot id + store id, the last commit version, the
-# reservation stored in meta, a pending flag. At 64, the watchers' token (_notify).
-_CLOCK = struct.Struct(">32sQQB")
-_PENDING_AT = _CLOCK.size - 1
+# reservation stored in meta, a pending flag, and the clock's base (version = base +
+# CLOCK_MONOTONIC microseconds; last, as a page of an older fdbqueue leaves it zero).
+# At 64, the watchers' token (_notify).
+_CLOCK = struct.Struct(">32sQQBq")
+_PENDING_AT = struct.calcsize(">32sQQ")
 _PENDING = 1
 _RESERVE_US = 1_000_000  # one meta write per second of versions
 
@@ -329,17 +335,37 @@ class SqliteTransaction(LocalTransaction):
 
     def _read_version(self) -> int:
         if self._rv is None:
-            clock = self._clock()
-            self._rv = clock[0] if clock else self._reserved()
+            last, _, _, now = self._clock()
+            # One below the clock: every later commit (at least the clock) is above it.
+            self._rv = max(last, now - 1)
         return self._rv
 
-    def _clock(self) -> tuple[int, int] | None:
-        """(last commit version, reservation) from the lock file, when it can be trusted."""
-        tag = self.db._clock_tag
-        if tag is None:
-            return None
-        found, last, reserved, state = _CLOCK.unpack_from(self.db._store.shared)
-        return (last, reserved) if found == tag and state != _PENDING else None
+    def _clock(self) -> tuple[int, int, int, int]:
+        """(last commit version, reservation, base, the version clock now).
+
+        From the lock file when it names this boot and this store; its last version and
+        reservation only when no commit died half-way (flag pending), else meta's
+        reservation stands for both. The clock is ``base + CLOCK_MONOTONIC`` microseconds;
+        without a trusted base (a new boot) it restarts from the last version, and a clock
+        found behind the last version (a page of an older fdbqueue) catches up with it.
+        The holder of the store lock records a new base in the page.
+        """
+        db = self.db
+        tag = db._clock_tag
+        if tag is None:  # not Linux: no boot id to trust a monotonic base by
+            last = self._reserved()
+            return last, last, 0, max(last, time.time_ns() // 1000)
+        shared = db._store.shared
+        found, last, reserved, state, base = _CLOCK.unpack_from(shared)
+        mono = monotonic_us()
+        trusted = found == tag
+        if not trusted or state == _PENDING:
+            last = reserved = self._reserved()
+        if not trusted or base + mono + VERSIONS_PER_SECOND < last:
+            base = last - mono
+            if not self._nested:  # under the store lock
+                _CLOCK.pack_into(shared, 0, tag, last, reserved, 0, base)
+        return last, reserved, base, base + mono
 
     def _reserved(self) -> int:
         try:
@@ -348,7 +374,8 @@ class SqliteTransaction(LocalTransaction):
             raise self._fail(exc) from exc
 
     def _next_version(self) -> int:
-        """max(last + 1, microseconds since the epoch), strictly increasing across processes.
+        """max(last + 1, the version clock, read version + 1): strictly increasing across
+        processes, and above every read version handed out before.
 
         Writing the version into meta at every commit would dirty a second page and
         halve the commit rate. So meta holds a reservation, and the last version lives
@@ -358,9 +385,8 @@ class SqliteTransaction(LocalTransaction):
         trusted only when it names this boot and this store and no commit died
         half-way (flag pending); otherwise the clock restarts from the reservation.
         """
-        clock = self._clock()
-        last, reserved = clock if clock else (self._reserved(),) * 2
-        version = max(last + 1, time.time_ns() // 1000)
+        last, reserved, base, now = self._clock()
+        version = max(last + 1, now, -1 if self._rv is None else self._rv + 1)
         self._bumped = version > reserved
         tag = self.db._clock_tag
         if self._bumped:
@@ -371,7 +397,7 @@ class SqliteTransaction(LocalTransaction):
             # Pending only while a raised reservation is not committed yet; a version
             # that never commits is merely a gap.
             state = _PENDING if self._bumped else 0
-            _CLOCK.pack_into(self.db._store.shared, 0, tag, version, reserved, state)
+            _CLOCK.pack_into(self.db._store.shared, 0, tag, version, reserved, state, base)
         return version
 
     def _commit(self) -> int:
