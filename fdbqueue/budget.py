@@ -107,13 +107,14 @@ class Budget:
     ``resume`` is where a scan that spans transactions goes on from.
     """
 
-    __slots__ = ("limit", "more", "moves", "read_bytes", "resume", "scanned", "spent", "started")
+    __slots__ = ("limit", "more", "moves", "read_bytes", "read_rows", "resume", "scanned", "spent", "started")
 
     def __init__(self, reserve: int = 0, *, limit: int = TXN_BUDGET_BYTES) -> None:
         self.limit = limit - reserve
         self.spent = BASE_COST
         self.moves = 0
         self.read_bytes = 0
+        self.read_rows = 0
         self.started = time.monotonic()
         self.more = False
         self.resume: bytes | None = None
@@ -137,7 +138,17 @@ class Budget:
 
     def read(self, rows: Iterable[tuple[bytes, bytes]]) -> None:
         """Count the bytes of ``rows`` (key-value pairs) a scan read."""
-        self.read_bytes += sum(len(k) + len(v) for k, v in rows)
+        for k, v in rows:
+            self.read_bytes += len(k) + len(v)
+            self.read_rows += 1
+
+    def batch(self, want: int) -> int:
+        """How many rows a scan's next range read may ask for: up to ``want``, fewer when the
+        rows read so far say that many would pass SCAN_READ_BYTES; at least 1."""
+        if not self.read_rows:
+            return max(1, want)
+        left = SCAN_READ_BYTES - self.read_bytes
+        return max(1, min(want, left * self.read_rows // max(1, self.read_bytes)))
 
     def scan_exhausted(self) -> bool:
         """True when a scan has read or lasted as much as one transaction should."""
@@ -148,6 +159,7 @@ class Budget:
         self.spent = BASE_COST
         self.moves = 0
         self.read_bytes = 0
+        self.read_rows = 0
         self.started = time.monotonic()
         self.more = False
 

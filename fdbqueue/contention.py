@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from fdbqueue.budget import Budget, move_cost
 from fdbqueue.clock import now_us
 from fdbqueue.config import QueueConfig, read_config, read_state
-from fdbqueue.delivery import HEAD_SKIP_LIMIT, expire, remove_message
+from fdbqueue.delivery import HEAD_BATCH, HEAD_SKIP_LIMIT, expire, remove_message
 from fdbqueue.engines.base import Database, KeyValue, Transaction
 from fdbqueue.errors import EngineError
 from fdbqueue.layout import MINUS_ONE, ONE, QueueKeys
@@ -59,8 +59,10 @@ def _live_items(
     begin, end = queue.keys.ready_range()
     out: list[KeyValue] = []
     scanned = 0
+    extra = 8  # grows by 8 times a batch past a run of expired messages, as the head scan's
     while len(out) < n and scanned < n + HEAD_SKIP_LIMIT:
-        batch = t.snapshot.get_range(begin, end, limit=n - len(out) + 8)
+        limit = budget.batch(n - len(out) + extra)
+        batch = t.snapshot.get_range(begin, end, limit=limit)
         for kv in batch:
             rec = Record.decode(kv.value)
             if rec.expires_us is not None and rec.expires_us <= now:
@@ -74,9 +76,10 @@ def _live_items(
                 out.append(kv)
         scanned += len(batch)
         budget.read(batch)
-        if len(batch) < n - len(out) + 8 or not batch or budget.scan_exhausted():
+        if len(batch) < limit or not batch or budget.scan_exhausted():
             break
         begin = batch[-1].key + b"\x00"
+        extra = min(extra * 8, HEAD_BATCH)
     return out
 
 

@@ -448,8 +448,9 @@ def _head(
     or of an expired one moved here, conflicts as before.
     """
     scan_from = begin
-    limit = 1
+    want = 1
     while True:
+        limit = budget.batch(want)
         kvs = tr.snapshot.get_range(begin, end, limit)
         budget.read(kvs)
         for key, raw in kvs:
@@ -469,7 +470,7 @@ def _head(
             tr.add_read_conflict_range(scan_from, begin)
             budget.more = True  # expired messages beyond this transaction's reading: later
             return None
-        limit = min(limit * 8, HEAD_BATCH)
+        want = min(want * 8, HEAD_BATCH)
 
 
 def _find(
@@ -496,7 +497,8 @@ def _find(
     """
     cursor = budget.resume or begin
     while budget.scanned < FILTER_SCAN_LIMIT:
-        batch = tr.snapshot.get_range(cursor, end, FILTER_BATCH)
+        limit = budget.batch(8 if not budget.read_rows else FILTER_BATCH)
+        batch = tr.snapshot.get_range(cursor, end, limit)
         budget.read(batch)
         for key, raw in batch:
             budget.scanned += 1
@@ -509,7 +511,7 @@ def _find(
                 tr.add_read_conflict_key(key)
                 budget.resume = None
                 return key, rec
-        if len(batch) < FILTER_BATCH:
+        if len(batch) < limit:
             break
         cursor = batch[-1].key + b"\x00"
         if budget.scan_exhausted():
