@@ -91,6 +91,13 @@ def check_dedup_key(dedup_key: str) -> None:
         )
 
 
+def fit_reason(text: str) -> str:
+    """``text`` shortened to fit MAX_REASON_BYTES as stored (for reasons made of exception text)."""
+    while encoded_len(text) > MAX_REASON_BYTES:
+        text = text[: len(text) * 3 // 4]
+    return text
+
+
 def check_reason(reason: str) -> None:
     """Refuse a reason past MAX_REASON_BYTES as the record stores it (JSON)."""
     n = encoded_len(reason)

@@ -317,3 +317,17 @@ def print_table(rows: list[tuple[str, int, int, int]]) -> None:
     print(f"\n{'operation':40} {'attempts':>8} {'max bytes':>10} {'round trips':>11}")
     for name, attempts, size, trips in rows:
         print(f"{name:40} {attempts:>8} {size:>10,} {trips:>11}")
+
+
+def test_a_worker_nacks_with_a_reason_made_to_fit(db: Database) -> None:
+    q = Queue("jobs")
+    q.enqueue(db, b"x")
+
+    def handler(m: fdbqueue.Message) -> None:
+        raise ValueError("\U0001f525" * 500)  # 12 bytes each as stored: 6,000 bytes
+
+    fdbqueue.create_queue(db, "jobs", max_deliveries=1)
+    w = fdbqueue.Worker(db, q, handler)
+    w.run(max_messages=1)
+    dead = Queue("jobs.error").dequeue(db)
+    assert dead is not None and dead.reason is not None and dead.reason.startswith("ValueError: \U0001f525")
