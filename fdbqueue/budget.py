@@ -61,7 +61,7 @@ BASE_COST = 8_000
 
 # Upper-bound slack for a key written elsewhere than where it was read (an id or expiry
 # entry, the error queue's longer name, a lease or delayed key).
-_KEY_SLACK = 256
+_KEY_SLACK = 32
 
 
 class BudgetExceededError(QueueError, ValueError):
@@ -83,20 +83,22 @@ def read_cost(key_len: int) -> int:
     return 2 * key_len + 1
 
 
-def record_write_cost(key_len: int, raw_len: int) -> int:
-    """Writing a record at a key: at most the value limit after its state changed."""
-    return set_cost(key_len + _KEY_SLACK, min(VALUE_SIZE_LIMIT, raw_len + 2 * MAX_REASON_BYTES))
+def grown_record(key_len: int, raw_len: int) -> int:
+    """A record of ``raw_len`` bytes after a state change added its fields (a ready key in hex,
+    a receipt and deadline, or an origin and reason): at most the value limit."""
+    return min(VALUE_SIZE_LIMIT, raw_len + 2 * key_len + 512)
 
 
 def move_cost(key_len: int, raw_len: int, chunks: int) -> int:
-    """An upper bound for moving one message's record from a key of ``key_len`` bytes
-    elsewhere (another state, or the error queue): its read, the clears of its key, id and
-    expiry entries, the record written again with its index entries, and its chunks copied."""
+    """An upper bound for moving one message's record from a key of ``key_len`` bytes to
+    another state or to the error queue: about a dozen keys of that length written, cleared
+    or read (each counted three or four times: mutation plus conflict range), the record
+    written again, and its chunks copied."""
     k = key_len + _KEY_SLACK
-    cost = read_cost(k) + 3 * clear_cost(k) + record_write_cost(key_len, raw_len) + 2 * set_cost(k, k)
+    cost = 48 * k + grown_record(key_len, raw_len)
     if chunks:
         cost += chunks * set_cost(k + 16, CHUNK_BYTES) + 4 * k  # the copies, and a range clear
-    return cost + 6 * set_cost(k, 8)  # counter adds
+    return cost
 
 
 class Budget:

@@ -24,7 +24,7 @@ from fdbqueue.budget import (
     Budget,
     BudgetExceededError,
     encoded_len,
-    move_cost,
+    grown_record,
     set_cost,
 )
 from fdbqueue.clock import now_us
@@ -711,13 +711,14 @@ class Queue:
 
 def lease_cost(key_len: int, rec: Record) -> int:
     """An upper bound of the bytes leasing ``rec`` adds (budget.py): its record rewritten
-    under ("f", id) with the lease fields, a lease entry, its ready and expiry entries cleared."""
-    size = 256 + len(rec.payload)
+    under ("f", id) with the lease fields, a lease entry, its ready and expiry entries cleared,
+    a counter added: four or five keys, each counted about three times."""
+    size = 64 + len(rec.payload)
     if rec.headers:
         size += encoded_len(rec.headers)
     if rec.extra:
         size += encoded_len(rec.extra)
-    return move_cost(key_len, size, 0)
+    return 16 * (key_len + 32) + grown_record(key_len, size)
 
 
 def new_id() -> str:
