@@ -7,7 +7,7 @@ It counts a transaction's size as ``Transaction::getSize`` does in
 ``fdbclient/include/fdbclient/CommitTransaction.h``): every mutation's key + value (a clear's
 begin + end), plus the begin + end of every read and write conflict range. Reads cost no
 size but time: a transaction older than 5 s can no longer read (1007, transaction_too_old:
-``MAX_READ_TRANSACTION_LIFE_VERSIONS`` in ``fdbclient/ServerKnobs.cpp``).
+``MAX_READ_TRANSACTION_LIFE_VERSIONS`` in ``fdbserver/core/ServerKnobs.cpp``).
 
 Every layer operation therefore works within a :class:`Budget` of ``TXN_BUDGET_BYTES``
 (half of FoundationDB's advice), estimated with upper bounds from the keys and records it

@@ -176,7 +176,11 @@ class Queue:
         delay: float = 0.0,
         timeout: float | None = None,
     ) -> list[str]:
-        """Add several messages atomically (one transaction), in order; returns their ids."""
+        """Add several messages atomically (one transaction), in order; returns their ids.
+
+        One transaction holds at most ``TXN_BUDGET_BYTES`` (docs/budgets.md): a larger batch
+        is refused with BudgetExceededError before anything is written.
+        """
         items = [self._item(p, priority, headers, delay, ttl, None) for p in payloads]
         cost = sum(self._write_cost(it) for it in items)
         if cost > TXN_BUDGET_BYTES:
