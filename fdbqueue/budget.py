@@ -135,8 +135,10 @@ class Budget:
         return True
 
     def charge(self, cost: int) -> None:
-        """Count work that must be done whatever the budget (small, fixed bookkeeping)."""
+        """Count a move that must be done whatever the budget (the first message a lease
+        takes, for which a reserve was kept): later moves are then checked against it."""
         self.spent += cost
+        self.moves += 1
 
     def read(self, rows: Iterable[tuple[bytes, bytes]]) -> None:
         """Count the bytes of ``rows`` (key-value pairs) a scan read."""

@@ -666,7 +666,8 @@ class Queue:
 
         def body(t: Transaction, _: bool) -> Message | None:
             # One key selector resolved by the storage servers, then one point read: not the
-            # n + 1 records a range read would bring back (fdb-reference.md, key selectors).
+            # n + 1 records a range read would bring back (key selectors with an offset:
+            # documentation/sphinx/source/developer-guide.rst in apple/foundationdb).
             key = t.get_key(KeySelector.first_greater_or_equal(begin) + n)
             if not begin <= key < end:
                 return None

@@ -331,3 +331,14 @@ def test_a_worker_nacks_with_a_reason_made_to_fit(db: Database) -> None:
     w.run(max_messages=1)
     dead = Queue("jobs.error").dequeue(db)
     assert dead is not None and dead.reason is not None and dead.reason.startswith("ValueError: \U0001f525")
+
+
+def test_after_a_leased_message_a_move_must_fit_what_is_left() -> None:
+    from fdbqueue.budget import Budget
+
+    b = Budget(110_000)
+    assert b.take(400_000)  # the first move of a transaction always goes: progress
+    b = Budget(110_000)
+    b.charge(100_000)  # a lease_many's first message, from the reserve
+    assert not b.take(300_000) and b.more  # an expired message that no longer fits: later
+    assert b.take(1_000)
