@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from fdbqueue.budget import Budget, move_cost
 from fdbqueue.clock import now_us
 from fdbqueue.config import QueueConfig, read_config, read_state
-from fdbqueue.delivery import HEAD_BATCH, HEAD_SKIP_LIMIT, expire, remove_message
+from fdbqueue.delivery import HEAD_BATCH, HEAD_SKIP_LIMIT, expire_within, remove_message
 from fdbqueue.engines.base import Database, KeyValue, Transaction
 from fdbqueue.errors import EngineError
 from fdbqueue.layout import MINUS_ONE, ONE, QueueKeys
@@ -66,12 +66,10 @@ def _live_items(
         for kv in batch:
             rec = Record.decode(kv.value)
             if rec.expires_us is not None and rec.expires_us <= now:
-                chunks = rec.chunks if cfg.expiry_action == "error" else 0
-                if budget.take(move_cost(len(kv.key), len(kv.value), chunks)):
+                if expire_within(queue, t, cfg, kv.key, kv.value, rec, budget):
                     # As for a pairing, only a true collision conflicts: the conflict of a
                     # point read, without its round trip (the value was read just now).
                     t.add_read_conflict_key(kv.key)
-                    expire(queue, t, cfg, kv.key, rec)
             elif len(out) < n:
                 out.append(kv)
         scanned += len(batch)

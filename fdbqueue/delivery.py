@@ -424,7 +424,7 @@ def deliverable_head(
     return _head(q, tr, cfg, start or begin, end, now, budget)
 
 
-def _expire_within(
+def expire_within(
     q: Queue, tr: Transaction, cfg: QueueConfig, key: bytes, raw: bytes, rec: Record, b: Budget
 ) -> bool:
     """Move the expired message at ``key`` aside if the budget affords it (its chunks are
@@ -456,7 +456,7 @@ def _head(
         for key, raw in kvs:
             rec = Record.decode(raw)
             if rec.expires_us is not None and rec.expires_us <= now:
-                _expire_within(q, tr, cfg, key, raw, rec, budget)
+                expire_within(q, tr, cfg, key, raw, rec, budget)
                 continue
             tr.add_read_conflict_range(scan_from, key + b"\x00")
             if int(rec.extra.get("not_before", 0)) > now:
@@ -504,7 +504,7 @@ def _find(
             budget.scanned += 1
             rec = Record.decode(raw)
             if rec.expires_us is not None and rec.expires_us <= now:
-                if _expire_within(q, tr, cfg, key, raw, rec, budget):
+                if expire_within(q, tr, cfg, key, raw, rec, budget):
                     tr.add_read_conflict_key(key)  # two movers of one message conflict
                 continue
             if all(rec.headers.get(k, _MISSING) == v for k, v in where.items()):
