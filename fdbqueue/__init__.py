@@ -20,6 +20,7 @@ from fdbqueue.admin import (
     start_queue,
     stop_queue,
 )
+from fdbqueue.budget import BudgetExceededError
 from fdbqueue.config import QueueConfig, QueueNotFoundError, QueueState, UnsupportedLayerFormatError
 from fdbqueue.delivery import LeaseError, LeaseExpiredError
 from fdbqueue.dispatcher import Consumer, Dispatcher, DispatcherStats
@@ -42,7 +43,15 @@ from fdbqueue.errors import (
     StoreError,
     UnsupportedFormatError,
 )
-from fdbqueue.message import ContentType, InvalidPayloadError, Message, PayloadTooLargeError
+from fdbqueue.message import (
+    ContentType,
+    DedupKeyTooLargeError,
+    HeadersTooLargeError,
+    InvalidPayloadError,
+    Message,
+    PayloadTooLargeError,
+    ReasonTooLargeError,
+)
 from fdbqueue.queue import Queue, QueueFullError, QueueStoppedError
 from fdbqueue.sweep import SweepStats
 from fdbqueue.worker import Worker, WorkerStats
@@ -50,14 +59,17 @@ from fdbqueue.worker import Worker, WorkerStats
 __version__ = "0.1.0"
 
 __all__ = [
+    "BudgetExceededError",
     "ClusterUnavailableError",
     "CommitUnknownError",
     "Consumer",
     "ContentType",
     "Database",
+    "DedupKeyTooLargeError",
     "Dispatcher",
     "DispatcherStats",
     "EngineError",
+    "HeadersTooLargeError",
     "InvalidPayloadError",
     "InvalidURLError",
     "KeySelector",
@@ -75,6 +87,7 @@ __all__ = [
     "QueueState",
     "QueueStats",
     "QueueStoppedError",
+    "ReasonTooLargeError",
     "StoreError",
     "SweepStats",
     "Transaction",

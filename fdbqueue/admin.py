@@ -209,7 +209,15 @@ _MESSAGE_TAGS = ("r", "id", "b", "f", "l", "d", "x", "k", "kt", "pop", "res", "r
 def purge_queue(tr: Transaction | Database, name: str, *, root: tuple[Any, ...] = DEFAULT_ROOT) -> int:
     """Remove every message (ready, leased, delayed) and its indexes; keep the settings.
 
-    Atomic: one transaction of range clears. Returns how many messages it removed.
+    Atomic: one transaction of range clears, a few hundred bytes whatever the queue holds
+    (a range clear counts its begin and end only: ``Transaction::getSize`` in
+    ``fdbclient/NativeAPI.actor.cpp``), so it never needs splitting. Returns how many
+    messages it removed, as the counters said at its read version.
+
+    The counters are read at snapshot isolation: every enqueue and dequeue adds to them
+    atomically, and a serializable read would make each of those adds conflict with the
+    purge, which then never commits on a busy queue. Setting them to zero stays right
+    whatever was added meanwhile: the same commit clears every message they count.
     """
     keys = QueueKeys.make(name, root)
 
@@ -218,7 +226,7 @@ def purge_queue(tr: Transaction | Database, name: str, *, root: tuple[Any, ...] 
             raise QueueNotFoundError(f"no queue named {name!r}")
         removed = 0
         for tag in ("ready", "inflight", "delayed"):
-            removed += max(0, unpack_count(t.get(keys.counter(tag))))
+            removed += max(0, unpack_count(t.snapshot.get(keys.counter(tag))))
             t.set(keys.counter(tag), pack_count(0))
         for tag in _MESSAGE_TAGS:
             r = keys.q.range((tag,))

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from fdbqueue.budget import MAX_PAYLOAD_BYTES
 from fdbqueue.engines.base import ReadView, Transaction, engine_traits
 from fdbqueue.errors import QueueError
 from fdbqueue.layout import LAYER_FORMAT, QueueKeys, unpack_count
@@ -62,7 +63,7 @@ class QueueConfig:
     ttl: float | None = None
     expiry_action: str = "error"  # expired messages: "error" (error queue, tag expired) or "discard"
     strict_order: bool = False
-    max_payload: int = 1_048_576
+    max_payload: int = MAX_PAYLOAD_BYTES  # at most that: one transaction's budget (budget.py)
     dedup_window: float = 3600.0
     extra: dict[str, Any] = field(default_factory=dict)  # owner, privileges, description ...
 
@@ -98,9 +99,12 @@ class QueueConfig:
         if (
             isinstance(self.max_payload, bool)
             or not isinstance(self.max_payload, int)
-            or self.max_payload < 1
+            or not 1 <= self.max_payload <= MAX_PAYLOAD_BYTES
         ):
-            raise QueueError(f"max_payload must be a positive int, got {self.max_payload!r}")
+            raise QueueError(
+                f"max_payload must be an int from 1 to {MAX_PAYLOAD_BYTES} (what one transaction "
+                f"can write within its budget), got {self.max_payload!r}"
+            )
         if self.error_queue is not None and not isinstance(self.error_queue, str):
             raise QueueError(f"error_queue must be a str or None, got {self.error_queue!r}")
 
@@ -115,6 +119,8 @@ class QueueConfig:
         data = json.loads(raw)
         check_format(str(data.get("format", "1.0")))  # 1.x stored none
         known = {f.name for f in dataclasses.fields(cls)}
+        if isinstance(data.get("max_payload"), int) and data["max_payload"] > MAX_PAYLOAD_BYTES:
+            data["max_payload"] = MAX_PAYLOAD_BYTES  # stored before the limit: the limit applies
         return cls(**{k: v for k, v in data.items() if k in known})
 
     def error_queue_for(self, name: str) -> str:

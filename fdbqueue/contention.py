@@ -23,9 +23,10 @@ import struct
 import time
 from typing import TYPE_CHECKING
 
+from fdbqueue.budget import Budget, move_cost
 from fdbqueue.clock import db_now, versions
 from fdbqueue.config import QueueConfig, read_config, read_state
-from fdbqueue.delivery import HEAD_SKIP_LIMIT, expire, remove_message
+from fdbqueue.delivery import HEAD_BATCH, HEAD_SKIP_LIMIT, expire_within, remove_message
 from fdbqueue.engines.base import Database, KeyValue, Transaction
 from fdbqueue.errors import CommitUnknownError, EngineError
 from fdbqueue.layout import MINUS_ONE, ONE, QueueKeys
@@ -52,24 +53,33 @@ def decode_result(raw: bytes) -> tuple[int, bytes, bytes]:
     return made, raw[start : start + n], raw[start + n :]
 
 
-def _live_items(queue: Queue, t: Transaction, cfg: QueueConfig, n: int, now: int) -> list[KeyValue]:
-    """Up to ``n`` ready messages from the head, moving aside the expired ones met on the way."""
+def _live_items(
+    queue: Queue, t: Transaction, cfg: QueueConfig, n: int, now: int, budget: Budget
+) -> list[KeyValue]:
+    """Up to ``n`` ready messages from the head, moving aside the expired ones met on the way
+    as far as ``budget`` affords (the others stay for a later transaction or a sweep)."""
     begin, end = queue.keys.ready_range()
     out: list[KeyValue] = []
     scanned = 0
+    extra = 8  # grows by 8 times a batch past a run of expired messages, as the head scan's
     while len(out) < n and scanned < n + HEAD_SKIP_LIMIT:
-        batch = t.snapshot.get_range(begin, end, limit=n - len(out) + 8)
+        limit = budget.batch(n - len(out) + extra)
+        batch = t.snapshot.get_range(begin, end, limit=limit)
         for kv in batch:
             rec = Record.decode(kv.value)
             if rec.expires_us is not None and rec.expires_us <= now:
-                t.get(kv.key)  # as for a pairing: only a true collision conflicts
-                expire(queue, t, cfg, kv.key, rec)
+                if expire_within(queue, t, cfg, kv.key, kv.value, rec, budget):
+                    # As for a pairing, only a true collision conflicts: the conflict of a
+                    # point read, without its round trip (the value was read just now).
+                    t.add_read_conflict_key(kv.key)
             elif len(out) < n:
                 out.append(kv)
         scanned += len(batch)
-        if len(batch) < n - len(out) + 8 or not batch:
+        budget.read(batch)
+        if len(batch) < limit or not batch or budget.scan_exhausted():
             break
         begin = batch[-1].key + b"\x00"
+        extra = min(extra * 8, HEAD_BATCH)
     return out
 
 
@@ -168,11 +178,12 @@ def fulfil(db: Database, queue: Queue) -> int:
                 if not reqs:
                     return made
                 now = db_now(t)
+                budget = Budget()  # this transaction's (fdbqueue/budget.py)
                 cfg = read_config(t, keys)
                 if cfg is not None and next_due(t, keys, now) is not None:
                     from fdbqueue.sweep import sweep_step
 
-                    sweep_step(queue, t, cfg, now, 16)  # due delays and expired leases first
+                    sweep_step(queue, t, cfg, now, 16, budget)  # due delays and expired leases first
                 stale_before = now - STALE_REQUEST_VERSIONS
                 live = []
                 for req in reqs:
@@ -181,8 +192,13 @@ def fulfil(db: Database, queue: Queue) -> int:
                         t.clear(req.key)
                     else:
                         live.append(req)
-                items = _live_items(queue, t, cfg, len(live), now) if cfg is not None else []
+                items = _live_items(queue, t, cfg, len(live), now, budget) if cfg is not None else []
+                paired = 0
                 for req, item in zip(live, items, strict=False):
+                    # The result holds the record: within the budget, the rest next transaction.
+                    if not budget.take(move_cost(len(item.key), len(item.value), 0)):
+                        break
+                    paired += 1
                     # Point reads make only true collisions conflict (keep them: without
                     # them two fulfillers could hand out one message twice).
                     t.get(req.key)
@@ -197,12 +213,13 @@ def fulfil(db: Database, queue: Queue) -> int:
                     t.add(keys.counter("ready"), MINUS_ONE)
                     t.add(keys.counter("done"), ONE)
                     t.clear(req.key)
-                for req in live[len(items) :]:
-                    t.get(req.key)
-                    t.clear(req.key)  # nothing to pair: its requester gets None
+                if not budget.more:
+                    for req in live[len(items) :]:
+                        t.get(req.key)
+                        t.clear(req.key)  # nothing to pair: its requester gets None
                 t.commit()
-                made += min(len(live), len(items))
-                if len(reqs) < BATCH:
+                made += paired
+                if len(reqs) < BATCH and not budget.more:
                     return made
                 t.reset()
             except EngineError as exc:

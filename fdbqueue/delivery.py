@@ -27,6 +27,7 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from fdbqueue.budget import Budget, move_cost
 from fdbqueue.clock import db_now, now_us, seconds_of, versions
 from fdbqueue.config import QueueConfig, config_or_create
 from fdbqueue.engines.base import Database, Transaction
@@ -39,8 +40,13 @@ from fdbqueue.waiting import next_due
 if TYPE_CHECKING:
     from fdbqueue.queue import Queue
 
-HEAD_SKIP_LIMIT = 100  # expired messages one dequeue moves aside before giving up
-FILTER_SCAN_LIMIT = 10_000  # dequeue(where=...) looks at most this many messages
+HEAD_SKIP_LIMIT = 100  # expired messages the staged dequeue looks past per pairing batch
+HEAD_BATCH = 64  # the head scan reads 1, then 8, then up to this many records at a time
+FILTER_SCAN_LIMIT = 10_000  # dequeue(where=...) looks at most this many messages, over all transactions
+FILTER_BATCH = 100
+# Kept back from a dequeue's or lease's budget for the message it takes: the leased record
+# (at most the value limit) and its index entries.
+TAKE_RESERVE = 110_000
 _MISSING = object()
 log = logging.getLogger("fdbqueue")
 
@@ -312,31 +318,43 @@ def extend_in(q: Queue, tr: Transaction, m: Message, seconds: float, now: int) -
     )
 
 
-def expire_lease(q: Queue, tr: Transaction, cfg: QueueConfig, lease_key: bytes, now: int) -> str | None:
-    """Release the message of an expired lease entry (a sweep step); None if already settled."""
+def expire_lease(
+    q: Queue, tr: Transaction, cfg: QueueConfig, lease_key: bytes, now: int, budget: Budget | None = None
+) -> str | None:
+    """Release the message of an expired lease entry (a sweep step); None if already settled,
+    ``later`` if ``budget`` cannot afford the move (nothing written)."""
     keys = q.keys
     _, deadline, msg_id = keys.unpack_tail(lease_key)
     if tr.get(lease_key) is None:
         return None
-    tr.clear(lease_key)
     raw = tr.get(keys.inflight_key(msg_id))
     if raw is None:
+        tr.clear(lease_key)
         return None
     rec = Record.decode(raw)
     if int(rec.extra.get("deadline", -1)) != deadline:
+        tr.clear(lease_key)
         return None  # extended since: this entry is stale
+    if budget is not None and not budget.take(move_cost(len(lease_key), len(raw), rec.chunks)):
+        return "later"
+    tr.clear(lease_key)
     tr.clear(keys.inflight_key(msg_id))
     tr.add(keys.counter("inflight"), MINUS_ONE)
     return release(q, tr, cfg, rec, bytes.fromhex(rec.extra["key"]), reason=None, delay=None, now=now)
 
 
-def promote_delayed(q: Queue, tr: Transaction, cfg: QueueConfig, dkey: bytes, now: int) -> str | None:
-    """Move a due delayed message to the ready set (or expire it); None if already moved."""
+def promote_delayed(
+    q: Queue, tr: Transaction, cfg: QueueConfig, dkey: bytes, now: int, budget: Budget | None = None
+) -> str | None:
+    """Move a due delayed message to the ready set (or expire it); None if already moved,
+    ``later`` if ``budget`` cannot afford the move (nothing written)."""
     raw = tr.get(dkey)
     if raw is None:
         return None
     keys = q.keys
     rec = Record.decode(raw)
+    if budget is not None and not budget.take(move_cost(len(dkey), len(raw), rec.chunks)):
+        return "later"
     tr.clear(dkey)
     tr.add(keys.counter("delayed"), MINUS_ONE)
     if rec.expires_us is not None and rec.expires_us <= now:
@@ -406,17 +424,24 @@ def deliverable_head(
     now: int,
     *,
     check_due: bool = True,
+    budget: Budget | None = None,
+    start: bytes | None = None,
 ) -> tuple[bytes, Record] | None:
     """The next deliverable ready message; moves aside expired ones it meets.
 
     ``check_due``: whether delayed or leased messages may exist (their counters), so that
     what came due is made ready first; when none exist the two index reads are skipped.
+    ``budget``: what this transaction may still spend (``fdbqueue/budget.py``): expired
+    messages it cannot afford to move are passed over and left for a later transaction or
+    a sweep, so a live message behind them is still found; ``budget.more`` then says that
+    work was left. ``start``: a ready key to scan from (a lease_many's next message).
     """
     keys = q.keys
+    budget = Budget(TAKE_RESERVE) if budget is None else budget
     if check_due and next_due(tr, keys, now) is not None:
         from fdbqueue.sweep import sweep_step  # sweep builds on this module
 
-        sweep_step(q, tr, cfg, now, 16)  # due delays and expired leases first
+        sweep_step(q, tr, cfg, now, 16, budget)  # due delays and expired leases first
     if cfg.strict_order:
         if where is not None:
             raise QueueError(f"queue {q.name!r} keeps strict order: dequeue by filter would break it")
@@ -424,21 +449,57 @@ def deliverable_head(
             return None  # strict order: one delivery in flight at a time
     begin, end = keys.ready_range()
     if where is not None:
-        return _find(q, tr, cfg, begin, end, dict(where), fallback, now)
-    for _ in range(HEAD_SKIP_LIMIT):
-        kvs = tr.get_range(begin, end, 1)
-        if not kvs:
+        return _find(q, tr, cfg, begin, end, dict(where), fallback, now, budget)
+    return _head(q, tr, cfg, start or begin, end, now, budget)
+
+
+def expire_within(
+    q: Queue, tr: Transaction, cfg: QueueConfig, key: bytes, raw: bytes, rec: Record, b: Budget
+) -> bool:
+    """Move the expired message at ``key`` aside if the budget affords it (its chunks are
+    copied when it goes to the error queue); False leaves it in place for later."""
+    chunks = rec.chunks if cfg.expiry_action == "error" else 0
+    if not b.take(move_cost(len(key), len(raw), chunks)):
+        return False
+    expire(q, tr, cfg, key, rec)
+    return True
+
+
+def _head(
+    q: Queue, tr: Transaction, cfg: QueueConfig, begin: bytes, end: bytes, now: int, budget: Budget
+) -> tuple[bytes, Record] | None:
+    """The first live ready message from ``begin``, moving expired ones aside within ``budget``.
+
+    Read at snapshot isolation in growing batches (1, 8, 64 records: one round trip when the
+    head is live, a few past a run of expired messages), bounded per transaction by the
+    budget's read bytes and time; then the read conflict a serializable scan would have
+    taken, ``[begin, the key returned]``, is added: a concurrent take of the same message,
+    or of an expired one moved here, conflicts as before.
+    """
+    scan_from = begin
+    want = 1
+    while True:
+        limit = budget.batch(want)
+        kvs = tr.snapshot.get_range(begin, end, limit)
+        budget.read(kvs)
+        for key, raw in kvs:
+            rec = Record.decode(raw)
+            if rec.expires_us is not None and rec.expires_us <= now:
+                expire_within(q, tr, cfg, key, raw, rec, budget)
+                continue
+            tr.add_read_conflict_range(scan_from, key + b"\x00")
+            if int(rec.extra.get("not_before", 0)) > now:
+                return None  # strict order: the head waits out its retry delay
+            return key, rec
+        if len(kvs) < limit:
+            tr.add_read_conflict_range(scan_from, end)  # saw the end, as a serializable read would
             return None
-        key, raw = kvs[0]
-        rec = Record.decode(raw)
-        if rec.expires_us is not None and rec.expires_us <= now:
-            expire(q, tr, cfg, key, rec)
-            begin = key + b"\x00"
-            continue
-        if int(rec.extra.get("not_before", 0)) > now:
-            return None  # strict order: the head waits out its retry delay
-        return key, rec
-    return None
+        begin = kvs[-1].key + b"\x00"
+        if budget.scan_exhausted():
+            tr.add_read_conflict_range(scan_from, begin)
+            budget.more = True  # expired messages beyond this transaction's reading: later
+            return None
+        want = min(want * 8, HEAD_BATCH)
 
 
 def _find(
@@ -450,25 +511,45 @@ def _find(
     where: dict[str, Any],
     fallback: bool,
     now: int,
+    budget: Budget,
 ) -> tuple[bytes, Record] | None:
-    first: tuple[bytes, Record] | None = None
-    scanned = 0
-    while scanned < FILTER_SCAN_LIMIT:
-        batch = tr.get_range(begin, end, 100)
+    """The oldest ready message whose headers match ``where``; with ``fallback`` the oldest
+    live message when none matches.
+
+    Snapshot batches from ``budget.resume`` (or the head), at most SCAN_READ_BYTES and
+    SCAN_SECONDS per transaction and FILTER_SCAN_LIMIT messages in all; a match is taken
+    with a read conflict on its key alone (a serializable point read of it at this
+    transaction's read version), so only a concurrent take of the same message conflicts.
+    Where the per-transaction bound is reached first, ``budget.resume`` and ``budget.more``
+    say where the next transaction goes on (a dequeue given a Database does so; in a
+    caller's transaction the dequeue returns None).
+    """
+    cursor = budget.resume or begin
+    while budget.scanned < FILTER_SCAN_LIMIT:
+        limit = budget.batch(8 if not budget.read_rows else FILTER_BATCH)
+        batch = tr.snapshot.get_range(cursor, end, limit)
+        budget.read(batch)
         for key, raw in batch:
+            budget.scanned += 1
             rec = Record.decode(raw)
             if rec.expires_us is not None and rec.expires_us <= now:
-                expire(q, tr, cfg, key, rec)
+                if expire_within(q, tr, cfg, key, raw, rec, budget):
+                    tr.add_read_conflict_key(key)  # two movers of one message conflict
                 continue
-            if first is None:
-                first = (key, rec)
             if all(rec.headers.get(k, _MISSING) == v for k, v in where.items()):
+                tr.add_read_conflict_key(key)
+                budget.resume = None
                 return key, rec
-        scanned += len(batch)
-        if len(batch) < 100:
+        if len(batch) < limit:
             break
-        begin = batch[-1].key + b"\x00"
-    return first if fallback else None
+        cursor = batch[-1].key + b"\x00"
+        if budget.scan_exhausted():
+            budget.resume = cursor
+            budget.more = True
+            return None
+    budget.resume = None
+    budget.more = False  # the scan is over: what it left is a sweep's
+    return _head(q, tr, cfg, begin, end, now, budget) if fallback else None
 
 
 def count_failed_attempt(q: Queue, db: Database, msg: Message, error: EngineError) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 
 from fdbqueue.engines.base import Database
 from fdbqueue.errors import QueueError
-from fdbqueue.message import Message
+from fdbqueue.message import Message, fit_reason
 from fdbqueue.queue import Queue
 from fdbqueue.worker import _as_queues, wait_any
 
@@ -241,7 +241,7 @@ class Dispatcher:
         except Exception as exc:
             ok = False
             try:
-                q.nack(self.db, m, reason=f"{type(exc).__name__}: {exc}"[:500])
+                q.nack(self.db, m, reason=fit_reason(f"{type(exc).__name__}: {exc}"[:500]))
             except QueueError as err:
                 log.warning("could not nack %s: %s", m.id, err)
         if ok:

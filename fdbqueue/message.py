@@ -10,6 +10,7 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from fdbqueue.budget import MAX_DEDUP_KEY_BYTES, MAX_HEADERS_BYTES, MAX_REASON_BYTES, encoded_len
 from fdbqueue.errors import QueueError
 
 RECORD_FORMAT = 1
@@ -22,6 +23,18 @@ class InvalidPayloadError(QueueError, TypeError):
 
 class PayloadTooLargeError(QueueError, ValueError):
     """The payload is larger than the queue's maximum."""
+
+
+class HeadersTooLargeError(QueueError, ValueError):
+    """The headers are larger than MAX_HEADERS_BYTES as stored (compact JSON)."""
+
+
+class DedupKeyTooLargeError(QueueError, ValueError):
+    """The dedup key is longer than MAX_DEDUP_KEY_BYTES in UTF-8."""
+
+
+class ReasonTooLargeError(QueueError, ValueError):
+    """The nack or dead-letter reason is longer than MAX_REASON_BYTES as stored (JSON)."""
 
 
 class ContentType(str, Enum):
@@ -58,7 +71,41 @@ def check_headers(headers: object) -> dict[str, Any]:
         if v is not None and not isinstance(v, (str, int, float, bool)):
             raise QueueError(f"header {k!r} must be str, int, float, bool or None, not {type(v).__name__}")
         out[k] = v
+    size = encoded_len(out)
+    if size > MAX_HEADERS_BYTES:
+        # Headroom for every later state of the record (leased, nacked, dead-lettered, a
+        # staged result) under the value limit: see fdbqueue/budget.py.
+        raise HeadersTooLargeError(
+            f"headers of {size} bytes (as stored) exceed the limit of {MAX_HEADERS_BYTES} bytes "
+            "(MAX_HEADERS_BYTES)"
+        )
     return out
+
+
+def check_dedup_key(dedup_key: str) -> None:
+    """Refuse a dedup key past MAX_DEDUP_KEY_BYTES: it is part of two keys (key limit 10,000)."""
+    n = len(dedup_key.encode("utf-8", "surrogatepass"))
+    if n > MAX_DEDUP_KEY_BYTES:
+        raise DedupKeyTooLargeError(
+            f"dedup_key of {n} bytes exceeds the limit of {MAX_DEDUP_KEY_BYTES} bytes (MAX_DEDUP_KEY_BYTES)"
+        )
+
+
+def fit_reason(text: str) -> str:
+    """``text`` shortened to fit MAX_REASON_BYTES as stored (for reasons made of exception text)."""
+    while encoded_len(text) > MAX_REASON_BYTES:
+        text = text[: len(text) * 3 // 4]
+    return text
+
+
+def check_reason(reason: str) -> None:
+    """Refuse a reason past MAX_REASON_BYTES as the record stores it (JSON)."""
+    n = encoded_len(reason)
+    if n > MAX_REASON_BYTES:
+        raise ReasonTooLargeError(
+            f"reason of {n} bytes (as stored) exceeds the limit of {MAX_REASON_BYTES} bytes "
+            "(MAX_REASON_BYTES)"
+        )
 
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"))  # one encoder: json.dumps makes one a call

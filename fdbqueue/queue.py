@@ -19,9 +19,19 @@ from typing import Any, NamedTuple
 
 import tenacity
 
+from fdbqueue.budget import (
+    MAX_PAYLOAD_BYTES,
+    TXN_BUDGET_BYTES,
+    Budget,
+    BudgetExceededError,
+    encoded_len,
+    grown_record,
+    set_cost,
+)
 from fdbqueue.clock import db_now, now_us, versions
 from fdbqueue.config import Meta, QueueConfig, config_or_create, read_meta, write_config
 from fdbqueue.delivery import (
+    TAKE_RESERVE,
     LeaseError,
     ack_in,
     check_lease_seconds,
@@ -36,7 +46,14 @@ from fdbqueue.delivery import (
     release_in,
     remove_message,
 )
-from fdbqueue.engines.base import Database, Transaction, Watch, engine_traits, is_transaction
+from fdbqueue.engines.base import (
+    Database,
+    KeySelector,
+    Transaction,
+    Watch,
+    engine_traits,
+    is_transaction,
+)
 from fdbqueue.errors import (
     EngineError,
     NestedTransactionError,
@@ -50,7 +67,9 @@ from fdbqueue.message import (
     Message,
     PayloadTooLargeError,
     Record,
+    check_dedup_key,
     check_headers,
+    check_reason,
     coerce_payload,
 )
 from fdbqueue.sweep import SweepStats, clear_old_receipts, new_receipt, read_receipt, sweep
@@ -111,6 +130,8 @@ class Queue:
                 raise QueueError("ttl must be > 0 (None: never expires)")
         if dedup_key is not None and (not isinstance(dedup_key, str) or not dedup_key):
             raise QueueError("dedup_key must be a non-empty str")
+        if dedup_key is not None:
+            check_dedup_key(dedup_key)
         data, ctype = coerce_payload(payload)
         hdrs = check_headers(headers)
         # A ready message's id names its home key (see _write_new): none to make here.
@@ -157,9 +178,30 @@ class Queue:
         delay: float = 0.0,
         timeout: float | None = None,
     ) -> list[str]:
-        """Add several messages atomically (one transaction), in order; returns their ids."""
+        """Add several messages atomically (one transaction), in order; returns their ids.
+
+        One transaction holds at most ``TXN_BUDGET_BYTES`` (docs/budgets.md): a larger batch
+        is refused with BudgetExceededError before anything is written.
+        """
         items = [self._item(p, priority, headers, delay, ttl, None) for p in payloads]
+        cost = sum(self._write_cost(it) for it in items)
+        if cost > TXN_BUDGET_BYTES:
+            raise BudgetExceededError(
+                f"enqueue_many of {len(items)} messages would write about {cost} bytes in one "
+                f"transaction, past the budget of {TXN_BUDGET_BYTES} (TXN_BUDGET_BYTES): split it"
+            )
         return self._enqueue_items(tr, items, timeout) if items else []
+
+    def _write_cost(self, it: _Item) -> int:
+        """An upper bound of the bytes one new message adds to its transaction (budget.py)."""
+        k = len(self.keys.q.key()) + 40  # a ready key: the prefix, then at most 38 bytes
+        chunks = math.ceil(len(it.payload) / CHUNK_SIZE) if len(it.payload) > CHUNK_SIZE else 0
+        inline = b"" if chunks else it.payload
+        raw = Record("r" * 80, 0, it.content_type.value, it.headers, 0, 0, chunks, {}, inline).encode()
+        cost = set_cost(k, len(raw) + 32)
+        if it.delay > 0 or it.ttl is not None:
+            cost += 2 * set_cost(k, k)  # its id and expiry entries
+        return cost + chunks * set_cost(k + 32, CHUNK_SIZE)
 
     def _enqueue_items(
         self, tr: Transaction | Database, items: list[_Item], timeout: float | None
@@ -207,11 +249,12 @@ class Queue:
             write_config(tr, keys, cfg)
         if not meta.state.enqueue:
             raise QueueStoppedError(f"enqueue is disabled on queue {self.name!r}")
+        limit = min(cfg.max_payload, MAX_PAYLOAD_BYTES)  # one transaction's budget (budget.py)
         for it in items:
-            if len(it.payload) > cfg.max_payload:
+            if len(it.payload) > limit:
                 raise PayloadTooLargeError(
                     f"payload of {len(it.payload)} bytes exceeds queue {self.name!r}'s "
-                    f"max_payload of {cfg.max_payload} bytes"
+                    f"max_payload of {limit} bytes"
                 )
         t_us = now_us()  # the wall clock: enqueued_at, for people only
         now = db_now(tr)  # database time: due times, expiry, the dedup window
@@ -382,17 +425,21 @@ class Queue:
             return self._lease_in(tr, secs, receipt, n)  # type: ignore[arg-type]
         db = as_database(tr)
         taken: list[Message] = []
+        budget = Budget(TAKE_RESERVE)
 
         def body(t: Transaction, unknown: bool) -> list[Message]:
             if unknown and taken:
                 raw = t.get(self.keys.inflight_key(taken[0].id))
                 if raw is not None and Record.decode(raw).extra.get("receipt") == taken[0].receipt:
                     return list(taken)  # the attempt that ended in commit_unknown_result committed
-            taken[:] = self._lease_in(t, secs, receipt, n)
+            budget.next_transaction()
+            taken[:] = self._lease_in(t, secs, receipt, n, budget)
             return list(taken)
 
         def attempt(want_watch: bool) -> tuple[list[Message] | None, Watch | None]:
             got = run_once(db, body)
+            while not got and budget.more:  # expired messages moved aside: go on in another
+                got = run_once(db, body)
             if got or not want_watch:
                 return got, None
             return None, watch_queue(db, self.keys, strict_of(db, self.keys))
@@ -420,6 +467,8 @@ class Queue:
             delay = seconds("delay", delay)
         if reason is not None and not isinstance(reason, str):
             raise QueueError("reason must be a str")
+        if reason is not None:
+            check_reason(reason)
         outcome: list[str] = []
 
         def body(t: Transaction, unknown: bool) -> str:
@@ -493,11 +542,15 @@ class Queue:
         unknown = False
         strict = False
         conflicts = 0
+        budget = Budget(TAKE_RESERVE)
+        resume: bytes | None = None  # where a filtered scan goes on, after a committed transaction
         t = db.create_transaction()
         try:
             while True:
                 committing = False
                 try:
+                    budget.next_transaction()
+                    budget.resume = resume
                     if may_unknown and receipt is None:
                         receipt = new_receipt(t, keys, rand)
                     if unknown and taken is not None and receipt and read_receipt(t, keys, receipt):
@@ -509,7 +562,14 @@ class Queue:
                     staged_ok = may_conflict and where is None and not strict
                     if staged_ok and waiting_requests(t, keys):
                         break  # others are queued in the staged set: do not jump the line
-                    msg = self._take(t, where, fallback, meta=meta)
+                    msg = self._take(t, where, fallback, meta=meta, budget=budget)
+                    if msg is None and budget.more:
+                        # This transaction's budget is spent (expired messages moved aside, a
+                        # filter scan's share read): keep what it did, go on in the next one.
+                        t.commit()
+                        resume = budget.resume
+                        t.reset()
+                        continue
                     if msg is None:
                         t.commit()
                         return None, (watch_queue(db, keys, strict) if want_watch else None)
@@ -555,6 +615,7 @@ class Queue:
         *,
         in_caller: bool = False,
         meta: Meta | None = None,
+        budget: Budget | None = None,
     ) -> Message | None:
         keys = self.keys
         opened = self._open_for_dequeue(tr, meta)
@@ -562,7 +623,7 @@ class Queue:
             return None
         cfg, meta = opened
         due = bool(meta.count("delayed") or meta.count("inflight"))
-        head = deliverable_head(self, tr, cfg, where, fallback, db_now(tr), check_due=due)
+        head = deliverable_head(self, tr, cfg, where, fallback, db_now(tr), check_due=due, budget=budget)
         if head is None:
             return None
         key, rec = head
@@ -580,7 +641,9 @@ class Queue:
             tr.on_finish(finished)
         return msg
 
-    def _lease_in(self, tr: Transaction, seconds: float | None, receipt: str, n: int) -> list[Message]:
+    def _lease_in(
+        self, tr: Transaction, seconds: float | None, receipt: str, n: int, budget: Budget | None = None
+    ) -> list[Message]:
         keys = self.keys
         opened = self._open_for_dequeue(tr, None)
         if opened is None:
@@ -589,11 +652,21 @@ class Queue:
         due = bool(meta.count("delayed") or meta.count("inflight"))
         now = db_now(tr)
         out: list[Message] = []
+        budget = Budget(TAKE_RESERVE) if budget is None else budget
+        start: bytes | None = None
         for i in range(n):
-            head = deliverable_head(self, tr, cfg, None, False, now, check_due=due and i == 0)
+            head = deliverable_head(
+                self, tr, cfg, None, False, now, check_due=due and i == 0, budget=budget, start=start
+            )
             if head is None:
                 break
             key, rec = head
+            cost = lease_cost(len(key), rec)
+            if i == 0:
+                budget.charge(cost)  # the first always fits: TAKE_RESERVE was kept for it
+            elif not budget.take(cost):
+                break  # the transaction's budget is spent: fewer messages, the rest next call
+            start = key + b"\x00"
             tr.clear(key)
             if rec.expires_us is not None:
                 tr.clear(keys.expiry_key(rec.expires_us, rec.id))
@@ -613,9 +686,17 @@ class Queue:
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise QueueError(f"n must be an int >= 0, got {n!r}")
 
+        begin, end = self.keys.ready_range()
+
         def body(t: Transaction, _: bool) -> Message | None:
-            kvs = t.get_range(*self.keys.ready_range(), limit=n + 1)
-            return self._message(t, *kvs[n]) if len(kvs) > n else None
+            # One key selector resolved by the storage servers, then one point read: not the
+            # n + 1 records a range read would bring back (key selectors with an offset:
+            # documentation/sphinx/source/developer-guide.rst in apple/foundationdb).
+            key = t.get_key(KeySelector.first_greater_or_equal(begin) + n)
+            if not begin <= key < end:
+                return None
+            raw = t.get(key)
+            return None if raw is None else self._message(t, key, raw)
 
         return run_once(tr, body)
 
@@ -655,6 +736,18 @@ class Queue:
         from fdbqueue.browse import browse
 
         return browse(self, tr, limit=limit, batch=batch)
+
+
+def lease_cost(key_len: int, rec: Record) -> int:
+    """An upper bound of the bytes leasing ``rec`` adds (budget.py): its record rewritten
+    under ("f", id) with the lease fields, a lease entry, its ready and expiry entries cleared,
+    a counter added: four or five keys, each counted about three times."""
+    size = 64 + len(rec.payload)
+    if rec.headers:
+        size += encoded_len(rec.headers)
+    if rec.extra:
+        size += encoded_len(rec.extra)
+    return 16 * (key_len + 32) + grown_record(key_len, size)
 
 
 def new_id() -> str:

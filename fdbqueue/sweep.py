@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fdbqueue.budget import Budget, move_cost
 from fdbqueue.clock import db_now, versions
 from fdbqueue.config import QueueConfig, read_config
 from fdbqueue.delivery import expire, expire_lease, locate, promote_delayed
@@ -61,39 +62,53 @@ def _due(tr: Transaction, q: Queue, tag: str, now: int, limit: int) -> list[byte
     return [kv.key for kv in tr.snapshot.get_range(begin, end, limit)]
 
 
-def sweep_step(q: Queue, tr: Transaction, cfg: QueueConfig, now: int, limit: int) -> SweepStats:
-    """Move up to ``limit`` due entries of each index; composes inside ``tr``."""
+def sweep_step(
+    q: Queue, tr: Transaction, cfg: QueueConfig, now: int, limit: int, budget: Budget | None = None
+) -> SweepStats:
+    """Move up to ``limit`` due entries of each index, within ``budget`` (``budget.py``: what
+    does not fit is left for the next transaction, ``budget.more`` says so); composes inside ``tr``."""
     keys = q.keys
     st = SweepStats()
+    budget = Budget() if budget is None else budget
     for lkey in _due(tr, q, "l", now, limit):
-        outcome = expire_lease(q, tr, cfg, lkey, now)
+        outcome = expire_lease(q, tr, cfg, lkey, now, budget)
+        if outcome == "later":
+            break
         if outcome is not None:
             st.leases += 1
             st.dead += outcome == "dead"
             st.expired += outcome == "expired"
     for dkey in _due(tr, q, "d", now, limit):
-        outcome = promote_delayed(q, tr, cfg, dkey, now)
+        outcome = promote_delayed(q, tr, cfg, dkey, now, budget)
+        if outcome == "later":
+            break
         if outcome is not None:
             st.delayed += outcome == "ready"
             st.expired += outcome == "expired"
     for xkey in _due(tr, q, "x", now, limit):
+        if budget.more:
+            break
         if tr.get(xkey) is None:
             continue
-        tr.clear(xkey)
         msg_id = keys.unpack_tail(xkey)[2]
         where = locate(tr, keys, msg_id)
-        if where is None or keys.unpack_tail(where)[0] != "r":
+        raw = None if where is None or keys.unpack_tail(where)[0] != "r" else tr.get(where)
+        if where is None or raw is None:
+            tr.clear(xkey)
             continue  # leased or delayed: checked again when it is released or promoted
-        raw = tr.get(where)
-        if raw is None:
-            continue
-        expire(q, tr, cfg, where, Record.decode(raw))
+        rec = Record.decode(raw)
+        if not budget.take(move_cost(len(where), len(raw), rec.chunks)):
+            break  # the entry stays for the next transaction
+        tr.clear(xkey)
+        expire(q, tr, cfg, where, rec)
         st.expired += 1
     return st
 
 
-def sweep_housekeeping(q: Queue, tr: Transaction, cfg: QueueConfig, now: int, limit: int) -> SweepStats:
-    """Old dedup entries, old dequeue receipts and uncollected staged results."""
+def sweep_housekeeping(
+    q: Queue, tr: Transaction, cfg: QueueConfig, now: int, limit: int, budget: Budget | None = None
+) -> SweepStats:
+    """Old dedup entries, old dequeue receipts and uncollected staged results, within ``budget``."""
     keys = q.keys
     st = SweepStats()
     horizon = now - versions(cfg.dedup_window)
@@ -105,12 +120,13 @@ def sweep_housekeeping(q: Queue, tr: Transaction, cfg: QueueConfig, now: int, li
             tr.clear(keys.dedup_key(dkey))
         st.dedup += 1
     clear_old_receipts(tr, keys, now)
-    st.results += reclaim_results(q, tr, now, limit)
+    st.results += reclaim_results(q, tr, now, limit, budget)
     return st
 
 
-def reclaim_results(q: Queue, tr: Transaction, now: int, limit: int) -> int:
-    """Staged-dequeue results nobody collected (the requester died): back to their place."""
+def reclaim_results(q: Queue, tr: Transaction, now: int, limit: int, budget: Budget | None = None) -> int:
+    """Staged-dequeue results nobody collected (the requester died): back to their place,
+    as many as ``budget`` affords."""
     from fdbqueue.contention import decode_result
     from fdbqueue.delivery import put_ready
 
@@ -119,6 +135,8 @@ def reclaim_results(q: Queue, tr: Transaction, now: int, limit: int) -> int:
         made, key, raw = decode_result(kv.value)
         if made > now - RESULT_TTL_VERSIONS or tr.get(kv.key) is None:
             continue
+        if budget is not None and not budget.take(move_cost(len(key), len(raw), 0)):
+            break
         tr.clear(kv.key)
         put_ready(tr, q.keys, key, Record.decode(raw), q.keys.parse_ready(key)[0])
         n += 1
@@ -160,6 +178,7 @@ def sweep(q: Queue, tr: Transaction, now: int, limit: int = 100) -> SweepStats:
     cfg = read_config(tr, q.keys)
     if cfg is None:
         return SweepStats()
-    st = sweep_step(q, tr, cfg, now, limit)
-    st.add(sweep_housekeeping(q, tr, cfg, now, limit))
+    budget = Budget()
+    st = sweep_step(q, tr, cfg, now, limit, budget)
+    st.add(sweep_housekeeping(q, tr, cfg, now, limit, budget))
     return st

@@ -26,7 +26,7 @@ from typing import Any
 
 from fdbqueue.engines.base import Database, Watch, transactional
 from fdbqueue.errors import QueueError
-from fdbqueue.message import Message
+from fdbqueue.message import Message, fit_reason
 from fdbqueue.queue import Queue
 from fdbqueue.waiting import bounded, watch_queue
 
@@ -430,7 +430,7 @@ class Worker:
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"
             try:
-                q.nack(self.db, m, reason=reason[:500])
+                q.nack(self.db, m, reason=fit_reason(reason[:500]))
             except QueueError as err:
                 log.warning("could not nack %s: %s", m.id, err)
             self._count(q, False)

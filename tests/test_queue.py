@@ -153,7 +153,7 @@ def test_oversized_payload_is_refused_and_nothing_written(db: Database, jobs: Qu
     small.enqueue(db, b"x" * 1000)
     assert small.size(db) == 1
     with pytest.raises(fdbqueue.PayloadTooLargeError):
-        jobs.enqueue(db, b"x" * 1_048_577)  # the default maximum is 1 MiB
+        jobs.enqueue(db, b"x" * 1_048_577)  # past the default maximum (256 KiB)
     assert jobs.empty(db)
 
 

@@ -24,7 +24,8 @@ def wdb(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
 
 def fill(db: Database, name: str, n: int, **kw: Any) -> Queue:
     q = Queue(name)
-    q.enqueue_many(db, [f"{name}-{i}" for i in range(n)], **kw)
+    for start in range(0, n, 500):  # transactions within the budget (fdbqueue/budget.py)
+        q.enqueue_many(db, [f"{name}-{i}" for i in range(start, min(n, start + 500))], **kw)
     return q
 
 
