@@ -22,13 +22,12 @@ import time
 from typing import TYPE_CHECKING
 
 from fdbqueue.clock import now_us
-from fdbqueue.config import QueueConfig, read_config, read_state
+from fdbqueue.config import QueueConfig, due_entries, read_meta
 from fdbqueue.delivery import HEAD_SKIP_LIMIT, expire, remove_message
 from fdbqueue.engines.base import Database, KeyValue, Transaction
 from fdbqueue.errors import EngineError
 from fdbqueue.layout import MINUS_ONE, ONE, QueueKeys
 from fdbqueue.message import Message, Record
-from fdbqueue.waiting import next_due
 
 if TYPE_CHECKING:
     from fdbqueue.queue import Queue
@@ -60,7 +59,7 @@ def _live_items(queue: Queue, t: Transaction, cfg: QueueConfig, n: int, now: int
         for kv in batch:
             rec = Record.decode(kv.value)
             if rec.expires_us is not None and rec.expires_us <= now:
-                t.get(kv.key)  # as for a pairing: only a true collision conflicts
+                t.add_read_conflict_key(kv.key)  # as for a pairing: only a true collision conflicts
                 expire(queue, t, cfg, kv.key, rec)
             elif len(out) < n:
                 out.append(kv)
@@ -86,13 +85,14 @@ def staged_dequeue(db: Database, queue: Queue) -> Message | None:
     res_key = keys.result_key(rand)
 
     def register(t: Transaction, unknown: bool) -> bool:
-        if unknown and (t.get(res_key) is not None or t.get(req_key) is not None):
+        if unknown and any(v is not None for v in t.get_many([res_key, req_key])):
             # The attempt that ended in commit_unknown_result did register, and another
             # waiter may already have paired it: registering again could pair it twice.
             return True
-        if read_config(t, keys) is None:
+        meta = read_meta(t, keys)
+        if meta.config is None:
             return False
-        if not read_state(t, keys).dequeue:
+        if not meta.state.dequeue:
             from fdbqueue.queue import QueueStoppedError
 
             raise QueueStoppedError(f"dequeue is disabled on queue {queue.name!r}")
@@ -103,12 +103,14 @@ def staged_dequeue(db: Database, queue: Queue) -> Message | None:
         return None
     delay = 0.0005
     while True:
-        fulfil(db, queue)
+        # Our own result first: with many dequeuers another's fulfil has usually paired us,
+        # and a fulfil of our own would only collide with theirs.
         got = _collect(db, queue, req_key, res_key)
         if got is not _PENDING:
             return got  # type: ignore[return-value]
-        time.sleep(delay * random.uniform(0.5, 1.0))
-        delay = min(delay * 2, 0.05)
+        if fulfil(db, queue) == 0:
+            time.sleep(delay * random.uniform(0.5, 1.0))
+            delay = min(delay * 2, 0.05)
 
 
 def _collect(db: Database, queue: Queue, req_key: bytes, res_key: bytes) -> object:
@@ -118,11 +120,11 @@ def _collect(db: Database, queue: Queue, req_key: bytes, res_key: bytes) -> obje
     taken: list[Message] = []
 
     def body(t: Transaction, unknown: bool) -> object:
-        if unknown and taken and t.get(res_key) is None:
+        request, raw = t.get_many([req_key, res_key])  # one round trip for both
+        if unknown and taken and raw is None:
             return taken[0]  # the attempt that ended in commit_unknown_result committed
-        if t.get(req_key) is not None:
+        if request is not None:
             return _PENDING
-        raw = t.get(res_key)
         if raw is None:
             return None
         _made, key, record = decode_result(raw)
@@ -144,12 +146,18 @@ def fulfil(db: Database, queue: Queue) -> int:
     try:
         while True:
             try:
+                # A constant number of round trips per batch, none per pair: the requests
+                # and messages come from snapshot range reads, each one paired gets a read
+                # conflict key of its own (FoundationDB's high-contention queue recipe: two
+                # fulfillers conflict only when they touch the same request or message), and
+                # the requests' result keys are read together in one get_many.
                 reqs = t.snapshot.get_range(*keys.pop_range(), limit=BATCH)
                 if not reqs:
                     return made
                 now = now_us()
-                cfg = read_config(t, keys)
-                if cfg is not None and next_due(t, keys, now) is not None:
+                meta = read_meta(t, keys)
+                cfg = meta.config
+                if cfg is not None and due_entries(t, keys, meta, now):
                     from fdbqueue.sweep import sweep_step
 
                     sweep_step(queue, t, cfg, now, 16)  # due delays and expired leases first
@@ -157,28 +165,30 @@ def fulfil(db: Database, queue: Queue) -> int:
                 live = []
                 for req in reqs:
                     if keys.unpack_tail(req.key)[1] < stale_before:
-                        t.get(req.key)
+                        t.add_read_conflict_key(req.key)
                         t.clear(req.key)
                     else:
                         live.append(req)
                 items = _live_items(queue, t, cfg, len(live), now) if cfg is not None else []
-                for req, item in zip(live, items, strict=False):
-                    # Point reads make only true collisions conflict (keep them: without
-                    # them two fulfillers could hand out one message twice).
-                    t.get(req.key)
-                    t.get(item.key)
-                    rand = keys.unpack_tail(req.key)[2]
-                    if t.get(keys.result_key(rand)) is not None:
+                paired = live[: len(items)]
+                results = [keys.result_key(keys.unpack_tail(req.key)[2]) for req in paired]
+                existing = t.get_many(results) if results else []
+                for req, item, res, seen in zip(paired, items, results, existing, strict=True):
+                    # Conflict keys, not reads: without them two fulfillers could hand out
+                    # one message twice, and the snapshot reads already gave the values.
+                    t.add_read_conflict_key(req.key)
+                    t.add_read_conflict_key(item.key)
+                    if seen is not None:
                         t.clear(req.key)  # already paired (see register): never pair twice
                         continue
-                    t.set(keys.result_key(rand), encode_result(now, item.key, item.value))
+                    t.set(res, encode_result(now, item.key, item.value))
                     rec = Record.decode(item.value)
                     remove_message(t, keys, item.key, rec, chunks=False)  # its requester reads them
                     t.add(keys.counter("ready"), MINUS_ONE)
                     t.add(keys.counter("done"), ONE)
                     t.clear(req.key)
                 for req in live[len(items) :]:
-                    t.get(req.key)
+                    t.add_read_conflict_key(req.key)
                     t.clear(req.key)  # nothing to pair: its requester gets None
                 t.commit()
                 made += min(len(live), len(items))

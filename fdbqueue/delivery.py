@@ -192,8 +192,12 @@ def lease_in(
     now: int,
     *,
     strict: bool = False,
+    payload: bytes | None = None,
 ) -> Message:
-    """Move the ready message at ``key`` (just removed by the caller) into flight under ``receipt``."""
+    """Move the ready message at ``key`` (just removed by the caller) into flight under ``receipt``.
+
+    ``payload``: a chunked message's payload when the caller has read it already.
+    """
     keys = q.keys
     deadline = now + int(seconds * 1e6)
     extra = dict(rec.extra)
@@ -207,9 +211,10 @@ def lease_in(
     if key != keys.home_key(rec.id):
         tr.clear(keys.id_key(rec.id))  # it pointed at the ready key; ("f", id) is found by id
     tr.add(keys.counter("inflight"), ONE)
-    payload = rec.payload
-    if rec.chunks:
-        payload = b"".join(kv.value for kv in tr.get_range(*keys.chunk_range(rec.id)))
+    if payload is None:
+        payload = rec.payload
+        if rec.chunks:
+            payload = b"".join(kv.value for kv in tr.get_range(*keys.chunk_range(rec.id)))
     return Message.from_record(
         leased, q.name, keys.priority_of(key), key, payload, receipt=receipt, lease_deadline=deadline / 1e6
     )
