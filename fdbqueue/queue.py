@@ -63,7 +63,7 @@ from fdbqueue.message import (
 )
 from fdbqueue.sweep import SweepStats, clear_old_receipts, sweep
 from fdbqueue.txn import as_database, run_once, seconds
-from fdbqueue.waiting import blocking, bounded, strict_of, watch_queue
+from fdbqueue.waiting import blocking, strict_of, wait_ready, watch_queue
 
 CHUNK_SIZE = 10_000  # FoundationDB's blob recipe: values of about 10 kB
 # lease_many stops taking messages past this many record bytes, keeping its transaction (the
@@ -476,11 +476,7 @@ class Queue:
             raise QueueError("wait() needs a Database: a watch arms only when its transaction commits")
         if timeout is not None:
             timeout = seconds("timeout", timeout)
-        watch = watch_queue(db, self.keys)
-        try:
-            return watch.wait(bounded(db, self.keys, timeout))
-        finally:
-            watch.cancel()
+        return wait_ready(db, self.keys, timeout)
 
     def _dequeue_own(
         self, db: Database, where: Mapping[str, Any] | None, fallback: bool, want_watch: bool
