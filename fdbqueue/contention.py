@@ -103,14 +103,15 @@ def staged_dequeue(db: Database, queue: Queue) -> Message | None:
         return None
     delay = 0.0005
     while True:
-        # Our own result first: with many dequeuers another's fulfil has usually paired us,
-        # and a fulfil of our own would only collide with theirs.
+        # Our own request first: with many dequeuers another's fulfil has usually paired it
+        # already, and then this fulfil stops at its first read (see ``mine``) instead of
+        # pairing others' requests and colliding with their fulfils.
+        fulfil(db, queue, mine=req_key)
         got = _collect(db, queue, req_key, res_key)
         if got is not _PENDING:
             return got  # type: ignore[return-value]
-        if fulfil(db, queue) == 0:
-            time.sleep(delay * random.uniform(0.5, 1.0))
-            delay = min(delay * 2, 0.05)
+        time.sleep(delay * random.uniform(0.5, 1.0))
+        delay = min(delay * 2, 0.05)
 
 
 def _collect(db: Database, queue: Queue, req_key: bytes, res_key: bytes) -> object:
@@ -138,8 +139,20 @@ def _collect(db: Database, queue: Queue, req_key: bytes, res_key: bytes) -> obje
     return run_once(db, body)
 
 
-def fulfil(db: Database, queue: Queue) -> int:
-    """Pair waiting requests with ready messages, a batch per transaction; returns pairs made."""
+def _done(mine: bytes, reqs: list[KeyValue]) -> bool:
+    """True when request ``mine`` is not among ``reqs``, the first waiting requests in order,
+    though it would be: it was paired (or cleared) already."""
+    if len(reqs) == BATCH and mine > reqs[-1].key:
+        return False  # beyond this batch: it may still wait
+    return all(kv.key != mine for kv in reqs)
+
+
+def fulfil(db: Database, queue: Queue, *, mine: bytes | None = None) -> int:
+    """Pair waiting requests with ready messages, a batch per transaction; returns pairs made.
+
+    ``mine``: the caller's own request key. When the first read shows it no longer waits
+    (another waiter paired it), nothing is paired: the caller collects its result at once.
+    """
     keys = queue.keys
     made = 0
     t = db.create_transaction()
@@ -153,6 +166,8 @@ def fulfil(db: Database, queue: Queue) -> int:
                 # the requests' result keys are read together in one get_many.
                 reqs = t.snapshot.get_range(*keys.pop_range(), limit=BATCH)
                 if not reqs:
+                    return made
+                if mine is not None and _done(mine, reqs):
                     return made
                 now = now_us()
                 meta = read_meta(t, keys)

@@ -584,11 +584,13 @@ class Queue:
         payloads = self._chunked_payloads(tr, [rec for _, rec in heads])
         secs = seconds or cfg.lease_seconds
         out: list[Message] = []
+        if heads:  # one atomic add per counter for the batch, not one per message
+            tr.add(keys.counter("ready"), pack_count(-len(heads)))
+            tr.add(keys.counter("inflight"), pack_count(len(heads)))
         for i, (key, rec) in enumerate(heads):
             tr.clear(key)
             if rec.expires_us is not None:
                 tr.clear(keys.expiry_key(rec.expires_us, rec.id))
-            tr.add(keys.counter("ready"), MINUS_ONE)
             out.append(
                 lease_in(
                     self,
@@ -600,6 +602,7 @@ class Queue:
                     now,
                     strict=cfg.strict_order,
                     payload=payloads.get(rec.id),
+                    count=False,
                 )
             )
         return out
@@ -625,7 +628,7 @@ class Queue:
         skipped = 0
         taken_bytes = 0
         while len(out) < n and skipped < HEAD_SKIP_LIMIT:
-            want = n - len(out) + 8  # a little more: expired messages are moved aside
+            want = n - len(out) + min(8, 1 + n // 8)  # a little more: expired ones are moved aside
             batch = tr.snapshot.get_range(begin, end, want)
             for key, raw in batch:
                 rec = Record.decode(raw)

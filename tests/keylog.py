@@ -20,8 +20,16 @@ class KeyTraffic:
     """Keys and bytes one transaction attempt read and wrote."""
 
     keys_read: list[bytes] = field(default_factory=list)  # every key returned or asked for
-    bytes_read: int = 0
+    sizes_read: list[int] = field(default_factory=list)  # key + value bytes of each
     keys_written: list[bytes] = field(default_factory=list)
+
+    @property
+    def bytes_read(self) -> int:
+        return sum(self.sizes_read)
+
+    def read(self, key: bytes, value: bytes | None) -> None:
+        self.keys_read.append(key)
+        self.sizes_read.append(len(key) + len(value or b""))
 
 
 class _LoggingReads(_CountingReads):
@@ -31,28 +39,26 @@ class _LoggingReads(_CountingReads):
 
     def get(self, key: bytes) -> bytes | None:
         value = super().get(key)
-        log = self._log()
-        log.keys_read.append(key)
-        log.bytes_read += len(key) + len(value or b"")
+        self._log().read(key, value)
         return value
 
     def get_many(self, keys: list[bytes]) -> list[bytes | None]:
         values = super().get_many(keys)
         log = self._log()
-        log.keys_read.extend(keys)
-        log.bytes_read += sum(len(k) + len(v or b"") for k, v in zip(keys, values, strict=True))
+        for k, v in zip(keys, values, strict=True):
+            log.read(k, v)
         return values
 
     def get_range(self, begin: Any, end: Any, limit: int = 0, reverse: bool = False) -> list[KeyValue]:
         rows = super().get_range(begin, end, limit, reverse)
         log = self._log()
-        log.keys_read.extend(k for k, _ in rows)
-        log.bytes_read += sum(len(k) + len(v) for k, v in rows)
+        for k, v in rows:
+            log.read(k, v)
         return rows
 
     def get_key(self, selector: KeySelector) -> bytes:
         key = super().get_key(selector)
-        self._log().keys_read.append(key)
+        self._log().read(key, None)
         return key
 
 
