@@ -264,9 +264,7 @@ def read_meta(tr: Transaction, keys: QueueKeys) -> Meta:
     db = tr.db
     cached = None
     if version is not None:
-        with _settings_lock:
-            per_db = _settings.get(db)
-            cached = None if per_db is None else per_db.get(keys.q.key())
+        cached = _cached(db, keys)
         if cached is not None and cached.version != version:
             cached = None
     if cached is None:
@@ -305,6 +303,15 @@ def _read_settings(tr: Transaction, keys: QueueKeys, version: bytes) -> _Setting
         elif name == "st":
             state = _decode_state(value)
     return _Settings(version, cfg, state, frozenset(priorities))
+
+
+def _cached(db: Any, keys: QueueKeys) -> _Settings | None:
+    try:
+        with _settings_lock:
+            per_db = _settings.get(db)
+            return None if per_db is None else per_db.get(keys.q.key())
+    except TypeError:  # a database that cannot be weakly referenced: no cache
+        return None
 
 
 def _remember(db: Any, keys: QueueKeys, settings: _Settings) -> None:

@@ -187,6 +187,7 @@ class Worker:
                 signal.signal(sig, handler)
             with self._lock:
                 watchers, self._watchers = self._watchers, []
+                self._waiting = threading.local()  # a later run starts with fresh watchers
             for watcher in watchers:
                 watcher.close()
         self.stats.prefetch = self.budget.size
