@@ -26,7 +26,7 @@ from fdbqueue.config import QueueConfig, due_entries, read_meta
 from fdbqueue.delivery import HEAD_SKIP_LIMIT, expire, remove_message
 from fdbqueue.engines.base import Database, KeyValue, Transaction
 from fdbqueue.errors import EngineError
-from fdbqueue.layout import MINUS_ONE, ONE, QueueKeys
+from fdbqueue.layout import QueueKeys, pack_count
 from fdbqueue.message import Message, Record
 
 if TYPE_CHECKING:
@@ -188,6 +188,7 @@ def fulfil(db: Database, queue: Queue, *, mine: bytes | None = None) -> int:
                 paired = live[: len(items)]
                 results = [keys.result_key(keys.unpack_tail(req.key)[2]) for req in paired]
                 existing = t.get_many(results) if results else []
+                handed = 0
                 for req, item, res, seen in zip(paired, items, results, existing, strict=True):
                     # Conflict keys, not reads: without them two fulfillers could hand out
                     # one message twice, and the snapshot reads already gave the values.
@@ -199,9 +200,11 @@ def fulfil(db: Database, queue: Queue, *, mine: bytes | None = None) -> int:
                     t.set(res, encode_result(now, item.key, item.value))
                     rec = Record.decode(item.value)
                     remove_message(t, keys, item.key, rec, chunks=False)  # its requester reads them
-                    t.add(keys.counter("ready"), MINUS_ONE)
-                    t.add(keys.counter("done"), ONE)
+                    handed += 1
                     t.clear(req.key)
+                if handed:  # one atomic add per counter for the batch, not one per pair
+                    t.add(keys.counter("ready"), pack_count(-handed))
+                    t.add(keys.counter("done"), pack_count(handed))
                 for req in live[len(items) :]:
                     t.add_read_conflict_key(req.key)
                     t.clear(req.key)  # nothing to pair: its requester gets None

@@ -89,6 +89,8 @@ def test_lease_many_64_takes_at_most_three_sequential_read_round_trips(sim: Data
     (cost,) = committed(db.take())
     assert cost.reads <= 3, f"lease_many(64) took {cost.reads} sequential read round trips"
     # Conflicts only over what was taken: one key each, not the scanned range.
+    for name in ("ready", "inflight"):  # one atomic add each for the batch, not one per message
+        assert sum(b == q.keys.counter(name) for b, _ in cost.write_ranges) == 1
     lo, hi = q.keys.ready_range()
     ready = [(b, e) for b, e in cost.read_ranges if lo <= b < hi]
     assert len(ready) == 64 and all(e == b + b"\x00" for b, e in ready)
@@ -152,6 +154,10 @@ def test_fulfil_round_trips_do_not_grow_with_the_pairs(sim: Database, pairs: int
     (cost,) = committed(db.take())
     assert cost.reads <= 4, f"fulfil of {pairs} pairs took {cost.reads} sequential reads"
     assert all(sim.get(q.keys.result_key(r)) is not None for r in rands)
+    # The hot counters take one atomic add each for the batch, not one per pair.
+    for name in ("ready", "done"):
+        assert sum(b == q.keys.counter(name) for b, _ in cost.write_ranges) == 1
+    assert q.size(sim) == 0
 
 
 def test_a_staged_dequeue_costs_a_constant_number_of_round_trips(sim: Database) -> None:
