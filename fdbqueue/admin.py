@@ -12,6 +12,7 @@ from fdbqueue.config import (
     QueueConfig,
     QueueNotFoundError,
     QueueState,
+    bump_metadata_version,
     read_config,
     read_state,
     write_config,
@@ -110,6 +111,7 @@ def set_state(
             dequeue=st.dequeue if dequeue is None else bool(dequeue),
         )
         t.set(keys.state, new.encode())
+        bump_metadata_version(t, keys)
         if new.dequeue and not st.dequeue:
             t.add(keys.wake, pack_count(1))  # wake blocked dequeuers: they may proceed now
         return new
@@ -232,6 +234,7 @@ def purge_queue(tr: Transaction | Database, name: str, *, root: tuple[Any, ...] 
             r = keys.q.range((tag,))
             t.clear_range(r.start, r.stop)
         t.clear_range(*keys.priority_marker_range())
+        bump_metadata_version(t, keys)
         return removed
 
     return run_once(tr, body)

@@ -5,15 +5,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import struct
+import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from fdbqueue.budget import MAX_PAYLOAD_BYTES
 from fdbqueue.engines.base import ReadView, Transaction, engine_traits
 from fdbqueue.errors import QueueError
-from fdbqueue.layout import LAYER_FORMAT, QueueKeys, unpack_count
+from fdbqueue.layout import HOT_COUNTERS, LAYER_FORMAT, QueueKeys, unpack_count
 
 
 class QueueNotFoundError(QueueError, KeyError):
@@ -203,6 +206,7 @@ def check_layer_format(tr: Transaction, keys: QueueKeys) -> None:
 def write_config(tr: Transaction, keys: QueueKeys, cfg: QueueConfig) -> None:
     check_layer_format(tr, keys)
     tr.set(keys.config, cfg.encode())
+    bump_metadata_version(tr, keys)
     tr.set(keys.listing, b"")
 
 
@@ -221,34 +225,96 @@ def read_state(tr: ReadView, keys: QueueKeys) -> QueueState:
 
 @dataclass
 class Meta:
-    """A queue's small keys, fetched by one range read (see ``layout.py``)."""
+    """A queue's small keys: settings, state and priority markers (cached), hot counters (read)."""
 
     config: QueueConfig | None
     state: QueueState
     counters: dict[str, int]
     made_ready: int  # the wake counter: also the index high-water mark
-    priorities: set[int]
+    priorities: frozenset[int]
 
     def count(self, name: str) -> int:
         return max(0, self.counters.get(name, 0))
 
 
-def read_meta(tr: Transaction, keys: QueueKeys) -> Meta:
-    """Settings, state, counters, index mark and priorities in one snapshot range read.
+class _Settings(NamedTuple):
+    version: bytes  # the metadata version they were read at
+    config: QueueConfig | None
+    state: QueueState
+    priorities: frozenset[int]
 
-    Settings and state get read conflicts of their own (as serializable reads would), so
-    a concurrent pause or reconfiguration conflicts; the hot counters get none.
+
+# Settings per database and queue, each valid while the queue's metadata version is unchanged.
+# Keyed by the database object, so that two stores never share an entry.
+_settings: weakref.WeakKeyDictionary[Any, dict[bytes, _Settings]] = weakref.WeakKeyDictionary()
+_settings_lock = threading.Lock()
+
+
+def bump_metadata_version(tr: Transaction, keys: QueueKeys) -> None:
+    """Record that the queue's settings, state or priority markers change in ``tr``.
+
+    A fresh random value rather than a counter: a version written by an attempt that then
+    aborted can never be written again, so no cache entry made from it can ever match (the
+    property FoundationDB gets from writing ``\\xff/metadataVersion`` with a versionstamp,
+    ``fdbclient/ReadYourWrites.cpp`` ``atomicOp``). A blind write: it conflicts with nothing.
     """
-    kvs = tr.snapshot.get_range(*keys.meta_range())
+    tr.set(keys.metadata_version, os.urandom(16))
+
+
+def read_meta(tr: Transaction, keys: QueueKeys) -> Meta:
+    """Settings, state, priority markers and the hot counters, in one round trip when cached.
+
+    One ``get_many`` reads the queue's metadata version with the counters an operation
+    needs; the settings come from a process-wide cache while that version is unchanged
+    (every change of settings, state or markers writes a new one in the same transaction:
+    :func:`bump_metadata_version`), else from a range read of the metadata, which refills the
+    cache. The model is FoundationDB's metadata version key (``\\xff/metadataVersion``,
+    ``fdbclient/NativeAPI.actor.cpp`` ``Transaction::get``): a change made by any process is
+    seen by the next transaction that starts after it commits.
+
+    Every read is a snapshot read; settings and state get read conflicts of their own (as
+    serializable reads would), so a concurrent pause or reconfiguration conflicts and the
+    cached values are as good as read; the hot counters get none.
+    """
+    counter_keys = keys.hot_counters()
+    values = tr.snapshot.get_many([keys.metadata_version, *counter_keys])
+    version = values[0]
+    counters = {name: _count(raw) for name, raw in zip(HOT_COUNTERS, values[1:], strict=True)}
     if engine_traits(tr.db)[0]:  # pointless where nothing conflicts (the embedded engine)
         tr.add_read_conflict_key(keys.config)
         tr.add_read_conflict_key(keys.state)
+    db = tr.db
+    cached = None
+    if version is not None:
+        cached = _cached(db, keys)
+        if cached is not None and cached.version != version:
+            cached = None
+    if cached is None:
+        cached = _read_settings(tr, keys, version or b"")
+        if version is not None:
+            _remember(db, keys, cached)
+    return Meta(cached.config, cached.state, counters, counters["wake"], cached.priorities)
+
+
+def due_entries(tr: Transaction, keys: QueueKeys, meta: Meta, now: int) -> bool:
+    """Whether a lease has expired or a delayed message is due by ``now`` (snapshot reads).
+
+    Only the indexes whose counters say they hold entries are read: a queue with leases
+    in flight but nothing delayed costs one read here, an idle one none.
+    """
+    for tag, counter in (("l", "inflight"), ("d", "delayed")):
+        if meta.count(counter) and tr.snapshot.get_range(*keys.index_range(tag, now + 1), 1):
+            return True
+    return False
+
+
+def _read_settings(tr: Transaction, keys: QueueKeys, version: bytes) -> _Settings:
+    """Settings, state and priority markers from one snapshot range read of the metadata."""
     cfg: QueueConfig | None = None
     state = _OPEN
-    counters: dict[str, int] = {}
     priorities: set[int] = set()
     names = keys.meta_names()
-    for key, value in kvs:
+    for key, value in tr.snapshot.get_range(*keys.meta_range()):
         name = names.get(key)
         if name is None:
             p = keys.marker_priority(key)
@@ -258,11 +324,35 @@ def read_meta(tr: Transaction, keys: QueueKeys) -> Meta:
             cfg = _decode_config(value)
         elif name == "st":
             state = _decode_state(value)
-        elif len(value) == 8:  # the hot path: every counter is 8 bytes
-            counters[name] = _COUNT(value)[0]
-        else:
-            counters[name] = unpack_count(value)
-    return Meta(cfg, state, counters, counters.get("wake", 0), priorities)
+    return _Settings(version, cfg, state, frozenset(priorities))
+
+
+def _cached(db: Any, keys: QueueKeys) -> _Settings | None:
+    try:
+        with _settings_lock:
+            per_db = _settings.get(db)
+            return None if per_db is None else per_db.get(keys.q.key())
+    except TypeError:  # a database that cannot be weakly referenced: no cache
+        return None
+
+
+def _remember(db: Any, keys: QueueKeys, settings: _Settings) -> None:
+    try:
+        with _settings_lock:
+            per_db = _settings.get(db)
+            if per_db is None:
+                per_db = _settings[db] = {}
+            if len(per_db) > 4096:  # a process touching very many queues: start again
+                per_db.clear()
+            per_db[keys.q.key()] = settings
+    except TypeError:  # a database that cannot be weakly referenced: no cache
+        pass
+
+
+def _count(raw: bytes | None) -> int:
+    if raw is not None and len(raw) == 8:  # the hot path: every counter is 8 bytes
+        return int(_COUNT(raw)[0])
+    return unpack_count(raw)
 
 
 _OPEN = QueueState()

@@ -25,13 +25,12 @@ from typing import TYPE_CHECKING
 
 from fdbqueue.budget import Budget, move_cost
 from fdbqueue.clock import db_now, versions
-from fdbqueue.config import QueueConfig, read_config, read_state
+from fdbqueue.config import QueueConfig, due_entries, read_meta
 from fdbqueue.delivery import HEAD_BATCH, HEAD_SKIP_LIMIT, expire_within, remove_message
 from fdbqueue.engines.base import Database, KeyValue, Transaction
 from fdbqueue.errors import CommitUnknownError, EngineError
-from fdbqueue.layout import MINUS_ONE, ONE, QueueKeys
+from fdbqueue.layout import QueueKeys, pack_count
 from fdbqueue.message import Message, Record
-from fdbqueue.waiting import next_due
 
 if TYPE_CHECKING:
     from fdbqueue.queue import Queue
@@ -101,13 +100,14 @@ def staged_dequeue(db: Database, queue: Queue) -> Message | None:
         if not made:
             made.append(keys.pop_key(db_now(t), rand))
         req_key = made[0]
-        if unknown and (t.get(res_key) is not None or t.get(req_key) is not None):
+        if unknown and any(v is not None for v in t.get_many([res_key, req_key])):
             # The attempt that ended in commit_unknown_result did register, and another
             # waiter may already have paired it: registering again could pair it twice.
             return True
-        if read_config(t, keys) is None:
+        meta = read_meta(t, keys)
+        if meta.config is None:
             return False
-        if not read_state(t, keys).dequeue:
+        if not meta.state.dequeue:
             from fdbqueue.queue import QueueStoppedError
 
             raise QueueStoppedError(f"dequeue is disabled on queue {queue.name!r}")
@@ -119,7 +119,10 @@ def staged_dequeue(db: Database, queue: Queue) -> Message | None:
     req_key = made[0]
     delay = 0.0005
     while True:
-        fulfil(db, queue)
+        # Our own request first: with many dequeuers another's fulfil has usually paired it
+        # already, and then this fulfil stops at its first read (see ``mine``) instead of
+        # pairing others' requests and colliding with their fulfils.
+        fulfil(db, queue, mine=req_key)
         got = _collect(db, queue, req_key, res_key)
         if got is not _PENDING:
             return got  # type: ignore[return-value]
@@ -135,6 +138,7 @@ def _collect(db: Database, queue: Queue, req_key: bytes, res_key: bytes) -> obje
     made: list[int] = []  # when the result was made (a version)
 
     def body(t: Transaction, unknown: bool) -> object:
+        request, raw = t.get_many([req_key, res_key])  # one round trip for both
         if unknown and taken:
             # A sweep reclaims results older than RESULT_TTL: past that, a missing result
             # may be one put back rather than one we collected (the same argument as for
@@ -147,11 +151,10 @@ def _collect(db: Database, queue: Queue, req_key: bytes, res_key: bytes) -> obje
                     "ended in commit_unknown_result (1021) and the retry came after uncollected "
                     "results are put back; the message was taken, or is back in the queue"
                 )
-            if t.get(res_key) is None:
+            if raw is None:
                 return taken[0]  # the attempt that ended in commit_unknown_result committed
-        if t.get(req_key) is not None:
+        if request is not None:
             return _PENDING
-        raw = t.get(res_key)
         if raw is None:
             return None
         made_at, key, record = decode_result(raw)
@@ -166,21 +169,41 @@ def _collect(db: Database, queue: Queue, req_key: bytes, res_key: bytes) -> obje
     return run_once(db, body)
 
 
-def fulfil(db: Database, queue: Queue) -> int:
-    """Pair waiting requests with ready messages, a batch per transaction; returns pairs made."""
+def _done(mine: bytes, reqs: list[KeyValue]) -> bool:
+    """True when request ``mine`` is not among ``reqs``, the first waiting requests in order,
+    though it would be: it was paired (or cleared) already."""
+    if len(reqs) == BATCH and mine > reqs[-1].key:
+        return False  # beyond this batch: it may still wait
+    return all(kv.key != mine for kv in reqs)
+
+
+def fulfil(db: Database, queue: Queue, *, mine: bytes | None = None) -> int:
+    """Pair waiting requests with ready messages, a batch per transaction; returns pairs made.
+
+    ``mine``: the caller's own request key. When the first read shows it no longer waits
+    (another waiter paired it), nothing is paired: the caller collects its result at once.
+    """
     keys = queue.keys
     made = 0
     t = db.create_transaction()
     try:
         while True:
             try:
+                # A constant number of round trips per batch, none per pair: the requests
+                # and messages come from snapshot range reads, each one paired gets a read
+                # conflict key of its own (FoundationDB's high-contention queue recipe: two
+                # fulfillers conflict only when they touch the same request or message), and
+                # the requests' result keys are read together in one get_many.
                 reqs = t.snapshot.get_range(*keys.pop_range(), limit=BATCH)
                 if not reqs:
                     return made
+                if mine is not None and _done(mine, reqs):
+                    return made
                 now = db_now(t)
                 budget = Budget()  # this transaction's (fdbqueue/budget.py)
-                cfg = read_config(t, keys)
-                if cfg is not None and next_due(t, keys, now) is not None:
+                meta = read_meta(t, keys)
+                cfg = meta.config
+                if cfg is not None and due_entries(t, keys, meta, now):
                     from fdbqueue.sweep import sweep_step
 
                     sweep_step(queue, t, cfg, now, 16, budget)  # due delays and expired leases first
@@ -188,37 +211,43 @@ def fulfil(db: Database, queue: Queue) -> int:
                 live = []
                 for req in reqs:
                     if keys.unpack_tail(req.key)[1] < stale_before:
-                        t.get(req.key)
+                        t.add_read_conflict_key(req.key)
                         t.clear(req.key)
                     else:
                         live.append(req)
                 items = _live_items(queue, t, cfg, len(live), now, budget) if cfg is not None else []
-                paired = 0
-                for req, item in zip(live, items, strict=False):
+                affordable: list[KeyValue] = []
+                for item in items:
                     # The result holds the record: within the budget, the rest next transaction.
                     if not budget.take(move_cost(len(item.key), len(item.value), 0)):
                         break
-                    paired += 1
-                    # Point reads make only true collisions conflict (keep them: without
-                    # them two fulfillers could hand out one message twice).
-                    t.get(req.key)
-                    t.get(item.key)
-                    rand = keys.unpack_tail(req.key)[2]
-                    if t.get(keys.result_key(rand)) is not None:
+                    affordable.append(item)
+                paired = live[: len(affordable)]
+                results = [keys.result_key(keys.unpack_tail(req.key)[2]) for req in paired]
+                existing = t.get_many(results) if results else []
+                handed = 0
+                for req, item, res, seen in zip(paired, affordable, results, existing, strict=True):
+                    # Conflict keys, not reads: without them two fulfillers could hand out
+                    # one message twice, and the snapshot reads already gave the values.
+                    t.add_read_conflict_key(req.key)
+                    t.add_read_conflict_key(item.key)
+                    if seen is not None:
                         t.clear(req.key)  # already paired (see register): never pair twice
                         continue
-                    t.set(keys.result_key(rand), encode_result(now, item.key, item.value))
+                    t.set(res, encode_result(now, item.key, item.value))
                     rec = Record.decode(item.value)
                     remove_message(t, keys, item.key, rec, chunks=False)  # its requester reads them
-                    t.add(keys.counter("ready"), MINUS_ONE)
-                    t.add(keys.counter("done"), ONE)
+                    handed += 1
                     t.clear(req.key)
+                if handed:  # one atomic add per counter for the batch, not one per pair
+                    t.add(keys.counter("ready"), pack_count(-handed))
+                    t.add(keys.counter("done"), pack_count(handed))
                 if not budget.more:
                     for req in live[len(items) :]:
-                        t.get(req.key)
+                        t.add_read_conflict_key(req.key)
                         t.clear(req.key)  # nothing to pair: its requester gets None
                 t.commit()
-                made += paired
+                made += len(paired)
                 if len(reqs) < BATCH and not budget.more:
                     return made
                 t.reset()

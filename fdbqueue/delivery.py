@@ -216,8 +216,14 @@ def lease_in(
     now: int,
     *,
     strict: bool = False,
+    payload: bytes | None = None,
+    count: bool = True,
 ) -> Message:
-    """Move the ready message at ``key`` (just removed by the caller) into flight under ``receipt``."""
+    """Move the ready message at ``key`` (just removed by the caller) into flight under ``receipt``.
+
+    ``payload``: a chunked message's payload when the caller has read it already.
+    ``count=False``: the caller adds to the in-flight counter itself (once for a batch).
+    """
     keys = q.keys
     deadline = now + versions(seconds)
     until = lease_until(seconds)
@@ -231,10 +237,12 @@ def lease_in(
     tr.set(keys.lease_key(deadline, rec.id), receipt.encode())
     if key != keys.home_key(rec.id):
         tr.clear(keys.id_key(rec.id))  # it pointed at the ready key; ("f", id) is found by id
-    tr.add(keys.counter("inflight"), ONE)
-    payload = rec.payload
-    if rec.chunks:
-        payload = b"".join(kv.value for kv in tr.get_range(*keys.chunk_range(rec.id)))
+    if count:
+        tr.add(keys.counter("inflight"), ONE)
+    if payload is None:
+        payload = rec.payload
+        if rec.chunks:
+            payload = b"".join(kv.value for kv in tr.get_range(*keys.chunk_range(rec.id)))
     return Message.from_record(
         leased,
         q.name,

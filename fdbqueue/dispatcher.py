@@ -30,7 +30,8 @@ from fdbqueue.engines.base import Database
 from fdbqueue.errors import QueueError
 from fdbqueue.message import Message, fit_reason
 from fdbqueue.queue import Queue
-from fdbqueue.worker import _as_queues, wait_any
+from fdbqueue.waiting import QueueWatcher
+from fdbqueue.worker import _as_queues
 
 log = logging.getLogger("fdbqueue.dispatcher")
 
@@ -98,6 +99,7 @@ class Dispatcher:
         self.stats = DispatcherStats(per_queue={q.name: 0 for q in self.queues})
         self._stop = threading.Event()
         self._cond = threading.Condition()
+        self._watcher: QueueWatcher | None = None
         self._running = 0
         self._seq = itertools.count(1)
         self._turn = 0
@@ -171,6 +173,9 @@ class Dispatcher:
         finally:
             self._stop.set()
             pool.shutdown(wait=True)
+            if self._watcher is not None:
+                self._watcher.close()
+                self._watcher = None
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         return self.stats
@@ -212,7 +217,9 @@ class Dispatcher:
         if self.schedule == "interval" and not self._round:
             self._stop.wait(max(0.0, self.interval - (time.monotonic() - self._last_round)))
         else:
-            wait_any(self.db, self.queues, timeout, self._stop)
+            if self._watcher is None:  # kept across waits: its watches outlive each one
+                self._watcher = QueueWatcher(self.db, [q.keys for q in self.queues])
+            self._watcher.wait(timeout, self._stop)
 
     def _lease(self, slots: int) -> list[tuple[Queue, Message]]:
         got: list[tuple[Queue, Message]] = []

@@ -9,6 +9,9 @@ default. ``Q`` below is ``root + ("q", queue_name)``::
     Q + ("m", "st")                             queue state flags, JSON (paused directions)
     Q + ("m", "n", counter)                     8-byte little-endian counters, atomic adds only
     Q + ("m", "pri", -priority)                 priorities in use (browse looks back over them)
+    Q + ("m", "mv")                             the queue's metadata version: a fresh random value
+                                                written with every change of settings, state or
+                                                priority markers (see ``config.read_meta``)
     Q + ("r", -priority, index, rand)           ready messages: higher priority first, FIFO within
     Q + ("id", msg_id)                          id index -> the message's current key, for messages
                                                 delayed, or ready away from the home key
@@ -72,6 +75,7 @@ DEFAULT_ROOT: tuple[Any, ...] = ("fdbqueue",)
 # ready/inflight/delayed: messages in each state now; done/dead/expired: totals ever (rates
 # come from two samples); wake: messages ever made ready (enqueues, retries, promotions).
 COUNTERS = ("ready", "inflight", "delayed", "done", "dead", "expired", "wake")
+HOT_COUNTERS = ("ready", "inflight", "delayed", "wake")  # what an enqueue or dequeue needs to know
 
 _ONE = struct.pack("<q", 1)
 _MINUS_ONE = struct.pack("<q", -1)
@@ -255,6 +259,15 @@ class QueueKeys:
     def wake(self) -> bytes:
         """Grows whenever messages become ready; blocking dequeues watch it (no spurious wake-ups)."""
         return self.counter("wake")
+
+    @property
+    def metadata_version(self) -> bytes:
+        """Changes (to a fresh random value) whenever the settings, state or priority markers do."""
+        return self._meta("mv")
+
+    def hot_counters(self) -> list[bytes]:
+        """The counters every operation reads: ready, inflight, delayed, wake (see ``HOT_COUNTERS``)."""
+        return [self.counter(c) for c in HOT_COUNTERS]
 
     def counter(self, name: str) -> bytes:
         key = self._cache.get("n/" + name)

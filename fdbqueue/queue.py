@@ -29,14 +29,25 @@ from fdbqueue.budget import (
     set_cost,
 )
 from fdbqueue.clock import db_now, now_us, versions
-from fdbqueue.config import Meta, QueueConfig, config_or_create, read_meta, write_config
+from fdbqueue.config import (
+    Meta,
+    QueueConfig,
+    bump_metadata_version,
+    config_or_create,
+    due_entries,
+    read_meta,
+    write_config,
+)
 from fdbqueue.delivery import (
+    HEAD_BATCH,
+    HEAD_SKIP_LIMIT,
     TAKE_RESERVE,
     LeaseError,
     ack_in,
     check_lease_seconds,
     count_failed_attempt,
     deliverable_head,
+    expire_within,
     expires_at,
     extend_in,
     lease_in,
@@ -74,9 +85,11 @@ from fdbqueue.message import (
 )
 from fdbqueue.sweep import SweepStats, clear_old_receipts, new_receipt, read_receipt, sweep
 from fdbqueue.txn import as_database, may_have_landed, run_once, seconds, unknown_outcome
-from fdbqueue.waiting import blocking, bounded, strict_of, watch_queue
+from fdbqueue.waiting import blocking, strict_of, wait_ready, watch_queue
 
 CHUNK_SIZE = 10_000  # FoundationDB's blob recipe: values of about 10 kB
+# lease_many stops taking messages past this many record bytes, keeping its transaction (the
+# leased records are written again) well under FoundationDB's advised 1 MB.
 
 log = logging.getLogger("fdbqueue")
 
@@ -285,8 +298,11 @@ class Queue:
         if receipt:
             tr.set(receipt[0], ",".join(ids).encode())  # ids are made here: a retry reads them back
             maybe_clear_old_receipts(tr, keys)
-        for p in priorities - meta.priorities:
+        new_priorities = priorities - meta.priorities
+        for p in new_priorities:
             tr.set(keys.priority_marker(p), b"")
+        if new_priorities:
+            bump_metadata_version(tr, keys)  # cached marker sets elsewhere are out of date
         if ready:
             tr.add(keys.counter("ready"), pack_count(ready))
             tr.add(keys.wake, pack_count(ready))
@@ -523,11 +539,7 @@ class Queue:
             raise QueueError("wait() needs a Database: a watch arms only when its transaction commits")
         if timeout is not None:
             timeout = seconds("timeout", timeout)
-        watch = watch_queue(db, self.keys)
-        try:
-            return watch.wait(bounded(db, self.keys, timeout))
-        finally:
-            watch.cancel()
+        return wait_ready(db, self.keys, timeout)
 
     def _dequeue_own(
         self, db: Database, where: Mapping[str, Any] | None, fallback: bool, want_watch: bool
@@ -649,31 +661,110 @@ class Queue:
         if opened is None:
             return []
         cfg, meta = opened
-        due = bool(meta.count("delayed") or meta.count("inflight"))
         now = db_now(tr)
-        out: list[Message] = []
         budget = Budget(TAKE_RESERVE) if budget is None else budget
-        start: bytes | None = None
-        for i in range(n):
-            head = deliverable_head(
-                self, tr, cfg, None, False, now, check_due=due and i == 0, budget=budget, start=start
-            )
-            if head is None:
-                break
-            key, rec = head
-            cost = lease_cost(len(key), rec)
-            if i == 0:
-                budget.charge(cost)  # the first always fits: TAKE_RESERVE was kept for it
-            elif not budget.take(cost):
-                break  # the transaction's budget is spent: fewer messages, the rest next call
-            start = key + b"\x00"
+        if cfg.strict_order:  # one delivery in flight at a time: at most one head
+            due = bool(meta.count("delayed") or meta.count("inflight"))
+            head = deliverable_head(self, tr, cfg, None, False, now, check_due=due, budget=budget)
+            heads = [] if head is None else [head]
+            if head is not None:
+                budget.charge(lease_cost(len(head[0]), head[1]))  # TAKE_RESERVE was kept for it
+        else:
+            heads = self._ready_heads(tr, cfg, meta, n, now, budget)
+        payloads = self._chunked_payloads(tr, [rec for _, rec in heads])
+        secs = seconds or cfg.lease_seconds
+        out: list[Message] = []
+        if heads:  # one atomic add per counter for the batch, not one per message
+            tr.add(keys.counter("ready"), pack_count(-len(heads)))
+            tr.add(keys.counter("inflight"), pack_count(len(heads)))
+        for i, (key, rec) in enumerate(heads):
             tr.clear(key)
             if rec.expires_us is not None:
                 tr.clear(keys.expiry_key(rec.expires_us, rec.id))
-            tr.add(keys.counter("ready"), MINUS_ONE)
-            secs = seconds or cfg.lease_seconds
-            out.append(lease_in(self, tr, key, rec, secs, f"{receipt}.{i}", now, strict=cfg.strict_order))
+            out.append(
+                lease_in(
+                    self,
+                    tr,
+                    key,
+                    rec,
+                    secs,
+                    f"{receipt}.{i}",
+                    now,
+                    strict=cfg.strict_order,
+                    payload=payloads.get(rec.id),
+                    count=False,
+                )
+            )
         return out
+
+    def _ready_heads(
+        self, tr: Transaction, cfg: QueueConfig, meta: Meta, n: int, now: int, budget: Budget
+    ) -> list[tuple[bytes, Record]]:
+        """Up to ``n`` deliverable ready messages from the head, in one range read (more only
+        when expired ones had to be moved aside), instead of one read per message.
+
+        The read is a snapshot read, and each message taken (or expired) gets a read conflict
+        of its own: two leasers conflict only when they take the same message, the recipe of
+        FoundationDB's queue (a conflict over the whole scanned range would add nothing: a
+        message enqueued concurrently ahead of these serializes after this transaction).
+        Within ``budget``: the first message always (TAKE_RESERVE was kept for it), the others
+        while they fit; expired messages it cannot afford to move are passed over for later.
+        """
+        keys = self.keys
+        if due_entries(tr, keys, meta, now):
+            from fdbqueue.sweep import sweep_step
+
+            sweep_step(self, tr, cfg, now, 16, budget)  # due delays and expired leases first
+        begin, end = keys.ready_range()
+        out: list[tuple[bytes, Record]] = []
+        skipped = 0
+        extra = min(8, 1 + n // 8)  # a little more than wanted: expired ones are moved aside
+        while len(out) < n and skipped < HEAD_SKIP_LIMIT:
+            if budget.scan_exhausted():
+                budget.more = True  # expired messages beyond this transaction's reading: later
+                break
+            want = budget.batch(n - len(out) + extra)
+            batch = tr.snapshot.get_range(begin, end, want)
+            budget.read(batch)
+            for key, raw in batch:
+                rec = Record.decode(raw)
+                if rec.expires_us is not None and rec.expires_us <= now:
+                    if expire_within(self, tr, cfg, key, raw, rec, budget):
+                        tr.add_read_conflict_key(key)
+                    skipped += 1
+                    continue
+                if int(rec.extra.get("not_before", 0)) > now:
+                    return out  # a head waiting out its retry delay holds the rest back
+                cost = lease_cost(len(key), rec)
+                if not out:
+                    budget.charge(cost)
+                elif not budget.take(cost):
+                    return out  # the transaction's budget is spent: the rest next call
+                tr.add_read_conflict_key(key)
+                out.append((key, rec))
+                if len(out) == n:
+                    return out
+            if len(batch) < want:
+                break
+            begin = batch[-1].key + b"\x00"
+            extra = min(extra * 8, HEAD_BATCH)  # past a run of expired ones: a few round trips
+        return out
+
+    def _chunked_payloads(self, tr: Transaction, recs: list[Record]) -> dict[str, bytes]:
+        """The payloads of the chunked messages among ``recs``: one ``get_many`` for all their
+        chunks (their count is in the record), not a range read per message.
+
+        Snapshot reads: chunks never change while their message exists, and the message's
+        own key carries the read conflict.
+        """
+        chunked = [rec for rec in recs if rec.chunks]
+        if not chunked:
+            return {}
+        keys = self.keys
+        values = iter(
+            tr.snapshot.get_many([keys.chunk_key(rec.id, i) for rec in chunked for i in range(rec.chunks)])
+        )
+        return {rec.id: b"".join(next(values) or b"" for _ in range(rec.chunks)) for rec in chunked}
 
     # -- examining without consuming ----------------------------------------------------------
 

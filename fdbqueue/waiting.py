@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -10,7 +11,7 @@ from fdbqueue.clock import db_now, seconds_of
 from fdbqueue.config import read_config
 from fdbqueue.engines.base import Database, Transaction, Watch
 from fdbqueue.engines.local import EventWatch
-from fdbqueue.errors import EngineError, QueueStoppedError
+from fdbqueue.errors import EngineError, QueueError, QueueStoppedError
 from fdbqueue.layout import QueueKeys
 from fdbqueue.message import Record
 from fdbqueue.txn import run_once, seconds
@@ -36,11 +37,19 @@ def next_due(tr: Transaction, keys: QueueKeys, now: int | None = None) -> int | 
     return due
 
 
+# When the database refuses another watch (1032 too_many_watches: FoundationDB allows 10,000
+# outstanding watches per database by default, ``DatabaseContext::maxOutstandingWatches`` in
+# ``fdbclient/NativeAPI.actor.cpp``), a waiter falls back to re-checking the queue this often,
+# still bounded by its own timeout and the queue's next deadline.
+REFUSED_WATCH_RECHECK = 0.2
+
+
 def watch_queue(db: Database, keys: QueueKeys, strict: bool = False) -> Watch:
     """A watch on the wake key, already fired when a message is ready (none missed in between).
 
     Under strict order a ready message may be held back by one in flight: then only the
-    wake key (bumped by an ack or release) or a deadline ends the wait.
+    wake key (bumped by an ack or release) or a deadline ends the wait. A refused watch
+    (1032) is returned as a watch that fails with 1032 when waited on: see :func:`wait_on`.
     """
     t = db.create_transaction()
     while True:
@@ -55,7 +64,41 @@ def watch_queue(db: Database, keys: QueueKeys, strict: bool = False) -> Watch:
                 return fired
             return w
         except EngineError as exc:
+            if exc.code == 1032:  # refused when made rather than when waited on
+                t.cancel()
+                refused = EventWatch(keys.wake, None)
+                refused.fail(1032, "too many outstanding watches")
+                return refused
             t.on_error(exc)
+
+
+def refused(watch: Watch) -> bool:
+    """True when ``watch`` failed with 1032 (too_many_watches)."""
+    if not watch.is_ready():
+        return False
+    try:
+        watch.wait(0)
+    except EngineError as exc:
+        return exc.code == 1032
+    return False
+
+
+def wait_on(watch: Watch, timeout: float | None) -> bool:
+    """``watch.wait(timeout)``; a refused watch (1032) waits a bounded re-check interval instead.
+
+    True when the watch fired, or when a refused watch's re-check interval ended before
+    ``timeout`` (the caller looks again, as after a firing); False when ``timeout`` passed.
+    """
+    try:
+        return watch.wait(timeout)
+    except EngineError as exc:
+        if exc.code != 1032:
+            raise
+    if timeout is not None and timeout <= REFUSED_WATCH_RECHECK:
+        time.sleep(max(0.0, timeout))
+        return False
+    time.sleep(REFUSED_WATCH_RECHECK)
+    return True
 
 
 def strict_of(db: Database, keys: QueueKeys) -> bool:
@@ -107,6 +150,123 @@ def blocking(
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
-            watch.wait(bounded(db, keys, remaining))
+            wait_on(watch, bounded(db, keys, remaining))
         finally:
             watch.cancel()
+
+
+def wait_ready(db: Database, keys: QueueKeys, timeout: float | None) -> bool:
+    """Block until a message may be ready on the queue (True) or ``timeout`` passes (False).
+
+    A watch when the database grants one; when it refuses (1032), timed re-checks of the
+    head every ``REFUSED_WATCH_RECHECK`` seconds, up to the same bound.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        watch = watch_queue(db, keys)
+        try:
+            limit = None if deadline is None else max(0.0, deadline - time.monotonic())
+            limit = bounded(db, keys, limit)
+            if not refused(watch):
+                return watch.wait(limit)
+            if wait_on(watch, limit) is False:
+                return False
+        finally:
+            watch.cancel()
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+
+
+class QueueWatcher:
+    """Watches on several queues kept across idle waits (a worker's or a dispatcher's).
+
+    Each queue's watch lives until it fires, fails, or the watcher is closed: an idle waiter
+    whose bounded wait ends without news waits again on the same watch, without a new watch,
+    transaction or relay thread. A small thread per live watch relays its firing. The
+    queue's next deadline (delayed message, lease) is read when its watch is armed and again
+    once that deadline has passed. Not shared between threads: one watcher per waiting thread.
+    """
+
+    def __init__(self, db: Database, keys: list[QueueKeys]) -> None:
+        self._db = db
+        self._keys = keys
+        self._watches: list[Watch | None] = [None] * len(keys)
+        self._due: list[float | None] = [None] * len(keys)  # monotonic time of the next deadline
+        self._fired = threading.Event()
+        self.armed = 0  # watches made so far (a measure for tests and benchmarks)
+
+    def wait(self, timeout: float | None, stop: threading.Event) -> bool:
+        """Wait until a queue may have a message ready (True), ``timeout`` passes or ``stop``
+        is set (False)."""
+        self._fired.clear()
+        now = time.monotonic()
+        limit = None if timeout is None else now + timeout
+        news = False
+        for i, keys in enumerate(self._keys):
+            w = self._watches[i]
+            if w is not None and w.is_ready():
+                if not refused(w):
+                    news = True  # fired since the last wait: re-armed at the next one
+                    continue
+                w.cancel()
+                w = None
+            if w is None:
+                w = self._arm(i)
+                if w.is_ready() and not refused(w):
+                    news = True
+                    continue
+            else:
+                due = self._due[i]
+                if due is not None and due <= now:  # passed: what is the next one?
+                    self._due[i] = self._due_at(keys)
+            due = self._due[i]
+            if refused(w):
+                due = now + REFUSED_WATCH_RECHECK if due is None else min(due, now + REFUSED_WATCH_RECHECK)
+            if due is not None:
+                limit = due if limit is None else min(limit, due)
+        if news:
+            self._rearm_fired()
+            return True
+        while not stop.is_set():
+            step = 0.25 if limit is None else min(0.25, limit - time.monotonic())
+            if step <= 0:
+                return False
+            if self._fired.wait(step):
+                self._rearm_fired()
+                return True
+        return False
+
+    def _rearm_fired(self) -> None:
+        # A fired watch is spent: dropped now, so the next wait arms a fresh one.
+        for i, w in enumerate(self._watches):
+            if w is not None and w.is_ready() and not refused(w):
+                w.cancel()
+                self._watches[i] = None
+
+    def _arm(self, i: int) -> Watch:
+        keys = self._keys[i]
+        w = watch_queue(self._db, keys)
+        self.armed += 1
+        self._watches[i] = w
+        self._due[i] = self._due_at(keys)
+        if not w.is_ready():
+            threading.Thread(target=self._relay, args=(w,), daemon=True, name="fdbqueue-watch").start()
+        return w
+
+    def _due_at(self, keys: QueueKeys) -> float | None:
+        until = bounded(self._db, keys, None)
+        return None if until is None else time.monotonic() + until
+
+    def _relay(self, w: Watch) -> None:
+        try:
+            if w.wait(None):
+                self._fired.set()
+        except QueueError:
+            pass  # cancelled, refused or failed: the next wait looks at it
+
+    def close(self) -> None:
+        """Cancel every watch (their relay threads then end)."""
+        for i, w in enumerate(self._watches):
+            if w is not None:
+                w.cancel()
+            self._watches[i] = None

@@ -24,11 +24,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fdbqueue.engines.base import Database, Watch, transactional
+from fdbqueue.engines.base import Database, transactional
 from fdbqueue.errors import QueueError
 from fdbqueue.message import Message, fit_reason
 from fdbqueue.queue import Queue
-from fdbqueue.waiting import bounded, watch_queue
+from fdbqueue.waiting import QueueWatcher
 
 log = logging.getLogger("fdbqueue.worker")
 
@@ -106,38 +106,14 @@ def _as_queues(queues: Queue | str | Iterable[Queue | str]) -> list[Queue]:
 def wait_any(db: Database, queues: Sequence[Queue], timeout: float | None, stop: threading.Event) -> bool:
     """Wait until any queue may have a message ready, ``timeout`` passes or ``stop`` is set.
 
-    One watch per queue; with several, a small thread per watch relays its firing.
+    A one-off wait: a waiter that waits again and again keeps a :class:`QueueWatcher`
+    instead, so that its watches outlive each wait.
     """
-    fired = threading.Event()
-    watches: list[Watch] = []
+    watcher = QueueWatcher(db, [q.keys for q in queues])
     try:
-        limit = timeout
-        for q in queues:
-            watches.append(watch_queue(db, q.keys))
-            limit = bounded(db, q.keys, limit)
-        if any(w.is_ready() for w in watches):
-            return True
-
-        def relay(w: Watch) -> None:
-            try:
-                if w.wait(None):
-                    fired.set()
-            except QueueError:
-                pass  # cancelled: the wait is over anyway
-
-        for w in watches:
-            threading.Thread(target=relay, args=(w,), daemon=True).start()
-        deadline = None if limit is None else time.monotonic() + limit
-        while not stop.is_set():
-            step = 0.25 if deadline is None else min(0.25, deadline - time.monotonic())
-            if step <= 0:
-                return False
-            if fired.wait(step):
-                return True
-        return False
+        return watcher.wait(timeout, stop)
     finally:
-        for w in watches:
-            w.cancel()
+        watcher.close()
 
 
 class Worker:
@@ -174,6 +150,8 @@ class Worker:
         self.stats = WorkerStats(per_queue={q.name: 0 for q in self.queues})
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._waiting = threading.local()  # each waiting thread's QueueWatcher
+        self._watchers: list[QueueWatcher] = []
         self._turn = 0
         self._last_sweep = 0.0
         self._limit: int | None = None
@@ -207,6 +185,11 @@ class Worker:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            with self._lock:
+                watchers, self._watchers = self._watchers, []
+                self._waiting = threading.local()  # a later run starts with fresh watchers
+            for watcher in watchers:
+                watcher.close()
         self.stats.prefetch = self.budget.size
         self.stats.ingress_rate = self.budget.ingress.tick()
         self.stats.egress_rate = self.budget.egress.tick()
@@ -263,9 +246,18 @@ class Worker:
         if until_empty and self._drained():
             self._stop.set()
             return
-        woke = wait_any(self.db, self.queues, self.idle_timeout, self._stop)
+        woke = self._watcher().wait(self.idle_timeout, self._stop)
         with self._lock:
             self.stats.wakeups += woke
+
+    def _watcher(self) -> QueueWatcher:
+        """This thread's watcher: its watches outlive each idle wait (no rebuild per wait)."""
+        watcher: QueueWatcher | None = getattr(self._waiting, "watcher", None)
+        if watcher is None:
+            watcher = self._waiting.watcher = QueueWatcher(self.db, [q.keys for q in self.queues])
+            with self._lock:
+                self._watchers.append(watcher)
+        return watcher
 
     def _drained(self) -> bool:
         from fdbqueue.admin import queue_stats

@@ -60,8 +60,8 @@ def test_contended_dequeues_use_the_staged_set_and_deliver_once(
         staged_calls[0] += 1  # GIL-atomic enough for a lower bound
         return real_staged(*args)
 
-    def counting_fulfil(*args: Any) -> int:
-        made = real_fulfil(*args)
+    def counting_fulfil(*args: Any, **kwargs: Any) -> int:
+        made = real_fulfil(*args, **kwargs)
         pairs.append(made)
         return made
 

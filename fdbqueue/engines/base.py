@@ -136,6 +136,12 @@ class ReadView(Protocol):
         self, prefix: bytes, limit: int = 0, reverse: bool = False
     ) -> list[KeyValue]: ...
 
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        """The values of ``keys`` (None where absent), in order: every read issued before
+        any is waited on, so one round trip on FoundationDB instead of one per key. The
+        same conflicts as ``get`` of each key."""
+        ...
+
 
 @runtime_checkable
 class Transaction(ReadView, Protocol):

@@ -145,6 +145,19 @@ class _FDBReads:
             return self.get_range(key.start or b"", key.stop or SYSTEM_KEYS, 0, key.step == -1)
         return self.get(key)
 
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        """The values of ``keys`` in order: every ``get`` future is issued before any is
+        waited on, so the reads travel together (one round trip, not one per key; the
+        bindings' ``tr.get`` returns an unwaited ``Value`` future, ``bindings/python/fdb/impl.py``).
+        """
+        for key in keys:
+            check_bytes("key", key)
+        try:
+            futures = [self._reads.get(key) for key in keys]
+            return [bytes(f) if f.present() else None for f in futures]
+        except _FDBError as exc:
+            raise _engine_error(exc) from exc
+
     def get_key(self, selector: KeySelector) -> bytes:
         """The key ``selector`` resolves to (clamped to ``b''`` .. ``b'\\xff'``)."""
         sel = _selector(selector)
