@@ -20,12 +20,14 @@ The store itself (version chains, commit resolution, garbage collection, watches
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
 from heapq import merge
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from sortedcontainers import SortedList
 
@@ -41,6 +43,8 @@ from fdbqueue.engines._simstore import (
     _Write,
 )
 from fdbqueue.engines.base import (
+    KEY_RANGE_REF_BYTES,
+    MUTATION_REF_BYTES,
     SYSTEM_KEYS,
     TRANSACTION_WINDOW_SECONDS,
     KeySelector,
@@ -51,13 +55,22 @@ from fdbqueue.engines.base import (
     make_versionstamp,
 )
 from fdbqueue.engines.local import EventWatch, LocalDatabase, LocalTransaction
-from fdbqueue.errors import EngineError, InvalidURLError
+from fdbqueue.errors import ClusterUnavailableError, EngineError, InvalidURLError
 
 if TYPE_CHECKING:
     from fdbqueue.engines import ParsedURL
 
 # ManualClock and SimStats live in _simstore.py; tests and callers import them from here.
-__all__ = ["ManualClock", "SimDatabase", "SimStats", "SimTransaction", "open_sim"]
+__all__ = [
+    "CommitInfo",
+    "Fault",
+    "ManualClock",
+    "SimDatabase",
+    "SimStats",
+    "SimTransaction",
+    "fault_possible",
+    "open_sim",
+]
 
 
 class SimTransaction(LocalTransaction):
@@ -182,7 +195,6 @@ class SimTransaction(LocalTransaction):
         end = min(end, SYSTEM_KEYS)
         if begin >= end:
             return
-        self._has_reads = True
         if not self._writes and not self._cb:
             self._rconf.append((begin, end))
             return
@@ -206,11 +218,9 @@ class SimTransaction(LocalTransaction):
         self._rconf.append((cur, end))
 
     # -- engine primitives: reads --------------------------------------------------------------
-    # Base sets _has_reads before each read; FDB's commit-time 1007 applies only to a
-    # transaction with read-conflict ranges, so it is recomputed from those.
 
     def _get(self, key: bytes, snapshot: bool) -> bytes | None:
-        self._has_reads = bool(self._rconf)
+        self._sim._check_up()
         with self._sim._lock:
             rv = self._acquire_locked()
             w = self._writes.get(key)
@@ -231,8 +241,8 @@ class SimTransaction(LocalTransaction):
         return value
 
     def _resolve(self, selector: KeySelector, snapshot: bool) -> bytes:
+        self._sim._check_up()
         key, or_equal, offset = selector
-        self._has_reads = bool(self._rconf)
         with self._sim._lock:
             self._acquire_locked()
             if offset >= 1:
@@ -263,7 +273,7 @@ class SimTransaction(LocalTransaction):
     def _get_range(
         self, begin: bytes, end: bytes, limit: int, reverse: bool, snapshot: bool
     ) -> list[KeyValue]:
-        self._has_reads = bool(self._rconf)
+        self._sim._check_up()
         out: list[KeyValue] = []
         with self._sim._lock:
             self._acquire_locked()
@@ -285,6 +295,10 @@ class SimTransaction(LocalTransaction):
             self._add_read_conflict(lo, hi)
         return out
 
+    def get_read_version(self) -> int:
+        self._sim._check_up()
+        return super().get_read_version()
+
     def _read_version(self) -> int:
         with self._sim._lock:
             return self._acquire_locked()
@@ -298,12 +312,15 @@ class SimTransaction(LocalTransaction):
         self._wconf.append((key, key_after(key)))
 
     def _set(self, key: bytes, value: bytes) -> None:
+        self._sim._check_up()
         self._put(key, _Write(_VALUE, value))
 
     def _clear(self, key: bytes) -> None:
+        self._sim._check_up()
         self._put(key, _Write(_VALUE, None))
 
     def _clear_range(self, begin: bytes, end: bytes) -> None:
+        self._sim._check_up()
         if self._writes:
             wkeys = self._sorted_writes()
             for k in list(wkeys.irange(begin, end, (True, False))):
@@ -323,6 +340,7 @@ class SimTransaction(LocalTransaction):
         self._wconf.append((begin, end))
 
     def _atomic(self, op: str, key: bytes, param: bytes) -> None:
+        self._sim._check_up()
         w = self._writes.get(key)
         if w is None:
             if self._cb and self._in_cleared(key):  # over a clear: the result is known
@@ -338,6 +356,7 @@ class SimTransaction(LocalTransaction):
         self._wconf.append((key, key_after(key)))
 
     def _versionstamped(self, kind: str, key: bytes, value: bytes) -> None:
+        self._sim._check_up()
         if kind == "value":
             self._put(key, _Write(_STAMP, value, []))
             return
@@ -354,42 +373,75 @@ class SimTransaction(LocalTransaction):
             self._wconf.append((lo, min(hi, SYSTEM_KEYS)))
 
     def _conflict_range(self, kind: str, begin: bytes, end: bytes) -> None:
+        self._sim._check_up()
         if kind == "read":
             # No read version yet is fine: one taken at commit sees no later write.
-            self._has_reads = bool(self._rconf)
             self._add_read_conflict(begin, end)
         elif begin < end:
             self._wconf.append((begin, end))
 
     # -- commit ----------------------------------------------------------------------------------
 
+    def _transaction_size(self) -> int:
+        """Transaction::getSize (fdbclient/NativeAPI.actor.cpp) of what RYW would hand over.
+
+        ReadYourWritesTransaction::writeRangeToNativeTransaction sends the write map: one
+        ClearRange per cleared range, then one mutation per set or clear of a key (a clear
+        inside a cleared range is covered by it) and per atomic op or versionstamped write;
+        the write conflict ranges and (RYW readConflicts) the read conflict ranges merged.
+        """
+        n, total = 0, 0
+        for b, e in zip(self._cb, self._ce, strict=True):
+            n, total = n + 1, total + len(b) + len(e)
+        for k, w in self._writes.items():
+            if w.kind == _UNDER:
+                for _, param in w.ops or ():
+                    n, total = n + 1, total + len(k) + len(param)
+            elif w.value is None:
+                if not self._in_cleared(k):
+                    n, total = n + 1, total + 2 * len(k) + 1
+            else:
+                n, total = n + 1, total + len(k) + len(w.value)
+        for _, template, value in self._vs_keys:
+            n, total = n + 1, total + len(template) + len(value)
+        total += n * MUTATION_REF_BYTES
+        for ranges in (self._wconf, self._rconf):
+            merged = _merge(ranges)
+            total += sum(len(b) + len(e) for b, e in merged) + KEY_RANGE_REF_BYTES * len(merged)
+        return total
+
     def _commit(self) -> int:
         db = self._sim
+        fault: Fault | None = None
+        version = -1
         try:
+            db._check_up()
             if not (self._writes or self._cb or self._vs_keys or self._wconf):
                 with db._lock:
                     db.stats.read_only += 1
-                return -1  # read-only: commits locally, no conflict check (FDB)
+                return -1  # read-only: commits locally, no check (Transaction::commitMutations)
             if db.delay > 0:
                 db.sleep(db._rng.random() * db.delay)
+            commit = CommitInfo(reads=bool(self._rconf), read_version=self._rv is not None)
             fired: list[EventWatch] = []
-            fault = 0
             with db._lock:
-                applied = True
-                if db.faults > 0:
-                    r = db._rng.random()
-                    if r < db.faults:
-                        fault = (1020, 1021, 1007)[min(2, int(3 * r / db.faults))]
-                        db.stats.faults[fault] = db.stats.faults.get(fault, 0) + 1
-                        if fault != 1021:
-                            raise EngineError(fault, "injected fault")
-                        applied = db._rng.random() < 0.5
-                version = -1
-                if applied:
+                fault = db.fault_source(commit)
+                if fault is not None and not fault_possible(fault.code, commit):
+                    fault = None
+                if fault is not None:
+                    db.stats.faults[fault.code] = db.stats.faults.get(fault.code, 0) + 1
+                    if fault.code not in MAYBE_COMMITTED_FAULTS:
+                        raise EngineError(fault.code, "injected fault")
+                # Transaction::makeSelfConflicting (called from commitMutations unless
+                # causal_write_risky): a read conflict range of its own, on a key nobody else
+                # writes, so that the resolver checks the read version's age (1007) but
+                # nothing can conflict with it. Its write half would never meet a reader.
+                self._rconf.append(_self_conflict_range(next(db._self_conflicts)))
+                if fault is None or fault.applied:
                     try:
                         version = db._check_and_apply_locked(self, fired)
                     except EngineError:
-                        if fault != 1021:
+                        if fault is None:
                             raise
                 self._release()
                 db._collect_locked()
@@ -397,11 +449,69 @@ class SimTransaction(LocalTransaction):
             self._release()
         for w in fired:
             w.fire()
-        if fault == 1021:
-            raise EngineError(
-                1021, "injected fault: the commit " + ("was" if version >= 0 else "was not") + " applied"
-            )
+        if fault is not None:
+            applied = "was" if version >= 0 else "was not"
+            raise EngineError(fault.code, f"injected fault: the commit {applied} applied")
         return version
+
+
+def _self_conflict_range(n: int) -> Range:
+    key = b"\xff/SC/" + n.to_bytes(8, "big")
+    return key, key_after(key)
+
+
+def _merge(ranges: list[Range]) -> list[Range]:
+    """Sorted, with overlapping and touching ranges joined (as RYW coalesces them)."""
+    out: list[Range] = []
+    for b, e in sorted(ranges):
+        if out and b <= out[-1][1]:
+            if e > out[-1][1]:
+                out[-1] = (out[-1][0], e)
+        elif b < e:
+            out.append((b, e))
+    return out
+
+
+# -- fault injection -----------------------------------------------------------------------------
+
+
+class CommitInfo(NamedTuple):
+    """What decides which faults FoundationDB could give a commit with writes."""
+
+    reads: bool  # read conflict ranges of its own (not the self-conflicting one)
+    read_version: bool  # took a read version before commit (else one is taken at commit)
+
+
+class Fault(NamedTuple):
+    """An injected commit outcome: ``code``, and for the maybe-committed ones whether it landed."""
+
+    code: int
+    applied: bool = False
+
+
+# Commit outcomes the sim injects. Maybe committed: 1021 and 1039 (fdb_error_predicate
+# MAYBE_COMMITTED, bindings/c/fdb_c.cpp), 1031 when the timeout fires during commit (the
+# commit may still land: RYWImpl::simulateTimeoutInFlightCommit, fdbclient/ReadYourWrites.cpp),
+# 1025 when cancel() comes during commit.
+MAYBE_COMMITTED_FAULTS = frozenset({1021, 1039, 1031, 1025})
+NOT_COMMITTED_FAULTS = frozenset({1020, 1007})
+
+
+def fault_possible(code: int, commit: CommitInfo) -> bool:
+    """Whether FoundationDB could end ``commit`` with ``code``.
+
+    1020: only with read conflict ranges of its own (the self-conflicting range's key is
+    unique: nobody writes it). 1007: only with a read version taken before the commit (one
+    taken at commit cannot be too old). The maybe-committed codes: any commit with writes.
+    """
+    if code == 1020:
+        return commit.reads
+    if code == 1007:
+        return commit.read_version
+    return code in MAYBE_COMMITTED_FAULTS
+
+
+FaultSource = Callable[[CommitInfo], "Fault | None"]
 
 
 class SimDatabase(SimStore, LocalDatabase):
@@ -412,7 +522,7 @@ class SimDatabase(SimStore, LocalDatabase):
     @property
     def may_commit_unknown(self) -> bool:  # type: ignore[override]
         """Only injected faults end a commit unknown here: without them the layer skips receipts."""
-        return self.faults > 0
+        return self.faults > 0 or self.fault_source != self.seeded_fault
 
     def __init__(
         self, *, seed: int = 0, faults: float = 0.0, delay: float = 0.0, clock: ManualClock | None = None
@@ -426,8 +536,37 @@ class SimDatabase(SimStore, LocalDatabase):
         self.engine = "sim"
         self.url = f"sim://?seed={seed}&faults={faults}&delay={delay}"
         self._rng = random.Random(seed)
+        # The seam fdbqueue.testing uses: asked (store lock held) for every commit with writes.
+        self.fault_source: FaultSource = self.seeded_fault
+        self._self_conflicts = itertools.count()
+        self._backoff_hooks: deque[Callable[[], object]] = deque()
+        self._outages = 0  # active fdbqueue.testing.outage() contexts
+
+    def seeded_fault(self, commit: CommitInfo) -> Fault | None:
+        """The seeded fault of one commit with writes: with probability ``faults``, 1020, 1021
+        or 1007 (a third each; 1021 applied or not by a coin flip), None when FoundationDB could
+        not give this commit that code. One draw a commit (two for a 1021): same seed, same run."""
+        if self.faults <= 0:
+            return None
+        r = self._rng.random()
+        if r >= self.faults:
+            return None
+        code = (1020, 1021, 1007)[min(2, int(3 * r / self.faults))]
+        fault = Fault(code, self._rng.random() < 0.5) if code == 1021 else Fault(code)
+        return fault if fault_possible(code, commit) else None
+
+    def backoff(self, seconds: float) -> None:
+        hook = self._backoff_hooks.popleft() if self._backoff_hooks else None
+        if hook is not None:
+            hook()
+        super().backoff(seconds)
+
+    def _check_up(self) -> None:
+        if self._outages:
+            raise ClusterUnavailableError(f"{self.url} is unavailable (fdbqueue.testing.outage)")
 
     def create_transaction(self) -> SimTransaction:
+        self._check_up()
         return SimTransaction(self)
 
 
