@@ -415,6 +415,13 @@ def test_transaction_timeout(db: Database) -> None:
     tr.get(b"k")
     time.sleep(0.12)
     assert code_of(lambda: tr.get(b"k")) == 1031
+    # The timeout cancels the transaction until reset: every later call, on_error too, raises
+    # 1031 (ReadYourWritesTransaction's resetPromise; RYWImpl::onError rethrows its error).
+    assert code_of(lambda: tr.get(b"k")) == 1031
+    assert code_of(lambda: tr.on_error(EngineError(1020))) == 1031
+    assert code_of(tr.commit) == 1031
+    tr.reset()
+    assert tr.get(b"k") is None
 
 
 def test_reset_allows_reuse(db: Database) -> None:

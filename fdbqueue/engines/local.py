@@ -174,7 +174,10 @@ class LocalTransaction(ABC):
         self._stamp = StampFuture()
         self._watches: list[EventWatch] = []
         self._finish: list[FinishCallback] = []
-        self._state = "open"  # open | committing | committed | cancelled
+        self._state = "open"  # open | committing | committed | failed | cancelled
+        # What a cancelled transaction raises until reset: FoundationDB's resetPromise error
+        # (1025 after cancel or a re-raising on_error, 1031 after a timeout).
+        self._cancel_code = 1025
         # Open, begun and without a timeout: an operation need not call _touch (which
         # runs before every operation otherwise). Cleared whenever _state changes.
         self._live = False
@@ -185,7 +188,7 @@ class LocalTransaction(ABC):
             if self._state == "committing":
                 raise EngineError(2017, "transaction used during commit")
             if self._state == "cancelled":
-                raise EngineError(1025, "transaction was cancelled")
+                raise EngineError(self._cancel_code, "the transaction was cancelled or timed out: reset() it")
             raise EngineError(2017, "transaction already committed; call reset() to reuse it")
         if self._started is None:
             # Begin first: if it fails (the sqlite lock), the next operation begins again;
@@ -196,7 +199,9 @@ class LocalTransaction(ABC):
             return
         # The clock is read only when a timeout is set: this runs before every operation.
         if self.options.timeout_ms and (self.db.clock() - self._started) * 1000.0 >= self.options.timeout_ms:
-            self._abort(1031)
+            # Every later call (on_error too) raises 1031 until reset: the timeout sets RYW's
+            # resetPromise (ReadYourWritesTransaction::setTimeout, fdbclient/ReadYourWrites.cpp).
+            self._cancel_after(1031, 1031)
             raise EngineError(1031, f"transaction timed out after {self.options.timeout_ms} ms")
 
     def _check_window(self) -> None:
@@ -232,7 +237,10 @@ class LocalTransaction(ABC):
         try:
             version = self._commit()
         except EngineError as exc:
-            self._state = "cancelled" if exc.code in (1025,) else "failed"
+            if exc.code in (1025, 1031):  # cancelled or timed out during commit
+                self._cancel_after(exc.code, exc.code)
+            else:
+                self._state = "failed"
             self._stamp._error = 2020  # FoundationDB: no_commit_version after a failed commit
             for w in self._watches:
                 w.fail(exc.code, "the watch's transaction did not commit")
@@ -258,6 +266,8 @@ class LocalTransaction(ABC):
         After a re-raise the transaction stays cancelled: every later call raises 1025
         until :meth:`reset` (RYWImpl::onError, fdbclient/ReadYourWrites.cpp, API >= 610).
         """
+        if self._state == "cancelled":  # RYWImpl::onError: "if (resetPromise.isSet()) throw ..."
+            raise EngineError(self._cancel_code, "the transaction was cancelled or timed out: reset() it")
         if not isinstance(error, EngineError) or error.code not in RETRYABLE:
             self._cancel_after(getattr(error, "code", 1025))
             raise error
@@ -271,7 +281,10 @@ class LocalTransaction(ABC):
         self._clear_state()
         self.db.backoff(delay * random.uniform(0.5, 1.0) if delay > 0 else 0.0)
 
-    def _cancel_after(self, code: int) -> None:
+    def _cancel_after(self, code: int, sticky: int = 1025) -> None:
+        """End the attempt with ``code``; later calls raise ``sticky`` until reset."""
+        if self._state != "cancelled":
+            self._cancel_code = sticky
         self._abort(code)
         self._state = "cancelled"
         self._live = False
@@ -285,9 +298,7 @@ class LocalTransaction(ABC):
 
     def cancel(self) -> None:
         """Abandon the transaction; any later call raises 1025."""
-        self._abort(1025)
-        self._state = "cancelled"
-        self._live = False
+        self._cancel_after(1025)
 
     def _abort(self, code: int) -> None:
         if self._state in ("open", "committing", "failed"):
@@ -378,8 +389,8 @@ class LocalTransaction(ABC):
         key = self._resolve(selector, snapshot)
         if not snapshot:
             # The read conflict range covers what resolution examined, between the anchor
-            # and the answer: at most this many bytes.
-            self._size += _POINT_RANGE_BYTES + len(selector.key) + len(key)
+            # and the answer (either may be keyAfter'ed): at most this many bytes.
+            self._size += KEY_RANGE_REF_BYTES + 2 + len(selector.key) + len(key)
         return key
 
     def _read_range(

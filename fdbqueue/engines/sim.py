@@ -10,8 +10,15 @@ It is where the queue layer proves itself on FoundationDB's terms (fdb-reference
   for snapshot reads, not over keys this transaction already set or cleared, only over the
   part of a range actually read). A commit fails with 1020 when a transaction committed
   after its read version wrote into one of them.
+* Commit as Transaction::commitMutations (fdbclient/NativeAPI.actor.cpp): a read-only
+  transaction returns at once; otherwise the size as Transaction::getSize counts it (2101),
+  then makeSelfConflicting's read conflict range, so the 5-second window applies to every
+  transaction with writes that took a read version before committing (1007).
 * Faults: from ``random.Random(seed)``, each commit with writes may fail with 1020 or 1007
-  (not applied) or 1021 (applied or not, by a coin flip) - the cases a layer must survive.
+  (not applied) or 1021 (applied or not, by a coin flip) - the cases a layer must survive -
+  where FoundationDB could give that commit the code (:func:`fault_possible`).
+  ``SimDatabase.fault_source`` is the seam :mod:`fdbqueue.testing` scripts outcomes through
+  (1039, 1031 and 1025 during commit too).
 
 One lock guards the store; it is held for one operation at a time, never across user code.
 The store itself (version chains, commit resolution, garbage collection, watches) is in
@@ -27,10 +34,17 @@ from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable, Iterator
 from heapq import merge
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from sortedcontainers import SortedList
 
+from fdbqueue.engines._simfaults import (
+    MAYBE_COMMITTED_FAULTS,
+    NOT_COMMITTED_FAULTS,
+    CommitInfo,
+    Fault,
+    fault_possible,
+)
 from fdbqueue.engines._simstore import (
     _STAMP,
     _UNDER,
@@ -62,6 +76,8 @@ if TYPE_CHECKING:
 
 # ManualClock and SimStats live in _simstore.py; tests and callers import them from here.
 __all__ = [
+    "MAYBE_COMMITTED_FAULTS",
+    "NOT_COMMITTED_FAULTS",
     "CommitInfo",
     "Fault",
     "ManualClock",
@@ -470,45 +486,6 @@ def _merge(ranges: list[Range]) -> list[Range]:
         elif b < e:
             out.append((b, e))
     return out
-
-
-# -- fault injection -----------------------------------------------------------------------------
-
-
-class CommitInfo(NamedTuple):
-    """What decides which faults FoundationDB could give a commit with writes."""
-
-    reads: bool  # read conflict ranges of its own (not the self-conflicting one)
-    read_version: bool  # took a read version before commit (else one is taken at commit)
-
-
-class Fault(NamedTuple):
-    """An injected commit outcome: ``code``, and for the maybe-committed ones whether it landed."""
-
-    code: int
-    applied: bool = False
-
-
-# Commit outcomes the sim injects. Maybe committed: 1021 and 1039 (fdb_error_predicate
-# MAYBE_COMMITTED, bindings/c/fdb_c.cpp), 1031 when the timeout fires during commit (the
-# commit may still land: RYWImpl::simulateTimeoutInFlightCommit, fdbclient/ReadYourWrites.cpp),
-# 1025 when cancel() comes during commit.
-MAYBE_COMMITTED_FAULTS = frozenset({1021, 1039, 1031, 1025})
-NOT_COMMITTED_FAULTS = frozenset({1020, 1007})
-
-
-def fault_possible(code: int, commit: CommitInfo) -> bool:
-    """Whether FoundationDB could end ``commit`` with ``code``.
-
-    1020: only with read conflict ranges of its own (the self-conflicting range's key is
-    unique: nobody writes it). 1007: only with a read version taken before the commit (one
-    taken at commit cannot be too old). The maybe-committed codes: any commit with writes.
-    """
-    if code == 1020:
-        return commit.reads
-    if code == 1007:
-        return commit.read_version
-    return code in MAYBE_COMMITTED_FAULTS
 
 
 FaultSource = Callable[[CommitInfo], "Fault | None"]
