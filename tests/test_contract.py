@@ -312,6 +312,12 @@ def test_the_five_second_window_at_commit(db: Database) -> None:
     _age(db, 5.5)
     tr.commit()  # no read version before commit: the one taken at commit is not too old
     assert db[b"k"] == b"blind"  # type: ignore[index]
+    tr = db.create_transaction()
+    tr[b"w"] = b"first"
+    _age(db, 5.5)
+    assert tr.get(b"k") == b"blind"  # the window starts at the read version, the first read
+    tr.commit()
+    assert db[b"w"] == b"first"  # type: ignore[index]
 
 
 @pytest.mark.parametrize("bad", ["text", 3, None, bytearray(b"x")])

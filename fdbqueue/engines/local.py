@@ -165,6 +165,7 @@ class LocalTransaction(ABC):
     def _clear_state(self) -> None:
         self._started: float | None = None
         self._has_reads = False  # took a read version (a read of any kind, get_read_version)
+        self._read_at: float | None = None  # the engine clock then
         self._has_writes = False  # a mutation or a write conflict range: not read-only
         # FoundationDB's getSize counted before RYW coalesces the write map and the conflict
         # ranges: exact without overlaps, never below FoundationDB's count (an engine may
@@ -205,9 +206,19 @@ class LocalTransaction(ABC):
             raise EngineError(1031, f"transaction timed out after {self.options.timeout_ms} ms")
 
     def _check_window(self) -> None:
-        started = self._started
+        # From the read version (the first read), not the first operation, as FoundationDB:
+        # a transaction that only wrote so far is not too old.
+        started = self._read_at
         if started is not None and self.db.clock() - started > TRANSACTION_WINDOW_SECONDS:
             raise EngineError(1007, "transaction is older than the 5-second window")
+
+    def _reading(self) -> None:
+        """Before a read: 1007 once the read version is too old; the first takes it."""
+        if self._has_reads:
+            self._check_window()
+        else:
+            self._has_reads = True
+            self._read_at = self.db.clock()
 
     def commit(self) -> None:
         """Atomically apply every write; raises a retryable EngineError when it could not.
@@ -370,8 +381,7 @@ class LocalTransaction(ABC):
             # No stored key is that long: FoundationDB answers "absent" without a read
             # (ReadYourWritesTransaction::get, getMaxReadKeySize).
             return None
-        self._check_window()
-        self._has_reads = True
+        self._reading()
         if not snapshot:
             self._size += _POINT_RANGE_BYTES + 2 * len(key)
         return self._get(key, snapshot)
@@ -381,8 +391,7 @@ class LocalTransaction(ABC):
             raise TypeError("get_key takes a KeySelector")
         check_read_key(selector.key)
         self._touch()
-        self._check_window()
-        self._has_reads = True
+        self._reading()
         return self._resolved(selector, snapshot)
 
     def _resolved(self, selector: KeySelector, snapshot: bool) -> bytes:
@@ -400,8 +409,7 @@ class LocalTransaction(ABC):
             raise EngineError(2006, f"limit must be a non-negative int, got {limit!r}")
         if not self._live or self.options.timeout_ms:
             self._touch()
-        self._check_window()
-        self._has_reads = True
+        self._reading()
         if type(begin) is bytes and type(end) is bytes and begin <= SYSTEM_KEYS >= end:
             b, e = check_read_key(begin) if len(begin) > KEY_SIZE_LIMIT else begin, end  # plain keys
         else:
@@ -572,7 +580,7 @@ class LocalTransaction(ABC):
 
     def get_read_version(self) -> int:
         self._touch()
-        self._has_reads = True
+        self._reading()
         return self._read_version()
 
     def get_committed_version(self) -> int:
