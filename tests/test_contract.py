@@ -430,6 +430,26 @@ def test_transaction_timeout(db: Database) -> None:
     assert tr.get(b"k") is None
 
 
+def test_transaction_timeout_counts_from_creation_across_retries(db: Database) -> None:
+    """RYW's timeout is timebomb(timeoutInSeconds + creationTime): creationTime is set when the
+    transaction is created or reset, not by on_error (ReadYourWritesTransaction::resetTimeout,
+    ::resetRyow, fdbclient/ReadYourWrites.cpp)."""
+    tr = db.create_transaction()
+    tr.options.set_timeout(150)
+    tr.get(b"k")
+    time.sleep(0.1)
+    tr.on_error(EngineError(1020))
+    time.sleep(0.1)
+    assert code_of(lambda: tr.get(b"k")) == 1031
+    tr = db.create_transaction()
+    time.sleep(0.15)
+    tr.options.set_timeout(100)
+    assert code_of(lambda: tr.get(b"k")) == 1031
+    tr.reset()  # a new creation time (and no timeout: reset clears the options)
+    tr.options.set_timeout(5000)
+    assert tr.get(b"k") is None
+
+
 def test_reset_allows_reuse(db: Database) -> None:
     tr = db.create_transaction()
     tr[b"a"] = b"1"

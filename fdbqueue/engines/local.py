@@ -158,6 +158,9 @@ class LocalTransaction(ABC):
         self.options = TransactionOptions()
         self.snapshot = _Snapshot(self)
         self._retries = 0
+        # The timeout counts from creation or reset, across on_error's retries (RYW's
+        # timebomb(timeoutInSeconds + creationTime); resetRyow keeps creationTime).
+        self._created = db.clock()
         self._clear_state()
 
     # -- life cycle ----------------------------------------------------------------------------
@@ -197,9 +200,10 @@ class LocalTransaction(ABC):
             self._begin()
             self._started = self.db.clock()
             self._live = not self.options.timeout_ms
-            return
+            if self._live:
+                return
         # The clock is read only when a timeout is set: this runs before every operation.
-        if self.options.timeout_ms and (self.db.clock() - self._started) * 1000.0 >= self.options.timeout_ms:
+        if self.options.timeout_ms and (self.db.clock() - self._created) * 1000.0 >= self.options.timeout_ms:
             # Every later call (on_error too) raises 1031 until reset: the timeout sets RYW's
             # resetPromise (ReadYourWritesTransaction::setTimeout, fdbclient/ReadYourWrites.cpp).
             self._cancel_after(1031, 1031)
@@ -305,6 +309,7 @@ class LocalTransaction(ABC):
         self._abort(1025)
         self.options = TransactionOptions()
         self._retries = 0
+        self._created = self.db.clock()
         self._clear_state()
 
     def cancel(self) -> None:
