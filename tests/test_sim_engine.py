@@ -613,6 +613,27 @@ def test_concurrent_transfers_keep_the_total_under_faults_and_delays() -> None:
     assert db.stats.conflicts > 0  # the threads did interleave
 
 
+def test_cancel_during_commit_raises_1025() -> None:
+    """tr.cancel() while its commit is under way ends the commit with transaction_cancelled
+    (RYW's resetPromise, fdbclient/ReadYourWrites.cpp), and the transaction stays cancelled."""
+
+    class CancellingClock(ManualClock):
+        tr: SimTransaction | None = None
+
+        def sleep(self, seconds: float) -> None:  # the sim's commit delay
+            if self.tr is not None:
+                self.tr.cancel()
+            super().sleep(seconds)
+
+    clock = CancellingClock()
+    db = SimDatabase(delay=0.01, clock=clock)
+    tr = clock.tr = db.create_transaction()
+    tr[b"k"] = b"v"
+    assert code_of(tr.commit) == 1025
+    assert code_of(lambda: tr.get(b"k")) == 1025
+    assert db[b"k"] is None and db.stats.commits == 0
+
+
 # --- watches ---------------------------------------------------------------------------------------
 
 

@@ -441,6 +441,10 @@ class SimTransaction(LocalTransaction):
             commit = CommitInfo(reads=bool(self._rconf), read_version=self._rv is not None)
             fired: list[EventWatch] = []
             with db._lock:
+                if self._state == "cancelled":
+                    # cancel() from another thread while the commit was on its way: it never
+                    # reached the proxy here, so nothing applies (on a cluster it may have).
+                    raise EngineError(1025, "the transaction was cancelled during commit")
                 fault = db.fault_source(commit)
                 if fault is not None and not fault_possible(fault.code, commit):
                     fault = None
