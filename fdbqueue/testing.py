@@ -118,7 +118,7 @@ class FaultScript:
         with self.db._lock:
             self._script.clear()
             if self.db.fault_source == self._next:
-                self.db.fault_source = self.db.seeded_fault
+                self.db.fault_source = None
 
     def _next(self, commit: CommitInfo) -> Fault | None:
         # Called by the sim with its store lock held, once per commit with writes.

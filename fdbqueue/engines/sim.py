@@ -27,7 +27,6 @@ The store itself (version chains, commit resolution, garbage collection, watches
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
 from bisect import bisect_left, bisect_right
@@ -438,25 +437,30 @@ class SimTransaction(LocalTransaction):
                 return -1  # read-only: commits locally, no check (Transaction::commitMutations)
             if db.delay > 0:
                 db.sleep(db._rng.random() * db.delay)
-            commit = CommitInfo(reads=bool(self._rconf), read_version=self._rv is not None)
             fired: list[EventWatch] = []
             with db._lock:
                 if self._state == "cancelled":
                     # cancel() from another thread while the commit was on its way: it never
                     # reached the proxy here, so nothing applies (on a cluster it may have).
                     raise EngineError(1025, "the transaction was cancelled during commit")
-                fault = db.fault_source(commit)
-                if fault is not None and not fault_possible(fault.code, commit):
-                    fault = None
+                source = db.fault_source
+                if source is not None or db.faults > 0:
+                    commit = CommitInfo(reads=bool(self._rconf), read_version=self._rv is not None)
+                    fault = (source or db.seeded_fault)(commit)
+                    if fault is not None and not fault_possible(fault.code, commit):
+                        fault = None
                 if fault is not None:
                     db.stats.faults[fault.code] = db.stats.faults.get(fault.code, 0) + 1
                     if fault.code not in MAYBE_COMMITTED_FAULTS:
                         raise EngineError(fault.code, "injected fault")
                 # Transaction::makeSelfConflicting (called from commitMutations unless
-                # causal_write_risky): a read conflict range of its own, on a key nobody else
-                # writes, so that the resolver checks the read version's age (1007) but
-                # nothing can conflict with it. Its write half would never meet a reader.
-                self._rconf.append(_self_conflict_range(next(db._self_conflicts)))
+                # causal_write_risky): a read conflict range on a key nobody else writes, so
+                # that the resolver checks the read version's age (1007) but nothing can
+                # conflict with it. FoundationDB makes the key unique and writes it too; here
+                # no commit writes it (the write half would never meet a reader), so one key
+                # serves all. Needed only where the check would not run anyway.
+                if not self._rconf and self._rv is not None:
+                    self._rconf.append(_SELF_CONFLICT)
                 if fault is None or fault.applied:
                     try:
                         version = db._check_and_apply_locked(self, fired)
@@ -475,9 +479,7 @@ class SimTransaction(LocalTransaction):
         return version
 
 
-def _self_conflict_range(n: int) -> Range:
-    key = b"\xff/SC/" + n.to_bytes(8, "big")
-    return key, key_after(key)
+_SELF_CONFLICT: Range = (b"\xff/SC/", b"\xff/SC/\x00")
 
 
 def _merge(ranges: list[Range]) -> list[Range]:
@@ -503,7 +505,7 @@ class SimDatabase(SimStore, LocalDatabase):
     @property
     def may_commit_unknown(self) -> bool:  # type: ignore[override]
         """Only injected faults end a commit unknown here: without them the layer skips receipts."""
-        return self.faults > 0 or self.fault_source != self.seeded_fault
+        return self.faults > 0 or self.fault_source is not None
 
     def __init__(
         self, *, seed: int = 0, faults: float = 0.0, delay: float = 0.0, clock: ManualClock | None = None
@@ -517,9 +519,9 @@ class SimDatabase(SimStore, LocalDatabase):
         self.engine = "sim"
         self.url = f"sim://?seed={seed}&faults={faults}&delay={delay}"
         self._rng = random.Random(seed)
-        # The seam fdbqueue.testing uses: asked (store lock held) for every commit with writes.
-        self.fault_source: FaultSource = self.seeded_fault
-        self._self_conflicts = itertools.count()
+        # The seam fdbqueue.testing scripts through: asked, store lock held, for the outcome
+        # of every commit with writes; None: the seeded faults (seeded_fault) decide.
+        self.fault_source: FaultSource | None = None
         self._backoff_hooks: deque[Callable[[], object]] = deque()
         self._outages = 0  # active fdbqueue.testing.outage() contexts
 
