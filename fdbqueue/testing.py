@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from types import TracebackType
 
 from fdbqueue.engines.sim import (
     MAYBE_COMMITTED_FAULTS,
@@ -52,7 +52,7 @@ from fdbqueue.errors import QueueError
 __all__ = ["FaultScript", "FaultScriptError", "Outcome", "on_backoff", "outage"]
 
 # None, 1020, 1007, or (code, applied) with code one of "1021", "1039", "1031", "1025".
-Outcome = Any
+Outcome = int | tuple[str | int, bool] | None
 
 
 class FaultScriptError(QueueError, TypeError):
@@ -89,8 +89,9 @@ def _fault(outcome: Outcome) -> Fault | None:
 class FaultScript:
     """How the next commits of a sim:// database end (see the module docstring for which).
 
-    Creating one attaches it to ``db`` (replacing an earlier script); :meth:`detach` gives
-    the seeded faults back. The script is shared by every thread using ``db``.
+    Creating one attaches it to ``db`` (replacing an earlier script); :meth:`detach`, or
+    leaving its ``with`` block, gives the seeded faults back. The script is shared by every
+    thread using ``db``.
     """
 
     def __init__(self, db: object) -> None:
@@ -112,6 +113,14 @@ class FaultScript:
         """The entries not consumed yet."""
         with self.db._lock:
             return [o for o, _ in self._script]
+
+    def __enter__(self) -> FaultScript:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.detach()
 
     def detach(self) -> None:
         """Stop scripting: the URL's seeded faults decide again."""

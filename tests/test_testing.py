@@ -179,7 +179,11 @@ def test_past_the_script_the_seeded_faults_decide_again() -> None:
     with pytest.raises(EngineError):  # faults=1: every commit draws a fault
         read_write(db, b"c")()
     script.detach()
-    assert db.may_commit_unknown
+    assert db.may_commit_unknown  # faults=1.0
+    with FaultScript(db) as script:
+        script.arm([None])
+        read_write(db, b"d")()
+    assert script.pending == [] and db.fault_source is None
 
 
 def test_enqueue_survives_every_scripted_outcome(db: SimDatabase) -> None:
