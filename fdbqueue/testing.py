@@ -26,6 +26,10 @@ Which commits a script entry applies to, and which outcomes FoundationDB can giv
     the commit landed; the error is raised either way. 1021 and 1039 are retryable
     (``fdb_error_predicate``, bindings/c/fdb_c.cpp); 1031 and 1025 are not, and
     ``on_error`` re-raises them.
+  - ``("1031", "later")``, ``("1025", "later")``: the commit is still in flight when the error
+    is raised (RYWImpl::simulateTimeoutInFlightCommit, fdbclient/ReadYourWrites.cpp): it
+    reaches the resolver at the start of the next commit with writes on the database, with
+    its own read version, and lands unless it conflicts or is too old by then.
 
 Not-committed outcomes (1020, 1007) apply nothing. Commits past the end of the script draw
 the URL's seeded faults (none with ``faults=0``). ``on_backoff(db, hook)`` runs a hook in the
@@ -40,6 +44,7 @@ from contextlib import contextmanager
 from types import TracebackType
 
 from fdbqueue.engines.sim import (
+    LANDS_LATER_FAULTS,
     MAYBE_COMMITTED_FAULTS,
     NOT_COMMITTED_FAULTS,
     CommitInfo,
@@ -51,8 +56,9 @@ from fdbqueue.errors import QueueError
 
 __all__ = ["FaultScript", "FaultScriptError", "Outcome", "on_backoff", "outage"]
 
-# None, 1020, 1007, or (code, applied) with code one of "1021", "1039", "1031", "1025".
-Outcome = int | tuple[str | int, bool] | None
+# None, 1020, 1007, or (code, applied) with code one of "1021", "1039", "1031", "1025";
+# applied may be "later" for 1031 and 1025.
+Outcome = int | tuple[str | int, bool | str] | None
 
 
 class FaultScriptError(QueueError, TypeError):
@@ -73,16 +79,18 @@ def _fault(outcome: Outcome) -> Fault | None:
         return Fault(outcome)
     if isinstance(outcome, tuple) and len(outcome) == 2:
         code, applied = outcome
-        if isinstance(code, (str, int)) and not isinstance(code, bool) and isinstance(applied, bool):
+        if isinstance(code, (str, int)) and not isinstance(code, bool):
             try:
                 number = int(code)
             except ValueError:
                 number = 0
-            if number in MAYBE_COMMITTED_FAULTS:
+            if number in MAYBE_COMMITTED_FAULTS and isinstance(applied, bool):
                 return Fault(number, applied)
+            if number in LANDS_LATER_FAULTS and applied == "later":
+                return Fault(number, later=True)
     raise FaultScriptError(
         f"bad outcome {outcome!r}: use None, 1020, 1007, or (code, applied) with code "
-        f"'1021', '1039', '1031' or '1025' and applied True or False"
+        f"'1021', '1039', '1031' or '1025' and applied True or False ('later' for 1031, 1025)"
     )
 
 

@@ -124,6 +124,40 @@ def test_retryable_outcomes_are_retried_and_fatal_ones_leave_the_transaction_can
     assert db[b"c"] is None
 
 
+def test_a_timed_out_or_cancelled_commit_may_land_after_the_error(db: SimDatabase) -> None:
+    """RYWImpl::simulateTimeoutInFlightCommit (fdbclient/ReadYourWrites.cpp): a commit that
+    timed out may still be committed afterwards. Here it lands when the next commit with
+    writes reaches the store, checked for conflicts with its own read version."""
+    script = FaultScript(db)
+    script.arm([("1031", "later")])
+    tr = db.create_transaction()
+    tr[b"late"] = b"1"
+    assert code_of(tr.commit) == 1031
+    assert db[b"late"] is None  # not yet: a reader may look in between
+    blind_write(db, b"next")()
+    assert db[b"late"] == b"1"
+
+    tr = db.create_transaction()  # read guard, which changed before it landed: dropped
+    tr.get(b"guard")
+    db[b"guard"] = b"changed"
+    tr[b"dropped"] = b"1"
+    script.arm([("1025", "later")])
+    assert code_of(tr.commit) == 1025
+    blind_write(db, b"next")()  # the in-flight commit reaches the resolver first
+    assert db[b"dropped"] is None and db[b"next"] == b"v"
+
+    tr = db.create_transaction()  # too old by the time it lands: dropped too
+    assert tr.get(b"guard") == b"changed"
+    tr[b"old"] = b"1"
+    script.arm([("1031", "later")])
+    assert code_of(tr.commit) == 1031
+    clock_before = db.clock()
+    db.clock = lambda: clock_before + 6.0  # type: ignore[method-assign]
+    blind_write(db, b"after")()
+    assert db[b"old"] is None and db[b"after"] == b"v"
+    assert db.sizes()["live"] == 0
+
+
 def test_a_conflict_is_never_scripted_onto_a_blind_write(db: SimDatabase) -> None:
     """An armed 1020 meeting a commit without read conflicts of its own: the commit goes
     through, the entry is spent (listed in ``skipped``); the next commit takes the next entry."""
@@ -213,7 +247,9 @@ def test_a_scripted_database_may_commit_unknown(db: SimDatabase) -> None:
     assert not db.may_commit_unknown
 
 
-@pytest.mark.parametrize("bad", [1021, 1031, ("1020", True), ("1021", "yes"), (1021,), "1020", 2101, True])
+@pytest.mark.parametrize(
+    "bad", [1021, 1031, ("1020", True), ("1021", "yes"), ("1021", "later"), (1021,), "1020", 2101, True]
+)
 def test_bad_outcomes_are_refused_before_anything_is_armed(db: SimDatabase, bad: Any) -> None:
     script = FaultScript(db)
     script.arm([1020])

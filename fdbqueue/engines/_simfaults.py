@@ -17,10 +17,12 @@ class CommitInfo(NamedTuple):
 
 
 class Fault(NamedTuple):
-    """An injected commit outcome: ``code``, and for the maybe-committed ones whether it landed."""
+    """An injected commit outcome: ``code``, and for the maybe-committed ones whether it landed
+    (``later``: not yet, but at the start of the next commit with writes on the database)."""
 
     code: int
     applied: bool = False
+    later: bool = False
 
 
 # Commit outcomes the sim injects. Maybe committed: 1021 and 1039 (fdb_error_predicate
@@ -28,6 +30,10 @@ class Fault(NamedTuple):
 # commit may still land: RYWImpl::simulateTimeoutInFlightCommit, fdbclient/ReadYourWrites.cpp),
 # 1025 when cancel() comes during commit.
 MAYBE_COMMITTED_FAULTS = frozenset({1021, 1039, 1031, 1025})
+# Of those, the ones whose commit may still be in flight when the error is raised, and land
+# after it. A 1021 is raised only once a dummy commit on the self-conflicting range has
+# passed the resolver (commitDummyTransaction in tryCommit, fdbclient/NativeAPI.actor.cpp).
+LANDS_LATER_FAULTS = frozenset({1031, 1025})
 NOT_COMMITTED_FAULTS = frozenset({1020, 1007})
 
 

@@ -27,6 +27,7 @@ The store itself (version chains, commit resolution, garbage collection, watches
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 from bisect import bisect_left, bisect_right
@@ -38,6 +39,7 @@ from typing import TYPE_CHECKING
 from sortedcontainers import SortedList
 
 from fdbqueue.engines._simfaults import (
+    LANDS_LATER_FAULTS,
     MAYBE_COMMITTED_FAULTS,
     NOT_COMMITTED_FAULTS,
     CommitInfo,
@@ -75,6 +77,7 @@ if TYPE_CHECKING:
 
 # ManualClock and SimStats live in _simstore.py; tests and callers import them from here.
 __all__ = [
+    "LANDS_LATER_FAULTS",
     "MAYBE_COMMITTED_FAULTS",
     "NOT_COMMITTED_FAULTS",
     "CommitInfo",
@@ -443,6 +446,8 @@ class SimTransaction(LocalTransaction):
                     # cancel() from another thread while the commit was on its way: it never
                     # reached the proxy here, so nothing applies (on a cluster it may have).
                     raise EngineError(1025, "the transaction was cancelled during commit")
+                if db._in_flight:
+                    db._land_locked(fired)
                 source = db.fault_source
                 if source is not None or db.faults > 0:
                     commit = CommitInfo(reads=bool(self._rconf), read_version=self._rv is not None)
@@ -461,7 +466,9 @@ class SimTransaction(LocalTransaction):
                 # serves all. Needed only where the check would not run anyway.
                 if not self._rconf and self._rv is not None:
                     self._rconf.append(_SELF_CONFLICT)
-                if fault is None or fault.applied:
+                if fault is not None and fault.later:
+                    db._in_flight.append(self._in_flight_copy())
+                elif fault is None or fault.applied:
                     try:
                         version = db._check_and_apply_locked(self, fired)
                     except EngineError:
@@ -474,9 +481,21 @@ class SimTransaction(LocalTransaction):
         for w in fired:
             w.fire()
         if fault is not None:
-            applied = "was" if version >= 0 else "was not"
-            raise EngineError(fault.code, f"injected fault: the commit {applied} applied")
+            applied = (
+                "is still in flight" if fault.later else "was applied" if version >= 0 else "was not applied"
+            )
+            raise EngineError(fault.code, f"injected fault: the commit {applied}")
         return version
+
+    def _in_flight_copy(self) -> SimTransaction:
+        """What this attempt sends, kept to land later (store lock held): the containers are
+        replaced, not changed, when the attempt resets; its read version stays registered."""
+        late = copy.copy(self)
+        if late._rv is not None:
+            db = self._sim
+            late._token = next(db._tokens)
+            db._live[late._token] = (late._rv, late._rv_time)
+        return late
 
 
 _SELF_CONFLICT: Range = (b"\xff/SC/", b"\xff/SC/\x00")
@@ -522,6 +541,7 @@ class SimDatabase(SimStore, LocalDatabase):
         # The seam fdbqueue.testing scripts through: asked, store lock held, for the outcome
         # of every commit with writes; None: the seeded faults (seeded_fault) decide.
         self.fault_source: FaultSource | None = None
+        self._in_flight: list[SimTransaction] = []  # commits an injected 1031 / 1025 left
         self._backoff_hooks: deque[Callable[[], object]] = deque()
         self._outages = 0  # active fdbqueue.testing.outage() contexts
 
@@ -543,6 +563,22 @@ class SimDatabase(SimStore, LocalDatabase):
         if hook is not None:
             hook()
         super().backoff(seconds)
+
+    def _land_locked(self, fired: list[EventWatch]) -> None:
+        """Commits left in flight by an injected 1031 or 1025 reach the resolver now: applied
+        unless they conflict or are too old, silently (nobody waits for them any more)."""
+        landing, self._in_flight = self._in_flight, []
+        now = self.clock()
+        for late in landing:
+            try:
+                if late._rv is not None and now - late._rv_time > TRANSACTION_WINDOW_SECONDS:
+                    continue  # the resolver refuses its read version: too old
+                self._check_and_apply_locked(late, fired)
+            except EngineError:
+                pass
+            finally:
+                if late._token is not None:
+                    self._live.pop(late._token, None)
 
     def _check_up(self) -> None:
         if self._outages:
