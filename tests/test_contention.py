@@ -20,7 +20,7 @@ import fdbqueue.contention as contention
 from fdbqueue import Queue
 from fdbqueue.contention import STALE_REQUEST_VERSIONS, fulfil, staged_dequeue
 from fdbqueue.engines.sim import SimDatabase
-from tests.faults import ScriptedFaults, on_backoff
+from fdbqueue.testing import FaultScript, on_backoff
 
 
 @pytest.fixture
@@ -176,7 +176,7 @@ OUTCOMES = [1020, 1007, ("1021", True), ("1021", False)]
 @pytest.mark.parametrize("step", ["register", "fulfil", "collect"])
 def test_staged_dequeue_exactly_once_under_a_fault(db: SimDatabase, step: str, outcome: Any) -> None:
     """One staged dequeue commits three times: register, fulfil, collect. Fail one of them."""
-    faults = ScriptedFaults(db)
+    faults = FaultScript(db)
     q = Queue("staged")
     a, b = q.enqueue_many(db, [b"A", b"B"])
     script: list[Any] = [None, None, None]
@@ -193,7 +193,7 @@ def test_register_retry_after_another_waiter_fulfilled_it(db: SimDatabase) -> No
     """The request's commit ends in 1021 but landed; before the retry, another waiter's
     fulfil pairs it with A. The retry must not register the request again: a second
     pairing would overwrite A's result with B, and A would be lost."""
-    faults = ScriptedFaults(db)
+    faults = FaultScript(db)
     q = Queue("staged")
     a, b = q.enqueue_many(db, [b"A", b"B"])
     paired: list[int] = []

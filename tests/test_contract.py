@@ -16,6 +16,7 @@ import pytest
 import fdbqueue
 from fdbqueue import EngineError, KeySelector, KeyValue
 from fdbqueue.engines.base import Database, run_transaction
+from fdbqueue.engines.local import LocalDatabase
 
 
 def put(db: Database, items: dict[bytes, bytes]) -> None:
@@ -240,6 +241,85 @@ def test_limits(db: Database) -> None:
     assert db.get_range_startswith(b"big/") == []  # type: ignore[attr-defined]
 
 
+def test_size_counts_conflict_ranges(db: Database) -> None:
+    """Transaction::getSize (fdbclient/NativeAPI.actor.cpp) counts the mutations and the read
+    and write conflict ranges: 1,000 sets of 9 KB keys are 9 MB of keys but 27 MB there."""
+
+    @fdbqueue.transactional
+    def sets(tr: Any, n: int) -> None:
+        for i in range(1000):
+            tr[b"big/%04d/" % i + b"k" * n] = b""
+
+    assert code_of(lambda: sets(db, 9000)) == 2101
+    assert db.get_range_startswith(b"big/") == []  # type: ignore[attr-defined]
+    sets(db, 2990)  # 9.1 MB as FoundationDB counts
+    assert len(db.get_range_startswith(b"big/")) == 1000  # type: ignore[attr-defined]
+
+
+def test_system_keys_and_long_keys(db: Database) -> None:
+    """ReadYourWritesTransaction::get (fdbclient/ReadYourWrites.cpp) refuses key >=
+    getMaxReadKey() (b'\\xff' without read_system_keys) with 2004, and answers "absent" for a
+    key longer than any stored one; conflict ranges and clears refuse ends past b'\\xff'."""
+    tr = db.create_transaction()
+    assert code_of(lambda: tr.get(b"\xff")) == 2004
+    assert code_of(lambda: tr.snapshot.get(b"\xff/x")) == 2004
+    assert tr.get(b"k" * 10_001) is None
+    assert code_of(lambda: tr.add_read_conflict_range(b"a", b"\xff\x01")) == 2004
+    assert code_of(lambda: tr.clear_range(b"a", b"\xff\x01")) == 2004
+    tr.cancel()
+
+
+def test_on_error_leaves_a_transaction_cancelled_after_a_fatal_error(db: Database) -> None:
+    """RYWImpl::onError (fdbclient/ReadYourWrites.cpp): when it re-raises, the transaction is
+    cancelled (resetPromise: transaction_cancelled) until reset."""
+    tr = db.create_transaction()
+    tr[b"k"] = b"v"
+    with pytest.raises(EngineError):
+        tr.on_error(EngineError(2103))
+    assert code_of(lambda: tr.get(b"k")) == 1025
+    assert code_of(tr.commit) == 1025
+    tr.reset()
+    tr[b"k"] = b"v"
+    tr.commit()
+    assert db[b"k"] == b"v"  # type: ignore[index]
+
+
+def _age(db: Database, seconds: float) -> None:
+    """Let ``seconds`` pass for ``db``'s open transactions (the in-process engines' clock)."""
+    if isinstance(db, LocalDatabase):
+        clock = db.clock
+        db.clock = lambda: clock() + seconds  # type: ignore[method-assign]
+    else:
+        time.sleep(seconds)
+
+
+def test_the_five_second_window_at_commit(db: Database) -> None:
+    """Transaction::commitMutations (fdbclient/NativeAPI.actor.cpp): a read-only transaction
+    returns at once, unchecked; one with writes whose write conflict ranges miss its read
+    conflict ranges gets makeSelfConflicting, so the resolver checks its read version (1007)."""
+    db[b"k"] = b"v"  # type: ignore[index]
+    tr = db.create_transaction()
+    assert tr.get(b"k") == b"v"
+    _age(db, 5.5)
+    tr.commit()  # read-only
+    tr = db.create_transaction()
+    assert tr.snapshot.get(b"k") == b"v"
+    tr[b"k"] = b"snapshot"
+    _age(db, 5.5)
+    assert code_of(tr.commit) == 1007
+    tr = db.create_transaction()
+    tr[b"k"] = b"blind"
+    _age(db, 5.5)
+    tr.commit()  # no read version before commit: the one taken at commit is not too old
+    assert db[b"k"] == b"blind"  # type: ignore[index]
+    tr = db.create_transaction()
+    tr[b"w"] = b"first"
+    _age(db, 5.5)
+    assert tr.get(b"k") == b"blind"  # the window starts at the read version, the first read
+    tr.commit()
+    assert db[b"w"] == b"first"  # type: ignore[index]
+
+
 @pytest.mark.parametrize("bad", ["text", 3, None, bytearray(b"x")])
 def test_non_bytes_rejected(db: Database, bad: Any) -> None:
     with pytest.raises(TypeError):
@@ -341,6 +421,33 @@ def test_transaction_timeout(db: Database) -> None:
     tr.get(b"k")
     time.sleep(0.12)
     assert code_of(lambda: tr.get(b"k")) == 1031
+    # The timeout cancels the transaction until reset: every later call, on_error too, raises
+    # 1031 (ReadYourWritesTransaction's resetPromise; RYWImpl::onError rethrows its error).
+    assert code_of(lambda: tr.get(b"k")) == 1031
+    assert code_of(lambda: tr.on_error(EngineError(1020))) == 1031
+    assert code_of(tr.commit) == 1031
+    tr.reset()
+    assert tr.get(b"k") is None
+
+
+def test_transaction_timeout_counts_from_creation_across_retries(db: Database) -> None:
+    """RYW's timeout is timebomb(timeoutInSeconds + creationTime): creationTime is set when the
+    transaction is created or reset, not by on_error (ReadYourWritesTransaction::resetTimeout,
+    ::resetRyow, fdbclient/ReadYourWrites.cpp)."""
+    tr = db.create_transaction()
+    tr.options.set_timeout(150)
+    tr.get(b"k")
+    time.sleep(0.1)
+    tr.on_error(EngineError(1020))
+    time.sleep(0.1)
+    assert code_of(lambda: tr.get(b"k")) == 1031
+    tr = db.create_transaction()
+    time.sleep(0.15)
+    tr.options.set_timeout(100)
+    assert code_of(lambda: tr.get(b"k")) == 1031
+    tr.reset()  # a new creation time (and no timeout: reset clears the options)
+    tr.options.set_timeout(5000)
+    assert tr.get(b"k") is None
 
 
 def test_reset_allows_reuse(db: Database) -> None:

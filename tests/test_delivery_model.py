@@ -49,7 +49,7 @@ from fdbqueue.delivery import locate
 from fdbqueue.engines.base import run_transaction
 from fdbqueue.engines.sim import SimDatabase
 from fdbqueue.layout import unpack_count
-from tests.faults import ScriptedFaults
+from fdbqueue.testing import FaultScript
 
 US = 1_000_000
 START = 1_700_000_000.0  # exact in binary, and so is every multiple of 0.25 s added to it
@@ -89,24 +89,23 @@ class Entry:
 
 
 class Conflicts:
-    """Stands in for the sim's fault generator (see tests/faults.py): the next ``n`` commits
-    with writes fail with a conflict (1020); then the seeded faults go on as before."""
+    """The next ``n`` commits with writes end in a conflict (1020) where FoundationDB could
+    give one (fdbqueue.testing.FaultScript); then the seeded faults go on as before."""
 
     def __init__(self, db: SimDatabase, n: int) -> None:
-        self.db, self.real, self.n = db, db._rng, n
+        self.script = FaultScript(db)
+        self.script.arm([1020] * n)
 
-    def random(self) -> float:
-        if self.n > 0:
-            self.n -= 1
-            return self.db.faults * 0.1  # the sim maps a draw below faults / 3 to 1020
-        return self.real.random()
+    @property
+    def n(self) -> int:
+        """Scripted conflicts not consumed yet."""
+        return len(self.script.pending)
 
     def __enter__(self) -> Conflicts:
-        self.db._rng = self  # type: ignore[assignment]
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.db._rng = self.real
+        self.script.detach()
 
 
 class DeliveryModel(RuleBasedStateMachine):
@@ -521,7 +520,7 @@ def scripted() -> Any:
     assert isinstance(db, SimDatabase)
     fdbqueue.create_queue(db, "jobs", max_deliveries=MAX_DELIVERIES, lease_seconds=30, retry_delay=0)
     with fdbqueue.clock.fake_clock(START) as clock:
-        yield db, ScriptedFaults(db), clock
+        yield db, FaultScript(db), clock
     db.close()
 
 

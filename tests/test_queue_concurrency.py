@@ -22,7 +22,7 @@ import pytest
 import fdbqueue
 from fdbqueue import Queue
 from fdbqueue.engines.sim import SimDatabase
-from tests.faults import ScriptedFaults, on_backoff
+from fdbqueue.testing import FaultScript, on_backoff
 
 N_MESSAGES = 10_000
 BATCH = 500
@@ -238,7 +238,7 @@ def test_enqueue_retry_after_the_message_was_consumed_writes_nothing() -> None:
     """
     db = fdbqueue.open("sim://?seed=1")
     assert isinstance(db, SimDatabase)
-    faults = ScriptedFaults(db)
+    faults = FaultScript(db)
     q = Queue("jobs")
     fdbqueue.create_queue(db, "jobs")
     taken: list[Any] = []

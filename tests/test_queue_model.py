@@ -29,7 +29,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 import fdbqueue
 from fdbqueue import Message, Queue
 from fdbqueue.engines.sim import SimDatabase
-from tests.faults import ScriptedFaults
+from fdbqueue.testing import FaultScript
 
 PRIORITIES = st.sampled_from([-1, 0, 0, 1, 5])
 HEADERS = st.one_of(
@@ -349,7 +349,7 @@ def test_faults_are_injected_and_survived() -> None:
 def scripted() -> Any:
     db = fdbqueue.open("sim://?seed=1")
     assert isinstance(db, SimDatabase)
-    yield db, ScriptedFaults(db)
+    yield db, FaultScript(db)
     db.close()
 
 
@@ -406,7 +406,7 @@ def test_aborted_dequeue_counts_one_delivery_when_the_count_commit_fails(scripte
     faults.arm([outcome])  # the next commit with writes is the layer's count of the failure
     with pytest.raises(Abort):
         consume(db)
-    assert faults.drawn >= 1
+    assert faults.pending == []  # the count commit took the scripted outcome
     back = q.peek(db)
     assert back is not None and back.id == a, "the aborted message is not back in its place"
     assert back.deliveries == 1, f"one aborted delivery was counted {back.deliveries} times"

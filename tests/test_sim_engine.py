@@ -333,23 +333,52 @@ def test_five_second_window() -> None:
     tr = db.create_transaction()
     tr[b"k"] = b"blind"
     clock.advance(5.1)
-    tr.commit()  # no reads: nothing to be too old for
+    tr.commit()  # no read version before commit: the one taken at commit is not too old
     assert db[b"k"] == b"blind"
 
-    # FDB's resolver refuses an old read version only when there are read conflicts.
+    # Only snapshot reads, then writes: the write conflict ranges miss the (empty) read
+    # conflict ranges, so commit adds a self-conflicting read range and the resolver checks
+    # the read version (Transaction::makeSelfConflicting, called from
+    # Transaction::commitMutations in fdbclient/NativeAPI.actor.cpp unless causal_write_risky).
     tr = db.create_transaction()
     tr.snapshot.get(b"k")
     tr[b"k"] = b"after snapshot read"
     clock.advance(5.1)
-    tr.commit()
-    assert db[b"k"] == b"after snapshot read"
+    assert code_of(tr.commit) == 1007
+    assert db[b"k"] == b"blind"
+
+    # The same for a read version taken explicitly, with an atomic op (no read at all).
+    tr = db.create_transaction()
+    tr.get_read_version()
+    tr.add(b"n", b"\x01")
+    clock.advance(5.1)
+    assert code_of(tr.commit) == 1007
+    assert db[b"n"] is None
 
     # The window starts at the read version (the first read), not at the first write.
     tr = db.create_transaction()
     tr[b"x"] = b""
     clock.advance(5.1)
-    assert tr.get(b"k") == b"after snapshot read"
+    assert tr.get(b"k") == b"blind"
     tr.commit()
+
+
+def test_read_only_commit_after_the_window_returns_at_once() -> None:
+    """A transaction with no mutation and no write conflict range commits without a check,
+    however old its read version (Transaction::commitMutations, fdbclient/NativeAPI.actor.cpp:
+    "if this is a read-only transaction return immediately")."""
+    clock = ManualClock()
+    db = SimDatabase(clock=clock)
+    fill(db, {b"k": b"v"})
+    tr = db.create_transaction()
+    assert tr[b"k"] == b"v"
+    tr.get_range(b"a", b"z")
+    tr.add_read_conflict_key(b"other")
+    clock.advance(5.1)
+    tr.commit()
+    assert tr.get_committed_version() == -1
+    assert db.stats.read_only == 1 and db.stats.too_old == 0
+    assert code_of(lambda: tr.get_versionstamp().wait()) == 2021  # no_commit_version
 
 
 def test_a_forgotten_transaction_does_not_pin_old_versions() -> None:
@@ -367,6 +396,102 @@ def test_a_forgotten_transaction_does_not_pin_old_versions() -> None:
     commit_write(db, b"other")
     assert db.sizes() == {"keys": 1, "versions": 1, "log": 0, "pending": 0, "live": 0, "watches": 0}
     assert code_of(lambda: old.get(b"q/1")) == 1007
+
+
+# --- transaction size ----------------------------------------------------------------------------
+# Transaction::getSize (fdbclient/NativeAPI.actor.cpp): mutations.expectedSize() +
+# read_conflict_ranges.expectedSize() + write_conflict_ranges.expectedSize(), checked against
+# 10,000,000 in Transaction::commitMutations (2101). VectorRef::expectedSize (flow/Arena.h)
+# adds sizeof(MutationRef) = 56 and sizeof(KeyRangeRef) = 32 per element.
+
+
+def test_size_counts_write_conflict_ranges() -> None:
+    db = SimDatabase()
+    tr = db.create_transaction()
+    for i in range(1000):  # 9 MB of keys, 27 MB as FoundationDB counts: each key also twice
+        tr[b"%09d" % i + b"k" * 8991] = b""  # in its write conflict range [key, keyAfter(key))
+    assert code_of(tr.commit) == 2101
+    assert db.get_range(b"", b"\xff") == []
+    tr = db.create_transaction()
+    for i in range(1000):  # 9.1 MB as FoundationDB counts
+        tr[b"%09d" % i + b"k" * 2991] = b""
+    tr.commit()
+    assert len(db.get_range(b"", b"\xff")) == 1000
+
+
+def test_size_is_exact_at_the_limit() -> None:
+    # 100 sets of 10-byte keys: 100 * (56 + 10 + v) mutation bytes + 100 * (32 + 10 + 11) write
+    # conflict bytes = 10,000,000 exactly with v = 99,881.
+    def commit_sets(last_value: int) -> None:
+        tr = SimDatabase().create_transaction()
+        for i in range(99):
+            tr[b"k/%08d" % i] = b"v" * 99_881
+        tr[b"k/%08d" % 99] = b"v" * last_value
+        tr.commit()
+
+    commit_sets(99_881)  # exactly the limit: commits ("transactionSize > sizeLimit")
+    assert code_of(lambda: commit_sets(99_882)) == 2101
+
+
+def test_size_counts_read_conflict_ranges_of_transactions_that_write() -> None:
+    db = SimDatabase()
+
+    def reads(tr: SimTransaction, snapshot: bool) -> None:
+        view = tr.snapshot if snapshot else tr
+        for i in range(600):  # 600 * (32 + 2 * 9000 + 1) bytes of read conflict ranges
+            view.get(b"%09d" % i + b"r" * 8991)
+
+    tr = db.create_transaction()
+    reads(tr, False)
+    tr[b"out"] = b""
+    assert code_of(tr.commit) == 2101
+    tr = db.create_transaction()
+    reads(tr, True)  # snapshot reads add no read conflict range
+    tr[b"out"] = b""
+    tr.commit()
+    tr = db.create_transaction()
+    reads(tr, False)
+    tr.commit()  # read-only: returns before the size check (commitMutations)
+
+
+def test_size_counts_what_ryw_coalesces_once() -> None:
+    # RYW hands over its write map (ReadYourWritesTransaction::writeRangeToNativeTransaction):
+    # a key set many times is one mutation, overlapping conflict ranges are merged.
+    db = SimDatabase()
+    tr = db.create_transaction()
+    key = b"k" * 9000
+    for i in range(2000):
+        tr[key] = b"%d" % i
+        tr.get_range(b"a", b"m")
+        tr.add_write_conflict_range(b"a", b"z" * 9000)
+    tr.commit()
+    assert db[key] == b"1999"
+
+
+# --- keys past the user key space ------------------------------------------------------------------
+
+
+def test_system_keys_are_refused_as_foundationdb_refuses_them() -> None:
+    """Without read_system_keys (fdbclient/ReadYourWrites.cpp): get refuses key >=
+    getMaxReadKey() (b'\\xff'), getRange and the conflict ranges refuse a begin or end past it,
+    clear (ReadYourWritesTransaction::clear) refuses one past getMaxWriteKey(); all 2004."""
+    db = SimDatabase()
+    fill(db, {b"a": b"1"})
+    tr = db.create_transaction()
+    assert code_of(lambda: tr.get(b"\xff")) == 2004
+    assert code_of(lambda: tr.snapshot.get(b"\xff/x")) == 2004
+    assert code_of(lambda: tr.get_range(b"a", b"\xff\x00")) == 2004
+    assert code_of(lambda: tr.get_range(KeySelector.first_greater_or_equal(b"\xff\x00"), b"\xff")) == 2004
+    assert code_of(lambda: tr.get_range(b"a", KeySelector.first_greater_than(b"\xff\x00"))) == 2004
+    assert code_of(lambda: tr.add_read_conflict_range(b"a", b"\xff\x01")) == 2004
+    assert code_of(lambda: tr.add_write_conflict_range(b"a", b"\xff\x01")) == 2004
+    assert code_of(lambda: tr.clear_range(b"a", b"\xff\x01")) == 2004
+    # Up to b'\xff' itself is legal, and a selector clamps there.
+    assert [kv.key for kv in tr.get_range(b"", b"\xff")] == [b"a"]
+    assert tr.get_key(KeySelector.first_greater_than(b"a")) == b"\xff"
+    tr.clear_range(b"\xff", b"\xff")
+    # A key longer than any stored one: absent, not an error (ReadYourWritesTransaction::get).
+    assert tr.get(b"k" * 10_001) is None
 
 
 # --- fault injection -------------------------------------------------------------------------------
@@ -395,19 +520,53 @@ def test_same_seed_same_run() -> None:
     assert all(o[1] is False for o in first if isinstance(o, tuple) and o[0] != 1021)
 
 
+def test_injected_faults_only_where_foundationdb_can_give_them() -> None:
+    """1020 needs read conflict ranges of the transaction's own (its self-conflicting range,
+    Transaction::makeSelfConflicting, is on a unique key); 1007 a read version taken before
+    commit; 1021 may end any commit with writes."""
+    db = SimDatabase(seed=4, faults=1.0)
+    fill(db, {b"k": b"v"})
+    for i in range(90):
+        tr = db.create_transaction()
+        tr[b"blind/%d" % i] = b""  # no read version before commit: only 1021
+        try:
+            tr.commit()
+        except EngineError as exc:
+            assert exc.code == 1021
+    assert set(db.stats.faults) == {1021}
+    db.stats.faults.clear()
+    for i in range(90):
+        tr = db.create_transaction()
+        tr.snapshot.get(b"k")  # a read version, no read conflict range: 1021 or 1007
+        tr[b"snap/%d" % i] = b""
+        try:
+            tr.commit()
+        except EngineError as exc:
+            assert exc.code in (1021, 1007)
+    assert set(db.stats.faults) == {1021, 1007}
+    db.stats.faults.clear()
+    tr = db.create_transaction()
+    tr.get(b"k")
+    tr.commit()  # read-only: never a fault
+    assert db.stats.faults == {}
+
+
 def test_commit_unknown_result_is_sometimes_applied_sometimes_not() -> None:
     db = SimDatabase(seed=3, faults=1.0)
     applied = set()
+    unknown = 0
     for i in range(60):
         tr = db.create_transaction()
         tr[b"k/%d" % i] = b"v"
         try:
             tr.commit()
         except EngineError as exc:
-            if exc.code == 1021:
-                applied.add(db.get_range_startswith(b"k/%d" % i) != [])
+            assert exc.code == 1021  # a blind write can neither conflict nor be too old
+            unknown += 1
+            applied.add(db.get_range_startswith(b"k/%d" % i) != [])
     assert applied == {True, False}
-    assert sum(db.stats.faults.values()) == 60  # faults=1: every commit drew one
+    # faults=1: every commit drew a fault; the 1020s and 1007s drawn could not happen here.
+    assert db.stats.faults == {1021: unknown} and 10 < unknown < 40
 
 
 def test_idempotent_increment_survives_faults() -> None:
@@ -452,6 +611,27 @@ def test_concurrent_transfers_keep_the_total_under_faults_and_delays() -> None:
     assert sum(int(kv.value) for kv in db.get_range_startswith(b"acct/")) == 500
     assert len(db.get_range_startswith(b"m/")) == 160
     assert db.stats.conflicts > 0  # the threads did interleave
+
+
+def test_cancel_during_commit_raises_1025() -> None:
+    """tr.cancel() while its commit is under way ends the commit with transaction_cancelled
+    (RYW's resetPromise, fdbclient/ReadYourWrites.cpp), and the transaction stays cancelled."""
+
+    class CancellingClock(ManualClock):
+        tr: SimTransaction | None = None
+
+        def sleep(self, seconds: float) -> None:  # the sim's commit delay
+            if self.tr is not None:
+                self.tr.cancel()
+            super().sleep(seconds)
+
+    clock = CancellingClock()
+    db = SimDatabase(delay=0.01, clock=clock)
+    tr = clock.tr = db.create_transaction()
+    tr[b"k"] = b"v"
+    assert code_of(tr.commit) == 1025
+    assert code_of(lambda: tr.get(b"k")) == 1025
+    assert db[b"k"] is None and db.stats.commits == 0
 
 
 # --- watches ---------------------------------------------------------------------------------------

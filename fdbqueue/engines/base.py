@@ -25,6 +25,16 @@ TRANSACTION_SIZE_LIMIT = 10_000_000
 TRANSACTION_WINDOW_SECONDS = 5.0
 SYSTEM_KEYS = b"\xff"
 
+# How FoundationDB sizes a transaction for the 10 MB limit (``Transaction::getSize`` in
+# fdbclient/NativeAPI.actor.cpp): mutations.expectedSize() + read_conflict_ranges.expectedSize()
+# + write_conflict_ranges.expectedSize(). ``VectorRef::expectedSize`` (flow/include/flow/Arena.h)
+# is sizeof(T) per element plus each element's own expectedSize: a MutationRef's is
+# len(param1) + len(param2), a KeyRangeRef's len(begin) + len(end)
+# (fdbclient/include/fdbclient/CommitTransaction.h, FDBTypes.h). sizeof on 64-bit builds:
+# MutationRef 56 bytes since 7.3's mutation checksums (40 before), KeyRangeRef 32.
+MUTATION_REF_BYTES = 56
+KEY_RANGE_REF_BYTES = 32
+
 ATOMIC_OPS = frozenset(
     {
         "add",
@@ -257,6 +267,29 @@ def check_read_key(key: object) -> bytes:
     return k
 
 
+def check_get_key(key: object) -> bytes:
+    """A point read's key: 2004 from b'\\xff' on (ReadYourWritesTransaction::get refuses
+    ``key >= getMaxReadKey()`` without read_system_keys, fdbclient/ReadYourWrites.cpp).
+    A longer key than any stored one is not an error there: the read finds nothing."""
+    k = check_bytes("key", key)
+    if k >= SYSTEM_KEYS:
+        raise EngineError(2004, "keys at or after b'\\xff' are reserved")
+    return k
+
+
+def check_range_end(key: object) -> bytes:
+    """A range's end (a read, a clear, a conflict range): 2004 past b'\\xff'.
+
+    FoundationDB refuses ``end > getMaxReadKey()`` (ReadYourWritesTransaction::getRange,
+    ::clear, ::addReadConflictRange, ::addWriteConflictRange); only what a key selector
+    resolves to is clamped to b'\\xff'.
+    """
+    k = check_bytes("end", key)
+    if k > SYSTEM_KEYS:
+        raise EngineError(2004, "range ends after b'\\xff' are reserved")
+    return k
+
+
 def check_value(value: object) -> bytes:
     v = check_bytes("value", value)
     if len(v) > VALUE_SIZE_LIMIT:
@@ -265,9 +298,14 @@ def check_value(value: object) -> bytes:
 
 
 def check_write_range(begin: object, end: object) -> tuple[bytes, bytes]:
-    """A clear range's bounds: a legal begin key, an end clamped to b'\\xff'; 2005 if inverted."""
-    b = check_write_key(begin)
-    e = clamp_end(check_bytes("end", end))
+    """A clear range's bounds: each at most b'\\xff' (2004, ReadYourWritesTransaction::clear);
+    2005 if inverted."""
+    b = check_bytes("key", begin)
+    if len(b) > KEY_SIZE_LIMIT:
+        raise EngineError(2102, f"key of {len(b)} bytes exceeds {KEY_SIZE_LIMIT}")
+    if b > SYSTEM_KEYS:
+        raise EngineError(2004, "keys after b'\\xff' are reserved")
+    e = check_range_end(end)
     if e < b:
         raise EngineError(2005, "clear_range end is before begin")
     return b, e

@@ -16,7 +16,9 @@ from collections.abc import Callable
 
 from fdbqueue.clock import monotonic
 from fdbqueue.engines.base import (
+    KEY_RANGE_REF_BYTES,
     KEY_SIZE_LIMIT,
+    MUTATION_REF_BYTES,
     SYSTEM_KEYS,
     TRANSACTION_SIZE_LIMIT,
     TRANSACTION_WINDOW_SECONDS,
@@ -30,11 +32,12 @@ from fdbqueue.engines.base import (
     VersionstampFuture,
     Watch,
     check_bytes,
+    check_get_key,
+    check_range_end,
     check_read_key,
     check_value,
     check_write_key,
     check_write_range,
-    clamp_end,
     fill_versionstamp,
     key_after,
     make_versionstamp,
@@ -42,6 +45,12 @@ from fdbqueue.engines.base import (
     strinc,
 )
 from fdbqueue.errors import RETRYABLE, EngineError
+
+# Bytes one write or conflict range adds to a transaction's size as FoundationDB counts it
+# (Transaction::getSize, fdbclient/NativeAPI.actor.cpp; see MUTATION_REF_BYTES in base.py).
+# A set is a mutation (key + value) and a write conflict range [key, keyAfter(key)).
+_SET_BYTES = MUTATION_REF_BYTES + KEY_RANGE_REF_BYTES + 1
+_POINT_RANGE_BYTES = KEY_RANGE_REF_BYTES + 1  # [key, keyAfter(key)): plus twice the key
 
 # ---------------------------------------------------------------------------------------------
 # Watches and versionstamp futures for the local engines.
@@ -153,19 +162,30 @@ class LocalTransaction(ABC):
         self.options = TransactionOptions()
         self.snapshot = _Snapshot(self)
         self._retries = 0
+        # The timeout counts from creation or reset, across on_error's retries (RYW's
+        # timebomb(timeoutInSeconds + creationTime); resetRyow keeps creationTime).
+        self._created = db.clock()
         self._clear_state()
 
     # -- life cycle ----------------------------------------------------------------------------
 
     def _clear_state(self) -> None:
         self._started: float | None = None
-        self._has_reads = False
+        self._has_reads = False  # took a read version (a read of any kind, get_read_version)
+        self._read_at: float | None = None  # the engine clock then
+        self._has_writes = False  # a mutation or a write conflict range: not read-only
+        # FoundationDB's getSize counted before RYW coalesces the write map and the conflict
+        # ranges: exact without overlaps, never below FoundationDB's count (an engine may
+        # override _transaction_size to count exactly).
         self._size = 0
         self._committed_version = -1
         self._stamp = StampFuture()
         self._watches: list[EventWatch] = []
         self._finish: list[FinishCallback] = []
-        self._state = "open"  # open | committing | committed | cancelled
+        self._state = "open"  # open | committing | committed | failed | cancelled
+        # What a cancelled transaction raises until reset: FoundationDB's resetPromise error
+        # (1025 after cancel or a re-raising on_error, 1031 after a timeout).
+        self._cancel_code = 1025
         # Open, begun and without a timeout: an operation need not call _touch (which
         # runs before every operation otherwise). Cleared whenever _state changes.
         self._live = False
@@ -176,7 +196,7 @@ class LocalTransaction(ABC):
             if self._state == "committing":
                 raise EngineError(2017, "transaction used during commit")
             if self._state == "cancelled":
-                raise EngineError(1025, "transaction was cancelled")
+                raise EngineError(self._cancel_code, "the transaction was cancelled or timed out: reset() it")
             raise EngineError(2017, "transaction already committed; call reset() to reuse it")
         if self._started is None:
             # Begin first: if it fails (the sqlite lock), the next operation begins again;
@@ -184,35 +204,62 @@ class LocalTransaction(ABC):
             self._begin()
             self._started = self.db.clock()
             self._live = not self.options.timeout_ms
-            return
+            if self._live:
+                return
         # The clock is read only when a timeout is set: this runs before every operation.
-        if self.options.timeout_ms and (self.db.clock() - self._started) * 1000.0 >= self.options.timeout_ms:
-            self._abort(1031)
+        if self.options.timeout_ms and (self.db.clock() - self._created) * 1000.0 >= self.options.timeout_ms:
+            # Every later call (on_error too) raises 1031 until reset: the timeout sets RYW's
+            # resetPromise (ReadYourWritesTransaction::setTimeout, fdbclient/ReadYourWrites.cpp).
+            self._cancel_after(1031, 1031)
             raise EngineError(1031, f"transaction timed out after {self.options.timeout_ms} ms")
 
     def _check_window(self) -> None:
-        started = self._started
+        # From the read version (the first read), not the first operation, as FoundationDB:
+        # a transaction that only wrote so far is not too old.
+        started = self._read_at
         if started is not None and self.db.clock() - started > TRANSACTION_WINDOW_SECONDS:
             raise EngineError(1007, "transaction is older than the 5-second window")
 
-    def commit(self) -> None:
-        """Atomically apply every write; raises a retryable EngineError when it could not."""
-        self._touch()
+    def _reading(self) -> None:
+        """Before a read: 1007 once the read version is too old; the first takes it."""
         if self._has_reads:
-            try:
-                self._check_window()
-            except EngineError:
-                self._abort(1007)
-                raise
-        if self._size > TRANSACTION_SIZE_LIMIT:
-            self._abort(2101)
-            raise EngineError(2101, f"transaction of {self._size} bytes exceeds {TRANSACTION_SIZE_LIMIT}")
+            self._check_window()
+        else:
+            self._has_reads = True
+            self._read_at = self.db.clock()
+
+    def commit(self) -> None:
+        """Atomically apply every write; raises a retryable EngineError when it could not.
+
+        As Transaction::commitMutations (fdbclient/NativeAPI.actor.cpp): a read-only
+        transaction (no mutation, no write conflict range) returns at once, unchecked;
+        otherwise the size limit (2101), then, since makeSelfConflicting gives every
+        transaction with writes a read conflict range, the resolver's 5-second window on
+        its read version (1007) when it took one before commit.
+        """
+        self._touch()
+        if self._has_writes:
+            size = self._size
+            if size > TRANSACTION_SIZE_LIMIT:
+                size = self._transaction_size()
+            if size > TRANSACTION_SIZE_LIMIT:
+                self._abort(2101)
+                raise EngineError(2101, f"transaction of {size} bytes exceeds {TRANSACTION_SIZE_LIMIT}")
+            if self._has_reads:
+                try:
+                    self._check_window()
+                except EngineError:
+                    self._abort(1007)
+                    raise
         self._state = "committing"
         self._live = False
         try:
             version = self._commit()
         except EngineError as exc:
-            self._state = "cancelled" if exc.code in (1025,) else "failed"
+            if exc.code in (1025, 1031):  # cancelled or timed out during commit
+                self._cancel_after(exc.code, exc.code)
+            else:
+                self._state = "failed"
             self._stamp._error = 2020  # FoundationDB: no_commit_version after a failed commit
             for w in self._watches:
                 w.fail(exc.code, "the watch's transaction did not commit")
@@ -233,33 +280,45 @@ class LocalTransaction(ABC):
         self._run_finish(None)
 
     def on_error(self, error: BaseException) -> None:
-        """Back off and reset when ``error`` is retryable; otherwise re-raise it (as ``fdb``)."""
+        """Back off and reset when ``error`` is retryable; otherwise re-raise it (as ``fdb``).
+
+        After a re-raise the transaction stays cancelled: every later call raises 1025
+        until :meth:`reset` (RYWImpl::onError, fdbclient/ReadYourWrites.cpp, API >= 610).
+        """
+        if self._state == "cancelled":  # RYWImpl::onError: "if (resetPromise.isSet()) throw ..."
+            raise EngineError(self._cancel_code, "the transaction was cancelled or timed out: reset() it")
         if not isinstance(error, EngineError) or error.code not in RETRYABLE:
-            self._abort(getattr(error, "code", 1025))
+            self._cancel_after(getattr(error, "code", 1025))
             raise error
         if self.options.retry_limit >= 0 and self._retries >= self.options.retry_limit:
-            self._abort(error.code)
+            self._cancel_after(error.code)
             raise error
         self._retries += 1
         cap = self.options.max_retry_delay_ms / 1000.0
         delay = min(cap, self.db.retry_base_delay * (2 ** (self._retries - 1)))
         self._abort(error.code)
         self._clear_state()
-        if delay > 0:
-            self.db.sleep(delay * random.uniform(0.5, 1.0))
+        self.db.backoff(delay * random.uniform(0.5, 1.0) if delay > 0 else 0.0)
+
+    def _cancel_after(self, code: int, sticky: int = 1025) -> None:
+        """End the attempt with ``code``; later calls raise ``sticky`` until reset."""
+        if self._state != "cancelled":
+            self._cancel_code = sticky
+        self._abort(code)
+        self._state = "cancelled"
+        self._live = False
 
     def reset(self) -> None:
         """Drop every read, write and watch; options too (FoundationDB's reset)."""
         self._abort(1025)
         self.options = TransactionOptions()
         self._retries = 0
+        self._created = self.db.clock()
         self._clear_state()
 
     def cancel(self) -> None:
         """Abandon the transaction; any later call raises 1025."""
-        self._abort(1025)
-        self._state = "cancelled"
-        self._live = False
+        self._cancel_after(1025)
 
     def _abort(self, code: int) -> None:
         if self._state in ("open", "committing", "failed"):
@@ -327,12 +386,17 @@ class LocalTransaction(ABC):
         return [self._read_get(k, False) for k in keys]
 
     def _read_get(self, key: bytes, snapshot: bool) -> bytes | None:
-        if type(key) is not bytes or len(key) > KEY_SIZE_LIMIT or key > SYSTEM_KEYS:
-            check_read_key(key)
+        if type(key) is not bytes or key >= SYSTEM_KEYS:
+            check_get_key(key)
         if not self._live or self.options.timeout_ms:
             self._touch()
-        self._check_window()
-        self._has_reads = True
+        if len(key) > KEY_SIZE_LIMIT:
+            # No stored key is that long: FoundationDB answers "absent" without a read
+            # (ReadYourWritesTransaction::get, getMaxReadKeySize).
+            return None
+        self._reading()
+        if not snapshot:
+            self._size += _POINT_RANGE_BYTES + 2 * len(key)
         return self._get(key, snapshot)
 
     def _read_key(self, selector: KeySelector, snapshot: bool) -> bytes:
@@ -340,9 +404,16 @@ class LocalTransaction(ABC):
             raise TypeError("get_key takes a KeySelector")
         check_read_key(selector.key)
         self._touch()
-        self._check_window()
-        self._has_reads = True
-        return self._resolve(selector, snapshot)
+        self._reading()
+        return self._resolved(selector, snapshot)
+
+    def _resolved(self, selector: KeySelector, snapshot: bool) -> bytes:
+        key = self._resolve(selector, snapshot)
+        if not snapshot:
+            # The read conflict range covers what resolution examined, between the anchor
+            # and the answer (either may be keyAfter'ed): at most this many bytes.
+            self._size += KEY_RANGE_REF_BYTES + 2 + len(selector.key) + len(key)
+        return key
 
     def _read_range(
         self, begin: KeyOrSelector, end: KeyOrSelector, limit: int, reverse: bool, snapshot: bool
@@ -351,20 +422,30 @@ class LocalTransaction(ABC):
             raise EngineError(2006, f"limit must be a non-negative int, got {limit!r}")
         if not self._live or self.options.timeout_ms:
             self._touch()
-        self._check_window()
-        self._has_reads = True
+        self._reading()
         if type(begin) is bytes and type(end) is bytes and begin <= SYSTEM_KEYS >= end:
             b, e = check_read_key(begin) if len(begin) > KEY_SIZE_LIMIT else begin, end  # plain keys
         else:
-            b = self._resolve(begin, snapshot) if isinstance(begin, KeySelector) else check_read_key(begin)
-            e = (
-                self._resolve(end, snapshot)
-                if isinstance(end, KeySelector)
-                else clamp_end(check_bytes("end", end))
-            )
+            # Selector keys past b'\xff' are refused too (ReadYourWritesTransaction::getRange).
+            if isinstance(begin, KeySelector):
+                check_read_key(begin.key)
+            if isinstance(end, KeySelector):
+                check_range_end(end.key)
+            b = self._resolved(begin, snapshot) if isinstance(begin, KeySelector) else check_read_key(begin)
+            e = self._resolved(end, snapshot) if isinstance(end, KeySelector) else check_range_end(end)
         if b >= e:
             return []
-        return self._get_range(b, e, limit, reverse, snapshot)
+        out = self._get_range(b, e, limit, reverse, snapshot)
+        if not snapshot:
+            # The part actually read (fdb-reference.md §2): with the limit reached, up to
+            # keyAfter(last) forward, from the last key backward.
+            if limit and len(out) == limit:
+                if reverse:
+                    b = out[-1].key
+                else:
+                    e = out[-1].key + b"\x00"
+            self._size += KEY_RANGE_REF_BYTES + len(b) + len(e)
+        return out
 
     # -- writes --------------------------------------------------------------------------------
 
@@ -374,7 +455,8 @@ class LocalTransaction(ABC):
             key, value = check_write_key(key), check_value(value)
         if not self._live or self.options.timeout_ms:
             self._touch()
-        self._size += len(key) + len(value)
+        self._size += _SET_BYTES + 3 * len(key) + len(value)
+        self._has_writes = True
         self._set(key, value)
 
     __setitem__ = set
@@ -384,7 +466,9 @@ class LocalTransaction(ABC):
             key = check_write_key(key)
         if not self._live or self.options.timeout_ms:
             self._touch()
-        self._size += len(key)
+        # A clear is the mutation ClearRange(key, keyAfter(key)) and that write conflict range.
+        self._size += _SET_BYTES + 4 * len(key) + 1
+        self._has_writes = True
         self._clear(key)
 
     __delitem__ = clear
@@ -393,8 +477,9 @@ class LocalTransaction(ABC):
         """Remove every key in [begin, end); 2005 if end < begin."""
         b, e = check_write_range(begin, end)
         self._touch()
-        self._size += len(b) + len(e)
         if b < e:
+            self._size += MUTATION_REF_BYTES + KEY_RANGE_REF_BYTES + 2 * (len(b) + len(e))
+            self._has_writes = True
             self._clear_range(b, e)
 
     def clear_range_startswith(self, prefix: bytes) -> None:
@@ -406,7 +491,8 @@ class LocalTransaction(ABC):
             key, param = check_write_key(key), check_value(param)
         if not self._live or self.options.timeout_ms:
             self._touch()
-        self._size += len(key) + len(param)
+        self._size += _SET_BYTES + 3 * len(key) + len(param)
+        self._has_writes = True
         self._atomic(op, key, param)
 
     def add(self, key: bytes, param: bytes) -> None:
@@ -450,7 +536,10 @@ class LocalTransaction(ABC):
         v = check_value(value)
         fill_versionstamp(k, b"\x00" * 10)  # validates the offset now, not at commit
         self._touch()
-        self._size += len(k) + len(v)
+        # The mutation keeps the offset; the write conflict range spans the possible keys
+        # without it (getVersionstampKeyRange, fdbclient/ReadYourWrites.cpp).
+        self._size += _SET_BYTES + len(k) + 2 * (len(k) - 4) + len(v)
+        self._has_writes = True
         self._versionstamped("key", k, v)
 
     def set_versionstamped_value(self, key: bytes, value: bytes) -> None:
@@ -461,18 +550,19 @@ class LocalTransaction(ABC):
             raise EngineError(2103, f"value of {len(v) - 4} bytes exceeds {VALUE_SIZE_LIMIT}")
         fill_versionstamp(v, b"\x00" * 10)
         self._touch()
-        self._size += len(k) + len(v)
+        self._size += _SET_BYTES + 3 * len(k) + len(v)
+        self._has_writes = True
         self._versionstamped("value", k, v)
 
     # -- conflicts, versions, watches ----------------------------------------------------------
 
     def add_read_conflict_range(self, begin: bytes, end: bytes) -> None:
-        b, e = check_read_key(begin), clamp_end(check_bytes("end", end))
+        """Add [begin, end) to the read conflict ranges (no read version is taken for it)."""
+        b, e = check_read_key(begin), check_range_end(end)
         if e < b:
             raise EngineError(2005, "conflict range end is before begin")
         self._touch()
-        self._has_reads = True
-        self._size += len(b) + len(e)
+        self._size += KEY_RANGE_REF_BYTES + len(b) + len(e)
         self._conflict_range("read", b, e)
 
     def add_read_conflict_key(self, key: bytes) -> None:
@@ -480,11 +570,13 @@ class LocalTransaction(ABC):
         self.add_read_conflict_range(k, key_after(k))
 
     def add_write_conflict_range(self, begin: bytes, end: bytes) -> None:
-        b, e = check_read_key(begin), clamp_end(check_bytes("end", end))
+        b, e = check_read_key(begin), check_range_end(end)
         if e < b:
             raise EngineError(2005, "conflict range end is before begin")
         self._touch()
-        self._size += len(b) + len(e)
+        self._size += KEY_RANGE_REF_BYTES + len(b) + len(e)
+        if b < e:
+            self._has_writes = True
         self._conflict_range("write", b, e)
 
     def add_write_conflict_key(self, key: bytes) -> None:
@@ -501,6 +593,7 @@ class LocalTransaction(ABC):
 
     def get_read_version(self) -> int:
         self._touch()
+        self._reading()
         return self._read_version()
 
     def get_committed_version(self) -> int:
@@ -511,6 +604,11 @@ class LocalTransaction(ABC):
         return self._stamp
 
     # -- engine primitives ---------------------------------------------------------------------
+
+    def _transaction_size(self) -> int:
+        """The size FoundationDB would count; called only when ``_size`` (never lower)
+        exceeds the limit, so that an engine that knows its write map can count exactly."""
+        return self._size
 
     def _begin(self) -> None:  # noqa: B027 - a hook: most engines need nothing here
         """The first operation of an attempt (the sqlite engine takes its lock here)."""
@@ -576,6 +674,11 @@ class LocalDatabase(DatabaseConveniences, ABC):
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
+
+    def backoff(self, seconds: float) -> None:
+        """``on_error``'s wait before a retry (the sim engine runs test hooks here)."""
+        if seconds > 0:
+            self.sleep(seconds)
 
     @abstractmethod
     def create_transaction(self) -> LocalTransaction: ...

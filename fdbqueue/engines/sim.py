@@ -10,8 +10,15 @@ It is where the queue layer proves itself on FoundationDB's terms (fdb-reference
   for snapshot reads, not over keys this transaction already set or cleared, only over the
   part of a range actually read). A commit fails with 1020 when a transaction committed
   after its read version wrote into one of them.
+* Commit as Transaction::commitMutations (fdbclient/NativeAPI.actor.cpp): a read-only
+  transaction returns at once; otherwise the size as Transaction::getSize counts it (2101),
+  then makeSelfConflicting's read conflict range, so the 5-second window applies to every
+  transaction with writes that took a read version before committing (1007).
 * Faults: from ``random.Random(seed)``, each commit with writes may fail with 1020 or 1007
-  (not applied) or 1021 (applied or not, by a coin flip) - the cases a layer must survive.
+  (not applied) or 1021 (applied or not, by a coin flip) - the cases a layer must survive -
+  where FoundationDB could give that commit the code (:func:`fault_possible`).
+  ``SimDatabase.fault_source`` is the seam :mod:`fdbqueue.testing` scripts outcomes through
+  (1039, 1031 and 1025 during commit too).
 
 One lock guards the store; it is held for one operation at a time, never across user code.
 The store itself (version chains, commit resolution, garbage collection, watches) is in
@@ -20,15 +27,25 @@ The store itself (version chains, commit resolution, garbage collection, watches
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
 from heapq import merge
 from typing import TYPE_CHECKING
 
 from sortedcontainers import SortedList
 
+from fdbqueue.engines._simfaults import (
+    LANDS_LATER_FAULTS,
+    MAYBE_COMMITTED_FAULTS,
+    NOT_COMMITTED_FAULTS,
+    CommitInfo,
+    Fault,
+    fault_possible,
+)
 from fdbqueue.engines._simstore import (
     _STAMP,
     _UNDER,
@@ -41,6 +58,8 @@ from fdbqueue.engines._simstore import (
     _Write,
 )
 from fdbqueue.engines.base import (
+    KEY_RANGE_REF_BYTES,
+    MUTATION_REF_BYTES,
     SYSTEM_KEYS,
     TRANSACTION_WINDOW_SECONDS,
     KeySelector,
@@ -51,13 +70,25 @@ from fdbqueue.engines.base import (
     make_versionstamp,
 )
 from fdbqueue.engines.local import EventWatch, LocalDatabase, LocalTransaction
-from fdbqueue.errors import EngineError, InvalidURLError
+from fdbqueue.errors import ClusterUnavailableError, EngineError, InvalidURLError
 
 if TYPE_CHECKING:
     from fdbqueue.engines import ParsedURL
 
 # ManualClock and SimStats live in _simstore.py; tests and callers import them from here.
-__all__ = ["ManualClock", "SimDatabase", "SimStats", "SimTransaction", "open_sim"]
+__all__ = [
+    "LANDS_LATER_FAULTS",
+    "MAYBE_COMMITTED_FAULTS",
+    "NOT_COMMITTED_FAULTS",
+    "CommitInfo",
+    "Fault",
+    "ManualClock",
+    "SimDatabase",
+    "SimStats",
+    "SimTransaction",
+    "fault_possible",
+    "open_sim",
+]
 
 
 class SimTransaction(LocalTransaction):
@@ -190,7 +221,6 @@ class SimTransaction(LocalTransaction):
         end = min(end, SYSTEM_KEYS)
         if begin >= end:
             return
-        self._has_reads = True
         if not self._writes and not self._cb:
             self._rconf.append((begin, end))
             return
@@ -214,11 +244,9 @@ class SimTransaction(LocalTransaction):
         self._rconf.append((cur, end))
 
     # -- engine primitives: reads --------------------------------------------------------------
-    # Base sets _has_reads before each read; FDB's commit-time 1007 applies only to a
-    # transaction with read-conflict ranges, so it is recomputed from those.
 
     def _get(self, key: bytes, snapshot: bool) -> bytes | None:
-        self._has_reads = bool(self._rconf)
+        self._sim._check_up()
         with self._sim._lock:
             rv = self._acquire_locked()
             w = self._writes.get(key)
@@ -239,8 +267,8 @@ class SimTransaction(LocalTransaction):
         return value
 
     def _resolve(self, selector: KeySelector, snapshot: bool) -> bytes:
+        self._sim._check_up()
         key, or_equal, offset = selector
-        self._has_reads = bool(self._rconf)
         with self._sim._lock:
             self._acquire_locked()
             if offset >= 1:
@@ -271,7 +299,7 @@ class SimTransaction(LocalTransaction):
     def _get_range(
         self, begin: bytes, end: bytes, limit: int, reverse: bool, snapshot: bool
     ) -> list[KeyValue]:
-        self._has_reads = bool(self._rconf)
+        self._sim._check_up()
         out: list[KeyValue] = []
         with self._sim._lock:
             self._acquire_locked()
@@ -293,6 +321,10 @@ class SimTransaction(LocalTransaction):
             self._add_read_conflict(lo, hi)
         return out
 
+    def get_read_version(self) -> int:
+        self._sim._check_up()
+        return super().get_read_version()
+
     def _read_version(self) -> int:
         with self._sim._lock:
             return self._acquire_locked()
@@ -306,12 +338,15 @@ class SimTransaction(LocalTransaction):
         self._wconf.append((key, key_after(key)))
 
     def _set(self, key: bytes, value: bytes) -> None:
+        self._sim._check_up()
         self._put(key, _Write(_VALUE, value))
 
     def _clear(self, key: bytes) -> None:
+        self._sim._check_up()
         self._put(key, _Write(_VALUE, None))
 
     def _clear_range(self, begin: bytes, end: bytes) -> None:
+        self._sim._check_up()
         if self._writes:
             wkeys = self._sorted_writes()
             for k in list(wkeys.irange(begin, end, (True, False))):
@@ -331,6 +366,7 @@ class SimTransaction(LocalTransaction):
         self._wconf.append((begin, end))
 
     def _atomic(self, op: str, key: bytes, param: bytes) -> None:
+        self._sim._check_up()
         w = self._writes.get(key)
         if w is None:
             if self._cb and self._in_cleared(key):  # over a clear: the result is known
@@ -346,6 +382,7 @@ class SimTransaction(LocalTransaction):
         self._wconf.append((key, key_after(key)))
 
     def _versionstamped(self, kind: str, key: bytes, value: bytes) -> None:
+        self._sim._check_up()
         if kind == "value":
             self._put(key, _Write(_STAMP, value, []))
             return
@@ -362,42 +399,88 @@ class SimTransaction(LocalTransaction):
             self._wconf.append((lo, min(hi, SYSTEM_KEYS)))
 
     def _conflict_range(self, kind: str, begin: bytes, end: bytes) -> None:
+        self._sim._check_up()
         if kind == "read":
             # No read version yet is fine: one taken at commit sees no later write.
-            self._has_reads = bool(self._rconf)
             self._add_read_conflict(begin, end)
         elif begin < end:
             self._wconf.append((begin, end))
 
     # -- commit ----------------------------------------------------------------------------------
 
+    def _transaction_size(self) -> int:
+        """Transaction::getSize (fdbclient/NativeAPI.actor.cpp) of what RYW would hand over.
+
+        ReadYourWritesTransaction::writeRangeToNativeTransaction sends the write map: one
+        ClearRange per cleared range, then one mutation per set or clear of a key (a clear
+        inside a cleared range is covered by it) and per atomic op or versionstamped write;
+        the write conflict ranges and (RYW readConflicts) the read conflict ranges merged.
+        """
+        n, total = 0, 0
+        for b, e in zip(self._cb, self._ce, strict=True):
+            n, total = n + 1, total + len(b) + len(e)
+        for k, w in self._writes.items():
+            if w.kind == _UNDER:
+                for _, param in w.ops or ():
+                    n, total = n + 1, total + len(k) + len(param)
+            elif w.value is None:
+                if not self._in_cleared(k):
+                    n, total = n + 1, total + 2 * len(k) + 1
+            else:
+                n, total = n + 1, total + len(k) + len(w.value)
+        for _, template, value in self._vs_keys:
+            n, total = n + 1, total + len(template) + len(value)
+        total += n * MUTATION_REF_BYTES
+        for ranges in (self._wconf, self._rconf):
+            merged = _merge(ranges)
+            total += sum(len(b) + len(e) for b, e in merged) + KEY_RANGE_REF_BYTES * len(merged)
+        return total
+
     def _commit(self) -> int:
         db = self._sim
+        fault: Fault | None = None
+        version = -1
         try:
+            db._check_up()
             if not (self._writes or self._cb or self._vs_keys or self._wconf):
                 with db._lock:
                     db.stats.read_only += 1
-                return -1  # read-only: commits locally, no conflict check (FDB)
+                return -1  # read-only: commits locally, no check (Transaction::commitMutations)
             if db.delay > 0:
                 db.sleep(db._rng.random() * db.delay)
             fired: list[EventWatch] = []
-            fault = 0
             with db._lock:
-                applied = True
-                if db.faults > 0:
-                    r = db._rng.random()
-                    if r < db.faults:
-                        fault = (1020, 1021, 1007)[min(2, int(3 * r / db.faults))]
-                        db.stats.faults[fault] = db.stats.faults.get(fault, 0) + 1
-                        if fault != 1021:
-                            raise EngineError(fault, "injected fault")
-                        applied = db._rng.random() < 0.5
-                version = -1
-                if applied:
+                if self._state == "cancelled":
+                    # cancel() from another thread while the commit was on its way: it never
+                    # reached the proxy here, so nothing applies (on a cluster it may have).
+                    raise EngineError(1025, "the transaction was cancelled during commit")
+                if db._in_flight:
+                    db._land_locked(fired)
+                source = db.fault_source
+                if source is not None or db.faults > 0:
+                    commit = CommitInfo(reads=bool(self._rconf), read_version=self._rv is not None)
+                    fault = (source or db.seeded_fault)(commit)
+                    if fault is not None and not fault_possible(fault.code, commit):
+                        fault = None
+                if fault is not None:
+                    db.stats.faults[fault.code] = db.stats.faults.get(fault.code, 0) + 1
+                    if fault.code not in MAYBE_COMMITTED_FAULTS:
+                        raise EngineError(fault.code, "injected fault")
+                # Transaction::makeSelfConflicting (called from commitMutations unless
+                # causal_write_risky): a read conflict range on a key nobody else writes, so
+                # that the resolver checks the read version's age (1007) but nothing can
+                # conflict with it. FoundationDB makes the key unique and writes it too; here
+                # no commit writes it (the write half would never meet a reader), so one key
+                # serves all. Needed only where the check would not run anyway.
+                if not self._rconf and self._rv is not None:
+                    self._rconf.append(_SELF_CONFLICT)
+                if fault is not None and fault.later:
+                    db._in_flight.append(self._in_flight_copy())
+                elif fault is None or fault.applied:
                     try:
                         version = db._check_and_apply_locked(self, fired)
                     except EngineError:
-                        if fault != 1021:
+                        if fault is None:
                             raise
                 self._release()
                 db._collect_locked()
@@ -405,11 +488,40 @@ class SimTransaction(LocalTransaction):
             self._release()
         for w in fired:
             w.fire()
-        if fault == 1021:
-            raise EngineError(
-                1021, "injected fault: the commit " + ("was" if version >= 0 else "was not") + " applied"
+        if fault is not None:
+            applied = (
+                "is still in flight" if fault.later else "was applied" if version >= 0 else "was not applied"
             )
+            raise EngineError(fault.code, f"injected fault: the commit {applied}")
         return version
+
+    def _in_flight_copy(self) -> SimTransaction:
+        """What this attempt sends, kept to land later (store lock held): the containers are
+        replaced, not changed, when the attempt resets; its read version stays registered."""
+        late = copy.copy(self)
+        if late._rv is not None:
+            db = self._sim
+            late._token = next(db._tokens)
+            db._live[late._token] = (late._rv, late._rv_time)
+        return late
+
+
+_SELF_CONFLICT: Range = (b"\xff/SC/", b"\xff/SC/\x00")
+
+
+def _merge(ranges: list[Range]) -> list[Range]:
+    """Sorted, with overlapping and touching ranges joined (as RYW coalesces them)."""
+    out: list[Range] = []
+    for b, e in sorted(ranges):
+        if out and b <= out[-1][1]:
+            if e > out[-1][1]:
+                out[-1] = (out[-1][0], e)
+        elif b < e:
+            out.append((b, e))
+    return out
+
+
+FaultSource = Callable[[CommitInfo], "Fault | None"]
 
 
 class SimDatabase(SimStore, LocalDatabase):
@@ -420,7 +532,7 @@ class SimDatabase(SimStore, LocalDatabase):
     @property
     def may_commit_unknown(self) -> bool:  # type: ignore[override]
         """Only injected faults end a commit unknown here: without them the layer skips receipts."""
-        return self.faults > 0
+        return self.faults > 0 or self.fault_source is not None
 
     def __init__(
         self, *, seed: int = 0, faults: float = 0.0, delay: float = 0.0, clock: ManualClock | None = None
@@ -434,8 +546,54 @@ class SimDatabase(SimStore, LocalDatabase):
         self.engine = "sim"
         self.url = f"sim://?seed={seed}&faults={faults}&delay={delay}"
         self._rng = random.Random(seed)
+        # The seam fdbqueue.testing scripts through: asked, store lock held, for the outcome
+        # of every commit with writes; None: the seeded faults (seeded_fault) decide.
+        self.fault_source: FaultSource | None = None
+        self._in_flight: list[SimTransaction] = []  # commits an injected 1031 / 1025 left
+        self._backoff_hooks: deque[Callable[[], object]] = deque()
+        self._outages = 0  # active fdbqueue.testing.outage() contexts
+
+    def seeded_fault(self, commit: CommitInfo) -> Fault | None:
+        """The seeded fault of one commit with writes: with probability ``faults``, 1020, 1021
+        or 1007 (a third each; 1021 applied or not by a coin flip), None when FoundationDB could
+        not give this commit that code. One draw a commit (two for a 1021): same seed, same run."""
+        if self.faults <= 0:
+            return None
+        r = self._rng.random()
+        if r >= self.faults:
+            return None
+        code = (1020, 1021, 1007)[min(2, int(3 * r / self.faults))]
+        fault = Fault(code, self._rng.random() < 0.5) if code == 1021 else Fault(code)
+        return fault if fault_possible(code, commit) else None
+
+    def backoff(self, seconds: float) -> None:
+        hook = self._backoff_hooks.popleft() if self._backoff_hooks else None
+        if hook is not None:
+            hook()
+        super().backoff(seconds)
+
+    def _land_locked(self, fired: list[EventWatch]) -> None:
+        """Commits left in flight by an injected 1031 or 1025 reach the resolver now: applied
+        unless they conflict or are too old, silently (nobody waits for them any more)."""
+        landing, self._in_flight = self._in_flight, []
+        now = self.clock()
+        for late in landing:
+            try:
+                if late._rv is not None and now - late._rv_time > TRANSACTION_WINDOW_SECONDS:
+                    continue  # the resolver refuses its read version: too old
+                self._check_and_apply_locked(late, fired)
+            except EngineError:
+                pass
+            finally:
+                if late._token is not None:
+                    self._live.pop(late._token, None)
+
+    def _check_up(self) -> None:
+        if self._outages:
+            raise ClusterUnavailableError(f"{self.url} is unavailable (fdbqueue.testing.outage)")
 
     def create_transaction(self) -> SimTransaction:
+        self._check_up()
         return SimTransaction(self)
 
 
