@@ -16,8 +16,8 @@ def test_size_counts_mutations_and_conflict_ranges_as_foundationdb_does() -> Non
 
     run_transaction(db, body)  # type: ignore[arg-type]
     (cost,) = db.take()
-    # mutation 2 + 10; write conflict [k1, k1\0): 2 + 3; read conflict [a, a\0): 1 + 2
-    assert cost.size == 12 + 5 + 3
+    # mutation 56 + 2 + 10; write conflict [k1, k1\0): 32 + 2 + 3; read conflict [a, a\0): 32 + 1 + 2
+    assert cost.size == 68 + 37 + 35
     assert (cost.grv, cost.reads, cost.commit) == (1, 1, 1)
     assert cost.committed
 
