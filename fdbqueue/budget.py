@@ -113,14 +113,9 @@ class Budget:
 
     def __init__(self, reserve: int = 0, *, limit: int = TXN_BUDGET_BYTES) -> None:
         self.limit = limit - reserve
-        self.spent = BASE_COST
-        self.moves = 0
-        self.read_bytes = 0
-        self.read_rows = 0
-        self.started = time.monotonic()
-        self.more = False
         self.resume: bytes | None = None
         self.scanned = 0  # entries a multi-transaction scan has looked at, over all transactions
+        self.next_transaction()
 
     def take(self, cost: int) -> bool:
         """Charge ``cost`` if it fits; the first move of a transaction always fits (progress).
