@@ -1,7 +1,15 @@
-"""Shared fixtures: the engine matrix every conformance test runs on."""
+"""Shared fixtures: the engine matrix every conformance test runs on.
+
+The "fdb" engine runs on a real FoundationDB cluster when one is reachable
+(tests/fdb_cluster.py) and otherwise through the official bindings over the C-API double
+of tests/fdb_double.py (a fresh sim store per test). Every test that runs on it, and every
+test of tests/test_fdb_engine.py, carries the ``fdb_engine`` marker: ``-m fdb_engine``
+selects them (the bindings matrix of .ci/run).
+"""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +22,7 @@ ENGINES = ["memory", "sim", "sqlite", "fdb"]
 
 
 def engine_url(engine: str, tmp_path: Path) -> str:
-    """The URL a test opens for ``engine``; skips fdb when no cluster is reachable."""
+    """The URL a test opens for ``engine``."""
     if engine == "memory":
         return "memory://"
     if engine == "sim":
@@ -23,10 +31,34 @@ def engine_url(engine: str, tmp_path: Path) -> str:
     if engine == "sqlite":
         return f"sqlite://{tmp_path / 'store.db'}?sync=normal"
     if engine == "fdb":
-        from tests.fdb_cluster import find_cluster
-
-        return "fdb://" + find_cluster()
+        return "fdb://" + fdb_cluster_file(tmp_path)
     raise ValueError(engine)
+
+
+def fdb_cluster_file(directory: Path) -> str:
+    """A real cluster's cluster file when one is reachable, else a fresh store of the double."""
+    from tests.fdb_cluster import cluster_or_none
+
+    real = cluster_or_none()
+    if real is not None:
+        return real
+    from tests import fdb_double
+
+    try:
+        double = fdb_double.install()
+    except RuntimeError as exc:
+        pytest.skip(f"FoundationDB tests skipped: the C-API double cannot be installed: {exc}")
+    return double.new_cluster_file(str(directory))
+
+
+def release_fdb(url: str) -> None:
+    """Free the double's store behind ``url`` (no-op on a real cluster)."""
+    from tests import fdb_double
+
+    double = fdb_double.installed()
+    if double is not None and url.startswith("fdb://"):
+        with contextlib.suppress(OSError):
+            double.release(url[len("fdb://") :].split("?", 1)[0])
 
 
 @pytest.fixture(params=ENGINES)
@@ -36,7 +68,8 @@ def engine(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def db(engine: str, tmp_path: Path) -> Iterator[Database]:
-    database = fdbqueue.open(engine_url(engine, tmp_path))
+    url = engine_url(engine, tmp_path)
+    database = fdbqueue.open(url)
     if engine == "fdb":
         # A shared cluster: start each test from an empty keyspace.
         database.clear_range(b"", b"\xff")  # type: ignore[attr-defined]
@@ -44,3 +77,14 @@ def db(engine: str, tmp_path: Path) -> Iterator[Database]:
         yield database
     finally:
         database.close()
+        if engine == "fdb":
+            release_fdb(url)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark what runs on the fdb engine (``-m fdb_engine``)."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        on_fdb = callspec is not None and "fdb" in callspec.params.values()
+        if on_fdb or item.path.name == "test_fdb_engine.py":
+            item.add_marker(pytest.mark.fdb_engine)

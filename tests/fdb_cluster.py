@@ -97,6 +97,18 @@ def find_cluster() -> str:
     return _cluster_file
 
 
+def cluster_or_none() -> str | None:
+    """The path of a reachable cluster's cluster file, or None (the reason is kept for
+    :func:`find_cluster`): the conformance tests then run over the C-API double."""
+    global _cluster_file, _skip_reason
+    if _cluster_file is None and _skip_reason is None:
+        try:
+            _cluster_file = _find()
+        except _Unavailable as exc:
+            _skip_reason = SKIP + str(exc)
+    return _cluster_file
+
+
 class _Unavailable(Exception):
     pass
 

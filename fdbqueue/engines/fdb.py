@@ -256,7 +256,7 @@ class FDBVersionstamp:
 class FDBTransaction(_FDBReads):
     """One ``fdb.Transaction`` behind the :class:`~fdbqueue.engines.base.Transaction` contract."""
 
-    __slots__ = ("_finish", "_tr", "db", "options", "snapshot")
+    __slots__ = ("_cancelled", "_finish", "_tr", "db", "options", "snapshot")
 
     def __init__(self, db: FDBDatabase, tr: Any) -> None:
         super().__init__(tr)
@@ -265,6 +265,18 @@ class FDBTransaction(_FDBReads):
         self.options = FDBTransactionOptions(tr.options)
         self.snapshot = _FDBReads(tr.snapshot)
         self._finish: list[FinishCallback] = []
+        self._cancelled = False
+
+    def _writable(self) -> Any:
+        """The raw transaction for a write; 1025 after :meth:`cancel`.
+
+        libfdb_c accepts a write to a cancelled transaction and fails only its commit
+        (``ThreadSafeTransaction::set`` defers errors, fdbclient/ThreadSafeTransaction.cpp);
+        the local engines raise at the call, and so does this engine.
+        """
+        if self._cancelled:
+            raise EngineError(1025, "transaction was cancelled")
+        return self._tr
 
     @property
     def fdb_transaction(self) -> Any:
@@ -275,24 +287,24 @@ class FDBTransaction(_FDBReads):
 
     def set(self, key: bytes, value: bytes) -> None:
         """Write ``value`` at ``key`` (blind: adds a write conflict only)."""
-        _call(self._tr.set, check_write_key(key), check_value(value))
+        _call(self._writable().set, check_write_key(key), check_value(value))
 
     __setitem__ = set
 
     def clear(self, key: bytes) -> None:
-        _call(self._tr.clear, check_write_key(key))
+        _call(self._writable().clear, check_write_key(key))
 
     __delitem__ = clear
 
     def clear_range(self, begin: bytes, end: bytes) -> None:
         """Remove every key in [begin, end); 2005 if end < begin."""
-        _call(self._tr.clear_range, *check_write_range(begin, end))
+        _call(self._writable().clear_range, *check_write_range(begin, end))
 
     def clear_range_startswith(self, prefix: bytes) -> None:
         self.clear_range(*_prefix_range(prefix))
 
     def _atomic(self, op: str, key: bytes, param: bytes) -> None:
-        _call(getattr(self._tr, op), check_write_key(key), check_value(param))
+        _call(getattr(self._writable(), op), check_write_key(key), check_value(param))
 
     def add(self, key: bytes, param: bytes) -> None:
         """Little-endian add; adds no read conflict, so hot counters do not conflict."""
@@ -327,25 +339,25 @@ class FDBTransaction(_FDBReads):
 
     def set_versionstamped_key(self, key: bytes, value: bytes) -> None:
         """Write ``value`` at ``key`` with the 10 bytes at its trailing LE offset stamped at commit."""
-        _call(self._tr.set_versionstamped_key, check_bytes("key", key), check_value(value))
+        _call(self._writable().set_versionstamped_key, check_bytes("key", key), check_value(value))
 
     def set_versionstamped_value(self, key: bytes, value: bytes) -> None:
         """Write ``value`` (stamped at commit at its trailing LE offset) at ``key``."""
-        _call(self._tr.set_versionstamped_value, check_write_key(key), check_bytes("value", value))
+        _call(self._writable().set_versionstamped_value, check_write_key(key), check_bytes("value", value))
 
     # -- conflicts, versions, watches --------------------------------------------------------
 
     def add_read_conflict_range(self, begin: bytes, end: bytes) -> None:
-        _call(self._tr.add_read_conflict_range, check_bytes("begin", begin), check_bytes("end", end))
+        _call(self._writable().add_read_conflict_range, check_bytes("begin", begin), check_bytes("end", end))
 
     def add_read_conflict_key(self, key: bytes) -> None:
-        _call(self._tr.add_read_conflict_key, check_bytes("key", key))
+        _call(self._writable().add_read_conflict_key, check_bytes("key", key))
 
     def add_write_conflict_range(self, begin: bytes, end: bytes) -> None:
-        _call(self._tr.add_write_conflict_range, check_bytes("begin", begin), check_bytes("end", end))
+        _call(self._writable().add_write_conflict_range, check_bytes("begin", begin), check_bytes("end", end))
 
     def add_write_conflict_key(self, key: bytes) -> None:
-        _call(self._tr.add_write_conflict_key, check_bytes("key", key))
+        _call(self._writable().add_write_conflict_key, check_bytes("key", key))
 
     def watch(self, key: bytes) -> FDBWatch:
         """A watch on ``key``, armed when this transaction commits (it reads ``key`` serializably)."""
@@ -405,11 +417,13 @@ class FDBTransaction(_FDBReads):
         """Drop every read, write, watch and option (FoundationDB's reset)."""
         self._run_finish(EngineError(1025))
         _call(self._tr.reset)
+        self._cancelled = False
         self.options = FDBTransactionOptions(self._tr.options)
 
     def cancel(self) -> None:
         """Abandon the transaction; any later call raises 1025 until :meth:`reset`."""
         self._run_finish(EngineError(1025))
+        self._cancelled = True
         _call(self._tr.cancel)
 
     def on_finish(self, callback: FinishCallback) -> None:
