@@ -37,8 +37,9 @@ PROBE_TIMEOUT_S = 10
 _LIBRARY_PROBE = r"""
 import ctypes, sys
 import fdb
+from fdbqueue.engines.fdb import DEFAULT_API_VERSION
 try:
-    fdb.api_version(min(800, fdb.LATEST_API_VERSION))
+    fdb.api_version(DEFAULT_API_VERSION)
 except Exception as exc:
     print(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     sys.exit(1)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import bisect
 import struct
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -75,6 +77,10 @@ def test_missing_cluster_file_is_named(tmp_path: Path) -> None:
         ("api_version=", "api_version must be an integer"),
         ("api_version=99999", "out of range"),
         ("api_version=100", "out of range"),
+        # Below 610 on_error resets the timeout and retry limit; below 700 commit resets the
+        # transaction (documentation/sphinx/source/api-version-upgrade-guide.rst).
+        ("api_version=700", "needs 710 or newer"),
+        ("api_version=630", "needs 710 or newer"),
         ("timeout=0", "timeout must be a positive number"),
         ("timeout=soon", "timeout must be a positive number"),
         ("tenant=x", "unknown parameter"),
@@ -83,6 +89,28 @@ def test_missing_cluster_file_is_named(tmp_path: Path) -> None:
 def test_bad_parameters_are_invalid_urls(query: str, needle: str) -> None:
     with pytest.raises(InvalidURLError, match=needle):
         fdbqueue.open(f"fdb://?{query}")
+
+
+_OLD_BINDINGS = r"""
+import importlib.metadata, sys
+import fdb
+# The 7.1 and 7.3 wheels define neither fdb.__version__ nor (7.1) fdb.LATEST_API_VERSION.
+del fdb.__version__
+del fdb.LATEST_API_VERSION
+real = importlib.metadata.version
+importlib.metadata.version = lambda name: "7.1.67" if name == "foundationdb" else real(name)
+import fdbqueue.engines.fdb as engine
+print(engine.BINDINGS_VERSION, engine.LATEST_API_VERSION, engine.DEFAULT_API_VERSION)
+print(engine.CLIENT_LIBRARY_MISSING)
+"""
+
+
+def test_engine_imports_with_bindings_older_than_8() -> None:
+    proc = subprocess.run([sys.executable, "-c", _OLD_BINDINGS], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    first, message = proc.stdout.splitlines()[:2]
+    assert first == "7.1.67 710 710"
+    assert "'foundationdb' Python bindings 7.1.67 installed here need libfdb_c 7.1" in message
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ call instead of at the next wait or commit; range ends past ``b'\\xff'`` are cla
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import threading
@@ -47,9 +48,38 @@ from fdbqueue.errors import ClusterUnavailableError, EngineError, InvalidURLErro
 
 __all__ = ["FDBDatabase", "FDBTransaction", "FDBWatch", "open_fdb"]
 
-# The oldest API version whose versionstamp offsets are 4 bytes (what fdb.tuple packs).
-MIN_API_VERSION = 520
-LATEST_API_VERSION = int(getattr(fdb, "LATEST_API_VERSION", 800))
+# API 710 or newer: below 610 ``on_error`` resets the timeout and retry limit, below 700 a
+# commit resets the transaction (api-version-upgrade-guide.rst in apple/foundationdb), and
+# 710 is what the oldest supported bindings (7.1) know.
+MIN_API_VERSION = 710
+
+
+def _bindings_version() -> str:
+    """The installed ``foundationdb`` wheel's version (``fdb.__version__`` exists only from 8.0)."""
+    version = getattr(fdb, "__version__", None)
+    if isinstance(version, str):
+        return version
+    try:
+        return importlib.metadata.version("foundationdb")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _latest_api_version(bindings: str) -> int:
+    """The newest API version the bindings know: ``fdb.LATEST_API_VERSION`` from 7.3; the 7.1
+    bindings hard-code their header version (710) in ``api_version``, as major*100 + minor*10."""
+    latest = getattr(fdb, "LATEST_API_VERSION", None)
+    if isinstance(latest, int):
+        return latest
+    try:
+        major, minor = (int(part) for part in bindings.split(".")[:2])
+    except ValueError:
+        return MIN_API_VERSION
+    return major * 100 + minor * 10
+
+
+BINDINGS_VERSION = _bindings_version()
+LATEST_API_VERSION = _latest_api_version(BINDINGS_VERSION)
 DEFAULT_API_VERSION = min(800, LATEST_API_VERSION)
 DEFAULT_TIMEOUT_SECONDS = 5.0
 
@@ -57,8 +87,8 @@ CLIENT_LIBRARY_MISSING = (
     "the FoundationDB client library (libfdb_c) is not installed on this machine, so the fdb:// "
     "engine cannot run. Install the foundationdb-clients package of a matching version from "
     "the FoundationDB releases (https://github.com/apple/foundationdb/releases); the "
-    f"'foundationdb' Python bindings {fdb.__version__} installed here need libfdb_c "
-    f"{fdb.__version__.rsplit('.', 1)[0]}. pip cannot install it."
+    f"'foundationdb' Python bindings {BINDINGS_VERSION} installed here need libfdb_c "
+    f"{BINDINGS_VERSION.rsplit('.', 1)[0]}. pip cannot install it."
 )
 
 # Error codes meaning "no answer from the cluster in time" (transaction_timed_out, timed_out).
@@ -520,11 +550,15 @@ def _parse_api_version(text: str, url: str) -> int:
         raise InvalidURLError(
             f"api_version must be an integer such as 800 or 730, got {text!r} in {url}"
         ) from None
-    latest = LATEST_API_VERSION
-    if not MIN_API_VERSION <= version <= latest:
+    if version < MIN_API_VERSION:
+        raise InvalidURLError(
+            f"api_version={version} in {url} is out of range: fdbqueue needs 710 or newer (before 610 "
+            "on_error resets the timeout and retry limit, before 700 commit resets the transaction)"
+        )
+    if version > LATEST_API_VERSION:
         raise InvalidURLError(
             f"api_version={version} in {url} is out of range: the installed FoundationDB bindings "
-            f"{fdb.__version__} support {MIN_API_VERSION}..{latest}"
+            f"{BINDINGS_VERSION} support {MIN_API_VERSION}..{LATEST_API_VERSION}"
         )
     return version
 
