@@ -14,6 +14,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -636,3 +637,39 @@ def test_smoke_on_a_real_cluster() -> None:
     finally:
         db.clear_range(prefix, prefix + b"\xff")  # type: ignore[attr-defined]
         db.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors that leave a commit's outcome unknown
+
+
+def test_maybe_committed_follows_foundationdb() -> None:
+    # fdb_error_predicate(MAYBE_COMMITTED) (bindings/c/fdb_c.cpp): 1021 and 1039, wherever
+    # they come from. 1031 is not in it, but a commit that timed out may still land: the
+    # automatic_idempotency option's note in fdbclient/vexillographer/fdb.options says so
+    # for transaction_timed_out and cluster_version_changed thrown during a commit.
+    assert EngineError(1021).maybe_committed and EngineError(1039).maybe_committed
+    assert not EngineError(1031).maybe_committed
+    assert EngineError(1031, during_commit=True).maybe_committed
+    assert EngineError(1039, during_commit=True).maybe_committed
+    assert not EngineError(1020, during_commit=True).maybe_committed
+    assert not EngineError(1031, during_commit=True).retryable  # on_error still re-raises it
+
+
+def test_a_commit_that_timed_out_may_have_committed(tmp_path: Path) -> None:
+    from tests.conftest import fdb_cluster_file
+
+    db = fdbqueue.open("fdb://" + fdb_cluster_file(tmp_path))
+    tr = db.create_transaction()
+    tr.options.set_timeout(1)
+    tr.get(b"k")
+    tr.set(b"k", b"v")
+    time.sleep(0.05)
+    with pytest.raises(EngineError) as info:
+        tr.commit()
+    assert info.value.code == 1031
+    assert info.value.maybe_committed
+    with pytest.raises(EngineError) as again:
+        tr.on_error(info.value)
+    assert again.value.code == 1031
+    db.close()

@@ -113,13 +113,18 @@ def _bind(module: Any) -> None:
     _FDBKeySelector = module.KeySelector
 
 
-def _engine_error(exc: BaseException) -> EngineError:
+def _engine_error(exc: BaseException, during_commit: bool = False) -> EngineError:
     code = int(getattr(exc, "code", 4100))
     try:
-        description: str | None = str(getattr(exc, "description", "")) or None
+        description: str | None = _text(getattr(exc, "description", "")) or None
     except Exception:  # the description comes from the C library; never mask the code
         description = None
-    return EngineError(code, description)
+    return EngineError(code, description, during_commit=during_commit)
+
+
+def _text(description: object) -> str:
+    # fdb_get_error's restype is c_char_p: the bindings hand its bytes on as they are.
+    return description.decode(errors="replace") if isinstance(description, bytes) else str(description)
 
 
 def _call(fn: Callable[..., T], *args: Any) -> T:
@@ -411,7 +416,7 @@ class FDBTransaction(_FDBReads):
         try:
             self._tr.commit().wait()
         except _FDBError as exc:
-            err = _engine_error(exc)
+            err = _engine_error(exc, during_commit=True)
             self._run_finish(err)
             raise err from exc
         except BaseException:
