@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable
 from typing import TypeVar
 
-from fdbqueue.engines.base import Database, Transaction, is_transaction
+from fdbqueue.engines.base import Database, Transaction, adopt, is_transaction
 from fdbqueue.errors import EngineError, QueueError
 
 T = TypeVar("T")
@@ -18,11 +18,10 @@ def run_once(tr: Transaction | Database, body: Callable[[Transaction, bool], T])
     ``maybe_committed_before`` is True on an attempt that follows a commit_unknown_result:
     the body then checks whether its earlier attempt committed (ids made outside the loop).
     """
+    tr = adopt(tr)  # a raw fdb.Database is wrapped, a raw fdb.Transaction joined
     if is_transaction(tr):
         return body(tr, False)  # type: ignore[arg-type]
-    if not hasattr(tr, "create_transaction"):
-        raise QueueError(f"expected a Database or Transaction, not {type(tr).__name__}")
-    t = tr.create_transaction()
+    t = tr.create_transaction()  # type: ignore[union-attr]
     unknown = False
     try:
         while True:
@@ -39,9 +38,10 @@ def run_once(tr: Transaction | Database, body: Callable[[Transaction, bool], T])
 
 
 def as_database(tr: object) -> Database:
-    if not hasattr(tr, "create_transaction"):
-        raise QueueError(f"expected a Database or Transaction, not {type(tr).__name__}")
-    return tr  # type: ignore[return-value]
+    db = adopt(tr)
+    if is_transaction(db):
+        raise QueueError(f"this operation needs a Database, not a transaction ({type(tr).__name__})")
+    return db  # type: ignore[return-value]
 
 
 def seconds(name: str, value: object) -> float:

@@ -41,6 +41,7 @@ from fdbqueue.engines.base import (
     check_write_key,
     check_write_range,
     clamp_end,
+    register_bindings_adapter,
     register_transaction_type,
     strinc,
 )
@@ -512,6 +513,41 @@ class FDBDatabase(DatabaseConveniences):
 
     def __repr__(self) -> str:
         return f"<FDBDatabase {self.url!r} cluster_file={self.cluster_file!r}>"
+
+
+# ---------------------------------------------------------------------------------------------
+# Raw objects of the bindings handed to fdbqueue (engines/base.py ``adopt``)
+
+
+def _bindings_selected() -> int:
+    if not fdb.is_api_version_selected():
+        raise QueueError("an fdb object was passed before fdb.api_version() was called")
+    version = int(fdb.get_api_version())
+    if version < MIN_API_VERSION:
+        raise QueueError(
+            f"this process selected FoundationDB API version {version}; fdbqueue needs 710 or newer"
+        )
+    _bind(fdb)
+    return version
+
+
+def adopt_fdb_database(raw: Any) -> FDBDatabase:
+    """A raw ``fdb.Database`` behind the contract: fdbqueue commits and retries its transactions."""
+    return FDBDatabase("fdb:// (an fdb.Database of the caller)", raw, "", _bindings_selected())
+
+
+def adopt_fdb_transaction(raw: Any) -> FDBTransaction:
+    """A raw ``fdb.Transaction`` behind the contract, joining it: the caller commits and retries.
+
+    Its ``on_finish`` callbacks never run (the caller's loop commits the raw transaction),
+    so what the layer does after a caller's attempt fails (counting a failed delivery)
+    does not happen; pass an ``FDBTransaction`` for that.
+    """
+    return FDBTransaction(adopt_fdb_database(raw.db), raw)
+
+
+register_bindings_adapter("database", adopt_fdb_database)
+register_bindings_adapter("transaction", adopt_fdb_transaction)
 
 
 # ---------------------------------------------------------------------------------------------
