@@ -47,11 +47,18 @@ from fdbqueue.engines.base import (
 )
 from fdbqueue.errors import ClusterUnavailableError, EngineError, InvalidURLError, QueueError
 
-__all__ = ["FDBDatabase", "FDBTransaction", "FDBWatch", "open_fdb"]
+__all__ = [
+    "FDBDatabase",
+    "FDBTransaction",
+    "FDBWatch",
+    "adopt_fdb_database",
+    "adopt_fdb_transaction",
+    "open_fdb",
+]
 
 # API 710 or newer: below 610 ``on_error`` resets the timeout and retry limit, below 700 a
-# commit resets the transaction (api-version-upgrade-guide.rst in apple/foundationdb), and
-# 710 is what the oldest supported bindings (7.1) know.
+# commit partially resets the transaction (documentation/sphinx/source/api-version-upgrade-guide.rst),
+# and 710 is what the oldest supported bindings (7.1) know.
 MIN_API_VERSION = 710
 
 
