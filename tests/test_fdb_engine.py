@@ -687,3 +687,48 @@ def test_a_raw_fdb_transaction_can_dequeue_inside_the_callers_transaction(
     got = take(fdb_db.fdb_database)
     assert got is not None and got.payload == b"job-1"
     assert jobs.dequeue(fdb_db) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# The layer through the bindings under injected faults (1020, 1007, 1021 from the sim store)
+
+
+def test_threads_drain_exactly_once_through_the_bindings_under_faults(tmp_path: Path) -> None:
+    from tests.test_queue_concurrency import check_exactly_once, fill
+
+    fdb_cluster_file(tmp_path)  # a real cluster, or the double installed
+    double = double_only()  # the faults are the sim store's
+    cluster_file = double.new_cluster_file(str(tmp_path), sim_url="sim://?seed=3&faults=0.03")
+    db = fdbqueue.open(f"fdb://{cluster_file}")
+    q = fdbqueue.Queue("drain")
+    ids = fill(db, q, n=1500, batch=250)
+    got: list[list[str]] = [[] for _ in range(6)]
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(got))
+
+    def consume(mine: list[str]) -> None:
+        try:
+            start.wait()
+            while (m := q.dequeue(db)) is not None:
+                mine.append(m.id)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=consume, args=(g,)) for g in got]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # interleave the transactions so that they collide
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        sys.setswitchinterval(interval)
+    assert not any(t.is_alive() for t in threads), "a consumer hung"
+    assert not errors, errors
+    check_exactly_once(ids, [i for g in got for i in g])
+    assert [m.id for m in q.browse(db)] == [] and q.size(db) == 0
+    stats = double.sim_database(cluster_file).stats
+    assert stats.faults, "no fault was injected"
+    db.close()
+    double.release(cluster_file)
