@@ -17,7 +17,8 @@ What it models, function by function (names from ``fdb_c.h``):
   ``fdb_network_set_option`` (accepted).
 * ``fdb_create_database`` reads the cluster file: its connection string names one sim
   store (:meth:`CAPIDouble.new_cluster_file` makes a fresh one). ``fdb_database_create_transaction``
-  is ``SimDatabase.create_transaction``; ``fdb_database_set_option`` is accepted.
+  is ``SimDatabase.create_transaction``; ``fdb_database_set_option`` accepts the options that
+  change nothing the sim models.
 * Reads (``fdb_transaction_get``, ``_get_key``, ``_get_range``, ``_get_read_version``) are
   the sim transaction's public reads, evaluated when issued (what read-your-writes sees
   then) and returned through futures that are ready at once. ``fdb_transaction_get_range``
@@ -51,7 +52,8 @@ What it models, function by function (names from ``fdb_c.h``):
 What it does not model: the network (no latency, no partitions: faults come from the sim
 store), tenants, ``fdb_transaction_set_read_version``, size estimates, split points,
 locality, options that change semantics other than timeout / retry limit / max retry delay
-(they fail with 2108 unsupported_operation), the multi-version client, and futures of reads
+(they fail with 2108 unsupported_operation, as do database options that set transaction
+defaults), the multi-version client, and futures of reads
 that stay pending (reads complete when issued). Semantics (conflicts, versions, limits,
 injected faults) are the sim engine's, not this module's: it only translates.
 """
@@ -219,7 +221,8 @@ class CAPIDouble:
         from fdb import fdboptions  # pure Python: the option and mutation codes
 
         self._ops = _mutation_ops(fdboptions.MutationType)
-        self._options = {v[0]: k for k, v in fdboptions.TransactionOption.items()}
+        self._options = {v[0]: k.lower() for k, v in fdboptions.TransactionOption.items()}
+        self._db_options = {v[0]: k.lower() for k, v in fdboptions.DatabaseOption.items()}
 
     def __getattr__(self, name: str) -> _Function:
         functions = self.__dict__.get("_functions")
@@ -469,7 +472,12 @@ class CAPIDouble:
         self._dbs.pop(d, None)
 
     def fdb_database_set_option(self, d: int, option: int, value: Any, length: int) -> int:
-        return 0
+        # Defaults for every transaction (transaction_timeout, ...) would change semantics
+        # the sim store does not take per database: refused rather than ignored.
+        if self._db_options.get(option) in _NEUTRAL_DATABASE_OPTIONS:
+            return 0
+        self.unmodelled_options.append(option)
+        return 2108
 
     def fdb_database_create_transaction(self, d: int, out_transaction: Any) -> int:
         try:
@@ -683,6 +691,21 @@ _NEUTRAL_OPTIONS = frozenset(
         "read_server_side_cache_enable",
         "read_server_side_cache_disable",
         "report_conflicting_keys",
+    }
+)
+
+
+_NEUTRAL_DATABASE_OPTIONS = frozenset(
+    {
+        "location_cache_size",
+        "max_watches",
+        "machine_id",
+        "datacenter_id",
+        "transaction_logging_max_field_length",
+        "transaction_causal_read_risky",
+        "transaction_include_port_in_address",
+        "transaction_report_conflicting_keys",
+        "test_causal_read_risky",
     }
 )
 

@@ -732,3 +732,37 @@ def test_threads_drain_exactly_once_through_the_bindings_under_faults(tmp_path: 
     assert stats.faults, "no fault was injected"
     db.close()
     double.release(cluster_file)
+
+
+# ---------------------------------------------------------------------------------------------
+# The double itself: what the bindings ask of libfdb_c
+
+
+@pytest.mark.parametrize("code", [1007, 1020, 1021, 1025, 1031, 1039, 2101, 1235, 1242])
+def test_error_predicates_and_descriptions_as_libfdb_c(fdb_db: fdb_engine.FDBDatabase, code: int) -> None:
+    import fdb
+
+    from fdbqueue.errors import MAYBE_COMMITTED, RETRYABLE_NOT_COMMITTED
+
+    err = fdb.FDBError(code)
+    # fdb_error_predicate (bindings/c/fdb_c.cpp), asked through the bindings' fdb.predicates.
+    assert fdb.predicates.is_maybe_committed(err) == (code in (1021, 1039)) == (code in MAYBE_COMMITTED)
+    assert fdb.predicates.is_retryable_not_committed(err) == (code in RETRYABLE_NOT_COMMITTED)
+    assert fdb.predicates.is_retryable(err) == (code in RETRYABLE_NOT_COMMITTED or code in (1021, 1039))
+    assert str(err).endswith(f"({code})") and len(str(err)) > len(f"({code})") + 3
+
+
+def test_options_the_double_does_not_model_are_refused_through_errcheck(
+    fdb_db: fdb_engine.FDBDatabase,
+) -> None:
+    import fdb
+
+    double_only()
+    raw = fdb_db.create_transaction().fdb_transaction
+    raw.options.set_causal_read_risky()  # changes nothing the sim models: accepted
+    with pytest.raises(fdb.FDBError) as info:
+        raw.options.set_size_limit(1000)  # would change the size limit: refused, not ignored
+    assert info.value.code == 2108
+    with pytest.raises(fdb.FDBError) as db_info:
+        fdb_db.fdb_database.options.set_transaction_timeout(100)
+    assert db_info.value.code == 2108
