@@ -2,7 +2,7 @@
 
 The "fdb" engine runs on a real FoundationDB cluster when one is reachable
 (tests/fdb_cluster.py) and otherwise through the official bindings over the C-API double
-of tests/fdb_double.py (a fresh sim store per test). Every test that runs on it, and every
+of tests/fdbdouble/ (a fresh sim store per test). Every test that runs on it, and every
 test of tests/test_fdb_engine.py, carries the ``fdb_engine`` marker: ``-m fdb_engine``
 selects them (the bindings matrix of .ci/run).
 """
@@ -43,7 +43,7 @@ def fdb_cluster_file(directory: Path) -> str:
     real = cluster_or_none()
     if real is not None:
         return real
-    from tests import fdb_double
+    from tests import fdbdouble as fdb_double
 
     try:
         double = fdb_double.install()
@@ -57,7 +57,7 @@ def fdb_cluster_file(directory: Path) -> str:
 
 def release_fdb(url: str) -> None:
     """Free the double's store behind ``url`` (no-op on a real cluster)."""
-    from tests import fdb_double
+    from tests import fdbdouble as fdb_double
 
     double = fdb_double.installed()
     if double is not None and url.startswith("fdb://"):

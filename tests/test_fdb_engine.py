@@ -3,7 +3,7 @@
 Three layers: what ``fdbqueue.open("fdb://...")`` says on this machine (in a child process,
 so without the double); the translation layer run through the official bindings, over a
 real cluster when one is reachable and otherwise over the C-API double of
-tests/fdb_double.py (so the bindings' fdb/impl.py runs for real: futures, callbacks,
+tests/fdbdouble/ (so the bindings' fdb/impl.py runs for real: futures, callbacks,
 streaming range reads, options, on_error, watches, versionstamps); and a smoke test on a
 real cluster, skipped with the reason when none is reachable (tests/fdb_cluster.py).
 """
@@ -37,7 +37,7 @@ from fdbqueue.engines.base import (
     transactional,
 )
 from fdbqueue.errors import ClusterUnavailableError, EngineError, InvalidURLError, QueueError
-from tests import fdb_double
+from tests import fdbdouble as fdb_double
 from tests.conftest import fdb_cluster_file, release_fdb
 from tests.fdb_cluster import client_library, find_cluster
 
@@ -134,7 +134,7 @@ def test_engine_imports_with_bindings_older_than_8() -> None:
 
 # ---------------------------------------------------------------------------------------------
 # The translation layer over the official bindings: on a real cluster when one is reachable,
-# otherwise over the C-API double (tests/fdb_double.py), so fdb/impl.py runs for real.
+# otherwise over the C-API double (tests/fdbdouble/), so fdb/impl.py runs for real.
 
 
 @pytest.fixture

@@ -1,133 +1,37 @@
-"""A double of FoundationDB's C client library (libfdb_c) backed by the sim engine, for tests.
+"""The library object of the double: one method per ``fdb_c.h`` function the bindings call.
 
-The official ``foundationdb`` Python bindings are pure Python over ``ctypes`` calls into
-libfdb_c: ``fdb/impl.py`` loads it with ``ctypes.CDLL`` and declares each function's
-``argtypes``, ``restype`` and ``errcheck`` in ``init_c_api``. :func:`install` puts
-:class:`CAPIDouble` where that library object goes (intercepting ``ctypes.CDLL`` for the
-libfdb_c name while ``fdb.impl`` is imported), so that the bindings' own futures,
-``on_ready`` callbacks, ``block_until_ready``, streaming range reads, options, ``on_error``,
-watches, versionstamps and errors run unchanged, and ``fdbqueue/engines/fdb.py`` above them.
-It works with the 7.1, 7.3 and 8.0 wheels (the same entry points, ``bindings/c/foundationdb/fdb_c.h``).
-
-What it models, function by function (names from ``fdb_c.h``):
-
-* ``fdb_select_api_version_impl`` / ``fdb_get_max_api_version``: a library exactly as new
-  as the bindings' header version. ``fdb_setup_network``, ``fdb_run_network`` (blocks the
-  bindings' network thread until ``fdb_stop_network``; it completes watches),
-  ``fdb_network_set_option`` (accepted).
-* ``fdb_create_database`` reads the cluster file: its connection string names one sim
-  store (:meth:`CAPIDouble.new_cluster_file` makes a fresh one). ``fdb_database_create_transaction``
-  is ``SimDatabase.create_transaction``; ``fdb_database_set_option`` accepts the options that
-  change nothing the sim models.
-* Reads (``fdb_transaction_get``, ``_get_key``, ``_get_range``, ``_get_read_version``) are
-  the sim transaction's public reads, evaluated when issued (what read-your-writes sees
-  then) and returned through futures that are ready at once. ``fdb_transaction_get_range``
-  applies ``validate_and_update_parameters`` of ``bindings/c/fdb_c.cpp`` (streaming modes,
-  the iterator's byte progression, row and byte limits with FoundationDB's per-row count of
-  ``8 + key + value`` from ``GetRangeLimits::decrement`` in ``fdbclient/NativeAPI.actor.cpp``)
-  and returns ``more``: the bindings then continue from the last key, and the read
-  conflict range covers only what was returned (a snapshot probe sizes the batch; the
-  serializable read then reads exactly that batch).
-* Writes (``fdb_transaction_set``, ``_clear``, ``_clear_range``, ``_atomic_op``) return
-  nothing; an error is kept and returned by the commit, as ``ThreadSafeTransaction::set``
-  (``fdbclient/ThreadSafeTransaction.cpp``) keeps it in ``deferredError``. Atomic op codes
-  are those of ``fdb.options``; AND and MIN mean AND_V2 and MIN_V2 from API 510
-  (``Transaction::atomicOp``, ``fdbclient/NativeAPI.actor.cpp``).
-* ``fdb_transaction_commit`` and ``fdb_transaction_on_error`` run on a worker thread, so
-  the bindings block on a future that is not ready and are woken by its callback from
-  another thread. ``on_error`` is the sim's: retryable codes back off and reset, others
-  (and a reached retry limit) fail the future with the code; the persistent options
-  (timeout, retry limit, max retry delay, set by ``fdb_transaction_set_option``) survive it.
-* ``fdb_transaction_watch``: the sim's watch, completed by the network thread when it fires
-  or fails; cancelling or destroying the future cancels it (1101).
-* ``fdb_transaction_get_versionstamp``: ready when the commit ends (2021 for a read-only
-  transaction, 2020 after a failed commit, 1025 if reset first).
-* ``fdb_get_error`` and ``fdb_error_predicate`` follow ``bindings/c/fdb_c.cpp``.
-* Futures: ``fdb_future_is_ready``, ``_set_callback`` (called at once when ready, else from
-  the completing thread), ``_block_until_ready``, ``_get_error``, ``_get_int64``,
-  ``_get_key``, ``_get_value``, ``_get_keyvalue_array`` (writing through the ``byref``
-  out-parameters into memory the future owns until ``fdb_future_destroy``), ``_cancel``.
-  The ``errcheck`` the bindings set on a function is applied as ctypes applies it.
-
-What it does not model: the network (no latency, no partitions: faults come from the sim
-store), tenants, ``fdb_transaction_set_read_version``, size estimates, split points,
-locality, options that change semantics other than timeout / retry limit / max retry delay
-(they fail with 2108 unsupported_operation, as do database options that set transaction
-defaults), the multi-version client, and futures of reads
-that stay pending (reads complete when issued). Semantics (conflicts, versions, limits,
-injected faults) are the sim engine's, not this module's: it only translates.
+See the package docstring (tests/fdbdouble/__init__.py) for what it models and what not.
 """
 
 from __future__ import annotations
 
 import ctypes
-import importlib
 import itertools
 import os
-import struct
 import sys
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from typing import Any
 
 import fdbqueue
 from fdbqueue.engines.base import KeySelector
-from fdbqueue.errors import ERROR_NAMES, MAYBE_COMMITTED, RETRYABLE_NOT_COMMITTED, EngineError
+from fdbqueue.errors import ERROR_NAMES, EngineError
+from tests.fdbdouble.semantics import (
+    CONFLICT_READ,
+    CONFLICT_WRITE,
+    DESCRIPTIONS,
+    NEUTRAL_DATABASE_OPTIONS,
+    NEUTRAL_OPTIONS,
+    error_predicate,
+    int_param,
+    mutation_ops,
+    range_batch,
+)
 
 DEFAULT_SIM_URL = "sim://?seed=1&faults=0"
-LIBRARY_NAMES = ("libfdb_c.so", "libfdb_c.dylib", "fdb_c.dll")
-
-# fdb.options ErrorPredicate codes (bindings/c/foundationdb/fdb_c_options.g.h).
-_PRED_RETRYABLE, _PRED_MAYBE_COMMITTED, _PRED_RETRYABLE_NOT_COMMITTED = 50000, 50001, 50002
-# FDBStreamingMode and validate_and_update_parameters (bindings/c/fdb_c.cpp).
-_WANT_ALL, _ITERATOR, _EXACT, _SERIAL = -2, -1, 0, 4
-_UNLIMITED = 1 << 62
-_MODE_BYTES = (_UNLIMITED, 256, 1000, 4096, 120000)
-_ITERATION_BYTES = (4096, 6144, 9216, 13824, 20736, 31104, 46656, 69984, 80000, 120000)
-# FDBConflictRangeType
-_CONFLICT_READ, _CONFLICT_WRITE = 0, 1
-
-# Descriptions as fdb_get_error gives them (documentation/sphinx/source/api-error-codes.rst).
-_DESCRIPTIONS = {
-    0: "Success",
-    1007: "Transaction is too old to perform reads or be committed",
-    1020: "Transaction not committed due to conflict with another transaction",
-    1021: "Transaction may or may not have committed",
-    1025: "Operation aborted because the transaction was cancelled",
-    1031: "Operation aborted because the transaction timed out",
-    1032: "Too many watches currently set",
-    1036: "Read or wrote an unreadable key",
-    1039: "The cluster has been upgraded to a new protocol version",
-    1101: "Asynchronous operation cancelled",
-    2004: "Key outside legal range",
-    2005: "Range begin key larger than end key",
-    2006: "Option set with an invalid value",
-    2017: "Operation issued while a commit was outstanding",
-    2020: "Transaction does not have a valid commit version",
-    2021: "Transaction is read-only and therefore does not have a commit version",
-    2101: "Transaction exceeds byte limit",
-    2102: "Key length exceeds limit",
-    2103: "Value length exceeds limit",
-    2108: "Operation is not supported",
-    2203: "API version not valid",
-    2210: "EXACT streaming mode requires limits, but none were given",
-    4100: "An internal error occurred",
-}
-
-
-def _error_predicate(predicate: int, code: int) -> int:
-    """``fdb_error_predicate`` of ``bindings/c/fdb_c.cpp``."""
-    if predicate == _PRED_RETRYABLE:
-        return int(code in MAYBE_COMMITTED or code in RETRYABLE_NOT_COMMITTED)
-    if predicate == _PRED_MAYBE_COMMITTED:
-        return int(code in MAYBE_COMMITTED)
-    if predicate == _PRED_RETRYABLE_NOT_COMMITTED:
-        return int(code in RETRYABLE_NOT_COMMITTED)
-    return 0
 
 
 class _Function:
@@ -220,7 +124,7 @@ class CAPIDouble:
                 self._functions[name] = _Function(name, getattr(self, name))
         from fdb import fdboptions  # pure Python: the option and mutation codes
 
-        self._ops = _mutation_ops(fdboptions.MutationType)
+        self._ops = mutation_ops(fdboptions.MutationType)
         self._options = {v[0]: k.lower() for k, v in fdboptions.TransactionOption.items()}
         self._db_options = {v[0]: k.lower() for k, v in fdboptions.DatabaseOption.items()}
 
@@ -231,7 +135,7 @@ class CAPIDouble:
         if name not in functions:
 
             def missing(*_args: Any) -> Any:
-                raise NotImplementedError(f"{name} (fdb_c.h) is not modelled by tests/fdb_double.py")
+                raise NotImplementedError(f"{name} (fdb_c.h) is not modelled by tests/fdbdouble")
 
             functions[name] = _Function(name, missing)
         return functions[name]
@@ -330,14 +234,14 @@ class CAPIDouble:
         return self.header_version or 800
 
     def fdb_get_client_version(self) -> bytes:
-        return b"double,fdbqueue tests/fdb_double.py"
+        return b"double,fdbqueue tests/fdbdouble"
 
     def fdb_get_error(self, code: int) -> bytes:
-        text = _DESCRIPTIONS.get(code) or ERROR_NAMES.get(code, "Unknown error").replace("_", " ")
+        text = DESCRIPTIONS.get(code) or ERROR_NAMES.get(code, "Unknown error").replace("_", " ")
         return text.encode()
 
     def fdb_error_predicate(self, predicate: int, code: int) -> int:
-        return _error_predicate(predicate, code)
+        return error_predicate(predicate, code)
 
     def fdb_network_set_option(self, option: int, value: Any, length: int) -> int:
         return 0
@@ -474,7 +378,7 @@ class CAPIDouble:
     def fdb_database_set_option(self, d: int, option: int, value: Any, length: int) -> int:
         # Defaults for every transaction (transaction_timeout, ...) would change semantics
         # the sim store does not take per database: refused rather than ignored.
-        if self._db_options.get(option) in _NEUTRAL_DATABASE_OPTIONS:
+        if self._db_options.get(option) in NEUTRAL_DATABASE_OPTIONS:
             return 0
         self.unmodelled_options.append(option)
         return 2108
@@ -535,9 +439,7 @@ class CAPIDouble:
         b = KeySelector(begin[:begin_length], bool(begin_or_equal), int(begin_offset))
         e = KeySelector(end[:end_length], bool(end_or_equal), int(end_offset))
         return self._ready(
-            lambda: _range_batch(
-                tr, b, e, limit, target_bytes, mode, iteration, bool(snapshot), bool(reverse)
-            )
+            lambda: range_batch(tr, b, e, limit, target_bytes, mode, iteration, bool(snapshot), bool(reverse))
         )
 
     # -- transactions: writes (errors deferred to the commit) ---------------------------------
@@ -572,9 +474,9 @@ class CAPIDouble:
     ) -> int:
         tr = self._txn(tp).tr
         try:
-            if kind == _CONFLICT_READ:
+            if kind == CONFLICT_READ:
                 tr.add_read_conflict_range(begin[:bl], end[:el])
-            elif kind == _CONFLICT_WRITE:
+            elif kind == CONFLICT_WRITE:
                 tr.add_write_conflict_range(begin[:bl], end[:el])
             else:
                 return 2006
@@ -587,12 +489,12 @@ class CAPIDouble:
         name = self._options.get(option)
         try:
             if name == "timeout":
-                opts.set_timeout(_int_param(value))
+                opts.set_timeout(int_param(value))
             elif name == "retry_limit":
-                opts.set_retry_limit(_int_param(value))
+                opts.set_retry_limit(int_param(value))
             elif name == "max_retry_delay":
-                opts.set_max_retry_delay(_int_param(value))
-            elif name in _NEUTRAL_OPTIONS:
+                opts.set_max_retry_delay(int_param(value))
+            elif name in NEUTRAL_OPTIONS:
                 pass
             else:
                 self.unmodelled_options.append(option)
@@ -667,190 +569,6 @@ class CAPIDouble:
                 fut.complete(handle, error=exc.code)
 
 
-# Transaction options that change nothing the sim models (priorities, tags, tracing, logging).
-_NEUTRAL_OPTIONS = frozenset(
-    {
-        "causal_write_risky",
-        "causal_read_risky",
-        "causal_read_disable",
-        "include_port_in_address",
-        "priority_system_immediate",
-        "priority_batch",
-        "debug_retry_logging",
-        "transaction_logging_enable",
-        "debug_transaction_identifier",
-        "log_transaction",
-        "transaction_logging_max_field_length",
-        "server_request_tracing",
-        "tag",
-        "auto_throttle_tag",
-        "span_parent",
-        "read_priority_normal",
-        "read_priority_low",
-        "read_priority_high",
-        "read_server_side_cache_enable",
-        "read_server_side_cache_disable",
-        "report_conflicting_keys",
-    }
-)
-
-
-_NEUTRAL_DATABASE_OPTIONS = frozenset(
-    {
-        "location_cache_size",
-        "max_watches",
-        "machine_id",
-        "datacenter_id",
-        "transaction_logging_max_field_length",
-        "transaction_causal_read_risky",
-        "transaction_include_port_in_address",
-        "transaction_report_conflicting_keys",
-        "test_causal_read_risky",
-    }
-)
-
-
-def _int_param(value: Any) -> int:
-    if not isinstance(value, bytes) or len(value) != 8:
-        raise EngineError(2006, "an int option takes 8 bytes")
-    (n,) = struct.unpack("<q", value)
-    return int(n)
-
-
-def _mutation_ops(table: dict[str, Any]) -> dict[int, str]:
-    """fdb.options MutationType codes -> the contract's atomic op names (API >= 510: V2 semantics)."""
-    names = {
-        "add": "add",
-        "and": "bit_and",
-        "bit_and": "bit_and",
-        "and_v2": "bit_and",
-        "or": "bit_or",
-        "bit_or": "bit_or",
-        "xor": "bit_xor",
-        "bit_xor": "bit_xor",
-        "max": "max",
-        "min": "min",
-        "min_v2": "min",
-        "byte_min": "byte_min",
-        "byte_max": "byte_max",
-        "append_if_fits": "append_if_fits",
-        "compare_and_clear": "compare_and_clear",
-        "set_versionstamped_key": "set_versionstamped_key",
-        "set_versionstamped_value": "set_versionstamped_value",
-    }
-    return {v[0]: names[k.lower()] for k, v in table.items() if k.lower() in names}
-
-
 def _connection_string(path: str) -> str:
     with open(path) as f:
         return f.read().strip()
-
-
-def _range_batch(
-    tr: Any,
-    begin: KeySelector,
-    end: KeySelector,
-    limit: int,
-    target_bytes: int,
-    mode: int,
-    iteration: int,
-    snapshot: bool,
-    reverse: bool,
-) -> tuple[list[tuple[bytes, bytes]], bool]:
-    """One batch of ``fdb_transaction_get_range``: (rows, more)."""
-    rows_limit = limit if limit > 0 else _UNLIMITED
-    byte_limit = target_bytes if target_bytes > 0 else _UNLIMITED
-    if rows_limit == _UNLIMITED and byte_limit == _UNLIMITED and mode == _EXACT:
-        raise EngineError(2210, "exact_mode_without_limits")
-    if mode == _WANT_ALL:
-        mode = _SERIAL
-    if mode == _ITERATOR:
-        if iteration <= 0:
-            raise EngineError(2000, "client_invalid_operation")
-        mode_bytes = _ITERATION_BYTES[min(iteration, len(_ITERATION_BYTES)) - 1]
-    elif 0 <= mode <= _SERIAL:
-        mode_bytes = _MODE_BYTES[mode]
-    else:
-        raise EngineError(2000, "client_invalid_operation")
-    byte_limit = mode_bytes if byte_limit == _UNLIMITED else min(byte_limit, mode_bytes)
-    if byte_limit == _UNLIMITED:
-        rows = (
-            tr.snapshot.get_range(begin, end, 0 if rows_limit == _UNLIMITED else rows_limit, reverse)
-            if (snapshot)
-            else tr.get_range(begin, end, 0 if rows_limit == _UNLIMITED else rows_limit, reverse)
-        )
-        return [(kv.key, kv.value) for kv in rows], len(rows) == rows_limit
-    # Every row costs at least 8 bytes (GetRangeLimits::decrement): no more can fit.
-    probe_limit = min(rows_limit, byte_limit // 8 + 1) + 1
-    probe = tr.snapshot.get_range(begin, end, probe_limit, reverse)
-    n, used = 0, 0
-    for kv in probe:
-        if n >= rows_limit or (n >= 1 and used >= byte_limit):
-            break
-        n += 1
-        used += 8 + len(kv.key) + len(kv.value)
-    more = len(probe) > n
-    if snapshot:
-        rows = probe[:n]
-    else:
-        # The serializable read of exactly this batch: its read conflict range ends after
-        # the last row returned when there is more, at the range's end otherwise.
-        rows = tr.get_range(
-            begin, end, n if more else (0 if rows_limit == _UNLIMITED else rows_limit), reverse
-        )
-    return [(kv.key, kv.value) for kv in rows], more
-
-
-# ---------------------------------------------------------------------------------------------
-# Installing the double where the bindings load libfdb_c
-
-_double: CAPIDouble | None = None
-
-
-def installed() -> CAPIDouble | None:
-    """The double the bindings in this process use, if any."""
-    return _double
-
-
-@contextmanager
-def _intercept_cdll(double: CAPIDouble) -> Iterator[None]:
-    real = ctypes.CDLL
-
-    def cdll(name: Any, *args: Any, **kwargs: Any) -> Any:
-        if name and os.path.basename(str(name)) in LIBRARY_NAMES:
-            return double
-        return real(name, *args, **kwargs)
-
-    ctypes.CDLL = cdll  # type: ignore[misc,assignment]
-    try:
-        yield
-    finally:
-        ctypes.CDLL = real  # type: ignore[misc]
-
-
-def install() -> CAPIDouble:
-    """Make the ``fdb`` bindings of this process load :class:`CAPIDouble` instead of libfdb_c.
-
-    Must run before ``fdb.api_version()``. Raises RuntimeError when the bindings already
-    run over a real library.
-    """
-    global _double
-    if _double is not None:
-        return _double
-    import fdb
-
-    double = CAPIDouble()
-    impl = sys.modules.get("fdb.impl")
-    if impl is None:
-        with _intercept_cdll(double):
-            impl = importlib.import_module("fdb.impl")
-        if impl._capi is not double:
-            raise RuntimeError("fdb.impl loaded a real libfdb_c (one is installed next to the bindings)")
-    else:
-        # Imported already (a real libfdb_c loaded): replace it only while no API version is chosen.
-        if fdb.is_api_version_selected():
-            raise RuntimeError("the fdb bindings already selected an API version over a real libfdb_c")
-        impl._capi = double
-        impl._FDBBase.capi = double
-    _double = double
-    return double
