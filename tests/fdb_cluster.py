@@ -9,7 +9,8 @@
    version (``$FDBQUEUE_FDB_IMAGE`` overrides the image);
 3. otherwise ``pytest.skip`` with the reason.
 
-The decision is made once per session and cached.
+The decision is made once per session and cached. :func:`cluster_or_none` asks the same
+without skipping: the conformance tests then run over the C-API double (tests/fdbdouble/).
 """
 
 from __future__ import annotations

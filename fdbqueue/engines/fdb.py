@@ -5,7 +5,8 @@ URL parameters: ``api_version`` (default 800, or the newest the installed bindin
 if older) and ``timeout`` (seconds to wait for the cluster at open, default 5).
 
 This is the only module that touches the untyped ``fdb`` package beyond ``fdb.tuple``
-and ``fdb.subspace_impl``. ``fdb.api_version()`` is called when a database is opened,
+and ``fdb.subspace_impl`` (which is why it is one module, past 600 lines: the wrapper, the
+adapters for raw ``fdb`` objects, and opening). ``fdb.api_version()`` is called when a database is opened,
 never at import, so importing fdbqueue works on machines without the native client
 library (libfdb_c). Everything the bindings raise as ``fdb.FDBError`` leaves this module as
 :class:`~fdbqueue.errors.EngineError` with the same code, raised ``from`` the original.

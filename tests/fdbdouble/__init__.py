@@ -7,7 +7,11 @@ libfdb_c: ``fdb/impl.py`` loads it with ``ctypes.CDLL`` and declares each functi
 libfdb_c name while ``fdb.impl`` is imported), so that the bindings' own futures,
 ``on_ready`` callbacks, ``block_until_ready``, streaming range reads, options, ``on_error``,
 watches, versionstamps and errors run unchanged, and ``fdbqueue/engines/fdb.py`` above them.
-It works with the 7.1, 7.3 and 8.0 wheels (the same entry points, ``bindings/c/foundationdb/fdb_c.h``).
+It works with the 7.1, 7.3 and 8.0 wheels (the same entry points, ``bindings/c/foundationdb/fdb_c.h``):
+each looks for the library next to ``fdb/impl.py``, then through a ``<name>.pth`` file there,
+then by name on the loader's path, then with ``ctypes.util.find_library``, and every way ends
+in ``ctypes.CDLL`` of a path whose base name is ``libfdb_c.so`` / ``libfdb_c.dylib`` /
+``fdb_c.dll``: the one call :func:`install` intercepts, only while ``fdb.impl`` is imported.
 
 What it models, function by function (names from ``fdb_c.h``):
 

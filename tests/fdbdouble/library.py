@@ -165,9 +165,10 @@ class CAPIDouble:
         """The SimDatabase behind ``cluster_file`` (for fault scripts and clocks)."""
         return self._store(_connection_string(cluster_file))
 
-    def pending_watches(self) -> int:
-        """Watches set through the double and neither fired, failed nor cancelled yet."""
-        return len(self._watches)
+    def is_watching(self, future: int) -> bool:
+        """True while the watch behind the future handle ``future`` has neither fired, failed
+        nor been cancelled."""
+        return future in self._watches
 
     def release(self, cluster_file: str) -> None:
         """Drop the store behind ``cluster_file`` (the bindings cache the Database forever)."""
