@@ -524,7 +524,7 @@ def transactional(func: F) -> F:
         try:
             own = adopt(target)
         except QueueError as exc:
-            raise QueueError(f"{func.__qualname__}() got {exc}") from None
+            raise QueueError(f"{func.__qualname__}(), as 'tr': {exc}") from None
         if is_transaction(own):
             return call(own)
         return run_transaction(own, call)  # type: ignore[arg-type]
