@@ -37,9 +37,20 @@ def engine_url(engine: str, tmp_path: Path) -> str:
 
 
 def fdb_cluster_file(directory: Path) -> str:
-    """A real cluster's cluster file when one is reachable, else a fresh store of the double."""
-    from tests.fdb_cluster import cluster_or_none
+    """A real cluster's cluster file when one is reachable, else a fresh store of the double.
 
+    With ``$FDB_CLUSTER_FILE`` set, the tests were asked to run on that cluster: when it cannot
+    be reached they skip with the reason rather than quietly run over the double.
+    """
+    from tests.fdb_cluster import cluster_or_none, find_cluster
+
+    if os.environ.get("FDB_CLUSTER_FILE"):
+        try:
+            return find_cluster()
+        except pytest.skip.Exception as exc:
+            if os.environ.get("FDBQUEUE_REQUIRE_FDB"):  # the bindings matrix of .ci/run
+                pytest.fail(str(exc))
+            raise
     real = cluster_or_none()
     if real is not None:
         return real
