@@ -12,6 +12,7 @@ import sys
 import tempfile
 import threading
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -38,14 +39,16 @@ class _Function:
     """One library function: takes ``argtypes`` / ``restype`` / ``errcheck`` like a ctypes
     function pointer and applies ``errcheck(result, func, args)`` as ctypes does."""
 
-    def __init__(self, name: str, impl: Callable[..., Any]) -> None:
+    def __init__(self, name: str, impl: Callable[..., Any], calls: Counter[str]) -> None:
         self.__name__ = name
         self._impl = impl
+        self._calls = calls
         self.argtypes: Any = None
         self.restype: Any = None
         self.errcheck: Any = None
 
     def __call__(self, *args: Any) -> Any:
+        self._calls[self.__name__] += 1
         # A handle may come as the c_void_p the bindings filled (``Database(pointer)``).
         result = self._impl(*(a.value if isinstance(a, ctypes.c_void_p) else a for a in args))
         if self.errcheck is not None:
@@ -118,10 +121,13 @@ class CAPIDouble:
         self.api_version: int | None = None
         self.header_version = 0
         self.unmodelled_options: list[int] = []
+        # Calls per library function: each fdb_transaction_get_range call is one batch (one
+        # round trip to a storage server on a cluster).
+        self.calls: Counter[str] = Counter()
         self._functions: dict[str, _Function] = {}
         for name in dir(self):
             if name.startswith("fdb_"):
-                self._functions[name] = _Function(name, getattr(self, name))
+                self._functions[name] = _Function(name, getattr(self, name), self.calls)
         from fdb import fdboptions  # pure Python: the option and mutation codes
 
         self._ops = mutation_ops(fdboptions.MutationType)
@@ -137,7 +143,7 @@ class CAPIDouble:
             def missing(*_args: Any) -> Any:
                 raise NotImplementedError(f"{name} (fdb_c.h) is not modelled by tests/fdbdouble")
 
-            functions[name] = _Function(name, missing)
+            functions[name] = _Function(name, missing, self.calls)
         return functions[name]
 
     def __getattribute__(self, name: str) -> Any:
