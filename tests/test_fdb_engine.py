@@ -802,3 +802,33 @@ def test_the_bindings_over_the_double_agree_with_the_sim(
         assert run_stream(f"fdb://{cluster_file}", stream) == run_stream("memory://", stream)
     finally:
         double.release(cluster_file)
+
+
+def test_a_read_latency_makes_round_trips_visible(tmp_path: Path) -> None:
+    # With read_latency, a read's future is ready only later: reads waited on one by one
+    # cost one latency each, reads issued together (futures first, then waits) one in all.
+    fdb_cluster_file(tmp_path)  # a real cluster, or the double installed
+    double = double_only()
+    cluster_file = double.new_cluster_file(str(tmp_path), read_latency=0.05)
+    db = fdbqueue.open(f"fdb://{cluster_file}")
+    try:
+        tr = db.create_transaction()
+        for i in range(8):
+            tr.set(b"k%d" % i, b"v%d" % i)
+        tr.commit()
+        tr = db.create_transaction()
+        tr.get_read_version()
+        started = time.monotonic()
+        assert [tr.get(b"k%d" % i) for i in range(8)] == [b"v%d" % i for i in range(8)]
+        sequential = time.monotonic() - started
+        raw = db.create_transaction().fdb_transaction
+        raw.get_read_version().wait()
+        started = time.monotonic()
+        futures = [raw.get(b"k%d" % i) for i in range(8)]
+        assert [bytes(f.wait()) for f in futures] == [b"v%d" % i for i in range(8)]
+        together = time.monotonic() - started
+        assert sequential >= 8 * 0.05
+        assert together < 4 * 0.05
+    finally:
+        db.close()
+        double.release(cluster_file)

@@ -25,7 +25,9 @@ What it models, function by function (names from ``fdb_c.h``):
   change nothing the sim models.
 * Reads (``fdb_transaction_get``, ``_get_key``, ``_get_range``, ``_get_read_version``) are
   the sim transaction's public reads, evaluated when issued (what read-your-writes sees
-  then) and returned through futures that are ready at once. ``fdb_transaction_get_range``
+  then) and returned through futures that are ready at once, or after the store's
+  ``read_latency`` (completed by the network thread: a round trip, so that reads issued
+  together cost one latency and reads waited on one by one one each). ``fdb_transaction_get_range``
   applies ``validate_and_update_parameters`` of ``bindings/c/fdb_c.cpp`` (streaming modes,
   the iterator's byte progression, row and byte limits with FoundationDB's per-row count of
   ``8 + key + value`` from ``GetRangeLimits::decrement`` in ``fdbclient/NativeAPI.actor.cpp``)
@@ -57,8 +59,8 @@ What it does not model: the network (no latency, no partitions: faults come from
 store), tenants, ``fdb_transaction_set_read_version``, size estimates, split points,
 locality, options that change semantics other than timeout / retry limit / max retry delay
 (they fail with 2108 unsupported_operation, as do database options that set transaction
-defaults), the multi-version client, and futures of reads
-that stay pending (reads complete when issued). Semantics (conflicts, versions, limits,
+defaults), the multi-version client, and a read's result changing while its future is
+pending (a read is evaluated when issued). Semantics (conflicts, versions, limits,
 injected faults) are the sim engine's, not this module's: it only translates.
 """
 

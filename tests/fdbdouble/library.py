@@ -6,11 +6,13 @@ See the package docstring (tests/fdbdouble/__init__.py) for what it models and w
 from __future__ import annotations
 
 import ctypes
+import heapq
 import itertools
 import os
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -84,10 +86,11 @@ class _Future:
 class _Txn:
     """A transaction handle: the sim transaction plus what the C API adds to it."""
 
-    __slots__ = ("deferred", "stamps", "tr")
+    __slots__ = ("deferred", "latency", "stamps", "tr")
 
-    def __init__(self, tr: Any) -> None:
+    def __init__(self, tr: Any, latency: float) -> None:
         self.tr = tr
+        self.latency = latency  # seconds before a read's future is ready (its round trip)
         self.deferred = 0  # the first error of a write call, returned by the commit
         self.stamps: list[int] = []  # versionstamp futures waiting for the commit
 
@@ -116,6 +119,9 @@ class CAPIDouble:
         self._urls: dict[str, str] = {}  # connection string -> sim URL
         self._watches: dict[int, Any] = {}  # future handle -> sim watch, completed by the network
         self._wake = threading.Event()
+        self._latency: dict[str, float] = {}  # connection string -> read latency (seconds)
+        self._due: list[tuple[float, int, Any, int]] = []  # heap of (when, future, value, error)
+        self._due_lock = threading.Lock()
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="fdb-double")
         self.api_version: int | None = None
@@ -157,11 +163,19 @@ class CAPIDouble:
 
     # -- clusters -----------------------------------------------------------------------------
 
-    def new_cluster_file(self, directory: str | None = None, sim_url: str = DEFAULT_SIM_URL) -> str:
-        """Write a cluster file naming a fresh sim store opened from ``sim_url``; its path."""
+    def new_cluster_file(
+        self, directory: str | None = None, sim_url: str = DEFAULT_SIM_URL, read_latency: float = 0.0
+    ) -> str:
+        """Write a cluster file naming a fresh sim store opened from ``sim_url``; its path.
+
+        ``read_latency``: seconds before a read's future becomes ready (the network thread
+        completes it then), so that sequential reads cost one latency each and reads issued
+        together one in all, as round trips to a cluster do.
+        """
         ident = uuid.uuid4().hex[:16]
         connection = f"double:{ident}@127.0.0.1:4500"
         self._urls[connection] = sim_url
+        self._latency[connection] = float(read_latency)
         fd, path = tempfile.mkstemp(prefix="fdb-double-", suffix=".cluster", dir=directory)
         with os.fdopen(fd, "w") as f:
             f.write(connection + "\n")
@@ -195,15 +209,24 @@ class CAPIDouble:
         fut = self._futures[handle] = _Future()
         return handle, fut
 
-    def _ready(self, fn: Callable[[], Any]) -> int:
-        """A future completed now with ``fn()``, or with the code of the EngineError it raised."""
+    def _ready(self, fn: Callable[[], Any], latency: float = 0.0) -> int:
+        """A future of ``fn()``'s value, or of the code of the EngineError it raised.
+
+        ``fn`` runs now (a read sees the transaction as it is when issued); the future is
+        ready now, or after ``latency`` seconds, completed by the network thread.
+        """
         handle, fut = self._new_future()
+        value, error = None, 0
         try:
             value = fn()
         except EngineError as exc:
-            fut.complete(handle, error=exc.code)
+            error = exc.code
+        if latency <= 0:
+            fut.complete(handle, value, error)
         else:
-            fut.complete(handle, value)
+            with self._due_lock:
+                heapq.heappush(self._due, (time.monotonic() + latency, handle, value, error))
+            self._wake.set()
         return handle
 
     def _later(self, fn: Callable[[], Any], then: Callable[[int], None] | None = None) -> int:
@@ -257,15 +280,34 @@ class CAPIDouble:
         return 0
 
     def fdb_run_network(self) -> int:
-        """The network thread: completes watches until ``fdb_stop_network``."""
+        """The network thread: completes delayed reads and watches until ``fdb_stop_network``."""
         while not self._stop.is_set():
-            self._wake.wait(0.002 if self._watches else None)
+            self._wake.wait(self._next_wait())
             self._wake.clear()
+            self._complete_due()
             for handle, watch in list(self._watches.items()):
                 if watch.is_ready():
                     self._watches.pop(handle, None)
                     self._finish_watch(handle, watch)
         return 0
+
+    def _next_wait(self) -> float | None:
+        waits = [0.002] if self._watches else []
+        with self._due_lock:
+            if self._due:
+                waits.append(max(0.0, self._due[0][0] - time.monotonic()))
+        return min(waits) if waits else None
+
+    def _complete_due(self) -> None:
+        now = time.monotonic()
+        while True:
+            with self._due_lock:
+                if not self._due or self._due[0][0] > now:
+                    return
+                _when, handle, value, error = heapq.heappop(self._due)
+            fut = self._futures.get(handle)
+            if fut is not None:
+                fut.complete(handle, value, error)
 
     def fdb_stop_network(self) -> int:
         self._stop.set()
@@ -396,7 +438,7 @@ class CAPIDouble:
         except EngineError as exc:
             return exc.code
         handle = next(self._handles)
-        self._txns[handle] = _Txn(tr)
+        self._txns[handle] = _Txn(tr, self._latency.get(self._dbs[d], 0.0))
         _out(out_transaction).value = handle
         return 0
 
@@ -410,19 +452,21 @@ class CAPIDouble:
                 txn.tr.cancel()
 
     def fdb_transaction_get_read_version(self, tp: int) -> int:
-        return self._ready(self._txn(tp).tr.get_read_version)
+        txn = self._txn(tp)
+        return self._ready(txn.tr.get_read_version, txn.latency)
 
     def fdb_transaction_get(self, tp: int, key: bytes, length: int, snapshot: int) -> int:
-        tr = self._txn(tp).tr
-        view = tr.snapshot if snapshot else tr
-        return self._ready(lambda: view.get(key[:length]))
+        txn = self._txn(tp)
+        view = txn.tr.snapshot if snapshot else txn.tr
+        return self._ready(lambda: view.get(key[:length]), txn.latency)
 
     def fdb_transaction_get_key(
         self, tp: int, key: bytes, length: int, or_equal: int, offset: int, snapshot: int
     ) -> int:
-        tr = self._txn(tp).tr
-        view = tr.snapshot if snapshot else tr
-        return self._ready(lambda: view.get_key(KeySelector(key[:length], bool(or_equal), int(offset))))
+        txn = self._txn(tp)
+        view = txn.tr.snapshot if snapshot else txn.tr
+        selector = KeySelector(key[:length], bool(or_equal), int(offset))
+        return self._ready(lambda: view.get_key(selector), txn.latency)
 
     def fdb_transaction_get_range(
         self,
@@ -442,11 +486,15 @@ class CAPIDouble:
         snapshot: int,
         reverse: int,
     ) -> int:
-        tr = self._txn(tp).tr
+        txn = self._txn(tp)
+        tr = txn.tr
         b = KeySelector(begin[:begin_length], bool(begin_or_equal), int(begin_offset))
         e = KeySelector(end[:end_length], bool(end_or_equal), int(end_offset))
         return self._ready(
-            lambda: range_batch(tr, b, e, limit, target_bytes, mode, iteration, bool(snapshot), bool(reverse))
+            lambda: range_batch(
+                tr, b, e, limit, target_bytes, mode, iteration, bool(snapshot), bool(reverse)
+            ),
+            txn.latency,
         )
 
     # -- transactions: writes (errors deferred to the commit) ---------------------------------
