@@ -3,7 +3,7 @@
 The "fdb" engine runs on a real FoundationDB cluster when one is reachable
 (tests/fdb_cluster.py) and otherwise through the official bindings over the C-API double
 of tests/fdbdouble/ (a fresh sim store per test). Every test that runs on it, and every
-test of tests/test_fdb_engine.py, carries the ``fdb_engine`` marker: ``-m fdb_engine``
+test of tests/test_fdb_*.py, carries the ``fdb_engine`` marker: ``-m fdb_engine``
 selects them (the bindings matrix of .ci/run).
 """
 
@@ -13,11 +13,16 @@ import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 import fdbqueue
 from fdbqueue.engines.base import Database
+
+if TYPE_CHECKING:
+    from fdbqueue.engines.fdb import FDBDatabase
+    from tests.fdbdouble import CAPIDouble
 
 ENGINES = ["memory", "sim", "sqlite", "fdb"]
 
@@ -96,10 +101,36 @@ def db(engine: str, tmp_path: Path) -> Iterator[Database]:
             release_fdb(url)
 
 
+@pytest.fixture
+def fdb_db(tmp_path: Path) -> Iterator[FDBDatabase]:
+    """An fdb:// database: a real cluster's (emptied), or a fresh store of the double."""
+    url = "fdb://" + fdb_cluster_file(tmp_path)
+    db = fdbqueue.open(url)
+    from fdbqueue.engines import fdb as fdb_engine
+
+    assert isinstance(db, fdb_engine.FDBDatabase)
+    db.clear_range(b"", b"\xff")
+    try:
+        yield db
+    finally:
+        db.close()
+        release_fdb(url)
+
+
+def double_only() -> CAPIDouble:
+    """The double, for tests that look behind the bindings; skipped on a real cluster."""
+    from tests import fdbdouble
+
+    double = fdbdouble.installed()
+    if double is None:
+        pytest.skip("looks behind the bindings: needs the C-API double, not a real cluster")
+    return double
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark what runs on the fdb engine (``-m fdb_engine``)."""
     for item in items:
         callspec = getattr(item, "callspec", None)
         on_fdb = callspec is not None and "fdb" in callspec.params.values()
-        if on_fdb or item.path.name == "test_fdb_engine.py":
+        if on_fdb or item.path.name.startswith("test_fdb_"):
             item.add_marker(pytest.mark.fdb_engine)

@@ -17,12 +17,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
 
 import fdbqueue
 from fdbqueue.engines import fdb as fdb_engine
@@ -37,11 +35,10 @@ from fdbqueue.engines.base import (
     run_transaction,
     transactional,
 )
-from fdbqueue.errors import ClusterUnavailableError, EngineError, InvalidURLError, QueueError
+from fdbqueue.errors import ClusterUnavailableError, EngineError, InvalidURLError
 from tests import fdbdouble as fdb_double
-from tests.conftest import fdb_cluster_file, release_fdb
+from tests.conftest import double_only, fdb_cluster_file
 from tests.fdb_cluster import client_library, find_cluster
-from tests.test_differential import TRANSACTIONS, run_stream
 
 # ---------------------------------------------------------------------------------------------
 # Opening, on this machine as it is
@@ -137,27 +134,6 @@ def test_engine_imports_with_bindings_older_than_8() -> None:
 # ---------------------------------------------------------------------------------------------
 # The translation layer over the official bindings: on a real cluster when one is reachable,
 # otherwise over the C-API double (tests/fdbdouble/), so fdb/impl.py runs for real.
-
-
-@pytest.fixture
-def fdb_db(tmp_path: Path) -> Iterator[fdb_engine.FDBDatabase]:
-    url = "fdb://" + fdb_cluster_file(tmp_path)
-    db = fdbqueue.open(url)
-    assert isinstance(db, fdb_engine.FDBDatabase)
-    db.clear_range(b"", b"\xff")
-    try:
-        yield db
-    finally:
-        db.close()
-        release_fdb(url)
-
-
-def double_only() -> fdb_double.CAPIDouble:
-    """The double, for tests that look behind the bindings; skipped on a real cluster."""
-    double = fdb_double.installed()
-    if double is None:
-        pytest.skip("looks behind the bindings: needs the C-API double, not a real cluster")
-    return double
 
 
 def test_the_bindings_run_over_the_double_or_a_cluster(fdb_db: fdb_engine.FDBDatabase) -> None:
@@ -591,7 +567,6 @@ def test_maybe_committed_follows_foundationdb() -> None:
 
 
 def test_a_commit_that_timed_out_may_have_committed(tmp_path: Path) -> None:
-    from tests.conftest import fdb_cluster_file
 
     db = fdbqueue.open("fdb://" + fdb_cluster_file(tmp_path))
     tr = db.create_transaction()
@@ -607,228 +582,3 @@ def test_a_commit_that_timed_out_may_have_committed(tmp_path: Path) -> None:
         tr.on_error(info.value)
     assert again.value.code == 1031
     db.close()
-
-
-# ---------------------------------------------------------------------------------------------
-# Raw objects of the bindings: an fdb.Database is wrapped, an fdb.Transaction joined
-
-
-def test_a_raw_fdb_database_is_wrapped_and_retried(fdb_db: fdb_engine.FDBDatabase) -> None:
-    raw_db = fdb_db.fdb_database
-    attempts = 0
-
-    @transactional
-    def put(tr: Any) -> Any:
-        nonlocal attempts
-        attempts += 1
-        assert tr.get(b"missing") is None  # a wrapped transaction: None, not an fdb Value
-        tr.get(b"k")
-        if attempts == 1:
-            fdb_db[b"k"] = b"other"  # a conflict: the commit fails with 1020 and is retried
-        tr[b"k"] = b"mine"
-        return tr
-
-    tr = put(raw_db)
-    assert isinstance(tr, fdb_engine.FDBTransaction) and attempts == 2
-    assert fdb_db[b"k"] == b"mine"
-    assert run_transaction(raw_db, lambda tr: tr.get(b"k")) == b"mine"  # type: ignore[arg-type]
-
-
-def test_a_raw_fdb_transaction_is_joined(fdb_db: fdb_engine.FDBDatabase) -> None:
-    import fdb
-
-    jobs = fdbqueue.Queue("jobs")
-    fdbqueue.create_queue(fdb_db, "jobs")
-
-    @transactional
-    def put(tr: Any, key: bytes) -> Any:
-        tr[key] = b"joined"
-        return tr
-
-    @fdb.transactional
-    def outer(tr: Any) -> tuple[Any, str]:
-        # The caller's transaction: fdbqueue writes into it; fdb's loop commits and retries.
-        inner = put(tr, b"j")
-        msg_id = jobs.enqueue(tr, b"job-1")
-        assert fdb_db[b"j"] is None  # not committed yet
-        return inner, msg_id
-
-    inner, msg_id = outer(fdb_db.fdb_database)
-    assert isinstance(inner, fdb_engine.FDBTransaction)
-    assert fdb_db[b"j"] == b"joined"
-    got = jobs.dequeue(fdb_db)
-    assert got is not None and got.id == msg_id and got.payload == b"job-1"
-    with pytest.raises(QueueError, match="a Database"):
-        run_transaction(fdb_db.create_transaction().fdb_transaction, lambda tr: None)  # type: ignore[arg-type]
-
-
-def test_anything_else_gets_a_clear_error(fdb_db: fdb_engine.FDBDatabase) -> None:
-    class LooksLikeADatabase:
-        def create_transaction(self) -> Any:
-            raise AssertionError("must not be used")
-
-    @transactional
-    def put(tr: Any) -> None:
-        tr[b"k"] = b"v"
-
-    for bad in (LooksLikeADatabase(), {"tr": 1}, None):
-        with pytest.raises(QueueError, match=r"fdbqueue\.open"):
-            put(bad)
-        with pytest.raises(QueueError, match=r"fdbqueue\.open"):
-            run_transaction(bad, lambda tr: None)  # type: ignore[arg-type]
-        with pytest.raises(QueueError, match=r"fdbqueue\.open"):
-            fdbqueue.Queue("jobs").enqueue(bad, b"x")  # type: ignore[arg-type]
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="layer defect (queue.py, not engines/): dequeue, lease and sweep test is_transaction(tr) "
-    "before run_once/as_database adopt a raw fdb.Transaction, so they call it a Database and refuse it; "
-    "the entry points need base.adopt(tr) first",
-)
-def test_a_raw_fdb_transaction_can_dequeue_inside_the_callers_transaction(
-    fdb_db: fdb_engine.FDBDatabase,
-) -> None:
-    import fdb
-
-    jobs = fdbqueue.Queue("jobs")
-    fdbqueue.create_queue(fdb_db, "jobs")
-    jobs.enqueue(fdb_db, b"job-1")
-
-    @fdb.transactional
-    def take(tr: Any) -> Any:
-        return jobs.dequeue(tr)
-
-    got = take(fdb_db.fdb_database)
-    assert got is not None and got.payload == b"job-1"
-    assert jobs.dequeue(fdb_db) is None
-
-
-# ---------------------------------------------------------------------------------------------
-# The layer through the bindings under injected faults (1020, 1007, 1021 from the sim store)
-
-
-def test_threads_drain_exactly_once_through_the_bindings_under_faults(tmp_path: Path) -> None:
-    from tests.test_queue_concurrency import check_exactly_once, fill
-
-    fdb_cluster_file(tmp_path)  # a real cluster, or the double installed
-    double = double_only()  # the faults are the sim store's
-    cluster_file = double.new_cluster_file(str(tmp_path), sim_url="sim://?seed=3&faults=0.03")
-    db = fdbqueue.open(f"fdb://{cluster_file}")
-    q = fdbqueue.Queue("drain")
-    ids = fill(db, q, n=1500, batch=250)
-    got: list[list[str]] = [[] for _ in range(6)]
-    errors: list[BaseException] = []
-    start = threading.Barrier(len(got))
-
-    def consume(mine: list[str]) -> None:
-        try:
-            start.wait()
-            while (m := q.dequeue(db)) is not None:
-                mine.append(m.id)
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=consume, args=(g,)) for g in got]
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)  # interleave the transactions so that they collide
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-    finally:
-        sys.setswitchinterval(interval)
-    assert not any(t.is_alive() for t in threads), "a consumer hung"
-    assert not errors, errors
-    check_exactly_once(ids, [i for g in got for i in g])
-    assert [m.id for m in q.browse(db)] == [] and q.size(db) == 0
-    stats = double.sim_database(cluster_file).stats
-    assert stats.faults, "no fault was injected"
-    db.close()
-    double.release(cluster_file)
-
-
-# ---------------------------------------------------------------------------------------------
-# The double itself: what the bindings ask of libfdb_c
-
-
-@pytest.mark.parametrize("code", [1007, 1020, 1021, 1025, 1031, 1039, 2101, 1235, 1242])
-def test_error_predicates_and_descriptions_as_libfdb_c(fdb_db: fdb_engine.FDBDatabase, code: int) -> None:
-    import fdb
-
-    from fdbqueue.errors import MAYBE_COMMITTED, RETRYABLE_NOT_COMMITTED
-
-    err = fdb.FDBError(code)
-    # fdb_error_predicate (bindings/c/fdb_c.cpp), asked through the bindings' fdb.predicates.
-    assert fdb.predicates.is_maybe_committed(err) == (code in (1021, 1039)) == (code in MAYBE_COMMITTED)
-    assert fdb.predicates.is_retryable_not_committed(err) == (code in RETRYABLE_NOT_COMMITTED)
-    assert fdb.predicates.is_retryable(err) == (code in RETRYABLE_NOT_COMMITTED or code in (1021, 1039))
-    assert str(err).endswith(f"({code})") and len(str(err)) > len(f"({code})") + 3
-
-
-def test_options_the_double_does_not_model_are_refused_through_errcheck(
-    fdb_db: fdb_engine.FDBDatabase,
-) -> None:
-    import fdb
-
-    double_only()
-    raw = fdb_db.create_transaction().fdb_transaction
-    raw.options.set_causal_read_risky()  # changes nothing the sim models: accepted
-    with pytest.raises(fdb.FDBError) as info:
-        raw.options.set_size_limit(1000)  # would change the size limit: refused, not ignored
-    assert info.value.code == 2108
-    with pytest.raises(fdb.FDBError) as db_info:
-        fdb_db.fdb_database.options.set_transaction_timeout(100)
-    assert db_info.value.code == 2108
-
-
-# ---------------------------------------------------------------------------------------------
-# Differential: the bindings over the double must say what the sim engine says
-
-
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(stream=TRANSACTIONS)
-def test_the_bindings_over_the_double_agree_with_the_sim(
-    stream: list[tuple[list[tuple[Any, ...]], str]], tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    # Every value, range, resolved selector, error code and the final contents: any difference
-    # is a defect of the translation (engines/fdb.py, the bindings' use of it, or the double).
-    directory = tmp_path_factory.mktemp("diff")
-    fdb_cluster_file(directory)  # a real cluster, or the double installed
-    double = double_only()
-    cluster_file = double.new_cluster_file(str(directory), sim_url="memory://")
-    try:
-        assert run_stream(f"fdb://{cluster_file}", stream) == run_stream("memory://", stream)
-    finally:
-        double.release(cluster_file)
-
-
-def test_a_read_latency_makes_round_trips_visible(tmp_path: Path) -> None:
-    # With read_latency, a read's future is ready only later: reads waited on one by one
-    # cost one latency each, reads issued together (futures first, then waits) one in all.
-    fdb_cluster_file(tmp_path)  # a real cluster, or the double installed
-    double = double_only()
-    cluster_file = double.new_cluster_file(str(tmp_path), read_latency=0.05)
-    db = fdbqueue.open(f"fdb://{cluster_file}")
-    try:
-        tr = db.create_transaction()
-        for i in range(8):
-            tr.set(b"k%d" % i, b"v%d" % i)
-        tr.commit()
-        tr = db.create_transaction()
-        tr.get_read_version()
-        started = time.monotonic()
-        assert [tr.get(b"k%d" % i) for i in range(8)] == [b"v%d" % i for i in range(8)]
-        sequential = time.monotonic() - started
-        raw = db.create_transaction().fdb_transaction
-        raw.get_read_version().wait()
-        started = time.monotonic()
-        futures = [raw.get(b"k%d" % i) for i in range(8)]
-        assert [bytes(f.wait()) for f in futures] == [b"v%d" % i for i in range(8)]
-        together = time.monotonic() - started
-        assert sequential >= 8 * 0.05
-        assert together < 4 * 0.05
-    finally:
-        db.close()
-        double.release(cluster_file)
