@@ -43,6 +43,10 @@ ERROR_NAMES: dict[int, str] = {
 RETRYABLE_NOT_COMMITTED = frozenset({1020, 1007, 1009, 1037, 1038, 1042, 1051, 1078, 1213, 1235, 1242})
 MAYBE_COMMITTED = frozenset({1021, 1039})
 RETRYABLE = RETRYABLE_NOT_COMMITTED | MAYBE_COMMITTED
+# A commit that failed with one of these may still land: the note on the
+# automatic_idempotency option (fdbclient/vexillographer/fdb.options) says so of
+# cluster_version_changed and transaction_timed_out thrown during a commit.
+MAYBE_COMMITTED_DURING_COMMIT = frozenset({1031, 1039})
 
 
 class QueueError(Exception):
@@ -58,9 +62,11 @@ class QueueError(Exception):
 class EngineError(QueueError):
     """The storage engine refused or failed a transaction."""
 
-    def __init__(self, code: int, message: str | None = None) -> None:
+    def __init__(self, code: int, message: str | None = None, *, during_commit: bool = False) -> None:
         self.code = int(code)
         self.name = ERROR_NAMES.get(self.code, "unknown_error")
+        # True when a commit raised it: 1031 then leaves the outcome unknown too.
+        self.during_commit = bool(during_commit)
         super().__init__(f"{self.name} ({self.code})" + (f": {message}" if message else ""))
 
     @property
@@ -70,8 +76,11 @@ class EngineError(QueueError):
 
     @property
     def maybe_committed(self) -> bool:
-        """True when the transaction may have committed (1021): the retry must be idempotent."""
-        return self.code in MAYBE_COMMITTED
+        """True when the transaction may have committed: 1021 and 1039, and 1031 raised by a
+        commit (a timeout does not stop a commit already sent). The retry must be idempotent."""
+        return self.code in MAYBE_COMMITTED or (
+            self.during_commit and self.code in MAYBE_COMMITTED_DURING_COMMIT
+        )
 
     @property
     def retryable_not_committed(self) -> bool:

@@ -62,6 +62,7 @@ from fdbqueue.engines.base import (
     KeySelector,
     Transaction,
     Watch,
+    adopt,
     engine_traits,
     is_transaction,
 )
@@ -176,6 +177,7 @@ class Queue:
         queue whose overflow policy is ``block`` (needs a Database).
         """
         item = self._item(payload, priority, headers, delay, ttl, dedup_key)
+        tr = adopt(tr)  # a raw fdb.Database is wrapped, a raw fdb.Transaction joined
         if autonomous and is_transaction(tr):
             return self._autonomous(tr, item)  # type: ignore[arg-type]
         return self._enqueue_items(tr, [item], timeout)[0]
@@ -221,6 +223,7 @@ class Queue:
     ) -> list[str]:
         # A receipt settles a commit_unknown_result of our own transaction (none to settle
         # in a caller's, nor on an engine whose commits are never unknown).
+        tr = adopt(tr)
         own = not is_transaction(tr) and engine_traits(tr)[1]
 
         def body() -> list[str]:
@@ -401,6 +404,7 @@ class Queue:
         """
         if where is not None and not isinstance(where, Mapping):
             raise QueueError("where must be a mapping of header names to values")
+        tr = adopt(tr)
         if is_transaction(tr):
             if timeout:
                 raise QueueError(
@@ -435,6 +439,7 @@ class Queue:
             raise QueueError(f"n must be an int >= 1, got {n!r}")
         secs = None if lease_seconds is None else check_lease_seconds(lease_seconds)
         receipt = os.urandom(16).hex()  # made outside the retry loop: settles a 1021
+        tr = adopt(tr)
         if is_transaction(tr):
             if timeout:
                 raise QueueError("a blocking lease cannot join a caller's transaction; pass a Database")
@@ -519,6 +524,7 @@ class Queue:
         transactions of up to ``limit`` moves per index until nothing is due; given a
         Transaction, one such step inside it.
         """
+        tr = adopt(tr)
         if is_transaction(tr):
             return sweep(self, tr, db_now(tr), limit)  # type: ignore[arg-type]
         db = as_database(tr)

@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable
 from typing import TypeVar
 
-from fdbqueue.engines.base import Database, Transaction, is_transaction
+from fdbqueue.engines.base import Database, Transaction, adopt, is_transaction
 from fdbqueue.errors import CommitUnknownError, EngineError, QueueError
 
 T = TypeVar("T")
@@ -21,11 +21,10 @@ def run_once(tr: Transaction | Database, body: Callable[[Transaction, bool], T])
     (see :func:`unknown_outcome`), never the bare error: the caller must not take it for a
     failure and do it again.
     """
+    tr = adopt(tr)  # a raw fdb.Database is wrapped, a raw fdb.Transaction joined
     if is_transaction(tr):
         return body(tr, False)  # type: ignore[arg-type]
-    if not hasattr(tr, "create_transaction"):
-        raise QueueError(f"expected a Database or Transaction, not {type(tr).__name__}")
-    t = tr.create_transaction()
+    t = tr.create_transaction()  # type: ignore[union-attr]
     unknown = False
     try:
         while True:
@@ -70,9 +69,10 @@ def unknown_outcome(exc: EngineError) -> CommitUnknownError:
 
 
 def as_database(tr: object) -> Database:
-    if not hasattr(tr, "create_transaction"):
-        raise QueueError(f"expected a Database or Transaction, not {type(tr).__name__}")
-    return tr  # type: ignore[return-value]
+    db = adopt(tr)
+    if is_transaction(db):
+        raise QueueError(f"this operation needs a Database, not a transaction ({type(tr).__name__})")
+    return db  # type: ignore[return-value]
 
 
 def seconds(name: str, value: object) -> float:

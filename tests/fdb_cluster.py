@@ -9,7 +9,8 @@
    version (``$FDBQUEUE_FDB_IMAGE`` overrides the image);
 3. otherwise ``pytest.skip`` with the reason.
 
-The decision is made once per session and cached.
+The decision is made once per session and cached. :func:`cluster_or_none` asks the same
+without skipping: the conformance tests then run over the C-API double (tests/fdbdouble/).
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ PROBE_TIMEOUT_S = 10
 _LIBRARY_PROBE = r"""
 import ctypes, sys
 import fdb
+from fdbqueue.engines.fdb import DEFAULT_API_VERSION
 try:
-    fdb.api_version(min(800, fdb.LATEST_API_VERSION))
+    fdb.api_version(DEFAULT_API_VERSION)
 except Exception as exc:
     print(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     sys.exit(1)
@@ -94,6 +96,18 @@ def find_cluster() -> str:
     if _skip_reason is not None:
         pytest.skip(_skip_reason)
     assert _cluster_file is not None
+    return _cluster_file
+
+
+def cluster_or_none() -> str | None:
+    """The path of a reachable cluster's cluster file, or None (the reason is kept for
+    :func:`find_cluster`): the conformance tests then run over the C-API double."""
+    global _cluster_file, _skip_reason
+    if _cluster_file is None and _skip_reason is None:
+        try:
+            _cluster_file = _find()
+        except _Unavailable as exc:
+            _skip_reason = SKIP + str(exc)
     return _cluster_file
 
 

@@ -437,8 +437,15 @@ def run_transaction(db: Database, body: Callable[[Transaction], T]) -> T:
 
     The loop of ``@fdb.transactional``: commit, and on error ``on_error`` (which backs
     off, or re-raises what is not retryable). A body may therefore run more than once.
+    A raw ``fdb.Database`` of the bindings is wrapped (see :func:`adopt`).
     """
-    tr = db.create_transaction()
+    own = adopt(db)
+    if is_transaction(own):
+        raise QueueError(
+            "run_transaction needs a Database (from fdbqueue.open, or an fdb.Database), not a "
+            f"transaction ({type(db).__name__}): call body(tr) inside it instead"
+        )
+    tr = own.create_transaction()  # type: ignore[union-attr]
     try:
         while True:
             try:
@@ -484,6 +491,48 @@ def register_transaction_type(cls: type) -> None:
     _transaction_kinds.clear()
 
 
+# Raw objects of the ``fdb`` bindings, told apart by their class's module and name: importing
+# ``fdb.impl`` to compare classes would load libfdb_c.
+_BINDINGS_CLASSES = {("fdb.impl", "Database"): "database", ("fdb.impl", "Transaction"): "transaction"}
+_adapters: dict[str, Callable[[Any], Any]] = {}
+_database_kinds: dict[type, bool] = {}
+
+
+def register_bindings_adapter(kind: str, wrap: Callable[[Any], Any]) -> None:
+    """How to wrap a raw bindings object of ``kind`` ("database", "transaction"); fdb.py registers."""
+    _adapters[kind] = wrap
+
+
+def adopt(obj: object) -> Transaction | Database:
+    """``obj`` as a transaction or database of an fdbqueue engine, or a clear QueueError.
+
+    A raw ``fdb.Database`` of the official bindings becomes an ``FDBDatabase`` (its
+    transactions are committed and retried by fdbqueue); a raw ``fdb.Transaction`` becomes
+    an ``FDBTransaction`` that joins it: the caller's ``@fdb.transactional`` loop commits and
+    retries. Anything else must be an engine's Transaction or Database.
+    """
+    if is_transaction(obj):
+        return obj  # type: ignore[return-value]
+    kind = type(obj)
+    known = _database_kinds.get(kind)
+    if known is None:  # isinstance of a protocol runs Python code: asked once per type
+        known = _database_kinds[kind] = isinstance(obj, Database)
+    if known:
+        return obj  # type: ignore[return-value]
+    bindings = _BINDINGS_CLASSES.get((kind.__module__, kind.__name__))
+    if bindings is not None:
+        if bindings not in _adapters:
+            import importlib
+
+            importlib.import_module("fdbqueue.engines.fdb")  # registers the adapters
+        wrapped: Transaction | Database = _adapters[bindings](obj)
+        return wrapped
+    raise QueueError(
+        f"expected a Database (from fdbqueue.open, or an fdb.Database) or a Transaction of one "
+        f"(or an fdb.Transaction), not {kind.__name__}"
+    )
+
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -493,6 +542,7 @@ def transactional(func: F) -> F:
     Given a Transaction, ``func`` joins it and the caller commits. Given a Database,
     ``func`` runs in its own transaction, committed and retried on retryable errors
     (so it may run more than once: keep it idempotent). Generator functions are refused.
+    Raw ``fdb.Database`` / ``fdb.Transaction`` objects of the bindings are wrapped (:func:`adopt`).
     """
     if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
         raise ValueError("generator functions cannot be transactional: the body may run twice")
@@ -515,12 +565,12 @@ def transactional(func: F) -> F:
                 return func(*args[:index], tr, *args[index + 1 :], **kwargs)
         else:
             raise TypeError(f"{func.__qualname__}() missing the transaction or database 'tr'")
-        if is_transaction(target):
-            return call(target)
-        if hasattr(target, "create_transaction"):
-            return run_transaction(target, call)
-        raise QueueError(
-            f"{func.__qualname__}() needs a Database or Transaction as 'tr', not {type(target).__name__}"
-        )
+        try:
+            own = adopt(target)
+        except QueueError as exc:
+            raise QueueError(f"{func.__qualname__}(), as 'tr': {exc}") from None
+        if is_transaction(own):
+            return call(own)
+        return run_transaction(own, call)  # type: ignore[arg-type]
 
     return wrapper  # type: ignore[return-value]

@@ -5,7 +5,8 @@ URL parameters: ``api_version`` (default 800, or the newest the installed bindin
 if older) and ``timeout`` (seconds to wait for the cluster at open, default 5).
 
 This is the only module that touches the untyped ``fdb`` package beyond ``fdb.tuple``
-and ``fdb.subspace_impl``. ``fdb.api_version()`` is called when a database is opened,
+and ``fdb.subspace_impl`` (which is why it is one module, past 600 lines: the wrapper, the
+adapters for raw ``fdb`` objects, and opening). ``fdb.api_version()`` is called when a database is opened,
 never at import, so importing fdbqueue works on machines without the native client
 library (libfdb_c). Everything the bindings raise as ``fdb.FDBError`` leaves this module as
 :class:`~fdbqueue.errors.EngineError` with the same code, raised ``from`` the original.
@@ -18,6 +19,7 @@ call instead of at the next wait or commit; range ends past ``b'\\xff'`` are cla
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import threading
@@ -40,16 +42,53 @@ from fdbqueue.engines.base import (
     check_write_key,
     check_write_range,
     clamp_end,
+    register_bindings_adapter,
     register_transaction_type,
     strinc,
 )
 from fdbqueue.errors import ClusterUnavailableError, EngineError, InvalidURLError, QueueError
 
-__all__ = ["FDBDatabase", "FDBTransaction", "FDBWatch", "open_fdb"]
+__all__ = [
+    "FDBDatabase",
+    "FDBTransaction",
+    "FDBWatch",
+    "adopt_fdb_database",
+    "adopt_fdb_transaction",
+    "open_fdb",
+]
 
-# The oldest API version whose versionstamp offsets are 4 bytes (what fdb.tuple packs).
-MIN_API_VERSION = 520
-LATEST_API_VERSION = int(getattr(fdb, "LATEST_API_VERSION", 800))
+# API 710 or newer: below 610 ``on_error`` resets the timeout and retry limit, below 700 a
+# commit partially resets the transaction (documentation/sphinx/source/api-version-upgrade-guide.rst),
+# and 710 is what the oldest supported bindings (7.1) know.
+MIN_API_VERSION = 710
+
+
+def _bindings_version() -> str:
+    """The installed ``foundationdb`` wheel's version (``fdb.__version__`` exists only from 8.0)."""
+    version = getattr(fdb, "__version__", None)
+    if isinstance(version, str):
+        return version
+    try:
+        return importlib.metadata.version("foundationdb")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _latest_api_version(bindings: str) -> int:
+    """The newest API version the bindings know: ``fdb.LATEST_API_VERSION`` from 7.3; the 7.1
+    bindings hard-code their header version (710) in ``api_version``, as major*100 + minor*10."""
+    latest = getattr(fdb, "LATEST_API_VERSION", None)
+    if isinstance(latest, int):
+        return latest
+    try:
+        major, minor = (int(part) for part in bindings.split(".")[:2])
+    except ValueError:
+        return MIN_API_VERSION
+    return major * 100 + minor * 10
+
+
+BINDINGS_VERSION = _bindings_version()
+LATEST_API_VERSION = _latest_api_version(BINDINGS_VERSION)
 DEFAULT_API_VERSION = min(800, LATEST_API_VERSION)
 DEFAULT_TIMEOUT_SECONDS = 5.0
 
@@ -57,8 +96,8 @@ CLIENT_LIBRARY_MISSING = (
     "the FoundationDB client library (libfdb_c) is not installed on this machine, so the fdb:// "
     "engine cannot run. Install the foundationdb-clients package of a matching version from "
     "the FoundationDB releases (https://github.com/apple/foundationdb/releases); the "
-    f"'foundationdb' Python bindings {fdb.__version__} installed here need libfdb_c "
-    f"{fdb.__version__.rsplit('.', 1)[0]}. pip cannot install it."
+    f"'foundationdb' Python bindings {BINDINGS_VERSION} installed here need libfdb_c "
+    f"{BINDINGS_VERSION.rsplit('.', 1)[0]}. pip cannot install it."
 )
 
 # Error codes meaning "no answer from the cluster in time" (transaction_timed_out, timed_out).
@@ -70,6 +109,10 @@ T = TypeVar("T")
 class _NoBindings(Exception):
     """Stands in for ``fdb.FDBError`` until ``fdb.api_version()`` has been called."""
 
+
+# FDBStreamingMode (fdbclient/vexillographer/fdb.options): the same in every API version.
+_STREAMING_WANT_ALL = -2
+_STREAMING_EXACT = 0
 
 # Names the bindings define only after ``fdb.api_version()``; bound by :func:`_bind`.
 _FDBError: type[Exception] = _NoBindings
@@ -83,13 +126,18 @@ def _bind(module: Any) -> None:
     _FDBKeySelector = module.KeySelector
 
 
-def _engine_error(exc: BaseException) -> EngineError:
+def _engine_error(exc: BaseException, during_commit: bool = False) -> EngineError:
     code = int(getattr(exc, "code", 4100))
     try:
-        description: str | None = str(getattr(exc, "description", "")) or None
+        description: str | None = _text(getattr(exc, "description", "")) or None
     except Exception:  # the description comes from the C library; never mask the code
         description = None
-    return EngineError(code, description)
+    return EngineError(code, description, during_commit=during_commit)
+
+
+def _text(description: object) -> str:
+    # fdb_get_error's restype is c_char_p: the bindings hand its bytes on as they are.
+    return description.decode(errors="replace") if isinstance(description, bytes) else str(description)
 
 
 def _call(fn: Callable[..., T], *args: Any) -> T:
@@ -177,7 +225,11 @@ class _FDBReads:
             raise EngineError(2006, f"limit must be a non-negative int, got {limit!r}")
         b, e = _range_begin(begin), _range_end(end)
         try:
-            rows = self._reads.get_range(b, e, limit, bool(reverse)).to_list()
+            # The list is read whole: exact (one batch of ``limit`` rows) or want_all, from the
+            # first batch on. The bindings' default, iterator, starts with a 4,096-byte batch
+            # (bindings/c/fdb_c.cpp) and costs a round trip more on most reads here.
+            mode = _STREAMING_EXACT if limit else _STREAMING_WANT_ALL
+            rows = self._reads.get_range(b, e, limit, bool(reverse), mode).to_list()
             return [KeyValue(bytes(kv.key), bytes(kv.value)) for kv in rows]
         except _FDBError as exc:
             raise _engine_error(exc) from exc
@@ -269,7 +321,7 @@ class FDBVersionstamp:
 class FDBTransaction(_FDBReads):
     """One ``fdb.Transaction`` behind the :class:`~fdbqueue.engines.base.Transaction` contract."""
 
-    __slots__ = ("_finish", "_tr", "db", "options", "snapshot")
+    __slots__ = ("_cancelled", "_finish", "_tr", "db", "options", "snapshot")
 
     def __init__(self, db: FDBDatabase, tr: Any) -> None:
         super().__init__(tr)
@@ -278,6 +330,18 @@ class FDBTransaction(_FDBReads):
         self.options = FDBTransactionOptions(tr.options)
         self.snapshot = _FDBReads(tr.snapshot)
         self._finish: list[FinishCallback] = []
+        self._cancelled = False
+
+    def _writable(self) -> Any:
+        """The raw transaction for a write; 1025 after :meth:`cancel`.
+
+        libfdb_c accepts a write to a cancelled transaction and fails only its commit
+        (``ThreadSafeTransaction::set`` defers errors, fdbclient/ThreadSafeTransaction.cpp);
+        the local engines raise at the call, and so does this engine.
+        """
+        if self._cancelled:
+            raise EngineError(1025, "transaction was cancelled")
+        return self._tr
 
     @property
     def fdb_transaction(self) -> Any:
@@ -288,24 +352,24 @@ class FDBTransaction(_FDBReads):
 
     def set(self, key: bytes, value: bytes) -> None:
         """Write ``value`` at ``key`` (blind: adds a write conflict only)."""
-        _call(self._tr.set, check_write_key(key), check_value(value))
+        _call(self._writable().set, check_write_key(key), check_value(value))
 
     __setitem__ = set
 
     def clear(self, key: bytes) -> None:
-        _call(self._tr.clear, check_write_key(key))
+        _call(self._writable().clear, check_write_key(key))
 
     __delitem__ = clear
 
     def clear_range(self, begin: bytes, end: bytes) -> None:
         """Remove every key in [begin, end); 2005 if end < begin."""
-        _call(self._tr.clear_range, *check_write_range(begin, end))
+        _call(self._writable().clear_range, *check_write_range(begin, end))
 
     def clear_range_startswith(self, prefix: bytes) -> None:
         self.clear_range(*_prefix_range(prefix))
 
     def _atomic(self, op: str, key: bytes, param: bytes) -> None:
-        _call(getattr(self._tr, op), check_write_key(key), check_value(param))
+        _call(getattr(self._writable(), op), check_write_key(key), check_value(param))
 
     def add(self, key: bytes, param: bytes) -> None:
         """Little-endian add; adds no read conflict, so hot counters do not conflict."""
@@ -340,25 +404,25 @@ class FDBTransaction(_FDBReads):
 
     def set_versionstamped_key(self, key: bytes, value: bytes) -> None:
         """Write ``value`` at ``key`` with the 10 bytes at its trailing LE offset stamped at commit."""
-        _call(self._tr.set_versionstamped_key, check_bytes("key", key), check_value(value))
+        _call(self._writable().set_versionstamped_key, check_bytes("key", key), check_value(value))
 
     def set_versionstamped_value(self, key: bytes, value: bytes) -> None:
         """Write ``value`` (stamped at commit at its trailing LE offset) at ``key``."""
-        _call(self._tr.set_versionstamped_value, check_write_key(key), check_bytes("value", value))
+        _call(self._writable().set_versionstamped_value, check_write_key(key), check_bytes("value", value))
 
     # -- conflicts, versions, watches --------------------------------------------------------
 
     def add_read_conflict_range(self, begin: bytes, end: bytes) -> None:
-        _call(self._tr.add_read_conflict_range, check_bytes("begin", begin), check_bytes("end", end))
+        _call(self._writable().add_read_conflict_range, check_bytes("begin", begin), check_bytes("end", end))
 
     def add_read_conflict_key(self, key: bytes) -> None:
-        _call(self._tr.add_read_conflict_key, check_bytes("key", key))
+        _call(self._writable().add_read_conflict_key, check_bytes("key", key))
 
     def add_write_conflict_range(self, begin: bytes, end: bytes) -> None:
-        _call(self._tr.add_write_conflict_range, check_bytes("begin", begin), check_bytes("end", end))
+        _call(self._writable().add_write_conflict_range, check_bytes("begin", begin), check_bytes("end", end))
 
     def add_write_conflict_key(self, key: bytes) -> None:
-        _call(self._tr.add_write_conflict_key, check_bytes("key", key))
+        _call(self._writable().add_write_conflict_key, check_bytes("key", key))
 
     def watch(self, key: bytes) -> FDBWatch:
         """A watch on ``key``, armed when this transaction commits (it reads ``key`` serializably)."""
@@ -382,7 +446,7 @@ class FDBTransaction(_FDBReads):
         try:
             self._tr.commit().wait()
         except _FDBError as exc:
-            err = _engine_error(exc)
+            err = _engine_error(exc, during_commit=True)
             self._run_finish(err)
             raise err from exc
         except BaseException:
@@ -418,11 +482,13 @@ class FDBTransaction(_FDBReads):
         """Drop every read, write, watch and option (FoundationDB's reset)."""
         self._run_finish(EngineError(1025))
         _call(self._tr.reset)
+        self._cancelled = False
         self.options = FDBTransactionOptions(self._tr.options)
 
     def cancel(self) -> None:
         """Abandon the transaction; any later call raises 1025 until :meth:`reset`."""
         self._run_finish(EngineError(1025))
+        self._cancelled = True
         _call(self._tr.cancel)
 
     def on_finish(self, callback: FinishCallback) -> None:
@@ -479,6 +545,41 @@ class FDBDatabase(DatabaseConveniences):
 
 
 # ---------------------------------------------------------------------------------------------
+# Raw objects of the bindings handed to fdbqueue (engines/base.py ``adopt``)
+
+
+def _bindings_selected() -> int:
+    if not fdb.is_api_version_selected():
+        raise QueueError("an fdb object was passed before fdb.api_version() was called")
+    version = int(fdb.get_api_version())
+    if version < MIN_API_VERSION:
+        raise QueueError(
+            f"this process selected FoundationDB API version {version}; fdbqueue needs 710 or newer"
+        )
+    _bind(fdb)
+    return version
+
+
+def adopt_fdb_database(raw: Any) -> FDBDatabase:
+    """A raw ``fdb.Database`` behind the contract: fdbqueue commits and retries its transactions."""
+    return FDBDatabase("fdb:// (an fdb.Database of the caller)", raw, "", _bindings_selected())
+
+
+def adopt_fdb_transaction(raw: Any) -> FDBTransaction:
+    """A raw ``fdb.Transaction`` behind the contract, joining it: the caller commits and retries.
+
+    Its ``on_finish`` callbacks never run (the caller's loop commits the raw transaction),
+    so what the layer does after a caller's attempt fails (counting a failed delivery)
+    does not happen; pass an ``FDBTransaction`` for that.
+    """
+    return FDBTransaction(adopt_fdb_database(raw.db), raw)
+
+
+register_bindings_adapter("database", adopt_fdb_database)
+register_bindings_adapter("transaction", adopt_fdb_transaction)
+
+
+# ---------------------------------------------------------------------------------------------
 # Opening
 
 
@@ -519,11 +620,15 @@ def _parse_api_version(text: str, url: str) -> int:
         raise InvalidURLError(
             f"api_version must be an integer such as 800 or 730, got {text!r} in {url}"
         ) from None
-    latest = LATEST_API_VERSION
-    if not MIN_API_VERSION <= version <= latest:
+    if version < MIN_API_VERSION:
+        raise InvalidURLError(
+            f"api_version={version} in {url} is out of range: fdbqueue needs 710 or newer (before 610 "
+            "on_error resets the timeout and retry limit, before 700 commit resets the transaction)"
+        )
+    if version > LATEST_API_VERSION:
         raise InvalidURLError(
             f"api_version={version} in {url} is out of range: the installed FoundationDB bindings "
-            f"{fdb.__version__} support {MIN_API_VERSION}..{latest}"
+            f"{BINDINGS_VERSION} support {MIN_API_VERSION}..{LATEST_API_VERSION}"
         )
     return version
 

@@ -1,0 +1,99 @@
+"""Raw objects of the bindings handed to fdbqueue: an fdb.Database is wrapped (fdbqueue commits
+and retries), an fdb.Transaction joined (the caller's ``@fdb.transactional`` loop commits and
+retries); anything else that is not an engine's database or transaction is refused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import fdbqueue
+from fdbqueue.engines import fdb as fdb_engine
+from fdbqueue.engines.base import run_transaction, transactional
+from fdbqueue.errors import QueueError
+
+
+def test_a_raw_fdb_database_is_wrapped_and_retried(fdb_db: fdb_engine.FDBDatabase) -> None:
+    raw_db = fdb_db.fdb_database
+    attempts = 0
+
+    @transactional
+    def put(tr: Any) -> Any:
+        nonlocal attempts
+        attempts += 1
+        assert tr.get(b"missing") is None  # a wrapped transaction: None, not an fdb Value
+        tr.get(b"k")
+        if attempts == 1:
+            fdb_db[b"k"] = b"other"  # a conflict: the commit fails with 1020 and is retried
+        tr[b"k"] = b"mine"
+        return tr
+
+    tr = put(raw_db)
+    assert isinstance(tr, fdb_engine.FDBTransaction) and attempts == 2
+    assert fdb_db[b"k"] == b"mine"
+    assert run_transaction(raw_db, lambda tr: tr.get(b"k")) == b"mine"  # type: ignore[arg-type]
+
+
+def test_a_raw_fdb_transaction_is_joined(fdb_db: fdb_engine.FDBDatabase) -> None:
+    import fdb
+
+    jobs = fdbqueue.Queue("jobs")
+    fdbqueue.create_queue(fdb_db, "jobs")
+
+    @transactional
+    def put(tr: Any, key: bytes) -> Any:
+        tr[key] = b"joined"
+        return tr
+
+    @fdb.transactional
+    def outer(tr: Any) -> tuple[Any, str]:
+        # The caller's transaction: fdbqueue writes into it; fdb's loop commits and retries.
+        inner = put(tr, b"j")
+        msg_id = jobs.enqueue(tr, b"job-1")
+        assert fdb_db[b"j"] is None  # not committed yet
+        return inner, msg_id
+
+    inner, msg_id = outer(fdb_db.fdb_database)
+    assert isinstance(inner, fdb_engine.FDBTransaction)
+    assert fdb_db[b"j"] == b"joined"
+    got = jobs.dequeue(fdb_db)
+    assert got is not None and got.id == msg_id and got.payload == b"job-1"
+    with pytest.raises(QueueError, match="a Database"):
+        run_transaction(fdb_db.create_transaction().fdb_transaction, lambda tr: None)  # type: ignore[arg-type]
+
+
+def test_anything_else_gets_a_clear_error(fdb_db: fdb_engine.FDBDatabase) -> None:
+    class LooksLikeADatabase:
+        def create_transaction(self) -> Any:
+            raise AssertionError("must not be used")
+
+    @transactional
+    def put(tr: Any) -> None:
+        tr[b"k"] = b"v"
+
+    for bad in (LooksLikeADatabase(), {"tr": 1}, None):
+        with pytest.raises(QueueError, match=r"fdbqueue\.open"):
+            put(bad)
+        with pytest.raises(QueueError, match=r"fdbqueue\.open"):
+            run_transaction(bad, lambda tr: None)  # type: ignore[arg-type]
+        with pytest.raises(QueueError, match=r"fdbqueue\.open"):
+            fdbqueue.Queue("jobs").enqueue(bad, b"x")  # type: ignore[arg-type]
+
+
+def test_a_raw_fdb_transaction_can_dequeue_inside_the_callers_transaction(
+    fdb_db: fdb_engine.FDBDatabase,
+) -> None:
+    import fdb
+
+    jobs = fdbqueue.Queue("jobs")
+    fdbqueue.create_queue(fdb_db, "jobs")
+    jobs.enqueue(fdb_db, b"job-1")
+
+    @fdb.transactional
+    def take(tr: Any) -> Any:
+        return jobs.dequeue(tr)
+
+    got = take(fdb_db.fdb_database)
+    assert got is not None and got.payload == b"job-1"
+    assert jobs.dequeue(fdb_db) is None
