@@ -24,8 +24,6 @@ from fdbqueue.budget import (
     TXN_BUDGET_BYTES,
     Budget,
     BudgetExceededError,
-    encoded_len,
-    grown_record,
     set_cost,
 )
 from fdbqueue.clock import db_now, now_us, versions
@@ -34,23 +32,18 @@ from fdbqueue.config import (
     QueueConfig,
     bump_metadata_version,
     config_or_create,
-    due_entries,
     read_meta,
     write_config,
 )
 from fdbqueue.delivery import (
-    HEAD_BATCH,
-    HEAD_SKIP_LIMIT,
     TAKE_RESERVE,
     LeaseError,
     ack_in,
     check_lease_seconds,
     count_failed_attempt,
     deliverable_head,
-    expire_within,
     expires_at,
     extend_in,
-    lease_in,
     locate,
     message_elsewhere,
     nack_in,
@@ -74,6 +67,7 @@ from fdbqueue.errors import (
     QueueStoppedError,
 )
 from fdbqueue.layout import DEFAULT_ROOT, MINUS_ONE, ONE, QueueKeys, new_rand, pack_count, unpack_count
+from fdbqueue.leasing import lease_batch
 from fdbqueue.message import (
     ContentType,
     Message,
@@ -443,7 +437,7 @@ class Queue:
         if is_transaction(tr):
             if timeout:
                 raise QueueError("a blocking lease cannot join a caller's transaction; pass a Database")
-            return self._lease_in(tr, secs, receipt, n)  # type: ignore[arg-type]
+            return lease_batch(self, tr, secs, receipt, n)  # type: ignore[arg-type]
         db = as_database(tr)
         taken: list[Message] = []
         budget = Budget(TAKE_RESERVE)
@@ -454,7 +448,7 @@ class Queue:
                 if raw is not None and Record.decode(raw).extra.get("receipt") == taken[0].receipt:
                     return list(taken)  # the attempt that ended in commit_unknown_result committed
             budget.next_transaction()
-            taken[:] = self._lease_in(t, secs, receipt, n, budget)
+            taken[:] = lease_batch(self, t, secs, receipt, n, budget)
             return list(taken)
 
         def attempt(want_watch: bool) -> tuple[list[Message] | None, Watch | None]:
@@ -659,119 +653,6 @@ class Queue:
             tr.on_finish(finished)
         return msg
 
-    def _lease_in(
-        self, tr: Transaction, seconds: float | None, receipt: str, n: int, budget: Budget | None = None
-    ) -> list[Message]:
-        keys = self.keys
-        opened = self._open_for_dequeue(tr, None)
-        if opened is None:
-            return []
-        cfg, meta = opened
-        now = db_now(tr)
-        budget = Budget(TAKE_RESERVE) if budget is None else budget
-        if cfg.strict_order:  # one delivery in flight at a time: at most one head
-            due = bool(meta.count("delayed") or meta.count("inflight"))
-            head = deliverable_head(self, tr, cfg, None, False, now, check_due=due, budget=budget)
-            heads = [] if head is None else [head]
-            if head is not None:
-                budget.charge(lease_cost(len(head[0]), head[1]))  # TAKE_RESERVE was kept for it
-        else:
-            heads = self._ready_heads(tr, cfg, meta, n, now, budget)
-        payloads = self._chunked_payloads(tr, [rec for _, rec in heads])
-        secs = seconds or cfg.lease_seconds
-        out: list[Message] = []
-        if heads:  # one atomic add per counter for the batch, not one per message
-            tr.add(keys.counter("ready"), pack_count(-len(heads)))
-            tr.add(keys.counter("inflight"), pack_count(len(heads)))
-        for i, (key, rec) in enumerate(heads):
-            tr.clear(key)
-            if rec.expires_us is not None:
-                tr.clear(keys.expiry_key(rec.expires_us, rec.id))
-            out.append(
-                lease_in(
-                    self,
-                    tr,
-                    key,
-                    rec,
-                    secs,
-                    f"{receipt}.{i}",
-                    now,
-                    strict=cfg.strict_order,
-                    payload=payloads.get(rec.id),
-                    count=False,
-                )
-            )
-        return out
-
-    def _ready_heads(
-        self, tr: Transaction, cfg: QueueConfig, meta: Meta, n: int, now: int, budget: Budget
-    ) -> list[tuple[bytes, Record]]:
-        """Up to ``n`` deliverable ready messages from the head, in one range read (more only
-        when expired ones had to be moved aside), instead of one read per message.
-
-        The read is a snapshot read, and each message taken (or expired) gets a read conflict
-        of its own: two leasers conflict only when they take the same message, the recipe of
-        FoundationDB's queue (a conflict over the whole scanned range would add nothing: a
-        message enqueued concurrently ahead of these serializes after this transaction).
-        Within ``budget``: the first message always (TAKE_RESERVE was kept for it), the others
-        while they fit; expired messages it cannot afford to move are passed over for later.
-        """
-        keys = self.keys
-        if due_entries(tr, keys, meta, now):
-            from fdbqueue.sweep import sweep_step
-
-            sweep_step(self, tr, cfg, now, 16, budget)  # due delays and expired leases first
-        begin, end = keys.ready_range()
-        out: list[tuple[bytes, Record]] = []
-        skipped = 0
-        extra = min(8, 1 + n // 8)  # a little more than wanted: expired ones are moved aside
-        while len(out) < n and skipped < HEAD_SKIP_LIMIT:
-            if budget.scan_exhausted():
-                budget.more = True  # expired messages beyond this transaction's reading: later
-                break
-            want = budget.batch(n - len(out) + extra)
-            batch = tr.snapshot.get_range(begin, end, want)
-            budget.read(batch)
-            for key, raw in batch:
-                rec = Record.decode(raw)
-                if rec.expires_us is not None and rec.expires_us <= now:
-                    if expire_within(self, tr, cfg, key, raw, rec, budget):
-                        tr.add_read_conflict_key(key)
-                    skipped += 1
-                    continue
-                if int(rec.extra.get("not_before", 0)) > now:
-                    return out  # a head waiting out its retry delay holds the rest back
-                cost = lease_cost(len(key), rec)
-                if not out:
-                    budget.charge(cost)
-                elif not budget.take(cost):
-                    return out  # the transaction's budget is spent: the rest next call
-                tr.add_read_conflict_key(key)
-                out.append((key, rec))
-                if len(out) == n:
-                    return out
-            if len(batch) < want:
-                break
-            begin = batch[-1].key + b"\x00"
-            extra = min(extra * 8, HEAD_BATCH)  # past a run of expired ones: a few round trips
-        return out
-
-    def _chunked_payloads(self, tr: Transaction, recs: list[Record]) -> dict[str, bytes]:
-        """The payloads of the chunked messages among ``recs``: one ``get_many`` for all their
-        chunks (their count is in the record), not a range read per message.
-
-        Snapshot reads: chunks never change while their message exists, and the message's
-        own key carries the read conflict.
-        """
-        chunked = [rec for rec in recs if rec.chunks]
-        if not chunked:
-            return {}
-        keys = self.keys
-        values = iter(
-            tr.snapshot.get_many([keys.chunk_key(rec.id, i) for rec in chunked for i in range(rec.chunks)])
-        )
-        return {rec.id: b"".join(next(values) or b"" for _ in range(rec.chunks)) for rec in chunked}
-
     # -- examining without consuming ----------------------------------------------------------
 
     def peek(self, tr: Transaction | Database) -> Message | None:
@@ -833,18 +714,6 @@ class Queue:
         from fdbqueue.browse import browse
 
         return browse(self, tr, limit=limit, batch=batch)
-
-
-def lease_cost(key_len: int, rec: Record) -> int:
-    """An upper bound of the bytes leasing ``rec`` adds (budget.py): its record rewritten
-    under ("f", id) with the lease fields, a lease entry, its ready and expiry entries cleared,
-    a counter added: four or five keys, each counted about three times."""
-    size = 64 + len(rec.payload)
-    if rec.headers:
-        size += encoded_len(rec.headers)
-    if rec.extra:
-        size += encoded_len(rec.extra)
-    return 16 * (key_len + 32) + grown_record(key_len, size)
 
 
 def new_id() -> str:
