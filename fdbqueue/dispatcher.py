@@ -31,7 +31,7 @@ from fdbqueue.errors import QueueError
 from fdbqueue.message import Message, fit_reason
 from fdbqueue.queue import Queue
 from fdbqueue.waiting import QueueWatcher
-from fdbqueue.worker import _as_queues
+from fdbqueue.worker import _as_queues, drained
 
 log = logging.getLogger("fdbqueue.dispatcher")
 
@@ -159,7 +159,10 @@ class Dispatcher:
     def run(
         self, *, max_messages: int | None = None, until_empty: bool = False, install_signals: bool = False
     ) -> DispatcherStats:
-        """Dispatch until :meth:`stop` (or SIGTERM/SIGINT), ``max_messages``, or ``until_empty``."""
+        """Dispatch until :meth:`stop` (or SIGTERM/SIGINT), ``max_messages``, or - with
+        ``until_empty`` - no handler runs and no queue holds a message ready, delayed or
+        leased. Draining under ``schedule="length"``, fewer than ``length`` messages left
+        with nothing new for ``idle_timeout`` are taken by a last, shorter round."""
         if not self.consumers:
             raise QueueError("add a consumer before running the dispatcher")
         self._limit = max_messages
@@ -190,36 +193,45 @@ class Dispatcher:
                         return
             if slots <= 0:
                 with self._cond:
-                    self._cond.wait(0.1)  # until a handler finishes
+                    if self._free_slots() <= 0:
+                        self._cond.wait(0.1)  # until a handler finishes (it notifies)
                 continue
-            if not self._should_dispatch():
-                self._wait(self.interval if self.schedule == "interval" else self.idle_timeout)
-                continue
-            got = self._lease(slots)
-            if got:
-                for q, m in got:
-                    self._submit(pool, q, m)
-                continue
-            if self.schedule in ("length", "interval"):
-                self._round = False  # drained: the round is over
+            if self._should_dispatch():
+                got = self._lease(slots)
+                if got:
+                    for q, m in got:
+                        self._submit(pool, q, m)
+                    continue
+                if self.schedule in ("length", "interval"):
+                    self._round = False  # drained: the round is over
+            # Nothing to dispatch now, whatever the reason (no round due, or none ready). Every
+            # path that does not dispatch comes here, so that the end of the last running
+            # handler is always followed by the until_empty check: a round's last lease often
+            # comes back empty while a handler still runs, and the next turn finds no round due.
             with self._cond:
-                busy = self._running > 0
-            if busy:
-                with self._cond:
-                    self._cond.wait(0.1)
-                continue
+                if self._running > 0:
+                    self._cond.wait(0.1)  # checked and waited under one lock: no lost notify
+                    continue
             self._maybe_sweep()
-            if until_empty and all(q.empty(self.db) for q in self.queues):
+            if until_empty and drained(self.db, self.queues):
                 return
-            self._wait(self.idle_timeout)
+            news = self._wait(self.interval if self.schedule == "interval" else self.idle_timeout)
+            if until_empty and not news and self.schedule == "length" and not self._round:
+                # Draining: fewer than ``length`` are left and no more came for idle_timeout;
+                # a last, shorter round takes them rather than waiting for a round forever.
+                self._round = True
+                self.stats.rounds += 1
 
-    def _wait(self, timeout: float) -> None:
+    def _wait(self, timeout: float) -> bool:
+        """Wait for the next interval, or for news on the queues' watches (True) or ``timeout``."""
         if self.schedule == "interval" and not self._round:
             self._stop.wait(max(0.0, self.interval - (time.monotonic() - self._last_round)))
-        else:
-            if self._watcher is None:  # kept across waits: its watches outlive each one
-                self._watcher = QueueWatcher(self.db, [q.keys for q in self.queues])
-            self._watcher.wait(timeout, self._stop)
+            return False
+        if self._watcher is None:  # kept across waits: its watches outlive each one
+            # Under "length" ready messages are left waiting for a round: watch for new ones.
+            keys = [q.keys for q in self.queues]
+            self._watcher = QueueWatcher(self.db, keys, changes_only=self.schedule == "length")
+        return self._watcher.wait(timeout, self._stop)
 
     def _lease(self, slots: int) -> list[tuple[Queue, Message]]:
         got: list[tuple[Queue, Message]] = []

@@ -103,6 +103,25 @@ def _as_queues(queues: Queue | str | Iterable[Queue | str]) -> list[Queue]:
     return out
 
 
+def drained(db: Database, queues: Sequence[Queue]) -> bool:
+    """True when no queue holds a message that is ready, delayed or in flight (leased).
+
+    What ``run(until_empty=True)`` waits for: a delayed retry or another worker's lease
+    may still bring a message back.
+    """
+    from fdbqueue.admin import queue_stats
+    from fdbqueue.config import QueueNotFoundError
+
+    for q in queues:
+        try:
+            st = queue_stats(db, q.name, root=q.root)
+        except QueueNotFoundError:
+            continue  # never created: empty
+        if st.ready or st.delayed or st.inflight:
+            return False
+    return True
+
+
 def wait_any(db: Database, queues: Sequence[Queue], timeout: float | None, stop: threading.Event) -> bool:
     """Wait until any queue may have a message ready, ``timeout`` passes or ``stop`` is set.
 
@@ -243,7 +262,7 @@ class Worker:
     def _idle(self, until_empty: bool) -> None:
         """Nothing was ready: sweep if due, then wait on the queues' watches."""
         self._maybe_sweep()
-        if until_empty and self._drained():
+        if until_empty and drained(self.db, self.queues):
             self._stop.set()
             return
         woke = self._watcher().wait(self.idle_timeout, self._stop)
@@ -258,19 +277,6 @@ class Worker:
             with self._lock:
                 self._watchers.append(watcher)
         return watcher
-
-    def _drained(self) -> bool:
-        from fdbqueue.admin import queue_stats
-        from fdbqueue.config import QueueNotFoundError
-
-        for q in self.queues:
-            try:
-                st = queue_stats(self.db, q.name, root=q.root)
-            except QueueNotFoundError:
-                continue  # never created: empty
-            if st.ready or st.delayed or st.inflight:
-                return False
-        return True
 
     # -- exactly once --------------------------------------------------------------------------
 
