@@ -28,10 +28,10 @@ from typing import Any
 
 from fdbqueue.engines.base import Database
 from fdbqueue.errors import QueueError
-from fdbqueue.message import Message, fit_reason
+from fdbqueue.message import Message
 from fdbqueue.queue import Queue
 from fdbqueue.waiting import QueueWatcher
-from fdbqueue.worker import _as_queues, drained
+from fdbqueue.worker import _as_queues, check_handler, drained, failure_text, log_failure
 
 log = logging.getLogger("fdbqueue.dispatcher")
 
@@ -119,6 +119,7 @@ class Dispatcher:
         """Register ``handler``; higher ``priority`` is served first while it has free capacity."""
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise QueueError(f"capacity must be an int >= 1, got {capacity!r}")
+        check_handler(handler, 1, "consumers are called as handler(message), outside any transaction")
         c = Consumer(handler, priority, capacity, name or f"consumer-{len(self.consumers) + 1}")
         with self._cond:
             self.consumers.append(c)
@@ -259,8 +260,9 @@ class Dispatcher:
             c.handler(m)
         except Exception as exc:
             ok = False
+            log_failure(log, q, m, exc)
             try:
-                q.nack(self.db, m, reason=fit_reason(f"{type(exc).__name__}: {exc}"[:500]))
+                q.nack(self.db, m, reason=failure_text(exc))
             except QueueError as err:
                 log.warning("could not nack %s: %s", m.id, err)
         if ok:
