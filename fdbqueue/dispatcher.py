@@ -1,4 +1,4 @@
-"""The push model (seed 002): a dispatcher leases messages and calls consumers with them.
+"""The push model: a dispatcher leases messages and calls consumers with them.
 
 When a dispatch round starts is the ``schedule``:
 
@@ -7,11 +7,12 @@ When a dispatch round starts is the ``schedule``:
 * ``"length"``   - when the queues hold at least ``length`` ready messages; the round drains them;
 * ``"interval"`` - every ``interval`` seconds while a queue is non-empty; the round drains them.
 
-Load control: at most ``max_concurrent`` handlers run at once. Consumers (seed 001) have a
+Load control: at most ``max_concurrent`` handlers run at once. Consumers have a
 ``priority`` and a ``capacity``: a message goes to the highest-priority consumer with a free
 slot, and among equals to the one served least recently, so equal consumers share fairly.
-Several queues are leased from in rotation, so each gets its turn. A consumer returning
-acks the message; raising nacks it with the exception as the reason.
+Several queues are leased from in rotation, so each gets its turn. A consumer is called as
+``handler(message)`` (refused at ``add_consumer`` when it cannot be); returning acks the
+message, raising nacks it with the exception as the reason, logged once with its traceback.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ class Consumer:
 
 @dataclass
 class DispatcherStats:
+    """What a dispatcher did: ``nacked`` counts every consumer failure (each also logged)."""
+
     dispatched: int = 0
     acked: int = 0
     nacked: int = 0
@@ -61,6 +64,17 @@ class DispatcherStats:
     max_running: int = 0
     per_consumer: dict[str, int] = field(default_factory=dict)
     per_queue: dict[str, int] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        """One line for people (``str(stats)``): counts, then the share of each consumer."""
+        parts = [f"dispatched {self.dispatched}", f"acked {self.acked}", f"nacked {self.nacked}"]
+        parts.append(f"rounds {self.rounds}, at most {self.max_running} running")
+        if len(self.per_consumer) > 1:
+            parts.append("per consumer " + ", ".join(f"{k} {v}" for k, v in self.per_consumer.items()))
+        return "; ".join(parts)
+
+    def __str__(self) -> str:
+        return self.summary()
 
 
 class Dispatcher:

@@ -2,15 +2,21 @@
 
 * ``mode="exactly_once"``: the dequeue and the handler's writes are one transaction; the
   handler is called as ``handler(tr, message)``. An exception aborts both: the message
-  stays, and the abort counts as a failed delivery (poison messages reach the error queue).
+  stays, and the abort counts as a failed delivery (poison messages reach the error queue,
+  with the exception's text as the reason). The handler must finish within FoundationDB's
+  5-second transaction limit: past it the commit fails (1007), which is logged, counted
+  (``stats.too_slow``) and kept as the reason. On the embedded engine (one writer) these
+  handlers run one at a time, whatever ``concurrency`` says.
 * ``mode="lease"``: the handler is called as ``handler(message)`` outside any transaction;
   returning acks the message, raising nacks it with the exception as the reason.
 
-An idle worker waits on watches (no polling, no spurious wake-ups; seed 001), bounded by
-the queues' next deadlines. SIGTERM / SIGINT stop it gracefully: the message in hand is
+Every handler failure is logged once with its traceback (``extra``: queue, message_id,
+deliveries) and counted in ``stats.failed``. A handler of the wrong arity is refused at
+construction. An idle worker waits on watches (no polling, no spurious wake-ups), bounded
+by the queues' next deadlines. SIGTERM / SIGINT stop it gracefully: the message in hand is
 finished and settled, prefetched ones are released (not counted as deliveries). In lease
 mode the worker prefetches a batch; its size follows the measured ingress and egress rates
-(seed 004) within bounds.
+within bounds, as RabbitMQ's variable queue sizes its memory (``rabbit_variable_queue.erl``).
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from fdbqueue.waiting import QueueWatcher
 
 log = logging.getLogger("fdbqueue.worker")
 
-IO_BATCH = 64  # seed 004: page in batches - not so large that the queue blocks, nor so small it thrashes
+IO_BATCH = 64  # page in batches: not so large that the queue blocks, nor so small it thrashes
 MODES = ("lease", "exactly_once")
 
 
@@ -66,8 +72,8 @@ class PrefetchBudget:
     """How many messages to hold in memory: (ingress + egress rate) x horizon, within bounds.
 
     RabbitMQ's variable queue sizes its RAM budget from measured rates the same way
-    (seed 004): enough to keep handlers busy for ``horizon`` seconds, no more, so that
-    prefetched messages do not sit out their leases in memory.
+    (``rabbit_variable_queue.erl``): enough to keep handlers busy for ``horizon`` seconds,
+    no more, so that prefetched messages do not sit out their leases in memory.
     """
 
     def __init__(self, low: int = 1, high: int = 256, horizon: float = 0.5) -> None:
@@ -115,7 +121,9 @@ class WorkerStats:
             parts.append(f"swept {self.swept}")
         if len(self.per_queue) > 1:
             parts.append("per queue " + ", ".join(f"{k} {v}" for k, v in self.per_queue.items()))
-        parts.append(f"in {_rate(self.ingress_rate)}/s, out {_rate(self.egress_rate)}/s")
+        rates = [f"{k} {_rate(v)}/s" for k, v in (("in", self.ingress_rate), ("out", self.egress_rate)) if v]
+        if rates:  # exactly-once workers measure no ingress (nothing is prefetched)
+            parts.append(", ".join(rates))
         return "; ".join(parts)
 
     def __str__(self) -> str:

@@ -173,3 +173,10 @@ def test_stats_summary_is_one_readable_line() -> None:
     assert "processed 1234" in line and "failed 3" in line
     assert "812/s" in line and "0.0123/s" in line and "812.34" not in line
     assert "{" not in line  # no dict printed raw
+
+
+def test_stats_summary_leaves_out_what_was_not_measured() -> None:
+    line = str(WorkerStats(processed=5, egress_rate=3.0))  # exactly-once: no prefetch, no ingress
+    assert "in " not in line and "out 3/s" in line
+    d = fdbqueue.DispatcherStats(dispatched=3, acked=2, nacked=1)
+    assert str(d) == d.summary() and "acked 2" in str(d) and "nacked 1" in str(d) and "\n" not in str(d)
