@@ -206,11 +206,10 @@ class Dispatcher:
                     slots = min(slots, self._limit - self.stats.dispatched)
                     if slots <= 0 and self._running == 0:
                         return
-            if slots <= 0:
-                with self._cond:
-                    if self._free_slots() <= 0:
-                        self._cond.wait(0.1)  # until a handler finishes (it notifies)
-                continue
+                if slots <= 0:
+                    # Checked and waited under one lock: a handler's end (it notifies) is not missed.
+                    self._cond.wait(0.1)
+                    continue
             if self._should_dispatch():
                 got = self._lease(slots)
                 if got:
