@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from fdbqueue.budget import Budget, move_cost
@@ -33,7 +34,7 @@ from fdbqueue.config import QueueConfig, config_or_create
 from fdbqueue.engines.base import Database, Transaction
 from fdbqueue.errors import EngineError, QueueError
 from fdbqueue.layout import MINUS_ONE, ONE, QueueKeys, new_rand, unpack_count
-from fdbqueue.message import Message, Record
+from fdbqueue.message import Message, Record, fit_reason
 from fdbqueue.txn import run_once
 from fdbqueue.waiting import next_due
 
@@ -560,16 +561,53 @@ def _find(
     return _head(q, tr, cfg, begin, end, now, budget) if fallback else None
 
 
+# Why a caller is about to abort the transaction that dequeued a message (by the Message
+# object's identity, which the abort's callback holds): see failure_reason.
+_failure_notes: dict[int, tuple[str, str]] = {}
+
+# The reason a failed delivery keeps when its transaction outlived the 5-second window: the
+# resolver refuses a read version older than MAX_WRITE_TRANSACTION_LIFE_VERSIONS
+# (fdbserver/core/ServerKnobs.cpp) with transaction_too_old.
+TOO_OLD_REASON = (
+    "the handler's transaction outlived FoundationDB's 5-second transaction limit (1007 transaction_too_old)"
+)
+
+
+@contextmanager
+def failure_reason(msg: Message, reason: str) -> Iterator[None]:
+    """Within the block, an abort of the caller's transaction that dequeued ``msg`` counts
+    the failed delivery with ``reason`` (the message's ``last_error``; the dead letter's
+    reason once it reaches max_deliveries). Wrap the abort (``tr.cancel()``) in it."""
+    _failure_notes[id(msg)] = (msg.id, fit_reason(reason))
+    try:
+        yield
+    finally:
+        _failure_notes.pop(id(msg), None)
+
+
+def _reason_of(msg: Message, error: EngineError) -> str | None:
+    noted = _failure_notes.get(id(msg))
+    if noted is not None and noted[0] == msg.id:
+        return noted[1]
+    if error.code == 1007:
+        return TOO_OLD_REASON
+    if error.code == 1025:
+        return None  # a plain abort: the caller did not say why
+    return fit_reason(str(error))
+
+
 def count_failed_attempt(q: Queue, db: Database, msg: Message, error: EngineError) -> None:
     """The caller's transaction that dequeued ``msg`` did not commit: count the delivery.
 
     Runs after that transaction has ended (its locks released), in one of its own. A
     conflict (1020) or an unknown commit result (1021) is the engine's, not the message's
     doing: not counted. An application abort (1025) and a handler too slow for the
-    5-second window (1007) are counted.
+    5-second window (1007) are counted, with the reason the caller gave (see
+    :func:`failure_reason`), else what the error says (1007: :data:`TOO_OLD_REASON`).
     """
     if error.code == 1020 or error.maybe_committed:
         return
+    reason = _reason_of(msg, error)
 
     def body(t: Transaction, _: bool) -> None:
         keys = q.keys
@@ -598,7 +636,7 @@ def count_failed_attempt(q: Queue, db: Database, msg: Message, error: EngineErro
         cfg = config_or_create(t, keys)
         remove_message(t, keys, where, rec, chunks=False)
         failed = rec.with_(deliveries=rec.deliveries + 1)
-        release(q, t, cfg, failed, ready_key, reason=None, delay=None, now=db_now(t))
+        release(q, t, cfg, failed, ready_key, reason=reason, delay=None, now=db_now(t))
 
     try:
         run_once(db, body)

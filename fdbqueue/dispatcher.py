@@ -1,4 +1,4 @@
-"""The push model (seed 002): a dispatcher leases messages and calls consumers with them.
+"""The push model: a dispatcher leases messages and calls consumers with them.
 
 When a dispatch round starts is the ``schedule``:
 
@@ -7,11 +7,12 @@ When a dispatch round starts is the ``schedule``:
 * ``"length"``   - when the queues hold at least ``length`` ready messages; the round drains them;
 * ``"interval"`` - every ``interval`` seconds while a queue is non-empty; the round drains them.
 
-Load control: at most ``max_concurrent`` handlers run at once. Consumers (seed 001) have a
+Load control: at most ``max_concurrent`` handlers run at once. Consumers have a
 ``priority`` and a ``capacity``: a message goes to the highest-priority consumer with a free
 slot, and among equals to the one served least recently, so equal consumers share fairly.
-Several queues are leased from in rotation, so each gets its turn. A consumer returning
-acks the message; raising nacks it with the exception as the reason.
+Several queues are leased from in rotation, so each gets its turn. A consumer is called as
+``handler(message)`` (refused at ``add_consumer`` when it cannot be); returning acks the
+message, raising nacks it with the exception as the reason, logged once with its traceback.
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ from typing import Any
 
 from fdbqueue.engines.base import Database
 from fdbqueue.errors import QueueError
-from fdbqueue.message import Message, fit_reason
+from fdbqueue.message import Message
 from fdbqueue.queue import Queue
 from fdbqueue.waiting import QueueWatcher
-from fdbqueue.worker import _as_queues
+from fdbqueue.worker import _as_queues, check_handler, drained, failure_text, log_failure
 
 log = logging.getLogger("fdbqueue.dispatcher")
 
@@ -54,6 +55,8 @@ class Consumer:
 
 @dataclass
 class DispatcherStats:
+    """What a dispatcher did: ``nacked`` counts every consumer failure (each also logged)."""
+
     dispatched: int = 0
     acked: int = 0
     nacked: int = 0
@@ -61,6 +64,17 @@ class DispatcherStats:
     max_running: int = 0
     per_consumer: dict[str, int] = field(default_factory=dict)
     per_queue: dict[str, int] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        """One line for people (``str(stats)``): counts, then the share of each consumer."""
+        parts = [f"dispatched {self.dispatched}", f"acked {self.acked}", f"nacked {self.nacked}"]
+        parts.append(f"rounds {self.rounds}, at most {self.max_running} running")
+        if len(self.per_consumer) > 1:
+            parts.append("per consumer " + ", ".join(f"{k} {v}" for k, v in self.per_consumer.items()))
+        return "; ".join(parts)
+
+    def __str__(self) -> str:
+        return self.summary()
 
 
 class Dispatcher:
@@ -119,6 +133,7 @@ class Dispatcher:
         """Register ``handler``; higher ``priority`` is served first while it has free capacity."""
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise QueueError(f"capacity must be an int >= 1, got {capacity!r}")
+        check_handler(handler, 1, "consumers are called as handler(message), outside any transaction")
         c = Consumer(handler, priority, capacity, name or f"consumer-{len(self.consumers) + 1}")
         with self._cond:
             self.consumers.append(c)
@@ -159,7 +174,10 @@ class Dispatcher:
     def run(
         self, *, max_messages: int | None = None, until_empty: bool = False, install_signals: bool = False
     ) -> DispatcherStats:
-        """Dispatch until :meth:`stop` (or SIGTERM/SIGINT), ``max_messages``, or ``until_empty``."""
+        """Dispatch until :meth:`stop` (or SIGTERM/SIGINT), ``max_messages``, or - with
+        ``until_empty`` - no handler runs and no queue holds a message ready, delayed or
+        leased. Draining under ``schedule="length"``, fewer than ``length`` messages left
+        with nothing new for ``idle_timeout`` are taken by a last, shorter round."""
         if not self.consumers:
             raise QueueError("add a consumer before running the dispatcher")
         self._limit = max_messages
@@ -188,38 +206,46 @@ class Dispatcher:
                     slots = min(slots, self._limit - self.stats.dispatched)
                     if slots <= 0 and self._running == 0:
                         return
-            if slots <= 0:
-                with self._cond:
-                    self._cond.wait(0.1)  # until a handler finishes
-                continue
-            if not self._should_dispatch():
-                self._wait(self.interval if self.schedule == "interval" else self.idle_timeout)
-                continue
-            got = self._lease(slots)
-            if got:
-                for q, m in got:
-                    self._submit(pool, q, m)
-                continue
-            if self.schedule in ("length", "interval"):
-                self._round = False  # drained: the round is over
-            with self._cond:
-                busy = self._running > 0
-            if busy:
-                with self._cond:
+                if slots <= 0:
+                    # Checked and waited under one lock: a handler's end (it notifies) is not missed.
                     self._cond.wait(0.1)
-                continue
+                    continue
+            if self._should_dispatch():
+                got = self._lease(slots)
+                if got:
+                    for q, m in got:
+                        self._submit(pool, q, m)
+                    continue
+                if self.schedule in ("length", "interval"):
+                    self._round = False  # drained: the round is over
+            # Nothing to dispatch now, whatever the reason (no round due, or none ready). Every
+            # path that does not dispatch comes here, so that the end of the last running
+            # handler is always followed by the until_empty check: a round's last lease often
+            # comes back empty while a handler still runs, and the next turn finds no round due.
+            with self._cond:
+                if self._running > 0:
+                    self._cond.wait(0.1)  # checked and waited under one lock: no lost notify
+                    continue
             self._maybe_sweep()
-            if until_empty and all(q.empty(self.db) for q in self.queues):
+            if until_empty and drained(self.db, self.queues):
                 return
-            self._wait(self.idle_timeout)
+            news = self._wait(self.interval if self.schedule == "interval" else self.idle_timeout)
+            if until_empty and not news and self.schedule == "length" and not self._round:
+                # Draining: fewer than ``length`` are left and no more came for idle_timeout;
+                # a last, shorter round takes them rather than waiting for a round forever.
+                self._round = True
+                self.stats.rounds += 1
 
-    def _wait(self, timeout: float) -> None:
+    def _wait(self, timeout: float) -> bool:
+        """Wait for the next interval, or for news on the queues' watches (True) or ``timeout``."""
         if self.schedule == "interval" and not self._round:
             self._stop.wait(max(0.0, self.interval - (time.monotonic() - self._last_round)))
-        else:
-            if self._watcher is None:  # kept across waits: its watches outlive each one
-                self._watcher = QueueWatcher(self.db, [q.keys for q in self.queues])
-            self._watcher.wait(timeout, self._stop)
+            return False
+        if self._watcher is None:  # kept across waits: its watches outlive each one
+            # Under "length" ready messages are left waiting for a round: watch for new ones.
+            keys = [q.keys for q in self.queues]
+            self._watcher = QueueWatcher(self.db, keys, changes_only=self.schedule == "length")
+        return self._watcher.wait(timeout, self._stop)
 
     def _lease(self, slots: int) -> list[tuple[Queue, Message]]:
         got: list[tuple[Queue, Message]] = []
@@ -247,8 +273,9 @@ class Dispatcher:
             c.handler(m)
         except Exception as exc:
             ok = False
+            log_failure(log, q, m, exc)
             try:
-                q.nack(self.db, m, reason=fit_reason(f"{type(exc).__name__}: {exc}"[:500]))
+                q.nack(self.db, m, reason=failure_text(exc))
             except QueueError as err:
                 log.warning("could not nack %s: %s", m.id, err)
         if ok:

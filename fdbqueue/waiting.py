@@ -185,11 +185,17 @@ class QueueWatcher:
     transaction or relay thread. A small thread per live watch relays its firing. The
     queue's next deadline (delayed message, lease) is read when its watch is armed and again
     once that deadline has passed. Not shared between threads: one watcher per waiting thread.
+
+    With ``changes_only`` a wait ends when messages are made ready after the watch was
+    armed, not because some are ready already: for a waiter that leaves ready messages
+    where they are (a dispatcher waiting for a queue to reach a length), which would
+    otherwise wake at once, again and again.
     """
 
-    def __init__(self, db: Database, keys: list[QueueKeys]) -> None:
+    def __init__(self, db: Database, keys: list[QueueKeys], *, changes_only: bool = False) -> None:
         self._db = db
         self._keys = keys
+        self._changes_only = changes_only
         self._watches: list[Watch | None] = [None] * len(keys)
         self._due: list[float | None] = [None] * len(keys)  # monotonic time of the next deadline
         self._fired = threading.Event()
@@ -245,7 +251,7 @@ class QueueWatcher:
 
     def _arm(self, i: int) -> Watch:
         keys = self._keys[i]
-        w = watch_queue(self._db, keys)
+        w = watch_queue(self._db, keys, strict=self._changes_only)
         self.armed += 1
         self._watches[i] = w
         self._due[i] = self._due_at(keys)

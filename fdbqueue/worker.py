@@ -2,19 +2,26 @@
 
 * ``mode="exactly_once"``: the dequeue and the handler's writes are one transaction; the
   handler is called as ``handler(tr, message)``. An exception aborts both: the message
-  stays, and the abort counts as a failed delivery (poison messages reach the error queue).
+  stays, and the abort counts as a failed delivery (poison messages reach the error queue,
+  with the exception's text as the reason). The handler must finish within FoundationDB's
+  5-second transaction limit: past it the commit fails (1007), which is logged, counted
+  (``stats.too_slow``) and kept as the reason. On the embedded engine (one writer) these
+  handlers run one at a time, whatever ``concurrency`` says.
 * ``mode="lease"``: the handler is called as ``handler(message)`` outside any transaction;
   returning acks the message, raising nacks it with the exception as the reason.
 
-An idle worker waits on watches (no polling, no spurious wake-ups; seed 001), bounded by
-the queues' next deadlines. SIGTERM / SIGINT stop it gracefully: the message in hand is
+Every handler failure is logged once with its traceback (``extra``: queue, message_id,
+deliveries) and counted in ``stats.failed``. A handler of the wrong arity is refused at
+construction. An idle worker waits on watches (no polling, no spurious wake-ups), bounded
+by the queues' next deadlines. SIGTERM / SIGINT stop it gracefully: the message in hand is
 finished and settled, prefetched ones are released (not counted as deliveries). In lease
 mode the worker prefetches a batch; its size follows the measured ingress and egress rates
-(seed 004) within bounds.
+within bounds, as RabbitMQ's variable queue sizes its memory (``rabbit_variable_queue.erl``).
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import signal
 import threading
@@ -24,15 +31,18 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fdbqueue.engines.base import Database, transactional
-from fdbqueue.errors import QueueError
+from fdbqueue.clock import db_now, seconds_of
+from fdbqueue.delivery import TOO_OLD_REASON, failure_reason
+from fdbqueue.engines.base import TRANSACTION_WINDOW_SECONDS, Database
+from fdbqueue.errors import EngineError, QueueError
 from fdbqueue.message import Message, fit_reason
 from fdbqueue.queue import Queue
+from fdbqueue.txn import run_once
 from fdbqueue.waiting import QueueWatcher
 
 log = logging.getLogger("fdbqueue.worker")
 
-IO_BATCH = 64  # seed 004: page in batches - not so large that the queue blocks, nor so small it thrashes
+IO_BATCH = 64  # page in batches: not so large that the queue blocks, nor so small it thrashes
 MODES = ("lease", "exactly_once")
 
 
@@ -62,8 +72,8 @@ class PrefetchBudget:
     """How many messages to hold in memory: (ingress + egress rate) x horizon, within bounds.
 
     RabbitMQ's variable queue sizes its RAM budget from measured rates the same way
-    (seed 004): enough to keep handlers busy for ``horizon`` seconds, no more, so that
-    prefetched messages do not sit out their leases in memory.
+    (``rabbit_variable_queue.erl``): enough to keep handlers busy for ``horizon`` seconds,
+    no more, so that prefetched messages do not sit out their leases in memory.
     """
 
     def __init__(self, low: int = 1, high: int = 256, horizon: float = 0.5) -> None:
@@ -81,10 +91,16 @@ class PrefetchBudget:
 
 @dataclass
 class WorkerStats:
-    """What a worker did; ``prefetch`` and the rates are its latest estimates."""
+    """What a worker did; ``prefetch`` and the rates are its latest estimates.
+
+    ``failed`` counts every failed delivery (the handler raised, or its transaction could
+    not commit); ``too_slow`` those of them whose exactly-once transaction outlived
+    FoundationDB's 5-second limit (1007). ``str(stats)`` is :meth:`summary`.
+    """
 
     processed: int = 0
     failed: int = 0
+    too_slow: int = 0
     released: int = 0
     swept: int = 0
     wakeups: int = 0
@@ -94,6 +110,73 @@ class WorkerStats:
     egress_rate: float = 0.0
     per_queue: dict[str, int] = field(default_factory=dict)
 
+    def summary(self) -> str:
+        """One line for people: counts, then rates rounded (e.g. for a CLI's final line)."""
+        parts = [f"processed {self.processed}", f"failed {self.failed}"]
+        if self.too_slow:
+            parts.append(f"({self.too_slow} outlived the 5 s transaction limit)")
+        if self.released:
+            parts.append(f"released {self.released}")
+        if self.swept:
+            parts.append(f"swept {self.swept}")
+        if len(self.per_queue) > 1:
+            parts.append("per queue " + ", ".join(f"{k} {v}" for k, v in self.per_queue.items()))
+        rates = [f"{k} {_rate(v)}/s" for k, v in (("in", self.ingress_rate), ("out", self.egress_rate)) if v]
+        if rates:  # exactly-once workers measure no ingress (nothing is prefetched)
+            parts.append(", ".join(rates))
+        return "; ".join(parts)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def _rate(value: float) -> str:
+    """A rate rounded for reading: 3 significant digits at most, no exponent."""
+    if value >= 100:
+        return f"{value:.0f}"
+    return f"{value:.3g}" if value >= 0.001 else "0"
+
+
+class HandlerSignatureError(QueueError, TypeError):
+    """The handler cannot be called the way the worker's mode calls it."""
+
+
+def check_handler(handler: Callable[..., Any], nargs: int, how: str) -> None:
+    """Refuse ``handler`` when its signature cannot take ``nargs`` positional arguments.
+
+    ``how`` says how it is called, for the message. A callable whose signature Python
+    cannot inspect (some builtins) is accepted.
+    """
+    if not callable(handler):
+        raise HandlerSignatureError(f"handler must be callable, got {type(handler).__name__}")
+    try:
+        sig = inspect.signature(handler)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind(*[None] * nargs)
+    except TypeError as exc:
+        name = getattr(handler, "__qualname__", type(handler).__name__)
+        raise HandlerSignatureError(f"{how}; {name}{sig} cannot be called so: {exc}") from None
+
+
+def failure_text(exc: BaseException) -> str:
+    """A handler's exception as a failure reason (the nack reason, the dead letter's reason)."""
+    return fit_reason(f"{type(exc).__name__}: {exc}"[:500])
+
+
+def log_failure(logger: logging.Logger, q: Queue, m: Message, exc: BaseException) -> None:
+    """Log a handler's failure once, with its traceback; ``extra`` carries queue, id, deliveries."""
+    logger.error(
+        "handler failed on queue %r, message %s (delivery %d): %s",
+        q.name,
+        m.id,
+        m.deliveries,
+        failure_text(exc),
+        exc_info=(type(exc), exc, exc.__traceback__),
+        extra={"queue": q.name, "message_id": m.id, "deliveries": m.deliveries},
+    )
+
 
 def _as_queues(queues: Queue | str | Iterable[Queue | str]) -> list[Queue]:
     items: Iterable[Queue | str] = [queues] if isinstance(queues, (Queue, str)) else queues
@@ -101,6 +184,25 @@ def _as_queues(queues: Queue | str | Iterable[Queue | str]) -> list[Queue]:
     if not out:
         raise QueueError("a worker needs at least one queue")
     return out
+
+
+def drained(db: Database, queues: Sequence[Queue]) -> bool:
+    """True when no queue holds a message that is ready, delayed or in flight (leased).
+
+    What ``run(until_empty=True)`` waits for: a delayed retry or another worker's lease
+    may still bring a message back.
+    """
+    from fdbqueue.admin import queue_stats
+    from fdbqueue.config import QueueNotFoundError
+
+    for q in queues:
+        try:
+            st = queue_stats(db, q.name, root=q.root)
+        except QueueNotFoundError:
+            continue  # never created: empty
+        if st.ready or st.delayed or st.inflight:
+            return False
+    return True
 
 
 def wait_any(db: Database, queues: Sequence[Queue], timeout: float | None, stop: threading.Event) -> bool:
@@ -136,8 +238,12 @@ class Worker:
             raise QueueError(f"mode must be one of {MODES}, got {mode!r}")
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise QueueError(f"concurrency must be an int >= 1, got {concurrency!r}")
-        if not callable(handler):
-            raise QueueError("handler must be callable")
+        if mode == "exactly_once":
+            how = "exactly_once handlers are called as handler(tr, message), inside the transaction"
+            check_handler(handler, 2, how)
+        else:
+            how = "lease handlers are called as handler(message), outside any transaction"
+            check_handler(handler, 1, how + " (handler(tr, message) is mode='exactly_once')")
         self.db = db
         self.queues = _as_queues(queues)
         self.handler = handler
@@ -213,7 +319,7 @@ class Worker:
         for i in range(len(self.queues)):
             yield self.queues[(start + i) % len(self.queues)]
 
-    def _count(self, q: Queue, ok: bool) -> bool:
+    def _count(self, q: Queue, ok: bool, *, too_slow: bool = False) -> bool:
         """Record one handled message; True when the worker should stop (max_messages)."""
         with self._lock:
             if ok:
@@ -221,6 +327,7 @@ class Worker:
                 self.stats.per_queue[q.name] += 1
             else:
                 self.stats.failed += 1
+                self.stats.too_slow += too_slow
             self.budget.egress.add()
             done = self.stats.processed + self.stats.failed
             if self._limit is not None and done >= self._limit:
@@ -243,7 +350,7 @@ class Worker:
     def _idle(self, until_empty: bool) -> None:
         """Nothing was ready: sweep if due, then wait on the queues' watches."""
         self._maybe_sweep()
-        if until_empty and self._drained():
+        if until_empty and drained(self.db, self.queues):
             self._stop.set()
             return
         woke = self._watcher().wait(self.idle_timeout, self._stop)
@@ -259,48 +366,100 @@ class Worker:
                 self._watchers.append(watcher)
         return watcher
 
-    def _drained(self) -> bool:
-        from fdbqueue.admin import queue_stats
-        from fdbqueue.config import QueueNotFoundError
-
-        for q in self.queues:
-            try:
-                st = queue_stats(self.db, q.name, root=q.root)
-            except QueueNotFoundError:
-                continue  # never created: empty
-            if st.ready or st.delayed or st.inflight:
-                return False
-        return True
-
     # -- exactly once --------------------------------------------------------------------------
 
     def _exactly_once_loop(self, until_empty: bool) -> None:
-        @transactional
-        def step(tr: Any, q: Queue) -> Message | None:
-            m = q.dequeue(tr)
-            if m is not None:
-                self.handler(tr, m)
-            return m
-
         while not self.stopping:
             progressed = False
             for q in self._rotation():
                 if self.stopping:
                     return
                 try:
-                    m = step(self.db, q)
-                except Exception as exc:  # the handler failed: its transaction rolled back
-                    log.warning("handler failed on %r: %s", q.name, exc)
-                    progressed = True
-                    if self._count(q, False):
-                        return
+                    outcome = self._exactly_once_step(q)
+                except QueueError as exc:  # not the handler's: the dequeue itself failed
+                    log.warning("could not dequeue from %r: %s", q.name, exc)
                     continue
-                if m is not None:
+                if outcome is not None:
                     progressed = True
-                    if self._count(q, True):
+                    if self._count(q, outcome == "ok", too_slow=outcome == "too_slow"):
                         return
             if not progressed:
                 self._idle(until_empty)
+
+    def _exactly_once_step(self, q: Queue) -> str | None:
+        """Dequeue from ``q`` and run the handler in one transaction, retried as
+        ``@transactional`` retries (a conflict runs both again).
+
+        Returns None when nothing was ready, ``"ok"`` when it committed, ``"failed"`` when
+        the handler raised or the transaction could not commit, ``"too_slow"`` when the
+        transaction outlived the 5-second limit (1007): running it again as it is would only
+        fail again, so the failed delivery is counted and the message goes back to its queue
+        (the error queue after max_deliveries, with a reason that says why).
+        """
+        tr = self.db.create_transaction()
+        try:
+            while True:
+                m: Message | None = None
+                begun = 0
+                try:
+                    m = q.dequeue(tr)
+                    if m is not None:
+                        begun = db_now(tr)  # its read version: free, the dequeue read
+                        self.handler(tr, m)
+                    tr.commit()
+                    return None if m is None else "ok"
+                except EngineError as exc:
+                    if m is None:
+                        tr.on_error(exc)  # the dequeue's own: retried, or raised to the loop
+                        continue
+                    if exc.code == 1007:
+                        # Ended first: measuring takes a transaction, which must not nest
+                        # inside this one (the embedded engine's single writer).
+                        self._abort(tr, m, TOO_OLD_REASON)
+                        if not self._outlived(begun):  # within the window (a recovery): again
+                            tr.reset()
+                            continue
+                        log.warning(
+                            "handler on queue %r, message %s (delivery %d) outlived FoundationDB's "
+                            "5-second transaction limit (1007 transaction_too_old): its writes were "
+                            "not committed and the delivery counts as failed; keep exactly-once "
+                            "handlers well under 5 s, or use mode='lease'",
+                            q.name,
+                            m.id,
+                            m.deliveries,
+                            extra={"queue": q.name, "message_id": m.id, "deliveries": m.deliveries},
+                        )
+                        return "too_slow"
+                    if exc.retryable:
+                        try:
+                            tr.on_error(exc)
+                            continue
+                        except EngineError as final:  # out of retries
+                            exc = final
+                    log_failure(log, q, m, exc)
+                    self._abort(tr, m, failure_text(exc))
+                    return "failed"
+                except Exception as exc:
+                    if m is None:
+                        raise
+                    log_failure(log, q, m, exc)
+                    self._abort(tr, m, failure_text(exc))
+                    return "failed"
+        finally:
+            tr.cancel()
+
+    @staticmethod
+    def _abort(tr: Any, m: Message, reason: str) -> None:
+        """Abort the attempt that dequeued ``m``; its failed delivery keeps ``reason``
+        (unless the attempt had already ended, when the error it ended with says why)."""
+        with failure_reason(m, reason):
+            tr.cancel()
+
+    def _outlived(self, begun: int) -> bool:
+        """True when the transaction that read at version ``begun`` is now past the
+        5-second window, by database time (a fresh read version)."""
+        now = run_once(self.db, lambda t, _: db_now(t))
+        return seconds_of(now - begun) > TRANSACTION_WINDOW_SECONDS
 
     # -- lease mode ----------------------------------------------------------------------------
 
@@ -420,9 +579,9 @@ class Worker:
         try:
             self.handler(m)
         except Exception as exc:
-            reason = f"{type(exc).__name__}: {exc}"
+            log_failure(log, q, m, exc)
             try:
-                q.nack(self.db, m, reason=fit_reason(reason[:500]))
+                q.nack(self.db, m, reason=failure_text(exc))
             except QueueError as err:
                 log.warning("could not nack %s: %s", m.id, err)
             self._count(q, False)

@@ -53,7 +53,7 @@ def test_exactly_once_worker_dead_letters_a_poison_message(wdb: Database) -> Non
     stats = Worker(wdb, q, handler, mode="exactly_once").run(until_empty=True)
     assert stats.processed == 2 and stats.failed == 2
     dead = Queue("jobs.error").dequeue(wdb)
-    assert dead is not None and dead.text() == "jobs-1" and dead.reason == "max_deliveries"
+    assert dead is not None and dead.text() == "jobs-1" and dead.reason == "ValueError: poison"
     assert wdb.get(b"done/jobs-1") is None  # type: ignore[attr-defined]
 
 
