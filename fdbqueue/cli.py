@@ -372,15 +372,27 @@ _DEMO_FIELDS = [("enqueued", "messages"), ("processed exactly once", "processed_
 _DEMO_FIELDS += [("processed twice", "duplicates"), ("lost", "missing")]
 
 
+DEMO_HELP = """\
+run the end-to-end demo: producer and worker processes, exactly-once processing
+
+By default the demo makes a fresh embedded store in a temporary directory (sync=full, the
+durable setting) and removes it at the end (--keep leaves it, and prints where). It never
+uses $FDBQUEUE_URL: that names your store. Given --url explicitly, it works in that store
+in queues named for this run (demo-<run>.orders and its error queue) and removes them and
+its records at the end; your own queues are neither read nor written. It prints a summary
+and exits 0 when every message was processed exactly once or accounted for, else 1."""
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from fdbqueue.demo import run_demo
 
-    url = args.url or os.environ.get("FDBQUEUE_URL")  # None: the demo makes a fresh temporary store
+    url = args.url  # explicit only: $FDBQUEUE_URL names the user's store, never the demo's
+    where = f"queues of their own in {url}" if url else "a temporary store (sync=full)"
     print(
         f"fdbqueue demo: {args.producers} producer and {args.workers} worker processes, "
-        f"{args.messages} messages, exactly-once processing"
+        f"{args.messages} messages, exactly-once processing, in {where}"
     )
-    r = run_demo(url, messages=args.messages, producers=args.producers, workers=args.workers)
+    r = run_demo(url, messages=args.messages, producers=args.producers, workers=args.workers, keep=args.keep)
     if callable(getattr(r, "rows", None)):
         rows: list[tuple[str, object]] = list(r.rows())  # the result knows how to present itself
     else:
@@ -487,10 +499,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--until-empty", action="store_true", help="stop once nothing is ready or delayed")
     p.add_argument("--max-messages", type=_positive, default=None, metavar="N")
 
-    p = add("demo", _cmd_demo, "run the end-to-end demo on the embedded engine", json_flag=False, named=False)
-    p.add_argument("--messages", type=_positive, default=2000)
-    p.add_argument("--producers", type=_positive, default=2)
-    p.add_argument("--workers", type=_positive, default=3)
+    p = add("demo", _cmd_demo, "run the end-to-end demo (in a temporary store)", json_flag=False, named=False)
+    p.description = DEMO_HELP
+    p.add_argument("--messages", type=_positive, default=2000, help="orders to enqueue (default 2000)")
+    p.add_argument("--producers", type=_positive, default=2, help="producer processes (default 2)")
+    p.add_argument("--workers", type=_positive, default=3, help="worker processes (default 3)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary store (or the run's queues)")
     return parser
 
 

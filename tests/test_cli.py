@@ -413,6 +413,30 @@ def test_demo(url: str) -> None:
     assert b"OK: every message processed exactly once" in r.stdout and b"lost" in r.stdout
 
 
+def test_demo_twice_on_one_store_passes_and_leaves_nothing(url: str, db: fdbqueue.Database) -> None:
+    """An explicit --url: each run in queues of its own, removed at the end; the user's stay."""
+    fdbqueue.Queue("mine").enqueue(db, "the user's message")
+    before = db.get_range(b"", b"\xff")  # type: ignore[attr-defined]
+    for _ in range(2):
+        r = cli("--url", url, "demo", "--messages", "20", "--producers", "1", "--workers", "1", timeout=60)
+        assert r.returncode == 0, (r.stdout.decode(), r.stderr.decode())
+        assert b"OK: every message processed exactly once" in r.stdout
+    assert fdbqueue.list_queues(db) == ["mine"]
+    assert db.get_range(b"", b"\xff") == before  # type: ignore[attr-defined]
+
+
+def test_demo_never_uses_fdbqueue_url(tmp_path: Path) -> None:
+    """$FDBQUEUE_URL names the user's store: the demo makes a temporary one and removes it."""
+    store = tmp_path / "mine.db"
+    env = {**os.environ, "FDBQUEUE_URL": f"sqlite://{store}", "TMPDIR": str(tmp_path)}
+    r = cli("demo", "--messages", "20", "--producers", "1", "--workers", "1", env=env, timeout=60)
+    assert r.returncode == 0, (r.stdout.decode(), r.stderr.decode())
+    assert b"sync=full" in r.stdout and b"removed" in r.stdout
+    assert not store.exists() and not list(tmp_path.glob("fdbqueue-demo-*"))  # its store is removed
+    help_text = cli("demo", "--help").stdout.decode()
+    assert "FDBQUEUE_URL" in help_text and "temporary" in help_text and "--keep" in help_text
+
+
 def test_demo_result_shapes(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """The demo's result is read defensively: an older shape without rows(), a failed run."""
     import fdbqueue.demo
@@ -429,7 +453,8 @@ def test_demo_result_shapes(capsys: pytest.CaptureFixture[str], monkeypatch: pyt
     assert main(["demo", "--messages", "10"]) == 1
     out = capsys.readouterr().out
     assert "processed exactly once  9" in out and "lost                    1" in out and "FAILED" in out
-    assert seen == [(("memory://",), {"messages": 10, "producers": 2, "workers": 3})]
+    # $FDBQUEUE_URL is the user's store, never the demo's: no URL, a temporary store.
+    assert seen == [((None,), {"messages": 10, "producers": 2, "workers": 3, "keep": False})]
 
 
 # -- real processes: the entry points ----------------------------------------------------------
