@@ -14,8 +14,8 @@ import math
 import os
 import random
 import time
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, NamedTuple, TypeVar
 
 import tenacity
 
@@ -92,6 +92,7 @@ CHUNK_SIZE = 10_000  # FoundationDB's blob recipe: values of about 10 kB
 # leased records are written again) well under FoundationDB's advised 1 MB.
 
 log = logging.getLogger("fdbqueue")
+R = TypeVar("R")
 
 
 class _Item(NamedTuple):
@@ -229,12 +230,16 @@ class Queue:
             receipt: list[bytes] | None = [] if own else None
             return run_once(tr, lambda t, unknown: self._enqueue_in(t, items, unknown, receipt))
 
-        if timeout is None or is_transaction(tr):
-            return body()
-        timeout = seconds("timeout", timeout)
+        if timeout is not None:
+            timeout = seconds("timeout", timeout)
+        if timeout == 0 or is_transaction(tr):
+            return body()  # a caller's transaction cannot wait: it must commit to see room
+        # overflow="block": wait for room, up to ``timeout`` or (None) until there is room.
+        # Room comes from dequeues, acks and sweeps elsewhere; polled with a backoff of at
+        # most 0.25 s. The sleep is interruptible (KeyboardInterrupt, a signal handler).
         try:
             for attempt in tenacity.Retrying(
-                stop=tenacity.stop_after_delay(timeout),
+                stop=tenacity.stop_never if timeout is None else tenacity.stop_after_delay(timeout),
                 wait=tenacity.wait_exponential(multiplier=0.005, max=0.25),
                 retry=tenacity.retry_if_exception(lambda e: isinstance(e, QueueFullError) and e.block),
                 reraise=True,
@@ -279,10 +284,24 @@ class Queue:
                 if now - int(at) < versions(cfg.dedup_window):
                     return [first_id]
         if cfg.max_size is not None:
+            # A batch is atomic: all of it fits, or none of it is written.
             held = meta.count("ready") + meta.count("inflight") + meta.count("delayed")
-            if held + len(items) > cfg.max_size:
+            n = len(items)
+            if n > cfg.max_size:
+                raise QueueFullError(  # no wait can help: refused at once, whatever the policy
+                    f"a batch of {n} messages can never fit in queue {self.name!r} (max_size "
+                    f"{cfg.max_size}); nothing was enqueued: split it"
+                )
+            if held + n > cfg.max_size:
+                room = (
+                    f"is full ({held}"
+                    if held >= cfg.max_size
+                    else f"has room for {cfg.max_size - held} ({held}"
+                )
+                batch = f": a batch of {n} does not fit" if n > 1 else ""
                 raise QueueFullError(
-                    f"queue {self.name!r} is full ({held} of max_size {cfg.max_size})",
+                    f"queue {self.name!r} {room} of max_size {cfg.max_size} held){batch}; "
+                    "nothing was enqueued",
                     block=cfg.overflow == "block",
                 )
         base = meta.made_ready
@@ -352,12 +371,12 @@ class Queue:
 
         def later(_error: EngineError | None) -> None:
             try:
-                self._enqueue_items(db, [item], None)
+                self._enqueue_items(db, [item], 0)
             except Exception:  # the caller's outcome must not be masked by this write's failure
                 log.exception("fdbqueue: autonomous enqueue to %r failed", self.name)
 
         try:
-            return self._enqueue_items(db, [item], None)[0]
+            return self._enqueue_items(db, [item], 0)[0]
         except NestedTransactionError:
             # The embedded engine's single writer is held by the caller: write once it ends.
             tr.on_finish(later)
@@ -409,7 +428,7 @@ class Queue:
                 )
             return self._take(tr, where, fallback, in_caller=True)  # type: ignore[arg-type]
         db = as_database(tr)
-        return blocking(db, self.keys, timeout, lambda watch: self._dequeue_own(db, where, fallback, watch))
+        return _blocking(db, self.keys, timeout, lambda watch: self._dequeue_own(db, where, fallback, watch))
 
     def lease(
         self, tr: Transaction | Database, lease_seconds: float | None = None, *, timeout: float | None = None
@@ -460,7 +479,7 @@ class Queue:
                 return got, None
             return None, watch_queue(db, self.keys, strict_of(db, self.keys))
 
-        return blocking(db, self.keys, timeout, attempt) or []
+        return _blocking(db, self.keys, timeout, attempt) or []
 
     def ack(self, tr: Transaction | Database, m: Message) -> None:
         """Settle a leased message: it is done and removed. LeaseError if the lease is gone."""
@@ -827,6 +846,33 @@ class Queue:
         from fdbqueue.browse import browse
 
         return browse(self, tr, limit=limit, batch=batch)
+
+
+def _blocking(
+    db: Database,
+    keys: QueueKeys,
+    timeout: float | None,
+    attempt: Callable[[bool], tuple[R | None, Watch | None]],
+) -> R | None:
+    """:func:`blocking`, saying ``QueueStoppedError`` when the wait ends on a paused queue.
+
+    A blocking dequeue waits through a pause (resuming wakes it); if the queue is still
+    paused when the wait ends, it says so as a non-blocking dequeue does, not "nothing ready".
+    """
+    stopped: list[QueueStoppedError] = []
+
+    def watched(want_watch: bool) -> tuple[R | None, Watch | None]:
+        stopped.clear()
+        try:
+            return attempt(want_watch)
+        except QueueStoppedError as exc:
+            stopped.append(exc)
+            raise
+
+    got = blocking(db, keys, timeout, watched)
+    if got is None and stopped:
+        raise stopped[0]
+    return got
 
 
 def lease_cost(key_len: int, rec: Record) -> int:
