@@ -12,10 +12,11 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import fdbqueue
+from fdbqueue.budget import TXN_BUDGET_BYTES
 from fdbqueue.cli_io import (
     PROGRESS_OVER,
     _age,
@@ -42,7 +43,8 @@ from fdbqueue.cli_io import (
 from fdbqueue.cli_io import CommandError as CommandError  # "as": re-exported, still fdbqueue.cli.CommandError
 
 EMPTY = 3  # exit code: dequeue/peek found no message
-BATCH = 500  # messages per enqueue_many transaction when reading stdin
+BATCH = 500  # at most this many messages per enqueue_many transaction when reading stdin
+BATCH_BYTES = TXN_BUDGET_BYTES // 2  # and about this many bytes (docs/budgets.md)
 
 EPILOG = """\
 exit codes:
@@ -184,9 +186,10 @@ def _cmd_enqueue(db: fdbqueue.Database, args: argparse.Namespace) -> int:
     if args.dedup_key is not None and len(items) > 1:
         raise CommandError(f"--dedup-key applies to a single message; got {len(items)}")
     try:
-        limit = fdbqueue.queue_config(db, args.name).max_payload
+        cfg: fdbqueue.QueueConfig | None = fdbqueue.queue_config(db, args.name)
     except fdbqueue.QueueNotFoundError:
-        limit = fdbqueue.QueueConfig().max_payload  # created with defaults on first use
+        cfg = None  # created with defaults on first use
+    limit = (cfg or fdbqueue.QueueConfig()).max_payload
     for n, p in items:
         if _encoded_size(p) > limit:
             raise CommandError(
@@ -195,16 +198,36 @@ def _cmd_enqueue(db: fdbqueue.Database, args: argparse.Namespace) -> int:
             )
     q = fdbqueue.Queue(args.name)
     opts: dict[str, Any] = dict(priority=args.priority, delay=args.delay, ttl=args.ttl, headers=headers)
+    if args.dedup_key is not None:
+        prior = q.deduplicated(db, args.dedup_key)
+        msg_id = q.enqueue(db, items[0][1], dedup_key=args.dedup_key, timeout=args.timeout, **opts)
+        _print_ids([msg_id], args.quiet)
+        if msg_id == prior:
+            print(
+                f"fdbqueue: duplicate: --dedup-key {args.dedup_key!r} was enqueued before as "
+                f"{msg_id} (within the dedup window); nothing was enqueued",
+                file=sys.stderr,
+            )
+        return 0
     ids: list[str] = []
     try:
-        if len(items) == 1:
-            ids.append(q.enqueue(db, items[0][1], dedup_key=args.dedup_key, timeout=args.timeout, **opts))
-        else:
-            with _progress(len(items), args.progress) as advance:
-                for start in range(0, len(items), BATCH):
-                    batch = [p for _, p in items[start : start + BATCH]]
-                    ids.extend(q.enqueue_many(db, batch, timeout=args.timeout, **opts))
-                    advance(len(batch))
+        with _progress(len(items), args.progress) as advance:
+            for batch in _batches(db, q, cfg, [p for _, p in items], _encoded_size(headers or {})):
+                ids.extend(_enqueue_batch(db, q, batch, args.timeout, opts))
+                advance(len(batch))
+    except fdbqueue.QueueFullError as exc:
+        if not ids and len(items) == 1:
+            raise
+        if ids or args.quiet:
+            _print_ids(ids, args.quiet)
+        first, last = items[len(ids)][0], items[-1][0]
+        span = f"{what} {first}" if first == last else f"{what}s {first} to {last}"
+        size = f" (max_size {cfg.max_size})" if cfg and cfg.max_size is not None else ""
+        raise CommandError(
+            f"queue {args.name!r} is full{size}: enqueued {len(ids)} of {len(items)} messages, "
+            f"refused {len(items) - len(ids)} ({span})" + ("" if exc.block else "; see --overflow block"),
+            1,
+        ) from None
     except fdbqueue.QueueError as exc:
         if not ids:
             raise
@@ -217,6 +240,44 @@ def _cmd_enqueue(db: fdbqueue.Database, args: argparse.Namespace) -> int:
         ) from None
     _print_ids(ids, args.quiet)
     return 0
+
+
+def _batches(
+    db: fdbqueue.Database,
+    q: fdbqueue.Queue,
+    cfg: fdbqueue.QueueConfig | None,
+    payloads: list[object],
+    headers: int,
+) -> Iterator[list[object]]:
+    """The payloads in batches of one transaction each, within ``TXN_BUDGET_BYTES``.
+
+    A bounded queue gets batches of at most the room it has (read before each batch), so
+    that what fits is enqueued; with no room, one message, which the queue refuses or
+    (``overflow="block"``) waits for room to take.
+    """
+    pos = 0
+    while pos < len(payloads):
+        n, cost = 0, 0
+        while pos + n < len(payloads) and n < BATCH:
+            # An upper bound of a message's cost (fdbqueue/budget.py): its payload, its
+            # headers, and the keys and record fields around it.
+            more = _encoded_size(payloads[pos + n]) + 2 * headers + 600
+            if n and cost + more > BATCH_BYTES:
+                break
+            n, cost = n + 1, cost + more
+        if cfg is not None and cfg.max_size is not None:
+            st = fdbqueue.queue_stats(db, q.name)
+            n = max(1, min(n, cfg.max_size - (st.ready + st.inflight + st.delayed)))
+        yield payloads[pos : pos + n]
+        pos += n
+
+
+def _enqueue_batch(
+    db: fdbqueue.Database, q: fdbqueue.Queue, batch: list[object], timeout: float | None, opts: dict[str, Any]
+) -> list[str]:
+    if len(batch) == 1:
+        return [q.enqueue(db, batch[0], timeout=timeout, **opts)]
+    return q.enqueue_many(db, batch, timeout=timeout, **opts)
 
 
 def _print_ids(ids: list[str], quiet: bool) -> None:

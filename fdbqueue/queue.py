@@ -206,6 +206,25 @@ class Queue:
             )
         return self._enqueue_items(tr, items, timeout) if items else []
 
+    def deduplicated(self, tr: Transaction | Database, dedup_key: str) -> str | None:
+        """The id an enqueue with ``dedup_key`` would return now without writing, or None.
+
+        That is the first message's id while the key is within the queue's dedup window
+        (database time). Read-only; composes inside a caller's transaction, where it and a
+        following ``enqueue(tr, ..., dedup_key=...)`` see the same state.
+        """
+        keys = self.keys
+
+        def body(t: Transaction, _: bool) -> str | None:
+            seen = t.get(keys.dedup_key(dedup_key))
+            if seen is None:
+                return None
+            cfg = read_meta(t, keys).config or QueueConfig()
+            first_id, at = seen.decode().split("|")
+            return first_id if db_now(t) - int(at) < versions(cfg.dedup_window) else None
+
+        return run_once(tr, body)
+
     def _write_cost(self, it: _Item) -> int:
         """An upper bound of the bytes one new message adds to its transaction (budget.py)."""
         k = len(self.keys.q.key()) + 40  # a ready key: the prefix, then at most 38 bytes
@@ -247,6 +266,8 @@ class Queue:
                 with attempt:
                     return body()
         except QueueFullError as exc:
+            if not exc.block or timeout is None:
+                raise  # refused without waiting ("reject", or a batch that can never fit)
             raise QueueFullError(f"{exc}; waited {timeout} s for room", block=exc.block) from None
         raise AssertionError("unreachable")  # pragma: no cover
 

@@ -258,13 +258,75 @@ def test_enqueue_bad_input_writes_nothing(run: Run, db: fdbqueue.Database) -> No
 def test_enqueue_stopped_or_full_queue(run: Run, db: fdbqueue.Database) -> None:
     fdbqueue.create_queue(db, "capped", max_size=600)
     code, out, err = run("enqueue", "capped", stdin=b"".join(b"m%d\n" % i for i in range(1000)))
-    assert code == 1 and len(out.split()) == 500  # the first batch went in; its ids are printed
-    one_line_error(err, "full", "first 500 of 1000", "through line 500")
-    assert fdbqueue.queue_stats(db, "capped").ready == 500
+    assert code == 1 and len(out.split()) == 600  # what fits went in; its ids are printed
+    one_line_error(err, "max_size 600", "enqueued 600 of 1000", "refused 400", "lines 601 to 1000")
+    assert fdbqueue.queue_stats(db, "capped").ready == 600
     fdbqueue.set_state(db, "capped", enqueue=False)
     code, _, err = run("enqueue", "capped", "x")
     assert code == 1
     one_line_error(err, "enqueue is disabled")
+
+
+@pytest.mark.parametrize(("lines", "max_size"), [(25, 10), (1200, 550)])
+def test_enqueue_into_a_bounded_queue_takes_what_fits_and_says_so(
+    run: Run, db: fdbqueue.Database, lines: int, max_size: int
+) -> None:
+    run("create", "b", "--max-size", str(max_size))
+    code, out, err = run("enqueue", "b", "--quiet", stdin=b"".join(b"m%d\n" % i for i in range(lines)))
+    assert (code, out) == (1, f"{max_size}\n")
+    refused = lines - max_size
+    one_line_error(err, f"enqueued {max_size} of {lines}", f"refused {refused}", f"lines {max_size + 1} to")
+    assert fdbqueue.queue_stats(db, "b").ready == max_size
+    code, out, err = run("enqueue", "b", "one more")
+    assert code == 1 and out == ""
+    one_line_error(err, f"is full ({max_size} of max_size {max_size} held); nothing was enqueued")
+    assert "waited" not in err  # overflow "reject" does not wait
+
+
+def test_enqueue_splits_large_input_within_the_transaction_budget(run: Run, db: fdbqueue.Database) -> None:
+    line = b"x" * 4000 + b"\n"  # 400 lines: 1.6 MB, past one transaction's budget of 500 kB
+    code, out, err = run("enqueue", "big", "--quiet", stdin=line * 400)
+    assert (code, out, err) == (0, "400\n", "")
+    assert fdbqueue.Queue("big").size(db) == 400
+
+
+def test_enqueue_blocks_without_timeout_and_is_interruptible(tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path / 'q.db'}?sync=normal"
+    db = fdbqueue.open(url)
+    fdbqueue.create_queue(db, "b", max_size=1, overflow="block")
+    fdbqueue.Queue("b").enqueue(db, "a")
+    db.close()
+    cmd = [sys.executable, "-m", "fdbqueue", "--url", url, "enqueue", "b", "waits"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    try:
+        time.sleep(1.5)
+        assert p.poll() is None, p.communicate()  # still waiting for room
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=10)
+    finally:
+        p.kill()
+    assert p.returncode == 130 and out == b"", err
+    db = fdbqueue.open(url)
+    assert fdbqueue.Queue("b").size(db) == 1
+    db.close()
+
+
+def test_dequeue_with_timeout_on_a_paused_queue_says_it_is_paused(run: Run, db: fdbqueue.Database) -> None:
+    fdbqueue.Queue("p").enqueue(db, "x")
+    fdbqueue.set_state(db, "p", dequeue=False)
+    for argv in (["dequeue", "p"], ["dequeue", "p", "--timeout", "0.2"]):
+        code, _, err = run(*argv)
+        assert code == 1, argv
+        one_line_error(err, "dequeue is disabled")
+
+
+def test_a_repeated_dedup_key_says_it_was_a_duplicate(run: Run, db: fdbqueue.Database) -> None:
+    code, first, err = run("enqueue", "d", "once", "--dedup-key", "k1")
+    assert code == 0 and err == ""
+    code, again, err = run("enqueue", "d", "again", "--dedup-key", "k1")
+    assert code == 0 and again == first  # the first message's id, as the API returns it
+    assert "duplicate" in err and "k1" in err and "nothing was enqueued" in err, err
+    assert fdbqueue.Queue("d").size(db) == 1
 
 
 def test_binary_payload_and_message_output(run: Run, db: fdbqueue.Database) -> None:
