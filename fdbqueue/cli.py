@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import fdbqueue
+from fdbqueue.browse import Outlook, outlook
 from fdbqueue.budget import TXN_BUDGET_BYTES
 from fdbqueue.cli_io import (
     PROGRESS_OVER,
@@ -127,11 +128,41 @@ def _state(st: fdbqueue.QueueStats) -> str:
     return names.get((st.enqueue_enabled, st.dequeue_enabled), "dequeue paused")
 
 
+def _stats_now(db: fdbqueue.Database, name: str, interval: float = 0.0) -> fdbqueue.QueueStats:
+    """A queue's figures as a dequeue would find them now (read-only, one transaction).
+
+    The counters move when something sweeps or dequeues; until then an expired message
+    still counts as ready and a due delayed one as delayed. The outlook (database time)
+    shows them where a dequeue would put them.
+    """
+    if interval > 0:
+        st = fdbqueue.queue_rates(db, name, interval=interval)
+        return _adjust(db, name, st, outlook(db, fdbqueue.Queue(name)))
+
+    @fdbqueue.transactional
+    def read(tr: Any) -> fdbqueue.QueueStats:
+        return _adjust(tr, name, fdbqueue.queue_stats(tr, name), outlook(tr, fdbqueue.Queue(name)))
+
+    result: fdbqueue.QueueStats = read(db)
+    return result
+
+
+def _adjust(tr: Any, name: str, st: fdbqueue.QueueStats, o: Outlook) -> fdbqueue.QueueStats:
+    expired = o.expired_ready + o.due_expired
+    to_errors = fdbqueue.queue_config(tr, name).expiry_action == "error"
+    return dataclasses.replace(
+        st,
+        ready=max(0, st.ready - o.expired_ready + o.due_ready),
+        delayed=max(0, st.delayed - o.due_ready - o.due_expired),
+        errors=st.errors + (expired if to_errors else 0),
+    )
+
+
 def _cmd_list(db: fdbqueue.Database, args: argparse.Namespace) -> int:
     stats = []
     for name in fdbqueue.list_queues(db):
         with contextlib.suppress(fdbqueue.QueueNotFoundError):  # deleted since the listing
-            stats.append(fdbqueue.queue_stats(db, name))
+            stats.append(_stats_now(db, name))
     if args.json:
         _print_json([{**dataclasses.asdict(s), "state": _state(s)} for s in stats])
         return 0
@@ -149,10 +180,7 @@ _STAT_LABELS = {"ready": "ready (depth)", "inflight": "in flight", "errors": "er
 
 
 def _cmd_stats(db: fdbqueue.Database, args: argparse.Namespace) -> int:
-    if args.interval > 0:
-        st = fdbqueue.queue_rates(db, args.name, interval=args.interval)
-    else:
-        st = fdbqueue.queue_stats(db, args.name)
+    st = _stats_now(db, args.name, args.interval)
     if args.json:
         _print_json(dataclasses.asdict(st))
         return 0

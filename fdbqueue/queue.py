@@ -862,7 +862,10 @@ class Queue:
 
         Each batch is its own read (a Database) or a read in the caller's transaction.
         The cursor keeps its place across concurrent dequeues, and a higher-priority
-        message that arrives behind it is still visited (the cursor moves back, seed 000).
+        message that arrives behind it is still visited (the cursor moves back, as a
+        browsing subscription does in Apache Qpid's queue design). Messages are classified
+        by database time, as a dequeue would: an expired message is not shown, and a due
+        delayed one is shown where a dequeue would make it ready, before any sweep.
         """
         from fdbqueue.browse import browse
 

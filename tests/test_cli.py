@@ -598,3 +598,31 @@ def test_worker_process_stops_on_sigterm_and_loses_nothing(tmp_path: Path) -> No
         assert fdbqueue.queue_stats(db, "work").inflight == 0  # prefetched leases were released
     finally:
         db.close()
+
+
+# -- reads show what a dequeue would do ------------------------------------------------------------
+
+
+def test_list_stats_and_browse_classify_by_database_time(run: Run, db: fdbqueue.Database) -> None:
+    """An expired message is not ready and a due delayed one is, before anything sweeps."""
+    from fdbqueue.clock import fake_clock
+
+    q = fdbqueue.Queue("t")
+    with fake_clock() as clock:
+        stays = q.enqueue(db, "stays", priority=1)
+        q.enqueue(db, "expires", ttl=1.0)
+        due = q.enqueue(db, "due", delay=1.0, priority=1)
+        q.enqueue(db, "due but expired", delay=1.0, ttl=0.5)
+        q.enqueue(db, "later", delay=60.0)
+        after = q.enqueue(db, "after")
+        clock.advance(2.0)
+        code, out, _ = run("browse", "t", "--json")
+        assert code == 0
+        assert [json.loads(line)["id"] for line in out.splitlines()] == [stays, due, after]
+        stats = json.loads(run("stats", "t", "--json")[1])
+        assert (stats["ready"], stats["delayed"]) == (3, 1), stats
+        (row,) = json.loads(run("list", "--json")[1])
+        assert (row["ready"], row["delayed"]) == (3, 1), row
+        # A dequeue agrees: the messages browse showed, in its order.
+        assert [q.dequeue(db).id for _ in range(3)] == [stays, due, after]  # type: ignore[union-attr]
+        assert q.dequeue(db) is None
