@@ -20,6 +20,7 @@ from fdbqueue.browse import Outlook, outlook
 from fdbqueue.budget import TXN_BUDGET_BYTES
 from fdbqueue.cli_io import (
     PROGRESS_OVER,
+    OneLineParser,
     _age,
     _cells,
     _count,
@@ -40,6 +41,8 @@ from fdbqueue.cli_io import (
     _render,
     _seconds,
     _table,
+    _ttl,
+    _where,
 )
 from fdbqueue.cli_io import CommandError as CommandError  # "as": re-exported, still fdbqueue.cli.CommandError
 
@@ -85,7 +88,7 @@ _CREATE_OPTIONS: list[tuple[str, dict[str, Any], str]] = [
     ("--retry-backoff", {"type": _number, "metavar": "F"}, "retry delay multiplier per delivery"),
     ("--max-retry-delay", {"type": _seconds, **_S}, "longest retry delay"),
     ("--lease-seconds", {"type": _seconds, **_S}, "worker-mode lease"),
-    ("--ttl", {"type": _parser(float, 0, "seconds >= 0 or none", none=True), **_S}, "lifetime (none)"),
+    ("--ttl", {"type": _ttl(none=True), **_S}, "lifetime of each message (none: never expires)"),
     ("--expiry-action", {"choices": ("error", "discard")}, "expired messages: error queue, or dropped"),
     ("--strict-order", {"action": argparse.BooleanOptionalAction}, "one delivery at a time, in order"),
     ("--max-payload", {"type": _positive, "metavar": "B"}, "largest payload, bytes"),
@@ -221,8 +224,8 @@ def _cmd_enqueue(db: fdbqueue.Database, args: argparse.Namespace) -> int:
     for n, p in items:
         if _encoded_size(p) > limit:
             raise CommandError(
-                f"{what} {n}: payload of {_encoded_size(p)} bytes exceeds queue {args.name!r}'s "
-                f"max_payload of {limit} bytes; nothing was enqueued"
+                f"{_where(what, n)}: payload of {_encoded_size(p)} bytes exceeds the max_payload of "
+                f"queue {args.name!r} ({limit} bytes); nothing was enqueued"
             )
     q = fdbqueue.Queue(args.name)
     opts: dict[str, Any] = dict(priority=args.priority, delay=args.delay, ttl=args.ttl, headers=headers)
@@ -453,8 +456,23 @@ def _cmd_worker(db: fdbqueue.Database, args: argparse.Namespace) -> int:
     if args.json:
         _print_json(values)
     else:
-        _print_pairs([(k, v) for k, v in values.items()], title="worker stopped")
+        print(f"worker stopped: {_worker_summary(stats, values)}")
     return 0
+
+
+def _worker_summary(stats: object, values: dict[str, Any]) -> str:
+    """One line for people: the stats' own ``summary()`` when they have one."""
+    summary = getattr(stats, "summary", None)
+    if callable(summary):
+        return str(summary())
+    parts = [f"processed {values.get('processed', 0)}", f"failed {values.get('failed', 0)}"]
+    parts += [f"{k} {values[k]}" for k in ("released", "swept") if values.get(k)]
+    per_queue = values.get("per_queue") or {}
+    if len(per_queue) > 1:
+        parts.append("per queue " + ", ".join(f"{k} {v}" for k, v in per_queue.items()))
+    rates = [values.get("ingress_rate") or 0.0, values.get("egress_rate") or 0.0]
+    parts.append(f"in {rates[0]:.3g}/s, out {rates[1]:.3g}/s")
+    return "; ".join(parts)
 
 
 _DEMO_FIELDS = [("enqueued", "messages"), ("processed exactly once", "processed_once")]
@@ -500,13 +518,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     url_help = "database URL (default: $FDBQUEUE_URL, else sqlite://fdbqueue.db)"
     fmt = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="fdbqueue", description="Durable, transactional queues.", epilog=EPILOG, formatter_class=fmt
     )
     parser.add_argument("--url", default=None, help=url_help)
     parser.add_argument("--version", action="version", version=f"fdbqueue {fdbqueue.__version__}")
     # --url after the subcommand too; SUPPRESS keeps an absent one from hiding the global one.
-    common = argparse.ArgumentParser(add_help=False)
+    common = OneLineParser(add_help=False)
     common.add_argument("--url", default=argparse.SUPPRESS, help=url_help)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -542,7 +560,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--raw", action="store_true", help="all of stdin is one binary message")
     p.add_argument("--priority", type=_int, default=0, help="higher is dequeued first")
     p.add_argument("--delay", type=_seconds, default=0.0, metavar="S", help="invisible for S seconds")
-    p.add_argument("--ttl", type=_seconds, default=None, metavar="S", help="expires after S seconds")
+    p.add_argument("--ttl", type=_ttl(none=False), default=None, metavar="S", help="expires after S seconds")
     p.add_argument("--header", action="append", metavar="K=V", help="a header (K:=JSON for non-strings)")
     p.add_argument("--dedup-key", default=None, metavar="K", help="enqueue at most once per key")
     p.add_argument("--timeout", type=_seconds, default=None, metavar="S", help="wait for room when full")
@@ -581,12 +599,40 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MODULE:FUNCTION",
         help="lease mode: f(message); exactly-once: f(tr, message)",
     )
-    p.add_argument("--mode", choices=("lease", "exactly-once", "exactly_once"), default="lease")
-    p.add_argument("--concurrency", type=_positive, default=1)
-    p.add_argument("--lease-seconds", type=_seconds, default=None, metavar="S")
-    p.add_argument("--sweep-interval", type=_seconds, default=5.0, metavar="S")
+    p.add_argument(
+        "--mode",
+        choices=("lease", "exactly-once", "exactly_once"),
+        default="lease",
+        help="lease (default): the handler runs outside a transaction as f(message); returning "
+        "acks, raising nacks (retried, then the error queue). exactly-once: the dequeue and the "
+        "handler's writes are one transaction, f(tr, message); it must finish within the "
+        "transaction limit (5 s)",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="handler threads in this process (default 1); on the embedded engine exactly-once "
+        "handlers take turns (one writer), use lease mode for parallel handlers",
+    )
+    p.add_argument(
+        "--lease-seconds",
+        type=_seconds,
+        default=None,
+        metavar="S",
+        help="lease mode: seconds a leased message stays hidden before it is offered again "
+        "(default: the queue's lease_seconds setting, 30 unless created otherwise)",
+    )
+    p.add_argument(
+        "--sweep-interval",
+        type=_seconds,
+        default=5.0,
+        metavar="S",
+        help="how often to move expired leases, due delayed messages and TTLs (default 5)",
+    )
     p.add_argument("--until-empty", action="store_true", help="stop once nothing is ready or delayed")
-    p.add_argument("--max-messages", type=_positive, default=None, metavar="N")
+    p.add_argument("--max-messages", type=_positive, default=None, metavar="N", help="stop after N messages")
 
     p = add("demo", _cmd_demo, "run the end-to-end demo (in a temporary store)", json_flag=False, named=False)
     p.description = DEMO_HELP
@@ -617,6 +663,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "demo":
             return int(args.func(args))
+        _check_url(args.url or os.environ.get("FDBQUEUE_URL"))
         db = fdbqueue.open(args.url)
         return int(args.func(db, args))
     except CommandError as exc:
@@ -633,6 +680,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if db is not None:
             with contextlib.suppress(Exception):
                 db.close()
+
+
+def _check_url(url: str | None) -> None:
+    """A URL naming a directory is a usage error (exit 2), not a store failure."""
+    if url and url.startswith("sqlite://"):
+        path = url[len("sqlite://") :].partition("?")[0]
+        if path and os.path.isdir(os.path.expanduser(path)):
+            raise CommandError(f"{url!r} names a directory, not a store file: add a file name (q.db)")
 
 
 def _fail(message: str, code: int) -> int:

@@ -170,6 +170,27 @@ def _parser(kind: type, low: float | None, what: str, none: bool = False) -> Cal
     return parse
 
 
+def _ttl(none: bool) -> Callable[[str], Any]:
+    """``--ttl``: seconds > 0; ``create`` also takes "none" (no expiry), ``enqueue`` omits it."""
+    hint = "--ttl none for no expiry" if none else "omit --ttl for no expiry"
+    number = _parser(float, 0, f"seconds > 0 ({hint})", none=none)
+
+    def parse(text: str) -> Any:
+        value = number(text)
+        if value is not None and value <= 0:
+            raise argparse.ArgumentTypeError(f"expected seconds > 0 ({hint}), got {text!r}")
+        return value
+
+    return parse
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line: ``prog: error: ... (see prog --help)``."""
+
+    def error(self, message: str) -> Any:  # NoReturn in argparse
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 _int = _parser(int, None, "a whole number")
 _positive = _parser(int, 1, "a whole number >= 1")
 _count = _parser(int, 0, "a whole number >= 0")
@@ -203,7 +224,7 @@ def _read_stdin(args: argparse.Namespace) -> list[tuple[int, object]]:
         print("reading messages from stdin, one per line (end with Ctrl-D)", file=sys.stderr)
     data = sys.stdin.buffer.read()
     if args.raw:
-        return [(1, data)]
+        return [(0, data)]  # 0: not a line, all of stdin (see _where)
     out: list[tuple[int, object]] = []
     for n, raw in enumerate(data.split(b"\n"), start=1):
         raw = raw.removesuffix(b"\r")
@@ -215,6 +236,11 @@ def _read_stdin(args: argparse.Namespace) -> list[tuple[int, object]]:
             raise CommandError(f"line {n}: not UTF-8 text (use --raw for a binary message)") from None
         out.append((n, _parse_payload(text, f"line {n}", args.json)))
     return out
+
+
+def _where(what: str, n: int) -> str:
+    """How an error names an input: "line 7", "argument 2", or all of stdin with --raw."""
+    return "stdin (--raw)" if n == 0 else f"{what} {n}"
 
 
 def _parse_payload(text: str, where: str, as_json: bool) -> object:

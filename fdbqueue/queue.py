@@ -292,8 +292,8 @@ class Queue:
         for it in items:
             if len(it.payload) > limit:
                 raise PayloadTooLargeError(
-                    f"payload of {len(it.payload)} bytes exceeds queue {self.name!r}'s "
-                    f"max_payload of {limit} bytes"
+                    f"payload of {len(it.payload)} bytes exceeds the max_payload of queue "
+                    f"{self.name!r} ({limit} bytes)"
                 )
         t_us = now_us()  # the wall clock: enqueued_at, for people only
         now = db_now(tr)  # database time: due times, expiry, the dedup window

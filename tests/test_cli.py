@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -108,7 +109,11 @@ def test_create_rejects_bad_settings(run: Run) -> None:
         ["--overflow", "drop"],
     ):
         code, _, err = run("create", "jobs", *argv)
-        assert code == 2 and "usage:" in err, argv
+        assert code == 2 and err.startswith("fdbqueue create: error: ") and err.count("\n") == 1, (argv, err)
+        assert "see 'fdbqueue create --help'" in err
+    code, _, err = run("create", "jobs", "--max-payload", "99999999999")  # past what one transaction takes
+    assert code == 2
+    one_line_error(err, "max_payload", "262144")
     code, _, err = run("create", "jobs", "--retry-backoff", "0")  # refused by QueueConfig itself
     assert code == 2
     one_line_error(err, "retry_backoff")
@@ -251,7 +256,7 @@ def test_enqueue_bad_input_writes_nothing(run: Run, db: fdbqueue.Database) -> No
     fdbqueue.create_queue(db, "small", max_payload=10)
     code, _, err = run("enqueue", "small", stdin=b"short\n" + b"x" * 11 + b"\n")
     assert code == 2
-    one_line_error(err, "line 2", "max_payload of 10", "nothing was enqueued")
+    one_line_error(err, "line 2", "max_payload of queue 'small' (10 bytes)", "nothing was enqueued")
     assert fdbqueue.list_queues(db) == ["small"] and fdbqueue.Queue("small").size(db) == 0
 
 
@@ -402,7 +407,12 @@ def test_sweep_purge_pause_resume(run: Run, db: fdbqueue.Database) -> None:
 
 @pytest.mark.parametrize(
     ("bad_url", "fragment"),
-    [("bogus://x", "unknown engine"), ("sqlite://", "names no file"), ("nonsense", "malformed")],
+    [
+        ("bogus://x", "unknown engine"),
+        ("sqlite://", "names no file"),
+        ("nonsense", "malformed"),
+        ("sqlite:///", "a directory"),
+    ],
 )
 def test_bad_urls(bad_url: str, fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--url", bad_url, "list"]) == 2
@@ -421,7 +431,32 @@ def test_usage_errors_exit_2(run: Run) -> None:
         ["worker", "q", "--handler", "m:f", "--concurrency", "0"],
     ):
         code, out, err = run(*argv)
-        assert code == 2 and out == "" and "usage:" in err and "Traceback" not in err, argv
+        assert code == 2 and out == "" and "Traceback" not in err, argv
+        assert err.startswith("fdbqueue") and ": error: " in err and err.count("\n") == 1, (argv, err)
+
+
+def test_a_ttl_of_zero_is_refused_in_cli_terms(run: Run) -> None:
+    for argv in (["enqueue", "q", "x", "--ttl", "0"], ["create", "q", "--ttl", "0"]):
+        code, _, err = run(*argv)
+        assert code == 2 and "None" not in err and err.count("\n") == 1, err
+    assert "omit --ttl for no expiry" in run("enqueue", "q", "x", "--ttl", "0")[2]
+    assert "--ttl none for no expiry" in run("create", "q", "--ttl", "0")[2]
+
+
+def test_raw_payload_errors_name_stdin(run: Run, db: fdbqueue.Database) -> None:
+    fdbqueue.create_queue(db, "raw1", max_payload=10)
+    code, _, err = run("enqueue", "raw1", "--raw", stdin=b"x" * 100)
+    assert code == 2
+    one_line_error(err, "stdin (--raw): payload of 100 bytes", "max_payload of queue 'raw1' (10 bytes)")
+    assert "line 1" not in err and "''s" not in err
+
+
+def test_worker_help_text() -> None:
+    r = cli("worker", "--help")
+    text = r.stdout.decode()
+    assert r.returncode == 0
+    for fragment in ("exactly-once", "f(tr, message)", "threads", "lease", "seconds a leased message"):
+        assert fragment in text, fragment
 
 
 @pytest.mark.parametrize(
@@ -466,6 +501,9 @@ def test_worker_in_process_until_empty(
     fdbqueue.Queue("a").enqueue(db, "x")
     code, out, _ = run("worker", "a", "--handler", "tests.cli_handlers:record", "--max-messages", "1")
     assert code == 0 and "processed" in out and (tmp_path / "log").read_text().count("\n") == 1
+    # One readable line: no raw floats or dicts.
+    assert out.startswith("worker stopped: processed 1") and out.count("\n") == 1, out
+    assert "{" not in out and "_rate" not in out and not re.search(r"\d\.\d{4,}", out), out
 
 
 def test_demo(url: str) -> None:
