@@ -386,7 +386,11 @@ class Queue:
         return msg_id
 
     def _autonomous(self, tr: Transaction, item: _Item) -> str:
-        """Enqueue in a transaction of its own, whatever becomes of the caller's (seed 002)."""
+        """Enqueue in a transaction of its own, whatever becomes of the caller's.
+
+        Bernstein & Newcomer's non-transactional enqueue ("Principles of Transaction
+        Processing", 4.5): e.g. an audit record that must survive the caller's abort.
+        """
         db: Database = tr.db
         item = item._replace(fixed_id=True, id=item.id or new_id())  # returned before it is written
 
