@@ -81,7 +81,7 @@ _S = {"metavar": "S"}
 _CREATE_OPTIONS: list[tuple[str, dict[str, Any], str]] = [
     ("--max-size", {"type": _parser(int, 1, "a whole number >= 1 or none", none=True)},
      "most messages held (none: no limit)"),
-    ("--overflow", {"choices": ("reject", "block")}, "when full: refuse, or wait (enqueue --timeout)"),
+    ("--overflow", {"choices": ("reject", "block")}, "when full: refuse, or wait for room"),
     ("--max-deliveries", {"type": _positive}, "deliveries before the error queue"),
     ("--error-queue", {"metavar": "Q"}, "dead-letter queue ('': NAME.error)"),
     ("--retry-delay", {"type": _seconds, **_S}, "wait before a retry"),
@@ -112,6 +112,9 @@ def _cmd_create(db: fdbqueue.Database, args: argparse.Namespace) -> int:
         _print_json({"name": args.name, **values})
     else:
         rows = [(k, v) for k, v in values.items() if k != "extra" or v]
+        rows = [
+            (k, f"{args.name}.error (default)" if k == "error_queue" and v is None else v) for k, v in rows
+        ]
         _print_pairs(rows, title=f"queue {args.name!r} {verb}")
     return 0
 
@@ -563,7 +566,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ttl", type=_ttl(none=False), default=None, metavar="S", help="expires after S seconds")
     p.add_argument("--header", action="append", metavar="K=V", help="a header (K:=JSON for non-strings)")
     p.add_argument("--dedup-key", default=None, metavar="K", help="enqueue at most once per key")
-    p.add_argument("--timeout", type=_seconds, default=None, metavar="S", help="wait for room when full")
+    p.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=None,
+        metavar="S",
+        help="a full queue with --overflow block: wait at most S seconds for room (default: until room)",
+    )
     p.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
