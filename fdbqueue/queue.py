@@ -173,8 +173,9 @@ class Queue:
         ``dedup_key``: within the queue's dedup window, a second enqueue with the same key
         writes nothing and returns the first message's id. ``autonomous``: commit on its
         own, even if the caller's transaction aborts (on the embedded engine: as soon as
-        the caller's transaction ends). ``timeout``: how long to wait for room in a full
-        queue whose overflow policy is ``block`` (needs a Database).
+        the caller's transaction ends). A full queue raises QueueFullError, or with the
+        overflow policy ``block`` waits for room: ``timeout`` None until there is room,
+        S up to S seconds, 0 not at all (waiting needs a Database; interruptible).
         """
         item = self._item(payload, priority, headers, delay, ttl, dedup_key)
         if autonomous and is_transaction(tr):
@@ -194,8 +195,11 @@ class Queue:
     ) -> list[str]:
         """Add several messages atomically (one transaction), in order; returns their ids.
 
-        One transaction holds at most ``TXN_BUDGET_BYTES`` (docs/budgets.md): a larger batch
-        is refused with BudgetExceededError before anything is written.
+        All or nothing: a batch that does not fit a bounded queue raises QueueFullError
+        (saying how many it holds, its max_size and the batch's size), or waits for room as
+        :meth:`enqueue` does; a batch larger than max_size is refused at once. One
+        transaction holds at most ``TXN_BUDGET_BYTES`` (docs/budgets.md): a larger batch is
+        refused with BudgetExceededError before anything is written.
         """
         items = [self._item(p, priority, headers, delay, ttl, None) for p in payloads]
         cost = sum(self._write_cost(it) for it in items)
