@@ -189,7 +189,7 @@ def run_demo(
                 f"temporary store {folder}" if folder else f"queues {names.queue}, {names.errors}"
             )
         elif folder:
-            result.kept = folder
+            result.kept = f"{folder} (look inside: fdbqueue --url '{url}' list)"
         else:
             result.kept = f"queues {names.queue}, {names.errors}"
         return result
