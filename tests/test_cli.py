@@ -664,3 +664,12 @@ def test_list_stats_and_browse_classify_by_database_time(run: Run, db: fdbqueue.
         # A dequeue agrees: the messages browse showed, in its order.
         assert [q.dequeue(db).id for _ in range(3)] == [stays, due, after]  # type: ignore[union-attr]
         assert q.dequeue(db) is None
+
+
+def test_demo_keep_leaves_the_temporary_store_and_says_where(tmp_path: Path) -> None:
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    env.pop("FDBQUEUE_URL", None)
+    r = cli("demo", "--messages", "10", "--producers", "1", "--workers", "1", "--keep", env=env, timeout=60)
+    assert r.returncode == 0, (r.stdout.decode(), r.stderr.decode())
+    (kept,) = tmp_path.glob("fdbqueue-demo-*")
+    assert (kept / "demo.db").exists() and str(kept).encode() in r.stdout and b"list" in r.stdout
