@@ -17,11 +17,18 @@ from typing import Any
 
 import fdbqueue
 from fdbqueue.cli_io import (
+    BATCH as BATCH,
+)
+from fdbqueue.cli_io import (
     PROGRESS_OVER,
+    OneLineParser,
     _age,
+    _batches,
     _cells,
+    _check_url,
     _count,
     _encoded_size,
+    _enqueue_batch,
     _headers,
     _int,
     _message_json,
@@ -37,12 +44,15 @@ from fdbqueue.cli_io import (
     _read_stdin,
     _render,
     _seconds,
+    _stats_now,
     _table,
+    _ttl,
+    _where,
+    _worker_summary,
 )
 from fdbqueue.cli_io import CommandError as CommandError  # "as": re-exported, still fdbqueue.cli.CommandError
 
 EMPTY = 3  # exit code: dequeue/peek found no message
-BATCH = 500  # messages per enqueue_many transaction when reading stdin
 
 EPILOG = """\
 exit codes:
@@ -75,14 +85,14 @@ _S = {"metavar": "S"}
 _CREATE_OPTIONS: list[tuple[str, dict[str, Any], str]] = [
     ("--max-size", {"type": _parser(int, 1, "a whole number >= 1 or none", none=True)},
      "most messages held (none: no limit)"),
-    ("--overflow", {"choices": ("reject", "block")}, "when full: refuse, or wait (enqueue --timeout)"),
+    ("--overflow", {"choices": ("reject", "block")}, "when full: refuse, or wait for room"),
     ("--max-deliveries", {"type": _positive}, "deliveries before the error queue"),
     ("--error-queue", {"metavar": "Q"}, "dead-letter queue ('': NAME.error)"),
     ("--retry-delay", {"type": _seconds, **_S}, "wait before a retry"),
     ("--retry-backoff", {"type": _number, "metavar": "F"}, "retry delay multiplier per delivery"),
     ("--max-retry-delay", {"type": _seconds, **_S}, "longest retry delay"),
     ("--lease-seconds", {"type": _seconds, **_S}, "worker-mode lease"),
-    ("--ttl", {"type": _parser(float, 0, "seconds >= 0 or none", none=True), **_S}, "lifetime (none)"),
+    ("--ttl", {"type": _ttl(none=True), **_S}, "lifetime of each message (none: never expires)"),
     ("--expiry-action", {"choices": ("error", "discard")}, "expired messages: error queue, or dropped"),
     ("--strict-order", {"action": argparse.BooleanOptionalAction}, "one delivery at a time, in order"),
     ("--max-payload", {"type": _positive, "metavar": "B"}, "largest payload, bytes"),
@@ -106,6 +116,9 @@ def _cmd_create(db: fdbqueue.Database, args: argparse.Namespace) -> int:
         _print_json({"name": args.name, **values})
     else:
         rows = [(k, v) for k, v in values.items() if k != "extra" or v]
+        rows = [
+            (k, f"{args.name}.error (default)" if k == "error_queue" and v is None else v) for k, v in rows
+        ]
         _print_pairs(rows, title=f"queue {args.name!r} {verb}")
     return 0
 
@@ -129,7 +142,7 @@ def _cmd_list(db: fdbqueue.Database, args: argparse.Namespace) -> int:
     stats = []
     for name in fdbqueue.list_queues(db):
         with contextlib.suppress(fdbqueue.QueueNotFoundError):  # deleted since the listing
-            stats.append(fdbqueue.queue_stats(db, name))
+            stats.append(_stats_now(db, name))
     if args.json:
         _print_json([{**dataclasses.asdict(s), "state": _state(s)} for s in stats])
         return 0
@@ -147,10 +160,7 @@ _STAT_LABELS = {"ready": "ready (depth)", "inflight": "in flight", "errors": "er
 
 
 def _cmd_stats(db: fdbqueue.Database, args: argparse.Namespace) -> int:
-    if args.interval > 0:
-        st = fdbqueue.queue_rates(db, args.name, interval=args.interval)
-    else:
-        st = fdbqueue.queue_stats(db, args.name)
+    st = _stats_now(db, args.name, args.interval)
     if args.json:
         _print_json(dataclasses.asdict(st))
         return 0
@@ -184,27 +194,48 @@ def _cmd_enqueue(db: fdbqueue.Database, args: argparse.Namespace) -> int:
     if args.dedup_key is not None and len(items) > 1:
         raise CommandError(f"--dedup-key applies to a single message; got {len(items)}")
     try:
-        limit = fdbqueue.queue_config(db, args.name).max_payload
+        cfg: fdbqueue.QueueConfig | None = fdbqueue.queue_config(db, args.name)
     except fdbqueue.QueueNotFoundError:
-        limit = fdbqueue.QueueConfig().max_payload  # created with defaults on first use
+        cfg = None  # created with defaults on first use
+    limit = (cfg or fdbqueue.QueueConfig()).max_payload
     for n, p in items:
         if _encoded_size(p) > limit:
             raise CommandError(
-                f"{what} {n}: payload of {_encoded_size(p)} bytes exceeds queue {args.name!r}'s "
-                f"max_payload of {limit} bytes; nothing was enqueued"
+                f"{_where(what, n)}: payload of {_encoded_size(p)} bytes exceeds the max_payload of "
+                f"queue {args.name!r} ({limit} bytes); nothing was enqueued"
             )
     q = fdbqueue.Queue(args.name)
     opts: dict[str, Any] = dict(priority=args.priority, delay=args.delay, ttl=args.ttl, headers=headers)
+    if args.dedup_key is not None:
+        prior = q.deduplicated(db, args.dedup_key)
+        msg_id = q.enqueue(db, items[0][1], dedup_key=args.dedup_key, timeout=args.timeout, **opts)
+        _print_ids([msg_id], args.quiet)
+        if msg_id == prior:
+            print(
+                f"fdbqueue: duplicate: --dedup-key {args.dedup_key!r} was enqueued before as "
+                f"{msg_id} (within the dedup window); nothing was enqueued",
+                file=sys.stderr,
+            )
+        return 0
     ids: list[str] = []
     try:
-        if len(items) == 1:
-            ids.append(q.enqueue(db, items[0][1], dedup_key=args.dedup_key, timeout=args.timeout, **opts))
-        else:
-            with _progress(len(items), args.progress) as advance:
-                for start in range(0, len(items), BATCH):
-                    batch = [p for _, p in items[start : start + BATCH]]
-                    ids.extend(q.enqueue_many(db, batch, timeout=args.timeout, **opts))
-                    advance(len(batch))
+        with _progress(len(items), args.progress) as advance:
+            for batch in _batches(db, q, cfg, [p for _, p in items], _encoded_size(headers or {})):
+                ids.extend(_enqueue_batch(db, q, batch, args.timeout, opts))
+                advance(len(batch))
+    except fdbqueue.QueueFullError as exc:
+        if not ids and len(items) == 1:
+            raise
+        if ids or args.quiet:
+            _print_ids(ids, args.quiet)
+        first, last = items[len(ids)][0], items[-1][0]
+        span = f"{what} {first}" if first == last else f"{what}s {first} to {last}"
+        size = f" (max_size {cfg.max_size})" if cfg and cfg.max_size is not None else ""
+        raise CommandError(
+            f"queue {args.name!r} is full{size}: enqueued {len(ids)} of {len(items)} messages, "
+            f"refused {len(items) - len(ids)} ({span})" + ("" if exc.block else "; see --overflow block"),
+            1,
+        ) from None
     except fdbqueue.QueueError as exc:
         if not ids:
             raise
@@ -364,7 +395,7 @@ def _cmd_worker(db: fdbqueue.Database, args: argparse.Namespace) -> int:
     if args.json:
         _print_json(values)
     else:
-        _print_pairs([(k, v) for k, v in values.items()], title="worker stopped")
+        print(f"worker stopped: {_worker_summary(stats, values)}")
     return 0
 
 
@@ -372,15 +403,27 @@ _DEMO_FIELDS = [("enqueued", "messages"), ("processed exactly once", "processed_
 _DEMO_FIELDS += [("processed twice", "duplicates"), ("lost", "missing")]
 
 
+DEMO_HELP = """\
+run the end-to-end demo: producer and worker processes, exactly-once processing
+
+By default the demo makes a fresh embedded store in a temporary directory (sync=full, the
+durable setting) and removes it at the end (--keep leaves it, and prints where). It never
+uses $FDBQUEUE_URL: that names your store. Given --url explicitly, it works in that store
+in queues named for this run (demo-<run>.orders and its error queue) and removes them and
+its records at the end; your own queues are neither read nor written. It prints a summary
+and exits 0 when every message was processed exactly once or accounted for, else 1."""
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from fdbqueue.demo import run_demo
 
-    url = args.url or os.environ.get("FDBQUEUE_URL")  # None: the demo makes a fresh temporary store
+    url = args.url  # explicit only: $FDBQUEUE_URL names the user's store, never the demo's
+    where = f"queues of their own in {url}" if url else "a temporary store (sync=full)"
     print(
         f"fdbqueue demo: {args.producers} producer and {args.workers} worker processes, "
-        f"{args.messages} messages, exactly-once processing"
+        f"{args.messages} messages, exactly-once processing, in {where}"
     )
-    r = run_demo(url, messages=args.messages, producers=args.producers, workers=args.workers)
+    r = run_demo(url, messages=args.messages, producers=args.producers, workers=args.workers, keep=args.keep)
     if callable(getattr(r, "rows", None)):
         rows: list[tuple[str, object]] = list(r.rows())  # the result knows how to present itself
     else:
@@ -399,13 +442,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     url_help = "database URL (default: $FDBQUEUE_URL, else sqlite://fdbqueue.db)"
     fmt = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="fdbqueue", description="Durable, transactional queues.", epilog=EPILOG, formatter_class=fmt
     )
     parser.add_argument("--url", default=None, help=url_help)
     parser.add_argument("--version", action="version", version=f"fdbqueue {fdbqueue.__version__}")
     # --url after the subcommand too; SUPPRESS keeps an absent one from hiding the global one.
-    common = argparse.ArgumentParser(add_help=False)
+    common = OneLineParser(add_help=False)
     common.add_argument("--url", default=argparse.SUPPRESS, help=url_help)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -441,10 +484,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--raw", action="store_true", help="all of stdin is one binary message")
     p.add_argument("--priority", type=_int, default=0, help="higher is dequeued first")
     p.add_argument("--delay", type=_seconds, default=0.0, metavar="S", help="invisible for S seconds")
-    p.add_argument("--ttl", type=_seconds, default=None, metavar="S", help="expires after S seconds")
+    p.add_argument("--ttl", type=_ttl(none=False), default=None, metavar="S", help="expires after S seconds")
     p.add_argument("--header", action="append", metavar="K=V", help="a header (K:=JSON for non-strings)")
     p.add_argument("--dedup-key", default=None, metavar="K", help="enqueue at most once per key")
-    p.add_argument("--timeout", type=_seconds, default=None, metavar="S", help="wait for room when full")
+    p.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=None,
+        metavar="S",
+        help="a full queue with --overflow block: wait at most S seconds for room (default: until room)",
+    )
     p.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
@@ -480,17 +529,47 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MODULE:FUNCTION",
         help="lease mode: f(message); exactly-once: f(tr, message)",
     )
-    p.add_argument("--mode", choices=("lease", "exactly-once", "exactly_once"), default="lease")
-    p.add_argument("--concurrency", type=_positive, default=1)
-    p.add_argument("--lease-seconds", type=_seconds, default=None, metavar="S")
-    p.add_argument("--sweep-interval", type=_seconds, default=5.0, metavar="S")
+    p.add_argument(
+        "--mode",
+        choices=("lease", "exactly-once", "exactly_once"),
+        default="lease",
+        help="lease (default): the handler runs outside a transaction as f(message); returning "
+        "acks, raising nacks (retried, then the error queue). exactly-once: the dequeue and the "
+        "handler's writes are one transaction, f(tr, message); it must finish within the "
+        "transaction limit (5 s)",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="handler threads in this process (default 1); on the embedded engine exactly-once "
+        "handlers take turns (one writer), use lease mode for parallel handlers",
+    )
+    p.add_argument(
+        "--lease-seconds",
+        type=_seconds,
+        default=None,
+        metavar="S",
+        help="lease mode: seconds a leased message stays hidden before it is offered again "
+        "(default: the queue's lease_seconds setting, 30 unless created otherwise)",
+    )
+    p.add_argument(
+        "--sweep-interval",
+        type=_seconds,
+        default=5.0,
+        metavar="S",
+        help="how often to move expired leases, due delayed messages and TTLs (default 5)",
+    )
     p.add_argument("--until-empty", action="store_true", help="stop once nothing is ready or delayed")
-    p.add_argument("--max-messages", type=_positive, default=None, metavar="N")
+    p.add_argument("--max-messages", type=_positive, default=None, metavar="N", help="stop after N messages")
 
-    p = add("demo", _cmd_demo, "run the end-to-end demo on the embedded engine", json_flag=False, named=False)
-    p.add_argument("--messages", type=_positive, default=2000)
-    p.add_argument("--producers", type=_positive, default=2)
-    p.add_argument("--workers", type=_positive, default=3)
+    p = add("demo", _cmd_demo, "run the end-to-end demo (in a temporary store)", json_flag=False, named=False)
+    p.description = DEMO_HELP
+    p.add_argument("--messages", type=_positive, default=2000, help="orders to enqueue (default 2000)")
+    p.add_argument("--producers", type=_positive, default=2, help="producer processes (default 2)")
+    p.add_argument("--workers", type=_positive, default=3, help="worker processes (default 3)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary store (or the run's queues)")
     return parser
 
 
@@ -514,6 +593,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "demo":
             return int(args.func(args))
+        _check_url(args.url or os.environ.get("FDBQUEUE_URL"))
         db = fdbqueue.open(args.url)
         return int(args.func(db, args))
     except CommandError as exc:

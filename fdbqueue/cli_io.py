@@ -2,7 +2,8 @@
 
 Output: rich tables and key/value listings, JSON, ages and timestamps, message rendering.
 Input: argparse number types, ``--header`` pairs, payloads from arguments or stdin, the
-enqueue progress bar. :class:`CommandError` lives here because the parsers raise it.
+enqueue progress bar and its batches. Figures: queue stats as a dequeue would find them.
+:class:`CommandError` lives here because the parsers raise it.
 """
 
 from __future__ import annotations
@@ -10,21 +11,27 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import dataclasses
 import datetime
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import fdbqueue
+from fdbqueue.browse import Outlook, outlook
+from fdbqueue.budget import TXN_BUDGET_BYTES
 
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
 PROGRESS_OVER = 1000  # show a progress bar (auto) when enqueueing more lines than this
+BATCH = 500  # at most this many messages per enqueue_many transaction when reading stdin
+BATCH_BYTES = TXN_BUDGET_BYTES // 2  # and about this many bytes (docs/budgets.md)
 
 
 class CommandError(Exception):
@@ -170,6 +177,27 @@ def _parser(kind: type, low: float | None, what: str, none: bool = False) -> Cal
     return parse
 
 
+def _ttl(none: bool) -> Callable[[str], Any]:
+    """``--ttl``: seconds > 0; ``create`` also takes "none" (no expiry), ``enqueue`` omits it."""
+    hint = "--ttl none for no expiry" if none else "omit --ttl for no expiry"
+    number = _parser(float, 0, f"seconds > 0 ({hint})", none=none)
+
+    def parse(text: str) -> Any:
+        value = number(text)
+        if value is not None and value <= 0:
+            raise argparse.ArgumentTypeError(f"expected seconds > 0 ({hint}), got {text!r}")
+        return value
+
+    return parse
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line: ``prog: error: ... (see prog --help)``."""
+
+    def error(self, message: str) -> Any:  # NoReturn in argparse
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 _int = _parser(int, None, "a whole number")
 _positive = _parser(int, 1, "a whole number >= 1")
 _count = _parser(int, 0, "a whole number >= 0")
@@ -203,7 +231,7 @@ def _read_stdin(args: argparse.Namespace) -> list[tuple[int, object]]:
         print("reading messages from stdin, one per line (end with Ctrl-D)", file=sys.stderr)
     data = sys.stdin.buffer.read()
     if args.raw:
-        return [(1, data)]
+        return [(0, data)]  # 0: not a line, all of stdin (see _where)
     out: list[tuple[int, object]] = []
     for n, raw in enumerate(data.split(b"\n"), start=1):
         raw = raw.removesuffix(b"\r")
@@ -215,6 +243,11 @@ def _read_stdin(args: argparse.Namespace) -> list[tuple[int, object]]:
             raise CommandError(f"line {n}: not UTF-8 text (use --raw for a binary message)") from None
         out.append((n, _parse_payload(text, f"line {n}", args.json)))
     return out
+
+
+def _where(what: str, n: int) -> str:
+    """How an error names an input: "line 7", "argument 2", or all of stdin with --raw."""
+    return "stdin (--raw)" if n == 0 else f"{what} {n}"
 
 
 def _parse_payload(text: str, where: str, as_json: bool) -> object:
@@ -250,3 +283,97 @@ def _progress(total: int, show: bool | None) -> Iterator[Callable[[int], None]]:
     with Progress(console=_console(stderr=True), transient=True) as bar:
         task = bar.add_task("enqueueing", total=total)
         yield lambda n: bar.advance(task, n)
+
+
+# -- figures, enqueue batches, the worker's summary, URLs ----------------------------------------
+
+
+def _stats_now(db: fdbqueue.Database, name: str, interval: float = 0.0) -> fdbqueue.QueueStats:
+    """A queue's figures as a dequeue would find them now (read-only, one transaction).
+
+    The counters move when something sweeps or dequeues; until then an expired message
+    still counts as ready and a due delayed one as delayed. The outlook (database time)
+    shows them where a dequeue would put them.
+    """
+    if interval > 0:
+        st = fdbqueue.queue_rates(db, name, interval=interval)
+        return _adjust(db, name, st, outlook(db, fdbqueue.Queue(name)))
+
+    @fdbqueue.transactional
+    def read(tr: Any) -> fdbqueue.QueueStats:
+        return _adjust(tr, name, fdbqueue.queue_stats(tr, name), outlook(tr, fdbqueue.Queue(name)))
+
+    result: fdbqueue.QueueStats = read(db)
+    return result
+
+
+def _adjust(tr: Any, name: str, st: fdbqueue.QueueStats, o: Outlook) -> fdbqueue.QueueStats:
+    expired = o.expired_ready + o.due_expired
+    to_errors = fdbqueue.queue_config(tr, name).expiry_action == "error"
+    return dataclasses.replace(
+        st,
+        ready=max(0, st.ready - o.expired_ready + o.due_ready),
+        delayed=max(0, st.delayed - o.due_ready - o.due_expired),
+        errors=st.errors + (expired if to_errors else 0),
+    )
+
+
+def _batches(
+    db: fdbqueue.Database,
+    q: fdbqueue.Queue,
+    cfg: fdbqueue.QueueConfig | None,
+    payloads: list[object],
+    headers: int,
+) -> Iterator[list[object]]:
+    """The payloads in batches of one transaction each, within ``TXN_BUDGET_BYTES``.
+
+    A bounded queue gets batches of at most the room it has (read before each batch), so
+    that what fits is enqueued; with no room, one message, which the queue refuses or
+    (``overflow="block"``) waits for room to take.
+    """
+    pos = 0
+    while pos < len(payloads):
+        n, cost = 0, 0
+        while pos + n < len(payloads) and n < BATCH:
+            # An upper bound of a message's cost (fdbqueue/budget.py): its payload, its
+            # headers, and the keys and record fields around it.
+            more = _encoded_size(payloads[pos + n]) + 2 * headers + 600
+            if n and cost + more > BATCH_BYTES:
+                break
+            n, cost = n + 1, cost + more
+        if cfg is not None and cfg.max_size is not None:
+            st = fdbqueue.queue_stats(db, q.name)
+            n = max(1, min(n, cfg.max_size - (st.ready + st.inflight + st.delayed)))
+        yield payloads[pos : pos + n]
+        pos += n
+
+
+def _enqueue_batch(
+    db: fdbqueue.Database, q: fdbqueue.Queue, batch: list[object], timeout: float | None, opts: dict[str, Any]
+) -> list[str]:
+    if len(batch) == 1:
+        return [q.enqueue(db, batch[0], timeout=timeout, **opts)]
+    return q.enqueue_many(db, batch, timeout=timeout, **opts)
+
+
+def _worker_summary(stats: object, values: dict[str, Any]) -> str:
+    """One line for people: the stats' own ``summary()`` when they have one."""
+    summary = getattr(stats, "summary", None)
+    if callable(summary):
+        return str(summary())
+    parts = [f"processed {values.get('processed', 0)}", f"failed {values.get('failed', 0)}"]
+    parts += [f"{k} {values[k]}" for k in ("released", "swept") if values.get(k)]
+    per_queue = values.get("per_queue") or {}
+    if len(per_queue) > 1:
+        parts.append("per queue " + ", ".join(f"{k} {v}" for k, v in per_queue.items()))
+    rates = [values.get("ingress_rate") or 0.0, values.get("egress_rate") or 0.0]
+    parts.append(f"in {rates[0]:.3g}/s, out {rates[1]:.3g}/s")
+    return "; ".join(parts)
+
+
+def _check_url(url: str | None) -> None:
+    """A URL naming a directory is a usage error (exit 2), not a store failure."""
+    if url and url.startswith("sqlite://"):
+        path = url[len("sqlite://") :].partition("?")[0]
+        if path and os.path.isdir(os.path.expanduser(path)):
+            raise CommandError(f"{url!r} names a directory, not a store file: add a file name (q.db)")

@@ -143,7 +143,9 @@ class QueueConfig:
 
 @dataclass(frozen=True)
 class QueueState:
-    """Whether each direction is open (seed 002: stop/start, enable/disable independently)."""
+    """Whether each direction is open: a queue is started and stopped, and its enqueue and
+    dequeue enabled, independently (Bernstein & Newcomer, "Principles of Transaction
+    Processing", 4.5 The Queue Manager)."""
 
     enqueue: bool = True
     dequeue: bool = True

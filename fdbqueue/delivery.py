@@ -13,7 +13,7 @@ Where a message can be (``layout.py`` has the keys):
 * the error queue, as a ready message of that queue, tagged with ``origin`` and ``reason``
 
 A failed delivery (nack, lease expiry, an aborted in-transaction dequeue) puts the
-message back at its original key - order kept through its lifetime (seed 000) - after
+message back at its original key - order kept through its lifetime, as in Apache Qpid's queue design - after
 the queue's retry delay, or moves it to the error queue once it has had max_deliveries.
 Every function here composes inside the caller's transaction. Every ``now`` is the
 transaction's read version and every deadline a version (``fdbqueue.clock``), so no

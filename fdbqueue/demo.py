@@ -1,4 +1,4 @@
-"""The end-to-end demo: producer and worker processes sharing one embedded store.
+"""The end-to-end demo: producer and worker processes sharing one store.
 
 Producers enqueue orders - most plain, some high priority, some delayed, some that fail
 once (retried), some poison (always fail: dead-lettered after max_deliveries) and some that
@@ -6,24 +6,53 @@ expire before they are due. Workers process each order exactly once: the dequeue
 handler's writes are one transaction. Sweeps run in the workers. When every order is
 accounted for, the demo stops the workers with SIGTERM (a graceful shutdown) and checks
 exactly-once from the store's own records.
+
+The demo never touches a user's queues. By default it makes a fresh embedded store in a
+temporary directory (``sync=full``, the durable setting) and removes it afterwards. Given a
+URL, it works in queues and keys named uniquely for the run (``demo-<run>.orders``) and
+removes them at the end, so that runs never see each other's orders.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import struct
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import fdbqueue
 from fdbqueue.worker import Worker
 
-QUEUE = "demo.orders"
-ERRORS = "demo.orders.error"
+
+@dataclass(frozen=True)
+class _Names:
+    """Where one run keeps its orders: its queues and its own records, unique to the run."""
+
+    run: str
+
+    @property
+    def queue(self) -> str:
+        return f"demo-{self.run}.orders"
+
+    @property
+    def errors(self) -> str:
+        return f"{self.queue}.error"
+
+    @property
+    def prefix(self) -> bytes:
+        return b"demo/%s/" % self.run.encode()
+
+    def done(self, order: int) -> bytes:
+        return self.prefix + b"done/%08d" % order
+
+    def latency(self, order: int) -> bytes:
+        return self.prefix + b"latency/%08d" % order
 
 
 def _kind(i: int) -> str:
@@ -34,9 +63,9 @@ def _kind(i: int) -> str:
     )
 
 
-def _producer(url: str, start: int, count: int) -> None:
+def _producer(url: str, names: _Names, start: int, count: int) -> None:
     db = fdbqueue.open(url)
-    q = fdbqueue.Queue(QUEUE)
+    q = fdbqueue.Queue(names.queue)
     for i in range(start, start + count):
         kind = _kind(i)
         body = {"order": i, "kind": kind, "sent": time.time(), "delay": 0.0}
@@ -52,19 +81,27 @@ def _producer(url: str, start: int, count: int) -> None:
     db.close()
 
 
-def _handle(tr: Any, m: fdbqueue.Message) -> None:
-    body = m.json()
-    if body["kind"] == "poison" or (body["kind"] == "flaky" and m.deliveries == 1):
-        raise ValueError(f"order {body['order']} cannot be processed")
-    key = b"demo/done/%08d" % body["order"]
-    tr.set(key, b"%d" % (int(tr.get(key) or b"0") + 1))  # must end at exactly 1
-    latency = time.time() - body["sent"] - body["delay"]
-    tr.set(b"demo/latency/%08d" % body["order"], struct.pack("<dB", latency, m.deliveries))
+@dataclass
+class _Handler:
+    """The workers' handler: records each order once, in the dequeue's transaction."""
+
+    names: _Names
+
+    def __call__(self, tr: Any, m: fdbqueue.Message) -> None:
+        body = m.json()
+        if body["kind"] == "poison" or (body["kind"] == "flaky" and m.deliveries == 1):
+            raise ValueError(f"order {body['order']} cannot be processed")
+        key = self.names.done(body["order"])
+        tr.set(key, b"%d" % (int(tr.get(key) or b"0") + 1))  # must end at exactly 1
+        latency = time.time() - body["sent"] - body["delay"]
+        tr.set(self.names.latency(body["order"]), struct.pack("<dB", latency, m.deliveries))
 
 
-def _worker(url: str) -> None:
+def _worker(url: str, names: _Names) -> None:
     db = fdbqueue.open(url)
-    worker = Worker(db, QUEUE, _handle, mode="exactly_once", sweep_interval=0.2, idle_timeout=0.2)
+    worker = Worker(
+        db, names.queue, _Handler(names), mode="exactly_once", sweep_interval=0.2, idle_timeout=0.2
+    )
     import logging
 
     logging.getLogger("fdbqueue").setLevel(logging.ERROR)  # the poison messages fail on purpose
@@ -90,6 +127,8 @@ class DemoResult:
     p99_ms: float
     producers: int
     workers: int
+    kept: str | None = None  # the temporary store's folder, when asked to keep it
+    removed: list[str] = field(default_factory=list)  # what the demo cleaned up at the end
 
     @property
     def missing(self) -> int:
@@ -118,6 +157,8 @@ class DemoResult:
             ("wall time", f"{self.seconds:.2f} s"),
             ("throughput", f"{self.throughput:,.0f} msg/s"),
             ("time in queue p50 / p99", f"{self.p50_ms:.1f} / {self.p99_ms:.1f} ms (enqueue to processed)"),
+            *[("removed", what) for what in self.removed],
+            *([("kept", self.kept)] if self.kept else []),
         ]
 
 
@@ -128,19 +169,67 @@ def run_demo(
     producers: int = 2,
     workers: int = 3,
     timeout: float = 120.0,
+    keep: bool = False,
 ) -> DemoResult:
-    """Run the demo on ``url`` (default: a new embedded store in a temporary directory)."""
+    """Run the demo; ``url`` None (the default): a new embedded store in a temporary directory.
+
+    The temporary store is durable (``sync=full``) and removed at the end unless ``keep``.
+    Given ``url``, the demo's queues and records are named for this run and removed at the end
+    (``keep`` leaves them); nothing else in that store is read or written.
+    """
+    folder = None
     if url is None:
-        url = f"sqlite://{os.path.join(tempfile.mkdtemp(prefix='fdbqueue-demo-'), 'demo.db')}?sync=normal"
+        folder = tempfile.mkdtemp(prefix="fdbqueue-demo-")
+        url = f"sqlite://{os.path.join(folder, 'demo.db')}?sync=full"
+    names = _Names(os.urandom(4).hex())
+    try:
+        result = _run(url, names, messages, producers, workers, timeout)
+        if not keep:
+            result.removed.append(
+                f"temporary store {folder}" if folder else f"queues {names.queue}, {names.errors}"
+            )
+        elif folder:
+            result.kept = f"{folder} (look inside: fdbqueue --url '{url}' list)"
+        else:
+            result.kept = f"queues {names.queue}, {names.errors}"
+        return result
+    finally:
+        if not keep:
+            if folder:
+                shutil.rmtree(folder, ignore_errors=True)
+            else:
+                _clean(url, names)
+
+
+def _clean(url: str, names: _Names) -> None:
+    """Remove this run's queues and records from a store given by URL."""
+    db = fdbqueue.open(url)
+    try:
+        for name in (names.queue, names.errors):
+            with contextlib.suppress(fdbqueue.QueueNotFoundError):
+                fdbqueue.destroy_queue(db, name)
+
+        @fdbqueue.transactional
+        def clear(tr: Any) -> None:
+            tr.clear_range_startswith(names.prefix)
+
+        clear(db)
+    finally:
+        db.close()
+
+
+def _run(url: str, names: _Names, messages: int, producers: int, workers: int, timeout: float) -> DemoResult:
     db = fdbqueue.open(url)
     # Five deliveries: a flaky order that several workers saw fail at once still gets through.
-    fdbqueue.create_queue(db, QUEUE, max_deliveries=5, retry_delay=0.05, lease_seconds=5.0)
+    fdbqueue.create_queue(db, names.queue, max_deliveries=5, retry_delay=0.05, lease_seconds=5.0)
     ctx = mp.get_context("spawn")
     per = max(1, messages // producers)
     total = per * producers
     start = time.perf_counter()
-    worker_procs = [ctx.Process(target=_worker, args=(url,)) for _ in range(workers)]
-    producer_procs = [ctx.Process(target=_producer, args=(url, i * per, per)) for i in range(producers)]
+    worker_procs = [ctx.Process(target=_worker, args=(url, names)) for _ in range(workers)]
+    producer_procs = [
+        ctx.Process(target=_producer, args=(url, names, i * per, per)) for i in range(producers)
+    ]
     for p in worker_procs + producer_procs:
         p.start()
     try:
@@ -148,7 +237,7 @@ def run_demo(
             p.join(timeout)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            st = fdbqueue.queue_stats(db, QUEUE)
+            st = fdbqueue.queue_stats(db, names.queue)
             if not (st.ready or st.delayed or st.inflight):  # the producers are done: all enqueued
                 break
             time.sleep(0.05)
@@ -161,10 +250,10 @@ def run_demo(
             p.join(30)
             if p.is_alive():
                 p.kill()
-    counts = [int(kv.value) for kv in db.get_range_startswith(b"demo/done/")]  # type: ignore[attr-defined]
-    stats = [struct.unpack("<dB", kv.value) for kv in db.get_range_startswith(b"demo/latency/")]  # type: ignore[attr-defined]
+    counts = [int(kv.value) for kv in db.get_range_startswith(names.prefix + b"done/")]  # type: ignore[attr-defined]
+    stats = [struct.unpack("<dB", kv.value) for kv in db.get_range_startswith(names.prefix + b"latency/")]  # type: ignore[attr-defined]
     dead = expired = 0
-    for m in fdbqueue.Queue(ERRORS).browse(db):
+    for m in fdbqueue.Queue(names.errors).browse(db, limit=None):
         dead += m.reason != "expired"
         expired += m.reason == "expired"
     db.close()

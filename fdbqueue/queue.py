@@ -14,8 +14,8 @@ import math
 import os
 import random
 import time
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, NamedTuple, TypeVar
 
 import tenacity
 
@@ -87,6 +87,7 @@ CHUNK_SIZE = 10_000  # FoundationDB's blob recipe: values of about 10 kB
 # leased records are written again) well under FoundationDB's advised 1 MB.
 
 log = logging.getLogger("fdbqueue")
+R = TypeVar("R")
 
 
 class _Item(NamedTuple):
@@ -167,8 +168,9 @@ class Queue:
         ``dedup_key``: within the queue's dedup window, a second enqueue with the same key
         writes nothing and returns the first message's id. ``autonomous``: commit on its
         own, even if the caller's transaction aborts (on the embedded engine: as soon as
-        the caller's transaction ends). ``timeout``: how long to wait for room in a full
-        queue whose overflow policy is ``block`` (needs a Database).
+        the caller's transaction ends). A full queue raises QueueFullError, or with the
+        overflow policy ``block`` waits for room: ``timeout`` None until there is room,
+        S up to S seconds, 0 not at all (waiting needs a Database; interruptible).
         """
         item = self._item(payload, priority, headers, delay, ttl, dedup_key)
         tr = adopt(tr)  # a raw fdb.Database is wrapped, a raw fdb.Transaction joined
@@ -189,8 +191,11 @@ class Queue:
     ) -> list[str]:
         """Add several messages atomically (one transaction), in order; returns their ids.
 
-        One transaction holds at most ``TXN_BUDGET_BYTES`` (docs/budgets.md): a larger batch
-        is refused with BudgetExceededError before anything is written.
+        All or nothing: a batch that does not fit a bounded queue raises QueueFullError
+        (saying how many it holds, its max_size and the batch's size), or waits for room as
+        :meth:`enqueue` does; a batch larger than max_size is refused at once. One
+        transaction holds at most ``TXN_BUDGET_BYTES`` (docs/budgets.md): a larger batch is
+        refused with BudgetExceededError before anything is written.
         """
         items = [self._item(p, priority, headers, delay, ttl, None) for p in payloads]
         cost = sum(self._write_cost(it) for it in items)
@@ -200,6 +205,25 @@ class Queue:
                 f"transaction, past the budget of {TXN_BUDGET_BYTES} (TXN_BUDGET_BYTES): split it"
             )
         return self._enqueue_items(tr, items, timeout) if items else []
+
+    def deduplicated(self, tr: Transaction | Database, dedup_key: str) -> str | None:
+        """The id an enqueue with ``dedup_key`` would return now without writing, or None.
+
+        That is the first message's id while the key is within the queue's dedup window
+        (database time). Read-only; composes inside a caller's transaction, where it and a
+        following ``enqueue(tr, ..., dedup_key=...)`` see the same state.
+        """
+        keys = self.keys
+
+        def body(t: Transaction, _: bool) -> str | None:
+            seen = t.get(keys.dedup_key(dedup_key))
+            if seen is None:
+                return None
+            cfg = read_meta(t, keys).config or QueueConfig()
+            first_id, at = seen.decode().split("|")
+            return first_id if db_now(t) - int(at) < versions(cfg.dedup_window) else None
+
+        return run_once(tr, body)
 
     def _write_cost(self, it: _Item) -> int:
         """An upper bound of the bytes one new message adds to its transaction (budget.py)."""
@@ -226,12 +250,16 @@ class Queue:
             receipt: list[bytes] | None = [] if own else None
             return run_once(tr, lambda t, unknown: self._enqueue_in(t, items, unknown, receipt))
 
-        if timeout is None or is_transaction(tr):
-            return body()
-        timeout = seconds("timeout", timeout)
+        if timeout is not None:
+            timeout = seconds("timeout", timeout)
+        if timeout == 0 or is_transaction(tr):
+            return body()  # a caller's transaction cannot wait: it must commit to see room
+        # overflow="block": wait for room, up to ``timeout`` or (None) until there is room.
+        # Room comes from dequeues, acks and sweeps elsewhere; polled with a backoff of at
+        # most 0.25 s. The sleep is interruptible (KeyboardInterrupt, a signal handler).
         try:
             for attempt in tenacity.Retrying(
-                stop=tenacity.stop_after_delay(timeout),
+                stop=tenacity.stop_never if timeout is None else tenacity.stop_after_delay(timeout),
                 wait=tenacity.wait_exponential(multiplier=0.005, max=0.25),
                 retry=tenacity.retry_if_exception(lambda e: isinstance(e, QueueFullError) and e.block),
                 reraise=True,
@@ -239,6 +267,8 @@ class Queue:
                 with attempt:
                     return body()
         except QueueFullError as exc:
+            if not exc.block or timeout is None:
+                raise  # refused without waiting ("reject", or a batch that can never fit)
             raise QueueFullError(f"{exc}; waited {timeout} s for room", block=exc.block) from None
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -263,8 +293,8 @@ class Queue:
         for it in items:
             if len(it.payload) > limit:
                 raise PayloadTooLargeError(
-                    f"payload of {len(it.payload)} bytes exceeds queue {self.name!r}'s "
-                    f"max_payload of {limit} bytes"
+                    f"payload of {len(it.payload)} bytes exceeds the max_payload of queue "
+                    f"{self.name!r} ({limit} bytes)"
                 )
         t_us = now_us()  # the wall clock: enqueued_at, for people only
         now = db_now(tr)  # database time: due times, expiry, the dedup window
@@ -276,10 +306,24 @@ class Queue:
                 if now - int(at) < versions(cfg.dedup_window):
                     return [first_id]
         if cfg.max_size is not None:
+            # A batch is atomic: all of it fits, or none of it is written.
             held = meta.count("ready") + meta.count("inflight") + meta.count("delayed")
-            if held + len(items) > cfg.max_size:
+            n = len(items)
+            if n > cfg.max_size:
+                raise QueueFullError(  # no wait can help: refused at once, whatever the policy
+                    f"a batch of {n} messages can never fit in queue {self.name!r} (max_size "
+                    f"{cfg.max_size}); nothing was enqueued: split it"
+                )
+            if held + n > cfg.max_size:
+                room = (
+                    f"is full ({held}"
+                    if held >= cfg.max_size
+                    else f"has room for {cfg.max_size - held} ({held}"
+                )
+                batch = f": a batch of {n} does not fit" if n > 1 else ""
                 raise QueueFullError(
-                    f"queue {self.name!r} is full ({held} of max_size {cfg.max_size})",
+                    f"queue {self.name!r} {room} of max_size {cfg.max_size} held){batch}; "
+                    "nothing was enqueued",
                     block=cfg.overflow == "block",
                 )
         base = meta.made_ready
@@ -343,18 +387,22 @@ class Queue:
         return msg_id
 
     def _autonomous(self, tr: Transaction, item: _Item) -> str:
-        """Enqueue in a transaction of its own, whatever becomes of the caller's (seed 002)."""
+        """Enqueue in a transaction of its own, whatever becomes of the caller's.
+
+        Bernstein & Newcomer's non-transactional enqueue ("Principles of Transaction
+        Processing", 4.5): e.g. an audit record that must survive the caller's abort.
+        """
         db: Database = tr.db
         item = item._replace(fixed_id=True, id=item.id or new_id())  # returned before it is written
 
         def later(_error: EngineError | None) -> None:
             try:
-                self._enqueue_items(db, [item], None)
+                self._enqueue_items(db, [item], 0)
             except Exception:  # the caller's outcome must not be masked by this write's failure
                 log.exception("fdbqueue: autonomous enqueue to %r failed", self.name)
 
         try:
-            return self._enqueue_items(db, [item], None)[0]
+            return self._enqueue_items(db, [item], 0)[0]
         except NestedTransactionError:
             # The embedded engine's single writer is held by the caller: write once it ends.
             tr.on_finish(later)
@@ -407,7 +455,7 @@ class Queue:
                 )
             return self._take(tr, where, fallback, in_caller=True)  # type: ignore[arg-type]
         db = as_database(tr)
-        return blocking(db, self.keys, timeout, lambda watch: self._dequeue_own(db, where, fallback, watch))
+        return _blocking(db, self.keys, timeout, lambda watch: self._dequeue_own(db, where, fallback, watch))
 
     def lease(
         self, tr: Transaction | Database, lease_seconds: float | None = None, *, timeout: float | None = None
@@ -459,7 +507,7 @@ class Queue:
                 return got, None
             return None, watch_queue(db, self.keys, strict_of(db, self.keys))
 
-        return blocking(db, self.keys, timeout, attempt) or []
+        return _blocking(db, self.keys, timeout, attempt) or []
 
     def ack(self, tr: Transaction | Database, m: Message) -> None:
         """Settle a leased message: it is done and removed. LeaseError if the lease is gone."""
@@ -709,11 +757,41 @@ class Queue:
 
         Each batch is its own read (a Database) or a read in the caller's transaction.
         The cursor keeps its place across concurrent dequeues, and a higher-priority
-        message that arrives behind it is still visited (the cursor moves back, seed 000).
+        message that arrives behind it is still visited (the cursor moves back, as a
+        browsing subscription does in Apache Qpid's queue design). Messages are classified
+        by database time, as a dequeue would: an expired message is not shown, and a due
+        delayed one is shown where a dequeue would make it ready, before any sweep.
         """
         from fdbqueue.browse import browse
 
         return browse(self, tr, limit=limit, batch=batch)
+
+
+def _blocking(
+    db: Database,
+    keys: QueueKeys,
+    timeout: float | None,
+    attempt: Callable[[bool], tuple[R | None, Watch | None]],
+) -> R | None:
+    """:func:`blocking`, saying ``QueueStoppedError`` when the wait ends on a paused queue.
+
+    A blocking dequeue waits through a pause (resuming wakes it); if the queue is still
+    paused when the wait ends, it says so as a non-blocking dequeue does, not "nothing ready".
+    """
+    stopped: list[QueueStoppedError] = []
+
+    def watched(want_watch: bool) -> tuple[R | None, Watch | None]:
+        stopped.clear()
+        try:
+            return attempt(want_watch)
+        except QueueStoppedError as exc:
+            stopped.append(exc)
+            raise
+
+    got = blocking(db, keys, timeout, watched)
+    if got is None and stopped:
+        raise stopped[0]
+    return got
 
 
 def new_id() -> str:

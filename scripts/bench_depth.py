@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Depth scaling benchmark (issue 6): does a deep queue cost more per message? One run prints it all.
+"""Depth scaling benchmark: does a deep queue cost more per message? One run prints it all.
 
 On the embedded engine (``sqlite://...?sync=normal`` by default; ``--sync full``):
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""fdbqueue against the alternatives (issue 6). One run measures, side by side on this machine:
+"""fdbqueue against the alternatives. One run measures, side by side on this machine:
 
 - fdbqueue, embedded engine (``sqlite://...?sync=full``; ``sync=normal`` in the fast table);
 - persist-queue's ``SQLiteAckQueue`` (multithreading=True, auto_commit=True; its own default

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Queue throughput and contention benchmark (issue 3). One run prints everything.
+"""Queue throughput and contention benchmark. One run prints everything.
 
 1. The embedded engine against its floor, for sync=full and sync=normal: fdbqueue enqueue
    (``q.enqueue(db, payload)``, one 200-byte message a transaction), exactly-once dequeue
@@ -47,7 +47,7 @@ from fdbqueue.engines.base import run_transaction
 from fdbqueue.engines.sim import SimDatabase, SimTransaction
 
 PAYLOAD_SIZE = 200
-# Issues 3 and 6: enqueue and exactly-once dequeue within 2x of the raw floor, lease + ack
+# The targets (docs/performance.md): enqueue and exactly-once dequeue within 2x of the raw floor, lease + ack
 # (two transactions) within 4x of the raw dequeue.
 TARGETS = {"enqueue": 0.5, "dequeue": 0.5, "lease + ack": 0.25}
 QUEUE = "bench"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Peers for scripts/bench_peers.py (issue 6): PostgreSQL and Redis from Debian's packages,
+# Peers for scripts/bench_peers.py: PostgreSQL and Redis from Debian's packages,
 # listening on loopback (127.0.0.1) only, with their data in a private temporary directory.
 #
 #   scripts/peers.sh start    # install if missing (apt-get, needs root), start, print settings

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -108,7 +109,11 @@ def test_create_rejects_bad_settings(run: Run) -> None:
         ["--overflow", "drop"],
     ):
         code, _, err = run("create", "jobs", *argv)
-        assert code == 2 and "usage:" in err, argv
+        assert code == 2 and err.startswith("fdbqueue create: error: ") and err.count("\n") == 1, (argv, err)
+        assert "see 'fdbqueue create --help'" in err
+    code, _, err = run("create", "jobs", "--max-payload", "99999999999")  # past what one transaction takes
+    assert code == 2
+    one_line_error(err, "max_payload", "262144")
     code, _, err = run("create", "jobs", "--retry-backoff", "0")  # refused by QueueConfig itself
     assert code == 2
     one_line_error(err, "retry_backoff")
@@ -251,20 +256,82 @@ def test_enqueue_bad_input_writes_nothing(run: Run, db: fdbqueue.Database) -> No
     fdbqueue.create_queue(db, "small", max_payload=10)
     code, _, err = run("enqueue", "small", stdin=b"short\n" + b"x" * 11 + b"\n")
     assert code == 2
-    one_line_error(err, "line 2", "max_payload of 10", "nothing was enqueued")
+    one_line_error(err, "line 2", "max_payload of queue 'small' (10 bytes)", "nothing was enqueued")
     assert fdbqueue.list_queues(db) == ["small"] and fdbqueue.Queue("small").size(db) == 0
 
 
 def test_enqueue_stopped_or_full_queue(run: Run, db: fdbqueue.Database) -> None:
     fdbqueue.create_queue(db, "capped", max_size=600)
     code, out, err = run("enqueue", "capped", stdin=b"".join(b"m%d\n" % i for i in range(1000)))
-    assert code == 1 and len(out.split()) == 500  # the first batch went in; its ids are printed
-    one_line_error(err, "full", "first 500 of 1000", "through line 500")
-    assert fdbqueue.queue_stats(db, "capped").ready == 500
+    assert code == 1 and len(out.split()) == 600  # what fits went in; its ids are printed
+    one_line_error(err, "max_size 600", "enqueued 600 of 1000", "refused 400", "lines 601 to 1000")
+    assert fdbqueue.queue_stats(db, "capped").ready == 600
     fdbqueue.set_state(db, "capped", enqueue=False)
     code, _, err = run("enqueue", "capped", "x")
     assert code == 1
     one_line_error(err, "enqueue is disabled")
+
+
+@pytest.mark.parametrize(("lines", "max_size"), [(25, 10), (1200, 550)])
+def test_enqueue_into_a_bounded_queue_takes_what_fits_and_says_so(
+    run: Run, db: fdbqueue.Database, lines: int, max_size: int
+) -> None:
+    run("create", "b", "--max-size", str(max_size))
+    code, out, err = run("enqueue", "b", "--quiet", stdin=b"".join(b"m%d\n" % i for i in range(lines)))
+    assert (code, out) == (1, f"{max_size}\n")
+    refused = lines - max_size
+    one_line_error(err, f"enqueued {max_size} of {lines}", f"refused {refused}", f"lines {max_size + 1} to")
+    assert fdbqueue.queue_stats(db, "b").ready == max_size
+    code, out, err = run("enqueue", "b", "one more")
+    assert code == 1 and out == ""
+    one_line_error(err, f"is full ({max_size} of max_size {max_size} held); nothing was enqueued")
+    assert "waited" not in err  # overflow "reject" does not wait
+
+
+def test_enqueue_splits_large_input_within_the_transaction_budget(run: Run, db: fdbqueue.Database) -> None:
+    line = b"x" * 4000 + b"\n"  # 400 lines: 1.6 MB, past one transaction's budget of 500 kB
+    code, out, err = run("enqueue", "big", "--quiet", stdin=line * 400)
+    assert (code, out, err) == (0, "400\n", "")
+    assert fdbqueue.Queue("big").size(db) == 400
+
+
+def test_enqueue_blocks_without_timeout_and_is_interruptible(tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path / 'q.db'}?sync=normal"
+    db = fdbqueue.open(url)
+    fdbqueue.create_queue(db, "b", max_size=1, overflow="block")
+    fdbqueue.Queue("b").enqueue(db, "a")
+    db.close()
+    cmd = [sys.executable, "-m", "fdbqueue", "--url", url, "enqueue", "b", "waits"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    try:
+        time.sleep(1.5)
+        assert p.poll() is None, p.communicate()  # still waiting for room
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=10)
+    finally:
+        p.kill()
+    assert p.returncode == 130 and out == b"", err
+    db = fdbqueue.open(url)
+    assert fdbqueue.Queue("b").size(db) == 1
+    db.close()
+
+
+def test_dequeue_with_timeout_on_a_paused_queue_says_it_is_paused(run: Run, db: fdbqueue.Database) -> None:
+    fdbqueue.Queue("p").enqueue(db, "x")
+    fdbqueue.set_state(db, "p", dequeue=False)
+    for argv in (["dequeue", "p"], ["dequeue", "p", "--timeout", "0.2"]):
+        code, _, err = run(*argv)
+        assert code == 1, argv
+        one_line_error(err, "dequeue is disabled")
+
+
+def test_a_repeated_dedup_key_says_it_was_a_duplicate(run: Run, db: fdbqueue.Database) -> None:
+    code, first, err = run("enqueue", "d", "once", "--dedup-key", "k1")
+    assert code == 0 and err == ""
+    code, again, err = run("enqueue", "d", "again", "--dedup-key", "k1")
+    assert code == 0 and again == first  # the first message's id, as the API returns it
+    assert "duplicate" in err and "k1" in err and "nothing was enqueued" in err, err
+    assert fdbqueue.Queue("d").size(db) == 1
 
 
 def test_binary_payload_and_message_output(run: Run, db: fdbqueue.Database) -> None:
@@ -340,7 +407,12 @@ def test_sweep_purge_pause_resume(run: Run, db: fdbqueue.Database) -> None:
 
 @pytest.mark.parametrize(
     ("bad_url", "fragment"),
-    [("bogus://x", "unknown engine"), ("sqlite://", "names no file"), ("nonsense", "malformed")],
+    [
+        ("bogus://x", "unknown engine"),
+        ("sqlite://", "names no file"),
+        ("nonsense", "malformed"),
+        ("sqlite:///", "a directory"),
+    ],
 )
 def test_bad_urls(bad_url: str, fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--url", bad_url, "list"]) == 2
@@ -359,7 +431,32 @@ def test_usage_errors_exit_2(run: Run) -> None:
         ["worker", "q", "--handler", "m:f", "--concurrency", "0"],
     ):
         code, out, err = run(*argv)
-        assert code == 2 and out == "" and "usage:" in err and "Traceback" not in err, argv
+        assert code == 2 and out == "" and "Traceback" not in err, argv
+        assert err.startswith("fdbqueue") and ": error: " in err and err.count("\n") == 1, (argv, err)
+
+
+def test_a_ttl_of_zero_is_refused_in_cli_terms(run: Run) -> None:
+    for argv in (["enqueue", "q", "x", "--ttl", "0"], ["create", "q", "--ttl", "0"]):
+        code, _, err = run(*argv)
+        assert code == 2 and "None" not in err and err.count("\n") == 1, err
+    assert "omit --ttl for no expiry" in run("enqueue", "q", "x", "--ttl", "0")[2]
+    assert "--ttl none for no expiry" in run("create", "q", "--ttl", "0")[2]
+
+
+def test_raw_payload_errors_name_stdin(run: Run, db: fdbqueue.Database) -> None:
+    fdbqueue.create_queue(db, "raw1", max_payload=10)
+    code, _, err = run("enqueue", "raw1", "--raw", stdin=b"x" * 100)
+    assert code == 2
+    one_line_error(err, "stdin (--raw): payload of 100 bytes", "max_payload of queue 'raw1' (10 bytes)")
+    assert "line 1" not in err and "''s" not in err
+
+
+def test_worker_help_text() -> None:
+    r = cli("worker", "--help")
+    text = r.stdout.decode()
+    assert r.returncode == 0
+    for fragment in ("exactly-once", "f(tr, message)", "threads", "lease", "seconds a leased message"):
+        assert fragment in text, fragment
 
 
 @pytest.mark.parametrize(
@@ -404,6 +501,9 @@ def test_worker_in_process_until_empty(
     fdbqueue.Queue("a").enqueue(db, "x")
     code, out, _ = run("worker", "a", "--handler", "tests.cli_handlers:record", "--max-messages", "1")
     assert code == 0 and "processed" in out and (tmp_path / "log").read_text().count("\n") == 1
+    # One readable line: no raw floats or dicts.
+    assert out.startswith("worker stopped: processed 1") and out.count("\n") == 1, out
+    assert "{" not in out and "_rate" not in out and not re.search(r"\d\.\d{4,}", out), out
 
 
 def test_demo(url: str) -> None:
@@ -411,6 +511,30 @@ def test_demo(url: str) -> None:
     r = cli("--url", url, "demo", "--messages", "20", "--producers", "1", "--workers", "1", timeout=45)
     assert r.returncode == 0, r.stderr.decode()
     assert b"OK: every message processed exactly once" in r.stdout and b"lost" in r.stdout
+
+
+def test_demo_twice_on_one_store_passes_and_leaves_nothing(url: str, db: fdbqueue.Database) -> None:
+    """An explicit --url: each run in queues of its own, removed at the end; the user's stay."""
+    fdbqueue.Queue("mine").enqueue(db, "the user's message")
+    before = db.get_range(b"", b"\xff")  # type: ignore[attr-defined]
+    for _ in range(2):
+        r = cli("--url", url, "demo", "--messages", "20", "--producers", "1", "--workers", "1", timeout=60)
+        assert r.returncode == 0, (r.stdout.decode(), r.stderr.decode())
+        assert b"OK: every message processed exactly once" in r.stdout
+    assert fdbqueue.list_queues(db) == ["mine"]
+    assert db.get_range(b"", b"\xff") == before  # type: ignore[attr-defined]
+
+
+def test_demo_never_uses_fdbqueue_url(tmp_path: Path) -> None:
+    """$FDBQUEUE_URL names the user's store: the demo makes a temporary one and removes it."""
+    store = tmp_path / "mine.db"
+    env = {**os.environ, "FDBQUEUE_URL": f"sqlite://{store}", "TMPDIR": str(tmp_path)}
+    r = cli("demo", "--messages", "20", "--producers", "1", "--workers", "1", env=env, timeout=60)
+    assert r.returncode == 0, (r.stdout.decode(), r.stderr.decode())
+    assert b"sync=full" in r.stdout and b"removed" in r.stdout
+    assert not store.exists() and not list(tmp_path.glob("fdbqueue-demo-*"))  # its store is removed
+    help_text = cli("demo", "--help").stdout.decode()
+    assert "FDBQUEUE_URL" in help_text and "temporary" in help_text and "--keep" in help_text
 
 
 def test_demo_result_shapes(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -429,7 +553,8 @@ def test_demo_result_shapes(capsys: pytest.CaptureFixture[str], monkeypatch: pyt
     assert main(["demo", "--messages", "10"]) == 1
     out = capsys.readouterr().out
     assert "processed exactly once  9" in out and "lost                    1" in out and "FAILED" in out
-    assert seen == [(("memory://",), {"messages": 10, "producers": 2, "workers": 3})]
+    # $FDBQUEUE_URL is the user's store, never the demo's: no URL, a temporary store.
+    assert seen == [((None,), {"messages": 10, "producers": 2, "workers": 3, "keep": False})]
 
 
 # -- real processes: the entry points ----------------------------------------------------------
@@ -511,3 +636,40 @@ def test_worker_process_stops_on_sigterm_and_loses_nothing(tmp_path: Path) -> No
         assert fdbqueue.queue_stats(db, "work").inflight == 0  # prefetched leases were released
     finally:
         db.close()
+
+
+# -- reads show what a dequeue would do ------------------------------------------------------------
+
+
+def test_list_stats_and_browse_classify_by_database_time(run: Run, db: fdbqueue.Database) -> None:
+    """An expired message is not ready and a due delayed one is, before anything sweeps."""
+    from fdbqueue.clock import fake_clock
+
+    q = fdbqueue.Queue("t")
+    with fake_clock() as clock:
+        stays = q.enqueue(db, "stays", priority=1)
+        q.enqueue(db, "expires", ttl=1.0)
+        due = q.enqueue(db, "due", delay=1.0, priority=1)
+        q.enqueue(db, "due but expired", delay=1.0, ttl=0.5)
+        q.enqueue(db, "later", delay=60.0)
+        after = q.enqueue(db, "after")
+        clock.advance(2.0)
+        code, out, _ = run("browse", "t", "--json")
+        assert code == 0
+        assert [json.loads(line)["id"] for line in out.splitlines()] == [stays, due, after]
+        stats = json.loads(run("stats", "t", "--json")[1])
+        assert (stats["ready"], stats["delayed"]) == (3, 1), stats
+        (row,) = json.loads(run("list", "--json")[1])
+        assert (row["ready"], row["delayed"]) == (3, 1), row
+        # A dequeue agrees: the messages browse showed, in its order.
+        assert [q.dequeue(db).id for _ in range(3)] == [stays, due, after]  # type: ignore[union-attr]
+        assert q.dequeue(db) is None
+
+
+def test_demo_keep_leaves_the_temporary_store_and_says_where(tmp_path: Path) -> None:
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    env.pop("FDBQUEUE_URL", None)
+    r = cli("demo", "--messages", "10", "--producers", "1", "--workers", "1", "--keep", env=env, timeout=60)
+    assert r.returncode == 0, (r.stdout.decode(), r.stderr.decode())
+    (kept,) = tmp_path.glob("fdbqueue-demo-*")
+    assert (kept / "demo.db").exists() and str(kept).encode() in r.stdout and b"list" in r.stdout

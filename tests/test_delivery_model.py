@@ -49,6 +49,7 @@ from fdbqueue.delivery import locate
 from fdbqueue.engines.base import run_transaction
 from fdbqueue.engines.sim import SimDatabase
 from fdbqueue.layout import unpack_count
+from fdbqueue.message import Record
 from fdbqueue.testing import FaultScript
 
 US = 1_000_000
@@ -136,6 +137,19 @@ class DeliveryModel(RuleBasedStateMachine):
 
     def _ready_order(self) -> list[Entry]:
         return sorted(self._in(READY), key=lambda e: e.pos)  # type: ignore[arg-type, return-value]
+
+    def _view(self, now: int) -> list[str]:
+        """What browse shows: the ready order once due delays are promoted, expired ones left out."""
+        order = [(e.pos, e.id) for e in self._in(READY) if not e.expired(now)]
+        hwm = self.hwm
+        for e in sorted(self._in(DELAYED), key=lambda e: (e.due, e.id)):
+            if e.due <= now and not e.expired(now):
+                pos = e.pos
+                if pos is None:  # a delayed enqueue would join the tail
+                    hwm += 1
+                    pos = (-e.priority, hwm)
+                order.append((pos, e.id))
+        return [mid for _, mid in sorted(order)]  # type: ignore[type-var]
 
     def _live(self) -> int:
         return len(self._in(*IN_JOBS))
@@ -454,9 +468,13 @@ class DeliveryModel(RuleBasedStateMachine):
                     assert got is not None and got.lease_deadline == e.deadline / 1e6
             else:
                 assert got is None, f"{e} is still in jobs: {got}"
-        ready = [m.id for m in self.jobs.browse(db)]
+        # The ready set as stored (expired and not yet moved ones included) ...
+        ready = [Record.decode(kv.value).id for kv in db.get_range(*self.jobs.keys.ready_range())]  # type: ignore[attr-defined]
         assert ready == [e.id for e in self._ready_order()], "ready messages or their order differ"
         assert self.jobs.size(db) == len(ready)
+        # ... and as browse shows it: what a dequeue would find now, before any sweep.
+        shown = [m.id for m in self.jobs.browse(db)]
+        assert shown == self._view(self.now), "browse differs from what a dequeue would find"
         counters = {c: unpack_count(db.get(self.jobs.keys.counter(c))) for c in ("inflight", "delayed")}
         assert counters == {"inflight": len(self._in(LEASED)), "delayed": len(self._in(DELAYED))}
         for tag, states in (("f", (LEASED,)), ("l", (LEASED,)), ("d", (DELAYED,))):
