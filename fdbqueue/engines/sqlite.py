@@ -50,6 +50,7 @@ not exclude it).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import sqlite3
@@ -129,6 +130,9 @@ _CLOCK = struct.Struct(">32sQQBq")
 _PENDING_AT = struct.calcsize(">32sQQ")
 _PENDING = 1
 _RESERVE_US = 1_000_000  # one meta write per second of versions
+# A folder unchanged for this long has time stamps that any later change moves (the file
+# system's clock ticks every few milliseconds): see SqliteDatabase._changed_files.
+_QUIET_NS = 200_000_000
 
 
 def _boot_id() -> bytes | None:
@@ -209,6 +213,8 @@ class SqliteTransaction(LocalTransaction):
             db._reopen_after_fork()
         if db._closed:
             raise StoreError(f"{db.path}: the database is closed")
+        if db._broken is not None:
+            raise StoreError(db._broken)
         if db._store.owner == threading.get_ident():
             # This thread holds the lock in another transaction, which cannot end while
             # we wait: read the last committed state from a snapshot instead; writing
@@ -404,6 +410,10 @@ class SqliteTransaction(LocalTransaction):
         conn = self._conn
         db = self.db
         version = -1
+        if not self._nested:
+            changed = db._changed_files()
+            if changed:
+                raise self._refuse(changed)
         try:
             if self._dirty:
                 version = self._next_version()
@@ -423,6 +433,39 @@ class SqliteTransaction(LocalTransaction):
         if wal:
             wal.make_durable(db._store.shared, db._clock_tag, seen)
         return version
+
+    def _refuse(self, changed: list[tuple[str, str]]) -> StoreError:
+        """End this transaction uncommitted, because the store's files changed under it.
+
+        SQLite cannot notice: a connection keeps writing to the descriptors it opened, so
+        after ``rm X.db-wal`` its commits land in a file nobody else can see and that vanishes
+        when the process ends (https://www.sqlite.org/howtocorrupt.html, sections 1.3-1.4,
+        2.4). When only the WAL went, we still hold it open: a checkpoint copies the commits
+        it holds into the database file, so none that was reported is lost, and resets the
+        WAL index, so a process that opens the store meanwhile reads a consistent file.
+        """
+        db = self.db
+        conn = self._conn
+        with contextlib.suppress(sqlite3.Error):  # SQLite may have rolled back already
+            conn.execute("ROLLBACK")
+        saved = ""
+        if {path for path, _ in changed} == {db._real + "-wal"}:
+            try:
+                busy, log, done = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                if busy == 0 and log == done:
+                    saved = f"; the commits it held were copied into {db.path}"
+            except sqlite3.Error:
+                pass
+        self._end()
+        self._state = "failed"
+        self._live = False
+        what = "; ".join(f"{path} was {how}" for path, how in changed)
+        db._broken = (
+            f"{what} while this process had the store {db.path} open{saved}. Commits are refused "
+            "until it is reopened (close it and open it again); never remove or replace a store's "
+            "files while a process has it open"
+        )
+        return StoreError(f"the transaction was not committed: {db._broken}")
 
     def _apply_stamped(self, conn: sqlite3.Connection, stamp: bytes) -> None:
         for kind, key, value in self._stamped:
@@ -480,11 +523,13 @@ class SqliteDatabase(LocalDatabase):
         self.path = path
         self.sync = sync
         self._real = os.path.realpath(path)
+        self._folder = os.path.dirname(self._real)
         # sync=full: SQLite runs at synchronous=NORMAL and each commit fsyncs the WAL itself,
         # after releasing the store lock (see _walsync).
         self._wal = WalSync(self._real, path) if sync == "full" else None
         self._lock_timeout = lock_timeout
         self._closed = False
+        self._broken: str | None = None  # why this handle refuses work: its files changed
         self._clock_tag: bytes | None = None  # set once the store's id is known
         # Connections for transactions begun while their thread holds another (rare).
         self._readers: list[sqlite3.Connection] = []
@@ -500,9 +545,63 @@ class SqliteDatabase(LocalDatabase):
         self._store = _shared.attach(self._real, self.path)
         try:
             self._conn = self._connect()
+            self._files = self._identify()
+            self._folder_seen: tuple[int, int, int] | None = None
         except BaseException:
             _shared.detach(self._store)
             raise
+
+    def _identify(self) -> list[tuple[str, tuple[int, int]]]:
+        """The store's files (after connecting, the WAL and its index exist) and their identities."""
+        files = [(self._real + "-lock", self._store.ident)]
+        for path in (self._real, self._real + "-wal", self._real + "-shm"):
+            try:
+                st = os.stat(path)
+            except OSError as exc:
+                raise StoreError(
+                    f"{self.path}: cannot find {path} of the open store: {exc.strerror}"
+                ) from exc
+            files.append((path, (st.st_dev, st.st_ino)))
+        return files
+
+    def _changed_files(self) -> list[tuple[str, str]]:
+        """The store's files that were removed or replaced since it was opened, with how.
+
+        Checked at every commit: a file's identity is its (device, inode), which only a new
+        file changes. Removing, renaming or creating a file in a folder updates the folder's
+        modification time, so while the folder's (inode, mtime, ctime) stay what they were at
+        the last full check, one ``stat`` of the folder answers for all four files
+        (docs/performance.md has the cost). A full check is trusted for later commits only
+        when the folder has been quiet for a while: a change made in the same tick of the
+        file system's clock as the one before it could leave its time stamp unchanged.
+        """
+        try:
+            st = os.stat(self._folder)
+            folder: tuple[int, int, int] | None = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+        except OSError:
+            folder = None
+        if folder is not None and folder == self._folder_seen:
+            return []
+        changed = []
+        for path, ident in self._files:
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                gone = (
+                    "removed"
+                    if os.path.isdir(self._folder)
+                    else f"removed (its directory {self._folder} is gone)"
+                )
+                changed.append((path, gone))
+                continue
+            except OSError as exc:
+                changed.append((path, f"made unreadable ({exc.strerror})"))
+                continue
+            if (st.st_dev, st.st_ino) != ident:
+                changed.append((path, "replaced by another file"))
+        quiet = folder is not None and time.time_ns() - max(folder[1:]) > _QUIET_NS
+        self._folder_seen = folder if quiet and not changed else None
+        return changed
 
     def _connect(self) -> sqlite3.Connection:
         try:
@@ -582,6 +681,9 @@ class SqliteDatabase(LocalDatabase):
                 )
                 self._check_format(conn)
             conn.execute("COMMIT")
+            # The schema into the database file at once: a store whose WAL is lost later
+            # is then an older store, never an empty file taken for a new one.
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
         finally:
             try:
                 if conn.in_transaction:
@@ -614,6 +716,8 @@ class SqliteDatabase(LocalDatabase):
     def create_transaction(self) -> SqliteTransaction:
         if self._closed:
             raise StoreError(f"{self.path}: the database is closed")
+        if self._broken is not None:
+            raise StoreError(self._broken)
         return SqliteTransaction(self)
 
     def _arm_watches(self, watches: list[EventWatch]) -> None:

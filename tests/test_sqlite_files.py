@@ -1,0 +1,184 @@
+"""The files of an embedded store: removed or replaced under an open store, foreign files,
+missing folders, what stays after close, and read-only stores.
+
+A holder process (``HOLDER`` below, a fresh interpreter) keeps the store open and commits one
+key per line it reads, printing ``ok`` only after the commit returned, or ``err <message>``;
+the test changes the files between its commits, as a user with ``rm`` would.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import IO
+
+import pytest
+
+import fdbqueue
+from fdbqueue import StoreError
+
+HOLDER = r"""
+import sys
+import fdbqueue
+
+db = fdbqueue.open(sys.argv[1])
+for line in sys.stdin:
+    key = line.strip().encode()
+    try:
+        db.set(key, b"v")
+    except fdbqueue.QueueError as exc:
+        print("err", type(exc).__name__, str(exc).replace("\n", " "), flush=True)
+    else:
+        print("ok", flush=True)
+"""
+
+
+class Holder:
+    """A process holding the store open; ``commit(key)`` returns its ``ok`` or ``err ...`` line."""
+
+    def __init__(self, url: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, url],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+        )
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.stdin: IO[str] = self.proc.stdin
+        self.stdout: IO[str] = self.proc.stdout
+
+    def commit(self, key: str) -> str:
+        self.stdin.write(key + "\n")
+        self.stdin.flush()
+        line = self.stdout.readline()
+        assert line, f"the holder exited with {self.proc.wait()}"
+        return line.strip()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+
+def keys_in(url: str) -> set[bytes]:
+    db = fdbqueue.open(url)
+    try:
+        return {kv.key for kv in db.get_range(b"", b"\xff")}  # type: ignore[attr-defined]
+    finally:
+        db.close()
+
+
+def open_elsewhere(url: str) -> str:
+    """What a new process meets when it opens ``url`` and reads: the keys, or its error."""
+    program = (
+        "import sys, fdbqueue\n"
+        "try:\n"
+        "    db = fdbqueue.open(sys.argv[1])\n"
+        "    print(sorted(kv.key.decode() for kv in db.get_range(b'', b'\\xff')))\n"
+        "except fdbqueue.QueueError as exc:\n"
+        "    print('error', exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program, url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+# --- files removed or replaced under an open store -------------------------------------------------
+
+
+@pytest.mark.parametrize("sync", ["full", "normal"])
+def test_removed_wal_is_refused_and_loses_no_reported_commit(tmp_path: Path, sync: str) -> None:
+    url = f"sqlite://{tmp_path / 'q.db'}?sync={sync}"
+    holder = Holder(url)
+    try:
+        reported = [f"k{i}" for i in range(20)]
+        assert [holder.commit(k) for k in reported] == ["ok"] * 20
+        os.unlink(tmp_path / "q.db-wal")
+        answer = holder.commit("after")
+        assert answer.startswith("err StoreError"), answer
+        assert "q.db-wal was removed" in answer and "reopen" in answer
+        assert holder.commit("again").startswith("err StoreError")  # and it stays refused
+        seen = open_elsewhere(url)
+        assert "not an fdbqueue store" not in seen
+        assert seen == str(sorted(reported)), seen  # consistent: every reported commit, no more
+    finally:
+        holder.kill()
+    assert keys_in(url) == {k.encode() for k in reported}
+
+
+@pytest.mark.parametrize("name", ["q.db", "q.db-shm", "q.db-lock"])
+def test_replaced_or_removed_files_refuse_commits(tmp_path: Path, name: str) -> None:
+    url = f"sqlite://{tmp_path / 'q.db'}?sync=normal"
+    holder = Holder(url)
+    try:
+        assert holder.commit("k0") == "ok"
+        target = tmp_path / name
+        if name == "q.db":  # replaced: a copy moved over it
+            shutil.copyfile(target, tmp_path / "copy")
+            os.replace(tmp_path / "copy", target)
+            how = "replaced"
+        else:
+            target.unlink()
+            how = "removed"
+        answer = holder.commit("k1")
+        assert answer.startswith("err StoreError"), answer
+        assert f"{name} was {how}" in answer and "reopen" in answer
+    finally:
+        holder.kill()
+
+
+def test_removed_directory_refuses_commits(tmp_path: Path) -> None:
+    folder = tmp_path / "app"
+    folder.mkdir()
+    holder = Holder(f"sqlite://{folder / 'q.db'}?sync=normal")
+    try:
+        assert holder.commit("k0") == "ok"
+        shutil.rmtree(folder)
+        answer = holder.commit("k1")
+        assert answer.startswith("err StoreError"), answer
+        assert f"its directory {folder} is gone" in answer
+    finally:
+        holder.kill()
+
+
+def test_a_store_whose_wal_was_lost_is_an_older_store_not_a_new_one(tmp_path: Path) -> None:
+    """A holder killed before it could notice: the store opens as what its file holds."""
+    url = f"sqlite://{tmp_path / 'q.db'}?sync=normal"
+    holder = Holder(url)
+    try:
+        assert holder.commit("k0") == "ok"
+        os.unlink(tmp_path / "q.db-wal")
+    finally:
+        holder.kill()
+    # Read only what the database file holds (immutable: no WAL), as the next open will.
+    conn = sqlite3.connect(f"file:{tmp_path / 'q.db'}?immutable=1", uri=True)
+    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    conn.close()
+    assert {"kv", "meta"} <= tables  # the schema was in the database file from the start
+    db = fdbqueue.open(url)  # so this opens the store the holder created, not a new one
+    db.close()
+
+
+def test_every_commit_checks_the_files(tmp_path: Path) -> None:
+    db = fdbqueue.open(f"sqlite://{tmp_path / 'q.db'}?sync=normal")
+    try:
+        db.set(b"a", b"1")  # type: ignore[attr-defined]
+        os.unlink(tmp_path / "q.db-shm")
+        with pytest.raises(StoreError, match=r"q\.db-shm was removed"):
+            db.set(b"b", b"2")  # type: ignore[attr-defined]
+        with pytest.raises(StoreError, match="reopen"):
+            db.get(b"a")  # type: ignore[attr-defined]
+    finally:
+        db.close()
