@@ -182,3 +182,40 @@ def test_every_commit_checks_the_files(tmp_path: Path) -> None:
             db.get(b"a")  # type: ignore[attr-defined]
     finally:
         db.close()
+
+
+# --- files that are not stores --------------------------------------------------------------------
+
+
+def foreign_database(path: Path, wal: bool) -> None:
+    conn = sqlite3.connect(path)
+    if wal:
+        conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)")
+    conn.execute("INSERT INTO customers (name) VALUES ('ada')")
+    conn.commit()
+    conn.close()
+
+
+@pytest.mark.parametrize("kind", ["text", "empty-looking sqlite", "foreign", "foreign-wal", "directory"])
+def test_a_file_that_is_not_a_store_is_refused_and_nothing_is_left_beside_it(
+    tmp_path: Path, kind: str
+) -> None:
+    path = tmp_path / "notes.db"
+    if kind == "text":
+        path.write_text("shopping: milk, eggs\n")
+    elif kind == "empty-looking sqlite":  # a SQLite header, then garbage
+        path.write_bytes(b"SQLite format 3\0" + os.urandom(4080))
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        foreign_database(path, wal=kind == "foreign-wal")
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(StoreError) as err:
+        fdbqueue.open(f"sqlite://{path}")
+    assert "not an fdbqueue store" in str(err.value) and str(path) in str(err.value)
+    assert sorted(os.listdir(tmp_path)) == before  # no -lock, -wal, -shm or -notify
+    if kind.startswith("foreign"):
+        conn = sqlite3.connect(path)
+        assert conn.execute("SELECT name FROM customers").fetchall() == [("ada",)]
+        conn.close()

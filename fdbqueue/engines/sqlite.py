@@ -60,6 +60,7 @@ import time
 import uuid
 from itertools import repeat
 from typing import Any
+from urllib.parse import quote
 
 from fdbqueue.clock import VERSIONS_PER_SECOND, monotonic_us
 from fdbqueue.engines import ParsedURL, _shared, take_params
@@ -146,6 +147,9 @@ def _boot_id() -> bytes | None:
 
 _BOOT_ID = _boot_id()
 
+_SQLITE_MAGIC = b"SQLite format 3\0"  # the first 16 bytes of every SQLite database file
+_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table'"
+
 _SCHEMA = (
     "CREATE TABLE kv (k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID",
     "CREATE TABLE meta (name TEXT PRIMARY KEY, value)",
@@ -153,10 +157,15 @@ _SCHEMA = (
 
 
 def open_sqlite(url: str, parsed: ParsedURL) -> SqliteDatabase:
-    """Open (creating it and its parent directories if needed) the store ``parsed.path`` names."""
+    """Open the store ``parsed.path`` names, creating the file (not its directory) if missing.
+
+    A leading ``~`` is the user's home directory.
+    """
     params = take_params(parsed, {"sync": "full", "lock_timeout": "10"})
     if not parsed.path:
         raise InvalidURLError(f"{url!r} names no file: use sqlite:///abs/path.db or sqlite://rel/path.db")
+    # sqlite://~/q.db is the home directory's q.db, as a shell would read it.
+    path = os.path.expanduser(parsed.path) if parsed.path.startswith("~") else parsed.path
     sync = params["sync"].lower()
     if sync not in ("full", "normal"):
         raise InvalidURLError(f"sync={params['sync']!r} in {url!r}: use sync=full or sync=normal")
@@ -166,7 +175,11 @@ def open_sqlite(url: str, parsed: ParsedURL) -> SqliteDatabase:
         lock_timeout = -1.0
     if not lock_timeout > 0:
         raise InvalidURLError(f"lock_timeout={params['lock_timeout']!r} in {url!r}: use seconds > 0")
-    return SqliteDatabase(url=url, path=parsed.path, sync=sync, lock_timeout=lock_timeout)
+    return SqliteDatabase(url=url, path=path, sync=sync, lock_timeout=lock_timeout)
+
+
+class _NotAStore(StoreError):
+    """A file that is not an fdbqueue store (raised as the StoreError it is)."""
 
 
 def _translate(exc: sqlite3.Error, path: str) -> QueueError:
@@ -180,7 +193,7 @@ def _translate(exc: sqlite3.Error, path: str) -> QueueError:
     if "disk i/o" in low:
         return StoreError(f"{path}: disk I/O error ({text})")
     if "not a database" in low or "malformed" in low or "corrupt" in low:
-        return StoreError(f"{path} is not an fdbqueue store: not a SQLite database, or corrupt ({text})")
+        return _NotAStore(f"{path} is not an fdbqueue store: not a SQLite database, or corrupt ({text})")
     return StoreError(f"{path}: SQLite error: {text}")
 
 
@@ -534,11 +547,61 @@ class SqliteDatabase(LocalDatabase):
         # Connections for transactions begun while their thread holds another (rare).
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
+        if not os.path.isdir(self._folder):
+            # Never made implicitly: a typo would otherwise become a new, empty store.
+            raise StoreError(
+                f"{path}: the directory {self._folder} does not exist; create it first "
+                f"(mkdir -p {self._folder})"
+            )
+        self._refuse_foreign()
+        beside = [self._real + suffix for suffix in ("-lock", "-wal", "-shm")]
+        existed = [os.path.lexists(p) for p in beside]
         try:
-            os.makedirs(os.path.dirname(self._real), exist_ok=True)
+            self._open()
+        except _NotAStore:
+            # Leave nothing behind that this open created: the file is nobody's store.
+            for p, was in zip(beside, existed, strict=True):
+                if not was:
+                    with contextlib.suppress(OSError):
+                        os.unlink(p)
+            raise
+
+    def _refuse_foreign(self) -> None:
+        """Refuse a file that is plainly not a store, before creating anything beside it."""
+        if os.path.isdir(self._real):
+            raise _NotAStore(f"{self.path} is a directory, not an fdbqueue store")
+        try:
+            with open(self._real, "rb") as f:
+                head = f.read(len(_SQLITE_MAGIC))
+        except FileNotFoundError:
+            return  # a new store
         except OSError as exc:
-            raise StoreError(f"{path}: cannot create its directory: {exc.strerror}") from exc
-        self._open()
+            raise StoreError(f"{self.path}: cannot read it: {exc.strerror}") from exc
+        if not head:
+            return  # an empty file becomes a store
+        if head != _SQLITE_MAGIC:
+            raise _NotAStore(
+                f"{self.path} is not an fdbqueue store: not a SQLite database; refusing to use it"
+            )
+        # What the database file itself lists (immutable: no lock, no WAL, nothing created).
+        # A store's schema is there from its creation on; a listing that fails, or is
+        # empty, is left to the open, which reads the WAL too.
+        try:
+            conn = sqlite3.connect(f"file:{quote(self._real)}?immutable=1", uri=True)
+            try:
+                tables = {row[0] for row in conn.execute(_TABLES)}
+            finally:
+                conn.close()
+        except sqlite3.Error:
+            return
+        if tables and not {"kv", "meta"} <= tables:
+            raise self._foreign(tables)
+
+    def _foreign(self, tables: set[str]) -> _NotAStore:
+        return _NotAStore(
+            f"{self.path} is a SQLite database but not an fdbqueue store "
+            f"(tables: {', '.join(sorted(tables))}); refusing to use it"
+        )
 
     def _open(self) -> None:
         self._generation = _shared.fork_generation
@@ -634,7 +697,7 @@ class SqliteDatabase(LocalDatabase):
 
     def _check_format(self, conn: sqlite3.Connection) -> bool:
         """True for a valid store, False for an empty file; raises for anything else."""
-        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        tables = {row[0] for row in conn.execute(_TABLES)}
         if not tables:
             return False
         meta: dict[str, Any] = {}
@@ -644,10 +707,7 @@ class SqliteDatabase(LocalDatabase):
             except sqlite3.OperationalError:
                 meta = {}  # a foreign table named meta
         if meta.get("format") != FORMAT:
-            raise StoreError(
-                f"{self.path} is a SQLite database but not an fdbqueue store "
-                f"(tables: {', '.join(sorted(tables))}); refusing to use it"
-            )
+            raise self._foreign(tables)
         found = str(meta.get("format_version", ""))
         major = found.partition(".")[0]
         store_id = meta.get("store_id")
