@@ -14,6 +14,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import IO
 
@@ -21,6 +22,7 @@ import pytest
 
 import fdbqueue
 from fdbqueue import StoreError
+from fdbqueue.engines._notify import notify_dir_for
 
 HOLDER = r"""
 import sys
@@ -219,3 +221,61 @@ def test_a_file_that_is_not_a_store_is_refused_and_nothing_is_left_beside_it(
         conn = sqlite3.connect(path)
         assert conn.execute("SELECT name FROM customers").fetchall() == [("ada",)]
         conn.close()
+
+
+# --- what stays after close ----------------------------------------------------------------------
+
+WATCHER = r"""
+import sys
+import fdbqueue
+
+db = fdbqueue.open(sys.argv[1])
+_, watch = db.get_and_watch(b"w")
+print("armed", flush=True)
+sys.stdin.read()
+db.close()
+"""
+
+
+def test_last_close_leaves_only_the_database_and_its_lock_file(tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path / 'q.db'}?sync=normal"
+    db = fdbqueue.open(url)
+    _, watch = db.get_and_watch(b"w")  # type: ignore[attr-defined]
+    assert not watch.is_ready()
+    other = subprocess.Popen(
+        [sys.executable, "-c", WATCHER, url],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )
+    try:
+        assert other.stdout is not None and other.stdout.readline().strip() == "armed"
+        notify = notify_dir_for(os.path.realpath(tmp_path / "q.db"))
+        assert os.path.isdir(notify)
+        db.close()  # not the last: the other process still watches
+        assert len(os.listdir(notify)) == 1
+        other.communicate("", timeout=30)
+        assert other.returncode == 0
+    finally:
+        if other.poll() is None:
+            other.kill()
+    # SQLite removes the WAL and its index at the last close; the engine its notify folder.
+    assert sorted(os.listdir(tmp_path)) == ["q.db", "q.db-lock"]
+    assert not os.path.exists(notify)
+    assert keys_in(url) == set()  # and the store opens again
+
+
+def test_a_closed_store_can_be_removed_with_rm_f() -> None:
+    tmp_path = Path(tempfile.mkdtemp(prefix="fq"))  # short enough for the notify folder beside it
+    url = f"sqlite://{tmp_path / 'q.db'}?sync=normal"
+    db = fdbqueue.open(url)
+    db.set(b"k", b"v")  # type: ignore[attr-defined]
+    _, watch = db.get_and_watch(b"k")  # type: ignore[attr-defined]
+    assert not watch.is_ready()
+    assert os.path.isdir(f"{tmp_path}/q.db-notify")
+    db.close()
+    done = subprocess.run(f"rm -f {tmp_path}/q.db*", shell=True, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert os.listdir(tmp_path) == []
+    tmp_path.rmdir()
