@@ -279,3 +279,81 @@ def test_a_closed_store_can_be_removed_with_rm_f() -> None:
     assert done.returncode == 0, done.stderr
     assert os.listdir(tmp_path) == []
     tmp_path.rmdir()
+
+
+# --- read-only stores ----------------------------------------------------------------------------
+
+READS = [["list"], ["stats", "jobs"], ["peek", "jobs"], ["browse", "jobs"], ["get", "jobs", "ID"]]
+
+
+def make_store(folder: Path) -> tuple[str, str]:
+    """A closed store with queue ``jobs`` holding two messages; its URL and the first id."""
+    url = f"sqlite://{folder / 'q.db'}"
+    db = fdbqueue.open(url)
+    try:
+        fdbqueue.create_queue(db, "jobs")
+        first = fdbqueue.Queue("jobs").enqueue(db, b"one")
+        fdbqueue.Queue("jobs").enqueue(db, b"two")
+    finally:
+        db.close()
+    return url, first
+
+
+def cli(url: str, *args: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*prefix, sys.executable, "-m", "fdbqueue", "--url", url, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )
+
+
+def test_mode_ro_reads_and_refuses_writes(tmp_path: Path) -> None:
+    url, first = make_store(tmp_path)
+    ro = url + "?mode=ro"
+    for args in READS:
+        done = cli(ro, *[first if a == "ID" else a for a in args])
+        assert done.returncode == 0, (args, done.stderr)
+    assert "one" in cli(ro, "peek", "jobs").stdout
+    for args in (["enqueue", "jobs", "three"], ["dequeue", "jobs"], ["purge", "jobs", "--yes"]):
+        done = cli(ro, *args)
+        assert done.returncode == 1, (args, done.stdout, done.stderr)
+        assert "read-only" in done.stderr, (args, done.stderr)
+    db = fdbqueue.open(ro)
+    try:
+        with pytest.raises(StoreError, match="read-only"):
+            db.set(b"k", b"v")  # type: ignore[attr-defined]
+    finally:
+        db.close()
+    db = fdbqueue.open(url)
+    try:
+        assert fdbqueue.Queue("jobs").size(db) == 2  # nothing changed
+    finally:
+        db.close()
+
+
+def test_mode_ro_never_creates_a_store(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="does not exist"):
+        fdbqueue.open(f"sqlite://{tmp_path / 'none.db'}?mode=ro")
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_store_on_a_read_only_mount_can_be_read(tmp_path: Path) -> None:
+    """The default mode on a read-only file system: reads work, writes say why they cannot."""
+    (tmp_path / "src").mkdir()
+    _, first = make_store(tmp_path / "src")
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    program = f'mount --bind {tmp_path / "src"} {mount} && mount -o remount,bind,ro {mount} && exec "$@"'
+    prefix = ("unshare", "--mount", "sh", "-c", program, "sh")
+    probe = subprocess.run([*prefix, "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a read-only bind mount here: {probe.stderr.strip()}")
+    ro_url = f"sqlite://{mount / 'q.db'}"
+    for args in READS:
+        done = cli(ro_url, *[first if a == "ID" else a for a in args], prefix=prefix)
+        assert done.returncode == 0, (args, done.stderr)
+    done = cli(ro_url, "enqueue", "jobs", "three", prefix=prefix)
+    assert done.returncode == 1 and "read-only" in done.stderr, done.stderr
+    assert "file system is read-only" in done.stderr

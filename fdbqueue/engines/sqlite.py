@@ -58,6 +58,7 @@ import struct
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from itertools import repeat
 from typing import Any
 from urllib.parse import quote
@@ -161,7 +162,7 @@ def open_sqlite(url: str, parsed: ParsedURL) -> SqliteDatabase:
 
     A leading ``~`` is the user's home directory.
     """
-    params = take_params(parsed, {"sync": "full", "lock_timeout": "10"})
+    params = take_params(parsed, {"sync": "full", "lock_timeout": "10", "mode": "rw"})
     if not parsed.path:
         raise InvalidURLError(f"{url!r} names no file: use sqlite:///abs/path.db or sqlite://rel/path.db")
     # sqlite://~/q.db is the home directory's q.db, as a shell would read it.
@@ -175,7 +176,10 @@ def open_sqlite(url: str, parsed: ParsedURL) -> SqliteDatabase:
         lock_timeout = -1.0
     if not lock_timeout > 0:
         raise InvalidURLError(f"lock_timeout={params['lock_timeout']!r} in {url!r}: use seconds > 0")
-    return SqliteDatabase(url=url, path=path, sync=sync, lock_timeout=lock_timeout)
+    mode = params["mode"].lower()
+    if mode not in ("rw", "ro"):
+        raise InvalidURLError(f"mode={params['mode']!r} in {url!r}: use mode=rw or mode=ro (read-only)")
+    return SqliteDatabase(url=url, path=path, sync=sync, lock_timeout=lock_timeout, read_only=mode == "ro")
 
 
 class _NotAStore(StoreError):
@@ -228,10 +232,10 @@ class SqliteTransaction(LocalTransaction):
             raise StoreError(f"{db.path}: the database is closed")
         if db._broken is not None:
             raise StoreError(db._broken)
-        if db._store.owner == threading.get_ident():
+        if db.read_only or db._store.owner == threading.get_ident():
             # This thread holds the lock in another transaction, which cannot end while
-            # we wait: read the last committed state from a snapshot instead; writing
-            # raises NestedTransactionError (see _no_writes).
+            # we wait (or the handle is read-only): read the last committed state from a
+            # snapshot instead; writing raises an error (see _no_writes).
             conn = db._take_reader()
             try:
                 conn.execute("BEGIN")
@@ -250,7 +254,12 @@ class SqliteTransaction(LocalTransaction):
         self._conn = conn
         self._locked = True
 
-    def _no_writes(self) -> NestedTransactionError:
+    def _no_writes(self) -> QueueError:
+        db = self.db
+        if db.read_only:
+            return StoreError(
+                f"{db.path} is open read-only ({db._read_only}): this handle can read but not write"
+            )
         return NestedTransactionError(
             f"this thread holds another transaction on {self.db.path}: a transaction begun meanwhile "
             "may read (the last committed state) but not write, since the embedded engine has a "
@@ -354,6 +363,9 @@ class SqliteTransaction(LocalTransaction):
 
     def _read_version(self) -> int:
         if self._rv is None:
+            if self.db.read_only:
+                self._rv = self.db._read_only_version(self._reserved)
+                return self._rv
             last, _, _, now = self._clock()
             # One below the clock: every later commit (at least the clock) is above it.
             self._rv = max(last, now - 1)
@@ -531,12 +543,20 @@ class SqliteDatabase(LocalDatabase):
     may_conflict = False
     may_commit_unknown = False
 
-    def __init__(self, *, url: str, path: str, sync: str, lock_timeout: float) -> None:
+    def __init__(
+        self, *, url: str, path: str, sync: str, lock_timeout: float, read_only: bool = False
+    ) -> None:
         self.url = url
         self.path = path
         self.sync = sync
         self._real = os.path.realpath(path)
         self._folder = os.path.dirname(self._real)
+        #: True when this handle only reads: opened with ``mode=ro``, or its file or folder
+        #: cannot be written (a read-only mount, no permission); ``_read_only`` says why.
+        self.read_only = read_only
+        self._read_only = "opened with mode=ro" if read_only else ""
+        self._ro_base: int | None = None  # read-only handles: the version clock's base
+        self._ro_last = 0
         # sync=full: SQLite runs at synchronous=NORMAL and each commit fsyncs the WAL itself,
         # after releasing the store lock (see _walsync).
         self._wal = WalSync(self._real, path) if sync == "full" else None
@@ -554,6 +574,13 @@ class SqliteDatabase(LocalDatabase):
                 f"(mkdir -p {self._folder})"
             )
         self._refuse_foreign()
+        why = "" if read_only else self._why_read_only()
+        if why:
+            self.read_only, self._read_only = True, why
+        if self.read_only:
+            self._wal = None
+            self._open()
+            return
         beside = [self._real + suffix for suffix in ("-lock", "-wal", "-shm")]
         existed = [os.path.lexists(p) for p in beside]
         try:
@@ -603,8 +630,88 @@ class SqliteDatabase(LocalDatabase):
             f"(tables: {', '.join(sorted(tables))}); refusing to use it"
         )
 
+    def _why_read_only(self) -> str:
+        """Why an existing store cannot be written here ("" when it can)."""
+        if not os.path.exists(self._real):
+            return ""  # a new store: creating it says what is wrong, if anything
+        try:
+            if os.statvfs(self._folder).f_flag & os.ST_RDONLY:
+                return "the file system is read-only"
+        except OSError:
+            pass
+        if not (os.access(self._real, os.W_OK) and os.access(self._folder, os.W_OK)):
+            return f"no permission to write {self.path} or its directory"
+        return ""
+
+    def _read_only_target(self) -> str:
+        """SQLite's URI for a read-only connection: ``immutable`` where nobody can write.
+
+        On a read-only file system SQLite cannot make the WAL index a reader needs
+        (https://www.sqlite.org/wal.html#readonly), and no process can change the file:
+        ``immutable=1`` reads it without locks or WAL, unless a WAL was left there.
+        """
+        target = f"file:{quote(self._real)}?mode=ro"
+        wal = self._real + "-wal"
+        if self._read_only.startswith("the file system") and not (
+            os.path.exists(wal) and os.path.getsize(wal) > 0
+        ):
+            target += "&immutable=1"
+        return target
+
+    def _open_read_only(self) -> None:
+        if not os.path.exists(self._real):
+            raise StoreError(f"{self.path} does not exist (opened read-only, nothing is created)")
+        try:
+            conn = sqlite3.connect(
+                self._read_only_target(),
+                uri=True,
+                timeout=self._lock_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from exc
+        try:
+            if not self._check_format(conn):
+                raise _NotAStore(f"{self.path} is not an fdbqueue store: it holds no tables")
+        except BaseException as exc:
+            conn.close()
+            if isinstance(exc, sqlite3.Error):
+                raise _translate(exc, self.path) from exc
+            raise
+        self._conn = conn
+
+    def _read_only_version(self, reserved: Callable[[], int]) -> int:
+        """A read version for a read-only handle, which cannot take the store lock.
+
+        The version clock of the lock file's page when a writer keeps it this boot, else
+        meta's reservation (at or above every committed version) advanced by this
+        process's monotonic clock; never below one handed out before.
+        """
+        now: int | None = None
+        mono = monotonic_us()
+        try:
+            with open(self._real + "-lock", "rb") as f:
+                page = f.read(_CLOCK.size)
+        except OSError:
+            page = b""
+        if self._clock_tag is not None and len(page) == _CLOCK.size:
+            found, last, _, state, base = _CLOCK.unpack(page)
+            if found == self._clock_tag and state != _PENDING and base + mono + VERSIONS_PER_SECOND >= last:
+                now = max(last, base + mono - 1)
+        if now is None:
+            if self._ro_base is None:
+                self._ro_base = reserved() - mono
+            now = self._ro_base + mono
+        with self._readers_lock:
+            self._ro_last = max(self._ro_last, now)
+            return self._ro_last
+
     def _open(self) -> None:
         self._generation = _shared.fork_generation
+        if self.read_only:
+            self._open_read_only()
+            return
         self._store = _shared.attach(self._real, self.path)
         try:
             self._conn = self._connect()
@@ -762,9 +869,14 @@ class SqliteDatabase(LocalDatabase):
         with self._readers_lock:
             if self._readers:
                 return self._readers.pop()
+        ro = self.read_only
         try:
             return sqlite3.connect(
-                self._real, timeout=self._lock_timeout, isolation_level=None, check_same_thread=False
+                self._read_only_target() if ro else self._real,
+                uri=ro,
+                timeout=self._lock_timeout,
+                isolation_level=None,
+                check_same_thread=False,
             )
         except sqlite3.Error as exc:
             raise _translate(exc, self.path) from exc
@@ -781,6 +893,10 @@ class SqliteDatabase(LocalDatabase):
         return SqliteTransaction(self)
 
     def _arm_watches(self, watches: list[EventWatch]) -> None:
+        if self.read_only:
+            for w in watches:
+                w.fail(4100, f"cannot watch {self.path}: it is open read-only ({self._read_only})")
+            return
         if self._generation != _shared.fork_generation:
             self._reopen_after_fork()
         try:
@@ -804,4 +920,5 @@ class SqliteDatabase(LocalDatabase):
             for conn in self._readers:
                 conn.close()
             self._readers.clear()
-        _shared.detach(self._store)
+        if not self.read_only:
+            _shared.detach(self._store)
