@@ -357,3 +357,19 @@ def test_a_store_on_a_read_only_mount_can_be_read(tmp_path: Path) -> None:
     done = cli(ro_url, "enqueue", "jobs", "three", prefix=prefix)
     assert done.returncode == 1 and "read-only" in done.stderr, done.stderr
     assert "file system is read-only" in done.stderr
+
+
+def test_a_process_opening_before_the_holder_notices_gets_a_clear_error(tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path / 'q.db'}?sync=normal"
+    holder = Holder(url)
+    try:
+        reported = [f"k{i}" for i in range(5)]
+        assert [holder.commit(k) for k in reported] == ["ok"] * 5
+        os.unlink(tmp_path / "q.db-wal")
+        seen = open_elsewhere(url)  # before the holder's next commit
+        assert seen.startswith("error"), seen
+        assert "not an fdbqueue store" not in seen and "q.db-wal" in seen and "removed" in seen, seen
+        assert holder.commit("after").startswith("err StoreError")
+        assert open_elsewhere(url) == str(sorted(reported))  # then consistent
+    finally:
+        holder.kill()

@@ -186,10 +186,52 @@ class _NotAStore(StoreError):
     """A file that is not an fdbqueue store (raised as the StoreError it is)."""
 
 
-def _translate(exc: sqlite3.Error, path: str) -> QueueError:
-    """A SQLite error as the QueueError a caller can act on."""
+# The WAL index header at the start of -shm (https://www.sqlite.org/walformat.html, 2.1),
+# in the machine's byte order: version, unused, change counter, isInit, big-endian
+# checksums, page size, frames; two copies, equal unless a writer is changing them.
+_WAL_INDEX = struct.Struct("=IIIBBHI")
+_WAL_INDEX_COPY = 48
+_WAL_VERSION = 3007000
+
+
+def _wal_lost(real: str) -> str | None:
+    """Why the store's WAL cannot hold what its index says it holds, if it cannot.
+
+    A process that has the store open keeps its WAL index in ``-shm``; when the ``-wal``
+    beside it is gone or shorter than the frames it lists, the WAL was removed (or
+    truncated) under that process: SQLite then reports "disk I/O error" or reads garbage.
+    """
+    wal, shm = real + "-wal", real + "-shm"
+    try:
+        with open(shm, "rb") as f:
+            head = f.read(2 * _WAL_INDEX_COPY)
+        size = os.path.getsize(wal) if os.path.exists(wal) else 0
+    except OSError:
+        return None
+    if len(head) < 2 * _WAL_INDEX_COPY or head[:_WAL_INDEX_COPY] != head[_WAL_INDEX_COPY:]:
+        return None
+    version, _, _, init, _, page, frames = _WAL_INDEX.unpack_from(head)
+    if version != _WAL_VERSION or not init or not frames:
+        return None
+    if size >= 32 + frames * (24 + (65536 if page == 1 else page)):
+        return None
+    return (
+        f"{wal} holds less than its index {shm} lists ({frames} frames): it was removed or "
+        "truncated while a process had the store open. That process refuses its next commit, "
+        "copying the commits it still holds into the database file first (and does so too when "
+        "it closes the store); open the store again after that. Never remove a store's files "
+        "while a process has it open"
+    )
+
+
+def _translate(exc: sqlite3.Error, path: str, real: str | None = None) -> QueueError:
+    """A SQLite error as the QueueError a caller can act on (``real``: the store's real path)."""
     text = str(exc)
     low = text.lower()
+    if real is not None and any(w in low for w in ("disk i/o", "not a database", "malformed")):
+        lost = _wal_lost(real)
+        if lost is not None:
+            return StoreError(f"{path}: {lost} ({text})")
     if "locked" in low or "busy" in low:
         return EngineError(1037, f"{path} stayed locked by another SQLite connection ({text})")
     if "full" in low:
@@ -241,7 +283,7 @@ class SqliteTransaction(LocalTransaction):
                 conn.execute("BEGIN")
             except sqlite3.Error as exc:
                 db._give_back_reader(conn)
-                raise _translate(exc, db.path) from exc
+                raise _translate(exc, db.path, db._real) from exc
             self._nested = True
         else:
             conn = db._conn
@@ -250,7 +292,7 @@ class SqliteTransaction(LocalTransaction):
                 conn.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
                 db._store.release()
-                raise _translate(exc, db.path) from exc
+                raise _translate(exc, db.path, db._real) from exc
         self._conn = conn
         self._locked = True
 
@@ -273,7 +315,7 @@ class SqliteTransaction(LocalTransaction):
         self._rollback()
         self._state = "failed"
         self._live = False
-        return _translate(exc, self.db.path)
+        return _translate(exc, self.db.path, self.db._real)
 
     def _get(self, key: bytes, snapshot: bool) -> bytes | None:
         try:
@@ -670,14 +712,14 @@ class SqliteDatabase(LocalDatabase):
                 check_same_thread=False,
             )
         except sqlite3.Error as exc:
-            raise _translate(exc, self.path) from exc
+            raise _translate(exc, self.path, self._real) from exc
         try:
             if not self._check_format(conn):
                 raise _NotAStore(f"{self.path} is not an fdbqueue store: it holds no tables")
         except BaseException as exc:
             conn.close()
             if isinstance(exc, sqlite3.Error):
-                raise _translate(exc, self.path) from exc
+                raise _translate(exc, self.path, self._real) from exc
             raise
         self._conn = conn
 
@@ -781,7 +823,7 @@ class SqliteDatabase(LocalDatabase):
                 self._real, timeout=self._lock_timeout, isolation_level=None, check_same_thread=False
             )
         except sqlite3.Error as exc:
-            raise _translate(exc, self.path) from exc
+            raise _translate(exc, self.path, self._real) from exc
         conn.create_function("fdb_atomic", 3, _sql_atomic, deterministic=True)
         conn.create_function("fdb_add", 2, _sql_add, deterministic=True)
         try:
@@ -798,7 +840,7 @@ class SqliteDatabase(LocalDatabase):
         except BaseException as exc:
             conn.close()
             if isinstance(exc, sqlite3.Error):
-                raise _translate(exc, self.path) from exc
+                raise _translate(exc, self.path, self._real) from exc
             raise
         return conn
 
@@ -811,7 +853,9 @@ class SqliteDatabase(LocalDatabase):
         if {"kv", "meta"} <= tables:
             try:
                 meta = dict(conn.execute("SELECT name, value FROM meta"))
-            except sqlite3.OperationalError:
+            except sqlite3.OperationalError as exc:
+                if "no such column" not in str(exc):
+                    raise  # e.g. a disk I/O error: the store may be ours, say what happened
                 meta = {}  # a foreign table named meta
         if meta.get("format") != FORMAT:
             raise self._foreign(tables)
@@ -879,7 +923,7 @@ class SqliteDatabase(LocalDatabase):
                 check_same_thread=False,
             )
         except sqlite3.Error as exc:
-            raise _translate(exc, self.path) from exc
+            raise _translate(exc, self.path, self._real) from exc
 
     def _give_back_reader(self, conn: sqlite3.Connection) -> None:
         with self._readers_lock:
