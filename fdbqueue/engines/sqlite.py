@@ -1,9 +1,21 @@
 """The embedded engine: one SQLite file, safe for many threads and processes.
 
-URL: ``sqlite:///abs/path.db`` or ``sqlite://rel/path.db``, with ``sync=full`` (default:
-every commit is fsynced before it returns, so it survives power loss) or ``sync=normal``
-(survives a process crash; the last commits may be lost on power loss), and
-``lock_timeout=10`` (seconds a transaction may wait for the store lock).
+URL: ``sqlite:///abs/path.db``, ``sqlite://rel/path.db`` or ``sqlite://~/path.db`` (the home
+directory), with ``sync=full`` (default: every commit is fsynced before it returns, so it
+survives power loss) or ``sync=normal`` (survives a process crash; the last commits may be
+lost on power loss), ``lock_timeout=10`` (seconds a transaction may wait for the store lock)
+and ``mode=rw`` (default) or ``mode=ro`` (read-only). The file is created if missing, its
+directory never: a missing one is a StoreError naming it.
+
+Files: ``X.db`` (the data) and ``X.db-lock`` (the store lock and the shared version page,
+4 KB, kept after close: see docs/architecture.md); while a process has the store open,
+SQLite's ``X.db-wal`` and ``X.db-shm``, which SQLite removes at the last close, and while one
+watches, ``X.db-notify/``, which the last watcher removes. A file that is not a store is
+refused before anything is created beside it. Every commit checks that none of the four
+files was removed or replaced since the open (``_changed_files``) and refuses if one was.
+
+Read-only (``mode=ro``, or found so: a read-only mount, no write permission): no lock, no
+file created; each transaction reads the last committed state, any write raises StoreError.
 
 Concurrency: pessimistic and serializable, one writer at a time. A transaction takes the
 store lock at its first operation and holds it until it commits or rolls back. The lock is
@@ -783,7 +795,7 @@ class SqliteDatabase(LocalDatabase):
         file changes. Removing, renaming or creating a file in a folder updates the folder's
         modification time, so while the folder's (inode, mtime, ctime) stay what they were at
         the last full check, one ``stat`` of the folder answers for all four files
-        (docs/performance.md has the cost). A full check is trusted for later commits only
+        (docs/architecture.md has the cost). A full check is trusted for later commits only
         when the folder has been quiet for a while: a change made in the same tick of the
         file system's clock as the one before it could leave its time stamp unchanged.
         """
