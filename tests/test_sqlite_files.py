@@ -37,6 +37,8 @@ for line in sys.stdin:
         print("err", type(exc).__name__, str(exc).replace("\n", " "), flush=True)
     else:
         print("ok", flush=True)
+db.close()
+print("closed", flush=True)
 """
 
 
@@ -61,6 +63,12 @@ class Holder:
         line = self.stdout.readline()
         assert line, f"the holder exited with {self.proc.wait()}"
         return line.strip()
+
+    def close(self) -> None:
+        """End its input: it closes the store cleanly and exits."""
+        self.stdin.close()
+        assert self.stdout.read().split() == ["closed"]
+        assert self.proc.wait(30) == 0
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -373,3 +381,20 @@ def test_a_process_opening_before_the_holder_notices_gets_a_clear_error(tmp_path
         assert open_elsewhere(url) == str(sorted(reported))  # then consistent
     finally:
         holder.kill()
+
+
+def test_closing_cleanly_saves_what_the_removed_wal_held(tmp_path: Path) -> None:
+    """Even when another process still has the store open, so that SQLite's close is not the last."""
+    url = f"sqlite://{tmp_path / 'q.db'}?sync=normal"
+    first, other = Holder(url), Holder(url)
+    try:
+        reported = [f"k{i}" for i in range(5)]
+        assert [first.commit(k) for k in reported] == ["ok"] * 5
+        assert other.commit("c0") == "ok"
+        os.unlink(tmp_path / "q.db-wal")
+        first.close()
+        other.kill()  # it never commits again
+    finally:
+        first.kill()
+        other.kill()
+    assert keys_in(url) == {k.encode() for k in [*reported, "c0"]}

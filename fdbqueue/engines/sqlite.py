@@ -527,14 +527,7 @@ class SqliteTransaction(LocalTransaction):
         conn = self._conn
         with contextlib.suppress(sqlite3.Error):  # SQLite may have rolled back already
             conn.execute("ROLLBACK")
-        saved = ""
-        if {path for path, _ in changed} == {db._real + "-wal"}:
-            try:
-                busy, log, done = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-                if busy == 0 and log == done:
-                    saved = f"; the commits it held were copied into {db.path}"
-            except sqlite3.Error:
-                pass
+        saved = f"; the commits it held were copied into {db.path}" if db._save_lost_wal(changed) else ""
         self._end()
         self._state = "failed"
         self._live = False
@@ -788,6 +781,23 @@ class SqliteDatabase(LocalDatabase):
             files.append((path, (st.st_dev, st.st_ino)))
         return files
 
+    def _save_lost_wal(self, changed: list[tuple[str, str]]) -> bool:
+        """When only the WAL was removed or replaced: copy what it holds into the database file.
+
+        Call with the store lock held (no writer appends meanwhile) and no transaction open
+        on ``_conn``. This connection still has the old WAL open; a checkpoint copies every
+        commit in it into the database file, and TRUNCATE resets the WAL index, so a process
+        that opens the store afterwards reads the database file alone (and the new WAL).
+        True when every frame was copied.
+        """
+        if {path for path, _ in changed} != {self._real + "-wal"}:
+            return False
+        try:
+            busy, log, done = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except sqlite3.Error:
+            return False
+        return bool(busy == 0 and log == done)
+
     def _changed_files(self) -> list[tuple[str, str]]:
         """The store's files that were removed or replaced since it was opened, with how.
 
@@ -914,6 +924,24 @@ class SqliteDatabase(LocalDatabase):
             finally:
                 self._store.release()
 
+    def _save_at_close(self) -> None:
+        """A WAL removed under this handle: save what it holds, even if SQLite's close will not.
+
+        SQLite checkpoints at the last connection's close only; another process with the
+        store open would leave the commits in the removed WAL to vanish with this process.
+        """
+        changed = self._changed_files()
+        if not changed:
+            return
+        try:
+            self._store.acquire(self._lock_timeout, self.path)
+        except QueueError:
+            return  # a transaction of this thread, or a stuck one, holds it: SQLite's close may still
+        try:
+            self._save_lost_wal(changed)
+        finally:
+            self._store.release()
+
     def _reopen_after_fork(self) -> None:
         _shared.inherited.extend((self._conn, self._readers))
         self._readers = []
@@ -969,6 +997,8 @@ class SqliteDatabase(LocalDatabase):
         self._closed = True
         if self._generation != _shared.fork_generation:
             return  # inherited from the parent process: its resources are not ours to release
+        if not self.read_only:
+            self._save_at_close()
         self._conn.close()
         if self._wal:
             self._wal.close()
