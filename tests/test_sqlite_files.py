@@ -398,3 +398,26 @@ def test_closing_cleanly_saves_what_the_removed_wal_held(tmp_path: Path) -> None
         first.kill()
         other.kill()
     assert keys_in(url) == {k.encode() for k in [*reported, "c0"]}
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
+def test_a_store_without_write_permission_can_be_read() -> None:
+    """Another user's store, with no permission to write it or its directory (root ignores
+    permissions, so the reads run as nobody)."""
+    folder = Path(tempfile.mkdtemp(prefix="fq"))
+    try:
+        _, first = make_store(folder)
+        for path in folder.iterdir():
+            path.chmod(0o444)
+        folder.chmod(0o555)
+        prefix = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
+        url = f"sqlite://{folder / 'q.db'}"
+        for args in READS:
+            done = cli(url, *[first if a == "ID" else a for a in args], prefix=prefix)
+            assert done.returncode == 0, (args, done.stderr)
+        done = cli(url, "enqueue", "jobs", "three", prefix=prefix)
+        assert done.returncode == 1 and "read-only" in done.stderr, done.stderr
+        assert "no permission to write" in done.stderr
+    finally:
+        folder.chmod(0o755)
+        shutil.rmtree(folder)

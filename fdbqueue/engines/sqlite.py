@@ -603,6 +603,7 @@ class SqliteDatabase(LocalDatabase):
         self.read_only = read_only
         self._read_only = "opened with mode=ro" if read_only else ""
         self._ro_base: int | None = None  # read-only handles: the version clock's base
+        self._immutable = False  # read-only handles: reading the database file alone
         self._ro_last = 0
         # sync=full: SQLite runs at synchronous=NORMAL and each commit fsyncs the WAL itself,
         # after releasing the store lock (see _walsync).
@@ -691,42 +692,57 @@ class SqliteDatabase(LocalDatabase):
         return ""
 
     def _read_only_target(self) -> str:
-        """SQLite's URI for a read-only connection: ``immutable`` where nobody can write.
+        """SQLite's URI for a read-only connection (``_immutable``: the file alone, no WAL)."""
+        return f"file:{quote(self._real)}?mode=ro" + ("&immutable=1" if self._immutable else "")
 
-        On a read-only file system SQLite cannot make the WAL index a reader needs
-        (https://www.sqlite.org/wal.html#readonly), and no process can change the file:
-        ``immutable=1`` reads it without locks or WAL, unless a WAL was left there.
-        """
-        target = f"file:{quote(self._real)}?mode=ro"
+    def _no_wal_left(self) -> bool:
         wal = self._real + "-wal"
-        if self._read_only.startswith("the file system") and not (
-            os.path.exists(wal) and os.path.getsize(wal) > 0
-        ):
-            target += "&immutable=1"
-        return target
+        return not (os.path.exists(wal) and os.path.getsize(wal) > 0)
 
     def _open_read_only(self) -> None:
+        """Connect read-only: SQLite's ``mode=ro``, else the database file alone.
+
+        A reader of a WAL database needs the WAL index ``-shm``, which SQLite cannot make
+        where it may not write (https://www.sqlite.org/wal.html#readonly). With no WAL left
+        beside the file (SQLite removes it at the last close) the file holds every commit,
+        and ``immutable=1`` reads it without locks, WAL or index: on a read-only file system
+        nobody can change it; elsewhere it is a view of the file as it is while no process
+        has the store open.
+        """
         if not os.path.exists(self._real):
             raise StoreError(f"{self.path} does not exist (opened read-only, nothing is created)")
+        self._immutable = self._read_only.startswith("the file system") and self._no_wal_left()
         try:
-            conn = sqlite3.connect(
-                self._read_only_target(),
-                uri=True,
-                timeout=self._lock_timeout,
-                isolation_level=None,
-                check_same_thread=False,
-            )
+            self._conn = self._connect_read_only()
         except sqlite3.Error as exc:
-            raise _translate(exc, self.path, self._real) from exc
+            low = str(exc).lower()
+            if (
+                self._immutable
+                or not ("readonly" in low or "unable to open" in low)
+                or not self._no_wal_left()
+            ):
+                raise _translate(exc, self.path, self._real) from exc
+            self._immutable = True
+            try:
+                self._conn = self._connect_read_only()
+            except sqlite3.Error as again:
+                raise _translate(again, self.path, self._real) from again
+
+    def _connect_read_only(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self._read_only_target(),
+            uri=True,
+            timeout=self._lock_timeout,
+            isolation_level=None,
+            check_same_thread=False,
+        )
         try:
             if not self._check_format(conn):
                 raise _NotAStore(f"{self.path} is not an fdbqueue store: it holds no tables")
-        except BaseException as exc:
+        except BaseException:
             conn.close()
-            if isinstance(exc, sqlite3.Error):
-                raise _translate(exc, self.path, self._real) from exc
             raise
-        self._conn = conn
+        return conn
 
     def _read_only_version(self, reserved: Callable[[], int]) -> int:
         """A read version for a read-only handle, which cannot take the store lock.
