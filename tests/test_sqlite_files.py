@@ -320,6 +320,7 @@ def cli(url: str, *args: str, prefix: tuple[str, ...] = ()) -> subprocess.Comple
 def test_mode_ro_reads_and_refuses_writes(tmp_path: Path) -> None:
     url, first = make_store(tmp_path)
     ro = url + "?mode=ro"
+    files = sorted(os.listdir(tmp_path))
     for args in READS:
         done = cli(ro, *[first if a == "ID" else a for a in args])
         assert done.returncode == 0, (args, done.stderr)
@@ -334,11 +335,33 @@ def test_mode_ro_reads_and_refuses_writes(tmp_path: Path) -> None:
             db.set(b"k", b"v")  # type: ignore[attr-defined]
     finally:
         db.close()
+    assert sorted(os.listdir(tmp_path)) == files  # nothing created, nothing left behind
     db = fdbqueue.open(url)
     try:
         assert fdbqueue.Queue("jobs").size(db) == 2  # nothing changed
     finally:
         db.close()
+
+
+def test_mode_ro_follows_a_writer_that_has_the_store_open(tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path / 'q.db'}?sync=normal"
+    writer = fdbqueue.open(url)
+    try:
+        writer.set(b"k", b"1")  # type: ignore[attr-defined]
+        reader = fdbqueue.open(url + "&mode=ro")
+        try:
+            assert reader.get(b"k") == b"1"  # type: ignore[attr-defined]
+            writer.set(b"k", b"2")  # type: ignore[attr-defined]
+            assert reader.get(b"k") == b"2"  # type: ignore[attr-defined]
+            tr = writer.create_transaction()
+            tr.set(b"v", b"x")
+            tr.commit()
+            rtr = reader.create_transaction()
+            assert rtr.get_read_version() >= tr.get_committed_version()  # database time agrees
+        finally:
+            reader.close()
+    finally:
+        writer.close()
 
 
 def test_mode_ro_never_creates_a_store(tmp_path: Path) -> None:

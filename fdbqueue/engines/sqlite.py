@@ -700,18 +700,20 @@ class SqliteDatabase(LocalDatabase):
         return not (os.path.exists(wal) and os.path.getsize(wal) > 0)
 
     def _open_read_only(self) -> None:
-        """Connect read-only: SQLite's ``mode=ro``, else the database file alone.
+        """Connect read-only: SQLite's ``mode=ro`` while a process has the store open, else
+        the database file alone.
 
-        A reader of a WAL database needs the WAL index ``-shm``, which SQLite cannot make
-        where it may not write (https://www.sqlite.org/wal.html#readonly). With no WAL left
-        beside the file (SQLite removes it at the last close) the file holds every commit,
-        and ``immutable=1`` reads it without locks, WAL or index: on a read-only file system
-        nobody can change it; elsewhere it is a view of the file as it is while no process
-        has the store open.
+        A reader of a WAL database needs the WAL index ``-shm``: SQLite makes it (and a
+        ``-wal``) when missing, and leaves both behind a read-only connection, or fails where
+        it may not write (https://www.sqlite.org/wal.html#readonly). Neither exists while no
+        process has the store open (SQLite removes them at the last close), and the file
+        then holds every commit: ``immutable=1`` reads it without locks, WAL or index, and
+        creates nothing. Such a handle sees the file as it was: commits made later, by a
+        process opening the store afterwards, need a new handle.
         """
         if not os.path.exists(self._real):
             raise StoreError(f"{self.path} does not exist (opened read-only, nothing is created)")
-        self._immutable = self._read_only.startswith("the file system") and self._no_wal_left()
+        self._immutable = not os.path.exists(self._real + "-shm") and self._no_wal_left()
         try:
             self._conn = self._connect_read_only()
         except sqlite3.Error as exc:
