@@ -12,7 +12,7 @@ Files: ``X.db`` (the data) and ``X.db-lock`` (the store lock and the shared vers
 SQLite's ``X.db-wal`` and ``X.db-shm``, which SQLite removes at the last close, and while one
 watches, ``X.db-notify/``, which the last watcher removes. A file that is not a store is
 refused before anything is created beside it. Every commit checks that none of the four
-files was removed or replaced since the open (``_changed_files``) and refuses if one was.
+files was removed or replaced since the open (:mod:`._storefiles`) and refuses if one was.
 
 Read-only (``mode=ro``, or found so: a read-only mount, no write permission): no lock, no
 file created; each transaction reads the last committed state, any write raises StoreError.
@@ -76,7 +76,7 @@ from typing import Any
 from urllib.parse import quote
 
 from fdbqueue.clock import VERSIONS_PER_SECOND, monotonic_us
-from fdbqueue.engines import ParsedURL, _shared, take_params
+from fdbqueue.engines import ParsedURL, _shared, _storefiles, take_params
 from fdbqueue.engines._walsync import WalSync
 from fdbqueue.engines.base import (
     ATOMIC_OPS,
@@ -144,9 +144,6 @@ _CLOCK = struct.Struct(">32sQQBq")
 _PENDING_AT = struct.calcsize(">32sQQ")
 _PENDING = 1
 _RESERVE_US = 1_000_000  # one meta write per second of versions
-# A folder unchanged for this long has time stamps that any later change moves (the file
-# system's clock ticks every few milliseconds): see SqliteDatabase._changed_files.
-_QUIET_NS = 200_000_000
 
 
 def _boot_id() -> bytes | None:
@@ -159,9 +156,6 @@ def _boot_id() -> bytes | None:
 
 
 _BOOT_ID = _boot_id()
-
-_SQLITE_MAGIC = b"SQLite format 3\0"  # the first 16 bytes of every SQLite database file
-_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table'"
 
 _SCHEMA = (
     "CREATE TABLE kv (k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID",
@@ -194,54 +188,12 @@ def open_sqlite(url: str, parsed: ParsedURL) -> SqliteDatabase:
     return SqliteDatabase(url=url, path=path, sync=sync, lock_timeout=lock_timeout, read_only=mode == "ro")
 
 
-class _NotAStore(StoreError):
-    """A file that is not an fdbqueue store (raised as the StoreError it is)."""
-
-
-# The WAL index header at the start of -shm (https://www.sqlite.org/walformat.html, 2.1),
-# in the machine's byte order: version, unused, change counter, isInit, big-endian
-# checksums, page size, frames; two copies, equal unless a writer is changing them.
-_WAL_INDEX = struct.Struct("=IIIBBHI")
-_WAL_INDEX_COPY = 48
-_WAL_VERSION = 3007000
-
-
-def _wal_lost(real: str) -> str | None:
-    """Why the store's WAL cannot hold what its index says it holds, if it cannot.
-
-    A process that has the store open keeps its WAL index in ``-shm``; when the ``-wal``
-    beside it is gone or shorter than the frames it lists, the WAL was removed (or
-    truncated) under that process: SQLite then reports "disk I/O error" or reads garbage.
-    """
-    wal, shm = real + "-wal", real + "-shm"
-    try:
-        with open(shm, "rb") as f:
-            head = f.read(2 * _WAL_INDEX_COPY)
-        size = os.path.getsize(wal) if os.path.exists(wal) else 0
-    except OSError:
-        return None
-    if len(head) < 2 * _WAL_INDEX_COPY or head[:_WAL_INDEX_COPY] != head[_WAL_INDEX_COPY:]:
-        return None
-    version, _, _, init, _, page, frames = _WAL_INDEX.unpack_from(head)
-    if version != _WAL_VERSION or not init or not frames:
-        return None
-    if size >= 32 + frames * (24 + (65536 if page == 1 else page)):
-        return None
-    return (
-        f"{wal} holds less than its index {shm} lists ({frames} frames): it was removed or "
-        "truncated while a process had the store open. That process refuses its next commit, "
-        "copying the commits it still holds into the database file first (and does so too when "
-        "it closes the store); open the store again after that. Never remove a store's files "
-        "while a process has it open"
-    )
-
-
 def _translate(exc: sqlite3.Error, path: str, real: str | None = None) -> QueueError:
     """A SQLite error as the QueueError a caller can act on (``real``: the store's real path)."""
     text = str(exc)
     low = text.lower()
     if real is not None and any(w in low for w in ("disk i/o", "not a database", "malformed")):
-        lost = _wal_lost(real)
+        lost = _storefiles.wal_lost(real)
         if lost is not None:
             return StoreError(f"{path}: {lost} ({text})")
     if "locked" in low or "busy" in low:
@@ -251,7 +203,9 @@ def _translate(exc: sqlite3.Error, path: str, real: str | None = None) -> QueueE
     if "disk i/o" in low:
         return StoreError(f"{path}: disk I/O error ({text})")
     if "not a database" in low or "malformed" in low or "corrupt" in low:
-        return _NotAStore(f"{path} is not an fdbqueue store: not a SQLite database, or corrupt ({text})")
+        return _storefiles.NotAStore(
+            f"{path} is not an fdbqueue store: not a SQLite database, or corrupt ({text})"
+        )
     return StoreError(f"{path}: SQLite error: {text}")
 
 
@@ -490,7 +444,7 @@ class SqliteTransaction(LocalTransaction):
         db = self.db
         version = -1
         if not self._nested:
-            changed = db._changed_files()
+            changed = db._files.changed()
             if changed:
                 raise self._refuse(changed)
         try:
@@ -621,8 +575,8 @@ class SqliteDatabase(LocalDatabase):
                 f"{path}: the directory {self._folder} does not exist; create it first "
                 f"(mkdir -p {self._folder})"
             )
-        self._refuse_foreign()
-        why = "" if read_only else self._why_read_only()
+        _storefiles.refuse_foreign(self._real, path)
+        why = "" if read_only else _storefiles.why_read_only(self._real, path)
         if why:
             self.read_only, self._read_only = True, why
         if self.read_only:
@@ -633,7 +587,7 @@ class SqliteDatabase(LocalDatabase):
         existed = [os.path.lexists(p) for p in beside]
         try:
             self._open()
-        except _NotAStore:
+        except _storefiles.NotAStore:
             # Leave nothing behind that this open created: the file is nobody's store.
             for p, was in zip(beside, existed, strict=True):
                 if not was:
@@ -641,63 +595,9 @@ class SqliteDatabase(LocalDatabase):
                         os.unlink(p)
             raise
 
-    def _refuse_foreign(self) -> None:
-        """Refuse a file that is plainly not a store, before creating anything beside it."""
-        if os.path.isdir(self._real):
-            raise _NotAStore(f"{self.path} is a directory, not an fdbqueue store")
-        try:
-            with open(self._real, "rb") as f:
-                head = f.read(len(_SQLITE_MAGIC))
-        except FileNotFoundError:
-            return  # a new store
-        except OSError as exc:
-            raise StoreError(f"{self.path}: cannot read it: {exc.strerror}") from exc
-        if not head:
-            return  # an empty file becomes a store
-        if head != _SQLITE_MAGIC:
-            raise _NotAStore(
-                f"{self.path} is not an fdbqueue store: not a SQLite database; refusing to use it"
-            )
-        # What the database file itself lists (immutable: no lock, no WAL, nothing created).
-        # A store's schema is there from its creation on; a listing that fails, or is
-        # empty, is left to the open, which reads the WAL too.
-        try:
-            conn = sqlite3.connect(f"file:{quote(self._real)}?immutable=1", uri=True)
-            try:
-                tables = {row[0] for row in conn.execute(_TABLES)}
-            finally:
-                conn.close()
-        except sqlite3.Error:
-            return
-        if tables and not {"kv", "meta"} <= tables:
-            raise self._foreign(tables)
-
-    def _foreign(self, tables: set[str]) -> _NotAStore:
-        return _NotAStore(
-            f"{self.path} is a SQLite database but not an fdbqueue store "
-            f"(tables: {', '.join(sorted(tables))}); refusing to use it"
-        )
-
-    def _why_read_only(self) -> str:
-        """Why an existing store cannot be written here ("" when it can)."""
-        if not os.path.exists(self._real):
-            return ""  # a new store: creating it says what is wrong, if anything
-        try:
-            if os.statvfs(self._folder).f_flag & os.ST_RDONLY:
-                return "the file system is read-only"
-        except OSError:
-            pass
-        if not (os.access(self._real, os.W_OK) and os.access(self._folder, os.W_OK)):
-            return f"no permission to write {self.path} or its directory"
-        return ""
-
     def _read_only_target(self) -> str:
         """SQLite's URI for a read-only connection (``_immutable``: the file alone, no WAL)."""
         return f"file:{quote(self._real)}?mode=ro" + ("&immutable=1" if self._immutable else "")
-
-    def _no_wal_left(self) -> bool:
-        wal = self._real + "-wal"
-        return not (os.path.exists(wal) and os.path.getsize(wal) > 0)
 
     def _open_read_only(self) -> None:
         """Connect read-only: SQLite's ``mode=ro`` while a process has the store open, else
@@ -713,7 +613,7 @@ class SqliteDatabase(LocalDatabase):
         """
         if not os.path.exists(self._real):
             raise StoreError(f"{self.path} does not exist (opened read-only, nothing is created)")
-        self._immutable = not os.path.exists(self._real + "-shm") and self._no_wal_left()
+        self._immutable = not os.path.exists(self._real + "-shm") and _storefiles.no_wal_left(self._real)
         try:
             self._conn = self._connect_read_only()
         except sqlite3.Error as exc:
@@ -721,7 +621,7 @@ class SqliteDatabase(LocalDatabase):
             if (
                 self._immutable
                 or not ("readonly" in low or "unable to open" in low)
-                or not self._no_wal_left()
+                or not _storefiles.no_wal_left(self._real)
             ):
                 raise _translate(exc, self.path, self._real) from exc
             self._immutable = True
@@ -740,7 +640,7 @@ class SqliteDatabase(LocalDatabase):
         )
         try:
             if not self._check_format(conn):
-                raise _NotAStore(f"{self.path} is not an fdbqueue store: it holds no tables")
+                raise _storefiles.NotAStore(f"{self.path} is not an fdbqueue store: it holds no tables")
         except BaseException:
             conn.close()
             raise
@@ -780,24 +680,10 @@ class SqliteDatabase(LocalDatabase):
         self._store = _shared.attach(self._real, self.path)
         try:
             self._conn = self._connect()
-            self._files = self._identify()
-            self._folder_seen: tuple[int, int, int] | None = None
+            self._files = _storefiles.FileIdentities(self._real, self.path, self._store.ident)
         except BaseException:
             _shared.detach(self._store)
             raise
-
-    def _identify(self) -> list[tuple[str, tuple[int, int]]]:
-        """The store's files (after connecting, the WAL and its index exist) and their identities."""
-        files = [(self._real + "-lock", self._store.ident)]
-        for path in (self._real, self._real + "-wal", self._real + "-shm"):
-            try:
-                st = os.stat(path)
-            except OSError as exc:
-                raise StoreError(
-                    f"{self.path}: cannot find {path} of the open store: {exc.strerror}"
-                ) from exc
-            files.append((path, (st.st_dev, st.st_ino)))
-        return files
 
     def _save_lost_wal(self, changed: list[tuple[str, str]]) -> bool:
         """When only the WAL was removed or replaced: copy what it holds into the database file.
@@ -808,52 +694,13 @@ class SqliteDatabase(LocalDatabase):
         that opens the store afterwards reads the database file alone (and the new WAL).
         True when every frame was copied.
         """
-        if {path for path, _ in changed} != {self._real + "-wal"}:
+        if {path for path, _ in changed} != {self._files.wal}:
             return False
         try:
             busy, log, done = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
         except sqlite3.Error:
             return False
         return bool(busy == 0 and log == done)
-
-    def _changed_files(self) -> list[tuple[str, str]]:
-        """The store's files that were removed or replaced since it was opened, with how.
-
-        Checked at every commit: a file's identity is its (device, inode), which only a new
-        file changes. Removing, renaming or creating a file in a folder updates the folder's
-        modification time, so while the folder's (inode, mtime, ctime) stay what they were at
-        the last full check, one ``stat`` of the folder answers for all four files
-        (docs/architecture.md has the cost). A full check is trusted for later commits only
-        when the folder has been quiet for a while: a change made in the same tick of the
-        file system's clock as the one before it could leave its time stamp unchanged.
-        """
-        try:
-            st = os.stat(self._folder)
-            folder: tuple[int, int, int] | None = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
-        except OSError:
-            folder = None
-        if folder is not None and folder == self._folder_seen:
-            return []
-        changed = []
-        for path, ident in self._files:
-            try:
-                st = os.stat(path)
-            except FileNotFoundError:
-                gone = (
-                    "removed"
-                    if os.path.isdir(self._folder)
-                    else f"removed (its directory {self._folder} is gone)"
-                )
-                changed.append((path, gone))
-                continue
-            except OSError as exc:
-                changed.append((path, f"made unreadable ({exc.strerror})"))
-                continue
-            if (st.st_dev, st.st_ino) != ident:
-                changed.append((path, "replaced by another file"))
-        quiet = folder is not None and time.time_ns() - max(folder[1:]) > _QUIET_NS
-        self._folder_seen = folder if quiet and not changed else None
-        return changed
 
     def _connect(self) -> sqlite3.Connection:
         try:
@@ -886,7 +733,7 @@ class SqliteDatabase(LocalDatabase):
 
     def _check_format(self, conn: sqlite3.Connection) -> bool:
         """True for a valid store, False for an empty file; raises for anything else."""
-        tables = {row[0] for row in conn.execute(_TABLES)}
+        tables = {row[0] for row in conn.execute(_storefiles.TABLES)}
         if not tables:
             return False
         meta: dict[str, Any] = {}
@@ -898,7 +745,7 @@ class SqliteDatabase(LocalDatabase):
                     raise  # e.g. a disk I/O error: the store may be ours, say what happened
                 meta = {}  # a foreign table named meta
         if meta.get("format") != FORMAT:
-            raise self._foreign(tables)
+            raise _storefiles.foreign(self.path, tables)
         found = str(meta.get("format_version", ""))
         major = found.partition(".")[0]
         store_id = meta.get("store_id")
@@ -948,7 +795,7 @@ class SqliteDatabase(LocalDatabase):
         SQLite checkpoints at the last connection's close only; another process with the
         store open would leave the commits in the removed WAL to vanish with this process.
         """
-        changed = self._changed_files()
+        changed = self._files.changed()
         if not changed:
             return
         try:
