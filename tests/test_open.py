@@ -58,12 +58,32 @@ def test_default_url_is_env_then_local_file(tmp_path: Path, monkeypatch: pytest.
     db.close()
 
 
-def test_sqlite_creates_parent_directories(tmp_path: Path) -> None:
+def test_sqlite_refuses_a_missing_directory(tmp_path: Path) -> None:
     target = tmp_path / "a" / "b" / "q.db"
+    with pytest.raises(fdbqueue.StoreError) as err:
+        fdbqueue.open(f"sqlite://{target}")
+    assert f"the directory {tmp_path / 'a' / 'b'} does not exist" in str(err.value)
+    assert "mkdir -p" in str(err.value)
+    assert not (tmp_path / "a").exists()  # nothing created on the way
+    (tmp_path / "a" / "b").mkdir(parents=True)
     db = fdbqueue.open(f"sqlite://{target}")
     db.set(b"k", b"v")  # type: ignore[attr-defined]
     db.close()
-    assert target.exists()
     again = fdbqueue.open(f"sqlite://{target}")
     assert again.get(b"k") == b"v"  # type: ignore[attr-defined]
     again.close()
+
+
+def test_sqlite_expands_the_home_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    db = fdbqueue.open("sqlite://~/q.db")
+    try:
+        assert db.path == str(home / "q.db")  # type: ignore[attr-defined]
+        db.set(b"k", b"v")  # type: ignore[attr-defined]
+    finally:
+        db.close()
+    assert (home / "q.db").exists()
+    assert not (tmp_path / "~").exists()  # no folder named "~"

@@ -486,7 +486,8 @@ def test_newer_minor_format_opens(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "query", ["sync=bogus", "sync=", "lock_timeout=0", "lock_timeout=soon", "durability=full"]
+    "query",
+    ["sync=bogus", "sync=", "lock_timeout=0", "lock_timeout=soon", "durability=full", "mode=readonly"],
 )
 def test_bad_parameters(tmp_path: Path, query: str) -> None:
     with pytest.raises(InvalidURLError) as err:

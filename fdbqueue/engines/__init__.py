@@ -1,7 +1,8 @@
 """Engines behind one transaction contract, chosen by URL.
 
-``sqlite:///abs/path.db`` or ``sqlite://rel/path.db`` (embedded, the default),
-``memory://``, ``sim://?seed=N&faults=P``, ``fdb://`` or ``fdb:///path/to/fdb.cluster``.
+``sqlite:///abs/path.db``, ``sqlite://rel/path.db`` or ``sqlite://~/path.db`` (embedded, the
+default; ``?sync=full|normal&lock_timeout=10&mode=rw|ro``), ``memory://``,
+``sim://?seed=N&faults=P``, ``fdb://`` or ``fdb:///path/to/fdb.cluster``.
 """
 
 from __future__ import annotations

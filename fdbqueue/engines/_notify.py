@@ -12,7 +12,7 @@ A process that binds or closes its socket writes a fresh random token into a sha
 (the store's lock file, mapped by every process). Committers cache the directory listing
 under that token, so a commit with no new watcher costs one memory read, no system call.
 Sockets that refuse a datagram belong to dead processes and are removed by whoever meets
-them.
+them. The folder exists while some process watches: each closing hub removes it once empty.
 
 A receiver's queue is short (``net.unix.max_dgram_qlen``, often 10). A sender that finds it
 full creates ``<socket>.overflow`` and sends one more "all" marker; the receiver checks for
@@ -131,11 +131,19 @@ class WatchHub:
         with self._lock:
             if self._sock is not None or self._closing:
                 return
-            os.makedirs(self._dir, exist_ok=True)
             path = os.path.join(self._dir, f"{os.getpid()}-{secrets.token_hex(6)}.sock")
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             try:
-                sock.bind(path)
+                for attempt in range(3):
+                    os.makedirs(self._dir, exist_ok=True)
+                    try:
+                        sock.bind(path)
+                        break
+                    except FileNotFoundError:
+                        # The last watcher of another process removed the empty folder
+                        # between our makedirs and bind (see close): make it again.
+                        if attempt == 2:
+                            raise
             except OSError:
                 sock.close()
                 raise
@@ -268,6 +276,11 @@ class WatchHub:
             sock.close()
             self._forget(path)
             self._shared[self._token] = secrets.token_bytes(8)
+        # The last watcher leaves no folder behind (so ``rm -f X.db*`` works); rmdir fails
+        # while another process's socket is still in it, and a process binding at the same
+        # moment makes the folder again (see _listen).
+        with contextlib.suppress(OSError):
+            os.rmdir(self._dir)
         self._out.close()
 
     def unlink_socket(self) -> None:

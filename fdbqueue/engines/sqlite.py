@@ -1,9 +1,21 @@
 """The embedded engine: one SQLite file, safe for many threads and processes.
 
-URL: ``sqlite:///abs/path.db`` or ``sqlite://rel/path.db``, with ``sync=full`` (default:
-every commit is fsynced before it returns, so it survives power loss) or ``sync=normal``
-(survives a process crash; the last commits may be lost on power loss), and
-``lock_timeout=10`` (seconds a transaction may wait for the store lock).
+URL: ``sqlite:///abs/path.db``, ``sqlite://rel/path.db`` or ``sqlite://~/path.db`` (the home
+directory), with ``sync=full`` (default: every commit is fsynced before it returns, so it
+survives power loss) or ``sync=normal`` (survives a process crash; the last commits may be
+lost on power loss), ``lock_timeout=10`` (seconds a transaction may wait for the store lock)
+and ``mode=rw`` (default) or ``mode=ro`` (read-only). The file is created if missing, its
+directory never: a missing one is a StoreError naming it.
+
+Files: ``X.db`` (the data) and ``X.db-lock`` (the store lock and the shared version page,
+4 KB, kept after close: see docs/architecture.md); while a process has the store open,
+SQLite's ``X.db-wal`` and ``X.db-shm``, which SQLite removes at the last close, and while one
+watches, ``X.db-notify/``, which the last watcher removes. A file that is not a store is
+refused before anything is created beside it. Every commit checks that none of the four
+files was removed or replaced since the open (:mod:`._storefiles`) and refuses if one was.
+
+Read-only (``mode=ro``, or found so: a read-only mount, no write permission): no lock, no
+file created; each transaction reads the last committed state, any write raises StoreError.
 
 Concurrency: pessimistic and serializable, one writer at a time. A transaction takes the
 store lock at its first operation and holds it until it commits or rolls back. The lock is
@@ -50,6 +62,7 @@ not exclude it).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import sqlite3
@@ -57,11 +70,13 @@ import struct
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from itertools import repeat
 from typing import Any
+from urllib.parse import quote
 
 from fdbqueue.clock import VERSIONS_PER_SECOND, monotonic_us
-from fdbqueue.engines import ParsedURL, _shared, take_params
+from fdbqueue.engines import ParsedURL, _shared, _storefiles, take_params
 from fdbqueue.engines._walsync import WalSync
 from fdbqueue.engines.base import (
     ATOMIC_OPS,
@@ -149,10 +164,15 @@ _SCHEMA = (
 
 
 def open_sqlite(url: str, parsed: ParsedURL) -> SqliteDatabase:
-    """Open (creating it and its parent directories if needed) the store ``parsed.path`` names."""
-    params = take_params(parsed, {"sync": "full", "lock_timeout": "10"})
+    """Open the store ``parsed.path`` names, creating the file (not its directory) if missing.
+
+    A leading ``~`` is the user's home directory.
+    """
+    params = take_params(parsed, {"sync": "full", "lock_timeout": "10", "mode": "rw"})
     if not parsed.path:
         raise InvalidURLError(f"{url!r} names no file: use sqlite:///abs/path.db or sqlite://rel/path.db")
+    # sqlite://~/q.db is the home directory's q.db, as a shell would read it.
+    path = os.path.expanduser(parsed.path) if parsed.path.startswith("~") else parsed.path
     sync = params["sync"].lower()
     if sync not in ("full", "normal"):
         raise InvalidURLError(f"sync={params['sync']!r} in {url!r}: use sync=full or sync=normal")
@@ -162,13 +182,20 @@ def open_sqlite(url: str, parsed: ParsedURL) -> SqliteDatabase:
         lock_timeout = -1.0
     if not lock_timeout > 0:
         raise InvalidURLError(f"lock_timeout={params['lock_timeout']!r} in {url!r}: use seconds > 0")
-    return SqliteDatabase(url=url, path=parsed.path, sync=sync, lock_timeout=lock_timeout)
+    mode = params["mode"].lower()
+    if mode not in ("rw", "ro"):
+        raise InvalidURLError(f"mode={params['mode']!r} in {url!r}: use mode=rw or mode=ro (read-only)")
+    return SqliteDatabase(url=url, path=path, sync=sync, lock_timeout=lock_timeout, read_only=mode == "ro")
 
 
-def _translate(exc: sqlite3.Error, path: str) -> QueueError:
-    """A SQLite error as the QueueError a caller can act on."""
+def _translate(exc: sqlite3.Error, path: str, real: str | None = None) -> QueueError:
+    """A SQLite error as the QueueError a caller can act on (``real``: the store's real path)."""
     text = str(exc)
     low = text.lower()
+    if real is not None and any(w in low for w in ("disk i/o", "not a database", "malformed")):
+        lost = _storefiles.wal_lost(real)
+        if lost is not None:
+            return StoreError(f"{path}: {lost} ({text})")
     if "locked" in low or "busy" in low:
         return EngineError(1037, f"{path} stayed locked by another SQLite connection ({text})")
     if "full" in low:
@@ -176,7 +203,9 @@ def _translate(exc: sqlite3.Error, path: str) -> QueueError:
     if "disk i/o" in low:
         return StoreError(f"{path}: disk I/O error ({text})")
     if "not a database" in low or "malformed" in low or "corrupt" in low:
-        return StoreError(f"{path} is not an fdbqueue store: not a SQLite database, or corrupt ({text})")
+        return _storefiles.NotAStore(
+            f"{path} is not an fdbqueue store: not a SQLite database, or corrupt ({text})"
+        )
     return StoreError(f"{path}: SQLite error: {text}")
 
 
@@ -209,16 +238,18 @@ class SqliteTransaction(LocalTransaction):
             db._reopen_after_fork()
         if db._closed:
             raise StoreError(f"{db.path}: the database is closed")
-        if db._store.owner == threading.get_ident():
+        if db._broken is not None:
+            raise StoreError(db._broken)
+        if db.read_only or db._store.owner == threading.get_ident():
             # This thread holds the lock in another transaction, which cannot end while
-            # we wait: read the last committed state from a snapshot instead; writing
-            # raises NestedTransactionError (see _no_writes).
+            # we wait (or the handle is read-only): read the last committed state from a
+            # snapshot instead; writing raises an error (see _no_writes).
             conn = db._take_reader()
             try:
                 conn.execute("BEGIN")
             except sqlite3.Error as exc:
                 db._give_back_reader(conn)
-                raise _translate(exc, db.path) from exc
+                raise _translate(exc, db.path, db._real) from exc
             self._nested = True
         else:
             conn = db._conn
@@ -227,11 +258,16 @@ class SqliteTransaction(LocalTransaction):
                 conn.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
                 db._store.release()
-                raise _translate(exc, db.path) from exc
+                raise _translate(exc, db.path, db._real) from exc
         self._conn = conn
         self._locked = True
 
-    def _no_writes(self) -> NestedTransactionError:
+    def _no_writes(self) -> QueueError:
+        db = self.db
+        if db.read_only:
+            return StoreError(
+                f"{db.path} is open read-only ({db._read_only}): this handle can read but not write"
+            )
         return NestedTransactionError(
             f"this thread holds another transaction on {self.db.path}: a transaction begun meanwhile "
             "may read (the last committed state) but not write, since the embedded engine has a "
@@ -245,7 +281,7 @@ class SqliteTransaction(LocalTransaction):
         self._rollback()
         self._state = "failed"
         self._live = False
-        return _translate(exc, self.db.path)
+        return _translate(exc, self.db.path, self.db._real)
 
     def _get(self, key: bytes, snapshot: bool) -> bytes | None:
         try:
@@ -335,6 +371,9 @@ class SqliteTransaction(LocalTransaction):
 
     def _read_version(self) -> int:
         if self._rv is None:
+            if self.db.read_only:
+                self._rv = self.db._read_only_version(self._reserved)
+                return self._rv
             last, _, _, now = self._clock()
             # One below the clock: every later commit (at least the clock) is above it.
             self._rv = max(last, now - 1)
@@ -404,6 +443,10 @@ class SqliteTransaction(LocalTransaction):
         conn = self._conn
         db = self.db
         version = -1
+        if not self._nested:
+            changed = db._files.changed()
+            if changed:
+                raise self._refuse(changed)
         try:
             if self._dirty:
                 version = self._next_version()
@@ -423,6 +466,32 @@ class SqliteTransaction(LocalTransaction):
         if wal:
             wal.make_durable(db._store.shared, db._clock_tag, seen)
         return version
+
+    def _refuse(self, changed: list[tuple[str, str]]) -> StoreError:
+        """End this transaction uncommitted, because the store's files changed under it.
+
+        SQLite cannot notice: a connection keeps writing to the descriptors it opened, so
+        after ``rm X.db-wal`` its commits land in a file nobody else can see and that vanishes
+        when the process ends (https://www.sqlite.org/howtocorrupt.html, sections 1.3-1.4,
+        2.4). When only the WAL went, we still hold it open: a checkpoint copies the commits
+        it holds into the database file, so none that was reported is lost, and resets the
+        WAL index, so a process that opens the store meanwhile reads a consistent file.
+        """
+        db = self.db
+        conn = self._conn
+        with contextlib.suppress(sqlite3.Error):  # SQLite may have rolled back already
+            conn.execute("ROLLBACK")
+        saved = f"; the commits it held were copied into {db.path}" if db._save_lost_wal(changed) else ""
+        self._end()
+        self._state = "failed"
+        self._live = False
+        what = "; ".join(f"{path} was {how}" for path, how in changed)
+        db._broken = (
+            f"{what} while this process had the store {db.path} open{saved}. Commits are refused "
+            "until it is reopened (close it and open it again); never remove or replace a store's "
+            "files while a process has it open"
+        )
+        return StoreError(f"the transaction was not committed: {db._broken}")
 
     def _apply_stamped(self, conn: sqlite3.Connection, stamp: bytes) -> None:
         for kind, key, value in self._stamped:
@@ -475,34 +544,163 @@ class SqliteDatabase(LocalDatabase):
     may_conflict = False
     may_commit_unknown = False
 
-    def __init__(self, *, url: str, path: str, sync: str, lock_timeout: float) -> None:
+    def __init__(
+        self, *, url: str, path: str, sync: str, lock_timeout: float, read_only: bool = False
+    ) -> None:
         self.url = url
         self.path = path
         self.sync = sync
         self._real = os.path.realpath(path)
+        self._folder = os.path.dirname(self._real)
+        #: True when this handle only reads: opened with ``mode=ro``, or its file or folder
+        #: cannot be written (a read-only mount, no permission); ``_read_only`` says why.
+        self.read_only = read_only
+        self._read_only = "opened with mode=ro" if read_only else ""
+        self._ro_base: int | None = None  # read-only handles: the version clock's base
+        self._immutable = False  # read-only handles: reading the database file alone
+        self._ro_last = 0
         # sync=full: SQLite runs at synchronous=NORMAL and each commit fsyncs the WAL itself,
         # after releasing the store lock (see _walsync).
         self._wal = WalSync(self._real, path) if sync == "full" else None
         self._lock_timeout = lock_timeout
         self._closed = False
+        self._broken: str | None = None  # why this handle refuses work: its files changed
         self._clock_tag: bytes | None = None  # set once the store's id is known
         # Connections for transactions begun while their thread holds another (rare).
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
+        if not os.path.isdir(self._folder):
+            # Never made implicitly: a typo would otherwise become a new, empty store.
+            raise StoreError(
+                f"{path}: the directory {self._folder} does not exist; create it first "
+                f"(mkdir -p {self._folder})"
+            )
+        _storefiles.refuse_foreign(self._real, path)
+        why = "" if read_only else _storefiles.why_read_only(self._real, path)
+        if why:
+            self.read_only, self._read_only = True, why
+        if self.read_only:
+            self._wal = None
+            self._open()
+            return
+        beside = [self._real + suffix for suffix in ("-lock", "-wal", "-shm")]
+        existed = [os.path.lexists(p) for p in beside]
         try:
-            os.makedirs(os.path.dirname(self._real), exist_ok=True)
-        except OSError as exc:
-            raise StoreError(f"{path}: cannot create its directory: {exc.strerror}") from exc
-        self._open()
+            self._open()
+        except _storefiles.NotAStore:
+            # Leave nothing behind that this open created: the file is nobody's store.
+            for p, was in zip(beside, existed, strict=True):
+                if not was:
+                    with contextlib.suppress(OSError):
+                        os.unlink(p)
+            raise
+
+    def _read_only_target(self) -> str:
+        """SQLite's URI for a read-only connection (``_immutable``: the file alone, no WAL)."""
+        return f"file:{quote(self._real)}?mode=ro" + ("&immutable=1" if self._immutable else "")
+
+    def _open_read_only(self) -> None:
+        """Connect read-only: SQLite's ``mode=ro`` while a process has the store open, else
+        the database file alone.
+
+        A reader of a WAL database needs the WAL index ``-shm``: SQLite makes it (and a
+        ``-wal``) when missing, and leaves both behind a read-only connection, or fails where
+        it may not write (https://www.sqlite.org/wal.html#readonly). Neither exists while no
+        process has the store open (SQLite removes them at the last close), and the file
+        then holds every commit: ``immutable=1`` reads it without locks, WAL or index, and
+        creates nothing. Such a handle sees the file as it was: commits made later, by a
+        process opening the store afterwards, need a new handle.
+        """
+        if not os.path.exists(self._real):
+            raise StoreError(f"{self.path} does not exist (opened read-only, nothing is created)")
+        self._immutable = not os.path.exists(self._real + "-shm") and _storefiles.no_wal_left(self._real)
+        try:
+            self._conn = self._connect_read_only()
+        except sqlite3.Error as exc:
+            low = str(exc).lower()
+            if (
+                self._immutable
+                or not ("readonly" in low or "unable to open" in low)
+                or not _storefiles.no_wal_left(self._real)
+            ):
+                raise _translate(exc, self.path, self._real) from exc
+            self._immutable = True
+            try:
+                self._conn = self._connect_read_only()
+            except sqlite3.Error as again:
+                raise _translate(again, self.path, self._real) from again
+
+    def _connect_read_only(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self._read_only_target(),
+            uri=True,
+            timeout=self._lock_timeout,
+            isolation_level=None,
+            check_same_thread=False,
+        )
+        try:
+            if not self._check_format(conn):
+                raise _storefiles.NotAStore(f"{self.path} is not an fdbqueue store: it holds no tables")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _read_only_version(self, reserved: Callable[[], int]) -> int:
+        """A read version for a read-only handle, which cannot take the store lock.
+
+        The version clock of the lock file's page when a writer keeps it this boot, else
+        meta's reservation (at or above every committed version) advanced by this
+        process's monotonic clock; never below one handed out before.
+        """
+        now: int | None = None
+        mono = monotonic_us()
+        try:
+            with open(self._real + "-lock", "rb") as f:
+                page = f.read(_CLOCK.size)
+        except OSError:
+            page = b""
+        if self._clock_tag is not None and len(page) == _CLOCK.size:
+            found, last, _, state, base = _CLOCK.unpack(page)
+            if found == self._clock_tag and state != _PENDING and base + mono + VERSIONS_PER_SECOND >= last:
+                now = max(last, base + mono - 1)
+        if now is None:
+            if self._ro_base is None:
+                self._ro_base = reserved() - mono
+            now = self._ro_base + mono
+        with self._readers_lock:
+            self._ro_last = max(self._ro_last, now)
+            return self._ro_last
 
     def _open(self) -> None:
         self._generation = _shared.fork_generation
+        if self.read_only:
+            self._open_read_only()
+            return
         self._store = _shared.attach(self._real, self.path)
         try:
             self._conn = self._connect()
+            self._files = _storefiles.FileIdentities(self._real, self.path, self._store.ident)
         except BaseException:
             _shared.detach(self._store)
             raise
+
+    def _save_lost_wal(self, changed: list[tuple[str, str]]) -> bool:
+        """When only the WAL was removed or replaced: copy what it holds into the database file.
+
+        Call with the store lock held (no writer appends meanwhile) and no transaction open
+        on ``_conn``. This connection still has the old WAL open; a checkpoint copies every
+        commit in it into the database file, and TRUNCATE resets the WAL index, so a process
+        that opens the store afterwards reads the database file alone (and the new WAL).
+        True when every frame was copied.
+        """
+        if {path for path, _ in changed} != {self._files.wal}:
+            return False
+        try:
+            busy, log, done = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except sqlite3.Error:
+            return False
+        return bool(busy == 0 and log == done)
 
     def _connect(self) -> sqlite3.Connection:
         try:
@@ -512,7 +710,7 @@ class SqliteDatabase(LocalDatabase):
                 self._real, timeout=self._lock_timeout, isolation_level=None, check_same_thread=False
             )
         except sqlite3.Error as exc:
-            raise _translate(exc, self.path) from exc
+            raise _translate(exc, self.path, self._real) from exc
         conn.create_function("fdb_atomic", 3, _sql_atomic, deterministic=True)
         conn.create_function("fdb_add", 2, _sql_add, deterministic=True)
         try:
@@ -529,26 +727,25 @@ class SqliteDatabase(LocalDatabase):
         except BaseException as exc:
             conn.close()
             if isinstance(exc, sqlite3.Error):
-                raise _translate(exc, self.path) from exc
+                raise _translate(exc, self.path, self._real) from exc
             raise
         return conn
 
     def _check_format(self, conn: sqlite3.Connection) -> bool:
         """True for a valid store, False for an empty file; raises for anything else."""
-        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        tables = {row[0] for row in conn.execute(_storefiles.TABLES)}
         if not tables:
             return False
         meta: dict[str, Any] = {}
         if {"kv", "meta"} <= tables:
             try:
                 meta = dict(conn.execute("SELECT name, value FROM meta"))
-            except sqlite3.OperationalError:
+            except sqlite3.OperationalError as exc:
+                if "no such column" not in str(exc):
+                    raise  # e.g. a disk I/O error: the store may be ours, say what happened
                 meta = {}  # a foreign table named meta
         if meta.get("format") != FORMAT:
-            raise StoreError(
-                f"{self.path} is a SQLite database but not an fdbqueue store "
-                f"(tables: {', '.join(sorted(tables))}); refusing to use it"
-            )
+            raise _storefiles.foreign(self.path, tables)
         found = str(meta.get("format_version", ""))
         major = found.partition(".")[0]
         store_id = meta.get("store_id")
@@ -582,12 +779,33 @@ class SqliteDatabase(LocalDatabase):
                 )
                 self._check_format(conn)
             conn.execute("COMMIT")
+            # The schema into the database file at once: a store whose WAL is lost later
+            # is then an older store, never an empty file taken for a new one.
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
         finally:
             try:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
             finally:
                 self._store.release()
+
+    def _save_at_close(self) -> None:
+        """A WAL removed under this handle: save what it holds, even if SQLite's close will not.
+
+        SQLite checkpoints at the last connection's close only; another process with the
+        store open would leave the commits in the removed WAL to vanish with this process.
+        """
+        changed = self._files.changed()
+        if not changed:
+            return
+        try:
+            self._store.acquire(self._lock_timeout, self.path)
+        except QueueError:
+            return  # a transaction of this thread, or a stuck one, holds it: SQLite's close may still
+        try:
+            self._save_lost_wal(changed)
+        finally:
+            self._store.release()
 
     def _reopen_after_fork(self) -> None:
         _shared.inherited.extend((self._conn, self._readers))
@@ -600,12 +818,17 @@ class SqliteDatabase(LocalDatabase):
         with self._readers_lock:
             if self._readers:
                 return self._readers.pop()
+        ro = self.read_only
         try:
             return sqlite3.connect(
-                self._real, timeout=self._lock_timeout, isolation_level=None, check_same_thread=False
+                self._read_only_target() if ro else self._real,
+                uri=ro,
+                timeout=self._lock_timeout,
+                isolation_level=None,
+                check_same_thread=False,
             )
         except sqlite3.Error as exc:
-            raise _translate(exc, self.path) from exc
+            raise _translate(exc, self.path, self._real) from exc
 
     def _give_back_reader(self, conn: sqlite3.Connection) -> None:
         with self._readers_lock:
@@ -614,9 +837,15 @@ class SqliteDatabase(LocalDatabase):
     def create_transaction(self) -> SqliteTransaction:
         if self._closed:
             raise StoreError(f"{self.path}: the database is closed")
+        if self._broken is not None:
+            raise StoreError(self._broken)
         return SqliteTransaction(self)
 
     def _arm_watches(self, watches: list[EventWatch]) -> None:
+        if self.read_only:
+            for w in watches:
+                w.fail(4100, f"cannot watch {self.path}: it is open read-only ({self._read_only})")
+            return
         if self._generation != _shared.fork_generation:
             self._reopen_after_fork()
         try:
@@ -633,6 +862,8 @@ class SqliteDatabase(LocalDatabase):
         self._closed = True
         if self._generation != _shared.fork_generation:
             return  # inherited from the parent process: its resources are not ours to release
+        if not self.read_only:
+            self._save_at_close()
         self._conn.close()
         if self._wal:
             self._wal.close()
@@ -640,4 +871,5 @@ class SqliteDatabase(LocalDatabase):
             for conn in self._readers:
                 conn.close()
             self._readers.clear()
-        _shared.detach(self._store)
+        if not self.read_only:
+            _shared.detach(self._store)
