@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -16,7 +17,14 @@ from typing import Any, NamedTuple, TypeVar
 from fdbqueue.budget import MAX_PAYLOAD_BYTES
 from fdbqueue.engines.base import ReadView, Transaction, engine_traits
 from fdbqueue.errors import QueueError
-from fdbqueue.layout import HOT_COUNTERS, LAYER_FORMAT, QueueKeys, unpack_count
+from fdbqueue.layout import (
+    HOT_COUNTERS,
+    LAYER_FORMAT,
+    MAX_NAME_LENGTH,
+    QueueKeys,
+    unpack_count,
+    validate_queue_name,
+)
 
 
 class QueueNotFoundError(QueueError, KeyError):
@@ -45,6 +53,30 @@ def check_format(found: str) -> None:
         f"this database holds fdbqueue layer format {found}; this version reads format "
         f"{LAYER_FORMAT} only: {why}"
     )
+
+
+def error_queue_name(name: str) -> str:
+    """The default error queue of queue ``name``: ``"<name>.error"``, always a valid name.
+
+    A name too long for the suffix (more than ``MAX_NAME_LENGTH - 6`` characters) keeps a
+    prefix and gains a digest of the whole name, so that the error queue of every valid
+    name - an error queue's own error queue included - is valid and distinct: a derived
+    name that could not be opened would make the first dead letter fail, and with it every
+    sweep, dequeue and lease of the queue after it.
+    """
+    derived = f"{name}.error"
+    if len(derived) <= MAX_NAME_LENGTH:
+        return derived
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"{name[: MAX_NAME_LENGTH - len(digest) - 7]}~{digest}.error"
+
+
+def _valid_name(name: object) -> bool:
+    try:
+        validate_queue_name(name)
+    except QueueError:
+        return False
+    return True
 
 
 OVERFLOW_POLICIES = ("reject", "block")
@@ -108,8 +140,13 @@ class QueueConfig:
                 f"max_payload must be an int from 1 to {MAX_PAYLOAD_BYTES} (what one transaction "
                 f"can write within its budget), got {self.max_payload!r}"
             )
-        if self.error_queue is not None and not isinstance(self.error_queue, str):
-            raise QueueError(f"error_queue must be a str or None, got {self.error_queue!r}")
+        if self.error_queue is not None:
+            if not isinstance(self.error_queue, str):
+                raise QueueError(f"error_queue must be a str or None, got {self.error_queue!r}")
+            try:
+                validate_queue_name(self.error_queue)
+            except QueueError as exc:
+                raise QueueError(f"error_queue must be a valid queue name: {exc}") from None
 
     def encode(self) -> bytes:
         # The layer format travels with the settings every operation reads, so a queue of
@@ -124,10 +161,15 @@ class QueueConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         if isinstance(data.get("max_payload"), int) and data["max_payload"] > MAX_PAYLOAD_BYTES:
             data["max_payload"] = MAX_PAYLOAD_BYTES  # stored before the limit: the limit applies
+        if data.get("error_queue") is not None and not _valid_name(data["error_queue"]):
+            # Stored before names were checked: refusing to read it would wedge the queue
+            # (every operation reads its settings); its dead letters take the default name.
+            data["error_queue"] = None
         return cls(**{k: v for k, v in data.items() if k in known})
 
     def error_queue_for(self, name: str) -> str:
-        return self.error_queue or f"{name}.error"
+        """The queue ``name``'s dead letters go to: ``error_queue``, else :func:`error_queue_name`."""
+        return self.error_queue or error_queue_name(name)
 
     def retry_wait(self, deliveries: int) -> float:
         """How long a message waits before its next delivery after ``deliveries`` deliveries."""
