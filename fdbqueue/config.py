@@ -79,6 +79,30 @@ def _valid_name(name: object) -> bool:
     return True
 
 
+# The longest duration any setting or argument may give: ten years. Every duration becomes
+# a number of database versions (``fdbqueue.clock.versions``, 1e6 per second) added to a read
+# version; an unbounded one (``inf``) cannot, and a huge one would be accepted here only to
+# make every later sweep, dequeue and lease of the queue fail.
+MAX_DURATION_SECONDS = 10 * 365.25 * 86400.0
+_DURATIONS = ("retry_delay", "max_retry_delay", "lease_seconds", "ttl", "dedup_window")
+MAX_RETRY_BACKOFF = 1000.0  # the growth factor per delivery; max_retry_delay caps the wait
+
+
+def check_duration(name: str, value: object, *, positive: bool = False) -> float:
+    """``value`` as seconds when it is a finite number from 0 (above 0 with ``positive``) to
+    :data:`MAX_DURATION_SECONDS`, else a clear :class:`QueueError` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise QueueError(f"{name} must be a number of seconds, not {value!r}")
+    if value < 0 or (positive and value == 0):
+        raise QueueError(f"{name} must be {'> 0' if positive else '>= 0'} seconds, got {value!r}")
+    if value > MAX_DURATION_SECONDS:
+        raise QueueError(
+            f"{name} must be at most {MAX_DURATION_SECONDS:.0f} seconds (ten years of database "
+            f"time), got {value!r}"
+        )
+    return float(value)
+
+
 OVERFLOW_POLICIES = ("reject", "block")
 EXPIRY_ACTIONS = ("error", "discard")
 
@@ -103,14 +127,6 @@ class QueueConfig:
     extra: dict[str, Any] = field(default_factory=dict)  # owner, privileges, description ...
 
     def __post_init__(self) -> None:
-        def positive_number(name: str, value: Any, *, allow_none: bool = False, zero: bool = True) -> None:
-            if value is None and allow_none:
-                return
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-                raise QueueError(f"{name} must be a number, got {value!r}")
-            if value < 0 or (value == 0 and not zero):
-                raise QueueError(f"{name} must be {'>= 0' if zero else '> 0'}, got {value!r}")
-
         if self.max_size is not None and (
             isinstance(self.max_size, bool) or not isinstance(self.max_size, int) or self.max_size < 1
         ):
@@ -123,12 +139,21 @@ class QueueConfig:
             or self.max_deliveries < 1
         ):
             raise QueueError(f"max_deliveries must be an int >= 1, got {self.max_deliveries!r}")
-        positive_number("retry_delay", self.retry_delay)
-        positive_number("retry_backoff", self.retry_backoff, zero=False)
-        positive_number("max_retry_delay", self.max_retry_delay)
-        positive_number("lease_seconds", self.lease_seconds, zero=False)
-        positive_number("ttl", self.ttl, allow_none=True, zero=False)
-        positive_number("dedup_window", self.dedup_window)
+        check_duration("retry_delay", self.retry_delay)
+        check_duration("max_retry_delay", self.max_retry_delay)
+        check_duration("lease_seconds", self.lease_seconds, positive=True)
+        if self.ttl is not None:
+            check_duration("ttl", self.ttl, positive=True)
+        check_duration("dedup_window", self.dedup_window)
+        backoff = self.retry_backoff
+        if (
+            isinstance(backoff, bool)
+            or not isinstance(backoff, (int, float))
+            or not 0 < backoff <= MAX_RETRY_BACKOFF  # NaN fails both
+        ):
+            raise QueueError(
+                f"retry_backoff must be a number > 0 and <= {MAX_RETRY_BACKOFF}, got {backoff!r}"
+            )
         if self.expiry_action not in EXPIRY_ACTIONS:
             raise QueueError(f"expiry_action must be one of {EXPIRY_ACTIONS}, got {self.expiry_action!r}")
         if (
@@ -161,6 +186,10 @@ class QueueConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         if isinstance(data.get("max_payload"), int) and data["max_payload"] > MAX_PAYLOAD_BYTES:
             data["max_payload"] = MAX_PAYLOAD_BYTES  # stored before the limit: the limit applies
+        for name in _DURATIONS:  # stored before durations were bounded: the bound applies
+            value = data.get(name)
+            if isinstance(value, float) and value > MAX_DURATION_SECONDS:  # inf included
+                data[name] = MAX_DURATION_SECONDS
         if data.get("error_queue") is not None and not _valid_name(data["error_queue"]):
             # Stored before names were checked: refusing to read it would wedge the queue
             # (every operation reads its settings); its dead letters take the default name.
@@ -175,9 +204,11 @@ class QueueConfig:
         """How long a message waits before its next delivery after ``deliveries`` deliveries."""
         if self.retry_delay <= 0:
             return 0.0
-        return float(
-            min(self.max_retry_delay, self.retry_delay * self.retry_backoff ** max(0, deliveries - 1))
-        )
+        try:
+            wait = self.retry_delay * self.retry_backoff ** max(0, deliveries - 1)
+        except OverflowError:  # a backoff over 1 raised to many deliveries: past any maximum
+            return float(self.max_retry_delay)
+        return float(min(self.max_retry_delay, wait))
 
     def replace(self, **changes: Any) -> QueueConfig:
         return dataclasses.replace(self, **changes)

@@ -23,14 +23,13 @@ client's wall clock decides when a lease, a delay or a TTL ends.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from fdbqueue.budget import Budget, move_cost
 from fdbqueue.clock import db_now, now_us, seconds_of, versions
-from fdbqueue.config import QueueConfig, config_or_create
+from fdbqueue.config import QueueConfig, check_duration, config_or_create
 from fdbqueue.engines.base import Database, Transaction
 from fdbqueue.errors import EngineError, QueueError
 from fdbqueue.layout import MINUS_ONE, ONE, QueueKeys, new_rand, unpack_count
@@ -411,14 +410,8 @@ def message_elsewhere(q: Queue, tr: Transaction, key: bytes, raw: bytes) -> Mess
 
 
 def check_lease_seconds(seconds: object) -> float:
-    if (
-        isinstance(seconds, bool)
-        or not isinstance(seconds, (int, float))
-        or math.isnan(seconds)
-        or seconds <= 0
-    ):
-        raise QueueError(f"lease seconds must be a number > 0, got {seconds!r}")
-    return float(seconds)
+    """A lease length: a number of seconds above 0 and at most ten years (``check_duration``)."""
+    return check_duration("lease_seconds", seconds, positive=True)
 
 
 # -- what a dequeue may hand out -------------------------------------------------------------

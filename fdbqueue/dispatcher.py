@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from fdbqueue.config import check_duration
 from fdbqueue.engines.base import Database
 from fdbqueue.errors import QueueError
 from fdbqueue.message import Message
@@ -98,17 +99,18 @@ class Dispatcher:
         for name, value in (("max_concurrent", max_concurrent), ("length", length)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise QueueError(f"{name} must be an int >= 1, got {value!r}")
-        if interval <= 0:
-            raise QueueError(f"interval must be > 0, got {interval!r}")
+        interval = check_duration("interval", interval, positive=True)
         self.db = db
         self.queues = _as_queues(queues)
         self.schedule = schedule
         self.max_concurrent = 1 if schedule == "idle" else max_concurrent
         self.length = length
         self.interval = interval
-        self.lease_seconds = lease_seconds
-        self.sweep_interval = sweep_interval
-        self.idle_timeout = idle_timeout
+        self.lease_seconds = (
+            None if lease_seconds is None else check_duration("lease_seconds", lease_seconds, positive=True)
+        )
+        self.sweep_interval = check_duration("sweep_interval", sweep_interval)
+        self.idle_timeout = check_duration("idle_timeout", idle_timeout)
         self.consumers: list[Consumer] = []
         self.stats = DispatcherStats(per_queue={q.name: 0 for q in self.queues})
         self._stop = threading.Event()

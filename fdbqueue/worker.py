@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fdbqueue.clock import db_now, seconds_of
+from fdbqueue.config import check_duration
 from fdbqueue.delivery import TOO_OLD_REASON, failure_reason
 from fdbqueue.engines.base import TRANSACTION_WINDOW_SECONDS, Database
 from fdbqueue.errors import EngineError, QueueError
@@ -249,9 +250,11 @@ class Worker:
         self.handler = handler
         self.mode = mode
         self.concurrency = concurrency
-        self.lease_seconds = lease_seconds
-        self.sweep_interval = sweep_interval
-        self.idle_timeout = idle_timeout
+        self.lease_seconds = (
+            None if lease_seconds is None else check_duration("lease_seconds", lease_seconds, positive=True)
+        )
+        self.sweep_interval = check_duration("sweep_interval", sweep_interval)
+        self.idle_timeout = check_duration("idle_timeout", idle_timeout)
         self.budget = PrefetchBudget(*prefetch)
         self.stats = WorkerStats(per_queue={q.name: 0 for q in self.queues})
         self._stop = threading.Event()

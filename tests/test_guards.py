@@ -6,11 +6,14 @@ they enter: a value accepted once is read by every later sweep, dequeue and leas
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 import fdbqueue
 from fdbqueue import Queue, create_queue
-from fdbqueue.config import QueueConfig
+from fdbqueue.clock import fake_clock
+from fdbqueue.config import MAX_DURATION_SECONDS, QueueConfig
 from fdbqueue.errors import QueueError
 from fdbqueue.layout import QueueKeys, validate_queue_name
 
@@ -94,3 +97,120 @@ def test_stored_invalid_error_queue_does_not_wedge(db) -> None:
     dead = Queue("orders.error").dequeue(db)
     assert dead is not None and dead.payload == b"a"
     assert q.dequeue(db) is None
+
+
+# -- durations -------------------------------------------------------------------------------
+
+DURATIONS = ("retry_delay", "max_retry_delay", "lease_seconds", "ttl", "dedup_window")
+TOO_LONG = [math.inf, MAX_DURATION_SECONDS * 2, 1e300]
+
+
+@pytest.mark.parametrize("setting", DURATIONS)
+@pytest.mark.parametrize("value", [*TOO_LONG, -math.inf, math.nan])
+def test_queue_durations_are_bounded(db, setting: str, value: float) -> None:
+    with pytest.raises(QueueError, match=setting):
+        create_queue(db, "orders", **{setting: value})
+    with pytest.raises(QueueError, match=setting):
+        QueueConfig(**{setting: value})
+
+
+@pytest.mark.parametrize("setting", DURATIONS)
+def test_the_maximum_duration_is_accepted_and_works(db, setting: str) -> None:
+    """Ten years is accepted, and a queue using it keeps working after an expiry."""
+    create_queue(db, "orders", **{setting: MAX_DURATION_SECONDS})
+    q = Queue("orders")
+    q.enqueue(db, b"a", ttl=MAX_DURATION_SECONDS, delay=0)
+    with fake_clock() as clock:
+        m = q.lease(db, lease_seconds=1)
+        assert m is not None
+        clock.advance(2)
+        q.sweep(db)
+        q.enqueue(db, b"b")
+        q.dequeue(db)
+        q.lease(db)
+        q.sweep(db)
+
+
+@pytest.mark.parametrize("bad", ["retry_backoff"])
+@pytest.mark.parametrize("value", [math.inf, 1e300, math.nan])
+def test_retry_backoff_is_bounded(db, bad: str, value: float) -> None:
+    with pytest.raises(QueueError, match=bad):
+        create_queue(db, "orders", **{bad: value})
+
+
+def test_retry_wait_never_overflows() -> None:
+    """A large backoff raised to many deliveries stays at max_retry_delay."""
+    cfg = QueueConfig(retry_delay=1.0, retry_backoff=1000.0, max_retry_delay=60.0, max_deliveries=10_000)
+    assert cfg.retry_wait(5000) == 60.0
+
+
+@pytest.mark.parametrize("value", [*TOO_LONG, math.nan, -1.0])
+def test_enqueue_durations_are_validation_errors(db, value: float) -> None:
+    q = Queue("orders")
+    with pytest.raises(QueueError, match="delay"):
+        q.enqueue(db, b"a", delay=value)
+    with pytest.raises(QueueError, match="ttl"):
+        q.enqueue(db, b"a", ttl=value)
+    with pytest.raises(QueueError, match="timeout"):
+        q.dequeue(db, timeout=value)
+    with pytest.raises(QueueError, match="timeout"):
+        q.wait(db, timeout=value)
+    with pytest.raises(QueueError, match="lease"):
+        q.lease(db, lease_seconds=value)
+    assert q.size(db) == 0
+
+
+def test_nack_delay_and_extend_are_bounded(db) -> None:
+    q = Queue("orders")
+    q.enqueue(db, b"a")
+    m = q.lease(db, lease_seconds=5)
+    assert m is not None
+    with pytest.raises(QueueError, match="lease"):
+        q.extend(db, m, math.inf)
+    with pytest.raises(QueueError, match="delay"):
+        q.nack(db, m, delay=math.inf)
+    q.ack(db, m)
+
+
+@pytest.mark.parametrize("param", ["lease_seconds", "sweep_interval", "idle_timeout"])
+@pytest.mark.parametrize("value", [math.inf, math.nan, -1.0])
+def test_worker_and_dispatcher_durations_are_checked(db, param: str, value: float) -> None:
+    with pytest.raises(QueueError, match=param):
+        fdbqueue.Worker(db, "orders", lambda m: None, **{param: value})
+    with pytest.raises(QueueError, match=param):
+        fdbqueue.Dispatcher(db, "orders", **{param: value})
+
+
+@pytest.mark.parametrize("value", [math.inf, math.nan, 0.0])
+def test_dispatcher_interval_is_checked(db, value: float) -> None:
+    with pytest.raises(QueueError, match="interval"):
+        fdbqueue.Dispatcher(db, "orders", schedule="interval", interval=value)
+
+
+def test_stored_infinite_duration_reads_as_the_maximum(db) -> None:
+    """Settings stored before the bound (JSON ``Infinity``) read as ten years, and the
+    queue keeps working past an expiry."""
+    from fdbqueue.config import bump_metadata_version
+    from fdbqueue.txn import run_once
+
+    create_queue(db, "orders", retry_delay=1.0)
+    keys = QueueKeys.make("orders")
+    raw = QueueConfig(retry_delay=1.0).encode().replace(b'"retry_delay":1.0', b'"retry_delay":Infinity')
+    assert b"Infinity" in raw
+
+    def put(t, _):
+        t.set(keys.config, raw)
+        bump_metadata_version(t, keys)
+
+    run_once(db, put)
+    assert fdbqueue.queue_config(db, "orders").retry_delay == MAX_DURATION_SECONDS
+    q = Queue("orders")
+    q.enqueue(db, b"a")
+    q.enqueue(db, b"b")
+    with fake_clock() as clock:
+        m = q.lease(db, lease_seconds=1)
+        assert m is not None
+        clock.advance(2)
+        q.sweep(db)
+        m2 = q.dequeue(db)
+        assert m2 is not None and m2.payload == b"b"
