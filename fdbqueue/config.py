@@ -242,6 +242,16 @@ def read_config(tr: ReadView, keys: QueueKeys) -> QueueConfig | None:
     return None if raw is None else _decode_config(raw)
 
 
+def decode_config(raw: bytes) -> QueueConfig:
+    """Stored settings as a :class:`QueueConfig` (decoded once per distinct value)."""
+    return _decode_config(raw)
+
+
+def decode_state(raw: bytes | None) -> QueueState:
+    """A stored state (None: both directions open), decoded once per distinct value."""
+    return _OPEN if not raw else _decode_state(raw)
+
+
 def _decode_config(raw: bytes) -> QueueConfig:
     global _last_config
     last = _last_config

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from fdbqueue.clock import db_now, seconds_of
-from fdbqueue.config import read_config
+from fdbqueue.config import decode_config, decode_state, read_config
 from fdbqueue.engines.base import Database, Transaction, Watch
 from fdbqueue.engines.local import EventWatch
 from fdbqueue.errors import EngineError, QueueError, QueueStoppedError
@@ -44,18 +44,51 @@ def next_due(tr: Transaction, keys: QueueKeys, now: int | None = None) -> int | 
 REFUSED_WATCH_RECHECK = 0.2
 
 
-def watch_queue(db: Database, keys: QueueKeys, strict: bool = False) -> Watch:
-    """A watch on the wake key, already fired when a message is ready (none missed in between).
+def deliverable_now(tr: Transaction, keys: QueueKeys) -> bool:
+    """Whether a dequeue at ``tr``'s read version would find a message (snapshot reads).
 
-    Under strict order a ready message may be held back by one in flight: then only the
-    wake key (bumped by an ack or release) or a deadline ends the wait. A refused watch
-    (1032) is returned as a watch that fails with 1032 when waited on: see :func:`wait_on`.
+    The ready range is not enough under strict order: a dequeue hands out nothing while a
+    lease is in flight (live: an expired one is released by the dequeue itself) or while the
+    head waits out its retry delay (``not_before``). A queue whose dequeue is disabled has
+    nothing deliverable either. Times are database time (versions, ``fdbqueue.clock``).
     """
+    snap = tr.snapshot
+    head = snap.get_range(*keys.ready_range(), limit=1)
+    if not head:
+        return False
+    raw_cfg, raw_state = snap.get_many([keys.config, keys.state])
+    if raw_cfg is None:
+        return False
+    if not decode_state(raw_state).dequeue:
+        return False
+    if not decode_config(raw_cfg).strict_order:
+        return True
+    now = db_now(tr)
+    if int(Record.decode(head[0].value).extra.get("not_before", 0)) > now:
+        return False
+    live_from = keys.index_range("l", now + 1)[1]
+    return not snap.get_range(live_from, keys.index_range("l")[1], 1)
+
+
+def watch_queue(db: Database, keys: QueueKeys, strict: bool = False, *, changes_only: bool = False) -> Watch:
+    """A watch on the wake key, already fired when a dequeue would find a message now (none
+    missed in between: the check and the watch are one transaction).
+
+    Whether a message is deliverable follows the queue's own settings (:func:`deliverable_now`):
+    under strict order a ready message held back by a lease in flight or by its retry delay
+    does not fire the watch; an ack or release of the lease (which bump the wake key) or the
+    deadline the caller bounds its wait with (:func:`bounded`) ends the wait. ``strict`` is
+    accepted for the callers that know the setting and no longer changes anything. With
+    ``changes_only`` only a change fires it (a waiter that leaves ready messages where they
+    are). A refused watch (1032) is returned as a watch that fails with 1032 when waited
+    on: see :func:`wait_on`.
+    """
+    del strict  # read from the queue's settings, in the watch's own transaction
     t = db.create_transaction()
     while True:
         try:
             w = t.watch(keys.wake)
-            ready = not strict and t.snapshot.get_range(*keys.ready_range(), limit=1)
+            ready = not changes_only and deliverable_now(t, keys)
             t.commit()
             if ready:
                 w.cancel()
@@ -142,7 +175,7 @@ def blocking(
             if deadline is None:
                 raise  # non-blocking: a clear error at once
             # Blocking: wait for dequeue to be enabled again (which bumps the wake key).
-            msg, watch = None, watch_queue(db, keys, strict=True)
+            msg, watch = None, watch_queue(db, keys, changes_only=True)
         if msg is not None or deadline is None:
             return msg
         assert watch is not None
@@ -251,7 +284,7 @@ class QueueWatcher:
 
     def _arm(self, i: int) -> Watch:
         keys = self._keys[i]
-        w = watch_queue(self._db, keys, strict=self._changes_only)
+        w = watch_queue(self._db, keys, changes_only=self._changes_only)
         self.armed += 1
         self._watches[i] = w
         self._due[i] = self._due_at(keys)
