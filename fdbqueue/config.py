@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -16,7 +17,14 @@ from typing import Any, NamedTuple, TypeVar
 from fdbqueue.budget import MAX_PAYLOAD_BYTES
 from fdbqueue.engines.base import ReadView, Transaction, engine_traits
 from fdbqueue.errors import QueueError
-from fdbqueue.layout import HOT_COUNTERS, LAYER_FORMAT, QueueKeys, unpack_count
+from fdbqueue.layout import (
+    HOT_COUNTERS,
+    LAYER_FORMAT,
+    MAX_NAME_LENGTH,
+    QueueKeys,
+    unpack_count,
+    validate_queue_name,
+)
 
 
 class QueueNotFoundError(QueueError, KeyError):
@@ -47,6 +55,54 @@ def check_format(found: str) -> None:
     )
 
 
+def error_queue_name(name: str) -> str:
+    """The default error queue of queue ``name``: ``"<name>.error"``, always a valid name.
+
+    A name too long for the suffix (more than ``MAX_NAME_LENGTH - 6`` characters) keeps a
+    prefix and gains a digest of the whole name, so that the error queue of every valid
+    name - an error queue's own error queue included - is valid and distinct: a derived
+    name that could not be opened would make the first dead letter fail, and with it every
+    sweep, dequeue and lease of the queue after it.
+    """
+    derived = f"{name}.error"
+    if len(derived) <= MAX_NAME_LENGTH:
+        return derived
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"{name[: MAX_NAME_LENGTH - len(digest) - 7]}~{digest}.error"
+
+
+def _valid_name(name: object) -> bool:
+    try:
+        validate_queue_name(name)
+    except QueueError:
+        return False
+    return True
+
+
+# The longest duration any setting or argument may give: ten years. Every duration becomes
+# a number of database versions (``fdbqueue.clock.versions``, 1e6 per second) added to a read
+# version; an unbounded one (``inf``) cannot, and a huge one would be accepted here only to
+# make every later sweep, dequeue and lease of the queue fail.
+MAX_DURATION_SECONDS = 10 * 365.25 * 86400.0
+_DURATIONS = ("retry_delay", "max_retry_delay", "lease_seconds", "ttl", "dedup_window")
+MAX_RETRY_BACKOFF = 1000.0  # the growth factor per delivery; max_retry_delay caps the wait
+
+
+def check_duration(name: str, value: object, *, positive: bool = False) -> float:
+    """``value`` as seconds when it is a finite number from 0 (above 0 with ``positive``) to
+    :data:`MAX_DURATION_SECONDS`, else a clear :class:`QueueError` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise QueueError(f"{name} must be a number of seconds, not {value!r}")
+    if value < 0 or (positive and value == 0):
+        raise QueueError(f"{name} must be {'> 0' if positive else '>= 0'} seconds, got {value!r}")
+    if value > MAX_DURATION_SECONDS:
+        raise QueueError(
+            f"{name} must be at most {MAX_DURATION_SECONDS:.0f} seconds (ten years of database "
+            f"time), got {value!r}"
+        )
+    return float(value)
+
+
 OVERFLOW_POLICIES = ("reject", "block")
 EXPIRY_ACTIONS = ("error", "discard")
 
@@ -71,14 +127,6 @@ class QueueConfig:
     extra: dict[str, Any] = field(default_factory=dict)  # owner, privileges, description ...
 
     def __post_init__(self) -> None:
-        def positive_number(name: str, value: Any, *, allow_none: bool = False, zero: bool = True) -> None:
-            if value is None and allow_none:
-                return
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-                raise QueueError(f"{name} must be a number, got {value!r}")
-            if value < 0 or (value == 0 and not zero):
-                raise QueueError(f"{name} must be {'>= 0' if zero else '> 0'}, got {value!r}")
-
         if self.max_size is not None and (
             isinstance(self.max_size, bool) or not isinstance(self.max_size, int) or self.max_size < 1
         ):
@@ -91,12 +139,21 @@ class QueueConfig:
             or self.max_deliveries < 1
         ):
             raise QueueError(f"max_deliveries must be an int >= 1, got {self.max_deliveries!r}")
-        positive_number("retry_delay", self.retry_delay)
-        positive_number("retry_backoff", self.retry_backoff, zero=False)
-        positive_number("max_retry_delay", self.max_retry_delay)
-        positive_number("lease_seconds", self.lease_seconds, zero=False)
-        positive_number("ttl", self.ttl, allow_none=True, zero=False)
-        positive_number("dedup_window", self.dedup_window)
+        check_duration("retry_delay", self.retry_delay)
+        check_duration("max_retry_delay", self.max_retry_delay)
+        check_duration("lease_seconds", self.lease_seconds, positive=True)
+        if self.ttl is not None:
+            check_duration("ttl", self.ttl, positive=True)
+        check_duration("dedup_window", self.dedup_window)
+        backoff = self.retry_backoff
+        if (
+            isinstance(backoff, bool)
+            or not isinstance(backoff, (int, float))
+            or not 0 < backoff <= MAX_RETRY_BACKOFF  # NaN fails both
+        ):
+            raise QueueError(
+                f"retry_backoff must be a number > 0 and <= {MAX_RETRY_BACKOFF}, got {backoff!r}"
+            )
         if self.expiry_action not in EXPIRY_ACTIONS:
             raise QueueError(f"expiry_action must be one of {EXPIRY_ACTIONS}, got {self.expiry_action!r}")
         if (
@@ -108,8 +165,13 @@ class QueueConfig:
                 f"max_payload must be an int from 1 to {MAX_PAYLOAD_BYTES} (what one transaction "
                 f"can write within its budget), got {self.max_payload!r}"
             )
-        if self.error_queue is not None and not isinstance(self.error_queue, str):
-            raise QueueError(f"error_queue must be a str or None, got {self.error_queue!r}")
+        if self.error_queue is not None:
+            if not isinstance(self.error_queue, str):
+                raise QueueError(f"error_queue must be a str or None, got {self.error_queue!r}")
+            try:
+                validate_queue_name(self.error_queue)
+            except QueueError as exc:
+                raise QueueError(f"error_queue must be a valid queue name: {exc}") from None
 
     def encode(self) -> bytes:
         # The layer format travels with the settings every operation reads, so a queue of
@@ -124,18 +186,29 @@ class QueueConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         if isinstance(data.get("max_payload"), int) and data["max_payload"] > MAX_PAYLOAD_BYTES:
             data["max_payload"] = MAX_PAYLOAD_BYTES  # stored before the limit: the limit applies
+        for name in _DURATIONS:  # stored before durations were bounded: the bound applies
+            value = data.get(name)
+            if isinstance(value, float) and value > MAX_DURATION_SECONDS:  # inf included
+                data[name] = MAX_DURATION_SECONDS
+        if data.get("error_queue") is not None and not _valid_name(data["error_queue"]):
+            # Stored before names were checked: refusing to read it would wedge the queue
+            # (every operation reads its settings); its dead letters take the default name.
+            data["error_queue"] = None
         return cls(**{k: v for k, v in data.items() if k in known})
 
     def error_queue_for(self, name: str) -> str:
-        return self.error_queue or f"{name}.error"
+        """The queue ``name``'s dead letters go to: ``error_queue``, else :func:`error_queue_name`."""
+        return self.error_queue or error_queue_name(name)
 
     def retry_wait(self, deliveries: int) -> float:
         """How long a message waits before its next delivery after ``deliveries`` deliveries."""
         if self.retry_delay <= 0:
             return 0.0
-        return float(
-            min(self.max_retry_delay, self.retry_delay * self.retry_backoff ** max(0, deliveries - 1))
-        )
+        try:
+            wait = self.retry_delay * self.retry_backoff ** max(0, deliveries - 1)
+        except OverflowError:  # a backoff over 1 raised to many deliveries: past any maximum
+            return float(self.max_retry_delay)
+        return float(min(self.max_retry_delay, wait))
 
     def replace(self, **changes: Any) -> QueueConfig:
         return dataclasses.replace(self, **changes)
@@ -169,6 +242,16 @@ def read_config(tr: ReadView, keys: QueueKeys) -> QueueConfig | None:
     """The queue's settings, or None when it does not exist (a serializable point read)."""
     raw = tr.get(keys.config)
     return None if raw is None else _decode_config(raw)
+
+
+def decode_config(raw: bytes) -> QueueConfig:
+    """Stored settings as a :class:`QueueConfig` (decoded once per distinct value)."""
+    return _decode_config(raw)
+
+
+def decode_state(raw: bytes | None) -> QueueState:
+    """A stored state (None: both directions open), decoded once per distinct value."""
+    return _OPEN if not raw else _decode_state(raw)
 
 
 def _decode_config(raw: bytes) -> QueueConfig:

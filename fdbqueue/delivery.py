@@ -23,14 +23,13 @@ client's wall clock decides when a lease, a delay or a TTL ends.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from fdbqueue.budget import Budget, move_cost
 from fdbqueue.clock import db_now, now_us, seconds_of, versions
-from fdbqueue.config import QueueConfig, config_or_create
+from fdbqueue.config import QueueConfig, check_duration, config_or_create
 from fdbqueue.engines.base import Database, Transaction
 from fdbqueue.errors import EngineError, QueueError
 from fdbqueue.layout import MINUS_ONE, ONE, QueueKeys, new_rand, unpack_count
@@ -411,14 +410,8 @@ def message_elsewhere(q: Queue, tr: Transaction, key: bytes, raw: bytes) -> Mess
 
 
 def check_lease_seconds(seconds: object) -> float:
-    if (
-        isinstance(seconds, bool)
-        or not isinstance(seconds, (int, float))
-        or math.isnan(seconds)
-        or seconds <= 0
-    ):
-        raise QueueError(f"lease seconds must be a number > 0, got {seconds!r}")
-    return float(seconds)
+    """A lease length: a number of seconds above 0 and at most ten years (``check_duration``)."""
+    return check_duration("lease_seconds", seconds, positive=True)
 
 
 # -- what a dequeue may hand out -------------------------------------------------------------
@@ -596,16 +589,43 @@ def _reason_of(msg: Message, error: EngineError) -> str | None:
     return fit_reason(str(error))
 
 
+@contextmanager
+def not_counted(msg: Message) -> Iterator[None]:
+    """Within the block, an abort of the caller's transaction that dequeued ``msg`` is not
+    counted as a failed delivery: the engine failed (a full disk, an unreachable cluster),
+    not the message. Wrap the abort (``tr.cancel()``) in it."""
+    _uncounted[id(msg)] = msg.id
+    try:
+        yield
+    finally:
+        _uncounted.pop(id(msg), None)
+
+
+_uncounted: dict[int, str] = {}
+
+
+def engine_fault(error: EngineError) -> bool:
+    """Whether a transaction that ended with ``error`` failed for the engine's reasons.
+
+    4100 is what the engines report when a commit fails without a FoundationDB error (a
+    full disk, an I/O error, an unreachable cluster); the retryable codes are contention,
+    load or recovery (``fdb_error_predicate``, bindings/c/fdb_c.cpp). 1007 is not among
+    them: a handler that outlives the 5-second window is the handler's doing.
+    """
+    return error.code == 4100 or (error.retryable and error.code != 1007)
+
+
 def count_failed_attempt(q: Queue, db: Database, msg: Message, error: EngineError) -> None:
     """The caller's transaction that dequeued ``msg`` did not commit: count the delivery.
 
     Runs after that transaction has ended (its locks released), in one of its own. A
-    conflict (1020) or an unknown commit result (1021) is the engine's, not the message's
-    doing: not counted. An application abort (1025) and a handler too slow for the
-    5-second window (1007) are counted, with the reason the caller gave (see
-    :func:`failure_reason`), else what the error says (1007: :data:`TOO_OLD_REASON`).
+    failure of the engine (:func:`engine_fault`: a conflict, an unknown commit result, a
+    full disk ...) or an abort under :func:`not_counted` is not the message's doing: not
+    counted. An application abort (1025) and a handler too slow for the 5-second window
+    (1007) are counted, with the reason the caller gave (see :func:`failure_reason`), else
+    what the error says (1007: :data:`TOO_OLD_REASON`).
     """
-    if error.code == 1020 or error.maybe_committed:
+    if error.maybe_committed or engine_fault(error) or _uncounted.get(id(msg)) == msg.id:
         return
     reason = _reason_of(msg, error)
 

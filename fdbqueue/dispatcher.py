@@ -27,12 +27,21 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from fdbqueue.config import check_duration
 from fdbqueue.engines.base import Database
 from fdbqueue.errors import QueueError
 from fdbqueue.message import Message
 from fdbqueue.queue import Queue
 from fdbqueue.waiting import QueueWatcher
-from fdbqueue.worker import _as_queues, check_handler, drained, failure_text, log_failure
+from fdbqueue.worker import (
+    Backoff,
+    _as_queues,
+    check_handler,
+    drained,
+    engine_failure,
+    failure_text,
+    log_failure,
+)
 
 log = logging.getLogger("fdbqueue.dispatcher")
 
@@ -98,19 +107,21 @@ class Dispatcher:
         for name, value in (("max_concurrent", max_concurrent), ("length", length)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise QueueError(f"{name} must be an int >= 1, got {value!r}")
-        if interval <= 0:
-            raise QueueError(f"interval must be > 0, got {interval!r}")
+        interval = check_duration("interval", interval, positive=True)
         self.db = db
         self.queues = _as_queues(queues)
         self.schedule = schedule
         self.max_concurrent = 1 if schedule == "idle" else max_concurrent
         self.length = length
         self.interval = interval
-        self.lease_seconds = lease_seconds
-        self.sweep_interval = sweep_interval
-        self.idle_timeout = idle_timeout
+        self.lease_seconds = (
+            None if lease_seconds is None else check_duration("lease_seconds", lease_seconds, positive=True)
+        )
+        self.sweep_interval = check_duration("sweep_interval", sweep_interval)
+        self.idle_timeout = check_duration("idle_timeout", idle_timeout)
         self.consumers: list[Consumer] = []
         self.stats = DispatcherStats(per_queue={q.name: 0 for q in self.queues})
+        self.backoff = Backoff(log)
         self._stop = threading.Event()
         self._cond = threading.Condition()
         self._watcher: QueueWatcher | None = None
@@ -200,41 +211,53 @@ class Dispatcher:
 
     def _loop(self, pool: ThreadPoolExecutor, until_empty: bool) -> None:
         while not self._stop.is_set():
-            with self._cond:
-                slots = self._free_slots()
-                if self._limit is not None:
-                    slots = min(slots, self._limit - self.stats.dispatched)
-                    if slots <= 0 and self._running == 0:
-                        return
-                if slots <= 0:
-                    # Checked and waited under one lock: a handler's end (it notifies) is not missed.
-                    self._cond.wait(0.1)
-                    continue
-            if self._should_dispatch():
-                got = self._lease(slots)
-                if got:
-                    for q, m in got:
-                        self._submit(pool, q, m)
-                    continue
-                if self.schedule in ("length", "interval"):
-                    self._round = False  # drained: the round is over
-            # Nothing to dispatch now, whatever the reason (no round due, or none ready). Every
-            # path that does not dispatch comes here, so that the end of the last running
-            # handler is always followed by the until_empty check: a round's last lease often
-            # comes back empty while a handler still runs, and the next turn finds no round due.
-            with self._cond:
-                if self._running > 0:
-                    self._cond.wait(0.1)  # checked and waited under one lock: no lost notify
-                    continue
-            self._maybe_sweep()
-            if until_empty and drained(self.db, self.queues):
-                return
-            news = self._wait(self.interval if self.schedule == "interval" else self.idle_timeout)
-            if until_empty and not news and self.schedule == "length" and not self._round:
-                # Draining: fewer than ``length`` are left and no more came for idle_timeout;
-                # a last, shorter round takes them rather than waiting for a round forever.
-                self._round = True
-                self.stats.rounds += 1
+            try:
+                if self._turn_once(pool, until_empty):
+                    return
+            except QueueError as exc:
+                if not engine_failure(exc):
+                    raise
+                # The engine fails (a full disk, an unreachable cluster): no message's fault.
+                self.backoff.wait("dispatching", exc, self._stop)
+
+    def _turn_once(self, pool: ThreadPoolExecutor, until_empty: bool) -> bool:
+        """One turn of the dispatch loop; True when the dispatcher is done."""
+        with self._cond:
+            slots = self._free_slots()
+            if self._limit is not None:
+                slots = min(slots, self._limit - self.stats.dispatched)
+                if slots <= 0 and self._running == 0:
+                    return True
+            if slots <= 0:
+                # Checked and waited under one lock: a handler's end (it notifies) is not missed.
+                self._cond.wait(0.1)
+                return False
+        if self._should_dispatch():
+            got = self._lease(slots)
+            if got:
+                for q, m in got:
+                    self._submit(pool, q, m)
+                return False
+            if self.schedule in ("length", "interval"):
+                self._round = False  # drained: the round is over
+        # Nothing to dispatch now, whatever the reason (no round due, or none ready). Every
+        # path that does not dispatch comes here, so that the end of the last running
+        # handler is always followed by the until_empty check: a round's last lease often
+        # comes back empty while a handler still runs, and the next turn finds no round due.
+        with self._cond:
+            if self._running > 0:
+                self._cond.wait(0.1)  # checked and waited under one lock: no lost notify
+                return False
+        self._maybe_sweep()
+        if until_empty and drained(self.db, self.queues):
+            return True
+        news = self._wait(self.interval if self.schedule == "interval" else self.idle_timeout)
+        if until_empty and not news and self.schedule == "length" and not self._round:
+            # Draining: fewer than ``length`` are left and no more came for idle_timeout;
+            # a last, shorter round takes them rather than waiting for a round forever.
+            self._round = True
+            self.stats.rounds += 1
+        return False
 
     def _wait(self, timeout: float) -> bool:
         """Wait for the next interval, or for news on the queues' watches (True) or ``timeout``."""
@@ -254,6 +277,7 @@ class Dispatcher:
             if len(got) >= slots:
                 break
             got.extend((q, m) for m in q.lease_many(self.db, slots - len(got), self.lease_seconds))
+        self.backoff.reset()
         self._turn = (self._turn + 1) % len(self.queues)
         return got
 
@@ -273,11 +297,18 @@ class Dispatcher:
             c.handler(m)
         except Exception as exc:
             ok = False
-            log_failure(log, q, m, exc)
-            try:
-                q.nack(self.db, m, reason=failure_text(exc))
-            except QueueError as err:
-                log.warning("could not nack %s: %s", m.id, err)
+            if engine_failure(exc):  # the handler's own use of a failing store: not counted
+                log.warning("consumer %s on %s: the engine failed: %s; released", c.name, m.id, exc)
+                try:
+                    q.release(self.db, m)
+                except QueueError as err:
+                    log.warning("could not release %s: %s", m.id, err)
+            else:
+                log_failure(log, q, m, exc)
+                try:
+                    q.nack(self.db, m, reason=failure_text(exc))
+                except QueueError as err:
+                    log.warning("could not nack %s: %s", m.id, err)
         if ok:
             try:
                 q.ack(self.db, m)

@@ -127,11 +127,15 @@ def new_rand() -> bytes:
     return os.urandom(8)
 
 
+MAX_NAME_LENGTH = 200  # characters of a queue name (an error queue's derived name included)
+
+
 def validate_queue_name(name: object) -> str:
+    """``name`` when it is a valid queue name, else a clear :class:`QueueError`."""
     if not isinstance(name, str):
         raise QueueError(f"queue name must be a str, not {type(name).__name__}")
-    if not name or len(name) > 200:
-        raise QueueError(f"queue name must be 1 to 200 characters, got {len(name)}")
+    if not name or len(name) > MAX_NAME_LENGTH:
+        raise QueueError(f"queue name must be 1 to {MAX_NAME_LENGTH} characters, got {len(name)}")
     if any(ord(c) < 32 or c == "\x7f" for c in name):
         raise QueueError(f"queue name {name!r} contains control characters")
     return name

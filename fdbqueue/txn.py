@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import TypeVar
 
+from fdbqueue.config import check_duration
 from fdbqueue.engines.base import Database, Transaction, adopt, is_transaction
 from fdbqueue.errors import CommitUnknownError, EngineError, QueueError
 
@@ -76,8 +76,6 @@ def as_database(tr: object) -> Database:
 
 
 def seconds(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise QueueError(f"{name} must be a number of seconds, not {value!r}")
-    if value < 0:
-        raise QueueError(f"{name} must be >= 0, got {value}")
-    return float(value)
+    """``value`` as a duration in seconds: finite, >= 0 and at most ten years
+    (``fdbqueue.config.check_duration``), else a clear :class:`QueueError`."""
+    return check_duration(name, value)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from fdbqueue.clock import db_now, seconds_of
-from fdbqueue.config import read_config
+from fdbqueue.config import decode_config, decode_state, read_config
 from fdbqueue.engines.base import Database, Transaction, Watch
 from fdbqueue.engines.local import EventWatch
 from fdbqueue.errors import EngineError, QueueError, QueueStoppedError
@@ -43,19 +43,61 @@ def next_due(tr: Transaction, keys: QueueKeys, now: int | None = None) -> int | 
 # still bounded by its own timeout and the queue's next deadline.
 REFUSED_WATCH_RECHECK = 0.2
 
+# However long a wait may last, it looks again at least this often (seconds of database
+# time: versions at ``VERSIONS_PER_SECOND``): a notification lost on the way - the embedded
+# engine's notification file removed under a running process, a watch dropped by a cluster
+# - then delays a waiter by at most this long instead of leaving it waiting forever.
+# FoundationDB's own watches can end without a change too (``watch`` in
+# fdbclient/NativeAPI.actor.cpp re-registers after errors; the documentation of watches says
+# a client must re-read the key when in doubt).
+LOST_WAKEUP_RECHECK = 30.0
 
-def watch_queue(db: Database, keys: QueueKeys, strict: bool = False) -> Watch:
-    """A watch on the wake key, already fired when a message is ready (none missed in between).
 
-    Under strict order a ready message may be held back by one in flight: then only the
-    wake key (bumped by an ack or release) or a deadline ends the wait. A refused watch
-    (1032) is returned as a watch that fails with 1032 when waited on: see :func:`wait_on`.
+def deliverable_now(tr: Transaction, keys: QueueKeys) -> bool:
+    """Whether a dequeue at ``tr``'s read version would find a message (snapshot reads).
+
+    The ready range is not enough under strict order: a dequeue hands out nothing while a
+    lease is in flight (live: an expired one is released by the dequeue itself) or while the
+    head waits out its retry delay (``not_before``). A queue whose dequeue is disabled has
+    nothing deliverable either. Times are database time (versions, ``fdbqueue.clock``).
     """
+    snap = tr.snapshot
+    head = snap.get_range(*keys.ready_range(), limit=1)
+    if not head:
+        return False
+    raw_cfg, raw_state = snap.get_many([keys.config, keys.state])
+    if raw_cfg is None:
+        return False
+    if not decode_state(raw_state).dequeue:
+        return False
+    if not decode_config(raw_cfg).strict_order:
+        return True
+    now = db_now(tr)
+    if int(Record.decode(head[0].value).extra.get("not_before", 0)) > now:
+        return False
+    live_from = keys.index_range("l", now + 1)[1]
+    return not snap.get_range(live_from, keys.index_range("l")[1], 1)
+
+
+def watch_queue(db: Database, keys: QueueKeys, strict: bool = False, *, changes_only: bool = False) -> Watch:
+    """A watch on the wake key, already fired when a dequeue would find a message now (none
+    missed in between: the check and the watch are one transaction).
+
+    Whether a message is deliverable follows the queue's own settings (:func:`deliverable_now`):
+    under strict order a ready message held back by a lease in flight or by its retry delay
+    does not fire the watch; an ack or release of the lease (which bump the wake key) or the
+    deadline the caller bounds its wait with (:func:`bounded`) ends the wait. ``strict`` is
+    accepted for the callers that know the setting and no longer changes anything. With
+    ``changes_only`` only a change fires it (a waiter that leaves ready messages where they
+    are). A refused watch (1032) is returned as a watch that fails with 1032 when waited
+    on: see :func:`wait_on`.
+    """
+    del strict  # read from the queue's settings, in the watch's own transaction
     t = db.create_transaction()
     while True:
         try:
             w = t.watch(keys.wake)
-            ready = not strict and t.snapshot.get_range(*keys.ready_range(), limit=1)
+            ready = not changes_only and deliverable_now(t, keys)
             t.commit()
             if ready:
                 w.cancel()
@@ -142,7 +184,7 @@ def blocking(
             if deadline is None:
                 raise  # non-blocking: a clear error at once
             # Blocking: wait for dequeue to be enabled again (which bumps the wake key).
-            msg, watch = None, watch_queue(db, keys, strict=True)
+            msg, watch = None, watch_queue(db, keys, changes_only=True)
         if msg is not None or deadline is None:
             return msg
         assert watch is not None
@@ -150,7 +192,7 @@ def blocking(
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
-            wait_on(watch, bounded(db, keys, remaining))
+            wait_on(watch, min(LOST_WAKEUP_RECHECK, bounded(db, keys, remaining) or remaining))
         finally:
             watch.cancel()
 
@@ -159,18 +201,25 @@ def wait_ready(db: Database, keys: QueueKeys, timeout: float | None) -> bool:
     """Block until a message may be ready on the queue (True) or ``timeout`` passes (False).
 
     A watch when the database grants one; when it refuses (1032), timed re-checks of the
-    head every ``REFUSED_WATCH_RECHECK`` seconds, up to the same bound.
+    head every ``REFUSED_WATCH_RECHECK`` seconds, up to the same bound. True also when a
+    deadline passes (a delayed message comes due, a lease or a strict head's retry delay
+    ends): a dequeue may then find it. Without a timeout it still looks again every
+    ``LOST_WAKEUP_RECHECK`` seconds, so a lost notification delays it and never hangs it.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         watch = watch_queue(db, keys)
         try:
-            limit = None if deadline is None else max(0.0, deadline - time.monotonic())
-            limit = bounded(db, keys, limit)
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            limit = bounded(db, keys, left)
+            came_due = limit is not None and (left is None or limit < left)
+            if limit is None or limit > LOST_WAKEUP_RECHECK:  # a lost notification: look again
+                limit, came_due = LOST_WAKEUP_RECHECK, False
             if not refused(watch):
-                return watch.wait(limit)
-            if wait_on(watch, limit) is False:
-                return False
+                if watch.wait(limit) or came_due:
+                    return True  # fired, or a deadline passed: a message may be ready now
+            elif wait_on(watch, limit) is False and came_due:
+                return True
         finally:
             watch.cancel()
         if deadline is not None and time.monotonic() >= deadline:
@@ -184,7 +233,10 @@ class QueueWatcher:
     whose bounded wait ends without news waits again on the same watch, without a new watch,
     transaction or relay thread. A small thread per live watch relays its firing. The
     queue's next deadline (delayed message, lease) is read when its watch is armed and again
-    once that deadline has passed. Not shared between threads: one watcher per waiting thread.
+    once that deadline has passed. A watch armed ``LOST_WAKEUP_RECHECK`` seconds ago is
+    armed afresh (which looks at the queue again), and no wait outlasts that interval: a
+    lost notification delays a waiter, never hangs it. Not shared between threads: one
+    watcher per waiting thread.
 
     With ``changes_only`` a wait ends when messages are made ready after the watch was
     armed, not because some are ready already: for a waiter that leaves ready messages
@@ -198,18 +250,34 @@ class QueueWatcher:
         self._changes_only = changes_only
         self._watches: list[Watch | None] = [None] * len(keys)
         self._due: list[float | None] = [None] * len(keys)  # monotonic time of the next deadline
+        self._armed_at: list[float] = [0.0] * len(keys)  # monotonic time each watch was armed
         self._fired = threading.Event()
         self.armed = 0  # watches made so far (a measure for tests and benchmarks)
 
     def wait(self, timeout: float | None, stop: threading.Event) -> bool:
         """Wait until a queue may have a message ready (True), ``timeout`` passes or ``stop``
         is set (False)."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            got = self._wait_once(end, stop)
+            if got is not None:
+                return got
+            # The re-check interval passed first: the next round re-arms old watches.
+
+    def _wait_once(self, end: float | None, stop: threading.Event) -> bool | None:
+        """One round of :meth:`wait`; None when it ended at the lost-wake-up re-check."""
         self._fired.clear()
         now = time.monotonic()
-        limit = None if timeout is None else now + timeout
+        # However long the wait, look again after LOST_WAKEUP_RECHECK: a lost notification
+        # then delays this waiter rather than leaving it waiting forever.
+        recheck = now + LOST_WAKEUP_RECHECK
+        limit = recheck if end is None else min(end, recheck)
         news = False
         for i, keys in enumerate(self._keys):
             w = self._watches[i]
+            if w is not None and not w.is_ready() and now - self._armed_at[i] >= LOST_WAKEUP_RECHECK:
+                w.cancel()  # armed long ago: its notification may have been lost, look again
+                w = self._watches[i] = None
             if w is not None and w.is_ready():
                 if not refused(w):
                     news = True  # fired since the last wait: re-armed at the next one
@@ -229,14 +297,14 @@ class QueueWatcher:
             if refused(w):
                 due = now + REFUSED_WATCH_RECHECK if due is None else min(due, now + REFUSED_WATCH_RECHECK)
             if due is not None:
-                limit = due if limit is None else min(limit, due)
+                limit = min(limit, due)
         if news:
             self._rearm_fired()
             return True
         while not stop.is_set():
-            step = 0.25 if limit is None else min(0.25, limit - time.monotonic())
+            step = min(0.25, limit - time.monotonic())
             if step <= 0:
-                return False
+                return None if limit == recheck and (end is None or recheck < end) else False
             if self._fired.wait(step):
                 self._rearm_fired()
                 return True
@@ -251,9 +319,10 @@ class QueueWatcher:
 
     def _arm(self, i: int) -> Watch:
         keys = self._keys[i]
-        w = watch_queue(self._db, keys, strict=self._changes_only)
+        w = watch_queue(self._db, keys, changes_only=self._changes_only)
         self.armed += 1
         self._watches[i] = w
+        self._armed_at[i] = time.monotonic()
         self._due[i] = self._due_at(keys)
         if not w.is_ready():
             threading.Thread(target=self._relay, args=(w,), daemon=True, name="fdbqueue-watch").start()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import random
 import signal
 import threading
 import time
@@ -32,9 +33,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fdbqueue.clock import db_now, seconds_of
-from fdbqueue.delivery import TOO_OLD_REASON, failure_reason
+from fdbqueue.config import check_duration
+from fdbqueue.delivery import TOO_OLD_REASON, engine_fault, failure_reason, not_counted
 from fdbqueue.engines.base import TRANSACTION_WINDOW_SECONDS, Database
-from fdbqueue.errors import EngineError, QueueError
+from fdbqueue.errors import ClusterUnavailableError, EngineError, QueueError, StoreError
 from fdbqueue.message import Message, fit_reason
 from fdbqueue.queue import Queue
 from fdbqueue.txn import run_once
@@ -105,6 +107,7 @@ class WorkerStats:
     swept: int = 0
     wakeups: int = 0
     idle_wakeups: int = 0  # woke and found nothing: spurious wake-ups
+    backoffs: int = 0  # waits while the engine failed (full disk, unreachable cluster ...)
     prefetch: int = 0
     ingress_rate: float = 0.0
     egress_rate: float = 0.0
@@ -178,6 +181,65 @@ def log_failure(logger: logging.Logger, q: Queue, m: Message, exc: BaseException
     )
 
 
+def engine_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is the engine failing rather than a message or its handler.
+
+    A store that cannot write (a full disk, an I/O error: :class:`StoreError`), a cluster
+    that cannot be reached, or an engine error the engines report for either or for load
+    (:func:`fdbqueue.delivery.engine_fault`; a retryable one that outlasted its retries).
+    Never counted as a failed delivery: a worker backs off (:class:`Backoff`) and tries
+    again, and the message keeps its deliveries.
+    """
+    if isinstance(exc, (StoreError, ClusterUnavailableError)):
+        return True
+    return isinstance(exc, EngineError) and engine_fault(exc)
+
+
+class Backoff:
+    """Exponential back-off while the engine fails: ``first`` seconds doubling to ``cap``.
+
+    Each wait is drawn from the upper half of the current delay (jitter: workers that
+    failed together do not all retry together); the failure is logged once per back-off
+    period. :meth:`reset` after any success. Shared by a worker's threads.
+    """
+
+    def __init__(self, logger: logging.Logger, first: float = 0.05, cap: float = 5.0) -> None:
+        self.log = logger
+        self.first = first
+        self.cap = cap
+        self.delay = 0.0
+        self.count = 0  # back-offs so far
+        self._logged = 0.0  # monotonic time of the last log line
+        self._lock = threading.Lock()
+
+    def wait(self, what: str, exc: BaseException, stop: threading.Event) -> None:
+        """The engine failed doing ``what``: log (once per period), then sleep unless stopped."""
+        with self._lock:
+            self.delay = self.first if self.delay == 0 else min(self.cap, self.delay * 2)
+            delay = self.delay
+            self.count += 1
+            now = time.monotonic()
+            say = now - self._logged >= delay
+            if say:
+                self._logged = now
+        if say:
+            self.log.warning(
+                "%s failed: %s: %s; the engine is failing, not the message: backing off %.2f s "
+                "(at most %.0f s between tries), no delivery counted",
+                what,
+                type(exc).__name__,
+                exc,
+                delay,
+                self.cap,
+            )
+        stop.wait(delay * random.uniform(0.5, 1.0))
+
+    def reset(self) -> None:
+        if self.delay:
+            with self._lock:
+                self.delay = 0.0
+
+
 def _as_queues(queues: Queue | str | Iterable[Queue | str]) -> list[Queue]:
     items: Iterable[Queue | str] = [queues] if isinstance(queues, (Queue, str)) else queues
     out = [q if isinstance(q, Queue) else Queue(q) for q in items]
@@ -249,11 +311,14 @@ class Worker:
         self.handler = handler
         self.mode = mode
         self.concurrency = concurrency
-        self.lease_seconds = lease_seconds
-        self.sweep_interval = sweep_interval
-        self.idle_timeout = idle_timeout
+        self.lease_seconds = (
+            None if lease_seconds is None else check_duration("lease_seconds", lease_seconds, positive=True)
+        )
+        self.sweep_interval = check_duration("sweep_interval", sweep_interval)
+        self.idle_timeout = check_duration("idle_timeout", idle_timeout)
         self.budget = PrefetchBudget(*prefetch)
         self.stats = WorkerStats(per_queue={q.name: 0 for q in self.queues})
+        self.backoff = Backoff(log)
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._waiting = threading.local()  # each waiting thread's QueueWatcher
@@ -297,6 +362,7 @@ class Worker:
             for watcher in watchers:
                 watcher.close()
         self.stats.prefetch = self.budget.size
+        self.stats.backoffs = self.backoff.count
         self.stats.ingress_rate = self.budget.ingress.tick()
         self.stats.egress_rate = self.budget.egress.tick()
         return self.stats
@@ -345,15 +411,24 @@ class Worker:
                 st = q.sweep(self.db)
                 self.stats.swept += st.total()
             except QueueError as exc:
+                if engine_failure(exc):
+                    self.backoff.wait(f"sweep of {q.name!r}", exc, self._stop)
+                    return
                 log.warning("sweep of %r failed: %s", q.name, exc)
 
     def _idle(self, until_empty: bool) -> None:
         """Nothing was ready: sweep if due, then wait on the queues' watches."""
         self._maybe_sweep()
-        if until_empty and drained(self.db, self.queues):
-            self._stop.set()
+        try:
+            if until_empty and drained(self.db, self.queues):
+                self._stop.set()
+                return
+            woke = self._watcher().wait(self.idle_timeout, self._stop)
+        except QueueError as exc:
+            if not engine_failure(exc):
+                raise
+            self.backoff.wait("waiting on the queues", exc, self._stop)
             return
-        woke = self._watcher().wait(self.idle_timeout, self._stop)
         with self._lock:
             self.stats.wakeups += woke
 
@@ -377,8 +452,14 @@ class Worker:
                 try:
                     outcome = self._exactly_once_step(q)
                 except QueueError as exc:  # not the handler's: the dequeue itself failed
-                    log.warning("could not dequeue from %r: %s", q.name, exc)
+                    if engine_failure(exc):
+                        self.backoff.wait(f"dequeue from {q.name!r}", exc, self._stop)
+                    else:
+                        log.warning("could not dequeue from %r: %s", q.name, exc)
                     continue
+                if outcome == "engine":
+                    continue  # backed off in the step: nothing counted
+                self.backoff.reset()
                 if outcome is not None:
                     progressed = True
                     if self._count(q, outcome == "ok", too_slow=outcome == "too_slow"):
@@ -391,7 +472,9 @@ class Worker:
         ``@transactional`` retries (a conflict runs both again).
 
         Returns None when nothing was ready, ``"ok"`` when it committed, ``"failed"`` when
-        the handler raised or the transaction could not commit, ``"too_slow"`` when the
+        the handler raised or the transaction could not commit, ``"engine"`` when the engine
+        failed (:func:`engine_failure`: not counted against the message, after a back-off
+        here), ``"too_slow"`` when the
         transaction outlived the 5-second limit (1007): running it again as it is would only
         fail again, so the failed delivery is counted and the message goes back to its queue
         (the error queue after max_deliveries, with a reason that says why).
@@ -436,17 +519,29 @@ class Worker:
                             continue
                         except EngineError as final:  # out of retries
                             exc = final
+                    if engine_failure(exc):
+                        return self._engine_failed(tr, q, m, exc)
                     log_failure(log, q, m, exc)
                     self._abort(tr, m, failure_text(exc))
                     return "failed"
                 except Exception as exc:
                     if m is None:
                         raise
+                    if engine_failure(exc):  # the commit, or the handler's own reads and writes
+                        return self._engine_failed(tr, q, m, exc)
                     log_failure(log, q, m, exc)
                     self._abort(tr, m, failure_text(exc))
                     return "failed"
         finally:
             tr.cancel()
+
+    def _engine_failed(self, tr: Any, q: Queue, m: Message, exc: BaseException) -> str:
+        """The engine failed around ``m``'s handling: abort without counting the delivery
+        (the message stays where it was), then back off."""
+        with not_counted(m):
+            tr.cancel()
+        self.backoff.wait(f"exactly-once handling of {m.id} on {q.name!r}", exc, self._stop)
+        return "engine"
 
     @staticmethod
     def _abort(tr: Any, m: Message, reason: str) -> None:
@@ -563,7 +658,14 @@ class Worker:
             n = min(want - len(got), IO_BATCH)
             if n <= 0 or self.stopping:
                 break
-            got.extend((q, m) for m in q.lease_many(self.db, n, self.lease_seconds))
+            try:
+                got.extend((q, m) for m in q.lease_many(self.db, n, self.lease_seconds))
+            except QueueError as exc:
+                if not engine_failure(exc):
+                    raise
+                self.backoff.wait(f"lease from {q.name!r}", exc, self._stop)
+                return got
+        self.backoff.reset()
         self.budget.ingress.add(len(got))
         return got
 
@@ -579,6 +681,13 @@ class Worker:
         try:
             self.handler(m)
         except Exception as exc:
+            if engine_failure(exc):  # the handler's own use of a failing store
+                try:
+                    q.release(self.db, m)  # back without counting a delivery
+                except QueueError as err:
+                    log.warning("could not release %s: %s", m.id, err)
+                self.backoff.wait(f"handler on {m.id} of {q.name!r}", exc, self._stop)
+                return
             log_failure(log, q, m, exc)
             try:
                 q.nack(self.db, m, reason=failure_text(exc))
@@ -589,6 +698,9 @@ class Worker:
         try:
             q.ack(self.db, m)
         except QueueError as err:
-            log.warning("could not ack %s: %s", m.id, err)
+            if engine_failure(err):  # the lease runs out and the message comes back
+                self.backoff.wait(f"ack of {m.id} on {q.name!r}", err, self._stop)
+            else:
+                log.warning("could not ack %s: %s", m.id, err)
             return
         self._count(q, True)
