@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 import tenacity
 
+from fdbqueue.autonomous import AutonomousId
 from fdbqueue.budget import (
     MAX_PAYLOAD_BYTES,
     TXN_BUDGET_BYTES,
@@ -60,7 +61,6 @@ from fdbqueue.engines.base import (
 )
 from fdbqueue.errors import (
     EngineError,
-    NestedTransactionError,
     QueueError,
     QueueFullError,
     QueueStoppedError,
@@ -99,6 +99,7 @@ class _Item(NamedTuple):
     ttl: float | None
     dedup_key: str | None
     fixed_id: bool = False  # the id must be known before the write (an autonomous enqueue)
+    admitted: bool = False  # checked for room and a running queue already (an autonomous enqueue)
 
 
 class Queue:
@@ -256,7 +257,8 @@ class Queue:
         if cfg is None:
             cfg = QueueConfig()
             write_config(tr, keys, cfg)
-        if not meta.state.enqueue:
+        admitted = all(it.admitted for it in items)  # an autonomous enqueue's deferred write
+        if not meta.state.enqueue and not admitted:
             raise QueueStoppedError(f"enqueue is disabled on queue {self.name!r}")
         limit = min(cfg.max_payload, MAX_PAYLOAD_BYTES)  # one transaction's budget (budget.py)
         for it in items:
@@ -274,7 +276,7 @@ class Queue:
                 first_id, at = seen.decode().split("|")
                 if now - int(at) < versions(cfg.dedup_window):
                     return [first_id]
-        if cfg.max_size is not None:
+        if cfg.max_size is not None and not admitted:
             held = meta.count("ready") + meta.count("inflight") + meta.count("delayed")
             if held + len(items) > cfg.max_size:
                 raise QueueFullError(
@@ -341,23 +343,11 @@ class Queue:
             tr.set(keys.id_key(msg_id), key)
         return msg_id
 
-    def _autonomous(self, tr: Transaction, item: _Item) -> str:
-        """Enqueue in a transaction of its own, whatever becomes of the caller's (seed 002)."""
-        db: Database = tr.db
-        item = item._replace(fixed_id=True, id=item.id or new_id())  # returned before it is written
+    def _autonomous(self, tr: Transaction, item: _Item) -> AutonomousId:
+        """Enqueue in a transaction of its own, whatever becomes of the caller's (``autonomous.py``)."""
+        from fdbqueue.autonomous import enqueue_autonomous
 
-        def later(_error: EngineError | None) -> None:
-            try:
-                self._enqueue_items(db, [item], None)
-            except Exception:  # the caller's outcome must not be masked by this write's failure
-                log.exception("fdbqueue: autonomous enqueue to %r failed", self.name)
-
-        try:
-            return self._enqueue_items(db, [item], None)[0]
-        except NestedTransactionError:
-            # The embedded engine's single writer is held by the caller: write once it ends.
-            tr.on_finish(later)
-            return item.id
+        return enqueue_autonomous(self, tr, item._replace(fixed_id=True, id=item.id or new_id()))
 
     # -- reading messages ----------------------------------------------------------------------
 
@@ -720,4 +710,4 @@ def new_id() -> str:
     return f"{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}"
 
 
-__all__ = ["LeaseError", "Queue", "QueueFullError", "QueueStoppedError", "run_once"]
+__all__ = ["AutonomousId", "LeaseError", "Queue", "QueueFullError", "QueueStoppedError", "run_once"]
