@@ -23,7 +23,7 @@ from fdbqueue.config import QueueConfig, read_config
 from fdbqueue.delivery import expire, expire_lease, locate, promote_delayed
 from fdbqueue.engines.base import Database, Transaction, adopt, engine_traits, is_transaction
 from fdbqueue.errors import CommitUnknownError
-from fdbqueue.layout import QueueKeys
+from fdbqueue.layout import QueueKeys, pack_count
 from fdbqueue.message import Record
 from fdbqueue.txn import run_once
 
@@ -146,6 +146,8 @@ def reclaim_results(q: Queue, tr: Transaction, now: int, limit: int, budget: Bud
         tr.clear(kv.key)
         put_ready(tr, q.keys, key, Record.decode(raw), q.keys.parse_ready(key)[0])
         n += 1
+    if n:  # they were counted done when paired (contention.fulfil): not done after all
+        tr.add(q.keys.counter("done"), pack_count(-n))
     return n
 
 
