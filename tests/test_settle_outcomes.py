@@ -22,6 +22,7 @@ from fdbqueue.engines.sim import SimDatabase
 from fdbqueue.errors import CommitUnknownError
 from fdbqueue.layout import unpack_count
 from fdbqueue.message import Message
+from fdbqueue.sweep import RECEIPT_TTL_SECONDS
 from fdbqueue.testing import FaultScript, on_backoff
 
 LEASE = 30
@@ -225,3 +226,26 @@ def test_property_every_message_is_acked_exactly_once_under_faults(seed: int) ->
     assert set(acked.values()) == {1}, f"acked twice: {[k for k, v in acked.items() if v > 1]}"
     assert db.stats.faults.get(1021), db.stats.faults
     db.close()
+
+
+@pytest.mark.parametrize("applied", [True, False], ids=["applied", "not-applied"])
+@pytest.mark.parametrize("op", ["ack", "nack", "release", "extend"])
+def test_a_retry_past_the_receipt_ttl_raises_instead_of_guessing(
+    db: SimDatabase, op: str, applied: bool
+) -> None:
+    q = Queue("jobs")
+    q.enqueue(db, b"A")
+    with fake_clock() as clock, FaultScript(db) as script:
+        m = leased(db, q)
+
+        def late() -> None:  # the retry comes after its receipt may have been cleared
+            clock.advance(RECEIPT_TTL_SECONDS + 1)
+            q.sweep(db)
+
+        on_backoff(db, late)
+        script.arm([("1021", applied)])
+        with pytest.raises(CommitUnknownError):
+            if op == "extend":
+                q.extend(db, m, 60)
+            else:
+                getattr(q, op)(db, m)
