@@ -8,9 +8,10 @@ gets may already be committed elsewhere:
 
 * what could refuse the write is checked first, in the caller's transaction (which sees its
   own writes): a stopped queue, a payload past ``max_payload``, no room under ``max_size``
-  counting the caller's own enqueues and the autonomous ones it had admitted, and a dedup
-  match (whose first id is returned, nothing written). A refusal is raised there, before
-  any id is handed out;
+  counting the caller's own enqueues and the autonomous ones it had admitted. A refusal is
+  raised there, before any id is handed out. A committed dedup match returns its first id
+  (nothing written); the caller's own uncommitted one does not count, since it goes if the
+  caller aborts;
 * the admitted write is then not refused for a full queue or a stopped one: it was accepted
   when the queue took it (``max_size`` may thus be overshot by the autonomous enqueues
   admitted before the caller's own filled the queue, as concurrent enqueues may overshoot it);
@@ -109,11 +110,18 @@ def admit(q: Queue, tr: Transaction, item: _Item) -> str | None:
             f"payload of {len(item.payload)} bytes exceeds queue {q.name!r}'s max_payload of {limit} bytes"
         )
     if item.dedup_key is not None:
-        seen = tr.get(keys.dedup_key(item.dedup_key))
-        if seen is not None:
-            first_id, at = seen.decode().split("|")
-            if db_now(tr) - int(at) < versions(cfg.dedup_window):
-                return first_id
+        # Against what is committed, not the caller's own enqueue with that key: that one
+        # goes if the caller aborts, and the autonomous message must stay. A transaction
+        # begun meanwhile in this thread reads the last committed state (engines/sqlite.py).
+        peek = tr.db.create_transaction()
+        try:
+            seen = peek.get(keys.dedup_key(item.dedup_key))
+            if seen is not None:
+                first_id, at = seen.decode().split("|")
+                if db_now(peek) - int(at) < versions(cfg.dedup_window):
+                    return first_id
+        finally:
+            peek.cancel()
     if cfg.max_size is not None:
         held = meta.count("ready") + meta.count("inflight") + meta.count("delayed")
         held += _reserved.get((id(tr), keys.q.key()), 0)

@@ -140,3 +140,14 @@ def test_a_deferred_write_that_fails_reports_it_on_the_outcome(tmp_path: Path) -
     tr.commit()
     with pytest.raises(QueueError):
         auto.outcome.result(timeout=5)
+
+
+def test_the_callers_own_dedup_entry_does_not_swallow_an_autonomous_enqueue(db: Database) -> None:
+    """The caller's enqueue with the key goes when it aborts: the autonomous one must stay."""
+    q = Queue("jobs")
+    tr = caller(db)
+    mine = q.enqueue(tr, b"A", dedup_key="k")
+    auto = q.enqueue(tr, b"A, audited", dedup_key="k", autonomous=True)
+    tr.cancel()
+    assert auto != mine and auto.outcome.result(timeout=5) == auto
+    assert ids(db, q) == [auto]
