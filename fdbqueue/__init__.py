@@ -20,6 +20,7 @@ from fdbqueue.admin import (
     start_queue,
     stop_queue,
 )
+from fdbqueue.autonomous import AutonomousId
 from fdbqueue.budget import BudgetExceededError
 from fdbqueue.config import QueueConfig, QueueNotFoundError, QueueState, UnsupportedLayerFormatError
 from fdbqueue.delivery import LeaseError, LeaseExpiredError
@@ -37,6 +38,7 @@ from fdbqueue.errors import (
     ClusterUnavailableError,
     CommitUnknownError,
     EngineError,
+    InvalidTextError,
     InvalidURLError,
     NestedTransactionError,
     QueueError,
@@ -54,11 +56,12 @@ from fdbqueue.message import (
 )
 from fdbqueue.queue import Queue, QueueFullError, QueueStoppedError
 from fdbqueue.sweep import SweepStats
-from fdbqueue.worker import Worker, WorkerStats
+from fdbqueue.worker import HandlerSignatureError, Worker, WorkerStats
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AutonomousId",
     "BudgetExceededError",
     "ClusterUnavailableError",
     "CommitUnknownError",
@@ -69,8 +72,10 @@ __all__ = [
     "Dispatcher",
     "DispatcherStats",
     "EngineError",
+    "HandlerSignatureError",
     "HeadersTooLargeError",
     "InvalidPayloadError",
+    "InvalidTextError",
     "InvalidURLError",
     "KeySelector",
     "KeyValue",

@@ -439,6 +439,8 @@ def deliverable_head(
     work was left. ``start``: a ready key to scan from (a lease_many's next message).
     """
     keys = q.keys
+    if where is not None and not all(isinstance(name, str) for name in where):
+        raise QueueError(f"header names in a filter must be str (as stored), got {list(where)!r}")
     budget = Budget(TAKE_RESERVE) if budget is None else budget
     if check_due and next_due(tr, keys, now) is not None:
         from fdbqueue.sweep import sweep_step  # sweep builds on this module

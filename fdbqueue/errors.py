@@ -111,6 +111,10 @@ class NestedTransactionError(QueueError):
     """
 
 
+class InvalidTextError(QueueError, ValueError):
+    """A str that UTF-8 cannot encode (it holds a lone surrogate): keys and payloads are UTF-8."""
+
+
 class QueueStoppedError(QueueError):
     """This direction of the queue is disabled (stopped)."""
 

@@ -66,7 +66,7 @@ from typing import Any
 import fdb.tuple
 from fdb.subspace_impl import Subspace
 
-from fdbqueue.errors import QueueError
+from fdbqueue.errors import InvalidTextError, QueueError
 
 # 2.0: every stored time is database time (versions), where 1.x stored wall-clock µs.
 LAYER_FORMAT = "2.0"
@@ -130,6 +130,18 @@ def new_rand() -> bytes:
 MAX_NAME_LENGTH = 200  # characters of a queue name (an error queue's derived name included)
 
 
+def utf8(text: str, what: str) -> bytes:
+    """``text`` in UTF-8, as the tuple layer packs a str into a key; InvalidTextError (a
+    QueueError) for a str UTF-8 cannot encode (a lone surrogate), not UnicodeEncodeError."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidTextError(
+            f"{what} cannot be stored: {text[exc.start : exc.end]!r} at position {exc.start} is a "
+            "lone surrogate, which UTF-8 cannot encode"
+        ) from None
+
+
 def validate_queue_name(name: object) -> str:
     """``name`` when it is a valid queue name, else a clear :class:`QueueError`."""
     if not isinstance(name, str):
@@ -138,6 +150,7 @@ def validate_queue_name(name: object) -> str:
         raise QueueError(f"queue name must be 1 to {MAX_NAME_LENGTH} characters, got {len(name)}")
     if any(ord(c) < 32 or c == "\x7f" for c in name):
         raise QueueError(f"queue name {name!r} contains control characters")
+    utf8(name, f"queue name {name!r}")
     return name
 
 

@@ -11,14 +11,15 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from fdbqueue.budget import MAX_DEDUP_KEY_BYTES, MAX_HEADERS_BYTES, MAX_REASON_BYTES, encoded_len
-from fdbqueue.errors import QueueError
+from fdbqueue.errors import InvalidTextError, QueueError
+from fdbqueue.layout import utf8
 
 RECORD_FORMAT = 1
 _HEAD = struct.Struct("<BI")
 
 
 class InvalidPayloadError(QueueError, TypeError):
-    """The payload is not bytes, str, or JSON-serialisable."""
+    """The payload is not bytes, str (that UTF-8 can encode), or JSON-serialisable."""
 
 
 class PayloadTooLargeError(QueueError, ValueError):
@@ -50,7 +51,10 @@ def coerce_payload(payload: object) -> tuple[bytes, ContentType]:
     if isinstance(payload, (bytearray, memoryview)):
         return bytes(payload), ContentType.BYTES
     if isinstance(payload, str):
-        return payload.encode("utf-8"), ContentType.TEXT
+        try:
+            return utf8(payload, "the payload str"), ContentType.TEXT
+        except InvalidTextError as exc:
+            raise InvalidPayloadError(f"{exc}: pass bytes, or text without lone surrogates") from None
     try:
         return json.dumps(payload, separators=(",", ":"), allow_nan=False).encode(), ContentType.JSON
     except (TypeError, ValueError) as exc:
@@ -60,6 +64,8 @@ def coerce_payload(payload: object) -> tuple[bytes, ContentType]:
 
 
 def check_headers(headers: object) -> dict[str, Any]:
+    """Headers as stored: names must be str (an int name would become a str in JSON and
+    could collide with one: refused, not merged), values str, int, float, bool or None."""
     if headers is None:
         return {}
     if not isinstance(headers, Mapping):
@@ -71,7 +77,11 @@ def check_headers(headers: object) -> dict[str, Any]:
         if v is not None and not isinstance(v, (str, int, float, bool)):
             raise QueueError(f"header {k!r} must be str, int, float, bool or None, not {type(v).__name__}")
         out[k] = v
-    size = encoded_len(out)
+    try:
+        size = encoded_len(out)
+    except ValueError:  # an int past Python's int-to-str digit limit (sys.get_int_max_str_digits)
+        big = next(k for k, v in out.items() if isinstance(v, int) and _too_long(v))
+        raise QueueError(f"header {big!r} holds an int too long to store as decimal digits") from None
     if size > MAX_HEADERS_BYTES:
         # Headroom for every later state of the record (leased, nacked, dead-lettered, a
         # staged result) under the value limit: see fdbqueue/budget.py.
@@ -82,9 +92,18 @@ def check_headers(headers: object) -> dict[str, Any]:
     return out
 
 
+def _too_long(n: int) -> bool:
+    try:
+        str(n)
+    except ValueError:
+        return True
+    return False
+
+
 def check_dedup_key(dedup_key: str) -> None:
-    """Refuse a dedup key past MAX_DEDUP_KEY_BYTES: it is part of two keys (key limit 10,000)."""
-    n = len(dedup_key.encode("utf-8", "surrogatepass"))
+    """Refuse a dedup key past MAX_DEDUP_KEY_BYTES: it is part of two keys (key limit 10,000),
+    and one UTF-8 cannot encode (InvalidTextError)."""
+    n = len(utf8(dedup_key, "dedup_key"))
     if n > MAX_DEDUP_KEY_BYTES:
         raise DedupKeyTooLargeError(
             f"dedup_key of {n} bytes exceeds the limit of {MAX_DEDUP_KEY_BYTES} bytes (MAX_DEDUP_KEY_BYTES)"

@@ -12,13 +12,13 @@ from __future__ import annotations
 import logging
 import math
 import os
-import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple, TypeVar
 
 import tenacity
 
+from fdbqueue.autonomous import AutonomousId
 from fdbqueue.budget import (
     MAX_PAYLOAD_BYTES,
     TXN_BUDGET_BYTES,
@@ -61,7 +61,6 @@ from fdbqueue.engines.base import (
 )
 from fdbqueue.errors import (
     EngineError,
-    NestedTransactionError,
     QueueError,
     QueueFullError,
     QueueStoppedError,
@@ -78,7 +77,7 @@ from fdbqueue.message import (
     check_reason,
     coerce_payload,
 )
-from fdbqueue.sweep import SweepStats, clear_old_receipts, new_receipt, read_receipt, sweep
+from fdbqueue.sweep import SweepStats, maybe_clear_old_receipts, new_receipt, read_receipt, settled, sweep
 from fdbqueue.txn import as_database, may_have_landed, run_once, seconds, unknown_outcome
 from fdbqueue.waiting import blocking, strict_of, wait_ready, watch_queue
 
@@ -101,6 +100,7 @@ class _Item(NamedTuple):
     ttl: float | None
     dedup_key: str | None
     fixed_id: bool = False  # the id must be known before the write (an autonomous enqueue)
+    admitted: bool = False  # checked for room and a running queue already (an autonomous enqueue)
 
 
 class Queue:
@@ -287,7 +287,8 @@ class Queue:
         if cfg is None:
             cfg = QueueConfig()
             write_config(tr, keys, cfg)
-        if not meta.state.enqueue:
+        admitted = all(it.admitted for it in items)  # an autonomous enqueue's deferred write
+        if not meta.state.enqueue and not admitted:
             raise QueueStoppedError(f"enqueue is disabled on queue {self.name!r}")
         limit = min(cfg.max_payload, MAX_PAYLOAD_BYTES)  # one transaction's budget (budget.py)
         for it in items:
@@ -305,7 +306,7 @@ class Queue:
                 first_id, at = seen.decode().split("|")
                 if now - int(at) < versions(cfg.dedup_window):
                     return [first_id]
-        if cfg.max_size is not None:
+        if cfg.max_size is not None and not admitted:
             # A batch is atomic: all of it fits, or none of it is written.
             held = meta.count("ready") + meta.count("inflight") + meta.count("delayed")
             n = len(items)
@@ -386,27 +387,11 @@ class Queue:
             tr.set(keys.id_key(msg_id), key)
         return msg_id
 
-    def _autonomous(self, tr: Transaction, item: _Item) -> str:
-        """Enqueue in a transaction of its own, whatever becomes of the caller's.
+    def _autonomous(self, tr: Transaction, item: _Item) -> AutonomousId:
+        """Enqueue in a transaction of its own, whatever becomes of the caller's (``autonomous.py``)."""
+        from fdbqueue.autonomous import enqueue_autonomous
 
-        Bernstein & Newcomer's non-transactional enqueue ("Principles of Transaction
-        Processing", 4.5): e.g. an audit record that must survive the caller's abort.
-        """
-        db: Database = tr.db
-        item = item._replace(fixed_id=True, id=item.id or new_id())  # returned before it is written
-
-        def later(_error: EngineError | None) -> None:
-            try:
-                self._enqueue_items(db, [item], 0)
-            except Exception:  # the caller's outcome must not be masked by this write's failure
-                log.exception("fdbqueue: autonomous enqueue to %r failed", self.name)
-
-        try:
-            return self._enqueue_items(db, [item], 0)[0]
-        except NestedTransactionError:
-            # The embedded engine's single writer is held by the caller: write once it ends.
-            tr.on_finish(later)
-            return item.id
+        return enqueue_autonomous(self, tr, item._replace(fixed_id=True, id=item.id or new_id()))
 
     # -- reading messages ----------------------------------------------------------------------
 
@@ -510,54 +495,48 @@ class Queue:
         return _blocking(db, self.keys, timeout, attempt) or []
 
     def ack(self, tr: Transaction | Database, m: Message) -> None:
-        """Settle a leased message: it is done and removed. LeaseError if the lease is gone."""
+        """Settle a leased message: it is done and removed. LeaseError if the lease is gone.
 
-        def body(t: Transaction, unknown: bool) -> None:
-            if unknown and t.get(self.keys.inflight_key(m.id)) is None:
-                return  # the attempt that ended in commit_unknown_result committed
+        Given a Database, exactly once across commit_unknown_result (a receipt: see
+        ``fdbqueue.sweep.settled``): it returns only if its own commit landed."""
+
+        def body(t: Transaction) -> None:
             if ack_in(self, t, m, db_now(t)).extra.get("strict"):
                 t.add(self.keys.wake, ONE)  # strict order: the next delivery may go ahead now
 
-        run_once(tr, body)
+        settled(tr, self.keys, body)
 
     def nack(
         self, tr: Transaction | Database, m: Message, *, delay: float | None = None, reason: str | None = None
     ) -> str:
         """Give a leased message back: to its original place after ``delay`` (default: the
         queue's retry delay), or to the error queue (tagged ``reason``) once it has had
-        max_deliveries. Returns where it went: ``ready``, ``delayed``, ``dead``, ``expired``."""
+        max_deliveries. Returns where it went: ``ready``, ``delayed``, ``dead``, ``expired``.
+        Settled like :meth:`ack`: LeaseError only if its own commit did not land."""
         if delay is not None:
             delay = seconds("delay", delay)
         if reason is not None and not isinstance(reason, str):
             raise QueueError("reason must be a str")
         if reason is not None:
             check_reason(reason)
-        outcome: list[str] = []
 
-        def body(t: Transaction, unknown: bool) -> str:
-            if unknown and outcome and t.get(self.keys.inflight_key(m.id)) is None:
-                return outcome[0]
+        def body(t: Transaction) -> str:
             cfg = config_or_create(t, self.keys)
-            outcome[:] = [nack_in(self, t, cfg, m, delay, reason, db_now(t))]
-            return outcome[0]
+            return nack_in(self, t, cfg, m, delay, reason, db_now(t))
 
-        return run_once(tr, body)
+        return settled(tr, self.keys, body)
 
     def release(self, tr: Transaction | Database, m: Message) -> None:
         """Give a leased message back to its place at once, without counting the delivery
-        (a worker shutting down returns what it prefetched but never started)."""
-
-        def body(t: Transaction, unknown: bool) -> None:
-            if unknown and t.get(self.keys.inflight_key(m.id)) is None:
-                return
-            release_in(self, t, m, db_now(t))
-
-        run_once(tr, body)
+        (a worker shutting down returns what it prefetched but never started). Settled
+        like :meth:`ack`."""
+        settled(tr, self.keys, lambda t: release_in(self, t, m, db_now(t)))
 
     def extend(self, tr: Transaction | Database, m: Message, lease_seconds: float) -> Message:
-        """Renew a lease for ``lease_seconds`` from now; returns the message with its new deadline."""
+        """Renew a lease for ``lease_seconds`` from now; returns the message with its new
+        deadline. Settled like :meth:`ack`: the lease of the attempt that landed."""
         secs = check_lease_seconds(lease_seconds)
-        return run_once(tr, lambda t, _: extend_in(self, t, m, secs, db_now(t)))
+        return settled(tr, self.keys, lambda t: extend_in(self, t, m, secs, db_now(t)))
 
     def sweep(self, tr: Transaction | Database, *, limit: int = 100) -> SweepStats:
         """Expired leases back, due delayed messages in, TTLs out, old dedup entries forgotten.
@@ -805,14 +784,4 @@ def new_id() -> str:
     return f"{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}"
 
 
-def maybe_clear_old_receipts(tr: Transaction, keys: QueueKeys) -> None:
-    """About one call in 64 clears receipts past their TTL (as every sweep does).
-
-    Receipts only settle a commit_unknown_result, which is retried within seconds, so
-    users who never run a sweep do not accumulate them.
-    """
-    if random.random() < 1 / 64:
-        clear_old_receipts(tr, keys, db_now(tr))
-
-
-__all__ = ["LeaseError", "Queue", "QueueFullError", "QueueStoppedError", "run_once"]
+__all__ = ["AutonomousId", "LeaseError", "Queue", "QueueFullError", "QueueStoppedError", "run_once"]

@@ -11,17 +11,21 @@ versions (``fdbqueue.clock``): whose clock runs the sweep does not matter.
 
 from __future__ import annotations
 
+import os
+import random
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from fdbqueue.budget import Budget, move_cost
 from fdbqueue.clock import db_now, versions
 from fdbqueue.config import QueueConfig, read_config
 from fdbqueue.delivery import expire, expire_lease, locate, promote_delayed
-from fdbqueue.engines.base import Transaction
+from fdbqueue.engines.base import Database, Transaction, adopt, engine_traits, is_transaction
 from fdbqueue.errors import CommitUnknownError
-from fdbqueue.layout import QueueKeys
+from fdbqueue.layout import QueueKeys, pack_count
 from fdbqueue.message import Record
+from fdbqueue.txn import run_once
 
 if TYPE_CHECKING:
     from fdbqueue.queue import Queue
@@ -35,6 +39,8 @@ if TYPE_CHECKING:
 RECEIPT_TTL_SECONDS = 600
 RECEIPT_TTL_VERSIONS = versions(RECEIPT_TTL_SECONDS)
 RESULT_TTL_VERSIONS = versions(300)  # an uncollected staged-dequeue result goes back after 5 min
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -140,6 +146,8 @@ def reclaim_results(q: Queue, tr: Transaction, now: int, limit: int, budget: Bud
         tr.clear(kv.key)
         put_ready(tr, q.keys, key, Record.decode(raw), q.keys.parse_ready(key)[0])
         n += 1
+    if n:  # they were counted done when paired (contention.fulfil): not done after all
+        tr.add(q.keys.counter("done"), pack_count(-n))
     return n
 
 
@@ -171,6 +179,51 @@ def read_receipt(tr: Transaction, keys: QueueKeys, receipt: bytes) -> bytes | No
             "happened, so check before doing it again"
         )
     return tr.get(receipt)
+
+
+def maybe_clear_old_receipts(tr: Transaction, keys: QueueKeys) -> None:
+    """About one call in 64 clears receipts past their TTL (as every sweep does).
+
+    Receipts only settle a commit_unknown_result, which is retried within seconds, so
+    users who never run a sweep do not accumulate them.
+    """
+    if random.random() < 1 / 64:
+        clear_old_receipts(tr, keys, db_now(tr))
+
+
+def settled(tr: Transaction | Database, keys: QueueKeys, body: Callable[[Transaction], T]) -> T:
+    """Run ``body(t)`` once, in the caller's transaction or in a retried one of its own that
+    learns whether its own earlier attempt landed after a commit_unknown_result (1021).
+
+    The state ``body`` acts on says nothing about that: between the attempt and its retry
+    another client may have done what looks the same (a sweep released the message a nack
+    was giving back, another worker leased it). So, given a Database on an engine whose
+    commits may end unknown (``engine_traits``), the same transaction writes a receipt,
+    keyed by the first attempt's read version (:func:`new_receipt`); a retry after a
+    possible landing reads it (:func:`read_receipt`: authoritative within the TTL, else
+    :class:`CommitUnknownError`) and, if it is there, returns what the attempt that landed
+    computed instead of acting again. Only one attempt can land: the one after it finds
+    its receipt. In a caller's transaction nothing is added: the caller's own retry
+    settles its transaction.
+    """
+    tr = adopt(tr)
+    if is_transaction(tr) or not engine_traits(tr)[1]:
+        return run_once(tr, lambda t, _: body(t))
+    rand = os.urandom(8)
+    receipt: list[bytes] = []  # made in the first attempt, kept by its retries
+    result: list[T] = []  # what the last attempt that reached its commit computed
+
+    def attempt(t: Transaction, unknown: bool) -> T:
+        if not receipt:
+            receipt.append(new_receipt(t, keys, rand))
+        elif unknown and result and read_receipt(t, keys, receipt[0]) is not None:
+            return result[0]  # that attempt landed; this one commits nothing
+        result[:] = [body(t)]
+        t.set(receipt[0], b"")
+        maybe_clear_old_receipts(t, keys)
+        return result[0]
+
+    return run_once(tr, attempt)
 
 
 def sweep(q: Queue, tr: Transaction, now: int, limit: int = 100) -> SweepStats:
