@@ -173,3 +173,86 @@ print(json.dumps({"before": before, "after": after}))
 """,
     )
     assert result["after"] >= result["before"] - 256 * 1024, result  # not the zero-fill's 4.5 MB
+
+
+def test_a_full_disk_refuses_writes_clearly_and_loses_nothing(tmp_path: Path) -> None:
+    """Producers fill the disk until an enqueue fails; then consumers dequeue, lease and
+    ack while it is full. Every step either works or raises a StoreError naming the full
+    disk (never another error, never a crash); once space is freed, the store passes
+    SQLite's integrity check, every acknowledged enqueue is delivered exactly once, and
+    producers and consumers work again."""
+    result = on_tmpfs(
+        tmp_path,
+        "32m",
+        r"""
+import sqlite3, fdbqueue
+from fdbqueue import Queue, StoreError
+db = fdbqueue.open(URL)
+fdbqueue.create_queue(db, "jobs")
+q = Queue("jobs")
+for k in range(2000):  # some history: pages freed inside the database
+    q.enqueue(db, b"old%06d" % k + bytes(1000))
+for k in range(1500):
+    q.dequeue(db)
+filler = fill(512 * 1024)
+acked, errors, other = [], [], []
+i = 0
+while len(errors) < 5:
+    try:
+        q.enqueue(db, b"new%06d" % i + bytes(1000))
+        acked.append(i)
+    except StoreError as exc:
+        errors.append(str(exc))
+    except Exception as exc:
+        other.append(repr(exc))
+        break
+    i += 1
+got, drained, refused = [], 0, []
+for j in range(200):
+    try:
+        m = q.dequeue(db)
+        if m is None:
+            break
+        got.append(m.payload[:9].decode())
+        drained += 1
+    except StoreError as exc:
+        refused.append(str(exc))
+    except Exception as exc:
+        other.append(repr(exc))
+for j in range(20):
+    try:
+        m = q.lease(db, 60)
+        if m is None:
+            break
+        q.ack(db, m)
+        got.append(m.payload[:9].decode())
+    except StoreError as exc:
+        refused.append(str(exc))
+    except Exception as exc:
+        other.append(repr(exc))
+os.unlink(filler)
+q.enqueue(db, b"after")
+while True:
+    m = q.dequeue(db)
+    if m is None:
+        break
+    got.append(m.payload[:9].decode())
+db.close()
+conn = sqlite3.connect(os.path.join(DIR, "q.db"))
+check = conn.execute("PRAGMA integrity_check").fetchall()
+conn.close()
+print(json.dumps({
+    "acked": len(acked), "errors": errors[:2], "other": other, "refused": refused[:2],
+    "drained": drained, "check": check,
+    "want": ["old%06d" % k for k in range(1500, 2000)] + ["new%06d" % k for k in acked] + ["after"],
+    "got": got,
+}))
+""",
+    )
+    assert result["other"] == [], result["other"]
+    assert result["acked"] > 0 and len(result["errors"]) > 0
+    for message in result["errors"] + result["refused"]:
+        assert "no space left on the device holding" in message and "q.db" in message, message
+        assert "not committed" in message, message
+    assert result["check"] == [["ok"]], result["check"]
+    assert sorted(result["got"]) == sorted(result["want"])  # nothing lost, nothing twice

@@ -199,7 +199,15 @@ def _translate(exc: sqlite3.Error, path: str, real: str | None = None) -> QueueE
     if "locked" in low or "busy" in low:
         return EngineError(1037, f"{path} stayed locked by another SQLite connection ({text})")
     if "full" in low:
-        return StoreError(f"{path}: the disk is full ({text}); the transaction was not committed")
+        # SQLITE_FULL: SQLite rolled the statement or transaction back; what committed
+        # before stays (https://www.sqlite.org/rescode.html#full). docs/architecture.md,
+        # "Full disk", says what still works.
+        folder = os.path.dirname(real or os.path.realpath(path))
+        return StoreError(
+            f"{path}: no space left on the device holding {folder} ({text}): the transaction was "
+            "not committed, and nothing committed before is lost. Free some space there: until "
+            "then writes may fail, a consumer's too (SQLite logs every change before it frees a page)"
+        )
     if "disk i/o" in low:
         return StoreError(f"{path}: disk I/O error ({text})")
     if "not a database" in low or "malformed" in low or "corrupt" in low:
