@@ -119,7 +119,9 @@ class SharedStore:
         self._waiter: _FlockWaiter | None = None
         self._reader: sqlite3.Connection | None = None
         self._reader_lock = threading.Lock()
-        self.hub = WatchHub(notify_dir_for(real), self._read_values, self.shared, TOKEN_AT)
+        self.hub = WatchHub(
+            notify_dir_for(real), self._read_values, self.shared, TOKEN_AT, (real + "-lock", ident)
+        )
 
     def acquire(self, timeout: float, path: str) -> None:
         me = threading.get_ident()
