@@ -23,6 +23,7 @@ store's tag, and each is written on its own (8 aligned bytes) by different proce
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import mmap
 import os
@@ -169,7 +170,8 @@ class WalSync:
                 size = os.fstat(fd).st_size
                 if size < target and _free_bytes(self._real) >= target - size + FILL_ROOM:
                     try:
-                        os.pwrite(fd, bytes(target - size), size)
+                        if os.pwrite(fd, bytes(target - size), size) != target - size:
+                            raise OSError(errno.ENOSPC, "short write")  # what a full disk does first
                         os.fdatasync(fd)
                     except OSError:
                         os.ftruncate(fd, size)  # only our zeros lie past it (SQLite's write lock)

@@ -55,9 +55,9 @@ Read-only commits return -1. (Without a boot id - not Linux - the wall clock dri
 
 Shared state (:mod:`._shared`): the lock, the lock file's first page mapped by every
 process (version clock, watchers' token) and the watch hub (:mod:`._notify`: Unix
-datagram sockets: no polling for wake-ups; an idle receiver checks its files once a second). A Database used in a forked child reopens its connection
-and lock file there (an inherited flock descriptor is shared with the parent and would
-not exclude it).
+datagram sockets, no polling for wake-ups; an idle receiver checks its files once a
+second). A Database used in a forked child reopens its connection and lock file there
+(an inherited flock descriptor is shared with the parent and would not exclude it).
 """
 
 from __future__ import annotations
