@@ -444,3 +444,94 @@ def test_a_store_without_write_permission_can_be_read() -> None:
     finally:
         folder.chmod(0o755)
         shutil.rmtree(folder)
+
+
+# --- wake-ups when the notify folder or the lock file is removed --------------------------------
+
+KEY_WATCHER = r"""
+import sys, fdbqueue
+db = fdbqueue.open(sys.argv[1])
+tr = db.create_transaction()
+tr.get(b"k")
+w = tr.watch(b"k")
+tr.commit()
+print("armed", flush=True)
+try:
+    print("fired" if w.wait(float(sys.argv[2])) else "timeout", flush=True)
+except fdbqueue.QueueError as exc:
+    print("error", type(exc).__name__, str(exc).replace("\n", " "), flush=True)
+"""
+
+
+def watch_elsewhere(url: str, seconds: float) -> subprocess.Popen[str]:
+    """A process watching key ``k`` for ``seconds``; it prints ``armed``, then what happened."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KEY_WATCHER, url, str(seconds)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "armed"
+    return proc
+
+
+def test_a_watcher_whose_notify_folder_was_removed_still_wakes(tmp_path: Path) -> None:
+    """``rm -rf q.db-notify`` under a watching process: its socket is gone, committers find
+    nobody to wake. The watcher notices within a second, binds again and re-reads its keys."""
+    url = f"sqlite://{tmp_path / 'q.db'}?sync=normal"
+    db = fdbqueue.open(url)
+    try:
+        watcher = watch_elsewhere(url, 20)
+        try:
+            shutil.rmtree(notify_dir_for(str(tmp_path / "q.db")))
+            db.set(b"k", b"1")  # type: ignore[attr-defined]
+            out, _ = watcher.communicate(timeout=30)
+            assert out.strip() == "fired", out
+        finally:
+            watcher.kill()
+            watcher.wait()
+        # And it keeps waking: a watch armed after the rebinding hears a later commit at once.
+        watcher = watch_elsewhere(url, 20)
+        try:
+            db.set(b"k", b"2")  # type: ignore[attr-defined]
+            out, _ = watcher.communicate(timeout=30)
+            assert out.strip() == "fired", out
+        finally:
+            watcher.kill()
+            watcher.wait()
+    finally:
+        db.close()
+
+
+def test_a_watcher_whose_lock_file_was_removed_wakes_and_meets_the_error(tmp_path: Path) -> None:
+    """``rm q.db-lock`` under a watching process: the next process to open the store makes a
+    new lock file, which the watcher's process never sees, so its commits are refused. The
+    watcher notices within a second and wakes its waiters, whose next commit says why."""
+    url = f"sqlite://{tmp_path / 'q.db'}?sync=normal"
+    program = (
+        KEY_WATCHER
+        + "tr = db.create_transaction(); tr.get(b'k')\n"
+        + (
+            "try:\n"
+            "    tr.commit(); print('committed', flush=True)\n"
+            "except fdbqueue.QueueError as exc:\n"
+            "    print('error', type(exc).__name__, str(exc).replace('\\n', ' '), flush=True)\n"
+        )
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", program, url, "20"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "armed"
+        os.unlink(tmp_path / "q.db-lock")
+        out, _ = proc.communicate(timeout=30)
+        lines = out.strip().splitlines()
+        assert lines[0] == "fired", out
+        assert lines[1].startswith("error StoreError") and "q.db-lock was removed" in lines[1], out
+    finally:
+        proc.kill()
+        proc.wait()

@@ -14,6 +14,14 @@ under that token, so a commit with no new watcher costs one memory read, no syst
 Sockets that refuse a datagram belong to dead processes and are removed by whoever meets
 them. The folder exists while some process watches: each closing hub removes it once empty.
 
+Files removed under running processes (``rm -rf X.db-notify``, ``rm X.db-lock``): a socket
+whose file is gone can no longer be found by committers, and a lock file replaced by a new
+one splits the processes in two. So each receiving thread, when idle for
+:data:`CHECK_EVERY` seconds, checks that its socket file and the lock file are still the
+ones it knows (two ``stat`` calls): a missing socket is bound again (and every watched key
+re-read, since a wake-up may have been lost meanwhile); a removed or replaced lock file
+wakes every watch, whose waiter then meets the StoreError its next commit raises.
+
 A receiver's queue is short (``net.unix.max_dgram_qlen``, often 10). A sender that finds it
 full creates ``<socket>.overflow`` and sends one more "all" marker; the receiver checks for
 that file after draining each batch, so a full queue never loses a wake-up.
@@ -26,6 +34,7 @@ import hashlib
 import mmap
 import os
 import secrets
+import select
 import socket
 import tempfile
 import threading
@@ -40,6 +49,7 @@ _KEYS = b"K"
 _STOP = b"S"
 _MAX_HASHES = 500  # 4,000 bytes of hashes: one datagram, well under any socket limit
 _SOCKET_PATH_MAX = 100  # sun_path holds 108 bytes on Linux, 104 on macOS
+CHECK_EVERY = 1.0  # seconds a receiver waits before checking that its files are still there
 
 
 def key_hash(key: bytes) -> bytes:
@@ -58,8 +68,17 @@ def notify_dir_for(real_path: str) -> str:
 class WatchHub:
     """The watches of one process on one store, and the sockets that wake them."""
 
-    def __init__(self, directory: str, read: Reader, shared: mmap.mmap, token_at: int) -> None:
+    def __init__(
+        self,
+        directory: str,
+        read: Reader,
+        shared: mmap.mmap,
+        token_at: int,
+        lock: tuple[str, tuple[int, int]] | None = None,
+    ) -> None:
         self._dir = directory
+        self._lock_file = lock  # the lock file's path and (device, inode), checked when idle
+        self._ident: tuple[int, int] | None = None  # our socket file's (device, inode)
         self._read = read
         self._shared = shared
         self._token = slice(token_at, token_at + 8)
@@ -127,36 +146,100 @@ class WatchHub:
 
     # -- receiving -----------------------------------------------------------------------------
 
+    def _bind(self) -> tuple[socket.socket, str, tuple[int, int]]:
+        """A new socket bound in the notify folder (made if missing)."""
+        path = os.path.join(self._dir, f"{os.getpid()}-{secrets.token_hex(6)}.sock")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            for attempt in range(3):
+                # Never makedirs: a store's folder removed under it is not made again.
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(self._dir)
+                try:
+                    sock.bind(path)
+                    break
+                except FileNotFoundError:
+                    # The last watcher of another process removed the empty folder
+                    # between our makedirs and bind (see close): make it again.
+                    if attempt == 2:
+                        raise
+            st = os.stat(path)
+        except OSError:
+            sock.close()
+            raise
+        return sock, path, (st.st_dev, st.st_ino)
+
     def _listen(self) -> None:
         with self._lock:
             if self._sock is not None or self._closing:
                 return
-            path = os.path.join(self._dir, f"{os.getpid()}-{secrets.token_hex(6)}.sock")
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-            try:
-                for attempt in range(3):
-                    os.makedirs(self._dir, exist_ok=True)
-                    try:
-                        sock.bind(path)
-                        break
-                    except FileNotFoundError:
-                        # The last watcher of another process removed the empty folder
-                        # between our makedirs and bind (see close): make it again.
-                        if attempt == 2:
-                            raise
-            except OSError:
-                sock.close()
-                raise
-            self._sock, self._path = sock, path
+            sock, path, ident = self._bind()
+            self._sock, self._path, self._ident = sock, path, ident
             # After the bind: a committer that reads the new token lists the new socket.
             self._shared[self._token] = secrets.token_bytes(8)
             self._thread = threading.Thread(
-                target=self._run, args=(sock, path + ".overflow"), name="fdbqueue-watch", daemon=True
+                target=self._run, args=(sock,), name="fdbqueue-watch", daemon=True
             )
             self._thread.start()
 
-    def _run(self, sock: socket.socket, overflow: str) -> None:
+    def _files_gone(self, sock: socket.socket) -> socket.socket | None:
+        """When idle: check our socket file and the lock file (see the module's docstring).
+
+        Returns the socket to receive on (a new one if ours was removed), None once closing.
+        """
+        if self._lock_file is not None:
+            name, ident = self._lock_file
+            try:
+                st = os.stat(name)
+                moved = (st.st_dev, st.st_ino) != ident
+            except OSError:
+                moved = True
+            if moved:
+                self._fire_all()  # the waiters' next commit says what happened
+        try:
+            st = os.stat(self._path)
+            if (st.st_dev, st.st_ino) == self._ident:
+                return sock
+        except OSError:
+            pass
+        try:
+            new, path, ident = self._bind()
+        except OSError:
+            return sock  # e.g. a full or read-only folder now: try again at the next check
+        with self._lock:
+            if self._closing:
+                new.close()
+                self._forget(path)
+                return None
+            old_path = self._path
+            self._sock, self._path, self._ident = new, path, ident
+        self._shared[self._token] = secrets.token_bytes(8)  # committers list the folder again
+        sock.close()
+        with contextlib.suppress(OSError):
+            os.unlink(old_path + ".overflow")
+        self.check(None)  # a commit made while nobody could find us woke nobody
+        return new
+
+    def _run(self, sock: socket.socket) -> None:
+        poll = select.poll()  # not select(): descriptors above 1023 are common in servers
+        poll.register(sock, select.POLLIN)
         while True:
+            try:
+                ready = poll.poll(CHECK_EVERY * 1000)
+            except OSError:
+                return
+            if self._closing:
+                return
+            if not ready:
+                found = self._files_gone(sock)
+                if found is None:
+                    return
+                if found is not sock:
+                    poll = select.poll()
+                    poll.register(found, select.POLLIN)
+                    sock = found
+                continue
+            overflow = self._path + ".overflow"
             try:
                 batch = [sock.recv(65536)]
                 while True:

@@ -10,6 +10,7 @@ child starts a registry of its own, so that it never uses the parent's descripto
 from __future__ import annotations
 
 import atexit
+import errno
 import fcntl
 import mmap
 import os
@@ -77,13 +78,40 @@ class _FlockWaiter:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
 
+def allocate_page(fd: int) -> None:
+    """Give the lock file's first page real blocks on disk before anyone maps it.
+
+    A page of a shared file mapping with no block behind it (a hole, as ``ftruncate``
+    leaves) is allocated at the first store into it; on a full file system that store is
+    SIGBUS, which kills the process, and every later one that opens the store
+    (mmap(2), "SIGBUS"; SQLite writes into each new page of its own ``-shm`` for the same
+    reason: ``unixShmMap`` in ``src/os_unix.c``). ``posix_fallocate`` allocates without
+    changing a byte (glibc emulates it where the file system lacks ``fallocate``: one
+    zero written into each block that reads as zero); where Python lacks it, each block of
+    the page that is not allocated yet is written with the bytes it holds. Raises OSError
+    (ENOSPC on a full disk).
+    """
+    if os.fstat(fd).st_size < PAGE:
+        os.ftruncate(fd, PAGE)  # extends with zeros; never shortens what others wrote
+    fallocate = getattr(os, "posix_fallocate", None)
+    if fallocate is not None:
+        try:
+            fallocate(fd, 0, PAGE)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                raise
+    if os.fstat(fd).st_blocks * 512 >= PAGE:
+        return  # already backed by disk blocks
+    os.pwrite(fd, os.pread(fd, PAGE, 0).ljust(PAGE, b"\0"), 0)
+    os.fsync(fd)
+
+
 class SharedStore:
     def __init__(self, real: str, ident: tuple[int, int], fd: int) -> None:
         self.real = real
         self.ident = ident
         self.fd = fd
-        if os.fstat(fd).st_size < PAGE:
-            os.ftruncate(fd, PAGE)  # extends with zeros; never shortens what others wrote
         self.shared = mmap.mmap(fd, PAGE)
         self.refs = 0
         self.mutex = threading.Lock()
@@ -91,7 +119,9 @@ class SharedStore:
         self._waiter: _FlockWaiter | None = None
         self._reader: sqlite3.Connection | None = None
         self._reader_lock = threading.Lock()
-        self.hub = WatchHub(notify_dir_for(real), self._read_values, self.shared, TOKEN_AT)
+        self.hub = WatchHub(
+            notify_dir_for(real), self._read_values, self.shared, TOKEN_AT, (real + "-lock", ident)
+        )
 
     def acquire(self, timeout: float, path: str) -> None:
         me = threading.get_ident()
@@ -172,6 +202,15 @@ def attach(real: str, path: str) -> SharedStore:
         with _registry_lock:
             store = _stores.get(ident)
             if store is None:
+                try:
+                    allocate_page(fd)
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                        raise
+                    raise StoreError(
+                        f"{path}: no space left on the device holding {real}-lock: {exc.strerror}; "
+                        "free some space and open the store again"
+                    ) from exc
                 store = _stores[ident] = SharedStore(real, ident, fd)
                 fd = -1
             store.refs += 1

@@ -23,6 +23,7 @@ store's tag, and each is written on its own (8 aligned bytes) by different proce
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import mmap
 import os
@@ -36,6 +37,8 @@ from fdbqueue.errors import StoreError
 SYNCED = struct.Struct(">32sQQ")  # tag, on disk, committed
 # SQLite checkpoints once the WAL passes 1,000 pages; a commit may add a few past that first.
 WAL_FRAMES = 1_100
+# The zero-fill runs only when this much stays free after it (see WalSync.preallocate).
+FILL_ROOM = 64 * 1024 * 1024
 _U64 = struct.Struct(">Q")
 SYNCED_VERSION_AT = _shared.SYNCED_AT + 32
 _COMMITTED_AT = _shared.SYNCED_AT + 40
@@ -44,6 +47,12 @@ _COMMITTED_AT = _shared.SYNCED_AT + 40
 def _synced(shared: mmap.mmap, tag: bytes) -> int:
     found, synced, _ = SYNCED.unpack_from(shared, _shared.SYNCED_AT)
     return int(synced) if found == tag else -1
+
+
+def _free_bytes(real: str) -> int:
+    """Bytes an unprivileged writer may still use on the file system holding ``real``."""
+    st = os.statvfs(os.path.dirname(real))
+    return st.f_bavail * st.f_frsize
 
 
 class WalSync:
@@ -145,6 +154,10 @@ class WalSync:
         zeros go past the file's end, under SQLite's own write lock (no frame is being
         appended), and a frame of zeros never passes the WAL's salt and checksum check, so
         readers and crash recovery ignore it as they ignore any stale frame.
+
+        Skipped on a nearly full file system (less than the fill plus :data:`FILL_ROOM`
+        free, by ``statvfs``): the space is then worth more to the commits than the speed,
+        and a fill that fails half-way gives back what it wrote. Never fails the open.
         """
         target = 32 + WAL_FRAMES * (24 + conn.execute("PRAGMA page_size").fetchone()[0])
         try:
@@ -155,9 +168,14 @@ class WalSync:
             with self._mutex:
                 fd = self._wal()
                 size = os.fstat(fd).st_size
-                if size < target:
-                    os.pwrite(fd, bytes(target - size), size)
-                    os.fdatasync(fd)
+                if size < target and _free_bytes(self._real) >= target - size + FILL_ROOM:
+                    try:
+                        if os.pwrite(fd, bytes(target - size), size) != target - size:
+                            raise OSError(errno.ENOSPC, "short write")  # what a full disk does first
+                        os.fdatasync(fd)
+                    except OSError:
+                        os.ftruncate(fd, size)  # only our zeros lie past it (SQLite's write lock)
+                        raise
         except OSError:
             pass  # an optimisation only: SQLite reports a WAL it cannot write by itself
         finally:

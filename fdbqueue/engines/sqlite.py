@@ -55,9 +55,9 @@ Read-only commits return -1. (Without a boot id - not Linux - the wall clock dri
 
 Shared state (:mod:`._shared`): the lock, the lock file's first page mapped by every
 process (version clock, watchers' token) and the watch hub (:mod:`._notify`: Unix
-datagram sockets, no polling). A Database used in a forked child reopens its connection
-and lock file there (an inherited flock descriptor is shared with the parent and would
-not exclude it).
+datagram sockets, no polling for wake-ups; an idle receiver checks its files once a
+second). A Database used in a forked child reopens its connection and lock file there
+(an inherited flock descriptor is shared with the parent and would not exclude it).
 """
 
 from __future__ import annotations
@@ -199,7 +199,15 @@ def _translate(exc: sqlite3.Error, path: str, real: str | None = None) -> QueueE
     if "locked" in low or "busy" in low:
         return EngineError(1037, f"{path} stayed locked by another SQLite connection ({text})")
     if "full" in low:
-        return StoreError(f"{path}: the disk is full ({text}); the transaction was not committed")
+        # SQLITE_FULL: SQLite rolled the statement or transaction back; what committed
+        # before stays (https://www.sqlite.org/rescode.html#full). docs/architecture.md,
+        # "Full disk", says what still works.
+        folder = os.path.dirname(real or os.path.realpath(path))
+        return StoreError(
+            f"{path}: no space left on the device holding {folder} ({text}): the transaction was "
+            "not committed, and nothing committed before is lost. Free some space there: until "
+            "then writes may fail, a consumer's too (SQLite logs every change before it frees a page)"
+        )
     if "disk i/o" in low:
         return StoreError(f"{path}: disk I/O error ({text})")
     if "not a database" in low or "malformed" in low or "corrupt" in low:
