@@ -11,10 +11,11 @@ Ground truth lives in the store, next to the queues (``storm/...`` keys):
 * ``storm/lease/<p>-<n>/<delivery>``: lease mode, written by the handler in a transaction
   of its own before the ack (at-least-once): one key per delivery, so a duplicate shows
   which redelivery it was.
+* ``storm/eo-id/<p>-<n>``, ``storm/lease-id/<p>-<n>``: the id of the message consumed.
 * ``storm/bad/<queue>/<message id>``: a payload or header that was not what was sent.
 
-Producers log to ``<out>/prod-<p>-<pid>.log`` one line per number after its enqueue
-returned: what the store acknowledged (a killed producer's last line may be missing, which
+Producers log to ``<out>/prod-<p>-<pid>.log`` one line per number, ``<n> <eo id> <lease id>``,
+after its enqueues returned: what the store acknowledged (a killed producer's last line may be missing, which
 only makes the check conservative).
 """
 
@@ -87,6 +88,7 @@ def consume_eo(tr: Any, m: Message) -> None:
     if not ok:
         tr.set(bad_key(EO, m), repr(m.payload[:200]).encode())
     tr.add(eo_key(k or m.id), ONE)
+    tr.set(b"storm/eo-id/" + (k or m.id).encode(), m.id.encode())
 
 
 @fdbqueue.transactional
@@ -106,12 +108,16 @@ def record_lease(tr: Any, m: Message) -> None:
     if not ok:
         tr.set(bad_key(LEASE, m), repr(m.payload[:200]).encode())
     tr.add(lease_key(k or m.id, m.deliveries), ONE)
+    tr.set(b"storm/lease-id/" + (k or m.id).encode(), m.id.encode())
 
 
 @fdbqueue.transactional
-def _enqueue_both(tr: Any, eo: Queue, lease: Queue, p: int, n: int) -> None:
-    for q in (eo, lease):
-        q.enqueue(tr, payload(p, n), headers=headers(p, n), priority=int(n % 3 == 0), dedup_key=key(p, n))
+def _enqueue_both(tr: Any, eo: Queue, lease: Queue, p: int, n: int) -> list[str]:
+    return [_enqueue(tr, q, p, n) for q in (eo, lease)]
+
+
+def _enqueue(tr: Any, q: Queue, p: int, n: int) -> str:
+    return q.enqueue(tr, payload(p, n), headers=headers(p, n), priority=int(n % 3 == 0), dedup_key=key(p, n))
 
 
 def _append(path: Path) -> int:
@@ -135,21 +141,17 @@ def producer(url: str, out: str, p: int, count: int, ready: Any) -> None:
     """
     _begin(out)
     outdir = Path(out)
-    acked = [int(line) for f in outdir.glob(f"prod-{p}-*.log") for line in f.read_text().split()]
+    acked = [
+        int(line.split()[0]) for f in outdir.glob(f"prod-{p}-*.log") for line in f.read_text().splitlines()
+    ]
     start = max(0, max(acked, default=-1) + 1 - REWIND)
     db = fdbqueue.open(url)
     eo, lease = Queue(EO), Queue(LEASE)
     fd = _append(outdir / f"prod-{p}-{os.getpid()}.log")
     ready.set()
     for n in range(start, count):
-        if n % 2:
-            _enqueue_both(db, eo, lease, p, n)
-        else:
-            for q in (eo, lease):
-                q.enqueue(
-                    db, payload(p, n), headers=headers(p, n), priority=int(n % 3 == 0), dedup_key=key(p, n)
-                )
-        os.write(fd, f"{n}\n".encode())  # one write: the whole line or none of it
+        ids = _enqueue_both(db, eo, lease, p, n) if n % 2 else [_enqueue(db, q, p, n) for q in (eo, lease)]
+        os.write(fd, f"{n} {ids[0]} {ids[1]}\n".encode())  # one write: the whole line or none
     (outdir / f"prod-{p}.done").touch()
 
 

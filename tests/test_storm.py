@@ -61,8 +61,8 @@ from tests.processes import Children, assert_nothing_left, held
 
 SCALE = float(os.environ.get("FDBQUEUE_STORM_SCALE", "1"))
 PRODUCERS = 4 if SCALE < 2 else 8
-NUMBERS = max(20, int(300 * SCALE))  # per producer: one message in each checked queue
-KILLS = max(6, int(30 * SCALE))  # per store
+NUMBERS = max(20, int(750 * SCALE))  # per producer: one message in each checked queue
+KILLS = max(6, int(40 * SCALE))  # per store
 KILL_EVERY = (0.1, 0.5)  # seconds between kills
 # A kill cycle: producers every other kill, every other role in turn, so each is killed.
 ROLES = ("producer", "eo-loop", "producer", "eo-worker", "producer", "lease-loop", "producer", "lease-worker")
@@ -77,7 +77,6 @@ CONSUMERS = (
 )
 # Bounds on waiting, never on speed: generous, so a loaded machine is slow, not failing.
 GIVE_UP = 300 * SCALE + 120  # seconds for the producers to finish, kills included
-SETTLE = 30.0  # seconds the consumers get to catch up after the last kill (not required)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(int(2 * GIVE_UP + 300))]
 
 
@@ -114,16 +113,16 @@ def _kill_next(kids: Children, order: Iterator[str], out: Path, rng: random.Rand
 
 
 def _storm(db: Any, kids: Children, out: Path, rng: random.Random) -> tuple[float, int]:
-    """Kill until KILLS kills (or the producers are done and everything consumed); then let
-    the producers finish and the consumers catch up. Returns (seconds, kills while any
-    producer was still sending)."""
+    """Kill until the producers are done and KILLS kills are made (or, once the producers
+    are done, everything is consumed): the caller's last SIGKILL of every child then comes
+    with the consumers mid-flight. Returns (seconds, kills while a producer was sending)."""
     start = time.monotonic()
     order = itertools.cycle(ROLES)
     next_kill = start + rng.uniform(*KILL_EVERY)
     during = 0
-    while sum(kids.kills.values()) < KILLS:
+    while True:
         kids.check_alive()
-        if _done(out) and _drained(db):
+        if _done(out) and (sum(kids.kills.values()) >= KILLS or _drained(db)):
             break
         assert time.monotonic() - start < GIVE_UP, f"the producers did not finish in {GIVE_UP} s"
         if time.monotonic() >= next_kill:
@@ -131,16 +130,7 @@ def _storm(db: Any, kids: Children, out: Path, rng: random.Random) -> tuple[floa
             if _kill_next(kids, order, out, rng) and producing:
                 during += 1
             next_kill = time.monotonic() + rng.uniform(*KILL_EVERY)
-        time.sleep(0.02)
-    while not _done(out):
-        kids.check_alive()
-        assert time.monotonic() - start < GIVE_UP, f"the producers did not finish in {GIVE_UP} s"
-        time.sleep(0.1)
-    settle = time.monotonic() + SETTLE
-    while time.monotonic() < settle and not _drained(db):
-        kids.check_alive()
-        time.sleep(0.2)
-    kids.check_alive()
+        time.sleep(0.05)
     return time.monotonic() - start, during
 
 
@@ -184,22 +174,36 @@ def _drain(db: Any) -> None:
             lease.ack(db, m)
 
 
-def _acknowledged(out: Path) -> set[str]:
-    return {
-        sc.key(int(f.name.split("-")[1]), int(n))
-        for f in out.glob("prod-*-*.log")
-        for n in f.read_text().split()
-    }
+def _acknowledged(out: Path) -> tuple[dict[str, set[tuple[str, str]]], int]:
+    """What the producers were told: per number, the (exactly-once, lease) ids each send of
+    it returned; and how many sends there were in all (re-sends included)."""
+    acked: dict[str, set[tuple[str, str]]] = {}
+    sends = 0
+    for f in out.glob("prod-*-*.log"):
+        p = int(f.name.split("-")[1])
+        for line in f.read_text().splitlines():
+            n, eo_id, lease_id = line.split()
+            acked.setdefault(sc.key(p, int(n)), set()).add((eo_id, lease_id))
+            sends += 1
+    return acked, sends
 
 
-def _committed(db: Any, name: str) -> set[str]:
-    """The messages the store took: one dedup entry each (kept an hour, past this test)."""
+def _committed(db: Any, name: str) -> dict[str, str]:
+    """The messages the store took, by dedup key: one entry each, ``<id>|<version>`` (kept
+    for the dedup window, an hour, past the end of this test)."""
     q = Queue(name)
-    return {q.keys.unpack_tail(kv.key)[1] for kv in db.get_range_startswith(q.keys.q.pack(("k",)))}
+    return {
+        q.keys.unpack_tail(kv.key)[1]: kv.value.decode().split("|")[0]
+        for kv in db.get_range_startswith(q.keys.q.pack(("k",)))
+    }
 
 
 def _records(db: Any, prefix: bytes) -> dict[str, int]:
     return {kv.key[len(prefix) :].decode(): unpack_count(kv.value) for kv in db.get_range_startswith(prefix)}
+
+
+def _ids(db: Any, prefix: bytes) -> dict[str, str]:
+    return {kv.key[len(prefix) :].decode(): kv.value.decode() for kv in db.get_range_startswith(prefix)}
 
 
 def _count_lines(where: Path, pattern: str, needle: str = "") -> int:
@@ -231,10 +235,17 @@ def test_sigkill_storm_loses_duplicates_and_corrupts_nothing(sync: str, tmp_path
     finally:
         kids.stop()
     kills = sum(kids.kills.values())
+    admin_ops = Counter(line for f in out.glob("admin-*.log") for line in f.read_text().split())
+    print(
+        f"\nstorm sync={sync}: {seconds:.1f} s, {kills} kills ({during} while producing): "
+        f"{dict(kids.kills)}; stopped at the end: {dict(kids.stopped)}; admin: {dict(admin_ops)}"
+    )
 
     # 1-2. Counters against keys, with the dead consumers' leases out, then after a sweep.
     names = [sc.EO, sc.LEASE] + ([sc.SCRATCH] if sc.SCRATCH in fdbqueue.list_queues(db) else [])
-    out_at_stop = {name: _assert_counters_match_keys(db, name)[1] for name in names}
+    print(
+        f"  ready/in flight/delayed at the stop: { {n: _assert_counters_match_keys(db, n) for n in names} }"
+    )
     time.sleep(sc.LEASE_SECONDS + 0.5)  # database time follows the monotonic clock
     for name in names:
         _final_sweep(db, name)
@@ -244,12 +255,16 @@ def test_sigkill_storm_loses_duplicates_and_corrupts_nothing(sync: str, tmp_path
     _drain(db)
     for name in (sc.EO, sc.LEASE):
         assert_nothing_left(db, name)
-    acked = _acknowledged(out)
-    committed = _committed(db, sc.EO)
-    assert _committed(db, sc.LEASE) == committed, "the two queues took different messages"
+    acked, sends = _acknowledged(out)
+    eo_ids, lease_ids = _committed(db, sc.EO), _committed(db, sc.LEASE)
     every = {sc.key(p, n) for p in range(PRODUCERS) for n in range(NUMBERS)}
-    assert acked == every, f"numbers never acknowledged: {sorted(every - acked)[:5]}"
-    assert committed == every, f"unexpected dedup entries: {sorted(committed ^ every)[:5]}"
+    assert set(acked) == every, f"numbers never acknowledged: {sorted(every - set(acked))[:5]}"
+    assert set(eo_ids) == set(lease_ids) == every, (
+        f"unexpected dedup entries: {sorted(set(eo_ids) ^ every)[:5]}"
+    )
+    # A re-send (a restarted producer's) was told the first send's ids: no second message.
+    told = {k: ids for k, ids in acked.items() if ids != {(eo_ids[k], lease_ids[k])}}
+    assert not told, f"sends of one number were told other ids than the store's: {list(told.items())[:3]}"
 
     # 4. Exactly once / at least once, against the records in the store.
     bad = db.get_range_startswith(b"storm/bad/")
@@ -260,12 +275,14 @@ def test_sigkill_storm_loses_duplicates_and_corrupts_nothing(sync: str, tmp_path
     assert not lost, f"exactly-once queue: {len(lost)} messages never consumed, e.g. {sorted(lost)[:3]}"
     assert not twice, f"exactly-once queue: consumed more than once: {list(twice.items())[:5]}"
     assert set(eo) == every, f"exactly-once queue: consumed unknown messages {sorted(set(eo) - every)[:3]}"
+    assert _ids(db, b"storm/eo-id/") == eo_ids, "exactly-once queue: a consumed message had another id"
 
     deliveries = _records(db, b"storm/lease/")
     per_message = Counter(k.rsplit("/", 1)[0] for k in deliveries)
     lost = every - set(per_message)
     assert not lost, f"lease queue: {len(lost)} messages never processed, e.g. {sorted(lost)[:3]}"
     assert set(per_message) == every, f"lease queue: unknown messages {sorted(set(per_message) - every)[:3]}"
+    assert _ids(db, b"storm/lease-id/") == lease_ids, "lease queue: a processed message had another id"
     again = {k: n for k, n in deliveries.items() if n != 1}
     assert not again, (
         f"lease queue: one delivery processed twice (two holders of a lease): {list(again.items())[:5]}"
@@ -288,12 +305,9 @@ def test_sigkill_storm_loses_duplicates_and_corrupts_nothing(sync: str, tmp_path
         assert con.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
     con.close()
 
-    admin_ops = Counter(line for f in out.glob("admin-*.log") for line in f.read_text().split())
     print(
-        f"\nstorm sync={sync}: {len(every) * 2} messages, {kills} kills ({during} while producing; "
-        f"{dict(kids.kills)}), {sum(kids.stopped[r] for r in LEASE_ROLES)} lease "
-        f"consumers stopped at the end, {redelivered} lease redeliveries ({refused} acks refused), "
-        f"in flight at the stop {out_at_stop}, admin {dict(admin_ops)}, {seconds:.1f} s"
+        f"  {sends - len(every)} numbers sent again, {redelivered} lease redeliveries for "
+        f"{lease_kills} kills of lease consumers and {refused} acks refused"
     )
     assert kills >= min(KILLS, 10), f"only {kills} kills: the storm did not mean much"
     if kills >= len(ROLES):  # the kills go round the roles: each was killed
