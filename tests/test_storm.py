@@ -18,25 +18,30 @@ fdbqueue, so a kill lands in real work, not in an import) run tests/storm_childr
   third queue, and reading the others' stats, on the same store.
 
 The test SIGKILLs a ready child every 0.1-0.5 s (producers every other kill, the other
-roles in turn) and starts a replacement, until KILLS kills, then lets the producers finish
-and stops every child with a last SIGKILL. Then it checks:
+roles in turn) and starts a replacement, until the producers have sent everything and at
+least KILLS kills are made; then it SIGKILLs every child at once, consumers mid-flight.
+Then it checks:
 
 1. each queue's counters (ready, in flight, delayed: ``fdbqueue.queue_stats``) equal what a
    scan of its keys finds, with the dead consumers' leases still out;
 2. after LEASE_SECONDS of database time (the real clock: database time follows it) a sweep
    leaves nothing in flight, and the counters still match the keys;
-3. a fresh consumer (this process) drains both queues; nothing is left in them, nothing
-   was dead-lettered, and their ``done`` / ``made_ready`` totals match the records;
-4. every number a producer logged as acknowledged, and every message the store holds a
-   dedup entry for, was consumed exactly once from the exactly-once queue and at least once
-   from the lease queue, each lease delivery recorded once (a duplicate is a later
-   delivery), with no more redeliveries than kills of lease consumers plus acks refused
-   as too late; no payload or header arrived damaged; ``PRAGMA integrity_check`` is ok.
+3. a fresh consumer (this process) drains both queues: nothing is left in them, nothing
+   was dead-lettered;
+4. every number was acknowledged to its producer, each send of it (re-sends included) was
+   told the same ids, those the store's dedup entries hold; every message was consumed
+   exactly once from the exactly-once queue and at least once from the lease queue, with
+   the acknowledged id; no lease delivery was processed twice (a duplicate is a later
+   delivery) and there were no more redeliveries than kills of lease consumers plus acks
+   refused as too late; no payload or header arrived damaged; the ``done`` and
+   ``made_ready`` totals match; ``PRAGMA integrity_check`` is ok.
 
-Size: the default is CI-sized (4 producers x 300 numbers = 2,400 messages and 30 kills per
-store, about 30 s per store on 2 shared cores). ``FDBQUEUE_STORM_SCALE=10`` runs by hand a
-storm ten times larger (8 producers, 48,000 messages and 300 kills per store); any factor
-works. ``-s`` prints each storm's kills, redeliveries and time.
+Size: the default is CI-sized: 4 producers x 750 numbers = 6,000 messages and at least 40
+kills per store (kills go on while the producers send), 35-55 s for both stores on the
+2-core machine shared with other work. ``FDBQUEUE_STORM_SCALE=10`` runs by hand a storm
+about ten times larger (8 producers, 120,000 messages and at least 400 kills per store);
+any factor works. ``-s`` prints each storm's time, kills by role, what was in flight at the
+last kill, re-sends and redeliveries.
 """
 
 from __future__ import annotations
@@ -92,10 +97,6 @@ def _done(out: Path) -> bool:
     return all((out / f"prod-{p}.done").exists() for p in range(PRODUCERS))
 
 
-def _drained(db: Any) -> bool:
-    return all(held(db, Queue(name)) == (0, 0, 0) for name in (sc.EO, sc.LEASE))
-
-
 def _kill_next(kids: Children, order: Iterator[str], out: Path, rng: random.Random) -> bool:
     """SIGKILL a ready child of the next role that has one, and start its replacement."""
     for _ in range(len(ROLES)):
@@ -113,16 +114,16 @@ def _kill_next(kids: Children, order: Iterator[str], out: Path, rng: random.Rand
 
 
 def _storm(db: Any, kids: Children, out: Path, rng: random.Random) -> tuple[float, int]:
-    """Kill until the producers are done and KILLS kills are made (or, once the producers
-    are done, everything is consumed): the caller's last SIGKILL of every child then comes
-    with the consumers mid-flight. Returns (seconds, kills while a producer was sending)."""
+    """Kill until the producers are done and KILLS kills are made: the caller's last SIGKILL
+    of every child then comes with the consumers mid-flight (or idle, waiting on watches).
+    Returns (seconds, kills while a producer was sending)."""
     start = time.monotonic()
     order = itertools.cycle(ROLES)
     next_kill = start + rng.uniform(*KILL_EVERY)
     during = 0
     while True:
         kids.check_alive()
-        if _done(out) and (sum(kids.kills.values()) >= KILLS or _drained(db)):
+        if _done(out) and sum(kids.kills.values()) >= KILLS:
             break
         assert time.monotonic() - start < GIVE_UP, f"the producers did not finish in {GIVE_UP} s"
         if time.monotonic() >= next_kill:
@@ -309,6 +310,6 @@ def test_sigkill_storm_loses_duplicates_and_corrupts_nothing(sync: str, tmp_path
         f"  {sends - len(every)} numbers sent again, {redelivered} lease redeliveries for "
         f"{lease_kills} kills of lease consumers and {refused} acks refused"
     )
-    assert kills >= min(KILLS, 10), f"only {kills} kills: the storm did not mean much"
+    assert kills >= KILLS
     if kills >= len(ROLES):  # the kills go round the roles: each was killed
         assert all(kids.kills[r] for r in set(ROLES)), f"a role was never killed: {dict(kids.kills)}"
