@@ -12,6 +12,7 @@ Ground truth lives in the store, next to the queues (``storm/...`` keys):
   of its own before the ack (at-least-once): one key per delivery, so a duplicate shows
   which redelivery it was.
 * ``storm/eo-id/<p>-<n>``, ``storm/lease-id/<p>-<n>``: the id of the message consumed.
+* ``storm/eo-n/<p>-<n>``: its delivery count when consumed (1 + attempts that failed).
 * ``storm/bad/<queue>/<message id>``: a payload or header that was not what was sent.
 
 Producers log to ``<out>/prod-<p>-<pid>.log`` one line per number, ``<n> <eo id> <lease id>``,
@@ -89,6 +90,7 @@ def consume_eo(tr: Any, m: Message) -> None:
         tr.set(bad_key(EO, m), repr(m.payload[:200]).encode())
     tr.add(eo_key(k or m.id), ONE)
     tr.set(b"storm/eo-id/" + (k or m.id).encode(), m.id.encode())
+    tr.set(b"storm/eo-n/" + (k or m.id).encode(), str(m.deliveries).encode())
 
 
 @fdbqueue.transactional
