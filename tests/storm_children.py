@@ -42,6 +42,7 @@ LEASE_SECONDS = 2.0
 SWEEP_EVERY = 0.5
 REWIND = 3  # a restarted producer sends its last acknowledged numbers again: dedup must hold
 BIG_EVERY = 97  # every 97th number is a 30 kB payload: chunks (fdbqueue.queue.CHUNK_SIZE)
+REFUSE_EVERY = 50  # every 50th number's first delivery fails: retries under the kills too
 ONE = (1).to_bytes(8, "little")
 log = logging.getLogger("storm")
 
@@ -83,9 +84,22 @@ def bad_key(queue: str, m: Message) -> bytes:
     return b"storm/bad/" + f"{queue}/{m.id}".encode()
 
 
+class Refused(Exception):
+    """A handler's failure on purpose (see :func:`refuse_first`)."""
+
+
+def refuse_first(m: Message, k: str | None) -> bool:
+    """True for the first delivery of every REFUSE_EVERY-th number: its handler fails, so
+    failed deliveries (retries, the delayed index, the counters) run under the kills too."""
+    return k is not None and m.deliveries == 1 and int(k.split("-")[1]) % REFUSE_EVERY == 7
+
+
 def consume_eo(tr: Any, m: Message) -> None:
-    """The exactly-once handler: count the consumption inside the dequeue's transaction."""
+    """The exactly-once handler: count the consumption inside the dequeue's transaction
+    (or fail, aborting the dequeue: a failed delivery, counted back in place)."""
     k, ok = check(m)
+    if refuse_first(m, k):
+        raise Refused(f"first delivery of {k} refused")
     if not ok:
         tr.set(bad_key(EO, m), repr(m.payload[:200]).encode())
     tr.add(eo_key(k or m.id), ONE)
@@ -105,8 +119,11 @@ def take_eo(tr: Any, q: Queue) -> bool:
 
 @fdbqueue.transactional
 def record_lease(tr: Any, m: Message) -> None:
-    """The lease handler's record: its own transaction, before the ack (at least once)."""
+    """The lease handler's record: its own transaction, before the ack (at least once); or
+    :class:`Refused`, for the caller to nack."""
     k, ok = check(m)
+    if refuse_first(m, k):
+        raise Refused(f"first delivery of {k} refused")
     if not ok:
         tr.set(bad_key(LEASE, m), repr(m.payload[:200]).encode())
     tr.add(lease_key(k or m.id, m.deliveries), ONE)
@@ -164,8 +181,11 @@ def eo_loop(url: str, out: str, ready: Any) -> None:
     q = Queue(EO)
     ready.set()
     while True:
-        if not take_eo(db, q):
-            time.sleep(0.02)
+        try:
+            if not take_eo(db, q):
+                time.sleep(0.02)
+        except Refused:
+            pass  # the dequeue aborted with it: counted as a failed delivery, back in place
 
 
 def eo_worker(url: str, out: str, ready: Any) -> None:
@@ -196,7 +216,12 @@ def lease_loop(url: str, out: str, ready: Any) -> None:
         if not batch:
             time.sleep(0.02)
         for m in batch:
-            record_lease(db, m)
+            try:
+                record_lease(db, m)
+            except Refused as exc:
+                with contextlib.suppress(LeaseError):  # ran out already: back all the same
+                    q.nack(db, m, reason=str(exc))
+                continue
             try:
                 q.ack(db, m)
             except LeaseError:
@@ -205,7 +230,8 @@ def lease_loop(url: str, out: str, ready: Any) -> None:
 
 def lease_worker(url: str, out: str, ready: Any) -> None:
     """Lease-mode ``Worker``; it logs an ack it could not make ("could not ack") to its
-    stderr file, which the test counts as an allowed redelivery."""
+    stderr file, which the test counts as an allowed redelivery. A :class:`Refused` handler
+    is nacked by the Worker (and logged)."""
     _begin(out)
     db = fdbqueue.open(url)
     worker = fdbqueue.Worker(

@@ -14,6 +14,9 @@ fdbqueue, so a kill lands in real work, not in an import) run tests/storm_childr
   transaction (the ground truth).
 * lease consumers: a hand-written lease/record/ack loop and a lease-mode ``Worker`` whose
   handler records each delivery in the store before the ack (at least once).
+* every 50th number's first delivery fails on purpose in both queues (an aborted dequeue,
+  a nack with a retry delay), so retries, the delayed index and the failure counts run
+  under the kills too.
 * an admin process creating, filling, leasing from, purging, destroying and re-creating a
   third queue, and reading the others' stats, on the same store.
 
@@ -169,15 +172,23 @@ def _drain(db: Any) -> int:
     """Consume what is left, as the children do; returns the acks refused as too late (this
     process descheduled past a lease on a loaded machine: the sweep hands it out again)."""
     eo, lease = Queue(sc.EO), Queue(sc.LEASE)
-    while sc.take_eo(db, eo):
-        pass
+    while True:
+        try:
+            if not sc.take_eo(db, eo):
+                break
+        except sc.Refused:
+            pass  # a first delivery refused on purpose: back in place, counted
     refused = 0
     deadline = time.monotonic() + GIVE_UP
     while True:
         assert time.monotonic() < deadline, f"the lease queue did not drain: {held(db, lease)}"
         batch = lease.lease_many(db, 8, sc.LEASE_SECONDS)
         for m in batch:
-            sc.record_lease(db, m)
+            try:
+                sc.record_lease(db, m)
+            except sc.Refused as exc:
+                lease.nack(db, m, reason=str(exc))
+                continue
             try:
                 lease.ack(db, m)
             except LeaseError:
@@ -238,7 +249,8 @@ def test_sigkill_storm_loses_duplicates_and_corrupts_nothing(sync: str, tmp_path
     # max_deliveries is high: a message leased again and again by consumers that are killed
     # must not be dead-lettered here (tests/test_delivery.py covers that path).
     fdbqueue.create_queue(db, sc.EO, max_deliveries=1000)
-    fdbqueue.create_queue(db, sc.LEASE, lease_seconds=sc.LEASE_SECONDS, max_deliveries=1000)
+    # The lease queue's retries wait a little: nacked messages pass through the delayed index.
+    fdbqueue.create_queue(db, sc.LEASE, lease_seconds=sc.LEASE_SECONDS, retry_delay=0.2, max_deliveries=1000)
     rng = random.Random()
     kids = Children("forkserver", errors=out / "err")
     try:
@@ -307,8 +319,9 @@ def test_sigkill_storm_loses_duplicates_and_corrupts_nothing(sync: str, tmp_path
     refused = drain_refused + _count_lines(out, "refused-*.log")
     refused += _count_lines(out / "err", "*.err", "could not ack")
     # The totals: every message made ready once, plus once per failed exactly-once attempt
-    # (counted back in place) and per lease that ran out (the sweep put it back); the last
-    # delivery of a lease-queue message is the one acked, and recorded first.
+    # (counted back in place) and per lease that ran out or was nacked (back to ready, or
+    # delayed and then promoted); the last delivery of a lease-queue message is the one
+    # acked, and recorded first.
     eo_failed = sum(int(v) - 1 for v in _ids(db, b"storm/eo-n/").values())
     last = Counter({k: 0 for k in every})
     for k in deliveries:
@@ -318,7 +331,7 @@ def test_sigkill_storm_loses_duplicates_and_corrupts_nothing(sync: str, tmp_path
     print(
         f"  {sends - len(every)} numbers sent again; {redelivered} lease redeliveries for "
         f"{lease_kills} kills of lease consumers and {refused} acks refused; {lease_returned} "
-        f"leases ran out; {eo_failed} exactly-once attempts failed"
+        f"leases ran out or were nacked; {eo_failed} exactly-once attempts failed"
     )
     assert redelivered <= lease_kills + refused, (
         f"lease queue: {redelivered} messages processed again, for {lease_kills} kills of lease "
