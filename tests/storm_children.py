@@ -97,9 +97,15 @@ def refuse_first(m: Message, k: str | None) -> bool:
 def consume_eo(tr: Any, m: Message) -> None:
     """The exactly-once handler: count the consumption inside the dequeue's transaction
     (or fail, aborting the dequeue: a failed delivery, counted back in place)."""
-    k, ok = check(m)
+    k, _ = check(m)
     if refuse_first(m, k):
         raise Refused(f"first delivery of {k} refused")
+    record_eo(tr, m)
+
+
+def record_eo(tr: Any, m: Message) -> None:
+    """Count the consumption of ``m`` from the exactly-once queue, in ``tr``."""
+    k, ok = check(m)
     if not ok:
         tr.set(bad_key(EO, m), repr(m.payload[:200]).encode())
     tr.add(eo_key(k or m.id), ONE)
@@ -121,9 +127,15 @@ def take_eo(tr: Any, q: Queue) -> bool:
 def record_lease(tr: Any, m: Message) -> None:
     """The lease handler's record: its own transaction, before the ack (at least once); or
     :class:`Refused`, for the caller to nack."""
-    k, ok = check(m)
+    k, _ = check(m)
     if refuse_first(m, k):
         raise Refused(f"first delivery of {k} refused")
+    record_delivery(tr, m)
+
+
+def record_delivery(tr: Any, m: Message) -> None:
+    """Record this delivery of ``m`` from the lease queue, in ``tr``."""
+    k, ok = check(m)
     if not ok:
         tr.set(bad_key(LEASE, m), repr(m.payload[:200]).encode())
     tr.add(lease_key(k or m.id, m.deliveries), ONE)
