@@ -18,8 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import fdbqueue
-from fdbqueue import Queue
+from fdbqueue import Queue, clock
 from fdbqueue.layout import unpack_count
 
 # Every key tag a message can leave behind (fdbqueue/layout.py): none may remain once drained.
@@ -125,6 +127,22 @@ class Children:
         deadline = time.monotonic() + 30
         for c in self.children:
             c.proc.join(max(0.1, deadline - time.monotonic()))
+
+
+@pytest.fixture
+def real_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keep this process's database time on the real clock, as its children's is.
+
+    ``fake_clock().advance`` in an earlier test of this process leaves the engines' clock
+    ahead (``fdbqueue.clock``: database time must never run backwards in a process). A
+    store this process shares with child processes would then jump that far ahead at its
+    first commit here: for the children, time stands almost still until their clock catches
+    up (leases of killed consumers never run out), and a sweep from here forgets every dedup
+    entry older than the jump. This store is new, so running this process on the real clock
+    again cannot move its versions backwards.
+    """
+    assert clock._frozen_us is None, "a fake clock is still installed"
+    monkeypatch.setattr(clock, "_ahead_us", 0)
 
 
 def child_stderr(errors: str) -> None:

@@ -34,9 +34,9 @@ import pytest
 import fdbqueue
 from fdbqueue import LeaseError, Queue
 from fdbqueue.layout import unpack_count
-from tests.processes import Children, assert_nothing_left, held
+from tests.processes import Children, assert_nothing_left, held, real_clock
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures(real_clock.__name__)]
 
 MESSAGES = int(os.environ.get("FDBQUEUE_PROCESS_MESSAGES", "20000"))
 WORKERS = 4

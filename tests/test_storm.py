@@ -67,7 +67,7 @@ import fdbqueue
 from fdbqueue import LeaseError, Queue
 from fdbqueue.layout import unpack_count
 from tests import storm_children as sc
-from tests.processes import Children, assert_nothing_left, held
+from tests.processes import Children, assert_nothing_left, held, real_clock
 
 SCALE = float(os.environ.get("FDBQUEUE_STORM_SCALE", "1"))
 PRODUCERS = 4 if SCALE < 2 else 8
@@ -87,7 +87,11 @@ CONSUMERS = (
 )
 # Bounds on waiting, never on speed: generous, so a loaded machine is slow, not failing.
 GIVE_UP = 300 * SCALE + 120  # seconds for the producers to finish, kills included
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(int(2 * GIVE_UP + 300))]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(int(2 * GIVE_UP + 300)),
+    pytest.mark.usefixtures(real_clock.__name__),
+]
 
 
 @pytest.fixture(scope="module", autouse=True)
