@@ -21,10 +21,8 @@ kills, duplicates and time.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import random
-import signal
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -36,8 +34,9 @@ import pytest
 import fdbqueue
 from fdbqueue import LeaseError, Queue
 from fdbqueue.layout import unpack_count
+from tests.processes import Children, assert_nothing_left, held, real_clock
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures(real_clock.__name__)]
 
 MESSAGES = int(os.environ.get("FDBQUEUE_PROCESS_MESSAGES", "20000"))
 WORKERS = 4
@@ -96,40 +95,22 @@ def exactly_once_worker(url: str, outdir: str) -> None:
 # -- the test ---------------------------------------------------------------------------------
 
 
-class Pool:
+class Pool(Children):
     """WORKERS spawned processes running ``target(url, outdir)``; kill one, start a new one."""
 
     def __init__(self, target: Callable[[str, str], None], url: str, outdir: Path) -> None:
-        self.ctx = multiprocessing.get_context("spawn")
-        self.target, self.args = target, (url, str(outdir))
-        self.procs = [self._start() for _ in range(WORKERS)]
-        self.kills = 0
-
-    def _start(self) -> Any:
-        p = self.ctx.Process(target=self.target, args=self.args, daemon=True)
-        p.start()
-        return p
+        super().__init__("spawn")
+        for _ in range(WORKERS):
+            self.start("worker", target, url, str(outdir))
 
     def kill_one(self) -> None:
-        i = random.randrange(len(self.procs))
-        p = self.procs[i]
-        if p.is_alive():
-            os.kill(p.pid, signal.SIGKILL)
-            self.kills += 1
-        p.join(5)
-        self.procs[i] = self._start()
+        child = random.choice(self.children)
+        self.kill(child)
+        self.restart(child)
 
-    def check_alive(self) -> None:
-        for p in self.procs:
-            if not p.is_alive() and p.exitcode not in (None, -signal.SIGKILL):
-                raise AssertionError(f"a worker died on its own (exit code {p.exitcode}): see its stderr")
-
-    def stop(self) -> None:
-        for p in self.procs:
-            if p.is_alive():
-                os.kill(p.pid, signal.SIGKILL)
-        for p in self.procs:
-            p.join(5)
+    @property
+    def total_kills(self) -> int:
+        return sum(self.kills.values())
 
 
 def _fill(db: Any) -> list[str]:
@@ -141,23 +122,15 @@ def _fill(db: Any) -> list[str]:
     return ids
 
 
-def _held(db: Any, q: Queue) -> tuple[int, int, int]:
-    @fdbqueue.transactional
-    def read(tr: Any) -> tuple[int, int, int]:
-        return tuple(unpack_count(tr.get(q.keys.counter(c))) for c in ("ready", "inflight", "delayed"))  # type: ignore[return-value]
-
-    return read(db)
-
-
 def _drain_while_killing(db: Any, pool: Pool) -> tuple[float, int]:
     """Kill a random worker every 0.5-1 s until nothing is ready, in flight or delayed."""
     q = Queue("jobs")
     start = time.monotonic()
     next_kill = start + random.uniform(*KILL_EVERY)
     try:
-        while _held(db, q) != (0, 0, 0):
+        while held(db, q) != (0, 0, 0):
             assert time.monotonic() - start < GIVE_UP_AFTER, (
-                f"not drained after {GIVE_UP_AFTER} s: {_held(db, q)}"
+                f"not drained after {GIVE_UP_AFTER} s: {held(db, q)}"
             )
             pool.check_alive()
             if time.monotonic() >= next_kill:
@@ -166,17 +139,7 @@ def _drain_while_killing(db: Any, pool: Pool) -> tuple[float, int]:
             time.sleep(0.05)
     finally:
         pool.stop()
-    return time.monotonic() - start, pool.kills
-
-
-def _assert_nothing_left(db: Any) -> None:
-    q = Queue("jobs")
-    assert q.size(db) == 0 and _held(db, q) == (0, 0, 0)
-    for tag in ("r", "f", "l", "d", "id", "res", "pop"):
-        left = db.get_range_startswith(q.keys.q.pack((tag,)))
-        assert left == [], f"keys left under {tag!r}: {left[:3]}"
-    dead = list(Queue("jobs.error").browse(db, limit=5))
-    assert dead == [], f"messages were dead-lettered: {[(m.id, m.reason) for m in dead]}"
+    return time.monotonic() - start, pool.total_kills
 
 
 @pytest.fixture
@@ -209,7 +172,7 @@ def test_lease_workers_killed_at_random_lose_nothing(url: str, tmp_path: Path) -
     assert kills >= 3, "the test did not kill enough workers to mean anything"
     # A duplicate needs a worker killed between its record and its ack, or an expired lease.
     assert dups <= kills + refused, f"{dups} duplicates for {kills} kills and {refused} expired leases"
-    _assert_nothing_left(db)
+    assert_nothing_left(db, "jobs")
     db.close()
 
 
@@ -230,5 +193,5 @@ def test_exactly_once_workers_killed_at_random_process_each_message_once(url: st
     assert set(done) == set(ids)
     assert unpack_count(db.get(b"count")) == MESSAGES
     assert kills >= 3, "the test did not kill enough workers to mean anything"
-    _assert_nothing_left(db)
+    assert_nothing_left(db, "jobs")
     db.close()
