@@ -231,6 +231,27 @@ def test_a_file_that_is_not_a_store_is_refused_and_nothing_is_left_beside_it(
         conn.close()
 
 
+def test_a_store_truncated_to_nothing_is_refused_not_started_afresh(tmp_path: Path) -> None:
+    path = tmp_path / "q.db"
+    db = fdbqueue.open(f"sqlite://{path}")
+    fdbqueue.Queue("jobs").enqueue(db, b"acknowledged")
+    db.close()
+    path.write_bytes(b"")  # the store file truncated, its lock file still there
+    with pytest.raises(StoreError) as err:
+        fdbqueue.open(f"sqlite://{path}")
+    assert "empty" in str(err.value) and "lived here" in str(err.value) and str(path) in str(err.value)
+    assert path.read_bytes() == b""  # nothing was written in its place
+
+
+def test_an_empty_file_with_no_store_history_becomes_a_store(tmp_path: Path) -> None:
+    path = tmp_path / "new.db"
+    path.write_bytes(b"")  # e.g. made by a tool that creates the file first
+    db = fdbqueue.open(f"sqlite://{path}")
+    fdbqueue.Queue("jobs").enqueue(db, b"x")
+    assert fdbqueue.Queue("jobs").size(db) == 1
+    db.close()
+
+
 # --- what stays after close ----------------------------------------------------------------------
 
 WATCHER = r"""

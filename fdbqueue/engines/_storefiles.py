@@ -54,7 +54,13 @@ def refuse_foreign(real: str, path: str) -> None:
     except OSError as exc:
         raise StoreError(f"{path}: cannot read it: {exc.strerror}") from exc
     if not head:
-        return  # an empty file becomes a store
+        if _lock_names_a_store(real + "-lock"):
+            raise StoreError(
+                f"{path} is empty, but {path}-lock shows that an fdbqueue store lived here: the "
+                "store file was truncated or replaced. Refusing to start a new, empty store in its "
+                f"place; restore the file, or remove {path} and {path}-lock to start afresh"
+            )
+        return  # an empty file with no store history becomes a store
     if head != SQLITE_MAGIC:
         raise NotAStore(f"{path} is not an fdbqueue store: not a SQLite database; refusing to use it")
     # What the database file itself lists (immutable: no lock, no WAL, nothing created).
@@ -70,6 +76,17 @@ def refuse_foreign(real: str, path: str) -> None:
         return
     if tables and not {"kv", "meta"} <= tables:
         raise foreign(path, tables)
+
+
+def _lock_names_a_store(lock: str) -> bool:
+    """Whether the lock file's page names a store: the version clock at its start is tagged
+    with the boot id and the store id once the store has committed (``sqlite.py`` ``_CLOCK``)."""
+    try:
+        with open(lock, "rb") as f:
+            tag = f.read(32)
+    except OSError:
+        return False
+    return len(tag) == 32 and tag[16:] != bytes(16)
 
 
 def why_read_only(real: str, path: str) -> str:
