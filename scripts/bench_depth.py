@@ -5,7 +5,7 @@ On the embedded engine (``sqlite://...?sync=normal`` by default; ``--sync full``
 
 1. **Fill.** One store per measured depth (0, 10^5 and 10^6 messages by default, capped by
    ``--max-depth``), filled with ``q.enqueue_many(db, batch)`` in transactions of ``--batch``
-   (1000) 200-byte messages; the fill of the deepest store is timed per tenth, so the fill rate
+   (500) 200-byte messages; the fill of the deepest store is timed per tenth, so the fill rate
    itself shows whether inserting slows down as the queue grows.
 2. **Rates around each depth.** Three operations, one message per transaction, single thread:
    enqueue (``q.enqueue(db, payload)``), exactly-once dequeue (``q.dequeue(tr)`` inside an
@@ -526,7 +526,10 @@ def main(argv: list[str] | None = None) -> int:
         "--depths", default=None, help="explicit depths, e.g. 0,1e5,1e6 (overrides the default set)"
     )
     p.add_argument(
-        "--batch", type=int, default=1000, help="messages per enqueue_many transaction in the fill (1000)"
+        "--batch",
+        type=int,
+        default=500,
+        help="messages per enqueue_many transaction in the fill (500: within a transaction's byte budget)",
     )
     p.add_argument(
         "--ops", type=int, default=3000, help="messages per operation per round at each depth (3000)"
