@@ -19,7 +19,7 @@ from fdbqueue.config import (
 )
 from fdbqueue.engines.base import Database, Transaction
 from fdbqueue.layout import DEFAULT_ROOT, QueueKeys, pack_count, queues_range, root_subspace, unpack_count
-from fdbqueue.message import Record
+from fdbqueue.message import decode_record
 from fdbqueue.txn import run_once
 
 
@@ -167,7 +167,7 @@ def queue_stats(tr: Transaction | Database, name: str, *, root: tuple[Any, ...] 
             p = keys.parse_marker(marker.key)
             head = snap.get_range(*keys.priority_range(p), limit=1)
             if head:
-                at = Record.decode(head[0].value).enqueued_us
+                at = decode_record(head[0].value, keys, head[0].key).enqueued_us
                 oldest = at if oldest is None else min(oldest, at)
         ekeys = QueueKeys.make(cfg.error_queue_for(name), root)
         st = read_state(t, keys)

@@ -33,7 +33,7 @@ from fdbqueue.config import QueueConfig, check_duration, config_or_create
 from fdbqueue.engines.base import Database, Transaction
 from fdbqueue.errors import EngineError, QueueError
 from fdbqueue.layout import MINUS_ONE, ONE, QueueKeys, new_rand, unpack_count
-from fdbqueue.message import Message, Record, fit_reason
+from fdbqueue.message import Message, Record, decode_record, fit_reason, join_chunks
 from fdbqueue.txn import run_once
 from fdbqueue.waiting import next_due
 
@@ -242,7 +242,8 @@ def lease_in(
     if payload is None:
         payload = rec.payload
         if rec.chunks:
-            payload = b"".join(kv.value for kv in tr.get_range(*keys.chunk_range(rec.id)))
+            values = [kv.value for kv in tr.get_range(*keys.chunk_range(rec.id))]
+            payload = join_chunks(values, rec.chunks, q.name, rec.id)
     return Message.from_record(
         leased,
         q.name,
@@ -259,7 +260,7 @@ def _leased(q: Queue, tr: Transaction, m: Message, now: int, *, allow_expired: b
     if not isinstance(m, Message) or not m.receipt:
         raise LeaseError("ack, nack and extend take a Message returned by lease()")
     raw = tr.get(q.keys.inflight_key(m.id))
-    rec = None if raw is None else Record.decode(raw)
+    rec = None if raw is None else decode_record(raw, q.keys, q.keys.inflight_key(m.id), m.id)
     if rec is None or rec.extra.get("receipt") != m.receipt:
         raise LeaseError(
             f"message {m.id} is not leased under this receipt (already acked, nacked or expired)"
@@ -339,7 +340,7 @@ def expire_lease(
     if raw is None:
         tr.clear(lease_key)
         return None
-    rec = Record.decode(raw)
+    rec = decode_record(raw, q.keys, keys.inflight_key(msg_id), msg_id)
     if int(rec.extra.get("deadline", -1)) != deadline:
         tr.clear(lease_key)
         return None  # extended since: this entry is stale
@@ -360,7 +361,7 @@ def promote_delayed(
     if raw is None:
         return None
     keys = q.keys
-    rec = Record.decode(raw)
+    rec = decode_record(raw, q.keys, dkey)
     if budget is not None and not budget.take(move_cost(len(dkey), len(raw), rec.chunks)):
         return "later"
     tr.clear(dkey)
@@ -391,10 +392,11 @@ def locate(tr: Transaction, keys: QueueKeys, msg_id: str) -> bytes | None:
 def message_elsewhere(q: Queue, tr: Transaction, key: bytes, raw: bytes) -> Message | None:
     """A message found through the id index outside the ready set (leased or delayed)."""
     tag = q.keys.unpack_tail(key)[0]
-    rec = Record.decode(raw)
+    rec = decode_record(raw, q.keys, key)
     payload = rec.payload
     if rec.chunks:
-        payload = b"".join(kv.value for kv in tr.get_range(*q.keys.chunk_range(rec.id)))
+        values = [kv.value for kv in tr.get_range(*q.keys.chunk_range(rec.id))]
+        payload = join_chunks(values, rec.chunks, q.name, rec.id)
     more: dict[str, Any] = {}
     if tag == "f":
         ready_key = bytes.fromhex(rec.extra["key"])
@@ -487,7 +489,7 @@ def _head(
         kvs = tr.snapshot.get_range(begin, end, limit)
         budget.read(kvs)
         for key, raw in kvs:
-            rec = Record.decode(raw)
+            rec = decode_record(raw, q.keys, key)
             if rec.expires_us is not None and rec.expires_us <= now:
                 expire_within(q, tr, cfg, key, raw, rec, budget)
                 continue
@@ -535,7 +537,7 @@ def _find(
         budget.read(batch)
         for key, raw in batch:
             budget.scanned += 1
-            rec = Record.decode(raw)
+            rec = decode_record(raw, q.keys, key)
             if rec.expires_us is not None and rec.expires_us <= now:
                 if expire_within(q, tr, cfg, key, raw, rec, budget):
                     tr.add_read_conflict_key(key)  # two movers of one message conflict
@@ -637,7 +639,7 @@ def count_failed_attempt(q: Queue, db: Database, msg: Message, error: EngineErro
         raw = None if where is None else t.get(where)
         if where is None or raw is None:
             return  # taken by another consumer, or the caller's commit did land (1021)
-        rec = Record.decode(raw)
+        rec = decode_record(raw, q.keys, where, msg.id)
         if rec.deliveries >= msg.deliveries:
             return  # counted already (this count's own commit ended unknown, then retried)
         tag = keys.unpack_tail(where)[0]

@@ -428,6 +428,22 @@ class QueueKeys:
     def unpack_tail(self, key: bytes) -> tuple[Any, ...]:
         return tuple(self.q.unpack(key))
 
+    def id_at(self, key: bytes) -> str | None:
+        """The message id ``key`` names, without reading its record (which may be damaged):
+        the id in an in-flight, delayed or lease key; for a ready key, the home id it names
+        (a message away from home has another, found through the id index). None if unknown."""
+        try:
+            if key.startswith(self._r):
+                return self.id_of_home(key)
+            tail = self.unpack_tail(key)
+            if tail[0] in ("f", "id"):
+                return str(tail[1])
+            if tail[0] in ("d", "l", "x"):
+                return str(tail[2])
+        except (ValueError, IndexError, KeyError, TypeError):
+            pass
+        return None
+
 
 def root_subspace(root: tuple[Any, ...] = DEFAULT_ROOT) -> Subspace:
     return Subspace(tuple(root))

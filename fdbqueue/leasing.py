@@ -25,7 +25,7 @@ from fdbqueue.delivery import (
 )
 from fdbqueue.engines.base import Transaction
 from fdbqueue.layout import pack_count
-from fdbqueue.message import Message, Record
+from fdbqueue.message import Message, Record, decode_record, join_chunks
 
 if TYPE_CHECKING:
     from fdbqueue.queue import Queue
@@ -106,7 +106,7 @@ def _ready_heads(
         batch = tr.snapshot.get_range(begin, end, want)
         budget.read(batch)
         for key, raw in batch:
-            rec = Record.decode(raw)
+            rec = decode_record(raw, q.keys, key)
             if rec.expires_us is not None and rec.expires_us <= now:
                 if expire_within(q, tr, cfg, key, raw, rec, budget):
                     tr.add_read_conflict_key(key)
@@ -144,7 +144,10 @@ def _chunked_payloads(q: Queue, tr: Transaction, recs: list[Record]) -> dict[str
     values = iter(
         tr.snapshot.get_many([keys.chunk_key(rec.id, i) for rec in chunked for i in range(rec.chunks)])
     )
-    return {rec.id: b"".join(next(values) or b"" for _ in range(rec.chunks)) for rec in chunked}
+    return {
+        rec.id: join_chunks([next(values) for _ in range(rec.chunks)], rec.chunks, q.name, rec.id)
+        for rec in chunked
+    }
 
 
 def lease_cost(key_len: int, rec: Record) -> int:

@@ -24,7 +24,7 @@ from fdbqueue.delivery import expire, expire_lease, locate, promote_delayed
 from fdbqueue.engines.base import Database, Transaction, adopt, engine_traits, is_transaction
 from fdbqueue.errors import CommitUnknownError
 from fdbqueue.layout import QueueKeys, pack_count
-from fdbqueue.message import Record
+from fdbqueue.message import decode_record
 from fdbqueue.txn import run_once
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ def sweep_step(
         if where is None or raw is None:
             tr.clear(xkey)
             continue  # leased or delayed: checked again when it is released or promoted
-        rec = Record.decode(raw)
+        rec = decode_record(raw, q.keys, where)
         if not budget.take(move_cost(len(where), len(raw), rec.chunks)):
             break  # the entry stays for the next transaction
         tr.clear(xkey)
@@ -144,7 +144,7 @@ def reclaim_results(q: Queue, tr: Transaction, now: int, limit: int, budget: Bud
         if budget is not None and not budget.take(move_cost(len(key), len(raw), 0)):
             break
         tr.clear(kv.key)
-        put_ready(tr, q.keys, key, Record.decode(raw), q.keys.parse_ready(key)[0])
+        put_ready(tr, q.keys, key, decode_record(raw, q.keys, key), q.keys.parse_ready(key)[0])
         n += 1
     if n:  # they were counted done when paired (contention.fulfil): not done after all
         tr.add(q.keys.counter("done"), pack_count(-n))

@@ -13,7 +13,7 @@ from fdbqueue.engines.base import Database, Transaction, Watch
 from fdbqueue.engines.local import EventWatch
 from fdbqueue.errors import EngineError, QueueError, QueueStoppedError
 from fdbqueue.layout import QueueKeys
-from fdbqueue.message import Record
+from fdbqueue.message import decode_record
 from fdbqueue.txn import run_once, seconds
 
 
@@ -27,7 +27,7 @@ def next_due(tr: Transaction, keys: QueueKeys, now: int | None = None) -> int | 
     if now is None:
         head = tr.snapshot.get_range(*keys.ready_range(), limit=1)
         if head:
-            due = int(Record.decode(head[0].value).extra.get("not_before", 0)) or None
+            due = int(decode_record(head[0].value, keys, head[0].key).extra.get("not_before", 0)) or None
     for tag in ("d", "l"):
         begin, end = keys.index_range(tag, None if now is None else now + 1)
         kvs = tr.snapshot.get_range(begin, end, 1)
@@ -73,7 +73,7 @@ def deliverable_now(tr: Transaction, keys: QueueKeys) -> bool:
     if not decode_config(raw_cfg).strict_order:
         return True
     now = db_now(tr)
-    if int(Record.decode(head[0].value).extra.get("not_before", 0)) > now:
+    if int(decode_record(head[0].value, keys, head[0].key).extra.get("not_before", 0)) > now:
         return False
     live_from = keys.index_range("l", now + 1)[1]
     return not snap.get_range(live_from, keys.index_range("l")[1], 1)
