@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING
 from fdbqueue.budget import Budget, move_cost
 from fdbqueue.clock import db_now, versions
 from fdbqueue.config import QueueConfig, due_entries, read_meta
-from fdbqueue.delivery import HEAD_BATCH, HEAD_SKIP_LIMIT, expire_within, remove_message
+from fdbqueue.delivery import HEAD_BATCH, HEAD_SKIP_LIMIT, expire_within, move_corrupt, remove_message
 from fdbqueue.engines.base import Database, KeyValue, Transaction
-from fdbqueue.errors import CommitUnknownError, EngineError
+from fdbqueue.errors import CommitUnknownError, CorruptMessageError, EngineError
 from fdbqueue.layout import QueueKeys, pack_count
 from fdbqueue.message import Message, decode_record
 
@@ -65,7 +65,11 @@ def _live_items(
         limit = budget.batch(n - len(out) + extra)
         batch = t.snapshot.get_range(begin, end, limit=limit)
         for kv in batch:
-            rec = decode_record(kv.value, queue.keys, kv.key)
+            try:
+                rec = decode_record(kv.value, queue.keys, kv.key)
+            except CorruptMessageError as exc:
+                move_corrupt(queue, t, cfg, kv.key, kv.value, exc, budget)
+                continue
             if rec.expires_us is not None and rec.expires_us <= now:
                 if expire_within(queue, t, cfg, kv.key, kv.value, rec, budget):
                     # As for a pairing, only a true collision conflicts: the conflict of a

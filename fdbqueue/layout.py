@@ -73,8 +73,9 @@ LAYER_FORMAT = "2.0"
 DEFAULT_ROOT: tuple[Any, ...] = ("fdbqueue",)
 
 # ready/inflight/delayed: messages in each state now; done/dead/expired: totals ever (rates
-# come from two samples); wake: messages ever made ready (enqueues, retries, promotions).
-COUNTERS = ("ready", "inflight", "delayed", "done", "dead", "expired", "wake")
+# come from two samples); wake: messages ever made ready (enqueues, retries, promotions);
+# corrupt: damaged records moved to the error queue (delivery.move_corrupt).
+COUNTERS = ("ready", "inflight", "delayed", "done", "dead", "expired", "wake", "corrupt")
 HOT_COUNTERS = ("ready", "inflight", "delayed", "wake")  # what an enqueue or dequeue needs to know
 
 _ONE = struct.pack("<q", 1)

@@ -22,8 +22,10 @@ from fdbqueue.delivery import (
     deliverable_head,
     expire_within,
     lease_in,
+    move_corrupt,
 )
 from fdbqueue.engines.base import Transaction
+from fdbqueue.errors import CorruptMessageError
 from fdbqueue.layout import pack_count
 from fdbqueue.message import Message, Record, decode_record, join_chunks
 
@@ -106,7 +108,12 @@ def _ready_heads(
         batch = tr.snapshot.get_range(begin, end, want)
         budget.read(batch)
         for key, raw in batch:
-            rec = decode_record(raw, q.keys, key)
+            try:
+                rec = decode_record(raw, q.keys, key)
+            except CorruptMessageError as exc:
+                move_corrupt(q, tr, cfg, key, raw, exc, budget)
+                skipped += 1
+                continue
             if rec.expires_us is not None and rec.expires_us <= now:
                 if expire_within(q, tr, cfg, key, raw, rec, budget):
                     tr.add_read_conflict_key(key)

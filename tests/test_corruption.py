@@ -144,3 +144,94 @@ def test_a_bit_flipped_in_the_store_file_is_reported_not_delivered(tmp_path: Any
             q.get(db, mid)
     finally:
         db.close()
+
+
+# -- a damaged message is moved aside and the queue keeps flowing --------------------------
+
+
+def three_with_a_damaged_head(db: Database, q: Queue) -> tuple[list[str], bytes]:
+    """Three messages; the head's record damaged (one bit). The ids and the damaged bytes."""
+    ids = [q.enqueue(db, f"m{i}-payload") for i in range(3)]
+    key = q.keys.home_key(ids[0])
+    assert key is not None
+    damage(db, key, 8 * 12 + 3)
+    damaged = read_raw(db, key)
+    assert damaged is not None
+    return ids, damaged
+
+
+def assert_moved_aside(db: Database, q: Queue, mid: str, damaged: bytes) -> None:
+    """The damaged message is in the error queue by its id, its stored bytes kept as they were."""
+    eq = Queue(f"{q.name}.error")
+    m = eq.get(db, mid)
+    assert m is not None, "the damaged message is recoverable from the error queue"
+    assert m.reason == "corrupt" and m.origin == q.name
+    assert m.payload == damaged  # nothing thrown away: the record's bytes, unchanged
+    assert bytes.fromhex(str(m.extra["key"])) == q.keys.home_key(mid)
+    assert "checksum" in str(m.extra["detail"])
+    assert fdbqueue.queue_stats(db, q.name).corrupt == 1
+
+
+@pytest.mark.parametrize("engine", LOCAL, indirect=True)
+@pytest.mark.parametrize("how", ["dequeue", "lease", "lease_many", "staged", "filtered"])
+def test_a_damaged_head_is_moved_aside_and_the_rest_delivered(
+    db: Database, how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from fdbqueue.contention import staged_dequeue
+
+    q = Queue("jobs")
+    ids, damaged = three_with_a_damaged_head(db, q)
+    take = {
+        "dequeue": lambda: [q.dequeue(db)],
+        "lease": lambda: [q.lease(db, 30)],
+        "lease_many": lambda: q.lease_many(db, 5, 30),
+        "staged": lambda: [staged_dequeue(db, q)],
+        "filtered": lambda: [q.dequeue(db, where={"x": "no such"}, fallback=True)],
+    }[how]
+    got: list[Any] = []
+    with caplog.at_level("ERROR", logger="fdbqueue"):
+        while len(got) < 2:
+            batch = [m for m in take() if m is not None]
+            assert batch, f"delivered {len(got)} of the 2 sound messages, then nothing"
+            got += batch
+    assert [m.id for m in got] == ids[1:]
+    assert [m.payload for m in got] == [b"m1-payload", b"m2-payload"]
+    assert any(ids[0] in r.getMessage() for r in caplog.records), "the move is logged naming it"
+    assert_moved_aside(db, q, ids[0], damaged)
+    assert q.size(db) == 0
+
+
+@pytest.mark.parametrize("engine", LOCAL, indirect=True)
+def test_damaged_leased_and_delayed_records_are_moved_aside_by_the_sweep(db: Database) -> None:
+    from fdbqueue.clock import fake_clock
+
+    q = Queue("jobs")
+    with fake_clock() as clock:
+        leased_id = q.enqueue(db, b"leased")
+        m = q.lease(db, 1)
+        assert m is not None and m.id == leased_id
+        delayed_id = q.enqueue(db, b"delayed", delay=1)
+        sound_id = q.enqueue(db, b"sound", delay=1)
+        damage(db, q.keys.inflight_key(leased_id), 8 * 12 + 3)
+        dkey = next(k for k in all_keys(db, q, "d") if delayed_id.encode() in k)
+        damage(db, dkey, 8 * 12 + 3)
+        clock.advance(5)
+        q.sweep(db)
+    eq = Queue("jobs.error")
+    for mid in (leased_id, delayed_id):
+        moved = eq.get(db, mid)
+        assert moved is not None and moved.reason == "corrupt", mid
+    stats = fdbqueue.queue_stats(db, "jobs")
+    assert (stats.inflight, stats.delayed, stats.ready, stats.corrupt) == (0, 0, 1, 2)
+    assert all_keys(db, q, "l") == []  # the damaged lease's entry went with it
+    m = q.dequeue(db)
+    assert m is not None and m.id == sound_id and m.payload == b"sound"
+
+
+@fdbqueue.transactional
+def _range(tr: Any, begin: bytes, end: bytes) -> list[bytes]:
+    return [kv.key for kv in tr.get_range(begin, end)]
+
+
+def all_keys(db: Database, q: Queue, tag: str) -> list[bytes]:
+    return _range(db, *q.keys.index_range(tag))  # type: ignore[no-any-return]
