@@ -163,7 +163,13 @@ def _collect(db: Database, queue: Queue, req_key: bytes, res_key: bytes) -> obje
             return None
         made_at, key, record = decode_result(raw)
         made[:] = [made_at]
-        msg = queue._message(t, key, record, delivered=True)
+        try:
+            msg = queue._message(t, key, record, delivered=True)
+        except CorruptMessageError as exc:  # its payload chunks are damaged: not handed out
+            t.clear(res_key)
+            cfg = read_meta(t, keys).config or QueueConfig()
+            move_corrupt(queue, t, cfg, key, record, exc, state="done")  # fulfil counted it done
+            return None
         t.clear(res_key)
         if decode_record(record, queue.keys, key).chunks:
             t.clear_range(*keys.chunk_range(msg.id))

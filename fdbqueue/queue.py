@@ -46,6 +46,7 @@ from fdbqueue.delivery import (
     extend_in,
     locate,
     message_elsewhere,
+    move_corrupt,
     nack_in,
     release_in,
     remove_message,
@@ -60,6 +61,7 @@ from fdbqueue.engines.base import (
     is_transaction,
 )
 from fdbqueue.errors import (
+    CorruptMessageError,
     EngineError,
     QueueError,
     QueueFullError,
@@ -673,11 +675,16 @@ class Queue:
             return None
         cfg, meta = opened
         due = bool(meta.count("delayed") or meta.count("inflight"))
-        head = deliverable_head(self, tr, cfg, where, fallback, db_now(tr), check_due=due, budget=budget)
-        if head is None:
-            return None
-        key, rec = head
-        msg = self._to_message(tr, key, rec, delivered=True)
+        while True:
+            head = deliverable_head(self, tr, cfg, where, fallback, db_now(tr), check_due=due, budget=budget)
+            if head is None:
+                return None
+            key, rec = head
+            try:
+                msg = self._to_message(tr, key, rec, delivered=True)
+                break
+            except CorruptMessageError as exc:  # its payload chunks are damaged
+                move_corrupt(self, tr, cfg, key, rec.encode(), exc, budget)
         remove_message(tr, keys, key, rec)
         tr.add(keys.counter("ready"), MINUS_ONE)
         tr.add(keys.counter("done"), ONE)

@@ -235,3 +235,52 @@ def _range(tr: Any, begin: bytes, end: bytes) -> list[bytes]:
 
 def all_keys(db: Database, q: Queue, tag: str) -> list[bytes]:
     return _range(db, *q.keys.index_range(tag))  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("engine", LOCAL, indirect=True)
+@pytest.mark.parametrize("how", ["dequeue", "lease_many", "staged"])
+def test_a_head_with_a_damaged_chunk_is_moved_aside_and_the_rest_delivered(db: Database, how: str) -> None:
+    from fdbqueue.contention import staged_dequeue
+
+    q = Queue("jobs")
+    big = bytes(range(256)) * 100  # 25,600 bytes: three chunks
+    ids = [q.enqueue(db, big), q.enqueue(db, b"small"), q.enqueue(db, big[::-1])]
+    damage(db, q.keys.chunk_key(ids[0], 1), 100)
+    take = {
+        "dequeue": lambda: [q.dequeue(db)],
+        "lease_many": lambda: q.lease_many(db, 5, 30),
+        "staged": lambda: [staged_dequeue(db, q)],
+    }[how]
+    got: list[Any] = []
+    for _ in range(4):
+        got += [m for m in take() if m is not None]
+    assert [m.id for m in got] == ids[1:]
+    assert [m.payload for m in got] == [b"small", big[::-1]]
+    moved = Queue("jobs.error").get(db, ids[0])
+    assert moved is not None and moved.reason == "corrupt" and "chunk 1" in str(moved.extra["detail"])
+    assert Record.decode(moved.payload).chunks == 3  # the record, sound, as it was stored
+    assert fdbqueue.queue_stats(db, "jobs").corrupt == 1
+
+
+def test_a_bit_flipped_in_the_store_file_is_moved_aside_and_the_rest_delivered(tmp_path: Any) -> None:
+    store = tmp_path / "store.db"
+    url = f"sqlite://{store}"
+    q = Queue("jobs")
+    db = fdbqueue.open(url)
+    try:
+        ids = [q.enqueue(db, p) for p in (b"first", b"needle-payload-0123456789", b"third")]
+    finally:
+        db.close()
+    flip_in_file(store, b"needle-payload-0123456789", 3)
+    db = fdbqueue.open(url)
+    try:
+        got = [q.dequeue(db) for _ in range(3)]
+        assert [m.payload for m in got if m is not None] == [b"first", b"third"]
+        moved = Queue("jobs.error").get(db, ids[1])
+        assert moved is not None and moved.reason == "corrupt" and moved.origin == "jobs"
+        assert b"nee" + bytes([ord("d") ^ 0x10]) + b"le-payload" in moved.payload  # its damaged bytes, kept
+        with pytest.raises(CorruptMessageError):
+            Record.decode(moved.payload)
+        assert fdbqueue.queue_stats(db, "jobs").corrupt == 1
+    finally:
+        db.close()
