@@ -284,3 +284,18 @@ def test_a_bit_flipped_in_the_store_file_is_moved_aside_and_the_rest_delivered(t
         assert fdbqueue.queue_stats(db, "jobs").corrupt == 1
     finally:
         db.close()
+
+
+@pytest.mark.parametrize("engine", LOCAL, indirect=True)
+def test_browse_and_stats_name_a_damaged_message_not_json_errors(db: Database) -> None:
+    q = Queue("jobs")
+    ids, _ = three_with_a_damaged_head(db, q)
+    with pytest.raises(CorruptMessageError, match=ids[0]) as info:
+        list(q.browse(db))
+    assert info.value.queue == "jobs" and info.value.key == q.keys.home_key(ids[0])
+    stats = fdbqueue.queue_stats(db, "jobs")  # its age cannot be trusted: skipped, no error
+    assert stats.ready == 3 and stats.corrupt == 0
+    assert q.wait(db, timeout=0)  # deliverable: the dequeue that comes moves it aside
+    assert q.dequeue(db).id == ids[1]  # type: ignore[union-attr]
+    assert [m.id for m in q.browse(db)] == ids[2:]
+    assert fdbqueue.queue_stats(db, "jobs").corrupt == 1
