@@ -144,7 +144,8 @@ def move_corrupt(
     "corrupt"`` whose payload is the damaged record's bytes, unchanged (nothing is thrown
     away), with ``origin``, the ``key`` it was at (hex) and what was wrong. Its id there is
     the id its key names (else a fresh one). ``also_clear``: its lease entry, for a leased
-    one. Counted in ``corrupt``; logged. Composes in the caller's transaction.
+    one. Counted in ``corrupt``; logged when the transaction commits. Composes in the
+    caller's transaction.
 
     What the record said cannot be trusted, so its id entry, TTL entry and payload chunks
     (if it had any) are left where they are: a sweep clears a TTL entry whose message is
@@ -165,9 +166,19 @@ def move_corrupt(
     ename = cfg.error_queue_for(q.name)
     if ename == q.name:
         ename = error_queue_name(q.name)
-    log.error(
-        "queue %r: damaged message %r at key %r (%s): moved to %r", q.name, mid, key, error.detail, ename
-    )
+
+    def logged(failed: EngineError | None) -> None:
+        if failed is None:  # once, when the move is committed: not once per retried attempt
+            log.error(
+                "queue %r: damaged message %r at key %r (%s): moved to %r",
+                q.name,
+                mid,
+                key,
+                error.detail,
+                ename,
+            )
+
+    tr.on_finish(logged)
     ekeys = QueueCls(ename, root=q.root).keys
     config_or_create(tr, ekeys)
     extra = {"origin": q.name, "reason": CORRUPT_REASON, "key": key.hex(), "detail": fit_reason(error.detail)}
