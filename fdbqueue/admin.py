@@ -18,8 +18,9 @@ from fdbqueue.config import (
     write_config,
 )
 from fdbqueue.engines.base import Database, Transaction
+from fdbqueue.errors import CorruptMessageError
 from fdbqueue.layout import DEFAULT_ROOT, QueueKeys, pack_count, queues_range, root_subspace, unpack_count
-from fdbqueue.message import Record
+from fdbqueue.message import decode_record
 from fdbqueue.txn import run_once
 
 
@@ -147,6 +148,7 @@ class QueueStats:
     dequeue_enabled: bool
     ready_rate: float | None = None  # messages/s made ready, over the sampled interval
     done_rate: float | None = None  # messages/s consumed
+    corrupt: int = 0  # damaged records moved to the error queue (reason "corrupt"), total
 
 
 def queue_stats(tr: Transaction | Database, name: str, *, root: tuple[Any, ...] = DEFAULT_ROOT) -> QueueStats:
@@ -167,7 +169,10 @@ def queue_stats(tr: Transaction | Database, name: str, *, root: tuple[Any, ...] 
             p = keys.parse_marker(marker.key)
             head = snap.get_range(*keys.priority_range(p), limit=1)
             if head:
-                at = Record.decode(head[0].value).enqueued_us
+                try:
+                    at = decode_record(head[0].value, keys, head[0].key).enqueued_us
+                except CorruptMessageError:
+                    continue  # a damaged head has no age to trust; a dequeue moves it aside
                 oldest = at if oldest is None else min(oldest, at)
         ekeys = QueueKeys.make(cfg.error_queue_for(name), root)
         st = read_state(t, keys)
@@ -181,6 +186,7 @@ def queue_stats(tr: Transaction | Database, name: str, *, root: tuple[Any, ...] 
             done=count("done"),
             dead=count("dead"),
             expired=count("expired"),
+            corrupt=count("corrupt"),
             oldest_age=None if oldest is None else max(0.0, (now_us() - oldest) / 1e6),
             enqueue_enabled=st.enqueue,
             dequeue_enabled=st.dequeue,

@@ -25,7 +25,7 @@ from fdbqueue.clock import db_now
 from fdbqueue.engines.base import Database, KeyValue, Transaction
 from fdbqueue.errors import QueueError
 from fdbqueue.layout import QueueKeys, unpack_count
-from fdbqueue.message import Message, Record
+from fdbqueue.message import Message, Record, decode_record, join_chunks
 
 if TYPE_CHECKING:
     from fdbqueue.queue import Queue
@@ -58,7 +58,9 @@ def _due_delayed(tr: Transaction, keys: QueueKeys, now: int) -> tuple[list[tuple
     """Due delayed entries (key, record) in due order, at most DUE_LIMIT; and whether that was all."""
     begin, end = keys.index_range("d", now + 1)
     rows = tr.snapshot.get_range(begin, end, DUE_LIMIT + 1)
-    return [(kv.key, Record.decode(kv.value)) for kv in rows[:DUE_LIMIT]], len(rows) <= DUE_LIMIT
+    return [(kv.key, decode_record(kv.value, keys, kv.key)) for kv in rows[:DUE_LIMIT]], len(
+        rows
+    ) <= DUE_LIMIT
 
 
 def outlook(tr: Transaction | Database, queue: Queue) -> Outlook:
@@ -122,7 +124,7 @@ def browse(queue: Queue, tr: Transaction | Database, *, limit: int | None, batch
                 p = int(extra.pop("priority", 0))
                 target = extra.pop("key", None)
                 order = ready_order(bytes.fromhex(target)) if target else (-p, math.inf, n)
-                m = Message.from_record(rec, queue.name, p, dkey, _payload(t, keys, rec))
+                m = Message.from_record(rec, queue.name, p, dkey, _payload(t, keys, rec, queue.name))
                 due.append((order, m))
             due.sort(key=lambda om: om[0])
         late: list[KeyValue] = []
@@ -145,7 +147,7 @@ def browse(queue: Queue, tr: Transaction | Database, *, limit: int | None, batch
         for kv in chosen:
             p, index, _r = keys.parse_ready(kv.key)
             seen_upto[p] = max(seen_upto.get(p, 0), index)
-            rec = Record.decode(kv.value)
+            rec = decode_record(kv.value, queue.keys, kv.key)
             if rec.expires_us is not None and rec.expires_us <= now:
                 continue  # expired: a dequeue would move it aside, not deliver it
             out.append((ready_order(kv.key), queue._to_message(t, kv.key, rec)))
@@ -180,7 +182,9 @@ def browse(queue: Queue, tr: Transaction | Database, *, limit: int | None, batch
                 return
 
 
-def _payload(tr: Transaction, keys: QueueKeys, rec: Record) -> bytes:
+def _payload(tr: Transaction, keys: QueueKeys, rec: Record, queue: str) -> bytes:
     if not rec.chunks:
         return rec.payload
-    return b"".join(kv.value for kv in tr.get_range(*keys.chunk_range(rec.id)))
+    return join_chunks(
+        [kv.value for kv in tr.get_range(*keys.chunk_range(rec.id))], rec.chunks, queue, rec.id
+    )

@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING
 from fdbqueue.budget import Budget, move_cost
 from fdbqueue.clock import db_now, versions
 from fdbqueue.config import QueueConfig, due_entries, read_meta
-from fdbqueue.delivery import HEAD_BATCH, HEAD_SKIP_LIMIT, expire_within, remove_message
+from fdbqueue.delivery import HEAD_BATCH, HEAD_SKIP_LIMIT, expire_within, move_corrupt, remove_message
 from fdbqueue.engines.base import Database, KeyValue, Transaction
-from fdbqueue.errors import CommitUnknownError, EngineError
+from fdbqueue.errors import CommitUnknownError, CorruptMessageError, EngineError
 from fdbqueue.layout import QueueKeys, pack_count
-from fdbqueue.message import Message, Record
+from fdbqueue.message import Message, decode_record
 
 if TYPE_CHECKING:
     from fdbqueue.queue import Queue
@@ -65,7 +65,11 @@ def _live_items(
         limit = budget.batch(n - len(out) + extra)
         batch = t.snapshot.get_range(begin, end, limit=limit)
         for kv in batch:
-            rec = Record.decode(kv.value)
+            try:
+                rec = decode_record(kv.value, queue.keys, kv.key)
+            except CorruptMessageError as exc:
+                move_corrupt(queue, t, cfg, kv.key, kv.value, exc, budget)
+                continue
             if rec.expires_us is not None and rec.expires_us <= now:
                 if expire_within(queue, t, cfg, kv.key, kv.value, rec, budget):
                     # As for a pairing, only a true collision conflicts: the conflict of a
@@ -159,9 +163,15 @@ def _collect(db: Database, queue: Queue, req_key: bytes, res_key: bytes) -> obje
             return None
         made_at, key, record = decode_result(raw)
         made[:] = [made_at]
-        msg = queue._message(t, key, record, delivered=True)
+        try:
+            msg = queue._message(t, key, record, delivered=True)
+        except CorruptMessageError as exc:  # its payload chunks are damaged: not handed out
+            t.clear(res_key)
+            cfg = read_meta(t, keys).config or QueueConfig()
+            move_corrupt(queue, t, cfg, key, record, exc, state="done")  # fulfil counted it done
+            return None
         t.clear(res_key)
-        if Record.decode(record).chunks:
+        if decode_record(record, queue.keys, key).chunks:
             t.clear_range(*keys.chunk_range(msg.id))
         taken[:] = [msg]
         return msg
@@ -235,7 +245,7 @@ def fulfil(db: Database, queue: Queue, *, mine: bytes | None = None) -> int:
                         t.clear(req.key)  # already paired (see register): never pair twice
                         continue
                     t.set(res, encode_result(now, item.key, item.value))
-                    rec = Record.decode(item.value)
+                    rec = decode_record(item.value, queue.keys, item.key)
                     remove_message(t, keys, item.key, rec, chunks=False)  # its requester reads them
                     handed += 1
                     t.clear(req.key)

@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, Any
 
 from fdbqueue.budget import Budget, move_cost
 from fdbqueue.clock import db_now, now_us, seconds_of, versions
-from fdbqueue.config import QueueConfig, check_duration, config_or_create
+from fdbqueue.config import QueueConfig, check_duration, config_or_create, error_queue_name
 from fdbqueue.engines.base import Database, Transaction
-from fdbqueue.errors import EngineError, QueueError
+from fdbqueue.errors import CorruptMessageError, EngineError, QueueError
 from fdbqueue.layout import MINUS_ONE, ONE, QueueKeys, new_rand, unpack_count
-from fdbqueue.message import Message, Record, fit_reason
+from fdbqueue.message import Message, Record, decode_record, fit_reason, join_chunks
 from fdbqueue.txn import run_once
 from fdbqueue.waiting import next_due
 
@@ -122,6 +122,67 @@ def dead_letter(q: Queue, tr: Transaction, cfg: QueueConfig, rec: Record, reason
     dead = rec.with_(deliveries=0, extra=extra, expires_us=None)
     put_ready(tr, ekeys, None, dead, 0)
     tr.add(q.keys.counter("dead"), ONE)
+
+
+CORRUPT_REASON = "corrupt"
+
+
+def move_corrupt(
+    q: Queue,
+    tr: Transaction,
+    cfg: QueueConfig,
+    key: bytes,
+    raw: bytes,
+    error: CorruptMessageError,
+    budget: Budget | None = None,
+    *,
+    state: str = "ready",
+    also_clear: bytes | None = None,
+) -> None:
+    """Move the damaged record at ``key`` (in ``state``: ready, inflight or delayed) out of
+    ``q`` so the queue keeps flowing: to the error queue as a message tagged ``reason =
+    "corrupt"`` whose payload is the damaged record's bytes, unchanged (nothing is thrown
+    away), with ``origin``, the ``key`` it was at (hex) and what was wrong. Its id there is
+    the id its key names (else a fresh one). ``also_clear``: its lease entry, for a leased
+    one. Counted in ``corrupt``; logged when the transaction commits. Composes in the
+    caller's transaction.
+
+    What the record said cannot be trusted, so its id entry, TTL entry and payload chunks
+    (if it had any) are left where they are: a sweep clears a TTL entry whose message is
+    gone, and chunks stay under the id in ``q`` for whoever recovers it.
+    """
+    from fdbqueue.queue import Queue as QueueCls
+    from fdbqueue.queue import new_id
+
+    if budget is not None:
+        budget.charge(move_cost(len(key), len(raw), 0))
+    tr.add_read_conflict_key(key)  # two movers of one record conflict
+    tr.clear(key)
+    if also_clear is not None:
+        tr.clear(also_clear)
+    tr.add(q.keys.counter(state), MINUS_ONE)
+    tr.add(q.keys.counter("corrupt"), ONE)
+    mid = error.msg_id or new_id()
+    ename = cfg.error_queue_for(q.name)
+    if ename == q.name:
+        ename = error_queue_name(q.name)
+
+    def logged(failed: EngineError | None) -> None:
+        if failed is None:  # once, when the move is committed: not once per retried attempt
+            log.error(
+                "queue %r: damaged message %r at key %r (%s): moved to %r",
+                q.name,
+                mid,
+                key,
+                error.detail,
+                ename,
+            )
+
+    tr.on_finish(logged)
+    ekeys = QueueCls(ename, root=q.root).keys
+    config_or_create(tr, ekeys)
+    extra = {"origin": q.name, "reason": CORRUPT_REASON, "key": key.hex(), "detail": fit_reason(error.detail)}
+    put_ready(tr, ekeys, None, Record(mid, now_us(), "b", {}, 0, None, 0, extra, raw), 0)
 
 
 def expire(q: Queue, tr: Transaction, cfg: QueueConfig, key: bytes, rec: Record) -> None:
@@ -242,7 +303,8 @@ def lease_in(
     if payload is None:
         payload = rec.payload
         if rec.chunks:
-            payload = b"".join(kv.value for kv in tr.get_range(*keys.chunk_range(rec.id)))
+            values = [kv.value for kv in tr.get_range(*keys.chunk_range(rec.id))]
+            payload = join_chunks(values, rec.chunks, q.name, rec.id)
     return Message.from_record(
         leased,
         q.name,
@@ -259,7 +321,7 @@ def _leased(q: Queue, tr: Transaction, m: Message, now: int, *, allow_expired: b
     if not isinstance(m, Message) or not m.receipt:
         raise LeaseError("ack, nack and extend take a Message returned by lease()")
     raw = tr.get(q.keys.inflight_key(m.id))
-    rec = None if raw is None else Record.decode(raw)
+    rec = None if raw is None else decode_record(raw, q.keys, q.keys.inflight_key(m.id), m.id)
     if rec is None or rec.extra.get("receipt") != m.receipt:
         raise LeaseError(
             f"message {m.id} is not leased under this receipt (already acked, nacked or expired)"
@@ -339,7 +401,13 @@ def expire_lease(
     if raw is None:
         tr.clear(lease_key)
         return None
-    rec = Record.decode(raw)
+    try:
+        rec = decode_record(raw, q.keys, keys.inflight_key(msg_id), msg_id)
+    except CorruptMessageError as exc:
+        move_corrupt(
+            q, tr, cfg, keys.inflight_key(msg_id), raw, exc, budget, state="inflight", also_clear=lease_key
+        )
+        return CORRUPT_REASON
     if int(rec.extra.get("deadline", -1)) != deadline:
         tr.clear(lease_key)
         return None  # extended since: this entry is stale
@@ -360,7 +428,11 @@ def promote_delayed(
     if raw is None:
         return None
     keys = q.keys
-    rec = Record.decode(raw)
+    try:
+        rec = decode_record(raw, q.keys, dkey)
+    except CorruptMessageError as exc:
+        move_corrupt(q, tr, cfg, dkey, raw, exc, budget, state="delayed")
+        return CORRUPT_REASON
     if budget is not None and not budget.take(move_cost(len(dkey), len(raw), rec.chunks)):
         return "later"
     tr.clear(dkey)
@@ -391,10 +463,11 @@ def locate(tr: Transaction, keys: QueueKeys, msg_id: str) -> bytes | None:
 def message_elsewhere(q: Queue, tr: Transaction, key: bytes, raw: bytes) -> Message | None:
     """A message found through the id index outside the ready set (leased or delayed)."""
     tag = q.keys.unpack_tail(key)[0]
-    rec = Record.decode(raw)
+    rec = decode_record(raw, q.keys, key)
     payload = rec.payload
     if rec.chunks:
-        payload = b"".join(kv.value for kv in tr.get_range(*q.keys.chunk_range(rec.id)))
+        values = [kv.value for kv in tr.get_range(*q.keys.chunk_range(rec.id))]
+        payload = join_chunks(values, rec.chunks, q.name, rec.id)
     more: dict[str, Any] = {}
     if tag == "f":
         ready_key = bytes.fromhex(rec.extra["key"])
@@ -487,7 +560,11 @@ def _head(
         kvs = tr.snapshot.get_range(begin, end, limit)
         budget.read(kvs)
         for key, raw in kvs:
-            rec = Record.decode(raw)
+            try:
+                rec = decode_record(raw, q.keys, key)
+            except CorruptMessageError as exc:
+                move_corrupt(q, tr, cfg, key, raw, exc, budget)
+                continue
             if rec.expires_us is not None and rec.expires_us <= now:
                 expire_within(q, tr, cfg, key, raw, rec, budget)
                 continue
@@ -535,7 +612,11 @@ def _find(
         budget.read(batch)
         for key, raw in batch:
             budget.scanned += 1
-            rec = Record.decode(raw)
+            try:
+                rec = decode_record(raw, q.keys, key)
+            except CorruptMessageError as exc:
+                move_corrupt(q, tr, cfg, key, raw, exc, budget)
+                continue
             if rec.expires_us is not None and rec.expires_us <= now:
                 if expire_within(q, tr, cfg, key, raw, rec, budget):
                     tr.add_read_conflict_key(key)  # two movers of one message conflict
@@ -637,7 +718,7 @@ def count_failed_attempt(q: Queue, db: Database, msg: Message, error: EngineErro
         raw = None if where is None else t.get(where)
         if where is None or raw is None:
             return  # taken by another consumer, or the caller's commit did land (1021)
-        rec = Record.decode(raw)
+        rec = decode_record(raw, q.keys, where, msg.id)
         if rec.deliveries >= msg.deliveries:
             return  # counted already (this count's own commit ended unknown, then retried)
         tag = keys.unpack_tail(where)[0]

@@ -135,3 +135,34 @@ class CommitUnknownError(QueueError):
     retried, since guessing could write it twice or report a loss as a success; check
     the queue (by message id) before doing it again.
     """
+
+
+class CorruptMessageError(QueueError):
+    """A stored message record or payload chunk failed its checksum or cannot be decoded.
+
+    ``queue`` and ``key`` name where it is stored; ``msg_id`` is its id when the key names
+    one (the record's own id field cannot be trusted once its bytes are damaged).
+    """
+
+    def __init__(
+        self,
+        detail: str = "",
+        *,
+        queue: str | None = None,
+        key: bytes | None = None,
+        msg_id: str | None = None,
+    ) -> None:
+        self.detail = detail
+        self.queue = queue
+        self.key = key
+        self.msg_id = msg_id
+        where = []
+        if msg_id is not None:
+            where.append(f"message {msg_id!r}")
+        if queue is not None:
+            where.append(f"in queue {queue!r}")
+        if key is not None:
+            where.append(f"at key {key!r}")
+        super().__init__(
+            "corrupt message" + (" " + " ".join(where) if where else "") + (f": {detail}" if detail else "")
+        )

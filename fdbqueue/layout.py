@@ -73,8 +73,9 @@ LAYER_FORMAT = "2.0"
 DEFAULT_ROOT: tuple[Any, ...] = ("fdbqueue",)
 
 # ready/inflight/delayed: messages in each state now; done/dead/expired: totals ever (rates
-# come from two samples); wake: messages ever made ready (enqueues, retries, promotions).
-COUNTERS = ("ready", "inflight", "delayed", "done", "dead", "expired", "wake")
+# come from two samples); wake: messages ever made ready (enqueues, retries, promotions);
+# corrupt: damaged records moved to the error queue (delivery.move_corrupt).
+COUNTERS = ("ready", "inflight", "delayed", "done", "dead", "expired", "wake", "corrupt")
 HOT_COUNTERS = ("ready", "inflight", "delayed", "wake")  # what an enqueue or dequeue needs to know
 
 _ONE = struct.pack("<q", 1)
@@ -427,6 +428,22 @@ class QueueKeys:
 
     def unpack_tail(self, key: bytes) -> tuple[Any, ...]:
         return tuple(self.q.unpack(key))
+
+    def id_at(self, key: bytes) -> str | None:
+        """The message id ``key`` names, without reading its record (which may be damaged):
+        the id in an in-flight, delayed or lease key; for a ready key, the home id it names
+        (a message away from home has another, found through the id index). None if unknown."""
+        try:
+            if key.startswith(self._r):
+                return self.id_of_home(key)
+            tail = self.unpack_tail(key)
+            if tail[0] in ("f", "id"):
+                return str(tail[1])
+            if tail[0] in ("d", "l", "x"):
+                return str(tail[2])
+        except (ValueError, IndexError, KeyError, TypeError):
+            pass
+        return None
 
 
 def root_subspace(root: tuple[Any, ...] = DEFAULT_ROOT) -> Subspace:

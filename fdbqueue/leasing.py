@@ -22,10 +22,12 @@ from fdbqueue.delivery import (
     deliverable_head,
     expire_within,
     lease_in,
+    move_corrupt,
 )
 from fdbqueue.engines.base import Transaction
+from fdbqueue.errors import CorruptMessageError
 from fdbqueue.layout import pack_count
-from fdbqueue.message import Message, Record
+from fdbqueue.message import Message, Record, decode_record, join_chunks
 
 if TYPE_CHECKING:
     from fdbqueue.queue import Queue
@@ -49,7 +51,12 @@ def lease_batch(
             budget.charge(lease_cost(len(head[0]), head[1]))  # TAKE_RESERVE was kept for it
     else:
         heads = _ready_heads(q, tr, cfg, meta, n, now, budget)
-    payloads = _chunked_payloads(q, tr, [rec for _, rec in heads])
+    payloads, damaged = _chunked_payloads(q, tr, [rec for _, rec in heads])
+    if damaged:  # a sound record whose payload chunks are damaged: moved aside, not leased
+        for key, rec in heads:
+            if rec.id in damaged:
+                move_corrupt(q, tr, cfg, key, rec.encode(), damaged[rec.id], budget)
+        heads = [(key, rec) for key, rec in heads if rec.id not in damaged]
     secs = seconds or cfg.lease_seconds
     out: list[Message] = []
     if heads:  # one atomic add per counter for the batch, not one per message
@@ -106,7 +113,12 @@ def _ready_heads(
         batch = tr.snapshot.get_range(begin, end, want)
         budget.read(batch)
         for key, raw in batch:
-            rec = Record.decode(raw)
+            try:
+                rec = decode_record(raw, q.keys, key)
+            except CorruptMessageError as exc:
+                move_corrupt(q, tr, cfg, key, raw, exc, budget)
+                skipped += 1
+                continue
             if rec.expires_us is not None and rec.expires_us <= now:
                 if expire_within(q, tr, cfg, key, raw, rec, budget):
                     tr.add_read_conflict_key(key)
@@ -130,21 +142,32 @@ def _ready_heads(
     return out
 
 
-def _chunked_payloads(q: Queue, tr: Transaction, recs: list[Record]) -> dict[str, bytes]:
+def _chunked_payloads(
+    q: Queue, tr: Transaction, recs: list[Record]
+) -> tuple[dict[str, bytes], dict[str, CorruptMessageError]]:
     """The payloads of the chunked messages among ``recs``: one ``get_many`` for all their
     chunks (their count is in the record), not a range read per message.
 
     Snapshot reads: chunks never change while their message exists, and the message's
-    own key carries the read conflict.
+    own key carries the read conflict. Second: the messages whose chunks are damaged.
     """
     chunked = [rec for rec in recs if rec.chunks]
     if not chunked:
-        return {}
+        return {}, {}
     keys = q.keys
     values = iter(
         tr.snapshot.get_many([keys.chunk_key(rec.id, i) for rec in chunked for i in range(rec.chunks)])
     )
-    return {rec.id: b"".join(next(values) or b"" for _ in range(rec.chunks)) for rec in chunked}
+    payloads: dict[str, bytes] = {}
+    damaged: dict[str, CorruptMessageError] = {}
+    for rec in chunked:
+        try:
+            payloads[rec.id] = join_chunks(
+                [next(values) for _ in range(rec.chunks)], rec.chunks, q.name, rec.id
+            )
+        except CorruptMessageError as exc:
+            damaged[rec.id] = exc
+    return payloads, damaged
 
 
 def lease_cost(key_len: int, rec: Record) -> int:

@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Mapping
+import zlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from fdbqueue.budget import MAX_DEDUP_KEY_BYTES, MAX_HEADERS_BYTES, MAX_REASON_BYTES, encoded_len
-from fdbqueue.errors import InvalidTextError, QueueError
-from fdbqueue.layout import utf8
+from fdbqueue.errors import CorruptMessageError, InvalidTextError, QueueError
+from fdbqueue.layout import QueueKeys, utf8
 
-RECORD_FORMAT = 1
+# 2: the record ends with a CRC-32 of everything before it (layer format 2.0; records of
+# format 1 were never released, so are not read).
+RECORD_FORMAT = 2
 _HEAD = struct.Struct("<BI")
+_CRC = struct.Struct("<I")
+CRC_BYTES = _CRC.size
+_crc32 = zlib.crc32
 
 
 class InvalidPayloadError(QueueError, TypeError):
@@ -160,23 +166,74 @@ class Record(NamedTuple):
             ).encode()
         else:
             meta = _ENCODER.encode(self[:8]).encode()  # the fields but the payload, as a JSON list
-        return _HEAD.pack(RECORD_FORMAT, len(meta)) + meta + self.payload
+        body = _HEAD.pack(RECORD_FORMAT, len(meta)) + meta + self.payload
+        return body + _CRC.pack(_crc32(body))
 
     @classmethod
     def decode(cls, raw: bytes) -> Record:
+        """The record stored as ``raw``; :class:`CorruptMessageError` when its checksum does
+        not match or its bytes do not decode (use :func:`decode_record` to name where it is).
+
+        The checksum is a CRC-32 (``zlib.crc32``) of every byte but its own four: it detects
+        every burst error of up to 32 bits, so every flipped bit or damaged byte.
+        """
+        body_end = len(raw) - CRC_BYTES
+        if body_end < _HEAD.size:
+            raise CorruptMessageError(f"record of {len(raw)} bytes is too short")
+        if _CRC.unpack_from(raw, body_end)[0] != _crc32(memoryview(raw)[:body_end]):
+            raise CorruptMessageError("record checksum mismatch")
         fmt, n = _HEAD.unpack_from(raw)
         if fmt != RECORD_FORMAT:
             raise QueueError(f"message record of unknown format {fmt}: written by a newer fdbqueue?")
         end = _HEAD.size + n
-        fields = _DECODE(raw[_HEAD.size : end].decode())
-        fields.append(raw[end:])
-        return _make_record(fields)
+        try:
+            fields = _DECODE(raw[_HEAD.size : end].decode())
+            fields.append(raw[end:body_end])
+            return _make_record(fields)
+        except (
+            ValueError,
+            TypeError,
+            AttributeError,
+        ) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise CorruptMessageError(f"record does not decode: {exc}") from None
 
     def with_(self, **changes: Any) -> Record:
         return self._replace(**changes)
 
 
 _make_record = Record._make
+
+
+def decode_record(raw: bytes, keys: QueueKeys, key: bytes, msg_id: str | None = None) -> Record:
+    """:meth:`Record.decode` of the record at ``key`` in the queue of ``keys``: every read of
+    a stored record goes through here, so a corrupt one is reported with its queue, key and
+    id (``msg_id`` when the caller knows it, else the id the key names)."""
+    try:
+        return Record.decode(raw)
+    except CorruptMessageError as exc:
+        mid = msg_id if msg_id is not None else keys.id_at(key)
+        raise CorruptMessageError(exc.detail, queue=keys.name, key=key, msg_id=mid) from None
+
+
+def seal_chunk(data: bytes) -> bytes:
+    """A payload chunk as stored: its bytes and their CRC-32."""
+    return data + _CRC.pack(_crc32(data))
+
+
+def join_chunks(values: Sequence[bytes | None], count: int, queue: str, msg_id: str) -> bytes:
+    """The payload held in ``values`` (its chunks in order, as stored), each checked against
+    its CRC-32; :class:`CorruptMessageError` naming the message when one is missing or damaged."""
+    if len(values) != count:
+        raise CorruptMessageError(f"{len(values)} payload chunks of {count}", queue=queue, msg_id=msg_id)
+    parts = []
+    for n, v in enumerate(values):
+        if v is None or len(v) < CRC_BYTES:
+            raise CorruptMessageError(f"payload chunk {n} missing", queue=queue, msg_id=msg_id)
+        data = v[:-CRC_BYTES]
+        if _CRC.unpack_from(v, len(data))[0] != _crc32(data):
+            raise CorruptMessageError(f"payload chunk {n} checksum mismatch", queue=queue, msg_id=msg_id)
+        parts.append(data)
+    return b"".join(parts)
 
 
 @dataclass(frozen=True)

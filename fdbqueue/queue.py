@@ -46,6 +46,7 @@ from fdbqueue.delivery import (
     extend_in,
     locate,
     message_elsewhere,
+    move_corrupt,
     nack_in,
     release_in,
     remove_message,
@@ -60,6 +61,7 @@ from fdbqueue.engines.base import (
     is_transaction,
 )
 from fdbqueue.errors import (
+    CorruptMessageError,
     EngineError,
     QueueError,
     QueueFullError,
@@ -68,6 +70,7 @@ from fdbqueue.errors import (
 from fdbqueue.layout import DEFAULT_ROOT, MINUS_ONE, ONE, QueueKeys, new_rand, pack_count, unpack_count
 from fdbqueue.leasing import lease_batch
 from fdbqueue.message import (
+    CRC_BYTES,
     ContentType,
     Message,
     PayloadTooLargeError,
@@ -76,6 +79,9 @@ from fdbqueue.message import (
     check_headers,
     check_reason,
     coerce_payload,
+    decode_record,
+    join_chunks,
+    seal_chunk,
 )
 from fdbqueue.sweep import SweepStats, maybe_clear_old_receipts, new_receipt, read_receipt, settled, sweep
 from fdbqueue.txn import as_database, may_have_landed, run_once, seconds, unknown_outcome
@@ -234,7 +240,7 @@ class Queue:
         cost = set_cost(k, len(raw) + 32)
         if it.delay > 0 or it.ttl is not None:
             cost += 2 * set_cost(k, k)  # its id and expiry entries
-        return cost + chunks * set_cost(k + 32, CHUNK_SIZE)
+        return cost + chunks * set_cost(k + 32, CHUNK_SIZE + CRC_BYTES)
 
     def _enqueue_items(
         self, tr: Transaction | Database, items: list[_Item], timeout: float | None
@@ -372,7 +378,7 @@ class Queue:
         if len(payload) > CHUNK_SIZE:
             chunks = math.ceil(len(payload) / CHUNK_SIZE)
             for n in range(chunks):
-                tr.set(keys.chunk_key(msg_id, n), payload[n * CHUNK_SIZE : (n + 1) * CHUNK_SIZE])
+                tr.set(keys.chunk_key(msg_id, n), seal_chunk(payload[n * CHUNK_SIZE : (n + 1) * CHUNK_SIZE]))
             payload = b""
         rec = Record(msg_id, t_us, it.content_type.value, it.headers, 0, expires, chunks, {}, payload)
         if expires is not None:
@@ -396,12 +402,13 @@ class Queue:
     # -- reading messages ----------------------------------------------------------------------
 
     def _message(self, tr: Any, key: bytes, raw: bytes, *, delivered: bool = False) -> Message:
-        return self._to_message(tr, key, Record.decode(raw), delivered=delivered)
+        return self._to_message(tr, key, decode_record(raw, self.keys, key), delivered=delivered)
 
     def _to_message(self, tr: Any, key: bytes, rec: Record, *, delivered: bool = False) -> Message:
         payload = rec.payload
         if rec.chunks:
-            payload = b"".join(kv.value for kv in tr.get_range(*self.keys.chunk_range(rec.id)))
+            values = [kv.value for kv in tr.get_range(*self.keys.chunk_range(rec.id))]
+            payload = join_chunks(values, rec.chunks, self.name, rec.id)
         priority = self.keys.priority_of(key)
         if rec.expires_us is None:
             return Message.from_record(rec, self.name, priority, key, payload, delivered=delivered)
@@ -478,7 +485,13 @@ class Queue:
         def body(t: Transaction, unknown: bool) -> list[Message]:
             if unknown and taken:
                 raw = t.get(self.keys.inflight_key(taken[0].id))
-                if raw is not None and Record.decode(raw).extra.get("receipt") == taken[0].receipt:
+                if (
+                    raw is not None
+                    and decode_record(raw, self.keys, self.keys.inflight_key(taken[0].id)).extra.get(
+                        "receipt"
+                    )
+                    == taken[0].receipt
+                ):
                     return list(taken)  # the attempt that ended in commit_unknown_result committed
             budget.next_transaction()
             taken[:] = lease_batch(self, t, secs, receipt, n, budget)
@@ -662,11 +675,16 @@ class Queue:
             return None
         cfg, meta = opened
         due = bool(meta.count("delayed") or meta.count("inflight"))
-        head = deliverable_head(self, tr, cfg, where, fallback, db_now(tr), check_due=due, budget=budget)
-        if head is None:
-            return None
-        key, rec = head
-        msg = self._to_message(tr, key, rec, delivered=True)
+        while True:
+            head = deliverable_head(self, tr, cfg, where, fallback, db_now(tr), check_due=due, budget=budget)
+            if head is None:
+                return None
+            key, rec = head
+            try:
+                msg = self._to_message(tr, key, rec, delivered=True)
+                break
+            except CorruptMessageError as exc:  # its payload chunks are damaged
+                move_corrupt(self, tr, cfg, key, rec.encode(), exc, budget)
         remove_message(tr, keys, key, rec)
         tr.add(keys.counter("ready"), MINUS_ONE)
         tr.add(keys.counter("done"), ONE)

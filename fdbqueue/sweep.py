@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, TypeVar
 from fdbqueue.budget import Budget, move_cost
 from fdbqueue.clock import db_now, versions
 from fdbqueue.config import QueueConfig, read_config
-from fdbqueue.delivery import expire, expire_lease, locate, promote_delayed
+from fdbqueue.delivery import expire, expire_lease, locate, move_corrupt, promote_delayed
 from fdbqueue.engines.base import Database, Transaction, adopt, engine_traits, is_transaction
-from fdbqueue.errors import CommitUnknownError
+from fdbqueue.errors import CommitUnknownError, CorruptMessageError
 from fdbqueue.layout import QueueKeys, pack_count
-from fdbqueue.message import Record
+from fdbqueue.message import decode_record
 from fdbqueue.txn import run_once
 
 if TYPE_CHECKING:
@@ -102,7 +102,12 @@ def sweep_step(
         if where is None or raw is None:
             tr.clear(xkey)
             continue  # leased or delayed: checked again when it is released or promoted
-        rec = Record.decode(raw)
+        try:
+            rec = decode_record(raw, q.keys, where, msg_id)
+        except CorruptMessageError as exc:
+            tr.clear(xkey)
+            move_corrupt(q, tr, cfg, where, raw, exc, budget)
+            continue
         if not budget.take(move_cost(len(where), len(raw), rec.chunks)):
             break  # the entry stays for the next transaction
         tr.clear(xkey)
@@ -144,7 +149,7 @@ def reclaim_results(q: Queue, tr: Transaction, now: int, limit: int, budget: Bud
         if budget is not None and not budget.take(move_cost(len(key), len(raw), 0)):
             break
         tr.clear(kv.key)
-        put_ready(tr, q.keys, key, Record.decode(raw), q.keys.parse_ready(key)[0])
+        put_ready(tr, q.keys, key, decode_record(raw, q.keys, key), q.keys.parse_ready(key)[0])
         n += 1
     if n:  # they were counted done when paired (contention.fulfil): not done after all
         tr.add(q.keys.counter("done"), pack_count(-n))

@@ -11,9 +11,9 @@ from fdbqueue.clock import db_now, seconds_of
 from fdbqueue.config import decode_config, decode_state, read_config
 from fdbqueue.engines.base import Database, Transaction, Watch
 from fdbqueue.engines.local import EventWatch
-from fdbqueue.errors import EngineError, QueueError, QueueStoppedError
+from fdbqueue.errors import CorruptMessageError, EngineError, QueueError, QueueStoppedError
 from fdbqueue.layout import QueueKeys
-from fdbqueue.message import Record
+from fdbqueue.message import decode_record
 from fdbqueue.txn import run_once, seconds
 
 
@@ -27,7 +27,7 @@ def next_due(tr: Transaction, keys: QueueKeys, now: int | None = None) -> int | 
     if now is None:
         head = tr.snapshot.get_range(*keys.ready_range(), limit=1)
         if head:
-            due = int(Record.decode(head[0].value).extra.get("not_before", 0)) or None
+            due = _not_before(keys, head[0].key, head[0].value) or None
     for tag in ("d", "l"):
         begin, end = keys.index_range(tag, None if now is None else now + 1)
         kvs = tr.snapshot.get_range(begin, end, 1)
@@ -35,6 +35,16 @@ def next_due(tr: Transaction, keys: QueueKeys, now: int | None = None) -> int | 
             t = int(keys.unpack_tail(kvs[0].key)[1])
             due = t if due is None else min(due, t)
     return due
+
+
+def _not_before(keys: QueueKeys, key: bytes, raw: bytes) -> int:
+    """The head's retry time (``not_before``), 0 when it has none or its record is damaged:
+    a damaged head is deliverable, so the dequeue that comes moves it aside
+    (``delivery.move_corrupt``) rather than every waiter spinning on it."""
+    try:
+        return int(decode_record(raw, keys, key).extra.get("not_before", 0))
+    except CorruptMessageError:
+        return 0
 
 
 # When the database refuses another watch (1032 too_many_watches: FoundationDB allows 10,000
@@ -73,7 +83,7 @@ def deliverable_now(tr: Transaction, keys: QueueKeys) -> bool:
     if not decode_config(raw_cfg).strict_order:
         return True
     now = db_now(tr)
-    if int(Record.decode(head[0].value).extra.get("not_before", 0)) > now:
+    if _not_before(keys, head[0].key, head[0].value) > now:
         return False
     live_from = keys.index_range("l", now + 1)[1]
     return not snap.get_range(live_from, keys.index_range("l")[1], 1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -35,7 +37,8 @@ def test_record_encoding_is_the_general_json_and_round_trips(
 ) -> None:
     rec = Record(msg_id, enqueued, ctype, headers, deliveries, expires, chunks, extra, payload)
     raw = rec.encode()
-    assert raw[5:] == _ENCODER.encode(list(rec[:8])).encode() + payload
+    assert raw[5:-4] == _ENCODER.encode(list(rec[:8])).encode() + payload
+    assert int.from_bytes(raw[-4:], "little") == zlib.crc32(raw[:-4])  # the record's checksum
     assert Record.decode(raw) == rec
 
 
