@@ -37,6 +37,7 @@ from fdbqueue.engines.base import (
 from fdbqueue.errors import (
     ClusterUnavailableError,
     CommitUnknownError,
+    CorruptMessageError,
     EngineError,
     InvalidTextError,
     InvalidURLError,
@@ -67,6 +68,7 @@ __all__ = [
     "CommitUnknownError",
     "Consumer",
     "ContentType",
+    "CorruptMessageError",
     "Database",
     "DedupKeyTooLargeError",
     "Dispatcher",

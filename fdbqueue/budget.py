@@ -32,8 +32,9 @@ from fdbqueue.errors import QueueError
 
 TXN_BUDGET_BYTES = 1_000_000 // 2  # at most this many bytes per transaction, as FoundationDB counts
 
-# Chunked payloads: FoundationDB's blob recipe, values of about 10 kB (the queue's CHUNK_SIZE).
-CHUNK_BYTES = 10_000
+# Chunked payloads: FoundationDB's blob recipe, values of about 10 kB (the queue's CHUNK_SIZE),
+# each followed by its 4-byte checksum (message.py).
+CHUNK_BYTES = 10_004
 
 # The largest payload a message may have: what one transaction can write or move within the
 # budget, with the largest record beside it (below). Payloads are written in one transaction.
