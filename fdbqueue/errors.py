@@ -77,7 +77,9 @@ class EngineError(QueueError):
     @property
     def maybe_committed(self) -> bool:
         """True when the transaction may have committed: 1021 and 1039, and 1031 raised by a
-        commit (a timeout does not stop a commit already sent). The retry must be idempotent."""
+        commit (a timeout does not stop a commit already sent, as FoundationDB's own client
+        simulates: ``simulateTimeoutInFlightCommit`` in ``fdbclient/ReadYourWrites.cpp``).
+        The retry must be idempotent."""
         return self.code in MAYBE_COMMITTED or (
             self.during_commit and self.code in MAYBE_COMMITTED_DURING_COMMIT
         )

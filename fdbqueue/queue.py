@@ -84,7 +84,7 @@ from fdbqueue.message import (
     seal_chunk,
 )
 from fdbqueue.sweep import SweepStats, maybe_clear_old_receipts, new_receipt, read_receipt, settled, sweep
-from fdbqueue.txn import as_database, may_have_landed, run_once, seconds, unknown_outcome
+from fdbqueue.txn import as_database, run_once, seconds, unknown_outcome
 from fdbqueue.waiting import blocking, strict_of, wait_ready, watch_queue
 
 CHUNK_SIZE = 10_000  # FoundationDB's blob recipe: values of about 10 kB
@@ -599,7 +599,6 @@ class Queue:
         t = db.create_transaction()
         try:
             while True:
-                committing = False
                 try:
                     budget.next_transaction()
                     budget.resume = resume
@@ -629,11 +628,10 @@ class Queue:
                         t.set(receipt, msg.id.encode())
                         maybe_clear_old_receipts(t, keys)
                     taken = msg
-                    committing = True
                     t.commit()
                     return msg, None
                 except EngineError as exc:
-                    unknown = unknown or may_have_landed(exc, committing)
+                    unknown = unknown or exc.maybe_committed
                     settling = unknown and taken is not None  # must learn if that take landed
                     conflicts += exc.code == 1020
                     if conflicts >= 2 and staged_ok and not settling:

@@ -28,14 +28,12 @@ def run_once(tr: Transaction | Database, body: Callable[[Transaction, bool], T])
     unknown = False
     try:
         while True:
-            committing = False
             try:
                 result = body(t, unknown)
-                committing = True
                 t.commit()
                 return result
             except EngineError as exc:
-                unknown = unknown or may_have_landed(exc, committing)
+                unknown = unknown or exc.maybe_committed
                 try:
                     t.on_error(exc)
                 except EngineError as final:
@@ -45,18 +43,6 @@ def run_once(tr: Transaction | Database, body: Callable[[Transaction, bool], T])
     except BaseException:
         t.cancel()
         raise
-
-
-def may_have_landed(exc: EngineError, committing: bool) -> bool:
-    """Whether the attempt that raised ``exc`` may have committed.
-
-    1021 and 1039 say so (``maybe_committed``, ``fdb_error_predicate`` in
-    ``bindings/c/fdb_c.cpp``); a 1031 (transaction_timed_out) raised by the commit too: the
-    timeout only stops the client waiting, and the commit may still land, as FoundationDB's
-    own client simulates (``simulateTimeoutInFlightCommit`` in ``fdbclient/ReadYourWrites.cpp``).
-    ``on_error`` does not retry 1031, so the outcome stays unknown.
-    """
-    return exc.maybe_committed or (committing and exc.code == 1031)
 
 
 def unknown_outcome(exc: EngineError) -> CommitUnknownError:

@@ -177,7 +177,10 @@ class _TimesOutDuringCommit:
             real(tr)
             if writes and self.n > 0:
                 self.n -= 1
-                raise EngineError(1031, "injected: the timeout fired while the commit landed")
+                # Marked as every engine's commit marks what it raises (during_commit).
+                raise EngineError(
+                    1031, "injected: the timeout fired while the commit landed", during_commit=True
+                )
 
         monkeypatch.setattr(SimTransaction, "commit", commit)
 

@@ -231,6 +231,18 @@ class LocalTransaction(ABC):
     def commit(self) -> None:
         """Atomically apply every write; raises a retryable EngineError when it could not.
 
+        Its errors are marked ``during_commit``, as the FoundationDB engine marks what its
+        commit raises: a 1031 from a commit leaves the outcome unknown (``maybe_committed``).
+        """
+        try:
+            self._commit_attempt()
+        except EngineError as exc:
+            exc.during_commit = True
+            raise
+
+    def _commit_attempt(self) -> None:
+        """The commit itself.
+
         As Transaction::commitMutations (fdbclient/NativeAPI.actor.cpp): a read-only
         transaction (no mutation, no write conflict range) returns at once, unchecked;
         otherwise the size limit (2101), then, since makeSelfConflicting gives every
