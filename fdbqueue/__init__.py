@@ -44,6 +44,7 @@ from fdbqueue.errors import (
     NestedTransactionError,
     QueueError,
     StoreError,
+    StoreFullError,
     UnsupportedFormatError,
 )
 from fdbqueue.message import (
@@ -96,6 +97,7 @@ __all__ = [
     "QueueStoppedError",
     "ReasonTooLargeError",
     "StoreError",
+    "StoreFullError",
     "SweepStats",
     "Transaction",
     "UnsupportedFormatError",

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from fdbqueue.budget import MAX_PAYLOAD_BYTES
 from fdbqueue.clock import db_now, versions
 from fdbqueue.config import QueueConfig, read_meta
-from fdbqueue.engines.base import Database, Transaction
+from fdbqueue.engines.base import Database, Transaction, producer_room
 from fdbqueue.errors import EngineError, NestedTransactionError, QueueFullError, QueueStoppedError
 from fdbqueue.message import PayloadTooLargeError
 
@@ -99,6 +99,7 @@ def enqueue_autonomous(q: Queue, tr: Transaction, item: _Item) -> AutonomousId:
 def admit(q: Queue, tr: Transaction, item: _Item) -> str | None:
     """Raise what would refuse ``item`` now, checked in the caller's ``tr``; the first
     message's id on a dedup match, else None (admitted)."""
+    producer_room(tr.db)  # below the free-space reserve: refused now, not at the deferred write
     keys = q.keys
     meta = read_meta(tr, keys)
     cfg = meta.config or QueueConfig()

@@ -98,6 +98,11 @@ class StoreError(QueueError):
     """The store cannot be opened: missing, corrupt, foreign or of a newer format."""
 
 
+class StoreFullError(StoreError):
+    """An enqueue was refused: the device holding the store has less free space than the
+    reserve kept for consumers (the embedded engine's ``reserve=``); nothing was written."""
+
+
 class UnsupportedFormatError(StoreError):
     """The store was written by a newer, incompatible fdbqueue format."""
 

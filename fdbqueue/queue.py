@@ -59,6 +59,7 @@ from fdbqueue.engines.base import (
     adopt,
     engine_traits,
     is_transaction,
+    producer_room,
 )
 from fdbqueue.errors import (
     CorruptMessageError,
@@ -281,6 +282,12 @@ class Queue:
     def _enqueue_in(
         self, tr: Transaction, items: list[_Item], unknown: bool, receipt: list[bytes] | None
     ) -> list[str]:
+        admitted = all(it.admitted for it in items)  # an autonomous enqueue's deferred write
+        if not admitted:
+            # Below the embedded engine's free-space reserve a producer is refused before it
+            # writes, so that consumers can still drain the disk (engines/_diskroom.py). An
+            # admitted autonomous write was checked when its caller enqueued it.
+            producer_room(tr.db)
         keys = self.keys
         if receipt is not None and not receipt:
             receipt.append(new_receipt(tr, keys, items[0].rand))
@@ -293,7 +300,6 @@ class Queue:
         if cfg is None:
             cfg = QueueConfig()
             write_config(tr, keys, cfg)
-        admitted = all(it.admitted for it in items)  # an autonomous enqueue's deferred write
         if not meta.state.enqueue and not admitted:
             raise QueueStoppedError(f"enqueue is disabled on queue {self.name!r}")
         limit = min(cfg.max_payload, MAX_PAYLOAD_BYTES)  # one transaction's budget (budget.py)

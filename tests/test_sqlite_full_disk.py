@@ -4,6 +4,10 @@ Each test runs a fresh interpreter inside ``unshare --mount`` with a tmpfs of a 
 mounted on a folder of ``tmp_path`` (skipped, with the reason, where no such mount can be
 made). The program prints one line of JSON as its last line: what it saw. A step that could
 kill its process (SIGBUS) runs in a grandchild of its own, whose exit status is reported.
+
+Every test but the reserve's own opens the store with ``reserve=0`` (the free-space reserve
+off): they fill the disk to where SQLite itself fails, which the reserve would otherwise
+stop producers short of.
 """
 
 from __future__ import annotations
@@ -109,15 +113,15 @@ def test_a_missing_lock_file_on_a_full_disk_is_a_clear_error_not_a_sigbus(tmp_pa
         "3m",
         r"""
 import fdbqueue
-db = fdbqueue.open(URL + "?sync=normal")
+db = fdbqueue.open(URL + "?sync=normal&reserve=0")
 fdbqueue.create_queue(db, "jobs")
 db.close()
 os.unlink(os.path.join(DIR, "q.db-lock"))
 filler = fill(0)
-full = run(OPEN_AND_WRITE, URL + "?sync=normal")
-full_again = run(OPEN_AND_WRITE, URL + "?sync=normal")
+full = run(OPEN_AND_WRITE, URL + "?sync=normal&reserve=0")
+full_again = run(OPEN_AND_WRITE, URL + "?sync=normal&reserve=0")
 os.unlink(filler)
-freed = run(OPEN_AND_WRITE, URL + "?sync=normal")
+freed = run(OPEN_AND_WRITE, URL + "?sync=normal&reserve=0")
 print(json.dumps({"full": full, "full_again": full_again, "freed": freed}))
 """,
     )
@@ -137,12 +141,12 @@ def test_a_missing_lock_file_with_40_kb_free_opens(tmp_path: Path) -> None:
         "8m",
         r"""
 import fdbqueue
-db = fdbqueue.open(URL)
+db = fdbqueue.open(URL + "?reserve=0")
 fdbqueue.create_queue(db, "jobs")
 db.close()
 os.unlink(os.path.join(DIR, "q.db-lock"))
 filler = fill(40 * 1024)
-runs = [run(OPEN_AND_WRITE, URL) for _ in range(3)]
+runs = [run(OPEN_AND_WRITE, URL + "?reserve=0") for _ in range(3)]
 os.unlink(filler)
 print(json.dumps({"runs": runs}))
 """,
@@ -160,12 +164,12 @@ def test_opening_a_store_leaves_room_on_a_nearly_full_disk(tmp_path: Path) -> No
         "16m",
         r"""
 import fdbqueue
-db = fdbqueue.open(URL)
+db = fdbqueue.open(URL + "?reserve=0")
 fdbqueue.create_queue(db, "jobs")
 db.close()
 fill(2 * 1024 * 1024)
 before = free()
-db = fdbqueue.open(URL)
+db = fdbqueue.open(URL + "?reserve=0")
 after = free()
 fdbqueue.Queue("jobs").enqueue(db, b"x")
 db.close()
@@ -187,7 +191,7 @@ def test_a_full_disk_refuses_writes_clearly_and_loses_nothing(tmp_path: Path) ->
         r"""
 import sqlite3, fdbqueue
 from fdbqueue import Queue, StoreError
-db = fdbqueue.open(URL)
+db = fdbqueue.open(URL + "?reserve=0")
 fdbqueue.create_queue(db, "jobs")
 q = Queue("jobs")
 for k in range(2000):  # some history: pages freed inside the database
@@ -254,5 +258,149 @@ print(json.dumps({
     for message in result["errors"] + result["refused"]:
         assert "no space left on the device holding" in message and "q.db" in message, message
         assert "not committed" in message, message
+    assert result["check"] == [["ok"]], result["check"]
+    assert sorted(result["got"]) == sorted(result["want"])  # nothing lost, nothing twice
+
+
+def test_below_the_reserve_producers_are_refused_and_consumers_drain_without_error(tmp_path: Path) -> None:
+    """Issue 13 item 5: consumers must be able to drain a full disk. Another program fills
+    the disk until less than the reserve (the default, 16 MB) stays free: every producer is
+    refused before it writes, with a StoreFullError naming the reserve, while exactly-once
+    dequeues, lease + ack, and nack then redelivery drain every message with no error at
+    all; once space is freed producers work again. Nothing lost, nothing twice, and SQLite's
+    integrity check passes."""
+    result = on_tmpfs(
+        tmp_path,
+        "48m",
+        r"""
+import sqlite3, fdbqueue
+from fdbqueue import Queue, QueueError, StoreFullError
+db = fdbqueue.open(URL)
+fdbqueue.create_queue(db, "jobs")
+q = Queue("jobs")
+for k in range(600):
+    q.enqueue(db, b"old%06d" % k + bytes(1000))
+filler = fill(6 * 1024 * 1024)  # 6 MB free: below the reserve, far from empty
+free_before = free()
+refused, other = [], []
+producers = [
+    lambda: q.enqueue(db, b"new" + bytes(1000)),
+    lambda: q.enqueue_many(db, [b"new" + bytes(1000)] * 3),
+    lambda: q.enqueue(db, b"new", timeout=1),
+    lambda: fdbqueue.transactional(lambda tr: q.enqueue(tr, b"new", autonomous=True))(db),
+]
+for produce in producers:
+    try:
+        produce()
+        other.append("an enqueue was not refused")
+    except StoreFullError as exc:
+        refused.append(str(exc))
+    except Exception as exc:
+        other.append(repr(exc))
+size_after_refusals = q.size(db)
+got, errors = [], []
+try:
+    for j in range(200):
+        m = q.dequeue(db)
+        got.append(m.payload[:9].decode())
+    for j in range(200):
+        m = q.lease(db, 60)
+        q.ack(db, m)
+        got.append(m.payload[:9].decode())
+    for j in range(50):  # nack, then the same message is delivered again
+        m = q.lease(db, 60)
+        q.nack(db, m, delay=0)
+        again = q.lease(db, 60)
+        if again.id != m.id:
+            errors.append("not redelivered: %s" % m.id)
+        q.ack(db, again)
+        got.append(again.payload[:9].decode())
+    while (m := q.lease(db, 60)) is not None:
+        q.ack(db, m)
+        got.append(m.payload[:9].decode())
+    q.sweep(db)
+except Exception as exc:
+    errors.append(repr(exc))
+os.unlink(filler)
+q.enqueue(db, b"after")
+got.append(q.dequeue(db).payload.decode())
+db.close()
+conn = sqlite3.connect(os.path.join(DIR, "q.db"))
+check = conn.execute("PRAGMA integrity_check").fetchall()
+conn.close()
+print(json.dumps({
+    "free_before": free_before, "refused": refused, "other": other,
+    "size_after_refusals": size_after_refusals, "errors": errors, "check": check,
+    "want": ["old%06d" % k for k in range(600)] + ["after"], "got": got,
+}))
+""",
+    )
+    assert 0 < result["free_before"] < 16 * 1024 * 1024, result["free_before"]
+    assert result["other"] == [], result["other"]
+    assert len(result["refused"]) == 4
+    for message in result["refused"]:
+        assert "q.db" in message and "MB free, below the reserve of 16 MB" in message, message
+        assert "nothing was enqueued" in message and "reserve=" in message, message
+    assert result["size_after_refusals"] == 600  # the refusals wrote nothing
+    assert result["errors"] == [], result["errors"]  # every consumer drained, no error at all
+    assert result["check"] == [["ok"]], result["check"]
+    assert sorted(result["got"]) == sorted(result["want"])  # nothing lost, nothing twice
+
+
+def test_producers_that_fill_the_disk_stop_at_the_reserve_and_consumers_drain_it_all(tmp_path: Path) -> None:
+    """The issue's own scenario: producers fill the disk until an enqueue is refused. With
+    the reserve, that refusal is a StoreFullError while the reserve's space is still free,
+    and consumers then drain every message - exactly-once and lease + ack - with no error."""
+    result = on_tmpfs(
+        tmp_path,
+        "48m",
+        r"""
+import sqlite3, fdbqueue
+from fdbqueue import Queue, StoreFullError
+db = fdbqueue.open(URL)
+fdbqueue.create_queue(db, "jobs")
+q = Queue("jobs")
+filler = fill(20 * 1024 * 1024)  # 20 MB free: producers have ~4 MB before the reserve
+acked, other, refused = [], [], []
+i = 0
+while not refused:
+    try:
+        q.enqueue(db, b"new%06d" % i + bytes(1000))
+        acked.append(i)
+    except StoreFullError as exc:
+        refused.append(str(exc))
+    except Exception as exc:
+        other.append(repr(exc))
+        break
+    i += 1
+free_at_refusal = free()
+got, errors = [], []
+try:
+    while (m := q.dequeue(db)) is not None:
+        got.append(m.payload[:9].decode())
+        if (m := q.lease(db, 60)) is not None:
+            q.ack(db, m)
+            got.append(m.payload[:9].decode())
+except Exception as exc:
+    errors.append(repr(exc))
+free_drained = free()
+os.unlink(filler)
+db.close()
+conn = sqlite3.connect(os.path.join(DIR, "q.db"))
+check = conn.execute("PRAGMA integrity_check").fetchall()
+conn.close()
+print(json.dumps({
+    "acked": len(acked), "refused": refused, "other": other, "errors": errors,
+    "free_at_refusal": free_at_refusal, "free_drained": free_drained, "check": check,
+    "want": ["new%06d" % k for k in acked], "got": got,
+}))
+""",
+    )
+    assert result["other"] == [], result["other"]
+    assert result["acked"] > 100 and len(result["refused"]) == 1, result["acked"]
+    assert "below the reserve of 16 MB" in result["refused"][0], result["refused"]
+    assert 15 * 1024 * 1024 < result["free_at_refusal"] < 16 * 1024 * 1024, result["free_at_refusal"]
+    assert result["errors"] == [], result["errors"]  # the consumers drained it all
+    assert result["free_drained"] > 0
     assert result["check"] == [["ok"]], result["check"]
     assert sorted(result["got"]) == sorted(result["want"])  # nothing lost, nothing twice

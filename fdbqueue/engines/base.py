@@ -461,6 +461,22 @@ def run_transaction(db: Database, body: Callable[[Transaction], T]) -> T:
         raise
 
 
+def producer_room(db: object) -> None:
+    """Raise StoreFullError if ``db``'s engine turns producers away now; consumers never are.
+
+    An engine opts in with a ``producer_room()`` method; the embedded engine's refuses while
+    the disk holding the store is below its free-space reserve (``reserve=``, engines/_diskroom.py),
+    so that consumers can still drain a queue on a full disk. The others never refuse: the
+    simulation holds its data in memory, and FoundationDB manages its own space - its
+    ratekeeper throttles every transaction as a storage server's or log's free space nears its
+    minimum (fdbserver/Ratekeeper.actor.cpp, the knobs MIN_AVAILABLE_SPACE and
+    MIN_AVAILABLE_SPACE_RATIO in fdbclient/ServerKnobs.cpp), which it keeps for its own recovery.
+    """
+    check = getattr(db, "producer_room", None)
+    if check is not None:
+        check()
+
+
 def engine_traits(db: object) -> tuple[bool, bool]:
     """(may_conflict, may_commit_unknown) of a database; unknown engines: both True.
 

@@ -3,9 +3,11 @@
 URL: ``sqlite:///abs/path.db``, ``sqlite://rel/path.db`` or ``sqlite://~/path.db`` (the home
 directory), with ``sync=full`` (default: every commit is fsynced before it returns, so it
 survives power loss) or ``sync=normal`` (survives a process crash; the last commits may be
-lost on power loss), ``lock_timeout=10`` (seconds a transaction may wait for the store lock)
-and ``mode=rw`` (default) or ``mode=ro`` (read-only). The file is created if missing, its
-directory never: a missing one is a StoreError naming it.
+lost on power loss), ``lock_timeout=10`` (seconds a transaction may wait for the store lock),
+``mode=rw`` (default) or ``mode=ro`` (read-only), and ``reserve=16M`` (bytes, units K, M, G,
+T; ``0``: off): while the disk holding the store has less free space, enqueues are refused
+with StoreFullError so that consumers can still drain it (:mod:`._diskroom`). The file is
+created if missing, its directory never: a missing one is a StoreError naming it.
 
 Files: ``X.db`` (the data) and ``X.db-lock`` (the store lock and the shared version page,
 4 KB, kept after close: see docs/architecture.md); while a process has the store open,
@@ -76,7 +78,7 @@ from typing import Any
 from urllib.parse import quote
 
 from fdbqueue.clock import VERSIONS_PER_SECOND, monotonic_us
-from fdbqueue.engines import ParsedURL, _shared, _storefiles, take_params
+from fdbqueue.engines import ParsedURL, _diskroom, _shared, _storefiles, take_params
 from fdbqueue.engines._walsync import WalSync
 from fdbqueue.engines.base import (
     ATOMIC_OPS,
@@ -168,7 +170,8 @@ def open_sqlite(url: str, parsed: ParsedURL) -> SqliteDatabase:
 
     A leading ``~`` is the user's home directory.
     """
-    params = take_params(parsed, {"sync": "full", "lock_timeout": "10", "mode": "rw"})
+    defaults = {"sync": "full", "lock_timeout": "10", "mode": "rw", "reserve": _diskroom.DEFAULT_TEXT}
+    params = take_params(parsed, defaults)
     if not parsed.path:
         raise InvalidURLError(f"{url!r} names no file: use sqlite:///abs/path.db or sqlite://rel/path.db")
     # sqlite://~/q.db is the home directory's q.db, as a shell would read it.
@@ -185,7 +188,10 @@ def open_sqlite(url: str, parsed: ParsedURL) -> SqliteDatabase:
     mode = params["mode"].lower()
     if mode not in ("rw", "ro"):
         raise InvalidURLError(f"mode={params['mode']!r} in {url!r}: use mode=rw or mode=ro (read-only)")
-    return SqliteDatabase(url=url, path=path, sync=sync, lock_timeout=lock_timeout, read_only=mode == "ro")
+    reserve = _diskroom.parse_reserve(params["reserve"], url)
+    return SqliteDatabase(
+        url=url, path=path, sync=sync, lock_timeout=lock_timeout, read_only=mode == "ro", reserve=reserve
+    )
 
 
 def _translate(exc: sqlite3.Error, path: str, real: str | None = None) -> QueueError:
@@ -553,7 +559,14 @@ class SqliteDatabase(LocalDatabase):
     may_commit_unknown = False
 
     def __init__(
-        self, *, url: str, path: str, sync: str, lock_timeout: float, read_only: bool = False
+        self,
+        *,
+        url: str,
+        path: str,
+        sync: str,
+        lock_timeout: float,
+        read_only: bool = False,
+        reserve: int = _diskroom.DEFAULT_RESERVE,
     ) -> None:
         self.url = url
         self.path = path
@@ -571,6 +584,7 @@ class SqliteDatabase(LocalDatabase):
         # after releasing the store lock (see _walsync).
         self._wal = WalSync(self._real, path) if sync == "full" else None
         self._lock_timeout = lock_timeout
+        self._room = _diskroom.DiskRoom(self._folder, path, reserve)
         self._closed = False
         self._broken: str | None = None  # why this handle refuses work: its files changed
         self._clock_tag: bytes | None = None  # set once the store's id is known
@@ -602,6 +616,11 @@ class SqliteDatabase(LocalDatabase):
                     with contextlib.suppress(OSError):
                         os.unlink(p)
             raise
+
+    def producer_room(self) -> None:
+        """Raise StoreFullError while the disk is below the reserve (the engine contract's hook)."""
+        if not self.read_only:
+            self._room.check()
 
     def _read_only_target(self) -> str:
         """SQLite's URI for a read-only connection (``_immutable``: the file alone, no WAL)."""
