@@ -120,8 +120,12 @@ def test_a_flipped_bit_in_the_wal_is_refused_not_silently_dropping_commits(store
         byte = f.read(1)[0]
         f.seek(at)
         f.write(bytes([byte ^ 0x10]))
+    with open(path + "-wal", "rb") as f:
+        before = f.read()
     with pytest.raises(StoreError, match=r"kept \d+ of the \d+ WAL frames"):
         fdbqueue.open(url)
+    with open(path + "-wal.damaged", "rb") as f:
+        assert f.read() == before  # the evidence, as found: every frame after the damage too
     damage_is_refused(url, path)
 
 

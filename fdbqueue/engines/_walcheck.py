@@ -21,14 +21,19 @@ connection of its own, under the store lock, and reads the recovered header. Whe
 record names this boot and this store and the WAL kept fewer frames than the record says
 were committed (same salts), or the WAL lost its header while the record says some frames
 were not yet copied into the database file, the open is refused: the WAL is kept as
-``<db>-wal.damaged`` and every open is refused while that file exists (removing it accepts
-the loss; the store then opens with the commits before the damage).
+``<db>-wal.damaged`` and every read-write open is refused while that file exists (removing
+it accepts the loss; the store then opens with the commits before the damage). The
+recovering connection is closed after the refusal: if it is the last, SQLite copies the
+recovered commits into the database file and removes the WAL, as any open would; the
+frames after the damage stay in ``<db>-wal.damaged``, a hard link SQLite never rewrites.
 
 Not detected: damage after a power loss or a reboot (another boot id: the page may be
 stale, or ahead of what reached the disk, so nothing is compared); a WAL removed while no
 process had the store open (nothing left to compare); damage found by a process that is
-not the first to open the store (SQLite recovers only once). Read-only handles neither
-record nor check.
+not the first to open the store (SQLite recovers only once). A false alarm: a WAL emptied by
+``PRAGMA wal_checkpoint(TRUNCATE)`` run by another program (the ``sqlite3`` shell, say) after
+the last commit, then found empty after a crash, is taken for a loss. Read-only handles
+(``mode=ro``) neither record nor check, and are not refused: they read what SQLite recovered.
 """
 
 from __future__ import annotations
