@@ -78,7 +78,7 @@ from typing import Any
 from urllib.parse import quote
 
 from fdbqueue.clock import VERSIONS_PER_SECOND, monotonic_us
-from fdbqueue.engines import ParsedURL, _diskroom, _shared, _storefiles, take_params
+from fdbqueue.engines import ParsedURL, _diskroom, _shared, _storefiles, _walcheck, take_params
 from fdbqueue.engines._walsync import WalSync
 from fdbqueue.engines.base import (
     ATOMIC_OPS,
@@ -471,6 +471,8 @@ class SqliteTransaction(LocalTransaction):
             raise self._fail(exc) from exc  # the clock stays pending: the next commit re-reads meta
         if self._bumped and db._clock_tag is not None:
             db._store.shared[_PENDING_AT] = 0
+        if self._dirty:
+            db._walheld.record(db._store.shared, db._clock_tag)  # what the WAL holds now (_walcheck)
         # Still under the store lock: what this commit wrote, or (read-only) may have read.
         wal = db._wal
         seen = wal.committed(db._store.shared, db._clock_tag, version) if wal else None
@@ -706,7 +708,10 @@ class SqliteDatabase(LocalDatabase):
             return
         self._store = _shared.attach(self._real, self.path)
         try:
-            self._conn = self._connect()
+            # Refuses a store whose WAL lost acknowledged commits (_walcheck).
+            with _walcheck.opening(self._store, self._real, self.path, _BOOT_ID, self._lock_timeout) as held:
+                self._conn = self._connect()
+            self._walheld = held
             self._files = _storefiles.FileIdentities(self._real, self.path, self._store.ident)
         except BaseException:
             _shared.detach(self._store)
@@ -727,6 +732,8 @@ class SqliteDatabase(LocalDatabase):
             busy, log, done = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
         except sqlite3.Error:
             return False
+        if busy == 0 and log == done:
+            _walcheck.all_copied(self._store.shared)  # an empty WAL is no longer a loss
         return bool(busy == 0 and log == done)
 
     def _connect(self) -> sqlite3.Connection:
@@ -900,3 +907,4 @@ class SqliteDatabase(LocalDatabase):
             self._readers.clear()
         if not self.read_only:
             _shared.detach(self._store)
+            _walcheck.release(self._walheld)  # after every connection of this handle
