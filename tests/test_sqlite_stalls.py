@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -77,3 +78,45 @@ def test_a_stopped_transaction_does_not_block_other_processes(tmp_path: Path, re
         if t is not None:
             t.join(30)
         db.close()
+
+
+# -- SQLite's write lock is never held across user code ----------------------------------------
+
+
+def test_an_open_transaction_with_writes_does_not_hold_sqlites_write_lock(tmp_path: Path) -> None:
+    """Writes wait in memory until commit: another connection may write meanwhile."""
+    db = fdbqueue.open(f"sqlite://{tmp_path}/q.db")
+    tr = db.create_transaction()
+    tr.set(b"mine", b"1")
+    assert tr.get(b"mine") == b"1"
+    other = sqlite3.connect(str(tmp_path / "q.db"), timeout=0, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # "database is locked" while SQLite's write lock is held
+        other.execute("ROLLBACK")
+    finally:
+        other.close()
+    tr.commit()
+    assert db.get(b"mine") == b"1"
+    db.close()
+
+
+def test_a_commit_over_a_stale_snapshot_fails_not_committed(tmp_path: Path) -> None:
+    """Another connection committed after this transaction read: 1020, nothing applied.
+
+    (Within fdbqueue only a transaction that lost the store lock can meet this.)
+    """
+    db = fdbqueue.open(f"sqlite://{tmp_path}/q.db")
+    db.set(b"k", b"0")
+    tr = db.create_transaction()
+    assert tr.get(b"k") == b"0"
+    other = sqlite3.connect(str(tmp_path / "q.db"), timeout=5, isolation_level=None)
+    try:
+        other.execute("UPDATE kv SET v = x'31' WHERE k = x'6b'")
+    finally:
+        other.close()
+    tr.set(b"k", b"2")
+    with pytest.raises(fdbqueue.EngineError) as info:
+        tr.commit()
+    assert info.value.code == 1020 and not info.value.maybe_committed
+    assert db.get(b"k") == b"1"
+    db.close()
