@@ -23,11 +23,17 @@ Concurrency: pessimistic and serializable, one writer at a time. A transaction t
 store lock at its first operation and holds it until it commits or rolls back. The lock is
 a per-process ``threading.Lock`` (threads), then ``flock(LOCK_EX)`` on ``<db>-lock``
 (processes: the kernel wakes the next waiter on release, where SQLite's busy handler
-would sleep and poll), then ``BEGIN IMMEDIATE`` on the Database's one connection, which
-only the lock holder uses. So reads go straight to SQLite, snapshot reads are the same
-reads, read-your-writes is SQLite's own, writes run as SQL at once, atomic ops are
-read-modify-write, and conflict ranges record nothing: no transaction can ever conflict
-(1020). Waiting longer than ``lock_timeout`` raises 1037 (retryable).
+would sleep and poll), then a deferred ``BEGIN`` on the Database's one connection, which
+only the lock holder uses. Reads go to SQLite's read snapshot, which begins at the first
+read (under the lock); writes are buffered in memory (:mod:`._writemap`) and read through
+(read-your-writes, snapshot reads too), atomic ops are resolved against that view when
+made (exact: no other fdbqueue transaction commits meanwhile), and conflict ranges record
+nothing. At commit the buffered writes are applied in one SQLite write transaction, so
+SQLite's write lock is held for the commit only, never across user code. Should another
+connection have committed since the snapshot began (SQLite's ``SQLITE_BUSY_SNAPSHOT``;
+within fdbqueue only a foreign writer can do that), the commit fails with 1020 and applies
+nothing: serializability rests on SQLite's snapshot check, not on the lock alone. Waiting
+longer than ``lock_timeout`` for the store lock raises 1037 (retryable).
 
 Nesting: a transaction begun by a thread that already holds the lock (through any handle
 on the file) cannot wait for it: that would deadlock. It reads the last committed state
@@ -80,8 +86,8 @@ from urllib.parse import quote
 from fdbqueue.clock import VERSIONS_PER_SECOND, monotonic_us
 from fdbqueue.engines import ParsedURL, _diskroom, _shared, _storefiles, _walcheck, take_params
 from fdbqueue.engines._walsync import WalSync
+from fdbqueue.engines._writemap import WriteMap
 from fdbqueue.engines.base import (
-    ATOMIC_OPS,
     SYSTEM_KEYS,
     KeySelector,
     KeyValue,
@@ -113,13 +119,6 @@ _MAJOR = 1
 _GET = "SELECT v FROM kv WHERE k = ?"
 _PUT = "INSERT OR REPLACE INTO kv (k, v) VALUES (?, ?)"
 _DEL = "DELETE FROM kv WHERE k = ?"
-# One statement per atomic op: SQLite calls back into apply_atomic for the new value.
-# On an absent key every op but compare_and_clear stores its param, so the insert needs no
-# call back into Python; only an existing value does.
-_ATOMIC = "INSERT INTO kv (k, v) VALUES (?1, ?3) ON CONFLICT (k) DO UPDATE SET v = fdb_atomic(?2, v, ?3)"
-_NEVER_CLEARS = frozenset(op for op in ATOMIC_OPS if op != "compare_and_clear")
-# The layer's counters: add gets a function of its own (no dispatch on the op's name).
-_ADD = "INSERT INTO kv (k, v) VALUES (?1, ?2) ON CONFLICT (k) DO UPDATE SET v = fdb_add(v, ?2)"
 _DEL_RANGE = "DELETE FROM kv WHERE k >= ? AND k < ?"
 _RANGE = (
     "SELECT k, v FROM kv WHERE k >= ? AND k < ? ORDER BY k LIMIT ?",
@@ -242,6 +241,7 @@ class SqliteTransaction(LocalTransaction):
         self._dirty = False  # a commit version is due (FDB: any mutation or write conflict)
         self._all = False  # a clear_range: watchers must re-read every key
         self._keys: list[bytes] = []
+        self._wm = WriteMap()  # writes, applied at commit
         self._stamped: list[tuple[str, bytes, bytes]] = []
         self._rv: int | None = None
         self._bumped = False  # this commit raised the version reservation in meta
@@ -269,7 +269,9 @@ class SqliteTransaction(LocalTransaction):
             conn = db._conn
             db._store.acquire(db._lock_timeout, db.path)
             try:
-                conn.execute("BEGIN IMMEDIATE")
+                # Deferred: the read snapshot starts at the first read, SQLite's write lock
+                # is taken only at commit (writes are buffered until then).
+                conn.execute("BEGIN")
             except sqlite3.Error as exc:
                 db._store.release()
                 raise _translate(exc, db.path, db._real) from exc
@@ -298,6 +300,10 @@ class SqliteTransaction(LocalTransaction):
         return _translate(exc, self.db.path, self.db._real)
 
     def _get(self, key: bytes, snapshot: bool) -> bytes | None:
+        if self._wm:
+            decided, value = self._wm.get(key)
+            if decided:
+                return value
         try:
             for (value,) in self._conn.execute(_GET, (key,)):
                 return value  # type: ignore[no-any-return]
@@ -306,6 +312,8 @@ class SqliteTransaction(LocalTransaction):
         return None
 
     def _resolve(self, selector: KeySelector, snapshot: bool) -> bytes:
+        if self._wm:
+            return self._wm.resolve(self._stored, selector)
         key, or_equal, offset = selector
         try:
             if offset >= 1:
@@ -319,6 +327,12 @@ class SqliteTransaction(LocalTransaction):
     def _get_range(
         self, begin: bytes, end: bytes, limit: int, reverse: bool, snapshot: bool
     ) -> list[KeyValue]:
+        if self._wm:
+            return self._wm.get_range(self._stored, begin, end, limit, reverse)
+        return self._stored(begin, end, limit, reverse)
+
+    def _stored(self, begin: bytes, end: bytes, limit: int, reverse: bool) -> list[KeyValue]:
+        """The snapshot's pairs of [begin, end), without this transaction's writes."""
         try:
             rows = self._conn.execute(_RANGE[reverse], (begin, end, limit or -1)).fetchall()
         except sqlite3.Error as exc:
@@ -326,46 +340,36 @@ class SqliteTransaction(LocalTransaction):
         # tuple.__new__ straight from C: KeyValue._make would run Python code for every row.
         return list(map(tuple.__new__, repeat(KeyValue, len(rows)), rows))
 
-    def _write(self, sql: str, params: tuple[object, ...], key: bytes) -> None:
-        """One statement writing ``key``: refused in a nested transaction, noted for watches."""
+    def _put(self, key: bytes, value: bytes | None) -> None:
+        """Buffer a write of ``key`` (None clears it): refused in a nested transaction."""
         if self._nested:
             raise self._no_writes()
-        try:
-            self._conn.execute(sql, params)
-        except sqlite3.Error as exc:
-            raise self._fail(exc) from exc
+        self._wm.set(key, value)
         self._keys.append(key)
         self._dirty = True
 
     def _set(self, key: bytes, value: bytes) -> None:
-        self._write(_PUT, (key, value), key)
+        self._put(key, value)
 
     def _clear(self, key: bytes) -> None:
-        self._write(_DEL, (key,), key)
+        self._put(key, None)
 
     def _clear_range(self, begin: bytes, end: bytes) -> None:
         if self._nested:
             raise self._no_writes()
-        try:
-            self._conn.execute(_DEL_RANGE, (begin, end))
-        except sqlite3.Error as exc:
-            raise self._fail(exc) from exc
+        self._wm.clear_range(begin, end)
         self._all = self._dirty = True
 
     def _atomic(self, op: str, key: bytes, param: bytes) -> None:
-        if op == "add":
-            self._write(_ADD, (key, param), key)
-            return
-        if op in _NEVER_CLEARS:
-            self._write(_ATOMIC, (key, op, param), key)
-            return
+        # Resolved now against what this transaction sees: it holds the store lock, so no
+        # other transaction of fdbqueue commits before it (see the module docstring).
         if self._nested:
             raise self._no_writes()
-        new = apply_atomic(op, self._get(key, True), param)
-        if new is None:
-            self._clear(key)
+        existing = self._get(key, True)
+        if op == "add" and existing is not None:
+            self._put(key, _sql_add(existing, param))
         else:
-            self._set(key, new)
+            self._put(key, apply_atomic(op, existing, param))
 
     def _versionstamped(self, kind: str, key: bytes, value: bytes) -> None:
         # Applied at commit, once the version is known. Like FDB (which raises 1036),
@@ -463,6 +467,7 @@ class SqliteTransaction(LocalTransaction):
                 raise self._refuse(changed)
         try:
             if self._dirty:
+                self._apply_writes(conn)
                 version = self._next_version()
                 if self._stamped:
                     self._apply_stamped(conn, make_versionstamp(version))
@@ -482,6 +487,31 @@ class SqliteTransaction(LocalTransaction):
         if wal:
             wal.make_durable(db._store.shared, db._clock_tag, seen)
         return version
+
+    def _apply_writes(self, conn: sqlite3.Connection) -> None:
+        """Apply the buffered writes: the first one turns the read snapshot into a write
+        transaction, which SQLite refuses (SQLITE_BUSY_SNAPSHOT) when another connection
+        committed since the snapshot began (https://www.sqlite.org/rescode.html#busy_snapshot):
+        then nothing was applied, and the commit fails with 1020 not_committed."""
+        wm = self._wm
+        try:
+            if wm:
+                for begin, end in wm.cleared_ranges:
+                    conn.execute(_DEL_RANGE, (begin, end))
+                items = wm.values.items()
+                conn.executemany(_PUT, [(k, v) for k, v in items if v is not None])
+                conn.executemany(_DEL, [(k,) for k, v in items if v is None])
+            else:  # a write conflict range or versionstamps only: the version still needs the write lock
+                conn.execute("UPDATE meta SET value = value WHERE name = 'version'")
+        except sqlite3.OperationalError as exc:
+            if getattr(exc, "sqlite_errorcode", 0) & 0xFF != 5:  # SQLITE_BUSY and its extended codes
+                raise
+            self._rollback()
+            self._state = "failed"
+            self._live = False
+            raise EngineError(
+                1020, f"{self.db.path}: another connection committed since this transaction read ({exc})"
+            ) from exc
 
     def _refuse(self, changed: list[tuple[str, str]]) -> StoreError:
         """End this transaction uncommitted, because the store's files changed under it.
@@ -537,10 +567,6 @@ class SqliteTransaction(LocalTransaction):
             self.db._store.release()
 
 
-def _sql_atomic(op: str, existing: bytes | None, param: bytes) -> bytes | None:
-    return apply_atomic(op, existing, param)
-
-
 _I64 = struct.Struct("<q")
 
 
@@ -555,8 +581,8 @@ class SqliteDatabase(LocalDatabase):
     """A SQLite store file. Thread-safe: the store lock serialises transactions."""
 
     engine = "sqlite"
-    # One writer at a time: nothing conflicts, and SQLite's commit is atomic - it
-    # either happened or was rolled back, never unknown.
+    # One writer at a time: nothing conflicts (a 1020 needs a writer outside fdbqueue's
+    # store lock), and SQLite's commit is atomic - it happened or was rolled back, never unknown.
     may_conflict = False
     may_commit_unknown = False
 
@@ -745,8 +771,6 @@ class SqliteDatabase(LocalDatabase):
             )
         except sqlite3.Error as exc:
             raise _translate(exc, self.path, self._real) from exc
-        conn.create_function("fdb_atomic", 3, _sql_atomic, deterministic=True)
-        conn.create_function("fdb_add", 2, _sql_add, deterministic=True)
         try:
             conn.execute("PRAGMA synchronous=NORMAL")
             mode = conn.execute("PRAGMA journal_mode").fetchone()[0]

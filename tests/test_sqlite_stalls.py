@@ -1,0 +1,122 @@
+"""Issue 13, item 9: a stalled transaction must not block the embedded store.
+
+A process SIGSTOPped inside ``q.dequeue(tr)`` holds the store lock (and SQLite's write lock)
+for as long as it is stopped, so every other process's enqueue, on any queue, waits
+forever (the layer retries 1037). Required: the 5-second transaction window bounds it -
+another process proceeds after about 5 s, and the stopped one's commit fails with 1007
+once it resumes, nothing lost or duplicated.
+
+Still failing: the store lock is not a lease yet (strict xfail until it is).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import fdbqueue
+from fdbqueue import Queue
+from tests.processes import Children, real_clock
+
+__all__ = ["real_clock"]
+
+
+def stalled_dequeuer(url: str, outdir: str, ready: Any) -> None:
+    """Dequeue from ``jobs`` in one transaction, say so, then sleep inside it (to be SIGSTOPped)."""
+    db = fdbqueue.open(url)
+    q = Queue("jobs")
+    tr = db.create_transaction()
+    try:
+        m = q.dequeue(tr)
+        assert m is not None
+        ready.set()
+        time.sleep(1.0)  # the parent stops this process here
+        tr.commit()
+        outcome = "committed"
+    except fdbqueue.QueueError as exc:
+        outcome = f"{type(exc).__name__} {getattr(exc, 'code', '')}"
+    Path(outdir, "outcome").write_text(outcome)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 13 item 9: the store lock is not a lease yet")
+def test_a_stopped_transaction_does_not_block_other_processes(tmp_path: Path, real_clock: None) -> None:
+    url = f"sqlite://{tmp_path}/q.db?lock_timeout=2"
+    db = fdbqueue.open(url)
+    jobs, other = Queue("jobs"), Queue("other")
+    jobs.enqueue(db, b"the job")
+    children = Children()
+    child = children.start("dequeuer", stalled_dequeuer, url, str(tmp_path), ready=True)
+    t: threading.Thread | None = None
+    try:
+        assert child.ready.wait(30), "the child never dequeued"
+        os.kill(child.proc.pid, signal.SIGSTOP)
+        done: list[object] = []
+        t = threading.Thread(target=lambda: done.append(other.enqueue(db, b"meanwhile")), daemon=True)
+        start = time.monotonic()
+        t.start()
+        t.join(9)
+        waited = time.monotonic() - start
+        assert done, f"an enqueue on another queue still waits after {waited:.1f} s behind a stopped process"
+        os.kill(child.proc.pid, signal.SIGCONT)
+        child.proc.join(30)
+        assert (tmp_path / "outcome").read_text() == "EngineError 1007"
+        # Nothing lost or duplicated: the job is still there, once; the other message too.
+        assert jobs.size(db) == 1 and other.size(db) == 1
+        m = jobs.dequeue(db)
+        assert m is not None and m.payload == b"the job" and jobs.dequeue(db) is None
+    finally:
+        if child.proc.is_alive():
+            os.kill(child.proc.pid, signal.SIGCONT)
+        children.stop()  # SIGKILL: the kernel releases its locks, so a waiting enqueue ends
+        if t is not None:
+            t.join(30)
+        db.close()
+
+
+# -- SQLite's write lock is never held across user code ----------------------------------------
+
+
+def test_an_open_transaction_with_writes_does_not_hold_sqlites_write_lock(tmp_path: Path) -> None:
+    """Writes wait in memory until commit: another connection may write meanwhile."""
+    db = fdbqueue.open(f"sqlite://{tmp_path}/q.db")
+    tr = db.create_transaction()
+    tr.set(b"mine", b"1")
+    assert tr.get(b"mine") == b"1"
+    other = sqlite3.connect(str(tmp_path / "q.db"), timeout=0, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # "database is locked" while SQLite's write lock is held
+        other.execute("ROLLBACK")
+    finally:
+        other.close()
+    tr.commit()
+    assert db.get(b"mine") == b"1"
+    db.close()
+
+
+def test_a_commit_over_a_stale_snapshot_fails_not_committed(tmp_path: Path) -> None:
+    """Another connection committed after this transaction read: 1020, nothing applied.
+
+    (Within fdbqueue only a transaction that lost the store lock can meet this.)
+    """
+    db = fdbqueue.open(f"sqlite://{tmp_path}/q.db")
+    db.set(b"k", b"0")
+    tr = db.create_transaction()
+    assert tr.get(b"k") == b"0"
+    other = sqlite3.connect(str(tmp_path / "q.db"), timeout=5, isolation_level=None)
+    try:
+        other.execute("UPDATE kv SET v = x'31' WHERE k = x'6b'")
+    finally:
+        other.close()
+    tr.set(b"k", b"2")
+    with pytest.raises(fdbqueue.EngineError) as info:
+        tr.commit()
+    assert info.value.code == 1020 and not info.value.maybe_committed
+    assert db.get(b"k") == b"1"
+    db.close()
