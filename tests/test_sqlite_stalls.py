@@ -4,9 +4,7 @@ A process SIGSTOPped inside ``q.dequeue(tr)`` holds the store lock (and SQLite's
 for as long as it is stopped, so every other process's enqueue, on any queue, waits
 forever (the layer retries 1037). Required: the 5-second transaction window bounds it -
 another process proceeds after about 5 s, and the stopped one's commit fails with 1007
-once it resumes, nothing lost or duplicated.
-
-Still failing: the store lock is not a lease yet (strict xfail until it is).
+once it resumes, nothing lost or duplicated (the store lock is a lease: engines/_storelock.py).
 """
 
 from __future__ import annotations
@@ -28,8 +26,9 @@ from tests.processes import Children, real_clock
 __all__ = ["real_clock"]
 
 
-def stalled_dequeuer(url: str, outdir: str, ready: Any) -> None:
-    """Dequeue from ``jobs`` in one transaction, say so, then sleep inside it (to be SIGSTOPped)."""
+def stalled_dequeuer(url: str, outdir: str, hold: float, ready: Any) -> None:
+    """Dequeue from ``jobs`` in one transaction, say so, then sleep ``hold`` s inside it
+    (to be SIGSTOPped, or as a slow handler)."""
     db = fdbqueue.open(url)
     q = Queue("jobs")
     tr = db.create_transaction()
@@ -37,7 +36,7 @@ def stalled_dequeuer(url: str, outdir: str, ready: Any) -> None:
         m = q.dequeue(tr)
         assert m is not None
         ready.set()
-        time.sleep(1.0)  # the parent stops this process here
+        time.sleep(hold)  # the parent stops this process here
         tr.commit()
         outcome = "committed"
     except fdbqueue.QueueError as exc:
@@ -45,14 +44,13 @@ def stalled_dequeuer(url: str, outdir: str, ready: Any) -> None:
     Path(outdir, "outcome").write_text(outcome)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 item 9: the store lock is not a lease yet")
 def test_a_stopped_transaction_does_not_block_other_processes(tmp_path: Path, real_clock: None) -> None:
     url = f"sqlite://{tmp_path}/q.db?lock_timeout=2"
     db = fdbqueue.open(url)
     jobs, other = Queue("jobs"), Queue("other")
     jobs.enqueue(db, b"the job")
     children = Children()
-    child = children.start("dequeuer", stalled_dequeuer, url, str(tmp_path), ready=True)
+    child = children.start("dequeuer", stalled_dequeuer, url, str(tmp_path), 1.0, ready=True)
     t: threading.Thread | None = None
     try:
         assert child.ready.wait(30), "the child never dequeued"
@@ -77,6 +75,52 @@ def test_a_stopped_transaction_does_not_block_other_processes(tmp_path: Path, re
         children.stop()  # SIGKILL: the kernel releases its locks, so a waiting enqueue ends
         if t is not None:
             t.join(30)
+        db.close()
+
+
+def test_a_transaction_running_past_the_window_loses_the_lock_to_a_waiting_process(
+    tmp_path: Path, real_clock: None
+) -> None:
+    """A live 6-second transaction (a slow exactly-once handler): another process's enqueue
+    waits about 5 s, not 6, and the slow one's commit fails with 1007, applying nothing."""
+    url = f"sqlite://{tmp_path}/q.db?lock_timeout=30"
+    db = fdbqueue.open(url)
+    jobs, other = Queue("jobs"), Queue("other")
+    jobs.enqueue(db, b"the job")
+    children = Children()
+    child = children.start("dequeuer", stalled_dequeuer, url, str(tmp_path), 6.5, ready=True)
+    try:
+        assert child.ready.wait(30), "the child never dequeued"
+        start = time.monotonic()
+        other.enqueue(db, b"meanwhile")
+        waited = time.monotonic() - start
+        assert waited < 6.2, f"the enqueue waited {waited:.1f} s: the whole slow transaction"
+        child.proc.join(30)
+        assert (tmp_path / "outcome").read_text() == "EngineError 1007"
+        assert jobs.size(db) == 1 and other.size(db) == 1
+    finally:
+        children.stop()
+        db.close()
+
+
+def test_a_transaction_inside_the_window_keeps_the_lock(tmp_path: Path, real_clock: None) -> None:
+    """A holder younger than the window is waited for, and commits."""
+    url = f"sqlite://{tmp_path}/q.db?lock_timeout=30"
+    db = fdbqueue.open(url)
+    jobs, other = Queue("jobs"), Queue("other")
+    jobs.enqueue(db, b"the job")
+    children = Children()
+    child = children.start("dequeuer", stalled_dequeuer, url, str(tmp_path), 2.0, ready=True)
+    try:
+        assert child.ready.wait(30), "the child never dequeued"
+        start = time.monotonic()
+        other.enqueue(db, b"meanwhile")
+        assert time.monotonic() - start > 1.0  # it waited for the holder
+        child.proc.join(30)
+        assert (tmp_path / "outcome").read_text() == "committed"
+        assert jobs.size(db) == 0 and other.size(db) == 1
+    finally:
+        children.stop()
         db.close()
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import atexit
 import errno
-import fcntl
 import mmap
 import os
 import sqlite3
@@ -20,62 +19,13 @@ import time
 from typing import Any
 
 from fdbqueue.engines._notify import WatchHub, notify_dir_for
+from fdbqueue.engines._storelock import StoreLock
 from fdbqueue.errors import EngineError, NestedTransactionError, StoreError
 
 PAGE = 4096
 TOKEN_AT = 64  # the watchers' token; the version clock is at 0 (sqlite.py)
 SYNCED_AT = 128  # the last version committed and the last one on disk (_walsync.py)
 _READ = "SELECT v FROM kv WHERE k = ?"  # the kv table of sqlite.py
-
-
-class _FlockWaiter:
-    """A thread that blocks in ``flock(LOCK_EX)`` so that its caller can wait with a timeout.
-
-    Only used when the lock is busy; the uncontended path is one non-blocking flock.
-    """
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self._cond = threading.Condition(threading.Lock())
-        self._blocking = False  # the thread is in, or about to enter, flock()
-        self._wanted = False  # a caller is waiting for the lock
-        self._granted = False
-        self._closed = False
-        threading.Thread(target=self._run, name="fdbqueue-flock", daemon=True).start()
-
-    def wait(self, timeout: float) -> bool:
-        with self._cond:
-            self._wanted = True
-            if not self._blocking:
-                self._blocking = True
-                self._cond.notify_all()
-            if self._cond.wait_for(lambda: self._granted, max(timeout, 0.0)):
-                self._granted = self._wanted = False
-                return True
-            self._wanted = False  # the thread hands the lock back if it gets it later
-            return False
-
-    def close(self) -> None:
-        """The thread closes the descriptor once it is out of flock()."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._blocking or self._closed)
-                if not self._blocking:
-                    os.close(self._fd)
-                    return
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-            with self._cond:
-                self._blocking = False
-                if self._wanted and not self._closed:
-                    self._granted = True
-                    self._cond.notify_all()
-                    continue
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
 
 
 def allocate_page(fd: int) -> None:
@@ -116,14 +66,20 @@ class SharedStore:
         self.refs = 0
         self.mutex = threading.Lock()
         self.owner: int | None = None  # the thread holding the store lock
-        self._waiter: _FlockWaiter | None = None
+        self._lock = StoreLock(fd, self.shared)
         self._reader: sqlite3.Connection | None = None
         self._reader_lock = threading.Lock()
         self.hub = WatchHub(
             notify_dir_for(real), self._read_values, self.shared, TOKEN_AT, (real + "-lock", ident)
         )
 
-    def acquire(self, timeout: float, path: str) -> None:
+    def acquire(self, timeout: float, path: str, stealable: bool = False) -> None:
+        """Take the store lock: this process's threads one at a time, then the processes'.
+
+        ``stealable``: for a transaction, which another process may take the lock from once
+        it outlived the 5-second window (:mod:`._storelock`); the holder's commit then fails
+        (:meth:`lost`). Anything else (opening, saving a removed WAL) keeps it to the end.
+        """
         me = threading.get_ident()
         if self.owner == me:
             raise NestedTransactionError(
@@ -134,17 +90,18 @@ class SharedStore:
         if not self.mutex.acquire(True, timeout):
             raise EngineError(1037, self._held_too_long(path, timeout, "another thread of this process"))
         try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if self._waiter is None:
-                self._waiter = _FlockWaiter(self.fd)
-            if not self._waiter.wait(timeout - (time.monotonic() - start)):
-                self.mutex.release()
-                raise EngineError(1037, self._held_too_long(path, timeout, "another process")) from None
+            who = self._lock.acquire(timeout - (time.monotonic() - start), stealable)
         except BaseException:
             self.mutex.release()
             raise
+        if who is not None:
+            self.mutex.release()
+            raise EngineError(1037, self._held_too_long(path, timeout, who))
         self.owner = me
+
+    def lost(self) -> bool:
+        """True when another process took the store lock over from this holder (see acquire)."""
+        return self._lock.lost()
 
     @staticmethod
     def _held_too_long(path: str, timeout: float, who: str) -> str:
@@ -155,8 +112,10 @@ class SharedStore:
 
     def release(self) -> None:
         self.owner = None
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
-        self.mutex.release()
+        try:
+            self._lock.release()
+        finally:
+            self.mutex.release()
 
     def _read_values(self, keys: list[bytes]) -> dict[bytes, bytes | None]:
         # A connection of its own, used without the store lock: under WAL a reader
@@ -177,10 +136,8 @@ class SharedStore:
             if self._reader is not None:
                 self._reader.close()
                 self._reader = None
-        if self._waiter is not None:
-            self._waiter.close()
-        else:
-            os.close(self.fd)
+        self._lock.close()
+        os.close(self.fd)
 
 
 _registry_lock = threading.Lock()

@@ -267,7 +267,7 @@ class SqliteTransaction(LocalTransaction):
             self._nested = True
         else:
             conn = db._conn
-            db._store.acquire(db._lock_timeout, db.path)
+            db._store.acquire(db._lock_timeout, db.path, stealable=True)
             try:
                 # Deferred: the read snapshot starts at the first read, SQLite's write lock
                 # is taken only at commit (writes are buffered until then).
@@ -465,6 +465,15 @@ class SqliteTransaction(LocalTransaction):
             changed = db._files.changed()
             if changed:
                 raise self._refuse(changed)
+            if self._dirty and db._store.lost():
+                # Past the 5-second window another process took the store lock over
+                # (_storelock): as on FoundationDB, too old to commit; nothing is applied.
+                self._rollback()
+                raise EngineError(
+                    1007,
+                    f"transaction_too_old: this transaction held the store lock of {db.path} past the "
+                    "5-second window and another transaction took it over; nothing was committed",
+                )
         try:
             if self._dirty:
                 self._apply_writes(conn)
