@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 import fdbqueue
+import fdbqueue.clock
 from fdbqueue import Queue
 from tests.processes import Children, real_clock
 
@@ -119,6 +120,31 @@ def test_a_transaction_inside_the_window_keeps_the_lock(tmp_path: Path, real_clo
         child.proc.join(30)
         assert (tmp_path / "outcome").read_text() == "committed"
         assert jobs.size(db) == 0 and other.size(db) == 1
+    finally:
+        children.stop()
+        db.close()
+
+
+def test_a_fake_clock_in_one_process_takes_no_lock_over(
+    tmp_path: Path, real_clock: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lease runs on CLOCK_MONOTONIC itself: a test's fake clock an hour ahead in this
+    process must not make another process's young holder look expired."""
+    url = f"sqlite://{tmp_path}/q.db?lock_timeout=0.5"
+    db = fdbqueue.open(url)
+    Queue("jobs").enqueue(db, b"the job")
+    children = Children()
+    child = children.start("dequeuer", stalled_dequeuer, url, str(tmp_path), 2.0, ready=True)
+    try:
+        assert child.ready.wait(30), "the child never dequeued"
+        monkeypatch.setattr(fdbqueue.clock, "_ahead_us", 3_600_000_000)
+        tr = db.create_transaction()
+        with pytest.raises(fdbqueue.EngineError) as err:
+            tr.get(b"anything")
+        assert err.value.code == 1037
+        tr.cancel()
+        child.proc.join(30)
+        assert (tmp_path / "outcome").read_text() == "committed"
     finally:
         children.stop()
         db.close()

@@ -42,7 +42,6 @@ import threading
 import time
 from collections.abc import Callable
 
-from fdbqueue.clock import monotonic_us
 from fdbqueue.engines.base import TRANSACTION_WINDOW_SECONDS
 
 #: Where the lease lives in the lock file's shared page: generation, holder's start (0: free), pid.
@@ -57,6 +56,12 @@ _SLICE = 0.25  # a blocked waiter looks at the page at least this often
 # The start recorded by a holder that must not be taken over (opening, checkpointing a
 # removed WAL): only transactions are bounded by the window.
 _PINNED = 2**62
+
+
+def _now_us() -> int:
+    """CLOCK_MONOTONIC itself, shared by every process of the boot: never a test's fake clock,
+    which moves one process's engine time only, while holders in other processes read theirs."""
+    return time.monotonic_ns() // 1000
 
 
 def _byte_lock(fd: int, at: int, kind: int, wait: bool) -> bool:
@@ -181,7 +186,7 @@ class StoreLock:
                 if self._claim(gen, stealable):
                     return None
                 continue
-            now = monotonic_us()
+            now = _now_us()
             if since and now - since > _WINDOW_US:
                 if self._take_over(gen, since, stealable):
                     return None
@@ -201,7 +206,7 @@ class StoreLock:
         with self._locked_page():
             current, _, _ = self._read()
             if current == gen:
-                self._write(gen, monotonic_us() if stealable else _PINNED)
+                self._write(gen, _now_us() if stealable else _PINNED)
                 self._gen = gen
                 return True
         _byte_lock(self._fd, _BASE + gen, fcntl.F_UNLCK, False)
@@ -215,7 +220,7 @@ class StoreLock:
                 return False  # released, or taken over by another waiter meanwhile
             if not _byte_lock(self._fd, _BASE + gen + 1, fcntl.F_WRLCK, False):
                 return False  # a process still on an older page view: try again
-            self._write(gen + 1, monotonic_us() if stealable else _PINNED)
+            self._write(gen + 1, _now_us() if stealable else _PINNED)
             self._gen = gen + 1
         self._forget_old(gen + 1)
         return True

@@ -21,19 +21,25 @@ file created; each transaction reads the last committed state, any write raises 
 
 Concurrency: pessimistic and serializable, one writer at a time. A transaction takes the
 store lock at its first operation and holds it until it commits or rolls back. The lock is
-a per-process ``threading.Lock`` (threads), then ``flock(LOCK_EX)`` on ``<db>-lock``
-(processes: the kernel wakes the next waiter on release, where SQLite's busy handler
-would sleep and poll), then a deferred ``BEGIN`` on the Database's one connection, which
-only the lock holder uses. Reads go to SQLite's read snapshot, which begins at the first
-read (under the lock); writes are buffered in memory (:mod:`._writemap`) and read through
+a per-process ``threading.Lock`` (threads), then, between processes, a lease
+(:mod:`._storelock`: an open-file-description lock of one byte of ``<db>-lock`` per lock
+generation; the kernel wakes the next waiter on release, where SQLite's busy handler would
+sleep and poll), then a deferred ``BEGIN`` on the Database's one connection, which only the
+lock holder uses. Reads go to SQLite's read snapshot, which begins at the first read (under
+the lock); writes are buffered in memory (:mod:`._writemap`) and read through
 (read-your-writes, snapshot reads too), atomic ops are resolved against that view when
 made (exact: no other fdbqueue transaction commits meanwhile), and conflict ranges record
 nothing. At commit the buffered writes are applied in one SQLite write transaction, so
-SQLite's write lock is held for the commit only, never across user code. Should another
-connection have committed since the snapshot began (SQLite's ``SQLITE_BUSY_SNAPSHOT``;
-within fdbqueue only a foreign writer can do that), the commit fails with 1020 and applies
-nothing: serializability rests on SQLite's snapshot check, not on the lock alone. Waiting
-longer than ``lock_timeout`` for the store lock raises 1037 (retryable).
+SQLite's write lock is held for the commit only, never across user code.
+
+The 5-second window bounds the lock, as FoundationDB bounds transactions: a process
+waiting for it takes it over from a holder that has had it longer than the window (a
+stopped process, a slow handler), and the holder's commit then fails with 1007
+transaction_too_old, applying nothing. Should another connection have committed since a
+snapshot began (SQLite's ``SQLITE_BUSY_SNAPSHOT``: a holder that lost the lock, or a foreign
+writer), the commit fails with 1020 and applies nothing: serializability rests on SQLite's
+snapshot check, not on the lock alone. Waiting longer than ``lock_timeout`` for the store
+lock raises 1037 (retryable).
 
 Nesting: a transaction begun by a thread that already holds the lock (through any handle
 on the file) cannot wait for it: that would deadlock. It reads the last committed state
