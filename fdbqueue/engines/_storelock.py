@@ -202,13 +202,18 @@ class StoreLock:
             self._forget_old(gen)
 
     def _claim(self, gen: int, stealable: bool) -> bool:
-        """Holding byte ``gen``: make it ours in the page, unless the generation moved on."""
-        with self._locked_page():
-            current, _, _ = self._read()
-            if current == gen:
-                self._write(gen, _now_us() if stealable else _PINNED)
-                self._gen = gen
-                return True
+        """Holding byte ``gen``: make it ours in the page, unless the generation moved on.
+
+        Without the page mutex (one system call per acquire, as a plain flock): a waiter
+        that found the previous holder expired and takes it over at this very moment
+        compares the page under the mutex, and either sees this write and gives up, or
+        moves the generation on first - then :meth:`lost` says so and this holder's commit
+        fails (1007), never both commit.
+        """
+        if self._read()[0] == gen:
+            self._write(gen, _now_us() if stealable else _PINNED)
+            self._gen = gen
+            return True
         _byte_lock(self._fd, _BASE + gen, fcntl.F_UNLCK, False)
         return False
 
@@ -254,10 +259,10 @@ class StoreLock:
         gen, self._gen = self._gen, None
         if gen is None:
             return
-        with self._locked_page():
-            current, _, _ = self._read()
-            if current == gen:
-                self._write(gen, 0)
+        # No page mutex here either: a waiter taking over meanwhile finds "free" (and gives
+        # up) or moves the generation on, which is right too: this holder is done.
+        if self._read()[0] == gen:
+            self._write(gen, 0)
         _byte_lock(self._fd, _BASE + gen, fcntl.F_UNLCK, False)
 
     def close(self) -> None:
