@@ -201,9 +201,6 @@ KNOWN_CYCLES: set[tuple[str, ...]] = {
     ("delivery", "queue", "leasing", "sweep"),
     ("delivery", "queue", "sweep"),
     ("delivery", "sweep"),
-    ("engines", "engines.fdb"),
-    ("engines", "engines.sim"),
-    ("engines", "engines.sqlite"),
 }
 
 
