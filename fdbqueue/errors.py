@@ -144,6 +144,15 @@ class CommitUnknownError(QueueError):
     """
 
 
+def unknown_outcome(exc: EngineError) -> CommitUnknownError:
+    """The error for a call whose commit may have landed and cannot be retried or settled."""
+    return CommitUnknownError(
+        f"the outcome is unknown: a commit may have landed, and the transaction then ended with "
+        f"{exc.name} ({exc.code}) before its retry could learn whether it did; it may or may "
+        "not have happened, so check before doing it again"
+    )
+
+
 class CorruptMessageError(QueueError):
     """A stored message record or payload chunk failed its checksum or cannot be decoded.
 
