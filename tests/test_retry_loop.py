@@ -15,9 +15,12 @@ from typing import Any
 import pytest
 
 import fdbqueue
+from fdbqueue.clock import db_now
+from fdbqueue.contention import BATCH, fulfil
 from fdbqueue.engines.base import RAISE, RETRY, Again, Attempt, Done, Transaction, retry, run_transaction
 from fdbqueue.engines.sim import SimDatabase
 from fdbqueue.errors import CommitUnknownError, EngineError, QueueError
+from fdbqueue.queue import Queue
 from fdbqueue.testing import FaultScript
 from fdbqueue.txn import run_once
 
@@ -192,3 +195,43 @@ def test_the_loop_needs_a_database(db: SimDatabase) -> None:
     with pytest.raises(QueueError, match="run_transaction needs a Database"):
         run_transaction(tr, lambda t: None)  # type: ignore[arg-type]
     tr.cancel()
+
+
+# The layer's own loops on retry keep what they did: contention.fulfil pairs a batch per
+# transaction, counts only the batches that committed, and stops at a conflict (another
+# waiter paired those requests) instead of retrying.
+
+
+def _waiting(db: SimDatabase, n: int) -> Queue:
+    q = Queue("jobs")
+
+    def fill(tr: Transaction) -> None:
+        q.enqueue_many(tr, [b"m%d" % i for i in range(n)])
+        now = db_now(tr)
+        for i in range(n):
+            tr.set(q.keys.pop_key(now, b"req%05d" % i), b"")  # a staged dequeue's request
+
+    run_transaction(db, fill)
+    return q
+
+
+def _requests(db: SimDatabase, q: Queue) -> int:
+    return len(run_transaction(db, lambda tr: tr.get_range(*q.keys.pop_range())))
+
+
+def test_fulfil_counts_the_pairs_of_every_committed_batch(db: SimDatabase) -> None:
+    q = _waiting(db, BATCH + 50)
+    assert fulfil(db, q) == BATCH + 50  # two transactions: a full batch, then the rest
+    assert _requests(db, q) == 0
+
+
+def test_fulfil_stops_at_a_conflict_with_what_it_made(db: SimDatabase) -> None:
+    q = _waiting(db, BATCH + 50)
+    with FaultScript(db) as script:
+        script.arm([None, 1020])  # the first batch commits, the second conflicts
+        assert fulfil(db, q) == BATCH
+    assert _requests(db, q) == 50  # not retried: another waiter's fulfil pairs those
+    with FaultScript(db) as script:
+        script.arm([1020])
+        assert fulfil(db, q) == 0
+    assert _requests(db, q) == 50
