@@ -18,11 +18,12 @@ import fdbqueue
 from fdbqueue.clock import db_now
 from fdbqueue.contention import BATCH, fulfil
 from fdbqueue.engines.base import RAISE, RETRY, Again, Attempt, Done, Transaction, retry, run_transaction
-from fdbqueue.engines.sim import SimDatabase
+from fdbqueue.engines.sim import SimDatabase, SimTransaction
 from fdbqueue.errors import CommitUnknownError, EngineError, QueueError
 from fdbqueue.queue import Queue
 from fdbqueue.testing import FaultScript
 from fdbqueue.txn import run_once
+from fdbqueue.waiting import refused, watch_queue
 
 
 @pytest.fixture
@@ -199,7 +200,8 @@ def test_the_loop_needs_a_database(db: SimDatabase) -> None:
 
 # The layer's own loops on retry keep what they did: contention.fulfil pairs a batch per
 # transaction, counts only the batches that committed, and stops at a conflict (another
-# waiter paired those requests) instead of retrying.
+# waiter paired those requests) instead of retrying; waiting.watch_queue answers a refused
+# watch (1032) rather than raising it.
 
 
 def _waiting(db: SimDatabase, n: int) -> Queue:
@@ -235,3 +237,26 @@ def test_fulfil_stops_at_a_conflict_with_what_it_made(db: SimDatabase) -> None:
         script.arm([1020])
         assert fulfil(db, q) == 0
     assert _requests(db, q) == 50
+
+
+def test_watch_queue_turns_a_watch_refused_when_made_into_a_refused_watch(
+    db: SimDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The sim fails a watch past its limit when waited on; an engine may refuse it when made
+    # (the error then comes from ``watch`` or the commit), which watch_queue must not raise.
+    q = Queue("jobs")
+    q.enqueue(db, b"x")
+    q.dequeue(db)
+    made: list[int] = []
+
+    def refuse(self: SimTransaction, key: bytes) -> Any:
+        made.append(1)
+        raise EngineError(1032, "too many outstanding watches")
+
+    monkeypatch.setattr(SimTransaction, "watch", refuse)
+    w = watch_queue(db, q.keys)
+    assert refused(w) and made == [1]  # not retried: a refused watch is an answer
+    monkeypatch.undo()
+    w = watch_queue(db, q.keys)
+    assert not refused(w) and not w.is_ready()
+    w.cancel()
