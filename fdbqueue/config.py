@@ -17,6 +17,10 @@ from typing import Any, NamedTuple, TypeVar
 from fdbqueue.budget import MAX_PAYLOAD_BYTES
 from fdbqueue.engines.base import ReadView, Transaction, engine_traits
 from fdbqueue.errors import QueueError
+from fdbqueue.errors import QueueNotFoundError as QueueNotFoundError  # re-export: errors live in errors.py
+from fdbqueue.errors import (
+    UnsupportedLayerFormatError as UnsupportedLayerFormatError,  # re-export: errors live in errors.py
+)
 from fdbqueue.layout import (
     HOT_COUNTERS,
     LAYER_FORMAT,
@@ -25,17 +29,6 @@ from fdbqueue.layout import (
     unpack_count,
     validate_queue_name,
 )
-
-
-class QueueNotFoundError(QueueError, KeyError):
-    """No queue of that name exists."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else "queue not found"
-
-
-class UnsupportedLayerFormatError(QueueError):
-    """The database holds queues of another, incompatible fdbqueue layer format."""
 
 
 def check_format(found: str) -> None:

@@ -13,6 +13,17 @@ from typing import Any, NamedTuple
 
 from fdbqueue.budget import MAX_DEDUP_KEY_BYTES, MAX_HEADERS_BYTES, MAX_REASON_BYTES, encoded_len
 from fdbqueue.errors import CorruptMessageError, InvalidTextError, QueueError
+from fdbqueue.errors import (
+    DedupKeyTooLargeError as DedupKeyTooLargeError,  # re-export: errors live in errors.py
+)
+from fdbqueue.errors import (
+    HeadersTooLargeError as HeadersTooLargeError,  # re-export: errors live in errors.py
+)
+from fdbqueue.errors import InvalidPayloadError as InvalidPayloadError  # re-export: errors live in errors.py
+from fdbqueue.errors import (
+    PayloadTooLargeError as PayloadTooLargeError,  # re-export: errors live in errors.py
+)
+from fdbqueue.errors import ReasonTooLargeError as ReasonTooLargeError  # re-export: errors live in errors.py
 from fdbqueue.layout import QueueKeys, utf8
 
 # 2: the record ends with a CRC-32 of everything before it (layer format 2.0; records of
@@ -22,26 +33,6 @@ _HEAD = struct.Struct("<BI")
 _CRC = struct.Struct("<I")
 CRC_BYTES = _CRC.size
 _crc32 = zlib.crc32
-
-
-class InvalidPayloadError(QueueError, TypeError):
-    """The payload is not bytes, str (that UTF-8 can encode), or JSON-serialisable."""
-
-
-class PayloadTooLargeError(QueueError, ValueError):
-    """The payload is larger than the queue's maximum."""
-
-
-class HeadersTooLargeError(QueueError, ValueError):
-    """The headers are larger than MAX_HEADERS_BYTES as stored (compact JSON)."""
-
-
-class DedupKeyTooLargeError(QueueError, ValueError):
-    """The dedup key is longer than MAX_DEDUP_KEY_BYTES in UTF-8."""
-
-
-class ReasonTooLargeError(QueueError, ValueError):
-    """The nack or dead-letter reason is longer than MAX_REASON_BYTES as stored (JSON)."""
 
 
 class ContentType(str, Enum):

@@ -379,3 +379,58 @@ def test_cycles_are_found_each_once_with_their_import_lines() -> None:
         "c.py:1 (c -> a)",
     ]
     assert strongly_connected(g) == [[f"{PACKAGE}.a", f"{PACKAGE}.b", f"{PACKAGE}.c"]]
+
+
+# Exception classes that stay where they are, and why.
+ERRORS_ELSEWHERE = {
+    "cli_io.CommandError": "the command line's exit code and message, never raised by the API",
+    "engines._storefiles.NotAStore": "the embedded engine's own kind of StoreError, raised as one",
+    "engines.fdb._NoBindings": "a stand-in for fdb.FDBError before the bindings are loaded",
+}
+
+
+def test_every_error_is_defined_in_errors_py() -> None:
+    """An exception class defined elsewhere makes its raisers import that module (and its
+    imports); errors.py imports nothing of the package."""
+    elsewhere = []
+    for module, path in module_files().items():
+        if module == f"{PACKAGE}.errors":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.ClassDef)
+                and (
+                    node.name.endswith(("Error", "Exception"))
+                    or any(
+                        isinstance(b, ast.Name) and b.id.endswith(("Error", "Exception")) for b in node.bases
+                    )
+                )
+                and f"{short(module)}.{node.name}" not in ERRORS_ELSEWHERE
+            ):
+                elsewhere.append(f"{path.relative_to(ROOT.parent)}:{node.lineno} {node.name}")
+    assert not elsewhere, "define these in fdbqueue/errors.py (re-export them here):\n" + "\n".join(elsewhere)
+
+
+def test_the_errors_moved_to_errors_py_are_still_importable_from_their_old_modules() -> None:
+    import importlib
+
+    from fdbqueue import errors
+
+    old = {
+        "config": ["QueueNotFoundError", "UnsupportedLayerFormatError"],
+        "delivery": ["LeaseError", "LeaseExpiredError"],
+        "message": [
+            "InvalidPayloadError",
+            "PayloadTooLargeError",
+            "HeadersTooLargeError",
+            "DedupKeyTooLargeError",
+            "ReasonTooLargeError",
+        ],
+        "budget": ["BudgetExceededError"],
+        "worker": ["HandlerSignatureError"],
+        "testing": ["FaultScriptError"],
+    }
+    for module, names in old.items():
+        loaded = importlib.import_module(f"{PACKAGE}.{module}")
+        for name in names:
+            assert getattr(loaded, name) is getattr(errors, name), f"{module}.{name}"
