@@ -145,8 +145,8 @@ def move_corrupt(
     (if it had any) are left where they are: a sweep clears a TTL entry whose message is
     gone, and chunks stay under the id in ``q`` for whoever recovers it.
     """
+    from fdbqueue.layout import new_id
     from fdbqueue.queue import Queue as QueueCls
-    from fdbqueue.queue import new_id
 
     if budget is not None:
         budget.charge(move_cost(len(key), len(raw), 0))

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple, TypeVar, cast
 
@@ -74,7 +73,16 @@ from fdbqueue.errors import (
     QueueFullError,
     QueueStoppedError,
 )
-from fdbqueue.layout import DEFAULT_ROOT, MINUS_ONE, ONE, QueueKeys, new_rand, pack_count, unpack_count
+from fdbqueue.layout import (
+    DEFAULT_ROOT,
+    MINUS_ONE,
+    ONE,
+    QueueKeys,
+    new_id,
+    new_rand,
+    pack_count,
+    unpack_count,
+)
 from fdbqueue.leasing import lease_batch
 from fdbqueue.message import (
     CRC_BYTES,
@@ -808,15 +816,4 @@ def _blocking(
     return got
 
 
-def new_id() -> str:
-    """A message id: 48 bits of milliseconds, then 80 random bits, as 32 hex digits.
-
-    Time first (as in UUIDv7), so that the id index grows at its end instead of at random
-    places: an enqueue then dirties one index page, not a new random one each time. The
-    wall clock serves locality only: uniqueness is the random bits', and nothing orders or
-    ages messages by their ids, so a client's wrong clock costs nothing here.
-    """
-    return f"{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}"
-
-
-__all__ = ["AutonomousId", "LeaseError", "Queue", "QueueFullError", "QueueStoppedError", "run_once"]
+__all__ = ["AutonomousId", "LeaseError", "Queue", "QueueFullError", "QueueStoppedError", "new_id", "run_once"]

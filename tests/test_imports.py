@@ -434,3 +434,11 @@ def test_the_errors_moved_to_errors_py_are_still_importable_from_their_old_modul
         loaded = importlib.import_module(f"{PACKAGE}.{module}")
         for name in names:
             assert getattr(loaded, name) is getattr(errors, name), f"{module}.{name}"
+
+
+def test_new_id_lives_in_layout_below_the_modules_that_make_ids() -> None:
+    from fdbqueue import layout, queue
+
+    assert queue.new_id is layout.new_id  # re-exported from its old place
+    ids = [layout.new_id() for _ in range(3)]
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids) and len(set(ids)) == 3
