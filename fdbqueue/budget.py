@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterable
 
 from fdbqueue.engines.base import VALUE_SIZE_LIMIT
-from fdbqueue.errors import BudgetExceededError as BudgetExceededError  # re-export: errors live in errors.py
+from fdbqueue.errors import BudgetExceededError as BudgetExceededError  # re-export
 
 TXN_BUDGET_BYTES = 1_000_000 // 2  # at most this many bytes per transaction, as FoundationDB counts
 

@@ -32,8 +32,8 @@ from fdbqueue.clock import db_now, now_us, seconds_of, versions
 from fdbqueue.config import QueueConfig, check_duration, config_or_create, error_queue_name
 from fdbqueue.engines.base import Database, Transaction
 from fdbqueue.errors import CorruptMessageError, EngineError, QueueError
-from fdbqueue.errors import LeaseError as LeaseError  # re-export: errors live in errors.py
-from fdbqueue.errors import LeaseExpiredError as LeaseExpiredError  # re-export: errors live in errors.py
+from fdbqueue.errors import LeaseError as LeaseError  # re-export
+from fdbqueue.errors import LeaseExpiredError as LeaseExpiredError  # re-export
 from fdbqueue.layout import MINUS_ONE, ONE, QueueKeys, new_rand, unpack_count
 from fdbqueue.message import Message, Record, decode_record, fit_reason, join_chunks
 from fdbqueue.txn import run_once

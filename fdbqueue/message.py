@@ -7,24 +7,18 @@ import struct
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from fdbqueue.budget import MAX_DEDUP_KEY_BYTES, MAX_HEADERS_BYTES, MAX_REASON_BYTES, encoded_len
 from fdbqueue.errors import CorruptMessageError, InvalidTextError, QueueError
-from fdbqueue.errors import (
-    DedupKeyTooLargeError as DedupKeyTooLargeError,  # re-export: errors live in errors.py
-)
-from fdbqueue.errors import (
-    HeadersTooLargeError as HeadersTooLargeError,  # re-export: errors live in errors.py
-)
-from fdbqueue.errors import InvalidPayloadError as InvalidPayloadError  # re-export: errors live in errors.py
-from fdbqueue.errors import (
-    PayloadTooLargeError as PayloadTooLargeError,  # re-export: errors live in errors.py
-)
-from fdbqueue.errors import ReasonTooLargeError as ReasonTooLargeError  # re-export: errors live in errors.py
+from fdbqueue.errors import DedupKeyTooLargeError as DedupKeyTooLargeError  # re-export
+from fdbqueue.errors import HeadersTooLargeError as HeadersTooLargeError  # re-export
+from fdbqueue.errors import InvalidPayloadError as InvalidPayloadError  # re-export
+from fdbqueue.errors import PayloadTooLargeError as PayloadTooLargeError  # re-export
+from fdbqueue.errors import ReasonTooLargeError as ReasonTooLargeError  # re-export
 from fdbqueue.layout import QueueKeys, utf8
+from fdbqueue.types import ContentType as ContentType  # re-export
 
 # 2: the record ends with a CRC-32 of everything before it (layer format 2.0; records of
 # format 1 were never released, so are not read).
@@ -33,12 +27,6 @@ _HEAD = struct.Struct("<BI")
 _CRC = struct.Struct("<I")
 CRC_BYTES = _CRC.size
 _crc32 = zlib.crc32
-
-
-class ContentType(str, Enum):
-    BYTES = "b"
-    TEXT = "t"
-    JSON = "j"
 
 
 def coerce_payload(payload: object) -> tuple[bytes, ContentType]:

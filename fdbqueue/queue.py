@@ -13,7 +13,7 @@ import logging
 import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, NamedTuple, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import tenacity
 
@@ -86,7 +86,6 @@ from fdbqueue.layout import (
 from fdbqueue.leasing import lease_batch
 from fdbqueue.message import (
     CRC_BYTES,
-    ContentType,
     Message,
     PayloadTooLargeError,
     Record,
@@ -100,6 +99,7 @@ from fdbqueue.message import (
 )
 from fdbqueue.sweep import SweepStats, maybe_clear_old_receipts, new_receipt, read_receipt, settled, sweep
 from fdbqueue.txn import as_database, run_once, seconds
+from fdbqueue.types import Item
 from fdbqueue.waiting import blocking, strict_of, wait_ready, watch_queue
 
 CHUNK_SIZE = 10_000  # FoundationDB's blob recipe: values of about 10 kB
@@ -116,20 +116,7 @@ class _Staged:
 
 _STAGED = _Staged()
 _Taken = tuple[Message | None, bool]  # the message, or None and whether the queue is strict
-
-
-class _Item(NamedTuple):
-    id: str  # "" for a ready message: its id is made from its key when written
-    rand: bytes
-    payload: bytes
-    content_type: ContentType
-    priority: int
-    headers: dict[str, Any]
-    delay: float
-    ttl: float | None
-    dedup_key: str | None
-    fixed_id: bool = False  # the id must be known before the write (an autonomous enqueue)
-    admitted: bool = False  # checked for room and a running queue already (an autonomous enqueue)
+_Item = Item  # its old name
 
 
 class Queue:

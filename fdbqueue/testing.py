@@ -52,7 +52,7 @@ from fdbqueue.engines.sim import (
     SimDatabase,
     fault_possible,
 )
-from fdbqueue.errors import FaultScriptError as FaultScriptError  # re-export: errors live in errors.py
+from fdbqueue.errors import FaultScriptError as FaultScriptError  # re-export
 
 __all__ = ["FaultScript", "FaultScriptError", "Outcome", "on_backoff", "outage"]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from fdbqueue.config import check_duration
 from fdbqueue.engines.base import Database, Transaction, adopt, is_transaction, retry
 from fdbqueue.errors import QueueError, unknown_outcome
+from fdbqueue.types import check_duration
 
 __all__ = ["as_database", "run_once", "seconds", "unknown_outcome"]
 
@@ -38,5 +38,5 @@ def as_database(tr: object) -> Database:
 
 def seconds(name: str, value: object) -> float:
     """``value`` as a duration in seconds: finite, >= 0 and at most ten years
-    (``fdbqueue.config.check_duration``), else a clear :class:`QueueError`."""
+    (``fdbqueue.types.check_duration``), else a clear :class:`QueueError`."""
     return check_duration(name, value)

@@ -37,9 +37,7 @@ from fdbqueue.config import check_duration
 from fdbqueue.delivery import TOO_OLD_REASON, engine_fault, failure_reason, not_counted
 from fdbqueue.engines.base import TRANSACTION_WINDOW_SECONDS, Database
 from fdbqueue.errors import ClusterUnavailableError, EngineError, QueueError, StoreError
-from fdbqueue.errors import (
-    HandlerSignatureError as HandlerSignatureError,  # re-export: errors live in errors.py
-)
+from fdbqueue.errors import HandlerSignatureError as HandlerSignatureError  # re-export
 from fdbqueue.message import Message, fit_reason
 from fdbqueue.queue import Queue
 from fdbqueue.txn import run_once

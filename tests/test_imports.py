@@ -442,3 +442,24 @@ def test_new_id_lives_in_layout_below_the_modules_that_make_ids() -> None:
     assert queue.new_id is layout.new_id  # re-exported from its old place
     ids = [layout.new_id() for _ in range(3)]
     assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids) and len(set(ids)) == 3
+
+
+def test_types_is_a_leaf_and_its_types_keep_their_old_names(graph: dict[str, dict[str, Edge]]) -> None:
+    import importlib
+
+    from fdbqueue import types
+
+    assert set(graph[f"{PACKAGE}.types"]) <= {f"{PACKAGE}.errors"}, graph[f"{PACKAGE}.types"]
+    old = {
+        "config": ["QueueState", "check_duration", "MAX_DURATION_SECONDS"],
+        "message": ["ContentType"],
+        "sweep": ["SweepStats"],
+        "admin": ["QueueStats"],
+        "browse": ["Outlook"],
+        "autonomous": ["AutonomousId"],
+    }
+    for module, names in old.items():
+        loaded = importlib.import_module(f"{PACKAGE}.{module}")
+        for name in names:
+            assert getattr(loaded, name) is getattr(types, name), f"{module}.{name}"
+    assert importlib.import_module(f"{PACKAGE}.queue")._Item is types.Item
