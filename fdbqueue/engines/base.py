@@ -483,7 +483,6 @@ class Verdict(enum.Enum):
 
 RETRY = Verdict.RETRY
 RAISE = Verdict.RAISE
-AGAIN = Again()
 
 
 def retry(
@@ -497,8 +496,8 @@ def retry(
 
     Runs ``step(tr, attempt)`` in a fresh transaction of ``db`` and commits; an
     :class:`EngineError` (from the step or the commit) goes to ``tr.on_error``, which backs off
-    and lets the loop run the step again, or re-raises what is not retryable (FoundationDB's
-    retry loop: developer-guide.rst, "Transaction retry loops"). A step answers :class:`Again`
+    and lets the loop run the step again, or re-raises what is not retryable (as
+    ``@fdb.transactional`` does: FoundationDB's api-python.rst). A step answers :class:`Again`
     to commit and go on in a reset transaction (work split over transactions), or
     :class:`Done` to end without a commit.
 
