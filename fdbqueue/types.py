@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, NamedTuple
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fdbqueue.errors import QueueError
+
+if TYPE_CHECKING:
+    from fdbqueue.message import Record
 
 # The longest duration any setting or argument may give: ten years. Every duration becomes
 # a number of database versions (``fdbqueue.clock.versions``, 1e6 per second) added to a read
@@ -158,6 +163,86 @@ class Outlook:
     due_ready: int = 0
     due_expired: int = 0
     complete: bool = True
+
+
+@dataclass(frozen=True)
+class Message:
+    """A message handed out by a queue. ``payload`` is always bytes."""
+
+    id: str
+    payload: bytes
+    queue: str
+    priority: int
+    enqueued_at: float
+    deliveries: int
+    headers: Mapping[str, Any]
+    content_type: ContentType
+    expires_at: float | None = None
+    key: bytes = b""  # its place in the ready order: where a release puts it back
+    receipt: str | None = None  # the lease it was handed out under (worker mode)
+    lease_deadline: float | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def text(self) -> str:
+        """The payload decoded as UTF-8."""
+        return self.payload.decode("utf-8")
+
+    def json(self) -> Any:
+        """The payload parsed as JSON."""
+        return json.loads(self.payload)
+
+    @property
+    def reason(self) -> str | None:
+        """Why a message is in an error queue (``max_deliveries``, ``expired``, a nack reason)."""
+        r = self.extra.get("reason")
+        return None if r is None else str(r)
+
+    @property
+    def origin(self) -> str | None:
+        """The queue a dead-lettered message came from."""
+        o = self.extra.get("origin")
+        return None if o is None else str(o)
+
+    @classmethod
+    def from_record(
+        cls,
+        rec: Record,
+        queue: str,
+        priority: int,
+        key: bytes,
+        payload: bytes,
+        *,
+        delivered: bool = False,
+        **more: Any,
+    ) -> Message:
+        """The Message for ``rec``; ``delivered`` counts the delivery it is handed out in."""
+        fields = {
+            "id": rec.id,
+            "payload": payload,
+            "queue": queue,
+            "priority": priority,
+            "enqueued_at": rec.enqueued_us / 1e6,
+            "deliveries": rec.deliveries + delivered,
+            "headers": MappingProxyType(dict(rec.headers)),
+            "content_type": _CONTENT_TYPES[rec.content_type],
+            "expires_at": None if rec.expires_us is None else rec.expires_us / 1e6,
+            "key": key,
+            "receipt": None,
+            "lease_deadline": None,
+            "extra": MappingProxyType(dict(rec.extra)),
+        }
+        if more:
+            if not more.keys() <= fields.keys():
+                raise TypeError(f"unknown Message fields: {sorted(more.keys() - fields.keys())}")
+            fields.update(more)
+        # Every field is given, so the frozen dataclass's __init__ (13 checked setattr calls,
+        # on the path of every message handed out) is skipped: the instance is the same.
+        m = object.__new__(cls)
+        m.__dict__.update(fields)
+        return m
+
+
+_CONTENT_TYPES = {ct.value: ct for ct in ContentType}
 
 
 # The rights a principal may hold on a queue, in the order of their bits in the stored mask.

@@ -452,7 +452,7 @@ def test_types_is_a_leaf_and_its_types_keep_their_old_names(graph: dict[str, dic
     assert set(graph[f"{PACKAGE}.types"]) <= {f"{PACKAGE}.errors"}, graph[f"{PACKAGE}.types"]
     old = {
         "config": ["QueueState", "check_duration", "MAX_DURATION_SECONDS"],
-        "message": ["ContentType"],
+        "message": ["ContentType", "Message"],
         "sweep": ["SweepStats"],
         "admin": ["QueueStats"],
         "browse": ["Outlook"],
