@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from fdbqueue.clock import now_us
@@ -22,6 +21,7 @@ from fdbqueue.errors import CorruptMessageError
 from fdbqueue.layout import DEFAULT_ROOT, QueueKeys, pack_count, queues_range, root_subspace, unpack_count
 from fdbqueue.message import decode_record
 from fdbqueue.txn import run_once
+from fdbqueue.types import QueueStats as QueueStats  # re-export
 
 
 def create_queue(
@@ -128,27 +128,6 @@ def stop_queue(tr: Transaction | Database, name: str, *, root: tuple[Any, ...] =
 def start_queue(tr: Transaction | Database, name: str, *, root: tuple[Any, ...] = DEFAULT_ROOT) -> QueueState:
     """Enable both directions."""
     return set_state(tr, name, enqueue=True, dequeue=True, root=root)
-
-
-@dataclass(frozen=True)
-class QueueStats:
-    """A queue's figures; counts are atomic counters read at snapshot isolation."""
-
-    name: str
-    ready: int
-    inflight: int
-    delayed: int
-    errors: int  # messages waiting in the queue's error queue
-    made_ready: int  # totals since creation: enqueued, retried or promoted messages...
-    done: int  # ...and messages consumed (dequeued or acked)
-    dead: int
-    expired: int
-    oldest_age: float | None  # seconds the oldest ready message has waited
-    enqueue_enabled: bool
-    dequeue_enabled: bool
-    ready_rate: float | None = None  # messages/s made ready, over the sampled interval
-    done_rate: float | None = None  # messages/s consumed
-    corrupt: int = 0  # damaged records moved to the error queue (reason "corrupt"), total
 
 
 def queue_stats(tr: Transaction | Database, name: str, *, root: tuple[Any, ...] = DEFAULT_ROOT) -> QueueStats:

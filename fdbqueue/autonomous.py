@@ -23,7 +23,6 @@ gets may already be committed elsewhere:
 from __future__ import annotations
 
 import logging
-from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from fdbqueue.budget import MAX_PAYLOAD_BYTES
@@ -32,6 +31,7 @@ from fdbqueue.config import QueueConfig, read_meta
 from fdbqueue.engines.base import Database, Transaction, producer_room
 from fdbqueue.errors import EngineError, NestedTransactionError, QueueFullError, QueueStoppedError
 from fdbqueue.message import PayloadTooLargeError
+from fdbqueue.types import AutonomousId as AutonomousId  # re-export
 
 if TYPE_CHECKING:
     from fdbqueue.queue import Queue, _Item
@@ -42,31 +42,6 @@ log = logging.getLogger("fdbqueue")
 # transaction, the queue's prefix): they count against max_size in admit. An entry goes when
 # that transaction's attempt ends (its on_finish), so a reused id() finds none.
 _reserved: dict[tuple[int, bytes], int] = {}
-
-
-class AutonomousId(str):
-    """What an autonomous enqueue returns: the message id (a ``str``), and its ``outcome``.
-
-    ``outcome`` is a :class:`concurrent.futures.Future`: its result is the id of the message
-    stored (the first message's id on a dedup match), or the exception that kept it from
-    being written. It is done at once where the enqueue committed at once (sim, memory,
-    FoundationDB); on the embedded engine, once the caller's transaction has ended and the
-    deferred write ran (see the module docstring).
-    """
-
-    outcome: Future[str]
-
-    def __new__(cls, msg_id: str) -> AutonomousId:
-        self = super().__new__(cls, msg_id)
-        self.outcome = Future()
-        return self
-
-    @classmethod
-    def written(cls, msg_id: str) -> AutonomousId:
-        """An id whose message is stored already."""
-        done = cls(msg_id)
-        done.outcome.set_result(msg_id)
-        return done
 
 
 def enqueue_autonomous(q: Queue, tr: Transaction, item: _Item) -> AutonomousId:

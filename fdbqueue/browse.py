@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fdbqueue.clock import db_now
@@ -26,6 +25,7 @@ from fdbqueue.engines.base import Database, KeyValue, Transaction
 from fdbqueue.errors import QueueError
 from fdbqueue.layout import QueueKeys, unpack_count
 from fdbqueue.message import Message, Record, decode_record, join_chunks
+from fdbqueue.types import Outlook as Outlook  # re-export
 
 if TYPE_CHECKING:
     from fdbqueue.queue import Queue
@@ -36,22 +36,6 @@ DUE_LIMIT = 1000  # due delayed / expired entries looked at per read (a bounded 
 # message returning to its own place (a retry) keeps its ready key's index; a new one is
 # made ready at the end of its priority, in due order.
 Order = tuple[float, float, int]
-
-
-@dataclass(frozen=True)
-class Outlook:
-    """What a dequeue would find beyond the counters, now: read-only, at snapshot isolation.
-
-    ``expired_ready``: ready messages whose TTL has passed (counted as ready until moved);
-    ``due_ready``: delayed messages that are due (a dequeue makes them ready first);
-    ``due_expired``: due delayed messages whose TTL has passed too. ``complete`` is False
-    when more than :data:`DUE_LIMIT` entries were due: the figures are then lower bounds.
-    """
-
-    expired_ready: int = 0
-    due_ready: int = 0
-    due_expired: int = 0
-    complete: bool = True
 
 
 def _due_delayed(tr: Transaction, keys: QueueKeys, now: int) -> tuple[list[tuple[bytes, Record]], bool]:

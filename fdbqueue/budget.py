@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterable
 
 from fdbqueue.engines.base import VALUE_SIZE_LIMIT
-from fdbqueue.errors import QueueError
+from fdbqueue.errors import BudgetExceededError as BudgetExceededError  # re-export
 
 TXN_BUDGET_BYTES = 1_000_000 // 2  # at most this many bytes per transaction, as FoundationDB counts
 
@@ -63,10 +63,6 @@ BASE_COST = 8_000
 # Upper-bound slack for a key written elsewhere than where it was read (an id or expiry
 # entry, the error queue's longer name, a lease or delayed key).
 _KEY_SLACK = 32
-
-
-class BudgetExceededError(QueueError, ValueError):
-    """The operation must be atomic but does not fit one transaction's byte budget."""
 
 
 def set_cost(key_len: int, value_len: int) -> int:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import os
 import struct
 import threading
@@ -17,6 +16,8 @@ from typing import Any, NamedTuple, TypeVar
 from fdbqueue.budget import MAX_PAYLOAD_BYTES
 from fdbqueue.engines.base import ReadView, Transaction, engine_traits
 from fdbqueue.errors import QueueError
+from fdbqueue.errors import QueueNotFoundError as QueueNotFoundError  # re-export
+from fdbqueue.errors import UnsupportedLayerFormatError as UnsupportedLayerFormatError  # re-export
 from fdbqueue.layout import (
     HOT_COUNTERS,
     LAYER_FORMAT,
@@ -25,17 +26,9 @@ from fdbqueue.layout import (
     unpack_count,
     validate_queue_name,
 )
-
-
-class QueueNotFoundError(QueueError, KeyError):
-    """No queue of that name exists."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else "queue not found"
-
-
-class UnsupportedLayerFormatError(QueueError):
-    """The database holds queues of another, incompatible fdbqueue layer format."""
+from fdbqueue.types import MAX_DURATION_SECONDS as MAX_DURATION_SECONDS  # re-export
+from fdbqueue.types import QueueState as QueueState  # re-export
+from fdbqueue.types import check_duration as check_duration  # re-export
 
 
 def check_format(found: str) -> None:
@@ -79,28 +72,8 @@ def _valid_name(name: object) -> bool:
     return True
 
 
-# The longest duration any setting or argument may give: ten years. Every duration becomes
-# a number of database versions (``fdbqueue.clock.versions``, 1e6 per second) added to a read
-# version; an unbounded one (``inf``) cannot, and a huge one would be accepted here only to
-# make every later sweep, dequeue and lease of the queue fail.
-MAX_DURATION_SECONDS = 10 * 365.25 * 86400.0
 _DURATIONS = ("retry_delay", "max_retry_delay", "lease_seconds", "ttl", "dedup_window")
 MAX_RETRY_BACKOFF = 1000.0  # the growth factor per delivery; max_retry_delay caps the wait
-
-
-def check_duration(name: str, value: object, *, positive: bool = False) -> float:
-    """``value`` as seconds when it is a finite number from 0 (above 0 with ``positive``) to
-    :data:`MAX_DURATION_SECONDS`, else a clear :class:`QueueError` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise QueueError(f"{name} must be a number of seconds, not {value!r}")
-    if value < 0 or (positive and value == 0):
-        raise QueueError(f"{name} must be {'> 0' if positive else '>= 0'} seconds, got {value!r}")
-    if value > MAX_DURATION_SECONDS:
-        raise QueueError(
-            f"{name} must be at most {MAX_DURATION_SECONDS:.0f} seconds (ten years of database "
-            f"time), got {value!r}"
-        )
-    return float(value)
 
 
 OVERFLOW_POLICIES = ("reject", "block")
@@ -212,26 +185,6 @@ class QueueConfig:
 
     def replace(self, **changes: Any) -> QueueConfig:
         return dataclasses.replace(self, **changes)
-
-
-@dataclass(frozen=True)
-class QueueState:
-    """Whether each direction is open: a queue is started and stopped, and its enqueue and
-    dequeue enabled, independently (Bernstein & Newcomer, "Principles of Transaction
-    Processing", 4.5 The Queue Manager)."""
-
-    enqueue: bool = True
-    dequeue: bool = True
-
-    def encode(self) -> bytes:
-        return json.dumps({"enqueue": self.enqueue, "dequeue": self.dequeue}).encode()
-
-    @classmethod
-    def decode(cls, raw: bytes | None) -> QueueState:
-        if not raw:
-            return cls()
-        data = json.loads(raw)
-        return cls(enqueue=bool(data.get("enqueue", True)), dequeue=bool(data.get("dequeue", True)))
 
 
 T = TypeVar("T")

@@ -27,8 +27,8 @@ from fdbqueue.budget import Budget, move_cost
 from fdbqueue.clock import db_now, versions
 from fdbqueue.config import QueueConfig, due_entries, read_meta
 from fdbqueue.delivery import HEAD_BATCH, HEAD_SKIP_LIMIT, expire_within, move_corrupt, remove_message
-from fdbqueue.engines.base import Database, KeyValue, Transaction
-from fdbqueue.errors import CommitUnknownError, CorruptMessageError, EngineError
+from fdbqueue.engines.base import RETRY, Again, Attempt, Database, Done, KeyValue, Transaction, retry
+from fdbqueue.errors import CommitUnknownError, CorruptMessageError
 from fdbqueue.layout import QueueKeys, pack_count
 from fdbqueue.message import Message, decode_record
 
@@ -195,75 +195,73 @@ def fulfil(db: Database, queue: Queue, *, mine: bytes | None = None) -> int:
     """
     keys = queue.keys
     made = 0
-    t = db.create_transaction()
-    try:
-        while True:
-            try:
-                # A constant number of round trips per batch, none per pair: the requests
-                # and messages come from snapshot range reads, each one paired gets a read
-                # conflict key of its own (FoundationDB's high-contention queue recipe: two
-                # fulfillers conflict only when they touch the same request or message), and
-                # the requests' result keys are read together in one get_many.
-                reqs = t.snapshot.get_range(*keys.pop_range(), limit=BATCH)
-                if not reqs:
-                    return made
-                if mine is not None and _done(mine, reqs):
-                    return made
-                now = db_now(t)
-                budget = Budget()  # this transaction's (fdbqueue/budget.py)
-                meta = read_meta(t, keys)
-                cfg = meta.config
-                if cfg is not None and due_entries(t, keys, meta, now):
-                    from fdbqueue.sweep import sweep_step
 
-                    sweep_step(queue, t, cfg, now, 16, budget)  # due delays and expired leases first
-                stale_before = now - STALE_REQUEST_VERSIONS
-                live = []
-                for req in reqs:
-                    if keys.unpack_tail(req.key)[1] < stale_before:
-                        t.add_read_conflict_key(req.key)
-                        t.clear(req.key)
-                    else:
-                        live.append(req)
-                items = _live_items(queue, t, cfg, len(live), now, budget) if cfg is not None else []
-                affordable: list[KeyValue] = []
-                for item in items:
-                    # The result holds the record: within the budget, the rest next transaction.
-                    if not budget.take(move_cost(len(item.key), len(item.value), 0)):
-                        break
-                    affordable.append(item)
-                paired = live[: len(affordable)]
-                results = [keys.result_key(keys.unpack_tail(req.key)[2]) for req in paired]
-                existing = t.get_many(results) if results else []
-                handed = 0
-                for req, item, res, seen in zip(paired, affordable, results, existing, strict=True):
-                    # Conflict keys, not reads: without them two fulfillers could hand out
-                    # one message twice, and the snapshot reads already gave the values.
-                    t.add_read_conflict_key(req.key)
-                    t.add_read_conflict_key(item.key)
-                    if seen is not None:
-                        t.clear(req.key)  # already paired (see register): never pair twice
-                        continue
-                    t.set(res, encode_result(now, item.key, item.value))
-                    rec = decode_record(item.value, queue.keys, item.key)
-                    remove_message(t, keys, item.key, rec, chunks=False)  # its requester reads them
-                    handed += 1
-                    t.clear(req.key)
-                if handed:  # one atomic add per counter for the batch, not one per pair
-                    t.add(keys.counter("ready"), pack_count(-handed))
-                    t.add(keys.counter("done"), pack_count(handed))
-                if not budget.more:
-                    for req in live[len(items) :]:
-                        t.add_read_conflict_key(req.key)
-                        t.clear(req.key)  # nothing to pair: its requester gets None
-                t.commit()
-                made += len(paired)
-                if len(reqs) < BATCH and not budget.more:
-                    return made
-                t.reset()
-            except EngineError as exc:
-                if exc.code == 1020:
-                    return made  # another waiter fulfilled these
-                t.on_error(exc)
-    finally:
-        t.cancel()
+    def count(n: int) -> None:
+        nonlocal made
+        made += n
+
+    def step(t: Transaction, attempt: Attempt) -> int | Again | Done[int]:
+        # A constant number of round trips per batch, none per pair: the requests
+        # and messages come from snapshot range reads, each one paired gets a read
+        # conflict key of its own (FoundationDB's high-contention queue recipe: two
+        # fulfillers conflict only when they touch the same request or message), and
+        # the requests' result keys are read together in one get_many.
+        reqs = t.snapshot.get_range(*keys.pop_range(), limit=BATCH)
+        if not reqs:
+            return Done(made)
+        if mine is not None and _done(mine, reqs):
+            return Done(made)
+        now = db_now(t)
+        budget = Budget()  # this transaction's (fdbqueue/budget.py)
+        meta = read_meta(t, keys)
+        cfg = meta.config
+        if cfg is not None and due_entries(t, keys, meta, now):
+            from fdbqueue.sweep import sweep_step
+
+            sweep_step(queue, t, cfg, now, 16, budget)  # due delays and expired leases first
+        stale_before = now - STALE_REQUEST_VERSIONS
+        live = []
+        for req in reqs:
+            if keys.unpack_tail(req.key)[1] < stale_before:
+                t.add_read_conflict_key(req.key)
+                t.clear(req.key)
+            else:
+                live.append(req)
+        items = _live_items(queue, t, cfg, len(live), now, budget) if cfg is not None else []
+        affordable: list[KeyValue] = []
+        for item in items:
+            # The result holds the record: within the budget, the rest next transaction.
+            if not budget.take(move_cost(len(item.key), len(item.value), 0)):
+                break
+            affordable.append(item)
+        paired = live[: len(affordable)]
+        results = [keys.result_key(keys.unpack_tail(req.key)[2]) for req in paired]
+        existing = t.get_many(results) if results else []
+        handed = 0
+        for req, item, res, seen in zip(paired, affordable, results, existing, strict=True):
+            # Conflict keys, not reads: without them two fulfillers could hand out
+            # one message twice, and the snapshot reads already gave the values.
+            t.add_read_conflict_key(req.key)
+            t.add_read_conflict_key(item.key)
+            if seen is not None:
+                t.clear(req.key)  # already paired (see register): never pair twice
+                continue
+            t.set(res, encode_result(now, item.key, item.value))
+            rec = decode_record(item.value, queue.keys, item.key)
+            remove_message(t, keys, item.key, rec, chunks=False)  # its requester reads them
+            handed += 1
+            t.clear(req.key)
+        if handed:  # one atomic add per counter for the batch, not one per pair
+            t.add(keys.counter("ready"), pack_count(-handed))
+            t.add(keys.counter("done"), pack_count(handed))
+        if not budget.more:
+            for req in live[len(items) :]:
+                t.add_read_conflict_key(req.key)
+                t.clear(req.key)  # nothing to pair: its requester gets None
+        n = len(paired)
+        if len(reqs) < BATCH and not budget.more:
+            return made + n  # once committed
+        return Again(lambda: count(n))
+
+    # A conflict (1020): another waiter fulfilled these.
+    return retry(db, step, on_error=lambda exc, attempt: made if exc.code == 1020 else RETRY)

@@ -32,6 +32,8 @@ from fdbqueue.clock import db_now, now_us, seconds_of, versions
 from fdbqueue.config import QueueConfig, check_duration, config_or_create, error_queue_name
 from fdbqueue.engines.base import Database, Transaction
 from fdbqueue.errors import CorruptMessageError, EngineError, QueueError
+from fdbqueue.errors import LeaseError as LeaseError  # re-export
+from fdbqueue.errors import LeaseExpiredError as LeaseExpiredError  # re-export
 from fdbqueue.layout import MINUS_ONE, ONE, QueueKeys, new_rand, unpack_count
 from fdbqueue.message import Message, Record, decode_record, fit_reason, join_chunks
 from fdbqueue.txn import run_once
@@ -49,14 +51,6 @@ FILTER_BATCH = 100
 TAKE_RESERVE = 110_000
 _MISSING = object()
 log = logging.getLogger("fdbqueue")
-
-
-class LeaseError(QueueError):
-    """The lease is unknown, was already settled, or has expired."""
-
-
-class LeaseExpiredError(LeaseError):
-    """The lease expired: the message was (or will be, at the next sweep) released."""
 
 
 # -- moving records --------------------------------------------------------------------------
@@ -151,8 +145,8 @@ def move_corrupt(
     (if it had any) are left where they are: a sweep clears a TTL entry whose message is
     gone, and chunks stay under the id in ``q`` for whoever recovers it.
     """
+    from fdbqueue.layout import new_id
     from fdbqueue.queue import Queue as QueueCls
-    from fdbqueue.queue import new_id
 
     if budget is not None:
         budget.charge(move_cost(len(key), len(raw), 0))

@@ -144,6 +144,15 @@ class CommitUnknownError(QueueError):
     """
 
 
+def unknown_outcome(exc: EngineError) -> CommitUnknownError:
+    """The error for a call whose commit may have landed and cannot be retried or settled."""
+    return CommitUnknownError(
+        f"the outcome is unknown: a commit may have landed, and the transaction then ended with "
+        f"{exc.name} ({exc.code}) before its retry could learn whether it did; it may or may "
+        "not have happened, so check before doing it again"
+    )
+
+
 class CorruptMessageError(QueueError):
     """A stored message record or payload chunk failed its checksum or cannot be decoded.
 
@@ -173,3 +182,68 @@ class CorruptMessageError(QueueError):
         super().__init__(
             "corrupt message" + (" " + " ".join(where) if where else "") + (f": {detail}" if detail else "")
         )
+
+
+# The errors below were defined beside the code that raises them; here, any module can raise
+# them without importing that code. Their old modules re-export them.
+
+
+class QueueNotFoundError(QueueError, KeyError):
+    """No queue of that name exists."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "queue not found"
+
+
+class UnsupportedLayerFormatError(QueueError):
+    """The database holds queues of another, incompatible fdbqueue layer format."""
+
+
+class LeaseError(QueueError):
+    """The lease is unknown, was already settled, or has expired."""
+
+
+class LeaseExpiredError(LeaseError):
+    """The lease expired: the message was (or will be, at the next sweep) released."""
+
+
+class InvalidPayloadError(QueueError, TypeError):
+    """The payload is not bytes, str (that UTF-8 can encode), or JSON-serialisable."""
+
+
+class PayloadTooLargeError(QueueError, ValueError):
+    """The payload is larger than the queue's maximum."""
+
+
+class HeadersTooLargeError(QueueError, ValueError):
+    """The headers are larger than MAX_HEADERS_BYTES as stored (compact JSON)."""
+
+
+class DedupKeyTooLargeError(QueueError, ValueError):
+    """The dedup key is longer than MAX_DEDUP_KEY_BYTES in UTF-8."""
+
+
+class ReasonTooLargeError(QueueError, ValueError):
+    """The nack or dead-letter reason is longer than MAX_REASON_BYTES as stored (JSON)."""
+
+
+class BudgetExceededError(QueueError, ValueError):
+    """The operation must be atomic but does not fit one transaction's byte budget."""
+
+
+class HandlerSignatureError(QueueError, TypeError):
+    """The handler cannot be called the way the worker's mode calls it."""
+
+
+class FaultScriptError(QueueError, TypeError):
+    """A testing hook was given something other than a sim:// database, or a bad outcome."""
+
+
+class AccessDeniedError(QueueError):
+    """A principal lacks a right on a queue; raised before the operation writes anything."""
+
+    def __init__(self, principal: str, queue: str, right: str) -> None:
+        self.principal = principal
+        self.queue = queue
+        self.right = right
+        super().__init__(f"principal {principal!r} lacks right {right!r} on queue {queue!r}")

@@ -1,4 +1,5 @@
-"""Messages: the public :class:`Message` and the record stored for each one."""
+"""The record stored for each message (its codec, payload chunks and checks); the public
+:class:`~fdbqueue.types.Message` it becomes is in types.py (re-exported here)."""
 
 from __future__ import annotations
 
@@ -6,14 +7,18 @@ import json
 import struct
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import Enum
-from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from fdbqueue.budget import MAX_DEDUP_KEY_BYTES, MAX_HEADERS_BYTES, MAX_REASON_BYTES, encoded_len
 from fdbqueue.errors import CorruptMessageError, InvalidTextError, QueueError
+from fdbqueue.errors import DedupKeyTooLargeError as DedupKeyTooLargeError  # re-export
+from fdbqueue.errors import HeadersTooLargeError as HeadersTooLargeError  # re-export
+from fdbqueue.errors import InvalidPayloadError as InvalidPayloadError  # re-export
+from fdbqueue.errors import PayloadTooLargeError as PayloadTooLargeError  # re-export
+from fdbqueue.errors import ReasonTooLargeError as ReasonTooLargeError  # re-export
 from fdbqueue.layout import QueueKeys, utf8
+from fdbqueue.types import ContentType as ContentType  # re-export
+from fdbqueue.types import Message as Message  # re-export
 
 # 2: the record ends with a CRC-32 of everything before it (layer format 2.0; records of
 # format 1 were never released, so are not read).
@@ -22,32 +27,6 @@ _HEAD = struct.Struct("<BI")
 _CRC = struct.Struct("<I")
 CRC_BYTES = _CRC.size
 _crc32 = zlib.crc32
-
-
-class InvalidPayloadError(QueueError, TypeError):
-    """The payload is not bytes, str (that UTF-8 can encode), or JSON-serialisable."""
-
-
-class PayloadTooLargeError(QueueError, ValueError):
-    """The payload is larger than the queue's maximum."""
-
-
-class HeadersTooLargeError(QueueError, ValueError):
-    """The headers are larger than MAX_HEADERS_BYTES as stored (compact JSON)."""
-
-
-class DedupKeyTooLargeError(QueueError, ValueError):
-    """The dedup key is longer than MAX_DEDUP_KEY_BYTES in UTF-8."""
-
-
-class ReasonTooLargeError(QueueError, ValueError):
-    """The nack or dead-letter reason is longer than MAX_REASON_BYTES as stored (JSON)."""
-
-
-class ContentType(str, Enum):
-    BYTES = "b"
-    TEXT = "t"
-    JSON = "j"
 
 
 def coerce_payload(payload: object) -> tuple[bytes, ContentType]:
@@ -234,83 +213,3 @@ def join_chunks(values: Sequence[bytes | None], count: int, queue: str, msg_id: 
             raise CorruptMessageError(f"payload chunk {n} checksum mismatch", queue=queue, msg_id=msg_id)
         parts.append(data)
     return b"".join(parts)
-
-
-@dataclass(frozen=True)
-class Message:
-    """A message handed out by a queue. ``payload`` is always bytes."""
-
-    id: str
-    payload: bytes
-    queue: str
-    priority: int
-    enqueued_at: float
-    deliveries: int
-    headers: Mapping[str, Any]
-    content_type: ContentType
-    expires_at: float | None = None
-    key: bytes = b""  # its place in the ready order: where a release puts it back
-    receipt: str | None = None  # the lease it was handed out under (worker mode)
-    lease_deadline: float | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
-
-    def text(self) -> str:
-        """The payload decoded as UTF-8."""
-        return self.payload.decode("utf-8")
-
-    def json(self) -> Any:
-        """The payload parsed as JSON."""
-        return json.loads(self.payload)
-
-    @property
-    def reason(self) -> str | None:
-        """Why a message is in an error queue (``max_deliveries``, ``expired``, a nack reason)."""
-        r = self.extra.get("reason")
-        return None if r is None else str(r)
-
-    @property
-    def origin(self) -> str | None:
-        """The queue a dead-lettered message came from."""
-        o = self.extra.get("origin")
-        return None if o is None else str(o)
-
-    @classmethod
-    def from_record(
-        cls,
-        rec: Record,
-        queue: str,
-        priority: int,
-        key: bytes,
-        payload: bytes,
-        *,
-        delivered: bool = False,
-        **more: Any,
-    ) -> Message:
-        """The Message for ``rec``; ``delivered`` counts the delivery it is handed out in."""
-        fields = {
-            "id": rec.id,
-            "payload": payload,
-            "queue": queue,
-            "priority": priority,
-            "enqueued_at": rec.enqueued_us / 1e6,
-            "deliveries": rec.deliveries + delivered,
-            "headers": MappingProxyType(dict(rec.headers)),
-            "content_type": _CONTENT_TYPES[rec.content_type],
-            "expires_at": None if rec.expires_us is None else rec.expires_us / 1e6,
-            "key": key,
-            "receipt": None,
-            "lease_deadline": None,
-            "extra": MappingProxyType(dict(rec.extra)),
-        }
-        if more:
-            if not more.keys() <= fields.keys():
-                raise TypeError(f"unknown Message fields: {sorted(more.keys() - fields.keys())}")
-            fields.update(more)
-        # Every field is given, so the frozen dataclass's __init__ (13 checked setattr calls,
-        # on the path of every message handed out) is skipped: the instance is the same.
-        m = object.__new__(cls)
-        m.__dict__.update(fields)
-        return m
-
-
-_CONTENT_TYPES = {ct.value: ct for ct in ContentType}

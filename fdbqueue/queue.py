@@ -12,9 +12,8 @@ from __future__ import annotations
 import logging
 import math
 import os
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar, cast
 
 import tenacity
 
@@ -52,14 +51,20 @@ from fdbqueue.delivery import (
     remove_message,
 )
 from fdbqueue.engines.base import (
+    RETRY,
+    Again,
+    Attempt,
     Database,
+    Done,
     KeySelector,
     Transaction,
+    Verdict,
     Watch,
     adopt,
     engine_traits,
     is_transaction,
     producer_room,
+    retry,
 )
 from fdbqueue.errors import (
     CorruptMessageError,
@@ -68,11 +73,19 @@ from fdbqueue.errors import (
     QueueFullError,
     QueueStoppedError,
 )
-from fdbqueue.layout import DEFAULT_ROOT, MINUS_ONE, ONE, QueueKeys, new_rand, pack_count, unpack_count
+from fdbqueue.layout import (
+    DEFAULT_ROOT,
+    MINUS_ONE,
+    ONE,
+    QueueKeys,
+    new_id,
+    new_rand,
+    pack_count,
+    unpack_count,
+)
 from fdbqueue.leasing import lease_batch
 from fdbqueue.message import (
     CRC_BYTES,
-    ContentType,
     Message,
     PayloadTooLargeError,
     Record,
@@ -85,7 +98,8 @@ from fdbqueue.message import (
     seal_chunk,
 )
 from fdbqueue.sweep import SweepStats, maybe_clear_old_receipts, new_receipt, read_receipt, settled, sweep
-from fdbqueue.txn import as_database, run_once, seconds, unknown_outcome
+from fdbqueue.txn import as_database, run_once, seconds
+from fdbqueue.types import Item
 from fdbqueue.waiting import blocking, strict_of, wait_ready, watch_queue
 
 CHUNK_SIZE = 10_000  # FoundationDB's blob recipe: values of about 10 kB
@@ -96,18 +110,13 @@ log = logging.getLogger("fdbqueue")
 R = TypeVar("R")
 
 
-class _Item(NamedTuple):
-    id: str  # "" for a ready message: its id is made from its key when written
-    rand: bytes
-    payload: bytes
-    content_type: ContentType
-    priority: int
-    headers: dict[str, Any]
-    delay: float
-    ttl: float | None
-    dedup_key: str | None
-    fixed_id: bool = False  # the id must be known before the write (an autonomous enqueue)
-    admitted: bool = False  # checked for room and a running queue already (an autonomous enqueue)
+class _Staged:
+    """A dequeue's own transactions hand over to the staged request set (contention.py)."""
+
+
+_STAGED = _Staged()
+_Taken = tuple[Message | None, bool]  # the message, or None and whether the queue is strict
+_Item = Item  # its old name
 
 
 class Queue:
@@ -597,61 +606,60 @@ class Queue:
         rand = os.urandom(8) if may_unknown else b""
         receipt: bytes | None = None  # made in the first attempt, from its read version
         taken: Message | None = None
-        unknown = False
-        strict = False
-        conflicts = 0
+        staged_ok = False
         budget = Budget(TAKE_RESERVE)
         resume: bytes | None = None  # where a filtered scan goes on, after a committed transaction
-        t = db.create_transaction()
-        try:
-            while True:
-                try:
-                    budget.next_transaction()
-                    budget.resume = resume
-                    if may_unknown and receipt is None:
-                        receipt = new_receipt(t, keys, rand)
-                    if unknown and taken is not None and receipt and read_receipt(t, keys, receipt):
-                        # The attempt with the unknown result did commit. Read-only, this check
-                        # cannot itself end unknown; the receipt is swept later.
-                        return taken, None
-                    meta = read_meta(t, keys)
-                    strict = meta.config is not None and meta.config.strict_order
-                    staged_ok = may_conflict and where is None and not strict
-                    if staged_ok and waiting_requests(t, keys):
-                        break  # others are queued in the staged set: do not jump the line
-                    msg = self._take(t, where, fallback, meta=meta, budget=budget)
-                    if msg is None and budget.more:
-                        # This transaction's budget is spent (expired messages moved aside, a
-                        # filter scan's share read): keep what it did, go on in the next one.
-                        t.commit()
-                        resume = budget.resume
-                        t.reset()
-                        continue
-                    if msg is None:
-                        t.commit()
-                        return None, (watch_queue(db, keys, strict) if want_watch else None)
-                    if receipt is not None:
-                        t.set(receipt, msg.id.encode())
-                        maybe_clear_old_receipts(t, keys)
-                    taken = msg
-                    t.commit()
-                    return msg, None
-                except EngineError as exc:
-                    unknown = unknown or exc.maybe_committed
-                    settling = unknown and taken is not None  # must learn if that take landed
-                    conflicts += exc.code == 1020
-                    if conflicts >= 2 and staged_ok and not settling:
-                        # Plain dequeues keep colliding: the staged request set costs about
-                        # three commits a message and pays off only from a few dequeuers.
-                        break
-                    try:
-                        t.on_error(exc)
-                    except EngineError as final:
-                        if settling:
-                            raise unknown_outcome(final) from final
-                        raise
-        finally:
-            t.cancel()
+
+        def resumed() -> None:
+            nonlocal resume
+            resume = budget.resume
+
+        def step(t: Transaction, attempt: Attempt) -> _Taken | _Staged | Again | Done[_Taken | _Staged]:
+            nonlocal receipt, taken, staged_ok
+            budget.next_transaction()
+            budget.resume = resume
+            if may_unknown and receipt is None:
+                receipt = new_receipt(t, keys, rand)
+            if attempt.unknown and taken is not None and receipt and read_receipt(t, keys, receipt):
+                # The attempt with the unknown result did commit. Read-only, this check
+                # cannot itself end unknown; the receipt is swept later.
+                return Done((taken, False))
+            meta = read_meta(t, keys)
+            strict = meta.config is not None and meta.config.strict_order
+            staged_ok = may_conflict and where is None and not strict
+            if staged_ok and waiting_requests(t, keys):
+                return Done(_STAGED)  # others are queued in the staged set: do not jump the line
+            msg = self._take(t, where, fallback, meta=meta, budget=budget)
+            if msg is None and budget.more:
+                # This transaction's budget is spent (expired messages moved aside, a
+                # filter scan's share read): keep what it did, go on in the next one.
+                return Again(resumed)
+            if msg is None:
+                return None, strict
+            if receipt is not None:
+                t.set(receipt, msg.id.encode())
+                maybe_clear_old_receipts(t, keys)
+            taken = msg
+            return msg, False
+
+        def on_error(exc: EngineError, attempt: Attempt) -> _Taken | _Staged | Verdict:
+            settling = attempt.unknown and taken is not None  # must learn if that take landed
+            if attempt.conflicts >= 2 and staged_ok and not settling:
+                # Plain dequeues keep colliding: the staged request set costs about
+                # three commits a message and pays off only from a few dequeuers.
+                return _STAGED
+            return RETRY
+
+        # cast: mypy infers the loop's result type from a union of two as object.
+        got = cast(
+            "_Taken | _Staged",
+            retry(db, step, on_error=on_error, unknown_outcome=lambda attempt: taken is not None),
+        )
+        if not isinstance(got, _Staged):
+            msg, strict = got
+            if msg is None:
+                return None, (watch_queue(db, keys, strict) if want_watch else None)
+            return msg, None
         msg = staged_dequeue(db, self)
         return msg, (watch_queue(db, keys) if msg is None and want_watch else None)
 
@@ -795,15 +803,4 @@ def _blocking(
     return got
 
 
-def new_id() -> str:
-    """A message id: 48 bits of milliseconds, then 80 random bits, as 32 hex digits.
-
-    Time first (as in UUIDv7), so that the id index grows at its end instead of at random
-    places: an enqueue then dirties one index page, not a new random one each time. The
-    wall clock serves locality only: uniqueness is the random bits', and nothing orders or
-    ages messages by their ids, so a client's wrong clock costs nothing here.
-    """
-    return f"{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}"
-
-
-__all__ = ["AutonomousId", "LeaseError", "Queue", "QueueFullError", "QueueStoppedError", "run_once"]
+__all__ = ["AutonomousId", "LeaseError", "Queue", "QueueFullError", "QueueStoppedError", "new_id", "run_once"]

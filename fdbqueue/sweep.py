@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from fdbqueue.budget import Budget, move_cost
@@ -26,6 +25,7 @@ from fdbqueue.errors import CommitUnknownError, CorruptMessageError
 from fdbqueue.layout import QueueKeys, pack_count
 from fdbqueue.message import decode_record
 from fdbqueue.txn import run_once
+from fdbqueue.types import SweepStats as SweepStats  # re-export
 
 if TYPE_CHECKING:
     from fdbqueue.queue import Queue
@@ -41,25 +41,6 @@ RECEIPT_TTL_VERSIONS = versions(RECEIPT_TTL_SECONDS)
 RESULT_TTL_VERSIONS = versions(300)  # an uncollected staged-dequeue result goes back after 5 min
 
 T = TypeVar("T")
-
-
-@dataclass
-class SweepStats:
-    """What one sweep moved."""
-
-    leases: int = 0
-    delayed: int = 0
-    expired: int = 0
-    dead: int = 0
-    dedup: int = 0
-    results: int = 0
-
-    def total(self) -> int:
-        return self.leases + self.delayed + self.expired + self.dedup + self.results
-
-    def add(self, other: SweepStats) -> None:
-        for name in self.__dataclass_fields__:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
 def _due(tr: Transaction, q: Queue, tag: str, now: int, limit: int) -> list[bytes]:

@@ -52,17 +52,13 @@ from fdbqueue.engines.sim import (
     SimDatabase,
     fault_possible,
 )
-from fdbqueue.errors import QueueError
+from fdbqueue.errors import FaultScriptError as FaultScriptError  # re-export
 
 __all__ = ["FaultScript", "FaultScriptError", "Outcome", "on_backoff", "outage"]
 
 # None, 1020, 1007, or (code, applied) with code one of "1021", "1039", "1031", "1025";
 # applied may be "later" for 1031 and 1025.
 Outcome = int | tuple[str | int, bool | str] | None
-
-
-class FaultScriptError(QueueError, TypeError):
-    """A testing hook was given something other than a sim:// database, or a bad outcome."""
 
 
 def _sim(db: object, what: str) -> SimDatabase:

@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from fdbqueue.config import check_duration
-from fdbqueue.engines.base import Database, Transaction, adopt, is_transaction
-from fdbqueue.errors import CommitUnknownError, EngineError, QueueError
+from fdbqueue.engines.base import Database, Transaction, adopt, is_transaction, retry
+from fdbqueue.errors import QueueError, unknown_outcome
+from fdbqueue.types import check_duration
+
+__all__ = ["as_database", "run_once", "seconds", "unknown_outcome"]
 
 T = TypeVar("T")
 
@@ -24,34 +26,7 @@ def run_once(tr: Transaction | Database, body: Callable[[Transaction, bool], T])
     tr = adopt(tr)  # a raw fdb.Database is wrapped, a raw fdb.Transaction joined
     if is_transaction(tr):
         return body(tr, False)  # type: ignore[arg-type]
-    t = tr.create_transaction()  # type: ignore[union-attr]
-    unknown = False
-    try:
-        while True:
-            try:
-                result = body(t, unknown)
-                t.commit()
-                return result
-            except EngineError as exc:
-                unknown = unknown or exc.maybe_committed
-                try:
-                    t.on_error(exc)
-                except EngineError as final:
-                    if unknown:
-                        raise unknown_outcome(final) from final
-                    raise
-    except BaseException:
-        t.cancel()
-        raise
-
-
-def unknown_outcome(exc: EngineError) -> CommitUnknownError:
-    """The error for a call whose commit may have landed and cannot be retried or settled."""
-    return CommitUnknownError(
-        f"the outcome is unknown: a commit may have landed, and the transaction then ended with "
-        f"{exc.name} ({exc.code}) before its retry could learn whether it did; it may or may "
-        "not have happened, so check before doing it again"
-    )
+    return retry(tr, lambda t, attempt: body(t, attempt.unknown), unknown_outcome=True)  # type: ignore[arg-type]
 
 
 def as_database(tr: object) -> Database:
@@ -63,5 +38,5 @@ def as_database(tr: object) -> Database:
 
 def seconds(name: str, value: object) -> float:
     """``value`` as a duration in seconds: finite, >= 0 and at most ten years
-    (``fdbqueue.config.check_duration``), else a clear :class:`QueueError`."""
+    (``fdbqueue.types.check_duration``), else a clear :class:`QueueError`."""
     return check_duration(name, value)

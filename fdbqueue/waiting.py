@@ -9,7 +9,7 @@ from typing import TypeVar
 
 from fdbqueue.clock import db_now, seconds_of
 from fdbqueue.config import decode_config, decode_state, read_config
-from fdbqueue.engines.base import Database, Transaction, Watch
+from fdbqueue.engines.base import RETRY, Attempt, Database, Transaction, Verdict, Watch, retry
 from fdbqueue.engines.local import EventWatch
 from fdbqueue.errors import CorruptMessageError, EngineError, QueueError, QueueStoppedError
 from fdbqueue.layout import QueueKeys
@@ -103,25 +103,25 @@ def watch_queue(db: Database, keys: QueueKeys, strict: bool = False, *, changes_
     on: see :func:`wait_on`.
     """
     del strict  # read from the queue's settings, in the watch's own transaction
-    t = db.create_transaction()
-    while True:
-        try:
-            w = t.watch(keys.wake)
-            ready = not changes_only and deliverable_now(t, keys)
-            t.commit()
-            if ready:
-                w.cancel()
-                fired = EventWatch(keys.wake, None)
-                fired.fire()
-                return fired
-            return w
-        except EngineError as exc:
-            if exc.code == 1032:  # refused when made rather than when waited on
-                t.cancel()
-                refused = EventWatch(keys.wake, None)
-                refused.fail(1032, "too many outstanding watches")
-                return refused
-            t.on_error(exc)
+
+    def step(t: Transaction, attempt: Attempt) -> tuple[Watch, bool]:
+        w = t.watch(keys.wake)
+        return w, not changes_only and deliverable_now(t, keys)
+
+    def on_error(exc: EngineError, attempt: Attempt) -> tuple[Watch, bool] | Verdict:
+        if exc.code == 1032:  # refused when made rather than when waited on
+            refused = EventWatch(keys.wake, None)
+            refused.fail(1032, "too many outstanding watches")
+            return refused, False
+        return RETRY
+
+    w, ready = retry(db, step, on_error=on_error)
+    if ready:
+        w.cancel()
+        fired = EventWatch(keys.wake, None)
+        fired.fire()
+        return fired
+    return w
 
 
 def refused(watch: Watch) -> bool:

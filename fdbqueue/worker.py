@@ -37,6 +37,7 @@ from fdbqueue.config import check_duration
 from fdbqueue.delivery import TOO_OLD_REASON, engine_fault, failure_reason, not_counted
 from fdbqueue.engines.base import TRANSACTION_WINDOW_SECONDS, Database
 from fdbqueue.errors import ClusterUnavailableError, EngineError, QueueError, StoreError
+from fdbqueue.errors import HandlerSignatureError as HandlerSignatureError  # re-export
 from fdbqueue.message import Message, fit_reason
 from fdbqueue.queue import Queue
 from fdbqueue.txn import run_once
@@ -138,10 +139,6 @@ def _rate(value: float) -> str:
     if value >= 100:
         return f"{value:.0f}"
     return f"{value:.3g}" if value >= 0.001 else "0"
-
-
-class HandlerSignatureError(QueueError, TypeError):
-    """The handler cannot be called the way the worker's mode calls it."""
 
 
 def check_handler(handler: Callable[..., Any], nargs: int, how: str) -> None:

@@ -10,13 +10,15 @@ builds the in-process engines' common transaction on them.
 
 from __future__ import annotations
 
+import enum
 import functools
 import inspect
 import struct
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from fdbqueue.errors import EngineError, QueueError
+from fdbqueue.errors import unknown_outcome as commit_unknown
 
 # FoundationDB's limits (known-limitations.rst, ClientKnobs.cpp).
 KEY_SIZE_LIMIT = 10_000
@@ -432,33 +434,155 @@ def _db_call(db: Any, body: Callable[[Transaction], T]) -> T:
     return run_transaction(db, body)
 
 
-def run_transaction(db: Database, body: Callable[[Transaction], T]) -> T:
-    """Run ``body(tr)`` in a fresh transaction on ``db``, retrying retryable errors.
+class Attempt:
+    """What one run of :func:`retry` has met so far, passed to its step and its error hook.
 
-    The loop of ``@fdb.transactional``: commit, and on error ``on_error`` (which backs
-    off, or re-raises what is not retryable). A body may therefore run more than once.
-    A raw ``fdb.Database`` of the bindings is wrapped (see :func:`adopt`).
+    ``tries``: the retries so far (``on_error`` calls that let the loop go on); ``unknown``:
+    some earlier commit may have landed (an error with ``maybe_committed``), so the step must
+    check before it writes again; ``conflicts``: the 1020s met. None of them is reset when a
+    step commits and goes :class:`Again`: they describe the whole operation.
     """
+
+    __slots__ = ("conflicts", "tries", "unknown")
+
+    def __init__(self) -> None:
+        self.tries = 0
+        self.unknown = False
+        self.conflicts = 0
+
+
+class Again:
+    """A step's answer: commit this transaction, reset it, and run the step again.
+
+    ``then`` runs once the commit succeeded, before the next step: where the step keeps what a
+    committed transaction did (a resume point, a count), which a failed commit must not keep.
+    """
+
+    __slots__ = ("then",)
+
+    def __init__(self, then: Callable[[], object] | None = None) -> None:
+        self.then = then
+
+
+class Done(Generic[T]):
+    """A step's answer: end the loop with ``value`` without committing (the transaction is
+    cancelled): for a step that finds nothing to do, or hands the work to another path."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: T) -> None:
+        self.value = value
+
+
+class Verdict(enum.Enum):
+    """What an ``on_error`` hook of :func:`retry` may answer besides a value to return."""
+
+    RETRY = "retry"  # the default: ``tr.on_error`` backs off and retries, or raises what is not retryable
+    RAISE = "raise"  # raise the error as it is, without ``on_error``
+
+
+RETRY = Verdict.RETRY
+RAISE = Verdict.RAISE
+
+
+def retry(
+    db: Database,
+    step: Callable[[Transaction, Attempt], T | Again | Done[T]],
+    *,
+    on_error: Callable[[EngineError, Attempt], T | Verdict] | None = None,
+    unknown_outcome: bool | Callable[[Attempt], bool] = False,
+) -> T:
+    """The retry loop of ``@fdb.transactional``, the one every loop of the layer is built on.
+
+    Runs ``step(tr, attempt)`` in a fresh transaction of ``db`` and commits; an
+    :class:`EngineError` (from the step or the commit) goes to ``tr.on_error``, which backs off
+    and lets the loop run the step again, or re-raises what is not retryable (as
+    ``@fdb.transactional`` does: FoundationDB's api-python.rst). A step answers :class:`Again`
+    to commit and go on in a reset transaction (work split over transactions), or
+    :class:`Done` to end without a commit.
+
+    ``on_error(exc, attempt)`` sees each error first and answers :data:`RETRY` (the default),
+    :data:`RAISE`, or a value that ends the loop (the transaction is cancelled).
+    ``unknown_outcome``: when the loop gives up after an earlier commit may have landed
+    (``attempt.unknown``, or the predicate given), raise :class:`CommitUnknownError` instead of
+    the bare error, so that the caller does not take it for a failure and do it again.
+    """
+    return _retry(_own_database(db, "retry"), step, on_error, unknown_outcome)
+
+
+def _own_database(db: object, caller: str) -> Database:
     own = adopt(db)
     if is_transaction(own):
         raise QueueError(
-            "run_transaction needs a Database (from fdbqueue.open, or an fdb.Database), not a "
+            f"{caller} needs a Database (from fdbqueue.open, or an fdb.Database), not a "
             f"transaction ({type(db).__name__}): call body(tr) inside it instead"
         )
-    tr = own.create_transaction()  # type: ignore[union-attr]
+    return own  # type: ignore[return-value]
+
+
+def _retry(
+    db: Database,
+    step: Callable[[Transaction, Attempt], T | Again | Done[T]],
+    on_error: Callable[[EngineError, Attempt], T | Verdict] | None,
+    unknown_outcome: bool | Callable[[Attempt], bool],
+) -> T:
+    tr = db.create_transaction()
+    attempt = Attempt()
     try:
         while True:
             try:
-                result = body(tr)
-                if inspect.isgenerator(result):
-                    raise ValueError("a transactional function must not return a generator")
+                result = step(tr, attempt)
+                if type(result) is Done:
+                    tr.cancel()
+                    return result.value
                 tr.commit()
-                return result
+                if type(result) is Again:
+                    if result.then is not None:
+                        result.then()
+                    tr.reset()
+                    continue
+                return result  # type: ignore[return-value]
             except EngineError as exc:
-                tr.on_error(exc)
+                if exc.maybe_committed:
+                    attempt.unknown = True
+                if exc.code == 1020:
+                    attempt.conflicts += 1
+                if on_error is not None:
+                    verdict = on_error(exc, attempt)
+                    if verdict is not RETRY:
+                        if verdict is RAISE:
+                            raise
+                        tr.cancel()
+                        return verdict  # type: ignore[return-value]
+                try:
+                    tr.on_error(exc)
+                except EngineError as final:
+                    if attempt.unknown and (
+                        unknown_outcome(attempt) if callable(unknown_outcome) else unknown_outcome
+                    ):
+                        raise commit_unknown(final) from final
+                    raise
+                attempt.tries += 1
     except BaseException:
         tr.cancel()
         raise
+
+
+def run_transaction(db: Database, body: Callable[[Transaction], T]) -> T:
+    """Run ``body(tr)`` in a fresh transaction on ``db``, retrying retryable errors.
+
+    The loop of ``@fdb.transactional`` (:func:`retry`): commit, and on error ``on_error``
+    (which backs off, or re-raises what is not retryable). A body may therefore run more than
+    once. A raw ``fdb.Database`` of the bindings is wrapped (see :func:`adopt`).
+    """
+
+    def step(tr: Transaction, attempt: Attempt) -> T:
+        result = body(tr)
+        if inspect.isgenerator(result):
+            raise ValueError("a transactional function must not return a generator")
+        return result
+
+    return _retry(_own_database(db, "run_transaction"), step, None, False)
 
 
 def producer_room(db: object) -> None:

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 import fdb
 
-from fdbqueue.engines import ParsedURL, take_params
+from fdbqueue.engines._url import ParsedURL, take_params
 from fdbqueue.engines.base import (
     SYSTEM_KEYS,
     DatabaseConveniences,

@@ -73,7 +73,7 @@ from fdbqueue.engines.local import EventWatch, LocalDatabase, LocalTransaction
 from fdbqueue.errors import ClusterUnavailableError, EngineError, InvalidURLError
 
 if TYPE_CHECKING:
-    from fdbqueue.engines import ParsedURL
+    from fdbqueue.engines._url import ParsedURL
 
 # ManualClock and SimStats live in _simstore.py; tests and callers import them from here.
 __all__ = [
@@ -611,7 +611,7 @@ def _number(params: dict[str, str], name: str, lo: float, hi: float) -> float:
 
 def open_sim(url: str, parsed: ParsedURL) -> SimDatabase:
     """Open ``memory://`` (no faults, no parameters) or ``sim://?seed=N&faults=P&delay=S``."""
-    from fdbqueue.engines import take_params
+    from fdbqueue.engines._url import take_params
 
     if parsed.path:
         raise InvalidURLError(f"{parsed.scheme}:// takes no path, got {parsed.path!r} in {url!r}")

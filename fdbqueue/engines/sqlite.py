@@ -90,7 +90,8 @@ from typing import Any
 from urllib.parse import quote
 
 from fdbqueue.clock import VERSIONS_PER_SECOND, monotonic_us
-from fdbqueue.engines import ParsedURL, _diskroom, _shared, _storefiles, _walcheck, take_params
+from fdbqueue.engines import _diskroom, _shared, _storefiles, _walcheck
+from fdbqueue.engines._url import ParsedURL, take_params
 from fdbqueue.engines._walsync import WalSync
 from fdbqueue.engines._writemap import WriteMap
 from fdbqueue.engines.base import (

@@ -1,0 +1,269 @@
+"""The types that the layer's modules share: a leaf module, importing nothing of the package
+but errors.py, so that any module can name them without importing the code that makes them.
+
+The modules that defined them before re-export them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from enum import Enum
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from fdbqueue.errors import QueueError
+
+if TYPE_CHECKING:
+    from fdbqueue.message import Record
+
+# The longest duration any setting or argument may give: ten years. Every duration becomes
+# a number of database versions (``fdbqueue.clock.versions``, 1e6 per second) added to a read
+# version; an unbounded one (``inf``) cannot, and a huge one would be accepted here only to
+# make every later sweep, dequeue and lease of the queue fail.
+MAX_DURATION_SECONDS = 10 * 365.25 * 86400.0
+
+
+def check_duration(name: str, value: object, *, positive: bool = False) -> float:
+    """``value`` as seconds when it is a finite number from 0 (above 0 with ``positive``) to
+    :data:`MAX_DURATION_SECONDS`, else a clear :class:`QueueError` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise QueueError(f"{name} must be a number of seconds, not {value!r}")
+    if value < 0 or (positive and value == 0):
+        raise QueueError(f"{name} must be {'> 0' if positive else '>= 0'} seconds, got {value!r}")
+    if value > MAX_DURATION_SECONDS:
+        raise QueueError(
+            f"{name} must be at most {MAX_DURATION_SECONDS:.0f} seconds (ten years of database "
+            f"time), got {value!r}"
+        )
+    return float(value)
+
+
+class ContentType(str, Enum):
+    BYTES = "b"
+    TEXT = "t"
+    JSON = "j"
+
+
+@dataclass(frozen=True)
+class QueueState:
+    """Whether each direction is open: a queue is started and stopped, and its enqueue and
+    dequeue enabled, independently (Bernstein & Newcomer, "Principles of Transaction
+    Processing", 4.5 The Queue Manager)."""
+
+    enqueue: bool = True
+    dequeue: bool = True
+
+    def encode(self) -> bytes:
+        return json.dumps({"enqueue": self.enqueue, "dequeue": self.dequeue}).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes | None) -> QueueState:
+        if not raw:
+            return cls()
+        data = json.loads(raw)
+        return cls(enqueue=bool(data.get("enqueue", True)), dequeue=bool(data.get("dequeue", True)))
+
+
+class Item(NamedTuple):
+    """A message on its way in: checked and encoded, its place not yet made."""
+
+    id: str  # "" for a ready message: its id is made from its key when written
+    rand: bytes
+    payload: bytes
+    content_type: ContentType
+    priority: int
+    headers: dict[str, Any]
+    delay: float
+    ttl: float | None
+    dedup_key: str | None
+    fixed_id: bool = False  # the id must be known before the write (an autonomous enqueue)
+    admitted: bool = False  # checked for room and a running queue already (an autonomous enqueue)
+
+
+class AutonomousId(str):
+    """What an autonomous enqueue returns: the message id (a ``str``), and its ``outcome``.
+
+    ``outcome`` is a :class:`concurrent.futures.Future`: its result is the id of the message
+    stored (the first message's id on a dedup match), or the exception that kept it from
+    being written. It is done at once where the enqueue committed at once (sim, memory,
+    FoundationDB); on the embedded engine, once the caller's transaction has ended and the
+    deferred write ran (see the module docstring).
+    """
+
+    outcome: Future[str]
+
+    def __new__(cls, msg_id: str) -> AutonomousId:
+        self = super().__new__(cls, msg_id)
+        self.outcome = Future()
+        return self
+
+    @classmethod
+    def written(cls, msg_id: str) -> AutonomousId:
+        """An id whose message is stored already."""
+        done = cls(msg_id)
+        done.outcome.set_result(msg_id)
+        return done
+
+
+@dataclass
+class SweepStats:
+    """What one sweep moved."""
+
+    leases: int = 0
+    delayed: int = 0
+    expired: int = 0
+    dead: int = 0
+    dedup: int = 0
+    results: int = 0
+
+    def total(self) -> int:
+        return self.leases + self.delayed + self.expired + self.dedup + self.results
+
+    def add(self, other: SweepStats) -> None:
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """A queue's figures; counts are atomic counters read at snapshot isolation."""
+
+    name: str
+    ready: int
+    inflight: int
+    delayed: int
+    errors: int  # messages waiting in the queue's error queue
+    made_ready: int  # totals since creation: enqueued, retried or promoted messages...
+    done: int  # ...and messages consumed (dequeued or acked)
+    dead: int
+    expired: int
+    oldest_age: float | None  # seconds the oldest ready message has waited
+    enqueue_enabled: bool
+    dequeue_enabled: bool
+    ready_rate: float | None = None  # messages/s made ready, over the sampled interval
+    done_rate: float | None = None  # messages/s consumed
+    corrupt: int = 0  # damaged records moved to the error queue (reason "corrupt"), total
+
+
+@dataclass(frozen=True)
+class Outlook:
+    """What a dequeue would find beyond the counters, now: read-only, at snapshot isolation.
+
+    ``expired_ready``: ready messages whose TTL has passed (counted as ready until moved);
+    ``due_ready``: delayed messages that are due (a dequeue makes them ready first);
+    ``due_expired``: due delayed messages whose TTL has passed too. ``complete`` is False
+    when more than :data:`DUE_LIMIT` entries were due: the figures are then lower bounds.
+    """
+
+    expired_ready: int = 0
+    due_ready: int = 0
+    due_expired: int = 0
+    complete: bool = True
+
+
+@dataclass(frozen=True)
+class Message:
+    """A message handed out by a queue. ``payload`` is always bytes."""
+
+    id: str
+    payload: bytes
+    queue: str
+    priority: int
+    enqueued_at: float
+    deliveries: int
+    headers: Mapping[str, Any]
+    content_type: ContentType
+    expires_at: float | None = None
+    key: bytes = b""  # its place in the ready order: where a release puts it back
+    receipt: str | None = None  # the lease it was handed out under (worker mode)
+    lease_deadline: float | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def text(self) -> str:
+        """The payload decoded as UTF-8."""
+        return self.payload.decode("utf-8")
+
+    def json(self) -> Any:
+        """The payload parsed as JSON."""
+        return json.loads(self.payload)
+
+    @property
+    def reason(self) -> str | None:
+        """Why a message is in an error queue (``max_deliveries``, ``expired``, a nack reason)."""
+        r = self.extra.get("reason")
+        return None if r is None else str(r)
+
+    @property
+    def origin(self) -> str | None:
+        """The queue a dead-lettered message came from."""
+        o = self.extra.get("origin")
+        return None if o is None else str(o)
+
+    @classmethod
+    def from_record(
+        cls,
+        rec: Record,
+        queue: str,
+        priority: int,
+        key: bytes,
+        payload: bytes,
+        *,
+        delivered: bool = False,
+        **more: Any,
+    ) -> Message:
+        """The Message for ``rec``; ``delivered`` counts the delivery it is handed out in."""
+        fields = {
+            "id": rec.id,
+            "payload": payload,
+            "queue": queue,
+            "priority": priority,
+            "enqueued_at": rec.enqueued_us / 1e6,
+            "deliveries": rec.deliveries + delivered,
+            "headers": MappingProxyType(dict(rec.headers)),
+            "content_type": _CONTENT_TYPES[rec.content_type],
+            "expires_at": None if rec.expires_us is None else rec.expires_us / 1e6,
+            "key": key,
+            "receipt": None,
+            "lease_deadline": None,
+            "extra": MappingProxyType(dict(rec.extra)),
+        }
+        if more:
+            if not more.keys() <= fields.keys():
+                raise TypeError(f"unknown Message fields: {sorted(more.keys() - fields.keys())}")
+            fields.update(more)
+        # Every field is given, so the frozen dataclass's __init__ (13 checked setattr calls,
+        # on the path of every message handed out) is skipped: the instance is the same.
+        m = object.__new__(cls)
+        m.__dict__.update(fields)
+        return m
+
+
+_CONTENT_TYPES = {ct.value: ct for ct in ContentType}
+
+
+# The rights a principal may hold on a queue, in the order of their bits in the stored mask.
+RIGHTS = ("enqueue", "dequeue", "browse", "admin")
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """One entry of a queue's journal: an operation on a message, or on the queue.
+
+    ``version``: the 12-byte versionstamp of the transaction that made it (commit order);
+    ``at``: the wall clock then, seconds (for people, not for ordering); ``message_id`` is
+    None for queue-level entries (purge, destroy, config, grant ...).
+    """
+
+    version: bytes
+    at: float
+    op: str
+    queue: str
+    message_id: str | None
+    principal: str
+    deliveries: int = 0
+    reason: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
