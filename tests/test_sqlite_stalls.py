@@ -79,50 +79,45 @@ def test_a_stopped_transaction_does_not_block_other_processes(tmp_path: Path, re
         db.close()
 
 
-def test_a_transaction_running_past_the_window_loses_the_lock_to_a_waiting_process(
-    tmp_path: Path, real_clock: None
-) -> None:
-    """A live 6-second transaction (a slow exactly-once handler): another process's enqueue
-    waits about 5 s, not 6, and the slow one's commit fails with 1007, applying nothing."""
+def against_a_holder(tmp_path: Path, hold: float) -> tuple[float, str, int, int]:
+    """Another process dequeues ``jobs`` in a transaction of ``hold`` seconds while this one
+    enqueues on ``other``: (seconds that enqueue waited, the holder's outcome, the sizes of
+    jobs and other afterwards)."""
     url = f"sqlite://{tmp_path}/q.db?lock_timeout=30"
     db = fdbqueue.open(url)
     jobs, other = Queue("jobs"), Queue("other")
     jobs.enqueue(db, b"the job")
     children = Children()
-    child = children.start("dequeuer", stalled_dequeuer, url, str(tmp_path), 6.5, ready=True)
+    child = children.start("dequeuer", stalled_dequeuer, url, str(tmp_path), hold, ready=True)
     try:
         assert child.ready.wait(30), "the child never dequeued"
         start = time.monotonic()
         other.enqueue(db, b"meanwhile")
         waited = time.monotonic() - start
-        assert waited < 6.2, f"the enqueue waited {waited:.1f} s: the whole slow transaction"
         child.proc.join(30)
-        assert (tmp_path / "outcome").read_text() == "EngineError 1007"
-        assert jobs.size(db) == 1 and other.size(db) == 1
+        return waited, (tmp_path / "outcome").read_text(), jobs.size(db), other.size(db)
     finally:
         children.stop()
         db.close()
+
+
+def test_a_transaction_running_past_the_window_loses_the_lock_to_a_waiting_process(
+    tmp_path: Path, real_clock: None
+) -> None:
+    """A live 6.5-second transaction (a slow exactly-once handler): another process's enqueue
+    waits about 5 s, not 6.5, and the slow one's commit fails with 1007, applying nothing."""
+    waited, outcome, jobs, other = against_a_holder(tmp_path, 6.5)
+    assert waited < 6.2, f"the enqueue waited {waited:.1f} s: the whole slow transaction"
+    assert outcome == "EngineError 1007"
+    assert (jobs, other) == (1, 1)
 
 
 def test_a_transaction_inside_the_window_keeps_the_lock(tmp_path: Path, real_clock: None) -> None:
     """A holder younger than the window is waited for, and commits."""
-    url = f"sqlite://{tmp_path}/q.db?lock_timeout=30"
-    db = fdbqueue.open(url)
-    jobs, other = Queue("jobs"), Queue("other")
-    jobs.enqueue(db, b"the job")
-    children = Children()
-    child = children.start("dequeuer", stalled_dequeuer, url, str(tmp_path), 2.0, ready=True)
-    try:
-        assert child.ready.wait(30), "the child never dequeued"
-        start = time.monotonic()
-        other.enqueue(db, b"meanwhile")
-        assert time.monotonic() - start > 1.0  # it waited for the holder
-        child.proc.join(30)
-        assert (tmp_path / "outcome").read_text() == "committed"
-        assert jobs.size(db) == 0 and other.size(db) == 1
-    finally:
-        children.stop()
-        db.close()
+    waited, outcome, jobs, other = against_a_holder(tmp_path, 2.0)
+    assert waited > 1.0  # it waited for the holder
+    assert outcome == "committed"
+    assert (jobs, other) == (0, 1)
 
 
 def test_a_fake_clock_in_one_process_takes_no_lock_over(
