@@ -64,6 +64,12 @@ def _now_us() -> int:
     return time.monotonic_ns() // 1000
 
 
+def _contested(since: int) -> bool:
+    """A holder's start near or past the window: a waiter may be taking the lock over, so
+    the page changes under the page mutex (half a second of margin for clocks read apart)."""
+    return since != 0 and since != _PINNED and _now_us() - since > _WINDOW_US - 500_000
+
+
 def _byte_lock(fd: int, at: int, kind: int, wait: bool) -> bool:
     """An OFD lock of one byte; False when it is held elsewhere (``wait`` False)."""
     cmd = fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK
@@ -204,14 +210,19 @@ class StoreLock:
     def _claim(self, gen: int, stealable: bool) -> bool:
         """Holding byte ``gen``: make it ours in the page, unless the generation moved on.
 
-        Without the page mutex (one system call per acquire, as a plain flock): a waiter
-        that found the previous holder expired and takes it over at this very moment
-        compares the page under the mutex, and either sees this write and gives up, or
-        moves the generation on first - then :meth:`lost` says so and this holder's commit
-        fails (1007), never both commit.
+        Without the page mutex (one system call per acquire, as a plain flock) unless the
+        page still shows a holder near or past the window (one that died holding it): a
+        waiter may then be taking it over, and the mutex decides between the two.
         """
-        if self._read()[0] == gen:
+        current, since, _ = self._read()
+        if current == gen and _contested(since):  # a dead holder's start: a waiter may take it over now
+            with self._locked_page():
+                current = self._read()[0]
+                if current == gen:
+                    self._write(gen, _now_us() if stealable else _PINNED)
+        elif current == gen:
             self._write(gen, _now_us() if stealable else _PINNED)
+        if current == gen:
             self._gen = gen
             return True
         _byte_lock(self._fd, _BASE + gen, fcntl.F_UNLCK, False)
@@ -259,9 +270,14 @@ class StoreLock:
         gen, self._gen = self._gen, None
         if gen is None:
             return
-        # No page mutex here either: a waiter taking over meanwhile finds "free" (and gives
-        # up) or moves the generation on, which is right too: this holder is done.
-        if self._read()[0] == gen:
+        # No page mutex unless a waiter may be taking the lock over at this moment (this
+        # holder is near or past the window): then it must not see its generation undone.
+        current, since, _ = self._read()
+        if current == gen and _contested(since):
+            with self._locked_page():
+                if self._read()[0] == gen:
+                    self._write(gen, 0)
+        elif current == gen:
             self._write(gen, 0)
         _byte_lock(self._fd, _BASE + gen, fcntl.F_UNLCK, False)
 
