@@ -78,7 +78,7 @@ class SharedStore:
 
         ``stealable``: for a transaction, which another process may take the lock from once
         it outlived the 5-second window (:mod:`._storelock`); the holder's commit then fails
-        (:meth:`lost`). Anything else (opening, saving a removed WAL) keeps it to the end.
+        (:meth:`pin`). Anything else (opening, saving a removed WAL) keeps it to the end.
         """
         me = threading.get_ident()
         if self.owner == me:
@@ -99,9 +99,10 @@ class SharedStore:
             raise EngineError(1037, self._held_too_long(path, timeout, who))
         self.owner = me
 
-    def lost(self) -> bool:
-        """True when another process took the store lock over from this holder (see acquire)."""
-        return self._lock.lost()
+    def pin(self) -> bool:
+        """Before a commit: False when another process took the store lock over from this
+        holder (see acquire); else it is this holder's until release."""
+        return self._lock.pin()
 
     @staticmethod
     def _held_too_long(path: str, timeout: float, who: str) -> str:

@@ -11,21 +11,24 @@ transactions"); here the bound is enforced on the lock itself:
   generation, the holder's start (``CLOCK_MONOTONIC`` microseconds, shared by every process
   of one boot) and its pid live in the lock file's shared page at :data:`LEASE_AT`.
 - A waiter blocks in the kernel on the current generation's byte (a helper thread, so that
-  it can give up after a timeout and the kernel wakes it on release, no polling), and looks
-  at the page at least every :data:`_SLICE` seconds. When the holder started more than the
+  it can give up after a timeout; the kernel wakes it on release), and looks at the page
+  again at least every :data:`_SLICE` seconds. When the holder started more than the
   5-second window ago, the waiter takes the lock over: under a short page mutex (another
   byte, only ever held for a few microseconds) it moves the generation on and locks the new
   byte. Waiters still blocked on the old byte move to the new one; a helper thread that gets
   an old byte later hands it straight back.
-- The holder that lost the lock learns it from the page (:meth:`StoreLock.lost`), and its
-  commit fails with 1007 transaction_too_old, as a FoundationDB transaction older than the
+- The holder that lost the lock learns it from the page when its commit pins the lock
+  (:meth:`StoreLock.pin`: from then on nobody may take it over), and its commit fails with
+  1007 transaction_too_old, as a FoundationDB transaction older than the
   window does. Serializability never depends on the lock: a transaction reads a SQLite
   snapshot and buffers its writes, and SQLite refuses to commit over a snapshot that another
   commit overtook (1020), so a takeover can only make a late commit fail.
 
-What is not bounded: a holder stopped *during* its commit holds SQLite's own write lock for
-those microseconds and delays the next commit (SQLite's busy timeout, then 1037); a process
-stopped while holding the page mutex (a few microseconds) blocks lock changes until it runs.
+What is not bounded: a holder stopped *during* its commit (pinned, holding SQLite's write
+lock for those microseconds) blocks the others until it runs; so does a process stopped
+while holding the page mutex (a few microseconds). A waiter thread blocked on the byte of a
+generation taken over from a stopped process stays in the kernel, with its descriptor, until
+that process resumes or dies.
 
 Without OFD locks (not Linux) the lock is ``flock`` on the whole file, as before: a stopped
 holder then blocks writers until ``lock_timeout`` and the layer retries.
@@ -33,6 +36,7 @@ holder then blocks writers until ``lock_timeout`` and the layer retries.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import mmap
 import os
@@ -62,12 +66,6 @@ def _now_us() -> int:
     """CLOCK_MONOTONIC itself, shared by every process of the boot: never a test's fake clock,
     which moves one process's engine time only, while holders in other processes read theirs."""
     return time.monotonic_ns() // 1000
-
-
-def _contested(since: int) -> bool:
-    """A holder's start near or past the window: a waiter may be taking the lock over, so
-    the page changes under the page mutex (half a second of margin for clocks read apart)."""
-    return since != 0 and since != _PINNED and _now_us() - since > _WINDOW_US - 500_000
 
 
 def _byte_lock(fd: int, at: int, kind: int, wait: bool) -> bool:
@@ -133,19 +131,26 @@ class _Waiter:
                     os.close(self._fd)
                     return
             try:
-                self._lock(self._fd)
+                got = self._lock(self._fd) is not False
             except OSError:
+                got = False
+            if not got:
                 with self._cond:
                     self._blocking = False
-                time.sleep(_SLICE)  # e.g. EINTR, EBADF after close: the caller times out
+                time.sleep(_SLICE)  # the caller times out and asks again
                 continue
             with self._cond:
-                self._blocking = False
                 if self._wanted and not self._retired:
+                    self._blocking = False
                     self._granted = True
                     self._cond.notify_all()
                     continue
-            self._unlock(self._fd)
+                # Handed back while still marked blocking: until the byte is unlocked, the
+                # caller must not lock it through the same open file description (that
+                # would succeed, and this unlock would then drop the caller's lock).
+                with contextlib.suppress(OSError):
+                    self._unlock(self._fd)
+                self._blocking = False
 
 
 class StoreLock:
@@ -193,10 +198,8 @@ class StoreLock:
                     return None
                 continue
             now = _now_us()
-            if since and now - since > _WINDOW_US:
-                if self._take_over(gen, since, stealable):
-                    return None
-                continue
+            if since and now - since > _WINDOW_US and self._take_over(gen, since, stealable):
+                return None
             left = deadline - time.monotonic()
             if left <= 0:
                 return "another process"
@@ -210,12 +213,12 @@ class StoreLock:
     def _claim(self, gen: int, stealable: bool) -> bool:
         """Holding byte ``gen``: make it ours in the page, unless the generation moved on.
 
-        Without the page mutex (one system call per acquire, as a plain flock) unless the
-        page still shows a holder near or past the window (one that died holding it): a
-        waiter may then be taking it over, and the mutex decides between the two.
+        Without the page mutex (one system call per acquire, as a plain flock) when the page
+        says free (a takeover compares the holder's start, which is not 0); a start left by
+        a holder that died: a waiter may be taking it over, and the mutex decides.
         """
         current, since, _ = self._read()
-        if current == gen and _contested(since):  # a dead holder's start: a waiter may take it over now
+        if current == gen and since != 0:  # a dead holder's start: a waiter may take it over now
             with self._locked_page():
                 current = self._read()[0]
                 if current == gen:
@@ -257,11 +260,24 @@ class StoreLock:
         for old in [g for g in self._waiters if g < gen]:
             self._waiters.pop(old).retire()
 
-    def lost(self) -> bool:
-        """True when this process no longer holds the lock: another took it over."""
+    def pin(self) -> bool:
+        """Before a commit applies anything: False when another process took the lock over;
+        else no one may take it over from now until release (a commit is microseconds).
+
+        Checking alone would leave a window between the check and COMMIT in which a takeover
+        lets both commit, and the page's marks written after COMMIT (the version clock's
+        pending flag, the durable version) go out of order.
+        """
         if not OFD:
+            return True
+        gen = self._gen
+        if gen is None:
             return False
-        return self._gen is None or self._read()[0] != self._gen
+        with self._locked_page():
+            if self._read()[0] != gen:
+                return False
+            self._write(gen, _PINNED)
+        return True
 
     def release(self) -> None:
         if not OFD:
@@ -270,15 +286,15 @@ class StoreLock:
         gen, self._gen = self._gen, None
         if gen is None:
             return
-        # No page mutex unless a waiter may be taking the lock over at this moment (this
-        # holder is near or past the window): then it must not see its generation undone.
+        # Under the page mutex unless pinned: a waiter may be taking the lock over at this
+        # very moment, and must not see its generation undone.
         current, since, _ = self._read()
-        if current == gen and _contested(since):
+        if current == gen and since != _PINNED:
             with self._locked_page():
                 if self._read()[0] == gen:
                     self._write(gen, 0)
         elif current == gen:
-            self._write(gen, 0)
+            self._write(gen, 0)  # pinned (see pin): nobody takes it over meanwhile
         _byte_lock(self._fd, _BASE + gen, fcntl.F_UNLCK, False)
 
     def close(self) -> None:

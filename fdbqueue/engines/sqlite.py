@@ -472,7 +472,7 @@ class SqliteTransaction(LocalTransaction):
             changed = db._files.changed()
             if changed:
                 raise self._refuse(changed)
-            if self._dirty and db._store.lost():
+            if self._dirty and not db._store.pin():
                 # Past the 5-second window another process took the store lock over
                 # (_storelock): as on FoundationDB, too old to commit; nothing is applied.
                 self._rollback()

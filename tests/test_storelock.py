@@ -1,0 +1,86 @@
+"""The store lock's lease (engines/_storelock.py), two open file descriptions in one process
+standing for two processes (OFD locks conflict between descriptions, as between processes)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fdbqueue.engines import _storelock
+from fdbqueue.engines._storelock import LEASE_AT, StoreLock
+
+pytestmark = pytest.mark.skipif(not _storelock.OFD, reason="open-file-description locks are Linux's")
+
+
+@pytest.fixture
+def locks(tmp_path: Path) -> Iterator[list[StoreLock]]:
+    path = tmp_path / "q.db-lock"
+    path.write_bytes(bytes(4096))
+    fds = [os.open(path, os.O_RDWR) for _ in range(3)]
+    pages = [mmap.mmap(fd, 4096) for fd in fds]
+    made = [StoreLock(fd, page) for fd, page in zip(fds, pages, strict=True)]
+    yield made
+    for lock in made:
+        lock.close()
+    for page, fd in zip(pages, fds, strict=True):
+        page.close()
+        os.close(fd)
+
+
+def age(lock: StoreLock, seconds: float) -> None:
+    """Make the holder's recorded start ``seconds`` older."""
+    gen, since, _ = lock._read()
+    lock._write(gen, since - int(seconds * 1e6))
+
+
+def test_a_holder_past_the_window_is_taken_over_and_cannot_pin(locks: list[StoreLock]) -> None:
+    a, b, _ = locks
+    assert a.acquire(1.0, stealable=True) is None
+    assert b.acquire(0.3, stealable=True) == "another process"  # young: waited for
+    age(a, 6)
+    assert b.acquire(1.0, stealable=True) is None  # taken over
+    assert not a.pin()  # a's commit fails with 1007
+    assert b.pin()
+    a.release()  # releases only its old byte; b keeps the lock
+    assert locks[2].acquire(0.3, stealable=True) == "another process"
+    b.release()
+    assert locks[2].acquire(1.0, stealable=True) is None
+
+
+def test_a_pinned_holder_is_never_taken_over(locks: list[StoreLock]) -> None:
+    a, b, _ = locks
+    assert a.acquire(1.0, stealable=True) is None
+    assert a.pin()
+    age(a, 3600)  # pinned: the recorded start is not a start any more
+    assert b.acquire(0.5, stealable=True) == "another process"
+    a.release()
+    assert b.acquire(1.0, stealable=True) is None
+
+
+def test_a_waiter_handing_back_a_lock_never_drops_one_its_process_took(locks: list[StoreLock]) -> None:
+    """b gives up waiting (its helper thread still blocked in the kernel), a releases, b's
+    thread gets the byte and hands it back; b acquiring meanwhile through the same open file
+    description must end up really holding it: c cannot get it."""
+    a, b, c = locks
+    for _ in range(20):
+        assert a.acquire(1.0, stealable=True) is None
+        assert b.acquire(0.05, stealable=True) == "another process"
+        a.release()
+        assert b.acquire(2.0, stealable=True) is None
+        time.sleep(0.01)  # let a stale hand-back run, if one is due
+        assert c.acquire(0.05, stealable=True) == "another process", "b's lock was dropped under it"
+        b.release()
+
+
+def test_the_lease_lives_in_the_lock_page(locks: list[StoreLock]) -> None:
+    a, _, _ = locks
+    assert a.acquire(1.0, stealable=True) is None
+    gen, since, pid = a._read()
+    assert since > 0 and pid == os.getpid() and LEASE_AT == 192
+    a.release()
+    assert a._read()[:2] == (gen, 0)
