@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import fdbqueue
 from fdbqueue.engines._writemap import WriteMap
-from fdbqueue.engines.base import SYSTEM_KEYS, KeySelector, KeyValue
+from fdbqueue.engines.base import ATOMIC_OPS, SYSTEM_KEYS, KeySelector, KeyValue
 
 keys = st.binary(min_size=0, max_size=3).map(lambda b: bytes(x % 4 for x in b))  # few, colliding keys
 values = st.binary(min_size=0, max_size=2)
@@ -110,20 +110,7 @@ def test_untouched_ranges_go_straight_to_the_snapshot() -> None:
 
 # -- the same, end to end: one transaction on the embedded engine and on the simulation --------
 
-atomic_ops = st.sampled_from(
-    [
-        "add",
-        "max",
-        "min",
-        "byte_max",
-        "byte_min",
-        "bit_and",
-        "bit_or",
-        "bit_xor",
-        "compare_and_clear",
-        "append_if_fits",
-    ]
-)
+atomic_ops = st.sampled_from(sorted(ATOMIC_OPS))
 engine_ops = st.lists(
     st.one_of(
         st.tuples(st.just("set"), keys, values),

@@ -53,7 +53,8 @@ LEASE_AT = 192
 _LEASE = struct.Struct("=QqI")
 _MUTEX_AT = 3 * 4096  # the page mutex byte (the page is 0..4095; 8192 is _walcheck's presence byte)
 _BASE = 4 * 4096  # generation g is byte _BASE + g
-_FLOCK = struct.Struct("hhqqi4x")  # struct flock on Linux: l_type, l_whence, l_start, l_len, l_pid
+#: ``struct flock`` on Linux: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks).
+FLOCK = struct.Struct("hhqqi4x")
 OFD = sys.platform.startswith("linux") and hasattr(fcntl, "F_OFD_SETLKW")
 _WINDOW_US = int(TRANSACTION_WINDOW_SECONDS * 1_000_000)
 _SLICE = 0.25  # a blocked waiter looks at the page at least this often
@@ -68,11 +69,16 @@ def _now_us() -> int:
     return time.monotonic_ns() // 1000
 
 
+def byte_request(kind: int, at: int) -> bytes:
+    """The ``struct flock`` of an OFD lock (``kind``: F_RDLCK, F_WRLCK, F_UNLCK) of the byte ``at``."""
+    return FLOCK.pack(kind, os.SEEK_SET, at, 1, 0)
+
+
 def _byte_lock(fd: int, at: int, kind: int, wait: bool) -> bool:
     """An OFD lock of one byte; False when it is held elsewhere (``wait`` False)."""
     cmd = fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK
     try:
-        fcntl.fcntl(fd, cmd, _FLOCK.pack(kind, os.SEEK_SET, at, 1, 0))
+        fcntl.fcntl(fd, cmd, byte_request(kind, at))
     except (BlockingIOError, PermissionError):  # EAGAIN / EACCES: held by another description
         return False
     return True

@@ -44,12 +44,11 @@ import mmap
 import os
 import sqlite3
 import struct
-import sys
 import threading
 from collections.abc import Iterator
 from urllib.parse import quote
 
-from fdbqueue.engines import _shared
+from fdbqueue.engines import _shared, _storelock
 from fdbqueue.errors import StoreError
 
 #: Where the record lives in the lock file's shared page (bytes below 256 are taken).
@@ -61,18 +60,12 @@ RECORD = struct.Struct("=32sII8s")
 _HEADER = struct.Struct("=16xI12x8s56xI")  # mxFrame, aSalt, nBackfill
 _HEADER_BYTES = _HEADER.size
 _WAL_HEADER = 32  # bytes before the first frame (https://www.sqlite.org/fileformat.html)
-#: The presence byte of ``<db>-lock``, past the shared page (an OFD byte lock: on Linux it
-#: neither conflicts with the store lock, a flock of the whole file, nor goes with other descriptors).
+#: The presence byte of ``<db>-lock``, past the shared page (an OFD byte lock: a byte of its
+#: own, apart from the store lock's bytes, and not released with other descriptors).
 PRESENCE_AT = 2 * _shared.PAGE
-_OFD = sys.platform.startswith("linux") and hasattr(fcntl, "F_OFD_SETLK")
-_FLOCK = struct.Struct("hhqqi4x")  # struct flock on Linux: l_type, l_whence, l_start, l_len, l_pid
 
 DAMAGED = "-wal.damaged"
 AT_OPEN = "-wal.at-open"
-
-
-def _flock(kind: int) -> bytes:
-    return _FLOCK.pack(kind, os.SEEK_SET, PRESENCE_AT, 1, 0)
 
 
 def damaged_message(path: str, damaged: str, found: int, recorded: int) -> str:
@@ -232,11 +225,11 @@ def release(held: Held) -> None:
 
 def _take_presence(fd: int) -> bool:
     """Hold the presence byte (shared); True when no other process held it (Linux only)."""
-    if not _OFD:
+    if not _storelock.OFD:
         return False
-    found = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _flock(fcntl.F_WRLCK))
-    alone = bool(_FLOCK.unpack(found)[0] == fcntl.F_UNLCK)
-    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _flock(fcntl.F_RDLCK))
+    found = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _storelock.byte_request(fcntl.F_WRLCK, PRESENCE_AT))
+    alone = bool(_storelock.FLOCK.unpack(found)[0] == fcntl.F_UNLCK)
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _storelock.byte_request(fcntl.F_RDLCK, PRESENCE_AT))
     return alone
 
 
