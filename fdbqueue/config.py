@@ -72,7 +72,7 @@ def _valid_name(name: object) -> bool:
     return True
 
 
-_DURATIONS = ("retry_delay", "max_retry_delay", "lease_seconds", "ttl", "dedup_window")
+_DURATIONS = ("retry_delay", "max_retry_delay", "lease_seconds", "ttl", "dedup_window", "journal_retention")
 MAX_RETRY_BACKOFF = 1000.0  # the growth factor per delivery; max_retry_delay caps the wait
 
 
@@ -97,6 +97,13 @@ class QueueConfig:
     strict_order: bool = False
     max_payload: int = MAX_PAYLOAD_BYTES  # at most that: one transaction's budget (budget.py)
     dedup_window: float = 3600.0
+    # The journal (Bernstein & Newcomer's queue manager keeps one for audit and for finding
+    # lost messages): off by default, entries older than journal_retention are trimmed.
+    journal: bool = False
+    journal_retention: float = 7 * 86400.0
+    # A volatile queue's commits skip fsync on the embedded engine: its messages survive a
+    # process crash, not a power loss (the queue manager's volatile queues).
+    volatile: bool = False
     extra: dict[str, Any] = field(default_factory=dict)  # owner, privileges, description ...
 
     def __post_init__(self) -> None:
@@ -118,6 +125,10 @@ class QueueConfig:
         if self.ttl is not None:
             check_duration("ttl", self.ttl, positive=True)
         check_duration("dedup_window", self.dedup_window)
+        check_duration("journal_retention", self.journal_retention, positive=True)
+        for flag in ("journal", "volatile"):
+            if not isinstance(getattr(self, flag), bool):
+                raise QueueError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
         backoff = self.retry_backoff
         if (
             isinstance(backoff, bool)
