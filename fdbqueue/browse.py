@@ -25,6 +25,7 @@ from fdbqueue.engines.base import Database, KeyValue, Transaction
 from fdbqueue.errors import QueueError
 from fdbqueue.layout import QueueKeys, unpack_count
 from fdbqueue.message import Message, Record, decode_record, join_chunks
+from fdbqueue.txn import run_once
 from fdbqueue.types import Outlook as Outlook  # re-export
 
 if TYPE_CHECKING:
@@ -49,7 +50,6 @@ def _due_delayed(tr: Transaction, keys: QueueKeys, now: int) -> tuple[list[tuple
 
 def outlook(tr: Transaction | Database, queue: Queue) -> Outlook:
     """The :class:`Outlook` of ``queue`` at database time; composes inside a caller's transaction."""
-    from fdbqueue.queue import run_once
 
     keys = queue.keys
 
@@ -77,7 +77,6 @@ def outlook(tr: Transaction | Database, queue: Queue) -> Outlook:
 
 
 def browse(queue: Queue, tr: Transaction | Database, *, limit: int | None, batch: int) -> Iterator[Message]:
-    from fdbqueue.queue import run_once
 
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise QueueError(f"limit must be an int >= 0 or None, got {limit!r}")

@@ -19,18 +19,21 @@ from __future__ import annotations
 
 import os
 import random
-import struct
 import time
 from typing import TYPE_CHECKING
 
 from fdbqueue.budget import Budget, move_cost
 from fdbqueue.clock import db_now, versions
 from fdbqueue.config import QueueConfig, due_entries, read_meta
-from fdbqueue.delivery import HEAD_BATCH, HEAD_SKIP_LIMIT, expire_within, move_corrupt, remove_message
+from fdbqueue.delivery import move_corrupt, remove_message
 from fdbqueue.engines.base import RETRY, Again, Attempt, Database, Done, KeyValue, Transaction, retry
-from fdbqueue.errors import CommitUnknownError, CorruptMessageError
+from fdbqueue.errors import CommitUnknownError, CorruptMessageError, QueueStoppedError
+from fdbqueue.head import HEAD_BATCH, HEAD_SKIP_LIMIT, expire_within
 from fdbqueue.layout import QueueKeys, pack_count
 from fdbqueue.message import Message, decode_record
+from fdbqueue.receipts import RESULT_TTL_VERSIONS, decode_result, encode_result
+from fdbqueue.sweep import sweep_step
+from fdbqueue.txn import run_once
 
 if TYPE_CHECKING:
     from fdbqueue.queue import Queue
@@ -38,18 +41,6 @@ if TYPE_CHECKING:
 BATCH = 100
 STALE_REQUEST_VERSIONS = versions(30)  # a request this old lost its waiter: clear it, pair nothing
 _PENDING = object()
-_RESULT_HEAD = struct.Struct("<qH")
-
-
-def encode_result(made: int, key: bytes, record: bytes) -> bytes:
-    """A fulfilled request: when (a read version), the message's ready key (its place), its record."""
-    return _RESULT_HEAD.pack(made, len(key)) + key + record
-
-
-def decode_result(raw: bytes) -> tuple[int, bytes, bytes]:
-    made, n = _RESULT_HEAD.unpack_from(raw)
-    start = _RESULT_HEAD.size
-    return made, raw[start : start + n], raw[start + n :]
 
 
 def _live_items(
@@ -68,10 +59,10 @@ def _live_items(
             try:
                 rec = decode_record(kv.value, queue.keys, kv.key)
             except CorruptMessageError as exc:
-                move_corrupt(queue, t, cfg, kv.key, kv.value, exc, budget)
+                move_corrupt(queue.keys, t, cfg, kv.key, kv.value, exc, budget)
                 continue
             if rec.expires_us is not None and rec.expires_us <= now:
-                if expire_within(queue, t, cfg, kv.key, kv.value, rec, budget):
+                if expire_within(queue.keys, t, cfg, kv.key, kv.value, rec, budget):
                     # As for a pairing, only a true collision conflicts: the conflict of a
                     # point read, without its round trip (the value was read just now).
                     t.add_read_conflict_key(kv.key)
@@ -93,7 +84,6 @@ def waiting_requests(tr: Transaction, keys: QueueKeys) -> bool:
 
 def staged_dequeue(db: Database, queue: Queue) -> Message | None:
     """Dequeue through the request set; None when the queue was empty at fulfilment."""
-    from fdbqueue.queue import run_once
 
     keys = queue.keys
     rand = os.urandom(8)  # made outside every retry loop: the request's identity
@@ -112,8 +102,6 @@ def staged_dequeue(db: Database, queue: Queue) -> Message | None:
         if meta.config is None:
             return False
         if not meta.state.dequeue:
-            from fdbqueue.queue import QueueStoppedError
-
             raise QueueStoppedError(f"dequeue is disabled on queue {queue.name!r}")
         t.set(req_key, b"")  # the same key on every attempt: idempotent
         return True
@@ -135,7 +123,6 @@ def staged_dequeue(db: Database, queue: Queue) -> Message | None:
 
 
 def _collect(db: Database, queue: Queue, req_key: bytes, res_key: bytes) -> object:
-    from fdbqueue.queue import run_once
 
     keys = queue.keys
     taken: list[Message] = []
@@ -147,7 +134,6 @@ def _collect(db: Database, queue: Queue, req_key: bytes, res_key: bytes) -> obje
             # A sweep reclaims results older than RESULT_TTL: past that, a missing result
             # may be one put back rather than one we collected (the same argument as for
             # receipts: sweep.read_receipt).
-            from fdbqueue.sweep import RESULT_TTL_VERSIONS
 
             if db_now(t) - made[0] > RESULT_TTL_VERSIONS:
                 raise CommitUnknownError(
@@ -168,7 +154,7 @@ def _collect(db: Database, queue: Queue, req_key: bytes, res_key: bytes) -> obje
         except CorruptMessageError as exc:  # its payload chunks are damaged: not handed out
             t.clear(res_key)
             cfg = read_meta(t, keys).config or QueueConfig()
-            move_corrupt(queue, t, cfg, key, record, exc, state="done")  # fulfil counted it done
+            move_corrupt(queue.keys, t, cfg, key, record, exc, state="done")  # fulfil counted it done
             return None
         t.clear(res_key)
         if decode_record(record, queue.keys, key).chunks:
@@ -216,9 +202,7 @@ def fulfil(db: Database, queue: Queue, *, mine: bytes | None = None) -> int:
         meta = read_meta(t, keys)
         cfg = meta.config
         if cfg is not None and due_entries(t, keys, meta, now):
-            from fdbqueue.sweep import sweep_step
-
-            sweep_step(queue, t, cfg, now, 16, budget)  # due delays and expired leases first
+            sweep_step(queue.keys, t, cfg, now, 16, budget)  # due delays and expired leases first
         stale_before = now - STALE_REQUEST_VERSIONS
         live = []
         for req in reqs:

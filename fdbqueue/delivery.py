@@ -23,33 +23,21 @@ client's wall clock decides when a lease, a delay or a TTL ends.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fdbqueue.budget import Budget, move_cost
 from fdbqueue.clock import db_now, now_us, seconds_of, versions
 from fdbqueue.config import QueueConfig, check_duration, config_or_create, error_queue_name
 from fdbqueue.engines.base import Database, Transaction
-from fdbqueue.errors import CorruptMessageError, EngineError, QueueError
+from fdbqueue.errors import CorruptMessageError, EngineError
 from fdbqueue.errors import LeaseError as LeaseError  # re-export
 from fdbqueue.errors import LeaseExpiredError as LeaseExpiredError  # re-export
 from fdbqueue.layout import MINUS_ONE, ONE, QueueKeys, new_rand, unpack_count
 from fdbqueue.message import Message, Record, decode_record, fit_reason, join_chunks
 from fdbqueue.txn import run_once
-from fdbqueue.waiting import next_due
 
-if TYPE_CHECKING:
-    from fdbqueue.queue import Queue
-
-HEAD_SKIP_LIMIT = 100  # expired messages the staged dequeue looks past per pairing batch
-HEAD_BATCH = 64  # the head scan reads 1, then 8, then up to this many records at a time
-FILTER_SCAN_LIMIT = 10_000  # dequeue(where=...) looks at most this many messages, over all transactions
-FILTER_BATCH = 100
-# Kept back from a dequeue's or lease's budget for the message it takes: the leased record
-# (at most the value limit) and its index entries.
-TAKE_RESERVE = 110_000
-_MISSING = object()
 log = logging.getLogger("fdbqueue")
 
 
@@ -101,28 +89,25 @@ def put_delayed(
     tr.add(keys.counter("delayed"), ONE)
 
 
-def dead_letter(q: Queue, tr: Transaction, cfg: QueueConfig, rec: Record, reason: str) -> None:
-    """Move a message (already removed from ``q``, chunks still there) to the error queue."""
-    from fdbqueue.queue import Queue as QueueCls
-
-    eq = QueueCls(cfg.error_queue_for(q.name), root=q.root)
-    ekeys = eq.keys
+def dead_letter(keys: QueueKeys, tr: Transaction, cfg: QueueConfig, rec: Record, reason: str) -> None:
+    """Move a message (already removed from its queue, chunks still there) to the error queue."""
+    ekeys = keys.sibling(cfg.error_queue_for(keys.name))
     config_or_create(tr, ekeys)
     if rec.chunks:
-        for kv in tr.get_range(*q.keys.chunk_range(rec.id)):
-            tr.set(ekeys.q.pack(("b", rec.id, q.keys.q.unpack(kv.key)[2])), kv.value)
-        tr.clear_range(*q.keys.chunk_range(rec.id))
-    extra = {"origin": q.name, "reason": reason, "deliveries": rec.deliveries}
+        for kv in tr.get_range(*keys.chunk_range(rec.id)):
+            tr.set(ekeys.q.pack(("b", rec.id, keys.q.unpack(kv.key)[2])), kv.value)
+        tr.clear_range(*keys.chunk_range(rec.id))
+    extra = {"origin": keys.name, "reason": reason, "deliveries": rec.deliveries}
     dead = rec.with_(deliveries=0, extra=extra, expires_us=None)
     put_ready(tr, ekeys, None, dead, 0)
-    tr.add(q.keys.counter("dead"), ONE)
+    tr.add(keys.counter("dead"), ONE)
 
 
 CORRUPT_REASON = "corrupt"
 
 
 def move_corrupt(
-    q: Queue,
+    keys: QueueKeys,
     tr: Transaction,
     cfg: QueueConfig,
     key: bytes,
@@ -134,7 +119,7 @@ def move_corrupt(
     also_clear: bytes | None = None,
 ) -> None:
     """Move the damaged record at ``key`` (in ``state``: ready, inflight or delayed) out of
-    ``q`` so the queue keeps flowing: to the error queue as a message tagged ``reason =
+    its queue so the queue keeps flowing: to the error queue as a message tagged ``reason =
     "corrupt"`` whose payload is the damaged record's bytes, unchanged (nothing is thrown
     away), with ``origin``, the ``key`` it was at (hex) and what was wrong. Its id there is
     the id its key names (else a fresh one). ``also_clear``: its lease entry, for a leased
@@ -143,10 +128,9 @@ def move_corrupt(
 
     What the record said cannot be trusted, so its id entry, TTL entry and payload chunks
     (if it had any) are left where they are: a sweep clears a TTL entry whose message is
-    gone, and chunks stay under the id in ``q`` for whoever recovers it.
+    gone, and chunks stay under the id in its queue for whoever recovers it.
     """
     from fdbqueue.layout import new_id
-    from fdbqueue.queue import Queue as QueueCls
 
     if budget is not None:
         budget.charge(move_cost(len(key), len(raw), 0))
@@ -154,18 +138,18 @@ def move_corrupt(
     tr.clear(key)
     if also_clear is not None:
         tr.clear(also_clear)
-    tr.add(q.keys.counter(state), MINUS_ONE)
-    tr.add(q.keys.counter("corrupt"), ONE)
+    tr.add(keys.counter(state), MINUS_ONE)
+    tr.add(keys.counter("corrupt"), ONE)
     mid = error.msg_id or new_id()
-    ename = cfg.error_queue_for(q.name)
-    if ename == q.name:
-        ename = error_queue_name(q.name)
+    ename = cfg.error_queue_for(keys.name)
+    if ename == keys.name:
+        ename = error_queue_name(keys.name)
 
     def logged(failed: EngineError | None) -> None:
         if failed is None:  # once, when the move is committed: not once per retried attempt
             log.error(
                 "queue %r: damaged message %r at key %r (%s): moved to %r",
-                q.name,
+                keys.name,
                 mid,
                 key,
                 error.detail,
@@ -173,34 +157,39 @@ def move_corrupt(
             )
 
     tr.on_finish(logged)
-    ekeys = QueueCls(ename, root=q.root).keys
+    ekeys = keys.sibling(ename)
     config_or_create(tr, ekeys)
-    extra = {"origin": q.name, "reason": CORRUPT_REASON, "key": key.hex(), "detail": fit_reason(error.detail)}
+    extra = {
+        "origin": keys.name,
+        "reason": CORRUPT_REASON,
+        "key": key.hex(),
+        "detail": fit_reason(error.detail),
+    }
     put_ready(tr, ekeys, None, Record(mid, now_us(), "b", {}, 0, None, 0, extra, raw), 0)
 
 
-def expire(q: Queue, tr: Transaction, cfg: QueueConfig, key: bytes, rec: Record) -> None:
+def expire(keys: QueueKeys, tr: Transaction, cfg: QueueConfig, key: bytes, rec: Record) -> None:
     """A ready message past its TTL: discarded, or to the error queue tagged ``expired``."""
-    remove_message(tr, q.keys, key, rec, chunks=cfg.expiry_action == "discard")
-    tr.add(q.keys.counter("ready"), MINUS_ONE)
-    tr.add(q.keys.counter("expired"), ONE)
+    remove_message(tr, keys, key, rec, chunks=cfg.expiry_action == "discard")
+    tr.add(keys.counter("ready"), MINUS_ONE)
+    tr.add(keys.counter("expired"), ONE)
     if cfg.expiry_action == "error":
-        dead_letter(q, tr, cfg, rec, "expired")
+        dead_letter(keys, tr, cfg, rec, "expired")
 
 
-def _expire_unready(q: Queue, tr: Transaction, cfg: QueueConfig, rec: Record) -> None:
+def _expire_unready(keys: QueueKeys, tr: Transaction, cfg: QueueConfig, rec: Record) -> None:
     """A message already out of the ready set (leased, delayed) past its TTL: discard it or
     dead-letter it tagged ``expired``; its id entry goes either way."""
-    tr.add(q.keys.counter("expired"), ONE)
-    tr.clear(q.keys.id_key(rec.id))
+    tr.add(keys.counter("expired"), ONE)
+    tr.clear(keys.id_key(rec.id))
     if cfg.expiry_action == "error":
-        dead_letter(q, tr, cfg, rec, "expired")
+        dead_letter(keys, tr, cfg, rec, "expired")
     elif rec.chunks:
-        tr.clear_range(*q.keys.chunk_range(rec.id))
+        tr.clear_range(*keys.chunk_range(rec.id))
 
 
 def release(
-    q: Queue,
+    keys: QueueKeys,
     tr: Transaction,
     cfg: QueueConfig,
     rec: Record,
@@ -215,12 +204,11 @@ def release(
     ``rec.deliveries`` counts the failed delivery. Returns where it went:
     ``ready``, ``delayed``, ``dead`` or ``expired``.
     """
-    keys = q.keys
     if rec.expires_us is not None and rec.expires_us <= now:
-        _expire_unready(q, tr, cfg, rec)
+        _expire_unready(keys, tr, cfg, rec)
         return "expired"
     if rec.deliveries >= cfg.max_deliveries:
-        dead_letter(q, tr, cfg, rec, reason or "max_deliveries")
+        dead_letter(keys, tr, cfg, rec, reason or "max_deliveries")
         tr.clear(keys.id_key(rec.id))
         return "dead"
     wait = cfg.retry_wait(rec.deliveries) if delay is None else delay
@@ -262,7 +250,7 @@ def expires_at(tr: Transaction, rec: Record) -> float | None:
 
 
 def lease_in(
-    q: Queue,
+    keys: QueueKeys,
     tr: Transaction,
     key: bytes,
     rec: Record,
@@ -279,7 +267,6 @@ def lease_in(
     ``payload``: a chunked message's payload when the caller has read it already.
     ``count=False``: the caller adds to the in-flight counter itself (once for a batch).
     """
-    keys = q.keys
     deadline = now + versions(seconds)
     until = lease_until(seconds)
     extra = dict(rec.extra)
@@ -298,10 +285,10 @@ def lease_in(
         payload = rec.payload
         if rec.chunks:
             values = [kv.value for kv in tr.get_range(*keys.chunk_range(rec.id))]
-            payload = join_chunks(values, rec.chunks, q.name, rec.id)
+            payload = join_chunks(values, rec.chunks, keys.name, rec.id)
     return Message.from_record(
         leased,
-        q.name,
+        keys.name,
         keys.priority_of(key),
         key,
         payload,
@@ -311,11 +298,11 @@ def lease_in(
     )
 
 
-def _leased(q: Queue, tr: Transaction, m: Message, now: int, *, allow_expired: bool = False) -> Record:
+def _leased(keys: QueueKeys, tr: Transaction, m: Message, now: int, *, allow_expired: bool = False) -> Record:
     if not isinstance(m, Message) or not m.receipt:
         raise LeaseError("ack, nack and extend take a Message returned by lease()")
-    raw = tr.get(q.keys.inflight_key(m.id))
-    rec = None if raw is None else decode_record(raw, q.keys, q.keys.inflight_key(m.id), m.id)
+    raw = tr.get(keys.inflight_key(m.id))
+    rec = None if raw is None else decode_record(raw, keys, keys.inflight_key(m.id), m.id)
     if rec is None or rec.extra.get("receipt") != m.receipt:
         raise LeaseError(
             f"message {m.id} is not leased under this receipt (already acked, nacked or expired)"
@@ -325,45 +312,49 @@ def _leased(q: Queue, tr: Transaction, m: Message, now: int, *, allow_expired: b
     return rec
 
 
-def _end_lease(q: Queue, tr: Transaction, rec: Record) -> None:
-    keys = q.keys
+def _end_lease(keys: QueueKeys, tr: Transaction, rec: Record) -> None:
     tr.clear(keys.inflight_key(rec.id))
     tr.clear(keys.lease_key(int(rec.extra["deadline"]), rec.id))
     tr.add(keys.counter("inflight"), MINUS_ONE)
 
 
-def ack_in(q: Queue, tr: Transaction, m: Message, now: int) -> Record:
-    rec = _leased(q, tr, m, now)
-    _end_lease(q, tr, rec)
-    tr.add(q.keys.counter("done"), ONE)
+def ack_in(keys: QueueKeys, tr: Transaction, m: Message, now: int) -> Record:
+    rec = _leased(keys, tr, m, now)
+    _end_lease(keys, tr, rec)
+    tr.add(keys.counter("done"), ONE)
     if rec.chunks:
-        tr.clear_range(*q.keys.chunk_range(rec.id))
+        tr.clear_range(*keys.chunk_range(rec.id))
     if rec.expires_us is not None:
-        tr.clear(q.keys.expiry_key(rec.expires_us, rec.id))
+        tr.clear(keys.expiry_key(rec.expires_us, rec.id))
     return rec
 
 
 def nack_in(
-    q: Queue, tr: Transaction, cfg: QueueConfig, m: Message, delay: float | None, reason: str | None, now: int
+    keys: QueueKeys,
+    tr: Transaction,
+    cfg: QueueConfig,
+    m: Message,
+    delay: float | None,
+    reason: str | None,
+    now: int,
 ) -> str:
-    rec = _leased(q, tr, m, now)
-    _end_lease(q, tr, rec)
-    return release(q, tr, cfg, rec, bytes.fromhex(rec.extra["key"]), reason=reason, delay=delay, now=now)
+    rec = _leased(keys, tr, m, now)
+    _end_lease(keys, tr, rec)
+    return release(keys, tr, cfg, rec, bytes.fromhex(rec.extra["key"]), reason=reason, delay=delay, now=now)
 
 
-def release_in(q: Queue, tr: Transaction, m: Message, now: int) -> None:
+def release_in(keys: QueueKeys, tr: Transaction, m: Message, now: int) -> None:
     """Back to its original place at once; the delivery is not counted (it never started)."""
-    rec = _leased(q, tr, m, now, allow_expired=True)
-    _end_lease(q, tr, rec)
+    rec = _leased(keys, tr, m, now, allow_expired=True)
+    _end_lease(keys, tr, rec)
     extra = {k: v for k, v in rec.extra.items() if k not in _LEASE_FIELDS}
     back = rec.with_(deliveries=max(0, rec.deliveries - 1), extra=extra)
     key = bytes.fromhex(rec.extra["key"])
-    put_ready(tr, q.keys, key, back, q.keys.parse_ready(key)[0])
+    put_ready(tr, keys, key, back, keys.parse_ready(key)[0])
 
 
-def extend_in(q: Queue, tr: Transaction, m: Message, seconds: float, now: int) -> Message:
-    rec = _leased(q, tr, m, now)
-    keys = q.keys
+def extend_in(keys: QueueKeys, tr: Transaction, m: Message, seconds: float, now: int) -> Message:
+    rec = _leased(keys, tr, m, now)
     tr.clear(keys.lease_key(int(rec.extra["deadline"]), rec.id))
     deadline = now + versions(seconds)
     until = lease_until(seconds)
@@ -372,7 +363,7 @@ def extend_in(q: Queue, tr: Transaction, m: Message, seconds: float, now: int) -
     tr.set(keys.lease_key(deadline, rec.id), str(m.receipt).encode())
     return Message.from_record(
         rec.with_(extra=extra),
-        q.name,
+        keys.name,
         m.priority,
         m.key,
         m.payload,
@@ -383,11 +374,15 @@ def extend_in(q: Queue, tr: Transaction, m: Message, seconds: float, now: int) -
 
 
 def expire_lease(
-    q: Queue, tr: Transaction, cfg: QueueConfig, lease_key: bytes, now: int, budget: Budget | None = None
+    keys: QueueKeys,
+    tr: Transaction,
+    cfg: QueueConfig,
+    lease_key: bytes,
+    now: int,
+    budget: Budget | None = None,
 ) -> str | None:
     """Release the message of an expired lease entry (a sweep step); None if already settled,
     ``later`` if ``budget`` cannot afford the move (nothing written)."""
-    keys = q.keys
     _, deadline, msg_id = keys.unpack_tail(lease_key)
     if tr.get(lease_key) is None:
         return None
@@ -396,10 +391,10 @@ def expire_lease(
         tr.clear(lease_key)
         return None
     try:
-        rec = decode_record(raw, q.keys, keys.inflight_key(msg_id), msg_id)
+        rec = decode_record(raw, keys, keys.inflight_key(msg_id), msg_id)
     except CorruptMessageError as exc:
         move_corrupt(
-            q, tr, cfg, keys.inflight_key(msg_id), raw, exc, budget, state="inflight", also_clear=lease_key
+            keys, tr, cfg, keys.inflight_key(msg_id), raw, exc, budget, state="inflight", also_clear=lease_key
         )
         return CORRUPT_REASON
     if int(rec.extra.get("deadline", -1)) != deadline:
@@ -410,22 +405,21 @@ def expire_lease(
     tr.clear(lease_key)
     tr.clear(keys.inflight_key(msg_id))
     tr.add(keys.counter("inflight"), MINUS_ONE)
-    return release(q, tr, cfg, rec, bytes.fromhex(rec.extra["key"]), reason=None, delay=None, now=now)
+    return release(keys, tr, cfg, rec, bytes.fromhex(rec.extra["key"]), reason=None, delay=None, now=now)
 
 
 def promote_delayed(
-    q: Queue, tr: Transaction, cfg: QueueConfig, dkey: bytes, now: int, budget: Budget | None = None
+    keys: QueueKeys, tr: Transaction, cfg: QueueConfig, dkey: bytes, now: int, budget: Budget | None = None
 ) -> str | None:
     """Move a due delayed message to the ready set (or expire it); None if already moved,
     ``later`` if ``budget`` cannot afford the move (nothing written)."""
     raw = tr.get(dkey)
     if raw is None:
         return None
-    keys = q.keys
     try:
-        rec = decode_record(raw, q.keys, dkey)
+        rec = decode_record(raw, keys, dkey)
     except CorruptMessageError as exc:
-        move_corrupt(q, tr, cfg, dkey, raw, exc, budget, state="delayed")
+        move_corrupt(keys, tr, cfg, dkey, raw, exc, budget, state="delayed")
         return CORRUPT_REASON
     if budget is not None and not budget.take(move_cost(len(dkey), len(raw), rec.chunks)):
         return "later"
@@ -433,7 +427,7 @@ def promote_delayed(
     tr.add(keys.counter("delayed"), MINUS_ONE)
     if rec.expires_us is not None and rec.expires_us <= now:
         tr.clear(keys.expiry_key(rec.expires_us, rec.id))
-        _expire_unready(q, tr, cfg, rec)
+        _expire_unready(keys, tr, cfg, rec)
         return "expired"
     extra = dict(rec.extra)
     target = extra.pop("key", None)
@@ -454,181 +448,31 @@ def locate(tr: Transaction, keys: QueueKeys, msg_id: str) -> bytes | None:
     return tr.get(keys.id_key(msg_id))
 
 
-def message_elsewhere(q: Queue, tr: Transaction, key: bytes, raw: bytes) -> Message | None:
+def message_elsewhere(keys: QueueKeys, tr: Transaction, key: bytes, raw: bytes) -> Message | None:
     """A message found through the id index outside the ready set (leased or delayed)."""
-    tag = q.keys.unpack_tail(key)[0]
-    rec = decode_record(raw, q.keys, key)
+    tag = keys.unpack_tail(key)[0]
+    rec = decode_record(raw, keys, key)
     payload = rec.payload
     if rec.chunks:
-        values = [kv.value for kv in tr.get_range(*q.keys.chunk_range(rec.id))]
-        payload = join_chunks(values, rec.chunks, q.name, rec.id)
+        values = [kv.value for kv in tr.get_range(*keys.chunk_range(rec.id))]
+        payload = join_chunks(values, rec.chunks, keys.name, rec.id)
     more: dict[str, Any] = {}
     if tag == "f":
         ready_key = bytes.fromhex(rec.extra["key"])
         more = {"receipt": None, "lease_deadline": int(rec.extra["until"]) / 1e6}
-        priority = q.keys.parse_ready(ready_key)[0]
+        priority = keys.parse_ready(ready_key)[0]
     elif tag == "d":
         ready_key = bytes.fromhex(rec.extra["key"]) if "key" in rec.extra else b""
         priority = int(rec.extra.get("priority", 0))
     else:
         return None
     more["expires_at"] = expires_at(tr, rec)
-    return Message.from_record(rec, q.name, priority, ready_key, payload, **more)
+    return Message.from_record(rec, keys.name, priority, ready_key, payload, **more)
 
 
 def check_lease_seconds(seconds: object) -> float:
     """A lease length: a number of seconds above 0 and at most ten years (``check_duration``)."""
     return check_duration("lease_seconds", seconds, positive=True)
-
-
-# -- what a dequeue may hand out -------------------------------------------------------------
-
-
-def deliverable_head(
-    q: Queue,
-    tr: Transaction,
-    cfg: QueueConfig,
-    where: Mapping[str, Any] | None,
-    fallback: bool,
-    now: int,
-    *,
-    check_due: bool = True,
-    budget: Budget | None = None,
-    start: bytes | None = None,
-) -> tuple[bytes, Record] | None:
-    """The next deliverable ready message; moves aside expired ones it meets.
-
-    ``check_due``: whether delayed or leased messages may exist (their counters), so that
-    what came due is made ready first; when none exist the two index reads are skipped.
-    ``budget``: what this transaction may still spend (``fdbqueue/budget.py``): expired
-    messages it cannot afford to move are passed over and left for a later transaction or
-    a sweep, so a live message behind them is still found; ``budget.more`` then says that
-    work was left. ``start``: a ready key to scan from (a lease_many's next message).
-    """
-    keys = q.keys
-    if where is not None and not all(isinstance(name, str) for name in where):
-        raise QueueError(f"header names in a filter must be str (as stored), got {list(where)!r}")
-    budget = Budget(TAKE_RESERVE) if budget is None else budget
-    if check_due and next_due(tr, keys, now) is not None:
-        from fdbqueue.sweep import sweep_step  # sweep builds on this module
-
-        sweep_step(q, tr, cfg, now, 16, budget)  # due delays and expired leases first
-    if cfg.strict_order:
-        if where is not None:
-            raise QueueError(f"queue {q.name!r} keeps strict order: dequeue by filter would break it")
-        if tr.get_range(*keys.index_range("l"), limit=1):
-            return None  # strict order: one delivery in flight at a time
-    begin, end = keys.ready_range()
-    if where is not None:
-        return _find(q, tr, cfg, begin, end, dict(where), fallback, now, budget)
-    return _head(q, tr, cfg, start or begin, end, now, budget)
-
-
-def expire_within(
-    q: Queue, tr: Transaction, cfg: QueueConfig, key: bytes, raw: bytes, rec: Record, b: Budget
-) -> bool:
-    """Move the expired message at ``key`` aside if the budget affords it (its chunks are
-    copied when it goes to the error queue); False leaves it in place for later."""
-    chunks = rec.chunks if cfg.expiry_action == "error" else 0
-    if not b.take(move_cost(len(key), len(raw), chunks)):
-        return False
-    expire(q, tr, cfg, key, rec)
-    return True
-
-
-def _head(
-    q: Queue, tr: Transaction, cfg: QueueConfig, begin: bytes, end: bytes, now: int, budget: Budget
-) -> tuple[bytes, Record] | None:
-    """The first live ready message from ``begin``, moving expired ones aside within ``budget``.
-
-    Read at snapshot isolation in growing batches (1, 8, 64 records: one round trip when the
-    head is live, a few past a run of expired messages), bounded per transaction by the
-    budget's read bytes and time; then the read conflict a serializable scan would have
-    taken, ``[begin, the key returned]``, is added: a concurrent take of the same message,
-    or of an expired one moved here, conflicts as before.
-    """
-    scan_from = begin
-    want = 1
-    while True:
-        limit = budget.batch(want)
-        kvs = tr.snapshot.get_range(begin, end, limit)
-        budget.read(kvs)
-        for key, raw in kvs:
-            try:
-                rec = decode_record(raw, q.keys, key)
-            except CorruptMessageError as exc:
-                move_corrupt(q, tr, cfg, key, raw, exc, budget)
-                continue
-            if rec.expires_us is not None and rec.expires_us <= now:
-                expire_within(q, tr, cfg, key, raw, rec, budget)
-                continue
-            tr.add_read_conflict_range(scan_from, key + b"\x00")
-            if int(rec.extra.get("not_before", 0)) > now:
-                return None  # strict order: the head waits out its retry delay
-            return key, rec
-        if len(kvs) < limit:
-            tr.add_read_conflict_range(scan_from, end)  # saw the end, as a serializable read would
-            return None
-        begin = kvs[-1].key + b"\x00"
-        if budget.scan_exhausted():
-            tr.add_read_conflict_range(scan_from, begin)
-            budget.more = True  # expired messages beyond this transaction's reading: later
-            return None
-        want = min(want * 8, HEAD_BATCH)
-
-
-def _find(
-    q: Queue,
-    tr: Transaction,
-    cfg: QueueConfig,
-    begin: bytes,
-    end: bytes,
-    where: dict[str, Any],
-    fallback: bool,
-    now: int,
-    budget: Budget,
-) -> tuple[bytes, Record] | None:
-    """The oldest ready message whose headers match ``where``; with ``fallback`` the oldest
-    live message when none matches.
-
-    Snapshot batches from ``budget.resume`` (or the head), at most SCAN_READ_BYTES and
-    SCAN_SECONDS per transaction and FILTER_SCAN_LIMIT messages in all; a match is taken
-    with a read conflict on its key alone (a serializable point read of it at this
-    transaction's read version), so only a concurrent take of the same message conflicts.
-    Where the per-transaction bound is reached first, ``budget.resume`` and ``budget.more``
-    say where the next transaction goes on (a dequeue given a Database does so; in a
-    caller's transaction the dequeue returns None).
-    """
-    cursor = budget.resume or begin
-    while budget.scanned < FILTER_SCAN_LIMIT:
-        limit = budget.batch(8 if not budget.read_rows else FILTER_BATCH)
-        batch = tr.snapshot.get_range(cursor, end, limit)
-        budget.read(batch)
-        for key, raw in batch:
-            budget.scanned += 1
-            try:
-                rec = decode_record(raw, q.keys, key)
-            except CorruptMessageError as exc:
-                move_corrupt(q, tr, cfg, key, raw, exc, budget)
-                continue
-            if rec.expires_us is not None and rec.expires_us <= now:
-                if expire_within(q, tr, cfg, key, raw, rec, budget):
-                    tr.add_read_conflict_key(key)  # two movers of one message conflict
-                continue
-            if all(rec.headers.get(k, _MISSING) == v for k, v in where.items()):
-                tr.add_read_conflict_key(key)
-                budget.resume = None
-                return key, rec
-        if len(batch) < limit:
-            break
-        cursor = batch[-1].key + b"\x00"
-        if budget.scan_exhausted():
-            budget.resume = cursor
-            budget.more = True
-            return None
-    budget.resume = None
-    budget.more = False  # the scan is over: what it left is a sweep's
-    return _head(q, tr, cfg, begin, end, now, budget) if fallback else None
 
 
 # Why a caller is about to abort the transaction that dequeued a message (by the Message
@@ -692,7 +536,7 @@ def engine_fault(error: EngineError) -> bool:
     return error.code == 4100 or (error.retryable and error.code != 1007)
 
 
-def count_failed_attempt(q: Queue, db: Database, msg: Message, error: EngineError) -> None:
+def count_failed_attempt(keys: QueueKeys, db: Database, msg: Message, error: EngineError) -> None:
     """The caller's transaction that dequeued ``msg`` did not commit: count the delivery.
 
     Runs after that transaction has ended (its locks released), in one of its own. A
@@ -707,12 +551,11 @@ def count_failed_attempt(q: Queue, db: Database, msg: Message, error: EngineErro
     reason = _reason_of(msg, error)
 
     def body(t: Transaction, _: bool) -> None:
-        keys = q.keys
         where = locate(t, keys, msg.id)
         raw = None if where is None else t.get(where)
         if where is None or raw is None:
             return  # taken by another consumer, or the caller's commit did land (1021)
-        rec = decode_record(raw, q.keys, where, msg.id)
+        rec = decode_record(raw, keys, where, msg.id)
         if rec.deliveries >= msg.deliveries:
             return  # counted already (this count's own commit ended unknown, then retried)
         tag = keys.unpack_tail(where)[0]
@@ -733,9 +576,9 @@ def count_failed_attempt(q: Queue, db: Database, msg: Message, error: EngineErro
         cfg = config_or_create(t, keys)
         remove_message(t, keys, where, rec, chunks=False)
         failed = rec.with_(deliveries=rec.deliveries + 1)
-        release(q, t, cfg, failed, ready_key, reason=reason, delay=None, now=db_now(t))
+        release(keys, t, cfg, failed, ready_key, reason=reason, delay=None, now=db_now(t))
 
     try:
         run_once(db, body)
     except Exception:  # never mask the caller's own error with this bookkeeping
-        log.exception("fdbqueue: could not count the failed delivery of %s on %r", msg.id, q.name)
+        log.exception("fdbqueue: could not count the failed delivery of %s on %r", msg.id, keys.name)

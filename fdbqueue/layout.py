@@ -260,6 +260,10 @@ class QueueKeys:
         r = Subspace(tuple(root))
         return cls(validate_queue_name(name), r, r["q"][name])
 
+    def sibling(self, name: str) -> QueueKeys:
+        """The keys of queue ``name`` under the same root (an error queue's, a move's target)."""
+        return QueueKeys(validate_queue_name(name), self.root, self.root["q"][name])
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, QueueKeys) and other.q.key() == self.q.key()
 

@@ -16,18 +16,15 @@ from fdbqueue.budget import Budget, encoded_len, grown_record
 from fdbqueue.clock import db_now
 from fdbqueue.config import Meta, QueueConfig, due_entries
 from fdbqueue.delivery import (
-    HEAD_BATCH,
-    HEAD_SKIP_LIMIT,
-    TAKE_RESERVE,
-    deliverable_head,
-    expire_within,
     lease_in,
     move_corrupt,
 )
 from fdbqueue.engines.base import Transaction
 from fdbqueue.errors import CorruptMessageError
+from fdbqueue.head import HEAD_BATCH, HEAD_SKIP_LIMIT, TAKE_RESERVE, deliverable_head, expire_within
 from fdbqueue.layout import pack_count
 from fdbqueue.message import Message, Record, decode_record, join_chunks
+from fdbqueue.sweep import sweep_step
 
 if TYPE_CHECKING:
     from fdbqueue.queue import Queue
@@ -45,7 +42,7 @@ def lease_batch(
     budget = Budget(TAKE_RESERVE) if budget is None else budget
     if cfg.strict_order:  # one delivery in flight at a time: at most one head
         due = bool(meta.count("delayed") or meta.count("inflight"))
-        head = deliverable_head(q, tr, cfg, None, False, now, check_due=due, budget=budget)
+        head = deliverable_head(q.keys, tr, cfg, None, False, now, check_due=due, budget=budget)
         heads = [] if head is None else [head]
         if head is not None:
             budget.charge(lease_cost(len(head[0]), head[1]))  # TAKE_RESERVE was kept for it
@@ -55,7 +52,7 @@ def lease_batch(
     if damaged:  # a sound record whose payload chunks are damaged: moved aside, not leased
         for key, rec in heads:
             if rec.id in damaged:
-                move_corrupt(q, tr, cfg, key, rec.encode(), damaged[rec.id], budget)
+                move_corrupt(q.keys, tr, cfg, key, rec.encode(), damaged[rec.id], budget)
         heads = [(key, rec) for key, rec in heads if rec.id not in damaged]
     secs = seconds or cfg.lease_seconds
     out: list[Message] = []
@@ -68,7 +65,7 @@ def lease_batch(
             tr.clear(keys.expiry_key(rec.expires_us, rec.id))
         out.append(
             lease_in(
-                q,
+                q.keys,
                 tr,
                 key,
                 rec,
@@ -98,9 +95,7 @@ def _ready_heads(
     """
     keys = q.keys
     if due_entries(tr, keys, meta, now):
-        from fdbqueue.sweep import sweep_step
-
-        sweep_step(q, tr, cfg, now, 16, budget)  # due delays and expired leases first
+        sweep_step(q.keys, tr, cfg, now, 16, budget)  # due delays and expired leases first
     begin, end = keys.ready_range()
     out: list[tuple[bytes, Record]] = []
     skipped = 0
@@ -116,11 +111,11 @@ def _ready_heads(
             try:
                 rec = decode_record(raw, q.keys, key)
             except CorruptMessageError as exc:
-                move_corrupt(q, tr, cfg, key, raw, exc, budget)
+                move_corrupt(q.keys, tr, cfg, key, raw, exc, budget)
                 skipped += 1
                 continue
             if rec.expires_us is not None and rec.expires_us <= now:
-                if expire_within(q, tr, cfg, key, raw, rec, budget):
+                if expire_within(q.keys, tr, cfg, key, raw, rec, budget):
                     tr.add_read_conflict_key(key)
                 skipped += 1
                 continue

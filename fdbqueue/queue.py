@@ -35,12 +35,10 @@ from fdbqueue.config import (
     write_config,
 )
 from fdbqueue.delivery import (
-    TAKE_RESERVE,
     LeaseError,
     ack_in,
     check_lease_seconds,
     count_failed_attempt,
-    deliverable_head,
     expires_at,
     extend_in,
     locate,
@@ -73,6 +71,7 @@ from fdbqueue.errors import (
     QueueFullError,
     QueueStoppedError,
 )
+from fdbqueue.head import TAKE_RESERVE, deliverable_head
 from fdbqueue.layout import (
     DEFAULT_ROOT,
     MINUS_ONE,
@@ -97,7 +96,8 @@ from fdbqueue.message import (
     join_chunks,
     seal_chunk,
 )
-from fdbqueue.sweep import SweepStats, maybe_clear_old_receipts, new_receipt, read_receipt, settled, sweep
+from fdbqueue.receipts import maybe_clear_old_receipts, new_receipt, read_receipt, settled
+from fdbqueue.sweep import SweepStats, sweep
 from fdbqueue.txn import as_database, run_once, seconds
 from fdbqueue.types import Item
 from fdbqueue.waiting import blocking, strict_of, wait_ready, watch_queue
@@ -529,7 +529,7 @@ class Queue:
         ``fdbqueue.sweep.settled``): it returns only if its own commit landed."""
 
         def body(t: Transaction) -> None:
-            if ack_in(self, t, m, db_now(t)).extra.get("strict"):
+            if ack_in(self.keys, t, m, db_now(t)).extra.get("strict"):
                 t.add(self.keys.wake, ONE)  # strict order: the next delivery may go ahead now
 
         settled(tr, self.keys, body)
@@ -550,7 +550,7 @@ class Queue:
 
         def body(t: Transaction) -> str:
             cfg = config_or_create(t, self.keys)
-            return nack_in(self, t, cfg, m, delay, reason, db_now(t))
+            return nack_in(self.keys, t, cfg, m, delay, reason, db_now(t))
 
         return settled(tr, self.keys, body)
 
@@ -558,13 +558,13 @@ class Queue:
         """Give a leased message back to its place at once, without counting the delivery
         (a worker shutting down returns what it prefetched but never started). Settled
         like :meth:`ack`."""
-        settled(tr, self.keys, lambda t: release_in(self, t, m, db_now(t)))
+        settled(tr, self.keys, lambda t: release_in(self.keys, t, m, db_now(t)))
 
     def extend(self, tr: Transaction | Database, m: Message, lease_seconds: float) -> Message:
         """Renew a lease for ``lease_seconds`` from now; returns the message with its new
         deadline. Settled like :meth:`ack`: the lease of the attempt that landed."""
         secs = check_lease_seconds(lease_seconds)
-        return settled(tr, self.keys, lambda t: extend_in(self, t, m, secs, db_now(t)))
+        return settled(tr, self.keys, lambda t: extend_in(self.keys, t, m, secs, db_now(t)))
 
     def sweep(self, tr: Transaction | Database, *, limit: int = 100) -> SweepStats:
         """Expired leases back, due delayed messages in, TTLs out, old dedup entries forgotten.
@@ -575,11 +575,11 @@ class Queue:
         """
         tr = adopt(tr)
         if is_transaction(tr):
-            return sweep(self, tr, db_now(tr), limit)  # type: ignore[arg-type]
+            return sweep(self.keys, tr, db_now(tr), limit)  # type: ignore[arg-type]
         db = as_database(tr)
         total = SweepStats()
         while True:
-            st = run_once(db, lambda t, _: sweep(self, t, db_now(t), limit))
+            st = run_once(db, lambda t, _: sweep(self.keys, t, db_now(t), limit))
             total.add(st)
             if st.total() == 0:
                 return total
@@ -688,7 +688,9 @@ class Queue:
         cfg, meta = opened
         due = bool(meta.count("delayed") or meta.count("inflight"))
         while True:
-            head = deliverable_head(self, tr, cfg, where, fallback, db_now(tr), check_due=due, budget=budget)
+            head = deliverable_head(
+                self.keys, tr, cfg, where, fallback, db_now(tr), check_due=due, budget=budget
+            )
             if head is None:
                 return None
             key, rec = head
@@ -696,7 +698,7 @@ class Queue:
                 msg = self._to_message(tr, key, rec, delivered=True)
                 break
             except CorruptMessageError as exc:  # its payload chunks are damaged
-                move_corrupt(self, tr, cfg, key, rec.encode(), exc, budget)
+                move_corrupt(self.keys, tr, cfg, key, rec.encode(), exc, budget)
         remove_message(tr, keys, key, rec)
         tr.add(keys.counter("ready"), MINUS_ONE)
         tr.add(keys.counter("done"), ONE)
@@ -705,7 +707,7 @@ class Queue:
 
             def finished(error: EngineError | None) -> None:
                 if error is not None:
-                    count_failed_attempt(self, db, msg, error)
+                    count_failed_attempt(self.keys, db, msg, error)
 
             tr.on_finish(finished)
         return msg
@@ -747,7 +749,7 @@ class Queue:
                 return None
             if self.keys.unpack_tail(where)[0] == "r":
                 return self._message(t, where, raw)
-            return message_elsewhere(self, t, where, raw)
+            return message_elsewhere(self.keys, t, where, raw)
 
         return run_once(tr, body)
 

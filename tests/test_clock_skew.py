@@ -26,7 +26,7 @@ from fdbqueue.engines.base import Database
 from fdbqueue.engines.sim import SimDatabase, SimTransaction
 from fdbqueue.errors import CommitUnknownError, EngineError
 from fdbqueue.layout import unpack_count
-from fdbqueue.sweep import RECEIPT_TTL_SECONDS, RESULT_TTL_VERSIONS
+from fdbqueue.receipts import RECEIPT_TTL_SECONDS, RESULT_TTL_VERSIONS
 from tests.conftest import engine_url
 from tests.faults import ScriptedFaults, on_backoff
 

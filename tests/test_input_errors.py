@@ -15,7 +15,7 @@ from fdbqueue.contention import fulfil
 from fdbqueue.engines.base import Database
 from fdbqueue.errors import QueueError
 from fdbqueue.layout import unpack_count
-from fdbqueue.sweep import RESULT_TTL_VERSIONS
+from fdbqueue.receipts import RESULT_TTL_VERSIONS
 
 
 @pytest.fixture

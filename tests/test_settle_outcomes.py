@@ -22,7 +22,7 @@ from fdbqueue.engines.sim import SimDatabase
 from fdbqueue.errors import CommitUnknownError
 from fdbqueue.layout import unpack_count
 from fdbqueue.message import Message
-from fdbqueue.sweep import RECEIPT_TTL_SECONDS
+from fdbqueue.receipts import RECEIPT_TTL_SECONDS
 from fdbqueue.testing import FaultScript, on_backoff
 
 LEASE = 30

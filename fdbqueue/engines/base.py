@@ -17,14 +17,13 @@ import struct
 from collections.abc import Callable
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar, runtime_checkable
 
+from fdbqueue.budget import KEY_SIZE_LIMIT as KEY_SIZE_LIMIT  # re-export
+from fdbqueue.budget import TRANSACTION_SIZE_LIMIT as TRANSACTION_SIZE_LIMIT  # re-export
+from fdbqueue.budget import TRANSACTION_WINDOW_SECONDS as TRANSACTION_WINDOW_SECONDS  # re-export
+from fdbqueue.budget import VALUE_SIZE_LIMIT as VALUE_SIZE_LIMIT  # re-export
 from fdbqueue.errors import EngineError, QueueError
 from fdbqueue.errors import unknown_outcome as commit_unknown
 
-# FoundationDB's limits (known-limitations.rst, ClientKnobs.cpp).
-KEY_SIZE_LIMIT = 10_000
-VALUE_SIZE_LIMIT = 100_000
-TRANSACTION_SIZE_LIMIT = 10_000_000
-TRANSACTION_WINDOW_SECONDS = 5.0
 SYSTEM_KEYS = b"\xff"
 
 # How FoundationDB sizes a transaction for the 10 MB limit (``Transaction::getSize`` in
