@@ -18,8 +18,9 @@ from fdbqueue.config import (
 )
 from fdbqueue.engines.base import Database, Transaction
 from fdbqueue.errors import CorruptMessageError
-from fdbqueue.layout import DEFAULT_ROOT, QueueKeys, pack_count, queues_range, root_subspace, unpack_count
+from fdbqueue.layout import DEFAULT_ROOT, QueueKeys, queues_range, root_subspace, unpack_count
 from fdbqueue.message import decode_record
+from fdbqueue.moves import destroy, purge, wake
 from fdbqueue.txn import run_once
 from fdbqueue.types import QueueStats as QueueStats  # re-export
 
@@ -76,8 +77,7 @@ def destroy_queue(tr: Transaction | Database, name: str, *, root: tuple[Any, ...
     def body(t: Transaction, _: bool) -> None:
         if read_config(t, keys) is None:
             raise QueueNotFoundError(f"no queue named {name!r}")
-        t.clear_range(*keys.all_range())
-        t.clear(keys.listing)
+        destroy(t, keys)
 
     run_once(tr, body)
 
@@ -114,7 +114,7 @@ def set_state(
         t.set(keys.state, new.encode())
         bump_metadata_version(t, keys)
         if new.dequeue and not st.dequeue:
-            t.add(keys.wake, pack_count(1))  # wake blocked dequeuers: they may proceed now
+            wake(t, keys)  # blocked dequeuers may proceed now
         return new
 
     return run_once(tr, body)
@@ -190,36 +190,18 @@ def queue_rates(
     )
 
 
-_MESSAGE_TAGS = ("r", "id", "b", "f", "l", "d", "x", "k", "kt", "pop", "res", "rc")
-
-
 def purge_queue(tr: Transaction | Database, name: str, *, root: tuple[Any, ...] = DEFAULT_ROOT) -> int:
     """Remove every message (ready, leased, delayed) and its indexes; keep the settings.
 
-    Atomic: one transaction of range clears, a few hundred bytes whatever the queue holds
-    (a range clear counts its begin and end only: ``Transaction::getSize`` in
-    ``fdbclient/NativeAPI.actor.cpp``), so it never needs splitting. Returns how many
-    messages it removed, as the counters said at its read version.
-
-    The counters are read at snapshot isolation: every enqueue and dequeue adds to them
-    atomically, and a serializable read would make each of those adds conflict with the
-    purge, which then never commits on a busy queue. Setting them to zero stays right
-    whatever was added meanwhile: the same commit clears every message they count.
+    Atomic: one transaction of range clears whatever the queue holds (:func:`moves.purge`),
+    so it never needs splitting. Returns how many messages it removed, as the counters said
+    at its read version. Composes inside the caller's transaction.
     """
     keys = QueueKeys.make(name, root)
 
     def body(t: Transaction, _: bool) -> int:
         if read_config(t, keys) is None:
             raise QueueNotFoundError(f"no queue named {name!r}")
-        removed = 0
-        for tag in ("ready", "inflight", "delayed"):
-            removed += max(0, unpack_count(t.snapshot.get(keys.counter(tag))))
-            t.set(keys.counter(tag), pack_count(0))
-        for tag in _MESSAGE_TAGS:
-            r = keys.q.range((tag,))
-            t.clear_range(r.start, r.stop)
-        t.clear_range(*keys.priority_marker_range())
-        bump_metadata_version(t, keys)
-        return removed
+        return purge(t, keys)
 
     return run_once(tr, body)

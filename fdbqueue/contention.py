@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING
 from fdbqueue.budget import Budget, move_cost
 from fdbqueue.clock import db_now, versions
 from fdbqueue.config import QueueConfig, due_entries, read_meta
-from fdbqueue.delivery import move_corrupt, remove_message
 from fdbqueue.engines.base import RETRY, Again, Attempt, Database, Done, KeyValue, Transaction, retry
 from fdbqueue.errors import CommitUnknownError, CorruptMessageError, QueueStoppedError
 from fdbqueue.head import HEAD_BATCH, HEAD_SKIP_LIMIT, expire_within
-from fdbqueue.layout import QueueKeys, pack_count
+from fdbqueue.layout import QueueKeys
 from fdbqueue.message import Message, decode_record
-from fdbqueue.receipts import RESULT_TTL_VERSIONS, decode_result, encode_result
+from fdbqueue.moves import collect_result, count_handed, drop_result, hand_over, move_corrupt
+from fdbqueue.receipts import RESULT_TTL_VERSIONS, decode_result
 from fdbqueue.sweep import sweep_step
 from fdbqueue.txn import run_once
 
@@ -152,13 +152,11 @@ def _collect(db: Database, queue: Queue, req_key: bytes, res_key: bytes) -> obje
         try:
             msg = queue._message(t, key, record, delivered=True)
         except CorruptMessageError as exc:  # its payload chunks are damaged: not handed out
-            t.clear(res_key)
             cfg = read_meta(t, keys).config or QueueConfig()
+            drop_result(t, res_key)
             move_corrupt(queue.keys, t, cfg, key, record, exc, state="done")  # fulfil counted it done
             return None
-        t.clear(res_key)
-        if decode_record(record, queue.keys, key).chunks:
-            t.clear_range(*keys.chunk_range(msg.id))
+        collect_result(t, keys, res_key, decode_record(record, queue.keys, key))
         taken[:] = [msg]
         return msg
 
@@ -230,14 +228,12 @@ def fulfil(db: Database, queue: Queue, *, mine: bytes | None = None) -> int:
             if seen is not None:
                 t.clear(req.key)  # already paired (see register): never pair twice
                 continue
-            t.set(res, encode_result(now, item.key, item.value))
-            rec = decode_record(item.value, queue.keys, item.key)
-            remove_message(t, keys, item.key, rec, chunks=False)  # its requester reads them
+            hand_over(
+                t, keys, res, now, item.key, item.value, decode_record(item.value, queue.keys, item.key)
+            )
             handed += 1
             t.clear(req.key)
-        if handed:  # one atomic add per counter for the batch, not one per pair
-            t.add(keys.counter("ready"), pack_count(-handed))
-            t.add(keys.counter("done"), pack_count(handed))
+        count_handed(t, keys, handed)
         if not budget.more:
             for req in live[len(items) :]:
                 t.add_read_conflict_key(req.key)

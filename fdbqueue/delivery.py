@@ -29,163 +29,32 @@ from typing import Any
 
 from fdbqueue.budget import Budget, move_cost
 from fdbqueue.clock import db_now, now_us, seconds_of, versions
-from fdbqueue.config import QueueConfig, check_duration, config_or_create, error_queue_name
+from fdbqueue.config import QueueConfig, check_duration, config_or_create
 from fdbqueue.engines.base import Database, Transaction
 from fdbqueue.errors import CorruptMessageError, EngineError
 from fdbqueue.errors import LeaseError as LeaseError  # re-export
 from fdbqueue.errors import LeaseExpiredError as LeaseExpiredError  # re-export
-from fdbqueue.layout import MINUS_ONE, ONE, QueueKeys, new_rand, unpack_count
+from fdbqueue.layout import QueueKeys
 from fdbqueue.message import Message, Record, decode_record, fit_reason, join_chunks
+from fdbqueue.moves import (
+    CORRUPT_REASON,
+    LEASE_FIELDS,
+    dead_letter,
+    drop_stale_entry,
+    end_lease,
+    expire_unready,
+    finish_lease,
+    move_corrupt,
+    put_delayed,
+    put_leased,
+    put_ready,
+    remove_message,
+    renew_lease,
+    take_delayed,
+)
 from fdbqueue.txn import run_once
 
 log = logging.getLogger("fdbqueue")
-
-
-# -- moving records --------------------------------------------------------------------------
-
-
-def remove_message(tr: Transaction, keys: QueueKeys, key: bytes, rec: Record, *, chunks: bool = True) -> None:
-    """Clear a message from wherever ``key`` says it is, with its id entry and TTL entry."""
-    tr.clear(key)
-    if key != keys.home_key(rec.id):  # at home it has no id entry
-        tr.clear(keys.id_key(rec.id))
-    if rec.expires_us is not None:
-        tr.clear(keys.expiry_key(rec.expires_us, rec.id))
-    if chunks and rec.chunks:
-        tr.clear_range(*keys.chunk_range(rec.id))
-
-
-def put_ready(tr: Transaction, keys: QueueKeys, key: bytes | None, rec: Record, priority: int) -> bytes:
-    """Make ``rec`` ready at ``key`` (its original place) or at the tail of its priority."""
-    if key is None:
-        index = unpack_count(tr.snapshot.get(keys.wake)) + 1  # the add below moves it on
-        key = keys.ready_key(priority, index, new_rand())
-        tr.set(keys.priority_marker(priority), b"")
-    tr.set(key, rec.encode())
-    if key == keys.home_key(rec.id):
-        tr.clear(keys.id_key(rec.id))  # back home: the id finds it without an entry
-    else:
-        tr.set(keys.id_key(rec.id), key)
-    if rec.expires_us is not None:
-        tr.set(keys.expiry_key(rec.expires_us, rec.id), b"")
-    tr.add(keys.counter("ready"), ONE)
-    tr.add(keys.wake, ONE)
-    return key
-
-
-def put_delayed(
-    tr: Transaction, keys: QueueKeys, due: int, rec: Record, *, key: bytes | None, priority: int
-) -> None:
-    """Hold ``rec`` until ``due`` (a version); then it goes to ``key`` (a retry) or the tail (an enqueue)."""
-    extra = {k: v for k, v in rec.extra.items() if k not in _LEASE_FIELDS}
-    extra["priority"] = priority
-    if key is not None:
-        extra["key"] = key.hex()
-    dkey = keys.delayed_key(due, rec.id)
-    tr.set(dkey, rec.with_(extra=extra).encode())
-    tr.set(keys.id_key(rec.id), dkey)
-    if rec.expires_us is not None:
-        tr.set(keys.expiry_key(rec.expires_us, rec.id), b"")
-    tr.add(keys.counter("delayed"), ONE)
-
-
-def dead_letter(keys: QueueKeys, tr: Transaction, cfg: QueueConfig, rec: Record, reason: str) -> None:
-    """Move a message (already removed from its queue, chunks still there) to the error queue."""
-    ekeys = keys.sibling(cfg.error_queue_for(keys.name))
-    config_or_create(tr, ekeys)
-    if rec.chunks:
-        for kv in tr.get_range(*keys.chunk_range(rec.id)):
-            tr.set(ekeys.q.pack(("b", rec.id, keys.q.unpack(kv.key)[2])), kv.value)
-        tr.clear_range(*keys.chunk_range(rec.id))
-    extra = {"origin": keys.name, "reason": reason, "deliveries": rec.deliveries}
-    dead = rec.with_(deliveries=0, extra=extra, expires_us=None)
-    put_ready(tr, ekeys, None, dead, 0)
-    tr.add(keys.counter("dead"), ONE)
-
-
-CORRUPT_REASON = "corrupt"
-
-
-def move_corrupt(
-    keys: QueueKeys,
-    tr: Transaction,
-    cfg: QueueConfig,
-    key: bytes,
-    raw: bytes,
-    error: CorruptMessageError,
-    budget: Budget | None = None,
-    *,
-    state: str = "ready",
-    also_clear: bytes | None = None,
-) -> None:
-    """Move the damaged record at ``key`` (in ``state``: ready, inflight or delayed) out of
-    its queue so the queue keeps flowing: to the error queue as a message tagged ``reason =
-    "corrupt"`` whose payload is the damaged record's bytes, unchanged (nothing is thrown
-    away), with ``origin``, the ``key`` it was at (hex) and what was wrong. Its id there is
-    the id its key names (else a fresh one). ``also_clear``: its lease entry, for a leased
-    one. Counted in ``corrupt``; logged when the transaction commits. Composes in the
-    caller's transaction.
-
-    What the record said cannot be trusted, so its id entry, TTL entry and payload chunks
-    (if it had any) are left where they are: a sweep clears a TTL entry whose message is
-    gone, and chunks stay under the id in its queue for whoever recovers it.
-    """
-    from fdbqueue.layout import new_id
-
-    if budget is not None:
-        budget.charge(move_cost(len(key), len(raw), 0))
-    tr.add_read_conflict_key(key)  # two movers of one record conflict
-    tr.clear(key)
-    if also_clear is not None:
-        tr.clear(also_clear)
-    tr.add(keys.counter(state), MINUS_ONE)
-    tr.add(keys.counter("corrupt"), ONE)
-    mid = error.msg_id or new_id()
-    ename = cfg.error_queue_for(keys.name)
-    if ename == keys.name:
-        ename = error_queue_name(keys.name)
-
-    def logged(failed: EngineError | None) -> None:
-        if failed is None:  # once, when the move is committed: not once per retried attempt
-            log.error(
-                "queue %r: damaged message %r at key %r (%s): moved to %r",
-                keys.name,
-                mid,
-                key,
-                error.detail,
-                ename,
-            )
-
-    tr.on_finish(logged)
-    ekeys = keys.sibling(ename)
-    config_or_create(tr, ekeys)
-    extra = {
-        "origin": keys.name,
-        "reason": CORRUPT_REASON,
-        "key": key.hex(),
-        "detail": fit_reason(error.detail),
-    }
-    put_ready(tr, ekeys, None, Record(mid, now_us(), "b", {}, 0, None, 0, extra, raw), 0)
-
-
-def expire(keys: QueueKeys, tr: Transaction, cfg: QueueConfig, key: bytes, rec: Record) -> None:
-    """A ready message past its TTL: discarded, or to the error queue tagged ``expired``."""
-    remove_message(tr, keys, key, rec, chunks=cfg.expiry_action == "discard")
-    tr.add(keys.counter("ready"), MINUS_ONE)
-    tr.add(keys.counter("expired"), ONE)
-    if cfg.expiry_action == "error":
-        dead_letter(keys, tr, cfg, rec, "expired")
-
-
-def _expire_unready(keys: QueueKeys, tr: Transaction, cfg: QueueConfig, rec: Record) -> None:
-    """A message already out of the ready set (leased, delayed) past its TTL: discard it or
-    dead-letter it tagged ``expired``; its id entry goes either way."""
-    tr.add(keys.counter("expired"), ONE)
-    tr.clear(keys.id_key(rec.id))
-    if cfg.expiry_action == "error":
-        dead_letter(keys, tr, cfg, rec, "expired")
-    elif rec.chunks:
-        tr.clear_range(*keys.chunk_range(rec.id))
 
 
 def release(
@@ -205,14 +74,13 @@ def release(
     ``ready``, ``delayed``, ``dead`` or ``expired``.
     """
     if rec.expires_us is not None and rec.expires_us <= now:
-        _expire_unready(keys, tr, cfg, rec)
+        expire_unready(keys, tr, cfg, rec)
         return "expired"
     if rec.deliveries >= cfg.max_deliveries:
-        dead_letter(keys, tr, cfg, rec, reason or "max_deliveries")
-        tr.clear(keys.id_key(rec.id))
+        dead_letter(keys, tr, cfg, rec, reason or "max_deliveries", clear_id=True)
         return "dead"
     wait = cfg.retry_wait(rec.deliveries) if delay is None else delay
-    extra = {k: v for k, v in rec.extra.items() if k not in _LEASE_FIELDS and k != "not_before"}
+    extra = {k: v for k, v in rec.extra.items() if k not in LEASE_FIELDS and k != "not_before"}
     if reason is not None:
         extra["last_error"] = reason
     rec = rec.with_(extra=extra)
@@ -230,9 +98,6 @@ def release(
 
 
 # -- leases ------------------------------------------------------------------------------------
-
-# What a lease adds to a record's extra (and a release takes away again).
-_LEASE_FIELDS = ("key", "receipt", "deadline", "until", "strict")
 
 
 def lease_until(seconds: float) -> int:
@@ -275,12 +140,7 @@ def lease_in(
     if strict:
         extra["strict"] = True  # its ack must wake whoever waits for the next delivery
     leased = rec.with_(deliveries=rec.deliveries + 1, extra=extra)
-    tr.set(keys.inflight_key(rec.id), leased.encode())
-    tr.set(keys.lease_key(deadline, rec.id), receipt.encode())
-    if key != keys.home_key(rec.id):
-        tr.clear(keys.id_key(rec.id))  # it pointed at the ready key; ("f", id) is found by id
-    if count:
-        tr.add(keys.counter("inflight"), ONE)
+    put_leased(tr, keys, key, leased, deadline, receipt, count=count)
     if payload is None:
         payload = rec.payload
         if rec.chunks:
@@ -312,20 +172,9 @@ def _leased(keys: QueueKeys, tr: Transaction, m: Message, now: int, *, allow_exp
     return rec
 
 
-def _end_lease(keys: QueueKeys, tr: Transaction, rec: Record) -> None:
-    tr.clear(keys.inflight_key(rec.id))
-    tr.clear(keys.lease_key(int(rec.extra["deadline"]), rec.id))
-    tr.add(keys.counter("inflight"), MINUS_ONE)
-
-
 def ack_in(keys: QueueKeys, tr: Transaction, m: Message, now: int) -> Record:
     rec = _leased(keys, tr, m, now)
-    _end_lease(keys, tr, rec)
-    tr.add(keys.counter("done"), ONE)
-    if rec.chunks:
-        tr.clear_range(*keys.chunk_range(rec.id))
-    if rec.expires_us is not None:
-        tr.clear(keys.expiry_key(rec.expires_us, rec.id))
+    finish_lease(tr, keys, rec)
     return rec
 
 
@@ -339,15 +188,15 @@ def nack_in(
     now: int,
 ) -> str:
     rec = _leased(keys, tr, m, now)
-    _end_lease(keys, tr, rec)
+    end_lease(tr, keys, rec)
     return release(keys, tr, cfg, rec, bytes.fromhex(rec.extra["key"]), reason=reason, delay=delay, now=now)
 
 
 def release_in(keys: QueueKeys, tr: Transaction, m: Message, now: int) -> None:
     """Back to its original place at once; the delivery is not counted (it never started)."""
     rec = _leased(keys, tr, m, now, allow_expired=True)
-    _end_lease(keys, tr, rec)
-    extra = {k: v for k, v in rec.extra.items() if k not in _LEASE_FIELDS}
+    end_lease(tr, keys, rec)
+    extra = {k: v for k, v in rec.extra.items() if k not in LEASE_FIELDS}
     back = rec.with_(deliveries=max(0, rec.deliveries - 1), extra=extra)
     key = bytes.fromhex(rec.extra["key"])
     put_ready(tr, keys, key, back, keys.parse_ready(key)[0])
@@ -355,12 +204,10 @@ def release_in(keys: QueueKeys, tr: Transaction, m: Message, now: int) -> None:
 
 def extend_in(keys: QueueKeys, tr: Transaction, m: Message, seconds: float, now: int) -> Message:
     rec = _leased(keys, tr, m, now)
-    tr.clear(keys.lease_key(int(rec.extra["deadline"]), rec.id))
     deadline = now + versions(seconds)
     until = lease_until(seconds)
     extra = {**rec.extra, "deadline": deadline, "until": until}
-    tr.set(keys.inflight_key(rec.id), rec.with_(extra=extra).encode())
-    tr.set(keys.lease_key(deadline, rec.id), str(m.receipt).encode())
+    renew_lease(tr, keys, rec, rec.with_(extra=extra), deadline, str(m.receipt))
     return Message.from_record(
         rec.with_(extra=extra),
         keys.name,
@@ -388,7 +235,7 @@ def expire_lease(
         return None
     raw = tr.get(keys.inflight_key(msg_id))
     if raw is None:
-        tr.clear(lease_key)
+        drop_stale_entry(tr, lease_key)
         return None
     try:
         rec = decode_record(raw, keys, keys.inflight_key(msg_id), msg_id)
@@ -398,13 +245,11 @@ def expire_lease(
         )
         return CORRUPT_REASON
     if int(rec.extra.get("deadline", -1)) != deadline:
-        tr.clear(lease_key)
+        drop_stale_entry(tr, lease_key)
         return None  # extended since: this entry is stale
     if budget is not None and not budget.take(move_cost(len(lease_key), len(raw), rec.chunks)):
         return "later"
-    tr.clear(lease_key)
-    tr.clear(keys.inflight_key(msg_id))
-    tr.add(keys.counter("inflight"), MINUS_ONE)
+    end_lease(tr, keys, rec)
     return release(keys, tr, cfg, rec, bytes.fromhex(rec.extra["key"]), reason=None, delay=None, now=now)
 
 
@@ -423,12 +268,11 @@ def promote_delayed(
         return CORRUPT_REASON
     if budget is not None and not budget.take(move_cost(len(dkey), len(raw), rec.chunks)):
         return "later"
-    tr.clear(dkey)
-    tr.add(keys.counter("delayed"), MINUS_ONE)
     if rec.expires_us is not None and rec.expires_us <= now:
-        tr.clear(keys.expiry_key(rec.expires_us, rec.id))
-        _expire_unready(keys, tr, cfg, rec)
+        take_delayed(tr, keys, dkey, rec, expired=True)
+        expire_unready(keys, tr, cfg, rec)
         return "expired"
+    take_delayed(tr, keys, dkey, rec)
     extra = dict(rec.extra)
     target = extra.pop("key", None)
     priority = int(extra.pop("priority", 0))
@@ -561,7 +405,6 @@ def count_failed_attempt(keys: QueueKeys, db: Database, msg: Message, error: Eng
         tag = keys.unpack_tail(where)[0]
         if tag == "r":
             ready_key = where
-            t.add(keys.counter("ready"), MINUS_ONE)
         elif tag == "d":
             # The dequeue promoted a due delayed message itself, and the abort undid that too:
             # it is still delayed, with the place it was due to go back to (if a retry).
@@ -570,11 +413,10 @@ def count_failed_attempt(keys: QueueKeys, db: Database, msg: Message, error: Eng
             extra.pop("priority", None)
             ready_key = bytes.fromhex(target) if target else msg.key
             rec = rec.with_(extra=extra)
-            t.add(keys.counter("delayed"), MINUS_ONE)
         else:
             return  # leased again meanwhile: its lease counts its deliveries
         cfg = config_or_create(t, keys)
-        remove_message(t, keys, where, rec, chunks=False)
+        remove_message(t, keys, where, rec, chunks=False, count="ready" if tag == "r" else "delayed")
         failed = rec.with_(deliveries=rec.deliveries + 1)
         release(keys, t, cfg, failed, ready_key, reason=reason, delay=None, now=db_now(t))
 

@@ -13,11 +13,11 @@ from typing import Any
 
 from fdbqueue.budget import Budget, move_cost
 from fdbqueue.config import QueueConfig
-from fdbqueue.delivery import expire, move_corrupt
 from fdbqueue.engines.base import Transaction
 from fdbqueue.errors import CorruptMessageError, QueueError
 from fdbqueue.layout import QueueKeys
 from fdbqueue.message import Record, decode_record
+from fdbqueue.moves import expire, move_corrupt
 from fdbqueue.sweep import sweep_step
 from fdbqueue.waiting import next_due
 

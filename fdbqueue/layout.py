@@ -217,6 +217,12 @@ def _pack_one(value: Any) -> bytes:
 _PRI = b"\x02pri\x00"  # enc_str("pri")
 
 
+# The tags under a queue's subspace that hold messages or their indexes (a purge clears them):
+# ready, id entries, chunks, leased, lease entries, delayed, TTL entries, dedup entries and
+# their times, dequeue receipts, staged results and requests' receipts.
+_MESSAGE_TAGS = ("r", "id", "b", "f", "l", "d", "x", "k", "kt", "pop", "res", "rc")
+
+
 class QueueKeys:
     """The keys of one queue (pure computation, no I/O).
 
@@ -437,6 +443,14 @@ class QueueKeys:
 
     def result_key(self, rand: bytes) -> bytes:
         return _pack(self.q, ("res", rand))
+
+    def message_ranges(self) -> list[tuple[bytes, bytes]]:
+        """Every range that holds messages or their indexes (not settings nor counters)."""
+        out = []
+        for tag in _MESSAGE_TAGS:
+            r = self.q.range((tag,))
+            out.append((r.start, r.stop))
+        return out
 
     def all_range(self) -> tuple[bytes, bytes]:
         r = self.q.range()

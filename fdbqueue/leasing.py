@@ -15,15 +15,12 @@ from typing import TYPE_CHECKING
 from fdbqueue.budget import Budget, encoded_len, grown_record
 from fdbqueue.clock import db_now
 from fdbqueue.config import Meta, QueueConfig, due_entries
-from fdbqueue.delivery import (
-    lease_in,
-    move_corrupt,
-)
+from fdbqueue.delivery import lease_in
 from fdbqueue.engines.base import Transaction
 from fdbqueue.errors import CorruptMessageError
 from fdbqueue.head import HEAD_BATCH, HEAD_SKIP_LIMIT, TAKE_RESERVE, deliverable_head, expire_within
-from fdbqueue.layout import pack_count
 from fdbqueue.message import Message, Record, decode_record, join_chunks
+from fdbqueue.moves import count_leased, move_corrupt, take_for_lease
 from fdbqueue.sweep import sweep_step
 
 if TYPE_CHECKING:
@@ -56,13 +53,9 @@ def lease_batch(
         heads = [(key, rec) for key, rec in heads if rec.id not in damaged]
     secs = seconds or cfg.lease_seconds
     out: list[Message] = []
-    if heads:  # one atomic add per counter for the batch, not one per message
-        tr.add(keys.counter("ready"), pack_count(-len(heads)))
-        tr.add(keys.counter("inflight"), pack_count(len(heads)))
+    count_leased(tr, keys, len(heads))
     for i, (key, rec) in enumerate(heads):
-        tr.clear(key)
-        if rec.expires_us is not None:
-            tr.clear(keys.expiry_key(rec.expires_us, rec.id))
+        take_for_lease(tr, keys, key, rec)
         out.append(
             lease_in(
                 q.keys,

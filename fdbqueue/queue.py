@@ -29,7 +29,6 @@ from fdbqueue.clock import db_now, now_us, versions
 from fdbqueue.config import (
     Meta,
     QueueConfig,
-    bump_metadata_version,
     config_or_create,
     read_meta,
     write_config,
@@ -43,10 +42,8 @@ from fdbqueue.delivery import (
     extend_in,
     locate,
     message_elsewhere,
-    move_corrupt,
     nack_in,
     release_in,
-    remove_message,
 )
 from fdbqueue.engines.base import (
     RETRY,
@@ -74,12 +71,9 @@ from fdbqueue.errors import (
 from fdbqueue.head import TAKE_RESERVE, deliverable_head
 from fdbqueue.layout import (
     DEFAULT_ROOT,
-    MINUS_ONE,
-    ONE,
     QueueKeys,
     new_id,
     new_rand,
-    pack_count,
     unpack_count,
 )
 from fdbqueue.leasing import lease_batch
@@ -94,15 +88,14 @@ from fdbqueue.message import (
     coerce_payload,
     decode_record,
     join_chunks,
-    seal_chunk,
 )
+from fdbqueue.moves import CHUNK_SIZE, count_new, move_corrupt, take, wake, write_new
 from fdbqueue.receipts import maybe_clear_old_receipts, new_receipt, read_receipt, settled
 from fdbqueue.sweep import SweepStats, sweep
 from fdbqueue.txn import as_database, run_once, seconds
 from fdbqueue.types import Item
 from fdbqueue.waiting import blocking, strict_of, wait_ready, watch_queue
 
-CHUNK_SIZE = 10_000  # FoundationDB's blob recipe: values of about 10 kB
 # lease_many stops taking messages past this many record bytes, keeping its transaction (the
 # leased records are written again) well under FoundationDB's advised 1 MB.
 
@@ -361,16 +354,7 @@ class Queue:
         if receipt:
             tr.set(receipt[0], ",".join(ids).encode())  # ids are made here: a retry reads them back
             maybe_clear_old_receipts(tr, keys)
-        new_priorities = priorities - meta.priorities
-        for p in new_priorities:
-            tr.set(keys.priority_marker(p), b"")
-        if new_priorities:
-            bump_metadata_version(tr, keys)  # cached marker sets elsewhere are out of date
-        if ready:
-            tr.add(keys.counter("ready"), pack_count(ready))
-            tr.add(keys.wake, pack_count(ready))
-        if ready < len(items):
-            tr.add(keys.counter("delayed"), pack_count(len(items) - ready))
+        count_new(tr, keys, ready, len(items) - ready, priorities - meta.priorities)
         return ids
 
     def _write_new(
@@ -392,20 +376,14 @@ class Queue:
         payload, chunks = it.payload, 0
         if len(payload) > CHUNK_SIZE:
             chunks = math.ceil(len(payload) / CHUNK_SIZE)
-            for n in range(chunks):
-                tr.set(keys.chunk_key(msg_id, n), seal_chunk(payload[n * CHUNK_SIZE : (n + 1) * CHUNK_SIZE]))
             payload = b""
         rec = Record(msg_id, t_us, it.content_type.value, it.headers, 0, expires, chunks, {}, payload)
-        if expires is not None:
-            tr.set(keys.expiry_key(expires, msg_id), b"")
         if it.delay > 0:
             key = keys.delayed_key(now + versions(it.delay), msg_id)
             rec = rec.with_(extra={"priority": it.priority})
         else:
             key = ready_key
-        tr.set(key, rec.encode())
-        if not home:
-            tr.set(keys.id_key(msg_id), key)
+        write_new(tr, keys, key, rec, home=home, payload=it.payload if chunks else None)
         return msg_id
 
     def _autonomous(self, tr: Transaction, item: _Item) -> AutonomousId:
@@ -530,7 +508,7 @@ class Queue:
 
         def body(t: Transaction) -> None:
             if ack_in(self.keys, t, m, db_now(t)).extra.get("strict"):
-                t.add(self.keys.wake, ONE)  # strict order: the next delivery may go ahead now
+                wake(t, self.keys)  # strict order: the next delivery may go ahead now
 
         settled(tr, self.keys, body)
 
@@ -699,9 +677,7 @@ class Queue:
                 break
             except CorruptMessageError as exc:  # its payload chunks are damaged
                 move_corrupt(self.keys, tr, cfg, key, rec.encode(), exc, budget)
-        remove_message(tr, keys, key, rec)
-        tr.add(keys.counter("ready"), MINUS_ONE)
-        tr.add(keys.counter("done"), ONE)
+        take(tr, keys, key, rec)
         if in_caller:
             db = tr.db
 

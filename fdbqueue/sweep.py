@@ -14,11 +14,12 @@ from __future__ import annotations
 from fdbqueue.budget import Budget, move_cost
 from fdbqueue.clock import versions
 from fdbqueue.config import QueueConfig, read_config
-from fdbqueue.delivery import expire, expire_lease, locate, move_corrupt, promote_delayed, put_ready
+from fdbqueue.delivery import expire_lease, locate, promote_delayed
 from fdbqueue.engines.base import Transaction
 from fdbqueue.errors import CorruptMessageError
-from fdbqueue.layout import QueueKeys, pack_count
+from fdbqueue.layout import QueueKeys
 from fdbqueue.message import decode_record
+from fdbqueue.moves import drop_stale_entry, expire, move_corrupt, reclaim_result
 from fdbqueue.receipts import RESULT_TTL_VERSIONS, clear_old_receipts, decode_result
 from fdbqueue.types import SweepStats as SweepStats  # re-export
 
@@ -60,17 +61,17 @@ def sweep_step(
         where = locate(tr, keys, msg_id)
         raw = None if where is None or keys.unpack_tail(where)[0] != "r" else tr.get(where)
         if where is None or raw is None:
-            tr.clear(xkey)
+            drop_stale_entry(tr, xkey)
             continue  # leased or delayed: checked again when it is released or promoted
         try:
             rec = decode_record(raw, keys, where, msg_id)
         except CorruptMessageError as exc:
-            tr.clear(xkey)
+            drop_stale_entry(tr, xkey)
             move_corrupt(keys, tr, cfg, where, raw, exc, budget)
             continue
         if not budget.take(move_cost(len(where), len(raw), rec.chunks)):
             break  # the entry stays for the next transaction
-        tr.clear(xkey)
+        drop_stale_entry(tr, xkey)
         expire(keys, tr, cfg, where, rec)
         st.expired += 1
     return st
@@ -106,11 +107,8 @@ def reclaim_results(
             continue
         if budget is not None and not budget.take(move_cost(len(key), len(raw), 0)):
             break
-        tr.clear(kv.key)
-        put_ready(tr, keys, key, decode_record(raw, keys, key), keys.parse_ready(key)[0])
+        reclaim_result(tr, keys, kv.key, key, decode_record(raw, keys, key))
         n += 1
-    if n:  # they were counted done when paired (contention.fulfil): not done after all
-        tr.add(keys.counter("done"), pack_count(-n))
     return n
 
 

@@ -1,0 +1,142 @@
+"""One writer of message state: every write of a message key is made by ``fdbqueue.moves``.
+
+The engine's writing methods are wrapped to note, for each write, the package module that made
+it (the innermost frame of ``fdbqueue`` outside the engines). A workload that makes every
+kind of move — enqueue (small, chunked, delayed, with a TTL), dequeue, staged dequeue, lease,
+ack, nack with and without a delay, release, extend, lease expiry, promotion, dead letters,
+expiry, a damaged record, an aborted in-transaction dequeue, purge, destroy — must show
+``fdbqueue.moves`` as the only writer of the keys that hold messages, their indexes and their
+counters.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import fdbqueue
+from fdbqueue import Queue
+from fdbqueue.clock import FakeClock, fake_clock
+from fdbqueue.contention import staged_dequeue
+from fdbqueue.engines.local import LocalTransaction
+from fdbqueue.layout import QueueKeys, enc_str
+
+# Tags under a queue's subspace whose keys are message state: ready, id entries, chunks,
+# leased, lease entries, delayed, TTL entries, staged results.
+STATE_TAGS = {"r", "id", "b", "f", "l", "d", "x", "res"}
+WRITERS = ("set", "clear", "clear_range", "add", "max", "min", "byte_max", "byte_min", "compare_and_clear")
+
+
+def _writer_module() -> str:
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if name.startswith("fdbqueue.") and not name.startswith("fdbqueue.engines"):
+            return str(name)
+        if name.startswith("tests.") or name.startswith("test_"):
+            return str(name)
+        frame = frame.f_back  # type: ignore[assignment]
+    return "?"
+
+
+def is_state_key(key: bytes, keys: QueueKeys) -> bool:
+    """Whether ``key`` of queue ``keys`` holds a message, one of its index entries or a counter."""
+    if not key.startswith(keys.q.key()):
+        return False
+    tail = keys.unpack_tail(key) if key != keys.q.key() else ()
+    if tail and tail[0] in STATE_TAGS:
+        return True
+    counters = keys.counter("ready")[: -len(enc_str("ready"))]  # the prefix of every counter
+    return key.startswith(counters) or key.startswith(keys.priority_marker_range()[0])
+
+
+@pytest.fixture
+def writes(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, bytes, str]]]:
+    noted: list[tuple[str, bytes, str]] = []
+    for name in WRITERS:
+        real = getattr(LocalTransaction, name)
+
+        def wrapper(
+            self: Any, key: bytes, *args: Any, _real: Callable[..., Any] = real, _name: str = name
+        ) -> Any:
+            noted.append((_name, key, _writer_module()))
+            return _real(self, key, *args)
+
+        monkeypatch.setattr(LocalTransaction, name, wrapper)
+    yield noted
+
+
+@pytest.fixture
+def clock() -> Iterator[FakeClock]:
+    with fake_clock() as c:
+        yield c
+
+
+def test_only_moves_writes_message_state(writes: list[tuple[str, bytes, str]], clock: FakeClock) -> None:
+    db = fdbqueue.open("sim://?seed=3&faults=0")
+    fdbqueue.create_queue(db, "w", max_deliveries=2, retry_delay=0.0, lease_seconds=5.0)
+    fdbqueue.create_queue(db, "t", ttl=1.0)
+    w, t = Queue("w"), Queue("t")
+    w.enqueue(db, b"small")
+    w.enqueue(db, b"x" * 25_000)  # chunked
+    w.enqueue(db, b"later", delay=2.0)
+    w.enqueue(db, b"ttl", ttl=0.5)
+    t.enqueue_many(db, [b"a", b"b"])
+    assert w.dequeue(db) is not None  # a dequeue
+    m = w.lease(db)
+    assert m is not None
+    w.extend(db, m, 10.0)
+    w.nack(db, m, delay=1.0)  # delayed retry
+    m2 = w.lease(db)
+    assert m2 is not None
+    w.release(db, m2)
+    m3 = w.lease(db)
+    assert m3 is not None
+    w.ack(db, m3)
+    for _ in range(3):  # leases expire; nacks dead-letter at max_deliveries
+        got = w.lease(db, lease_seconds=1.0)
+        if got is None:
+            break
+        clock.advance(1.5)
+        w.sweep(db)
+    clock.advance(3.0)
+    w.sweep(db)  # promotions, expiries
+    t.sweep(db)
+    # an aborted in-transaction dequeue counts the failed delivery
+    w.enqueue(db, b"abort me")
+    tr = db.create_transaction()
+    assert w.dequeue(tr) is not None
+    tr.cancel()
+    w.enqueue(db, b"staged")
+    assert staged_dequeue(db, w) is not None
+    # a damaged record is moved aside
+    w.enqueue(db, b"damaged")
+    begin, end = w.keys.ready_range()
+
+    @fdbqueue.transactional
+    def damage(tr: Any) -> None:
+        for kv in tr.get_range(begin, end):
+            tr.set(kv.key, kv.value[:-1] + bytes([kv.value[-1] ^ 1]))
+
+    damage(db)
+    w.dequeue(db)
+    w.enqueue(db, b"purged")
+    fdbqueue.purge_queue(db, "w")
+    fdbqueue.destroy_queue(db, "t")
+
+    all_keys = [QueueKeys.make(n) for n in ("w", "t", "w.error", "t.error")]
+    wrong = sorted(
+        {
+            (op, mod)
+            for op, key, mod in writes
+            if mod not in ("fdbqueue.moves",) and not mod.startswith("test")
+            for keys in all_keys
+            if is_state_key(key, keys)
+        }
+    )
+    state_writes = [1 for _, key, _ in writes for keys in all_keys if is_state_key(key, keys)]
+    assert len(state_writes) > 50  # the workload did move messages
+    assert not wrong, f"message state written outside fdbqueue.moves: {wrong}"
