@@ -47,6 +47,7 @@ from fdbqueue.errors import (
     StoreFullError,
     UnsupportedFormatError,
 )
+from fdbqueue.journaling import history, journal, trim_journal
 from fdbqueue.message import (
     ContentType,
     DedupKeyTooLargeError,
@@ -58,6 +59,7 @@ from fdbqueue.message import (
 )
 from fdbqueue.queue import Queue, QueueFullError, QueueStoppedError
 from fdbqueue.sweep import SweepStats
+from fdbqueue.types import JournalEntry
 from fdbqueue.worker import HandlerSignatureError, Worker, WorkerStats
 
 __version__ = "0.1.0"
@@ -80,6 +82,7 @@ __all__ = [
     "InvalidPayloadError",
     "InvalidTextError",
     "InvalidURLError",
+    "JournalEntry",
     "KeySelector",
     "KeyValue",
     "LeaseError",
@@ -107,6 +110,8 @@ __all__ = [
     "WorkerStats",
     "create_queue",
     "destroy_queue",
+    "history",
+    "journal",
     "list_queues",
     "open",
     "purge_queue",
@@ -117,4 +122,5 @@ __all__ = [
     "start_queue",
     "stop_queue",
     "transactional",
+    "trim_journal",
 ]

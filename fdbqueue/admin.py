@@ -6,6 +6,7 @@ import dataclasses
 import time
 from typing import Any
 
+from fdbqueue import journaling
 from fdbqueue.clock import now_us
 from fdbqueue.config import (
     QueueConfig,
@@ -16,13 +17,17 @@ from fdbqueue.config import (
     read_state,
     write_config,
 )
-from fdbqueue.engines.base import Database, Transaction
-from fdbqueue.errors import CorruptMessageError
+from fdbqueue.engines.base import Database, Transaction, adopt, is_transaction
+from fdbqueue.errors import CorruptMessageError, QueueError
 from fdbqueue.layout import DEFAULT_ROOT, QueueKeys, queues_range, root_subspace, unpack_count
 from fdbqueue.message import decode_record
-from fdbqueue.moves import destroy, purge, wake
+from fdbqueue.moves import destroy, purge, purge_some, wake
 from fdbqueue.txn import run_once
 from fdbqueue.types import QueueStats as QueueStats  # re-export
+
+
+def _settings(cfg: QueueConfig) -> dict[str, Any]:
+    return {k: v for k, v in dataclasses.asdict(cfg).items() if k != "extra"}
 
 
 def create_queue(
@@ -45,11 +50,18 @@ def create_queue(
     def body(t: Transaction, _: bool) -> QueueConfig:
         current = read_config(t, keys)
         if current is not None and not exist_ok:
-            from fdbqueue.errors import QueueError
-
             raise QueueError(f"queue {name!r} already exists")
         cfg = (current or QueueConfig()).replace(**settings)
         write_config(t, keys, cfg)
+        if cfg.journal or (current is not None and current.journal):
+            # Only a change is journaled: the retry of an attempt that landed (1021) finds
+            # the settings already as asked and writes no second entry.
+            if current is None:
+                journaling.record(t, keys, "create", details=_settings(cfg))
+            elif current != cfg:
+                old, new = _settings(current), _settings(cfg)
+                changed = {k: [old.get(k), v] for k, v in new.items() if old.get(k) != v}
+                journaling.record(t, keys, "config", details={"changed": changed})
         return cfg
 
     return run_once(tr, body)
@@ -75,9 +87,10 @@ def destroy_queue(tr: Transaction | Database, name: str, *, root: tuple[Any, ...
     keys = QueueKeys.make(name, root)
 
     def body(t: Transaction, _: bool) -> None:
-        if read_config(t, keys) is None:
+        cfg = read_config(t, keys)
+        if cfg is None:
             raise QueueNotFoundError(f"no queue named {name!r}")
-        destroy(t, keys)
+        destroy(t, keys, journaled=cfg.journal)
 
     run_once(tr, body)
 
@@ -104,7 +117,8 @@ def set_state(
     keys = QueueKeys.make(name, root)
 
     def body(t: Transaction, _: bool) -> QueueState:
-        if read_config(t, keys) is None:
+        cfg = read_config(t, keys)
+        if cfg is None:
             raise QueueNotFoundError(f"no queue named {name!r}")
         st = read_state(t, keys)
         new = QueueState(
@@ -115,6 +129,8 @@ def set_state(
         bump_metadata_version(t, keys)
         if new.dequeue and not st.dequeue:
             wake(t, keys)  # blocked dequeuers may proceed now
+        if cfg.journal and new != st:  # a change only: see create_queue
+            journaling.record(t, keys, "state", details={"enqueue": new.enqueue, "dequeue": new.dequeue})
         return new
 
     return run_once(tr, body)
@@ -190,18 +206,42 @@ def queue_rates(
     )
 
 
+PURGE_BATCH = 1000  # a journaled purge's messages per transaction: an entry each (about 0.5 MB)
+
+
 def purge_queue(tr: Transaction | Database, name: str, *, root: tuple[Any, ...] = DEFAULT_ROOT) -> int:
     """Remove every message (ready, leased, delayed) and its indexes; keep the settings.
 
     Atomic: one transaction of range clears whatever the queue holds (:func:`moves.purge`),
     so it never needs splitting. Returns how many messages it removed, as the counters said
     at its read version. Composes inside the caller's transaction.
+
+    A journaled queue journals each message it purges, PURGE_BATCH per transaction: given a
+    Database, in as many transactions as it takes (each atomic); in a caller's transaction,
+    QueueError when more than PURGE_BATCH messages are there (nothing is written).
     """
     keys = QueueKeys.make(name, root)
+    tr = adopt(tr)
+    in_caller = is_transaction(tr)
 
-    def body(t: Transaction, _: bool) -> int:
-        if read_config(t, keys) is None:
+    def body(t: Transaction, _: bool) -> tuple[int, bool]:
+        cfg = read_config(t, keys)
+        if cfg is None:
             raise QueueNotFoundError(f"no queue named {name!r}")
-        return purge(t, keys)
+        if not cfg.journal:
+            return purge(t, keys), False
+        n, more = purge_some(t, keys, PURGE_BATCH)
+        if more and in_caller:
+            raise QueueError(
+                f"queue {name!r} is journaled and holds more than {PURGE_BATCH} messages: a purge "
+                "journals each one, more than one transaction should hold; purge it given the "
+                "database (it then runs in batches, each its own transaction)"
+            )
+        return (n, True) if more else (n + purge(t, keys), False)
 
-    return run_once(tr, body)
+    total = 0
+    while True:
+        n, more = run_once(tr, body)
+        total += n
+        if not more:
+            return total

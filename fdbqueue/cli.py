@@ -51,6 +51,7 @@ from fdbqueue.cli_io import (
     _worker_summary,
 )
 from fdbqueue.cli_io import CommandError as CommandError  # "as": re-exported, still fdbqueue.cli.CommandError
+from fdbqueue.cli_journal import add_journal_commands
 
 EMPTY = 3  # exit code: dequeue/peek found no message
 
@@ -97,6 +98,8 @@ _CREATE_OPTIONS: list[tuple[str, dict[str, Any], str]] = [
     ("--strict-order", {"action": argparse.BooleanOptionalAction}, "one delivery at a time, in order"),
     ("--max-payload", {"type": _positive, "metavar": "B"}, "largest payload, bytes"),
     ("--dedup-window", {"type": _seconds, **_S}, "how long a --dedup-key is remembered"),
+    ("--journal", {"action": argparse.BooleanOptionalAction}, "keep a journal of every operation"),
+    ("--journal-retention", {"type": _seconds, **_S}, "how long journal entries are kept"),
 ]  # fmt: skip
 _SETTINGS = [flag[2:].replace("-", "_") for flag, _, _ in _CREATE_OPTIONS]
 
@@ -563,6 +566,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--until-empty", action="store_true", help="stop once nothing is ready or delayed")
     p.add_argument("--max-messages", type=_positive, default=None, metavar="N", help="stop after N messages")
+
+    add_journal_commands(add, common)
 
     p = add("demo", _cmd_demo, "run the end-to-end demo (in a temporary store)", json_flag=False, named=False)
     p.description = DEMO_HELP

@@ -228,9 +228,8 @@ def fulfil(db: Database, queue: Queue, *, mine: bytes | None = None) -> int:
             if seen is not None:
                 t.clear(req.key)  # already paired (see register): never pair twice
                 continue
-            hand_over(
-                t, keys, res, now, item.key, item.value, decode_record(item.value, queue.keys, item.key)
-            )
+            rec = decode_record(item.value, queue.keys, item.key)
+            hand_over(t, keys, res, now, item.key, item.value, rec, journaled=cfg is not None and cfg.journal)
             handed += 1
             t.clear(req.key)
         count_handed(t, keys, handed)

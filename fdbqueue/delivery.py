@@ -38,7 +38,9 @@ from fdbqueue.layout import QueueKeys
 from fdbqueue.message import Message, Record, decode_record, fit_reason, join_chunks
 from fdbqueue.moves import (
     CORRUPT_REASON,
+    JOURNALED,
     LEASE_FIELDS,
+    Note,
     dead_letter,
     drop_stale_entry,
     end_lease,
@@ -67,11 +69,13 @@ def release(
     reason: str | None,
     delay: float | None,
     now: int,
+    op: str = "nack",
 ) -> str:
     """A delivery failed: back to ``ready_key`` (after the retry delay) or to the error queue.
 
     ``rec.deliveries`` counts the failed delivery. Returns where it went:
-    ``ready``, ``delayed``, ``dead`` or ``expired``.
+    ``ready``, ``delayed``, ``dead`` or ``expired``. ``op``: what the journal calls the
+    failure (``nack`` or ``lease_expired``) when the message goes back.
     """
     if rec.expires_us is not None and rec.expires_us <= now:
         expire_unready(keys, tr, cfg, rec)
@@ -88,12 +92,23 @@ def release(
     if wait > 0 and cfg.strict_order:
         # Strict order: the message keeps its place and holds the queue until it is due.
         extra["not_before"] = now + versions(wait)
-        put_ready(tr, keys, ready_key, rec.with_(extra=extra), priority)
+        note = Note(op, reason, {"delay": wait})
+        put_ready(tr, keys, ready_key, rec.with_(extra=extra), priority, journaled=cfg.journal, note=note)
         return "ready"
     if wait > 0:
-        put_delayed(tr, keys, now + versions(wait), rec, key=ready_key, priority=priority)
+        note = Note(op, reason, {"delay": wait})
+        put_delayed(
+            tr,
+            keys,
+            now + versions(wait),
+            rec,
+            key=ready_key,
+            priority=priority,
+            journaled=cfg.journal,
+            note=note,
+        )
         return "delayed"
-    put_ready(tr, keys, ready_key, rec, priority)
+    put_ready(tr, keys, ready_key, rec, priority, journaled=cfg.journal, note=Note(op, reason))
     return "ready"
 
 
@@ -126,17 +141,22 @@ def lease_in(
     strict: bool = False,
     payload: bytes | None = None,
     count: bool = True,
+    journaled: bool = False,
 ) -> Message:
     """Move the ready message at ``key`` (just removed by the caller) into flight under ``receipt``.
 
     ``payload``: a chunked message's payload when the caller has read it already.
     ``count=False``: the caller adds to the in-flight counter itself (once for a batch).
+    ``journaled``: the queue keeps a journal (the leased record carries the mark, so that its
+    ack, release and extend know without reading the queue's settings).
     """
     deadline = now + versions(seconds)
     until = lease_until(seconds)
     extra = dict(rec.extra)
     extra.update(key=key.hex(), receipt=receipt, deadline=deadline, until=until)
     extra.pop("not_before", None)
+    if journaled:
+        extra[JOURNALED] = 1
     if strict:
         extra["strict"] = True  # its ack must wake whoever waits for the next delivery
     leased = rec.with_(deliveries=rec.deliveries + 1, extra=extra)
@@ -199,7 +219,8 @@ def release_in(keys: QueueKeys, tr: Transaction, m: Message, now: int) -> None:
     extra = {k: v for k, v in rec.extra.items() if k not in LEASE_FIELDS}
     back = rec.with_(deliveries=max(0, rec.deliveries - 1), extra=extra)
     key = bytes.fromhex(rec.extra["key"])
-    put_ready(tr, keys, key, back, keys.parse_ready(key)[0])
+    journaled = bool(rec.extra.get(JOURNALED))
+    put_ready(tr, keys, key, back, keys.parse_ready(key)[0], journaled=journaled, note=Note("release"))
 
 
 def extend_in(keys: QueueKeys, tr: Transaction, m: Message, seconds: float, now: int) -> Message:
@@ -250,7 +271,8 @@ def expire_lease(
     if budget is not None and not budget.take(move_cost(len(lease_key), len(raw), rec.chunks)):
         return "later"
     end_lease(tr, keys, rec)
-    return release(keys, tr, cfg, rec, bytes.fromhex(rec.extra["key"]), reason=None, delay=None, now=now)
+    ready_key = bytes.fromhex(rec.extra["key"])
+    return release(keys, tr, cfg, rec, ready_key, reason=None, delay=None, now=now, op="lease_expired")
 
 
 def promote_delayed(
@@ -276,7 +298,8 @@ def promote_delayed(
     extra = dict(rec.extra)
     target = extra.pop("key", None)
     priority = int(extra.pop("priority", 0))
-    put_ready(tr, keys, None if target is None else bytes.fromhex(target), rec.with_(extra=extra), priority)
+    back = None if target is None else bytes.fromhex(target)
+    put_ready(tr, keys, back, rec.with_(extra=extra), priority, journaled=cfg.journal, note=Note("promote"))
     return "ready"
 
 

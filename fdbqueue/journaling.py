@@ -1,12 +1,85 @@
-"""The journal: one entry per operation on a journaled queue, in commit order."""
+"""The journal: one entry per operation on a journaled queue, in commit order.
+
+A queue manager keeps a journal of what happened to every message, for audit and for finding
+lost messages (Bernstein & Newcomer, "Principles of Transaction Processing", the queue
+manager). Each entry is written in the operation's own transaction, under a versionstamped
+key: FoundationDB fills in the commit's version at commit, so entries sort in commit order,
+no two transactions' entries conflict, and an aborted operation leaves none (its writes are
+never applied). A retry after commit_unknown_result (1021) does not write a second entry:
+the layer's receipts make a retried call find its first attempt's commit and write nothing
+(``receipts.py``).
+
+Keys (``layout.JournalKeys``): a queue's entries are spread over ``JOURNAL_SHARDS`` ranges by
+message id, so that one busy queue's journal is not a single hot range of the cluster (a
+storage server serves a contiguous range: FoundationDB's "Developer Guide", hot keys); each
+entry also has a pointer under the message id, so that :func:`history` reads one message's
+entries without scanning the journal. Reading merges the shards (and the queues) by version.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import heapq
+import json
+import random
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from fdbqueue.engines.base import Transaction
-from fdbqueue.layout import QueueKeys
+from fdbqueue.clock import db_now, now_us, versions
+from fdbqueue.config import read_config
+from fdbqueue.engines.base import Database, Transaction, adopt, is_transaction
+from fdbqueue.errors import QueueError
+from fdbqueue.layout import DEFAULT_ROOT, JOURNAL_SHARDS, JournalKeys, QueueKeys, pack_count
+from fdbqueue.privileges import principal_of
+from fdbqueue.txn import as_database, run_once
+from fdbqueue.types import JournalEntry
+
+OPS = frozenset(
+    [
+        "enqueue",
+        "dequeue",
+        "lease",
+        "ack",
+        "nack",
+        "lease_expired",
+        "dead",
+        "expired",
+        "promote",
+        "release",
+        "delete",
+        "purge",
+        "move_out",
+        "move_in",
+        "forward_out",
+        "forward_in",
+        "redrive",
+        "create",
+        "config",
+        "state",
+        "destroy",
+        "grant",
+        "revoke",
+    ]
+)
+PAGE = 500  # entries per shard per read of a page: well inside a transaction's budget
+TRIM_BATCH = 200  # entries one trimming transaction removes at most
+_FORMAT = 1
+_order: dict[int, int] = {}  # per transaction: the next entry's order within its commit
+
+
+def _next_order(tr: Transaction) -> int:
+    key = id(tr)
+    n = _order.get(key)
+    if n is None:
+        n = 0
+
+        def forget(_error: object) -> None:
+            _order.pop(key, None)
+
+        tr.on_finish(forget)
+    _order[key] = n + 1
+    if n > 0xFFFF:
+        raise QueueError("one transaction can journal at most 65536 operations")
+    return n
 
 
 def record(
@@ -21,4 +94,242 @@ def record(
 ) -> None:
     """Write one journal entry for ``op`` on queue ``keys.name`` in ``tr``; the caller checks
     that the queue is journaled. Composes inside ``tr``: the entry commits or aborts with it."""
-    raise NotImplementedError("the journal is being built (issue 14)")
+    if op not in OPS:
+        raise QueueError(f"unknown journal operation {op!r}")
+    jk = JournalKeys(keys.root)
+    value = json.dumps(
+        [_FORMAT, op, message_id, principal_of(tr), deliveries, reason, dict(details or {}), now_us()],
+        separators=(",", ":"),
+    ).encode()
+    order = _next_order(tr)
+    tr.set_versionstamped_key(jk.entry_to_stamp(keys.name, message_id, order), value)
+    if message_id is not None:
+        tr.set_versionstamped_key(
+            jk.history_to_stamp(message_id, order), keys.name.encode() + b"\x00" + value
+        )
+    tr.add(jk.bell(keys.name), pack_count(1))  # atomic adds: watched by journal(follow=True)
+    tr.add(jk.bell(None), pack_count(1))
+    tr.set(jk.registry(keys.name), b"")  # a blind write: journal(None) finds the queue
+
+
+def _decode(queue: str, version: bytes, raw: bytes) -> JournalEntry:
+    fmt, op, mid, principal, deliveries, reason, details, at_us = json.loads(raw)
+    if fmt != _FORMAT:
+        raise QueueError(f"journal entry of an unknown format {fmt!r}")
+    return JournalEntry(version, at_us / 1e6, op, queue, mid, principal, deliveries, reason, details)
+
+
+def _check_version(since: bytes | str | None) -> bytes | None:
+    if since is None:
+        return None
+    if isinstance(since, str):
+        try:
+            since = bytes.fromhex(since)
+        except ValueError:
+            raise QueueError(
+                f"since must be a journal version (12 bytes, or 24 hex digits), got {since!r}"
+            ) from None
+    if not isinstance(since, bytes) or len(since) != 12:
+        raise QueueError(f"since must be a journal version (12 bytes, or 24 hex digits), got {since!r}")
+    return since
+
+
+def journaled_queues(tr: Transaction | Database, *, root: tuple[Any, ...] = DEFAULT_ROOT) -> list[str]:
+    """The queues of this database that have journal entries (or had: until trimmed away)."""
+    jk = JournalKeys.make(root)
+    return run_once(
+        adopt(tr), lambda t, _: [jk.registry_name(kv.key) for kv in t.get_range(*jk.registry_range())]
+    )
+
+
+def _page(
+    t: Transaction, jk: JournalKeys, queues: list[str], since: bytes | None, want: int
+) -> list[JournalEntry]:
+    """Up to ``want`` entries after ``since`` in commit order, merged over queues and shards."""
+    streams: list[list[JournalEntry]] = []
+    bound: bytes | None = None  # entries past the smallest last version of a full stream may be missing
+    for q in queues:
+        for shard in range(JOURNAL_SHARDS):
+            begin, end = jk.entry_range(q, shard, since)
+            kvs = t.get_range(begin, end, want)
+            got = [_decode(q, jk.entry_version(kv.key), kv.value) for kv in kvs]
+            if len(kvs) == want and got and (bound is None or got[-1].version < bound):
+                bound = got[-1].version
+            streams.append(got)
+    merged = heapq.merge(*streams, key=lambda e: e.version)
+    out = [e for e in merged if bound is None or e.version <= bound]
+    return out[:want]
+
+
+def journal(
+    tr: Transaction | Database,
+    queue: str | None,
+    *,
+    since: bytes | str | None = None,
+    limit: int | None = None,
+    follow: bool = False,
+    timeout: float | None = None,
+    root: tuple[Any, ...] = DEFAULT_ROOT,
+) -> Iterator[JournalEntry]:
+    """The journal of ``queue`` (None: every journaled queue, merged) in commit order, after
+    ``since`` (exclusive), at most ``limit`` entries.
+
+    Given a transaction, read in it; given a Database, read in pages, each its own
+    transaction. With ``follow=True`` (a Database only) it then waits on a watch for new
+    entries and yields them as they commit, until ``timeout`` seconds pass without one
+    (None: for ever); no polling.
+    """
+    since = _check_version(since)
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise QueueError(f"limit must be an int >= 0 or None, got {limit!r}")
+    if queue is not None:
+        QueueKeys.make(queue, root)  # validates the name
+    jk = JournalKeys.make(root)
+    tr = adopt(tr)
+    if follow and is_transaction(tr):
+        raise QueueError("journal(follow=True) takes a Database: it waits between transactions")
+    return _entries(tr, jk, queue, since, limit, follow, timeout)
+
+
+def _entries(
+    tr: Transaction | Database,
+    jk: JournalKeys,
+    queue: str | None,
+    since: bytes | None,
+    limit: int | None,
+    follow: bool,
+    timeout: float | None,
+) -> Iterator[JournalEntry]:
+    left = limit
+    while True:
+        while left is None or left > 0:
+            want = PAGE if left is None else min(PAGE, left)
+
+            def page(
+                t: Transaction, _: bool, cursor: bytes | None = since, want: int = want
+            ) -> list[JournalEntry]:
+                queues = (
+                    [queue]
+                    if queue is not None
+                    else [jk.registry_name(kv.key) for kv in t.get_range(*jk.registry_range())]
+                )
+                return _page(t, jk, queues, cursor, want)
+
+            got = run_once(tr, page)
+            yield from got
+            if got:
+                since = got[-1].version
+                if left is not None:
+                    left -= len(got)
+            if len(got) < want or is_transaction(tr):
+                break
+        if not follow or (left is not None and left <= 0):
+            return
+        if not _wait_for_more(as_database(tr), jk, queue, since, timeout):
+            return
+
+
+def _wait_for_more(
+    db: Database, jk: JournalKeys, queue: str | None, since: bytes | None, timeout: float | None
+) -> bool:
+    """Block on a watch of the journal's bell until an entry after ``since`` may exist."""
+
+    def arm(t: Transaction, _: bool) -> Any:
+        w = t.watch(jk.bell(queue))
+        queues = (
+            [queue]
+            if queue is not None
+            else [jk.registry_name(kv.key) for kv in t.get_range(*jk.registry_range())]
+        )
+        return w, bool(_page(t, jk, queues, since, 1))
+
+    w, ready = run_once(db, arm)
+    if ready:
+        w.cancel()
+        return True
+    return bool(w.wait(timeout))
+
+
+def history(
+    tr: Transaction | Database, message_id: str, *, root: tuple[Any, ...] = DEFAULT_ROOT
+) -> list[JournalEntry]:
+    """Every journal entry of message ``message_id``, across the queues of this database it
+    passed through, in commit order: one range read of its history pointers."""
+    if not isinstance(message_id, str) or not message_id:
+        raise QueueError(f"message_id must be a non-empty str, got {message_id!r}")
+    jk = JournalKeys.make(root)
+
+    def body(t: Transaction, _: bool) -> list[JournalEntry]:
+        out = []
+        for kv in t.get_range(*jk.history_range(message_id)):
+            queue, _sep, raw = kv.value.partition(b"\x00")
+            out.append(_decode(queue.decode(), jk.history_version(kv.key), raw))
+        return out
+
+    return run_once(adopt(tr), body)
+
+
+def trim_journal(
+    tr: Transaction | Database,
+    queue: str,
+    *,
+    before: bytes | str | None = None,
+    retention: float | None = None,
+    root: tuple[Any, ...] = DEFAULT_ROOT,
+) -> int:
+    """Remove ``queue``'s journal entries older than ``before`` (a version, exclusive), else
+    older than the queue's ``journal_retention`` (database time), with their history pointers.
+    Returns how many it removed. Given a transaction, at most TRIM_BATCH of them (call again);
+    given a Database, batches of its own transactions until none is left."""
+    keys = QueueKeys.make(queue, root)
+    cut = _check_version(before)
+    jk = JournalKeys.make(root)
+
+    def step(t: Transaction, _: bool) -> int:
+        limit_version = cut
+        if limit_version is None:
+            keep = retention
+            if keep is None:
+                cfg = read_config(t, keys)
+                keep = cfg.journal_retention if cfg is not None else None
+            if keep is None:
+                return 0
+            oldest = max(0, db_now(t) - versions(keep))
+            limit_version = oldest.to_bytes(8, "big") + b"\x00" * 4
+        return trim_some(t, jk, queue, limit_version, TRIM_BATCH)
+
+    tr = adopt(tr)
+    if is_transaction(tr):
+        return run_once(tr, step)
+    total = 0
+    while True:
+        n = run_once(tr, step)
+        total += n
+        if n < TRIM_BATCH:
+            return total
+
+
+def trim_some(t: Transaction, jk: JournalKeys, queue: str, before: bytes, limit: int) -> int:
+    """Clear up to ``limit`` entries of ``queue`` older than version ``before``, oldest first,
+    with their history pointers; composes inside ``t``."""
+    n = 0
+    for shard in range(JOURNAL_SHARDS):
+        begin, _ = jk.entry_range(queue, shard, None)
+        end = jk.entry_key(queue, shard, before)
+        kvs = t.get_range(begin, end, limit - n)
+        for kv in kvs:
+            mid = json.loads(kv.value)[2]
+            if mid is not None:
+                t.clear(jk.history_key(mid, jk.entry_version(kv.key)))
+            t.clear(kv.key)
+        n += len(kvs)
+        if n >= limit:
+            break
+    return n
+
+
+def maybe_trim(t: Transaction, keys: QueueKeys, retention: float) -> None:
+    """About one sweep in 64 trims a bounded batch of the queue's journal (as receipts are)."""
+    if random.random() < 1 / 64:
+        oldest = max(0, db_now(t) - versions(retention))
+        trim_some(t, JournalKeys(keys.root), keys.name, oldest.to_bytes(8, "big") + b"\x00" * 4, TRIM_BATCH)

@@ -62,6 +62,7 @@ import os
 import struct
 import time
 import types
+import zlib
 from typing import Any
 
 import fdb.tuple
@@ -487,3 +488,87 @@ def queues_range(root: tuple[Any, ...] = DEFAULT_ROOT) -> tuple[bytes, bytes]:
 
 ONE = _ONE
 MINUS_ONE = _MINUS_ONE
+
+
+# -- the journal (journaling.py) -------------------------------------------------------------
+
+JOURNAL_SHARDS = 8  # ranges a queue's journal is spread over, by message id
+HISTORY_SHARDS = 16  # ranges the per-message history pointers are spread over
+
+
+def _stamp(version: bytes | None, order: int = 0) -> fdb.tuple.Versionstamp:
+    """A complete versionstamp from a 12-byte journal version, or an incomplete one to fill."""
+    if version is None:
+        return fdb.tuple.Versionstamp(user_version=order)
+    return fdb.tuple.Versionstamp(version[:10], int.from_bytes(version[10:12], "big"))
+
+
+def _version_of(stamp: Any) -> bytes:
+    if not isinstance(stamp, fdb.tuple.Versionstamp) or stamp.tr_version is None:
+        raise QueueError("not a journal key: its last element is not a complete versionstamp")
+    return bytes(stamp.tr_version) + int(stamp.user_version).to_bytes(2, "big")
+
+
+class JournalKeys:
+    """The journal's keys under a root: entries ``("j", queue, shard, stamp)``, history
+    pointers ``("h", hshard, message_id, stamp)``, the registry of journaled queues
+    ``("jq", queue)`` and the bells a follower watches ``("jn",)`` / ``("jn", queue)``."""
+
+    __slots__ = ("root",)
+
+    def __init__(self, root: Subspace) -> None:
+        self.root = root
+
+    @classmethod
+    def make(cls, root: tuple[Any, ...] = DEFAULT_ROOT) -> JournalKeys:
+        return cls(Subspace(tuple(root)))
+
+    @staticmethod
+    def shard(message_id: str | None) -> int:
+        return zlib.crc32((message_id or "").encode()) % JOURNAL_SHARDS
+
+    def entry_to_stamp(self, queue: str, message_id: str | None, order: int) -> bytes:
+        """The key of a new entry, for ``set_versionstamped_key``."""
+        return bytes(
+            self.root.pack_with_versionstamp(("j", queue, self.shard(message_id), _stamp(None, order)))
+        )
+
+    def entry_key(self, queue: str, shard: int, version: bytes) -> bytes:
+        return bytes(self.root.pack(("j", queue, shard, _stamp(version))))
+
+    def entry_range(self, queue: str, shard: int, since: bytes | None) -> tuple[bytes, bytes]:
+        r = self.root.range(("j", queue, shard))
+        begin = r.start if since is None else self.entry_key(queue, shard, since) + b"\x00"
+        return begin, bytes(r.stop)
+
+    def entry_version(self, key: bytes) -> bytes:
+        return _version_of(self.root.unpack(key)[-1])
+
+    def history_to_stamp(self, message_id: str, order: int) -> bytes:
+        hs = zlib.crc32(message_id.encode()) % HISTORY_SHARDS
+        return bytes(self.root.pack_with_versionstamp(("h", hs, message_id, _stamp(None, order))))
+
+    def history_key(self, message_id: str, version: bytes) -> bytes:
+        hs = zlib.crc32(message_id.encode()) % HISTORY_SHARDS
+        return bytes(self.root.pack(("h", hs, message_id, _stamp(version))))
+
+    def history_range(self, message_id: str) -> tuple[bytes, bytes]:
+        r = self.root.range(("h", zlib.crc32(message_id.encode()) % HISTORY_SHARDS, message_id))
+        return bytes(r.start), bytes(r.stop)
+
+    def history_version(self, key: bytes) -> bytes:
+        return _version_of(self.root.unpack(key)[-1])
+
+    def registry(self, queue: str) -> bytes:
+        return bytes(self.root.pack(("jq", queue)))
+
+    def registry_range(self) -> tuple[bytes, bytes]:
+        r = self.root.range(("jq",))
+        return bytes(r.start), bytes(r.stop)
+
+    def registry_name(self, key: bytes) -> str:
+        return str(self.root.unpack(key)[1])
+
+    def bell(self, queue: str | None) -> bytes:
+        """Grows with every entry (of ``queue``, or of any queue): what a follower watches."""
+        return bytes(self.root.pack(("jn",) if queue is None else ("jn", queue)))

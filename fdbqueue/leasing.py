@@ -68,6 +68,7 @@ def lease_batch(
                 strict=cfg.strict_order,
                 payload=payloads.get(rec.id),
                 count=False,
+                journaled=cfg.journal,
             )
         )
     return out

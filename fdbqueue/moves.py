@@ -18,21 +18,52 @@ transaction.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
+from fdbqueue import journaling
 from fdbqueue.budget import Budget, move_cost
 from fdbqueue.clock import now_us
 from fdbqueue.config import QueueConfig, bump_metadata_version, config_or_create, error_queue_name
 from fdbqueue.engines.base import Transaction
 from fdbqueue.errors import CorruptMessageError, EngineError
 from fdbqueue.layout import MINUS_ONE, ONE, QueueKeys, new_id, new_rand, pack_count, unpack_count
-from fdbqueue.message import Record, fit_reason, seal_chunk
+from fdbqueue.message import Record, decode_record, fit_reason, seal_chunk
 from fdbqueue.receipts import encode_result
 
 log = logging.getLogger("fdbqueue")
 
 # What a lease adds to a record's extra (and a release takes away again).
-LEASE_FIELDS = ("key", "receipt", "deadline", "until", "strict")
+LEASE_FIELDS = ("key", "receipt", "deadline", "until", "strict", "j")
 CORRUPT_REASON = "corrupt"
+# A leased record of a journaled queue carries this mark, so that its ack, release and
+# extend journal without reading the queue's settings (they read none today).
+JOURNALED = "j"
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """What the journal records of a move: its operation (``journaling.OPS``), the reason
+    given and the details (where it went, where it came from)."""
+
+    op: str
+    reason: str | None = None
+    details: Mapping[str, Any] | None = None
+
+
+def after(tr: Transaction, keys: QueueKeys, journaled: bool, note: Note | None, rec: Record) -> None:
+    """What follows a move of ``rec`` in the same transaction besides its counters (which each
+    move adds itself, once per batch where it can): the journal entry, when the queue is
+    journaled. The slot where later maintainers (an index of queues with work) plug in."""
+    if journaled and note is not None:
+        journaling.record(
+            tr, keys, note.op, rec.id, deliveries=rec.deliveries, reason=note.reason, details=note.details
+        )
+
+
+def _journaled(cfg: QueueConfig | None) -> bool:
+    return cfg is not None and cfg.journal
 
 
 def remove_message(
@@ -58,8 +89,18 @@ def remove_message(
         tr.clear_range(*keys.chunk_range(rec.id))
 
 
-def put_ready(tr: Transaction, keys: QueueKeys, key: bytes | None, rec: Record, priority: int) -> bytes:
-    """Make ``rec`` ready at ``key`` (its original place) or at the tail of its priority."""
+def put_ready(
+    tr: Transaction,
+    keys: QueueKeys,
+    key: bytes | None,
+    rec: Record,
+    priority: int,
+    *,
+    journaled: bool = False,
+    note: Note | None = None,
+) -> bytes:
+    """Make ``rec`` ready at ``key`` (its original place) or at the tail of its priority;
+    journaled as ``note`` when ``journaled``."""
     if key is None:
         index = unpack_count(tr.snapshot.get(keys.wake)) + 1  # the add below moves it on
         key = keys.ready_key(priority, index, new_rand())
@@ -73,11 +114,20 @@ def put_ready(tr: Transaction, keys: QueueKeys, key: bytes | None, rec: Record, 
         tr.set(keys.expiry_key(rec.expires_us, rec.id), b"")
     tr.add(keys.counter("ready"), ONE)
     tr.add(keys.wake, ONE)
+    after(tr, keys, journaled, note, rec)
     return key
 
 
 def put_delayed(
-    tr: Transaction, keys: QueueKeys, due: int, rec: Record, *, key: bytes | None, priority: int
+    tr: Transaction,
+    keys: QueueKeys,
+    due: int,
+    rec: Record,
+    *,
+    key: bytes | None,
+    priority: int,
+    journaled: bool = False,
+    note: Note | None = None,
 ) -> None:
     """Hold ``rec`` until ``due`` (a version); then it goes to ``key`` (a retry) or the tail (an enqueue)."""
     extra = {k: v for k, v in rec.extra.items() if k not in LEASE_FIELDS}
@@ -90,24 +140,36 @@ def put_delayed(
     if rec.expires_us is not None:
         tr.set(keys.expiry_key(rec.expires_us, rec.id), b"")
     tr.add(keys.counter("delayed"), ONE)
+    after(tr, keys, journaled, note, rec)
 
 
 def dead_letter(
-    keys: QueueKeys, tr: Transaction, cfg: QueueConfig, rec: Record, reason: str, *, clear_id: bool = False
+    keys: QueueKeys,
+    tr: Transaction,
+    cfg: QueueConfig,
+    rec: Record,
+    reason: str,
+    *,
+    clear_id: bool = False,
+    note: Note | None = None,
 ) -> None:
     """Move a message (already removed from its queue, chunks still there) to the error queue;
-    ``clear_id``: its id entry too (a message out of the ready set keeps one)."""
+    ``clear_id``: its id entry too (a message out of the ready set keeps one). Journaled as
+    ``dead`` in both queues (where each is journaled), or as ``note`` in its own."""
     if clear_id:
         tr.clear(keys.id_key(rec.id))
     ekeys = keys.sibling(cfg.error_queue_for(keys.name))
-    config_or_create(tr, ekeys)
+    ecfg = config_or_create(tr, ekeys)
+    after(tr, keys, cfg.journal, note or Note("dead", reason, {"to": ekeys.name}), rec)
     if rec.chunks:
         for kv in tr.get_range(*keys.chunk_range(rec.id)):
             tr.set(ekeys.q.pack(("b", rec.id, keys.q.unpack(kv.key)[2])), kv.value)
         tr.clear_range(*keys.chunk_range(rec.id))
     extra = {"origin": keys.name, "reason": reason, "deliveries": rec.deliveries}
     dead = rec.with_(deliveries=0, extra=extra, expires_us=None)
-    put_ready(tr, ekeys, None, dead, 0)
+    put_ready(
+        tr, ekeys, None, dead, 0, journaled=ecfg.journal, note=Note("dead", reason, {"origin": keys.name})
+    )
     tr.add(keys.counter("dead"), ONE)
 
 
@@ -161,14 +223,26 @@ def move_corrupt(
 
     tr.on_finish(logged)
     ekeys = keys.sibling(ename)
-    config_or_create(tr, ekeys)
+    ecfg = config_or_create(tr, ekeys)
     extra = {
         "origin": keys.name,
         "reason": CORRUPT_REASON,
         "key": key.hex(),
         "detail": fit_reason(error.detail),
     }
-    put_ready(tr, ekeys, None, Record(mid, now_us(), "b", {}, 0, None, 0, extra, raw), 0)
+    moved = Record(mid, now_us(), "b", {}, 0, None, 0, extra, raw)
+    after(
+        tr, keys, cfg.journal, Note("dead", CORRUPT_REASON, {"to": ename, "detail": extra["detail"]}), moved
+    )
+    put_ready(
+        tr,
+        ekeys,
+        None,
+        moved,
+        0,
+        journaled=ecfg.journal,
+        note=Note("dead", CORRUPT_REASON, {"origin": keys.name}),
+    )
 
 
 def expire(keys: QueueKeys, tr: Transaction, cfg: QueueConfig, key: bytes, rec: Record) -> None:
@@ -176,8 +250,15 @@ def expire(keys: QueueKeys, tr: Transaction, cfg: QueueConfig, key: bytes, rec: 
     remove_message(tr, keys, key, rec, chunks=cfg.expiry_action == "discard")
     tr.add(keys.counter("ready"), MINUS_ONE)
     tr.add(keys.counter("expired"), ONE)
+    _expired(keys, tr, cfg, rec)
+
+
+def _expired(keys: QueueKeys, tr: Transaction, cfg: QueueConfig, rec: Record) -> None:
+    note = Note("expired", None, {"action": cfg.expiry_action})
     if cfg.expiry_action == "error":
-        dead_letter(keys, tr, cfg, rec, "expired")
+        dead_letter(keys, tr, cfg, rec, "expired", note=note)
+    else:
+        after(tr, keys, cfg.journal, note, rec)
 
 
 def expire_unready(keys: QueueKeys, tr: Transaction, cfg: QueueConfig, rec: Record) -> None:
@@ -185,14 +266,21 @@ def expire_unready(keys: QueueKeys, tr: Transaction, cfg: QueueConfig, rec: Reco
     dead-letter it tagged ``expired``; its id entry goes either way."""
     tr.add(keys.counter("expired"), ONE)
     tr.clear(keys.id_key(rec.id))
-    if cfg.expiry_action == "error":
-        dead_letter(keys, tr, cfg, rec, "expired")
-    elif rec.chunks:
+    if cfg.expiry_action != "error" and rec.chunks:
         tr.clear_range(*keys.chunk_range(rec.id))
+    _expired(keys, tr, cfg, rec)
 
 
 def put_leased(
-    tr: Transaction, keys: QueueKeys, key: bytes, leased: Record, deadline: int, receipt: str, *, count: bool
+    tr: Transaction,
+    keys: QueueKeys,
+    key: bytes,
+    leased: Record,
+    deadline: int,
+    receipt: str,
+    *,
+    count: bool,
+    note: Note | None = None,
 ) -> None:
     """Put a message taken from the ready ``key`` (cleared by the caller) in flight until
     ``deadline`` under ``receipt``; ``count=False``: the caller counts a batch at once."""
@@ -202,6 +290,7 @@ def put_leased(
         tr.clear(keys.id_key(leased.id))  # it pointed at the ready key; ("f", id) is found by id
     if count:
         tr.add(keys.counter("inflight"), ONE)
+    after(tr, keys, bool(leased.extra.get(JOURNALED)), note or Note("lease"), leased)
 
 
 def end_lease(tr: Transaction, keys: QueueKeys, rec: Record) -> None:
@@ -214,6 +303,7 @@ def end_lease(tr: Transaction, keys: QueueKeys, rec: Record) -> None:
 def finish_lease(tr: Transaction, keys: QueueKeys, rec: Record) -> None:
     """An acked message: out of flight and gone, with its chunks and TTL entry; counted done."""
     end_lease(tr, keys, rec)
+    after(tr, keys, bool(rec.extra.get(JOURNALED)), Note("ack"), rec)
     tr.add(keys.counter("done"), ONE)
     if rec.chunks:
         tr.clear_range(*keys.chunk_range(rec.id))
@@ -251,7 +341,15 @@ CHUNK_SIZE = 10_000
 
 
 def write_new(
-    tr: Transaction, keys: QueueKeys, key: bytes, rec: Record, *, home: bool, payload: bytes | None
+    tr: Transaction,
+    keys: QueueKeys,
+    key: bytes,
+    rec: Record,
+    *,
+    home: bool,
+    payload: bytes | None,
+    journaled: bool = False,
+    details: Mapping[str, Any] | None = None,
 ) -> None:
     """Write a new message at ``key`` (ready or delayed); ``home``: its id names ``key`` (no id
     entry); ``payload``: the payload to write in sealed chunks when ``rec.chunks``. The caller
@@ -264,6 +362,7 @@ def write_new(
     tr.set(key, rec.encode())
     if not home:
         tr.set(keys.id_key(rec.id), key)
+    after(tr, keys, journaled, Note("enqueue", None, details), rec)
 
 
 def count_new(tr: Transaction, keys: QueueKeys, ready: int, delayed: int, new_priorities: set[int]) -> None:
@@ -280,11 +379,12 @@ def count_new(tr: Transaction, keys: QueueKeys, ready: int, delayed: int, new_pr
         tr.add(keys.counter("delayed"), pack_count(delayed))
 
 
-def take(tr: Transaction, keys: QueueKeys, key: bytes, rec: Record) -> None:
+def take(tr: Transaction, keys: QueueKeys, key: bytes, rec: Record, *, journaled: bool = False) -> None:
     """A dequeue: the ready message at ``key`` is gone (with its chunks), counted done."""
     remove_message(tr, keys, key, rec)
     tr.add(keys.counter("ready"), MINUS_ONE)
     tr.add(keys.counter("done"), ONE)
+    after(tr, keys, journaled, Note("dequeue"), rec.with_(deliveries=rec.deliveries + 1))
 
 
 def wake(tr: Transaction, keys: QueueKeys, n: int = 1) -> None:
@@ -308,13 +408,22 @@ def take_for_lease(tr: Transaction, keys: QueueKeys, key: bytes, rec: Record) ->
 
 
 def hand_over(
-    tr: Transaction, keys: QueueKeys, res_key: bytes, now: int, key: bytes, raw: bytes, rec: Record
+    tr: Transaction,
+    keys: QueueKeys,
+    res_key: bytes,
+    now: int,
+    key: bytes,
+    raw: bytes,
+    rec: Record,
+    *,
+    journaled: bool = False,
 ) -> None:
     """A staged dequeue pairs the ready message at ``key`` with a waiting request: the record
     moves to the request's result (its chunks stay for the requester to read), counted by
     :func:`count_handed`."""
     tr.set(res_key, encode_result(now, key, raw))
     remove_message(tr, keys, key, rec, chunks=False)
+    after(tr, keys, journaled, Note("dequeue"), rec.with_(deliveries=rec.deliveries + 1))
 
 
 def count_handed(tr: Transaction, keys: QueueKeys, n: int) -> None:
@@ -336,16 +445,22 @@ def drop_result(tr: Transaction, res_key: bytes) -> None:
     tr.clear(res_key)
 
 
-def reclaim_result(tr: Transaction, keys: QueueKeys, res_key: bytes, key: bytes, rec: Record) -> None:
+def reclaim_result(
+    tr: Transaction, keys: QueueKeys, res_key: bytes, key: bytes, rec: Record, *, journaled: bool = False
+) -> None:
     """A staged result nobody collected (its requester died): back to its place in the ready
     set, no longer counted done (:func:`count_handed` counted it)."""
     tr.clear(res_key)
-    put_ready(tr, keys, key, rec, keys.parse_ready(key)[0])
+    note = Note("release", "its staged dequeue was never collected")
+    put_ready(tr, keys, key, rec, keys.parse_ready(key)[0], journaled=journaled, note=note)
     tr.add(keys.counter("done"), MINUS_ONE)
 
 
-def destroy(tr: Transaction, keys: QueueKeys) -> None:
-    """Remove the queue and every key it has: messages, indexes, counters, settings."""
+def destroy(tr: Transaction, keys: QueueKeys, *, journaled: bool = False) -> None:
+    """Remove the queue and every key it has: messages, indexes, counters, settings (its
+    journal stays, until trimmed)."""
+    if journaled:
+        journaling.record(tr, keys, "destroy")
     tr.clear_range(*keys.all_range())
     tr.clear(keys.listing)
 
@@ -370,3 +485,31 @@ def purge(tr: Transaction, keys: QueueKeys) -> int:
     tr.clear_range(*keys.priority_marker_range())
     bump_metadata_version(tr, keys)
     return removed
+
+
+def purge_some(tr: Transaction, keys: QueueKeys, limit: int) -> tuple[int, bool]:
+    """A journaled queue's purge, one step: remove up to ``limit`` messages one by one, each
+    journaled ``purge`` (so that its history ends there); returns how many, and whether
+    more are left. A damaged record (no id to journal) is left to :func:`purge`'s clears."""
+    n = 0
+    for tag in ("r", "f", "d"):
+        r = keys.q.range((tag,))
+        kvs = tr.get_range(r.start, r.stop, limit - n + 1)
+        for kv in kvs[: limit - n]:
+            try:
+                rec = decode_record(kv.value, keys, kv.key)
+            except CorruptMessageError:
+                continue
+            if tag == "r":
+                remove_message(tr, keys, kv.key, rec, count="ready")
+            elif tag == "f":
+                end_lease(tr, keys, rec)
+                remove_message(tr, keys, kv.key, rec)  # its chunks and TTL entry
+            else:
+                take_delayed(tr, keys, kv.key, rec, expired=True)
+                remove_message(tr, keys, kv.key, rec)
+            after(tr, keys, True, Note("purge"), rec)
+            n += 1
+        if len(kvs) > limit - n or n >= limit:
+            return n, True
+    return n, False

@@ -383,7 +383,21 @@ class Queue:
             rec = rec.with_(extra={"priority": it.priority})
         else:
             key = ready_key
-        write_new(tr, keys, key, rec, home=home, payload=it.payload if chunks else None)
+        details: dict[str, Any] | None = None
+        if cfg.journal and (it.delay > 0 or it.priority):
+            details = {"delay": it.delay} if it.delay > 0 else {}
+            if it.priority:
+                details["priority"] = it.priority
+        write_new(
+            tr,
+            keys,
+            key,
+            rec,
+            home=home,
+            payload=it.payload if chunks else None,
+            journaled=cfg.journal,
+            details=details,
+        )
         return msg_id
 
     def _autonomous(self, tr: Transaction, item: _Item) -> AutonomousId:
@@ -677,7 +691,7 @@ class Queue:
                 break
             except CorruptMessageError as exc:  # its payload chunks are damaged
                 move_corrupt(self.keys, tr, cfg, key, rec.encode(), exc, budget)
-        take(tr, keys, key, rec)
+        take(tr, keys, key, rec, journaled=cfg.journal)
         if in_caller:
             db = tr.db
 

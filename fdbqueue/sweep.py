@@ -17,6 +17,7 @@ from fdbqueue.config import QueueConfig, read_config
 from fdbqueue.delivery import expire_lease, locate, promote_delayed
 from fdbqueue.engines.base import Transaction
 from fdbqueue.errors import CorruptMessageError
+from fdbqueue.journaling import maybe_trim
 from fdbqueue.layout import QueueKeys
 from fdbqueue.message import decode_record
 from fdbqueue.moves import drop_stale_entry, expire, move_corrupt, reclaim_result
@@ -91,12 +92,20 @@ def sweep_housekeeping(
             tr.clear(keys.dedup_key(dkey))
         st.dedup += 1
     clear_old_receipts(tr, keys, now)
-    st.results += reclaim_results(keys, tr, now, limit, budget)
+    st.results += reclaim_results(keys, tr, now, limit, budget, journaled=cfg.journal)
+    if cfg.journal:
+        maybe_trim(tr, keys, cfg.journal_retention)
     return st
 
 
 def reclaim_results(
-    keys: QueueKeys, tr: Transaction, now: int, limit: int, budget: Budget | None = None
+    keys: QueueKeys,
+    tr: Transaction,
+    now: int,
+    limit: int,
+    budget: Budget | None = None,
+    *,
+    journaled: bool = False,
 ) -> int:
     """Staged-dequeue results nobody collected (the requester died): back to their place,
     as many as ``budget`` affords."""
@@ -107,7 +116,7 @@ def reclaim_results(
             continue
         if budget is not None and not budget.take(move_cost(len(key), len(raw), 0)):
             break
-        reclaim_result(tr, keys, kv.key, key, decode_record(raw, keys, key))
+        reclaim_result(tr, keys, kv.key, key, decode_record(raw, keys, key), journaled=journaled)
         n += 1
     return n
 

@@ -1,0 +1,117 @@
+"""The journal on the command line: ``fdbqueue journal [QUEUE]`` and ``fdbqueue history ID``."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import fdbqueue
+from fdbqueue.cli_io import CommandError, _cells, _count, _render, _seconds, _table
+from fdbqueue.types import JournalEntry
+
+Add = Callable[..., argparse.ArgumentParser]
+
+
+def _version(text: str) -> str:
+    try:
+        raw = bytes.fromhex(text)
+    except ValueError:
+        raw = b""
+    if len(raw) != 12:
+        raise argparse.ArgumentTypeError(f"a journal version is 24 hex digits, got {text!r}")
+    return text
+
+
+def add_journal_commands(add: Add, common: argparse.ArgumentParser) -> None:
+    """Register ``journal`` and ``history`` with the CLI's ``add`` helper."""
+    del common
+    p = add(
+        "journal",
+        _cmd_journal,
+        "print a queue's journal (every journaled queue: no QUEUE)",
+        json_flag=False,
+        named=False,
+    )
+    p.add_argument(
+        "name", nargs="?", default=None, metavar="QUEUE", help="queue (default: every journaled queue)"
+    )
+    p.add_argument(
+        "--since", type=_version, default=None, metavar="V", help="after version V (hex, exclusive)"
+    )
+    p.add_argument("--limit", type=_count, default=0, help="at most N entries (0: all)")
+    p.add_argument("--follow", "-f", action="store_true", help="then wait for new entries (Ctrl-C stops)")
+    p.add_argument(
+        "--timeout", type=_seconds, default=None, metavar="S", help="--follow: stop after S idle seconds"
+    )
+    p.add_argument("--json-lines", "--json", action="store_true", help="one JSON object per entry")
+    p = add("history", _cmd_history, "print one message's journal entries, across queues", named=False)
+    p.add_argument("id", metavar="ID", help="message id")
+
+
+def entry_json(e: JournalEntry) -> dict[str, Any]:
+    """A journal entry as JSON: its version in hex, ``at`` in ISO 8601 (UTC)."""
+    return {
+        "version": e.version.hex(),
+        "at": datetime.datetime.fromtimestamp(e.at, datetime.timezone.utc).isoformat(),
+        "op": e.op,
+        "queue": e.queue,
+        "message_id": e.message_id,
+        "principal": e.principal,
+        "deliveries": e.deliveries,
+        "reason": e.reason,
+        "details": e.details,
+    }
+
+
+def _print_entries(entries: Iterable[JournalEntry], as_json: bool, *, stream: bool) -> int:
+    n = 0
+    if as_json or stream:
+        for e in entries:
+            if as_json:
+                print(json.dumps(entry_json(e), separators=(",", ":")), flush=True)
+            else:
+                d = entry_json(e)
+                print(
+                    f"{d['version']}  {d['at']}  {e.queue}  {e.op}  {e.message_id or '-'}  {e.principal}",
+                    flush=True,
+                )
+            n += 1
+        return n
+    table = _table("version", "at", "queue", "op", "message", "principal", "deliveries", "reason", "details")
+    for e in entries:
+        d = entry_json(e)
+        details = json.dumps(e.details, separators=(",", ":")) if e.details else ""
+        if len(details) > 80:
+            details = details[:77] + "..."  # --json-lines has all of it
+        table.add_row(*_cells(d["version"], d["at"], e.queue, e.op, e.message_id or "-", e.principal,
+                              e.deliveries, e.reason or "", details))  # fmt: skip
+        n += 1
+    _render(table)
+    return n
+
+
+def _cmd_journal(db: fdbqueue.Database, args: argparse.Namespace) -> int:
+    if args.timeout is not None and not args.follow:
+        raise CommandError("--timeout goes with --follow")
+    entries = fdbqueue.journal(
+        db, args.name, since=args.since, limit=args.limit or None, follow=args.follow, timeout=args.timeout
+    )
+    _print_entries(entries, args.json_lines, stream=args.follow)
+    sys.stdout.flush()
+    return 0
+
+
+def _cmd_history(db: fdbqueue.Database, args: argparse.Namespace) -> int:
+    entries = fdbqueue.history(db, args.id)
+    if not entries:
+        raise CommandError(f"no journal entries for message {args.id!r} (its queue keeps no journal?)", 3)
+    if args.json:
+        for e in entries:
+            print(json.dumps(entry_json(e), separators=(",", ":")))
+        return 0
+    _print_entries(entries, False, stream=False)
+    return 0
