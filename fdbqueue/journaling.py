@@ -221,7 +221,7 @@ def _entries(
                 since = got[-1].version
                 if left is not None:
                     left -= len(got)
-            if len(got) < want or is_transaction(tr):
+            if len(got) < want:
                 break
         if not follow or (left is not None and left <= 0):
             return
