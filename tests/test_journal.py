@@ -281,3 +281,32 @@ def test_history_and_bad_arguments(db: Database) -> None:
     with pytest.raises(QueueError, match="limit"):
         journal(db, limit=-1)
     assert fdbqueue.history(db, "no-such-message") == []
+
+
+def test_the_command_line(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from fdbqueue.cli import main
+
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    assert main(["--url", url, "create", "jobs", "--journal"]) == 0
+    assert "journal            True" in capsys.readouterr().out
+    assert main(["--url", url, "enqueue", "jobs", "hello"]) == 0
+    mid = capsys.readouterr().out.strip()
+    assert main(["--url", url, "journal", "jobs", "--json-lines"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(d["op"], d["message_id"]) for d in lines] == [("create", None), ("enqueue", mid)]
+    assert main(["--url", url, "journal", "--since", lines[0]["version"], "--json"]) == 0
+    assert [json.loads(line)["op"] for line in capsys.readouterr().out.splitlines()] == ["enqueue"]
+    assert main(["--url", url, "journal", "jobs"]) == 0
+    assert "enqueue" in capsys.readouterr().out
+    assert main(["--url", url, "history", mid, "--json"]) == 0
+    assert [json.loads(line)["op"] for line in capsys.readouterr().out.splitlines()] == ["enqueue"]
+    assert main(["--url", url, "history", "nope"]) == 3
+    assert "no journal entries" in capsys.readouterr().err
+    assert main(["--url", url, "journal", "jobs", "--since", "xyz"]) == 2
+    assert "24 hex digits" in capsys.readouterr().err
+    assert main(["--url", url, "journal", "jobs", "--timeout", "1"]) == 2
+    assert "--timeout goes with --follow" in capsys.readouterr().err
+    assert main(["--url", url, "journal", "jobs", "--follow", "--timeout", "0.2", "--json"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2
