@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from fdbqueue.admin import (
     QueueStats,
+    acl,
     create_queue,
     destroy_queue,
+    grant,
     list_queues,
     purge_queue,
     queue_config,
     queue_rates,
     queue_stats,
+    revoke,
     set_state,
     start_queue,
     stop_queue,
@@ -35,6 +38,7 @@ from fdbqueue.engines.base import (
     transactional,
 )
 from fdbqueue.errors import (
+    AccessDeniedError,
     ClusterUnavailableError,
     CommitUnknownError,
     CorruptMessageError,
@@ -65,6 +69,7 @@ from fdbqueue.worker import HandlerSignatureError, Worker, WorkerStats
 __version__ = "0.1.0"
 
 __all__ = [
+    "AccessDeniedError",
     "AutonomousId",
     "BudgetExceededError",
     "ClusterUnavailableError",
@@ -108,8 +113,10 @@ __all__ = [
     "Watch",
     "Worker",
     "WorkerStats",
+    "acl",
     "create_queue",
     "destroy_queue",
+    "grant",
     "history",
     "journal",
     "list_queues",
@@ -118,6 +125,7 @@ __all__ = [
     "queue_config",
     "queue_rates",
     "queue_stats",
+    "revoke",
     "set_state",
     "start_queue",
     "stop_queue",

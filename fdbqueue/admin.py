@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from fdbqueue import journaling
 from fdbqueue.clock import now_us
 from fdbqueue.config import (
+    Meta,
     QueueConfig,
     QueueNotFoundError,
     QueueState,
     bump_metadata_version,
     read_config,
+    read_meta,
     read_state,
     write_config,
 )
@@ -22,8 +25,24 @@ from fdbqueue.errors import CorruptMessageError, QueueError
 from fdbqueue.layout import DEFAULT_ROOT, QueueKeys, queues_range, root_subspace, unpack_count
 from fdbqueue.message import decode_record
 from fdbqueue.moves import destroy, purge, purge_some, wake
+from fdbqueue.privileges import ALL_RIGHTS, check, mask, rights_of, set_owner
 from fdbqueue.txn import run_once
 from fdbqueue.types import QueueStats as QueueStats  # re-export
+from fdbqueue.types import check_principal
+
+
+class Unchanged:
+    """The default of ``create_queue``'s ``owner``: leave it as it is."""
+
+    def __repr__(self) -> str:
+        return "UNCHANGED"
+
+
+UNCHANGED = Unchanged()
+
+
+def meta_owner(owner: str | Unchanged | None, was: str | None) -> str | None:
+    return was if isinstance(owner, Unchanged) else owner
 
 
 def _settings(cfg: QueueConfig) -> dict[str, Any]:
@@ -36,12 +55,18 @@ def create_queue(
     *,
     root: tuple[Any, ...] = DEFAULT_ROOT,
     exist_ok: bool = True,
+    owner: str | Unchanged | None = UNCHANGED,
     **settings: Any,
 ) -> QueueConfig:
     """Create queue ``name`` with ``settings`` (see :class:`QueueConfig`), or update its settings.
 
-    Atomic; composes inside the caller's transaction. Unknown setting names are an error.
+    ``owner``: a principal (every right on the queue; others only what they are granted), or
+    None (open to every principal); left out, a new queue has none and an existing one keeps
+    its own. Changing an owned queue needs ``admin``. Atomic; composes inside the caller's
+    transaction. Unknown setting names are an error.
     """
+    if owner is not UNCHANGED and owner is not None:
+        check_principal(owner)
     keys = QueueKeys.make(name, root)
     unknown = set(settings) - set(QueueConfig.__dataclass_fields__)
     if unknown:
@@ -49,18 +74,27 @@ def create_queue(
 
     def body(t: Transaction, _: bool) -> QueueConfig:
         current = read_config(t, keys)
+        meta = check(t, keys, "admin") if current is not None else read_meta(t, keys)
         if current is not None and not exist_ok:
             raise QueueError(f"queue {name!r} already exists")
         cfg = (current or QueueConfig()).replace(**settings)
         write_config(t, keys, cfg)
+        was = meta.owner
+        owned = owner is not UNCHANGED and set_owner(t, keys, owner, meta)  # type: ignore[arg-type]
+        if cfg.journal and (current is None or not current.journal):
+            journaling.register(t, keys)
         if cfg.journal or (current is not None and current.journal):
             # Only a change is journaled: the retry of an attempt that landed (1021) finds
             # the settings already as asked and writes no second entry.
             if current is None:
-                journaling.record(t, keys, "create", details=_settings(cfg))
-            elif current != cfg:
+                journaling.record(
+                    t, keys, "create", details={**_settings(cfg), "owner": meta_owner(owner, was)}
+                )
+            elif current != cfg or owned:
                 old, new = _settings(current), _settings(cfg)
                 changed = {k: [old.get(k), v] for k, v in new.items() if old.get(k) != v}
+                if owned:
+                    changed["owner"] = [was, owner]
                 journaling.record(t, keys, "config", details={"changed": changed})
         return cfg
 
@@ -74,6 +108,7 @@ def queue_config(
     keys = QueueKeys.make(name, root)
 
     def body(t: Transaction, _: bool) -> QueueConfig:
+        check(t, keys, "browse")
         cfg = read_config(t, keys)
         if cfg is None:
             raise QueueNotFoundError(f"no queue named {name!r}")
@@ -87,6 +122,7 @@ def destroy_queue(tr: Transaction | Database, name: str, *, root: tuple[Any, ...
     keys = QueueKeys.make(name, root)
 
     def body(t: Transaction, _: bool) -> None:
+        check(t, keys, "admin")
         cfg = read_config(t, keys)
         if cfg is None:
             raise QueueNotFoundError(f"no queue named {name!r}")
@@ -117,6 +153,7 @@ def set_state(
     keys = QueueKeys.make(name, root)
 
     def body(t: Transaction, _: bool) -> QueueState:
+        check(t, keys, "admin")
         cfg = read_config(t, keys)
         if cfg is None:
             raise QueueNotFoundError(f"no queue named {name!r}")
@@ -151,6 +188,7 @@ def queue_stats(tr: Transaction | Database, name: str, *, root: tuple[Any, ...] 
     keys = QueueKeys.make(name, root)
 
     def body(t: Transaction, _: bool) -> QueueStats:
+        check(t, keys, "browse")
         cfg = read_config(t, keys)
         if cfg is None:
             raise QueueNotFoundError(f"no queue named {name!r}")
@@ -225,6 +263,7 @@ def purge_queue(tr: Transaction | Database, name: str, *, root: tuple[Any, ...] 
     in_caller = is_transaction(tr)
 
     def body(t: Transaction, _: bool) -> tuple[int, bool]:
+        check(t, keys, "admin")
         cfg = read_config(t, keys)
         if cfg is None:
             raise QueueNotFoundError(f"no queue named {name!r}")
@@ -245,3 +284,89 @@ def purge_queue(tr: Transaction | Database, name: str, *, root: tuple[Any, ...] 
         total += n
         if not more:
             return total
+
+
+# -- owners and privileges (the checks themselves: privileges.py) -----------------------------
+
+
+def _existing(t: Transaction, keys: QueueKeys) -> Meta:
+    meta = check(t, keys, "admin")
+    if meta.config is None:
+        raise QueueNotFoundError(f"no queue named {keys.name!r}")
+    return meta
+
+
+def _change(
+    tr: Transaction | Database,
+    queue: str,
+    principal: str,
+    rights: Iterable[str],
+    root: tuple[object, ...],
+    add: bool,
+) -> frozenset[str]:
+    keys = QueueKeys.make(queue, root)
+    who = check_principal(principal)
+    wanted = mask(rights)
+
+    def body(t: Transaction, _: bool) -> frozenset[str]:
+        meta = _existing(t, keys)
+        had = meta.acl.get(who, 0)
+        now = (had | wanted) if add else (had & ~wanted)
+        if now != had:  # a change only: the retry of an attempt that landed writes nothing
+            if now:
+                t.set(keys.acl_key(who), bytes((now,)))
+            else:
+                t.clear(keys.acl_key(who))
+            bump_metadata_version(t, keys)
+            cfg = meta.config
+            if cfg is not None and cfg.journal:
+                op = "grant" if add else "revoke"
+                journaling.record(
+                    t, keys, op, details={"principal": who, "rights": sorted(rights_of(wanted))}
+                )
+        return rights_of(now)
+
+    return run_once(tr, body)
+
+
+def grant(
+    tr: Transaction | Database,
+    queue: str,
+    principal: str,
+    rights: Iterable[str],
+    *,
+    root: tuple[object, ...] = DEFAULT_ROOT,
+) -> frozenset[str]:
+    """Give ``principal`` ``rights`` on ``queue`` (needs admin); returns what it now holds.
+    Atomic; composes inside the caller's transaction; journaled where the queue is."""
+    return _change(tr, queue, principal, rights, root, True)
+
+
+def revoke(
+    tr: Transaction | Database,
+    queue: str,
+    principal: str,
+    rights: Iterable[str],
+    *,
+    root: tuple[object, ...] = DEFAULT_ROOT,
+) -> frozenset[str]:
+    """Take ``rights`` on ``queue`` from ``principal`` (needs admin); effective from the next
+    transaction of every process. Atomic; composes inside the caller's transaction."""
+    return _change(tr, queue, principal, rights, root, False)
+
+
+def acl(
+    tr: Transaction | Database, queue: str, *, root: tuple[object, ...] = DEFAULT_ROOT
+) -> dict[str, frozenset[str]]:
+    """Who holds which rights on ``queue`` (needs admin): the owner every right; {} when the
+    queue has no owner (open to all)."""
+    keys = QueueKeys.make(queue, root)
+
+    def body(t: Transaction, _: bool) -> dict[str, frozenset[str]]:
+        meta = _existing(t, keys)
+        out = {p: rights_of(m) for p, m in meta.acl.items()}
+        if meta.owner is not None:
+            out[meta.owner] = rights_of(ALL_RIGHTS)
+        return out
+
+    return run_once(tr, body)

@@ -25,6 +25,7 @@ from fdbqueue.engines.base import Database, KeyValue, Transaction
 from fdbqueue.errors import QueueError
 from fdbqueue.layout import QueueKeys, unpack_count
 from fdbqueue.message import Message, Record, decode_record, join_chunks
+from fdbqueue.privileges import check
 from fdbqueue.txn import run_once
 from fdbqueue.types import Outlook as Outlook  # re-export
 
@@ -54,6 +55,7 @@ def outlook(tr: Transaction | Database, queue: Queue) -> Outlook:
     keys = queue.keys
 
     def body(t: Transaction, _: bool) -> Outlook:
+        check(t, keys, "browse")
         now = db_now(t)
         snap = t.snapshot
         due, complete = _due_delayed(t, keys, now)
@@ -95,6 +97,7 @@ def browse(queue: Queue, tr: Transaction | Database, *, limit: int | None, batch
 
     def page(t: Transaction, _: bool) -> list[tuple[Order, Message | None]]:
         nonlocal pos, mark, due
+        check(t, keys, "browse")
         now = db_now(t)
         if mark is None:
             mark = unpack_count(t.snapshot.get(keys.wake))

@@ -9,8 +9,9 @@ import os
 import struct
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, NamedTuple, TypeVar
 
 from fdbqueue.budget import MAX_PAYLOAD_BYTES
@@ -272,6 +273,9 @@ def read_state(tr: ReadView, keys: QueueKeys) -> QueueState:
     return QueueState.decode(tr.get(keys.state))
 
 
+_NO_ACL: Mapping[str, int] = MappingProxyType({})
+
+
 @dataclass
 class Meta:
     """A queue's small keys: settings, state and priority markers (cached), hot counters (read)."""
@@ -281,6 +285,8 @@ class Meta:
     counters: dict[str, int]
     made_ready: int  # the wake counter: also the index high-water mark
     priorities: frozenset[int]
+    owner: str | None  # None: open to every principal
+    acl: Mapping[str, int]  # principal -> rights mask (privileges.py)
 
     def count(self, name: str) -> int:
         return max(0, self.counters.get(name, 0))
@@ -291,6 +297,8 @@ class _Settings(NamedTuple):
     config: QueueConfig | None
     state: QueueState
     priorities: frozenset[int]
+    owner: str | None
+    acl: Mapping[str, int]
 
 
 # Settings per database and queue, each valid while the queue's metadata version is unchanged.
@@ -342,7 +350,9 @@ def read_meta(tr: Transaction, keys: QueueKeys) -> Meta:
         cached = _read_settings(tr, keys, version or b"")
         if version is not None:
             _remember(db, keys, cached)
-    return Meta(cached.config, cached.state, counters, counters["wake"], cached.priorities)
+    return Meta(
+        cached.config, cached.state, counters, counters["wake"], cached.priorities, cached.owner, cached.acl
+    )
 
 
 def due_entries(tr: Transaction, keys: QueueKeys, meta: Meta, now: int) -> bool:
@@ -358,10 +368,13 @@ def due_entries(tr: Transaction, keys: QueueKeys, meta: Meta, now: int) -> bool:
 
 
 def _read_settings(tr: Transaction, keys: QueueKeys, version: bytes) -> _Settings:
-    """Settings, state and priority markers from one snapshot range read of the metadata."""
+    """Settings, state, priority markers, owner and ACL from one snapshot range read of the
+    metadata."""
     cfg: QueueConfig | None = None
     state = _OPEN
     priorities: set[int] = set()
+    owner: str | None = None
+    acl: dict[str, int] = {}
     names = keys.meta_names()
     for key, value in tr.snapshot.get_range(*keys.meta_range()):
         name = names.get(key)
@@ -369,11 +382,19 @@ def _read_settings(tr: Transaction, keys: QueueKeys, version: bytes) -> _Setting
             p = keys.marker_priority(key)
             if p is not None:
                 priorities.add(p)
+                continue
+            who = keys.acl_principal(key)
+            if who is not None and value:
+                acl[who] = value[0]
         elif name == "cfg":
             cfg = _decode_config(value)
         elif name == "st":
             state = _decode_state(value)
-    return _Settings(version, cfg, state, frozenset(priorities))
+        elif name == "own":
+            owner = value.decode()
+    return _Settings(
+        version, cfg, state, frozenset(priorities), owner, MappingProxyType(acl) if acl else _NO_ACL
+    )
 
 
 def _cached(db: Any, keys: QueueKeys) -> _Settings | None:

@@ -28,8 +28,8 @@ from fdbqueue.clock import db_now, now_us, versions
 from fdbqueue.config import read_config
 from fdbqueue.engines.base import Database, Transaction, adopt, is_transaction
 from fdbqueue.errors import QueueError
-from fdbqueue.layout import DEFAULT_ROOT, JOURNAL_SHARDS, JournalKeys, QueueKeys, pack_count
-from fdbqueue.privileges import principal_of
+from fdbqueue.layout import DEFAULT_ROOT, JOURNAL_SHARDS, JournalKeys, QueueKeys
+from fdbqueue.privileges import check, principal_of, readable
 from fdbqueue.txn import as_database, run_once
 from fdbqueue.types import JournalEntry
 
@@ -63,6 +63,7 @@ OPS = frozenset(
 PAGE = 500  # entries per shard per read of a page: well inside a transaction's budget
 TRIM_BATCH = 200  # entries one trimming transaction removes at most
 _FORMAT = 1
+_BELL = b"\x00" * 10 + (0).to_bytes(4, "little")  # the stamp at offset 0 (API 520+)
 _order: dict[int, int] = {}  # per transaction: the next entry's order within its commit
 
 
@@ -103,13 +104,19 @@ def record(
     ).encode()
     order = _next_order(tr)
     tr.set_versionstamped_key(jk.entry_to_stamp(keys.name, message_id, order), value)
-    if message_id is not None:
-        tr.set_versionstamped_key(
-            jk.history_to_stamp(message_id, order), keys.name.encode() + b"\x00" + value
-        )
-    tr.add(jk.bell(keys.name), pack_count(1))  # atomic adds: watched by journal(follow=True)
-    tr.add(jk.bell(None), pack_count(1))
-    tr.set(jk.registry(keys.name), b"")  # a blind write: journal(None) finds the queue
+    if message_id is not None:  # a pointer: history() finds the entry by the same stamp
+        tr.set_versionstamped_key(jk.history_to_stamp(message_id, order), keys.name.encode())
+    # The bell a follower watches takes the commit's stamp: a blind write, never a conflict,
+    # and no read (an atomic add would cost the embedded engine one).
+    # One bell for the database: a follower of one queue wakes for the others' entries too,
+    # and reads one page to find none of its own (fewer writes here matter more).
+    tr.set_versionstamped_value(jk.bell(), _BELL)
+
+
+def register(tr: Transaction, keys: QueueKeys) -> None:
+    """Note ``keys``' queue among the journaled ones (``journal(tr, None)`` reads them all);
+    called when a queue's journal is turned on. Idempotent, a blind write."""
+    tr.set(JournalKeys(keys.root).registry(keys.name), b"")
 
 
 def _decode(queue: str, version: bytes, raw: bytes) -> JournalEntry:
@@ -188,12 +195,23 @@ def journal(
     tr = adopt(tr)
     if follow and is_transaction(tr):
         raise QueueError("journal(follow=True) takes a Database: it waits between transactions")
-    return _entries(tr, jk, queue, since, limit, follow, timeout)
+    return _entries(tr, jk, root, queue, since, limit, follow, timeout)
+
+
+def _queues(t: Transaction, jk: JournalKeys, root: tuple[Any, ...], queue: str | None) -> list[str]:
+    """``[queue]`` if ``t``'s principal may browse it (else AccessDeniedError); for None every
+    journaled queue it may browse."""
+    if queue is not None:
+        check(t, QueueKeys.make(queue, root), "browse")
+        return [queue]
+    names = [jk.registry_name(kv.key) for kv in t.get_range(*jk.registry_range())]
+    return [q for q in names if readable(t, QueueKeys.make(q, root))]
 
 
 def _entries(
     tr: Transaction | Database,
     jk: JournalKeys,
+    root: tuple[Any, ...],
     queue: str | None,
     since: bytes | None,
     limit: int | None,
@@ -208,12 +226,7 @@ def _entries(
             def page(
                 t: Transaction, _: bool, cursor: bytes | None = since, want: int = want
             ) -> list[JournalEntry]:
-                queues = (
-                    [queue]
-                    if queue is not None
-                    else [jk.registry_name(kv.key) for kv in t.get_range(*jk.registry_range())]
-                )
-                return _page(t, jk, queues, cursor, want)
+                return _page(t, jk, _queues(t, jk, root, queue), cursor, want)
 
             got = run_once(tr, page)
             yield from got
@@ -225,23 +238,24 @@ def _entries(
                 break
         if not follow or (left is not None and left <= 0):
             return
-        if not _wait_for_more(as_database(tr), jk, queue, since, timeout):
+        if not _wait_for_more(as_database(tr), jk, root, queue, since, timeout):
             return
 
 
 def _wait_for_more(
-    db: Database, jk: JournalKeys, queue: str | None, since: bytes | None, timeout: float | None
+    db: Database,
+    jk: JournalKeys,
+    root: tuple[Any, ...],
+    queue: str | None,
+    since: bytes | None,
+    timeout: float | None,
 ) -> bool:
-    """Block on a watch of the journal's bell until an entry after ``since`` may exist."""
+    """Block on a watch of the journal's bell until an entry after ``since`` may exist (the
+    check and the watch are one transaction: no entry slips between them)."""
 
     def arm(t: Transaction, _: bool) -> Any:
-        w = t.watch(jk.bell(queue))
-        queues = (
-            [queue]
-            if queue is not None
-            else [jk.registry_name(kv.key) for kv in t.get_range(*jk.registry_range())]
-        )
-        return w, bool(_page(t, jk, queues, since, 1))
+        w = t.watch(jk.bell())
+        return w, bool(_page(t, jk, _queues(t, jk, root, queue), since, 1))
 
     w, ready = run_once(db, arm)
     if ready:
@@ -260,11 +274,15 @@ def history(
     jk = JournalKeys.make(root)
 
     def body(t: Transaction, _: bool) -> list[JournalEntry]:
-        out = []
-        for kv in t.get_range(*jk.history_range(message_id)):
-            queue, _sep, raw = kv.value.partition(b"\x00")
-            out.append(_decode(queue.decode(), jk.history_version(kv.key), raw))
-        return out
+        found = [
+            (kv.value.decode(), jk.history_version(kv.key))
+            for kv in t.get_range(*jk.history_range(message_id))
+        ]
+        shard = jk.shard(message_id)
+        mine = {q: readable(t, QueueKeys.make(q, root)) for q, _ in found}
+        found = [(q, v) for q, v in found if mine[q]]
+        values = t.get_many([jk.entry_key(q, shard, v) for q, v in found])
+        return [_decode(q, v, raw) for (q, v), raw in zip(found, values, strict=True) if raw is not None]
 
     return run_once(adopt(tr), body)
 
@@ -286,6 +304,7 @@ def trim_journal(
     jk = JournalKeys.make(root)
 
     def step(t: Transaction, _: bool) -> int:
+        check(t, keys, "admin")
         limit_version = cut
         if limit_version is None:
             keep = retention

@@ -216,6 +216,7 @@ def _pack_one(value: Any) -> bytes:
 
 
 _PRI = b"\x02pri\x00"  # enc_str("pri")
+_ACL = b"\x02acl\x00"  # enc_str("acl")
 
 
 # The tags under a queue's subspace that hold messages or their indexes (a purge clears them):
@@ -320,7 +321,7 @@ class QueueKeys:
         """Metadata key -> "cfg", "st" or the counter's name (priority markers aside)."""
         names = self._names
         if names is None:
-            names = {self.config: "cfg", self.state: "st"}
+            names = {self.config: "cfg", self.state: "st", self.owner: "own"}
             names.update({self.counter(c): c for c in COUNTERS})
             self._names = names
         return names
@@ -331,6 +332,21 @@ class QueueKeys:
     def priority_marker_range(self) -> tuple[bytes, bytes]:
         prefix = self._m + _PRI
         return prefix, prefix + b"\xff"
+
+    @property
+    def owner(self) -> bytes:
+        """The queue's owner (a principal's name); absent: open to every principal."""
+        return self._meta("own")
+
+    def acl_key(self, principal: str) -> bytes:
+        """The rights ``principal`` holds on the queue (``privileges.py``)."""
+        return self._m + _ACL + enc_str(principal)
+
+    def acl_principal(self, key: bytes) -> str | None:
+        """The principal an ACL key names, or None if ``key`` is not one."""
+        if not key.startswith(self._m + _ACL):
+            return None
+        return str(fdb.tuple.unpack(key[len(self._m) + len(_ACL) :])[0])
 
     def marker_priority(self, key: bytes) -> int | None:
         """The priority of ``key`` if it is a priority marker, else None (memoised: every
@@ -512,7 +528,7 @@ def _version_of(stamp: Any) -> bytes:
 class JournalKeys:
     """The journal's keys under a root: entries ``("j", queue, shard, stamp)``, history
     pointers ``("h", hshard, message_id, stamp)``, the registry of journaled queues
-    ``("jq", queue)`` and the bells a follower watches ``("jn",)`` / ``("jn", queue)``."""
+    ``("jq", queue)`` and the bell a follower watches ``("jn",)``."""
 
     __slots__ = ("root",)
 
@@ -569,6 +585,6 @@ class JournalKeys:
     def registry_name(self, key: bytes) -> str:
         return str(self.root.unpack(key)[1])
 
-    def bell(self, queue: str | None) -> bytes:
-        """Grows with every entry (of ``queue``, or of any queue): what a follower watches."""
-        return bytes(self.root.pack(("jn",) if queue is None else ("jn", queue)))
+    def bell(self) -> bytes:
+        """Changes with every commit that journals: what a follower watches."""
+        return bytes(self.root.pack(("jn",)))

@@ -160,7 +160,8 @@ def dead_letter(
         tr.clear(keys.id_key(rec.id))
     ekeys = keys.sibling(cfg.error_queue_for(keys.name))
     ecfg = config_or_create(tr, ekeys)
-    after(tr, keys, cfg.journal, note or Note("dead", reason, {"to": ekeys.name}), rec)
+    if cfg.journal:
+        after(tr, keys, True, note or Note("dead", reason, {"to": ekeys.name}), rec)
     if rec.chunks:
         for kv in tr.get_range(*keys.chunk_range(rec.id)):
             tr.set(ekeys.q.pack(("b", rec.id, keys.q.unpack(kv.key)[2])), kv.value)
@@ -290,7 +291,8 @@ def put_leased(
         tr.clear(keys.id_key(leased.id))  # it pointed at the ready key; ("f", id) is found by id
     if count:
         tr.add(keys.counter("inflight"), ONE)
-    after(tr, keys, bool(leased.extra.get(JOURNALED)), note or Note("lease"), leased)
+    if JOURNALED in leased.extra:
+        after(tr, keys, True, note or Note("lease"), leased)
 
 
 def end_lease(tr: Transaction, keys: QueueKeys, rec: Record) -> None:
@@ -303,7 +305,8 @@ def end_lease(tr: Transaction, keys: QueueKeys, rec: Record) -> None:
 def finish_lease(tr: Transaction, keys: QueueKeys, rec: Record) -> None:
     """An acked message: out of flight and gone, with its chunks and TTL entry; counted done."""
     end_lease(tr, keys, rec)
-    after(tr, keys, bool(rec.extra.get(JOURNALED)), Note("ack"), rec)
+    if JOURNALED in rec.extra:
+        after(tr, keys, True, Note("ack"), rec)
     tr.add(keys.counter("done"), ONE)
     if rec.chunks:
         tr.clear_range(*keys.chunk_range(rec.id))
@@ -362,7 +365,8 @@ def write_new(
     tr.set(key, rec.encode())
     if not home:
         tr.set(keys.id_key(rec.id), key)
-    after(tr, keys, journaled, Note("enqueue", None, details), rec)
+    if journaled:
+        after(tr, keys, True, Note("enqueue", None, details), rec)
 
 
 def count_new(tr: Transaction, keys: QueueKeys, ready: int, delayed: int, new_priorities: set[int]) -> None:
@@ -384,7 +388,8 @@ def take(tr: Transaction, keys: QueueKeys, key: bytes, rec: Record, *, journaled
     remove_message(tr, keys, key, rec)
     tr.add(keys.counter("ready"), MINUS_ONE)
     tr.add(keys.counter("done"), ONE)
-    after(tr, keys, journaled, Note("dequeue"), rec.with_(deliveries=rec.deliveries + 1))
+    if journaled:
+        after(tr, keys, True, Note("dequeue"), rec.with_(deliveries=rec.deliveries + 1))
 
 
 def wake(tr: Transaction, keys: QueueKeys, n: int = 1) -> None:
@@ -423,7 +428,8 @@ def hand_over(
     :func:`count_handed`."""
     tr.set(res_key, encode_result(now, key, raw))
     remove_message(tr, keys, key, rec, chunks=False)
-    after(tr, keys, journaled, Note("dequeue"), rec.with_(deliveries=rec.deliveries + 1))
+    if journaled:
+        after(tr, keys, True, Note("dequeue"), rec.with_(deliveries=rec.deliveries + 1))
 
 
 def count_handed(tr: Transaction, keys: QueueKeys, n: int) -> None:

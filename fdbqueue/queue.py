@@ -74,7 +74,6 @@ from fdbqueue.layout import (
     QueueKeys,
     new_id,
     new_rand,
-    unpack_count,
 )
 from fdbqueue.leasing import lease_batch
 from fdbqueue.message import (
@@ -90,6 +89,7 @@ from fdbqueue.message import (
     join_chunks,
 )
 from fdbqueue.moves import CHUNK_SIZE, count_new, move_corrupt, take, wake, write_new
+from fdbqueue.privileges import check
 from fdbqueue.receipts import maybe_clear_old_receipts, new_receipt, read_receipt, settled
 from fdbqueue.sweep import SweepStats, sweep
 from fdbqueue.txn import as_database, run_once, seconds
@@ -297,7 +297,7 @@ class Queue:
             landed = read_receipt(tr, keys, receipt[0])
             if landed is not None:  # the attempt that ended in commit_unknown_result committed
                 return landed.decode().split(",")
-        meta = read_meta(tr, keys)
+        meta = check(tr, keys, "enqueue", read_meta(tr, keys))
         cfg = meta.config
         if cfg is None:
             cfg = QueueConfig()
@@ -521,6 +521,7 @@ class Queue:
         ``fdbqueue.sweep.settled``): it returns only if its own commit landed."""
 
         def body(t: Transaction) -> None:
+            check(t, self.keys, "dequeue")
             if ack_in(self.keys, t, m, db_now(t)).extra.get("strict"):
                 wake(t, self.keys)  # strict order: the next delivery may go ahead now
 
@@ -541,6 +542,7 @@ class Queue:
             check_reason(reason)
 
         def body(t: Transaction) -> str:
+            check(t, self.keys, "dequeue")
             cfg = config_or_create(t, self.keys)
             return nack_in(self.keys, t, cfg, m, delay, reason, db_now(t))
 
@@ -550,13 +552,23 @@ class Queue:
         """Give a leased message back to its place at once, without counting the delivery
         (a worker shutting down returns what it prefetched but never started). Settled
         like :meth:`ack`."""
-        settled(tr, self.keys, lambda t: release_in(self.keys, t, m, db_now(t)))
+
+        def body(t: Transaction) -> None:
+            check(t, self.keys, "dequeue")
+            release_in(self.keys, t, m, db_now(t))
+
+        settled(tr, self.keys, body)
 
     def extend(self, tr: Transaction | Database, m: Message, lease_seconds: float) -> Message:
         """Renew a lease for ``lease_seconds`` from now; returns the message with its new
         deadline. Settled like :meth:`ack`: the lease of the attempt that landed."""
         secs = check_lease_seconds(lease_seconds)
-        return settled(tr, self.keys, lambda t: extend_in(self.keys, t, m, secs, db_now(t)))
+
+        def body(t: Transaction) -> Message:
+            check(t, self.keys, "dequeue")
+            return extend_in(self.keys, t, m, secs, db_now(t))
+
+        return settled(tr, self.keys, body)
 
     def sweep(self, tr: Transaction | Database, *, limit: int = 100) -> SweepStats:
         """Expired leases back, due delayed messages in, TTLs out, old dedup entries forgotten.
@@ -656,7 +668,7 @@ class Queue:
         return msg, (watch_queue(db, keys) if msg is None and want_watch else None)
 
     def _open_for_dequeue(self, tr: Transaction, meta: Meta | None) -> tuple[QueueConfig, Meta] | None:
-        meta = meta or read_meta(tr, self.keys)
+        meta = check(tr, self.keys, "dequeue", meta)
         if meta.config is None:
             return None  # never created: empty
         if not meta.state.dequeue:
@@ -719,6 +731,7 @@ class Queue:
             # One key selector resolved by the storage servers, then one point read: not the
             # n + 1 records a range read would bring back (key selectors with an offset:
             # documentation/sphinx/source/developer-guide.rst in apple/foundationdb).
+            check(t, self.keys, "browse")
             key = t.get_key(KeySelector.first_greater_or_equal(begin) + n)
             if not begin <= key < end:
                 return None
@@ -733,6 +746,7 @@ class Queue:
             raise QueueError(f"message id must be a str, not {type(msg_id).__name__}")
 
         def body(t: Transaction, _: bool) -> Message | None:
+            check(t, self.keys, "browse")
             where = locate(t, self.keys, msg_id)
             raw = None if where is None else t.get(where)
             if where is None or raw is None:
@@ -745,11 +759,16 @@ class Queue:
 
     def size(self, tr: Transaction | Database) -> int:
         """Ready messages (not leased, not delayed); a snapshot read of an atomic counter."""
-        return run_once(tr, lambda t, _: max(0, unpack_count(t.snapshot.get(self.keys.counter("ready")))))
+        return run_once(tr, lambda t, _: check(t, self.keys, "browse").count("ready"))
 
     def empty(self, tr: Transaction | Database) -> bool:
         """True when no message is ready."""
-        return run_once(tr, lambda t, _: not t.get_range(*self.keys.ready_range(), limit=1))
+
+        def body(t: Transaction, _: bool) -> bool:
+            check(t, self.keys, "browse")
+            return not t.get_range(*self.keys.ready_range(), limit=1)
+
+        return run_once(tr, body)
 
     def browse(
         self, tr: Transaction | Database, *, limit: int | None = None, batch: int = 100

@@ -247,6 +247,17 @@ _CONTENT_TYPES = {ct.value: ct for ct in ContentType}
 
 # The rights a principal may hold on a queue, in the order of their bits in the stored mask.
 RIGHTS = ("enqueue", "dequeue", "browse", "admin")
+ANONYMOUS = "anonymous"  # the principal of a database opened without one
+MAX_PRINCIPAL = 256  # characters
+
+
+def check_principal(value: object) -> str:
+    """A principal's name: a non-empty str of at most MAX_PRINCIPAL printable characters."""
+    if not isinstance(value, str) or not value:
+        raise QueueError(f"a principal is a non-empty str, got {value!r}")
+    if len(value) > MAX_PRINCIPAL or not value.isprintable():
+        raise QueueError(f"a principal is at most {MAX_PRINCIPAL} printable characters, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,24 @@ import os
 
 from fdbqueue.engines._url import DEFAULT_URL, SCHEMES, ParsedURL, parse_url, take_params
 from fdbqueue.engines.base import Database
+from fdbqueue.types import ANONYMOUS, check_principal
 
 __all__ = ["DEFAULT_URL", "SCHEMES", "Database", "ParsedURL", "open_database", "parse_url", "take_params"]
 
 
-def open_database(url: str | None = None) -> Database:
-    """Open the database ``url`` names (default ``$FDBQUEUE_URL``, else ``./fdbqueue.db``)."""
+def open_database(url: str | None = None, *, principal: str | None = None) -> Database:
+    """Open the database ``url`` names (default ``$FDBQUEUE_URL``, else ``./fdbqueue.db``),
+    acting for ``principal`` (default ``$FDBQUEUE_PRINCIPAL``, else ``anonymous``): the name
+    queues with an owner check rights against (``fdbqueue.privileges``)."""
+    who = check_principal(
+        principal if principal is not None else os.environ.get("FDBQUEUE_PRINCIPAL") or ANONYMOUS
+    )
+    db = _open(url)
+    db.principal = who
+    return db
+
+
+def _open(url: str | None) -> Database:
     if url is None:
         url = os.environ.get("FDBQUEUE_URL") or DEFAULT_URL
     parsed = parse_url(url)

@@ -206,6 +206,7 @@ class Database(Protocol):
 
     url: str
     engine: str
+    principal: str  # who its transactions act for (``open(url, principal=...)``)
 
     def create_transaction(self) -> Transaction: ...
     def close(self) -> None: ...
@@ -392,6 +393,7 @@ class DatabaseConveniences:
     """
 
     __slots__ = ()
+    principal: str = "anonymous"  # set by open_database
 
     def get(self, key: bytes) -> bytes | None:
         return _db_call(self, lambda tr: tr.get(key))
