@@ -25,7 +25,7 @@ from fdbqueue.errors import CorruptMessageError, QueueError
 from fdbqueue.layout import DEFAULT_ROOT, QueueKeys, queues_range, root_subspace, unpack_count
 from fdbqueue.message import decode_record
 from fdbqueue.moves import destroy, purge, purge_some, wake
-from fdbqueue.privileges import ALL_RIGHTS, check, mask, rights_of, set_owner
+from fdbqueue.privileges import ALL_RIGHTS, check, checked, mask, rights_of, set_owner
 from fdbqueue.txn import run_once
 from fdbqueue.types import QueueStats as QueueStats  # re-export
 from fdbqueue.types import check_principal
@@ -74,7 +74,7 @@ def create_queue(
 
     def body(t: Transaction, _: bool) -> QueueConfig:
         current = read_config(t, keys)
-        meta = check(t, keys, "admin") if current is not None else read_meta(t, keys)
+        meta = checked(t, keys, "admin") if current is not None else read_meta(t, keys)
         if current is not None and not exist_ok:
             raise QueueError(f"queue {name!r} already exists")
         cfg = (current or QueueConfig()).replace(**settings)
@@ -104,11 +104,12 @@ def create_queue(
 def queue_config(
     tr: Transaction | Database, name: str, *, root: tuple[Any, ...] = DEFAULT_ROOT
 ) -> QueueConfig:
-    """The settings of queue ``name``; QueueNotFoundError when it does not exist."""
+    """The settings of queue ``name``; QueueNotFoundError when it does not exist. Needs no
+    right: a producer needs ``max_payload``, a consumer ``lease_seconds`` (the messages and
+    the figures need ``browse``)."""
     keys = QueueKeys.make(name, root)
 
     def body(t: Transaction, _: bool) -> QueueConfig:
-        check(t, keys, "browse")
         cfg = read_config(t, keys)
         if cfg is None:
             raise QueueNotFoundError(f"no queue named {name!r}")
@@ -290,7 +291,7 @@ def purge_queue(tr: Transaction | Database, name: str, *, root: tuple[Any, ...] 
 
 
 def _existing(t: Transaction, keys: QueueKeys) -> Meta:
-    meta = check(t, keys, "admin")
+    meta = checked(t, keys, "admin")
     if meta.config is None:
         raise QueueNotFoundError(f"no queue named {keys.name!r}")
     return meta

@@ -58,18 +58,21 @@ EMPTY = 3  # exit code: dequeue/peek found no message
 EPILOG = """\
 exit codes:
   0    success
-  1    runtime failure: no such queue or message, queue stopped or full, store or cluster error
+  1    runtime failure: no such queue or message, queue stopped or full, store or cluster error,
+       access denied (the principal lacks a right on the queue)
   2    usage or bad input: malformed argument, URL, header, JSON line or handler; payload too large
   3    nothing to return: dequeue or peek found no message (with --json, prints null)
   130  interrupted (Ctrl-C)
 
-The database URL comes from --url, else $FDBQUEUE_URL, else sqlite://fdbqueue.db (./fdbqueue.db).
+The database URL comes from --url, else $FDBQUEUE_URL, else sqlite://fdbqueue.db (./fdbqueue.db);
+the principal from --principal, else $FDBQUEUE_PRINCIPAL, else "anonymous".
 """
 
 # Conditions of the store or the queue, not mistakes in the command: exit 1. Every other
 # QueueError is the library refusing an argument (a bad name, number or URL): exit 2.
 RUNTIME_ERRORS: tuple[type[Exception], ...] = (
     fdbqueue.QueueNotFoundError,
+    fdbqueue.AccessDeniedError,
     fdbqueue.QueueStoppedError,
     fdbqueue.QueueFullError,
     fdbqueue.EngineError,
@@ -100,6 +103,7 @@ _CREATE_OPTIONS: list[tuple[str, dict[str, Any], str]] = [
     ("--dedup-window", {"type": _seconds, **_S}, "how long a --dedup-key is remembered"),
     ("--journal", {"action": argparse.BooleanOptionalAction}, "keep a journal of every operation"),
     ("--journal-retention", {"type": _seconds, **_S}, "how long journal entries are kept"),
+    ("--owner", {"metavar": "P"}, "owning principal: every right, others only what is granted ('': none)"),
 ]  # fmt: skip
 _SETTINGS = [flag[2:].replace("-", "_") for flag, _, _ in _CREATE_OPTIONS]
 
@@ -108,6 +112,8 @@ def _cmd_create(db: fdbqueue.Database, args: argparse.Namespace) -> int:
     settings = {k: getattr(args, k) for k in _SETTINGS if hasattr(args, k)}
     if settings.get("error_queue") == "":
         settings["error_queue"] = None  # back to the default, "<name>.error"
+    if settings.get("owner") == "":
+        settings["owner"] = None  # open to every principal
     try:
         fdbqueue.queue_config(db, args.name)
         verb = "updated" if settings else "unchanged"
@@ -449,10 +455,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fdbqueue", description="Durable, transactional queues.", epilog=EPILOG, formatter_class=fmt
     )
     parser.add_argument("--url", default=None, help=url_help)
+    who_help = "act as this principal (default: $FDBQUEUE_PRINCIPAL, else anonymous)"
+    parser.add_argument("--principal", default=None, metavar="P", help=who_help)
     parser.add_argument("--version", action="version", version=f"fdbqueue {fdbqueue.__version__}")
     # --url after the subcommand too; SUPPRESS keeps an absent one from hiding the global one.
     common = OneLineParser(add_help=False)
     common.add_argument("--url", default=argparse.SUPPRESS, help=url_help)
+    common.add_argument("--principal", default=argparse.SUPPRESS, metavar="P", help=who_help)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(
@@ -599,7 +608,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             return int(args.func(args))
         _check_url(args.url or os.environ.get("FDBQUEUE_URL"))
-        db = fdbqueue.open(args.url)
+        db = fdbqueue.open(args.url, principal=args.principal)
         return int(args.func(db, args))
     except CommandError as exc:
         return _fail(str(exc), exc.code)

@@ -1,4 +1,4 @@
-"""The journal on the command line: ``fdbqueue journal [QUEUE]`` and ``fdbqueue history ID``."""
+"""The journal and privileges on the command line: journal, history, grant, revoke and acl."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import fdbqueue
+import fdbqueue.privileges
 from fdbqueue.cli_io import CommandError, _cells, _count, _render, _seconds, _table
 from fdbqueue.types import JournalEntry
 
@@ -50,6 +51,15 @@ def add_journal_commands(add: Add, common: argparse.ArgumentParser) -> None:
     p.add_argument("--json-lines", "--json", action="store_true", help="one JSON object per entry")
     p = add("history", _cmd_history, "print one message's journal entries, across queues", named=False)
     p.add_argument("id", metavar="ID", help="message id")
+    rights = ", ".join(fdbqueue.privileges.RIGHTS)
+    for name, func, text in (
+        ("grant", _cmd_grant, "give a principal rights on a queue (needs admin)"),
+        ("revoke", _cmd_revoke, "take rights on a queue from a principal (needs admin)"),
+    ):
+        p = add(name, func, text, json_flag=False)
+        p.add_argument("who", metavar="PRINCIPAL")
+        p.add_argument("rights", nargs="+", metavar="RIGHT", help=rights)
+    add("acl", _cmd_acl, "who holds which rights on a queue (needs admin)")
 
 
 def entry_json(e: JournalEntry) -> dict[str, Any]:
@@ -114,4 +124,31 @@ def _cmd_history(db: fdbqueue.Database, args: argparse.Namespace) -> int:
             print(json.dumps(entry_json(e), separators=(",", ":")))
         return 0
     _print_entries(entries, False, stream=False)
+    return 0
+
+
+def _cmd_grant(db: fdbqueue.Database, args: argparse.Namespace) -> int:
+    held = fdbqueue.grant(db, args.name, args.who, args.rights)
+    print(f"{args.who} holds {', '.join(sorted(held)) or 'nothing'} on {args.name}")
+    return 0
+
+
+def _cmd_revoke(db: fdbqueue.Database, args: argparse.Namespace) -> int:
+    held = fdbqueue.revoke(db, args.name, args.who, args.rights)
+    print(f"{args.who} holds {', '.join(sorted(held)) or 'nothing'} on {args.name}")
+    return 0
+
+
+def _cmd_acl(db: fdbqueue.Database, args: argparse.Namespace) -> int:
+    found = fdbqueue.acl(db, args.name)
+    if args.json:
+        print(json.dumps({p: sorted(r) for p, r in sorted(found.items())}))
+        return 0
+    if not found:
+        print(f"queue {args.name!r} has no owner: open to every principal")
+        return 0
+    table = _table("principal", "rights")
+    for p, r in sorted(found.items()):
+        table.add_row(*_cells(p, ", ".join(sorted(r))))
+    _render(table)
     return 0

@@ -355,6 +355,19 @@ def read_meta(tr: Transaction, keys: QueueKeys) -> Meta:
     )
 
 
+def read_guard(tr: Transaction, keys: QueueKeys) -> tuple[str | None, Mapping[str, int]]:
+    """The queue's owner and ACL: one snapshot read of its metadata version while the cached
+    settings are current (:func:`read_meta` without the counters), for the operations that
+    need nothing else (ack, release, extend, reads)."""
+    version = tr.snapshot.get(keys.metadata_version)
+    cached = _cached(tr.db, keys) if version is not None else None
+    if cached is None or cached.version != version:
+        cached = _read_settings(tr, keys, version or b"")
+        if version is not None:
+            _remember(tr.db, keys, cached)
+    return cached.owner, cached.acl
+
+
 def due_entries(tr: Transaction, keys: QueueKeys, meta: Meta, now: int) -> bool:
     """Whether a lease has expired or a delayed message is due by ``now`` (snapshot reads).
 

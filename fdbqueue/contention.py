@@ -31,7 +31,7 @@ from fdbqueue.head import HEAD_BATCH, HEAD_SKIP_LIMIT, expire_within
 from fdbqueue.layout import QueueKeys
 from fdbqueue.message import Message, decode_record
 from fdbqueue.moves import collect_result, count_handed, drop_result, hand_over, move_corrupt
-from fdbqueue.privileges import check
+from fdbqueue.privileges import checked
 from fdbqueue.receipts import RESULT_TTL_VERSIONS, decode_result
 from fdbqueue.sweep import sweep_step
 from fdbqueue.txn import run_once
@@ -99,7 +99,7 @@ def staged_dequeue(db: Database, queue: Queue) -> Message | None:
             # The attempt that ended in commit_unknown_result did register, and another
             # waiter may already have paired it: registering again could pair it twice.
             return True
-        meta = check(t, keys, "dequeue")
+        meta = checked(t, keys, "dequeue")
         if meta.config is None:
             return False
         if not meta.state.dequeue:

@@ -14,9 +14,9 @@ tokens and TLS (FoundationDB's documentation: "Tenants", "Authorization", "TLS")
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
-from fdbqueue.config import Meta, bump_metadata_version, read_config, read_meta
+from fdbqueue.config import Meta, bump_metadata_version, read_config, read_guard, read_meta
 from fdbqueue.engines.base import Transaction
 from fdbqueue.errors import AccessDeniedError, QueueError
 from fdbqueue.layout import QueueKeys
@@ -50,23 +50,31 @@ def rights_of(mask: int) -> frozenset[str]:
     return frozenset(r for r, bit in _BIT.items() if mask & bit)
 
 
-def allowed(meta: Meta, principal: str, right: str) -> bool:
-    """Whether ``principal`` holds ``right`` on the queue ``meta`` describes."""
-    if meta.owner is None or principal == meta.owner:
+def allowed(owner: str | None, acl: Mapping[str, int], principal: str, right: str) -> bool:
+    """Whether ``principal`` holds ``right`` on a queue of ``owner`` and ``acl``."""
+    if owner is None or principal == owner:
         return True
-    return bool(meta.acl.get(principal, 0) & _BIT[right])
+    return bool(acl.get(principal, 0) & _BIT[right])
 
 
-def check(tr: Transaction, keys: QueueKeys, right: str, meta: Meta | None = None) -> Meta:
-    """Raise AccessDeniedError unless ``tr``'s principal holds ``right`` on the queue; returns
-    the queue's metadata (read, or ``meta`` when the caller read it already). Call it before
-    anything is written."""
-    if meta is None:
-        meta = read_meta(tr, keys)
-    if meta.owner is not None:
+def check(tr: Transaction, keys: QueueKeys, right: str, meta: Meta | None = None) -> None:
+    """Raise AccessDeniedError unless ``tr``'s principal holds ``right`` on the queue. Uses
+    ``meta`` when the caller read it (no read), else the cached owner and ACL (one read of
+    the metadata version). Call it before anything is written."""
+    if meta is not None:
+        owner, acl = meta.owner, meta.acl
+    else:
+        owner, acl = read_guard(tr, keys)
+    if owner is not None:
         who = principal_of(tr)
-        if not allowed(meta, who, right):
+        if not allowed(owner, acl, who, right):
             raise AccessDeniedError(who, keys.name, right)
+
+
+def checked(tr: Transaction, keys: QueueKeys, right: str) -> Meta:
+    """:func:`check`, for a caller that needs the queue's metadata too: returns it."""
+    meta = read_meta(tr, keys)
+    check(tr, keys, right, meta)
     return meta
 
 
@@ -87,4 +95,5 @@ def readable(tr: Transaction, keys: QueueKeys) -> bool:
     """Whether ``tr``'s principal may browse the queue (journal(None) skips those it may not)."""
     if read_config(tr, keys) is None:
         return True  # destroyed: its journal is there until trimmed, open as its keys are
-    return allowed(read_meta(tr, keys), principal_of(tr), "browse")
+    owner, acl = read_guard(tr, keys)
+    return allowed(owner, acl, principal_of(tr), "browse")

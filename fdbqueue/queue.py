@@ -89,7 +89,7 @@ from fdbqueue.message import (
     join_chunks,
 )
 from fdbqueue.moves import CHUNK_SIZE, count_new, move_corrupt, take, wake, write_new
-from fdbqueue.privileges import check
+from fdbqueue.privileges import check, checked
 from fdbqueue.receipts import maybe_clear_old_receipts, new_receipt, read_receipt, settled
 from fdbqueue.sweep import SweepStats, sweep
 from fdbqueue.txn import as_database, run_once, seconds
@@ -297,7 +297,7 @@ class Queue:
             landed = read_receipt(tr, keys, receipt[0])
             if landed is not None:  # the attempt that ended in commit_unknown_result committed
                 return landed.decode().split(",")
-        meta = check(tr, keys, "enqueue", read_meta(tr, keys))
+        meta = checked(tr, keys, "enqueue")
         cfg = meta.config
         if cfg is None:
             cfg = QueueConfig()
@@ -668,7 +668,10 @@ class Queue:
         return msg, (watch_queue(db, keys) if msg is None and want_watch else None)
 
     def _open_for_dequeue(self, tr: Transaction, meta: Meta | None) -> tuple[QueueConfig, Meta] | None:
-        meta = check(tr, self.keys, "dequeue", meta)
+        if meta is None:
+            meta = checked(tr, self.keys, "dequeue")
+        else:
+            check(tr, self.keys, "dequeue", meta)
         if meta.config is None:
             return None  # never created: empty
         if not meta.state.dequeue:
@@ -759,7 +762,7 @@ class Queue:
 
     def size(self, tr: Transaction | Database) -> int:
         """Ready messages (not leased, not delayed); a snapshot read of an atomic counter."""
-        return run_once(tr, lambda t, _: check(t, self.keys, "browse").count("ready"))
+        return run_once(tr, lambda t, _: checked(t, self.keys, "browse").count("ready"))
 
     def empty(self, tr: Transaction | Database) -> bool:
         """True when no message is ready."""
