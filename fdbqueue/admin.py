@@ -78,6 +78,13 @@ def create_queue(
         if current is not None and not exist_ok:
             raise QueueError(f"queue {name!r} already exists")
         cfg = (current or QueueConfig()).replace(**settings)
+        if cfg.volatile and t.db.engine == "fdb":
+            raise QueueError(
+                f"queue {name!r}: volatile=True is for the embedded engine; FoundationDB makes every "
+                "commit durable (logged on its transaction logs before the commit returns), so there "
+                "is no cheaper kind of queue there. Keep it durable, or keep scratch queues in an "
+                "embedded store (sqlite://...?sync=normal) or memory://"
+            )
         write_config(t, keys, cfg)
         was = meta.owner
         owned = owner is not UNCHANGED and set_owner(t, keys, owner, meta)  # type: ignore[arg-type]

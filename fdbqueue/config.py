@@ -266,7 +266,15 @@ def config_or_create(tr: Transaction, keys: QueueKeys) -> QueueConfig:
     if cfg is None:
         cfg = QueueConfig()
         write_config(tr, keys, cfg)
+    elif cfg.volatile:
+        tr.options.set_volatile_prefix(keys.q.key())
     return cfg
+
+
+def _volatile(tr: Transaction, keys: QueueKeys, cfg: QueueConfig | None) -> None:
+    """A volatile queue's operation tells the engine which keys may skip the fsync."""
+    if cfg is not None and cfg.volatile:
+        tr.options.set_volatile_prefix(keys.q.key())
 
 
 def read_state(tr: ReadView, keys: QueueKeys) -> QueueState:
@@ -350,6 +358,7 @@ def read_meta(tr: Transaction, keys: QueueKeys) -> Meta:
         cached = _read_settings(tr, keys, version or b"")
         if version is not None:
             _remember(db, keys, cached)
+    _volatile(tr, keys, cached.config)
     return Meta(
         cached.config, cached.state, counters, counters["wake"], cached.priorities, cached.owner, cached.acl
     )
@@ -365,6 +374,7 @@ def read_guard(tr: Transaction, keys: QueueKeys) -> tuple[str | None, Mapping[st
         cached = _read_settings(tr, keys, version or b"")
         if version is not None:
             _remember(tr.db, keys, cached)
+    _volatile(tr, keys, cached.config)
     return cached.owner, cached.acl
 
 

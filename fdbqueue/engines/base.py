@@ -215,12 +215,19 @@ class Database(Protocol):
 class TransactionOptions:
     """The per-transaction options FoundationDB keeps across ``on_error`` (the persistent ones)."""
 
-    __slots__ = ("max_retry_delay_ms", "retry_limit", "timeout_ms")
+    __slots__ = ("max_retry_delay_ms", "retry_limit", "timeout_ms", "volatile")
 
     def __init__(self) -> None:
         self.timeout_ms = 0
         self.retry_limit = -1
         self.max_retry_delay_ms = 1000
+        self.volatile: tuple[bytes, ...] = ()
+
+    def set_volatile_prefix(self, prefix: bytes) -> None:
+        """Keys under ``prefix`` belong to a volatile queue: a commit that writes nothing else
+        may skip its fsync (the embedded engine; others ignore it). Not a FoundationDB option."""
+        if prefix not in self.volatile:
+            self.volatile = (*self.volatile, bytes(prefix))
 
     def set_timeout(self, ms: int) -> None:
         """Fail the transaction with 1031 (not retryable) ``ms`` after it started; 0 disables."""

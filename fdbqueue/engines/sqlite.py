@@ -500,9 +500,23 @@ class SqliteTransaction(LocalTransaction):
         self._end()
         if self._dirty:
             db._store.hub.publish(None if self._all else self._keys)
-        if wal:
+        if wal and not (self._dirty and self._only_volatile()):
+            # A commit that writes only volatile queues' keys skips the fsync: it survives a
+            # process crash (its WAL frames are in the page cache), not a power loss, until the
+            # next durable commit or checkpoint flushes the WAL.
             wal.make_durable(db._store.shared, db._clock_tag, seen)
         return version
+
+    def _only_volatile(self) -> bool:
+        """Whether every key this transaction writes lies under a declared volatile prefix."""
+        prefixes = self.options.volatile
+        if not prefixes:
+            return False
+        wm = self._wm
+        inside = [*wm.values, *(key for _, key, _ in self._stamped)] if wm or self._stamped else []
+        if not all(k.startswith(prefixes) for k in inside):
+            return False
+        return all(any(p <= b and e <= _end_of(p) for p in prefixes) for b, e in wm.cleared_ranges)
 
     def _apply_writes(self, conn: sqlite3.Connection) -> None:
         """Apply the buffered writes: the first one turns the read snapshot into a write
@@ -948,3 +962,9 @@ class SqliteDatabase(LocalDatabase):
         if not self.read_only:
             _shared.detach(self._store)
             _walcheck.release(self._walheld)  # after every connection of this handle
+
+
+def _end_of(prefix: bytes) -> bytes:
+    """The end of the range of keys starting with ``prefix`` (FoundationDB's strinc)."""
+    stripped = prefix.rstrip(b"\xff")
+    return stripped[:-1] + bytes((stripped[-1] + 1,)) if stripped else b"\xff"
