@@ -15,6 +15,7 @@ from fdbqueue.config import (
     QueueNotFoundError,
     QueueState,
     bump_metadata_version,
+    decode_guard,
     read_config,
     read_meta,
     read_state,
@@ -25,7 +26,7 @@ from fdbqueue.errors import CorruptMessageError, QueueError
 from fdbqueue.layout import DEFAULT_ROOT, QueueKeys, queues_range, root_subspace, unpack_count
 from fdbqueue.message import decode_record
 from fdbqueue.moves import destroy, purge, purge_some, wake
-from fdbqueue.privileges import ALL_RIGHTS, check, checked, mask, rights_of, set_owner
+from fdbqueue.privileges import ALL_RIGHTS, check, checked, mask, rights_of, set_owner, write_guard
 from fdbqueue.txn import run_once
 from fdbqueue.types import QueueStats as QueueStats  # re-export
 from fdbqueue.types import check_principal
@@ -87,7 +88,8 @@ def create_queue(
             )
         write_config(t, keys, cfg)
         was = meta.owner
-        owned = owner is not UNCHANGED and set_owner(t, keys, owner, meta)  # type: ignore[arg-type]
+        before = False if owner is UNCHANGED else set_owner(t, keys, owner)  # type: ignore[arg-type]
+        owned = before is not False
         if cfg.journal and (current is None or not current.journal):
             journaling.register(t, keys)
         if cfg.journal or (current is not None and current.journal):
@@ -318,20 +320,19 @@ def _change(
 
     def body(t: Transaction, _: bool) -> frozenset[str]:
         meta = _existing(t, keys)
-        had = meta.acl.get(who, 0)
+        owner, acl = decode_guard(t.get(keys.guard))
+        had = acl.get(who, 0)
         now = (had | wanted) if add else (had & ~wanted)
         if now != had:  # a change only: the retry of an attempt that landed writes nothing
-            if now:
-                t.set(keys.acl_key(who), bytes((now,)))
-            else:
-                t.clear(keys.acl_key(who))
-            bump_metadata_version(t, keys)
+            rights = {**acl, who: now}
+            if not now:
+                del rights[who]
+            write_guard(t, keys, owner, rights)
             cfg = meta.config
             if cfg is not None and cfg.journal:
                 op = "grant" if add else "revoke"
-                journaling.record(
-                    t, keys, op, details={"principal": who, "rights": sorted(rights_of(wanted))}
-                )
+                details = {"principal": who, "rights": sorted(rights_of(wanted))}
+                journaling.record(t, keys, op, details=details)
         return rights_of(now)
 
     return run_once(tr, body)

@@ -364,18 +364,19 @@ def read_meta(tr: Transaction, keys: QueueKeys) -> Meta:
     )
 
 
-def read_guard(tr: Transaction, keys: QueueKeys) -> tuple[str | None, Mapping[str, int]]:
-    """The queue's owner and ACL: one snapshot read of its metadata version while the cached
-    settings are current (:func:`read_meta` without the counters), for the operations that
-    need nothing else (ack, release, extend, reads)."""
-    version = tr.snapshot.get(keys.metadata_version)
-    cached = _cached(tr.db, keys) if version is not None else None
-    if cached is None or cached.version != version:
-        cached = _read_settings(tr, keys, version or b"")
-        if version is not None:
-            _remember(tr.db, keys, cached)
-    _volatile(tr, keys, cached.config)
-    return cached.owner, cached.acl
+def decode_guard(raw: bytes | None) -> tuple[str | None, Mapping[str, int]]:
+    """A queue's owner and ACL (principal -> rights mask) from its guard key's value."""
+    if not raw:
+        return None, _NO_ACL
+    data = json.loads(raw)
+    return data.get("owner"), MappingProxyType(dict(data.get("acl", {})))
+
+
+def encode_guard(owner: str | None, acl: Mapping[str, int]) -> bytes | None:
+    """The guard key's value, or None (clear it) for an open queue with no grants."""
+    if owner is None and not acl:
+        return None
+    return json.dumps({"owner": owner, "acl": dict(sorted(acl.items()))}, separators=(",", ":")).encode()
 
 
 def due_entries(tr: Transaction, keys: QueueKeys, meta: Meta, now: int) -> bool:
@@ -397,7 +398,7 @@ def _read_settings(tr: Transaction, keys: QueueKeys, version: bytes) -> _Setting
     state = _OPEN
     priorities: set[int] = set()
     owner: str | None = None
-    acl: dict[str, int] = {}
+    acl: Mapping[str, int] = _NO_ACL
     names = keys.meta_names()
     for key, value in tr.snapshot.get_range(*keys.meta_range()):
         name = names.get(key)
@@ -405,19 +406,13 @@ def _read_settings(tr: Transaction, keys: QueueKeys, version: bytes) -> _Setting
             p = keys.marker_priority(key)
             if p is not None:
                 priorities.add(p)
-                continue
-            who = keys.acl_principal(key)
-            if who is not None and value:
-                acl[who] = value[0]
         elif name == "cfg":
             cfg = _decode_config(value)
         elif name == "st":
             state = _decode_state(value)
         elif name == "own":
-            owner = value.decode()
-    return _Settings(
-        version, cfg, state, frozenset(priorities), owner, MappingProxyType(acl) if acl else _NO_ACL
-    )
+            owner, acl = decode_guard(value)
+    return _Settings(version, cfg, state, frozenset(priorities), owner, acl)
 
 
 def _cached(db: Any, keys: QueueKeys) -> _Settings | None:

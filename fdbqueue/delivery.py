@@ -40,6 +40,7 @@ from fdbqueue.moves import (
     CORRUPT_REASON,
     JOURNALED,
     LEASE_FIELDS,
+    VOLATILE,
     Note,
     dead_letter,
     drop_stale_entry,
@@ -54,6 +55,7 @@ from fdbqueue.moves import (
     renew_lease,
     take_delayed,
 )
+from fdbqueue.privileges import check
 from fdbqueue.txn import run_once
 
 log = logging.getLogger("fdbqueue")
@@ -142,6 +144,7 @@ def lease_in(
     payload: bytes | None = None,
     count: bool = True,
     journaled: bool = False,
+    volatile: bool = False,
 ) -> Message:
     """Move the ready message at ``key`` (just removed by the caller) into flight under ``receipt``.
 
@@ -157,6 +160,8 @@ def lease_in(
     extra.pop("not_before", None)
     if journaled:
         extra[JOURNALED] = 1
+    if volatile:
+        extra[VOLATILE] = 1
     if strict:
         extra["strict"] = True  # its ack must wake whoever waits for the next delivery
     leased = rec.with_(deliveries=rec.deliveries + 1, extra=extra)
@@ -179,9 +184,11 @@ def lease_in(
 
 
 def _leased(keys: QueueKeys, tr: Transaction, m: Message, now: int, *, allow_expired: bool = False) -> Record:
+    """The leased record of ``m``, once ``tr``'s principal is known to hold ``dequeue`` (the
+    check reads the queue's guard with the record: one round trip)."""
     if not isinstance(m, Message) or not m.receipt:
         raise LeaseError("ack, nack and extend take a Message returned by lease()")
-    raw = tr.get(keys.inflight_key(m.id))
+    (raw,) = check(tr, keys, "dequeue", also=[keys.inflight_key(m.id)])
     rec = None if raw is None else decode_record(raw, keys, keys.inflight_key(m.id), m.id)
     if rec is None or rec.extra.get("receipt") != m.receipt:
         raise LeaseError(
@@ -189,6 +196,8 @@ def _leased(keys: QueueKeys, tr: Transaction, m: Message, now: int, *, allow_exp
         )
     if not allow_expired and int(rec.extra["deadline"]) <= now:
         raise LeaseExpiredError(f"the lease on message {m.id} expired; it goes back to the queue")
+    if VOLATILE in rec.extra:
+        tr.options.set_volatile_prefix(keys.q.key())
     return rec
 
 

@@ -216,7 +216,6 @@ def _pack_one(value: Any) -> bytes:
 
 
 _PRI = b"\x02pri\x00"  # enc_str("pri")
-_ACL = b"\x02acl\x00"  # enc_str("acl")
 
 
 # The tags under a queue's subspace that hold messages or their indexes (a purge clears them):
@@ -321,7 +320,7 @@ class QueueKeys:
         """Metadata key -> "cfg", "st" or the counter's name (priority markers aside)."""
         names = self._names
         if names is None:
-            names = {self.config: "cfg", self.state: "st", self.owner: "own"}
+            names = {self.config: "cfg", self.state: "st", self.guard: "own"}
             names.update({self.counter(c): c for c in COUNTERS})
             self._names = names
         return names
@@ -334,19 +333,10 @@ class QueueKeys:
         return prefix, prefix + b"\xff"
 
     @property
-    def owner(self) -> bytes:
-        """The queue's owner (a principal's name); absent: open to every principal."""
+    def guard(self) -> bytes:
+        """The queue's owner and ACL, one small JSON value (``privileges.py``); absent: the
+        queue is open to every principal. One key, so a check is one point read."""
         return self._meta("own")
-
-    def acl_key(self, principal: str) -> bytes:
-        """The rights ``principal`` holds on the queue (``privileges.py``)."""
-        return self._m + _ACL + enc_str(principal)
-
-    def acl_principal(self, key: bytes) -> str | None:
-        """The principal an ACL key names, or None if ``key`` is not one."""
-        if not key.startswith(self._m + _ACL):
-            return None
-        return str(fdb.tuple.unpack(key[len(self._m) + len(_ACL) :])[0])
 
     def marker_priority(self, key: bytes) -> int | None:
         """The priority of ``key`` if it is a priority marker, else None (memoised: every

@@ -69,6 +69,7 @@ def lease_batch(
                 payload=payloads.get(rec.id),
                 count=False,
                 journaled=cfg.journal,
+                volatile=cfg.volatile,
             )
         )
     return out

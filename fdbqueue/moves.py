@@ -35,11 +35,12 @@ from fdbqueue.receipts import encode_result
 log = logging.getLogger("fdbqueue")
 
 # What a lease adds to a record's extra (and a release takes away again).
-LEASE_FIELDS = ("key", "receipt", "deadline", "until", "strict", "j")
+LEASE_FIELDS = ("key", "receipt", "deadline", "until", "strict", "j", "v")
 CORRUPT_REASON = "corrupt"
 # A leased record of a journaled queue carries this mark, so that its ack, release and
 # extend journal without reading the queue's settings (they read none today).
 JOURNALED = "j"
+VOLATILE = "v"  # and of a volatile queue: so that they declare it (engines skip the fsync)
 
 
 @dataclass(frozen=True, slots=True)

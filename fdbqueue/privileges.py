@@ -14,9 +14,9 @@ tokens and TLS (FoundationDB's documentation: "Tenants", "Authorization", "TLS")
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
-from fdbqueue.config import Meta, bump_metadata_version, read_config, read_guard, read_meta
+from fdbqueue.config import Meta, bump_metadata_version, decode_guard, encode_guard, read_config, read_meta
 from fdbqueue.engines.base import Transaction
 from fdbqueue.errors import AccessDeniedError, QueueError
 from fdbqueue.layout import QueueKeys
@@ -57,18 +57,28 @@ def allowed(owner: str | None, acl: Mapping[str, int], principal: str, right: st
     return bool(acl.get(principal, 0) & _BIT[right])
 
 
-def check(tr: Transaction, keys: QueueKeys, right: str, meta: Meta | None = None) -> None:
-    """Raise AccessDeniedError unless ``tr``'s principal holds ``right`` on the queue. Uses
-    ``meta`` when the caller read it (no read), else the cached owner and ACL (one read of
-    the metadata version). Call it before anything is written."""
+def check(
+    tr: Transaction, keys: QueueKeys, right: str, meta: Meta | None = None, also: Sequence[bytes] = ()
+) -> list[bytes | None]:
+    """Raise AccessDeniedError unless ``tr``'s principal holds ``right`` on the queue; call it
+    before anything is written. Uses ``meta`` when the caller read it (no read); else reads
+    the guard key with ``also``, the keys the caller reads next, in one round trip (snapshot
+    reads, with the read conflicts a serializable read of ``also`` takes), and returns their
+    values."""
     if meta is not None:
         owner, acl = meta.owner, meta.acl
+        values: list[bytes | None] = []
     else:
-        owner, acl = read_guard(tr, keys)
+        found = tr.snapshot.get_many([keys.guard, *also])
+        for key in also:
+            tr.add_read_conflict_key(key)
+        owner, acl = decode_guard(found[0])
+        values = found[1:]
     if owner is not None:
         who = principal_of(tr)
         if not allowed(owner, acl, who, right):
             raise AccessDeniedError(who, keys.name, right)
+    return values
 
 
 def checked(tr: Transaction, keys: QueueKeys, right: str) -> Meta:
@@ -78,22 +88,31 @@ def checked(tr: Transaction, keys: QueueKeys, right: str) -> Meta:
     return meta
 
 
-def set_owner(t: Transaction, keys: QueueKeys, owner: str | None, meta: Meta) -> bool:
-    """Make ``owner`` the queue's owner (None: open to all) in ``t``; True if it changed. The
-    caller checked the right to (admin on an owned queue; anyone on an unowned one)."""
-    if owner == meta.owner:
+def set_owner(t: Transaction, keys: QueueKeys, owner: str | None) -> str | bool | None:
+    """Make ``owner`` the queue's owner (None: open to all, keeping the grants) in ``t``;
+    returns the owner before, or False when nothing changed. The caller checked the right to
+    (admin on an owned queue; anyone on an unowned one)."""
+    was, acl = decode_guard(t.get(keys.guard))
+    if owner == was:
         return False
-    if owner is None:
-        t.clear(keys.owner)
+    write_guard(t, keys, None if owner is None else check_principal(owner), acl)
+    return was
+
+
+def write_guard(t: Transaction, keys: QueueKeys, owner: str | None, acl: Mapping[str, int]) -> None:
+    """Store the queue's owner and ACL; every process sees them from its next transaction
+    (a new metadata version: ``config.read_meta``)."""
+    raw = encode_guard(owner, acl)
+    if raw is None:
+        t.clear(keys.guard)
     else:
-        t.set(keys.owner, check_principal(owner).encode())
+        t.set(keys.guard, raw)
     bump_metadata_version(t, keys)
-    return True
 
 
 def readable(tr: Transaction, keys: QueueKeys) -> bool:
     """Whether ``tr``'s principal may browse the queue (journal(None) skips those it may not)."""
     if read_config(tr, keys) is None:
         return True  # destroyed: its journal is there until trimmed, open as its keys are
-    owner, acl = read_guard(tr, keys)
+    owner, acl = decode_guard(tr.snapshot.get(keys.guard))
     return allowed(owner, acl, principal_of(tr), "browse")

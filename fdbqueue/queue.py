@@ -521,7 +521,6 @@ class Queue:
         ``fdbqueue.sweep.settled``): it returns only if its own commit landed."""
 
         def body(t: Transaction) -> None:
-            check(t, self.keys, "dequeue")
             if ack_in(self.keys, t, m, db_now(t)).extra.get("strict"):
                 wake(t, self.keys)  # strict order: the next delivery may go ahead now
 
@@ -542,7 +541,6 @@ class Queue:
             check_reason(reason)
 
         def body(t: Transaction) -> str:
-            check(t, self.keys, "dequeue")
             cfg = config_or_create(t, self.keys)
             return nack_in(self.keys, t, cfg, m, delay, reason, db_now(t))
 
@@ -553,22 +551,14 @@ class Queue:
         (a worker shutting down returns what it prefetched but never started). Settled
         like :meth:`ack`."""
 
-        def body(t: Transaction) -> None:
-            check(t, self.keys, "dequeue")
-            release_in(self.keys, t, m, db_now(t))
-
-        settled(tr, self.keys, body)
+        settled(tr, self.keys, lambda t: release_in(self.keys, t, m, db_now(t)))
 
     def extend(self, tr: Transaction | Database, m: Message, lease_seconds: float) -> Message:
         """Renew a lease for ``lease_seconds`` from now; returns the message with its new
         deadline. Settled like :meth:`ack`: the lease of the attempt that landed."""
         secs = check_lease_seconds(lease_seconds)
 
-        def body(t: Transaction) -> Message:
-            check(t, self.keys, "dequeue")
-            return extend_in(self.keys, t, m, secs, db_now(t))
-
-        return settled(tr, self.keys, body)
+        return settled(tr, self.keys, lambda t: extend_in(self.keys, t, m, secs, db_now(t)))
 
     def sweep(self, tr: Transaction | Database, *, limit: int = 100) -> SweepStats:
         """Expired leases back, due delayed messages in, TTLs out, old dedup entries forgotten.
