@@ -590,8 +590,12 @@ def open_fdb(url: str, parsed: ParsedURL) -> FDBDatabase:
     when the client library, the cluster file or the cluster itself is missing.
     """
     params = take_params(
-        parsed, {"api_version": str(DEFAULT_API_VERSION), "timeout": f"{DEFAULT_TIMEOUT_SECONDS:g}"}
+        parsed,
+        {"api_version": str(DEFAULT_API_VERSION), "timeout": f"{DEFAULT_TIMEOUT_SECONDS:g}", "tenant": ""},
     )
+    tenant = params["tenant"]
+    if "tenant" in parsed.params and not tenant:
+        raise InvalidURLError(f"tenant= needs a tenant's name in {url}")
     api_version = _parse_api_version(params["api_version"], url)
     timeout = _parse_timeout(params["timeout"], url)
     explicit = parsed.path or None
@@ -610,6 +614,17 @@ def open_fdb(url: str, parsed: ParsedURL) -> FDBDatabase:
             f"cannot open the FoundationDB cluster file {cluster_file}: {_engine_error(exc)}"
         ) from exc
     _probe(raw, cluster_file, timeout)
+    if tenant:
+        # Every transaction then runs in the tenant's key space: FoundationDB's isolation
+        # between teams (documentation: tenants.rst), which the layer's privileges are not.
+        try:
+            raw = raw.open_tenant(tenant.encode())
+        except (_FDBError, AttributeError) as exc:
+            raise ClusterUnavailableError(
+                f"cannot open FoundationDB tenant {tenant!r} of {cluster_file}: {exc} (the cluster "
+                "needs tenant_mode optional or required, and the tenant made with fdbcli's "
+                "'tenant create')"
+            ) from exc
     return FDBDatabase(url, raw, cluster_file, api_version)
 
 
