@@ -21,10 +21,11 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from fdbqueue.clock import db_now
+from fdbqueue.delivery import read_payload, to_message
 from fdbqueue.engines.base import Database, KeyValue, Transaction
 from fdbqueue.errors import QueueError
 from fdbqueue.layout import QueueKeys, unpack_count
-from fdbqueue.message import Message, Record, decode_record, join_chunks
+from fdbqueue.message import Message, Record, decode_record
 from fdbqueue.privileges import check
 from fdbqueue.txn import run_once
 from fdbqueue.types import Outlook as Outlook  # re-export
@@ -110,7 +111,7 @@ def browse(queue: Queue, tr: Transaction | Database, *, limit: int | None, batch
                 p = int(extra.pop("priority", 0))
                 target = extra.pop("key", None)
                 order = ready_order(bytes.fromhex(target)) if target else (-p, math.inf, n)
-                m = Message.from_record(rec, queue.name, p, dkey, _payload(t, keys, rec, queue.name))
+                m = Message.from_record(rec, queue.name, p, dkey, read_payload(t, keys, rec))
                 due.append((order, m))
             due.sort(key=lambda om: om[0])
         late: list[KeyValue] = []
@@ -136,7 +137,7 @@ def browse(queue: Queue, tr: Transaction | Database, *, limit: int | None, batch
             rec = decode_record(kv.value, queue.keys, kv.key)
             if rec.expires_us is not None and rec.expires_us <= now:
                 continue  # expired: a dequeue would move it aside, not deliver it
-            out.append((ready_order(kv.key), queue._to_message(t, kv.key, rec)))
+            out.append((ready_order(kv.key), to_message(t, keys, kv.key, rec)))
         if not chosen:
             out.append(((math.inf, math.inf, 0), None))  # the end: the due messages left go last
         return out
@@ -166,11 +167,3 @@ def browse(queue: Queue, tr: Transaction | Database, *, limit: int | None, batch
             yielded += 1
             if limit is not None and yielded >= limit:
                 return
-
-
-def _payload(tr: Transaction, keys: QueueKeys, rec: Record, queue: str) -> bytes:
-    if not rec.chunks:
-        return rec.payload
-    return join_chunks(
-        [kv.value for kv in tr.get_range(*keys.chunk_range(rec.id))], rec.chunks, queue, rec.id
-    )

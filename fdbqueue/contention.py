@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from fdbqueue.budget import Budget, move_cost
 from fdbqueue.clock import db_now, versions
 from fdbqueue.config import QueueConfig, due_entries, read_meta
+from fdbqueue.delivery import to_message
 from fdbqueue.engines.base import RETRY, Again, Attempt, Database, Done, KeyValue, Transaction, retry
 from fdbqueue.errors import CommitUnknownError, CorruptMessageError, QueueStoppedError
 from fdbqueue.head import HEAD_BATCH, HEAD_SKIP_LIMIT, expire_within
@@ -151,7 +152,7 @@ def _collect(db: Database, queue: Queue, req_key: bytes, res_key: bytes) -> obje
         made_at, key, record = decode_result(raw)
         made[:] = [made_at]
         try:
-            msg = queue._message(t, key, record, delivered=True)
+            msg = to_message(t, keys, key, decode_record(record, keys, key), delivered=True)
         except CorruptMessageError as exc:  # its payload chunks are damaged: not handed out
             cfg = read_meta(t, keys).config or QueueConfig()
             drop_result(t, res_key)

@@ -29,9 +29,9 @@ from typing import Any
 
 from fdbqueue.budget import Budget, move_cost
 from fdbqueue.clock import db_now, now_us, seconds_of, versions
-from fdbqueue.config import QueueConfig, check_duration, config_or_create
-from fdbqueue.engines.base import Database, Transaction
-from fdbqueue.errors import CorruptMessageError, EngineError
+from fdbqueue.config import Meta, QueueConfig, check_duration, config_or_create
+from fdbqueue.engines.base import Database, ReadView, Transaction
+from fdbqueue.errors import CorruptMessageError, EngineError, QueueStoppedError
 from fdbqueue.errors import LeaseError as LeaseError  # re-export
 from fdbqueue.errors import LeaseExpiredError as LeaseExpiredError  # re-export
 from fdbqueue.layout import QueueKeys
@@ -55,7 +55,7 @@ from fdbqueue.moves import (
     renew_lease,
     take_delayed,
 )
-from fdbqueue.privileges import check
+from fdbqueue.privileges import check, checked
 from fdbqueue.txn import run_once
 
 log = logging.getLogger("fdbqueue")
@@ -167,10 +167,7 @@ def lease_in(
     leased = rec.with_(deliveries=rec.deliveries + 1, extra=extra)
     put_leased(tr, keys, key, leased, deadline, receipt, count=count)
     if payload is None:
-        payload = rec.payload
-        if rec.chunks:
-            values = [kv.value for kv in tr.get_range(*keys.chunk_range(rec.id))]
-            payload = join_chunks(values, rec.chunks, keys.name, rec.id)
+        payload = read_payload(tr, keys, rec)
     return Message.from_record(
         leased,
         keys.name,
@@ -324,14 +321,74 @@ def locate(tr: Transaction, keys: QueueKeys, msg_id: str) -> bytes | None:
     return tr.get(keys.id_key(msg_id))
 
 
+def read_payload(tr: ReadView, keys: QueueKeys, rec: Record) -> bytes:
+    """``rec``'s payload: inline, or its chunks (one range read) joined and checked
+    (CorruptMessageError when they are damaged)."""
+    if not rec.chunks:
+        return rec.payload
+    values = [kv.value for kv in tr.get_range(*keys.chunk_range(rec.id))]
+    return join_chunks(values, rec.chunks, keys.name, rec.id)
+
+
+def read_payloads(
+    tr: Transaction, keys: QueueKeys, recs: list[Record]
+) -> tuple[dict[str, bytes], dict[str, CorruptMessageError]]:
+    """The payloads of the chunked messages among ``recs``: one ``get_many`` for all their
+    chunks (their count is in the record), not a range read per message. Second: the
+    messages whose chunks are damaged.
+
+    Snapshot reads: chunks never change while their message exists, and the message's
+    own key carries the read conflict.
+    """
+    chunked = [rec for rec in recs if rec.chunks]
+    if not chunked:
+        return {}, {}
+    values = iter(
+        tr.snapshot.get_many([keys.chunk_key(rec.id, i) for rec in chunked for i in range(rec.chunks)])
+    )
+    payloads: dict[str, bytes] = {}
+    damaged: dict[str, CorruptMessageError] = {}
+    for rec in chunked:
+        try:
+            payloads[rec.id] = join_chunks(
+                [next(values) for _ in range(rec.chunks)], rec.chunks, keys.name, rec.id
+            )
+        except CorruptMessageError as exc:
+            damaged[rec.id] = exc
+    return payloads, damaged
+
+
+def to_message(
+    tr: Transaction, keys: QueueKeys, key: bytes, rec: Record, *, delivered: bool = False
+) -> Message:
+    """The ready message ``rec`` at ``key`` as a :class:`Message` (its payload read)."""
+    payload = read_payload(tr, keys, rec)
+    priority = keys.priority_of(key)
+    if rec.expires_us is None:
+        return Message.from_record(rec, keys.name, priority, key, payload, delivered=delivered)
+    more = {"expires_at": expires_at(tr, rec)}
+    return Message.from_record(rec, keys.name, priority, key, payload, delivered=delivered, **more)
+
+
+def open_for_dequeue(tr: Transaction, keys: QueueKeys, meta: Meta | None) -> tuple[QueueConfig, Meta] | None:
+    """The queue's settings and metadata for a dequeue or lease, once ``tr``'s principal may
+    dequeue; None when the queue was never created (empty); QueueStoppedError when paused."""
+    if meta is None:
+        meta = checked(tr, keys, "dequeue")
+    else:
+        check(tr, keys, "dequeue", meta)
+    if meta.config is None:
+        return None
+    if not meta.state.dequeue:
+        raise QueueStoppedError(f"dequeue is disabled on queue {keys.name!r}")
+    return meta.config, meta
+
+
 def message_elsewhere(keys: QueueKeys, tr: Transaction, key: bytes, raw: bytes) -> Message | None:
     """A message found through the id index outside the ready set (leased or delayed)."""
     tag = keys.unpack_tail(key)[0]
     rec = decode_record(raw, keys, key)
-    payload = rec.payload
-    if rec.chunks:
-        values = [kv.value for kv in tr.get_range(*keys.chunk_range(rec.id))]
-        payload = join_chunks(values, rec.chunks, keys.name, rec.id)
+    payload = read_payload(tr, keys, rec)
     more: dict[str, Any] = {}
     if tag == "f":
         ready_key = bytes.fromhex(rec.extra["key"])

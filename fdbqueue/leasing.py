@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 from fdbqueue.budget import Budget, encoded_len, grown_record
 from fdbqueue.clock import db_now
 from fdbqueue.config import Meta, QueueConfig, due_entries
-from fdbqueue.delivery import lease_in
+from fdbqueue.delivery import lease_in, open_for_dequeue, read_payloads
 from fdbqueue.engines.base import Transaction
 from fdbqueue.errors import CorruptMessageError
 from fdbqueue.head import HEAD_BATCH, HEAD_SKIP_LIMIT, TAKE_RESERVE, deliverable_head, expire_within
-from fdbqueue.message import Message, Record, decode_record, join_chunks
+from fdbqueue.message import Message, Record, decode_record
 from fdbqueue.moves import count_leased, move_corrupt, take_for_lease
 from fdbqueue.sweep import sweep_step
 
@@ -31,7 +31,7 @@ def lease_batch(
     q: Queue, tr: Transaction, seconds: float | None, receipt: str, n: int, budget: Budget | None = None
 ) -> list[Message]:
     keys = q.keys
-    opened = q._open_for_dequeue(tr, None)
+    opened = open_for_dequeue(tr, q.keys, None)
     if opened is None:
         return []
     cfg, meta = opened
@@ -45,7 +45,7 @@ def lease_batch(
             budget.charge(lease_cost(len(head[0]), head[1]))  # TAKE_RESERVE was kept for it
     else:
         heads = _ready_heads(q, tr, cfg, meta, n, now, budget)
-    payloads, damaged = _chunked_payloads(q, tr, [rec for _, rec in heads])
+    payloads, damaged = read_payloads(tr, keys, [rec for _, rec in heads])
     if damaged:  # a sound record whose payload chunks are damaged: moved aside, not leased
         for key, rec in heads:
             if rec.id in damaged:
@@ -130,34 +130,6 @@ def _ready_heads(
         begin = batch[-1].key + b"\x00"
         extra = min(extra * 8, HEAD_BATCH)  # past a run of expired ones: a few round trips
     return out
-
-
-def _chunked_payloads(
-    q: Queue, tr: Transaction, recs: list[Record]
-) -> tuple[dict[str, bytes], dict[str, CorruptMessageError]]:
-    """The payloads of the chunked messages among ``recs``: one ``get_many`` for all their
-    chunks (their count is in the record), not a range read per message.
-
-    Snapshot reads: chunks never change while their message exists, and the message's
-    own key carries the read conflict. Second: the messages whose chunks are damaged.
-    """
-    chunked = [rec for rec in recs if rec.chunks]
-    if not chunked:
-        return {}, {}
-    keys = q.keys
-    values = iter(
-        tr.snapshot.get_many([keys.chunk_key(rec.id, i) for rec in chunked for i in range(rec.chunks)])
-    )
-    payloads: dict[str, bytes] = {}
-    damaged: dict[str, CorruptMessageError] = {}
-    for rec in chunked:
-        try:
-            payloads[rec.id] = join_chunks(
-                [next(values) for _ in range(rec.chunks)], rec.chunks, q.name, rec.id
-            )
-        except CorruptMessageError as exc:
-            damaged[rec.id] = exc
-    return payloads, damaged
 
 
 def lease_cost(key_len: int, rec: Record) -> int:

@@ -38,12 +38,13 @@ from fdbqueue.delivery import (
     ack_in,
     check_lease_seconds,
     count_failed_attempt,
-    expires_at,
     extend_in,
     locate,
     message_elsewhere,
     nack_in,
+    open_for_dequeue,
     release_in,
+    to_message,
 )
 from fdbqueue.engines.base import (
     RETRY,
@@ -86,7 +87,6 @@ from fdbqueue.message import (
     check_reason,
     coerce_payload,
     decode_record,
-    join_chunks,
 )
 from fdbqueue.moves import CHUNK_SIZE, count_new, move_corrupt, take, wake, write_new
 from fdbqueue.privileges import check, checked
@@ -412,15 +412,7 @@ class Queue:
         return self._to_message(tr, key, decode_record(raw, self.keys, key), delivered=delivered)
 
     def _to_message(self, tr: Any, key: bytes, rec: Record, *, delivered: bool = False) -> Message:
-        payload = rec.payload
-        if rec.chunks:
-            values = [kv.value for kv in tr.get_range(*self.keys.chunk_range(rec.id))]
-            payload = join_chunks(values, rec.chunks, self.name, rec.id)
-        priority = self.keys.priority_of(key)
-        if rec.expires_us is None:
-            return Message.from_record(rec, self.name, priority, key, payload, delivered=delivered)
-        more = {"expires_at": expires_at(tr, rec)}
-        return Message.from_record(rec, self.name, priority, key, payload, delivered=delivered, **more)
+        return to_message(tr, self.keys, key, rec, delivered=delivered)
 
     # -- dequeue and leases --------------------------------------------------------------------
 
@@ -657,17 +649,6 @@ class Queue:
         msg = staged_dequeue(db, self)
         return msg, (watch_queue(db, keys) if msg is None and want_watch else None)
 
-    def _open_for_dequeue(self, tr: Transaction, meta: Meta | None) -> tuple[QueueConfig, Meta] | None:
-        if meta is None:
-            meta = checked(tr, self.keys, "dequeue")
-        else:
-            check(tr, self.keys, "dequeue", meta)
-        if meta.config is None:
-            return None  # never created: empty
-        if not meta.state.dequeue:
-            raise QueueStoppedError(f"dequeue is disabled on queue {self.name!r}")
-        return meta.config, meta
-
     def _take(
         self,
         tr: Transaction,
@@ -679,7 +660,7 @@ class Queue:
         budget: Budget | None = None,
     ) -> Message | None:
         keys = self.keys
-        opened = self._open_for_dequeue(tr, meta)
+        opened = open_for_dequeue(tr, self.keys, meta)
         if opened is None:
             return None
         cfg, meta = opened
