@@ -368,6 +368,10 @@ def decode_guard(raw: bytes | None) -> tuple[str | None, Mapping[str, int]]:
     """A queue's owner and ACL (principal -> rights mask) from its guard key's value."""
     if not raw:
         return None, _NO_ACL
+    return _decoded(_guard_cache, raw, _decode_guard, 256)  # read by every operation: decoded once
+
+
+def _decode_guard(raw: bytes) -> tuple[str | None, Mapping[str, int]]:
     data = json.loads(raw)
     return data.get("owner"), MappingProxyType(dict(data.get("acl", {})))
 
@@ -446,6 +450,7 @@ def _count(raw: bytes | None) -> int:
 _OPEN = QueueState()
 _COUNT = struct.Struct("<q").unpack
 _state_cache: dict[bytes, QueueState] = {}
+_guard_cache: dict[bytes, tuple[str | None, Mapping[str, int]]] = {}
 
 
 def _decode_state(raw: bytes) -> QueueState:

@@ -64,22 +64,31 @@ PAGE = 500  # entries per shard per read of a page: well inside a transaction's 
 TRIM_BATCH = 200  # entries one trimming transaction removes at most
 _FORMAT = 1
 _BELL = b"\x00" * 10 + (0).to_bytes(4, "little")  # the stamp at offset 0 (API 520+)
-_order: dict[int, int] = {}  # per transaction: the next entry's order within its commit
+_order: dict[int, tuple[int, Transaction]] = {}  # per transaction: its next entry's order
 
 
 def _next_order(tr: Transaction) -> int:
+    """The next entry's order within ``tr``'s commit (0 first), until the attempt ends.
+
+    The entry holds ``tr`` itself, so that its id cannot be reused by another transaction
+    while it is there; a transaction abandoned without ending is dropped with the rest once
+    very many are held."""
     key = id(tr)
-    n = _order.get(key)
-    if n is None:
+    found = _order.get(key)
+    if found is None or found[1] is not tr:
         n = 0
+        if len(_order) > 10_000:
+            _order.clear()
 
         def forget(_error: object) -> None:
             _order.pop(key, None)
 
         tr.on_finish(forget)
-    _order[key] = n + 1
+    else:
+        n = found[0]
     if n > 0xFFFF:
         raise QueueError("one transaction can journal at most 65536 operations")
+    _order[key] = (n + 1, tr)
     return n
 
 
@@ -97,7 +106,7 @@ def record(
     that the queue is journaled. Composes inside ``tr``: the entry commits or aborts with it."""
     if op not in OPS:
         raise QueueError(f"unknown journal operation {op!r}")
-    jk = JournalKeys(keys.root)
+    jk = JournalKeys.of(keys.root)
     value = json.dumps(
         [_FORMAT, op, message_id, principal_of(tr), deliveries, reason, dict(details or {}), now_us()],
         separators=(",", ":"),
@@ -110,13 +119,14 @@ def record(
     # and no read (an atomic add would cost the embedded engine one).
     # One bell for the database: a follower of one queue wakes for the others' entries too,
     # and reads one page to find none of its own (fewer writes here matter more).
-    tr.set_versionstamped_value(jk.bell(), _BELL)
+    if order == 0:  # once per transaction
+        tr.set_versionstamped_value(jk.bell(), _BELL)
 
 
 def register(tr: Transaction, keys: QueueKeys) -> None:
     """Note ``keys``' queue among the journaled ones (``journal(tr, None)`` reads them all);
     called when a queue's journal is turned on. Idempotent, a blind write."""
-    tr.set(JournalKeys(keys.root).registry(keys.name), b"")
+    tr.set(JournalKeys.of(keys.root).registry(keys.name), b"")
 
 
 def _decode(queue: str, version: bytes, raw: bytes) -> JournalEntry:
@@ -351,4 +361,6 @@ def maybe_trim(t: Transaction, keys: QueueKeys, retention: float) -> None:
     """About one sweep in 64 trims a bounded batch of the queue's journal (as receipts are)."""
     if random.random() < 1 / 64:
         oldest = max(0, db_now(t) - versions(retention))
-        trim_some(t, JournalKeys(keys.root), keys.name, oldest.to_bytes(8, "big") + b"\x00" * 4, TRIM_BATCH)
+        trim_some(
+            t, JournalKeys.of(keys.root), keys.name, oldest.to_bytes(8, "big") + b"\x00" * 4, TRIM_BATCH
+        )

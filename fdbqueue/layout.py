@@ -518,26 +518,58 @@ def _version_of(stamp: Any) -> bytes:
 class JournalKeys:
     """The journal's keys under a root: entries ``("j", queue, shard, stamp)``, history
     pointers ``("h", hshard, message_id, stamp)``, the registry of journaled queues
-    ``("jq", queue)`` and the bell a follower watches ``("jn",)``."""
+    ``("jq", queue)`` and the bell a follower watches ``("jn",)``.
 
-    __slots__ = ("root",)
+    New entries' keys are built from cached, tuple-encoded prefixes plus the incomplete
+    versionstamp (``fdb.tuple``'s encoding: code 0x33, ten stamp bytes, the two-byte order,
+    then the stamp's offset, four bytes little-endian, for ``set_versionstamped_key``): every
+    journaled operation writes two, and ``fdb.tuple.pack`` would cost more than the rest."""
+
+    __slots__ = ("_bell", "_prefixes", "root")
+    _made: dict[bytes, JournalKeys] = {}
 
     def __init__(self, root: Subspace) -> None:
         self.root = root
+        self._prefixes: dict[tuple[str, object], bytes] = {}
+        self._bell = bytes(root.pack(("jn",)))
 
     @classmethod
     def make(cls, root: tuple[Any, ...] = DEFAULT_ROOT) -> JournalKeys:
-        return cls(Subspace(tuple(root)))
+        return cls.of(Subspace(tuple(root)))
+
+    @classmethod
+    def of(cls, root: Subspace) -> JournalKeys:
+        """The (cached) journal keys under ``root``."""
+        found = cls._made.get(root.key())
+        if found is None:
+            if len(cls._made) > 64:
+                cls._made.clear()
+            found = cls._made[root.key()] = cls(root)
+        return found
 
     @staticmethod
     def shard(message_id: str | None) -> int:
         return zlib.crc32((message_id or "").encode()) % JOURNAL_SHARDS
 
+    def _prefix(self, kind: str, a: str, b: object) -> bytes:
+        found = self._prefixes.get((a, b)) if kind == "j" else None
+        if found is None:
+            if kind == "j":
+                found = self.root.key() + enc_str("j") + enc_str(a) + enc_int(int(b))  # type: ignore[call-overload]
+                if len(self._prefixes) > 4096:
+                    self._prefixes.clear()
+                self._prefixes[(a, b)] = found
+            else:
+                found = self.root.key() + enc_str("h") + enc_int(int(b)) + enc_str(a)  # type: ignore[call-overload]
+        return found
+
+    @staticmethod
+    def _to_stamp(prefix: bytes, order: int) -> bytes:
+        return prefix + _STAMP_CODE + _NO_STAMP + order.to_bytes(2, "big") + _OFFSET.pack(len(prefix) + 1)
+
     def entry_to_stamp(self, queue: str, message_id: str | None, order: int) -> bytes:
         """The key of a new entry, for ``set_versionstamped_key``."""
-        return bytes(
-            self.root.pack_with_versionstamp(("j", queue, self.shard(message_id), _stamp(None, order)))
-        )
+        return self._to_stamp(self._prefix("j", queue, self.shard(message_id)), order)
 
     def entry_key(self, queue: str, shard: int, version: bytes) -> bytes:
         return bytes(self.root.pack(("j", queue, shard, _stamp(version))))
@@ -552,7 +584,7 @@ class JournalKeys:
 
     def history_to_stamp(self, message_id: str, order: int) -> bytes:
         hs = zlib.crc32(message_id.encode()) % HISTORY_SHARDS
-        return bytes(self.root.pack_with_versionstamp(("h", hs, message_id, _stamp(None, order))))
+        return self._to_stamp(self._prefix("h", message_id, hs), order)
 
     def history_key(self, message_id: str, version: bytes) -> bytes:
         hs = zlib.crc32(message_id.encode()) % HISTORY_SHARDS
@@ -577,4 +609,9 @@ class JournalKeys:
 
     def bell(self) -> bytes:
         """Changes with every commit that journals: what a follower watches."""
-        return bytes(self.root.pack(("jn",)))
+        return self._bell
+
+
+_STAMP_CODE = b"\x33"  # fdb.tuple's code for a Versionstamp
+_NO_STAMP = b"\xff" * 10  # the ten bytes the commit fills in
+_OFFSET = struct.Struct("<I")  # where they are (API version 520 and later)
