@@ -23,7 +23,7 @@ def test_a_tenant_url_opens_the_tenant_or_says_why_not(tmp_path: Path) -> None:
 
     if fdbdouble.installed() is not None:
         pytest.skip(
-            "tenants need a real cluster (tenant_mode optional, 'tenant create team-a'); "
+            "tenants need a real cluster (tenant_mode=optional_experimental, 'tenant create team-a'); "
             "the C-API double has none"
         )
     try:

@@ -622,7 +622,7 @@ def open_fdb(url: str, parsed: ParsedURL) -> FDBDatabase:
         except (_FDBError, AttributeError) as exc:
             raise ClusterUnavailableError(
                 f"cannot open FoundationDB tenant {tenant!r} of {cluster_file}: {exc} (the cluster "
-                "needs tenant_mode optional or required, and the tenant made with fdbcli's "
+                "needs a tenant_mode that allows tenants, and the tenant made with fdbcli's "
                 "'tenant create')"
             ) from exc
     return FDBDatabase(url, raw, cluster_file, api_version)
