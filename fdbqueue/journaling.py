@@ -26,7 +26,7 @@ from typing import Any
 
 from fdbqueue.clock import db_now, now_us, versions
 from fdbqueue.config import read_config
-from fdbqueue.engines.base import Database, Transaction, adopt, is_transaction
+from fdbqueue.engines.base import Database, Transaction, adopt, engine_traits, is_transaction
 from fdbqueue.errors import QueueError
 from fdbqueue.layout import DEFAULT_ROOT, JOURNAL_SHARDS, JournalKeys, QueueKeys
 from fdbqueue.privileges import check, principal_of, readable
@@ -112,9 +112,13 @@ def record(
         separators=(",", ":"),
     ).encode()
     order = _next_order(tr)
-    tr.set_versionstamped_key(jk.entry_to_stamp(keys.name, message_id, order), value)
+    # Spread over shards where many writers share a cluster; one range on an engine of one
+    # writer at a time, where appending to one range dirties the fewest pages.
+    shard = jk.shard(message_id) if engine_traits(tr.db)[0] else 0
+    tr.set_versionstamped_key(jk.entry_to_stamp(keys.name, shard, order), value)
     if message_id is not None:  # a pointer: history() finds the entry by the same stamp
-        tr.set_versionstamped_key(jk.history_to_stamp(message_id, order), keys.name.encode())
+        pointer = keys.name.encode() + b"\x00" + bytes((shard,))
+        tr.set_versionstamped_key(jk.history_to_stamp(message_id, order), pointer)
     # The bell a follower watches takes the commit's stamp: a blind write, never a conflict,
     # and no read (an atomic add would cost the embedded engine one).
     # One bell for the database: a follower of one queue wakes for the others' entries too,
@@ -284,15 +288,14 @@ def history(
     jk = JournalKeys.make(root)
 
     def body(t: Transaction, _: bool) -> list[JournalEntry]:
-        found = [
-            (kv.value.decode(), jk.history_version(kv.key))
-            for kv in t.get_range(*jk.history_range(message_id))
-        ]
-        shard = jk.shard(message_id)
-        mine = {q: readable(t, QueueKeys.make(q, root)) for q, _ in found}
-        found = [(q, v) for q, v in found if mine[q]]
-        values = t.get_many([jk.entry_key(q, shard, v) for q, v in found])
-        return [_decode(q, v, raw) for (q, v), raw in zip(found, values, strict=True) if raw is not None]
+        found = []
+        for kv in t.get_range(*jk.history_range(message_id)):
+            # queue name, NUL, the shard's byte
+            found.append((kv.value[:-2].decode(), kv.value[-1], jk.history_version(kv.key)))
+        mine = {q: readable(t, QueueKeys.make(q, root)) for q, _, _ in found}
+        found = [f for f in found if mine[f[0]]]
+        values = t.get_many([jk.entry_key(q, shard, v) for q, shard, v in found])
+        return [_decode(q, v, raw) for (q, _, v), raw in zip(found, values, strict=True) if raw is not None]
 
     return run_once(adopt(tr), body)
 

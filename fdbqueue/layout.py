@@ -567,9 +567,9 @@ class JournalKeys:
     def _to_stamp(prefix: bytes, order: int) -> bytes:
         return prefix + _STAMP_CODE + _NO_STAMP + order.to_bytes(2, "big") + _OFFSET.pack(len(prefix) + 1)
 
-    def entry_to_stamp(self, queue: str, message_id: str | None, order: int) -> bytes:
-        """The key of a new entry, for ``set_versionstamped_key``."""
-        return self._to_stamp(self._prefix("j", queue, self.shard(message_id)), order)
+    def entry_to_stamp(self, queue: str, shard: int, order: int) -> bytes:
+        """The key of a new entry in ``shard``, for ``set_versionstamped_key``."""
+        return self._to_stamp(self._prefix("j", queue, shard), order)
 
     def entry_key(self, queue: str, shard: int, version: bytes) -> bytes:
         return bytes(self.root.pack(("j", queue, shard, _stamp(version))))
