@@ -37,8 +37,8 @@ log = logging.getLogger("fdbqueue")
 # What a lease adds to a record's extra (and a release takes away again).
 LEASE_FIELDS = ("key", "receipt", "deadline", "until", "strict", "j", "v")
 CORRUPT_REASON = "corrupt"
-# A leased record of a journaled queue carries this mark, so that its ack, release and
-# extend journal without reading the queue's settings (they read none today).
+# A leased record of a journaled queue carries this mark, so that its ack and release
+# journal without reading the queue's settings (they read none but the guard).
 JOURNALED = "j"
 VOLATILE = "v"  # and of a volatile queue: so that they declare it (engines skip the fsync)
 
@@ -61,10 +61,6 @@ def after(tr: Transaction, keys: QueueKeys, journaled: bool, note: Note | None, 
         journaling.record(
             tr, keys, note.op, rec.id, deliveries=rec.deliveries, reason=note.reason, details=note.details
         )
-
-
-def _journaled(cfg: QueueConfig | None) -> bool:
-    return cfg is not None and cfg.journal
 
 
 def remove_message(
