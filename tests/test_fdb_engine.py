@@ -101,7 +101,8 @@ def test_missing_cluster_file_is_named(tmp_path: Path) -> None:
         ("api_version=630", "needs 710 or newer"),
         ("timeout=0", "timeout must be a positive number"),
         ("timeout=soon", "timeout must be a positive number"),
-        ("tenant=x", "unknown parameter"),
+        ("region=x", "unknown parameter"),
+        ("tenant=", "needs a tenant's name"),
     ],
 )
 def test_bad_parameters_are_invalid_urls(query: str, needle: str) -> None:
