@@ -21,13 +21,14 @@ from __future__ import annotations
 import heapq
 import json
 import random
+import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from fdbqueue.clock import db_now, now_us, versions
 from fdbqueue.config import read_config
-from fdbqueue.engines.base import Database, Transaction, adopt, engine_traits, is_transaction
-from fdbqueue.errors import QueueError
+from fdbqueue.engines.base import Database, Transaction, Watch, adopt, engine_traits, is_transaction
+from fdbqueue.errors import EngineError, QueueError
 from fdbqueue.layout import DEFAULT_ROOT, JOURNAL_SHARDS, JournalKeys, QueueKeys
 from fdbqueue.privileges import check, principal_of, readable
 from fdbqueue.txn import as_database, run_once
@@ -64,11 +65,12 @@ PAGE = 500  # entries per shard per read of a page: well inside a transaction's 
 TRIM_BATCH = 200  # entries one trimming transaction removes at most
 _FORMAT = 1
 _BELL = b"\x00" * 10 + (0).to_bytes(4, "little")  # the stamp at offset 0 (API 520+)
-_order: dict[int, tuple[int, Transaction]] = {}  # per transaction: its next entry's order
+_order: dict[int, tuple[int, Transaction, set[str]]] = {}  # per transaction: order, queues
 
 
-def _next_order(tr: Transaction) -> int:
-    """The next entry's order within ``tr``'s commit (0 first), until the attempt ends.
+def _next_order(tr: Transaction, queue: str) -> tuple[int, bool]:
+    """The next entry's order within ``tr``'s commit (0 first), until the attempt ends, and
+    whether it is the attempt's first entry in ``queue``.
 
     The entry holds ``tr`` itself, so that its id cannot be reused by another transaction
     while it is there; a transaction abandoned without ending is dropped with the rest once
@@ -76,7 +78,6 @@ def _next_order(tr: Transaction) -> int:
     key = id(tr)
     found = _order.get(key)
     if found is None or found[1] is not tr:
-        n = 0
         if len(_order) > 10_000:
             _order.clear()
 
@@ -84,12 +85,14 @@ def _next_order(tr: Transaction) -> int:
             _order.pop(key, None)
 
         tr.on_finish(forget)
-    else:
-        n = found[0]
+        found = (0, tr, set())
+    n, _, queues = found
     if n > 0xFFFF:
         raise QueueError("one transaction can journal at most 65536 operations")
-    _order[key] = (n + 1, tr)
-    return n
+    first = queue not in queues
+    queues.add(queue)
+    _order[key] = (n + 1, tr, queues)
+    return n, first
 
 
 def record(
@@ -111,7 +114,7 @@ def record(
         [_FORMAT, op, message_id, principal_of(tr), deliveries, reason, dict(details or {}), now_us()],
         separators=(",", ":"),
     ).encode()
-    order = _next_order(tr)
+    order, first_here = _next_order(tr, keys.name)
     # Spread over shards where many writers share a cluster; one range on an engine of one
     # writer at a time, where appending to one range dirties the fewest pages.
     shard = jk.shard(message_id) if engine_traits(tr.db)[0] else 0
@@ -119,18 +122,19 @@ def record(
     if message_id is not None:  # a pointer: history() finds the entry by the same stamp
         pointer = keys.name.encode() + b"\x00" + bytes((shard,))
         tr.set_versionstamped_key(jk.history_to_stamp(message_id, order), pointer)
-    # The bell a follower watches takes the commit's stamp: a blind write, never a conflict,
-    # and no read (an atomic add would cost the embedded engine one).
-    # One bell for the database: a follower of one queue wakes for the others' entries too,
-    # and reads one page to find none of its own (fewer writes here matter more).
-    if order == 0:  # once per transaction
-        tr.set_versionstamped_value(jk.bell(), _BELL)
+    # The queue's bell, which followers watch, takes the commit's stamp: a blind write, never
+    # a conflict, and no read (an atomic add would cost the embedded engine one); once per
+    # queue and transaction.
+    if first_here:
+        tr.set_versionstamped_value(jk.bell(keys.name), _BELL)
 
 
 def register(tr: Transaction, keys: QueueKeys) -> None:
     """Note ``keys``' queue among the journaled ones (``journal(tr, None)`` reads them all);
     called when a queue's journal is turned on. Idempotent, a blind write."""
-    tr.set(JournalKeys.of(keys.root).registry(keys.name), b"")
+    jk = JournalKeys.of(keys.root)
+    tr.set(jk.registry(keys.name), b"")
+    tr.set_versionstamped_value(jk.bell(None), _BELL)  # wakes journal(None, follow=True)
 
 
 def _decode(queue: str, version: bytes, raw: bytes) -> JournalEntry:
@@ -267,15 +271,41 @@ def _wait_for_more(
     """Block on a watch of the journal's bell until an entry after ``since`` may exist (the
     check and the watch are one transaction: no entry slips between them)."""
 
-    def arm(t: Transaction, _: bool) -> Any:
-        w = t.watch(jk.bell())
-        return w, bool(_page(t, jk, _queues(t, jk, root, queue), since, 1))
+    def arm(t: Transaction, _: bool) -> tuple[list[Watch], bool]:
+        queues = _queues(t, jk, root, queue)
+        bells = [jk.bell(q) for q in queues] + ([jk.bell(None)] if queue is None else [])
+        return [t.watch(b) for b in bells], bool(_page(t, jk, queues, since, 1))
 
-    w, ready = run_once(db, arm)
+    watches, ready = run_once(db, arm)
     if ready:
-        w.cancel()
+        for w in watches:
+            w.cancel()
         return True
-    return bool(w.wait(timeout))
+    return _wait_any(watches, timeout)
+
+
+def _wait_any(watches: list[Watch], timeout: float | None) -> bool:
+    """Block until one of ``watches`` fires (True) or ``timeout`` passes (False); then cancel
+    them all. A watch that fails counts as fired: the caller reads again."""
+    if len(watches) == 1:
+        return bool(watches[0].wait(timeout))
+    fired = threading.Event()
+
+    def wait(w: Watch) -> None:
+        try:
+            if w.wait(timeout):
+                fired.set()
+        except EngineError:
+            fired.set()
+
+    waiters = [threading.Thread(target=wait, args=(w,), daemon=True) for w in watches]
+    for t in waiters:
+        t.start()
+    try:
+        return fired.wait(timeout)
+    finally:
+        for w in watches:
+            w.cancel()
 
 
 def history(

@@ -518,20 +518,21 @@ def _version_of(stamp: Any) -> bytes:
 class JournalKeys:
     """The journal's keys under a root: entries ``("j", queue, shard, stamp)``, history
     pointers ``("h", hshard, message_id, stamp)``, the registry of journaled queues
-    ``("jq", queue)`` and the bell a follower watches ``("jn",)``.
+    ``("jq", queue)`` and the bells a follower watches: ``("jn", queue)`` per queue, ``("jn",)``
+    when a queue starts journaling.
 
     New entries' keys are built from cached, tuple-encoded prefixes plus the incomplete
     versionstamp (``fdb.tuple``'s encoding: code 0x33, ten stamp bytes, the two-byte order,
     then the stamp's offset, four bytes little-endian, for ``set_versionstamped_key``): every
     journaled operation writes two, and ``fdb.tuple.pack`` would cost more than the rest."""
 
-    __slots__ = ("_bell", "_prefixes", "root")
+    __slots__ = ("_bells", "_prefixes", "root")
     _made: dict[bytes, JournalKeys] = {}
 
     def __init__(self, root: Subspace) -> None:
         self.root = root
         self._prefixes: dict[tuple[str, object], bytes] = {}
-        self._bell = bytes(root.pack(("jn",)))
+        self._bells: dict[str | None, bytes] = {}
 
     @classmethod
     def make(cls, root: tuple[Any, ...] = DEFAULT_ROOT) -> JournalKeys:
@@ -607,9 +608,16 @@ class JournalKeys:
     def registry_name(self, key: bytes) -> str:
         return str(self.root.unpack(key)[1])
 
-    def bell(self) -> bytes:
-        """Changes with every commit that journals: what a follower watches."""
-        return self._bell
+    def bell(self, queue: str | None) -> bytes:
+        """Changes with every commit that journals in ``queue`` (None: that makes a queue
+        journaled): what a follower watches. One key a queue, as its wake counter is: no one
+        key every journaled queue of a cluster writes."""
+        found = self._bells.get(queue)
+        if found is None:
+            if len(self._bells) > 4096:
+                self._bells.clear()
+            found = self._bells[queue] = bytes(self.root.pack(("jn",) if queue is None else ("jn", queue)))
+        return found
 
 
 _STAMP_CODE = b"\x33"  # fdb.tuple's code for a Versionstamp

@@ -310,3 +310,31 @@ def test_the_command_line(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> 
     assert "--timeout goes with --follow" in capsys.readouterr().err
     assert main(["--url", url, "journal", "jobs", "--follow", "--timeout", "0.2", "--json"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 2
+
+
+def test_following_every_queue_wakes_for_any_queue_and_for_a_new_one() -> None:
+    db = fdbqueue.open("memory://")
+    for name in ("a", "b"):
+        fdbqueue.create_queue(db, name, journal=True)
+    since = journal(db, None)[-1].version
+    got: list[JournalEntry] = []
+
+    def follow() -> None:
+        for e in fdbqueue.journal(db, None, since=since, follow=True, timeout=3.0):
+            got.append(e)
+            if len(got) == 3:
+                return
+
+    t = threading.Thread(target=follow)
+    t.start()
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    Queue("b").enqueue(db, b"1")
+    time.sleep(0.1)
+    fdbqueue.create_queue(db, "c", journal=True)  # a queue journaled after the follow began
+    time.sleep(0.1)
+    Queue("c").enqueue(db, b"2")
+    t.join(5.0)
+    assert not t.is_alive()
+    assert [(e.op, e.queue) for e in got] == [("enqueue", "b"), ("create", "c"), ("enqueue", "c")]
+    assert time.monotonic() - t0 < 2.0  # woken by the commits, not by the timeout
