@@ -526,13 +526,14 @@ class JournalKeys:
     then the stamp's offset, four bytes little-endian, for ``set_versionstamped_key``): every
     journaled operation writes two, and ``fdb.tuple.pack`` would cost more than the rest."""
 
-    __slots__ = ("_bells", "_prefixes", "root")
+    __slots__ = ("_bells", "_h", "_prefixes", "root")
     _made: dict[bytes, JournalKeys] = {}
 
     def __init__(self, root: Subspace) -> None:
         self.root = root
         self._prefixes: dict[tuple[str, object], bytes] = {}
         self._bells: dict[str | None, bytes] = {}
+        self._h = root.key() + enc_str("h")
 
     @classmethod
     def make(cls, root: tuple[Any, ...] = DEFAULT_ROOT) -> JournalKeys:
@@ -561,7 +562,7 @@ class JournalKeys:
                     self._prefixes.clear()
                 self._prefixes[(a, b)] = found
             else:
-                found = self.root.key() + enc_str("h") + enc_int(int(b)) + enc_str(a)  # type: ignore[call-overload]
+                found = self._h + enc_int(int(b)) + enc_str(a)  # type: ignore[call-overload]
         return found
 
     @staticmethod

@@ -378,6 +378,18 @@ def _fit(value: bytes | None, n: int) -> bytes:
     return v[:n] if len(v) >= n else v + b"\x00" * (n - len(v))
 
 
+def check_versionstamp_offset(template: bytes) -> None:
+    """What :func:`fill_versionstamp` checks, without building the result: a 4-byte offset
+    suffix that points at ten bytes inside the rest."""
+    if len(template) < 4:
+        raise EngineError(2006, "versionstamp template needs a 4-byte offset suffix")
+    if _OFFSET(template, len(template) - 4)[0] + 10 > len(template) - 4:
+        raise EngineError(2006, "versionstamp offset points past the end of the key or value")
+
+
+_OFFSET = struct.Struct("<I").unpack_from
+
+
 def fill_versionstamp(template: bytes, stamp: bytes) -> bytes:
     """Replace the 10 bytes at the little-endian offset in ``template``'s last 4 bytes."""
     if len(template) < 4:

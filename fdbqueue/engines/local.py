@@ -36,9 +36,9 @@ from fdbqueue.engines.base import (
     check_range_end,
     check_read_key,
     check_value,
+    check_versionstamp_offset,
     check_write_key,
     check_write_range,
-    fill_versionstamp,
     key_after,
     make_versionstamp,
     register_transaction_type,
@@ -546,7 +546,7 @@ class LocalTransaction(ABC):
         if k[:-4] >= SYSTEM_KEYS:
             raise EngineError(2004, "keys at or after b'\\xff' are reserved")
         v = check_value(value)
-        fill_versionstamp(k, b"\x00" * 10)  # validates the offset now, not at commit
+        check_versionstamp_offset(k)  # the offset, now rather than at commit
         self._touch()
         # The mutation keeps the offset; the write conflict range spans the possible keys
         # without it (getVersionstampKeyRange, fdbclient/ReadYourWrites.cpp).
@@ -560,7 +560,7 @@ class LocalTransaction(ABC):
         v = check_bytes("value", value)
         if len(v) - 4 > VALUE_SIZE_LIMIT:
             raise EngineError(2103, f"value of {len(v) - 4} bytes exceeds {VALUE_SIZE_LIMIT}")
-        fill_versionstamp(v, b"\x00" * 10)
+        check_versionstamp_offset(v)
         self._touch()
         self._size += _SET_BYTES + 3 * len(k) + len(v)
         self._has_writes = True
