@@ -61,6 +61,7 @@ from fdbqueue.message import (
     PayloadTooLargeError,
     ReasonTooLargeError,
 )
+from fdbqueue.moving import move
 from fdbqueue.queue import Queue, QueueFullError, QueueStoppedError
 from fdbqueue.sweep import SweepStats
 from fdbqueue.types import JournalEntry
@@ -120,6 +121,7 @@ __all__ = [
     "history",
     "journal",
     "list_queues",
+    "move",
     "open",
     "purge_queue",
     "queue_config",

@@ -1,4 +1,4 @@
-"""The journal and privileges on the command line: journal, history, grant, revoke and acl."""
+"""The command line's journal, privileges and moves: journal, history, grant, revoke, acl, move."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import fdbqueue
 import fdbqueue.privileges
-from fdbqueue.cli_io import CommandError, _cells, _count, _render, _seconds, _table
+from fdbqueue.cli_io import CommandError, _cells, _count, _headers, _render, _seconds, _table
 from fdbqueue.types import JournalEntry
 
 Add = Callable[..., argparse.ArgumentParser]
@@ -60,6 +60,10 @@ def add_journal_commands(add: Add, common: argparse.ArgumentParser) -> None:
         p.add_argument("who", metavar="PRINCIPAL")
         p.add_argument("rights", nargs="+", metavar="RIGHT", help=rights)
     add("acl", _cmd_acl, "who holds which rights on a queue (needs admin)")
+    p = add("move", _cmd_move, "move a queue's ready messages to another queue", json_flag=False)
+    p.add_argument("dst", metavar="DST", help="the queue they go to")
+    p.add_argument("--where", action="append", metavar="K=V", help="only messages with this header")
+    p.add_argument("--limit", type=_count, default=0, help="at most N messages (0: all)")
 
 
 def entry_json(e: JournalEntry) -> dict[str, Any]:
@@ -151,4 +155,11 @@ def _cmd_acl(db: fdbqueue.Database, args: argparse.Namespace) -> int:
     for p, r in sorted(found.items()):
         table.add_row(*_cells(p, ", ".join(sorted(r))))
     _render(table)
+    return 0
+
+
+def _cmd_move(db: fdbqueue.Database, args: argparse.Namespace) -> int:
+    where = _headers(args.where) if args.where else None
+    n = fdbqueue.move(db, args.name, args.dst, where=where, limit=args.limit or None)
+    print(f"moved {n} message{'s' if n != 1 else ''} from {args.name} to {args.dst}")
     return 0

@@ -516,3 +516,26 @@ def purge_some(tr: Transaction, keys: QueueKeys, limit: int) -> tuple[int, bool]
         if len(kvs) > limit - n or n >= limit:
             return n, True
     return n, False
+
+
+def move_message(
+    tr: Transaction,
+    src: QueueKeys,
+    src_journaled: bool,
+    dst: QueueKeys,
+    dst_journaled: bool,
+    key: bytes,
+    rec: Record,
+) -> None:
+    """Move the ready message at ``key`` of ``src`` to the tail of its priority in ``dst``,
+    keeping its id, headers, priority, payload (its chunks copied), enqueue time, TTL and
+    deliveries: the queue manager's forwarding between two queues, one transaction
+    (Bernstein & Newcomer). Journaled ``move_out`` in ``src`` and ``move_in`` in ``dst``."""
+    if rec.chunks:
+        for kv in tr.get_range(*src.chunk_range(rec.id)):
+            tr.set(dst.q.pack(("b", rec.id, src.q.unpack(kv.key)[2])), kv.value)
+    remove_message(tr, src, key, rec, count="ready")  # its chunks with it
+    if src_journaled:
+        after(tr, src, True, Note("move_out", None, {"to": dst.name}), rec)
+    note = Note("move_in", None, {"origin": src.name})
+    put_ready(tr, dst, None, rec, src.priority_of(key), journaled=dst_journaled, note=note)

@@ -235,6 +235,7 @@ LAYERS: dict[str, int] = {
     # L5 the API.
     "queue": 5,
     "admin": 5,
+    "moving": 5,
     # L6 runtime.
     "worker": 6,
     "dispatcher": 6,

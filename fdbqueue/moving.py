@@ -1,0 +1,129 @@
+"""Moving messages between two queues of one database: ``move`` (and the ``fdbqueue move``
+command).
+
+The queue manager's forwarding within one system (Bernstein & Newcomer): each message is
+removed from one queue and installed on the other in one transaction (``moves.move_message``),
+so a crash leaves it in exactly one of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from fdbqueue.budget import Budget, move_cost
+from fdbqueue.clock import db_now
+from fdbqueue.config import QueueConfig, read_meta, write_config
+from fdbqueue.engines.base import Database, Transaction, adopt, is_transaction
+from fdbqueue.errors import CorruptMessageError, QueueError, QueueNotFoundError
+from fdbqueue.layout import DEFAULT_ROOT, QueueKeys
+from fdbqueue.message import decode_record
+from fdbqueue.moves import expire, move_corrupt, move_message
+from fdbqueue.privileges import check
+from fdbqueue.receipts import settled
+from fdbqueue.txn import run_once
+
+BATCH = 100  # messages one transaction moves at most (each also bounded by the byte budget)
+_MISSING = object()
+
+
+def move(
+    tr: Transaction | Database,
+    src: str,
+    dst: str,
+    *,
+    where: Mapping[str, Any] | None = None,
+    limit: int | None = None,
+    root: tuple[Any, ...] = DEFAULT_ROOT,
+) -> int:
+    """Move the ready messages of queue ``src`` (those whose headers match ``where``, at most
+    ``limit``) to queue ``dst`` of the same database, in dequeue order; returns how many.
+
+    Each message keeps its id, headers, priority, payload, enqueue time, TTL and deliveries,
+    and goes to the tail of its priority in ``dst``; leased and delayed messages stay. Given a
+    Transaction, it moves in it what one transaction's budget allows (call again for more);
+    given a Database, in batches of at most BATCH, each its own transaction, exactly once
+    across commit_unknown_result (a receipt settles each batch). Needs ``admin`` on ``src``
+    and ``enqueue`` on ``dst``; journaled ``move_out`` / ``move_in`` where the queues are.
+    """
+    skeys, dkeys = QueueKeys.make(src, root), QueueKeys.make(dst, root)
+    if skeys == dkeys:
+        raise QueueError(f"move needs two queues, got {src!r} twice")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise QueueError(f"limit must be an int >= 0 or None, got {limit!r}")
+    if where is not None and (not isinstance(where, Mapping) or not all(isinstance(k, str) for k in where)):
+        raise QueueError(f"where must map header names (str) to values, got {where!r}")
+    tr = adopt(tr)
+    if is_transaction(tr):
+        return run_once(tr, lambda t, _: _batch(t, skeys, dkeys, where, limit, None)[0])
+    total = 0
+    cursor: bytes | None = None
+    while limit is None or total < limit:
+        want = BATCH if limit is None else min(BATCH, limit - total)
+        start = cursor
+
+        def body(t: Transaction, want: int = want, start: bytes | None = start) -> tuple[int, bytes | None]:
+            return _batch(t, skeys, dkeys, where, want, start)
+
+        n, cursor = settled(tr, skeys, body)
+        total += n
+        if cursor is None:
+            return total
+    return total
+
+
+def _batch(
+    t: Transaction,
+    skeys: QueueKeys,
+    dkeys: QueueKeys,
+    where: Mapping[str, Any] | None,
+    limit: int | None,
+    start: bytes | None,
+) -> tuple[int, bytes | None]:
+    """Move up to ``limit`` matching ready messages from ``start`` (None: the head); returns
+    how many, and where the next transaction goes on (None: the scan reached the end)."""
+    smeta = read_meta(t, skeys)
+    if smeta.config is None:
+        raise QueueNotFoundError(f"no queue named {skeys.name!r}")
+    check(t, skeys, "admin", smeta)
+    dmeta = read_meta(t, dkeys)
+    check(t, dkeys, "enqueue", dmeta)
+    scfg = smeta.config
+    if dmeta.config is None:
+        write_config(t, dkeys, QueueConfig())  # created with defaults on first use, as enqueue does
+        djournal = False
+    else:
+        djournal = dmeta.config.journal
+    now = db_now(t)
+    budget = Budget()
+    moved = 0
+    begin, end = skeys.ready_range()
+    begin = start or begin
+    while True:
+        asked = budget.batch(64)
+        kvs = t.snapshot.get_range(begin, end, asked)
+        budget.read(kvs)
+        for key, raw in kvs:
+            if limit is not None and moved >= limit:
+                return moved, key
+            try:
+                rec = decode_record(raw, skeys, key)
+            except CorruptMessageError as exc:
+                move_corrupt(skeys, t, scfg, key, raw, exc, budget)
+                continue
+            if rec.expires_us is not None and rec.expires_us <= now:
+                if budget.take(move_cost(len(key), len(raw), rec.chunks)):
+                    expire(skeys, t, scfg, key, rec)
+                continue
+            if where is not None and not all(rec.headers.get(k, _MISSING) == v for k, v in where.items()):
+                continue
+            if not budget.take(2 * move_cost(len(key), len(raw), rec.chunks)):
+                return moved, key  # the rest for the next transaction
+            t.add_read_conflict_key(key)  # a concurrent dequeue of it conflicts
+            move_message(t, skeys, scfg.journal, dkeys, djournal, key, rec)
+            moved += 1
+        if not kvs or (len(kvs) < budget.batch(64) and not kvs):
+            return moved, None
+        begin = kvs[-1].key + b"\x00"
+        if budget.scan_exhausted():
+            return moved, begin
