@@ -63,6 +63,7 @@ from fdbqueue.message import (
 )
 from fdbqueue.moving import move
 from fdbqueue.queue import Queue, QueueFullError, QueueStoppedError
+from fdbqueue.routing import PartitionedQueue, routes, set_route
 from fdbqueue.sweep import SweepStats
 from fdbqueue.types import JournalEntry
 from fdbqueue.worker import HandlerSignatureError, Worker, WorkerStats
@@ -95,6 +96,7 @@ __all__ = [
     "LeaseExpiredError",
     "Message",
     "NestedTransactionError",
+    "PartitionedQueue",
     "PayloadTooLargeError",
     "Queue",
     "QueueConfig",
@@ -128,6 +130,8 @@ __all__ = [
     "queue_rates",
     "queue_stats",
     "revoke",
+    "routes",
+    "set_route",
     "set_state",
     "start_queue",
     "stop_queue",

@@ -64,6 +64,10 @@ def add_journal_commands(add: Add, common: argparse.ArgumentParser) -> None:
     p.add_argument("dst", metavar="DST", help="the queue they go to")
     p.add_argument("--where", action="append", metavar="K=V", help="only messages with this header")
     p.add_argument("--limit", type=_count, default=0, help="at most N messages (0: all)")
+    add("routes", _cmd_routes, "the routing values of a partitioned queue sent to named queues")
+    p = add("route", _cmd_route, "send a routing value of a partitioned queue to QUEUE", json_flag=False)
+    p.add_argument("value", metavar="VALUE", help="the routing value")
+    p.add_argument("queue", metavar="QUEUE", help="where its messages go ('': back to its partition)")
 
 
 def entry_json(e: JournalEntry) -> dict[str, Any]:
@@ -162,4 +166,26 @@ def _cmd_move(db: fdbqueue.Database, args: argparse.Namespace) -> int:
     where = _headers(args.where) if args.where else None
     n = fdbqueue.move(db, args.name, args.dst, where=where, limit=args.limit or None)
     print(f"moved {n} message{'s' if n != 1 else ''} from {args.name} to {args.dst}")
+    return 0
+
+
+def _cmd_routes(db: fdbqueue.Database, args: argparse.Namespace) -> int:
+    found = fdbqueue.routes(db, args.name)
+    if args.json:
+        print(json.dumps(found, sort_keys=True))
+        return 0
+    if not found:
+        print(f"{args.name}: every routing value goes to its hashed partition")
+        return 0
+    table = _table("value", "queue")
+    for value, queue in sorted(found.items()):
+        table.add_row(*_cells(value, queue))
+    _render(table)
+    return 0
+
+
+def _cmd_route(db: fdbqueue.Database, args: argparse.Namespace) -> int:
+    fdbqueue.set_route(db, args.name, args.value, args.queue or None)
+    where = args.queue or "its hashed partition"
+    print(f"{args.name}: messages of {args.value!r} now go to {where}")
     return 0

@@ -624,3 +624,26 @@ class JournalKeys:
 _STAMP_CODE = b"\x33"  # fdb.tuple's code for a Versionstamp
 _NO_STAMP = b"\xff" * 10  # the ten bytes the commit fills in
 _OFFSET = struct.Struct("<I")  # where they are (API version 520 and later)
+
+
+# -- routes (routing.py) ----------------------------------------------------------------------
+
+
+def route_key(root: tuple[Any, ...], name: str, value: str) -> bytes:
+    """Where partitioned queue ``name`` sends the messages of routing value ``value``."""
+    return bytes(root_subspace(root).pack(("rt", name, value)))
+
+
+def route_range(root: tuple[Any, ...], name: str) -> tuple[bytes, bytes]:
+    r = root_subspace(root).range(("rt", name))
+    return bytes(r.start), bytes(r.stop)
+
+
+def route_value(root: tuple[Any, ...], key: bytes) -> str:
+    return str(root_subspace(root).unpack(key)[2])
+
+
+def stable_hash(value: str) -> int:
+    """A hash of ``value`` that every process and Python version computes alike (CRC-32 of its
+    UTF-8 bytes: Python's own ``hash`` of a str is salted per process)."""
+    return zlib.crc32(value.encode("utf-8"))

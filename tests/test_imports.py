@@ -236,6 +236,7 @@ LAYERS: dict[str, int] = {
     "queue": 5,
     "admin": 5,
     "moving": 5,
+    "routing": 5,
     # L6 runtime.
     "worker": 6,
     "dispatcher": 6,

@@ -1,0 +1,161 @@
+"""Partitioned queues and routing: parameter-based routing for scale-out (Bernstein & Newcomer,
+the queue manager), and FoundationDB's answer to a hot shard (apple/foundationdb
+``design/hotshard.md``): one queue's traffic spread over several queues, so over several key
+ranges.
+
+``PartitionedQueue("orders", partitions=8, key="customer")`` sends a message to
+``orders.p<h % 8>`` where ``h`` is a stable hash of its routing value (a header, or a function of
+payload and headers); ``set_route`` maps one value to a named queue instead (kept in the
+database, so every producer follows a change from its next transaction; messages already
+queued stay where they are).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from fdbqueue.admin import queue_stats
+from fdbqueue.engines.base import Database, Transaction, adopt, is_transaction
+from fdbqueue.errors import QueueError, QueueNotFoundError
+from fdbqueue.layout import DEFAULT_ROOT, QueueKeys, route_key, route_range, route_value, stable_hash
+from fdbqueue.queue import Queue
+from fdbqueue.receipts import settled
+from fdbqueue.txn import run_once
+from fdbqueue.types import Message, QueueStats
+
+RouteKey = str | Callable[[Any, Mapping[str, Any]], str]
+MAX_PARTITIONS = 1024
+
+
+class PartitionedQueue:
+    """A queue spread over ``partitions`` queues ``name.p0 .. name.pN-1`` by a routing value:
+    the header ``key`` names, or ``key(payload, headers)``. A handle: no I/O."""
+
+    def __init__(
+        self, name: str, *, partitions: int, key: RouteKey, root: tuple[Any, ...] = DEFAULT_ROOT
+    ) -> None:
+        if (
+            isinstance(partitions, bool)
+            or not isinstance(partitions, int)
+            or not 1 <= partitions <= MAX_PARTITIONS
+        ):
+            raise QueueError(f"partitions must be an int from 1 to {MAX_PARTITIONS}, got {partitions!r}")
+        if not (isinstance(key, str) and key) and not callable(key):
+            raise QueueError(
+                f"key must be a header name or a function (payload, headers) -> str, got {key!r}"
+            )
+        self.keys = QueueKeys.make(name, root)  # validates the name; receipts of routed enqueues
+        self.name = name
+        self.root = root
+        self.partitions = partitions
+        self.key = key
+        self.queues = [Queue(f"{name}.p{i}", root=root) for i in range(partitions)]
+
+    def __repr__(self) -> str:
+        return f"PartitionedQueue({self.name!r}, partitions={self.partitions})"
+
+    def partition_of(self, value: str) -> str:
+        """The partition routing value ``value`` hashes to (``set_route`` aside): the same in
+        every process and Python version."""
+        if not isinstance(value, str):
+            raise QueueError(f"a routing value is a str, got {value!r}")
+        return self.queues[stable_hash(value) % self.partitions].name
+
+    def _value(self, payload: object, headers: Mapping[str, Any] | None) -> str:
+        value: object
+        if callable(self.key):
+            value = self.key(payload, dict(headers or {}))
+        else:
+            value = (headers or {}).get(self.key)
+            if value is None:
+                raise QueueError(
+                    f"partitioned queue {self.name!r} routes by header {self.key!r}: the message has none"
+                )
+        if not isinstance(value, str):
+            raise QueueError(f"a routing value is a str, got {value!r}")
+        return value
+
+    def route(self, tr: Transaction | Database, value: str) -> str:
+        """The queue a message of routing value ``value`` goes to now."""
+        return run_once(adopt(tr), lambda t, _: self._target(t, value))
+
+    def _target(self, t: Transaction, value: str) -> str:
+        routed = t.get(route_key(self.root, self.name, value))
+        return routed.decode() if routed is not None else self.partition_of(value)
+
+    def enqueue(self, tr: Transaction | Database, payload: object, **options: Any) -> str:
+        """Enqueue into the queue the message's routing value goes to; the route is read in the
+        same transaction (a change of route is followed from the next one). Takes
+        :meth:`Queue.enqueue`'s options; exactly once given a Database, as it is."""
+        value = self._value(payload, options.get("headers"))
+        tr = adopt(tr)
+
+        def body(t: Transaction) -> str:
+            return Queue(self._target(t, value), root=self.root).enqueue(t, payload, **options)
+
+        if is_transaction(tr):
+            return run_once(tr, lambda t, _: body(t))
+        return settled(tr, self.keys, body)
+
+    def size(self, tr: Transaction | Database) -> int:
+        """Ready messages over every partition (one transaction)."""
+        return run_once(adopt(tr), lambda t, _: sum(q.size(t) for q in self.queues))
+
+    def stats(self, tr: Transaction | Database) -> list[QueueStats]:
+        """Each partition's :class:`QueueStats` (partitions never used are left out)."""
+        out = []
+        for q in self.queues:
+            try:
+                out.append(queue_stats(tr, q.name, root=self.root))
+            except QueueNotFoundError:
+                continue
+        return out
+
+    def browse(self, tr: Transaction | Database, *, limit: int | None = None) -> Iterator[Message]:
+        """Ready messages of every partition, partition by partition, each in dequeue order."""
+        left = limit
+        for q in self.queues:
+            for m in q.browse(tr, limit=left):
+                yield m
+                if left is not None:
+                    left -= 1
+                    if left <= 0:
+                        return
+
+
+def set_route(
+    tr: Transaction | Database,
+    name: str,
+    value: str,
+    queue: str | None,
+    *,
+    root: tuple[Any, ...] = DEFAULT_ROOT,
+) -> None:
+    """Send the messages of routing value ``value`` of partitioned queue ``name`` to ``queue``
+    from the next transaction of every producer (None: back to its hashed partition). Messages
+    already queued stay where they are. Atomic; composes inside the caller's transaction."""
+    QueueKeys.make(name, root)
+    if not isinstance(value, str) or not value:
+        raise QueueError(f"a routing value is a non-empty str, got {value!r}")
+    if queue is not None:
+        QueueKeys.make(queue, root)  # validates the name
+    key = route_key(root, name, value)
+
+    def body(t: Transaction, _: bool) -> None:
+        if queue is None:
+            t.clear(key)
+        else:
+            t.set(key, queue.encode())
+
+    run_once(adopt(tr), body)
+
+
+def routes(tr: Transaction | Database, name: str, *, root: tuple[Any, ...] = DEFAULT_ROOT) -> dict[str, str]:
+    """The values of partitioned queue ``name`` routed by ``set_route``, and where to."""
+    QueueKeys.make(name, root)
+
+    def body(t: Transaction, _: bool) -> dict[str, str]:
+        return {route_value(root, kv.key): kv.value.decode() for kv in t.get_range(*route_range(root, name))}
+
+    return run_once(adopt(tr), body)
