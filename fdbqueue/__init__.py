@@ -51,6 +51,7 @@ from fdbqueue.errors import (
     StoreFullError,
     UnsupportedFormatError,
 )
+from fdbqueue.forwarding import Forwarder, ForwardStats, forward
 from fdbqueue.journaling import history, journal, trim_journal
 from fdbqueue.message import (
     ContentType,
@@ -84,6 +85,8 @@ __all__ = [
     "Dispatcher",
     "DispatcherStats",
     "EngineError",
+    "ForwardStats",
+    "Forwarder",
     "HandlerSignatureError",
     "HeadersTooLargeError",
     "InvalidPayloadError",
@@ -119,6 +122,7 @@ __all__ = [
     "acl",
     "create_queue",
     "destroy_queue",
+    "forward",
     "grant",
     "history",
     "journal",

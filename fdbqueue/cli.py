@@ -605,7 +605,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.names = [args.name, *args.names]
     db: fdbqueue.Database | None = None
     try:
-        if args.command == "demo":
+        if args.command in ("demo", "forward"):  # no main database: theirs are named
             return int(args.func(args))
         _check_url(args.url or os.environ.get("FDBQUEUE_URL"))
         db = fdbqueue.open(args.url, principal=args.principal)

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from rich.console import Console
+
 import fdbqueue
 import fdbqueue.privileges
-from fdbqueue.cli_io import CommandError, _cells, _count, _headers, _render, _seconds, _table
+from fdbqueue.cli_io import CommandError, _cells, _check_url, _count, _headers, _render, _seconds, _table
 from fdbqueue.types import JournalEntry
 
 Add = Callable[..., argparse.ArgumentParser]
@@ -64,6 +67,18 @@ def add_journal_commands(add: Add, common: argparse.ArgumentParser) -> None:
     p.add_argument("dst", metavar="DST", help="the queue they go to")
     p.add_argument("--where", action="append", metavar="K=V", help="only messages with this header")
     p.add_argument("--limit", type=_count, default=0, help="at most N messages (0: all)")
+    text = "forward a queue to another database, exactly once (resumable; --follow keeps going)"
+    p = add("forward", _cmd_forward, text, json_flag=False, named=False)
+    p.add_argument("--from", dest="src_url", required=True, metavar="URL", help="the source database")
+    p.add_argument("--queue", required=True, metavar="Q", help="the source queue")
+    p.add_argument("--to", dest="dst_url", required=True, metavar="URL", help="the destination database")
+    p.add_argument("--to-queue", default=None, metavar="Q", help="the destination queue (default: --queue)")
+    p.add_argument("--follow", action="store_true", help="keep forwarding as messages arrive (SIGTERM stops)")
+    p.add_argument("--batch", type=_count, default=100, help="messages per transaction (default 100)")
+    p.add_argument("--limit", type=_count, default=0, help="at most N messages (0: all)")
+    p.add_argument(
+        "--ack-queue", default=None, metavar="Q", help="one acknowledgement per message, on the source"
+    )
     add("routes", _cmd_routes, "the routing values of a partitioned queue sent to named queues")
     p = add("route", _cmd_route, "send a routing value of a partitioned queue to QUEUE", json_flag=False)
     p.add_argument("value", metavar="VALUE", help="the routing value")
@@ -188,4 +203,33 @@ def _cmd_route(db: fdbqueue.Database, args: argparse.Namespace) -> int:
     fdbqueue.set_route(db, args.name, args.value, args.queue or None)
     where = args.queue or "its hashed partition"
     print(f"{args.name}: messages of {args.value!r} now go to {where}")
+    return 0
+
+
+def _cmd_forward(args: argparse.Namespace) -> int:
+    """Not given the main database: both ends are named (``main`` runs it before opening one)."""
+    _check_url(args.src_url)
+    _check_url(args.dst_url)
+    if not args.batch:
+        raise CommandError("--batch must be at least 1")
+    src = fdbqueue.open(args.src_url, principal=args.principal)
+    dst = fdbqueue.open(args.dst_url, principal=args.principal)
+    try:
+        f = fdbqueue.Forwarder(
+            src, args.queue, dst, args.to_queue or args.queue, batch=args.batch, ack_queue=args.ack_queue
+        )
+        run = functools.partial(f.run, follow=args.follow, limit=args.limit or None, install_signals=True)
+        if sys.stderr.isatty():
+            from rich.progress import Progress
+
+            with Progress(console=Console(stderr=True), transient=True) as bar:
+                task = bar.add_task(f"forwarding {args.queue}", total=None)
+                st = run(progress=lambda s: bar.update(task, completed=s.forwarded))
+        else:
+            st = run()
+    finally:
+        src.close()
+        dst.close()
+    lag = "" if st.lag is None else f", lag {st.lag:.1f} s"
+    print(f"forwarded {st.forwarded} (already there: {st.skipped}, retried: {st.retried}{lag})")
     return 0

@@ -186,6 +186,31 @@ def _leased(keys: QueueKeys, tr: Transaction, m: Message, now: int, *, allow_exp
     if not isinstance(m, Message) or not m.receipt:
         raise LeaseError("ack, nack and extend take a Message returned by lease()")
     (raw,) = check(tr, keys, "dequeue", also=[keys.inflight_key(m.id)])
+    return _lease_of(keys, tr, m, raw, now, allow_expired)
+
+
+def ack_many_in(
+    keys: QueueKeys, tr: Transaction, msgs: list[Message], now: int, note: Note | None = None
+) -> list[Message]:
+    """Ack every message of ``msgs`` whose lease is still ours: their records and the queue's
+    guard in one round trip. Returns the ones acked (an expired or lost lease is skipped)."""
+    if not all(isinstance(m, Message) and m.receipt for m in msgs):
+        raise LeaseError("ack takes Messages returned by lease()")
+    raws = check(tr, keys, "dequeue", also=[keys.inflight_key(m.id) for m in msgs])
+    done = []
+    for m, raw in zip(msgs, raws, strict=True):
+        try:
+            rec = _lease_of(keys, tr, m, raw, now, False)
+        except LeaseError:
+            continue
+        finish_lease(tr, keys, rec, note)
+        done.append(m)
+    return done
+
+
+def _lease_of(
+    keys: QueueKeys, tr: Transaction, m: Message, raw: bytes | None, now: int, allow_expired: bool
+) -> Record:
     rec = None if raw is None else decode_record(raw, keys, keys.inflight_key(m.id), m.id)
     if rec is None or rec.extra.get("receipt") != m.receipt:
         raise LeaseError(
@@ -198,9 +223,9 @@ def _leased(keys: QueueKeys, tr: Transaction, m: Message, now: int, *, allow_exp
     return rec
 
 
-def ack_in(keys: QueueKeys, tr: Transaction, m: Message, now: int) -> Record:
+def ack_in(keys: QueueKeys, tr: Transaction, m: Message, now: int, note: Note | None = None) -> Record:
     rec = _leased(keys, tr, m, now)
-    finish_lease(tr, keys, rec)
+    finish_lease(tr, keys, rec, note)
     return rec
 
 

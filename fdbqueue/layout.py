@@ -647,3 +647,17 @@ def stable_hash(value: str) -> int:
     """A hash of ``value`` that every process and Python version computes alike (CRC-32 of its
     UTF-8 bytes: Python's own ``hash`` of a str is salted per process)."""
     return zlib.crc32(value.encode("utf-8"))
+
+
+# -- forwarding (forwarding.py) ---------------------------------------------------------------
+
+
+def forward_marker(dst: QueueKeys, origin: str, msg_id: str) -> bytes:
+    """In the destination queue: message ``msg_id`` of source ``origin`` is installed here
+    (kept apart from the messages: a purge leaves the markers, which keep forwarding exact)."""
+    return bytes(dst.q.pack(("fw", origin, msg_id)))
+
+
+def forward_marker_range(dst: QueueKeys, origin: str) -> tuple[bytes, bytes]:
+    r = dst.q.range(("fw", origin))
+    return bytes(r.start), bytes(r.stop)

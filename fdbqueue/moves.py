@@ -299,11 +299,12 @@ def end_lease(tr: Transaction, keys: QueueKeys, rec: Record) -> None:
     tr.add(keys.counter("inflight"), MINUS_ONE)
 
 
-def finish_lease(tr: Transaction, keys: QueueKeys, rec: Record) -> None:
-    """An acked message: out of flight and gone, with its chunks and TTL entry; counted done."""
+def finish_lease(tr: Transaction, keys: QueueKeys, rec: Record, note: Note | None = None) -> None:
+    """An acked message: out of flight and gone, with its chunks and TTL entry; counted done.
+    Journaled ``ack``, or as ``note`` says (a forwarder's ``forward_out``)."""
     end_lease(tr, keys, rec)
     if JOURNALED in rec.extra:
-        after(tr, keys, True, Note("ack"), rec)
+        after(tr, keys, True, note or Note("ack"), rec)
     tr.add(keys.counter("done"), ONE)
     if rec.chunks:
         tr.clear_range(*keys.chunk_range(rec.id))
@@ -350,6 +351,7 @@ def write_new(
     payload: bytes | None,
     journaled: bool = False,
     details: Mapping[str, Any] | None = None,
+    origin: str | None = None,
 ) -> None:
     """Write a new message at ``key`` (ready or delayed); ``home``: its id names ``key`` (no id
     entry); ``payload``: the payload to write in sealed chunks when ``rec.chunks``. The caller
@@ -363,7 +365,10 @@ def write_new(
     if not home:
         tr.set(keys.id_key(rec.id), key)
     if journaled:
-        after(tr, keys, True, Note("enqueue", None, details), rec)
+        if origin is not None:
+            after(tr, keys, True, Note("forward_in", None, {**(details or {}), "origin": origin}), rec)
+        else:
+            after(tr, keys, True, Note("enqueue", None, details), rec)
 
 
 def count_new(tr: Transaction, keys: QueueKeys, ready: int, delayed: int, new_priorities: set[int]) -> None:

@@ -397,6 +397,7 @@ class Queue:
             payload=it.payload if chunks else None,
             journaled=cfg.journal,
             details=details,
+            origin=it.origin,
         )
         return msg_id
 

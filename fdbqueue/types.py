@@ -82,6 +82,7 @@ class Item(NamedTuple):
     dedup_key: str | None
     fixed_id: bool = False  # the id must be known before the write (an autonomous enqueue)
     admitted: bool = False  # checked for room and a running queue already (an autonomous enqueue)
+    origin: str | None = None  # forwarded from this queue of another database (journaled so)
 
 
 class AutonomousId(str):

@@ -239,6 +239,7 @@ LAYERS: dict[str, int] = {
     "routing": 5,
     # L6 runtime.
     "worker": 6,
+    "forwarding": 6,
     "dispatcher": 6,
     "testing": 6,
     # L7 surface.

@@ -1,0 +1,130 @@
+"""Forwarding between two databases, exactly once: across SIGKILLs of the forwarder, injected
+faults and outages of either side."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import fdbqueue
+from fdbqueue import Forwarder, Queue, testing
+
+CHILD = """
+import sys, fdbqueue
+src, dst = fdbqueue.open(sys.argv[1]), fdbqueue.open(sys.argv[2])
+f = fdbqueue.Forwarder(
+    src, "jobs", dst, "jobs", batch=int(sys.argv[3]), ack_queue="jobs.acks", lease_seconds=1.0
+)
+print("ready", flush=True)
+f.run(follow=True, install_signals=True)
+"""
+
+
+def _drain(db: fdbqueue.Database, name: str) -> list[str]:
+    out = []
+    while True:
+        m = Queue(name).dequeue(db)
+        if m is None:
+            return out
+        out.append(m.id if name == "jobs" else json.loads(m.payload)["id"])
+
+
+@pytest.mark.slow
+def test_every_message_arrives_once_across_twenty_sigkills(tmp_path: Path) -> None:
+    src_url, dst_url = f"sqlite:///{tmp_path / 'src.db'}", f"sqlite:///{tmp_path / 'dst.db'}"
+    src, dst = fdbqueue.open(src_url), fdbqueue.open(dst_url)
+    rnd = random.Random(7)
+    sent: list[str] = []
+    received: list[str] = []
+    env = {**os.environ, "PYTHONPATH": str(Path(fdbqueue.__file__).parent.parent)}
+    for kill in range(20):
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD, src_url, dst_url, str(rnd.choice([1, 7, 50]))],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        sent += Queue("jobs").enqueue_many(src, [b"m%d" % i for i in range(rnd.randint(5, 60))])
+        time.sleep(rnd.uniform(0.0, 0.3))
+        received += _drain(dst, "jobs")  # a consumer on the destination meanwhile
+        child.send_signal(signal.SIGKILL)
+        assert child.wait(30) == -signal.SIGKILL, kill
+    time.sleep(1.2)  # the killed forwarders' leases expire
+    stats = Forwarder(src, "jobs", dst, "jobs", ack_queue="jobs.acks", lease_seconds=1.0).run()
+    received += _drain(dst, "jobs")
+    assert sorted(received) == sorted(sent)  # every message once: none lost, none twice
+    assert len(set(received)) == len(received)
+    assert Queue("jobs").size(src) == 0 and fdbqueue.queue_stats(src, "jobs").inflight == 0
+    acks = _drain(src, "jobs.acks")
+    assert sorted(acks) == sorted(sent)  # one acknowledgement per message
+    assert stats.forwarded >= 0
+
+
+def test_faults_and_outages_of_either_side() -> None:
+    src = fdbqueue.open("sim://?seed=11&faults=0.05")
+    dst = fdbqueue.open("sim://?seed=12&faults=0.05")
+    sent = Queue("jobs").enqueue_many(src, [b"m%d" % i for i in range(150)])
+    stop = threading.Event()
+
+    def outages() -> None:
+        while not stop.is_set():
+            for db in (dst, src):
+                with testing.outage(db):
+                    time.sleep(0.03)
+                time.sleep(0.03)
+
+    t = threading.Thread(target=outages)
+    t.start()
+    try:
+        f = Forwarder(src, "jobs", dst, "jobs", batch=20, ack_queue="jobs.acks", lease_seconds=0.5)
+        stats = f.run()
+        while Queue("jobs").size(src) or fdbqueue.queue_stats(src, "jobs").inflight:
+            time.sleep(0.6)  # leases of batches interrupted by an outage come back
+            stats = f.run()
+    finally:
+        stop.set()
+        t.join()
+    assert stats.retried > 0  # the outages were met
+    assert sorted(m.id for m in Queue("jobs").browse(dst, limit=None)) == sorted(sent)
+    assert sorted(_drain(src, "jobs.acks")) == sorted(sent)
+
+
+def test_the_journal_and_the_stats() -> None:
+    src, dst = fdbqueue.open("memory://"), fdbqueue.open("memory://")
+    fdbqueue.create_queue(src, "jobs", journal=True)
+    fdbqueue.create_queue(dst, "in", journal=True)
+    ids = Queue("jobs").enqueue_many(src, [b"1", b"2", b"3"])
+    stats = fdbqueue.forward(src, "jobs", dst, "in", batch=2)
+    assert (stats.forwarded, stats.skipped) == (3, 0) and stats.lag is not None
+    assert [m.id for m in Queue("in").browse(dst)] == ids  # ids and order kept
+    assert [e.op for e in fdbqueue.history(src, ids[0])] == ["enqueue", "lease", "forward_out"]
+    arrived = fdbqueue.history(dst, ids[0])
+    assert [(e.op, e.details) for e in arrived] == [("forward_in", {"origin": "jobs"})]
+    with pytest.raises(fdbqueue.QueueError, match="batch"):
+        Forwarder(src, "jobs", dst, "in", batch=0)
+
+
+def test_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fdbqueue.cli import main
+
+    a, b = f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
+    assert main(["--url", a, "enqueue", "jobs", "x", "y"]) == 0
+    capsys.readouterr()
+    argv = ["forward", "--from", a, "--queue", "jobs", "--to", b, "--to-queue", "in", "--ack-queue", "acks"]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.startswith("forwarded 2 (already there: 0, retried: 0")
+    assert Queue("in").size(fdbqueue.open(b)) == 2
+    assert Queue("acks").size(fdbqueue.open(a)) == 2
+    assert main(["forward", "--from", a, "--queue", "jobs"]) == 2
+    assert "--to" in capsys.readouterr().err
+    assert main(["forward", "--from", "bogus://x", "--queue", "jobs", "--to", b]) == 2
