@@ -122,8 +122,8 @@ def _batch(
             t.add_read_conflict_key(key)  # a concurrent dequeue of it conflicts
             move_message(t, skeys, scfg.journal, dkeys, djournal, key, rec)
             moved += 1
-        if not kvs or (len(kvs) < budget.batch(64) and not kvs):
-            return moved, None
+        if len(kvs) < asked:
+            return moved, None  # the end of the ready messages
         begin = kvs[-1].key + b"\x00"
         if budget.scan_exhausted():
             return moved, begin
