@@ -154,7 +154,8 @@ class Forwarder:
 
     def prune_markers(self, limit: int = 1000) -> int:
         """Clear markers older than MARKER_TTL (database time of the destination) whose
-        message the source no longer holds: what a crash between steps 3 and 4 left."""
+        message the source no longer holds: what a crash, or the end of a run that could not
+        reach the destination, left behind."""
         dkeys = self.dst.keys
 
         def old(t: Transaction, _: bool) -> list[tuple[bytes, str]]:
