@@ -64,7 +64,8 @@ from fdbqueue.message import (
 )
 from fdbqueue.moving import move
 from fdbqueue.queue import Queue, QueueFullError, QueueStoppedError
-from fdbqueue.routing import PartitionedQueue, routes, set_route
+from fdbqueue.remote import RemoteQueue, RemoteStats
+from fdbqueue.routing import PartitionedQueue, partitioned_queues, routes, set_route
 from fdbqueue.sweep import SweepStats
 from fdbqueue.types import JournalEntry
 from fdbqueue.worker import HandlerSignatureError, Worker, WorkerStats
@@ -110,6 +111,8 @@ __all__ = [
     "QueueStats",
     "QueueStoppedError",
     "ReasonTooLargeError",
+    "RemoteQueue",
+    "RemoteStats",
     "StoreError",
     "StoreFullError",
     "SweepStats",
@@ -129,6 +132,7 @@ __all__ = [
     "list_queues",
     "move",
     "open",
+    "partitioned_queues",
     "purge_queue",
     "queue_config",
     "queue_rates",

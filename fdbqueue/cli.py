@@ -159,10 +159,33 @@ def _cmd_list(db: fdbqueue.Database, args: argparse.Namespace) -> int:
         print("no queues")
         return 0
     table = _table("name", "ready", "in flight", "delayed", "errors", "state")
+    groups = _partition_groups(db, [s.name for s in stats])
+    shown: set[str] = set()
     for s in stats:
+        if s.name in shown:
+            continue
+        group = groups.get(s.name)
+        if group is not None:  # a partitioned queue: one row for all, then its partitions
+            base, n = group
+            parts = [p for p in stats if groups.get(p.name, ("", 0))[0] == base]
+            total = [sum(getattr(p, f) for p in parts) for f in ("ready", "inflight", "delayed", "errors")]
+            table.add_row(*_cells(f"{base} ({n} partitions)", *total, ""))
+            for p in parts:
+                table.add_row(*_cells(f"  {p.name}", p.ready, p.inflight, p.delayed, p.errors, _state(p)))
+                shown.add(p.name)
+            continue
         table.add_row(*_cells(s.name, s.ready, s.inflight, s.delayed, s.errors, _state(s)))
     _render(table)
     return 0
+
+
+def _partition_groups(db: fdbqueue.Database, names: list[str]) -> dict[str, tuple[str, int]]:
+    """Each listed partition's partitioned queue and its partition count."""
+    out: dict[str, tuple[str, int]] = {}
+    for base, n in fdbqueue.partitioned_queues(db).items():
+        for i in range(n):
+            out[f"{base}.p{i}"] = (base, n)
+    return {name: out[name] for name in names if name in out}
 
 
 _STAT_LABELS = {"ready": "ready (depth)", "inflight": "in flight", "errors": "errors (in error queue)"}
@@ -381,13 +404,16 @@ def _cmd_worker(db: fdbqueue.Database, args: argparse.Namespace) -> int:
     from fdbqueue import Worker  # public API
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
-    missing = sorted(set(args.names) - set(fdbqueue.list_queues(db)))
+    from fdbqueue.fairness import is_pattern
+
+    pattern = len(args.names) == 1 and is_pattern(args.names[0])  # every matching queue, fairly
+    missing = [] if pattern else sorted(set(args.names) - set(fdbqueue.list_queues(db)))
     if missing:  # a typo would otherwise wait silently forever
         print(f"fdbqueue: warning: no queue named {', '.join(missing)} yet; waiting", file=sys.stderr)
 
     worker = Worker(
         db,
-        args.names,
+        args.names[0] if pattern else args.names,
         handler,
         mode=args.mode.replace("-", "_"),
         concurrency=args.concurrency,

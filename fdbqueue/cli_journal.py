@@ -76,6 +76,12 @@ def add_journal_commands(add: Add, common: argparse.ArgumentParser) -> None:
     p.add_argument("--follow", action="store_true", help="keep forwarding as messages arrive (SIGTERM stops)")
     p.add_argument("--batch", type=_count, default=100, help="messages per transaction (default 100)")
     p.add_argument("--limit", type=_count, default=0, help="at most N messages (0: all)")
+    p.add_argument("--where", action="append", metavar="K=V", help="only messages with this header")
+    p.add_argument(
+        "--exclusive",
+        action="store_true",
+        help="the forwarder is the source queue's only consumer (an outbox): no leases, faster",
+    )
     p.add_argument(
         "--ack-queue", default=None, metavar="Q", help="one acknowledgement per message, on the source"
     )
@@ -215,8 +221,16 @@ def _cmd_forward(args: argparse.Namespace) -> int:
     src = fdbqueue.open(args.src_url, principal=args.principal)
     dst = fdbqueue.open(args.dst_url, principal=args.principal)
     try:
+        where = _headers(args.where) if args.where else None
         f = fdbqueue.Forwarder(
-            src, args.queue, dst, args.to_queue or args.queue, batch=args.batch, ack_queue=args.ack_queue
+            src,
+            args.queue,
+            dst,
+            args.to_queue or args.queue,
+            batch=args.batch,
+            ack_queue=args.ack_queue,
+            where=where,
+            exclusive=args.exclusive,
         )
         run = functools.partial(f.run, follow=args.follow, limit=args.limit or None, install_signals=True)
         if sys.stderr.isatty():

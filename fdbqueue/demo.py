@@ -26,7 +26,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import fdb.tuple
+
 import fdbqueue
+from fdbqueue.layout import DEFAULT_ROOT
 from fdbqueue.worker import Worker
 
 
@@ -35,6 +38,14 @@ class _Names:
     """Where one run keeps its orders: its queues and its own records, unique to the run."""
 
     run: str
+    own_root: bool = False  # in a user's store: queues under a root of the run's own
+
+    @property
+    def root(self) -> tuple[str, ...]:
+        # In a user's store a subspace of the run's own: removing it leaves the store as it
+        # was, the default root's own keys (its work index's bell) untouched. In the demo's
+        # temporary store the default root, where `fdbqueue list` looks.
+        return ("fdbqueue-demo", self.run) if self.own_root else DEFAULT_ROOT
 
     @property
     def queue(self) -> str:
@@ -65,7 +76,7 @@ def _kind(i: int) -> str:
 
 def _producer(url: str, names: _Names, start: int, count: int) -> None:
     db = fdbqueue.open(url)
-    q = fdbqueue.Queue(names.queue)
+    q = fdbqueue.Queue(names.queue, root=names.root)
     for i in range(start, start + count):
         kind = _kind(i)
         body = {"order": i, "kind": kind, "sent": time.time(), "delay": 0.0}
@@ -99,9 +110,8 @@ class _Handler:
 
 def _worker(url: str, names: _Names) -> None:
     db = fdbqueue.open(url)
-    worker = Worker(
-        db, names.queue, _Handler(names), mode="exactly_once", sweep_interval=0.2, idle_timeout=0.2
-    )
+    q = fdbqueue.Queue(names.queue, root=names.root)
+    worker = Worker(db, q, _Handler(names), mode="exactly_once", sweep_interval=0.2, idle_timeout=0.2)
     import logging
 
     logging.getLogger("fdbqueue").setLevel(logging.ERROR)  # the poison messages fail on purpose
@@ -181,7 +191,7 @@ def run_demo(
     if url is None:
         folder = tempfile.mkdtemp(prefix="fdbqueue-demo-")
         url = f"sqlite://{os.path.join(folder, 'demo.db')}?sync=full"
-    names = _Names(os.urandom(4).hex())
+    names = _Names(os.urandom(4).hex(), own_root=folder is None)
     try:
         result = _run(url, names, messages, producers, workers, timeout)
         if not keep:
@@ -191,7 +201,7 @@ def run_demo(
         elif folder:
             result.kept = f"{folder} (look inside: fdbqueue --url '{url}' list)"
         else:
-            result.kept = f"queues {names.queue}, {names.errors}"
+            result.kept = f"queues {names.queue}, {names.errors} under root {names.root!r}"
         return result
     finally:
         if not keep:
@@ -207,11 +217,12 @@ def _clean(url: str, names: _Names) -> None:
     try:
         for name in (names.queue, names.errors):
             with contextlib.suppress(fdbqueue.QueueNotFoundError):
-                fdbqueue.destroy_queue(db, name)
+                fdbqueue.destroy_queue(db, name, root=names.root)
 
         @fdbqueue.transactional
         def clear(tr: Any) -> None:
             tr.clear_range_startswith(names.prefix)
+            tr.clear_range_startswith(fdb.tuple.pack(names.root))  # what else the run's root holds
 
         clear(db)
     finally:
@@ -221,7 +232,9 @@ def _clean(url: str, names: _Names) -> None:
 def _run(url: str, names: _Names, messages: int, producers: int, workers: int, timeout: float) -> DemoResult:
     db = fdbqueue.open(url)
     # Five deliveries: a flaky order that several workers saw fail at once still gets through.
-    fdbqueue.create_queue(db, names.queue, max_deliveries=5, retry_delay=0.05, lease_seconds=5.0)
+    fdbqueue.create_queue(
+        db, names.queue, max_deliveries=5, retry_delay=0.05, lease_seconds=5.0, root=names.root
+    )
     ctx = mp.get_context("spawn")
     per = max(1, messages // producers)
     total = per * producers
@@ -237,7 +250,7 @@ def _run(url: str, names: _Names, messages: int, producers: int, workers: int, t
             p.join(timeout)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            st = fdbqueue.queue_stats(db, names.queue)
+            st = fdbqueue.queue_stats(db, names.queue, root=names.root)
             if not (st.ready or st.delayed or st.inflight):  # the producers are done: all enqueued
                 break
             time.sleep(0.05)
@@ -253,7 +266,7 @@ def _run(url: str, names: _Names, messages: int, producers: int, workers: int, t
     counts = [int(kv.value) for kv in db.get_range_startswith(names.prefix + b"done/")]  # type: ignore[attr-defined]
     stats = [struct.unpack("<dB", kv.value) for kv in db.get_range_startswith(names.prefix + b"latency/")]  # type: ignore[attr-defined]
     dead = expired = 0
-    for m in fdbqueue.Queue(names.errors).browse(db, limit=None):
+    for m in fdbqueue.Queue(names.errors, root=names.root).browse(db, limit=None):
         dead += m.reason != "expired"
         expired += m.reason == "expired"
     db.close()

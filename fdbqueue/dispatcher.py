@@ -22,7 +22,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,18 +30,21 @@ from typing import Any
 from fdbqueue.config import check_duration
 from fdbqueue.engines.base import Database
 from fdbqueue.errors import QueueError
-from fdbqueue.message import Message
-from fdbqueue.queue import Queue
-from fdbqueue.waiting import QueueWatcher
-from fdbqueue.worker import (
+from fdbqueue.fairness import FAIR_SHARE, WorkSet
+from fdbqueue.handling import (
     Backoff,
+    Queues,
     _as_queues,
     check_handler,
     drained,
     engine_failure,
     failure_text,
     log_failure,
+    work_set_of,
 )
+from fdbqueue.message import Message
+from fdbqueue.queue import Queue
+from fdbqueue.waiting import QueueWatcher
 
 log = logging.getLogger("fdbqueue.dispatcher")
 
@@ -92,7 +95,7 @@ class Dispatcher:
     def __init__(
         self,
         db: Database,
-        queues: Queue | str | Iterable[Queue | str],
+        queues: Queues,
         *,
         schedule: str = "each",
         max_concurrent: int = 4,
@@ -109,7 +112,8 @@ class Dispatcher:
                 raise QueueError(f"{name} must be an int >= 1, got {value!r}")
         interval = check_duration("interval", interval, positive=True)
         self.db = db
-        self.queues = _as_queues(queues)
+        self.workset = work_set_of(queues)  # a pattern or partitioned queue: fair turns
+        self.queues = [] if self.workset is not None else _as_queues(queues)
         self.schedule = schedule
         self.max_concurrent = 1 if schedule == "idle" else max_concurrent
         self.length = length
@@ -167,14 +171,18 @@ class Dispatcher:
         free = [c for c in self.consumers if c.running < c.capacity]
         return max(free, key=lambda c: (c.priority, -c.last_served))
 
+    def _served_queues(self) -> list[Queue]:
+        """The queues to look at now: the named ones, or a work set's queues with work."""
+        return self.queues if self.workset is None else self.workset.rotation(self.db)
+
     def _should_dispatch(self) -> bool:
         if self._round:
             return True
         if self.schedule == "length":
-            ready = sum(q.size(self.db) for q in self.queues)
+            ready = sum(q.size(self.db) for q in self._served_queues())
             self._round = ready >= self.length
         elif self.schedule == "interval" and time.monotonic() - self._last_round >= self.interval:
-            self._round = not all(q.empty(self.db) for q in self.queues)
+            self._round = not all(q.empty(self.db) for q in self._served_queues())
             self._last_round = time.monotonic()
         if self._round:
             self.stats.rounds += 1
@@ -249,7 +257,9 @@ class Dispatcher:
                 self._cond.wait(0.1)  # checked and waited under one lock: no lost notify
                 return False
         self._maybe_sweep()
-        if until_empty and drained(self.db, self.queues):
+        if until_empty and (
+            self.workset.drained(self.db) if self.workset is not None else drained(self.db, self.queues)
+        ):
             return True
         news = self._wait(self.interval if self.schedule == "interval" else self.idle_timeout)
         if until_empty and not news and self.schedule == "length" and not self._round:
@@ -264,6 +274,8 @@ class Dispatcher:
         if self.schedule == "interval" and not self._round:
             self._stop.wait(max(0.0, self.interval - (time.monotonic() - self._last_round)))
             return False
+        if self.workset is not None:  # one watch on the work index, however many queues
+            return self.workset.wait(self.db, timeout, self._stop)
         if self._watcher is None:  # kept across waits: its watches outlive each one
             # Under "length" ready messages are left waiting for a round: watch for new ones.
             keys = [q.keys for q in self.queues]
@@ -271,6 +283,8 @@ class Dispatcher:
         return self._watcher.wait(timeout, self._stop)
 
     def _lease(self, slots: int) -> list[tuple[Queue, Message]]:
+        if self.workset is not None:
+            return self._lease_fairly(self.workset, slots)
         got: list[tuple[Queue, Message]] = []
         for i in range(len(self.queues)):
             q = self.queues[(self._turn + i) % len(self.queues)]
@@ -279,6 +293,32 @@ class Dispatcher:
             got.extend((q, m) for m in q.lease_many(self.db, slots - len(got), self.lease_seconds))
         self.backoff.reset()
         self._turn = (self._turn + 1) % len(self.queues)
+        return got
+
+    def _lease_fairly(self, ws: WorkSet, slots: int) -> list[tuple[Queue, Message]]:
+        """A turn over the work set's queues with work: a bounded share from each."""
+        got: list[tuple[Queue, Message]] = []
+        turn = ws.rotation(self.db)
+        share = max(FAIR_SHARE, slots // max(1, len(turn)))
+        for q in turn:
+            n = min(slots - len(got), share)
+            if n <= 0:
+                break
+            try:
+                leased = q.lease_many(self.db, n, self.lease_seconds)
+            except QueueError as exc:
+                if engine_failure(exc):
+                    raise
+                ws.avoid(self.db, q, exc)  # paused, or not ours to dequeue
+                continue
+            got.extend((q, m) for m in leased)
+            ws.served(q)
+            if not leased:
+                try:
+                    ws.retire(self.db, q)
+                except QueueError as exc:
+                    log.debug("could not retire %r from the work index: %s", q.name, exc)
+        self.backoff.reset()
         return got
 
     def _submit(self, pool: ThreadPoolExecutor, q: Queue, m: Message) -> None:
@@ -322,7 +362,7 @@ class Dispatcher:
                 c.served += 1
                 self.stats.acked += 1
                 self.stats.per_consumer[c.name] += 1
-                self.stats.per_queue[q.name] += 1
+                self.stats.per_queue[q.name] = self.stats.per_queue.get(q.name, 0) + 1
             else:
                 c.failed += 1
                 self.stats.nacked += 1
@@ -332,5 +372,6 @@ class Dispatcher:
         now = time.monotonic()
         if now - self._last_sweep >= self.sweep_interval:
             self._last_sweep = now
-            for q in self.queues:
+            queues = self.queues if self.workset is None else self.workset.take_recent()
+            for q in queues:
                 q.sweep(self.db)

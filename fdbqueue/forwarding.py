@@ -25,29 +25,39 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import signal
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any
+from typing import Any, NamedTuple
 
 import tenacity
 
 from fdbqueue.clock import db_now, versions
-from fdbqueue.delivery import ack_many_in
+from fdbqueue.config import read_meta
+from fdbqueue.delivery import ack_many_in, to_message
 from fdbqueue.engines.base import Database, Transaction, adopt, is_transaction
-from fdbqueue.errors import ClusterUnavailableError, EngineError, QueueError, StoreError
+from fdbqueue.errors import ClusterUnavailableError, CorruptMessageError, EngineError, QueueError, StoreError
 from fdbqueue.layout import DEFAULT_ROOT, forward_marker, forward_marker_range, new_rand
-from fdbqueue.moves import Note
+from fdbqueue.message import Record, decode_record
+from fdbqueue.moves import Note, count_sent, send_away
+from fdbqueue.privileges import check
 from fdbqueue.queue import Queue
 from fdbqueue.receipts import settled
 from fdbqueue.txn import run_once
-from fdbqueue.types import Item, Message
+from fdbqueue.types import Item, Message, check_where
+
+log = logging.getLogger("fdbqueue.forwarding")
 
 LEASE_SECONDS = 60.0  # a batch's lease on the source: long enough for a slow destination
 MARKER_TTL = 7 * 86400.0  # a marker older than this whose message left the source: cleared
+# The header of a RemoteQueue's message kept locally after its remote enqueue ended without an
+# answer: the dedup key that enqueue used on the destination (taken off on install).
+DEDUP_HEADER = "fdbqueue-remote-dedup"
 
 
 @dataclass
@@ -85,6 +95,8 @@ class Forwarder:
         dst_root: tuple[Any, ...] | None = None,
         retry_seconds: float = 30.0,
         lease_seconds: float = LEASE_SECONDS,
+        where: Mapping[str, Any] | None = None,
+        exclusive: bool = False,
     ) -> None:
         if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 1000:
             raise QueueError(f"batch must be an int from 1 to 1000, got {batch!r}")
@@ -94,6 +106,9 @@ class Forwarder:
         self._src_db: Database = self.src_db  # type: ignore[assignment]
         self.src, self.dst = Queue(src, root=root), Queue(dst, root=dst_root or root)
         self.ack = None if ack_queue is None else Queue(ack_queue, root=root)
+        self.where = check_where(where)
+        self.exclusive = bool(exclusive)
+        self._pending: list[_Ready] | None = None  # exclusive: the next batch, read with the last removal
         self.batch = batch
         self.stats = ForwardStats()
         self.retry_seconds = retry_seconds
@@ -111,7 +126,7 @@ class Forwarder:
     # -- the three steps -------------------------------------------------------------------------
 
     def _lease(self) -> list[Message]:
-        return self.src.lease_many(self.src_db, self.batch, self.lease_seconds)
+        return self.src.lease_many(self.src_db, self.batch, self.lease_seconds, where=self.where)
 
     def _install(self, batch: list[Message]) -> int:
         """Step 2: one destination transaction; returns how many were new."""
@@ -120,22 +135,114 @@ class Forwarder:
         def body(t: Transaction) -> int:
             now = db_now(t)
             marks = t.get_many([forward_marker(dkeys, self.origin, m.id) for m in batch])
+            # A RemoteQueue's message that may have reached the destination directly (its
+            # enqueue there ended without an answer) names the dedup key it used there.
+            dedup = {m.id: m.headers[DEDUP_HEADER] for m in batch if DEDUP_HEADER in m.headers}
+            there = dict(zip(dedup, t.get_many([dkeys.dedup_key(k) for k in dedup.values()]), strict=True))
             items = [
-                Item(m.id, new_rand(), m.payload, m.content_type, m.priority, dict(m.headers), 0.0,
+                Item(m.id, new_rand(), m.payload, m.content_type, m.priority,
+                     {k: v for k, v in m.headers.items() if k != DEDUP_HEADER}, 0.0,
                      _ttl_left(m), None, fixed_id=True, origin=self.origin)
                 for m, mark in zip(batch, marks, strict=True)
-                if mark is None
+                if mark is None and there.get(m.id) is None
             ]  # fmt: skip
             if items:
                 self.dst._enqueue_items(t, items, 0)
             for m, mark in zip(batch, marks, strict=True):
                 if mark is None:
                     t.set(forward_marker(dkeys, self.origin, m.id), str(now).encode())
+                    key = dedup.get(m.id)
+                    if key is not None and there.get(m.id) is None:
+                        # The key the unanswered remote enqueue used: were it to land late,
+                        # its commit now conflicts (it read this key) instead of adding a copy.
+                        t.set(dkeys.dedup_key(key), f"{m.id}|{now}".encode())
+                        t.set(dkeys.dedup_time_key(now, key), b"")
             for mid in self._removed:  # the last batch's: gone from the source, so done with
                 t.clear(forward_marker(dkeys, self.origin, mid))
             return len(items)
 
         return settled(self.dst_db, dkeys, body)
+
+    # -- the exclusive path: no leases ---------------------------------------------------------
+
+    def _peek(self, t: Transaction) -> list[_Ready]:
+        """Up to ``batch`` ready messages from the head (snapshot reads, nothing written); the
+        expired and damaged ones are left to the sweep and to consumers' dequeues."""
+        keys = self.src.keys
+        now = db_now(t)
+        out: list[_Ready] = []
+        begin, end = keys.ready_range()
+        while len(out) < self.batch:
+            want = self.batch - len(out) + 8
+            kvs = t.snapshot.get_range(begin, end, want)
+            for key, raw in kvs:
+                try:
+                    rec = decode_record(raw, keys, key)
+                except CorruptMessageError:
+                    continue
+                if rec.expires_us is not None and rec.expires_us <= now:
+                    continue
+                if self.where is not None and not all(
+                    rec.headers.get(k, _MISSING) == v for k, v in self.where.items()
+                ):
+                    continue
+                out.append(_Ready(key, raw, rec, to_message(t, keys, key, rec)))
+                if len(out) == self.batch:
+                    break
+            if len(kvs) < want or (self.where is None and len(out) == self.batch):
+                break
+            begin = kvs[-1].key + b"\x00"
+        return out
+
+    def _send_away(self, batch: list[_Ready]) -> tuple[list[Message], list[_Ready]]:
+        """Exclusive step 3, with the next batch's step 1: one source transaction removes
+        what the destination now holds and reads the next batch."""
+        skeys = self.src.keys
+        note = Note("forward_out", None, {"to": self.dst.name})
+
+        def body(t: Transaction) -> tuple[list[Message], list[_Ready]]:
+            meta = read_meta(t, skeys)
+            check(t, skeys, "dequeue", meta)
+            journaled = meta.config is not None and meta.config.journal
+            done = []
+            raws = t.get_many([r.key for r in batch])  # serializable: a change meanwhile conflicts
+            for r, raw in zip(batch, raws, strict=True):
+                if raw != r.raw:
+                    log.warning(
+                        "exclusive forward of %r: message %s changed or was taken by another consumer "
+                        "after it was installed on %r (the forwarder must be the queue's only consumer)",
+                        self.src.name,
+                        r.message.id,
+                        self.dst.name,
+                    )
+                    continue
+                send_away(t, skeys, r.key, r.rec, journaled=journaled, note=note)
+                done.append(r.message)
+            count_sent(t, skeys, len(done))
+            if self.ack is not None and done:
+                acks = [json.dumps({"id": m.id, "queue": self.src.name, "to": self.dst.name}) for m in done]
+                self.ack.enqueue_many(t, acks)
+            return done, self._peek(t)
+
+        return settled(self.src_db, skeys, body)
+
+    def _step_exclusive(self) -> int:
+        batch = self._pending
+        if batch is None:
+            batch = run_once(self.src_db, lambda t, _: self._peek(t))
+        if not batch:
+            self._pending = None
+            return 0
+        new = self._install([r.message for r in batch])
+        self._removed = []
+        done, self._pending = self._send_away(batch)
+        self._removed = [m.id for m in done]
+        self.stats.forwarded += len(done)
+        self.stats.skipped += len(batch) - new
+        self.stats.lag = max(0.0, time.time() - batch[-1].message.enqueued_at)
+        return len(done)
+
+    # -- step 3 --------------------------------------------------------------------------------
 
     def _remove(self, batch: list[Message]) -> list[Message]:
         """Step 3: one source transaction; returns the messages it removed (a lease that
@@ -182,6 +289,12 @@ class Forwarder:
     def step(self) -> int:
         """Forward one batch through the three steps; returns how many messages it moved
         (0: nothing ready). Exceptions of either side propagate (``run`` retries them)."""
+        if self.exclusive:
+            try:
+                return self._step_exclusive()
+            except BaseException:
+                self._pending = None  # read again by the next step: it may be out of date
+                raise
         batch = self._lease()
         if not batch:
             return 0
@@ -217,6 +330,10 @@ class Forwarder:
                     if progress is not None:
                         progress(self.stats)
                     continue
+                if self.exclusive:  # no dequeue makes due messages ready here: a sweep does
+                    with contextlib.suppress(EngineError, QueueError):
+                        if self.src.sweep(self._src_db).total():
+                            continue
                 if not follow:
                     break
                 woke = self._retrying(lambda: self.src.wait(self._src_db, idle_timeout or 1.0))
@@ -268,6 +385,18 @@ class Forwarder:
         return restore
 
 
+class _Ready(NamedTuple):
+    """A ready message an exclusive forwarder read: where, its bytes, decoded, as a Message."""
+
+    key: bytes
+    raw: bytes
+    rec: Record
+    message: Message
+
+
+_MISSING = object()
+
+
 def _ttl_left(m: Message) -> float | None:
     """The seconds of its TTL a message has left (None: none), as the destination's TTL."""
     if m.expires_at is None:
@@ -283,14 +412,34 @@ def forward(
     *,
     batch: int = 100,
     limit: int | None = None,
+    where: Mapping[str, Any] | None = None,
     follow: bool = False,
     ack_queue: str | None = None,
     progress: bool = False,
+    exclusive: bool = False,
     root: tuple[Any, ...] = DEFAULT_ROOT,
 ) -> ForwardStats:
     """Forward queue ``src`` of ``src_db`` to queue ``dst`` of ``dst_db`` exactly once (see the
     module's docstring) until the source is empty (``follow``: until stopped); resumable: a
-    forward after a crash finishes what the crashed one began. Returns its statistics."""
-    del progress  # the CLI draws the progress bar
-    f = Forwarder(src_db, src, dst_db, dst, batch=batch, ack_queue=ack_queue, root=root)
-    return f.run(follow=follow, limit=limit)
+    forward after a crash finishes what the crashed one began. ``where``: only the messages
+    whose headers match. ``progress``: a status line on stderr after each batch. Returns its
+    statistics. ``exclusive``: the forwarder is the source queue's only consumer (an outbox):
+    no leases (see :class:`Forwarder`)."""
+    f = Forwarder(
+        src_db,
+        src,
+        dst_db,
+        dst,
+        batch=batch,
+        ack_queue=ack_queue,
+        root=root,
+        where=where,
+        exclusive=exclusive,
+    )
+    return f.run(follow=follow, limit=limit, progress=_status_line if progress else None)
+
+
+def _status_line(stats: ForwardStats) -> None:
+    lag = "" if stats.lag is None else f", lag {stats.lag:.1f} s"
+    sys.stderr.write(f"\rforwarded {stats.forwarded}, skipped {stats.skipped}, retried {stats.retried}{lag}")
+    sys.stderr.flush()

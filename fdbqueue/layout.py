@@ -5,6 +5,13 @@ default. ``Q`` below is ``root + ("q", queue_name)``::
 
     root + ("format",)                          layer format version, "MAJOR.MINOR"
     root + ("queues", name)                     b"" for every queue that exists (listing)
+    root + ("wk", name)                         the work index: queue ``name`` may have work;
+                                                b"" now, or 8 bytes: not before that version
+    root + ("wb",)                              grows when a queue enters the work index (the
+                                                one key an idle many-queue worker watches)
+    root + ("wkf",)                             the work index was filled from the listing
+    root + ("rt", name, value)                  partitioned queue ``name``: where ``value`` goes
+    root + ("pq", name)                         partitioned queue ``name``: {"partitions": N}
     Q + ("m", "cfg")                            queue settings, JSON
     Q + ("m", "st")                             queue state flags, JSON (paused directions)
     Q + ("m", "n", counter)                     8-byte little-endian counters, atomic adds only
@@ -643,6 +650,20 @@ def route_value(root: tuple[Any, ...], key: bytes) -> str:
     return str(root_subspace(root).unpack(key)[2])
 
 
+def partitioned_key(root: tuple[Any, ...], name: str) -> bytes:
+    """Partitioned queue ``name`` exists: JSON ``{"partitions": N}`` (what the CLI lists)."""
+    return bytes(root_subspace(root).pack(("pq", name)))
+
+
+def partitioned_range(root: tuple[Any, ...]) -> tuple[bytes, bytes]:
+    r = root_subspace(root).range(("pq",))
+    return bytes(r.start), bytes(r.stop)
+
+
+def partitioned_name(root: tuple[Any, ...], key: bytes) -> str:
+    return str(root_subspace(root).unpack(key)[1])
+
+
 def stable_hash(value: str) -> int:
     """A hash of ``value`` that every process and Python version computes alike (CRC-32 of its
     UTF-8 bytes: Python's own ``hash`` of a str is salted per process)."""
@@ -655,9 +676,43 @@ def stable_hash(value: str) -> int:
 def forward_marker(dst: QueueKeys, origin: str, msg_id: str) -> bytes:
     """In the destination queue: message ``msg_id`` of source ``origin`` is installed here
     (kept apart from the messages: a purge leaves the markers, which keep forwarding exact)."""
-    return bytes(dst.q.pack(("fw", origin, msg_id)))
+    prefix: bytes = dst.q.key()
+    return prefix + _FW + enc_str(origin) + enc_str(msg_id)  # a forward packs thousands
+
+
+_FW = b"\x02fw\x00"  # enc_str("fw")
 
 
 def forward_marker_range(dst: QueueKeys, origin: str) -> tuple[bytes, bytes]:
     r = dst.q.range(("fw", origin))
     return bytes(r.start), bytes(r.stop)
+
+
+# -- the work index (workindex.py) -------------------------------------------------------------
+
+
+class WorkKeys:
+    """The index of queues that have work, under one root (pure computation, no I/O)."""
+
+    __slots__ = ("_prefix", "_sub", "bell", "filled")
+
+    def __init__(self, root: tuple[Any, ...] | Subspace = DEFAULT_ROOT) -> None:
+        sub = root if isinstance(root, Subspace) else root_subspace(root)
+        self._sub = sub
+        self._prefix = bytes(sub.pack(("wk",)))
+        self.bell = bytes(sub.pack(("wb",)))
+        self.filled = bytes(sub.pack(("wkf",)))
+
+    def entry(self, queue: str) -> bytes:
+        return self._prefix + _pack_one(queue)
+
+    def name(self, key: bytes) -> str:
+        return str(self._sub.unpack(key)[1])
+
+    def range(self, prefix: str = "") -> tuple[bytes, bytes]:
+        """The entries of the queues whose names start with ``prefix``."""
+        if not prefix:
+            r = self._sub.range(("wk",))
+            return bytes(r.start), bytes(r.stop)
+        begin = self._prefix + _pack_one(prefix)[:-1]  # the string's code and bytes, unterminated
+        return begin, begin + b"\xff"

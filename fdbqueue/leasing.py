@@ -10,7 +10,8 @@ the caller's transaction.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from fdbqueue.budget import Budget, encoded_len, grown_record
 from fdbqueue.clock import db_now
@@ -18,7 +19,14 @@ from fdbqueue.config import Meta, QueueConfig, due_entries
 from fdbqueue.delivery import lease_in, open_for_dequeue, read_payloads
 from fdbqueue.engines.base import Transaction
 from fdbqueue.errors import CorruptMessageError
-from fdbqueue.head import HEAD_BATCH, HEAD_SKIP_LIMIT, TAKE_RESERVE, deliverable_head, expire_within
+from fdbqueue.head import (
+    FILTER_SCAN_LIMIT,
+    HEAD_BATCH,
+    HEAD_SKIP_LIMIT,
+    TAKE_RESERVE,
+    deliverable_head,
+    expire_within,
+)
 from fdbqueue.message import Message, Record, decode_record
 from fdbqueue.moves import count_leased, move_corrupt, take_for_lease
 from fdbqueue.sweep import sweep_step
@@ -28,7 +36,13 @@ if TYPE_CHECKING:
 
 
 def lease_batch(
-    q: Queue, tr: Transaction, seconds: float | None, receipt: str, n: int, budget: Budget | None = None
+    q: Queue,
+    tr: Transaction,
+    seconds: float | None,
+    receipt: str,
+    n: int,
+    budget: Budget | None = None,
+    where: Mapping[str, Any] | None = None,
 ) -> list[Message]:
     keys = q.keys
     opened = open_for_dequeue(tr, q.keys, None)
@@ -39,12 +53,12 @@ def lease_batch(
     budget = Budget(TAKE_RESERVE) if budget is None else budget
     if cfg.strict_order:  # one delivery in flight at a time: at most one head
         due = bool(meta.count("delayed") or meta.count("inflight"))
-        head = deliverable_head(q.keys, tr, cfg, None, False, now, check_due=due, budget=budget)
+        head = deliverable_head(q.keys, tr, cfg, where, False, now, check_due=due, budget=budget)
         heads = [] if head is None else [head]
         if head is not None:
             budget.charge(lease_cost(len(head[0]), head[1]))  # TAKE_RESERVE was kept for it
     else:
-        heads = _ready_heads(q, tr, cfg, meta, n, now, budget)
+        heads = _ready_heads(q, tr, cfg, meta, n, now, budget, where)
     payloads, damaged = read_payloads(tr, keys, [rec for _, rec in heads])
     if damaged:  # a sound record whose payload chunks are damaged: moved aside, not leased
         for key, rec in heads:
@@ -76,7 +90,14 @@ def lease_batch(
 
 
 def _ready_heads(
-    q: Queue, tr: Transaction, cfg: QueueConfig, meta: Meta, n: int, now: int, budget: Budget
+    q: Queue,
+    tr: Transaction,
+    cfg: QueueConfig,
+    meta: Meta,
+    n: int,
+    now: int,
+    budget: Budget,
+    where: Mapping[str, Any] | None = None,
 ) -> list[tuple[bytes, Record]]:
     """Up to ``n`` deliverable ready messages from the head, in one range read (more only
     when expired ones had to be moved aside), instead of one read per message.
@@ -87,13 +108,16 @@ def _ready_heads(
     message enqueued concurrently ahead of these serializes after this transaction).
     Within ``budget``: the first message always (TAKE_RESERVE was kept for it), the others
     while they fit; expired messages it cannot afford to move are passed over for later.
+    ``where``: only messages whose headers match; the others stay (FILTER_SCAN_LIMIT of them
+    are passed over at most).
     """
     keys = q.keys
+    missing = object()
     if due_entries(tr, keys, meta, now):
         sweep_step(q.keys, tr, cfg, now, 16, budget)  # due delays and expired leases first
     begin, end = keys.ready_range()
     out: list[tuple[bytes, Record]] = []
-    skipped = 0
+    skipped = passed = 0
     extra = min(8, 1 + n // 8)  # a little more than wanted: expired ones are moved aside
     while len(out) < n and skipped < HEAD_SKIP_LIMIT:
         if budget.scan_exhausted():
@@ -116,6 +140,11 @@ def _ready_heads(
                 continue
             if int(rec.extra.get("not_before", 0)) > now:
                 return out  # a head waiting out its retry delay holds the rest back
+            if where is not None and not all(rec.headers.get(k, missing) == v for k, v in where.items()):
+                passed += 1
+                if passed >= FILTER_SCAN_LIMIT:
+                    return out
+                continue
             cost = lease_cost(len(key), rec)
             if not out:
                 budget.charge(cost)

@@ -5,10 +5,11 @@ entry ``("l", deadline, id)``, delayed ``("d", due, id)``, or gone; an id entry 
 from home, a TTL entry ``("x", expires, id)`` finds it when it expires, its payload may be
 in chunks ``("b", id, n)`` (``layout.py`` has the keys). Every write or clear of those keys,
 and of the counters that count them, is made here and nowhere else; and after each move,
-in the same transaction, what must follow it: the counters, the wake key, the journal. That
-is how FoundationDB's record layer keeps its secondary indexes: an index maintainer's
-``update(old, new)`` runs inside the transaction that changes the record (FoundationDB
-Record Layer, "IndexMaintainer"), so no index is ever out of step with its records.
+in the same transaction, what must follow it: the counters, the wake key, the journal, the
+work index (``workindex``). That is how FoundationDB's record layer keeps its secondary
+indexes: an index maintainer's ``update(old, new)`` runs inside the transaction that
+changes the record (FoundationDB Record Layer, "IndexMaintainer"), so no index is ever out
+of step with its records.
 
 The modules above decide where a message goes (delivery policies, sweeps, dequeues); they
 call the functions here to move it. Every function composes inside the caller's
@@ -22,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fdbqueue import journaling
+from fdbqueue import journaling, workindex
 from fdbqueue.budget import Budget, move_cost
 from fdbqueue.clock import now_us
 from fdbqueue.config import QueueConfig, bump_metadata_version, config_or_create, error_queue_name
@@ -31,6 +32,7 @@ from fdbqueue.errors import CorruptMessageError, EngineError
 from fdbqueue.layout import MINUS_ONE, ONE, QueueKeys, new_id, new_rand, pack_count, unpack_count
 from fdbqueue.message import Record, decode_record, fit_reason, seal_chunk
 from fdbqueue.receipts import encode_result
+from fdbqueue.workindex import UNREAD
 
 log = logging.getLogger("fdbqueue")
 
@@ -98,8 +100,11 @@ def put_ready(
 ) -> bytes:
     """Make ``rec`` ready at ``key`` (its original place) or at the tail of its priority;
     journaled as ``note`` when ``journaled``."""
+    seen: bytes | None = UNREAD
     if key is None:
-        index = unpack_count(tr.snapshot.get(keys.wake)) + 1  # the add below moves it on
+        # The index and the work index entry in one round trip.
+        raw, seen = tr.snapshot.get_many([keys.wake, workindex.entry_key(keys)])
+        index = unpack_count(raw) + 1  # the add below moves it on
         key = keys.ready_key(priority, index, new_rand())
         tr.set(keys.priority_marker(priority), b"")
     tr.set(key, rec.encode())
@@ -111,6 +116,7 @@ def put_ready(
         tr.set(keys.expiry_key(rec.expires_us, rec.id), b"")
     tr.add(keys.counter("ready"), ONE)
     tr.add(keys.wake, ONE)
+    workindex.mark(tr, keys, seen)
     after(tr, keys, journaled, note, rec)
     return key
 
@@ -137,6 +143,7 @@ def put_delayed(
     if rec.expires_us is not None:
         tr.set(keys.expiry_key(rec.expires_us, rec.id), b"")
     tr.add(keys.counter("delayed"), ONE)
+    workindex.mark(tr, keys)  # a worker visiting finds it delayed, and parks the entry till it is due
     after(tr, keys, journaled, note, rec)
 
 
@@ -383,6 +390,8 @@ def count_new(tr: Transaction, keys: QueueKeys, ready: int, delayed: int, new_pr
         tr.add(keys.wake, pack_count(ready))
     if delayed:
         tr.add(keys.counter("delayed"), pack_count(delayed))
+    if ready or delayed:
+        workindex.mark(tr, keys)
 
 
 def take(tr: Transaction, keys: QueueKeys, key: bytes, rec: Record, *, journaled: bool = False) -> None:
@@ -395,8 +404,10 @@ def take(tr: Transaction, keys: QueueKeys, key: bytes, rec: Record, *, journaled
 
 
 def wake(tr: Transaction, keys: QueueKeys, n: int = 1) -> None:
-    """Wake blocked consumers: a watch on the wake key fires (an atomic add: no conflicts)."""
+    """Wake blocked consumers: a watch on the wake key fires (an atomic add: no conflicts);
+    and the work index's consumers (a strict-order ack, dequeue enabled again)."""
     tr.add(keys.wake, pack_count(n) if n != 1 else ONE)
+    workindex.mark(tr, keys)
 
 
 def count_leased(tr: Transaction, keys: QueueKeys, n: int) -> None:
@@ -471,6 +482,7 @@ def destroy(tr: Transaction, keys: QueueKeys, *, journaled: bool = False) -> Non
         journaling.record(tr, keys, "destroy")
     tr.clear_range(*keys.all_range())
     tr.clear(keys.listing)
+    workindex.unmark(tr, keys)
 
 
 def purge(tr: Transaction, keys: QueueKeys) -> int:
@@ -521,6 +533,22 @@ def purge_some(tr: Transaction, keys: QueueKeys, limit: int) -> tuple[int, bool]
         if len(kvs) > limit - n or n >= limit:
             return n, True
     return n, False
+
+
+def send_away(
+    tr: Transaction, keys: QueueKeys, key: bytes, rec: Record, *, journaled: bool, note: Note
+) -> None:
+    """The ready message at ``key`` has left for another database (an exclusive forwarder
+    installed it there): gone from its queue with its chunks, counted done (the caller adds
+    the batch to ``done``: :func:`count_sent`), journaled as ``note``."""
+    remove_message(tr, keys, key, rec, count="ready")
+    if journaled:
+        after(tr, keys, True, note, rec)
+
+
+def count_sent(tr: Transaction, keys: QueueKeys, n: int) -> None:
+    if n:
+        tr.add(keys.counter("done"), pack_count(n))
 
 
 def move_message(

@@ -93,7 +93,7 @@ from fdbqueue.privileges import check, checked
 from fdbqueue.receipts import maybe_clear_old_receipts, new_receipt, read_receipt, settled
 from fdbqueue.sweep import SweepStats, sweep
 from fdbqueue.txn import as_database, run_once, seconds
-from fdbqueue.types import Item
+from fdbqueue.types import Item, check_where
 from fdbqueue.waiting import blocking, strict_of, wait_ready, watch_queue
 
 # lease_many stops taking messages past this many record bytes, keeping its transaction (the
@@ -467,17 +467,20 @@ class Queue:
         lease_seconds: float | None = None,
         *,
         timeout: float | None = None,
+        where: Mapping[str, Any] | None = None,
     ) -> list[Message]:
-        """Lease up to ``n`` messages in one transaction (a worker's prefetch); [] when none."""
+        """Lease up to ``n`` messages in one transaction (a worker's prefetch); [] when none.
+        ``where``: only messages whose headers match it (a forward's filter)."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise QueueError(f"n must be an int >= 1, got {n!r}")
         secs = None if lease_seconds is None else check_lease_seconds(lease_seconds)
+        where = check_where(where)
         receipt = os.urandom(16).hex()  # made outside the retry loop: settles a 1021
         tr = adopt(tr)
         if is_transaction(tr):
             if timeout:
                 raise QueueError("a blocking lease cannot join a caller's transaction; pass a Database")
-            return lease_batch(self, tr, secs, receipt, n)  # type: ignore[arg-type]
+            return lease_batch(self, tr, secs, receipt, n, None, where)  # type: ignore[arg-type]
         db = as_database(tr)
         taken: list[Message] = []
         budget = Budget(TAKE_RESERVE)
@@ -494,7 +497,7 @@ class Queue:
                 ):
                     return list(taken)  # the attempt that ended in commit_unknown_result committed
             budget.next_transaction()
-            taken[:] = lease_batch(self, t, secs, receipt, n, budget)
+            taken[:] = lease_batch(self, t, secs, receipt, n, budget, where)
             return list(taken)
 
         def attempt(want_watch: bool) -> tuple[list[Message] | None, Watch | None]:

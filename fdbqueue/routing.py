@@ -12,13 +12,24 @@ queued stay where they are).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from fdbqueue.admin import queue_stats
 from fdbqueue.engines.base import Database, Transaction, adopt, is_transaction
 from fdbqueue.errors import QueueError, QueueNotFoundError
-from fdbqueue.layout import DEFAULT_ROOT, QueueKeys, route_key, route_range, route_value, stable_hash
+from fdbqueue.layout import (
+    DEFAULT_ROOT,
+    QueueKeys,
+    partitioned_key,
+    partitioned_name,
+    partitioned_range,
+    route_key,
+    route_range,
+    route_value,
+    stable_hash,
+)
 from fdbqueue.queue import Queue
 from fdbqueue.receipts import settled
 from fdbqueue.txn import run_once
@@ -51,6 +62,7 @@ class PartitionedQueue:
         self.partitions = partitions
         self.key = key
         self.queues = [Queue(f"{name}.p{i}", root=root) for i in range(partitions)]
+        self._registered = False  # written once a handle: what `fdbqueue list` shows
 
     def __repr__(self) -> str:
         return f"PartitionedQueue({self.name!r}, partitions={self.partitions})"
@@ -92,11 +104,17 @@ class PartitionedQueue:
         tr = adopt(tr)
 
         def body(t: Transaction) -> str:
+            if not self._registered:  # a blind write of the same value: no conflicts
+                info = json.dumps({"partitions": self.partitions}).encode()
+                t.set(partitioned_key(self.root, self.name), info)
             return Queue(self._target(t, value), root=self.root).enqueue(t, payload, **options)
 
         if is_transaction(tr):
-            return run_once(tr, lambda t, _: body(t))
-        return settled(tr, self.keys, body)
+            mid = run_once(tr, lambda t, _: body(t))
+        else:
+            mid = settled(tr, self.keys, body)
+            self._registered = True
+        return mid
 
     def size(self, tr: Transaction | Database) -> int:
         """Ready messages over every partition (one transaction)."""
@@ -157,5 +175,17 @@ def routes(tr: Transaction | Database, name: str, *, root: tuple[Any, ...] = DEF
 
     def body(t: Transaction, _: bool) -> dict[str, str]:
         return {route_value(root, kv.key): kv.value.decode() for kv in t.get_range(*route_range(root, name))}
+
+    return run_once(adopt(tr), body)
+
+
+def partitioned_queues(tr: Transaction | Database, *, root: tuple[Any, ...] = DEFAULT_ROOT) -> dict[str, int]:
+    """The partitioned queues enqueued to under ``root``, and how many partitions each has."""
+
+    def body(t: Transaction, _: bool) -> dict[str, int]:
+        return {
+            partitioned_name(root, kv.key): int(json.loads(kv.value)["partitions"])
+            for kv in t.get_range(*partitioned_range(root))
+        }
 
     return run_once(adopt(tr), body)

@@ -27,6 +27,16 @@ if TYPE_CHECKING:
 MAX_DURATION_SECONDS = 10 * 365.25 * 86400.0
 
 
+def check_where(where: object) -> dict[str, Any] | None:
+    """A header filter (``where``) as a dict, or a clear error: it maps header names (str)
+    to the values to match."""
+    if where is None:
+        return None
+    if not isinstance(where, Mapping) or not all(isinstance(k, str) for k in where):
+        raise QueueError(f"where must map header names (str) to values, got {where!r}")
+    return dict(where)
+
+
 def check_duration(name: str, value: object, *, positive: bool = False) -> float:
     """``value`` as seconds when it is a finite number from 0 (above 0 with ``positive``) to
     :data:`MAX_DURATION_SECONDS`, else a clear :class:`QueueError` naming ``name``."""

@@ -21,24 +21,36 @@ within bounds, as RabbitMQ's variable queue sizes its memory (``rabbit_variable_
 
 from __future__ import annotations
 
-import inspect
 import logging
-import random
 import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from fdbqueue.clock import db_now, seconds_of
 from fdbqueue.config import check_duration
-from fdbqueue.delivery import TOO_OLD_REASON, engine_fault, failure_reason, not_counted
+from fdbqueue.delivery import TOO_OLD_REASON, failure_reason, not_counted
 from fdbqueue.engines.base import TRANSACTION_WINDOW_SECONDS, Database
-from fdbqueue.errors import ClusterUnavailableError, EngineError, QueueError, StoreError
+from fdbqueue.errors import EngineError, QueueError
 from fdbqueue.errors import HandlerSignatureError as HandlerSignatureError  # re-export
-from fdbqueue.message import Message, fit_reason
+from fdbqueue.fairness import FAIR_SHARE
+from fdbqueue.handling import (
+    Backoff,
+    PrefetchBudget,
+    Queues,
+    _as_queues,
+    check_handler,
+    drained,
+    engine_failure,
+    failure_text,
+    log_failure,
+    work_set_of,
+)
+from fdbqueue.handling import WorkerStats as WorkerStats  # re-export
+from fdbqueue.handling import wait_any as wait_any  # re-export
+from fdbqueue.message import Message
 from fdbqueue.queue import Queue
 from fdbqueue.txn import run_once
 from fdbqueue.waiting import QueueWatcher
@@ -49,241 +61,13 @@ IO_BATCH = 64  # page in batches: not so large that the queue blocks, nor so sma
 MODES = ("lease", "exactly_once")
 
 
-class Rate:
-    """An exponentially weighted events-per-second estimate."""
-
-    def __init__(self, alpha: float = 0.3) -> None:
-        self.alpha = alpha
-        self.value = 0.0
-        self._count = 0
-        self._since = time.monotonic()
-
-    def add(self, n: int = 1) -> None:
-        self._count += n
-
-    def tick(self) -> float:
-        now = time.monotonic()
-        dt = now - self._since
-        if dt >= 0.05:
-            sample = self._count / dt
-            self.value = sample if self.value == 0 else self.alpha * sample + (1 - self.alpha) * self.value
-            self._count, self._since = 0, now
-        return self.value
-
-
-class PrefetchBudget:
-    """How many messages to hold in memory: (ingress + egress rate) x horizon, within bounds.
-
-    RabbitMQ's variable queue sizes its RAM budget from measured rates the same way
-    (``rabbit_variable_queue.erl``): enough to keep handlers busy for ``horizon`` seconds,
-    no more, so that prefetched messages do not sit out their leases in memory.
-    """
-
-    def __init__(self, low: int = 1, high: int = 256, horizon: float = 0.5) -> None:
-        if not 1 <= low <= high:
-            raise QueueError(f"prefetch bounds must satisfy 1 <= low <= high, got {low}, {high}")
-        self.low, self.high, self.horizon = low, high, horizon
-        self.ingress = Rate()
-        self.egress = Rate()
-
-    @property
-    def size(self) -> int:
-        target = (self.ingress.tick() + self.egress.tick()) * self.horizon
-        return max(self.low, min(self.high, int(target) + 1))
-
-
-@dataclass
-class WorkerStats:
-    """What a worker did; ``prefetch`` and the rates are its latest estimates.
-
-    ``failed`` counts every failed delivery (the handler raised, or its transaction could
-    not commit); ``too_slow`` those of them whose exactly-once transaction outlived
-    FoundationDB's 5-second limit (1007). ``str(stats)`` is :meth:`summary`.
-    """
-
-    processed: int = 0
-    failed: int = 0
-    too_slow: int = 0
-    released: int = 0
-    swept: int = 0
-    wakeups: int = 0
-    idle_wakeups: int = 0  # woke and found nothing: spurious wake-ups
-    backoffs: int = 0  # waits while the engine failed (full disk, unreachable cluster ...)
-    prefetch: int = 0
-    ingress_rate: float = 0.0
-    egress_rate: float = 0.0
-    per_queue: dict[str, int] = field(default_factory=dict)
-
-    def summary(self) -> str:
-        """One line for people: counts, then rates rounded (e.g. for a CLI's final line)."""
-        parts = [f"processed {self.processed}", f"failed {self.failed}"]
-        if self.too_slow:
-            parts.append(f"({self.too_slow} outlived the 5 s transaction limit)")
-        if self.released:
-            parts.append(f"released {self.released}")
-        if self.swept:
-            parts.append(f"swept {self.swept}")
-        if len(self.per_queue) > 1:
-            parts.append("per queue " + ", ".join(f"{k} {v}" for k, v in self.per_queue.items()))
-        rates = [f"{k} {_rate(v)}/s" for k, v in (("in", self.ingress_rate), ("out", self.egress_rate)) if v]
-        if rates:  # exactly-once workers measure no ingress (nothing is prefetched)
-            parts.append(", ".join(rates))
-        return "; ".join(parts)
-
-    def __str__(self) -> str:
-        return self.summary()
-
-
-def _rate(value: float) -> str:
-    """A rate rounded for reading: 3 significant digits at most, no exponent."""
-    if value >= 100:
-        return f"{value:.0f}"
-    return f"{value:.3g}" if value >= 0.001 else "0"
-
-
-def check_handler(handler: Callable[..., Any], nargs: int, how: str) -> None:
-    """Refuse ``handler`` when its signature cannot take ``nargs`` positional arguments.
-
-    ``how`` says how it is called, for the message. A callable whose signature Python
-    cannot inspect (some builtins) is accepted.
-    """
-    if not callable(handler):
-        raise HandlerSignatureError(f"handler must be callable, got {type(handler).__name__}")
-    try:
-        sig = inspect.signature(handler)
-    except (TypeError, ValueError):
-        return
-    try:
-        sig.bind(*[None] * nargs)
-    except TypeError as exc:
-        name = getattr(handler, "__qualname__", type(handler).__name__)
-        raise HandlerSignatureError(f"{how}; {name}{sig} cannot be called so: {exc}") from None
-
-
-def failure_text(exc: BaseException) -> str:
-    """A handler's exception as a failure reason (the nack reason, the dead letter's reason)."""
-    return fit_reason(f"{type(exc).__name__}: {exc}"[:500])
-
-
-def log_failure(logger: logging.Logger, q: Queue, m: Message, exc: BaseException) -> None:
-    """Log a handler's failure once, with its traceback; ``extra`` carries queue, id, deliveries."""
-    logger.error(
-        "handler failed on queue %r, message %s (delivery %d): %s",
-        q.name,
-        m.id,
-        m.deliveries,
-        failure_text(exc),
-        exc_info=(type(exc), exc, exc.__traceback__),
-        extra={"queue": q.name, "message_id": m.id, "deliveries": m.deliveries},
-    )
-
-
-def engine_failure(exc: BaseException) -> bool:
-    """Whether ``exc`` is the engine failing rather than a message or its handler.
-
-    A store that cannot write (a full disk, an I/O error: :class:`StoreError`), a cluster
-    that cannot be reached, or an engine error the engines report for either or for load
-    (:func:`fdbqueue.delivery.engine_fault`; a retryable one that outlasted its retries).
-    Never counted as a failed delivery: a worker backs off (:class:`Backoff`) and tries
-    again, and the message keeps its deliveries.
-    """
-    if isinstance(exc, (StoreError, ClusterUnavailableError)):
-        return True
-    return isinstance(exc, EngineError) and engine_fault(exc)
-
-
-class Backoff:
-    """Exponential back-off while the engine fails: ``first`` seconds doubling to ``cap``.
-
-    Each wait is drawn from the upper half of the current delay (jitter: workers that
-    failed together do not all retry together); the failure is logged once per back-off
-    period. :meth:`reset` after any success. Shared by a worker's threads.
-    """
-
-    def __init__(self, logger: logging.Logger, first: float = 0.05, cap: float = 5.0) -> None:
-        self.log = logger
-        self.first = first
-        self.cap = cap
-        self.delay = 0.0
-        self.count = 0  # back-offs so far
-        self._logged = 0.0  # monotonic time of the last log line
-        self._lock = threading.Lock()
-
-    def wait(self, what: str, exc: BaseException, stop: threading.Event) -> None:
-        """The engine failed doing ``what``: log (once per period), then sleep unless stopped."""
-        with self._lock:
-            self.delay = self.first if self.delay == 0 else min(self.cap, self.delay * 2)
-            delay = self.delay
-            self.count += 1
-            now = time.monotonic()
-            say = now - self._logged >= delay
-            if say:
-                self._logged = now
-        if say:
-            self.log.warning(
-                "%s failed: %s: %s; the engine is failing, not the message: backing off %.2f s "
-                "(at most %.0f s between tries), no delivery counted",
-                what,
-                type(exc).__name__,
-                exc,
-                delay,
-                self.cap,
-            )
-        stop.wait(delay * random.uniform(0.5, 1.0))
-
-    def reset(self) -> None:
-        if self.delay:
-            with self._lock:
-                self.delay = 0.0
-
-
-def _as_queues(queues: Queue | str | Iterable[Queue | str]) -> list[Queue]:
-    items: Iterable[Queue | str] = [queues] if isinstance(queues, (Queue, str)) else queues
-    out = [q if isinstance(q, Queue) else Queue(q) for q in items]
-    if not out:
-        raise QueueError("a worker needs at least one queue")
-    return out
-
-
-def drained(db: Database, queues: Sequence[Queue]) -> bool:
-    """True when no queue holds a message that is ready, delayed or in flight (leased).
-
-    What ``run(until_empty=True)`` waits for: a delayed retry or another worker's lease
-    may still bring a message back.
-    """
-    from fdbqueue.admin import queue_stats
-    from fdbqueue.config import QueueNotFoundError
-
-    for q in queues:
-        try:
-            st = queue_stats(db, q.name, root=q.root)
-        except QueueNotFoundError:
-            continue  # never created: empty
-        if st.ready or st.delayed or st.inflight:
-            return False
-    return True
-
-
-def wait_any(db: Database, queues: Sequence[Queue], timeout: float | None, stop: threading.Event) -> bool:
-    """Wait until any queue may have a message ready, ``timeout`` passes or ``stop`` is set.
-
-    A one-off wait: a waiter that waits again and again keeps a :class:`QueueWatcher`
-    instead, so that its watches outlive each wait.
-    """
-    watcher = QueueWatcher(db, [q.keys for q in queues])
-    try:
-        return watcher.wait(timeout, stop)
-    finally:
-        watcher.close()
-
-
 class Worker:
     """Run ``handler`` over ``queues`` until stopped (see the module docstring)."""
 
     def __init__(
         self,
         db: Database,
-        queues: Queue | str | Iterable[Queue | str],
+        queues: Queues,
         handler: Callable[..., Any],
         *,
         mode: str = "lease",
@@ -304,7 +88,8 @@ class Worker:
             how = "lease handlers are called as handler(message), outside any transaction"
             check_handler(handler, 1, how + " (handler(tr, message) is mode='exactly_once')")
         self.db = db
-        self.queues = _as_queues(queues)
+        self.workset = work_set_of(queues)  # a pattern or partitioned queue: fair turns
+        self.queues = [] if self.workset is not None else _as_queues(queues)
         self.handler = handler
         self.mode = mode
         self.concurrency = concurrency
@@ -375,7 +160,16 @@ class Worker:
     # -- shared --------------------------------------------------------------------------------
 
     def _rotation(self) -> Iterator[Queue]:
-        """Every queue once, starting one further each round: fair between queues."""
+        """Every queue once, starting one further each round: fair between queues. A work
+        set's turn: the queues with work now, starting after the one served last."""
+        if self.workset is not None:
+            try:
+                yield from self.workset.rotation(self.db)
+            except QueueError as exc:
+                if not engine_failure(exc):
+                    raise
+                self.backoff.wait("reading the work index", exc, self._stop)
+            return
         with self._lock:
             start = self._turn
             self._turn = (self._turn + 1) % len(self.queues)
@@ -387,7 +181,7 @@ class Worker:
         with self._lock:
             if ok:
                 self.stats.processed += 1
-                self.stats.per_queue[q.name] += 1
+                self.stats.per_queue[q.name] = self.stats.per_queue.get(q.name, 0) + 1
             else:
                 self.stats.failed += 1
                 self.stats.too_slow += too_slow
@@ -403,7 +197,8 @@ class Worker:
         if now - self._last_sweep < self.sweep_interval:
             return
         self._last_sweep = now
-        for q in self.queues:
+        queues = self.queues if self.workset is None else self.workset.take_recent()
+        for q in queues:
             try:
                 st = q.sweep(self.db)
                 self.stats.swept += st.total()
@@ -417,10 +212,16 @@ class Worker:
         """Nothing was ready: sweep if due, then wait on the queues' watches."""
         self._maybe_sweep()
         try:
-            if until_empty and drained(self.db, self.queues):
+            if self.workset is not None:
+                if until_empty and self.workset.drained(self.db):
+                    self._stop.set()
+                    return
+                woke = self.workset.wait(self.db, self.idle_timeout, self._stop)
+            elif until_empty and drained(self.db, self.queues):
                 self._stop.set()
                 return
-            woke = self._watcher().wait(self.idle_timeout, self._stop)
+            else:
+                woke = self._watcher().wait(self.idle_timeout, self._stop)
         except QueueError as exc:
             if not engine_failure(exc):
                 raise
@@ -451,11 +252,14 @@ class Worker:
                 except QueueError as exc:  # not the handler's: the dequeue itself failed
                     if engine_failure(exc):
                         self.backoff.wait(f"dequeue from {q.name!r}", exc, self._stop)
+                    elif self.workset is not None:
+                        self.workset.avoid(self.db, q, exc)
                     else:
                         log.warning("could not dequeue from %r: %s", q.name, exc)
                     continue
                 if outcome == "engine":
                     continue  # backed off in the step: nothing counted
+                self._served(q, outcome is not None)
                 self.backoff.reset()
                 if outcome is not None:
                     progressed = True
@@ -649,19 +453,39 @@ class Worker:
             except QueueError as exc:
                 log.warning("could not release %s: %s", m.id, exc)
 
+    def _served(self, q: Queue, any_: bool) -> None:
+        """A work set's queue had its turn; one that gave nothing leaves the index (a failure
+        to retire it only costs another visit)."""
+        if self.workset is None:
+            return
+        self.workset.served(q)
+        if not any_:
+            try:
+                self.workset.retire(self.db, q)
+            except QueueError as exc:
+                log.debug("could not retire %r from the work index: %s", q.name, exc)
+
     def _fetch(self, want: int) -> list[tuple[Queue, Message]]:
         got: list[tuple[Queue, Message]] = []
-        for q in self._rotation():
-            n = min(want - len(got), IO_BATCH)
+        turn = list(self._rotation())
+        # A work set's fair share: a bounded batch from each queue of the turn (QuiCK).
+        share = IO_BATCH if self.workset is None else max(FAIR_SHARE, want // max(1, len(turn)))
+        for q in turn:
+            n = min(want - len(got), IO_BATCH, share)
             if n <= 0 or self.stopping:
                 break
             try:
-                got.extend((q, m) for m in q.lease_many(self.db, n, self.lease_seconds))
+                leased = q.lease_many(self.db, n, self.lease_seconds)
             except QueueError as exc:
+                if self.workset is not None and not engine_failure(exc):
+                    self.workset.avoid(self.db, q, exc)  # paused, or not ours to dequeue
+                    continue
                 if not engine_failure(exc):
                     raise
                 self.backoff.wait(f"lease from {q.name!r}", exc, self._stop)
                 return got
+            got.extend((q, m) for m in leased)
+            self._served(q, bool(leased))
         self.backoff.reset()
         self.budget.ingress.add(len(got))
         return got

@@ -302,7 +302,15 @@ def test_enqueue_blocks_without_timeout_and_is_interruptible(tmp_path: Path) -> 
     fdbqueue.Queue("b").enqueue(db, "a")
     db.close()
     cmd = [sys.executable, "-m", "fdbqueue", "--url", url, "enqueue", "b", "waits"]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    # Ctrl-C as at a terminal: a shell starts background jobs with SIGINT ignored, and an
+    # ignored SIGINT is inherited (POSIX exec), which would leave the child deaf to this test.
+    p = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         time.sleep(1.5)
         assert p.poll() is None, p.communicate()  # still waiting for room

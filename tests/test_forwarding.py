@@ -4,6 +4,7 @@ faults and outages of either side."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import signal
@@ -17,12 +18,14 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Forwarder, Queue, testing
+from fdbqueue.txn import run_once
 
 CHILD = """
 import sys, fdbqueue
 src, dst = fdbqueue.open(sys.argv[1]), fdbqueue.open(sys.argv[2])
 f = fdbqueue.Forwarder(
-    src, "jobs", dst, "jobs", batch=int(sys.argv[3]), ack_queue="jobs.acks", lease_seconds=1.0
+    src, "jobs", dst, "jobs", batch=int(sys.argv[3]), ack_queue="jobs.acks", lease_seconds=1.0,
+    exclusive=sys.argv[4] == "exclusive",
 )
 print("ready", flush=True)
 f.run(follow=True, install_signals=True)
@@ -39,7 +42,8 @@ def _drain(db: fdbqueue.Database, name: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_every_message_arrives_once_across_twenty_sigkills(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["leased", "exclusive"])
+def test_every_message_arrives_once_across_twenty_sigkills(tmp_path: Path, how: str) -> None:
     src_url, dst_url = f"sqlite:///{tmp_path / 'src.db'}", f"sqlite:///{tmp_path / 'dst.db'}"
     src, dst = fdbqueue.open(src_url), fdbqueue.open(dst_url)
     rnd = random.Random(7)
@@ -48,7 +52,7 @@ def test_every_message_arrives_once_across_twenty_sigkills(tmp_path: Path) -> No
     env = {**os.environ, "PYTHONPATH": str(Path(fdbqueue.__file__).parent.parent)}
     for kill in range(20):
         child = subprocess.Popen(
-            [sys.executable, "-c", CHILD, src_url, dst_url, str(rnd.choice([1, 7, 50]))],
+            [sys.executable, "-c", CHILD, src_url, dst_url, str(rnd.choice([1, 7, 50])), how],
             stdout=subprocess.PIPE,
             text=True,
             env=env,
@@ -60,7 +64,9 @@ def test_every_message_arrives_once_across_twenty_sigkills(tmp_path: Path) -> No
         child.send_signal(signal.SIGKILL)
         assert child.wait(30) == -signal.SIGKILL, kill
     time.sleep(1.2)  # the killed forwarders' leases expire
-    stats = Forwarder(src, "jobs", dst, "jobs", ack_queue="jobs.acks", lease_seconds=1.0).run()
+    exclusive = how == "exclusive"
+    f = Forwarder(src, "jobs", dst, "jobs", ack_queue="jobs.acks", lease_seconds=1.0, exclusive=exclusive)
+    stats = f.run()
     received += _drain(dst, "jobs")
     assert sorted(received) == sorted(sent)  # every message once: none lost, none twice
     assert len(set(received)) == len(received)
@@ -70,7 +76,8 @@ def test_every_message_arrives_once_across_twenty_sigkills(tmp_path: Path) -> No
     assert stats.forwarded >= 0
 
 
-def test_faults_and_outages_of_either_side() -> None:
+@pytest.mark.parametrize("exclusive", [False, True])
+def test_faults_and_outages_of_either_side(exclusive: bool) -> None:
     src = fdbqueue.open("sim://?seed=11&faults=0.05")
     dst = fdbqueue.open("sim://?seed=12&faults=0.05")
     sent = Queue("jobs").enqueue_many(src, [b"m%d" % i for i in range(150)])
@@ -86,7 +93,9 @@ def test_faults_and_outages_of_either_side() -> None:
     t = threading.Thread(target=outages)
     t.start()
     try:
-        f = Forwarder(src, "jobs", dst, "jobs", batch=20, ack_queue="jobs.acks", lease_seconds=0.5)
+        f = Forwarder(
+            src, "jobs", dst, "jobs", batch=20, ack_queue="jobs.acks", lease_seconds=0.5, exclusive=exclusive
+        )
         stats = f.run()
         while Queue("jobs").size(src) or fdbqueue.queue_stats(src, "jobs").inflight:
             time.sleep(0.6)  # leases of batches interrupted by an outage come back
@@ -128,3 +137,57 @@ def test_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert main(["forward", "--from", a, "--queue", "jobs"]) == 2
     assert "--to" in capsys.readouterr().err
     assert main(["forward", "--from", "bogus://x", "--queue", "jobs", "--to", b]) == 2
+    assert main(["--url", a, "enqueue", "jobs", "k1", "k2", "--header", "kind=k"]) == 0
+    assert main(["--url", a, "enqueue", "jobs", "other"]) == 0
+    capsys.readouterr()
+    argv = ["forward", "--from", a, "--queue", "jobs", "--to", b, "--where", "kind=k", "--exclusive"]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.startswith("forwarded 2 ")
+    assert [m.payload for m in Queue("jobs").browse(fdbqueue.open(b), limit=None)] == [b"k1", b"k2"]
+    assert [m.payload for m in Queue("jobs").browse(fdbqueue.open(a), limit=None)] == [b"other"]
+
+
+def test_where_forwards_only_matching_messages_and_leaves_the_rest_untouched(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    src, dst = fdbqueue.open("sim://?seed=3&faults=0"), fdbqueue.open("sim://?seed=4&faults=0")
+    q = Queue("jobs")
+    for i in range(30):
+        q.enqueue(src, b"m%d" % i, headers={"kind": "a" if i % 3 == 0 else "b"})
+    stats = fdbqueue.forward(src, "jobs", dst, "jobs", batch=4, where={"kind": "a"}, progress=True)
+    assert stats.forwarded == 10
+    assert [m.payload for m in q.browse(dst, limit=None)] == [b"m%d" % i for i in range(0, 30, 3)]
+    left = fdbqueue.queue_stats(src, "jobs")
+    assert (left.ready, left.inflight) == (20, 0)
+    assert all(m.deliveries == 0 for m in q.browse(src, limit=None))  # never leased
+    assert "forwarded 10" in capsys.readouterr().err
+    with pytest.raises(fdbqueue.QueueError, match="where"):
+        fdbqueue.forward(src, "jobs", dst, "jobs", where={1: "a"})  # type: ignore[dict-item]
+    with pytest.raises(fdbqueue.QueueError, match="where"):
+        q.lease_many(src, 1, where=["kind"])  # type: ignore[arg-type]
+
+
+def test_an_exclusive_forwarder_keeps_order_and_warns_when_another_consumer_takes_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    src, dst = fdbqueue.open("sim://?seed=5&faults=0"), fdbqueue.open("sim://?seed=6&faults=0")
+    q = Queue("jobs")
+    sent = [b"m%02d" % i for i in range(25)]
+    for p in sent:
+        q.enqueue(src, p)
+    q.enqueue(src, b"later", delay=0.3)
+    f = Forwarder(src, "jobs", dst, "jobs", batch=4, exclusive=True)
+    assert f.run().forwarded == 25
+    assert [m.payload for m in q.browse(dst, limit=None)] == sent  # in order, across batches
+    time.sleep(0.4)
+    assert f.run().forwarded == 26  # a sweep made the delayed one ready (the stats add up)
+    assert [m.payload for m in q.browse(dst, limit=None)][-1] == b"later"
+    # The forwarder must be the queue's only consumer: one taken between install and removal
+    # was forwarded and consumed both, and is reported.
+    q.enqueue(src, b"contested")
+    batch = run_once(src, lambda t, _: f._peek(t))
+    f._install([r.message for r in batch])
+    assert q.dequeue(src) is not None
+    with caplog.at_level(logging.WARNING, logger="fdbqueue.forwarding"):
+        done, _ = f._send_away(batch)
+    assert done == [] and "taken by another consumer" in caplog.text

@@ -221,6 +221,7 @@ LAYERS: dict[str, int] = {
     "moves": 3,
     "maintainers": 3,
     "journaling": 3,
+    "workindex": 3,
     "privileges": 3,
     "receipts": 3,
     "waiting": 3,
@@ -237,9 +238,12 @@ LAYERS: dict[str, int] = {
     "admin": 5,
     "moving": 5,
     "routing": 5,
+    "fairness": 5,
     # L6 runtime.
     "worker": 6,
+    "handling": 6,
     "forwarding": 6,
+    "remote": 6,
     "dispatcher": 6,
     "testing": 6,
     # L7 surface.

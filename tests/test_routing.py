@@ -107,3 +107,31 @@ def test_the_command_line(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> 
     capsys.readouterr()
     assert main(["--url", url, "routes", "orders", "--json"]) == 0
     assert capsys.readouterr().out.strip() == "{}"
+
+
+def test_list_shows_a_partitioned_queue_as_one_with_its_partitions(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fdbqueue.cli import main
+
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    db = fdbqueue.open(url)
+    orders = PartitionedQueue("orders", partitions=3, key="customer")
+    for i in range(12):
+        orders.enqueue(db, b"o", headers={"customer": f"c-{i}"})
+    Queue("jobs").enqueue(db, b"j")
+    assert fdbqueue.partitioned_queues(db) == {"orders": 3}
+    capsys.readouterr()
+    assert main(["--url", url, "list"]) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if "orders" in line or "jobs" in line]
+
+    row = next(i for i, line in enumerate(lines) if "orders (3 partitions)" in line)
+    assert " 12 " in lines[row]  # the partitions' sum
+    assert all(q.size(db) for q in orders.queues)  # each partition got some
+    assert [line.strip("│ ").split()[0] for line in lines[row + 1 : row + 4]] == [
+        "orders.p0",
+        "orders.p1",
+        "orders.p2",
+    ]
+    assert sum("orders." in line for line in lines) == 3  # listed under it, not again
