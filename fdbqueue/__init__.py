@@ -7,6 +7,8 @@ take a Database (own retried transaction) or a Transaction (joins the caller's).
 
 from __future__ import annotations
 
+from typing import Any
+
 from fdbqueue.admin import (
     QueueStats,
     acl,
@@ -71,6 +73,16 @@ from fdbqueue.types import JournalEntry
 from fdbqueue.worker import HandlerSignatureError, Worker, WorkerStats
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    """``fdbqueue.spark``, imported only when used: it needs pyspark (the ``spark`` extra)."""
+    if name == "spark":
+        import importlib
+
+        return importlib.import_module("fdbqueue.spark")
+    raise AttributeError(f"module 'fdbqueue' has no attribute {name!r}")
+
 
 __all__ = [
     "AccessDeniedError",

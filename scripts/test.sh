@@ -7,5 +7,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
-.venv/bin/python -m pytest "$@"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,spark]'
+# The Spark tests start a real local Spark, which needs a Java runtime (17 or later).
+if ! command -v java >/dev/null; then
+    SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
+    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+fi
+# Installed above: a missing pyspark is then a failure, not a skip.
+FDBQUEUE_REQUIRE_SPARK=1 .venv/bin/python -m pytest "$@"

@@ -239,6 +239,7 @@ LAYERS: dict[str, int] = {
     "moving": 5,
     "routing": 5,
     "fairness": 5,
+    "export": 6,
     # L6 runtime.
     "worker": 6,
     "handling": 6,
@@ -248,6 +249,7 @@ LAYERS: dict[str, int] = {
     "testing": 6,
     # L7 surface.
     "cli": 7,
+    "spark": 7,
     "cli_io": 7,
     "cli_journal": 7,
     "demo": 7,

@@ -556,3 +556,23 @@ def test_a_watcher_whose_lock_file_was_removed_wakes_and_meets_the_error(tmp_pat
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_second_handle_in_one_process_keeps_the_store_open_for_other_processes(tmp_path: Path) -> None:
+    """Opening the store again in a process that has it open must not open and close its
+    database file outside SQLite: that drops the process's POSIX locks on it, and another
+    process closing its last connection then removed the WAL under this one (seen when Spark
+    executors read a store a worker was draining)."""
+    url = f"sqlite://{tmp_path / 'q.db'}"
+    db = fdbqueue.open(url)
+    fdbqueue.Queue("jobs").enqueue(db, b"x")
+    second = fdbqueue.open(url)
+    child = "import fdbqueue, sys\ndb = fdbqueue.open(sys.argv[1])\n"
+    child += "print(fdbqueue.Queue('jobs').size(db))\ndb.close()"
+    out = subprocess.run([sys.executable, "-c", child, url], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["1"], out.stderr
+    assert (tmp_path / "q.db-wal").exists()  # still there: this process has the store open
+    fdbqueue.Queue("jobs").enqueue(db, b"y")  # and it still commits
+    assert fdbqueue.Queue("jobs").size(second) == 2
+    second.close()
+    db.close()

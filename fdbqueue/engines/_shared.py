@@ -149,6 +149,20 @@ fork_generation = 0
 inherited: list[Any] = []
 
 
+def open_here(real: str) -> bool:
+    """Whether this process has the store at ``real`` open already. Then its database file must
+    not be opened and closed again outside SQLite: closing any descriptor of a file drops every
+    POSIX lock the process holds on it (fcntl(2); https://www.sqlite.org/howtocorrupt.html
+    section 2.2), SQLite's shared lock included, and another process closing its last
+    connection would then take the store for unused and remove the WAL under this one."""
+    try:
+        st = os.stat(real + "-lock")
+    except OSError:
+        return False
+    with _registry_lock:
+        return (st.st_dev, st.st_ino) in _stores
+
+
 def attach(real: str, path: str) -> SharedStore:
     try:
         fd = os.open(real + "-lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)

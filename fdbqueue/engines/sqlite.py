@@ -657,7 +657,8 @@ class SqliteDatabase(LocalDatabase):
                 f"{path}: the directory {self._folder} does not exist; create it first "
                 f"(mkdir -p {self._folder})"
             )
-        _storefiles.refuse_foreign(self._real, path)
+        if not _shared.open_here(self._real):  # checked by the first open (and see open_here)
+            _storefiles.refuse_foreign(self._real, path)
         why = "" if read_only else _storefiles.why_read_only(self._real, path)
         if why:
             self.read_only, self._read_only = True, why

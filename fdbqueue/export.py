@@ -1,0 +1,203 @@
+"""Reading queue contents in bulk, in parallel pieces: what the Spark data source
+(``fdbqueue.spark``) runs, and nothing of Spark itself.
+
+A queue's messages live in three key ranges - ready, leased (in flight), delayed - and its dead
+letters in its error queue's ready range (layout.py). ``plan`` cuts each range into pieces of
+at most ``split`` messages, finding the cut points with key selectors (``get_key`` with an
+offset: one round trip a cut, no record read), so that a large queue is read by many tasks at
+once. ``read_piece`` reads one piece in transactions of at most ``PAGE`` records each, well
+inside FoundationDB's 5-second window (``budget.py``), resuming after the last key it read.
+
+The rows of one piece are consistent per transaction, not across the whole read: a message
+that moves while the read runs (a worker drains the queue) may be seen in two places or in
+none, as a scan of a live table would see it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import fnmatch
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from fdbqueue.admin import list_queues
+from fdbqueue.clock import db_now, now_us, seconds_of
+from fdbqueue.config import QueueConfig, read_config
+from fdbqueue.delivery import read_payload
+from fdbqueue.engines.base import Database, KeySelector, Transaction
+from fdbqueue.errors import CorruptMessageError, QueueError
+from fdbqueue.fairness import is_pattern
+from fdbqueue.layout import DEFAULT_ROOT, QueueKeys
+from fdbqueue.message import Record, decode_record
+from fdbqueue.routing import partitioned_queues
+from fdbqueue.txn import run_once
+
+PAGE = 500  # records a read transaction returns at most
+SPLIT = 20_000  # messages a piece holds at most
+STATES = {"r": "ready", "f": "leased", "d": "delayed"}
+COLUMNS = (
+    "queue string, id string, state string, priority int, enqueued_at timestamp, deliveries int, "
+    "headers map<string,string>, payload binary, content_type string, reason string, origin string, "
+    "expires_at timestamp"
+)
+_UTC = datetime.timezone.utc
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A part of one queue's range of one state: ``[begin, end)``."""
+
+    queue: str
+    state: str  # "ready", "leased", "delayed", "dead"
+    begin: bytes
+    end: bytes
+
+
+def queue_names(db: Database, spec: str | list[str], *, root: tuple[Any, ...] = DEFAULT_ROOT) -> list[str]:
+    """The queues ``spec`` names: one name, a list, a pattern (``fnmatch``), or a partitioned
+    queue's name (its partitions); each with its error queue when it has one."""
+    existing = list_queues(db, root=root)
+    names: list[str] = []
+    for one in [spec] if isinstance(spec, str) else list(spec):
+        if not isinstance(one, str) or not one:
+            raise QueueError(f"queue must be a name, a list of names or a pattern, got {spec!r}")
+        parts = partitioned_queues(db, root=root).get(one)
+        if is_pattern(one):
+            names += [n for n in existing if fnmatch.fnmatchcase(n, one)]
+        elif parts is not None:
+            names += [f"{one}.p{i}" for i in range(parts) if f"{one}.p{i}" in existing]
+        elif one in existing:
+            names.append(one)
+        else:
+            raise QueueError(f"no queue named {one!r}")
+    out: list[str] = []
+    for name in names:
+        if name not in out:
+            out.append(name)
+        cfg = _config(db, name, root)
+        err = None if cfg is None else cfg.error_queue_for(name)
+        if err is not None and err != name and err in existing and err not in out:
+            out.append(err)
+    return out
+
+
+def plan(
+    db: Database, names: list[str], *, split: int = SPLIT, root: tuple[Any, ...] = DEFAULT_ROOT
+) -> list[Piece]:
+    """The pieces to read ``names`` in: each state's range of each queue, cut every ``split``
+    messages (an error queue's ready messages read as ``dead``)."""
+    if isinstance(split, bool) or not isinstance(split, int) or split < 1:
+        raise QueueError(f"split must be an int >= 1, got {split!r}")
+    errors = _error_queues(db, names, root)
+    pieces: list[Piece] = []
+    for name in names:
+        keys = QueueKeys.make(name, root)
+        for tag, state in STATES.items():
+            if tag == "r" and name in errors:
+                state = "dead"
+            r = keys.q.range((tag,))
+            begin, end = bytes(r.start), bytes(r.stop)
+            for lo, hi in _cuts(db, begin, end, split):
+                pieces.append(Piece(name, state, lo, hi))
+    return pieces
+
+
+def _config(db: Database, name: str, root: tuple[Any, ...]) -> QueueConfig | None:
+    keys = QueueKeys.make(name, root)
+
+    def body(t: Transaction, _: bool) -> QueueConfig | None:
+        return read_config(t, keys)
+
+    return run_once(db, body)
+
+
+def _error_queues(db: Database, names: list[str], root: tuple[Any, ...]) -> set[str]:
+    out = set()
+    for name in names:
+        cfg = _config(db, name, root)
+        if cfg is not None:
+            out.add(cfg.error_queue_for(name))
+    return out
+
+
+def _cuts(db: Database, begin: bytes, end: bytes, split: int) -> list[tuple[bytes, bytes]]:
+    """``[begin, end)`` cut every ``split`` keys: key selectors, one round trip a cut."""
+    out = []
+    lo = begin
+    while True:
+
+        def step(t: Transaction, _: bool, lo: bytes = lo) -> bytes:
+            key: bytes = t.snapshot.get_key(KeySelector.first_greater_or_equal(lo) + split)
+            return key
+
+        hi = run_once(db, step)
+        if hi >= end or hi <= lo:
+            out.append((lo, end))
+            return out
+        out.append((lo, hi))
+        lo = hi
+
+
+Row = tuple[Any, ...]
+
+
+def read_piece(db: Database, piece: Piece, *, root: tuple[Any, ...] = DEFAULT_ROOT) -> Iterator[Row]:
+    """The rows of ``piece`` (the columns of ``COLUMNS``), in key order, a transaction a page."""
+    keys = QueueKeys.make(piece.queue, root)
+    cursor = piece.begin
+    while True:
+
+        def page(t: Transaction, _: bool, cursor: bytes = cursor) -> tuple[list[Row], bytes | None]:
+            kvs = t.snapshot.get_range(cursor, piece.end, PAGE)
+            rows = [_row(t, keys, piece, kv.key, kv.value) for kv in kvs]
+            more = kvs[-1].key + b"\x00" if len(kvs) == PAGE else None
+            return [r for r in rows if r is not None], more
+
+        rows, nxt = run_once(db, page)
+        yield from rows
+        if nxt is None:
+            return
+        cursor = nxt
+
+
+def _row(t: Transaction, keys: QueueKeys, piece: Piece, key: bytes, raw: bytes) -> tuple[Any, ...] | None:
+    try:
+        rec = decode_record(raw, keys, key)
+        payload = read_payload(t.snapshot, keys, rec)
+    except CorruptMessageError:
+        return None  # the queue's own consumers move it aside; an export shows what is sound
+    if piece.state in ("ready", "dead"):
+        priority = keys.priority_of(key)
+    elif piece.state == "leased" and "key" in rec.extra:
+        priority = keys.priority_of(bytes.fromhex(str(rec.extra["key"])))
+    else:
+        priority = int(rec.extra.get("priority", 0))
+    reason = rec.extra.get("reason")
+    origin = rec.extra.get("origin")
+    deliveries = int(rec.extra.get("deliveries", rec.deliveries)) if piece.state == "dead" else rec.deliveries
+    return (
+        piece.queue,
+        rec.id,
+        piece.state,
+        priority,
+        datetime.datetime.fromtimestamp(rec.enqueued_us / 1e6, _UTC),
+        deliveries,
+        {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in rec.headers.items()},
+        payload,
+        _CONTENT_TYPE.get(rec.content_type, rec.content_type),
+        None if reason is None else str(reason),
+        None if origin is None else str(origin),
+        _expires_at(t, rec),
+    )
+
+
+_CONTENT_TYPE = {"b": "bytes", "t": "text", "j": "json"}
+
+
+def _expires_at(t: Transaction, rec: Record) -> datetime.datetime | None:
+    if rec.expires_us is None:
+        return None
+    at = now_us() / 1e6 + seconds_of(rec.expires_us - db_now(t))  # TTLs are kept in database time
+    return datetime.datetime.fromtimestamp(at, _UTC)

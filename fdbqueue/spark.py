@@ -1,0 +1,131 @@
+"""The data source ``fdbqueue`` for Spark, on PySpark 4's Python Data Source API
+(``pyspark.sql.datasource``): ``fdbqueue.spark.register(spark)``, then::
+
+    spark.read.format("fdbqueue").option("url", u).option("queue", "jobs").load()
+
+Imported only when used (``fdbqueue.spark``); it needs the ``spark`` extra (pyspark, pyarrow).
+
+Options: ``url`` (any fdbqueue URL the executors can open: an embedded store's file on a
+shared disk, a cluster file), ``queue`` (a name, a comma-separated list, a pattern such as
+``"tenant.*"``, or a partitioned queue's name), ``split`` (messages a partition holds at most,
+default 20,000), ``root`` (a JSON list, default ``["fdbqueue"]``), ``principal``. One row per
+message, in every state: ready, leased, delayed, and dead (in the queue's error queue); the
+columns are ``fdbqueue.export.COLUMNS``. Partitions are key ranges (``fdbqueue/export.py``), each
+read in transactions of at most 500 messages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+try:
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+except ImportError as exc:  # pragma: no cover - depends on the installation
+    raise ImportError(
+        "fdbqueue.spark needs pyspark >= 4.0 and pyarrow: pip install 'fdbqueue[spark]'"
+    ) from exc
+
+import fdbqueue
+from fdbqueue.errors import QueueError
+from fdbqueue.export import COLUMNS, SPLIT, Piece, plan, queue_names, read_piece
+from fdbqueue.layout import DEFAULT_ROOT
+
+NAME = "fdbqueue"
+
+
+def register(spark: Any) -> None:
+    """Register the data source ``fdbqueue`` with the SparkSession ``spark``."""
+    spark.dataSource.register(FdbQueueDataSource)
+
+
+def _root(options: dict[str, str]) -> tuple[Any, ...]:
+    raw = options.get("root")
+    if raw is None:
+        return DEFAULT_ROOT
+    try:
+        root = json.loads(raw)
+    except ValueError:
+        raise QueueError(f"option root must be a JSON list, got {raw!r}") from None
+    if not isinstance(root, list) or not root:
+        raise QueueError(f"option root must be a non-empty JSON list, got {raw!r}")
+    return tuple(root)
+
+
+def _open(options: dict[str, str]) -> fdbqueue.Database:
+    url = options.get("url")
+    if not url:
+        raise QueueError('the fdbqueue data source needs .option("url", ...)')
+    return fdbqueue.open(url, principal=options.get("principal"))
+
+
+class FdbQueueDataSource(DataSource):
+    """``spark.read.format("fdbqueue")``: a queue's messages (see the module docstring)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> str:
+        return COLUMNS
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        return _QueueReader(dict(self.options))
+
+
+class _Part(InputPartition):
+    def __init__(self, piece: Piece) -> None:
+        super().__init__(piece)
+        self.piece = piece
+
+
+class _QueueReader(DataSourceReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.options = options
+        spec = options.get("queue")
+        if not spec:
+            raise QueueError('the fdbqueue data source needs .option("queue", ...)')
+        self.spec = [s.strip() for s in spec.split(",")] if "," in spec else spec
+        raw_split = options.get("split", str(SPLIT))
+        try:
+            self.split = int(raw_split)
+        except ValueError:
+            raise QueueError(f"option split must be an int, got {raw_split!r}") from None
+        self.root = _root(options)
+
+    def partitions(self) -> list[InputPartition]:
+        db = _open(self.options)
+        try:
+            names = queue_names(db, self.spec, root=self.root)
+            return [_Part(p) for p in plan(db, names, split=self.split, root=self.root)]
+        finally:
+            db.close()
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        db = _open(self.options)
+        try:
+            assert isinstance(partition, _Part)
+            yield from read_piece(db, partition.piece, root=self.root)
+        finally:
+            db.close()
+
+
+def local_session(app: str = "fdbqueue", cores: int = 2, *, retries: int = 1) -> Any:
+    """A local SparkSession (``local[cores, retries]``) whose Python workers run this
+    interpreter, with the data source registered: for tests, the demo and the audit."""
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = (
+        SparkSession.builder.master(f"local[{cores},{retries}]")
+        .appName(app)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
