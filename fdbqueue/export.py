@@ -29,8 +29,10 @@ from fdbqueue.delivery import read_payload
 from fdbqueue.engines.base import Database, KeySelector, Transaction
 from fdbqueue.errors import CorruptMessageError, QueueError
 from fdbqueue.fairness import is_pattern
-from fdbqueue.layout import DEFAULT_ROOT, QueueKeys
+from fdbqueue.journaling import decode_entry, journaled_queues
+from fdbqueue.layout import DEFAULT_ROOT, JOURNAL_SHARDS, JournalKeys, QueueKeys
 from fdbqueue.message import Record, decode_record
+from fdbqueue.privileges import check
 from fdbqueue.routing import partitioned_queues
 from fdbqueue.txn import run_once
 
@@ -41,6 +43,10 @@ COLUMNS = (
     "queue string, id string, state string, priority int, enqueued_at timestamp, deliveries int, "
     "headers map<string,string>, payload binary, content_type string, reason string, origin string, "
     "expires_at timestamp"
+)
+JOURNAL_COLUMNS = (
+    "version binary, at timestamp, op string, queue string, message_id string, principal string, "
+    "deliveries int, reason string, details string"
 )
 _UTC = datetime.timezone.utc
 
@@ -201,3 +207,69 @@ def _expires_at(t: Transaction, rec: Record) -> datetime.datetime | None:
         return None
     at = now_us() / 1e6 + seconds_of(rec.expires_us - db_now(t))  # TTLs are kept in database time
     return datetime.datetime.fromtimestamp(at, _UTC)
+
+
+# -- the journal -----------------------------------------------------------------------------------
+
+
+def journal_plan(
+    db: Database,
+    spec: str,
+    *,
+    since: bytes | None = None,
+    until: bytes | None = None,
+    split: int = SPLIT,
+    root: tuple[Any, ...] = DEFAULT_ROOT,
+) -> list[Piece]:
+    """The pieces to read the journal of ``spec`` (a queue, a pattern, or ``"*"``: every
+    journaled queue) in: each queue's shards, from after ``since`` to before ``until``
+    (versions), cut every ``split`` entries. The principal needs ``browse`` on each queue."""
+    jk = JournalKeys.make(root)
+    pattern = is_pattern(spec)
+    names = [
+        n for n in journaled_queues(db, root=root) if n == spec or (pattern and fnmatch.fnmatchcase(n, spec))
+    ]
+    if not names and not is_pattern(spec):
+        raise QueueError(f"no journal for queue {spec!r} (journal=True on create_queue keeps one)")
+    pieces = []
+    for name in names:
+        keys = QueueKeys.make(name, root)
+        _may_browse(db, keys)
+        for shard in range(JOURNAL_SHARDS):
+            begin, end = jk.entry_range(name, shard, since)
+            if until is not None:
+                end = min(end, jk.entry_key(name, shard, until))
+            if begin < end:
+                pieces += [Piece(name, "journal", lo, hi) for lo, hi in _cuts(db, begin, end, split)]
+    return pieces
+
+
+def _may_browse(db: Database, keys: QueueKeys) -> None:
+    def body(t: Transaction, _: bool) -> None:
+        check(t, keys, "browse")
+
+    run_once(db, body)
+
+
+def read_journal_piece(db: Database, piece: Piece, *, root: tuple[Any, ...] = DEFAULT_ROOT) -> Iterator[Row]:
+    """The journal entries of ``piece`` as rows of ``JOURNAL_COLUMNS``, a transaction a page."""
+    jk = JournalKeys.make(root)
+    cursor = piece.begin
+    while True:
+
+        def page(t: Transaction, _: bool, cursor: bytes = cursor) -> tuple[list[Row], bytes | None]:
+            kvs = t.snapshot.get_range(cursor, piece.end, PAGE)
+            rows = []
+            for kv in kvs:
+                e = decode_entry(piece.queue, jk.entry_version(kv.key), kv.value)
+                at = datetime.datetime.fromtimestamp(e.at, _UTC)
+                details = json.dumps(e.details, sort_keys=True)
+                who = (e.queue, e.message_id, e.principal, e.deliveries, e.reason)
+                rows.append((e.version, at, e.op, *who, details))
+            return rows, (kvs[-1].key + b"\x00" if len(kvs) == PAGE else None)
+
+        rows, nxt = run_once(db, page)
+        yield from rows
+        if nxt is None:
+            return
+        cursor = nxt

@@ -137,11 +137,21 @@ def register(tr: Transaction, keys: QueueKeys) -> None:
     tr.set_versionstamped_value(jk.bell(None), _BELL)  # wakes journal(None, follow=True)
 
 
+def decode_entry(queue: str, version: bytes, raw: bytes) -> JournalEntry:
+    """The journal entry stored as ``raw`` in ``queue``'s journal at ``version``."""
+    return _decode(queue, version, raw)
+
+
 def _decode(queue: str, version: bytes, raw: bytes) -> JournalEntry:
     fmt, op, mid, principal, deliveries, reason, details, at_us = json.loads(raw)
     if fmt != _FORMAT:
         raise QueueError(f"journal entry of an unknown format {fmt!r}")
     return JournalEntry(version, at_us / 1e6, op, queue, mid, principal, deliveries, reason, details)
+
+
+def check_version(since: bytes | str | None) -> bytes | None:
+    """A journal version given as 12 bytes or 24 hex digits, as bytes (None stays None)."""
+    return _check_version(since)
 
 
 def _check_version(since: bytes | str | None) -> bytes | None:

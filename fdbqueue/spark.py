@@ -31,7 +31,18 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 
 import fdbqueue
 from fdbqueue.errors import QueueError
-from fdbqueue.export import COLUMNS, SPLIT, Piece, plan, queue_names, read_piece
+from fdbqueue.export import (
+    COLUMNS,
+    JOURNAL_COLUMNS,
+    SPLIT,
+    Piece,
+    journal_plan,
+    plan,
+    queue_names,
+    read_journal_piece,
+    read_piece,
+)
+from fdbqueue.journaling import check_version
 from fdbqueue.layout import DEFAULT_ROOT
 
 NAME = "fdbqueue"
@@ -70,9 +81,11 @@ class FdbQueueDataSource(DataSource):
         return NAME
 
     def schema(self) -> str:
-        return COLUMNS
+        return JOURNAL_COLUMNS if "journal" in self.options else COLUMNS
 
     def reader(self, schema: Any) -> DataSourceReader:
+        if "journal" in self.options:
+            return _JournalReader(dict(self.options))
         return _QueueReader(dict(self.options))
 
 
@@ -107,8 +120,43 @@ class _QueueReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         db = _open(self.options)
         try:
-            assert isinstance(partition, _Part)
+            if not isinstance(partition, _Part):
+                return  # no partitions: Spark reads once with none
             yield from read_piece(db, partition.piece, root=self.root)
+        finally:
+            db.close()
+
+
+class _JournalReader(DataSourceReader):
+    """``.option("journal", "jobs")`` (a queue, a pattern, or ``"*"``), ``since`` / ``until``:
+    versions as 24 hex digits (``since`` exclusive, ``until`` exclusive)."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.options = options
+        self.spec = options["journal"]
+        if not self.spec:
+            raise QueueError('option journal names a queue, a pattern or "*"')
+        self.since = check_version(options.get("since"))
+        self.until = check_version(options.get("until"))
+        self.split = int(options.get("split", str(SPLIT)))
+        self.root = _root(options)
+
+    def partitions(self) -> list[InputPartition]:
+        db = _open(self.options)
+        try:
+            pieces = journal_plan(
+                db, self.spec, since=self.since, until=self.until, split=self.split, root=self.root
+            )
+            return [_Part(p) for p in pieces]
+        finally:
+            db.close()
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        db = _open(self.options)
+        try:
+            if not isinstance(partition, _Part):
+                return  # no partitions: Spark reads once with none
+            yield from read_journal_piece(db, partition.piece, root=self.root)
         finally:
             db.close()
 

@@ -126,3 +126,32 @@ def test_reading_while_a_worker_drains(spark: Any, tmp_path: Path) -> None:
         runner.join(60)
     assert not runner.is_alive() and worker.stats.processed == 3000
     assert set(seen) <= sent  # what it saw was there: ready or in flight at its transaction
+
+
+def test_the_journal_reads_as_a_batch_with_since_and_until(spark: Any, tmp_path: Path) -> None:
+    url, db = _store(tmp_path)
+    fdbqueue.create_queue(db, "jobs", journal=True)
+    fdbqueue.create_queue(db, "other", journal=True)
+    q = Queue("jobs")
+    ids = q.enqueue_many(db, [b"a", b"b", b"c"])
+    m = q.lease(db)
+    assert m is not None
+    q.ack(db, m)
+    Queue("other").enqueue(db, b"o")
+    expected = list(fdbqueue.journal(db, "jobs"))
+    reader = spark.read.format("fdbqueue").option("url", url).option("split", "2")
+    df = reader.option("journal", "jobs").load()
+    assert df.columns == [
+        "version", "at", "op", "queue", "message_id", "principal", "deliveries", "reason", "details",
+    ]  # fmt: skip
+    rows = df.orderBy("version").collect()
+    assert [(bytes(r["version"]), r["op"], r["message_id"]) for r in rows] == [
+        (e.version, e.op, e.message_id) for e in expected
+    ]
+    assert [r["op"] for r in rows if r["message_id"] == ids[0]] == ["enqueue", "lease", "ack"]
+    assert reader.option("journal", "*").load().count() == len(list(fdbqueue.journal(db, None)))
+    middle = expected[2].version.hex()
+    fresh = lambda: spark.read.format("fdbqueue").options(url=url, journal="jobs")  # noqa: E731 - option() mutates a reader
+    after = fresh().option("since", middle).load().count()
+    before = fresh().option("until", middle).load().count()
+    assert (after, before) == (len(expected) - 3, 2)
