@@ -95,13 +95,12 @@ class _Part(InputPartition):
         self.piece = piece
 
 
-class _QueueReader(DataSourceReader):
+class _Reader(DataSourceReader):
+    """What both readers share: the options ``split`` and ``root``, a database opened for the
+    planning on the driver and for each partition on an executor."""
+
     def __init__(self, options: dict[str, str]) -> None:
         self.options = options
-        spec = options.get("queue")
-        if not spec:
-            raise QueueError('the fdbqueue data source needs .option("queue", ...)')
-        self.spec = [s.strip() for s in spec.split(",")] if "," in spec else spec
         raw_split = options.get("split", str(SPLIT))
         try:
             self.split = int(raw_split)
@@ -109,56 +108,62 @@ class _QueueReader(DataSourceReader):
             raise QueueError(f"option split must be an int, got {raw_split!r}") from None
         self.root = _root(options)
 
+    def _plan(self, db: fdbqueue.Database) -> list[Piece]:
+        raise NotImplementedError
+
+    def _rows(self, db: fdbqueue.Database, piece: Piece) -> Iterator[tuple[Any, ...]]:
+        raise NotImplementedError
+
     def partitions(self) -> list[InputPartition]:
         db = _open(self.options)
         try:
-            names = queue_names(db, self.spec, root=self.root)
-            return [_Part(p) for p in plan(db, names, split=self.split, root=self.root)]
+            return [_Part(p) for p in self._plan(db)]
         finally:
             db.close()
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        if not isinstance(partition, _Part):
+            return  # no partitions: Spark reads once with none
         db = _open(self.options)
         try:
-            if not isinstance(partition, _Part):
-                return  # no partitions: Spark reads once with none
-            yield from read_piece(db, partition.piece, root=self.root)
+            yield from self._rows(db, partition.piece)
         finally:
             db.close()
 
 
-class _JournalReader(DataSourceReader):
+class _QueueReader(_Reader):
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        spec = options.get("queue")
+        if not spec:
+            raise QueueError('the fdbqueue data source needs .option("queue", ...)')
+        self.spec = [s.strip() for s in spec.split(",")] if "," in spec else spec
+
+    def _plan(self, db: fdbqueue.Database) -> list[Piece]:
+        return plan(db, queue_names(db, self.spec, root=self.root), split=self.split, root=self.root)
+
+    def _rows(self, db: fdbqueue.Database, piece: Piece) -> Iterator[tuple[Any, ...]]:
+        return read_piece(db, piece, root=self.root)
+
+
+class _JournalReader(_Reader):
     """``.option("journal", "jobs")`` (a queue, a pattern, or ``"*"``), ``since`` / ``until``:
     versions as 24 hex digits (``since`` exclusive, ``until`` exclusive)."""
 
     def __init__(self, options: dict[str, str]) -> None:
-        self.options = options
+        super().__init__(options)
         self.spec = options["journal"]
         if not self.spec:
             raise QueueError('option journal names a queue, a pattern or "*"')
         self.since = check_version(options.get("since"))
         self.until = check_version(options.get("until"))
-        self.split = int(options.get("split", str(SPLIT)))
-        self.root = _root(options)
 
-    def partitions(self) -> list[InputPartition]:
-        db = _open(self.options)
-        try:
-            pieces = journal_plan(
-                db, self.spec, since=self.since, until=self.until, split=self.split, root=self.root
-            )
-            return [_Part(p) for p in pieces]
-        finally:
-            db.close()
+    def _plan(self, db: fdbqueue.Database) -> list[Piece]:
+        since, until = self.since, self.until
+        return journal_plan(db, self.spec, since=since, until=until, split=self.split, root=self.root)
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        db = _open(self.options)
-        try:
-            if not isinstance(partition, _Part):
-                return  # no partitions: Spark reads once with none
-            yield from read_journal_piece(db, partition.piece, root=self.root)
-        finally:
-            db.close()
+    def _rows(self, db: fdbqueue.Database, piece: Piece) -> Iterator[tuple[Any, ...]]:
+        return read_journal_piece(db, piece, root=self.root)
 
 
 def local_session(app: str = "fdbqueue", cores: int = 2, *, retries: int = 1) -> Any:
