@@ -23,9 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from fdbqueue.admin import list_queues
-from fdbqueue.clock import db_now, now_us, seconds_of
 from fdbqueue.config import QueueConfig, read_config
-from fdbqueue.delivery import read_payload
+from fdbqueue.delivery import expires_at, read_payload
 from fdbqueue.engines.base import Database, KeySelector, Transaction
 from fdbqueue.errors import CorruptMessageError, QueueError
 from fdbqueue.fairness import is_pattern
@@ -203,10 +202,8 @@ _CONTENT_TYPE = {"b": "bytes", "t": "text", "j": "json"}
 
 
 def _expires_at(t: Transaction, rec: Record) -> datetime.datetime | None:
-    if rec.expires_us is None:
-        return None
-    at = now_us() / 1e6 + seconds_of(rec.expires_us - db_now(t))  # TTLs are kept in database time
-    return datetime.datetime.fromtimestamp(at, _UTC)
+    at = expires_at(t, rec)  # TTLs are kept in database time: an estimate by this clock
+    return None if at is None else datetime.datetime.fromtimestamp(at, _UTC)
 
 
 # -- the journal -----------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ from fdbqueue.privileges import check
 from fdbqueue.queue import Queue
 from fdbqueue.receipts import settled
 from fdbqueue.txn import run_once
-from fdbqueue.types import Item, Message, check_where
+from fdbqueue.types import Item, Message, check_where, headers_match
 
 log = logging.getLogger("fdbqueue.forwarding")
 
@@ -182,9 +182,7 @@ class Forwarder:
                     continue
                 if rec.expires_us is not None and rec.expires_us <= now:
                     continue
-                if self.where is not None and not all(
-                    rec.headers.get(k, _MISSING) == v for k, v in self.where.items()
-                ):
+                if self.where is not None and not headers_match(rec.headers, self.where):
                     continue
                 out.append(_Ready(key, raw, rec, to_message(t, keys, key, rec)))
                 if len(out) == self.batch:
@@ -219,9 +217,7 @@ class Forwarder:
                 send_away(t, skeys, r.key, r.rec, journaled=journaled, note=note)
                 done.append(r.message)
             count_sent(t, skeys, len(done))
-            if self.ack is not None and done:
-                acks = [json.dumps({"id": m.id, "queue": self.src.name, "to": self.dst.name}) for m in done]
-                self.ack.enqueue_many(t, acks)
+            self._acknowledge(t, done)
             return done, self._peek(t)
 
         return settled(self.src_db, skeys, body)
@@ -252,12 +248,16 @@ class Forwarder:
 
         def body(t: Transaction) -> list[Message]:
             done = ack_many_in(skeys, t, batch, db_now(t), note)
-            if self.ack is not None and done:
-                acks = [json.dumps({"id": m.id, "queue": self.src.name, "to": self.dst.name}) for m in done]
-                self.ack.enqueue_many(t, acks)
+            self._acknowledge(t, done)
             return done
 
         return settled(self.src_db, skeys, body)
+
+    def _acknowledge(self, t: Transaction, done: list[Message]) -> None:
+        """One acknowledgement on ``ack_queue`` per message removed, in the removing transaction."""
+        if self.ack is not None and done:
+            acks = [json.dumps({"id": m.id, "queue": self.src.name, "to": self.dst.name}) for m in done]
+            self.ack.enqueue_many(t, acks)
 
     def prune_markers(self, limit: int = 1000) -> int:
         """Clear markers older than MARKER_TTL (database time of the destination) whose
@@ -392,9 +392,6 @@ class _Ready(NamedTuple):
     raw: bytes
     rec: Record
     message: Message
-
-
-_MISSING = object()
 
 
 def _ttl_left(m: Message) -> float | None:

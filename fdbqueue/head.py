@@ -19,6 +19,7 @@ from fdbqueue.layout import QueueKeys
 from fdbqueue.message import Record, decode_record
 from fdbqueue.moves import expire, move_corrupt
 from fdbqueue.sweep import sweep_step
+from fdbqueue.types import headers_match
 from fdbqueue.waiting import next_due
 
 HEAD_SKIP_LIMIT = 100  # expired messages the staged dequeue looks past per pairing batch
@@ -28,7 +29,6 @@ FILTER_BATCH = 100
 # Kept back from a dequeue's or lease's budget for the message it takes: the leased record
 # (at most the value limit) and its index entries.
 TAKE_RESERVE = 110_000
-_MISSING = object()
 
 
 def deliverable_head(
@@ -159,7 +159,7 @@ def _find(
                 if expire_within(keys, tr, cfg, key, raw, rec, budget):
                     tr.add_read_conflict_key(key)  # two movers of one message conflict
                 continue
-            if all(rec.headers.get(k, _MISSING) == v for k, v in where.items()):
+            if headers_match(rec.headers, where):
                 tr.add_read_conflict_key(key)
                 budget.resume = None
                 return key, rec

@@ -30,6 +30,7 @@ from fdbqueue.head import (
 from fdbqueue.message import Message, Record, decode_record
 from fdbqueue.moves import count_leased, move_corrupt, take_for_lease
 from fdbqueue.sweep import sweep_step
+from fdbqueue.types import headers_match
 
 if TYPE_CHECKING:
     from fdbqueue.queue import Queue
@@ -112,7 +113,6 @@ def _ready_heads(
     are passed over at most).
     """
     keys = q.keys
-    missing = object()
     if due_entries(tr, keys, meta, now):
         sweep_step(q.keys, tr, cfg, now, 16, budget)  # due delays and expired leases first
     begin, end = keys.ready_range()
@@ -140,7 +140,7 @@ def _ready_heads(
                 continue
             if int(rec.extra.get("not_before", 0)) > now:
                 return out  # a head waiting out its retry delay holds the rest back
-            if where is not None and not all(rec.headers.get(k, missing) == v for k, v in where.items()):
+            if where is not None and not headers_match(rec.headers, where):
                 passed += 1
                 if passed >= FILTER_SCAN_LIMIT:
                     return out

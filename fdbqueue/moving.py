@@ -22,9 +22,9 @@ from fdbqueue.moves import expire, move_corrupt, move_message
 from fdbqueue.privileges import check
 from fdbqueue.receipts import settled
 from fdbqueue.txn import run_once
+from fdbqueue.types import check_where, headers_match
 
 BATCH = 100  # messages one transaction moves at most (each also bounded by the byte budget)
-_MISSING = object()
 
 
 def move(
@@ -51,8 +51,7 @@ def move(
         raise QueueError(f"move needs two queues, got {src!r} twice")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise QueueError(f"limit must be an int >= 0 or None, got {limit!r}")
-    if where is not None and (not isinstance(where, Mapping) or not all(isinstance(k, str) for k in where)):
-        raise QueueError(f"where must map header names (str) to values, got {where!r}")
+    where = check_where(where)
     tr = adopt(tr)
     if is_transaction(tr):
         return run_once(tr, lambda t, _: _batch(t, skeys, dkeys, where, limit, None)[0])
@@ -115,7 +114,7 @@ def _batch(
                 if budget.take(move_cost(len(key), len(raw), rec.chunks)):
                     expire(skeys, t, scfg, key, rec)
                 continue
-            if where is not None and not all(rec.headers.get(k, _MISSING) == v for k, v in where.items()):
+            if where is not None and not headers_match(rec.headers, where):
                 continue
             if not budget.take(2 * move_cost(len(key), len(raw), rec.chunks)):
                 return moved, key  # the rest for the next transaction

@@ -37,6 +37,14 @@ def check_where(where: object) -> dict[str, Any] | None:
     return dict(where)
 
 
+_MISSING = object()
+
+
+def headers_match(headers: Mapping[str, Any], where: Mapping[str, Any]) -> bool:
+    """Whether a message's ``headers`` hold every value ``where`` asks for (a filter)."""
+    return all(headers.get(k, _MISSING) == v for k, v in where.items())
+
+
 def check_duration(name: str, value: object, *, positive: bool = False) -> float:
     """``value`` as seconds when it is a finite number from 0 (above 0 with ``positive``) to
     :data:`MAX_DURATION_SECONDS`, else a clear :class:`QueueError` naming ``name``."""

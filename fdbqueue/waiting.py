@@ -27,7 +27,7 @@ def next_due(tr: Transaction, keys: QueueKeys, now: int | None = None) -> int | 
     if now is None:
         head = tr.snapshot.get_range(*keys.ready_range(), limit=1)
         if head:
-            due = _not_before(keys, head[0].key, head[0].value) or None
+            due = not_before(keys, head[0].key, head[0].value) or None
     for tag in ("d", "l"):
         begin, end = keys.index_range(tag, None if now is None else now + 1)
         kvs = tr.snapshot.get_range(begin, end, 1)
@@ -37,7 +37,7 @@ def next_due(tr: Transaction, keys: QueueKeys, now: int | None = None) -> int | 
     return due
 
 
-def _not_before(keys: QueueKeys, key: bytes, raw: bytes) -> int:
+def not_before(keys: QueueKeys, key: bytes, raw: bytes) -> int:
     """The head's retry time (``not_before``), 0 when it has none or its record is damaged:
     a damaged head is deliverable, so the dequeue that comes moves it aside
     (``delivery.move_corrupt``) rather than every waiter spinning on it."""
@@ -83,7 +83,7 @@ def deliverable_now(tr: Transaction, keys: QueueKeys) -> bool:
     if not decode_config(raw_cfg).strict_order:
         return True
     now = db_now(tr)
-    if _not_before(keys, head[0].key, head[0].value) > now:
+    if not_before(keys, head[0].key, head[0].value) > now:
         return False
     live_from = keys.index_range("l", now + 1)[1]
     return not snap.get_range(live_from, keys.index_range("l")[1], 1)

@@ -32,9 +32,8 @@ from typing import Any
 
 from fdbqueue.config import decode_config, decode_state
 from fdbqueue.engines.base import Transaction
-from fdbqueue.errors import CorruptMessageError
 from fdbqueue.layout import DEFAULT_ROOT, ONE, QueueKeys, WorkKeys, queues_range, root_subspace
-from fdbqueue.message import decode_record
+from fdbqueue.waiting import not_before
 
 _DUE = struct.Struct(">Q")
 _KEYS: dict[Any, WorkKeys] = {}
@@ -118,7 +117,7 @@ def retire(tr: Transaction, keys: QueueKeys, now: int) -> int | None:
             return 0  # deliverable (the consumer raced a producer): stays as it is
         # Strict order: held back by a live lease (its ack marks the queue) or the head's
         # retry delay; otherwise deliverable.
-        held = [t for t in (firsts.get("l"), _not_before(keys, head[0].key, head[0].value)) if t and t > now]
+        held = [t for t in (firsts.get("l"), not_before(keys, head[0].key, head[0].value)) if t and t > now]
         if not held:
             return 0
         due = min(held)
@@ -128,13 +127,6 @@ def retire(tr: Transaction, keys: QueueKeys, now: int) -> int | None:
     due = max(due, now + 1)
     tr.set(entry, _DUE.pack(due))
     return due
-
-
-def _not_before(keys: QueueKeys, key: bytes, raw: bytes) -> int:
-    try:
-        return int(decode_record(raw, keys, key).extra.get("not_before", 0))
-    except CorruptMessageError:
-        return 0  # deliverable: the dequeue moves it aside
 
 
 def fill(tr: Transaction, root: tuple[Any, ...], names: Iterable[str]) -> None:
