@@ -444,9 +444,10 @@ run the end-to-end demo: producer and worker processes, exactly-once processing
 By default the demo makes a fresh embedded store in a temporary directory (sync=full, the
 durable setting) and removes it at the end (--keep leaves it, and prints where). It never
 uses $FDBQUEUE_URL: that names your store. Given --url explicitly, it works in that store
-in queues named for this run (demo-<run>.orders and its error queue) and removes them and
-its records at the end; your own queues are neither read nor written. It prints a summary
-and exits 0 when every message was processed exactly once or accounted for, else 1."""
+in queues named for this run (demo-<run>.orders and its error queue, under the root
+("fdbqueue-demo", <run>)) and removes them and its records at the end; your own queues are
+neither read nor written. It prints a summary and exits 0 when every message was processed
+exactly once or accounted for, else 1."""
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

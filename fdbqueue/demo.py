@@ -9,8 +9,9 @@ exactly-once from the store's own records.
 
 The demo never touches a user's queues. By default it makes a fresh embedded store in a
 temporary directory (``sync=full``, the durable setting) and removes it afterwards. Given a
-URL, it works in queues and keys named uniquely for the run (``demo-<run>.orders``) and
-removes them at the end, so that runs never see each other's orders.
+URL, it works in queues and keys named uniquely for the run (``demo-<run>.orders``, under
+the root ``("fdbqueue-demo", <run>)``) and removes them at the end, so that runs never see
+each other's orders.
 """
 
 from __future__ import annotations
