@@ -69,7 +69,7 @@ from fdbqueue.queue import Queue, QueueFullError, QueueStoppedError
 from fdbqueue.remote import RemoteQueue, RemoteStats
 from fdbqueue.routing import PartitionedQueue, partitioned_queues, routes, set_route
 from fdbqueue.sweep import SweepStats
-from fdbqueue.types import JournalEntry
+from fdbqueue.types import JournalEntry, NewMessage
 from fdbqueue.worker import HandlerSignatureError, Worker, WorkerStats
 
 __version__ = "0.1.0"
@@ -112,6 +112,7 @@ __all__ = [
     "LeaseExpiredError",
     "Message",
     "NestedTransactionError",
+    "NewMessage",
     "PartitionedQueue",
     "PayloadTooLargeError",
     "Queue",

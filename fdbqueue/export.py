@@ -25,6 +25,7 @@ from typing import Any
 from fdbqueue.admin import list_queues
 from fdbqueue.config import QueueConfig, read_config
 from fdbqueue.delivery import expires_at, read_payload
+from fdbqueue.engines import open_database
 from fdbqueue.engines.base import Database, KeySelector, Transaction
 from fdbqueue.errors import CorruptMessageError, QueueError
 from fdbqueue.fairness import is_pattern
@@ -58,6 +59,28 @@ class Piece:
     state: str  # "ready", "leased", "delayed", "dead"
     begin: bytes
     end: bytes
+
+
+def option_root(options: dict[str, str]) -> tuple[Any, ...]:
+    """The data source's option ``root``: a JSON list (default ``["fdbqueue"]``)."""
+    raw = options.get("root")
+    if raw is None:
+        return DEFAULT_ROOT
+    try:
+        root = json.loads(raw)
+    except ValueError:
+        raise QueueError(f"option root must be a JSON list, got {raw!r}") from None
+    if not isinstance(root, list) or not root:
+        raise QueueError(f"option root must be a non-empty JSON list, got {raw!r}")
+    return tuple(root)
+
+
+def open_from(options: dict[str, str]) -> Database:
+    """The database the data source's options ``url`` and ``principal`` name."""
+    url = options.get("url")
+    if not url:
+        raise QueueError('the fdbqueue data source needs .option("url", ...)')
+    return open_database(url, principal=options.get("principal"))
 
 
 def queue_names(db: Database, spec: str | list[str], *, root: tuple[Any, ...] = DEFAULT_ROOT) -> list[str]:
@@ -222,16 +245,8 @@ def journal_plan(
     journaled queue) in: each queue's shards, from after ``since`` to before ``until``
     (versions), cut every ``split`` entries. The principal needs ``browse`` on each queue."""
     jk = JournalKeys.make(root)
-    pattern = is_pattern(spec)
-    names = [
-        n for n in journaled_queues(db, root=root) if n == spec or (pattern and fnmatch.fnmatchcase(n, spec))
-    ]
-    if not names and not is_pattern(spec):
-        raise QueueError(f"no journal for queue {spec!r} (journal=True on create_queue keeps one)")
     pieces = []
-    for name in names:
-        keys = QueueKeys.make(name, root)
-        _may_browse(db, keys)
+    for name in journal_names(db, spec, root=root):
         for shard in range(JOURNAL_SHARDS):
             begin, end = jk.entry_range(name, shard, since)
             if until is not None:
@@ -239,6 +254,40 @@ def journal_plan(
             if begin < end:
                 pieces += [Piece(name, "journal", lo, hi) for lo, hi in _cuts(db, begin, end, split)]
     return pieces
+
+
+def journal_names(db: Database, spec: str, *, root: tuple[Any, ...] = DEFAULT_ROOT) -> list[str]:
+    """The journaled queues ``spec`` names (a queue, a pattern, or ``"*"``); the principal
+    needs ``browse`` on each (AccessDeniedError)."""
+    pattern = is_pattern(spec)
+    names = [
+        n for n in journaled_queues(db, root=root) if n == spec or (pattern and fnmatch.fnmatchcase(n, spec))
+    ]
+    if not names and not pattern:
+        raise QueueError(f"no journal for queue {spec!r} (journal=True on create_queue keeps one)")
+    for name in names:
+        _may_browse(db, QueueKeys.make(name, root))
+    return names
+
+
+def journal_head(db: Database, names: list[str], *, root: tuple[Any, ...] = DEFAULT_ROOT) -> bytes | None:
+    """The version of the newest journal entry of ``names`` (None: none), read in one
+    transaction: every entry up to it is visible then, and any entry committed later has a
+    higher version (versionstamps follow commit order), so a reader that has read up to the
+    head and goes on after it misses nothing."""
+    jk = JournalKeys.make(root)
+
+    def body(t: Transaction, _: bool) -> bytes | None:
+        head = None
+        for name in names:
+            for shard in range(JOURNAL_SHARDS):
+                last = t.snapshot.get_range(*jk.entry_range(name, shard, None), limit=1, reverse=True)
+                if last:
+                    v = jk.entry_version(last[0].key)
+                    head = v if head is None or v > head else head
+        return head
+
+    return run_once(db, body)
 
 
 def _may_browse(db: Database, keys: QueueKeys) -> None:

@@ -93,7 +93,7 @@ from fdbqueue.privileges import check, checked
 from fdbqueue.receipts import maybe_clear_old_receipts, new_receipt, read_receipt, settled
 from fdbqueue.sweep import SweepStats, sweep
 from fdbqueue.txn import as_database, run_once, seconds
-from fdbqueue.types import Item, check_where
+from fdbqueue.types import Item, NewMessage, check_where
 from fdbqueue.waiting import blocking, strict_of, wait_ready, watch_queue
 
 # lease_many stops taking messages past this many record bytes, keeping its transaction (the
@@ -200,13 +200,30 @@ class Queue:
     ) -> list[str]:
         """Add several messages atomically (one transaction), in order; returns their ids.
 
+        An item may be a :class:`NewMessage`, with its own priority, headers, delay, ttl and
+        ``dedup_key`` (its fields left None take the call's): an item whose key the queue has
+        seen within its dedup window, or that repeats a key earlier in the batch, writes
+        nothing and its id is the first message's.
+
         All or nothing: a batch that does not fit a bounded queue raises QueueFullError
         (saying how many it holds, its max_size and the batch's size), or waits for room as
         :meth:`enqueue` does; a batch larger than max_size is refused at once. One
         transaction holds at most ``TXN_BUDGET_BYTES`` (docs/budgets.md): a larger batch is
         refused with BudgetExceededError before anything is written.
         """
-        items = [self._item(p, priority, headers, delay, ttl, None) for p in payloads]
+        items = [
+            self._item(p, priority, headers, delay, ttl, None)
+            if not isinstance(p, NewMessage)
+            else self._item(
+                p.payload,
+                priority if p.priority is None else p.priority,
+                headers if p.headers is None else p.headers,
+                delay if p.delay is None else p.delay,
+                ttl if p.ttl is None else p.ttl,
+                p.dedup_key,
+            )
+            for p in payloads
+        ]
         cost = sum(self._write_cost(it) for it in items)
         if cost > TXN_BUDGET_BYTES:
             raise BudgetExceededError(
@@ -313,13 +330,19 @@ class Queue:
                 )
         t_us = now_us()  # the wall clock: enqueued_at, for people only
         now = db_now(tr)  # database time: due times, expiry, the dedup window
-        first = items[0]
-        if first.dedup_key is not None:
-            seen = tr.get(keys.dedup_key(first.dedup_key))
-            if seen is not None:
-                first_id, at = seen.decode().split("|")
-                if now - int(at) < versions(cfg.dedup_window):
-                    return [first_id]
+        every = items
+        known: dict[str, str] = {}  # dedup key -> the id its first message has
+        if any(it.dedup_key is not None for it in items):
+            known = self._deduplicated(tr, cfg, items, now)
+            fresh: dict[str, None] = {}
+            items = []
+            for it in every:
+                if it.dedup_key is None or (it.dedup_key not in known and it.dedup_key not in fresh):
+                    items.append(it)
+                    if it.dedup_key is not None:
+                        fresh[it.dedup_key] = None
+            if not items:
+                return [known[it.dedup_key] for it in every if it.dedup_key is not None]
         if cfg.max_size is not None and not admitted:
             # A batch is atomic: all of it fits, or none of it is written.
             held = meta.count("ready") + meta.count("inflight") + meta.count("delayed")
@@ -348,14 +371,38 @@ class Queue:
             ids.append(self._write_new(tr, cfg, it, base + 1 + i, t_us, now))
             priorities.add(it.priority)
         ready = sum(1 for it in items if it.delay <= 0)
-        if first.dedup_key is not None:
-            tr.set(keys.dedup_key(first.dedup_key), f"{ids[0]}|{now}".encode())
-            tr.set(keys.dedup_time_key(now, first.dedup_key), b"")
+        for it, msg_id in zip(items, ids, strict=True):
+            if it.dedup_key is not None:
+                tr.set(keys.dedup_key(it.dedup_key), f"{msg_id}|{now}".encode())
+                tr.set(keys.dedup_time_key(now, it.dedup_key), b"")
+                known[it.dedup_key] = msg_id
+        if len(every) > len(items):  # the ids of the whole batch, in order
+            written, kept = iter(ids), {id(it) for it in items}
+            ids = [next(written) if id(it) in kept else known[str(it.dedup_key)] for it in every]
         if receipt:
             tr.set(receipt[0], ",".join(ids).encode())  # ids are made here: a retry reads them back
             maybe_clear_old_receipts(tr, keys)
         count_new(tr, keys, ready, len(items) - ready, priorities - meta.priorities)
         return ids
+
+    def _deduplicated(
+        self, tr: Transaction, cfg: QueueConfig, items: list[_Item], now: int
+    ) -> dict[str, str]:
+        """The dedup keys of ``items`` the queue has seen within its window, with the ids of
+        their first messages: one read (one key) or one batched read."""
+        wanted = list(dict.fromkeys(it.dedup_key for it in items if it.dedup_key is not None))
+        keys = self.keys
+        if len(wanted) == 1:
+            found = [tr.get(keys.dedup_key(wanted[0]))]
+        else:
+            found = tr.get_many([keys.dedup_key(k) for k in wanted])
+        out = {}
+        for key, seen in zip(wanted, found, strict=True):
+            if seen is not None:
+                first_id, at = seen.decode().split("|")
+                if now - int(at) < versions(cfg.dedup_window):
+                    out[key] = first_id
+        return out
 
     def _write_new(
         self, tr: Transaction, cfg: QueueConfig, it: _Item, index: int, t_us: int, now: int

@@ -86,6 +86,19 @@ class QueueState:
         return cls(enqueue=bool(data.get("enqueue", True)), dequeue=bool(data.get("dequeue", True)))
 
 
+@dataclass(frozen=True, slots=True)
+class NewMessage:
+    """One message of an ``enqueue_many`` batch with options of its own (a bulk load's row);
+    a field left None takes the value the call gives for the whole batch."""
+
+    payload: object
+    priority: int | None = None
+    headers: Mapping[str, Any] | None = None
+    delay: float | None = None
+    ttl: float | None = None
+    dedup_key: str | None = None
+
+
 class Item(NamedTuple):
     """A message on its way in: checked and encoded, its place not yet made."""
 

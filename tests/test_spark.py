@@ -155,3 +155,203 @@ def test_the_journal_reads_as_a_batch_with_since_and_until(spark: Any, tmp_path:
     after = fresh().option("since", middle).load().count()
     before = fresh().option("until", middle).load().count()
     assert (after, before) == (len(expected) - 3, 2)
+
+
+# -- write = bulk enqueue ------------------------------------------------------------------------
+
+
+def test_a_round_trip_of_ten_thousand_rows_with_every_column(spark: Any, tmp_path: Path) -> None:
+    from pyspark.sql import functions as F
+
+    url, db = _store(tmp_path)
+    n = 10_000
+    df = (
+        spark.range(n)
+        .select(
+            F.col("id").cast("string").alias("key"),
+            F.concat(F.lit("payload-"), F.col("id").cast("string")).cast("binary").alias("payload"),
+            (F.col("id") % 3).cast("int").alias("priority"),
+            F.create_map(F.lit("n"), F.col("id").cast("string")).alias("headers"),
+            F.when(F.col("id") % 10 == 0, F.lit(3600.0)).alias("delay"),
+            F.when(F.col("id") % 7 == 0, F.lit(86400)).alias("ttl"),
+        )
+        .repartition(4)
+    )
+    df.write.format("fdbqueue").options(url=url, queue="loaded", dedupColumn="key", batch="300").mode(
+        "append"
+    ).save()
+    back = spark.read.format("fdbqueue").options(url=url, queue="loaded").load().collect()
+    assert len(back) == n
+    by_n = {int(r["headers"]["n"]): r for r in back}
+    assert sorted(by_n) == list(range(n))
+    for i, r in by_n.items():
+        assert r["payload"] == b"payload-%d" % i and r["priority"] == i % 3
+        assert r["state"] == ("delayed" if i % 10 == 0 else "ready")
+        assert (r["expires_at"] is not None) == (i % 7 == 0), i
+        assert r["content_type"] == "bytes"
+    assert Queue("loaded").deduplicated(db, "17") == by_n[17]["id"]  # the key is dedupColumn's
+    # The same write again (a job run twice) enqueues nothing: the dedup keys are there.
+    df.write.format("fdbqueue").options(url=url, queue="loaded", dedupColumn="key").mode("append").save()
+    assert fdbqueue.queue_stats(db, "loaded").made_ready == n - n // 10  # delayed ones not yet made ready
+    assert Queue("loaded").size(db) == n - n // 10
+
+
+def test_rows_without_a_payload_column_are_json_and_keyed_by_their_content(
+    spark: Any, tmp_path: Path
+) -> None:
+    import datetime
+
+    url, db = _store(tmp_path)
+    when = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
+    df = spark.createDataFrame(
+        [("a", 1, when, 9), ("b", 2, when, 0), ("a", 1, when, 9)],
+        "name string, n long, at timestamp, priority int",
+    )
+    df.write.format("fdbqueue").options(url=url, queue="rows").mode("append").save()
+    q = Queue("rows")
+    got = []
+    while (m := q.dequeue(db)) is not None:
+        got.append((m.json(), m.priority))
+    # Two identical rows are one message; priority is an option, not part of the JSON.
+    assert got == [
+        ({"name": "a", "n": 1, "at": "2026-01-02T03:04:05"}, 9),
+        ({"name": "b", "n": 2, "at": "2026-01-02T03:04:05"}, 0),
+    ]
+
+
+def test_a_task_that_fails_and_is_retried_enqueues_each_row_once(spark: Any, tmp_path: Path) -> None:
+    """local[2,2]: a task may fail once. Each task's first attempt fails after it has
+    enqueued rows (batches of 50 commit as it goes); the retry writes all its rows again."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType
+
+    url, db = _store(tmp_path)
+    marks = tmp_path / "attempts"
+    marks.mkdir()
+    pad = "-" + "x" * 1000  # a Python worker flushes its output every 64 KiB: rows that fill it
+
+    def fail_first_attempt(value: str) -> str:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        assert ctx is not None
+        if ctx.attemptNumber() == 0 and int(value) % 1000 == 900:
+            import hashlib
+            import json
+            import time
+
+            # Fail only once the writer, downstream of this function, has committed this
+            # attempt's first row: its dedup key is the row's (no dedupColumn).
+            first = {"payload": str(ctx.partitionId() * 1000) + pad}
+            key = "row:" + hashlib.sha256(json.dumps(first, separators=(",", ":")).encode()).hexdigest()
+            store, deadline, seen = fdbqueue.open(url), time.monotonic() + 30, None
+            while seen is None and time.monotonic() < deadline:
+                seen = Queue("retried").deduplicated(store, key)
+                time.sleep(0.05)
+            (marks / f"p{ctx.partitionId()}-{value}").write_text("1" if seen else "0")
+            raise RuntimeError("the first attempt of this task fails")
+        return value + pad
+
+    udf = F.udf(fail_first_attempt, StringType())
+    df = spark.range(0, 2000, numPartitions=2).select(udf(F.col("id").cast("string")).alias("payload"))
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "100")  # the writer's input batches
+    try:
+        df.write.format("fdbqueue").options(url=url, queue="retried", batch="50").mode("append").save()
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    failures = {p.name: int(p.read_text()) for p in marks.iterdir()}
+    assert len(failures) == 2  # each task failed once
+    assert sorted(failures.values()) == [1, 1]  # after rows of the failed attempt were enqueued
+    q = Queue("retried")
+    got = []
+    while (m := q.dequeue(db)) is not None:
+        got.append(int(m.payload.split(b"-")[0]))
+    assert sorted(got) == list(range(2000))
+
+
+def test_bad_writes_say_what_is_wrong(spark: Any, tmp_path: Path) -> None:
+    url, _ = _store(tmp_path)
+    df = spark.createDataFrame([("a", "x")], "payload string, k string")
+    for options, mode, text in (
+        ({"url": url}, "append", "one queue"),
+        ({"url": url, "queue": "a.*"}, "append", "one queue"),
+        ({"url": url, "queue": "q", "dedupColumn": "nope"}, "append", "dedupColumn 'nope' is not a column"),
+        ({"url": url, "queue": "q", "batch": "0"}, "append", "batch must be an int"),
+        ({"url": url, "queue": "q"}, "overwrite", "appends"),
+    ):
+        with pytest.raises(Exception, match=text):
+            df.write.format("fdbqueue").options(**options).mode(mode).save()
+    bad = spark.createDataFrame([(1.5,)], "priority double")
+    with pytest.raises(Exception, match="column 'priority' must be an integer"):
+        bad.write.format("fdbqueue").options(url=url, queue="q").mode("append").save()
+
+
+# -- the journal as a stream ---------------------------------------------------------------------
+
+
+def test_the_journal_stream_resumes_from_its_checkpoint_with_every_entry_once(
+    spark: Any, tmp_path: Path
+) -> None:
+    url, db = _store(tmp_path)
+    fdbqueue.create_queue(db, "jobs", journal=True)
+    fdbqueue.create_queue(db, "other", journal=True)
+    q = Queue("jobs")
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+
+    def run_until_caught_up() -> None:
+        stream = spark.readStream.format("fdbqueue").options(url=url, journal="*", split="7").load()
+        query = (
+            stream.writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+        assert query.exception() is None
+
+    q.enqueue_many(db, [b"%d" % i for i in range(40)])
+    run_until_caught_up()
+    for _ in range(5):
+        m = q.lease(db)
+        assert m is not None
+        q.ack(db, m)
+    Queue("other").enqueue_many(db, [b"o"] * 12)
+    run_until_caught_up()  # a new query on the same checkpoint: it goes on where the first stopped
+    run_until_caught_up()  # nothing new: nothing read twice
+    expected = [(e.version, e.op, e.queue, e.message_id) for e in fdbqueue.journal(db, None)]
+    got = spark.read.parquet(str(out)).orderBy("version").collect()
+    assert [(bytes(r["version"]), r["op"], r["queue"], r["message_id"]) for r in got] == expected
+    assert len(expected) == 2 + 40 + 10 + 12  # two creates, enqueues, leases and acks, enqueues
+
+
+def test_the_journal_stream_follows_a_live_queue_in_micro_batches(spark: Any, tmp_path: Path) -> None:
+    import time
+
+    url, db = _store(tmp_path)
+    fdbqueue.create_queue(db, "jobs", journal=True)
+    q = Queue("jobs")
+    stream = spark.readStream.format("fdbqueue").options(url=url, journal="jobs").load()
+    query = (
+        stream.writeStream.format("memory")
+        .queryName("journal_live")
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+        sent = []
+        for _ in range(6):
+            sent += q.enqueue_many(db, [b"x"] * 5)
+            time.sleep(0.3)
+        expected = len(list(fdbqueue.journal(db, "jobs")))
+        deadline = time.monotonic() + 60
+        while spark.sql("select count(*) from journal_live").first()[0] < expected:
+            assert time.monotonic() < deadline, "the stream did not catch up"
+            time.sleep(0.2)
+        rows = spark.sql("select op, message_id from journal_live where op = 'enqueue'").collect()
+        assert sorted(r["message_id"] for r in rows) == sorted(sent)
+        assert query.lastProgress is not None
+    finally:
+        query.stop()
+    assert spark.sql("select count(distinct version) from journal_live").first()[0] == expected
