@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import fdbqueue
+from fdbqueue.audit import add_audit_command
 from fdbqueue.cli_io import (
     BATCH as BATCH,
 )
@@ -604,6 +605,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-messages", type=_positive, default=None, metavar="N", help="stop after N messages")
 
     add_journal_commands(add, common)
+    add_audit_command(add)
 
     p = add("demo", _cmd_demo, "run the end-to-end demo (in a temporary store)", json_flag=False, named=False)
     p.description = DEMO_HELP
@@ -632,7 +634,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.names = [args.name, *args.names]
     db: fdbqueue.Database | None = None
     try:
-        if args.command in ("demo", "forward"):  # no main database: theirs are named
+        if args.command in ("demo", "forward", "audit"):  # no main database opened here
             return int(args.func(args))
         _check_url(args.url or os.environ.get("FDBQUEUE_URL"))
         db = fdbqueue.open(args.url, principal=args.principal)

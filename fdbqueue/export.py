@@ -141,6 +141,12 @@ def _config(db: Database, name: str, root: tuple[Any, ...]) -> QueueConfig | Non
     return run_once(db, body)
 
 
+def error_queue_of(db: Database, name: str, *, root: tuple[Any, ...] = DEFAULT_ROOT) -> str:
+    """Where queue ``name`` dead-letters (its error queue)."""
+    cfg = _config(db, name, root)
+    return (cfg or QueueConfig()).error_queue_for(name)
+
+
 def _error_queues(db: Database, names: list[str], root: tuple[Any, ...]) -> set[str]:
     out = set()
     for name in names:
@@ -257,14 +263,16 @@ def journal_plan(
 
 
 def journal_names(db: Database, spec: str, *, root: tuple[Any, ...] = DEFAULT_ROOT) -> list[str]:
-    """The journaled queues ``spec`` names (a queue, a pattern, or ``"*"``); the principal
-    needs ``browse`` on each (AccessDeniedError)."""
-    pattern = is_pattern(spec)
-    names = [
-        n for n in journaled_queues(db, root=root) if n == spec or (pattern and fnmatch.fnmatchcase(n, spec))
-    ]
-    if not names and not pattern:
-        raise QueueError(f"no journal for queue {spec!r} (journal=True on create_queue keeps one)")
+    """The journaled queues ``spec`` names (a queue, a pattern, ``"*"``, or a comma-separated
+    list of them); the principal needs ``browse`` on each (AccessDeniedError)."""
+    journaled = journaled_queues(db, root=root)
+    names: list[str] = []
+    for one in (s.strip() for s in spec.split(",")):
+        pattern = is_pattern(one)
+        found = [n for n in journaled if n == one or (pattern and fnmatch.fnmatchcase(n, one))]
+        if not found and not pattern:
+            raise QueueError(f"no journal for queue {one!r} (journal=True on create_queue keeps one)")
+        names += [n for n in found if n not in names]
     for name in names:
         _may_browse(db, QueueKeys.make(name, root))
     return names

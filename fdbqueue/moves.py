@@ -261,6 +261,7 @@ def expire(keys: QueueKeys, tr: Transaction, cfg: QueueConfig, key: bytes, rec: 
 def _expired(keys: QueueKeys, tr: Transaction, cfg: QueueConfig, rec: Record) -> None:
     note = Note("expired", None, {"action": cfg.expiry_action})
     if cfg.expiry_action == "error":
+        note = Note("expired", None, {"action": "error", "to": cfg.error_queue_for(keys.name)})
         dead_letter(keys, tr, cfg, rec, "expired", note=note)
     else:
         after(tr, keys, cfg.journal, note, rec)

@@ -233,14 +233,17 @@ class _JournalStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Nothing to release: the journal keeps its entries for their retention."""
 
 
-def local_session(app: str = "fdbqueue", cores: int = 2, *, retries: int = 1) -> Any:
-    """A local SparkSession (``local[cores, retries]``) whose Python workers run this
-    interpreter, with the data source registered: for tests, the demo and the audit."""
+def local_session(
+    app: str = "fdbqueue", cores: int = 2, *, retries: int = 1, master: str | None = None
+) -> Any:
+    """A SparkSession, local (``local[cores, retries]``) unless ``master`` names another as
+    spark-submit takes it, whose local Python workers run this interpreter, with the data
+    source registered: for tests, the demo and the audit."""
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = (
-        SparkSession.builder.master(f"local[{cores},{retries}]")
+        SparkSession.builder.master(master or f"local[{cores},{retries}]")
         .appName(app)
         .config("spark.ui.enabled", "false")
         .config("spark.sql.session.timeZone", "UTC")

@@ -250,6 +250,8 @@ LAYERS: dict[str, int] = {
     # L7 surface.
     "cli": 7,
     "spark": 7,
+    "sparkwrite": 7,
+    "audit": 7,
     "cli_io": 7,
     "cli_journal": 7,
     "demo": 7,

@@ -116,7 +116,7 @@ def test_sweeps_journal_expired_leases_promotions_and_ttls(db: Database, clock: 
         [("lease_expired", leased), ("promote", later), ("expired", short)]
     )
     expired = next(e for e in entries if e.op == "expired")
-    assert expired.details == {"action": "error"}
+    assert expired.details == {"action": "error", "to": "jobs.error"}
     arrived = journal(db, "jobs.error")[-1]
     assert (arrived.op, arrived.message_id, arrived.details) == ("dead", short, {"origin": "jobs"})
     assert [e.queue for e in fdbqueue.history(db, short)] == ["jobs", "jobs", "jobs.error"]

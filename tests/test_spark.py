@@ -355,3 +355,109 @@ def test_the_journal_stream_follows_a_live_queue_in_micro_batches(spark: Any, tm
     finally:
         query.stop()
     assert spark.sql("select count(distinct version) from journal_live").first()[0] == expected
+
+
+# -- the audit -----------------------------------------------------------------------------------
+
+
+def _audited_store(tmp_path: Path) -> tuple[str, fdbqueue.Database, dict[str, list[str]]]:
+    """A journaled queue with messages of every fate."""
+    import time
+
+    url, db = _store(tmp_path)
+    fdbqueue.create_queue(db, "jobs", journal=True, max_deliveries=1, retry_delay=0, expiry_action="discard")
+    fdbqueue.create_queue(db, "mail", journal=True)  # expired: to its error queue (no journal)
+    fdbqueue.create_queue(db, "jobs.error", journal=True)
+    fdbqueue.create_queue(db, "later", journal=True)
+    q = Queue("jobs")
+    ids = q.enqueue_many(db, [b"%d" % i for i in range(30)])
+    fates: dict[str, list[str]] = {"acked": [], "dead-lettered": [], "in flight": []}
+    for _ in range(10):
+        m = q.lease(db)
+        assert m is not None
+        q.ack(db, m)
+        fates["acked"].append(m.id)
+    for _ in range(3):
+        m = q.lease(db)
+        assert m is not None
+        q.nack(db, m, reason="bad input")
+        fates["dead-lettered"].append(m.id)
+    for _ in range(2):
+        m = q.dequeue(db)  # exactly-once: consumed
+        assert m is not None
+        fates["acked"].append(m.id)
+    m = q.lease(db, lease_seconds=600)
+    assert m is not None
+    fates["in flight"].append(m.id)
+    fdbqueue.move(db, "jobs", "later", limit=4)
+    fates["moved out"] = [m.id for m in Queue("later").browse(db)]
+    assert len(fates["moved out"]) == 4
+    short = q.enqueue_many(db, [b"short"] * 2, ttl=0.2)
+    mail = Queue("mail").enqueue(db, b"late", ttl=0.2)
+    time.sleep(0.5)
+    q.sweep(db)
+    Queue("mail").sweep(db)
+    fates["expired"] = short
+    fates["dead-lettered"].append(mail)
+    fates["queued"] = [i for i in ids if not any(i in v for v in fates.values())]
+    return url, db, fates
+
+
+def test_a_clean_audit_accounts_for_every_message(spark: Any, tmp_path: Path) -> None:
+    from fdbqueue.audit import run_audit, summary_lines
+
+    url, _, fates = _audited_store(tmp_path)
+    report = run_audit(spark, url, tmp_path / "audit", queues="jobs,mail")
+    text = "\n".join(summary_lines(report))
+    assert report.unaccounted == 0 and report.examples == [], text
+    table = {r["message_id"]: r for r in spark.read.parquet(str(report.parquet)).collect()}
+    assert len(table) == report.messages == 33
+    for fate, ids in fates.items():
+        assert {table[i]["fate"] for i in ids} == {fate}, fate
+    assert [(table[i]["reason"], table[i]["where"]) for i in fates["dead-lettered"]] == [
+        ("bad input", "jobs.error")
+    ] * 3 + [("expired", "mail.error")]
+    assert all(table[i]["latency_s"] >= 0 for i in fates["acked"])
+    assert {table[i]["where"] for i in fates["queued"]} == {"jobs"}  # and "later" is not audited
+    jobs = next(s for s in report.queues if s.queue == "jobs")
+    assert jobs.fates["acked"] == 12 and jobs.latency is not None
+    assert report.plot.stat().st_size > 10_000
+    assert "jobs" in text and "0 unaccounted" in text
+
+
+def test_the_audit_finds_a_message_cleared_behind_its_back_and_one_without_a_journal_entry(
+    spark: Any, tmp_path: Path
+) -> None:
+    from fdbqueue.cli import main
+    from fdbqueue.layout import JOURNAL_SHARDS, JournalKeys, QueueKeys
+
+    url, db, fates = _audited_store(tmp_path)
+    q = Queue("jobs")
+    gone = fates["queued"][-1]
+    keys = QueueKeys.make("jobs")
+    unjournaled = q.enqueue(db, b"sneaked in")
+    entries = fdbqueue.history(db, unjournaled)
+    assert [e.op for e in entries] == ["enqueue"]
+    jk = JournalKeys.make()
+
+    @fdbqueue.transactional
+    def behind_its_back(tr: fdbqueue.Transaction) -> None:
+        home = keys.home_key(gone)
+        assert home is not None and tr.get(home) is not None
+        tr.clear(home)  # a raw clear: no journal entry, no counter
+        for e in entries:
+            for shard in range(JOURNAL_SHARDS):  # whichever shard the engine put it in
+                tr.clear(jk.entry_key("jobs", shard, e.version))
+            tr.clear(jk.history_key(unjournaled, e.version))
+
+    behind_its_back(db)
+    assert fdbqueue.history(db, unjournaled) == []
+    out = tmp_path / "audit"
+    code = main(["audit", "--url", url, "--queue", "jobs", "--out", str(out)])
+    assert code == 1
+    table = spark.read.parquet(str(out / "messages.parquet"))
+    lost = {r["message_id"]: r["problem"] for r in table.where("problem is not null").collect()}
+    assert set(lost) == {gone, unjournaled}
+    assert lost[gone].startswith("missing: the journal says queued in jobs")
+    assert lost[unjournaled] == "no journal entry, yet it is in jobs"
+    assert (out / "audit.png").exists()
