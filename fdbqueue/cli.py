@@ -448,7 +448,9 @@ uses $FDBQUEUE_URL: that names your store. Given --url explicitly, it works in t
 in queues named for this run (demo-<run>.orders and its error queue, under the root
 ("fdbqueue-demo", <run>)) and removes them and its records at the end; your own queues are
 neither read nor written. It prints a summary and exits 0 when every message was processed
-exactly once or accounted for, else 1."""
+exactly once or accounted for, else 1. With pyspark installed (pip install 'fdbqueue[spark]')
+and Java, a Spark step follows: a bulk load with df.write (run twice: the second adds
+nothing), a drain by a worker, and fdbqueue audit of that queue."""
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -460,7 +462,14 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         f"fdbqueue demo: {args.producers} producer and {args.workers} worker processes, "
         f"{args.messages} messages, exactly-once processing, in {where}"
     )
-    r = run_demo(url, messages=args.messages, producers=args.producers, workers=args.workers, keep=args.keep)
+    r = run_demo(
+        url,
+        messages=args.messages,
+        producers=args.producers,
+        workers=args.workers,
+        keep=args.keep,
+        spark=args.spark,
+    )
     if callable(getattr(r, "rows", None)):
         rows: list[tuple[str, object]] = list(r.rows())  # the result knows how to present itself
     else:
@@ -613,6 +622,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--producers", type=_positive, default=2, help="producer processes (default 2)")
     p.add_argument("--workers", type=_positive, default=3, help="worker processes (default 3)")
     p.add_argument("--keep", action="store_true", help="keep the temporary store (or the run's queues)")
+    p.add_argument(
+        "--spark",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="then bulk load, drain and audit with Spark (default: when pyspark and Java are installed)",
+    )
     return parser
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import fdb.tuple
 
 import fdbqueue
+from fdbqueue.demo_spark import SparkStep, spark_available, spark_step
 from fdbqueue.layout import DEFAULT_ROOT
 from fdbqueue.worker import Worker
 
@@ -140,6 +141,7 @@ class DemoResult:
     workers: int
     kept: str | None = None  # the temporary store's folder, when asked to keep it
     removed: list[str] = field(default_factory=list)  # what the demo cleaned up at the end
+    spark: SparkStep | None = None  # the Spark step (demo_spark.py), when asked for
 
     @property
     def missing(self) -> int:
@@ -151,7 +153,8 @@ class DemoResult:
 
     @property
     def ok(self) -> bool:
-        return not self.duplicates and not self.lost and self.processed == self.processed_once
+        spark_ok = self.spark is None or self.spark.ok
+        return not self.duplicates and not self.lost and self.processed == self.processed_once and spark_ok
 
     def rows(self) -> list[tuple[str, str]]:
         """The summary table: (what, value)."""
@@ -168,6 +171,7 @@ class DemoResult:
             ("wall time", f"{self.seconds:.2f} s"),
             ("throughput", f"{self.throughput:,.0f} msg/s"),
             ("time in queue p50 / p99", f"{self.p50_ms:.1f} / {self.p99_ms:.1f} ms (enqueue to processed)"),
+            *(self.spark.lines if self.spark is not None else []),
             *[("removed", what) for what in self.removed],
             *([("kept", self.kept)] if self.kept else []),
         ]
@@ -181,8 +185,11 @@ def run_demo(
     workers: int = 3,
     timeout: float = 120.0,
     keep: bool = False,
+    spark: bool | None = None,
 ) -> DemoResult:
     """Run the demo; ``url`` None (the default): a new embedded store in a temporary directory.
+    ``spark``: then the Spark step (bulk load, drain, audit: ``demo_spark.py``); None runs it
+    when pyspark and Java are installed, and says why not otherwise.
 
     The temporary store is durable (``sync=full``) and removed at the end unless ``keep``.
     Given ``url``, the demo's queues and records are named for this run and removed at the end
@@ -193,11 +200,20 @@ def run_demo(
         folder = tempfile.mkdtemp(prefix="fdbqueue-demo-")
         url = f"sqlite://{os.path.join(folder, 'demo.db')}?sync=full"
     names = _Names(os.urandom(4).hex(), own_root=folder is None)
+    bulk = f"demo-{names.run}.bulk"  # the Spark step's queue
     try:
         result = _run(url, names, messages, producers, workers, timeout)
+        if spark or (spark is None and spark_available() is None):
+            result.spark = spark_step(url, bulk, names.root)
+        elif spark is None:
+            result.spark = SparkStep(
+                skipped=spark_available(), lines=[("spark step", f"skipped: {spark_available()}")]
+            )
         if not keep:
             result.removed.append(
-                f"temporary store {folder}" if folder else f"queues {names.queue}, {names.errors}"
+                f"temporary store {folder}"
+                if folder
+                else f"queues {names.queue}, {names.errors}" + (f", {bulk}" if result.spark else "")
             )
         elif folder:
             result.kept = f"{folder} (look inside: fdbqueue --url '{url}' list)"
@@ -216,7 +232,7 @@ def _clean(url: str, names: _Names) -> None:
     """Remove this run's queues and records from a store given by URL."""
     db = fdbqueue.open(url)
     try:
-        for name in (names.queue, names.errors):
+        for name in (names.queue, names.errors, f"demo-{names.run}.bulk"):
             with contextlib.suppress(fdbqueue.QueueNotFoundError):
                 fdbqueue.destroy_queue(db, name, root=names.root)
 

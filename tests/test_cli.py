@@ -516,7 +516,19 @@ def test_worker_in_process_until_empty(
 
 def test_demo(url: str) -> None:
     # A process of its own: a hang in the demo fails this test at the timeout, not the whole run.
-    r = cli("--url", url, "demo", "--messages", "20", "--producers", "1", "--workers", "1", timeout=45)
+    r = cli(
+        "--url",
+        url,
+        "demo",
+        "--messages",
+        "20",
+        "--producers",
+        "1",
+        "--workers",
+        "1",
+        "--no-spark",
+        timeout=45,
+    )
     assert r.returncode == 0, r.stderr.decode()
     assert b"OK: every message processed exactly once" in r.stdout and b"lost" in r.stdout
 
@@ -526,7 +538,19 @@ def test_demo_twice_on_one_store_passes_and_leaves_nothing(url: str, db: fdbqueu
     fdbqueue.Queue("mine").enqueue(db, "the user's message")
     before = db.get_range(b"", b"\xff")  # type: ignore[attr-defined]
     for _ in range(2):
-        r = cli("--url", url, "demo", "--messages", "20", "--producers", "1", "--workers", "1", timeout=60)
+        r = cli(
+            "--url",
+            url,
+            "demo",
+            "--messages",
+            "20",
+            "--producers",
+            "1",
+            "--workers",
+            "1",
+            "--no-spark",
+            timeout=60,
+        )
         assert r.returncode == 0, (r.stdout.decode(), r.stderr.decode())
         assert b"OK: every message processed exactly once" in r.stdout
     assert fdbqueue.list_queues(db) == ["mine"]
@@ -537,7 +561,9 @@ def test_demo_never_uses_fdbqueue_url(tmp_path: Path) -> None:
     """$FDBQUEUE_URL names the user's store: the demo makes a temporary one and removes it."""
     store = tmp_path / "mine.db"
     env = {**os.environ, "FDBQUEUE_URL": f"sqlite://{store}", "TMPDIR": str(tmp_path)}
-    r = cli("demo", "--messages", "20", "--producers", "1", "--workers", "1", env=env, timeout=60)
+    r = cli(
+        "demo", "--messages", "20", "--producers", "1", "--workers", "1", "--no-spark", env=env, timeout=60
+    )
     assert r.returncode == 0, (r.stdout.decode(), r.stderr.decode())
     assert b"sync=full" in r.stdout and b"removed" in r.stdout
     assert not store.exists() and not list(tmp_path.glob("fdbqueue-demo-*"))  # its store is removed
@@ -677,7 +703,19 @@ def test_list_stats_and_browse_classify_by_database_time(run: Run, db: fdbqueue.
 def test_demo_keep_leaves_the_temporary_store_and_says_where(tmp_path: Path) -> None:
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     env.pop("FDBQUEUE_URL", None)
-    r = cli("demo", "--messages", "10", "--producers", "1", "--workers", "1", "--keep", env=env, timeout=60)
+    r = cli(
+        "demo",
+        "--messages",
+        "10",
+        "--producers",
+        "1",
+        "--workers",
+        "1",
+        "--keep",
+        "--no-spark",
+        env=env,
+        timeout=60,
+    )
     assert r.returncode == 0, (r.stdout.decode(), r.stderr.decode())
     (kept,) = tmp_path.glob("fdbqueue-demo-*")
     assert (kept / "demo.db").exists() and str(kept).encode() in r.stdout and b"list" in r.stdout

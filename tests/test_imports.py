@@ -255,6 +255,7 @@ LAYERS: dict[str, int] = {
     "cli_io": 7,
     "cli_journal": 7,
     "demo": 7,
+    "demo_spark": 7,
     "__main__": 7,
     "fdbqueue": 7,
 }

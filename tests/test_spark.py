@@ -461,3 +461,28 @@ def test_the_audit_finds_a_message_cleared_behind_its_back_and_one_without_a_jou
     assert lost[gone].startswith("missing: the journal says queued in jobs")
     assert lost[unjournaled] == "no journal entry, yet it is in jobs"
     assert (out / "audit.png").exists()
+
+
+# -- the demo's Spark step -----------------------------------------------------------------------
+
+
+def test_the_demo_runs_its_spark_step_and_leaves_a_users_store_as_it_was(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    url, db = _store(tmp_path)
+    Queue("mine").enqueue(db, b"the user's message")
+    before = db.get_range(b"", b"\xff")  # type: ignore[attr-defined]
+    args = ["--url", url, "demo", "--messages", "40", "--producers", "1", "--workers", "1", "--spark"]
+    r = subprocess.run([sys.executable, "-m", "fdbqueue", *args], capture_output=True, timeout=400)
+    out = r.stdout.decode()
+    assert r.returncode == 0, (out, r.stderr.decode()[-3000:])
+    import re
+
+    assert re.search(r"spark: bulk load \(df.write\) +5000 rows", out), out
+    assert re.search(r"spark: the same load again +0 added", out), out
+    assert re.search(r"spark: drained by a worker +5000\n", out), out
+    assert re.search(r"spark: fdbqueue audit +5000 messages, 0 unaccounted", out), out
+    assert "OK: every message processed exactly once" in out
+    assert fdbqueue.list_queues(db) == ["mine"]
+    assert db.get_range(b"", b"\xff") == before  # type: ignore[attr-defined]
