@@ -435,10 +435,16 @@ class QueueKeys:
         return self._x + enc_int(expires) + enc_str(msg_id)
 
     def dedup_key(self, key: str) -> bytes:
-        return _pack(self.q, ("k", key))
+        return self._meta_prefix("k") + enc_str(key)  # a bulk load builds one a message
 
     def dedup_time_key(self, version: int, key: str) -> bytes:
-        return _pack(self.q, ("kt", version, key))
+        return self._meta_prefix("kt") + enc_int(version) + enc_str(key)
+
+    def _meta_prefix(self, tag: str) -> bytes:
+        key = self._cache.get("\x00" + tag)
+        if key is None:
+            key = self._cache["\x00" + tag] = _pack(self.q, (tag,))
+        return key
 
     def index_range(self, tag: str, upto: int | None = None) -> tuple[bytes, bytes]:
         """The time-ordered index ``tag`` ('l', 'd', 'x', ...), up to (excluding) version ``upto``."""

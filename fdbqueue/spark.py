@@ -246,6 +246,7 @@ def local_session(
         SparkSession.builder.master(master or f"local[{cores},{retries}]")
         .appName(app)
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .getOrCreate()
     )

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from pyspark.sql import Row
 from pyspark.sql.datasource import DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import (
     BinaryType,
@@ -92,8 +93,9 @@ class Writer(DataSourceWriter):
         if self.batch < 1:
             raise QueueError(f"option batch must be an int >= 1, got {raw!r}")
         self.dedup = options.get("dedupcolumn")
-        if self.dedup is not None and self.dedup not in schema.fieldNames():
-            raise QueueError(f"dedupColumn {self.dedup!r} is not a column of {schema.fieldNames()}")
+        self.names = schema.fieldNames()
+        if self.dedup is not None and self.dedup not in self.names:
+            raise QueueError(f"dedupColumn {self.dedup!r} is not a column of {self.names}")
         self.payload = _check_column(schema, "payload", (BinaryType, StringType), "binary or string")
         self.has = {
             "priority": _check_column(schema, "priority", (IntegralType,), "an integer"),
@@ -109,8 +111,9 @@ class Writer(DataSourceWriter):
         try:
             batch: list[NewMessage] = []
             size = 0
+            names = self.names
             for row in iterator:
-                msg = self._message(row.asDict(recursive=True))
+                msg = self._message(dict(zip(names, row, strict=True)))
                 batch.append(msg)
                 rows += 1
                 size += _ROW_COST + _size(msg.payload)
@@ -175,6 +178,8 @@ def _size(payload: object) -> int:
 def _plain(value: Any) -> Any:
     """``value`` as JSON can hold it: timestamps and dates in ISO 8601, decimals as strings,
     binary as base64."""
+    if isinstance(value, Row):
+        return {str(k): _plain(v) for k, v in value.asDict().items()}
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
