@@ -588,7 +588,7 @@ def test_demo_result_shapes(capsys: pytest.CaptureFixture[str], monkeypatch: pyt
     out = capsys.readouterr().out
     assert "processed exactly once  9" in out and "lost                    1" in out and "FAILED" in out
     # $FDBQUEUE_URL is the user's store, never the demo's: no URL, a temporary store.
-    assert seen == [((None,), {"messages": 10, "producers": 2, "workers": 3, "keep": False})]
+    assert seen == [((None,), {"messages": 10, "producers": 2, "workers": 3, "keep": False, "spark": None})]
 
 
 # -- real processes: the entry points ----------------------------------------------------------

@@ -19,6 +19,11 @@ if not os.environ.get("FDBQUEUE_REQUIRE_SPARK"):
     pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'fdbqueue[spark]')")
 
 from fdbqueue.spark import local_session
+from tests.processes import real_clock  # noqa: F401 - a fixture, used by every test here
+
+# Spark's Python workers are other processes sharing the store: this process runs on the real
+# clock too (a fake clock earlier in the run leaves it ahead).
+pytestmark = pytest.mark.usefixtures("real_clock")
 
 
 @pytest.fixture(scope="session")
