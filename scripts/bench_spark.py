@@ -20,9 +20,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from benchlib import filesystem_of, machine, show_table  # noqa: E402
+from benchlib import filesystem_of, machine, show_table
 
-import fdbqueue  # noqa: E402
+import fdbqueue
 
 
 def main() -> None:
@@ -63,7 +63,9 @@ def main() -> None:
         fdbqueue.create_queue(db, "bulk", journal=True)
         rows = spark.range(n).select(
             F.col("id").cast("string").alias("key"),
-            F.concat(F.lpad(F.col("id").cast("string"), 12, "0"), F.lit("x" * 188)).cast("binary").alias("payload"),
+            F.concat(F.lpad(F.col("id").cast("string"), 12, "0"), F.lit("x" * 188))
+            .cast("binary")
+            .alias("payload"),
         )
         options = {"url": url, "queue": "bulk", "dedupColumn": "key", "batch": str(args.batch)}
         start = time.perf_counter()

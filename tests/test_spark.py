@@ -105,9 +105,14 @@ def test_bad_options_say_what_is_wrong(spark: Any, tmp_path: Path) -> None:
         ({"url": url}, 'needs .option("queue"'),
         ({"url": url, "queue": "nope"}, "no queue named 'nope'"),
         ({"url": url, "queue": "jobs", "split": "many"}, "split must be an int"),
+        ({"url": url, "journal": "jobs"}, "no journal for queue 'jobs'"),
+        ({"url": url, "journal": "*", "since": "xyz"}, "since must be a journal version"),
     ):
         with pytest.raises(Exception, match=text.replace("(", r"\(")):
             spark.read.format("fdbqueue").options(**options).load().collect()
+    stream = spark.readStream.format("fdbqueue").options(url=url, queue="jobs").load()
+    with pytest.raises(Exception, match="a stream reads the journal"):
+        stream.writeStream.format("memory").queryName("wrong").start().awaitTermination(60)
 
 
 def test_reading_while_a_worker_drains(spark: Any, tmp_path: Path) -> None:
@@ -466,6 +471,9 @@ def test_the_audit_finds_a_message_cleared_behind_its_back_and_one_without_a_jou
     assert lost[gone].startswith("missing: the journal says queued in jobs")
     assert lost[unjournaled] == "no journal entry, yet it is in jobs"
     assert (out / "audit.png").exists()
+    # Bad input: a clear error, exit 2, nothing written.
+    assert main(["audit", "--url", url, "--queue", "nope", "--out", str(tmp_path / "x")]) == 2
+    assert not (tmp_path / "x").exists()
 
 
 # -- the demo's Spark step -----------------------------------------------------------------------
