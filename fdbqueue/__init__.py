@@ -66,6 +66,7 @@ from fdbqueue.message import (
 )
 from fdbqueue.moving import move
 from fdbqueue.queue import Queue, QueueFullError, QueueStoppedError
+from fdbqueue.redrive import redrive
 from fdbqueue.remote import RemoteQueue, RemoteStats
 from fdbqueue.routing import PartitionedQueue, partitioned_queues, routes, set_route
 from fdbqueue.sweep import SweepStats
@@ -150,6 +151,7 @@ __all__ = [
     "queue_config",
     "queue_rates",
     "queue_stats",
+    "redrive",
     "revoke",
     "routes",
     "set_route",

@@ -2,7 +2,7 @@
 
 For each message it puts the journal (what happened to it, in commit order) beside the
 queues' current contents (``export``), and says its fate: acked, dead-lettered (with the
-reason), expired, purged, moved or forwarded out, destroyed with its queue, still queued, or in
+reason), expired, purged, deleted, moved or forwarded out, destroyed with its queue, still queued, or in
 flight. A message is **unaccounted** when the journal and the contents disagree: the journal
 says it is in a queue and it is nowhere (deleted behind the layer's back), or it is somewhere
 the journal never put it (written without its journal entry), or in two places at once.
@@ -44,6 +44,7 @@ FATES = (
     "dead-lettered",
     "expired",
     "purged",
+    "deleted",
     "moved out",
     "forwarded out",
     "destroyed",
@@ -51,7 +52,7 @@ FATES = (
     "in flight",
     "before the journal",
 )
-GONE = ("acked", "expired", "purged", "moved out", "forwarded out", "destroyed")
+GONE = ("acked", "expired", "purged", "deleted", "moved out", "forwarded out", "destroyed")
 QUANTILES = [i / 100 for i in range(1, 101)]
 
 
@@ -159,6 +160,7 @@ def _judge(
         .when((op == "dead") | to_error, "dead-lettered")
         .when(op == "expired", "expired")
         .when(op == "purge", "purged")
+        .when(op == "delete", "deleted")
         .when(op == "move_out", "moved out")
         .when(op == "forward_out", "forwarded out")
         .when(op == "lease", "in flight")
@@ -168,6 +170,7 @@ def _judge(
     loc = (
         when(op == "dead", F.coalesce(to, q))
         .when(to_error, dead_in)
+        .when(op == "redrive", F.coalesce(to, q))  # out of the error queue ("to"), or into this one
         .when(fate.isin("queued", "in flight"), q)
     )
     reason = when(to_error, lit("expired")).otherwise(col("last.reason"))

@@ -134,6 +134,14 @@ def _cmd_create(db: fdbqueue.Database, args: argparse.Namespace) -> int:
 
 
 def _cmd_delete(db: fdbqueue.Database, args: argparse.Namespace) -> int:
+    if args.ids:  # messages, not the queue
+        q = fdbqueue.Queue(args.name)
+        missing = [i for i in args.ids if not q.delete(db, i)]
+        done = len(args.ids) - len(missing)
+        print(f"deleted {done} message{'s' if done != 1 else ''} from {args.name}")
+        if missing:
+            raise CommandError(f"no message {', '.join(missing)} in queue {args.name!r}", 1)
+        return 0
     st = fdbqueue.queue_stats(db, args.name)
     held = st.ready + st.inflight + st.delayed
     if held and not args.yes:
@@ -521,8 +529,10 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, kw, text in _CREATE_OPTIONS:  # absent options are left out: they change nothing
         p.add_argument(flag, default=argparse.SUPPRESS, help=text, **kw)
 
-    p = add("delete", _cmd_delete, "delete a queue (--yes when it holds messages)", json_flag=False)
-    p.add_argument("--yes", action="store_true", help="delete even if it holds messages")
+    text = "delete messages by id in any state, or with no ID the queue (--yes when it holds messages)"
+    p = add("delete", _cmd_delete, text, json_flag=False)
+    p.add_argument("ids", nargs="*", metavar="ID", help="message ids (ready, delayed or leased)")
+    p.add_argument("--yes", action="store_true", help="delete the queue even if it holds messages")
     add("list", _cmd_list, "list queues with their depths", named=False)
     p = add("stats", _cmd_stats, "a queue's depth, in flight, delayed, errors, ages and rates")
     p.add_argument("--interval", type=_seconds, default=0.0, metavar="S", help="measure rates over S seconds")

@@ -1,4 +1,5 @@
-"""The command line's journal, privileges and moves: journal, history, grant, revoke, acl, move."""
+"""The command line's journal, privileges and moves: journal, history, grant, revoke, acl,
+redrive, move."""
 
 from __future__ import annotations
 
@@ -63,6 +64,13 @@ def add_journal_commands(add: Add, common: argparse.ArgumentParser) -> None:
         p.add_argument("who", metavar="PRINCIPAL")
         p.add_argument("rights", nargs="+", metavar="RIGHT", help=rights)
     add("acl", _cmd_acl, "who holds which rights on a queue (needs admin)")
+    text = "send an error queue's dead letters back to their origin queues (or --to), deliveries reset"
+    p = add("redrive", _cmd_redrive, text, json_flag=False)
+    p.add_argument(
+        "--to", default=None, metavar="Q", help="the queue they all go to (default: each one's origin)"
+    )
+    p.add_argument("--where", action="append", metavar="K=V", help="only messages with this header")
+    p.add_argument("--limit", type=_count, default=0, help="at most N messages (0: all)")
     p = add("move", _cmd_move, "move a queue's ready messages to another queue", json_flag=False)
     p.add_argument("dst", metavar="DST", help="the queue they go to")
     p.add_argument("--where", action="append", metavar="K=V", help="only messages with this header")
@@ -180,6 +188,14 @@ def _cmd_acl(db: fdbqueue.Database, args: argparse.Namespace) -> int:
     for p, r in sorted(found.items()):
         table.add_row(*_cells(p, ", ".join(sorted(r))))
     _render(table)
+    return 0
+
+
+def _cmd_redrive(db: fdbqueue.Database, args: argparse.Namespace) -> int:
+    where = _headers(args.where) if args.where else None
+    n = fdbqueue.redrive(db, args.name, to=args.to, where=where, limit=args.limit or None)
+    dest = args.to or "their origin queues"
+    print(f"redrove {n} message{'s' if n != 1 else ''} from {args.name} to {dest}")
     return 0
 
 

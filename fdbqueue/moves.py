@@ -170,7 +170,11 @@ def dead_letter(
         for kv in tr.get_range(*keys.chunk_range(rec.id)):
             tr.set(ekeys.q.pack(("b", rec.id, keys.q.unpack(kv.key)[2])), kv.value)
         tr.clear_range(*keys.chunk_range(rec.id))
-    extra = {"origin": keys.name, "reason": reason, "deliveries": rec.deliveries}
+    extra: dict[str, Any] = {"origin": keys.name, "reason": reason, "deliveries": rec.deliveries}
+    if "key" in rec.extra:  # its place in the ready order (a lease or retry kept it): its priority
+        extra["priority"] = keys.priority_of(bytes.fromhex(str(rec.extra["key"])))
+    elif rec.extra.get("priority"):
+        extra["priority"] = rec.extra["priority"]
     dead = rec.with_(deliveries=0, extra=extra, expires_us=None)
     put_ready(
         tr, ekeys, None, dead, 0, journaled=ecfg.journal, note=Note("dead", reason, {"origin": keys.name})
@@ -573,3 +577,42 @@ def move_message(
         after(tr, src, True, Note("move_out", None, {"to": dst.name}), rec)
     note = Note("move_in", None, {"origin": src.name})
     put_ready(tr, dst, None, rec, src.priority_of(key), journaled=dst_journaled, note=note)
+
+
+def redrive_message(
+    tr: Transaction,
+    src: QueueKeys,
+    src_journaled: bool,
+    dst: QueueKeys,
+    dst_journaled: bool,
+    key: bytes,
+    rec: Record,
+) -> None:
+    """Put the dead letter at ``key`` of error queue ``src`` back to work in ``dst``: at the
+    tail of the priority it had, deliveries reset, its dead-letter fields dropped; payload
+    (chunks copied), id, headers and enqueue time kept. Journaled ``redrive`` in both."""
+    if rec.chunks:
+        for kv in tr.get_range(*src.chunk_range(rec.id)):
+            tr.set(dst.q.pack(("b", rec.id, src.q.unpack(kv.key)[2])), kv.value)
+    remove_message(tr, src, key, rec, count="ready")
+    if src_journaled:
+        after(tr, src, True, Note("redrive", None, {"to": dst.name}), rec)
+    back = rec.with_(deliveries=0, extra={})
+    note = Note("redrive", None, {"origin": src.name})
+    put_ready(tr, dst, None, back, int(rec.extra.get("priority", 0)), journaled=dst_journaled, note=note)
+
+
+def delete_message(tr: Transaction, keys: QueueKeys, key: bytes, rec: Record, *, journaled: bool) -> None:
+    """Remove the message at ``key`` in whichever state it is (ready, leased, delayed) with
+    its indexes and chunks; a leased one's holder then finds its lease gone. Journaled
+    ``delete``."""
+    tag = keys.unpack_tail(key)[0]
+    if tag == "f":
+        end_lease(tr, keys, rec)
+        remove_message(tr, keys, key, rec)
+    elif tag == "d":
+        take_delayed(tr, keys, key, rec)
+        remove_message(tr, keys, key, rec)
+    else:
+        remove_message(tr, keys, key, rec, count="ready")
+    after(tr, keys, journaled, Note("delete"), rec)

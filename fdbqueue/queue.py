@@ -91,6 +91,7 @@ from fdbqueue.message import (
 from fdbqueue.moves import CHUNK_SIZE, count_new, move_corrupt, take, wake, write_new
 from fdbqueue.privileges import check, checked
 from fdbqueue.receipts import maybe_clear_old_receipts, new_receipt, read_receipt, settled
+from fdbqueue.redrive import delete_by_id
 from fdbqueue.sweep import SweepStats, sweep
 from fdbqueue.txn import as_database, run_once, seconds
 from fdbqueue.types import Item, NewMessage, check_where
@@ -781,6 +782,12 @@ class Queue:
             return message_elsewhere(self.keys, t, where, raw)
 
         return run_once(tr, body)
+
+    def delete(self, tr: Transaction | Database, msg_id: str) -> bool:
+        """Remove message ``msg_id`` wherever it waits (ready, leased, delayed); True if it
+        was there. A leased message's holder then gets LeaseError on ack. Journaled
+        ``delete``; needs ``admin``; composes inside the caller's transaction."""
+        return delete_by_id(tr, self.keys, msg_id)
 
     def size(self, tr: Transaction | Database) -> int:
         """Ready messages (not leased, not delayed); a snapshot read of an atomic counter."""

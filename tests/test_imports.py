@@ -237,6 +237,7 @@ LAYERS: dict[str, int] = {
     "queue": 5,
     "admin": 5,
     "moving": 5,
+    "redrive": 5,
     "routing": 5,
     "fairness": 5,
     "export": 6,

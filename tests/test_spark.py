@@ -409,7 +409,15 @@ def _audited_store(tmp_path: Path) -> tuple[str, fdbqueue.Database, dict[str, li
     Queue("mail").sweep(db)
     fates["expired"] = short
     fates["dead-lettered"].append(mail)
-    fates["queued"] = [i for i in ids if not any(i in v for v in fates.values())]
+    deleted = q.enqueue(db, b"deleted")
+    redriven = q.enqueue(db, b"redriven", priority=9, headers={"redo": "yes"})
+    assert q.delete(db, deleted)
+    m = q.lease(db)
+    assert m is not None and m.id == redriven
+    q.nack(db, m, reason="once")
+    assert fdbqueue.redrive(db, "jobs.error", where={"redo": "yes"}) == 1
+    fates["deleted"] = [deleted]
+    fates["queued"] = [i for i in ids if not any(i in v for v in fates.values())] + [redriven]
     return url, db, fates
 
 
@@ -421,7 +429,7 @@ def test_a_clean_audit_accounts_for_every_message(spark: Any, tmp_path: Path) ->
     text = "\n".join(summary_lines(report))
     assert report.unaccounted == 0 and report.examples == [], text
     table = {r["message_id"]: r for r in spark.read.parquet(str(report.parquet)).collect()}
-    assert len(table) == report.messages == 33
+    assert len(table) == report.messages == 35
     for fate, ids in fates.items():
         assert {table[i]["fate"] for i in ids} == {fate}, fate
     assert [(table[i]["reason"], table[i]["where"]) for i in fates["dead-lettered"]] == [
@@ -443,7 +451,7 @@ def test_the_audit_finds_a_message_cleared_behind_its_back_and_one_without_a_jou
 
     url, db, fates = _audited_store(tmp_path)
     q = Queue("jobs")
-    gone = fates["queued"][-1]
+    gone = fates["queued"][0]
     keys = QueueKeys.make("jobs")
     unjournaled = q.enqueue(db, b"sneaked in")
     entries = fdbqueue.history(db, unjournaled)

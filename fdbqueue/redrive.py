@@ -1,0 +1,157 @@
+"""Dead-letter tools: ``redrive`` puts an error queue's dead letters back to work, and
+``delete_by_id`` (``Queue.delete``) removes one message in any state.
+
+A dead letter remembers where it came from (``origin``), why (``reason``) and how many
+deliveries it had; a redrive sends it back to its origin (or to ``to``) at the tail of the
+priority it had, with its deliveries reset, in dequeue order - as SQS's "start DLQ redrive"
+and River's or Oban's "retry" of a discarded job do. A damaged record moved aside (reason
+``corrupt``) holds the damaged bytes as its payload: it is redriven only to an explicit ``to``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from fdbqueue.budget import Budget, move_cost
+from fdbqueue.config import QueueConfig, read_meta, write_config
+from fdbqueue.delivery import locate
+from fdbqueue.engines.base import Database, Transaction, adopt, is_transaction
+from fdbqueue.errors import CorruptMessageError, QueueError, QueueNotFoundError
+from fdbqueue.layout import DEFAULT_ROOT, QueueKeys
+from fdbqueue.message import decode_record
+from fdbqueue.moves import CORRUPT_REASON, delete_message, redrive_message
+from fdbqueue.privileges import check, checked
+from fdbqueue.receipts import settled
+from fdbqueue.txn import run_once
+from fdbqueue.types import check_where, headers_match
+
+BATCH = 100  # dead letters one transaction redrives at most
+
+
+def redrive(
+    tr: Transaction | Database,
+    queue: str,
+    *,
+    to: str | None = None,
+    where: Mapping[str, Any] | None = None,
+    limit: int | None = None,
+    root: tuple[Any, ...] = DEFAULT_ROOT,
+) -> int:
+    """Send the dead letters of error queue ``queue`` (those whose headers match ``where``, at
+    most ``limit``) back to their origin queues, or all to ``to``; returns how many.
+
+    Each goes to the tail of the priority it had, with deliveries reset to 0 and its
+    dead-letter fields (origin, reason) dropped; id, headers, payload and enqueue time stay.
+    Journaled ``redrive`` in both queues where they are journaled. Given a Transaction, it
+    redrives in it what one transaction's budget allows (call again for more); given a
+    Database, in batches of at most BATCH, each its own transaction, exactly once across
+    commit_unknown_result. Needs ``admin`` on ``queue`` and ``enqueue`` on each destination.
+    """
+    src = QueueKeys.make(queue, root)
+    dst = None if to is None else QueueKeys.make(to, root)
+    if dst is not None and dst == src:
+        raise QueueError(f"redrive to {to!r}: that is the queue it reads")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise QueueError(f"limit must be an int >= 0 or None, got {limit!r}")
+    where = check_where(where)
+    tr = adopt(tr)
+    if is_transaction(tr):
+        return run_once(tr, lambda t, _: _batch(t, src, dst, where, limit, None)[0])
+    total = 0
+    cursor: bytes | None = None
+    while limit is None or total < limit:
+        want = BATCH if limit is None else min(BATCH, limit - total)
+        start = cursor
+
+        def body(t: Transaction, want: int = want, start: bytes | None = start) -> tuple[int, bytes | None]:
+            return _batch(t, src, dst, where, want, start)
+
+        n, cursor = settled(tr, src, body)
+        total += n
+        if cursor is None:
+            return total
+    return total
+
+
+def _batch(
+    t: Transaction,
+    src: QueueKeys,
+    to: QueueKeys | None,
+    where: Mapping[str, Any] | None,
+    limit: int | None,
+    start: bytes | None,
+) -> tuple[int, bytes | None]:
+    """Redrive up to ``limit`` matching dead letters from ``start`` (None: the head); returns
+    how many, and where the next transaction goes on (None: the end)."""
+    smeta = read_meta(t, src)
+    if smeta.config is None:
+        raise QueueNotFoundError(f"no queue named {src.name!r}")
+    check(t, src, "admin", smeta)
+    journaled: dict[str, bool] = {}  # destination -> journaled, each checked once
+
+    def open_dst(keys: QueueKeys) -> bool:
+        if keys.name not in journaled:
+            meta = read_meta(t, keys)
+            check(t, keys, "enqueue", meta)
+            if meta.config is None:
+                write_config(t, keys, QueueConfig())  # created with defaults, as enqueue does
+            journaled[keys.name] = meta.config is not None and meta.config.journal
+        return journaled[keys.name]
+
+    budget = Budget()
+    moved = 0
+    begin, end = src.ready_range()
+    begin = start or begin
+    while True:
+        asked = budget.batch(64)
+        kvs = t.snapshot.get_range(begin, end, asked)
+        budget.read(kvs)
+        for key, raw in kvs:
+            if limit is not None and moved >= limit:
+                return moved, key
+            try:
+                rec = decode_record(raw, src, key)
+            except CorruptMessageError:
+                continue  # a sweep or a consumer moves it aside
+            if where is not None and not headers_match(rec.headers, where):
+                continue
+            origin = rec.extra.get("origin")
+            if to is None and (not isinstance(origin, str) or rec.extra.get("reason") == CORRUPT_REASON):
+                continue  # not a dead letter of a queue here, or damaged bytes: only to an explicit `to`
+            dst = to if to is not None else src.sibling(str(origin))
+            if dst == src:
+                continue
+            if not budget.take(2 * move_cost(len(key), len(raw), rec.chunks)):
+                return moved, key  # the rest for the next transaction
+            t.add_read_conflict_key(key)  # a concurrent consumer of it conflicts
+            redrive_message(t, src, smeta.config.journal, dst, open_dst(dst), key, rec)
+            moved += 1
+        if len(kvs) < asked:
+            return moved, None
+        begin = kvs[-1].key + b"\x00"
+        if budget.scan_exhausted():
+            return moved, begin
+
+
+def delete_by_id(tr: Transaction | Database, keys: QueueKeys, msg_id: str) -> bool:
+    """Remove message ``msg_id`` of ``keys``' queue wherever it waits (ready, leased,
+    delayed); True if it was there. Composes inside a caller's transaction. Needs ``admin``."""
+    if not isinstance(msg_id, str) or not msg_id:
+        raise QueueError(f"message id must be a non-empty str, got {msg_id!r}")
+
+    def body(t: Transaction, _: bool) -> bool:
+        meta = checked(t, keys, "admin")
+        where = locate(t, keys, msg_id)
+        raw = None if where is None else t.get(where)
+        if where is None or raw is None:
+            return False
+        try:
+            rec = decode_record(raw, keys, where, msg_id)
+        except CorruptMessageError as exc:
+            raise QueueError(f"message {msg_id!r} is damaged ({exc}): a sweep moves it aside") from None
+        cfg = meta.config or QueueConfig()
+        delete_message(t, keys, where, rec, journaled=cfg.journal)
+        return True
+
+    return run_once(adopt(tr), body)
