@@ -8,7 +8,6 @@ import dataclasses
 import functools
 import importlib
 import json
-import logging
 import os
 import sys
 import time
@@ -50,6 +49,7 @@ from fdbqueue.cli_io import (
     _ttl,
     _where,
     _worker_summary,
+    setup_logging,
 )
 from fdbqueue.cli_io import CommandError as CommandError  # "as": re-exported, still fdbqueue.cli.CommandError
 from fdbqueue.cli_journal import add_journal_commands
@@ -412,7 +412,7 @@ def _cmd_worker(db: fdbqueue.Database, args: argparse.Namespace) -> int:
     handler = _load_handler(args.handler)
     from fdbqueue import Worker  # public API
 
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    setup_logging(args.log_level, args.log_format)
     from fdbqueue.fairness import is_pattern
 
     pattern = len(args.names) == 1 and is_pattern(args.names[0])  # every matching queue, fairly
@@ -428,6 +428,8 @@ def _cmd_worker(db: fdbqueue.Database, args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         lease_seconds=args.lease_seconds,
         sweep_interval=args.sweep_interval,
+        heartbeat=args.heartbeat,
+        shutdown_timeout=args.shutdown_timeout,
     )
     print(
         f"fdbqueue worker: {', '.join(args.names)} in {args.mode} mode, concurrency "
@@ -620,6 +622,24 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="how often to move expired leases, due delayed messages and TTLs (default 5)",
     )
+    p.add_argument(
+        "--heartbeat",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="lease mode: renew each lease while its handler runs, at about a third of it (default on)",
+    )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=_seconds,
+        default=None,
+        metavar="S",
+        help="after SIGTERM, wait at most S seconds for handlers, then stop at once (a second SIGTERM "
+        "does that too); messages in hand go back",
+    )
+    p.add_argument(
+        "--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), default="WARNING", type=str.upper
+    )
+    p.add_argument("--log-format", choices=("text", "json"), default="text", help="json: one object a line")
     p.add_argument("--until-empty", action="store_true", help="stop once nothing is ready or delayed")
     p.add_argument("--max-messages", type=_positive, default=None, metavar="N", help="stop after N messages")
 

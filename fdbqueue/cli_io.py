@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import datetime
 import json
+import logging
 import math
 import os
 import sys
@@ -377,3 +378,36 @@ def _check_url(url: str | None) -> None:
         path = url[len("sqlite://") :].partition("?")[0]
         if path and os.path.isdir(os.path.expanduser(path)):
             raise CommandError(f"{url!r} names a directory, not a store file: add a file name (q.db)")
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object a line (``--log-format json``): time, level, logger, message, the
+    structured fields a worker attaches (queue, message_id, deliveries) and a traceback."""
+
+    FIELDS = ("queue", "message_id", "deliveries")
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, object] = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S%z"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for name in self.FIELDS:
+            if hasattr(record, name):
+                out[name] = getattr(record, name)
+        if record.exc_info:
+            out["traceback"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def setup_logging(level: str, fmt: str) -> None:
+    """The worker's logging: ``level`` (DEBUG ... ERROR) in ``fmt`` (text or json) on stderr."""
+    handler = logging.StreamHandler()
+    if fmt == "json":
+        handler.setFormatter(JsonLogFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())

@@ -72,17 +72,19 @@ def release(
     delay: float | None,
     now: int,
     op: str = "nack",
+    discard: bool = False,
 ) -> str:
     """A delivery failed: back to ``ready_key`` (after the retry delay) or to the error queue.
 
     ``rec.deliveries`` counts the failed delivery. Returns where it went:
     ``ready``, ``delayed``, ``dead`` or ``expired``. ``op``: what the journal calls the
-    failure (``nack`` or ``lease_expired``) when the message goes back.
+    failure (``nack`` or ``lease_expired``) when the message goes back. ``discard``: to the
+    error queue now, whatever its deliveries (a handler gave up on it).
     """
     if rec.expires_us is not None and rec.expires_us <= now:
         expire_unready(keys, tr, cfg, rec)
         return "expired"
-    if rec.deliveries >= cfg.max_deliveries:
+    if discard or rec.deliveries >= cfg.max_deliveries:
         dead_letter(keys, tr, cfg, rec, reason or "max_deliveries", clear_id=True)
         return "dead"
     wait = cfg.retry_wait(rec.deliveries) if delay is None else delay
@@ -237,10 +239,12 @@ def nack_in(
     delay: float | None,
     reason: str | None,
     now: int,
+    discard: bool = False,
 ) -> str:
     rec = _leased(keys, tr, m, now)
     end_lease(tr, keys, rec)
-    return release(keys, tr, cfg, rec, bytes.fromhex(rec.extra["key"]), reason=reason, delay=delay, now=now)
+    back = bytes.fromhex(rec.extra["key"])
+    return release(keys, tr, cfg, rec, back, reason=reason, delay=delay, now=now, discard=discard)
 
 
 def release_in(keys: QueueKeys, tr: Transaction, m: Message, now: int) -> None:
@@ -435,7 +439,7 @@ def check_lease_seconds(seconds: object) -> float:
 
 # Why a caller is about to abort the transaction that dequeued a message (by the Message
 # object's identity, which the abort's callback holds): see failure_reason.
-_failure_notes: dict[int, tuple[str, str]] = {}
+_failure_notes: dict[int, tuple[str, str, float | None, bool]] = {}
 
 # The reason a failed delivery keeps when its transaction outlived the 5-second window: the
 # resolver refuses a read version older than MAX_WRITE_TRANSACTION_LIFE_VERSIONS
@@ -446,11 +450,14 @@ TOO_OLD_REASON = (
 
 
 @contextmanager
-def failure_reason(msg: Message, reason: str) -> Iterator[None]:
+def failure_reason(
+    msg: Message, reason: str, *, delay: float | None = None, discard: bool = False
+) -> Iterator[None]:
     """Within the block, an abort of the caller's transaction that dequeued ``msg`` counts
     the failed delivery with ``reason`` (the message's ``last_error``; the dead letter's
-    reason once it reaches max_deliveries). Wrap the abort (``tr.cancel()``) in it."""
-    _failure_notes[id(msg)] = (msg.id, fit_reason(reason))
+    reason once it reaches max_deliveries), retried after ``delay`` (None: the queue's retry
+    delay) or, ``discard``, dead-lettered now. Wrap the abort (``tr.cancel()``) in it."""
+    _failure_notes[id(msg)] = (msg.id, fit_reason(reason), delay, discard)
     try:
         yield
     finally:
@@ -507,6 +514,8 @@ def count_failed_attempt(keys: QueueKeys, db: Database, msg: Message, error: Eng
     if error.maybe_committed or engine_fault(error) or _uncounted.get(id(msg)) == msg.id:
         return
     reason = _reason_of(msg, error)
+    noted = _failure_notes.get(id(msg))
+    delay, discard = (noted[2], noted[3]) if noted is not None and noted[0] == msg.id else (None, False)
 
     def body(t: Transaction, _: bool) -> None:
         where = locate(t, keys, msg.id)
@@ -532,7 +541,7 @@ def count_failed_attempt(keys: QueueKeys, db: Database, msg: Message, error: Eng
         cfg = config_or_create(t, keys)
         remove_message(t, keys, where, rec, chunks=False, count="ready" if tag == "r" else "delayed")
         failed = rec.with_(deliveries=rec.deliveries + 1)
-        release(keys, t, cfg, failed, ready_key, reason=reason, delay=None, now=db_now(t))
+        release(keys, t, cfg, failed, ready_key, reason=reason, delay=delay, now=db_now(t), discard=discard)
 
     try:
         run_once(db, body)

@@ -38,8 +38,7 @@ from fdbqueue.handling import (
     check_handler,
     drained,
     engine_failure,
-    failure_text,
-    log_failure,
+    settle_failure,
     work_set_of,
 )
 from fdbqueue.message import Message
@@ -344,11 +343,7 @@ class Dispatcher:
                 except QueueError as err:
                     log.warning("could not release %s: %s", m.id, err)
             else:
-                log_failure(log, q, m, exc)
-                try:
-                    q.nack(self.db, m, reason=failure_text(exc))
-                except QueueError as err:
-                    log.warning("could not nack %s: %s", m.id, err)
+                settle_failure(self.db, q, m, exc, log)  # Retry, Discard, or a logged failure
         if ok:
             try:
                 q.ack(self.db, m)

@@ -235,6 +235,26 @@ class HandlerSignatureError(QueueError, TypeError):
     """The handler cannot be called the way the worker's mode calls it."""
 
 
+class Retry(Exception):
+    """Raised by a Worker's or Dispatcher's handler: deliver the message again after
+    ``delay`` seconds (None: the queue's retry delay). It counts as a delivery: at
+    max_deliveries the message goes to the error queue. Not logged as a failure."""
+
+    def __init__(self, delay: float | None = None, reason: str | None = None) -> None:
+        super().__init__(reason or f"retry after {delay} s" if delay is not None else reason or "retry")
+        self.delay = delay
+        self.reason = reason or "retry requested by the handler"
+
+
+class Discard(Exception):
+    """Raised by a Worker's or Dispatcher's handler: give up on the message now, whatever
+    its deliveries, to the error queue with ``reason``."""
+
+    def __init__(self, reason: str = "discarded by the handler") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 class FaultScriptError(QueueError, TypeError):
     """A testing hook was given something other than a sim:// database, or a bad outcome."""
 

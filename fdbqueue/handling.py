@@ -17,9 +17,11 @@ from fdbqueue.delivery import engine_fault
 from fdbqueue.engines.base import Database
 from fdbqueue.errors import (
     ClusterUnavailableError,
+    Discard,
     EngineError,
     HandlerSignatureError,
     QueueError,
+    Retry,
     StoreError,
 )
 from fdbqueue.fairness import WorkSet, is_pattern
@@ -84,6 +86,9 @@ class WorkerStats:
     processed: int = 0
     failed: int = 0
     too_slow: int = 0
+    retried: int = 0  # of the failed: the handler raised Retry
+    discarded: int = 0  # of the failed: the handler raised Discard
+    extended: int = 0  # leases renewed while a handler ran (heartbeat)
     released: int = 0
     swept: int = 0
     wakeups: int = 0
@@ -156,6 +161,98 @@ def log_failure(logger: logging.Logger, q: Queue, m: Message, exc: BaseException
         exc_info=(type(exc), exc, exc.__traceback__),
         extra={"queue": q.name, "message_id": m.id, "deliveries": m.deliveries},
     )
+
+
+def settle_failure(db: Database, q: Queue, m: Message, exc: BaseException, logger: logging.Logger) -> str:
+    """Settle the leased ``m`` whose handler raised ``exc``: ``Retry`` back after its delay,
+    ``Discard`` to the error queue now, anything else a failure logged with its traceback and
+    nacked. Returns ``retried``, ``discarded`` or ``failed``."""
+    extra = {"queue": q.name, "message_id": m.id, "deliveries": m.deliveries}
+    if isinstance(exc, Retry):
+        kind, kwargs = "retried", {"delay": exc.delay, "reason": fit_reason(exc.reason)}
+        logger.info("handler asked to retry %s of %r: %s", m.id, q.name, exc.reason, extra=extra)
+    elif isinstance(exc, Discard):
+        kind, kwargs = "discarded", {"reason": fit_reason(exc.reason), "discard": True}
+        logger.warning("handler discarded %s of %r: %s", m.id, q.name, exc.reason, extra=extra)
+    else:
+        log_failure(logger, q, m, exc)
+        kind, kwargs = "failed", {"reason": failure_text(exc)}
+    try:
+        q.nack(db, m, **kwargs)  # type: ignore[arg-type]
+    except QueueError as err:
+        logger.warning("could not nack %s: %s", m.id, err)
+    return kind
+
+
+class StopNow(BaseException):
+    """A second SIGTERM/SIGINT, or a graceful stop past ``shutdown_timeout``: stop at once;
+    the messages in hand go back. A BaseException, so that no handler's ``except Exception``
+    swallows it."""
+
+
+class Heartbeat:
+    """Renews the leases of the messages whose handlers are running, each at about a third
+    of its lease, so that a long job is not handed to a second worker (Sidekiq Pro's and
+    River's heartbeats; SQS's ``ChangeMessageVisibility`` loop). One thread for a worker."""
+
+    def __init__(self, db: Database, stats: WorkerStats, logger: logging.Logger) -> None:
+        self.db = db
+        self.stats = stats
+        self.log = logger
+        self._held: dict[str, list[Any]] = {}  # id -> [queue, message, lease, next renewal]
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def hold(self, q: Queue, m: Message, lease: float) -> None:
+        with self._cond:
+            self._held[m.id] = [q, m, lease, time.monotonic() + lease / 3]
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="fdbqueue-heartbeat", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def drop(self, m: Message) -> None:
+        with self._cond:
+            self._held.pop(m.id, None)
+
+    def held(self) -> list[tuple[Queue, Message]]:
+        with self._cond:
+            return [(h[0], h[1]) for h in self._held.values()]
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._held.clear()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed:
+                    now = time.monotonic()
+                    due = [(k, h) for k, h in self._held.items() if h[3] <= now]
+                    if due:
+                        break
+                    nxt = min((h[3] for h in self._held.values()), default=now + 1.0)
+                    self._cond.wait(max(0.01, nxt - now))
+                if self._closed:
+                    return
+                for _, h in due:
+                    h[3] = time.monotonic() + h[2] / 3  # not again before its next turn
+            for key, (q, m, lease, _) in due:
+                try:
+                    renewed = q.extend(self.db, m, lease)
+                except QueueError as exc:
+                    with self._cond:
+                        still = self._held.pop(key, None) is not None
+                    if still:  # not settled meanwhile: the lease is lost
+                        self.log.warning("could not renew the lease of %s on %r: %s", m.id, q.name, exc)
+                    continue
+                with self._cond:
+                    if key in self._held:
+                        self._held[key][1] = renewed
+                        self.stats.extended += 1
 
 
 def engine_failure(exc: BaseException) -> bool:

@@ -571,12 +571,19 @@ class Queue:
         settled(tr, self.keys, body)
 
     def nack(
-        self, tr: Transaction | Database, m: Message, *, delay: float | None = None, reason: str | None = None
+        self,
+        tr: Transaction | Database,
+        m: Message,
+        *,
+        delay: float | None = None,
+        reason: str | None = None,
+        discard: bool = False,
     ) -> str:
         """Give a leased message back: to its original place after ``delay`` (default: the
         queue's retry delay), or to the error queue (tagged ``reason``) once it has had
-        max_deliveries. Returns where it went: ``ready``, ``delayed``, ``dead``, ``expired``.
-        Settled like :meth:`ack`: LeaseError only if its own commit did not land."""
+        max_deliveries, or at once with ``discard``. Returns where it went: ``ready``,
+        ``delayed``, ``dead``, ``expired``. Settled like :meth:`ack`: LeaseError only if its
+        own commit did not land."""
         if delay is not None:
             delay = seconds("delay", delay)
         if reason is not None and not isinstance(reason, str):
@@ -586,7 +593,7 @@ class Queue:
 
         def body(t: Transaction) -> str:
             cfg = config_or_create(t, self.keys)
-            return nack_in(self.keys, t, cfg, m, delay, reason, db_now(t))
+            return nack_in(self.keys, t, cfg, m, delay, reason, db_now(t), discard)
 
         return settled(tr, self.keys, body)
 

@@ -33,24 +33,27 @@ from fdbqueue.clock import db_now, seconds_of
 from fdbqueue.config import check_duration
 from fdbqueue.delivery import TOO_OLD_REASON, failure_reason, not_counted
 from fdbqueue.engines.base import TRANSACTION_WINDOW_SECONDS, Database
-from fdbqueue.errors import EngineError, QueueError
+from fdbqueue.errors import Discard, EngineError, QueueError, Retry
 from fdbqueue.errors import HandlerSignatureError as HandlerSignatureError  # re-export
 from fdbqueue.fairness import FAIR_SHARE
 from fdbqueue.handling import (
     Backoff,
+    Heartbeat,
     PrefetchBudget,
     Queues,
+    StopNow,
     _as_queues,
     check_handler,
     drained,
     engine_failure,
     failure_text,
     log_failure,
+    settle_failure,
     work_set_of,
 )
 from fdbqueue.handling import WorkerStats as WorkerStats  # re-export
 from fdbqueue.handling import wait_any as wait_any  # re-export
-from fdbqueue.message import Message
+from fdbqueue.message import Message, fit_reason
 from fdbqueue.queue import Queue
 from fdbqueue.txn import run_once
 from fdbqueue.waiting import QueueWatcher
@@ -76,6 +79,8 @@ class Worker:
         sweep_interval: float = 5.0,
         idle_timeout: float = 1.0,
         prefetch: tuple[int, int] = (1, 256),
+        heartbeat: bool = True,
+        shutdown_timeout: float | None = None,
     ) -> None:
         if mode not in MODES:
             raise QueueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -100,6 +105,12 @@ class Worker:
         self.idle_timeout = check_duration("idle_timeout", idle_timeout)
         self.budget = PrefetchBudget(*prefetch)
         self.stats = WorkerStats(per_queue={q.name: 0 for q in self.queues})
+        self.heartbeat = bool(heartbeat)
+        self.shutdown_timeout = (
+            None if shutdown_timeout is None else check_duration("shutdown_timeout", shutdown_timeout)
+        )
+        self._beat = Heartbeat(db, self.stats, log)
+        self._forced = False  # stopped at once (StopNow): handler threads are not waited for
         self.backoff = Backoff(log)
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -126,16 +137,25 @@ class Worker:
         ``max_messages`` handled, or - with ``until_empty`` - nothing is ready or delayed."""
         self._limit = max_messages
         self._stop.clear()
+        self._forced = False
         previous: dict[signal.Signals, Any] = {}
         if install_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
-                previous[sig] = signal.signal(sig, lambda *_: self.stop())
+                previous[sig] = signal.signal(sig, self._on_signal)
         try:
             if self.mode == "exactly_once":
                 self._run_threads(lambda: self._exactly_once_loop(until_empty))
             else:
                 self._run_lease(until_empty)
+        except StopNow:
+            self._forced = True
+            self._stop.set()
+            for q, m in self._beat.held():  # in hand in other threads: back, not counted
+                self._release(q, m)
+            log.warning("worker stopped at once: the messages in hand went back to their queues")
         finally:
+            self._beat.close()
+            self._beat = Heartbeat(self.db, self.stats, log)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             with self._lock:
@@ -148,6 +168,27 @@ class Worker:
         self.stats.ingress_rate = self.budget.ingress.tick()
         self.stats.egress_rate = self.budget.egress.tick()
         return self.stats
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        """SIGTERM/SIGINT: the first stops gracefully (bounded by ``shutdown_timeout``), a
+        second stops at once."""
+        if self.stopping:
+            raise StopNow
+        self.stop()
+        if self.shutdown_timeout is not None:
+            # The same signal again when the grace period ends, sent to the main thread:
+            # there it interrupts a blocking call (EINTR) and Python runs its handlers.
+            main = threading.main_thread().ident or 0
+            timer = threading.Timer(self.shutdown_timeout, signal.pthread_kill, (main, signum))
+            timer.daemon = True
+            timer.start()
+
+    def _release(self, q: Queue, m: Message) -> None:
+        try:
+            q.release(self.db, m)
+            self.stats.released += 1
+        except QueueError as exc:
+            log.warning("could not release %s: %s", m.id, exc)
 
     def _run_threads(self, loop: Callable[[], None]) -> None:
         threads = [threading.Thread(target=loop, daemon=True) for _ in range(self.concurrency - 1)]
@@ -325,6 +366,26 @@ class Worker:
                     log_failure(log, q, m, exc)
                     self._abort(tr, m, failure_text(exc))
                     return "failed"
+                except StopNow:
+                    if m is not None:
+                        with not_counted(m):  # back where it was, the delivery not counted
+                            tr.cancel()
+                    raise
+                except Retry as verdict:
+                    if m is None:
+                        raise
+                    with failure_reason(m, fit_reason(verdict.reason), delay=verdict.delay):
+                        tr.cancel()
+                    self.stats.retried += 1
+                    return "failed"
+                except Discard as verdict:
+                    if m is None:
+                        raise
+                    log.warning("handler discarded %s of %r: %s", m.id, q.name, verdict.reason)
+                    with failure_reason(m, fit_reason(verdict.reason), discard=True):
+                        tr.cancel()
+                    self.stats.discarded += 1
+                    return "failed"
                 except Exception as exc:
                     if m is None:
                         raise
@@ -418,12 +479,16 @@ class Worker:
                 else:
                     with lock:
                         room.wait(0.05)
+        except StopNow:
+            self._forced = True
+            raise
         finally:
             self._stop.set()
             with lock:
                 work.notify_all()
-            for t in handlers:
-                t.join()
+            if not self._forced:  # at once: handlers still running are not waited for
+                for t in handlers:
+                    t.join()
             self._release_unstarted(buffer)
 
     def _lease_loop(self, until_empty: bool) -> None:
@@ -447,11 +512,8 @@ class Worker:
 
     def _release_unstarted(self, buffer: deque[tuple[Queue, Message]]) -> None:
         for q, m in buffer:  # prefetched, never started: back without counting a delivery
-            try:
-                q.release(self.db, m)
-                self.stats.released += 1
-            except QueueError as exc:
-                log.warning("could not release %s: %s", m.id, exc)
+            self._release(q, m)
+        buffer.clear()
 
     def _served(self, q: Queue, any_: bool) -> None:
         """A work set's queue had its turn; one that gave nothing leaves the index (a failure
@@ -491,6 +553,7 @@ class Worker:
         return got
 
     def _handle_leased(self, q: Queue, m: Message) -> None:
+        lease = self.lease_seconds
         if m.lease_deadline is not None:
             left = m.lease_deadline - time.time()
             lease = self.lease_seconds or max(1.0, 2 * left)
@@ -499,23 +562,27 @@ class Worker:
                     m = q.extend(self.db, m, lease)
                 except QueueError:
                     return  # lost while waiting: the sweep hands it out again
+        if self.heartbeat and lease is not None:
+            self._beat.hold(q, m, lease)
         try:
             self.handler(m)
+        except StopNow:
+            self._beat.drop(m)
+            self._release(q, m)  # stopped at once: back, the delivery not counted
+            raise
         except Exception as exc:
+            self._beat.drop(m)
             if engine_failure(exc):  # the handler's own use of a failing store
-                try:
-                    q.release(self.db, m)  # back without counting a delivery
-                except QueueError as err:
-                    log.warning("could not release %s: %s", m.id, err)
+                self._release(q, m)  # back without counting a delivery
                 self.backoff.wait(f"handler on {m.id} of {q.name!r}", exc, self._stop)
                 return
-            log_failure(log, q, m, exc)
-            try:
-                q.nack(self.db, m, reason=failure_text(exc))
-            except QueueError as err:
-                log.warning("could not nack %s: %s", m.id, err)
+            kind = settle_failure(self.db, q, m, exc, log)
+            with self._lock:
+                self.stats.retried += kind == "retried"
+                self.stats.discarded += kind == "discarded"
             self._count(q, False)
             return
+        self._beat.drop(m)
         try:
             q.ack(self.db, m)
         except QueueError as err:
