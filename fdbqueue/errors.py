@@ -246,6 +246,12 @@ class Retry(Exception):
         self.reason = reason or "retry requested by the handler"
 
 
+class StopNow(BaseException):
+    """A second SIGTERM/SIGINT, or a graceful stop past ``shutdown_timeout``: stop at once;
+    the messages in hand go back. A BaseException, so that no handler's ``except Exception``
+    swallows it."""
+
+
 class Discard(Exception):
     """Raised by a Worker's or Dispatcher's handler: give up on the message now, whatever
     its deliveries, to the error queue with ``reason``."""

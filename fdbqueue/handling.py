@@ -184,12 +184,6 @@ def settle_failure(db: Database, q: Queue, m: Message, exc: BaseException, logge
     return kind
 
 
-class StopNow(BaseException):
-    """A second SIGTERM/SIGINT, or a graceful stop past ``shutdown_timeout``: stop at once;
-    the messages in hand go back. A BaseException, so that no handler's ``except Exception``
-    swallows it."""
-
-
 class Heartbeat:
     """Renews the leases of the messages whose handlers are running, each at about a third
     of its lease, so that a long job is not handed to a second worker (Sidekiq Pro's and
@@ -232,12 +226,17 @@ class Heartbeat:
     def _run(self) -> None:
         while True:
             with self._cond:
+                idle = False
                 while not self._closed:
                     now = time.monotonic()
                     due = [(k, h) for k, h in self._held.items() if h[3] <= now]
                     if due:
                         break
-                    nxt = min((h[3] for h in self._held.values()), default=now + 1.0)
+                    if not self._held and idle:  # nothing held for a moment: an idle worker
+                        self._thread = None  # keeps no thread for it (hold starts another)
+                        return
+                    idle = not self._held
+                    nxt = min((h[3] for h in self._held.values()), default=now + 0.2)
                     self._wake_at = max(now + 0.01, nxt)
                     self._cond.wait(self._wake_at - now)
                 if self._closed:

@@ -33,7 +33,7 @@ from fdbqueue.clock import db_now, seconds_of
 from fdbqueue.config import check_duration
 from fdbqueue.delivery import TOO_OLD_REASON, failure_reason, not_counted
 from fdbqueue.engines.base import TRANSACTION_WINDOW_SECONDS, Database
-from fdbqueue.errors import Discard, EngineError, QueueError, Retry
+from fdbqueue.errors import Discard, EngineError, QueueError, Retry, StopNow
 from fdbqueue.errors import HandlerSignatureError as HandlerSignatureError  # re-export
 from fdbqueue.fairness import FAIR_SHARE
 from fdbqueue.handling import (
@@ -41,7 +41,6 @@ from fdbqueue.handling import (
     Heartbeat,
     PrefetchBudget,
     Queues,
-    StopNow,
     _as_queues,
     check_handler,
     drained,
