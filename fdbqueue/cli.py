@@ -53,6 +53,7 @@ from fdbqueue.cli_io import (
 )
 from fdbqueue.cli_io import CommandError as CommandError  # "as": re-exported, still fdbqueue.cli.CommandError
 from fdbqueue.cli_journal import add_journal_commands
+from fdbqueue.cli_ops import add_ops_commands
 
 EMPTY = 3  # exit code: dequeue/peek found no message
 
@@ -645,6 +646,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_journal_commands(add, common)
     add_audit_command(add)
+    add_ops_commands(add)
 
     p = add("demo", _cmd_demo, "run the end-to-end demo (in a temporary store)", json_flag=False, named=False)
     p.description = DEMO_HELP

@@ -80,6 +80,7 @@ class Worker:
         prefetch: tuple[int, int] = (1, 256),
         heartbeat: bool = True,
         shutdown_timeout: float | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         if mode not in MODES:
             raise QueueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -109,6 +110,10 @@ class Worker:
             None if shutdown_timeout is None else check_duration("shutdown_timeout", shutdown_timeout)
         )
         self._beat = Heartbeat(db, self.stats, log)
+        if metrics_port is not None and (isinstance(metrics_port, bool) or not isinstance(metrics_port, int)):
+            raise QueueError(f"metrics_port must be an int, got {metrics_port!r}")
+        self.metrics_port = metrics_port
+        self._exporter: Any = None  # metrics.Exporter while run() runs with a metrics_port
         self._forced = False  # stopped at once (StopNow): handler threads are not waited for
         self.backoff = Backoff(log)
         self._stop = threading.Event()
@@ -137,6 +142,10 @@ class Worker:
         self._limit = max_messages
         self._stop.clear()
         self._forced = False
+        if self.metrics_port is not None and self._exporter is None:
+            from fdbqueue.metrics import serve
+
+            self._exporter = serve(self.db, self.metrics_port)
         previous: dict[signal.Signals, Any] = {}
         if install_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -155,6 +164,9 @@ class Worker:
         finally:
             self._beat.close()
             self._beat = Heartbeat(self.db, self.stats, log)
+            if self._exporter is not None:
+                self._exporter.close()
+                self._exporter = None
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             with self._lock:
@@ -181,6 +193,11 @@ class Worker:
             timer = threading.Timer(self.shutdown_timeout, signal.pthread_kill, (main, signum))
             timer.daemon = True
             timer.start()
+
+    def _observe(self, q: Queue, began: float, outcome: str) -> None:
+        """The handler's duration, for ``fdbqueue_handler_duration_seconds``."""
+        if self._exporter is not None:
+            self._exporter.durations.labels(q.name, outcome).observe(time.perf_counter() - began)
 
     def _release(self, q: Queue, m: Message) -> None:
         try:
@@ -329,7 +346,9 @@ class Worker:
                     m = q.dequeue(tr)
                     if m is not None:
                         begun = db_now(tr)  # its read version: free, the dequeue read
+                        began = time.perf_counter()
                         self.handler(tr, m)
+                        self._observe(q, began, "ok")
                     tr.commit()
                     return None if m is None else "ok"
                 except EngineError as exc:
@@ -563,6 +582,7 @@ class Worker:
                     return  # lost while waiting: the sweep hands it out again
         if self.heartbeat and lease is not None:
             self._beat.hold(q, m, lease)
+        began = time.perf_counter()
         try:
             self.handler(m)
         except StopNow:
@@ -576,12 +596,14 @@ class Worker:
                 self.backoff.wait(f"handler on {m.id} of {q.name!r}", exc, self._stop)
                 return
             kind = settle_failure(self.db, q, m, exc, log)
+            self._observe(q, began, kind)
             with self._lock:
                 self.stats.retried += kind == "retried"
                 self.stats.discarded += kind == "discarded"
             self._count(q, False)
             return
         self._beat.drop(m)
+        self._observe(q, began, "ok")
         try:
             q.ack(self.db, m)
         except QueueError as err:

@@ -248,6 +248,7 @@ LAYERS: dict[str, int] = {
     "remote": 6,
     "dispatcher": 6,
     "testing": 6,
+    "metrics": 6,
     # L7 surface.
     "cli": 7,
     "spark": 7,
@@ -255,6 +256,7 @@ LAYERS: dict[str, int] = {
     "audit": 7,
     "cli_io": 7,
     "cli_journal": 7,
+    "cli_ops": 7,
     "demo": 7,
     "demo_spark": 7,
     "__main__": 7,
