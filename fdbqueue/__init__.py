@@ -71,6 +71,7 @@ from fdbqueue.queue import Queue, QueueFullError, QueueStoppedError
 from fdbqueue.redrive import redrive
 from fdbqueue.remote import RemoteQueue, RemoteStats
 from fdbqueue.routing import PartitionedQueue, partitioned_queues, routes, set_route
+from fdbqueue.schedules import Schedule, Scheduler, run_schedules, schedule, schedules, unschedule
 from fdbqueue.sweep import SweepStats
 from fdbqueue.types import JournalEntry, NewMessage
 from fdbqueue.worker import HandlerSignatureError, Worker, WorkerStats
@@ -131,6 +132,8 @@ __all__ = [
     "RemoteQueue",
     "RemoteStats",
     "Retry",
+    "Schedule",
+    "Scheduler",
     "StoreError",
     "StoreFullError",
     "SweepStats",
@@ -158,10 +161,14 @@ __all__ = [
     "redrive",
     "revoke",
     "routes",
+    "run_schedules",
+    "schedule",
+    "schedules",
     "set_route",
     "set_state",
     "start_queue",
     "stop_queue",
     "transactional",
     "trim_journal",
+    "unschedule",
 ]

@@ -1,4 +1,5 @@
-"""The command line's operations: ``metrics`` (a Prometheus endpoint)."""
+"""The command line's operations: ``metrics`` (a Prometheus endpoint), periodic jobs
+(``schedule``, ``schedules``, ``unschedule``, ``scheduler``)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,90 @@ def add_ops_commands(add: Add) -> None:
         "--port", type=int, default=9464, help="TCP port (default 9464, Prometheus's registry entry)"
     )
     p.add_argument("--addr", default="0.0.0.0", help="address to listen on (default all)")
+    _add_schedule_commands(add)
+
+
+def _add_schedule_commands(add: Add) -> None:
+    p = add(
+        "schedule",
+        _cmd_schedule,
+        "enqueue PAYLOAD into QUEUE at each tick of CRON (UTC)",
+        json_flag=False,
+        named=False,
+    )
+    p.add_argument("sched", metavar="NAME", help="the schedule's name (making it again replaces it)")
+    p.add_argument("queue", metavar="QUEUE")
+    p.add_argument("cron", metavar="CRON", help="'*/5 * * * *' (five fields, or six with seconds last)")
+    p.add_argument("payload", metavar="PAYLOAD", help="the message text")
+    p.add_argument("--priority", type=int, default=0)
+    p.add_argument(
+        "--catch-up", choices=("latest", "all", "none"), default="latest", help="missed ticks after downtime"
+    )
+    add("schedules", _cmd_schedules, "list the schedules with their last and next run", named=False)
+    p = add("unschedule", _cmd_unschedule, "remove a schedule", json_flag=False, named=False)
+    p.add_argument("sched", metavar="NAME")
+    p = add(
+        "scheduler", _cmd_scheduler, "run the schedules until SIGTERM / Ctrl-C", json_flag=False, named=False
+    )
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between passes (default 1)")
+
+
+def _cmd_schedule(db: fdbqueue.Database, args: argparse.Namespace) -> int:
+    name = fdbqueue.schedule(
+        db,
+        args.queue,
+        args.cron,
+        args.payload,
+        name=args.sched,
+        priority=args.priority,
+        catch_up=args.catch_up,
+    )
+    print(f"scheduled {name!r}: {args.queue} at {args.cron!r} (UTC)")
+    return 0
+
+
+def _cmd_schedules(db: fdbqueue.Database, args: argparse.Namespace) -> int:
+    import json
+
+    rows = fdbqueue.schedules(db)
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "name": s.name,
+                        "queue": s.queue,
+                        "cron": s.cron,
+                        "last_run": s.last_run and s.last_run.isoformat(),
+                        "next_run": s.next_run.isoformat(),
+                    }
+                    for s in rows
+                ]
+            )
+        )
+        return 0
+    for s in rows:
+        last = s.last_run.isoformat(timespec="seconds") if s.last_run else "never"
+        print(f"{s.name}\t{s.queue}\t{s.cron}\tlast {last}\tnext {s.next_run.isoformat(timespec='seconds')}")
+    return 0
+
+
+def _cmd_unschedule(db: fdbqueue.Database, args: argparse.Namespace) -> int:
+    if not fdbqueue.unschedule(db, args.sched):
+        raise CommandError(f"no schedule named {args.sched!r}", 1)
+    print(f"removed schedule {args.sched!r}")
+    return 0
+
+
+def _cmd_scheduler(db: fdbqueue.Database, args: argparse.Namespace) -> int:
+    if not args.interval > 0:
+        raise CommandError(f"--interval must be > 0, got {args.interval}")
+    sched = fdbqueue.Scheduler(db, interval=args.interval)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: sched.stop())
+    print("fdbqueue scheduler: running the schedules; stop with SIGTERM or Ctrl-C", file=sys.stderr)
+    print(f"scheduler stopped: enqueued {sched.run()}")
+    return 0
 
 
 def _cmd_metrics(db: fdbqueue.Database, args: argparse.Namespace) -> int:

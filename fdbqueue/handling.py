@@ -89,6 +89,7 @@ class WorkerStats:
     retried: int = 0  # of the failed: the handler raised Retry
     discarded: int = 0  # of the failed: the handler raised Discard
     extended: int = 0  # leases renewed while a handler ran (heartbeat)
+    scheduled: int = 0  # periodic jobs' ticks enqueued (run_schedules=True)
     released: int = 0
     swept: int = 0
     wakeups: int = 0

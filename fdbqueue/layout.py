@@ -722,3 +722,25 @@ class WorkKeys:
             return bytes(r.start), bytes(r.stop)
         begin = self._prefix + _pack_one(prefix)[:-1]  # the string's code and bytes, unterminated
         return begin, begin + b"\xff"
+
+
+# -- periodic jobs (schedules.py) --------------------------------------------------------------
+
+
+class ScheduleKeys:
+    """The schedules under one root: ``("sch", name)`` holds one schedule's record (JSON)."""
+
+    __slots__ = ("_sub",)
+
+    def __init__(self, root: tuple[Any, ...] = DEFAULT_ROOT) -> None:
+        self._sub = root_subspace(root)
+
+    def entry(self, name: str) -> bytes:
+        return bytes(self._sub.pack(("sch", name)))
+
+    def range(self) -> tuple[bytes, bytes]:
+        r = self._sub.range(("sch",))
+        return bytes(r.start), bytes(r.stop)
+
+    def name(self, key: bytes) -> str:
+        return str(self._sub.unpack(key)[1])

@@ -54,6 +54,7 @@ from fdbqueue.handling import WorkerStats as WorkerStats  # re-export
 from fdbqueue.handling import wait_any as wait_any  # re-export
 from fdbqueue.message import Message, fit_reason
 from fdbqueue.queue import Queue
+from fdbqueue.schedules import run_schedules as run_periodic_jobs
 from fdbqueue.txn import run_once
 from fdbqueue.waiting import QueueWatcher
 
@@ -81,6 +82,7 @@ class Worker:
         heartbeat: bool = True,
         shutdown_timeout: float | None = None,
         metrics_port: int | None = None,
+        run_schedules: bool = False,
     ) -> None:
         if mode not in MODES:
             raise QueueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -113,6 +115,7 @@ class Worker:
         if metrics_port is not None and (isinstance(metrics_port, bool) or not isinstance(metrics_port, int)):
             raise QueueError(f"metrics_port must be an int, got {metrics_port!r}")
         self.metrics_port = metrics_port
+        self.run_schedules = bool(run_schedules)  # the periodic jobs too, at each sweep
         self._exporter: Any = None  # metrics.Exporter while run() runs with a metrics_port
         self._forced = False  # stopped at once (StopNow): handler threads are not waited for
         self.backoff = Backoff(log)
@@ -254,6 +257,11 @@ class Worker:
         if now - self._last_sweep < self.sweep_interval:
             return
         self._last_sweep = now
+        if self.run_schedules:
+            try:
+                self.stats.scheduled += run_periodic_jobs(self.db)
+            except QueueError as exc:
+                log.warning("periodic jobs failed: %s", exc)
         queues = self.queues if self.workset is None else self.workset.take_recent()
         for q in queues:
             try:

@@ -249,6 +249,7 @@ LAYERS: dict[str, int] = {
     "dispatcher": 6,
     "testing": 6,
     "metrics": 6,
+    "schedules": 6,
     # L7 surface.
     "cli": 7,
     "spark": 7,
