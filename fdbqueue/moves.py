@@ -556,6 +556,13 @@ def count_sent(tr: Transaction, keys: QueueKeys, n: int) -> None:
         tr.add(keys.counter("done"), pack_count(n))
 
 
+def copy_chunks(tr: Transaction, src: QueueKeys, dst: QueueKeys, rec: Record) -> None:
+    """Copy ``rec``'s payload chunks (if it has any) from queue ``src`` to queue ``dst``."""
+    if rec.chunks:
+        for kv in tr.get_range(*src.chunk_range(rec.id)):
+            tr.set(dst.q.pack(("b", rec.id, src.q.unpack(kv.key)[2])), kv.value)
+
+
 def move_message(
     tr: Transaction,
     src: QueueKeys,
@@ -569,9 +576,7 @@ def move_message(
     keeping its id, headers, priority, payload (its chunks copied), enqueue time, TTL and
     deliveries: the queue manager's forwarding between two queues, one transaction
     (Bernstein & Newcomer). Journaled ``move_out`` in ``src`` and ``move_in`` in ``dst``."""
-    if rec.chunks:
-        for kv in tr.get_range(*src.chunk_range(rec.id)):
-            tr.set(dst.q.pack(("b", rec.id, src.q.unpack(kv.key)[2])), kv.value)
+    copy_chunks(tr, src, dst, rec)
     remove_message(tr, src, key, rec, count="ready")  # its chunks with it
     if src_journaled:
         after(tr, src, True, Note("move_out", None, {"to": dst.name}), rec)
@@ -591,9 +596,7 @@ def redrive_message(
     """Put the dead letter at ``key`` of error queue ``src`` back to work in ``dst``: at the
     tail of the priority it had, deliveries reset, its dead-letter fields dropped; payload
     (chunks copied), id, headers and enqueue time kept. Journaled ``redrive`` in both."""
-    if rec.chunks:
-        for kv in tr.get_range(*src.chunk_range(rec.id)):
-            tr.set(dst.q.pack(("b", rec.id, src.q.unpack(kv.key)[2])), kv.value)
+    copy_chunks(tr, src, dst, rec)
     remove_message(tr, src, key, rec, count="ready")
     if src_journaled:
         after(tr, src, True, Note("redrive", None, {"to": dst.name}), rec)

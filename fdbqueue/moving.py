@@ -8,7 +8,7 @@ so a crash leaves it in exactly one of them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fdbqueue.budget import Budget, move_cost
@@ -49,12 +49,28 @@ def move(
     skeys, dkeys = QueueKeys.make(src, root), QueueKeys.make(dst, root)
     if skeys == dkeys:
         raise QueueError(f"move needs two queues, got {src!r} twice")
+    check_limit(limit)
+    where = check_where(where)
+    return in_batches(tr, skeys, limit, lambda t, want, start: _batch(t, skeys, dkeys, where, want, start))
+
+
+# One transaction's work: (transaction, at most how many, from which cursor) -> (how many, next cursor).
+Step = Callable[[Transaction, int | None, bytes | None], tuple[int, bytes | None]]
+
+
+def check_limit(limit: object) -> None:
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise QueueError(f"limit must be an int >= 0 or None, got {limit!r}")
-    where = check_where(where)
+
+
+def in_batches(tr: Transaction | Database, keys: QueueKeys, limit: int | None, step: Step) -> int:
+    """Run ``step(t, want, start)`` - move up to ``want`` messages from cursor ``start``,
+    returning how many and the next cursor (None: done) - in a caller's transaction once, or
+    given a Database in batches of at most BATCH, each its own transaction, exactly once
+    across commit_unknown_result (a receipt on ``keys``' queue settles each). Returns the total."""
     tr = adopt(tr)
     if is_transaction(tr):
-        return run_once(tr, lambda t, _: _batch(t, skeys, dkeys, where, limit, None)[0])
+        return run_once(tr, lambda t, _: step(t, limit, None)[0])
     total = 0
     cursor: bytes | None = None
     while limit is None or total < limit:
@@ -62,9 +78,9 @@ def move(
         start = cursor
 
         def body(t: Transaction, want: int = want, start: bytes | None = start) -> tuple[int, bytes | None]:
-            return _batch(t, skeys, dkeys, where, want, start)
+            return step(t, want, start)
 
-        n, cursor = settled(tr, skeys, body)
+        n, cursor = settled(tr, keys, body)
         total += n
         if cursor is None:
             return total

@@ -16,17 +16,15 @@ from typing import Any
 from fdbqueue.budget import Budget, move_cost
 from fdbqueue.config import QueueConfig, read_meta, write_config
 from fdbqueue.delivery import locate
-from fdbqueue.engines.base import Database, Transaction, adopt, is_transaction
+from fdbqueue.engines.base import Database, Transaction, adopt
 from fdbqueue.errors import CorruptMessageError, QueueError, QueueNotFoundError
 from fdbqueue.layout import DEFAULT_ROOT, QueueKeys
 from fdbqueue.message import decode_record
 from fdbqueue.moves import CORRUPT_REASON, delete_message, redrive_message
+from fdbqueue.moving import check_limit, in_batches
 from fdbqueue.privileges import check, checked
-from fdbqueue.receipts import settled
 from fdbqueue.txn import run_once
 from fdbqueue.types import check_where, headers_match
-
-BATCH = 100  # dead letters one transaction redrives at most
 
 
 def redrive(
@@ -45,33 +43,16 @@ def redrive(
     dead-letter fields (origin, reason) dropped; id, headers, payload and enqueue time stay.
     Journaled ``redrive`` in both queues where they are journaled. Given a Transaction, it
     redrives in it what one transaction's budget allows (call again for more); given a
-    Database, in batches of at most BATCH, each its own transaction, exactly once across
+    Database, in batches of at most 100 (moving.BATCH), each its own transaction, exactly once across
     commit_unknown_result. Needs ``admin`` on ``queue`` and ``enqueue`` on each destination.
     """
     src = QueueKeys.make(queue, root)
     dst = None if to is None else QueueKeys.make(to, root)
     if dst is not None and dst == src:
         raise QueueError(f"redrive to {to!r}: that is the queue it reads")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-        raise QueueError(f"limit must be an int >= 0 or None, got {limit!r}")
+    check_limit(limit)
     where = check_where(where)
-    tr = adopt(tr)
-    if is_transaction(tr):
-        return run_once(tr, lambda t, _: _batch(t, src, dst, where, limit, None)[0])
-    total = 0
-    cursor: bytes | None = None
-    while limit is None or total < limit:
-        want = BATCH if limit is None else min(BATCH, limit - total)
-        start = cursor
-
-        def body(t: Transaction, want: int = want, start: bytes | None = start) -> tuple[int, bytes | None]:
-            return _batch(t, src, dst, where, want, start)
-
-        n, cursor = settled(tr, src, body)
-        total += n
-        if cursor is None:
-            return total
-    return total
+    return in_batches(tr, src, limit, lambda t, want, start: _batch(t, src, dst, where, want, start))
 
 
 def _batch(
