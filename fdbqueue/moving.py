@@ -87,6 +87,52 @@ def in_batches(tr: Transaction | Database, keys: QueueKeys, limit: int | None, s
     return total
 
 
+def open_destination(t: Transaction, keys: QueueKeys) -> bool:
+    """Check that ``t``'s principal may enqueue into ``keys``' queue, create it with defaults
+    if it has never been used (as enqueue does); returns whether it keeps a journal."""
+    meta = read_meta(t, keys)
+    check(t, keys, "enqueue", meta)
+    if meta.config is None:
+        write_config(t, keys, QueueConfig())
+        return False
+    return meta.config.journal
+
+
+# What a scan's visit did with one ready record.
+MOVED, PASSED, FULL = "moved", "passed", "full"
+Visit = Callable[[bytes, bytes, Budget], str]
+
+
+def scan_ready(
+    t: Transaction, keys: QueueKeys, start: bytes | None, limit: int | None, visit: Visit
+) -> tuple[int, bytes | None]:
+    """Walk ``keys``' ready messages from ``start`` (None: the head) in dequeue order, in
+    pages bounded by one transaction's budget, calling ``visit(key, raw, budget)`` on each:
+    it moves the record (MOVED), passes it by (PASSED) or finds no room left (FULL). Stops
+    after ``limit`` moves; returns how many, and where the next transaction goes on (None:
+    the scan reached the end)."""
+    budget = Budget()
+    moved = 0
+    begin, end = keys.ready_range()
+    begin = start or begin
+    while True:
+        asked = budget.batch(64)
+        kvs = t.snapshot.get_range(begin, end, asked)
+        budget.read(kvs)
+        for key, raw in kvs:
+            if limit is not None and moved >= limit:
+                return moved, key
+            outcome = visit(key, raw, budget)
+            if outcome == FULL:
+                return moved, key  # the rest for the next transaction
+            moved += outcome == MOVED
+        if len(kvs) < asked:
+            return moved, None  # the end of the ready messages
+        begin = kvs[-1].key + b"\x00"
+        if budget.scan_exhausted():
+            return moved, begin
+
+
 def _batch(
     t: Transaction,
     skeys: QueueKeys,
@@ -101,44 +147,26 @@ def _batch(
     if smeta.config is None:
         raise QueueNotFoundError(f"no queue named {skeys.name!r}")
     check(t, skeys, "admin", smeta)
-    dmeta = read_meta(t, dkeys)
-    check(t, dkeys, "enqueue", dmeta)
+    djournal = open_destination(t, dkeys)
     scfg = smeta.config
-    if dmeta.config is None:
-        write_config(t, dkeys, QueueConfig())  # created with defaults on first use, as enqueue does
-        djournal = False
-    else:
-        djournal = dmeta.config.journal
     now = db_now(t)
-    budget = Budget()
-    moved = 0
-    begin, end = skeys.ready_range()
-    begin = start or begin
-    while True:
-        asked = budget.batch(64)
-        kvs = t.snapshot.get_range(begin, end, asked)
-        budget.read(kvs)
-        for key, raw in kvs:
-            if limit is not None and moved >= limit:
-                return moved, key
-            try:
-                rec = decode_record(raw, skeys, key)
-            except CorruptMessageError as exc:
-                move_corrupt(skeys, t, scfg, key, raw, exc, budget)
-                continue
-            if rec.expires_us is not None and rec.expires_us <= now:
-                if budget.take(move_cost(len(key), len(raw), rec.chunks)):
-                    expire(skeys, t, scfg, key, rec)
-                continue
-            if where is not None and not headers_match(rec.headers, where):
-                continue
-            if not budget.take(2 * move_cost(len(key), len(raw), rec.chunks)):
-                return moved, key  # the rest for the next transaction
-            t.add_read_conflict_key(key)  # a concurrent dequeue of it conflicts
-            move_message(t, skeys, scfg.journal, dkeys, djournal, key, rec)
-            moved += 1
-        if len(kvs) < asked:
-            return moved, None  # the end of the ready messages
-        begin = kvs[-1].key + b"\x00"
-        if budget.scan_exhausted():
-            return moved, begin
+
+    def visit(key: bytes, raw: bytes, budget: Budget) -> str:
+        try:
+            rec = decode_record(raw, skeys, key)
+        except CorruptMessageError as exc:
+            move_corrupt(skeys, t, scfg, key, raw, exc, budget)
+            return PASSED
+        if rec.expires_us is not None and rec.expires_us <= now:
+            if budget.take(move_cost(len(key), len(raw), rec.chunks)):
+                expire(skeys, t, scfg, key, rec)
+            return PASSED
+        if where is not None and not headers_match(rec.headers, where):
+            return PASSED
+        if not budget.take(2 * move_cost(len(key), len(raw), rec.chunks)):
+            return FULL
+        t.add_read_conflict_key(key)  # a concurrent dequeue of it conflicts
+        move_message(t, skeys, scfg.journal, dkeys, djournal, key, rec)
+        return MOVED
+
+    return scan_ready(t, skeys, start, limit, visit)

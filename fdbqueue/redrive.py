@@ -14,14 +14,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from fdbqueue.budget import Budget, move_cost
-from fdbqueue.config import QueueConfig, read_meta, write_config
+from fdbqueue.config import QueueConfig, read_meta
 from fdbqueue.delivery import locate
 from fdbqueue.engines.base import Database, Transaction, adopt
 from fdbqueue.errors import CorruptMessageError, QueueError, QueueNotFoundError
 from fdbqueue.layout import DEFAULT_ROOT, QueueKeys
 from fdbqueue.message import decode_record
 from fdbqueue.moves import CORRUPT_REASON, delete_message, redrive_message
-from fdbqueue.moving import check_limit, in_batches
+from fdbqueue.moving import FULL, MOVED, PASSED, check_limit, in_batches, open_destination, scan_ready
 from fdbqueue.privileges import check, checked
 from fdbqueue.txn import run_once
 from fdbqueue.types import check_where, headers_match
@@ -69,50 +69,31 @@ def _batch(
     if smeta.config is None:
         raise QueueNotFoundError(f"no queue named {src.name!r}")
     check(t, src, "admin", smeta)
-    journaled: dict[str, bool] = {}  # destination -> journaled, each checked once
+    src_journaled = smeta.config.journal
+    journaled: dict[str, bool] = {}  # destination -> journaled, each opened once
 
-    def open_dst(keys: QueueKeys) -> bool:
-        if keys.name not in journaled:
-            meta = read_meta(t, keys)
-            check(t, keys, "enqueue", meta)
-            if meta.config is None:
-                write_config(t, keys, QueueConfig())  # created with defaults, as enqueue does
-            journaled[keys.name] = meta.config is not None and meta.config.journal
-        return journaled[keys.name]
+    def visit(key: bytes, raw: bytes, budget: Budget) -> str:
+        try:
+            rec = decode_record(raw, src, key)
+        except CorruptMessageError:
+            return PASSED  # a sweep or a consumer moves it aside
+        if where is not None and not headers_match(rec.headers, where):
+            return PASSED
+        origin = rec.extra.get("origin")
+        if to is None and (not isinstance(origin, str) or rec.extra.get("reason") == CORRUPT_REASON):
+            return PASSED  # not a dead letter of a queue here, or damaged bytes: only to an explicit `to`
+        dst = to if to is not None else src.sibling(str(origin))
+        if dst == src:
+            return PASSED
+        if not budget.take(2 * move_cost(len(key), len(raw), rec.chunks)):
+            return FULL
+        if dst.name not in journaled:
+            journaled[dst.name] = open_destination(t, dst)
+        t.add_read_conflict_key(key)  # a concurrent consumer of it conflicts
+        redrive_message(t, src, src_journaled, dst, journaled[dst.name], key, rec)
+        return MOVED
 
-    budget = Budget()
-    moved = 0
-    begin, end = src.ready_range()
-    begin = start or begin
-    while True:
-        asked = budget.batch(64)
-        kvs = t.snapshot.get_range(begin, end, asked)
-        budget.read(kvs)
-        for key, raw in kvs:
-            if limit is not None and moved >= limit:
-                return moved, key
-            try:
-                rec = decode_record(raw, src, key)
-            except CorruptMessageError:
-                continue  # a sweep or a consumer moves it aside
-            if where is not None and not headers_match(rec.headers, where):
-                continue
-            origin = rec.extra.get("origin")
-            if to is None and (not isinstance(origin, str) or rec.extra.get("reason") == CORRUPT_REASON):
-                continue  # not a dead letter of a queue here, or damaged bytes: only to an explicit `to`
-            dst = to if to is not None else src.sibling(str(origin))
-            if dst == src:
-                continue
-            if not budget.take(2 * move_cost(len(key), len(raw), rec.chunks)):
-                return moved, key  # the rest for the next transaction
-            t.add_read_conflict_key(key)  # a concurrent consumer of it conflicts
-            redrive_message(t, src, smeta.config.journal, dst, open_dst(dst), key, rec)
-            moved += 1
-        if len(kvs) < asked:
-            return moved, None
-        begin = kvs[-1].key + b"\x00"
-        if budget.scan_exhausted():
-            return moved, begin
+    return scan_ready(t, src, start, limit, visit)
 
 
 def delete_by_id(tr: Transaction | Database, keys: QueueKeys, msg_id: str) -> bool:
