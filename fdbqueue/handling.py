@@ -164,25 +164,40 @@ def log_failure(logger: logging.Logger, q: Queue, m: Message, exc: BaseException
     )
 
 
-def settle_failure(db: Database, q: Queue, m: Message, exc: BaseException, logger: logging.Logger) -> str:
-    """Settle the leased ``m`` whose handler raised ``exc``: ``Retry`` back after its delay,
-    ``Discard`` to the error queue now, anything else a failure logged with its traceback and
-    nacked. Returns ``retried``, ``discarded`` or ``failed``."""
+@dataclass(frozen=True)
+class Outcome:
+    """What a handler's exception asks for: ``kind`` is ``retried`` (``Retry``), ``discarded``
+    (``Discard``) or ``failed`` (anything else); how the failed delivery is settled."""
+
+    kind: str
+    reason: str
+    delay: float | None = None
+    discard: bool = False
+
+
+def judge(exc: BaseException, q: Queue, m: Message, logger: logging.Logger) -> Outcome:
+    """The outcome ``exc`` asks for on ``m``, logged once: a ``Retry`` at INFO, a ``Discard`` at
+    WARNING, anything else as a failure with its traceback (:func:`log_failure`)."""
     extra = {"queue": q.name, "message_id": m.id, "deliveries": m.deliveries}
     if isinstance(exc, Retry):
-        kind, kwargs = "retried", {"delay": exc.delay, "reason": fit_reason(exc.reason)}
         logger.info("handler asked to retry %s of %r: %s", m.id, q.name, exc.reason, extra=extra)
-    elif isinstance(exc, Discard):
-        kind, kwargs = "discarded", {"reason": fit_reason(exc.reason), "discard": True}
+        return Outcome("retried", fit_reason(exc.reason), exc.delay)
+    if isinstance(exc, Discard):
         logger.warning("handler discarded %s of %r: %s", m.id, q.name, exc.reason, extra=extra)
-    else:
-        log_failure(logger, q, m, exc)
-        kind, kwargs = "failed", {"reason": failure_text(exc)}
+        return Outcome("discarded", fit_reason(exc.reason), discard=True)
+    log_failure(logger, q, m, exc)
+    return Outcome("failed", failure_text(exc))
+
+
+def settle_failure(db: Database, q: Queue, m: Message, exc: BaseException, logger: logging.Logger) -> str:
+    """Settle the leased ``m`` whose handler raised ``exc`` as :func:`judge` says (a nack);
+    returns the outcome's kind."""
+    outcome = judge(exc, q, m, logger)
     try:
-        q.nack(db, m, **kwargs)  # type: ignore[arg-type]
+        q.nack(db, m, delay=outcome.delay, reason=outcome.reason, discard=outcome.discard)
     except QueueError as err:
         logger.warning("could not nack %s: %s", m.id, err)
-    return kind
+    return outcome.kind
 
 
 class Heartbeat:

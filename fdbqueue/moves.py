@@ -167,8 +167,7 @@ def dead_letter(
     if cfg.journal:
         after(tr, keys, True, note or Note("dead", reason, {"to": ekeys.name}), rec)
     if rec.chunks:
-        for kv in tr.get_range(*keys.chunk_range(rec.id)):
-            tr.set(ekeys.q.pack(("b", rec.id, keys.q.unpack(kv.key)[2])), kv.value)
+        copy_chunks(tr, keys, ekeys, rec)
         tr.clear_range(*keys.chunk_range(rec.id))
     extra: dict[str, Any] = {"origin": keys.name, "reason": reason, "deliveries": rec.deliveries}
     if "key" in rec.extra:  # its place in the ready order (a lease or retry kept it): its priority

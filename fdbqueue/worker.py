@@ -33,7 +33,7 @@ from fdbqueue.clock import db_now, seconds_of
 from fdbqueue.config import check_duration
 from fdbqueue.delivery import TOO_OLD_REASON, failure_reason, not_counted
 from fdbqueue.engines.base import TRANSACTION_WINDOW_SECONDS, Database
-from fdbqueue.errors import Discard, EngineError, QueueError, Retry, StopNow
+from fdbqueue.errors import EngineError, QueueError, StopNow
 from fdbqueue.errors import HandlerSignatureError as HandlerSignatureError  # re-export
 from fdbqueue.fairness import FAIR_SHARE
 from fdbqueue.handling import (
@@ -45,14 +45,13 @@ from fdbqueue.handling import (
     check_handler,
     drained,
     engine_failure,
-    failure_text,
-    log_failure,
+    judge,
     settle_failure,
     work_set_of,
 )
 from fdbqueue.handling import WorkerStats as WorkerStats  # re-export
 from fdbqueue.handling import wait_any as wait_any  # re-export
-from fdbqueue.message import Message, fit_reason
+from fdbqueue.message import Message
 from fdbqueue.queue import Queue
 from fdbqueue.schedules import run_schedules as run_periodic_jobs
 from fdbqueue.txn import run_once
@@ -389,37 +388,18 @@ class Worker:
                             exc = final
                     if engine_failure(exc):
                         return self._engine_failed(tr, q, m, exc)
-                    log_failure(log, q, m, exc)
-                    self._abort(tr, m, failure_text(exc))
-                    return "failed"
+                    return self._failed(tr, q, m, exc)
                 except StopNow:
                     if m is not None:
                         with not_counted(m):  # back where it was, the delivery not counted
                             tr.cancel()
                     raise
-                except Retry as verdict:
-                    if m is None:
-                        raise
-                    with failure_reason(m, fit_reason(verdict.reason), delay=verdict.delay):
-                        tr.cancel()
-                    self.stats.retried += 1
-                    return "failed"
-                except Discard as verdict:
-                    if m is None:
-                        raise
-                    log.warning("handler discarded %s of %r: %s", m.id, q.name, verdict.reason)
-                    with failure_reason(m, fit_reason(verdict.reason), discard=True):
-                        tr.cancel()
-                    self.stats.discarded += 1
-                    return "failed"
                 except Exception as exc:
                     if m is None:
                         raise
                     if engine_failure(exc):  # the commit, or the handler's own reads and writes
                         return self._engine_failed(tr, q, m, exc)
-                    log_failure(log, q, m, exc)
-                    self._abort(tr, m, failure_text(exc))
-                    return "failed"
+                    return self._failed(tr, q, m, exc)  # a failure, or a Retry or Discard
         finally:
             tr.cancel()
 
@@ -431,11 +411,27 @@ class Worker:
         self.backoff.wait(f"exactly-once handling of {m.id} on {q.name!r}", exc, self._stop)
         return "engine"
 
+    def _failed(self, tr: Any, q: Queue, m: Message, exc: BaseException) -> str:
+        """The handler (or its commit) failed on ``m``: abort, settled as :func:`judge` says."""
+        outcome = judge(exc, q, m, log)
+        self._abort(tr, m, outcome.reason, delay=outcome.delay, discard=outcome.discard)
+        self._tally(outcome.kind)
+        return "failed"
+
+    def _tally(self, kind: str) -> None:
+        with self._lock:
+            self.stats.retried += kind == "retried"
+            self.stats.discarded += kind == "discarded"
+
     @staticmethod
-    def _abort(tr: Any, m: Message, reason: str) -> None:
+    def _abort(
+        tr: Any, m: Message, reason: str, *, delay: float | None = None, discard: bool = False
+    ) -> None:
         """Abort the attempt that dequeued ``m``; its failed delivery keeps ``reason``
-        (unless the attempt had already ended, when the error it ended with says why)."""
-        with failure_reason(m, reason):
+        (unless the attempt had already ended, when the error it ended with says why), and
+        goes back after ``delay`` (None: the queue's retry delay) or, ``discard``, to the
+        error queue now."""
+        with failure_reason(m, reason, delay=delay, discard=discard):
             tr.cancel()
 
     def _outlived(self, begun: int) -> bool:
@@ -605,9 +601,7 @@ class Worker:
                 return
             kind = settle_failure(self.db, q, m, exc, log)
             self._observe(q, began, kind)
-            with self._lock:
-                self.stats.retried += kind == "retried"
-                self.stats.discarded += kind == "discarded"
+            self._tally(kind)
             self._count(q, False)
             return
         self._beat.drop(m)
