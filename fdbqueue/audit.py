@@ -30,7 +30,7 @@ from typing import Any
 
 from fdbqueue.errors import QueueError
 from fdbqueue.export import (
-    error_queue_of,
+    error_queues,
     journal_head,
     journal_names,
     open_from,
@@ -109,7 +109,7 @@ def run_audit(
         names = queue_names(db, audited, root=root)  # and their error queues
         every_journaled = set(journaled_queues(db, root=root))
         journaled = [n for n in names if n in every_journaled]
-        errors = {n: error_queue_of(db, n, root=root) for n in names}
+        errors = error_queues(db, names, root=root)
         v0 = journal_head(db, journaled, root=root) or bytes(12)
     finally:
         db.close()

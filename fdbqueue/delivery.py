@@ -464,9 +464,15 @@ def failure_reason(
         _failure_notes.pop(id(msg), None)
 
 
-def _reason_of(msg: Message, error: EngineError) -> str | None:
+def _noted(msg: Message) -> tuple[str, str, float | None, bool] | None:
+    """What :func:`failure_reason` noted for ``msg`` (this very Message object), if anything."""
     noted = _failure_notes.get(id(msg))
-    if noted is not None and noted[0] == msg.id:
+    return noted if noted is not None and noted[0] == msg.id else None
+
+
+def _reason_of(msg: Message, error: EngineError) -> str | None:
+    noted = _noted(msg)
+    if noted is not None:
         return noted[1]
     if error.code == 1007:
         return TOO_OLD_REASON
@@ -514,8 +520,8 @@ def count_failed_attempt(keys: QueueKeys, db: Database, msg: Message, error: Eng
     if error.maybe_committed or engine_fault(error) or _uncounted.get(id(msg)) == msg.id:
         return
     reason = _reason_of(msg, error)
-    noted = _failure_notes.get(id(msg))
-    delay, discard = (noted[2], noted[3]) if noted is not None and noted[0] == msg.id else (None, False)
+    noted = _noted(msg)
+    delay, discard = (noted[2], noted[3]) if noted is not None else (None, False)
 
     def body(t: Transaction, _: bool) -> None:
         where = locate(t, keys, msg.id)

@@ -30,7 +30,7 @@ from typing import Any
 import fdb.tuple
 
 import fdbqueue
-from fdbqueue.demo_spark import SparkStep, spark_available, spark_step
+from fdbqueue.demo_spark import SparkStep, spark_step
 from fdbqueue.layout import DEFAULT_ROOT
 from fdbqueue.worker import Worker
 
@@ -203,12 +203,8 @@ def run_demo(
     bulk = f"demo-{names.run}.bulk"  # the Spark step's queue
     try:
         result = _run(url, names, messages, producers, workers, timeout)
-        if spark or (spark is None and spark_available() is None):
+        if spark is not False:  # None and True alike: it runs where pyspark and Java are, else says why not
             result.spark = spark_step(url, bulk, names.root)
-        elif spark is None:
-            result.spark = SparkStep(
-                skipped=spark_available(), lines=[("spark step", f"skipped: {spark_available()}")]
-            )
         if not keep:
             result.removed.append(
                 f"temporary store {folder}"

@@ -241,7 +241,7 @@ class Retry(Exception):
     max_deliveries the message goes to the error queue. Not logged as a failure."""
 
     def __init__(self, delay: float | None = None, reason: str | None = None) -> None:
-        super().__init__(reason or f"retry after {delay} s" if delay is not None else reason or "retry")
+        super().__init__(reason or ("retry" if delay is None else f"retry after {delay} s"))
         self.delay = delay
         self.reason = reason or "retry requested by the handler"
 

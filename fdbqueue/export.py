@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fdbqueue.admin import list_queues
-from fdbqueue.config import QueueConfig, read_config
+from fdbqueue.config import read_config
 from fdbqueue.delivery import expires_at, read_payload
 from fdbqueue.engines import open_database
 from fdbqueue.engines.base import Database, KeySelector, Transaction
@@ -87,11 +87,12 @@ def queue_names(db: Database, spec: str | list[str], *, root: tuple[Any, ...] = 
     """The queues ``spec`` names: one name, a list, a pattern (``fnmatch``), or a partitioned
     queue's name (its partitions); each with its error queue when it has one."""
     existing = list_queues(db, root=root)
+    partitioned = partitioned_queues(db, root=root)
     names: list[str] = []
     for one in [spec] if isinstance(spec, str) else list(spec):
         if not isinstance(one, str) or not one:
             raise QueueError(f"queue must be a name, a list of names or a pattern, got {spec!r}")
-        parts = partitioned_queues(db, root=root).get(one)
+        parts = partitioned.get(one)
         if is_pattern(one):
             names += [n for n in existing if fnmatch.fnmatchcase(n, one)]
         elif parts is not None:
@@ -101,11 +102,11 @@ def queue_names(db: Database, spec: str | list[str], *, root: tuple[Any, ...] = 
         else:
             raise QueueError(f"no queue named {one!r}")
     out: list[str] = []
+    errors = error_queues(db, names, root=root)
     for name in names:
         if name not in out:
             out.append(name)
-        cfg = _config(db, name, root)
-        err = None if cfg is None else cfg.error_queue_for(name)
+        err = errors.get(name)
         if err is not None and err != name and err in existing and err not in out:
             out.append(err)
     return out
@@ -118,7 +119,7 @@ def plan(
     messages (an error queue's ready messages read as ``dead``)."""
     if isinstance(split, bool) or not isinstance(split, int) or split < 1:
         raise QueueError(f"split must be an int >= 1, got {split!r}")
-    errors = _error_queues(db, names, root)
+    errors = set(error_queues(db, names, root=root).values())
     pieces: list[Piece] = []
     for name in names:
         keys = QueueKeys.make(name, root)
@@ -132,28 +133,19 @@ def plan(
     return pieces
 
 
-def _config(db: Database, name: str, root: tuple[Any, ...]) -> QueueConfig | None:
-    keys = QueueKeys.make(name, root)
+def error_queues(db: Database, names: list[str], *, root: tuple[Any, ...] = DEFAULT_ROOT) -> dict[str, str]:
+    """Where each of ``names`` dead-letters (its error queue), for those that have settings:
+    one transaction for all of them."""
 
-    def body(t: Transaction, _: bool) -> QueueConfig | None:
-        return read_config(t, keys)
+    def body(t: Transaction, _: bool) -> dict[str, str]:
+        out = {}
+        for name in names:
+            cfg = read_config(t, QueueKeys.make(name, root))
+            if cfg is not None:
+                out[name] = cfg.error_queue_for(name)
+        return out
 
     return run_once(db, body)
-
-
-def error_queue_of(db: Database, name: str, *, root: tuple[Any, ...] = DEFAULT_ROOT) -> str:
-    """Where queue ``name`` dead-letters (its error queue)."""
-    cfg = _config(db, name, root)
-    return (cfg or QueueConfig()).error_queue_for(name)
-
-
-def _error_queues(db: Database, names: list[str], root: tuple[Any, ...]) -> set[str]:
-    out = set()
-    for name in names:
-        cfg = _config(db, name, root)
-        if cfg is not None:
-            out.add(cfg.error_queue_for(name))
-    return out
 
 
 def _cuts(db: Database, begin: bytes, end: bytes, split: int) -> list[tuple[bytes, bytes]]:

@@ -34,7 +34,6 @@ from fdbqueue.clock import now_us
 from fdbqueue.engines.base import Database, Transaction, adopt
 from fdbqueue.errors import QueueError
 from fdbqueue.layout import DEFAULT_ROOT, ScheduleKeys
-from fdbqueue.message import coerce_payload
 from fdbqueue.queue import Queue
 from fdbqueue.txn import run_once
 
@@ -84,12 +83,12 @@ def schedule(
     """Enqueue ``payload`` into ``queue`` at each tick of ``cron`` (UTC) from now on; returns the
     schedule's name (default ``"<queue> <cron>"``). Making it again under the same name
     replaces it, keeping its last run."""
-    Queue(queue, root=root)  # a valid name
+    q = Queue(queue, root=root)  # a valid name
     _check_cron(cron)
     if catch_up not in CATCH_UP:
         raise QueueError(f"catch_up must be one of {CATCH_UP}, got {catch_up!r}")
-    Queue(queue, root=root)._item(payload, priority, headers, 0.0, None, None)
-    data, ctype = coerce_payload(payload)
+    item = q._item(payload, priority, headers, 0.0, None, None)  # an enqueue's checks and encoding
+    data, ctype = item.payload, item.content_type
     name = name or f"{queue} {cron}"
     if not isinstance(name, str) or not name:
         raise QueueError("name must be a non-empty str")
