@@ -26,7 +26,7 @@ from fdbqueue.errors import CorruptMessageError, QueueError
 from fdbqueue.layout import DEFAULT_ROOT, QueueKeys, queues_range, root_subspace, unpack_count
 from fdbqueue.message import decode_record
 from fdbqueue.moves import destroy, purge, purge_some, wake
-from fdbqueue.privileges import ALL_RIGHTS, check, checked, mask, rights_of, set_owner, write_guard
+from fdbqueue.privileges import ALL_RIGHTS, check, checked, mask, may, rights_of, set_owner, write_guard
 from fdbqueue.txn import run_once
 from fdbqueue.types import QueueStats as QueueStats  # re-export
 from fdbqueue.types import check_principal
@@ -202,40 +202,72 @@ def queue_stats(tr: Transaction | Database, name: str, *, root: tuple[Any, ...] 
         cfg = read_config(t, keys)
         if cfg is None:
             raise QueueNotFoundError(f"no queue named {name!r}")
-        snap = t.snapshot
-
-        def count(tag: str, k: QueueKeys = keys) -> int:
-            return max(0, unpack_count(snap.get(k.counter(tag))))
-
-        oldest: int | None = None
-        for marker in snap.get_range(*keys.priority_marker_range()):
-            p = keys.parse_marker(marker.key)
-            head = snap.get_range(*keys.priority_range(p), limit=1)
-            if head:
-                try:
-                    at = decode_record(head[0].value, keys, head[0].key).enqueued_us
-                except CorruptMessageError:
-                    continue  # a damaged head has no age to trust; a dequeue moves it aside
-                oldest = at if oldest is None else min(oldest, at)
-        ekeys = QueueKeys.make(cfg.error_queue_for(name), root)
-        st = read_state(t, keys)
-        return QueueStats(
-            name=name,
-            ready=count("ready"),
-            inflight=count("inflight"),
-            delayed=count("delayed"),
-            errors=count("ready", ekeys),
-            made_ready=count("wake"),
-            done=count("done"),
-            dead=count("dead"),
-            expired=count("expired"),
-            corrupt=count("corrupt"),
-            oldest_age=None if oldest is None else max(0.0, (now_us() - oldest) / 1e6),
-            enqueue_enabled=st.enqueue,
-            dequeue_enabled=st.dequeue,
-        )
+        return _stats(t, keys, cfg)
 
     return run_once(tr, body)
+
+
+STATS_BATCH = 100  # queues one transaction of all_queue_stats reads at most
+
+
+def all_queue_stats(
+    db: Database, names: Iterable[str] | None = None, *, root: tuple[Any, ...] = DEFAULT_ROOT
+) -> list[QueueStats]:
+    """:func:`queue_stats` of ``names`` (default: every queue), read STATS_BATCH queues a
+    transaction rather than one each; queues gone or not browsable by the principal are left
+    out. Each batch is consistent in itself, not with the others."""
+    todo = list_queues(db, root=root) if names is None else list(names)
+    out: list[QueueStats] = []
+    for i in range(0, len(todo), STATS_BATCH):
+        part = todo[i : i + STATS_BATCH]
+
+        def body(t: Transaction, _: bool, part: list[str] = part) -> list[QueueStats]:
+            got = []
+            for name in part:
+                keys = QueueKeys.make(name, root)
+                meta = read_meta(t, keys)
+                if meta.config is None or not may(t, meta, "browse"):
+                    continue
+                got.append(_stats(t, keys, meta.config))
+            return got
+
+        out += run_once(db, body)
+    return out
+
+
+def _stats(t: Transaction, keys: QueueKeys, cfg: QueueConfig) -> QueueStats:
+    snap = t.snapshot
+
+    def count(tag: str, k: QueueKeys = keys) -> int:
+        return max(0, unpack_count(snap.get(k.counter(tag))))
+
+    oldest: int | None = None
+    for marker in snap.get_range(*keys.priority_marker_range()):
+        p = keys.parse_marker(marker.key)
+        head = snap.get_range(*keys.priority_range(p), limit=1)
+        if head:
+            try:
+                at = decode_record(head[0].value, keys, head[0].key).enqueued_us
+            except CorruptMessageError:
+                continue  # a damaged head has no age to trust; a dequeue moves it aside
+            oldest = at if oldest is None else min(oldest, at)
+    ekeys = keys.sibling(cfg.error_queue_for(keys.name))
+    st = read_state(t, keys)
+    return QueueStats(
+        name=keys.name,
+        ready=count("ready"),
+        inflight=count("inflight"),
+        delayed=count("delayed"),
+        errors=count("ready", ekeys),
+        made_ready=count("wake"),
+        done=count("done"),
+        dead=count("dead"),
+        expired=count("expired"),
+        corrupt=count("corrupt"),
+        oldest_age=None if oldest is None else max(0.0, (now_us() - oldest) / 1e6),
+        enqueue_enabled=st.enqueue,
+        dequeue_enabled=st.dequeue,
+    )
 
 
 def queue_rates(

@@ -81,6 +81,11 @@ def check(
     return values
 
 
+def may(tr: Transaction, meta: Meta, right: str) -> bool:
+    """Whether ``tr``'s principal holds ``right`` on the queue whose metadata is ``meta``."""
+    return meta.owner is None or allowed(meta.owner, meta.acl, principal_of(tr), right)
+
+
 def checked(tr: Transaction, keys: QueueKeys, right: str) -> Meta:
     """:func:`check`, for a caller that needs the queue's metadata too: returns it."""
     meta = read_meta(tr, keys)

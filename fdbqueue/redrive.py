@@ -10,7 +10,7 @@ and River's or Oban's "retry" of a discarded job do. A damaged record moved asid
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fdbqueue.budget import Budget, move_cost
@@ -21,7 +21,17 @@ from fdbqueue.errors import CorruptMessageError, QueueError, QueueNotFoundError
 from fdbqueue.layout import DEFAULT_ROOT, QueueKeys
 from fdbqueue.message import decode_record
 from fdbqueue.moves import CORRUPT_REASON, delete_message, redrive_message
-from fdbqueue.moving import FULL, MOVED, PASSED, check_limit, in_batches, open_destination, scan_ready
+from fdbqueue.moving import (
+    BATCH,
+    FULL,
+    MOVED,
+    PASSED,
+    Visit,
+    check_limit,
+    in_batches,
+    open_destination,
+    scan_ready,
+)
 from fdbqueue.privileges import check, checked
 from fdbqueue.txn import run_once
 from fdbqueue.types import check_where, headers_match
@@ -34,10 +44,12 @@ def redrive(
     to: str | None = None,
     where: Mapping[str, Any] | None = None,
     limit: int | None = None,
+    ids: Iterable[str] | None = None,
     root: tuple[Any, ...] = DEFAULT_ROOT,
 ) -> int:
     """Send the dead letters of error queue ``queue`` (those whose headers match ``where``, at
-    most ``limit``) back to their origin queues, or all to ``to``; returns how many.
+    most ``limit``; only those of ``ids`` when given) back to their origin queues, or all to
+    ``to``; returns how many.
 
     Each goes to the tail of the priority it had, with deliveries reset to 0 and its
     dead-letter fields (origin, reason) dropped; id, headers, payload and enqueue time stay.
@@ -52,7 +64,52 @@ def redrive(
         raise QueueError(f"redrive to {to!r}: that is the queue it reads")
     check_limit(limit)
     where = check_where(where)
+    if ids is not None:
+        return _by_id(tr, src, dst, where, limit, _check_ids(ids))
     return in_batches(tr, src, limit, lambda t, want, start: _batch(t, src, dst, where, want, start))
+
+
+def _check_ids(ids: Iterable[str]) -> list[str]:
+    if isinstance(ids, (str, bytes)):
+        raise QueueError(f"ids must be a list of message ids, not one {type(ids).__name__}")
+    out = list(dict.fromkeys(ids))  # each once, in the order given
+    bad = [i for i in out if not isinstance(i, str) or not i]
+    if bad:
+        raise QueueError(f"message ids must be non-empty strs, got {bad[0]!r}")
+    return out
+
+
+def _by_id(
+    tr: Transaction | Database,
+    src: QueueKeys,
+    to: QueueKeys | None,
+    where: Mapping[str, Any] | None,
+    limit: int | None,
+    ids: list[str],
+) -> int:
+    """Redrive the dead letters of ``ids`` (those still in the error queue), BATCH ids a
+    transaction, each settled exactly once (moving.in_batches); an id not there is passed."""
+    left = ids if limit is None else ids[:limit]
+
+    def step(t: Transaction, want: int | None, start: bytes | None) -> tuple[int, bytes | None]:
+        first = 0 if start is None else int(start)
+        part = left[first : first + min(BATCH, len(left) if want is None else want)]
+        visit = _visitor(t, src, to, where)
+        budget = Budget()
+        done = 0
+        for n, msg_id in enumerate(part):
+            key = locate(t, src, msg_id)
+            raw = None if key is None or src.unpack_tail(key)[0] != "r" else t.get(key)
+            if key is None or raw is None:
+                continue  # gone, or not a dead letter (leased or delayed)
+            outcome = visit(key, raw, budget)
+            if outcome == FULL:
+                return done, str(first + n).encode()  # the rest in the next transaction
+            done += outcome == MOVED
+        nxt = first + len(part)
+        return done, str(nxt).encode() if nxt < len(left) else None
+
+    return in_batches(tr, src, None, step)
 
 
 def _batch(
@@ -65,6 +122,11 @@ def _batch(
 ) -> tuple[int, bytes | None]:
     """Redrive up to ``limit`` matching dead letters from ``start`` (None: the head); returns
     how many, and where the next transaction goes on (None: the end)."""
+    return scan_ready(t, src, start, limit, _visitor(t, src, to, where))
+
+
+def _visitor(t: Transaction, src: QueueKeys, to: QueueKeys | None, where: Mapping[str, Any] | None) -> Visit:
+    """What a redrive does with one dead letter of ``src`` in ``t``: checks ``admin`` first."""
     smeta = read_meta(t, src)
     if smeta.config is None:
         raise QueueNotFoundError(f"no queue named {src.name!r}")
@@ -93,7 +155,7 @@ def _batch(
         redrive_message(t, src, src_journaled, dst, journaled[dst.name], key, rec)
         return MOVED
 
-    return scan_ready(t, src, start, limit, visit)
+    return visit
 
 
 def delete_by_id(tr: Transaction | Database, keys: QueueKeys, msg_id: str) -> bool:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,24 @@ def test_redrive_by_filter_and_limit_and_to_another_queue(db: Database) -> None:
     assert [m.id for m in Queue("jobs.error").browse(db)] == b[1:]
     m = Queue("triage").dequeue(db)
     assert m is not None and m.reason is None and m.deliveries == 1
+
+
+def test_redrive_by_id_in_batches(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    fdbqueue.create_queue(db, "jobs", max_deliveries=1)
+    ids = _dead(db, 5)
+    live = Queue("jobs").enqueue(db, b"live")  # in jobs, not a dead letter: passed
+    # Two ids a transaction: the batches continue where the last stopped.
+    monkeypatch.setattr(sys.modules["fdbqueue.redrive"], "BATCH", 2)
+    asked = [ids[3], ids[0], live, "no-such-id", ids[0], ids[4]]
+    assert fdbqueue.redrive(db, "jobs.error", ids=asked) == 3
+    assert [m.id for m in Queue("jobs.error").browse(db)] == [ids[1], ids[2]]
+    assert {m.id for m in Queue("jobs").browse(db)} == {live, ids[0], ids[3], ids[4]}
+    assert fdbqueue.redrive(db, "jobs.error", ids=ids, limit=1, where={"x": "y"}) == 0  # no match
+    assert fdbqueue.redrive(db, "jobs.error", ids=[ids[2], ids[1]], limit=1) == 1
+    assert [m.id for m in Queue("jobs.error").browse(db)] == [ids[1]]
+    for bad, text in (("abc", "list of message ids"), ([""], "non-empty"), ([3], "non-empty")):
+        with pytest.raises(QueueError, match=text):
+            fdbqueue.redrive(db, "jobs.error", ids=bad)  # type: ignore[arg-type]
 
 
 def test_redrive_in_a_callers_transaction_composes(db: Database) -> None:

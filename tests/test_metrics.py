@@ -150,3 +150,30 @@ def test_cli_metrics_serves_until_sigterm(tmp_path: Path) -> None:
         [sys.executable, "-m", "fdbqueue", "--url", url, "metrics", "--port", "70000"], capture_output=True
     )
     assert bad.returncode == 2 and b"--port" in bad.stderr
+
+
+def test_all_queue_stats_reads_many_queues_as_queue_stats_does_and_leaves_out_the_hidden(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite://{tmp_path / 'q.db'}"
+    ops, viewer = fdbqueue.open(url, principal="ops"), fdbqueue.open(url, principal="viewer")
+    try:
+        # More queues than one transaction of all_queue_stats reads: the batches join up.
+        names = [f"t.q{i:03d}" for i in range(fdbqueue.admin.STATS_BATCH + 7)]
+        for i, name in enumerate(names):
+            fdbqueue.create_queue(ops, name)
+            Queue(name).enqueue_many(ops, [b"x"] * (i % 4))
+        fdbqueue.create_queue(ops, "secret", owner="ops")
+        Queue("secret").enqueue(ops, b"s")
+        got = {st.name: st for st in fdbqueue.all_queue_stats(ops)}
+        assert set(got) == {*names, "secret"}
+        for name in [*names, "secret"]:
+            one = fdbqueue.queue_stats(ops, name)
+            assert (got[name].ready, got[name].made_ready) == (one.ready, one.made_ready)
+        assert [got[n].ready for n in names[:5]] == [0, 1, 2, 3, 0]
+        seen = {st.name for st in fdbqueue.all_queue_stats(viewer)}
+        assert seen == set(names)  # "secret" is not viewer's to browse
+        assert [s.name for s in fdbqueue.all_queue_stats(viewer, ["t.q001", "gone", "secret"])] == ["t.q001"]
+    finally:
+        ops.close()
+        viewer.close()
