@@ -97,6 +97,7 @@ _CREATE_OPTIONS: list[tuple[str, dict[str, Any], str]] = [
     ("--retry-delay", {"type": _seconds, **_S}, "wait before a retry"),
     ("--retry-backoff", {"type": _number, "metavar": "F"}, "retry delay multiplier per delivery"),
     ("--max-retry-delay", {"type": _seconds, **_S}, "longest retry delay"),
+    ("--retry-jitter", {"type": _number, "metavar": "F"}, "fraction a retry delay is cut at random (0..1)"),
     ("--lease-seconds", {"type": _seconds, **_S}, "worker-mode lease"),
     ("--ttl", {"type": _ttl(none=True), **_S}, "lifetime of each message (none: never expires)"),
     ("--expiry-action", {"choices": ("error", "discard")}, "expired messages: error queue, or dropped"),

@@ -1,4 +1,4 @@
-"""The command line's operations: ``metrics`` (a Prometheus endpoint), periodic jobs
+"""The command line's operations: ``metrics`` (a Prometheus endpoint), ``web`` (the dashboard), periodic jobs
 (``schedule``, ``schedules``, ``unschedule``, ``scheduler``)."""
 
 from __future__ import annotations
@@ -28,6 +28,24 @@ def add_ops_commands(add: Add) -> None:
         "--port", type=int, default=9464, help="TCP port (default 9464, Prometheus's registry entry)"
     )
     p.add_argument("--addr", default="0.0.0.0", help="address to listen on (default all)")
+    p = add(
+        "web",
+        _cmd_web,
+        "serve the web dashboard (queues, messages, dead letters, pause/resume) until SIGTERM / Ctrl-C",
+        json_flag=False,
+        named=False,
+    )
+    p.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
+    p.add_argument(
+        "--addr",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1: put a proxy with "
+        "authentication in front to serve others)",
+    )
+    p.add_argument("--read-only", action="store_true", help="refuse every action (pause, redrive, delete)")
+    p.add_argument(
+        "--interval", type=float, default=2.0, help="seconds between samples of the queues (default 2)"
+    )
     _add_schedule_commands(add)
 
 
@@ -111,6 +129,28 @@ def _cmd_scheduler(db: fdbqueue.Database, args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: sched.stop())
     print("fdbqueue scheduler: running the schedules; stop with SIGTERM or Ctrl-C", file=sys.stderr)
     print(f"scheduler stopped: enqueued {sched.run()}")
+    return 0
+
+
+def _cmd_web(db: fdbqueue.Database, args: argparse.Namespace) -> int:
+    from fdbqueue.web import Dashboard
+
+    if not 0 <= args.port <= 65535:
+        raise CommandError(f"--port must be 0..65535, got {args.port}")
+    if not 0.1 <= args.interval <= 3600:
+        raise CommandError(f"--interval must be 0.1..3600 seconds, got {args.interval}")
+    dashboard = Dashboard(
+        db, read_only=args.read_only, interval=args.interval, window=max(300.0, 150 * args.interval)
+    )
+    mode = "read-only" if args.read_only else f"acting as {db.principal}"
+    print(
+        f"fdbqueue web on http://{args.addr}:{args.port}/ ({mode}); stop with SIGTERM or Ctrl-C",
+        file=sys.stderr,
+    )
+    try:
+        dashboard.serve(args.port, args.addr)
+    except OSError as exc:
+        raise CommandError(f"cannot listen on {args.addr}:{args.port}: {exc.strerror or exc}", 1) from None
     return 0
 
 

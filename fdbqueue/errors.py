@@ -265,6 +265,11 @@ class FaultScriptError(QueueError, TypeError):
     """A testing hook was given something other than a sim:// database, or a bad outcome."""
 
 
+class RefusedActionError(QueueError):
+    """An action the web dashboard does not take: it runs read-only, or the request did not
+    come from its own page."""
+
+
 class AccessDeniedError(QueueError):
     """A principal lacks a right on a queue; raised before the operation writes anything."""
 

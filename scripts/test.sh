@@ -8,10 +8,14 @@ cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,spark]'
-# The Spark tests start a real local Spark, which needs a Java runtime (17 or later).
-if ! command -v java >/dev/null; then
+# The Spark tests start a real local Spark, which needs a Java runtime (17 or later); the
+# dashboard's browser tests drive Debian's Chromium (Playwright, from the dev extra, drives it).
+need=()
+command -v java >/dev/null || need+=(openjdk-17-jre-headless)
+command -v chromium >/dev/null || [ -n "${CHROMIUM:-}" ] || need+=(chromium)
+if [ "${#need[@]}" -gt 0 ]; then
     SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
-    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
-# Installed above: a missing pyspark is then a failure, not a skip.
-FDBQUEUE_REQUIRE_SPARK=1 .venv/bin/python -m pytest "$@"
+# Installed above: a missing pyspark or browser is then a failure, not a skip.
+FDBQUEUE_REQUIRE_SPARK=1 FDBQUEUE_REQUIRE_BROWSER=1 .venv/bin/python -m pytest "$@"
