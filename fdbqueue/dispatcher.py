@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from fdbqueue import tracing
 from fdbqueue.config import check_duration
 from fdbqueue.engines.base import Database
 from fdbqueue.errors import QueueError
@@ -333,7 +334,7 @@ class Dispatcher:
     def _call(self, c: Consumer, q: Queue, m: Message) -> None:
         ok = True
         try:
-            c.handler(m)
+            tracing.run(q.name, m.id, m.headers, c.handler, m)
         except Exception as exc:
             ok = False
             if engine_failure(exc):  # the handler's own use of a failing store: not counted

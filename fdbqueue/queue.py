@@ -93,6 +93,7 @@ from fdbqueue.privileges import check, checked
 from fdbqueue.receipts import maybe_clear_old_receipts, new_receipt, read_receipt, settled
 from fdbqueue.redrive import delete_by_id
 from fdbqueue.sweep import SweepStats, sweep
+from fdbqueue.tracing import inject
 from fdbqueue.txn import as_database, run_once, seconds
 from fdbqueue.types import Item, NewMessage, check_where
 from fdbqueue.waiting import blocking, strict_of, wait_ready, watch_queue
@@ -152,7 +153,7 @@ class Queue:
         if dedup_key is not None:
             check_dedup_key(dedup_key)
         data, ctype = coerce_payload(payload)
-        hdrs = check_headers(headers)
+        hdrs = check_headers(inject(headers))  # the current trace's context, with OpenTelemetry
         # A ready message's id names its home key (see _write_new): none to make here.
         msg_id = new_id() if delay > 0 else ""
         return _Item(msg_id, new_rand(), data, ctype, priority, hdrs, delay, ttl, dedup_key)

@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from fdbqueue import tracing
 from fdbqueue.clock import db_now, seconds_of
 from fdbqueue.config import check_duration
 from fdbqueue.delivery import TOO_OLD_REASON, failure_reason, not_counted
@@ -354,7 +355,7 @@ class Worker:
                     if m is not None:
                         begun = db_now(tr)  # its read version: free, the dequeue read
                         began = time.perf_counter()
-                        self.handler(tr, m)
+                        tracing.run(q.name, m.id, m.headers, self.handler, tr, m)
                         self._observe(q, began, "ok")
                     tr.commit()
                     return None if m is None else "ok"
@@ -588,7 +589,7 @@ class Worker:
             self._beat.hold(q, m, lease)
         began = time.perf_counter()
         try:
-            self.handler(m)
+            tracing.run(q.name, m.id, m.headers, self.handler, m)
         except StopNow:
             self._beat.drop(m)
             self._release(q, m)  # stopped at once: back, the delivery not counted

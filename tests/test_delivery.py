@@ -83,7 +83,7 @@ def test_nack_returns_the_message_to_its_place(db: Database, clock: FakeClock) -
 
 
 def test_retry_delay_with_backoff(db: Database, clock: FakeClock) -> None:
-    q = make(db, retry_delay=10.0, retry_backoff=2.0, max_deliveries=10)
+    q = make(db, retry_delay=10.0, retry_backoff=2.0, max_deliveries=10, retry_jitter=0.0)  # exact
     q.enqueue(db, "a")
     q.enqueue(db, "b")
     a = q.lease(db)
@@ -102,6 +102,38 @@ def test_retry_delay_with_backoff(db: Database, clock: FakeClock) -> None:
     assert q.lease(db) is None  # the second retry waits 10 * 2 = 20 s
     clock.advance(1.1)
     assert q.lease(db).id == a.id  # type: ignore[union-attr]
+
+
+def test_computed_retry_delays_get_jitter_and_never_exceed_their_settings(
+    db: Database, clock: FakeClock
+) -> None:
+    # Twenty messages failing together come back spread over the last quarter of their delay,
+    # not in one wave; none waits longer than retry_delay; an explicit delay is kept exactly.
+    q = make(db, retry_delay=100.0, max_deliveries=10, retry_jitter=0.25)
+    q.enqueue_many(db, [f"m{i}" for i in range(21)])
+    start = clock.now
+    for _ in range(20):
+        m = q.lease(db)
+        assert m is not None and q.nack(db, m) == "delayed"
+    exact = q.lease(db)
+    assert exact is not None and q.nack(db, exact, delay=100.0) == "delayed"
+    clock.advance(74.9)
+    assert q.lease(db) is None  # at most a quarter off
+    back: dict[str, float] = {}
+
+    def collect() -> None:
+        while (m := q.lease(db)) is not None:
+            back[m.id] = clock.now - start
+
+    for _ in range(25):  # to 99.9 s, a second at a time
+        clock.advance(1.0)
+        collect()
+    assert exact.id not in back
+    clock.advance(0.2)
+    collect()
+    assert len(back) == 21 and back[exact.id] >= 100.0  # every one back by 100 s, the explicit at it
+    spread = {int(t) for mid, t in back.items() if mid != exact.id}
+    assert len(spread) >= 8  # not one wave
 
 
 def test_poison_message_goes_to_the_error_queue(db: Database, clock: FakeClock) -> None:

@@ -141,7 +141,14 @@ def test_retry_backoff_is_bounded(db, bad: str, value: float) -> None:
 def test_retry_wait_never_overflows() -> None:
     """A large backoff raised to many deliveries stays at max_retry_delay."""
     cfg = QueueConfig(retry_delay=1.0, retry_backoff=1000.0, max_retry_delay=60.0, max_deliveries=10_000)
-    assert cfg.retry_wait(5000) == 60.0
+    assert 60.0 * 0.9 <= cfg.retry_wait(5000) <= 60.0  # the default jitter takes up to a tenth off
+    assert cfg.replace(retry_jitter=0.0).retry_wait(5000) == 60.0
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5, "0.1", True, math.nan])
+def test_retry_jitter_is_a_fraction(bad: object) -> None:
+    with pytest.raises(QueueError, match="retry_jitter must be a number from 0 to 1"):
+        QueueConfig(retry_jitter=bad)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("value", [*TOO_LONG, math.nan, -1.0])
