@@ -101,17 +101,7 @@ def add_journal_commands(add: Add, common: argparse.ArgumentParser) -> None:
 
 def entry_json(e: JournalEntry) -> dict[str, Any]:
     """A journal entry as JSON: its version in hex, ``at`` in ISO 8601 (UTC)."""
-    return {
-        "version": e.version.hex(),
-        "at": datetime.datetime.fromtimestamp(e.at, datetime.timezone.utc).isoformat(),
-        "op": e.op,
-        "queue": e.queue,
-        "message_id": e.message_id,
-        "principal": e.principal,
-        "deliveries": e.deliveries,
-        "reason": e.reason,
-        "details": e.details,
-    }
+    return {**e.to_json(), "at": datetime.datetime.fromtimestamp(e.at, datetime.timezone.utc).isoformat()}
 
 
 def _print_entries(entries: Iterable[JournalEntry], as_json: bool, *, stream: bool) -> int:

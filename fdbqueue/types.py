@@ -310,3 +310,17 @@ class JournalEntry:
     deliveries: int = 0
     reason: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The entry as JSON values: ``version`` in hex, ``at`` in seconds since the epoch."""
+        return {
+            "version": self.version.hex(),
+            "at": self.at,
+            "op": self.op,
+            "queue": self.queue,
+            "message_id": self.message_id,
+            "principal": self.principal,
+            "deliveries": self.deliveries,
+            "reason": self.reason,
+            "details": self.details,
+        }

@@ -323,3 +323,24 @@ def test_the_web_command_serves_until_sigterm_and_says_why_it_cannot(tmp_path: P
         text=True,
     )
     assert bad.returncode == 2 and "--port must be 0..65535" in bad.stderr
+
+
+def test_a_damaged_record_is_shown_as_damaged_not_as_an_error(store: Database) -> None:
+    from fdbqueue.layout import QueueKeys
+
+    from .test_corruption import damage
+
+    q = Queue("jobs")
+    good = q.enqueue(store, b"fine")
+    bad = q.enqueue(store, b"to be damaged")
+    key = QueueKeys.make("jobs").home_key(bad)
+    assert key is not None
+    damage(store, key, 200)
+    with Dashboard(store).start(port=0) as run:
+        status, d = call(run, "/api/messages?queue=jobs")
+        assert status == 200 and [m["id"] for m in d["messages"]] == [good, None]
+        assert "damaged" in d["messages"][1] and d["messages"][1]["key"] == key.hex()
+        status, one = call(run, f"/api/message?queue=jobs&id={bad}")
+        assert status == 200 and one["state"] == "ready" and one["damaged"]
+        got = call(run, "/api/delete", {"queue": "jobs", "ids": [bad]})
+        assert got[0] == 400 and "damaged" in got[1]["error"]

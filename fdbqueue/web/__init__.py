@@ -57,12 +57,13 @@ class Dashboard:
         self.sampler.start()
         # uvicorn stops gracefully on these signals, then raises each again for the handler it
         # found: one that does nothing lets the command end normally (exit 0) instead.
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: None)
+        before = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
             server = uvicorn.Server(_config(self))
             server.run(sockets=[sock])
         finally:
+            for sig, handler in before.items():
+                signal.signal(sig, handler)
             self.sampler.close()
             sock.close()
 

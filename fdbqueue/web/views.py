@@ -27,7 +27,7 @@ from fdbqueue.message import Record, decode_record
 from fdbqueue.privileges import check, may
 from fdbqueue.redrive import delete_by_id, redrive
 from fdbqueue.txn import run_once
-from fdbqueue.types import JournalEntry, QueueStats
+from fdbqueue.types import QueueStats
 
 STATES = {"ready": "r", "leased": "f", "delayed": "d"}
 SCAN_LIMIT = 2_000  # records one page of a queue's messages reads at most, matching or not
@@ -239,23 +239,8 @@ def message(db: Database, name: str, msg_id: str, *, root: tuple[Any, ...] = DEF
         return out
 
     out = run_once(db, body)
-    out["history"] = [entry_dict(e) for e in journaling.history(db, msg_id, root=root)]
+    out["history"] = [e.to_json() for e in journaling.history(db, msg_id, root=root)]
     return out
-
-
-def entry_dict(e: JournalEntry) -> dict[str, Any]:
-    """A journal entry as JSON (its version in hex)."""
-    return {
-        "version": e.version.hex(),
-        "at": e.at,
-        "op": e.op,
-        "queue": e.queue,
-        "message_id": e.message_id,
-        "principal": e.principal,
-        "deliveries": e.deliveries,
-        "reason": e.reason,
-        "details": e.details,
-    }
 
 
 # -- actions: each needs admin on the queue (the layer checks it) ----------------------------------

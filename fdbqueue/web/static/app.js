@@ -320,7 +320,8 @@ async function messagePage() {
   const rows = [];
   const field = (k, v) => rows.push(h("dt", {}, k), h("dd", { "data-field": k }, v));
   field("state", d.state || "gone (no longer in this queue)");
-  if (d.state) {
+  if (d.damaged) field("damaged", d.damaged + " (a sweep or a consumer moves it to the error queue)");
+  else if (d.state) {
     field("priority", d.priority); field("deliveries", d.deliveries); field("enqueued", when(d.enqueued_at));
     field("content type", d.content_type); field("size", num(d.size) + " bytes");
     if (d.expires_at) field("expires", when(d.expires_at));
