@@ -143,12 +143,12 @@ def _cmd_web(db: fdbqueue.Database, args: argparse.Namespace) -> int:
         db, read_only=args.read_only, interval=args.interval, window=max(300.0, 150 * args.interval)
     )
     mode = "read-only" if args.read_only else f"acting as {db.principal}"
-    print(
-        f"fdbqueue web on http://{args.addr}:{args.port}/ ({mode}); stop with SIGTERM or Ctrl-C",
-        file=sys.stderr,
-    )
+
+    def announce(url: str) -> None:
+        print(f"fdbqueue web on {url}/ ({mode}); stop with SIGTERM or Ctrl-C", file=sys.stderr, flush=True)
+
     try:
-        dashboard.serve(args.port, args.addr)
+        dashboard.serve(args.port, args.addr, announce=announce)
     except OSError as exc:
         raise CommandError(f"cannot listen on {args.addr}:{args.port}: {exc.strerror or exc}", 1) from None
     return 0

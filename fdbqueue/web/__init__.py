@@ -16,6 +16,7 @@ from __future__ import annotations
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -51,9 +52,14 @@ class Dashboard:
         sock = listen(addr, port)
         return Running(self, sock)
 
-    def serve(self, port: int = 8080, addr: str = "127.0.0.1") -> None:
-        """Serve in this (main) thread until SIGTERM or SIGINT, then return."""
+    def serve(
+        self, port: int = 8080, addr: str = "127.0.0.1", *, announce: Callable[[str], None] | None = None
+    ) -> None:
+        """Serve in this (main) thread until SIGTERM or SIGINT, then return; ``announce`` is
+        called with the URL once listening (the port chosen when ``port`` is 0)."""
         sock = listen(addr, port)
+        if announce is not None:
+            announce(url_of(sock))
         self.sampler.start()
         # uvicorn stops gracefully on these signals, then raises each again for the handler it
         # found: one that does nothing lets the command end normally (exit 0) instead.
@@ -82,6 +88,11 @@ def listen(addr: str, port: int) -> socket.socket:
     return sock
 
 
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://{host if ':' not in host else f'[{host}]'}:{port}"
+
+
 def _config(dashboard: Dashboard) -> uvicorn.Config:
     return uvicorn.Config(dashboard.app, lifespan="off", log_level="warning", access_log=False)
 
@@ -92,8 +103,8 @@ class Running:
     def __init__(self, dashboard: Dashboard, sock: socket.socket) -> None:
         self.dashboard = dashboard
         self.sock = sock
-        host, self.port = sock.getsockname()[:2]
-        self.url = f"http://{host if ':' not in host else f'[{host}]'}:{self.port}"
+        self.port = sock.getsockname()[1]
+        self.url = url_of(sock)
         dashboard.sampler.start()
         self.server = uvicorn.Server(_config(dashboard))
         self.thread = threading.Thread(
