@@ -54,6 +54,7 @@ from fdbqueue.moves import (
     remove_message,
     renew_lease,
     take_delayed,
+    wake,
 )
 from fdbqueue.privileges import check, checked
 from fdbqueue.txn import run_once
@@ -200,13 +201,17 @@ def ack_many_in(
         raise LeaseError("ack takes Messages returned by lease()")
     raws = check(tr, keys, "dequeue", also=[keys.inflight_key(m.id) for m in msgs])
     done = []
+    strict = False
     for m, raw in zip(msgs, raws, strict=True):
         try:
             rec = _lease_of(keys, tr, m, raw, now, False)
         except LeaseError:
             continue
         finish_lease(tr, keys, rec, note)
+        strict = strict or bool(rec.extra.get("strict"))
         done.append(m)
+    if strict:
+        wake(tr, keys)  # strict order: the next delivery may go ahead now
     return done
 
 

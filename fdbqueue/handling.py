@@ -91,6 +91,7 @@ class WorkerStats:
     extended: int = 0  # leases renewed while a handler ran (heartbeat)
     scheduled: int = 0  # periodic jobs' ticks enqueued (run_schedules=True)
     released: int = 0
+    ack_lost: int = 0  # handled, but the lease had gone before the (batched) ack committed
     swept: int = 0
     wakeups: int = 0
     idle_wakeups: int = 0  # woke and found nothing: spurious wake-ups

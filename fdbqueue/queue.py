@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 import tenacity
@@ -570,6 +570,30 @@ class Queue:
                 wake(t, self.keys)  # strict order: the next delivery may go ahead now
 
         settled(tr, self.keys, body)
+
+    def ack_many(self, tr: Transaction | Database, messages: Sequence[Message]) -> list[Message]:
+        """Ack leased ``messages`` (at most 1,000) in one transaction, with :meth:`ack`'s
+        receipt checks; returns those acked: one whose lease has gone (expired, or taken back
+        by a sweep) is left out, not raised. Composes inside a caller's transaction; given a
+        Database, exactly once across commit_unknown_result, as :meth:`ack`."""
+        from fdbqueue.settling import ack_many
+
+        return ack_many(tr, self, messages)
+
+    def nack_many(
+        self,
+        tr: Transaction | Database,
+        messages: Sequence[Message],
+        *,
+        delay: float | None = None,
+        reason: str | None = None,
+    ) -> list[str | None]:
+        """:meth:`nack` for many leased messages in one transaction; where each went
+        (``ready``, ``delayed``, ``dead``, ``expired``), or None for one whose lease had gone.
+        Settled like :meth:`ack_many`."""
+        from fdbqueue.settling import nack_many
+
+        return nack_many(tr, self, messages, delay=delay, reason=reason)
 
     def nack(
         self,

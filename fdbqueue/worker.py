@@ -22,6 +22,7 @@ within bounds, as RabbitMQ's variable queue sizes its memory (``rabbit_variable_
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -33,7 +34,7 @@ from fdbqueue import tracing
 from fdbqueue.clock import db_now, seconds_of
 from fdbqueue.config import check_duration
 from fdbqueue.delivery import TOO_OLD_REASON, failure_reason, not_counted
-from fdbqueue.engines.base import TRANSACTION_WINDOW_SECONDS, Database
+from fdbqueue.engines.base import TRANSACTION_WINDOW_SECONDS, Database, Transaction
 from fdbqueue.errors import EngineError, QueueError, StopNow
 from fdbqueue.errors import HandlerSignatureError as HandlerSignatureError  # re-export
 from fdbqueue.fairness import FAIR_SHARE
@@ -52,14 +53,18 @@ from fdbqueue.handling import (
 )
 from fdbqueue.handling import WorkerStats as WorkerStats  # re-export
 from fdbqueue.handling import wait_any as wait_any  # re-export
+from fdbqueue.leasing import lease_batch
 from fdbqueue.message import Message
 from fdbqueue.queue import Queue
+from fdbqueue.receipts import settled
 from fdbqueue.schedules import run_schedules as run_periodic_jobs
+from fdbqueue.settling import Settler
 from fdbqueue.txn import run_once
 from fdbqueue.waiting import QueueWatcher
 
 log = logging.getLogger("fdbqueue.worker")
 
+SETTLE_BATCH = 256  # acks a batch holds at most before it commits without waiting
 IO_BATCH = 64  # page in batches: not so large that the queue blocks, nor so small it thrashes
 MODES = ("lease", "exactly_once")
 
@@ -83,6 +88,7 @@ class Worker:
         shutdown_timeout: float | None = None,
         metrics_port: int | None = None,
         run_schedules: bool = False,
+        settle_linger: float = 0.005,
     ) -> None:
         if mode not in MODES:
             raise QueueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -116,6 +122,10 @@ class Worker:
             raise QueueError(f"metrics_port must be an int, got {metrics_port!r}")
         self.metrics_port = metrics_port
         self.run_schedules = bool(run_schedules)  # the periodic jobs too, at each sweep
+        # Lease mode acks in batches: a finished message waits up to settle_linger for others
+        # (or for the next lease, in the same transaction); 0 acks each at once.
+        self.settle_linger = check_duration("settle_linger", settle_linger)
+        self._settler: Settler | None = None
         self._exporter: Any = None  # metrics.Exporter while run() runs with a metrics_port
         self._forced = False  # stopped at once (StopNow): handler threads are not waited for
         self.backoff = Backoff(log)
@@ -157,6 +167,8 @@ class Worker:
             if self.mode == "exactly_once":
                 self._run_threads(lambda: self._exactly_once_loop(until_empty))
             else:
+                if self.settle_linger > 0:
+                    self._settler = Settler(self.db, self.settle_linger, SETTLE_BATCH, self._settled)
                 self._run_lease(until_empty)
         except StopNow:
             self._forced = True
@@ -165,6 +177,7 @@ class Worker:
                 self._release(q, m)
             log.warning("worker stopped at once: the messages in hand went back to their queues")
         finally:
+            self._flush_acks(close=True)
             self._beat.close()
             self._beat = Heartbeat(self.db, self.stats, log)
             if self._exporter is not None:
@@ -196,6 +209,38 @@ class Worker:
             timer = threading.Timer(self.shutdown_timeout, signal.pthread_kill, (main, signum))
             timer.daemon = True
             timer.start()
+
+    def _flush_acks(self, *, close: bool = False) -> None:
+        """Commit the acks waiting in the settler now (and stop its thread with ``close``)."""
+        settler = self._settler
+        if settler is None:
+            return
+        if close:
+            self._settler = None
+            settler.close()
+        else:
+            settler.flush()
+
+    def _stop_at_limit(self) -> None:
+        """``max_messages``: counting the handled messages whose acks are still batched."""
+        settler = self._settler
+        if self._limit is None or settler is None:
+            return
+        with self._lock:
+            handled = self.stats.processed + self.stats.failed
+        if handled + settler.unsettled() >= self._limit:
+            self._stop.set()
+
+    def _settled(self, q: Queue, acked: int, lost: list[Message]) -> None:
+        """A batch of acks committed; ``lost``: messages whose lease had gone before it did."""
+        for _ in range(acked):
+            self._count(q, True)
+        for m in lost:
+            with self._lock:
+                self.stats.ack_lost += 1
+            log.warning(
+                "could not ack %s on %r: its lease had gone; it will be delivered again", m.id, q.name
+            )
 
     def _observe(self, q: Queue, began: float, outcome: str) -> None:
         """The handler's duration, for ``fdbqueue_handler_duration_seconds``."""
@@ -274,7 +319,8 @@ class Worker:
                 log.warning("sweep of %r failed: %s", q.name, exc)
 
     def _idle(self, until_empty: bool) -> None:
-        """Nothing was ready: sweep if due, then wait on the queues' watches."""
+        """Nothing was ready: ack what is done, sweep if due, then wait on the queues' watches."""
+        self._flush_acks()
         self._maybe_sweep()
         try:
             if self.workset is not None:
@@ -560,7 +606,7 @@ class Worker:
             if n <= 0 or self.stopping:
                 break
             try:
-                leased = q.lease_many(self.db, n, self.lease_seconds)
+                leased = self._lease(q, n)
             except QueueError as exc:
                 if self.workset is not None and not engine_failure(exc):
                     self.workset.avoid(self.db, q, exc)  # paused, or not ours to dequeue
@@ -574,6 +620,28 @@ class Worker:
         self.backoff.reset()
         self.budget.ingress.add(len(got))
         return got
+
+    def _lease(self, q: Queue, n: int) -> list[Message]:
+        """Lease up to ``n`` of ``q``; the acks waiting in the settler commit in the same
+        transaction (one commit for a batch's acks and the next batch's leases)."""
+        got = [] if self._settler is None else self._settler.take()
+        if not got:
+            return q.lease_many(self.db, n, self.lease_seconds)
+        settler = self._settler
+        assert settler is not None
+        receipt = os.urandom(16).hex()  # made outside the retry loop, as lease_many's
+
+        def body(t: Transaction) -> tuple[list[Any], list[Message]]:
+            return settler.settle(t, got), lease_batch(q, t, self.lease_seconds, receipt, n)
+
+        try:
+            results, leased = settled(self.db, q.keys, body)
+        except QueueError:
+            # The lease failed (a paused queue, a failing engine): the acks go on their own.
+            settler.settle_now(got)
+            raise
+        settler.report(results)
+        return leased
 
     def _handle_leased(self, q: Queue, m: Message) -> None:
         lease = self.lease_seconds
@@ -607,6 +675,10 @@ class Worker:
             return
         self._beat.drop(m)
         self._observe(q, began, "ok")
+        if self._settler is not None:  # acked with others, within settle_linger
+            self._settler.add(q, m)
+            self._stop_at_limit()
+            return
         try:
             q.ack(self.db, m)
         except QueueError as err:

@@ -255,6 +255,7 @@ LAYERS: dict[str, int] = {
     "web.sampler": 6,
     "web.views": 6,
     "schedules": 6,
+    "settling": 5,  # ack_many, nack_many and a worker's batched acks
     # L7 surface.
     "cli": 7,
     "spark": 7,

@@ -249,3 +249,27 @@ def test_a_retry_past_the_receipt_ttl_raises_instead_of_guessing(
                 q.extend(db, m, 60)
             else:
                 getattr(q, op)(db, m)
+
+
+def test_ack_many_that_landed_reports_every_message_acked(db: SimDatabase) -> None:
+    q = Queue("jobs")
+    q.enqueue_many(db, [b"A", b"B", b"C"])
+    with fake_clock() as clock, FaultScript(db) as script:
+        ms = q.lease_many(db, 3)
+        # Between the unknown commit and its retry the leases run out and a sweep acts.
+        on_backoff(db, lambda: (clock.advance(LEASE + 1), q.sweep(db)))
+        script.arm([("1021", True)])
+        assert [m.id for m in q.ack_many(db, ms)] == [m.id for m in ms]
+    assert q.size(db) == 0 and done(db, q) == 3
+
+
+def test_ack_many_that_did_not_land_acks_only_the_leases_still_held(db: SimDatabase) -> None:
+    q = Queue("jobs")
+    q.enqueue_many(db, [b"A", b"B"])
+    with fake_clock() as clock, FaultScript(db) as script:
+        a, b = q.lease_many(db, 2)
+        q.extend(db, b, LEASE * 3)  # b's lease outlives the sweep below, a's does not
+        on_backoff(db, lambda: (clock.advance(LEASE + 1), q.sweep(db)))
+        script.arm([("1021", False)])
+        assert [m.id for m in q.ack_many(db, [a, b])] == [b.id]
+    assert [m.id for m in q.browse(db)] == [a.id] and done(db, q) == 1

@@ -256,15 +256,15 @@ def test_lease_worker_with_several_handlers_leases_in_batches(
     n = 3000
     q = fill(wdb, "jobs", n)
     batches: list[int] = []
-    real = Queue.lease_many
+    real = Worker._lease  # every lease transaction of a worker (with batched acks or not)
 
-    def counting(self: Queue, *args: Any, **kw: Any) -> list[Message]:
+    def counting(self: Worker, *args: Any, **kw: Any) -> list[Message]:
         got = real(self, *args, **kw)
         if got:
             batches.append(len(got))
         return got
 
-    monkeypatch.setattr(Queue, "lease_many", counting)
+    monkeypatch.setattr(Worker, "_lease", counting)
     stats = Worker(wdb, q, lambda m: None, mode="lease", concurrency=4).run(until_empty=True)
     assert stats.processed == n and sum(batches) == n
     assert len(batches) <= n / 10, f"{len(batches)} lease transactions for {n} messages"
