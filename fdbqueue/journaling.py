@@ -280,18 +280,27 @@ def _wait_for_more(
 ) -> bool:
     """Block on a watch of the journal's bell until an entry after ``since`` may exist (the
     check and the watch are one transaction: no entry slips between them)."""
+    watches, ready = arm_more(db, jk, root, queue, since)
+    if ready:
+        for w in watches:
+            w.cancel()
+        return True
+    return _wait_any(watches, timeout)
+
+
+def arm_more(
+    db: Database, jk: JournalKeys, root: tuple[Any, ...], queue: str | None, since: bytes | None
+) -> tuple[list[Watch], bool]:
+    """Watches on the journal's bells, and whether an entry after ``since`` is there already:
+    one transaction, so none slips between the check and the watches (``fdbqueue.aio`` awaits
+    them)."""
 
     def arm(t: Transaction, _: bool) -> tuple[list[Watch], bool]:
         queues = _queues(t, jk, root, queue)
         bells = [jk.bell(q) for q in queues] + ([jk.bell(None)] if queue is None else [])
         return [t.watch(b) for b in bells], bool(_page(t, jk, queues, since, 1))
 
-    watches, ready = run_once(db, arm)
-    if ready:
-        for w in watches:
-            w.cancel()
-        return True
-    return _wait_any(watches, timeout)
+    return run_once(db, arm)
 
 
 def _wait_any(watches: list[Watch], timeout: float | None) -> bool:

@@ -12,6 +12,7 @@ whose lease has gone (expired, or taken back by a sweep) is not acked by a stale
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -22,6 +23,7 @@ from fdbqueue.config import config_or_create
 from fdbqueue.delivery import ack_many_in, nack_in
 from fdbqueue.engines.base import Database, Transaction
 from fdbqueue.errors import LeaseError, QueueError
+from fdbqueue.leasing import lease_batch
 from fdbqueue.message import Message, check_reason
 from fdbqueue.receipts import settled
 from fdbqueue.txn import seconds
@@ -194,6 +196,29 @@ class Settler:
                         break
                     self._cond.wait(left)
             self.flush()
+
+
+def lease_settling(
+    db: Database, settler: Settler | None, q: Queue, n: int, lease_seconds: float | None
+) -> list[Message]:
+    """Lease up to ``n`` of ``q`` (``Queue.lease_many``), committing the acks waiting in
+    ``settler`` in the same transaction: one commit for a batch's acks and the next batch's
+    leases, exactly once across commit_unknown_result (``settled``)."""
+    got = [] if settler is None else settler.take()
+    if not got or settler is None:
+        return q.lease_many(db, n, lease_seconds)
+    receipt = os.urandom(16).hex()  # made outside the retry loop, as lease_many's
+
+    def body(t: Transaction) -> tuple[list[Any], list[Message]]:
+        return settler.settle(t, got), lease_batch(q, t, lease_seconds, receipt, n)
+
+    try:
+        results, leased = settled(db, q.keys, body)
+    except QueueError:
+        settler.settle_now(got)  # the lease failed (a paused queue, a failing engine): acks alone
+        raise
+    settler.report(results)
+    return leased
 
 
 def _by_queue(got: list[tuple[Queue, Message]]) -> dict[Queue, list[Message]]:

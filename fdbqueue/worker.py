@@ -22,7 +22,6 @@ within bounds, as RabbitMQ's variable queue sizes its memory (``rabbit_variable_
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 import time
@@ -34,7 +33,7 @@ from fdbqueue import tracing
 from fdbqueue.clock import db_now, seconds_of
 from fdbqueue.config import check_duration
 from fdbqueue.delivery import TOO_OLD_REASON, failure_reason, not_counted
-from fdbqueue.engines.base import TRANSACTION_WINDOW_SECONDS, Database, Transaction
+from fdbqueue.engines.base import TRANSACTION_WINDOW_SECONDS, Database
 from fdbqueue.errors import EngineError, QueueError, StopNow
 from fdbqueue.errors import HandlerSignatureError as HandlerSignatureError  # re-export
 from fdbqueue.fairness import FAIR_SHARE
@@ -53,12 +52,10 @@ from fdbqueue.handling import (
 )
 from fdbqueue.handling import WorkerStats as WorkerStats  # re-export
 from fdbqueue.handling import wait_any as wait_any  # re-export
-from fdbqueue.leasing import lease_batch
 from fdbqueue.message import Message
 from fdbqueue.queue import Queue
-from fdbqueue.receipts import settled
 from fdbqueue.schedules import run_schedules as run_periodic_jobs
-from fdbqueue.settling import Settler
+from fdbqueue.settling import Settler, lease_settling
 from fdbqueue.txn import run_once
 from fdbqueue.waiting import QueueWatcher
 
@@ -624,24 +621,7 @@ class Worker:
     def _lease(self, q: Queue, n: int) -> list[Message]:
         """Lease up to ``n`` of ``q``; the acks waiting in the settler commit in the same
         transaction (one commit for a batch's acks and the next batch's leases)."""
-        got = [] if self._settler is None else self._settler.take()
-        if not got:
-            return q.lease_many(self.db, n, self.lease_seconds)
-        settler = self._settler
-        assert settler is not None
-        receipt = os.urandom(16).hex()  # made outside the retry loop, as lease_many's
-
-        def body(t: Transaction) -> tuple[list[Any], list[Message]]:
-            return settler.settle(t, got), lease_batch(q, t, self.lease_seconds, receipt, n)
-
-        try:
-            results, leased = settled(self.db, q.keys, body)
-        except QueueError:
-            # The lease failed (a paused queue, a failing engine): the acks go on their own.
-            settler.settle_now(got)
-            raise
-        settler.report(results)
-        return leased
+        return lease_settling(self.db, self._settler, q, n, self.lease_seconds)
 
     def _handle_leased(self, q: Queue, m: Message) -> None:
         lease = self.lease_seconds

@@ -256,6 +256,7 @@ LAYERS: dict[str, int] = {
     "web.views": 6,
     "schedules": 6,
     "settling": 5,  # ack_many, nack_many and a worker's batched acks
+    "aio": 6,  # asyncio: the Queue, a worker and transactional as coroutines
     # L7 surface.
     "cli": 7,
     "spark": 7,

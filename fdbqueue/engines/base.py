@@ -118,6 +118,11 @@ class Watch(Protocol):
         """True once the watch fired or failed."""
         ...
 
+    def on_ready(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` (from any thread) once the watch fired or failed; at once if
+        it has. How an asyncio waiter waits without a thread of its own."""
+        ...
+
     def cancel(self) -> None:
         """Stop watching; a waiter then gets error 1101."""
         ...

@@ -293,6 +293,11 @@ class FDBWatch:
         """True once the watch fired or failed."""
         return self._event.is_set()
 
+    def on_ready(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once the watch fires or fails, on the network thread (or now):
+        the bindings' own ``Future.on_ready``, so an asyncio waiter needs no thread."""
+        self._future.on_ready(lambda _f: callback())
+
     def cancel(self) -> None:
         """Stop watching; a waiter then gets error 1101."""
         _call(self._future.cancel)

@@ -56,10 +56,13 @@ _POINT_RANGE_BYTES = KEY_RANGE_REF_BYTES + 1  # [key, keyAfter(key)): plus twice
 # Watches and versionstamp futures for the local engines.
 
 
+_CALLBACKS = threading.Lock()  # an on_ready racing the watch's completion
+
+
 class EventWatch:
     """A :class:`Watch` completed by its engine from any thread."""
 
-    __slots__ = ("_error", "_event", "_on_cancel", "key", "seen")
+    __slots__ = ("_callbacks", "_error", "_event", "_on_cancel", "key", "seen")
 
     def __init__(self, key: bytes, seen: bytes | None) -> None:
         self.key = key
@@ -67,14 +70,34 @@ class EventWatch:
         self._event = threading.Event()
         self._error: EngineError | None = None
         self._on_cancel: Callable[[EventWatch], None] | None = None
+        self._callbacks: list[Callable[[], None]] | None = None
 
     def fire(self) -> None:
         self._event.set()
+        self._done()
 
     def fail(self, code: int, message: str | None = None) -> None:
         if not self._event.is_set():
             self._error = EngineError(code, message)
             self._event.set()
+            self._done()
+
+    def on_ready(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once the watch fires or fails (now, if it has), from whichever
+        thread completes it: an asyncio waiter needs no thread of its own (fdbqueue.aio)."""
+        with _CALLBACKS:
+            if not self._event.is_set():
+                if self._callbacks is None:
+                    self._callbacks = []
+                self._callbacks.append(callback)
+                return
+        callback()
+
+    def _done(self) -> None:
+        with _CALLBACKS:
+            callbacks, self._callbacks = self._callbacks, None
+        for callback in callbacks or ():
+            callback()
 
     def wait(self, timeout: float | None = None) -> bool:
         if not self._event.wait(timeout):
