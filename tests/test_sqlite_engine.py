@@ -501,3 +501,24 @@ def test_closed_handle_refuses_work(url: str) -> None:
     db.close()  # idempotent
     with pytest.raises(StoreError):
         run_transaction(db, lambda tr: tr.get(b"k"))
+
+
+def test_get_many_reads_in_one_statement_what_get_reads_key_by_key(tmp_path: Path) -> None:
+    db = fdbqueue.open(f"sqlite://{tmp_path / 'q.db'}")
+    db[b"a"], db[b"b"], db[b"c"] = b"1", b"2", b"3"
+    tr = db.create_transaction()
+    try:
+        tr[b"b"] = b"written"  # the write map decides b and d, the store a and c
+        tr.clear(b"c")
+        tr[b"d"] = b"new"
+        keys = [b"a", b"b", b"c", b"d", b"e", b"a", b"x" * 20_000]  # absent, repeated, too long
+        statements: list[str] = []
+        tr._conn.set_trace_callback(statements.append)  # type: ignore[attr-defined]
+        got = tr.get_many(keys)
+        snap = tr.snapshot.get_many(keys)
+        tr._conn.set_trace_callback(None)  # type: ignore[attr-defined]
+        assert got == snap == [tr.get(k) for k in keys] == [b"1", b"written", None, b"new", None, b"1", None]
+        assert len([s for s in statements if s.startswith("SELECT")]) == 2  # one a get_many
+    finally:
+        tr.cancel()
+        db.close()
