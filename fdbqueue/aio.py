@@ -29,7 +29,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
-from fdbqueue import journaling
+from fdbqueue import journaling, tracing
 from fdbqueue.engines.base import Database, Transaction, Watch, adopt, is_transaction
 from fdbqueue.errors import EngineError, QueueError, QueueStoppedError
 from fdbqueue.handling import (
@@ -41,6 +41,7 @@ from fdbqueue.handling import (
     check_handler,
     drained,
     engine_failure,
+    give_back,
     settle_failure,
 )
 from fdbqueue.layout import DEFAULT_ROOT, JournalKeys
@@ -537,7 +538,8 @@ class AsyncWorker:
             async with self._slots:
                 if self._stop.is_set():  # stopping: a message not started goes back
                     raise asyncio.CancelledError
-                await self.handler(m)
+                with tracing.span(q.name, m.id, m.headers):  # the enqueuer's trace, with OpenTelemetry
+                    await self.handler(m)
         except asyncio.CancelledError:
             beat.drop(m)
             await asyncio.shield(_off(self._release, q, m))  # stopped at once: back, not counted
@@ -567,11 +569,7 @@ class AsyncWorker:
         self._settled(q, 1, [])
 
     def _release(self, q: Queue, m: Message) -> None:
-        try:
-            q.release(self.db, m)
-            self.stats.released += 1
-        except QueueError as exc:
-            log.warning("could not release %s: %s", m.id, exc)
+        give_back(self.db, q, m, self.stats, log)
 
     def _at_limit(self, settler: Settler | None) -> None:
         if self._limit is None:

@@ -201,6 +201,16 @@ def settle_failure(db: Database, q: Queue, m: Message, exc: BaseException, logge
     return outcome.kind
 
 
+def give_back(db: Database, q: Queue, m: Message, stats: WorkerStats, logger: logging.Logger) -> None:
+    """Release a leased message its worker never finished (stopping, or the engine failed):
+    back to its place at once, the delivery not counted."""
+    try:
+        q.release(db, m)
+        stats.released += 1
+    except QueueError as exc:
+        logger.warning("could not release %s: %s", m.id, exc)
+
+
 class Heartbeat:
     """Renews the leases of the messages whose handlers are running, each at about a third
     of its lease, so that a long job is not handed to a second worker (Sidekiq Pro's and

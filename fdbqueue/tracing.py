@@ -11,7 +11,8 @@ the API installed, or with no current span, nothing is added and handlers run as
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 try:
@@ -50,11 +51,22 @@ def inject(headers: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
 
 
 def run(queue: str, message_id: str, headers: Mapping[str, Any], handler: Callable[..., T], *args: Any) -> T:
-    """``handler(*args)``, inside a CONSUMER span ``process <queue>`` that continues the trace
-    of the message's ``traceparent`` when it has one (and OpenTelemetry is installed). The
-    span records the handler's exception, which propagates as it is."""
+    """``handler(*args)`` inside :func:`span`."""
     if _trace is None or TRACEPARENT not in headers:
         return handler(*args)
+    with span(queue, message_id, headers):
+        return handler(*args)
+
+
+@contextlib.contextmanager
+def span(queue: str, message_id: str, headers: Mapping[str, Any]) -> Iterator[None]:
+    """A CONSUMER span ``process <queue>``, current inside the block, that continues the trace
+    of the message's ``traceparent`` when it has one (and OpenTelemetry is installed; else
+    nothing). It records an exception leaving the block, which propagates as it is. A plain
+    context manager: ``fdbqueue.aio`` wraps an awaited handler in it too."""
+    if _trace is None or TRACEPARENT not in headers:
+        yield
+        return
     parent = _propagate.extract({k: str(headers[k]) for k in (TRACEPARENT, TRACESTATE) if k in headers})
     tracer = _trace.get_tracer("fdbqueue")
     attributes = {
@@ -66,4 +78,4 @@ def run(queue: str, message_id: str, headers: Mapping[str, Any], handler: Callab
     with tracer.start_as_current_span(
         f"process {queue}", context=parent, kind=_trace.SpanKind.CONSUMER, attributes=attributes
     ):
-        return handler(*args)
+        yield

@@ -46,6 +46,7 @@ from fdbqueue.handling import (
     check_handler,
     drained,
     engine_failure,
+    give_back,
     judge,
     settle_failure,
     work_set_of,
@@ -245,11 +246,7 @@ class Worker:
             self._exporter.durations.labels(q.name, outcome).observe(time.perf_counter() - began)
 
     def _release(self, q: Queue, m: Message) -> None:
-        try:
-            q.release(self.db, m)
-            self.stats.released += 1
-        except QueueError as exc:
-            log.warning("could not release %s: %s", m.id, exc)
+        give_back(self.db, q, m, self.stats, log)
 
     def _run_threads(self, loop: Callable[[], None]) -> None:
         threads = [threading.Thread(target=loop, daemon=True) for _ in range(self.concurrency - 1)]

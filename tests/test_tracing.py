@@ -5,6 +5,7 @@ installed (a subprocess where it cannot be imported) nothing is added."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import fdbqueue
-from fdbqueue import Database, Dispatcher, Message, Queue, Worker
+from fdbqueue import Database, Dispatcher, Message, Queue, Worker, aio
 from fdbqueue.tracing import TRACEPARENT
 
 _EXPORTER = InMemorySpanExporter()
@@ -51,7 +52,7 @@ def _produce(db: Database, queue: str) -> tuple[str, Any]:
     return mid, span.get_span_context()
 
 
-@pytest.mark.parametrize("mode", ["lease", "exactly_once", "dispatcher"])
+@pytest.mark.parametrize("mode", ["lease", "exactly_once", "dispatcher", "async"])
 def test_the_handler_runs_in_the_enqueuers_trace(
     store: Database, spans: InMemorySpanExporter, mode: str
 ) -> None:
@@ -67,7 +68,13 @@ def test_the_handler_runs_in_the_enqueuers_trace(
         with trace.get_tracer("app").start_as_current_span("charge-card"):
             pass
 
-    if mode == "dispatcher":
+    if mode == "async":
+
+        async def async_handle(m: Message) -> None:
+            handle(m)
+
+        asyncio.run(aio.AsyncWorker(store, "jobs", async_handle).run(until_empty=True))
+    elif mode == "dispatcher":
         d = Dispatcher(store, "jobs")
         d.add_consumer(handle)
         d.run(until_empty=True)
