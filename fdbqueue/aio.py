@@ -43,6 +43,7 @@ from fdbqueue.handling import (
     engine_failure,
     give_back,
     settle_failure,
+    work_set_of,
 )
 from fdbqueue.layout import DEFAULT_ROOT, JournalKeys
 from fdbqueue.message import Message
@@ -388,6 +389,11 @@ class AsyncWorker:
         ):
             raise QueueError("AsyncWorker handlers are async functions: async def handler(message)")
         check_handler(handler, 1, "AsyncWorker handlers are called as await handler(message)")
+        if work_set_of(queues) is not None:
+            raise QueueError(
+                "AsyncWorker serves named queues; for a pattern or a PartitionedQueue (fair turns "
+                "over a work set) use Worker"
+            )
         self.db = db
         self.queues = _as_queues(queues)
         self.handler = handler

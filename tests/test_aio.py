@@ -195,6 +195,14 @@ def test_an_async_worker_refuses_a_plain_handler(db: Database) -> None:
     with pytest.raises(fdbqueue.QueueError, match="async def handler"):
         aio.AsyncWorker(db, "jobs", lambda m: None)  # type: ignore[arg-type,return-value]
 
+    async def handle(m: Message) -> None:
+        pass
+
+    with pytest.raises(fdbqueue.QueueError, match="AsyncWorker serves named queues"):
+        aio.AsyncWorker(db, "tenant.*", handle)
+    with pytest.raises(fdbqueue.QueueError, match="concurrency must be"):
+        aio.AsyncWorker(db, "jobs", handle, concurrency=0)
+
 
 def test_following_the_journal_awaits_new_entries_without_a_thread(tmp_path: Path) -> None:
     db = fdbqueue.open(f"sqlite://{tmp_path / 'q.db'}")
