@@ -481,6 +481,23 @@ def run_lease_ack(spec: dict[str, Any], n: int) -> dict[str, Any]:
     return {"n": len(seen), "seconds": t, "rate": len(seen) / t, **check(seen, n, leftover)}
 
 
+def run_worker(spec: dict[str, Any], n: int) -> dict[str, Any]:
+    """(b) fdbqueue only: a lease-mode Worker (batched acks, the default) draining a pre-filled
+    queue: lease + ack as a Worker does it, one process, a no-op handler."""
+    c = client(spec)
+    try:
+        c.fill([payload(i) for i in range(n)])
+        seen: list[int] = []
+        w = fdbqueue.Worker(c.db, c.q, lambda m: seen.append(unpack(m.payload)[0]))
+        t0 = time.perf_counter()
+        w.run(until_empty=True)
+        t = time.perf_counter() - t0
+        leftover = c.lease_ack()
+    finally:
+        c.close()
+    return {"n": len(seen), "seconds": t, "rate": len(seen) / t, **check(seen, n, leftover)}
+
+
 def _take_all(take: Callable[[], bytes | None], n: int) -> tuple[list[int], float, bytes | None]:
     """Up to n takes, timed: the sequence numbers seen, the seconds, then one more take
     (which must find nothing)."""
@@ -801,6 +818,12 @@ def run_system(peers: Peers, system: str, setting: str, n: int, args: argparse.N
             finally:
                 peers.drop(spec)
             log(f"    {system:12} b (lease+ack) {res['b_lease']['rate']:9,.0f} msg/s")
+            spec = fresh()
+            try:
+                res["b_worker"] = run_worker(spec, n)
+            finally:
+                peers.drop(spec)
+            log(f"    {system:12} b (Worker)    {res['b_worker']['rate']:9,.0f} msg/s")
     if "c" in wl:
         spec = fresh()
         try:
@@ -906,7 +929,7 @@ def summarise(setting: str, n: int, rounds: list[dict[str, Any]], systems: list[
     summary: dict[str, Any] = {}
     for system in systems:
         s: dict[str, Any] = {}
-        for wl in ("a", "b", "b_lease", "c", "c_threads"):
+        for wl in ("a", "b", "b_lease", "b_worker", "c", "c_threads"):
             rates = get(rounds, system, wl, "rate")
             if rates:
                 s[wl] = {"rate_median": med(rates), "rate_min": min(rates), "rate_max": max(rates)}
@@ -928,6 +951,7 @@ def summarise(setting: str, n: int, rounds: list[dict[str, Any]], systems: list[
                     ("a", "a", "a", "rate"),
                     ("b", "b", "b", "rate"),
                     ("b_lease", "b_lease", "b", "rate"),
+                    ("b_worker", "b_worker", "b", "rate"),
                     ("c", "c", "c", "rate"),
                     ("d_p50", "d", "d", "p50_ms"),
                     ("d_p99", "d", "d", "p99_ms"),
@@ -980,12 +1004,13 @@ def print_tables(setting: str, n: int, rounds: list[dict[str, Any]], systems: li
     names = {
         ("fdbqueue", "b"): "fdbqueue: dequeue(tr), 1 transaction",
         ("fdbqueue", "b_lease"): "fdbqueue: lease + ack, 2 transactions",
+        ("fdbqueue", "b_worker"): "fdbqueue: a Worker's lease + ack (batched acks)",
         ("persistqueue", "b"): "persist-queue: get + ack, 2 commits",
         ("postgres", "b"): "PostgreSQL: SKIP LOCKED + DELETE, 1 transaction",
         ("redis", "b"): "Redis: LMOVE + LREM, 2 commands",
     }
     for s in present:
-        for wl in ("b", "b_lease"):
+        for wl in ("b", "b_lease", "b_worker"):
             rates = get(rounds, s, wl, "rate")
             if not rates:
                 continue
@@ -998,6 +1023,7 @@ def print_tables(setting: str, n: int, rounds: list[dict[str, Any]], systems: li
                     once(s, wl),
                     ratio(s, wl, "b") if wl == "b" else "-",
                     ratio(s, wl, "b_lease") if wl == "b" else "-",
+                    ratio(s, wl, "b_worker") if wl == "b" else "-",
                 ]
             )
     if rows:
@@ -1011,6 +1037,7 @@ def print_tables(setting: str, n: int, rounds: list[dict[str, Any]], systems: li
                 "each once",
                 "fdbqueue tx ÷ peer",
                 "fdbqueue lease ÷ peer",
+                "fdbqueue Worker ÷ peer",
             ],
             rows,
         )
