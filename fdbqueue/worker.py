@@ -231,8 +231,8 @@ class Worker:
 
     def _settled(self, q: Queue, acked: int, lost: list[Message]) -> None:
         """A batch of acks committed; ``lost``: messages whose lease had gone before it did."""
-        for _ in range(acked):
-            self._count(q, True)
+        if acked:
+            self._count(q, True, n=acked)  # a batch counted under the lock once, not per message
         for m in lost:
             with self._lock:
                 self.stats.ack_lost += 1
@@ -275,16 +275,16 @@ class Worker:
         for i in range(len(self.queues)):
             yield self.queues[(start + i) % len(self.queues)]
 
-    def _count(self, q: Queue, ok: bool, *, too_slow: bool = False) -> bool:
-        """Record one handled message; True when the worker should stop (max_messages)."""
+    def _count(self, q: Queue, ok: bool, *, too_slow: bool = False, n: int = 1) -> bool:
+        """Record ``n`` handled messages; True when the worker should stop (max_messages)."""
         with self._lock:
             if ok:
-                self.stats.processed += 1
-                self.stats.per_queue[q.name] = self.stats.per_queue.get(q.name, 0) + 1
+                self.stats.processed += n
+                self.stats.per_queue[q.name] = self.stats.per_queue.get(q.name, 0) + n
             else:
-                self.stats.failed += 1
+                self.stats.failed += n
                 self.stats.too_slow += too_slow
-            self.budget.egress.add()
+            self.budget.egress.add(n)
             done = self.stats.processed + self.stats.failed
             if self._limit is not None and done >= self._limit:
                 self._stop.set()
