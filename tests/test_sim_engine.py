@@ -398,6 +398,54 @@ def test_a_forgotten_transaction_does_not_pin_old_versions() -> None:
     assert code_of(lambda: old.get(b"q/1")) == 1007
 
 
+def test_transactions_the_garbage_collector_frees_during_commits_break_no_commit() -> None:
+    """A transaction in a reference cycle (as the fdb bindings' Transaction objects are) ends
+    in the cyclic collector, which runs in whichever thread allocates: inside another
+    thread's commit too, while the store walks its live read versions. Its finaliser must
+    not change them under the walk (it did: 'dictionary changed size during iteration')."""
+    import gc
+    import sys
+
+    db = SimDatabase()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def litter() -> None:
+        while not stop.is_set():
+            tr = db.create_transaction()
+            tr.get(b"a")  # takes a read version: live until the transaction ends
+            tr.cycle = tr  # type: ignore[attr-defined]  # freed only by the cyclic collector
+            del tr
+
+    def commit() -> None:
+        try:
+            for i in range(3000):
+                tr = db.create_transaction()
+                tr.get(b"x")
+                tr.set(b"k%d" % (i % 7), b"v%d" % i)
+                tr.commit()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    thresholds, interval = gc.get_threshold(), sys.getswitchinterval()
+    gc.set_threshold(50, 1, 1)  # collect often, so some collections land inside a commit
+    sys.setswitchinterval(1e-5)
+    threads = [threading.Thread(target=litter), threading.Thread(target=commit)]
+    try:
+        for t in threads:
+            t.start()
+        threads[1].join(120)
+    finally:
+        stop.set()
+        threads[0].join(120)
+        gc.set_threshold(*thresholds)
+        sys.setswitchinterval(interval)
+    assert not errors, errors
+    gc.collect()
+    commit_write(db, b"other")  # a commit collects: every finalised transaction is gone
+    assert db.sizes()["live"] == 0
+
+
 # --- transaction size ----------------------------------------------------------------------------
 # Transaction::getSize (fdbclient/NativeAPI.actor.cpp): mutations.expectedSize() +
 # read_conflict_ranges.expectedSize() + write_conflict_ranges.expectedSize(), checked against

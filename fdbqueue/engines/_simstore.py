@@ -101,9 +101,13 @@ class SimStore:
         self._keys = SortedList()  # every key with a version chain (tombstones until compacted)
         self._chains: dict[bytes, Chain] = {}
         self._version = self._now_version()
-        # Read versions of open transactions: token -> (version, clock when taken). Removal
-        # is a single dict.pop, safe without the lock (see SimTransaction._rollback).
+        # Read versions of open transactions: token -> (version, clock when taken), changed
+        # only under the lock. An ending transaction queues its token in _released instead
+        # (a deque append needs no lock): its finaliser may run in the cyclic garbage
+        # collector, inside any thread's locked section, even in the middle of a walk over
+        # _live (list(_live.items()) allocates, and an allocation may start a collection).
         self._live: dict[int, tuple[int, float]] = {}
+        self._released: deque[int] = deque()
         self._tokens = itertools.count()
         self._pending: deque[tuple[int, bytes]] = deque()  # (version, key) with an older version to drop
         self._log: deque[tuple[int, list[bytes], list[bytes]]] = deque()  # commits' merged write ranges
@@ -129,6 +133,7 @@ class SimStore:
     def sizes(self) -> dict[str, int]:
         """Internal sizes, to check that compaction keeps a long-running store small."""
         with self._lock:
+            self._drop_released_locked()
             return {
                 "keys": len(self._keys),
                 "versions": sum(len(c) for c in self._chains.values()),
@@ -218,8 +223,14 @@ class SimStore:
         self.stats.commits += 1
         return version
 
+    def _drop_released_locked(self) -> None:
+        released, live = self._released, self._live
+        while released:
+            live.pop(released.popleft(), None)
+
     def _collect_locked(self) -> None:
         """Drop versions and log entries no transaction can still need."""
+        self._drop_released_locked()
         if not self._pending and not self._log:
             return
         floor = self._version  # a transaction that reads from now on gets at least this

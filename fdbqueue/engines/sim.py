@@ -128,7 +128,7 @@ class SimTransaction(LocalTransaction):
     def _release(self) -> None:
         token, self._token, self._rv = self._token, None, None
         if token is not None:
-            self._sim._live.pop(token, None)
+            self._sim._released.append(token)  # dropped from _live under the lock (SimStore)
 
     def _acquire_locked(self) -> int:
         """The read version, taken at the first read (store lock held).
@@ -143,6 +143,8 @@ class SimTransaction(LocalTransaction):
         rv = self._rv
         if rv is None:
             db = self._sim
+            if db._released:
+                db._drop_released_locked()  # read-only work never collects: keep _live small
             rv = self._rv = max(db._version, db._now_version() - 1)
             self._rv_time = db.clock()
             self._token = next(db._tokens)

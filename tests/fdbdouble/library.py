@@ -13,6 +13,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -241,6 +242,7 @@ class CAPIDouble:
                 error = exc.code
             except BaseException as exc:  # a defect of the double or the sim: make it loud
                 sys.stderr.write(f"fdb double: {type(exc).__name__}: {exc}\n")
+                traceback.print_exc()  # where: such a defect is rare and timing-dependent
                 error = 4100
             if then is not None:
                 then(error)
