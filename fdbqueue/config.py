@@ -307,6 +307,7 @@ class Meta:
     priorities: frozenset[int]
     owner: str | None  # None: open to every principal
     acl: Mapping[str, int]  # principal -> rights mask (privileges.py)
+    work: bytes | None  # the queue's work-index entry, read at snapshot isolation (workindex.py)
 
     def count(self, name: str) -> int:
         return max(0, self.counters.get(name, 0))
@@ -354,9 +355,10 @@ def read_meta(tr: Transaction, keys: QueueKeys) -> Meta:
     cached values are as good as read; the hot counters get none.
     """
     counter_keys = keys.hot_counters()
-    values = tr.snapshot.get_many([keys.metadata_version, *counter_keys])
+    # The work-index entry too: an enqueue marks it (workindex.mark), in the same round trip.
+    values = tr.snapshot.get_many([keys.metadata_version, *counter_keys, keys.work_entry])
     version = values[0]
-    counters = {name: _count(raw) for name, raw in zip(HOT_COUNTERS, values[1:], strict=True)}
+    counters = {name: _count(raw) for name, raw in zip(HOT_COUNTERS, values[1:-1], strict=True)}
     if engine_traits(tr.db)[0]:  # pointless where nothing conflicts (the embedded engine)
         tr.add_read_conflict_key(keys.config)
         tr.add_read_conflict_key(keys.state)
@@ -372,7 +374,14 @@ def read_meta(tr: Transaction, keys: QueueKeys) -> Meta:
             _remember(db, keys, cached)
     _volatile(tr, keys, cached.config)
     return Meta(
-        cached.config, cached.state, counters, counters["wake"], cached.priorities, cached.owner, cached.acl
+        cached.config,
+        cached.state,
+        counters,
+        counters["wake"],
+        cached.priorities,
+        cached.owner,
+        cached.acl,
+        values[-1],
     )
 
 

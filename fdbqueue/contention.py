@@ -17,7 +17,6 @@ dequeue: it conflicts under contention and the caller's retry loop runs it again
 
 from __future__ import annotations
 
-import os
 import random
 import time
 from typing import TYPE_CHECKING
@@ -27,6 +26,7 @@ from fdbqueue.clock import db_now, versions
 from fdbqueue.config import QueueConfig, due_entries, read_meta
 from fdbqueue.delivery import to_message
 from fdbqueue.engines.base import RETRY, Again, Attempt, Database, Done, KeyValue, Transaction, retry
+from fdbqueue.entropy import random_bytes
 from fdbqueue.errors import CommitUnknownError, CorruptMessageError, QueueStoppedError
 from fdbqueue.head import HEAD_BATCH, HEAD_SKIP_LIMIT, expire_within
 from fdbqueue.layout import QueueKeys
@@ -88,7 +88,7 @@ def staged_dequeue(db: Database, queue: Queue) -> Message | None:
     """Dequeue through the request set; None when the queue was empty at fulfilment."""
 
     keys = queue.keys
-    rand = os.urandom(8)  # made outside every retry loop: the request's identity
+    rand = random_bytes(8)  # made outside every retry loop: the request's identity
     res_key = keys.result_key(rand)
     made: list[bytes] = []  # the request's key: made in the first attempt, kept by the retries
 

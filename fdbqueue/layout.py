@@ -65,7 +65,6 @@ queue's settings, state, counters and mark, and their writes dirty one page, not
 from __future__ import annotations
 
 import importlib
-import os
 import struct
 import time
 import types
@@ -75,6 +74,7 @@ from typing import Any
 import fdb.tuple
 from fdb.subspace_impl import Subspace
 
+from fdbqueue.entropy import random_bytes
 from fdbqueue.errors import InvalidTextError, QueueError
 
 # 2.0: every stored time is database time (versions), where 1.x stored wall-clock µs.
@@ -134,7 +134,7 @@ def unpack_count(raw: bytes | None) -> int:
 
 
 def new_rand() -> bytes:
-    return os.urandom(8)
+    return random_bytes(8)
 
 
 def new_id() -> str:
@@ -145,7 +145,7 @@ def new_id() -> str:
     wall clock serves locality only: uniqueness is the random bits', and nothing orders or
     ages messages by their ids, so a client's wrong clock costs nothing here.
     """
-    return f"{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}"
+    return f"{time.time_ns() // 1_000_000:012x}{random_bytes(10).hex()}"
 
 
 MAX_NAME_LENGTH = 200  # characters of a queue name (an error queue's derived name included)
@@ -312,6 +312,14 @@ class QueueKeys:
     def metadata_version(self) -> bytes:
         """Changes (to a fresh random value) whenever the settings, state or priority markers do."""
         return self._meta("mv")
+
+    @property
+    def work_entry(self) -> bytes:
+        """This queue's entry in the work index, ``root + ("wk", name)`` (workindex.py)."""
+        key = self._cache.get("wk")
+        if key is None:
+            key = self._cache["wk"] = bytes(self.root.pack(("wk", self.name)))
+        return key
 
     def hot_counters(self) -> list[bytes]:
         """The counters every operation reads: ready, inflight, delayed, wake (see ``HOT_COUNTERS``)."""

@@ -382,9 +382,17 @@ def write_new(
             after(tr, keys, True, Note("enqueue", None, details), rec)
 
 
-def count_new(tr: Transaction, keys: QueueKeys, ready: int, delayed: int, new_priorities: set[int]) -> None:
+def count_new(
+    tr: Transaction,
+    keys: QueueKeys,
+    ready: int,
+    delayed: int,
+    new_priorities: set[int],
+    work: bytes | object | None = workindex.UNREAD,
+) -> None:
     """Count a batch of new messages: one atomic add per counter (no conflicts between
-    producers), the wake key for blocked consumers, and a marker per new priority."""
+    producers), the wake key for blocked consumers, and a marker per new priority.
+    ``work``: the queue's work-index entry when the caller read it (``Meta.work``)."""
     for p in new_priorities:
         tr.set(keys.priority_marker(p), b"")
     if new_priorities:
@@ -395,7 +403,7 @@ def count_new(tr: Transaction, keys: QueueKeys, ready: int, delayed: int, new_pr
     if delayed:
         tr.add(keys.counter("delayed"), pack_count(delayed))
     if ready or delayed:
-        workindex.mark(tr, keys)
+        workindex.mark(tr, keys, work)
 
 
 def take(tr: Transaction, keys: QueueKeys, key: bytes, rec: Record, *, journaled: bool = False) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
-import os
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
@@ -62,6 +62,7 @@ from fdbqueue.engines.base import (
     producer_room,
     retry,
 )
+from fdbqueue.entropy import random_bytes
 from fdbqueue.errors import (
     CorruptMessageError,
     EngineError,
@@ -282,12 +283,20 @@ class Queue:
             timeout = seconds("timeout", timeout)
         if timeout == 0 or is_transaction(tr):
             return body()  # a caller's transaction cannot wait: it must commit to see room
+        start = time.monotonic()
+        try:
+            return body()  # there is room: no retry machinery built (most calls)
+        except QueueFullError as exc:
+            if not exc.block:
+                raise
         # overflow="block": wait for room, up to ``timeout`` or (None) until there is room.
         # Room comes from dequeues, acks and sweeps elsewhere; polled with a backoff of at
         # most 0.25 s. The sleep is interruptible (KeyboardInterrupt, a signal handler).
         try:
             for attempt in tenacity.Retrying(
-                stop=tenacity.stop_never if timeout is None else tenacity.stop_after_delay(timeout),
+                stop=tenacity.stop_never
+                if timeout is None
+                else tenacity.stop_after_delay(max(0.0, timeout - (time.monotonic() - start))),
                 wait=tenacity.wait_exponential(multiplier=0.005, max=0.25),
                 retry=tenacity.retry_if_exception(lambda e: isinstance(e, QueueFullError) and e.block),
                 reraise=True,
@@ -384,7 +393,7 @@ class Queue:
         if receipt:
             tr.set(receipt[0], ",".join(ids).encode())  # ids are made here: a retry reads them back
             maybe_clear_old_receipts(tr, keys)
-        count_new(tr, keys, ready, len(items) - ready, priorities - meta.priorities)
+        count_new(tr, keys, ready, len(items) - ready, priorities - meta.priorities, meta.work)
         return ids
 
     def _deduplicated(
@@ -524,7 +533,7 @@ class Queue:
             raise QueueError(f"n must be an int >= 1, got {n!r}")
         secs = None if lease_seconds is None else check_lease_seconds(lease_seconds)
         where = check_where(where)
-        receipt = os.urandom(16).hex()  # made outside the retry loop: settles a 1021
+        receipt = random_bytes(16).hex()  # made outside the retry loop: settles a 1021
         tr = adopt(tr)
         if is_transaction(tr):
             if timeout:
@@ -673,7 +682,7 @@ class Queue:
 
         keys = self.keys
         may_conflict, may_unknown = engine_traits(db)
-        rand = os.urandom(8) if may_unknown else b""
+        rand = random_bytes(8) if may_unknown else b""
         receipt: bytes | None = None  # made in the first attempt, from its read version
         taken: Message | None = None
         staged_ok = False

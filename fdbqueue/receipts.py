@@ -8,7 +8,6 @@ contention both read it. Everything here composes inside the caller's transactio
 
 from __future__ import annotations
 
-import os
 import random
 import struct
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from typing import TypeVar
 
 from fdbqueue.clock import db_now, versions
 from fdbqueue.engines.base import Database, Transaction, adopt, engine_traits, is_transaction
+from fdbqueue.entropy import random_bytes
 from fdbqueue.errors import CommitUnknownError
 from fdbqueue.layout import QueueKeys
 from fdbqueue.txn import run_once
@@ -103,7 +103,7 @@ def settled(tr: Transaction | Database, keys: QueueKeys, body: Callable[[Transac
     tr = adopt(tr)
     if is_transaction(tr) or not engine_traits(tr)[1]:
         return run_once(tr, lambda t, _: body(t))
-    rand = os.urandom(8)
+    rand = random_bytes(8)
     receipt: list[bytes] = []  # made in the first attempt, kept by its retries
     result: list[T] = []  # what the last attempt that reached its commit computed
 

@@ -12,7 +12,6 @@ whose lease has gone (expired, or taken back by a sweep) is not acked by a stale
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -22,6 +21,7 @@ from fdbqueue.clock import db_now
 from fdbqueue.config import config_or_create
 from fdbqueue.delivery import ack_many_in, nack_in
 from fdbqueue.engines.base import Database, Transaction
+from fdbqueue.entropy import random_bytes
 from fdbqueue.errors import LeaseError, QueueError
 from fdbqueue.leasing import lease_batch
 from fdbqueue.message import Message, check_reason
@@ -207,7 +207,7 @@ def lease_settling(
     got = [] if settler is None else settler.take()
     if not got or settler is None:
         return q.lease_many(db, n, lease_seconds)
-    receipt = os.urandom(16).hex()  # made outside the retry loop, as lease_many's
+    receipt = random_bytes(16).hex()  # made outside the retry loop, as lease_many's
 
     def body(t: Transaction) -> tuple[list[Any], list[Message]]:
         return settler.settle(t, got), lease_batch(q, t, lease_seconds, receipt, n)

@@ -60,10 +60,10 @@ UNREAD = b"unread"  # no entry's value: entries are b"" or 8 bytes
 def entry_key(keys: QueueKeys) -> bytes:
     """Queue ``keys``'s entry: for a caller that reads it along with other keys (one round
     trip) and passes what it found to :func:`mark`."""
-    return _keys_of(keys).entry(keys.name)
+    return keys.work_entry
 
 
-def mark(tr: Transaction, keys: QueueKeys, seen: bytes | None = UNREAD) -> None:
+def mark(tr: Transaction, keys: QueueKeys, seen: bytes | object | None = UNREAD) -> None:
     """Queue ``keys`` may have a deliverable message now (see the module docstring).
     ``seen``: the entry's value, when the caller read it at snapshot isolation already."""
     wk = _keys_of(keys)

@@ -193,6 +193,7 @@ LAYERS: dict[str, int] = {
     "errors": 0,
     "types": 0,
     "layout": 0,
+    "entropy": 0,
     "clock": 0,
     "tracing": 0,  # OpenTelemetry context in headers: imports nothing of ours
     "budget": 0,

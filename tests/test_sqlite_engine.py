@@ -518,7 +518,57 @@ def test_get_many_reads_in_one_statement_what_get_reads_key_by_key(tmp_path: Pat
         snap = tr.snapshot.get_many(keys)
         tr._conn.set_trace_callback(None)  # type: ignore[attr-defined]
         assert got == snap == [tr.get(k) for k in keys] == [b"1", b"written", None, b"new", None, b"1", None]
-        assert len([s for s in statements if s.startswith("SELECT")]) == 2  # one a get_many
+        # One for the first get_many; the second, and the gets, find what it read: nothing
+        # else commits while this transaction holds the store lock.
+        assert len([s for s in statements if s.startswith("SELECT")]) == 1
     finally:
         tr.cancel()
         db.close()
+
+
+def test_reads_under_the_store_lock_are_asked_of_sqlite_once(tmp_path: Path) -> None:
+    """A value read stays the committed one while the transaction holds the store lock: a
+    second read of it, and an atomic op on it, ask SQLite nothing; the transaction's own
+    writes and clears still decide first."""
+    db = fdbqueue.open(f"sqlite://{tmp_path / 'q.db'}")
+    db[b"n"] = struct.pack("<q", 5)
+    db[b"a"], db[b"b"] = b"1", b"2"
+    tr = db.create_transaction()
+    statements: list[str] = []
+    tr.get(b"z")  # begun before tracing (BEGIN runs on the first operation)
+    tr._conn.set_trace_callback(statements.append)  # type: ignore[attr-defined]
+    try:
+        assert tr.get_many([b"n", b"a", b"b", b"m"]) == [struct.pack("<q", 5), b"1", b"2", None]
+        tr.add(b"n", struct.pack("<q", 2))
+        tr.add(b"m", struct.pack("<q", 1))
+        assert tr.get(b"a") == b"1" and tr.snapshot.get(b"m") == struct.pack("<q", 1)
+        tr.clear_range(b"a", b"c")
+        assert tr.get_many([b"a", b"b", b"n"]) == [None, None, struct.pack("<q", 7)]
+        assert [s for s in statements if s.startswith("SELECT")] == [statements[0]]
+        tr.commit()
+    finally:
+        tr._conn.set_trace_callback(None)  # type: ignore[attr-defined]
+    assert [db[b"n"], db[b"m"]] == [struct.pack("<q", 7), struct.pack("<q", 1)]
+    assert db[b"a"] is None and db[b"b"] is None
+    db.close()
+
+
+def test_an_enqueue_runs_four_statements(tmp_path: Path) -> None:
+    """BEGIN, one SELECT of the queue's small keys (metadata version, counters, work-index
+    entry), one INSERT for every write, COMMIT: statements, not rows, are what it pays for."""
+    db = fdbqueue.open(f"sqlite://{tmp_path / 'q.db'}")
+    q = fdbqueue.Queue("jobs")
+    q.enqueue(db, b"first")  # creates the queue (and its metadata version) ...
+    q.enqueue(db, b"second")  # ... which this one reads the settings at, and caches them
+    conn = db._conn  # type: ignore[attr-defined]
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    try:
+        q.enqueue(db, b"third")
+    finally:
+        conn.set_trace_callback(None)
+    verbs = [s.split()[0] for s in statements]
+    assert verbs == ["BEGIN", "SELECT", "INSERT", "COMMIT"], statements
+    assert [m.payload for m in q.browse(db)] == [b"first", b"second", b"third"]
+    assert q.size(db) == 3
+    db.close()

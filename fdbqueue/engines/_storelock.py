@@ -63,6 +63,17 @@ _SLICE = 0.25  # a blocked waiter looks at the page at least this often
 _PINNED = 2**62
 
 
+_pid = os.getpid()  # written with every claim: a system call each time, were it asked
+
+
+def _new_pid() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_new_pid)
+
+
 def _now_us() -> int:
     """CLOCK_MONOTONIC itself, shared by every process of the boot: never a test's fake clock,
     which moves one process's engine time only, while holders in other processes read theirs."""
@@ -179,7 +190,7 @@ class StoreLock:
         return int(gen), int(since), int(pid)
 
     def _write(self, gen: int, since: int) -> None:
-        _LEASE.pack_into(self._page, LEASE_AT, gen, since, os.getpid())
+        _LEASE.pack_into(self._page, LEASE_AT, gen, since, _pid)
 
     def _locked_page(self) -> _PageMutex:
         return _PageMutex(self._fd)

@@ -1,0 +1,196 @@
+"""What one operation of the embedded engine costs in SQL statements and in instructions.
+
+Per message, on ``sqlite://...?sync=normal`` (the fsync is not an instruction), one process:
+
+- **statements**: the SQL statements SQLite ran (``Connection.set_trace_callback``, which
+  reports each statement each time it is stepped), counted over 100 operations;
+- **instructions**: valgrind's callgrind (deterministic: the same count whatever else the
+  machine does), as (I(2n) - I(n)) / n over two runs of n and 2n operations, so that the
+  interpreter's start, the imports and the setup cancel out;
+- **time**: the mean of 3,000 operations without valgrind, for the ratio to the floor.
+
+Against the floor: raw ``sqlite3`` doing the least the same work needs (WAL, the same
+synchronous, one row a commit: ``INSERT`` for an enqueue, ``SELECT`` + ``DELETE`` for a
+dequeue; the tables of scripts/bench_queue.py).
+
+Usage: .venv/bin/python scripts/count_instructions.py [--n 300] [--ops enqueue,dequeue,lease_ack]
+       [--markdown]   (needs valgrind for the instruction column: apt install valgrind)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import sqlite3
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchlib import machine, show_table
+
+import fdbqueue
+
+PAYLOAD = b"x" * 200
+OPS = ("enqueue", "dequeue", "lease_ack", "raw_enqueue", "raw_dequeue")
+FLOOR = {"enqueue": "raw_enqueue", "dequeue": "raw_dequeue", "lease_ack": "raw_dequeue"}
+
+
+def _setup(op: str, folder: str, stock: int) -> tuple[Callable[[], object], list[sqlite3.Connection]]:
+    """The operation as a no-argument call, with ``stock`` messages in place for a dequeue,
+    and the SQLite connections whose statements it runs."""
+    if op.startswith("raw_"):
+        conn = sqlite3.connect(os.path.join(folder, "raw.db"), isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("CREATE TABLE q (k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID")
+        counter = iter(range(10**9))
+
+        def key() -> bytes:
+            return b"\x02q\x00" + struct.pack(">Q", next(counter)) + os.urandom(8)
+
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany("INSERT INTO q VALUES (?, ?)", ((key(), PAYLOAD) for _ in range(stock)))
+        conn.execute("COMMIT")
+
+        def raw_enqueue() -> None:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("INSERT INTO q (k, v) VALUES (?, ?)", (key(), PAYLOAD))
+            conn.execute("COMMIT")
+
+        def raw_dequeue() -> None:
+            conn.execute("BEGIN IMMEDIATE")
+            k = conn.execute("SELECT k, v FROM q ORDER BY k LIMIT 1").fetchone()[0]
+            conn.execute("DELETE FROM q WHERE k = ?", (k,))
+            conn.execute("COMMIT")
+
+        return (raw_enqueue if op == "raw_enqueue" else raw_dequeue), [conn]
+    db = fdbqueue.open(f"sqlite://{os.path.join(folder, 'q.db')}?sync=normal")
+    q = fdbqueue.Queue("jobs")
+    for lo in range(0, stock, 500):  # a transaction's byte budget holds about 900 of them
+        q.enqueue_many(db, [PAYLOAD] * min(500, stock - lo))
+    for _ in range(3):  # settings cached, pages warm
+        q.enqueue(db, PAYLOAD)
+        q.dequeue(db)
+    conns = [db._conn]  # type: ignore[attr-defined]
+    if op == "enqueue":
+        return (lambda: q.enqueue(db, PAYLOAD)), conns
+    if op == "dequeue":
+
+        @fdbqueue.transactional
+        def take(tr: fdbqueue.Transaction) -> fdbqueue.Message | None:
+            return q.dequeue(tr)
+
+        return (lambda: take(db)), conns
+
+    def lease_ack() -> None:
+        m = q.lease(db)
+        assert m is not None
+        q.ack(db, m)
+
+    return lease_ack, conns
+
+
+def child(op: str, n: int, stock: int) -> None:
+    """Run ``n`` operations (valgrind counts the whole process; the parent subtracts)."""
+    with tempfile.TemporaryDirectory() as folder:
+        run, _ = _setup(op, folder, stock)
+        for _ in range(n):
+            run()
+
+
+def instructions(op: str, n: int) -> float | None:
+    """(I(2n) - I(n)) / n under callgrind; None without valgrind."""
+    if shutil.which("valgrind") is None:
+        return None
+    counts = []
+    for k in (n, 2 * n):
+        out = subprocess.run(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                "--callgrind-out-file=/dev/null",
+                sys.executable,
+                os.path.abspath(__file__),
+                "--child",
+                op,
+                str(k),
+                str(2 * n + 10),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        found = re.search(r"Collected : (\d+)", out.stderr)
+        if found is None:
+            raise RuntimeError(f"no instruction count from callgrind: {out.stderr[-500:]}")
+        counts.append(int(found.group(1)))
+    return (counts[1] - counts[0]) / n
+
+
+def statements_and_time(op: str, timed: int) -> tuple[float, float]:
+    """Statements per operation (over 100) and mean seconds per operation (over ``timed``)."""
+    with tempfile.TemporaryDirectory() as folder:
+        run, conns = _setup(op, folder, timed + 110)
+        seen: list[str] = []
+        for c in conns:
+            c.set_trace_callback(seen.append)
+        for _ in range(100):
+            run()
+        for c in conns:
+            c.set_trace_callback(None)
+        start = time.perf_counter()
+        for _ in range(timed):
+            run()
+        return len(seen) / 100, (time.perf_counter() - start) / timed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=300, help="operations of the shorter callgrind run")
+    ap.add_argument("--timed", type=int, default=3000, help="operations timed without valgrind")
+    ap.add_argument("--ops", default="enqueue,dequeue,lease_ack")
+    ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--child", nargs=3, metavar=("OP", "N", "STOCK"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args.child[0], int(args.child[1]), int(args.child[2]))
+        return
+    ops = [o for o in args.ops.split(",") if o]
+    unknown = [o for o in ops if o not in FLOOR]
+    if unknown:
+        ap.error(f"unknown operation(s) {unknown}: choose from {sorted(FLOOR)}")
+    measured: dict[str, tuple[float, float, float | None]] = {}
+    for op in dict.fromkeys([*ops, *(FLOOR[o] for o in ops)]):
+        stmts, seconds = statements_and_time(op, args.timed)
+        measured[op] = (stmts, seconds, instructions(op, args.n))
+    print(machine(sync="normal", payload=len(PAYLOAD), n=args.n, timed=args.timed))
+    rows = []
+    for op in ops:
+        stmts, seconds, ir = measured[op]
+        fst, fsec, fir = measured[FLOOR[op]]
+        rows.append(
+            [
+                op,
+                f"{stmts:g} / {fst:g}",
+                "-" if ir is None or fir is None else f"{ir:,.0f} / {fir:,.0f} ({fir / ir:.2f})",
+                f"{seconds * 1e6:.1f} / {fsec * 1e6:.1f} ({fsec / seconds:.2f})",
+            ]
+        )
+    show_table(
+        "per message, fdbqueue / raw sqlite3 floor (ratio: floor / fdbqueue)",
+        ["operation", "statements", "instructions", "µs"],
+        rows,
+        markdown=args.markdown,
+    )
+
+
+if __name__ == "__main__":
+    main()
