@@ -30,8 +30,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from typing import Any, TypeVar
 
 from fdbqueue import journaling, tracing
+from fdbqueue.delivery import check_lease_seconds
 from fdbqueue.engines.base import Database, Transaction, Watch, adopt, is_transaction
-from fdbqueue.errors import EngineError, QueueError, QueueStoppedError
+from fdbqueue.errors import EngineError, QueueError
 from fdbqueue.handling import (
     Backoff,
     Heartbeat,
@@ -45,21 +46,15 @@ from fdbqueue.handling import (
     settle_failure,
     work_set_of,
 )
-from fdbqueue.layout import DEFAULT_ROOT, JournalKeys
+from fdbqueue.layout import DEFAULT_ROOT
 from fdbqueue.message import Message
 from fdbqueue.queue import Queue
 from fdbqueue.settling import Settler, lease_settling
+from fdbqueue.steps import Emit, Run, Steps, Wait, refused, refused_wait
 from fdbqueue.sweep import SweepStats
 from fdbqueue.txn import as_database, seconds
-from fdbqueue.types import Item, JournalEntry
-from fdbqueue.waiting import (
-    LOST_WAKEUP_RECHECK,
-    REFUSED_WATCH_RECHECK,
-    bounded,
-    refused,
-    strict_of,
-    watch_queue,
-)
+from fdbqueue.types import Item, JournalEntry, check_where
+from fdbqueue.waiting import wait_ready_steps, watch_queue
 
 __all__ = ["AsyncQueue", "AsyncWorker", "journal", "transactional", "wait_watch"]
 
@@ -93,10 +88,65 @@ async def wait_watch(watch: Watch, timeout: float | None) -> bool:
     except asyncio.TimeoutError:
         return False
     if refused(watch):  # 1032 too_many_watches: look again after a bounded interval
-        await asyncio.sleep(min(REFUSED_WATCH_RECHECK, timeout or REFUSED_WATCH_RECHECK))
-        return True
+        pause, answer = refused_wait(timeout)
+        await asyncio.sleep(pause)
+        return answer
     watch.wait(0)  # raises what it failed with
     return True
+
+
+async def drive(steps: Steps[T]) -> T:
+    """``fdbqueue.steps.drive`` with coroutines: each call in the loop's thread pool, each wait
+    on the watches' callbacks (no thread held). Cancelling it cancels the steps' watches."""
+    send: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = steps.send(send) if error is None else steps.throw(error)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        send, error = None, None
+        try:
+            if isinstance(step, Run):
+                send = await _off(step.fn)
+            elif isinstance(step, Wait):
+                send = await _wait_watches(step.watches, step.timeout)
+            else:
+                raise TypeError(f"drive() cannot take {step!r}: use iterate()")
+        except BaseException as exc:  # thrown into the steps, which may handle it
+            error = exc
+
+
+async def iterate(steps: Steps[None]) -> AsyncIterator[Any]:
+    """``fdbqueue.steps.iterate`` with coroutines: yields what the steps emit."""
+    send: Any = None
+    error: BaseException | None = None
+    try:
+        while True:
+            try:
+                step = steps.send(send) if error is None else steps.throw(error)
+            except StopIteration:
+                return
+            send, error = None, None
+            if isinstance(step, Emit):
+                yield step.value
+                continue
+            try:
+                if isinstance(step, Run):
+                    send = await _off(step.fn)
+                else:
+                    send = await _wait_watches(step.watches, step.timeout)
+            except BaseException as exc:  # thrown into the steps, which may handle it
+                error = exc
+    finally:
+        steps.close()
+
+
+async def _wait_watches(watches: list[Watch], timeout: float | None) -> bool:
+    """``fdbqueue.steps.wait_watches``, awaited."""
+    if len(watches) == 1:
+        return await wait_watch(watches[0], timeout)
+    return await _first(watches, timeout)
 
 
 class AsyncQueue:
@@ -142,13 +192,11 @@ class AsyncQueue:
         fallback: bool = False,
     ) -> Message | None:
         """:meth:`Queue.dequeue`; a blocking one (``timeout``) awaits the queue's watch."""
-
-        async def once(db: Database) -> Message | None:
-            return await _off(self.queue.dequeue, db, where=where, fallback=fallback)
-
         if timeout is None or is_transaction(adopt(tr)):
             return await self._run(self.queue.dequeue, tr, timeout=timeout, where=where, fallback=fallback)
-        return await self._blocking(adopt(tr), timeout, once)  # type: ignore[arg-type]
+        if where is not None and not isinstance(where, Mapping):
+            raise QueueError("where must be a mapping of header names to values")
+        return await drive(self.queue.dequeue_steps(as_database(tr), timeout, where, fallback))
 
     async def lease(
         self, tr: Transaction | Database, lease_seconds: float | None = None, *, timeout: float | None = None
@@ -167,60 +215,22 @@ class AsyncQueue:
         where: Mapping[str, Any] | None = None,
     ) -> list[Message]:
         """:meth:`Queue.lease_many`; a blocking one (``timeout``) awaits the queue's watch."""
-
-        async def once(db: Database) -> list[Message] | None:
-            return await _off(self.queue.lease_many, db, n, lease_seconds, where=where) or None
-
         if timeout is None or is_transaction(adopt(tr)):
             return await self._run(self.queue.lease_many, tr, n, lease_seconds, timeout=timeout, where=where)
-        return await self._blocking(adopt(tr), timeout, once) or []  # type: ignore[arg-type]
-
-    async def _blocking(
-        self, db: Database, timeout: float, once: Callable[[Database], Awaitable[T | None]]
-    ) -> T | None:
-        """``once(db)`` until it gives a result or ``timeout`` passes, awaiting the queue's
-        watch in between (armed with a check in one transaction: no wake-up is missed), bounded
-        by the queue's next deadline, as ``fdbqueue.waiting.blocking``. A paused queue is
-        waited through; still paused at the end, QueueStoppedError."""
-        deadline = time.monotonic() + seconds("timeout", timeout)
-        strict = await _off(strict_of, db, self.keys)
-        while True:
-            stopped = None
-            try:
-                got = await once(db)
-            except QueueStoppedError as exc:
-                got, stopped = None, exc
-            if got is not None:
-                return got
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                if stopped is not None:
-                    raise stopped
-                return None
-            watch = await _off(watch_queue, db, self.keys, strict, changes_only=stopped is not None)
-            try:
-                limit = await _off(bounded, db, self.keys, remaining)
-                await wait_watch(watch, min(LOST_WAKEUP_RECHECK, limit or remaining))
-            finally:
-                watch.cancel()
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise QueueError(f"n must be an int >= 1, got {n!r}")
+        secs = None if lease_seconds is None else check_lease_seconds(lease_seconds)
+        steps = self.queue.lease_steps(as_database(tr), n, secs, timeout, check_where(where))
+        return await drive(steps) or []
 
     async def wait(self, db: Database, timeout: float | None = None) -> bool:
-        """Until a message may be ready (True) or ``timeout`` passes (False), holding no thread."""
-        deadline = None if timeout is None else time.monotonic() + seconds("timeout", timeout)
-        while True:
-            watch = await _off(watch_queue, db, self.keys)
-            try:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                limit = await _off(bounded, db, self.keys, left)
-                came_due = limit is not None and (left is None or limit < left)
-                if limit is None or limit > LOST_WAKEUP_RECHECK:
-                    limit, came_due = LOST_WAKEUP_RECHECK, False
-                if await wait_watch(watch, limit) or came_due:
-                    return True
-            finally:
-                watch.cancel()
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
+        """:meth:`Queue.wait`: until a message may be ready (True) or ``timeout`` passes
+        (False), holding no thread."""
+        if is_transaction(db) or not hasattr(db, "create_transaction"):
+            raise QueueError("wait() needs a Database: a watch arms only when its transaction commits")
+        if timeout is not None:
+            timeout = seconds("timeout", timeout)
+        return await drive(wait_ready_steps(db, self.keys, timeout))
 
     async def ack(self, tr: Transaction | Database, m: Message) -> None:
         await self._run(self.queue.ack, tr, m)
@@ -295,29 +305,11 @@ async def journal(
     """``fdbqueue.journal`` as an async iterator: pages read in the thread pool; with
     ``follow`` it then awaits the journal's watches (no thread held) and yields new entries as
     they commit, until ``timeout`` seconds pass without one (None: for ever)."""
-    jk = JournalKeys.make(root)
-    left = limit
-    cursor = journaling.check_version(since)
-    while True:
-        it = journaling.journal(db, queue, since=cursor, limit=left, root=root)
-        while True:
-            page = await _off(_take, it, journaling.PAGE)
-            for e in page:
-                yield e
-            if page:
-                cursor = page[-1].version
-                left = None if left is None else left - len(page)
-            if len(page) < journaling.PAGE:
-                break
-        if not follow or (left is not None and left <= 0):
-            return
-        watches, ready = await _off(journaling.arm_more, db, jk, root, queue, cursor)
-        try:
-            if not ready and not await _first(watches, timeout):
-                return
-        finally:
-            for w in watches:
-                w.cancel()
+    steps = journaling.journal_steps(
+        db, queue, since=since, limit=limit, follow=follow, timeout=timeout, root=root
+    )
+    async for e in iterate(steps):
+        yield e
 
 
 async def _first(watches: list[Watch], timeout: float | None) -> bool:

@@ -28,8 +28,9 @@ from fdbqueue.errors import QueueError, QueueStoppedError
 from fdbqueue.layout import DEFAULT_ROOT, QueueKeys, unpack_count
 from fdbqueue.queue import Queue
 from fdbqueue.routing import PartitionedQueue, routes
+from fdbqueue.steps import wait_on
 from fdbqueue.txn import run_once
-from fdbqueue.waiting import LOST_WAKEUP_RECHECK, wait_on
+from fdbqueue.waiting import LOST_WAKEUP_RECHECK
 
 log = logging.getLogger("fdbqueue.worker")
 

@@ -21,16 +21,17 @@ from __future__ import annotations
 import heapq
 import json
 import random
-import threading
 from collections.abc import Iterator, Mapping
+from functools import partial
 from typing import Any
 
 from fdbqueue.clock import db_now, now_us, versions
 from fdbqueue.config import read_config
 from fdbqueue.engines.base import Database, Transaction, Watch, adopt, engine_traits, is_transaction
-from fdbqueue.errors import EngineError, QueueError
+from fdbqueue.errors import QueueError
 from fdbqueue.layout import DEFAULT_ROOT, JOURNAL_SHARDS, JournalKeys, QueueKeys
 from fdbqueue.privileges import check, principal_of, readable
+from fdbqueue.steps import Emit, Run, Steps, Wait, iterate
 from fdbqueue.txn import as_database, run_once
 from fdbqueue.types import JournalEntry
 
@@ -223,7 +224,27 @@ def journal(
     tr = adopt(tr)
     if follow and is_transaction(tr):
         raise QueueError("journal(follow=True) takes a Database: it waits between transactions")
-    return _entries(tr, jk, root, queue, since, limit, follow, timeout)
+    return iterate(_entries(tr, jk, root, queue, since, limit, follow, timeout))
+
+
+def journal_steps(
+    db: Database,
+    queue: str | None,
+    *,
+    since: bytes | str | None = None,
+    limit: int | None = None,
+    follow: bool = False,
+    timeout: float | None = None,
+    root: tuple[Any, ...] = DEFAULT_ROOT,
+) -> Steps[None]:
+    """:func:`journal` of a Database as steps (``fdbqueue.steps``) emitting its entries: what
+    the blocking iterator and ``fdbqueue.aio.journal`` both run."""
+    since = _check_version(since)
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise QueueError(f"limit must be an int >= 0 or None, got {limit!r}")
+    if queue is not None:
+        QueueKeys.make(queue, root)  # validates the name
+    return _entries(as_database(db), JournalKeys.make(root), root, queue, since, limit, follow, timeout)
 
 
 def _queues(t: Transaction, jk: JournalKeys, root: tuple[Any, ...], queue: str | None) -> list[str]:
@@ -245,7 +266,7 @@ def _entries(
     limit: int | None,
     follow: bool,
     timeout: float | None,
-) -> Iterator[JournalEntry]:
+) -> Steps[None]:
     left = limit
     while True:
         while left is None or left > 0:
@@ -256,8 +277,9 @@ def _entries(
             ) -> list[JournalEntry]:
                 return _page(t, jk, _queues(t, jk, root, queue), cursor, want)
 
-            got = run_once(tr, page)
-            yield from got
+            got = yield Run(partial(run_once, tr, page))
+            for e in got:
+                yield Emit(e)
             if got:
                 since = got[-1].version
                 if left is not None:
@@ -266,26 +288,15 @@ def _entries(
                 break
         if not follow or (left is not None and left <= 0):
             return
-        if not _wait_for_more(as_database(tr), jk, root, queue, since, timeout):
-            return
-
-
-def _wait_for_more(
-    db: Database,
-    jk: JournalKeys,
-    root: tuple[Any, ...],
-    queue: str | None,
-    since: bytes | None,
-    timeout: float | None,
-) -> bool:
-    """Block on a watch of the journal's bell until an entry after ``since`` may exist (the
-    check and the watch are one transaction: no entry slips between them)."""
-    watches, ready = arm_more(db, jk, root, queue, since)
-    if ready:
-        for w in watches:
-            w.cancel()
-        return True
-    return _wait_any(watches, timeout)
+        # A watch on the journal's bell until an entry after ``since`` may exist (the check and
+        # the watch are one transaction: no entry slips between them).
+        watches, ready = yield Run(partial(arm_more, as_database(tr), jk, root, queue, since))
+        try:
+            if not ready and not (yield Wait(watches, timeout)):
+                return
+        finally:
+            for w in watches:
+                w.cancel()
 
 
 def arm_more(
@@ -301,30 +312,6 @@ def arm_more(
         return [t.watch(b) for b in bells], bool(_page(t, jk, queues, since, 1))
 
     return run_once(db, arm)
-
-
-def _wait_any(watches: list[Watch], timeout: float | None) -> bool:
-    """Block until one of ``watches`` fires (True) or ``timeout`` passes (False); then cancel
-    them all. A watch that fails counts as fired: the caller reads again."""
-    if len(watches) == 1:
-        return bool(watches[0].wait(timeout))
-    fired = threading.Event()
-
-    def wait(w: Watch) -> None:
-        try:
-            if w.wait(timeout):
-                fired.set()
-        except EngineError:
-            fired.set()
-
-    waiters = [threading.Thread(target=wait, args=(w,), daemon=True) for w in watches]
-    for t in waiters:
-        t.start()
-    try:
-        return fired.wait(timeout)
-    finally:
-        for w in watches:
-            w.cancel()
 
 
 def history(

@@ -13,6 +13,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from functools import partial
 from typing import Any, TypeVar, cast
 
 import tenacity
@@ -93,11 +94,12 @@ from fdbqueue.moves import CHUNK_SIZE, count_new, move_corrupt, take, wake, writ
 from fdbqueue.privileges import check, checked
 from fdbqueue.receipts import maybe_clear_old_receipts, new_receipt, read_receipt, settled
 from fdbqueue.redrive import delete_by_id
+from fdbqueue.steps import Steps, drive
 from fdbqueue.sweep import SweepStats, sweep
 from fdbqueue.tracing import inject
 from fdbqueue.txn import as_database, run_once, seconds
 from fdbqueue.types import Item, NewMessage, check_where
-from fdbqueue.waiting import blocking, strict_of, wait_ready, watch_queue
+from fdbqueue.waiting import blocking_steps, strict_of, wait_ready_steps, watch_queue
 
 # lease_many stops taking messages past this many record bytes, keeping its transaction (the
 # leased records are written again) well under FoundationDB's advised 1 MB.
@@ -504,8 +506,14 @@ class Queue:
                     "wait); pass a Database, or use timeout=None"
                 )
             return self._take(tr, where, fallback, in_caller=True)  # type: ignore[arg-type]
-        db = as_database(tr)
-        return _blocking(db, self.keys, timeout, lambda watch: self._dequeue_own(db, where, fallback, watch))
+        return drive(self.dequeue_steps(as_database(tr), timeout, where, fallback))
+
+    def dequeue_steps(
+        self, db: Database, timeout: float | None, where: Mapping[str, Any] | None, fallback: bool
+    ) -> Steps[Message | None]:
+        """:meth:`dequeue` in a Database, as steps (``fdbqueue.steps``): what the blocking API
+        and ``fdbqueue.aio`` both run."""
+        return _blocking_steps(db, self.keys, timeout, partial(self._dequeue_own, db, where, fallback))
 
     def lease(
         self, tr: Transaction | Database, lease_seconds: float | None = None, *, timeout: float | None = None
@@ -533,13 +541,24 @@ class Queue:
             raise QueueError(f"n must be an int >= 1, got {n!r}")
         secs = None if lease_seconds is None else check_lease_seconds(lease_seconds)
         where = check_where(where)
-        receipt = random_bytes(16).hex()  # made outside the retry loop: settles a 1021
         tr = adopt(tr)
         if is_transaction(tr):
             if timeout:
                 raise QueueError("a blocking lease cannot join a caller's transaction; pass a Database")
+            receipt = random_bytes(16).hex()
             return lease_batch(self, tr, secs, receipt, n, None, where)  # type: ignore[arg-type]
-        db = as_database(tr)
+        return drive(self.lease_steps(as_database(tr), n, secs, timeout, where)) or []
+
+    def lease_steps(
+        self,
+        db: Database,
+        n: int,
+        secs: float | None,
+        timeout: float | None,
+        where: Mapping[str, Any] | None,
+    ) -> Steps[list[Message] | None]:
+        """:meth:`lease_many` in a Database (arguments checked), as steps: see :meth:`dequeue_steps`."""
+        receipt = random_bytes(16).hex()  # made outside the retry loop: settles a 1021
         taken: list[Message] = []
         budget = Budget(TAKE_RESERVE)
 
@@ -566,7 +585,7 @@ class Queue:
                 return got, None
             return None, watch_queue(db, self.keys, strict_of(db, self.keys))
 
-        return _blocking(db, self.keys, timeout, attempt) or []
+        return _blocking_steps(db, self.keys, timeout, attempt)
 
     def ack(self, tr: Transaction | Database, m: Message) -> None:
         """Settle a leased message: it is done and removed. LeaseError if the lease is gone.
@@ -673,7 +692,7 @@ class Queue:
             raise QueueError("wait() needs a Database: a watch arms only when its transaction commits")
         if timeout is not None:
             timeout = seconds("timeout", timeout)
-        return wait_ready(db, self.keys, timeout)
+        return drive(wait_ready_steps(db, self.keys, timeout))
 
     def _dequeue_own(
         self, db: Database, where: Mapping[str, Any] | None, fallback: bool, want_watch: bool
@@ -860,13 +879,13 @@ class Queue:
         return browse(self, tr, limit=limit, batch=batch)
 
 
-def _blocking(
+def _blocking_steps(
     db: Database,
     keys: QueueKeys,
     timeout: float | None,
     attempt: Callable[[bool], tuple[R | None, Watch | None]],
-) -> R | None:
-    """:func:`blocking`, saying ``QueueStoppedError`` when the wait ends on a paused queue.
+) -> Steps[R | None]:
+    """:func:`blocking_steps`, saying ``QueueStoppedError`` when the wait ends on a paused queue.
 
     A blocking dequeue waits through a pause (resuming wakes it); if the queue is still
     paused when the wait ends, it says so as a non-blocking dequeue does, not "nothing ready".
@@ -881,7 +900,7 @@ def _blocking(
             stopped.append(exc)
             raise
 
-    got = blocking(db, keys, timeout, watched)
+    got = yield from blocking_steps(db, keys, timeout, watched)
     if got is None and stopped:
         raise stopped[0]
     return got

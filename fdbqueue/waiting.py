@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import TypeVar
 
 from fdbqueue.clock import db_now, seconds_of
@@ -14,6 +15,7 @@ from fdbqueue.engines.local import EventWatch
 from fdbqueue.errors import CorruptMessageError, EngineError, QueueError, QueueStoppedError
 from fdbqueue.layout import QueueKeys
 from fdbqueue.message import decode_record
+from fdbqueue.steps import REFUSED_WATCH_RECHECK, Run, Steps, Wait, drive, refused
 from fdbqueue.txn import run_once, seconds
 
 
@@ -46,12 +48,6 @@ def not_before(keys: QueueKeys, key: bytes, raw: bytes) -> int:
     except CorruptMessageError:
         return 0
 
-
-# When the database refuses another watch (1032 too_many_watches: FoundationDB allows 10,000
-# outstanding watches per database by default, ``DatabaseContext::maxOutstandingWatches`` in
-# ``fdbclient/NativeAPI.actor.cpp``), a waiter falls back to re-checking the queue this often,
-# still bounded by its own timeout and the queue's next deadline.
-REFUSED_WATCH_RECHECK = 0.2
 
 # However long a wait may last, it looks again at least this often (seconds of database
 # time: versions at ``VERSIONS_PER_SECOND``): a notification lost on the way - the embedded
@@ -124,35 +120,6 @@ def watch_queue(db: Database, keys: QueueKeys, strict: bool = False, *, changes_
     return w
 
 
-def refused(watch: Watch) -> bool:
-    """True when ``watch`` failed with 1032 (too_many_watches)."""
-    if not watch.is_ready():
-        return False
-    try:
-        watch.wait(0)
-    except EngineError as exc:
-        return exc.code == 1032
-    return False
-
-
-def wait_on(watch: Watch, timeout: float | None) -> bool:
-    """``watch.wait(timeout)``; a refused watch (1032) waits a bounded re-check interval instead.
-
-    True when the watch fired, or when a refused watch's re-check interval ended before
-    ``timeout`` (the caller looks again, as after a firing); False when ``timeout`` passed.
-    """
-    try:
-        return watch.wait(timeout)
-    except EngineError as exc:
-        if exc.code != 1032:
-            raise
-    if timeout is not None and timeout <= REFUSED_WATCH_RECHECK:
-        time.sleep(max(0.0, timeout))
-        return False
-    time.sleep(REFUSED_WATCH_RECHECK)
-    return True
-
-
 def strict_of(db: Database, keys: QueueKeys) -> bool:
     cfg = run_once(db, lambda t, _: read_config(t, keys))
     return cfg is not None and cfg.strict_order
@@ -174,41 +141,51 @@ def bounded(db: Database, keys: QueueKeys, timeout: float | None) -> float | Non
 R = TypeVar("R")
 
 
+def blocking_steps(
+    db: Database,
+    keys: QueueKeys,
+    timeout: float | None,
+    attempt: Callable[[bool], tuple[R | None, Watch | None]],
+) -> Steps[R | None]:
+    """``attempt(want_watch)`` until it returns a result or ``timeout`` passes (steps:
+    ``fdbqueue.steps``). Between attempts, wait on the watch it returned (armed in the
+    attempt's own transaction: no wake-up slips between), bounded by the queue's next
+    deadline. A paused queue is waited through (resuming bumps the wake key)."""
+    if timeout is not None:
+        timeout = seconds("timeout", timeout)
+    deadline = None if not timeout else time.monotonic() + timeout
+    while True:
+        try:
+            msg, watch = yield Run(partial(attempt, deadline is not None))
+        except QueueStoppedError:
+            if deadline is None:
+                raise  # non-blocking: a clear error at once
+            msg, watch = None, (yield Run(partial(watch_queue, db, keys, changes_only=True)))
+        if msg is not None or deadline is None:
+            return msg  # type: ignore[no-any-return]
+        assert watch is not None
+        try:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            limit = yield Run(partial(bounded, db, keys, remaining))
+            yield Wait([watch], min(LOST_WAKEUP_RECHECK, limit or remaining))
+        finally:
+            watch.cancel()
+
+
 def blocking(
     db: Database,
     keys: QueueKeys,
     timeout: float | None,
     attempt: Callable[[bool], tuple[R | None, Watch | None]],
 ) -> R | None:
-    """Call ``attempt(want_watch)`` until it returns a result or ``timeout`` passes.
-
-    Between attempts, wait on the watch it returned, bounded by the queue's next deadline.
-    """
-    if timeout is not None:
-        timeout = seconds("timeout", timeout)
-    deadline = None if not timeout else time.monotonic() + timeout
-    while True:
-        try:
-            msg, watch = attempt(deadline is not None)
-        except QueueStoppedError:
-            if deadline is None:
-                raise  # non-blocking: a clear error at once
-            # Blocking: wait for dequeue to be enabled again (which bumps the wake key).
-            msg, watch = None, watch_queue(db, keys, changes_only=True)
-        if msg is not None or deadline is None:
-            return msg
-        assert watch is not None
-        try:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            wait_on(watch, min(LOST_WAKEUP_RECHECK, bounded(db, keys, remaining) or remaining))
-        finally:
-            watch.cancel()
+    """:func:`blocking_steps` in this thread."""
+    return drive(blocking_steps(db, keys, timeout, attempt))
 
 
-def wait_ready(db: Database, keys: QueueKeys, timeout: float | None) -> bool:
-    """Block until a message may be ready on the queue (True) or ``timeout`` passes (False).
+def wait_ready_steps(db: Database, keys: QueueKeys, timeout: float | None) -> Steps[bool]:
+    """Until a message may be ready on the queue (True) or ``timeout`` passes (False): steps.
 
     A watch when the database grants one; when it refuses (1032), timed re-checks of the
     head every ``REFUSED_WATCH_RECHECK`` seconds, up to the same bound. True also when a
@@ -218,22 +195,27 @@ def wait_ready(db: Database, keys: QueueKeys, timeout: float | None) -> bool:
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        watch = watch_queue(db, keys)
+        watch = yield Run(partial(watch_queue, db, keys))
         try:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            limit = bounded(db, keys, left)
+            limit = yield Run(partial(bounded, db, keys, left))
             came_due = limit is not None and (left is None or limit < left)
             if limit is None or limit > LOST_WAKEUP_RECHECK:  # a lost notification: look again
                 limit, came_due = LOST_WAKEUP_RECHECK, False
             if not refused(watch):
-                if watch.wait(limit) or came_due:
+                if (yield Wait([watch], limit)) or came_due:
                     return True  # fired, or a deadline passed: a message may be ready now
-            elif wait_on(watch, limit) is False and came_due:
+            elif (yield Wait([watch], limit)) is False and came_due:
                 return True
         finally:
             watch.cancel()
         if deadline is not None and time.monotonic() >= deadline:
             return False
+
+
+def wait_ready(db: Database, keys: QueueKeys, timeout: float | None) -> bool:
+    """:func:`wait_ready_steps` in this thread."""
+    return drive(wait_ready_steps(db, keys, timeout))
 
 
 class QueueWatcher:

@@ -4,6 +4,10 @@
 - fdbqueue, embedded engine (``sqlite://...?sync=full``; ``sync=normal`` in the fast table);
 - persist-queue's ``SQLiteAckQueue`` (multithreading=True, auto_commit=True; its own default
   SQLite settings: WAL journal, ``synchronous`` left at SQLite's default FULL);
+- huey's ``SqliteStorage`` (what ``SqliteHuey`` keeps its tasks in: WAL journal, ``synchronous``
+  left at SQLite's default FULL): ``enqueue``; dequeue = its ``dequeue`` (SELECT + DELETE in one
+  transaction: there is no ack, a task is gone once taken); its consumer polls, every 0.1 s
+  while the queue is empty by default (``initial_delay``), and (d) polls the same way;
 - PostgreSQL via psycopg 3: one row per message, dequeue = ``SELECT ... FOR UPDATE SKIP LOCKED``
   then ``DELETE`` in one transaction (``synchronous_commit=on``; ``off`` in the fast table);
 - Redis reliable list queue: ``LPUSH``; dequeue = ``LMOVE`` to a processing list, ack =
@@ -26,7 +30,7 @@ ratio of the two medians. Start the servers first with ``scripts/peers.sh start`
 cannot be reached is skipped with the reason.
 
 Usage: .venv/bin/python scripts/bench_peers.py [--n 10000] [--n-durable 3000] [--repeat 3]
-       [--settings durable,fast] [--systems fdbqueue,persistqueue,postgres,redis] [--json]
+       [--settings durable,fast] [--systems fdbqueue,persistqueue,huey,postgres,redis] [--json]
 """
 
 from __future__ import annotations
@@ -62,10 +66,11 @@ PAD = bytes(range(256))[: PAYLOAD_SIZE - HEADER.size]
 FILL_BATCH = 500
 CONSUMERS = 4
 
-SYSTEMS = ("fdbqueue", "persistqueue", "postgres", "redis")
+SYSTEMS = ("fdbqueue", "persistqueue", "huey", "postgres", "redis")
 LABEL = {
     "fdbqueue": "fdbqueue",
     "persistqueue": "persist-queue",
+    "huey": "huey",
     "postgres": "PostgreSQL",
     "redis": "Redis",
 }
@@ -77,6 +82,10 @@ WHAT = {  # what each system runs, for the settings table
     "persistqueue": (
         "SQLiteAckQueue(multithreading=True, auto_commit=True); (b) get + ack (2 commits); "
         "(d) get(timeout=0.5) + ack in a thread of the producer's process"
+    ),
+    "huey": (
+        "SqliteStorage (SqliteHuey's); (b) dequeue: SELECT + DELETE, 1 transaction, no ack; "
+        "(d) dequeue polled every 0.1 s while empty (its consumer's initial_delay)"
     ),
     "postgres": (
         "one row per message, INSERT + pg_notify in one statement; (b) BEGIN, SELECT ... FOR UPDATE "
@@ -193,6 +202,62 @@ class PersistQueueClient:
         self.q.close()
 
 
+class HueyClient:
+    POLL = 0.1  # huey's Consumer(initial_delay=0.1): how often an idle consumer asks storage
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        from huey.storage import SqliteStorage
+
+        sync = spec["sync"]
+
+        class Storage(SqliteStorage):  # type: ignore[misc]
+            def _create_connection(self) -> Any:
+                conn = super()._create_connection()
+                if sync != "default":  # not a huey option (the fast table only)
+                    conn.execute(f"PRAGMA synchronous={sync}")
+                return conn
+
+        self.s = Storage(name=spec["queue"], filename=spec["path"])
+
+    def pragmas(self) -> dict[str, Any]:
+        conn = self.s.conn
+        return {
+            "journal_mode": conn.execute("PRAGMA journal_mode").fetchone()[0],
+            "synchronous": {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}.get(
+                conn.execute("PRAGMA synchronous").fetchone()[0], "?"
+            ),
+        }
+
+    def enqueue(self, p: bytes) -> None:
+        self.s.enqueue(p)
+
+    def take(self) -> bytes | None:
+        data = self.s.dequeue()
+        return None if data is None else bytes(data)
+
+    def take_blocking(self, timeout: float) -> bytes | None:
+        deadline = time.monotonic() + timeout
+        while True:
+            data = self.s.dequeue()
+            if data is not None:
+                return bytes(data)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            time.sleep(min(self.POLL, left))
+
+    def fill(self, payloads: list[bytes]) -> None:
+        conn = self.s.conn
+        conn.execute("BEGIN")  # its own INSERT, many rows in one transaction (not timed)
+        conn.executemany(
+            "INSERT INTO task (queue, data, priority) VALUES (?, ?, 0)", [(self.s.name, p) for p in payloads]
+        )
+        conn.execute("COMMIT")
+
+    def close(self) -> None:
+        self.s.close()
+
+
 class PostgresClient:
     def __init__(self, spec: dict[str, Any]) -> None:
         import psycopg
@@ -288,6 +353,7 @@ class RedisClient:
 CLIENTS: dict[str, Any] = {
     "fdbqueue": FdbqueueClient,
     "persistqueue": PersistQueueClient,
+    "huey": HueyClient,
     "postgres": PostgresClient,
     "redis": RedisClient,
 }
@@ -317,6 +383,10 @@ class Peers:
             self.info["persist-queue"] = importlib.metadata.version("persist-queue")
         except importlib.metadata.PackageNotFoundError:
             self.skip["persistqueue"] = "persist-queue is not installed (pip install persist-queue)"
+        try:
+            self.info["huey"] = importlib.metadata.version("huey")
+        except importlib.metadata.PackageNotFoundError:
+            self.skip["huey"] = "huey is not installed (pip install huey)"
         try:
             import psycopg
 
@@ -372,6 +442,15 @@ class Peers:
                 "sync": "default" if durable else "NORMAL",
                 "files": [path],
             }
+        if system == "huey":
+            path = os.path.join(self.dir, f"huey-{tag}.db")
+            return {
+                "system": system,
+                "path": path,
+                "queue": "bench",
+                "sync": "default" if durable else "NORMAL",
+                "files": [path],
+            }
         if system == "postgres":
             import psycopg
 
@@ -406,6 +485,12 @@ class Peers:
                 if durable
                 else "WAL, synchronous=NORMAL (set on its connections by this script)"
             )
+        if system == "huey":
+            return (
+                "WAL, synchronous=FULL (its default)"
+                if durable
+                else "WAL, synchronous=NORMAL (set on its connections by this script)"
+            )
         if system == "postgres":
             fsync = self.info.get("postgresql_fsync", "?")
             return f"synchronous_commit={'on' if durable else 'off'} (server fsync={fsync})"
@@ -414,7 +499,7 @@ class Peers:
 
     def drop(self, spec: dict[str, Any]) -> None:
         with contextlib.suppress(Exception):
-            if spec["system"] in ("fdbqueue", "persistqueue"):
+            if spec["system"] in ("fdbqueue", "persistqueue", "huey"):
                 for f in spec["files"]:
                     if os.path.isdir(f):
                         shutil.rmtree(f, ignore_errors=True)
@@ -523,10 +608,16 @@ def check(seen: list[int], n: int, leftover: Any = None) -> dict[str, Any]:
     }
 
 
-def _drain(c: Any) -> tuple[list[int], float, str | None]:
+def _drain(c: Any, worker: bool = False) -> tuple[list[int], float, str | None]:
     seen: list[int] = []
     misses = 0
     error = None
+    if worker:  # fdbqueue: a lease-mode Worker (batched acks), until it finds the queue empty
+        try:
+            fdbqueue.Worker(c.db, c.q, lambda m: seen.append(unpack(m.payload)[0])).run(until_empty=True)
+        except Exception as exc:
+            error = _short(exc)
+        return seen, time.monotonic(), error
     try:
         while True:
             p = c.take()
@@ -543,7 +634,7 @@ def _drain(c: Any) -> tuple[list[int], float, str | None]:
     return seen, time.monotonic(), error
 
 
-def _drain_process(spec: dict[str, Any], barrier: Any, out: Any) -> None:
+def _drain_process(spec: dict[str, Any], barrier: Any, out: Any, worker: bool = False) -> None:
     try:
         c = client(spec)
     except Exception as exc:
@@ -556,14 +647,15 @@ def _drain_process(spec: dict[str, Any], barrier: Any, out: Any) -> None:
     except Exception as exc:
         out.put((os.getpid(), [], time.monotonic(), f"start: {_short(exc)}"))
         return
-    seen, t_end, error = _drain(c)
+    seen, t_end, error = _drain(c, worker)
     with contextlib.suppress(Exception):
         c.close()
     out.put((os.getpid(), seen, t_end, error))
 
 
-def run_drain(spec: dict[str, Any], n: int, threads: bool = False) -> dict[str, Any]:
-    """(c) CONSUMERS processes (or threads sharing one client) drain n pre-filled messages."""
+def run_drain(spec: dict[str, Any], n: int, threads: bool = False, worker: bool = False) -> dict[str, Any]:
+    """(c) CONSUMERS processes (or threads sharing one client) drain n pre-filled messages;
+    ``worker``: each process runs an fdbqueue Worker (lease + batched acks)."""
     c = client(spec)
     c.fill([payload(i) for i in range(n)])
     results: list[tuple[int, list[int], float, str | None]] = []
@@ -589,7 +681,9 @@ def run_drain(spec: dict[str, Any], n: int, threads: bool = False) -> dict[str, 
         ctx = mp.get_context("spawn")
         barrier = ctx.Barrier(CONSUMERS + 1)
         out = ctx.Queue()
-        procs = [ctx.Process(target=_drain_process, args=(spec, barrier, out)) for _ in range(CONSUMERS)]
+        procs = [
+            ctx.Process(target=_drain_process, args=(spec, barrier, out, worker)) for _ in range(CONSUMERS)
+        ]
         for p in procs:
             p.start()
         with contextlib.suppress(Exception):  # a consumer that failed to open broke it: reported below
@@ -801,8 +895,8 @@ def run_system(peers: Peers, system: str, setting: str, n: int, args: argparse.N
     if "a" in wl or "b" in wl:
         spec = fresh()
         try:
-            if system == "persistqueue":
-                pq = PersistQueueClient(spec)
+            if system in ("persistqueue", "huey"):
+                pq = client(spec)
                 res["pragmas"] = pq.pragmas()
                 pq.close()
             r = run_enqueue_dequeue(spec, n)
@@ -834,6 +928,13 @@ def run_system(peers: Peers, system: str, setting: str, n: int, args: argparse.N
             f"    {system:12} c {res['c']['rate']:9,.0f} msg/s  exactly-once={res['c']['exactly_once']}"
             f" dupes={res['c']['duplicates']} missing={res['c']['missing']} {res['c']['errors'] or ''}"
         )
+        if system == "fdbqueue":
+            spec = fresh()
+            try:
+                res["c_worker"] = run_drain(spec, n, worker=True)
+            finally:
+                peers.drop(spec)
+            log(f"    {system:12} c (Workers) {res['c_worker']['rate']:9,.0f} msg/s")
         if system == "persistqueue":
             spec = fresh()
             try:
@@ -929,7 +1030,7 @@ def summarise(setting: str, n: int, rounds: list[dict[str, Any]], systems: list[
     summary: dict[str, Any] = {}
     for system in systems:
         s: dict[str, Any] = {}
-        for wl in ("a", "b", "b_lease", "b_worker", "c", "c_threads"):
+        for wl in ("a", "b", "b_lease", "b_worker", "c", "c_worker", "c_threads"):
             rates = get(rounds, system, wl, "rate")
             if rates:
                 s[wl] = {"rate_median": med(rates), "rate_min": min(rates), "rate_max": max(rates)}
@@ -1006,6 +1107,7 @@ def print_tables(setting: str, n: int, rounds: list[dict[str, Any]], systems: li
         ("fdbqueue", "b_lease"): "fdbqueue: lease + ack, 2 transactions",
         ("fdbqueue", "b_worker"): "fdbqueue: a Worker's lease + ack (batched acks)",
         ("persistqueue", "b"): "persist-queue: get + ack, 2 commits",
+        ("huey", "b"): "huey: dequeue (SELECT + DELETE), 1 transaction, no ack",
         ("postgres", "b"): "PostgreSQL: SKIP LOCKED + DELETE, 1 transaction",
         ("redis", "b"): "Redis: LMOVE + LREM, 2 commands",
     }
@@ -1044,11 +1146,18 @@ def print_tables(setting: str, n: int, rounds: list[dict[str, Any]], systems: li
 
     rows = []
     for s in present:
-        for wl in ("c", "c_threads"):
+        for wl in ("c", "c_worker", "c_threads"):
             rates = get(rounds, s, wl, "rate")
             if not rates:
                 continue
-            label = LABEL[s] + (f": {CONSUMERS} threads, one queue object" if wl == "c_threads" else "")
+            label = (
+                LABEL[s]
+                + {
+                    "c": "",
+                    "c_worker": f": {CONSUMERS} Worker processes (lease + batched acks)",
+                    "c_threads": f": {CONSUMERS} threads, one queue object",
+                }[wl]
+            )
             errs = sorted({e for rnd in rounds for e in rnd.get(s, {}).get(wl, {}).get("errors", [])})
             rows.append(
                 [
@@ -1059,6 +1168,7 @@ def print_tables(setting: str, n: int, rounds: list[dict[str, Any]], systems: li
                     int(max(get(rounds, s, wl, "duplicates") or [0])),
                     int(max(get(rounds, s, wl, "missing") or [0])),
                     ratio(s, wl, "c"),
+                    ratio(s, wl, "c_worker"),
                     ("; ".join(errs))[:60] or "-",
                 ]
             )
@@ -1073,6 +1183,7 @@ def print_tables(setting: str, n: int, rounds: list[dict[str, Any]], systems: li
                 "max dupes",
                 "max missing",
                 "fdbqueue ÷ peer",
+                "fdbqueue Workers ÷ peer",
                 "errors",
             ],
             rows,
@@ -1291,19 +1402,17 @@ def print_footer(doc: dict[str, Any]) -> None:
     print(
         f"Clients: fdbqueue {v.get('fdbqueue')} (commit {m.get('fdbqueue_commit') or '?'} at start, "
         f"{m.get('fdbqueue_commit_at_end') or '?'} at end), persist-queue {v.get('persist-queue', '-')}, "
+        f"huey {v.get('huey', '-')}, "
         f"psycopg {v.get('psycopg', '-')}, redis-py {v.get('redis-py', '-')}."
     )
     for setting, data in doc["settings"].items():
-        pragmas = {
-            json.dumps(r["persistqueue"]["pragmas"])
-            for r in data["rounds"]
-            if "pragmas" in r.get("persistqueue", {})
-        }
-        if pragmas:
-            print(
-                f"persist-queue at the {setting} setting, read back from its connection: "
-                f"{', '.join(sorted(pragmas))}."
-            )
+        for peer in ("persistqueue", "huey"):
+            pragmas = {json.dumps(r[peer]["pragmas"]) for r in data["rounds"] if "pragmas" in r.get(peer, {})}
+            if pragmas:
+                print(
+                    f"{LABEL[peer]} at the {setting} setting, read back from its connection: "
+                    f"{', '.join(sorted(pragmas))}."
+                )
     for s, why in doc["skipped"].items():
         print(f"Skipped {LABEL[s]}: {why}")
     ns = ", ".join(f"{k} N={d['n']:,}" for k, d in doc["settings"].items())

@@ -218,6 +218,7 @@ LAYERS: dict[str, int] = {
     "engines.sqlite": 1,
     # L2 running operations; settings.
     "txn": 2,
+    "steps": 2,
     "config": 2,
     # L3 the writer of message state and what sits beside it.
     "moves": 3,

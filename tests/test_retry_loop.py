@@ -21,9 +21,10 @@ from fdbqueue.engines.base import RAISE, RETRY, Again, Attempt, Done, Transactio
 from fdbqueue.engines.sim import SimDatabase, SimTransaction
 from fdbqueue.errors import CommitUnknownError, EngineError, QueueError
 from fdbqueue.queue import Queue
+from fdbqueue.steps import refused
 from fdbqueue.testing import FaultScript
 from fdbqueue.txn import run_once
-from fdbqueue.waiting import refused, watch_queue
+from fdbqueue.waiting import watch_queue
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ engine refuses past ``max_watches`` with the same error.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 import fdbqueue
-from fdbqueue import Queue
+from fdbqueue import Queue, aio
 from fdbqueue.dispatcher import Dispatcher
 from fdbqueue.engines.sim import SimDatabase
 from fdbqueue.worker import Worker
@@ -57,6 +58,39 @@ def test_a_blocking_dequeue_refused_a_watch_still_gets_a_message(sim: SimDatabas
     sim.max_watches = 0
     t = later(0.3, lambda: q.enqueue(sim, b"late"))
     m = q.dequeue(sim, timeout=5)
+    t.join()
+    assert m is not None and m.payload == b"late"
+
+
+@pytest.mark.parametrize("api", ["blocking", "asyncio"])
+def test_both_apis_wait_out_a_refused_watch_alike(sim: SimDatabase, api: str) -> None:
+    """One implementation of each wait serves both APIs (``fdbqueue.steps``): with every
+    watch refused, a wait shorter than the re-check interval and a longer one both end
+    False on an empty queue (the asyncio twin said True to the shorter one), and both still
+    see a message that comes."""
+    q = Queue("jobs")
+    q.enqueue(sim, b"x")
+    q.dequeue(sim)
+    sim.max_watches = 0
+    if api == "blocking":
+        wait, take = q.wait, (lambda db, t: q.dequeue(db, timeout=t))
+    else:
+        aq = aio.AsyncQueue(q)
+
+        def wait(db: SimDatabase, t: float) -> bool:
+            return asyncio.run(aq.wait(db, t))
+
+        def take(db: SimDatabase, t: float) -> fdbqueue.Message | None:
+            return asyncio.run(aq.dequeue(db, timeout=t))
+
+    for timeout in (0.1, 0.4):  # below and above REFUSED_WATCH_RECHECK (0.2 s)
+        started = time.monotonic()
+        assert wait(sim, timeout) is False
+        assert time.monotonic() - started >= timeout - 0.02
+        assert take(sim, timeout) is None
+    t = later(0.3, lambda: q.enqueue(sim, b"late"))
+    assert wait(sim, 5) is True
+    m = take(sim, 5)
     t.join()
     assert m is not None and m.payload == b"late"
 
