@@ -186,6 +186,33 @@ def test_dead_letters_are_redriven_and_deleted_and_queues_paused_from_the_page(
         assert fdbqueue.queue_stats(store, "jobs").dequeue_enabled
 
 
+def test_a_click_survives_a_refresh_between_press_and_release(store: Database, page: Any) -> None:
+    """The page refreshes every few hundred ms; a button rebuilt between mousedown and mouseup
+    would lose the click (CI saw "Pause dequeue" ignored once). A refresh that changes
+    nothing keeps the buttons: the click lands."""
+    from playwright.sync_api import expect
+
+    seed(store)
+    with Dashboard(store, interval=0.3).start(port=0) as run:
+        page.goto(run.url + "/#/queue/jobs")
+        for button, after in (("#pause-dequeue", "#resume-dequeue"), ('button[data-action="delete"]', None)):
+            target = page.locator(button).first
+            expect(target).to_be_visible()
+            box = target.bounding_box()
+            assert box is not None
+            rows = page.locator("#message-list tbody tr").count()
+            page.once("dialog", lambda d: d.accept())  # Delete asks first
+            page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+            page.mouse.down()
+            page.evaluate("refresh(false)")  # the whole page drawn again, the button held down
+            page.mouse.up()
+            if after is not None:
+                expect(page.locator(after)).to_be_visible()
+            else:
+                expect(page.locator("#message-list tbody tr")).to_have_count(rows - 1)
+        assert not fdbqueue.queue_stats(store, "jobs").dequeue_enabled
+
+
 def _refused(page: Any, run: Running, body: dict[str, Any]) -> tuple[int, str]:
     """POST an action from the page's own context (as its buttons would)."""
     got: dict[str, Any] = page.evaluate(

@@ -203,6 +203,17 @@ function status(d) {
 
 // -- a queue ---------------------------------------------------------------------------------
 
+// Rebuild a container's children only when what they show changed: a button replaced under the
+// pointer between its mousedown and mouseup (the page refreshes every few hundred ms) would
+// swallow the click.
+function redraw(id, inputs, build) {
+  const el = document.getElementById(id);
+  const sig = JSON.stringify(inputs);
+  if (el.dataset.sig === sig) return;
+  el.dataset.sig = sig;
+  el.replaceChildren(...build());
+}
+
 async function queuePage(first) {
   const q = view.queue;
   const [d, page] = await Promise.all([
@@ -245,20 +256,27 @@ async function queuePage(first) {
     id: `${isPaused ? "resume" : "pause"}-${direction}`, disabled: !canAct, title: why || null,
     onclick: () => act("api/pause", { queue: q, direction, paused: !isPaused }),
   }, `${isPaused ? "Resume" : "Pause"} ${direction}`);
-  document.getElementById("controls").replaceChildren(
+  redraw("controls", [paused, canAct, why, d.error_queue, d.owner, d.settings.journal], () => [
     toggle("enqueue", paused.enqueue), toggle("dequeue", paused.dequeue),
     h("span", { class: "muted" }, `dead letters go to `, h("a", { href: qhref(d.error_queue) }, d.error_queue),
       d.owner ? ` · owner ${d.owner}` : " · open to every principal", d.settings.journal ? " · journaled" : ""),
-    why ? h("span", { class: "badge", id: "why-disabled" }, why) : "");
+    why ? h("span", { class: "badge", id: "why-disabled" }, why) : ""]);
   document.getElementById("charts").replaceChildren(
     chart("Depth", d.series, DEPTHS, "chart-depth"), chart("Rates", d.series, RATES, "chart-rates"));
   const dead = page.messages.some((m) => m.origin);
-  document.getElementById("bulk").replaceChildren(dead ? h("button", {
+  redraw("bulk", [dead, canAct, why, q, view.filter], () => [dead ? h("button", {
     id: "redrive-all", disabled: !canAct, title: why || null,
     onclick: () => confirm(`Redrive every dead letter of ${q}${view.filter ? " matching " + view.filter : ""}?`) &&
       act("api/redrive", { queue: q, filter: view.filter }),
-  }, view.filter ? "Redrive matching" : "Redrive all") : "");
-  document.getElementById("messages").replaceChildren(messageTable(q, page.messages, canAct, why));
+  }, view.filter ? "Redrive matching" : "Redrive all") : ""]);
+  // Ages change every refresh: the rows (and their buttons) are rebuilt only when something
+  // else did; otherwise their age cells are updated in place.
+  const still = page.messages.map(({ age: _, ...rest }) => rest);
+  redraw("messages", [q, still, canAct, why, view.filter], () => [messageTable(q, page.messages, canAct, why)]);
+  for (const m of page.messages) {
+    const cell = document.querySelector(`#message-list tr[data-id="${CSS.escape(m.id)}"] td[data-age]`);
+    if (cell) cell.textContent = age(m.age);
+  }
   const pager = document.getElementById("pager");
   pager.replaceChildren(
     h("span", { class: "muted", id: "page-info" }, `${page.messages.length} shown · ${page.scanned} read`),
@@ -277,7 +295,7 @@ function messageTable(q, msgs, canAct, why) {
       ? h("tr", {}, h("td", { colspan: 8, class: "muted" }, "damaged record: " + m.damaged))
       : h("tr", { "data-id": m.id },
         h("td", { class: "mono" }, h("a", { href: mhref(q, m.id) }, m.id)),
-        h("td", { class: "num" }, m.priority), h("td", { class: "num" }, m.deliveries), h("td", { class: "num" }, age(m.age)),
+        h("td", { class: "num" }, m.priority), h("td", { class: "num" }, m.deliveries), h("td", { class: "num", "data-age": "" }, age(m.age)),
         h("td", { class: "mono" }, Object.entries(m.headers).map(([k, v]) => `${k}=${v}`).join(" ")),
         h("td", { class: "mono preview" }, m.preview === null ? `(${m.content_type}, in chunks)` : m.preview),
         h("td", {}, m.reason || "", m.origin ? h("span", { class: "muted" }, ` from ${m.origin}`) : ""),
@@ -303,6 +321,7 @@ async function act(path, body) {
     if (view.kind === "message" && (r.redriven || r.deleted)) { location.hash = qhref(view.queue); return; }
     await refresh(false);
     const bar = document.getElementById("controls") || document.getElementById("detail-actions");
+    document.getElementById("acted")?.remove();  // controls now outlive a refresh: one at a time
     if (bar) bar.append(done);
   } catch (e) {
     showError(e.message);
