@@ -40,10 +40,10 @@ from fdbqueue.handling import (
     WorkerStats,
     _as_queues,
     check_handler,
-    drained,
     engine_failure,
     give_back,
     settle_failure,
+    until_empty_wait,
     work_set_of,
 )
 from fdbqueue.layout import DEFAULT_ROOT
@@ -465,9 +465,13 @@ class AsyncWorker:
                     continue
                 if settler is not None:
                     await _off(settler.flush)
-                if until_empty and await _off(drained, self.db, self.queues):
-                    break
-                await self._idle()
+                timeout = self.idle_timeout
+                if until_empty:
+                    left = await _off(until_empty_wait, self.db, self.queues, self.idle_timeout)
+                    if left is None:
+                        break
+                    timeout = left
+                await self._idle(timeout)
         finally:
             for sig in installed:
                 loop.remove_signal_handler(sig)
@@ -513,13 +517,13 @@ class AsyncWorker:
         self.backoff.reset()
         return got
 
-    async def _idle(self) -> None:
-        """Nothing ready: await the first of the queues' watches, up to ``idle_timeout``."""
+    async def _idle(self, timeout: float) -> None:
+        """Nothing ready: await the first of the queues' watches, up to ``timeout``."""
         watches = [await _off(watch_queue, self.db, q.keys) for q in self.queues]
         try:
-            waits = [asyncio.ensure_future(wait_watch(w, self.idle_timeout)) for w in watches]
+            waits = [asyncio.ensure_future(wait_watch(w, timeout)) for w in watches]
             stop = asyncio.ensure_future(self._stop.wait())
-            await asyncio.wait([*waits, stop], timeout=self.idle_timeout, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([*waits, stop], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             for f in [*waits, stop]:
                 f.cancel()
         finally:

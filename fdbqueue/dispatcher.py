@@ -37,9 +37,9 @@ from fdbqueue.handling import (
     Queues,
     _as_queues,
     check_handler,
-    drained,
     engine_failure,
     settle_failure,
+    until_empty_wait,
     work_set_of,
 )
 from fdbqueue.message import Message
@@ -257,11 +257,16 @@ class Dispatcher:
                 self._cond.wait(0.1)  # checked and waited under one lock: no lost notify
                 return False
         self._maybe_sweep()
-        if until_empty and (
-            self.workset.drained(self.db) if self.workset is not None else drained(self.db, self.queues)
-        ):
-            return True
-        news = self._wait(self.interval if self.schedule == "interval" else self.idle_timeout)
+        timeout = self.interval if self.schedule == "interval" else self.idle_timeout
+        if until_empty and self.workset is not None:
+            if self.workset.drained(self.db):
+                return True
+        elif until_empty:
+            wait = until_empty_wait(self.db, self.queues, timeout)
+            if wait is None:
+                return True
+            timeout = wait
+        news = self._wait(timeout)
         if until_empty and not news and self.schedule == "length" and not self._round:
             # Draining: fewer than ``length`` are left and no more came for idle_timeout;
             # a last, shorter round takes them rather than waiting for a round forever.

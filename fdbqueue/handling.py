@@ -366,23 +366,44 @@ def _as_queues(queues: Queues) -> list[Queue]:
     return out
 
 
+# While the only messages left are leased by others, a consumer running until empty looks
+# again this often: the ack that settles the last of them changes no watched key (acks do
+# not ring the queue's bell, or every idle worker would wake at every ack).
+LEASES_OUT_RECHECK = 0.05
+
+
+def held(db: Database, queues: Sequence[Queue]) -> tuple[int, int, int]:
+    """The messages ``queues`` hold: (ready, delayed, in flight), summed."""
+    from fdbqueue.admin import queue_stats
+    from fdbqueue.config import QueueNotFoundError
+
+    ready = delayed = leased = 0
+    for q in queues:
+        try:
+            st = queue_stats(db, q.name, root=q.root)
+        except QueueNotFoundError:
+            continue  # never created: empty
+        ready, delayed, leased = ready + st.ready, delayed + st.delayed, leased + st.inflight
+    return ready, delayed, leased
+
+
 def drained(db: Database, queues: Sequence[Queue]) -> bool:
     """True when no queue holds a message that is ready, delayed or in flight (leased).
 
     What ``run(until_empty=True)`` waits for: a delayed retry or another worker's lease
     may still bring a message back.
     """
-    from fdbqueue.admin import queue_stats
-    from fdbqueue.config import QueueNotFoundError
+    return held(db, queues) == (0, 0, 0)
 
-    for q in queues:
-        try:
-            st = queue_stats(db, q.name, root=q.root)
-        except QueueNotFoundError:
-            continue  # never created: empty
-        if st.ready or st.delayed or st.inflight:
-            return False
-    return True
+
+def until_empty_wait(db: Database, queues: Sequence[Queue], idle_timeout: float) -> float | None:
+    """For a consumer running until empty that found nothing to take: None when the queues
+    are drained (stop), else how long to wait before looking again (``LEASES_OUT_RECHECK``
+    when all that is left is leased elsewhere)."""
+    ready, delayed, leased = held(db, queues)
+    if not (ready or delayed or leased):
+        return None
+    return idle_timeout if ready or delayed else min(idle_timeout, LEASES_OUT_RECHECK)
 
 
 def wait_any(db: Database, queues: Sequence[Queue], timeout: float | None, stop: threading.Event) -> bool:

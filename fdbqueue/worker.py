@@ -44,11 +44,11 @@ from fdbqueue.handling import (
     Queues,
     _as_queues,
     check_handler,
-    drained,
     engine_failure,
     give_back,
     judge,
     settle_failure,
+    until_empty_wait,
     work_set_of,
 )
 from fdbqueue.handling import WorkerStats as WorkerStats  # re-export
@@ -322,11 +322,14 @@ class Worker:
                     self._stop.set()
                     return
                 woke = self.workset.wait(self.db, self.idle_timeout, self._stop)
-            elif until_empty and drained(self.db, self.queues):
-                self._stop.set()
-                return
             else:
-                woke = self._watcher().wait(self.idle_timeout, self._stop)
+                timeout: float | None = self.idle_timeout
+                if until_empty:
+                    timeout = until_empty_wait(self.db, self.queues, self.idle_timeout)
+                    if timeout is None:
+                        self._stop.set()
+                        return
+                woke = self._watcher().wait(timeout, self._stop)
         except QueueError as exc:
             if not engine_failure(exc):
                 raise

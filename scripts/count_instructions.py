@@ -11,7 +11,9 @@ Per message, on ``sqlite://...?sync=normal`` (the fsync is not an instruction), 
 
 Against the floor: raw ``sqlite3`` doing the least the same work needs (WAL, the same
 synchronous, one row a commit: ``INSERT`` for an enqueue, ``SELECT`` + ``DELETE`` for a
-dequeue; the tables of scripts/bench_queue.py).
+dequeue; the tables of scripts/bench_queue.py). A second table times, in raw ``sqlite3``
+with no layer at all, the statements an enqueue runs beside the floor's: what SQLite alone
+costs for the layer's transaction.
 
 Usage: .venv/bin/python scripts/count_instructions.py [--n 300] [--ops enqueue,dequeue,lease_ack]
        [--markdown]   (needs valgrind for the instruction column: apt install valgrind)
@@ -152,6 +154,53 @@ def statements_and_time(op: str, timed: int) -> tuple[float, float]:
         return len(seen) / 100, (time.perf_counter() - start) / timed
 
 
+def sql_alone(n: int = 5000) -> list[list[str]]:
+    """Raw sqlite3 running an enqueue's statements (BEGIN, one SELECT of the queue's 6 small
+    keys, one INSERT of the message and 2 counters, COMMIT) beside the floor's (BEGIN IMMEDIATE,
+    one INSERT, COMMIT): mean µs per statement over ``n`` transactions, no Python layer."""
+    with tempfile.TemporaryDirectory() as folder:
+        conn = sqlite3.connect(os.path.join(folder, "kv.db"), isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("CREATE TABLE kv (k BLOB PRIMARY KEY, v BLOB) WITHOUT ROWID")
+        prefix = b"\x02fdbqueue\x00\x02q\x00\x02jobs\x00"
+        small = [prefix + b"\x02m\x00" + bytes([i]) for i in range(6)]
+        conn.executemany("INSERT INTO kv VALUES (?, ?)", [(k, b"\0" * 8) for k in small])
+        select = f"SELECT k, v FROM kv WHERE k IN ({','.join('?' * 6)})"
+        insert = "INSERT OR REPLACE INTO kv (k, v) VALUES (?, ?), (?, ?), (?, ?)"
+        layer = [0.0] * 4
+        floor = [0.0] * 3
+        for i in range(n):
+            key = prefix + b"\x02r\x00" + struct.pack(">Q", i) + os.urandom(8)
+            marks = [time.perf_counter()]
+            conn.execute("BEGIN")
+            marks.append(time.perf_counter())
+            conn.execute(select, small).fetchall()
+            marks.append(time.perf_counter())
+            conn.execute(insert, (key, PAYLOAD, small[1], b"\1" * 8, small[2], b"\2" * 8))
+            marks.append(time.perf_counter())
+            conn.execute("COMMIT")
+            marks.append(time.perf_counter())
+            for j in range(4):
+                layer[j] += marks[j + 1] - marks[j]
+            marks = [time.perf_counter()]
+            conn.execute("BEGIN IMMEDIATE")
+            marks.append(time.perf_counter())
+            conn.execute("INSERT INTO kv (k, v) VALUES (?, ?)", (key + b"f", PAYLOAD))
+            marks.append(time.perf_counter())
+            conn.execute("COMMIT")
+            marks.append(time.perf_counter())
+            for j in range(3):
+                floor[j] += marks[j + 1] - marks[j]
+        conn.close()
+    us = [f"{t / n * 1e6:.1f}" for t in layer]
+    fl = [f"{t / n * 1e6:.1f}" for t in floor]
+    return [
+        ["an enqueue's statements", *us, f"{sum(layer) / n * 1e6:.1f}"],
+        ["the floor's", fl[0], "-", fl[1], fl[2], f"{sum(floor) / n * 1e6:.1f}"],
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=300, help="operations of the shorter callgrind run")
@@ -188,6 +237,12 @@ def main() -> None:
         "per message, fdbqueue / raw sqlite3 floor (ratio: floor / fdbqueue)",
         ["operation", "statements", "instructions", "µs"],
         rows,
+        markdown=args.markdown,
+    )
+    show_table(
+        "SQLite alone, µs per statement (raw sqlite3, sync=normal)",
+        ["statements", "BEGIN", "SELECT", "INSERT", "COMMIT", "total"],
+        sql_alone(),
         markdown=args.markdown,
     )
 

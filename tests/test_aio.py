@@ -275,3 +275,29 @@ def test_a_second_sigterm_stops_an_async_worker_at_once_and_puts_the_messages_ba
     assert (st.ready, st.inflight, st.done) == (4, 0, 0)
     assert {m.deliveries for m in Queue("jobs").browse(db)} == {0}  # not counted as deliveries
     db.close()
+
+
+def test_an_async_worker_until_empty_ends_soon_after_another_workers_last_ack(db: Database) -> None:
+    """As the thread Worker: while only another worker's lease is out it looks again often
+    (an ack wakes no watch), not after ``idle_timeout``."""
+    q = Queue("jobs")
+    q.enqueue(db, b"held")
+    held = q.lease(db)
+    assert held is not None
+
+    async def handle(m: Message) -> None:
+        pass
+
+    async def main() -> float:
+        worker = aio.AsyncWorker(db, q, handle)
+        assert worker.idle_timeout == 1.0
+        run = asyncio.ensure_future(worker.run(until_empty=True))
+        await asyncio.sleep(0.3)
+        assert not run.done(), "it stopped while a lease was still out"
+        acked = time.monotonic()
+        await aio.AsyncQueue(q).ack(db, held)
+        await asyncio.wait_for(run, 5)
+        return time.monotonic() - acked
+
+    took = run(main())
+    assert isinstance(took, float) and took < 0.4, f"stopped {took:.2f} s after the last ack"

@@ -268,3 +268,27 @@ def test_lease_worker_with_several_handlers_leases_in_batches(
     stats = Worker(wdb, q, lambda m: None, mode="lease", concurrency=4).run(until_empty=True)
     assert stats.processed == n and sum(batches) == n
     assert len(batches) <= n / 10, f"{len(batches)} lease transactions for {n} messages"
+
+
+@pytest.mark.parametrize("mode", ["lease", "exactly_once"])
+def test_until_empty_ends_soon_after_another_workers_last_ack(wdb: Database, mode: str) -> None:
+    """``run(until_empty=True)`` waits while another worker holds a lease (it may come back),
+    but an ack wakes no watch: it looked again only after ``idle_timeout`` (1 s), which left
+    one of four draining processes idle for a second at the end of a drain. It re-checks
+    often while only leases are out."""
+    q = Queue("jobs")
+    q.enqueue(wdb, b"held")
+    held = q.lease(wdb)
+    assert held is not None
+    handler: Any = (lambda tr, m: None) if mode == "exactly_once" else (lambda m: None)
+    worker = Worker(wdb, q, handler, mode=mode)
+    assert worker.idle_timeout == 1.0
+    done: list[float] = []
+    t = threading.Thread(target=lambda: (worker.run(until_empty=True), done.append(time.monotonic())))
+    t.start()
+    time.sleep(0.3)
+    assert not done, "it stopped while a lease was still out"
+    acked = time.monotonic()
+    q.ack(wdb, held)
+    t.join(5)
+    assert done and done[0] - acked < 0.4, f"stopped {done[0] - acked:.2f} s after the last ack"
