@@ -50,7 +50,7 @@ from fdbqueue.layout import DEFAULT_ROOT
 from fdbqueue.message import Message
 from fdbqueue.queue import Queue
 from fdbqueue.settling import Settler, lease_settling
-from fdbqueue.steps import Emit, Run, Steps, Wait, refused, refused_wait
+from fdbqueue.steps import Emit, Run, Steps, refused, refused_wait, resume
 from fdbqueue.sweep import SweepStats
 from fdbqueue.txn import as_database, seconds
 from fdbqueue.types import Item, JournalEntry, check_where
@@ -95,37 +95,17 @@ async def wait_watch(watch: Watch, timeout: float | None) -> bool:
     return True
 
 
-async def drive(steps: Steps[T]) -> T:
-    """``fdbqueue.steps.drive`` with coroutines: each call in the loop's thread pool, each wait
-    on the watches' callbacks (no thread held). Cancelling it cancels the steps' watches."""
-    send: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            step = steps.send(send) if error is None else steps.throw(error)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        send, error = None, None
-        try:
-            if isinstance(step, Run):
-                send = await _off(step.fn)
-            elif isinstance(step, Wait):
-                send = await _wait_watches(step.watches, step.timeout)
-            else:
-                raise TypeError(f"drive() cannot take {step!r}: use iterate()")
-        except BaseException as exc:  # thrown into the steps, which may handle it
-            error = exc
-
-
-async def iterate(steps: Steps[None]) -> AsyncIterator[Any]:
-    """``fdbqueue.steps.iterate`` with coroutines: yields what the steps emit."""
+async def _steps(steps: Steps[T], result: list[T]) -> AsyncIterator[Any]:
+    """``fdbqueue.steps.iterate`` with coroutines: each call in the loop's thread pool, each
+    wait on the watches' callbacks (no thread held); yields what the steps emit and leaves
+    their result in ``result`` (an async generator cannot return one)."""
     send: Any = None
     error: BaseException | None = None
     try:
         while True:
-            try:
-                step = steps.send(send) if error is None else steps.throw(error)
-            except StopIteration:
+            step, done = resume(steps, send, error)
+            if step is None:
+                result.append(done)
                 return
             send, error = None, None
             if isinstance(step, Emit):
@@ -139,7 +119,22 @@ async def iterate(steps: Steps[None]) -> AsyncIterator[Any]:
             except BaseException as exc:  # thrown into the steps, which may handle it
                 error = exc
     finally:
-        steps.close()
+        steps.close()  # cancelled or stopped early: the steps cancel their watches
+
+
+async def drive(steps: Steps[T]) -> T:
+    """``fdbqueue.steps.drive`` with coroutines: their result. Cancelling it cancels the
+    steps' watches."""
+    result: list[T] = []
+    async for value in _steps(steps, result):
+        raise TypeError(f"drive() cannot take an Emit ({value!r}): use iterate()")
+    return result[0]
+
+
+async def iterate(steps: Steps[None]) -> AsyncIterator[Any]:
+    """``fdbqueue.steps.iterate`` with coroutines: yields what the steps emit."""
+    async for value in _steps(steps, []):
+        yield value
 
 
 async def _wait_watches(watches: list[Watch], timeout: float | None) -> bool:

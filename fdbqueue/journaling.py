@@ -215,16 +215,10 @@ def journal(
     entries and yields them as they commit, until ``timeout`` seconds pass without one
     (None: for ever); no polling.
     """
-    since = _check_version(since)
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-        raise QueueError(f"limit must be an int >= 0 or None, got {limit!r}")
-    if queue is not None:
-        QueueKeys.make(queue, root)  # validates the name
-    jk = JournalKeys.make(root)
     tr = adopt(tr)
     if follow and is_transaction(tr):
         raise QueueError("journal(follow=True) takes a Database: it waits between transactions")
-    return iterate(_entries(tr, jk, root, queue, since, limit, follow, timeout))
+    return iterate(_entries(tr, root, queue, _checked(queue, since, limit, root), limit, follow, timeout))
 
 
 def journal_steps(
@@ -239,12 +233,18 @@ def journal_steps(
 ) -> Steps[None]:
     """:func:`journal` of a Database as steps (``fdbqueue.steps``) emitting its entries: what
     the blocking iterator and ``fdbqueue.aio.journal`` both run."""
-    since = _check_version(since)
+    return _entries(as_database(db), root, queue, _checked(queue, since, limit, root), limit, follow, timeout)
+
+
+def _checked(
+    queue: str | None, since: bytes | str | None, limit: int | None, root: tuple[Any, ...]
+) -> bytes | None:
+    """The arguments of :func:`journal` checked; ``since`` as bytes."""
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise QueueError(f"limit must be an int >= 0 or None, got {limit!r}")
     if queue is not None:
         QueueKeys.make(queue, root)  # validates the name
-    return _entries(as_database(db), JournalKeys.make(root), root, queue, since, limit, follow, timeout)
+    return _check_version(since)
 
 
 def _queues(t: Transaction, jk: JournalKeys, root: tuple[Any, ...], queue: str | None) -> list[str]:
@@ -259,7 +259,6 @@ def _queues(t: Transaction, jk: JournalKeys, root: tuple[Any, ...], queue: str |
 
 def _entries(
     tr: Transaction | Database,
-    jk: JournalKeys,
     root: tuple[Any, ...],
     queue: str | None,
     since: bytes | None,
@@ -267,6 +266,7 @@ def _entries(
     follow: bool,
     timeout: float | None,
 ) -> Steps[None]:
+    jk = JournalKeys.make(root)
     left = limit
     while True:
         while left is None or left > 0:

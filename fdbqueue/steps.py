@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator
 from typing import Any, NamedTuple, TypeVar
 
 from fdbqueue.engines.base import Watch
@@ -34,6 +34,7 @@ __all__ = [
     "iterate",
     "refused",
     "refused_wait",
+    "resume",
     "wait_on",
     "wait_watches",
 ]
@@ -125,44 +126,46 @@ def wait_watches(watches: list[Watch], timeout: float | None) -> bool:
     return fired.wait(timeout)
 
 
-def drive(steps: Steps[T]) -> T:
-    """Take ``steps`` in this thread; their result. An :class:`Emit` is refused (use :func:`iterate`)."""
-    send: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            step = steps.send(send) if error is None else steps.throw(error)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        send, error = None, None
-        try:
-            if type(step) is Run:
-                send = step.fn()
-            elif type(step) is Wait:
-                send = wait_watches(step.watches, step.timeout)
-            else:
-                raise TypeError(f"drive() cannot take {step!r}: use iterate()")
-        except BaseException as exc:  # thrown into the steps, which may handle it
-            error = exc
+def resume(steps: Steps[T], send: Any, error: BaseException | None) -> tuple[Step | None, Any]:
+    """Advance ``steps`` by sending ``send`` (or throwing ``error``): (the next step, None),
+    or (None, their result) once they end. The part every driver shares."""
+    try:
+        return (steps.send(send) if error is None else steps.throw(error)), None
+    except StopIteration as stop:
+        return None, stop.value
 
 
-def iterate(steps: Steps[None]) -> Iterator[Any]:
-    """Take ``steps`` in this thread, yielding what they emit."""
+def _perform(step: Run | Wait) -> Any:
+    return step.fn() if isinstance(step, Run) else wait_watches(step.watches, step.timeout)
+
+
+def iterate(steps: Steps[T]) -> Generator[Any, None, T]:
+    """Take ``steps`` in this thread, yielding what they emit; returns their result."""
     send: Any = None
     error: BaseException | None = None
     try:
         while True:
-            try:
-                step = steps.send(send) if error is None else steps.throw(error)
-            except StopIteration:
-                return
+            step, result = resume(steps, send, error)
+            if step is None:
+                return result  # type: ignore[no-any-return]
             send, error = None, None
             if isinstance(step, Emit):
                 yield step.value
                 continue
             try:
-                send = step.fn() if isinstance(step, Run) else wait_watches(step.watches, step.timeout)
+                send = _perform(step)
             except BaseException as exc:  # thrown into the steps, which may handle it
                 error = exc
     finally:
         steps.close()  # the caller stopped early: the steps' own clean-up (watches) runs
+
+
+def drive(steps: Steps[T]) -> T:
+    """Take ``steps`` in this thread; their result. They may not emit (use :func:`iterate`)."""
+    taking = iterate(steps)
+    try:
+        value = next(taking)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    taking.close()
+    raise TypeError(f"drive() cannot take an Emit ({value!r}): use iterate()")

@@ -151,6 +151,16 @@ class FdbqueueClient:
         self.db.close()
 
 
+def sqlite_pragmas(conn: Any) -> dict[str, Any]:
+    """What an SQLite peer's connection runs at, read back from it."""
+    return {
+        "journal_mode": conn.execute("PRAGMA journal_mode").fetchone()[0],
+        "synchronous": {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}.get(
+            conn.execute("PRAGMA synchronous").fetchone()[0], "?"
+        ),
+    }
+
+
 class PersistQueueClient:
     def __init__(self, spec: dict[str, Any]) -> None:
         import persistqueue
@@ -163,13 +173,7 @@ class PersistQueueClient:
                 conn.execute(f"PRAGMA synchronous={spec['sync']}")
 
     def pragmas(self) -> dict[str, Any]:
-        conn = self.q._putter
-        return {
-            "journal_mode": conn.execute("PRAGMA journal_mode").fetchone()[0],
-            "synchronous": {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}.get(
-                conn.execute("PRAGMA synchronous").fetchone()[0], "?"
-            ),
-        }
+        return sqlite_pragmas(self.q._putter)
 
     def enqueue(self, p: bytes) -> None:
         self.q.put(p)
@@ -220,13 +224,7 @@ class HueyClient:
         self.s = Storage(name=spec["queue"], filename=spec["path"])
 
     def pragmas(self) -> dict[str, Any]:
-        conn = self.s.conn
-        return {
-            "journal_mode": conn.execute("PRAGMA journal_mode").fetchone()[0],
-            "synchronous": {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}.get(
-                conn.execute("PRAGMA synchronous").fetchone()[0], "?"
-            ),
-        }
+        return sqlite_pragmas(self.s.conn)
 
     def enqueue(self, p: bytes) -> None:
         self.s.enqueue(p)
