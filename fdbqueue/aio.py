@@ -30,7 +30,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from typing import Any, TypeVar
 
 from fdbqueue import journaling, tracing
-from fdbqueue.delivery import check_lease_seconds
 from fdbqueue.engines.base import Database, Transaction, Watch, adopt, is_transaction
 from fdbqueue.errors import EngineError, QueueError
 from fdbqueue.handling import (
@@ -53,7 +52,7 @@ from fdbqueue.settling import Settler, lease_settling
 from fdbqueue.steps import Emit, Run, Steps, refused, refused_wait, resume
 from fdbqueue.sweep import SweepStats
 from fdbqueue.txn import as_database, seconds
-from fdbqueue.types import Item, JournalEntry, check_where
+from fdbqueue.types import Item, JournalEntry
 from fdbqueue.waiting import wait_ready_steps, watch_queue
 
 __all__ = ["AsyncQueue", "AsyncWorker", "journal", "transactional", "wait_watch"]
@@ -189,8 +188,6 @@ class AsyncQueue:
         """:meth:`Queue.dequeue`; a blocking one (``timeout``) awaits the queue's watch."""
         if timeout is None or is_transaction(adopt(tr)):
             return await self._run(self.queue.dequeue, tr, timeout=timeout, where=where, fallback=fallback)
-        if where is not None and not isinstance(where, Mapping):
-            raise QueueError("where must be a mapping of header names to values")
         return await drive(self.queue.dequeue_steps(as_database(tr), timeout, where, fallback))
 
     async def lease(
@@ -212,10 +209,7 @@ class AsyncQueue:
         """:meth:`Queue.lease_many`; a blocking one (``timeout``) awaits the queue's watch."""
         if timeout is None or is_transaction(adopt(tr)):
             return await self._run(self.queue.lease_many, tr, n, lease_seconds, timeout=timeout, where=where)
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise QueueError(f"n must be an int >= 1, got {n!r}")
-        secs = None if lease_seconds is None else check_lease_seconds(lease_seconds)
-        steps = self.queue.lease_steps(as_database(tr), n, secs, timeout, check_where(where))
+        steps = self.queue.lease_steps(as_database(tr), n, lease_seconds, timeout, where)
         return await drive(steps) or []
 
     async def wait(self, db: Database, timeout: float | None = None) -> bool:

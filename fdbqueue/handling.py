@@ -387,19 +387,11 @@ def held(db: Database, queues: Sequence[Queue]) -> tuple[int, int, int]:
     return ready, delayed, leased
 
 
-def drained(db: Database, queues: Sequence[Queue]) -> bool:
-    """True when no queue holds a message that is ready, delayed or in flight (leased).
-
-    What ``run(until_empty=True)`` waits for: a delayed retry or another worker's lease
-    may still bring a message back.
-    """
-    return held(db, queues) == (0, 0, 0)
-
-
 def until_empty_wait(db: Database, queues: Sequence[Queue], idle_timeout: float) -> float | None:
-    """For a consumer running until empty that found nothing to take: None when the queues
-    are drained (stop), else how long to wait before looking again (``LEASES_OUT_RECHECK``
-    when all that is left is leased elsewhere)."""
+    """For a consumer running until empty that found nothing to take: None when no queue
+    holds a message ready, delayed or in flight (stop), else how long to wait before looking
+    again: a delayed retry or another worker's lease may still bring a message back
+    (``LEASES_OUT_RECHECK`` when all that is left is leased elsewhere)."""
     ready, delayed, leased = held(db, queues)
     if not (ready or delayed or leased):
         return None

@@ -496,10 +496,9 @@ class Queue:
         ``where`` takes the oldest message whose headers match; with ``fallback`` the
         oldest message when none matches.
         """
-        if where is not None and not isinstance(where, Mapping):
-            raise QueueError("where must be a mapping of header names to values")
         tr = adopt(tr)
         if is_transaction(tr):
+            _check_mapping(where)
             if timeout:
                 raise QueueError(
                     "a blocking dequeue cannot join a caller's transaction (it must commit to "
@@ -512,7 +511,8 @@ class Queue:
         self, db: Database, timeout: float | None, where: Mapping[str, Any] | None, fallback: bool
     ) -> Steps[Message | None]:
         """:meth:`dequeue` in a Database, as steps (``fdbqueue.steps``): what the blocking API
-        and ``fdbqueue.aio`` both run."""
+        and ``fdbqueue.aio`` both run. Arguments are checked here."""
+        _check_mapping(where)
         return _blocking_steps(db, self.keys, timeout, partial(self._dequeue_own, db, where, fallback))
 
     def lease(
@@ -537,27 +537,25 @@ class Queue:
     ) -> list[Message]:
         """Lease up to ``n`` messages in one transaction (a worker's prefetch); [] when none.
         ``where``: only messages whose headers match it (a forward's filter)."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise QueueError(f"n must be an int >= 1, got {n!r}")
-        secs = None if lease_seconds is None else check_lease_seconds(lease_seconds)
-        where = check_where(where)
         tr = adopt(tr)
         if is_transaction(tr):
+            secs, where = _lease_args(n, lease_seconds, where)
             if timeout:
                 raise QueueError("a blocking lease cannot join a caller's transaction; pass a Database")
             receipt = random_bytes(16).hex()
             return lease_batch(self, tr, secs, receipt, n, None, where)  # type: ignore[arg-type]
-        return drive(self.lease_steps(as_database(tr), n, secs, timeout, where)) or []
+        return drive(self.lease_steps(as_database(tr), n, lease_seconds, timeout, where)) or []
 
     def lease_steps(
         self,
         db: Database,
         n: int,
-        secs: float | None,
+        lease_seconds: float | None,
         timeout: float | None,
         where: Mapping[str, Any] | None,
     ) -> Steps[list[Message] | None]:
-        """:meth:`lease_many` in a Database (arguments checked), as steps: see :meth:`dequeue_steps`."""
+        """:meth:`lease_many` in a Database, as steps: see :meth:`dequeue_steps`."""
+        secs, where = _lease_args(n, lease_seconds, where)
         receipt = random_bytes(16).hex()  # made outside the retry loop: settles a 1021
         taken: list[Message] = []
         budget = Budget(TAKE_RESERVE)
@@ -877,6 +875,20 @@ class Queue:
         from fdbqueue.browse import browse
 
         return browse(self, tr, limit=limit, batch=batch)
+
+
+def _check_mapping(where: object) -> None:
+    if where is not None and not isinstance(where, Mapping):
+        raise QueueError("where must be a mapping of header names to values")
+
+
+def _lease_args(
+    n: object, lease_seconds: object, where: object
+) -> tuple[float | None, dict[str, Any] | None]:
+    """``lease_many``'s arguments checked: the lease in seconds (None: the queue's) and ``where``."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise QueueError(f"n must be an int >= 1, got {n!r}")
+    return (None if lease_seconds is None else check_lease_seconds(lease_seconds)), check_where(where)
 
 
 def _blocking_steps(

@@ -17,6 +17,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -35,37 +36,39 @@ def _store(n: int) -> tuple[str, fdbqueue.Database]:
     return folder, db
 
 
-def run_async(n: int, concurrency: int, io: float) -> float:
+def _rate(n: int, drain: Callable[[fdbqueue.Database], fdbqueue.WorkerStats]) -> float:
+    """Messages a second for ``drain`` to take ``n`` from a fresh store (checked: all of them)."""
     folder, db = _store(n)
     try:
-
-        async def handle(m: fdbqueue.Message) -> None:
-            await asyncio.sleep(io)
-
         start = time.perf_counter()
-        stats = asyncio.run(
-            aio.AsyncWorker(db, "jobs", handle, concurrency=concurrency).run(until_empty=True)
-        )
+        stats = drain(db)
         secs = time.perf_counter() - start
         assert stats.processed == n, stats
         return n / secs
     finally:
         db.close()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def run_async(n: int, concurrency: int, io: float) -> float:
+    async def handle(m: fdbqueue.Message) -> None:
+        await asyncio.sleep(io)
+
+    return _rate(
+        n,
+        lambda db: asyncio.run(
+            aio.AsyncWorker(db, "jobs", handle, concurrency=concurrency).run(until_empty=True)
+        ),
+    )
 
 
 def run_threads(n: int, concurrency: int, io: float) -> float:
-    folder, db = _store(n)
-    try:
-        start = time.perf_counter()
-        w = fdbqueue.Worker(db, "jobs", lambda m: time.sleep(io), concurrency=concurrency)
-        stats = w.run(until_empty=True)
-        secs = time.perf_counter() - start
-        assert stats.processed == n, stats
-        return n / secs
-    finally:
-        db.close()
-        shutil.rmtree(folder, ignore_errors=True)
+    return _rate(
+        n,
+        lambda db: fdbqueue.Worker(db, "jobs", lambda m: time.sleep(io), concurrency=concurrency).run(
+            until_empty=True
+        ),
+    )
 
 
 def main() -> None:
