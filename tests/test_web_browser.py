@@ -11,6 +11,7 @@ and sets FDBQUEUE_REQUIRE_BROWSER=1, which turns that skip into a failure.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -211,6 +212,35 @@ def test_a_click_survives_a_refresh_between_press_and_release(store: Database, p
             else:
                 expect(page.locator("#message-list tbody tr")).to_have_count(rows - 1)
         assert not fdbqueue.queue_stats(store, "jobs").dequeue_enabled
+
+
+def test_the_previous_queues_buttons_go_as_soon_as_another_page_is_asked_for(
+    store: Database, page: Any
+) -> None:
+    """Until a new page's data came back, the previous page stayed, buttons and all: a click
+    in between acted on the previous queue (CI: "Pause dequeue" on jobs paused jobs.error)."""
+    from playwright.sync_api import expect
+
+    seed(store)
+    with Dashboard(store, interval=0.3).start(port=0) as run:
+        page.goto(run.url + "/#/queue/jobs.error")
+        expect(page.locator("#pause-dequeue")).to_be_visible()
+        # Right after the hash changes (the new page's requests are still out): whose controls?
+        left = page.evaluate(
+            """() => new Promise((done) => {
+                window.addEventListener("hashchange", () => setTimeout(() => {
+                    const b = document.getElementById("pause-dequeue");
+                    done(b ? document.querySelector("h1").textContent : null);
+                }, 0), { once: true });
+                location.hash = "#/queue/jobs";
+            })"""
+        )
+        assert left is None, f"the buttons of {left!r} were still there"
+        expect(page.locator("h1")).to_have_text(re.compile(r"^jobs(?!\.error)"))
+        page.click("#pause-dequeue")
+        expect(page.locator("#resume-dequeue")).to_be_visible()
+        assert not fdbqueue.queue_stats(store, "jobs").dequeue_enabled
+        assert fdbqueue.queue_stats(store, "jobs.error").dequeue_enabled
 
 
 def _refused(page: Any, run: Running, body: dict[str, Any]) -> tuple[int, str]:

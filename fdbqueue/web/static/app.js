@@ -118,6 +118,9 @@ function route() {
     view = { kind: "overview", filter: (view && view.kind === "overview") ? view.filter : "" };
   }
   crumbs();
+  // The previous page goes at once, not when the new one's data comes back: its buttons act
+  // on the previous queue, and a click in between would land on them.
+  $main.replaceChildren(h("p", { class: "muted", id: "loading" }, "Loading…"));
   refresh(true);
 }
 
