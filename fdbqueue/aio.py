@@ -52,7 +52,7 @@ from fdbqueue.settling import Settler, lease_settling
 from fdbqueue.steps import Emit, Run, Steps, refused, refused_wait, resume
 from fdbqueue.sweep import SweepStats
 from fdbqueue.txn import as_database, seconds
-from fdbqueue.types import Item, JournalEntry
+from fdbqueue.types import Item, JournalEntry, check_flag
 from fdbqueue.waiting import wait_ready_steps, watch_queue
 
 __all__ = ["AsyncQueue", "AsyncWorker", "journal", "transactional", "wait_watch"]
@@ -380,7 +380,7 @@ class AsyncWorker:
         self.handler = handler
         self.concurrency = concurrency
         self.lease_seconds = None if lease_seconds is None else seconds("lease_seconds", lease_seconds)
-        self.heartbeat = bool(heartbeat)
+        self.heartbeat = check_flag("heartbeat", heartbeat)
         self.settle_linger = seconds("settle_linger", settle_linger)
         self.idle_timeout = seconds("idle_timeout", idle_timeout)
         self.shutdown_timeout = (

@@ -23,18 +23,17 @@ gets may already be committed elsewhere:
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from fdbqueue.budget import MAX_PAYLOAD_BYTES
 from fdbqueue.clock import db_now, versions
 from fdbqueue.config import QueueConfig, read_meta
 from fdbqueue.engines.base import Database, Transaction, producer_room
+from fdbqueue.enqueuing import enqueue_items
 from fdbqueue.errors import EngineError, NestedTransactionError, QueueFullError, QueueStoppedError
+from fdbqueue.layout import QueueKeys
 from fdbqueue.message import PayloadTooLargeError
 from fdbqueue.types import AutonomousId as AutonomousId  # re-export
-
-if TYPE_CHECKING:
-    from fdbqueue.queue import Queue, _Item
+from fdbqueue.types import Item
 
 log = logging.getLogger("fdbqueue")
 
@@ -44,17 +43,17 @@ log = logging.getLogger("fdbqueue")
 _reserved: dict[tuple[int, bytes], int] = {}
 
 
-def enqueue_autonomous(q: Queue, tr: Transaction, item: _Item) -> AutonomousId:
+def enqueue_autonomous(keys: QueueKeys, tr: Transaction, item: Item) -> AutonomousId:
     """Enqueue ``item`` (its id fixed) outside the caller's ``tr`` (see the module docstring)."""
     db: Database = tr.db
     try:
-        return AutonomousId.written(q._enqueue_items(db, [item], 0)[0])
+        return AutonomousId.written(enqueue_items(keys, db, [item], 0)[0])
     except NestedTransactionError:
         pass  # the embedded engine: the caller's transaction holds the single writer
-    seen = admit(q, tr, item)
+    seen = admit(keys, tr, item)
     if seen is not None:
         return AutonomousId.written(seen)  # a dedup match: nothing to write
-    slot = (id(tr), q.keys.q.key())
+    slot = (id(tr), keys.q.key())
     _reserved[slot] = _reserved.get(slot, 0) + 1
     done = AutonomousId(item.id)
     admitted = item._replace(admitted=True)
@@ -62,28 +61,27 @@ def enqueue_autonomous(q: Queue, tr: Transaction, item: _Item) -> AutonomousId:
     def later(_error: EngineError | None) -> None:
         _reserved.pop(slot, None)
         try:
-            done.outcome.set_result(q._enqueue_items(db, [admitted], 0)[0])
+            done.outcome.set_result(enqueue_items(keys, db, [admitted], 0)[0])
         except Exception as exc:  # reported on the outcome; the caller's own is not masked
-            log.exception("fdbqueue: autonomous enqueue to %r failed", q.name)
+            log.exception("fdbqueue: autonomous enqueue to %r failed", keys.name)
             done.outcome.set_exception(exc)
 
     tr.on_finish(later)
     return done
 
 
-def admit(q: Queue, tr: Transaction, item: _Item) -> str | None:
+def admit(keys: QueueKeys, tr: Transaction, item: Item) -> str | None:
     """Raise what would refuse ``item`` now, checked in the caller's ``tr``; the first
     message's id on a dedup match, else None (admitted)."""
     producer_room(tr.db)  # below the free-space reserve: refused now, not at the deferred write
-    keys = q.keys
     meta = read_meta(tr, keys)
     cfg = meta.config or QueueConfig()
     if not meta.state.enqueue:
-        raise QueueStoppedError(f"enqueue is disabled on queue {q.name!r}")
+        raise QueueStoppedError(f"enqueue is disabled on queue {keys.name!r}")
     limit = min(cfg.max_payload, MAX_PAYLOAD_BYTES)
     if len(item.payload) > limit:
         raise PayloadTooLargeError(
-            f"payload of {len(item.payload)} bytes exceeds queue {q.name!r}'s max_payload of {limit} bytes"
+            f"payload of {len(item.payload)} bytes exceeds queue {keys.name!r}'s max_payload of {limit} bytes"
         )
     if item.dedup_key is not None:
         # Against what is committed, not the caller's own enqueue with that key: that one
@@ -103,7 +101,7 @@ def admit(q: Queue, tr: Transaction, item: _Item) -> str | None:
         held += _reserved.get((id(tr), keys.q.key()), 0)
         if held + 1 > cfg.max_size:
             raise QueueFullError(
-                f"queue {q.name!r} is full ({held} of max_size {cfg.max_size}, counting this "
+                f"queue {keys.name!r} is full ({held} of max_size {cfg.max_size}, counting this "
                 "transaction's enqueues): the autonomous enqueue is refused",
                 block=cfg.overflow == "block",
             )

@@ -138,6 +138,7 @@ def _cmd_create(db: fdbqueue.Database, args: argparse.Namespace) -> int:
 def _cmd_delete(db: fdbqueue.Database, args: argparse.Namespace) -> int:
     if args.ids:  # messages, not the queue
         q = fdbqueue.Queue(args.name)
+        fdbqueue.queue_config(db, args.name)  # an unknown queue: said alone, not as missing ids
         missing = [i for i in args.ids if not q.delete(db, i)]
         done = len(args.ids) - len(missing)
         print(f"deleted {done} message{'s' if done != 1 else ''} from {args.name}")

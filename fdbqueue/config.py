@@ -272,12 +272,22 @@ def write_config(tr: Transaction, keys: QueueKeys, cfg: QueueConfig) -> None:
     tr.set(keys.listing, b"")
 
 
-def config_or_create(tr: Transaction, keys: QueueKeys) -> QueueConfig:
-    """Settings of the queue, creating it with defaults on first use."""
-    cfg = read_config(tr, keys)
+def config_or_create(
+    tr: Transaction, keys: QueueKeys, *, guarded_like: QueueKeys | None = None
+) -> QueueConfig:
+    """Settings of the queue, creating it with defaults on first use; a queue made here takes
+    the owner and grants of ``guarded_like`` (an error queue its origin's: dead letters are
+    as private as the messages they were)."""
+    if guarded_like is None:
+        raw, guard = tr.get(keys.config), None
+    else:  # both in one round trip (a dead letter's path is bounded in them: budgets.md)
+        raw, guard = tr.get_many([keys.config, guarded_like.guard])
+    cfg = None if raw is None else _decode_config(raw)
     if cfg is None:
         cfg = QueueConfig()
-        write_config(tr, keys, cfg)
+        write_config(tr, keys, cfg)  # a new metadata version: the guard below is seen with it
+        if guard is not None:
+            tr.set(keys.guard, guard)
     elif cfg.volatile:
         tr.options.set_volatile_prefix(keys.q.key())
     return cfg

@@ -7,6 +7,8 @@ embedded engine handles a cluster's errors the same way.
 
 from __future__ import annotations
 
+import math
+
 # FoundationDB error codes (api-error-codes.rst) that the engines raise or pass through.
 ERROR_NAMES: dict[int, str] = {
     1007: "transaction_too_old",
@@ -241,6 +243,14 @@ class Retry(Exception):
     max_deliveries the message goes to the error queue. Not logged as a failure."""
 
     def __init__(self, delay: float | None = None, reason: str | None = None) -> None:
+        # Checked here, where the handler raises it: a bad delay found only by the worker's
+        # nack would leave the message leased, out of sight, until its lease ended.
+        if delay is not None and (
+            isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay < math.inf
+        ):
+            raise QueueError(f"Retry's delay must be a finite number of seconds >= 0 or None, got {delay!r}")
+        if reason is not None and not isinstance(reason, str):
+            raise QueueError(f"Retry's reason must be a str or None, got {type(reason).__name__}")
         super().__init__(reason or ("retry" if delay is None else f"retry after {delay} s"))
         self.delay = delay
         self.reason = reason or "retry requested by the handler"
@@ -256,7 +266,10 @@ class Discard(Exception):
     """Raised by a Worker's or Dispatcher's handler: give up on the message now, whatever
     its deliveries, to the error queue with ``reason``."""
 
-    def __init__(self, reason: str = "discarded by the handler") -> None:
+    def __init__(self, reason: str | None = None) -> None:
+        if reason is not None and not isinstance(reason, str):
+            raise QueueError(f"Discard's reason must be a str or None, got {type(reason).__name__}")
+        reason = reason or "discarded by the handler"
         super().__init__(reason)
         self.reason = reason
 

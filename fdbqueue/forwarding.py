@@ -41,6 +41,7 @@ from fdbqueue.clock import db_now, versions
 from fdbqueue.config import read_meta
 from fdbqueue.delivery import ack_many_in, to_message
 from fdbqueue.engines.base import Database, Transaction, adopt, is_transaction
+from fdbqueue.enqueuing import enqueue_items
 from fdbqueue.errors import ClusterUnavailableError, CorruptMessageError, EngineError, QueueError, StoreError
 from fdbqueue.layout import DEFAULT_ROOT, forward_marker, forward_marker_range, new_rand
 from fdbqueue.message import Record, decode_record
@@ -147,7 +148,7 @@ class Forwarder:
                 if mark is None and there.get(m.id) is None
             ]  # fmt: skip
             if items:
-                self.dst._enqueue_items(t, items, 0)
+                enqueue_items(self.dst.keys, t, items, 0)
             for m, mark in zip(batch, marks, strict=True):
                 if mark is None:
                     t.set(forward_marker(dkeys, self.origin, m.id), str(now).encode())

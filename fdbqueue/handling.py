@@ -9,7 +9,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,7 +103,10 @@ class WorkerStats:
 
     def summary(self) -> str:
         """One line for people: counts, then rates rounded (e.g. for a CLI's final line)."""
-        parts = [f"processed {self.processed}", f"failed {self.failed}"]
+        verdicts = ((self.retried, "retried"), (self.discarded, "discarded"))
+        chosen = [f"{n} {what}" for n, what in verdicts if n]
+        failed = f"failed {self.failed}" + (f" ({', '.join(chosen)})" if chosen else "")
+        parts = [f"processed {self.processed}", failed]
         if self.too_slow:
             parts.append(f"({self.too_slow} outlived the 5 s transaction limit)")
         if self.released:
@@ -356,10 +359,14 @@ def work_set_of(queues: Queues) -> WorkSet | None:
 
 def _as_queues(queues: Queues) -> list[Queue]:
     items: Iterable[Any] = [queues] if isinstance(queues, (Queue, str, PartitionedQueue)) else queues
+    if isinstance(items, (bytes, Mapping)) or not isinstance(items, Iterable):
+        raise QueueError(f"queues must be a name, a Queue, a pattern or a list of them, got {queues!r}")
     out = []
     for q in items:
         if isinstance(q, PartitionedQueue) or is_pattern(q):
             raise QueueError(f"give a pattern or a PartitionedQueue alone, not in a list: {q!r}")
+        if not isinstance(q, (Queue, str)):
+            raise QueueError(f"queues must be names or Queues, got {q!r} in {queues!r}")
         out.append(q if isinstance(q, Queue) else Queue(q))
     if not out:
         raise QueueError("a worker needs at least one queue")

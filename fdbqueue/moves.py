@@ -163,7 +163,7 @@ def dead_letter(
     if clear_id:
         tr.clear(keys.id_key(rec.id))
     ekeys = keys.sibling(cfg.error_queue_for(keys.name))
-    ecfg = config_or_create(tr, ekeys)
+    ecfg = config_or_create(tr, ekeys, guarded_like=keys)
     if cfg.journal:
         after(tr, keys, True, note or Note("dead", reason, {"to": ekeys.name}), rec)
     if rec.chunks:
@@ -231,7 +231,7 @@ def move_corrupt(
 
     tr.on_finish(logged)
     ekeys = keys.sibling(ename)
-    ecfg = config_or_create(tr, ekeys)
+    ecfg = config_or_create(tr, ekeys, guarded_like=keys)
     extra = {
         "origin": keys.name,
         "reason": CORRUPT_REASON,

@@ -32,8 +32,10 @@ from cronsim import CronSim, CronSimError
 
 from fdbqueue.clock import now_us
 from fdbqueue.engines.base import Database, Transaction, adopt
+from fdbqueue.enqueuing import new_item
 from fdbqueue.errors import QueueError
 from fdbqueue.layout import DEFAULT_ROOT, ScheduleKeys
+from fdbqueue.privileges import check
 from fdbqueue.queue import Queue
 from fdbqueue.txn import run_once
 
@@ -68,6 +70,12 @@ def _check_cron(cron: str) -> None:
         raise QueueError(f"not a cron expression: {cron!r} ({exc})") from None
 
 
+def _checked_name(name: object) -> str:
+    if not isinstance(name, str) or not name:
+        raise QueueError(f"name must be a non-empty str, got {name!r}")
+    return name
+
+
 def schedule(
     db: Database,
     queue: str,
@@ -82,20 +90,24 @@ def schedule(
 ) -> str:
     """Enqueue ``payload`` into ``queue`` at each tick of ``cron`` (UTC) from now on; returns the
     schedule's name (default ``"<queue> <cron>"``). Making it again under the same name
-    replaces it, keeping its last run."""
+    replaces it, keeping its last run. Needs the ``enqueue`` right on ``queue`` (and on the
+    queue of the schedule it replaces): AccessDeniedError before anything is written."""
     q = Queue(queue, root=root)  # a valid name
     _check_cron(cron)
     if catch_up not in CATCH_UP:
         raise QueueError(f"catch_up must be one of {CATCH_UP}, got {catch_up!r}")
-    item = q._item(payload, priority, headers, 0.0, None, None)  # an enqueue's checks and encoding
+    item = new_item(payload, priority, headers, 0.0, None, None)  # an enqueue's checks and encoding
     data, ctype = item.payload, item.content_type
-    name = name or f"{queue} {cron}"
-    if not isinstance(name, str) or not name:
-        raise QueueError("name must be a non-empty str")
+    name = _checked_name(f"{queue} {cron}" if name is None else name)
     sk = ScheduleKeys(root)
 
     def body(t: Transaction, _: bool) -> str:
+        # A schedule is a standing enqueue that any scheduler runs with its own rights: who
+        # makes one, or replaces one, must hold enqueue on its queue (and on the old one's).
+        check(t, q.keys, "enqueue")
         old = t.get(sk.entry(name))
+        if old is not None and (was := json.loads(old)["queue"]) != queue:
+            check(t, Queue(was, root=root).keys, "enqueue")
         now = now_us()
         rec: dict[str, Any] = {
             "queue": queue,
@@ -118,13 +130,17 @@ def schedule(
 
 
 def unschedule(db: Database, name: str, *, root: tuple[Any, ...] = DEFAULT_ROOT) -> bool:
-    """Remove schedule ``name``; True if there was one."""
+    """Remove schedule ``name``; True if there was one. Needs enqueue on its queue."""
+    name = _checked_name(name)
     sk = ScheduleKeys(root)
 
     def body(t: Transaction, _: bool) -> bool:
-        found = t.get(sk.entry(name)) is not None
+        raw = t.get(sk.entry(name))
+        if raw is None:
+            return False
+        check(t, Queue(json.loads(raw)["queue"], root=root).keys, "enqueue")
         t.clear(sk.entry(name))
-        return found
+        return True
 
     return run_once(adopt(db), body)
 

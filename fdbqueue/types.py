@@ -60,6 +60,14 @@ def check_duration(name: str, value: object, *, positive: bool = False) -> float
     return float(value)
 
 
+def check_flag(name: str, value: object) -> bool:
+    """``value`` when it is True or False, else a clear :class:`QueueError` naming ``name``
+    (``bool("no")`` is True: a string would turn an option on that its writer meant off)."""
+    if not isinstance(value, bool):
+        raise QueueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 class ContentType(str, Enum):
     BYTES = "b"
     TEXT = "t"

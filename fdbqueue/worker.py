@@ -58,6 +58,7 @@ from fdbqueue.queue import Queue
 from fdbqueue.schedules import run_schedules as run_periodic_jobs
 from fdbqueue.settling import Settler, lease_settling
 from fdbqueue.txn import run_once
+from fdbqueue.types import check_flag
 from fdbqueue.waiting import QueueWatcher
 
 log = logging.getLogger("fdbqueue.worker")
@@ -111,14 +112,15 @@ class Worker:
         self.idle_timeout = check_duration("idle_timeout", idle_timeout)
         self.budget = PrefetchBudget(*prefetch)
         self.stats = WorkerStats(per_queue={q.name: 0 for q in self.queues})
-        self.heartbeat = bool(heartbeat)
+        self.heartbeat = check_flag("heartbeat", heartbeat)
         self.shutdown_timeout = (
             None if shutdown_timeout is None else check_duration("shutdown_timeout", shutdown_timeout)
         )
         self._beat = Heartbeat(db, self.stats, log)
-        if metrics_port is not None and (isinstance(metrics_port, bool) or not isinstance(metrics_port, int)):
-            raise QueueError(f"metrics_port must be an int, got {metrics_port!r}")
-        self.metrics_port = metrics_port
+        port = metrics_port
+        if port is not None and (type(port) is not int or not 0 <= port <= 65535):  # bool is no port
+            raise QueueError(f"metrics_port must be an int from 0 to 65535 or None, got {metrics_port!r}")
+        self.metrics_port = metrics_port  # 0 takes a free port: run() puts the one taken here
         self.run_schedules = bool(run_schedules)  # the periodic jobs too, at each sweep
         # Lease mode acks in batches: a finished message waits up to settle_linger for others
         # (or for the next lease, in the same transaction); 0 acks each at once.
@@ -157,6 +159,8 @@ class Worker:
             from fdbqueue.metrics import serve
 
             self._exporter = serve(self.db, self.metrics_port)
+            self.metrics_port = self._exporter.port
+            log.info("fdbqueue: worker metrics on http://0.0.0.0:%d/metrics", self.metrics_port)
         previous: dict[signal.Signals, Any] = {}
         if install_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):

@@ -137,4 +137,7 @@ def test_cli_redrive_and_delete_messages(tmp_path: Path, capsys: pytest.CaptureF
     assert "deleted 1 message from jobs" in capsys.readouterr().out
     assert main(["--url", url, "delete", "jobs", m.id]) == 1
     assert "no message" in capsys.readouterr().err
+    assert main(["--url", url, "delete", "nosuch", m.id]) == 1  # an unknown queue says so, alone
+    out, err = capsys.readouterr()
+    assert (out, err.strip()) == ("", "fdbqueue: error: no queue named 'nosuch'")
     assert Queue("jobs").size(db) == 0 and Queue("triage").size(db) == 1

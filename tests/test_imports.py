@@ -236,6 +236,7 @@ LAYERS: dict[str, int] = {
     "contention": 4,
     "browse": 4,
     "autonomous": 4,
+    "enqueuing": 4,
     # L5 the API.
     "queue": 5,
     "admin": 5,

@@ -204,3 +204,29 @@ def test_privileges_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFi
     capsys.readouterr()
     assert main([*b, "acl", "jobs"]) == 0
     assert "open to every principal" in capsys.readouterr().out
+
+
+def test_an_owned_queues_error_queue_is_made_with_its_owner_and_grants(stores: tuple[Any, Any, str]) -> None:
+    """Dead letters are as private as the messages they were: the error queue an owned queue
+    makes on its first dead letter takes its owner and grants (else any principal could read,
+    redrive or delete them)."""
+    owner, other, _ = stores
+    fdbqueue.grant(owner, "jobs", "svc-c", ["browse"])
+    q, errors = Queue("jobs"), Queue("jobs.error")
+    m = q.lease(owner)
+    assert m is not None
+    assert q.nack(owner, m, discard=True) == "dead"
+    assert fdbqueue.acl(owner, "jobs.error") == fdbqueue.acl(owner, "jobs")
+    with pytest.raises(AccessDeniedError):
+        list(errors.browse(other))
+    with pytest.raises(AccessDeniedError):
+        errors.delete(other, m.id)
+    with pytest.raises(AccessDeniedError):
+        fdbqueue.redrive(other, "jobs.error")
+    assert [x.id for x in errors.browse(owner)] == [m.id]
+    fdbqueue.create_queue(owner, "open")  # an unowned queue's error queue stays open
+    o = Queue("open")
+    o.enqueue(owner, b"x")
+    lease = o.lease(owner)
+    assert lease is not None and o.nack(owner, lease, discard=True) == "dead"
+    assert [x.id for x in Queue("open.error").browse(other)] == [lease.id]

@@ -217,3 +217,73 @@ def test_cli_worker_logs_failures_as_json_with_their_fields(tmp_path: Path) -> N
         timeout=60,
     )
     assert r.returncode == 2 and b"--log-level" in r.stderr
+
+
+@pytest.mark.parametrize("delay", [-1, "30", float("nan"), float("inf"), True])
+def test_a_bad_retry_delay_is_refused_where_the_handler_raises_it(delay: object) -> None:
+    """Not when the worker nacks (the message then sat leased, hidden, until its lease ended)."""
+    with pytest.raises(fdbqueue.QueueError, match="Retry's delay must be"):
+        Retry(delay=delay)  # type: ignore[arg-type]
+    with pytest.raises(fdbqueue.QueueError, match="Retry's reason must be a str"):
+        Retry(reason=5)  # type: ignore[arg-type]
+
+
+def test_discard_without_a_reason_dead_letters_as_discarded(store: Database) -> None:
+    with pytest.raises(fdbqueue.QueueError, match="Discard's reason must be a str"):
+        Discard(123)  # type: ignore[arg-type]
+    q = Queue("jobs")
+    mid = q.enqueue(store, b"x")
+
+    def handler(m: Message) -> None:
+        raise Discard(None)
+
+    stats = Worker(store, "jobs", handler).run(max_messages=1)
+    assert (stats.discarded, stats.failed) == (1, 1)
+    assert "1 discarded" in str(stats)
+    (dead,) = list(Queue("jobs.error").browse(store))
+    assert (dead.id, dead.reason) == (mid, "discarded by the handler")
+
+
+def test_a_retry_counts_and_shows_in_the_summary(store: Database) -> None:
+    fdbqueue.create_queue(store, "jobs", retry_delay=0)
+    Queue("jobs").enqueue(store, b"x")
+
+    def handler(m: Message) -> None:
+        raise Retry(delay=60)
+
+    stats = Worker(store, "jobs", handler).run(max_messages=1)
+    assert stats.retried == 1 and str(stats).startswith("processed 0; failed 1 (1 retried)")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "text"),
+    [
+        ({"queues": 5}, "queues must be"),
+        ({"queues": ["jobs", 5]}, "queues must be"),
+        ({"metrics_port": -1}, "metrics_port must be an int from 0 to 65535"),
+        ({"metrics_port": 65536}, "metrics_port must be an int from 0 to 65535"),
+        ({"heartbeat": "yes"}, "heartbeat must be True or False"),
+    ],
+)
+def test_a_worker_refuses_bad_arguments_clearly(
+    store: Database, kwargs: dict[str, object], text: str
+) -> None:
+    args: dict[str, object] = {"queues": "jobs", **kwargs}
+    with pytest.raises(fdbqueue.QueueError, match=text):
+        Worker(store, args.pop("queues"), lambda m: None, **args)  # type: ignore[arg-type]
+
+
+def test_a_worker_on_port_0_says_which_port_it_serves_metrics_on(store: Database) -> None:
+    import urllib.request
+
+    Queue("jobs").enqueue(store, b"x")
+    seen: list[str] = []
+
+    def handler(m: Message) -> None:
+        assert w.metrics_port  # the port taken, while run() serves
+        with urllib.request.urlopen(f"http://127.0.0.1:{w.metrics_port}/metrics", timeout=10) as r:
+            seen.append(r.read().decode())
+
+    w = Worker(store, "jobs", handler, metrics_port=0)
+    w.run(max_messages=1)
+    assert seen and "fdbqueue_queue_messages" in seen[0]

@@ -123,3 +123,44 @@ def test_a_worker_runs_the_schedules_at_its_sweeps(store: Database) -> None:
     w.stop()
     t.join(10)
     assert w.stats.scheduled >= 2 and Queue("ticks").size(store) == w.stats.scheduled
+
+
+def test_a_schedule_needs_the_enqueue_right_on_its_queue(tmp_path: Path) -> None:
+    """A schedule is a standing enqueue, run by whichever scheduler: whoever makes, replaces
+    or removes one must hold ``enqueue`` on its queue (else any principal could plant a job
+    that a scheduler with the right would run)."""
+    url = f"sqlite://{tmp_path / 'q.db'}"
+    ops, stranger = fdbqueue.open(url, principal="ops"), fdbqueue.open(url, principal="stranger")
+    try:
+        fdbqueue.create_queue(ops, "sec", owner="ops")
+        denied = "'stranger' lacks right 'enqueue' on queue 'sec'"
+        with pytest.raises(fdbqueue.AccessDeniedError, match=denied):
+            fdbqueue.schedule(stranger, "sec", "* * * * *", b"planted", name="s1")
+        fdbqueue.schedule(ops, "sec", "* * * * *", b"report", name="s2")
+        with pytest.raises(fdbqueue.AccessDeniedError):
+            fdbqueue.unschedule(stranger, "s2")
+        with pytest.raises(fdbqueue.AccessDeniedError):  # replacing it, even towards an open queue
+            fdbqueue.schedule(stranger, "free", "* * * * *", b"x", name="s2")
+        assert [(s.name, s.queue) for s in fdbqueue.schedules(ops)] == [("s2", "sec")]
+        fdbqueue.grant(ops, "sec", "stranger", ["enqueue"])
+        fdbqueue.schedule(stranger, "sec", "0 * * * *", b"allowed", name="s3")
+        assert fdbqueue.unschedule(stranger, "s3")
+    finally:
+        ops.close()
+        stranger.close()
+
+
+def test_schedule_names_are_checked(store: Database, capsys: pytest.CaptureFixture[str]) -> None:
+    from fdbqueue.cli import main
+
+    with pytest.raises(QueueError, match="name must be a non-empty str"):
+        fdbqueue.schedule(store, "reports", "* * * * *", b"x", name="")
+    with pytest.raises(QueueError, match="name must be a non-empty str"):
+        fdbqueue.unschedule(store, 5)  # type: ignore[arg-type]
+    assert fdbqueue.schedules(store) == []
+    if isinstance(store, fdbqueue.engines.sim.SimDatabase):
+        return
+    url = f"sqlite://{store.path}"  # type: ignore[attr-defined]
+    assert main(["--url", url, "schedule", "", "reports", "*/5 * * * *", "x"]) == 2
+    assert "name must be a non-empty str" in capsys.readouterr().err
+    assert fdbqueue.schedules(store) == []
