@@ -15,15 +15,9 @@ from functools import partial
 from typing import Any, TypeVar, cast
 
 from fdbqueue.autonomous import AutonomousId, enqueue_autonomous
-from fdbqueue.budget import (
-    Budget,
-)
+from fdbqueue.budget import Budget
 from fdbqueue.clock import db_now
-from fdbqueue.config import (
-    Meta,
-    config_or_create,
-    read_meta,
-)
+from fdbqueue.config import Meta, config_or_create, read_meta
 from fdbqueue.delivery import (
     LeaseError,
     ack_in,
@@ -62,18 +56,9 @@ from fdbqueue.errors import (
     QueueStoppedError,
 )
 from fdbqueue.head import TAKE_RESERVE, deliverable_head
-from fdbqueue.layout import (
-    DEFAULT_ROOT,
-    QueueKeys,
-    new_id,
-)
+from fdbqueue.layout import DEFAULT_ROOT, QueueKeys, new_id
 from fdbqueue.leasing import lease_batch
-from fdbqueue.message import (
-    Message,
-    Record,
-    check_reason,
-    decode_record,
-)
+from fdbqueue.message import Message, Record, check_reason, decode_record
 from fdbqueue.moves import move_corrupt, take, wake
 from fdbqueue.privileges import check, checked
 from fdbqueue.receipts import maybe_clear_old_receipts, new_receipt, read_receipt, settled
@@ -83,9 +68,6 @@ from fdbqueue.sweep import SweepStats, sweep
 from fdbqueue.txn import as_database, run_once, seconds
 from fdbqueue.types import Item, check_where
 from fdbqueue.waiting import blocking_steps, strict_of, wait_ready_steps, watch_queue
-
-# lease_many stops taking messages past this many record bytes, keeping its transaction (the
-# leased records are written again) well under FoundationDB's advised 1 MB.
 
 log = logging.getLogger("fdbqueue")
 R = TypeVar("R")

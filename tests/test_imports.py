@@ -208,6 +208,7 @@ LAYERS: dict[str, int] = {
     "engines._storelock": 1,
     "engines._simfaults": 1,
     "engines._simstore": 1,
+    "engines._sqlitetxn": 1,
     "engines._storefiles": 1,
     "engines._walcheck": 1,
     "engines._writemap": 1,
