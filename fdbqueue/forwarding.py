@@ -50,7 +50,7 @@ from fdbqueue.privileges import check
 from fdbqueue.queue import Queue
 from fdbqueue.receipts import settled
 from fdbqueue.txn import run_once
-from fdbqueue.types import Item, Message, check_where, headers_match
+from fdbqueue.types import Item, Message, check_flag, check_where, headers_match
 
 log = logging.getLogger("fdbqueue.forwarding")
 
@@ -108,7 +108,7 @@ class Forwarder:
         self.src, self.dst = Queue(src, root=root), Queue(dst, root=dst_root or root)
         self.ack = None if ack_queue is None else Queue(ack_queue, root=root)
         self.where = check_where(where)
-        self.exclusive = bool(exclusive)
+        self.exclusive = check_flag("exclusive", exclusive)
         self._pending: list[_Ready] | None = None  # exclusive: the next batch, read with the last removal
         self.batch = batch
         self.stats = ForwardStats()

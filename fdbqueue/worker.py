@@ -121,7 +121,7 @@ class Worker:
         if port is not None and (type(port) is not int or not 0 <= port <= 65535):  # bool is no port
             raise QueueError(f"metrics_port must be an int from 0 to 65535 or None, got {metrics_port!r}")
         self.metrics_port = metrics_port  # 0 takes a free port: run() puts the one taken here
-        self.run_schedules = bool(run_schedules)  # the periodic jobs too, at each sweep
+        self.run_schedules = check_flag("run_schedules", run_schedules)  # periodic jobs too, at sweeps
         # Lease mode acks in batches: a finished message waits up to settle_linger for others
         # (or for the next lease, in the same transaction); 0 acks each at once.
         self.settle_linger = check_duration("settle_linger", settle_linger)

@@ -121,6 +121,8 @@ def test_the_journal_and_the_stats() -> None:
     assert [(e.op, e.details) for e in arrived] == [("forward_in", {"origin": "jobs"})]
     with pytest.raises(fdbqueue.QueueError, match="batch"):
         Forwarder(src, "jobs", dst, "in", batch=0)
+    with pytest.raises(fdbqueue.QueueError, match="exclusive must be True or False"):
+        Forwarder(src, "jobs", dst, "in", exclusive="no")  # type: ignore[arg-type]
 
 
 def test_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

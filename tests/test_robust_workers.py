@@ -263,6 +263,7 @@ def test_a_retry_counts_and_shows_in_the_summary(store: Database) -> None:
         ({"metrics_port": -1}, "metrics_port must be an int from 0 to 65535"),
         ({"metrics_port": 65536}, "metrics_port must be an int from 0 to 65535"),
         ({"heartbeat": "yes"}, "heartbeat must be True or False"),
+        ({"run_schedules": 1}, "run_schedules must be True or False"),
     ],
 )
 def test_a_worker_refuses_bad_arguments_clearly(
