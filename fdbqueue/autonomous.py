@@ -25,10 +25,10 @@ from __future__ import annotations
 import logging
 
 from fdbqueue.budget import MAX_PAYLOAD_BYTES
-from fdbqueue.clock import db_now, versions
+from fdbqueue.clock import db_now
 from fdbqueue.config import QueueConfig, read_meta
 from fdbqueue.engines.base import Database, Transaction, producer_room
-from fdbqueue.enqueuing import enqueue_items
+from fdbqueue.enqueuing import enqueue_items, first_of
 from fdbqueue.errors import EngineError, NestedTransactionError, QueueFullError, QueueStoppedError
 from fdbqueue.layout import QueueKeys
 from fdbqueue.message import PayloadTooLargeError
@@ -90,10 +90,9 @@ def admit(keys: QueueKeys, tr: Transaction, item: Item) -> str | None:
         peek = tr.db.create_transaction()
         try:
             seen = peek.get(keys.dedup_key(item.dedup_key))
-            if seen is not None:
-                first_id, at = seen.decode().split("|")
-                if db_now(peek) - int(at) < versions(cfg.dedup_window):
-                    return first_id
+            first_id = None if seen is None else first_of(seen, cfg, db_now(peek))
+            if first_id is not None:
+                return first_id  # else the bounds below still apply
         finally:
             peek.cancel()
     if cfg.max_size is not None:

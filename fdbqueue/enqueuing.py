@@ -259,11 +259,20 @@ def _seen(keys: QueueKeys, tr: Transaction, cfg: QueueConfig, items: list[Item],
         found = tr.get_many([keys.dedup_key(k) for k in wanted])
     out = {}
     for key, seen in zip(wanted, found, strict=True):
-        if seen is not None:
-            first_id, at = seen.decode().split("|")
-            if now - int(at) < versions(cfg.dedup_window):
-                out[key] = first_id
+        first_id = first_of(seen, cfg, now)
+        if first_id is not None:
+            out[key] = first_id
     return out
+
+
+def first_of(seen: bytes | None, cfg: QueueConfig, now: int) -> str | None:
+    """The first message's id a dedup entry (``"<id>|<version>"``, written by
+    :func:`enqueue_in`) names while ``now`` is within the queue's dedup window of it, else
+    None. Database time both."""
+    if seen is None:
+        return None
+    first_id, at = seen.decode().split("|")
+    return first_id if now - int(at) < versions(cfg.dedup_window) else None
 
 
 def _write_new(
@@ -321,9 +330,7 @@ def deduplicated(keys: QueueKeys, tr: Transaction | Database, dedup_key: str) ->
     def body(t: Transaction, _: bool) -> str | None:
         seen = t.get(keys.dedup_key(dedup_key))
         if seen is None:
-            return None
-        cfg = read_meta(t, keys).config or QueueConfig()
-        first_id, at = seen.decode().split("|")
-        return first_id if db_now(t) - int(at) < versions(cfg.dedup_window) else None
+            return None  # no settings to read
+        return first_of(seen, read_meta(t, keys).config or QueueConfig(), db_now(t))
 
     return run_once(tr, body)

@@ -103,7 +103,7 @@ def put_ready(
     seen: bytes | None = UNREAD
     if key is None:
         # The index and the work index entry in one round trip.
-        raw, seen = tr.snapshot.get_many([keys.wake, workindex.entry_key(keys)])
+        raw, seen = tr.snapshot.get_many([keys.wake, keys.work_entry])
         index = unpack_count(raw) + 1  # the add below moves it on
         key = keys.ready_key(priority, index, new_rand())
         tr.set(keys.priority_marker(priority), b"")

@@ -15,7 +15,7 @@ from fdbqueue.engines.local import EventWatch
 from fdbqueue.errors import CorruptMessageError, EngineError, QueueError, QueueStoppedError
 from fdbqueue.layout import QueueKeys
 from fdbqueue.message import decode_record
-from fdbqueue.steps import REFUSED_WATCH_RECHECK, Run, Steps, Wait, drive, refused
+from fdbqueue.steps import REFUSED_WATCH_RECHECK, Run, Steps, Wait, refused
 from fdbqueue.txn import run_once, seconds
 
 
@@ -96,7 +96,7 @@ def watch_queue(db: Database, keys: QueueKeys, strict: bool = False, *, changes_
     accepted for the callers that know the setting and no longer changes anything. With
     ``changes_only`` only a change fires it (a waiter that leaves ready messages where they
     are). A refused watch (1032) is returned as a watch that fails with 1032 when waited
-    on: see :func:`wait_on`.
+    on: see ``fdbqueue.steps.wait_on``.
     """
     del strict  # read from the queue's settings, in the watch's own transaction
 
@@ -174,16 +174,6 @@ def blocking_steps(
             watch.cancel()
 
 
-def blocking(
-    db: Database,
-    keys: QueueKeys,
-    timeout: float | None,
-    attempt: Callable[[bool], tuple[R | None, Watch | None]],
-) -> R | None:
-    """:func:`blocking_steps` in this thread."""
-    return drive(blocking_steps(db, keys, timeout, attempt))
-
-
 def wait_ready_steps(db: Database, keys: QueueKeys, timeout: float | None) -> Steps[bool]:
     """Until a message may be ready on the queue (True) or ``timeout`` passes (False): steps.
 
@@ -211,11 +201,6 @@ def wait_ready_steps(db: Database, keys: QueueKeys, timeout: float | None) -> St
             watch.cancel()
         if deadline is not None and time.monotonic() >= deadline:
             return False
-
-
-def wait_ready(db: Database, keys: QueueKeys, timeout: float | None) -> bool:
-    """:func:`wait_ready_steps` in this thread."""
-    return drive(wait_ready_steps(db, keys, timeout))
 
 
 class QueueWatcher:

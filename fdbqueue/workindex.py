@@ -57,17 +57,11 @@ def _keys_of(keys: QueueKeys) -> WorkKeys:
 UNREAD = b"unread"  # no entry's value: entries are b"" or 8 bytes
 
 
-def entry_key(keys: QueueKeys) -> bytes:
-    """Queue ``keys``'s entry: for a caller that reads it along with other keys (one round
-    trip) and passes what it found to :func:`mark`."""
-    return keys.work_entry
-
-
 def mark(tr: Transaction, keys: QueueKeys, seen: bytes | object | None = UNREAD) -> None:
     """Queue ``keys`` may have a deliverable message now (see the module docstring).
     ``seen``: the entry's value, when the caller read it at snapshot isolation already."""
     wk = _keys_of(keys)
-    entry = wk.entry(keys.name)
+    entry = keys.work_entry
     if seen is UNREAD:
         seen = tr.snapshot.get(entry)
     if seen == b"":
@@ -83,7 +77,7 @@ def mark(tr: Transaction, keys: QueueKeys, seen: bytes | object | None = UNREAD)
 
 def unmark(tr: Transaction, keys: QueueKeys) -> None:
     """The queue is gone (destroyed): its entry goes too."""
-    tr.clear(_keys_of(keys).entry(keys.name))
+    tr.clear(keys.work_entry)
 
 
 def decode_due(raw: bytes) -> int:

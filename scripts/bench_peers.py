@@ -890,6 +890,14 @@ def run_system(peers: Peers, system: str, setting: str, n: int, args: argparse.N
     def fresh() -> dict[str, Any]:
         return peers.spec(system, setting)
 
+    def on_fresh(run: Callable[..., dict[str, Any]], *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """``run(spec, *args, **kwargs)`` on a fresh store of this system, dropped after."""
+        spec = fresh()
+        try:
+            return run(spec, *args, **kwargs)
+        finally:
+            peers.drop(spec)
+
     if "a" in wl or "b" in wl:
         spec = fresh()
         try:
@@ -904,48 +912,24 @@ def run_system(peers: Peers, system: str, setting: str, n: int, args: argparse.N
             peers.drop(spec)
         log(f"    {system:12} a {res['a']['rate']:9,.0f} msg/s   b {res['b']['rate']:9,.0f} msg/s")
         if system == "fdbqueue" and "b" in wl:
-            spec = fresh()
-            try:
-                res["b_lease"] = run_lease_ack(spec, n)
-            finally:
-                peers.drop(spec)
+            res["b_lease"] = on_fresh(run_lease_ack, n)
             log(f"    {system:12} b (lease+ack) {res['b_lease']['rate']:9,.0f} msg/s")
-            spec = fresh()
-            try:
-                res["b_worker"] = run_worker(spec, n)
-            finally:
-                peers.drop(spec)
+            res["b_worker"] = on_fresh(run_worker, n)
             log(f"    {system:12} b (Worker)    {res['b_worker']['rate']:9,.0f} msg/s")
     if "c" in wl:
-        spec = fresh()
-        try:
-            res["c"] = run_drain(spec, n)
-        finally:
-            peers.drop(spec)
+        res["c"] = on_fresh(run_drain, n)
         log(
             f"    {system:12} c {res['c']['rate']:9,.0f} msg/s  exactly-once={res['c']['exactly_once']}"
             f" dupes={res['c']['duplicates']} missing={res['c']['missing']} {res['c']['errors'] or ''}"
         )
         if system == "fdbqueue":
-            spec = fresh()
-            try:
-                res["c_worker"] = run_drain(spec, n, worker=True)
-            finally:
-                peers.drop(spec)
+            res["c_worker"] = on_fresh(run_drain, n, worker=True)
             log(f"    {system:12} c (Workers) {res['c_worker']['rate']:9,.0f} msg/s")
         if system == "persistqueue":
-            spec = fresh()
-            try:
-                res["c_threads"] = run_drain(spec, n, threads=True)
-            finally:
-                peers.drop(spec)
+            res["c_threads"] = on_fresh(run_drain, n, threads=True)
             log(f"    {system:12} c (threads) {res['c_threads']['rate']:9,.0f} msg/s")
     if "d" in wl:
-        spec = fresh()
-        try:
-            res["d"] = run_latency(spec, args.rate, args.latency_seconds, args.drain_seconds)
-        finally:
-            peers.drop(spec)
+        res["d"] = on_fresh(run_latency, args.rate, args.latency_seconds, args.drain_seconds)
         d = res["d"]
         log(
             f"    {system:12} d sent {d['achieved']:.0f}/s p50 {d['p50_ms']:.2f} ms p99 {d['p99_ms']:.2f} ms"

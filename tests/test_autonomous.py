@@ -128,6 +128,25 @@ def test_an_autonomous_enqueue_with_a_seen_dedup_key_returns_the_first_id(db: Da
     assert ids(db, q) == [first]
 
 
+def test_an_autonomous_enqueue_whose_dedup_key_expired_still_meets_the_queues_bound(db: Database) -> None:
+    """A dedup entry past its window matches nothing: the enqueue is then checked like any
+    other, against max_size here, not admitted unchecked."""
+    with fdbqueue.clock.fake_clock() as clock:
+        fdbqueue.create_queue(db, "jobs", max_size=2, dedup_window=60)
+        q = Queue("jobs")
+        q.enqueue(db, b"A", dedup_key="k")
+        clock.advance(61)
+        tr = caller(db)
+        q.enqueue(tr, b"B")  # the caller's own enqueue fills the queue (embedded engine)
+        if tr.db.may_conflict:  # type: ignore[attr-defined]
+            tr.commit()  # memory://: the autonomous write commits at once, against what is committed
+            tr = db.create_transaction()
+        with pytest.raises(QueueFullError):
+            q.enqueue(tr, b"A, a minute later", dedup_key="k", autonomous=True)
+        tr.commit()
+    assert len(ids(db, q)) == 2
+
+
 def test_a_deferred_write_that_fails_reports_it_on_the_outcome(tmp_path: Path) -> None:
     """The embedded engine: the database is closed before the deferred write can run."""
     db = fdbqueue.open(engine_url("sqlite", tmp_path))

@@ -6,7 +6,8 @@ import fdb.tuple
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fdbqueue.layout import QueueKeys, dec_int, enc_bytes, enc_int, enc_str
+from fdbqueue.errors import QueueError
+from fdbqueue.layout import QueueKeys, WorkKeys, dec_int, enc_bytes, enc_int, enc_str
 
 INTS = st.one_of(
     st.integers(min_value=-(2**70), max_value=2**70),
@@ -64,3 +65,16 @@ def test_index_keys_match_the_subspace(t_us: int, msg_id: str) -> None:
     assert k.delayed_key(t_us, msg_id) == k.q.pack(("d", t_us, msg_id))
     assert k.expiry_key(t_us, msg_id) == k.q.pack(("x", t_us, msg_id))
     assert k.unpack_tail(k.lease_key(t_us, msg_id)) == ("l", t_us, msg_id)
+
+
+@given(st.text(min_size=1, max_size=60).filter(lambda s: "\x00" not in s))
+def test_a_queues_work_entry_is_the_work_index_entry_for_its_name(name: str) -> None:
+    """Enqueues mark ``QueueKeys.work_entry``; consumers scan ``WorkKeys``' range: one key."""
+    try:
+        k = QueueKeys.make(name, ("app", 1))
+    except QueueError:
+        return  # not a queue name
+    wk = WorkKeys(("app", 1))
+    assert k.work_entry == wk.entry(name) == k.root.pack(("wk", name))
+    begin, end = wk.range()
+    assert begin <= k.work_entry < end and wk.name(k.work_entry) == name
