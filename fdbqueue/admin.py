@@ -79,6 +79,8 @@ def create_queue(
         if current is not None and not exist_ok:
             raise QueueError(f"queue {name!r} already exists")
         cfg = (current or QueueConfig()).replace(**settings)
+        if current is None or cfg.error_queue != current.error_queue:
+            check_error_chain(t, keys, cfg)
         if cfg.volatile and t.db.engine == "fdb":
             raise QueueError(
                 f"queue {name!r}: volatile=True is for the embedded engine; FoundationDB makes every "
@@ -108,6 +110,36 @@ def create_queue(
         return cfg
 
     return run_once(tr, body)
+
+
+MAX_ERROR_HOPS = 32  # error queues followed at most by check_error_chain
+
+
+def check_error_chain(t: Transaction, keys: QueueKeys, cfg: QueueConfig) -> None:
+    """Refuse settings under which the queue's dead letters would come back to it: its own
+    name as ``error_queue``, or a chain of error queues that leads back (a -> b -> a), down
+    which a poison message would go round for ever, its deliveries reset at each hop, and
+    never rest where someone looks. The chain is followed through the stored settings of
+    the queues on it (serializable reads: a concurrent change that closes a loop
+    conflicts), a queue not yet made as the defaults it would get (``<name>.error``); past
+    two missing queues in a row only defaults follow, which only lengthen the name."""
+    if cfg.error_queue == keys.name:
+        raise QueueError(f"queue {keys.name!r} cannot be its own error queue")
+    path = [keys.name]
+    nxt = cfg.error_queue_for(keys.name)
+    missing = 0
+    while len(path) <= MAX_ERROR_HOPS and missing < 2:
+        path.append(nxt)
+        if nxt == keys.name:
+            loop = " -> ".join(repr(n) for n in path)
+            raise QueueError(
+                f"queue {keys.name!r} cannot dead-letter to {path[1]!r}: its dead letters would loop {loop}"
+            )
+        if nxt in path[:-1]:
+            return  # a loop further on, not through this queue: not this change's to refuse
+        found = read_config(t, keys.sibling(nxt))
+        missing = missing + 1 if found is None else 0
+        nxt = (found or QueueConfig()).error_queue_for(nxt)
 
 
 def queue_config(

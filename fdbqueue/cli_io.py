@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import fdbqueue
 from fdbqueue.browse import Outlook, outlook
 from fdbqueue.budget import TXN_BUDGET_BYTES
+from fdbqueue.message import json_safe
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -90,7 +91,9 @@ def _render(table: Table) -> None:
 
 
 def _print_json(value: Any) -> None:
-    print(json.dumps(value, indent=None, sort_keys=False, default=str))
+    # Strict JSON whatever a store holds: a NaN header of an older version would print NaN,
+    # which jq and JSON.parse refuse (json_safe: "NaN", and lone surrogates escaped).
+    print(json.dumps(json_safe(value), indent=None, sort_keys=False, default=str, allow_nan=False))
 
 
 def _age(seconds: float | None) -> str:
@@ -206,6 +209,10 @@ _seconds = _parser(float, 0, "a number of seconds >= 0")
 _number = _parser(float, None, "a number")
 
 
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # json.loads takes NaN and Infinity; JSON does not
+
+
 def _headers(pairs: Sequence[str] | None) -> dict[str, Any] | None:
     """``k=v`` gives the string v; ``k:=v`` parses v as JSON (a number, true, null ...)."""
     if not pairs:
@@ -218,7 +225,7 @@ def _headers(pairs: Sequence[str] | None) -> dict[str, Any] | None:
         if key.endswith(":"):
             key = key[:-1]
             try:
-                out[key] = json.loads(value)
+                out[key] = json.loads(value, parse_constant=_not_json)
             except ValueError:
                 raise CommandError(f"bad header {pair!r}: {value!r} is not JSON") from None
         else:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import fdbqueue
 from fdbqueue.cli_io import CommandError
+from fdbqueue.errors import QueueError
 
 Add = Callable[..., argparse.ArgumentParser]
 
@@ -43,6 +44,14 @@ def add_ops_commands(add: Add) -> None:
         "authentication in front to serve others)",
     )
     p.add_argument("--read-only", action="store_true", help="refuse every action (pause, redrive, delete)")
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME[:PORT]",
+        help="a host name the dashboard also answers (repeatable): a reverse proxy's; without "
+        "a port at any port (default: localhost, 127.0.0.1, [::1] and --addr, at --port)",
+    )
     p.add_argument(
         "--interval", type=float, default=2.0, help="seconds between samples of the queues (default 2)"
     )
@@ -139,9 +148,16 @@ def _cmd_web(db: fdbqueue.Database, args: argparse.Namespace) -> int:
         raise CommandError(f"--port must be 0..65535, got {args.port}")
     if not 0.1 <= args.interval <= 3600:
         raise CommandError(f"--interval must be 0.1..3600 seconds, got {args.interval}")
-    dashboard = Dashboard(
-        db, read_only=args.read_only, interval=args.interval, window=max(300.0, 150 * args.interval)
-    )
+    try:
+        dashboard = Dashboard(
+            db,
+            read_only=args.read_only,
+            interval=args.interval,
+            window=max(300.0, 150 * args.interval),
+            allowed_hosts=args.allowed_host,
+        )
+    except QueueError as exc:
+        raise CommandError(f"--allowed-host: {exc}") from None
     mode = "read-only" if args.read_only else f"acting as {db.principal}"
 
     def announce(url: str) -> None:

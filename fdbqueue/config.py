@@ -187,8 +187,10 @@ class QueueConfig:
         return cls(**{k: v for k, v in data.items() if k in known})
 
     def error_queue_for(self, name: str) -> str:
-        """The queue ``name``'s dead letters go to: ``error_queue``, else :func:`error_queue_name`."""
-        return self.error_queue or error_queue_name(name)
+        """The queue ``name``'s dead letters go to: ``error_queue``, else :func:`error_queue_name`
+        (also when ``error_queue`` is ``name`` itself, as an older version let it be stored:
+        a dead letter must leave its queue)."""
+        return self.error_queue if self.error_queue and self.error_queue != name else error_queue_name(name)
 
     def retry_wait(self, deliveries: int) -> float:
         """How long a message waits before its next delivery after ``deliveries`` deliveries:

@@ -29,6 +29,7 @@ from fdbqueue.message import (
     check_dedup_key,
     check_headers,
     coerce_payload,
+    payload_list,
 )
 from fdbqueue.moves import CHUNK_SIZE, count_new, write_new
 from fdbqueue.privileges import checked
@@ -91,7 +92,7 @@ def batch_items(
             ttl if p.ttl is None else p.ttl,
             p.dedup_key,
         )
-        for p in payloads
+        for p in payload_list(payloads)
     ]
     cost = sum(write_cost(keys, it) for it in items)
     if cost > TXN_BUDGET_BYTES:

@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import json
+import math
 import struct
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from fdbqueue.budget import MAX_DEDUP_KEY_BYTES, MAX_HEADERS_BYTES, MAX_REASON_BYTES, encoded_len
@@ -46,11 +47,37 @@ def coerce_payload(payload: object) -> tuple[bytes, ContentType]:
         raise InvalidPayloadError(
             f"payload must be bytes, str or JSON-serialisable; {type(payload).__name__}: {exc}"
         ) from None
+    except RecursionError:
+        # The encoder recurses once a level: past the interpreter's limit (about 1,000) it
+        # cannot be encoded here, nor decoded by a consumer.
+        raise InvalidPayloadError(
+            f"payload {type(payload).__name__} is nested too deeply to encode as JSON; "
+            "pass it encoded (bytes or str) if it must be"
+        ) from None
+
+
+def payload_list(payloads: object) -> Iterable[object]:
+    """``enqueue_many``'s payloads: any iterable of them but a str, bytes-like or mapping,
+    each of which iterates (into characters, ints or keys) yet is surely one payload, or a
+    batch passed by mistake: QueueError, not a message a character."""
+    if isinstance(payloads, (str, bytes, bytearray, memoryview, Mapping)):
+        raise QueueError(
+            f"enqueue_many takes an iterable of payloads, not a {type(payloads).__name__}: "
+            "wrap one payload in a list ([payload]), or use enqueue"
+        )
+    if not isinstance(payloads, Iterable):
+        raise QueueError(f"enqueue_many takes an iterable of payloads, not {type(payloads).__name__}")
+    return payloads
 
 
 def check_headers(headers: object) -> dict[str, Any]:
     """Headers as stored: names must be str (an int name would become a str in JSON and
-    could collide with one: refused, not merged), values str, int, float, bool or None."""
+    could collide with one: refused, not merged), values str, int, float, bool or None.
+
+    What JSON in UTF-8 cannot carry is refused too (InvalidTextError or QueueError): a str,
+    name or value, with a lone surrogate, and a float NaN or infinity. The record would
+    store either (escaped), but every reader that speaks JSON - the dashboard, a forwarder's
+    peer, a consumer in another language - would fail on it."""
     if headers is None:
         return {}
     if not isinstance(headers, Mapping):
@@ -59,7 +86,12 @@ def check_headers(headers: object) -> dict[str, Any]:
     for k, v in headers.items():
         if not isinstance(k, str):
             raise QueueError(f"header names must be str, got {k!r}")
-        if v is not None and not isinstance(v, (str, int, float, bool)):
+        utf8(k, "a header name")
+        if isinstance(v, str):
+            utf8(v, f"header {k!r}")
+        elif isinstance(v, float) and not math.isfinite(v):
+            raise QueueError(f"header {k!r} is {v!r}, which JSON cannot carry: pass a finite number or a str")
+        elif v is not None and not isinstance(v, (int, float, bool)):
             raise QueueError(f"header {k!r} must be str, int, float, bool or None, not {type(v).__name__}")
         out[k] = v
     try:
@@ -75,6 +107,27 @@ def check_headers(headers: object) -> dict[str, Any]:
             "(MAX_HEADERS_BYTES)"
         )
     return out
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` (JSON-like: dicts, lists, scalars) with what strict JSON in UTF-8 cannot carry
+    made visible text, for a reader (the dashboard, ``--json`` output) of whatever a store
+    holds - written by a version before :func:`check_headers` refused it, or raw: a str's
+    lone surrogates as ``\\udXXX`` escapes, a NaN or infinite float as ``"NaN"``,
+    ``"Infinity"`` or ``"-Infinity"``."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+        return value
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, Mapping):
+        return {json_safe(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def _too_long(n: int) -> bool:

@@ -344,3 +344,209 @@ def test_a_damaged_record_is_shown_as_damaged_not_as_an_error(store: Database) -
         assert status == 200 and one["state"] == "ready" and one["damaged"]
         got = call(run, "/api/delete", {"queue": "jobs", "ids": [bad]})
         assert got[0] == 400 and "damaged" in got[1]["error"]
+
+
+# -- DNS rebinding: the Host and Origin the dashboard answers (issue 26) --------------------------
+
+
+def raw(run: Running, method: str, path: str, headers: dict[str, str], body: Any = None) -> tuple[int, Any]:
+    """A request with these headers exactly (Host included), as a rebinding page's would be."""
+    import http.client
+
+    conn = http.client.HTTPConnection(str(run.sock.getsockname()[0]), run.port, timeout=30)
+    try:
+        data = None if body is None else json.dumps(body).encode()
+        conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+        for k, v in {**headers, **({"content-type": "application/json"} if data else {})}.items():
+            conn.putheader(k, v)
+        conn.putheader("content-length", str(len(data or b"")))
+        conn.endheaders(data)
+        r = conn.getresponse()
+        text = r.read()
+        try:
+            return r.status, json.loads(text)
+        except ValueError:
+            return r.status, text
+    finally:
+        conn.close()
+
+
+def test_a_request_for_another_host_is_refused_on_every_route(store: Database) -> None:
+    """DNS rebinding: attacker.example resolves to 127.0.0.1 after the page loaded; the
+    browser then sends the dashboard that name as Host, with the page's own origin."""
+    ids = seed(store)
+    with Dashboard(store).start(port=0) as run:
+        evil = {"host": f"attacker.example:{run.port}"}
+        for path in (
+            "/",
+            "/static/app.js",
+            "/api/overview",
+            "/api/queue?name=jobs",
+            "/api/messages?queue=jobs",
+            f"/api/message?queue=jobs&id={ids['ready'][0]}",
+        ):
+            status, got = raw(run, "GET", path, evil)
+            assert status == 400 and "attacker.example" in got["error"], (path, status, got)
+        for path, body in (
+            ("/api/delete", {"queue": "jobs", "ids": [ids["delayed"]]}),
+            ("/api/pause", {"queue": "jobs", "direction": "both", "paused": True}),
+            ("/api/redrive", {"queue": "jobs.error", "ids": ids["dead"]}),
+        ):
+            status, got = raw(run, "POST", path, {**evil, "x-fdbqueue": "1"}, body)
+            assert status == 400, (path, status, got)
+        for host in ("", "attacker.example", f"127.0.0.1:{run.port + 1}", f"127.0.0.2:{run.port}"):
+            assert raw(run, "GET", "/api/overview", {"host": host} if host else {})[0] == 400, host
+        # The names it serves, with its port.
+        for host in (
+            f"127.0.0.1:{run.port}",
+            f"localhost:{run.port}",
+            f"LOCALHOST:{run.port}",
+            f"[::1]:{run.port}",
+        ):
+            assert raw(run, "GET", "/api/overview", {"host": host})[0] == 200, host
+    assert Queue("jobs").get(store, ids["delayed"]) is not None
+    assert fdbqueue.queue_stats(store, "jobs").dequeue_enabled
+    assert fdbqueue.queue_stats(store, "jobs.error").ready == 2
+
+
+def test_an_action_from_another_origin_is_refused(store: Database) -> None:
+    ids = seed(store)
+    with Dashboard(store).start(port=0) as run:
+        here = {"host": f"127.0.0.1:{run.port}", "x-fdbqueue": "1"}
+        body = {"queue": "jobs", "ids": [ids["delayed"]]}
+        for origin in (
+            "http://attacker.example",
+            f"http://attacker.example:{run.port}",
+            f"http://127.0.0.1:{run.port + 1}",
+            "null",
+            "not a url",
+        ):
+            status, got = raw(run, "POST", "/api/delete", {**here, "origin": origin}, body)
+            assert status == 403 and "origin" in got["error"].lower(), (origin, status, got)
+        assert Queue("jobs").get(store, ids["delayed"]) is not None
+        # Reads are not refused for an Origin: a cross-origin page cannot read them anyway.
+        assert (
+            raw(run, "GET", "/api/overview", {"host": here["host"], "origin": "http://x.example"})[0] == 200
+        )
+        # Its own origin, by any name it serves, or none (a tool, not a browser): done.
+        status, got = raw(
+            run, "POST", "/api/delete", {**here, "origin": f"http://localhost:{run.port}"}, body
+        )
+        assert (status, got) == (200, {"deleted": 1})
+        assert raw(run, "POST", "/api/delete", here, {"queue": "jobs", "ids": [ids["ready"][0]]}) == (
+            200,
+            {"deleted": 1},
+        )
+
+
+def test_allowed_hosts_add_the_names_of_a_reverse_proxy(store: Database) -> None:
+    seed(store)
+    with Dashboard(store, allowed_hosts=["dash.example", "other.example:8443"]).start(port=0) as run:
+        for host, status in (
+            ("dash.example", 200),  # a bare name: at any port
+            ("dash.example:443", 200),
+            ("Dash.Example:9000", 200),
+            ("other.example:8443", 200),
+            ("other.example", 400),
+            ("other.example:443", 400),
+            ("evil.example", 400),
+            (f"127.0.0.1:{run.port}", 200),  # the defaults stay
+        ):
+            assert raw(run, "GET", "/api/overview", {"host": host})[0] == status, host
+        here = {"host": "127.0.0.1:9", "x-fdbqueue": "1"}  # as the proxy passes it on
+        pause = {"queue": "jobs", "direction": "both", "paused": True}
+        assert (
+            raw(
+                run,
+                "POST",
+                "/api/pause",
+                {**here, "host": "dash.example", "origin": "https://dash.example"},
+                pause,
+            )[0]
+            == 200
+        )
+        got = raw(
+            run,
+            "POST",
+            "/api/pause",
+            {"host": "dash.example", "origin": "https://evil.example", "x-fdbqueue": "1"},
+            pause,
+        )
+        assert got[0] == 403
+    for bad in ("", "http://dash.example", "dash.example/x", "a b", "dash.example:x", "dash.example:70000"):
+        with pytest.raises(fdbqueue.QueueError, match="allowed host"):
+            Dashboard(store, allowed_hosts=[bad])
+
+
+def test_the_address_it_listens_on_is_a_name_it_serves(store: Database) -> None:
+    with Dashboard(store).start(port=0, addr="127.0.0.2") as run:
+        assert raw(run, "GET", "/api/overview", {"host": f"127.0.0.2:{run.port}"})[0] == 200
+        assert raw(run, "GET", "/api/overview", {"host": f"localhost:{run.port}"})[0] == 200
+        assert raw(run, "GET", "/api/overview", {"host": f"127.0.0.3:{run.port}"})[0] == 400
+
+
+def test_health_answers_any_host(store: Database) -> None:
+    """A probe (Kubernetes sends the pod's address as Host) learns only ok or not."""
+    with Dashboard(store, interval=0.2).start(port=0) as run:
+        status, got = raw(run, "GET", "/healthz", {"host": "10.1.2.3:8080"})
+        assert status == 200 and set(got) == {"ok", "error"}
+
+
+def test_the_web_command_takes_allowed_hosts(tmp_path: Path) -> None:
+    """--allowed-host (repeatable) reaches the dashboard; a bad one is a usage error."""
+    from fdbqueue.cli import main
+
+    url = f"sqlite://{tmp_path / 'q.db'}"
+    seen: dict[str, Any] = {}
+
+    def serve(self: Dashboard, port: int, addr: str, **_: Any) -> None:
+        seen["hosts"] = self.hosts.extra
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(Dashboard, "serve", serve):
+        assert (
+            main(["--url", url, "web", "--allowed-host", "a.example", "--allowed-host", "b.example:8443"])
+            == 0
+        )
+    assert seen["hosts"] == ("a.example", "b.example:8443")
+    assert main(["--url", url, "web", "--allowed-host", "http://a.example"]) == 2
+
+
+# -- whatever a store holds is shown, never a 500 -----------------------------------------------
+
+
+def test_headers_json_cannot_carry_are_shown_escaped_not_a_500(store: Database) -> None:
+    """Stored by an older version (now refused at enqueue): a lone surrogate in a header's
+    name, value or a reason, and NaN and infinities."""
+    from fdbqueue.enqueuing import enqueue_items
+    from fdbqueue.layout import new_rand
+    from fdbqueue.message import ContentType
+    from fdbqueue.types import Item
+
+    fdbqueue.create_queue(store, "jobs", journal=True, max_deliveries=1)
+    q = Queue("jobs")
+    headers = {"k\ud800": "v\udfff", "n": float("nan"), "i": float("-inf")}
+    item = Item("", new_rand(), b"x", ContentType.BYTES, 0, headers, 0.0, None, None)
+    mid = enqueue_items(q.keys, store, [item], None)[0]
+    other = q.enqueue(store, "ok")
+    m = q.lease(store)
+    assert m is not None and m.id == mid
+    q.nack(store, m, reason="bad \udc80 byte")
+    with Dashboard(store).start(port=0) as run:
+        for path in (
+            "/api/messages?queue=jobs.error",
+            f"/api/message?queue=jobs.error&id={mid}",
+            "/api/overview",
+            "/api/queue?name=jobs",
+            "/api/messages?queue=jobs",
+        ):
+            status, d = call(run, path)
+            assert status == 200, (path, d)
+        _, d = call(run, "/api/messages?queue=jobs.error")
+        (shown,) = d["messages"]
+        assert shown["headers"] == {"k\\ud800": "v\\udfff", "n": "NaN", "i": "-Infinity"}
+        assert shown["reason"] == "bad \\udc80 byte"
+        _, d = call(run, f"/api/message?queue=jobs.error&id={mid}")
+        assert d["headers"]["k\\ud800"] == "v\\udfff" and d["history"]
+        assert call(run, f"/api/message?queue=jobs&id={other}")[0] == 200

@@ -3,7 +3,7 @@ messages (browse with a filter), a message's detail and journal history; dead le
 or deleted and queues paused or resumed by a principal with ``admin`` on them; a chart of depth
 and rates over the last minutes.
 
-    fdbqueue web --port 8080 [--read-only]        # or:
+    fdbqueue web --port 8080 [--read-only] [--allowed-host dash.example]   # or:
     with fdbqueue.web.Dashboard(db).start(port=0) as running:
         print(running.url)
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import signal
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any
 
@@ -25,6 +25,7 @@ import uvicorn
 from fdbqueue.engines.base import Database
 from fdbqueue.layout import DEFAULT_ROOT
 from fdbqueue.web.app import create_app
+from fdbqueue.web.hosts import Hosts
 from fdbqueue.web.sampler import Sampler
 
 __all__ = ["Dashboard", "Running"]
@@ -32,7 +33,10 @@ __all__ = ["Dashboard", "Running"]
 
 class Dashboard:
     """The dashboard over ``db``, acting as ``db``'s principal; ``interval`` seconds between
-    samples of every queue, ``window`` seconds of them kept for the chart."""
+    samples of every queue, ``window`` seconds of them kept for the chart. It answers requests
+    for ``localhost``, ``127.0.0.1``, ``[::1]`` and the address it listens on, at its port,
+    and for ``allowed_hosts`` (``name``: at any port, ``name:port``): the names a reverse
+    proxy passes on (``fdbqueue.web.hosts``, against DNS rebinding)."""
 
     def __init__(
         self,
@@ -42,14 +46,17 @@ class Dashboard:
         interval: float = 2.0,
         window: float = 300.0,
         root: tuple[Any, ...] = DEFAULT_ROOT,
+        allowed_hosts: Iterable[str] = (),
     ) -> None:
         self.db = db
+        self.hosts = Hosts(allowed_hosts)  # QueueError for an entry that is no host name
         self.sampler = Sampler(db, interval=interval, window=window, root=root)
-        self.app = create_app(db, self.sampler, read_only=read_only, root=root)
+        self.app = create_app(db, self.sampler, read_only=read_only, root=root, hosts=self.hosts)
 
     def start(self, port: int = 8080, addr: str = "127.0.0.1") -> Running:
         """Serve in a background thread; returns once it accepts connections."""
         sock = listen(addr, port)
+        self.hosts.serve_on(addr, sock.getsockname()[1])
         return Running(self, sock)
 
     def serve(
@@ -58,6 +65,7 @@ class Dashboard:
         """Serve in this (main) thread until SIGTERM or SIGINT, then return; ``announce`` is
         called with the URL once listening (the port chosen when ``port`` is 0)."""
         sock = listen(addr, port)
+        self.hosts.serve_on(addr, sock.getsockname()[1])
         if announce is not None:
             announce(url_of(sock))
         self.sampler.start()

@@ -14,7 +14,9 @@ database was opened as (the layer's checks: ``AccessDeniedError`` is a 403). ``r
 refuses every action whatever the rights. An action must come from the page itself: a JSON
 body with the ``X-Fdbqueue`` header, which a page of another site cannot send without a CORS
 preflight this app never grants (OWASP's "Cross-Site Request Forgery Prevention Cheat Sheet",
-custom request headers).
+custom request headers). Every route but ``/healthz`` answers only the names the dashboard
+serves, and an action with an ``Origin`` only from one of them (``fdbqueue.web.hosts``: DNS
+rebinding).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.responses import FileResponse, Response
+from starlette.responses import JSONResponse as _StarletteJSON
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -43,17 +46,38 @@ from fdbqueue.errors import (
     RefusedActionError,
 )
 from fdbqueue.layout import DEFAULT_ROOT
+from fdbqueue.message import json_safe
 from fdbqueue.web import views
+from fdbqueue.web.hosts import HostGuard, Hosts
 from fdbqueue.web.sampler import Sampler, rated
 
 STATIC = Path(str(resources.files("fdbqueue.web") / "static"))
 ACTION_HEADER = "x-fdbqueue"
 
 
+class JSONResponse(_StarletteJSON):
+    """Starlette's, but whatever a store holds renders: a lone surrogate (not UTF-8) or a NaN
+    (not JSON) in a header or reason written before enqueue refused them is shown escaped
+    (:func:`fdbqueue.message.json_safe`), not a 500 for every page of its queue."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except ValueError:  # UnicodeEncodeError is one, as is json's "Out of range float"
+            return super().render(json_safe(content))
+
+
 def create_app(
-    db: Database, sampler: Sampler, *, read_only: bool = False, root: tuple[Any, ...] = DEFAULT_ROOT
+    db: Database,
+    sampler: Sampler,
+    *,
+    read_only: bool = False,
+    root: tuple[Any, ...] = DEFAULT_ROOT,
+    hosts: Hosts | None = None,
 ) -> Starlette:
-    """The dashboard over ``db`` (as its principal), its figures from ``sampler``."""
+    """The dashboard over ``db`` (as its principal), its figures from ``sampler``, answering
+    the names of ``hosts`` (``fdbqueue.web.hosts``; None: only localhost's, at any port -
+    for an app served by other means than :class:`~fdbqueue.web.Dashboard`)."""
 
     def overview(request: Request) -> JSONResponse:
         s = sampler.latest
@@ -182,7 +206,13 @@ def create_app(
         QueueError: _error(400),
         EngineError: _error(503),
     }
-    return Starlette(routes=routes, exception_handlers=handlers, middleware=[Middleware(_Timing)])
+    if hosts is None:
+        hosts = Hosts(["localhost", "127.0.0.1", "[::1]"])
+    return Starlette(
+        routes=routes,
+        exception_handlers=handlers,
+        middleware=[Middleware(HostGuard, hosts=hosts), Middleware(_Timing)],
+    )
 
 
 async def _thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
