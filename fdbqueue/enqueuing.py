@@ -46,8 +46,11 @@ def new_item(
     delay: float,
     ttl: float | None,
     dedup_key: str | None,
+    layer: Mapping[str, str] | None = None,
 ) -> Item:
-    """An enqueue's arguments checked and encoded (nothing read or written)."""
+    """An enqueue's arguments checked and encoded (nothing read or written). ``layer``: the
+    headers the layer itself sets (a schedule's name, a RemoteQueue's dedup key), added after
+    ``headers`` are checked for names it reserves."""
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise QueueError(f"priority must be an int, not {type(priority).__name__}")
     if not -(2**31) <= priority < 2**31:
@@ -62,10 +65,34 @@ def new_item(
     if dedup_key is not None:
         check_dedup_key(dedup_key)
     data, ctype = coerce_payload(payload)
-    hdrs = check_headers(inject(headers))  # the current trace's context, with OpenTelemetry
+    # Reserved names refused, then the layer's headers and the current trace's context added.
+    hdrs = check_headers(inject(unreserved(headers, layer)))
     # A ready message's id names its home key (see _write_new): none to make here.
     msg_id = new_id() if delay > 0 else ""
     return Item(msg_id, new_rand(), data, ctype, priority, hdrs, delay, ttl, dedup_key)
+
+
+# Header names the layer writes itself (``fdbqueue-remote-dedup``, which the forwarder acts on,
+# ``fdbqueue-schedule``, ``fdbqueue-tick``): a caller's headers may not use the prefix, in any case.
+# (``traceparent`` is not reserved: W3C Trace Context lets a caller set its own, tracing.py.)
+RESERVED_HEADER_PREFIX = "fdbqueue-"
+
+
+def unreserved(
+    headers: Mapping[str, Any] | None, layer: Mapping[str, str] | None = None
+) -> Mapping[str, Any] | None:
+    """A caller's ``headers``, refused (QueueError) when a name has the reserved prefix, with
+    the layer's own ``layer`` headers added."""
+    if isinstance(headers, Mapping):
+        for k in headers:
+            if isinstance(k, str) and k.lower().startswith(RESERVED_HEADER_PREFIX):
+                raise QueueError(
+                    f"header {k!r}: names beginning {RESERVED_HEADER_PREFIX!r} are reserved for "
+                    "fdbqueue's own use"
+                )
+    if not layer or not (headers is None or isinstance(headers, Mapping)):
+        return headers  # (headers of the wrong type: check_headers says so)
+    return {**(headers or {}), **layer}
 
 
 def batch_items(

@@ -49,6 +49,7 @@ from fdbqueue.moves import Note, count_sent, send_away
 from fdbqueue.privileges import check
 from fdbqueue.queue import Queue
 from fdbqueue.receipts import settled
+from fdbqueue.remotededup import DEDUP_HEADER, already_there, carry, layer_keys
 from fdbqueue.txn import run_once
 from fdbqueue.types import Item, Message, check_flag, check_where, headers_match
 
@@ -56,9 +57,8 @@ log = logging.getLogger("fdbqueue.forwarding")
 
 LEASE_SECONDS = 60.0  # a batch's lease on the source: long enough for a slow destination
 MARKER_TTL = 7 * 86400.0  # a marker older than this whose message left the source: cleared
-# The header of a RemoteQueue's message kept locally after its remote enqueue ended without an
-# answer: the dedup key that enqueue used on the destination (taken off on install).
-DEDUP_HEADER = "fdbqueue-remote-dedup"
+# DEDUP_HEADER: a RemoteQueue's message kept locally names the dedup key of its remote attempt
+# (taken off on install); remotededup.py says when the forwarder acts on it.
 
 
 @dataclass
@@ -132,32 +132,30 @@ class Forwarder:
     def _install(self, batch: list[Message]) -> int:
         """Step 2: one destination transaction; returns how many were new."""
         dkeys = self.dst.keys
+        layer = layer_keys(self._src_db, self.src.keys, batch)  # dedup keys the source confirms
 
         def body(t: Transaction) -> int:
             now = db_now(t)
             marks = t.get_many([forward_marker(dkeys, self.origin, m.id) for m in batch])
             # A RemoteQueue's message that may have reached the destination directly (its
-            # enqueue there ended without an answer) names the dedup key it used there.
-            dedup = {m.id: m.headers[DEDUP_HEADER] for m in batch if DEDUP_HEADER in m.headers}
-            there = dict(zip(dedup, t.get_many([dkeys.dedup_key(k) for k in dedup.values()]), strict=True))
+            # enqueue there ended without an answer): skipped only as the stores confirm it.
+            there = already_there(t, dkeys, batch, layer, now)
             items = [
                 Item(m.id, new_rand(), m.payload, m.content_type, m.priority,
                      {k: v for k, v in m.headers.items() if k != DEDUP_HEADER}, 0.0,
                      _ttl_left(m), None, fixed_id=True, origin=self.origin)
                 for m, mark in zip(batch, marks, strict=True)
-                if mark is None and there.get(m.id) is None
+                if mark is None and m.id not in there
             ]  # fmt: skip
             if items:
                 enqueue_items(self.dst.keys, t, items, 0)
             for m, mark in zip(batch, marks, strict=True):
                 if mark is None:
                     t.set(forward_marker(dkeys, self.origin, m.id), str(now).encode())
-                    key = dedup.get(m.id)
-                    if key is not None and there.get(m.id) is None:
-                        # The key the unanswered remote enqueue used: were it to land late,
-                        # its commit now conflicts (it read this key) instead of adding a copy.
-                        t.set(dkeys.dedup_key(key), f"{m.id}|{now}".encode())
-                        t.set(dkeys.dedup_time_key(now, key), b"")
+                    if m.id in layer and m.id not in there:
+                        # The producer's key: a direct enqueue with it finds this message, and
+                        # the unanswered remote one, landing late, conflicts (it read the key).
+                        carry(t, dkeys, layer[m.id], m.id, now)
             for mid in self._removed:  # the last batch's: gone from the source, so done with
                 t.clear(forward_marker(dkeys, self.origin, mid))
             return len(items)

@@ -32,7 +32,7 @@ from cronsim import CronSim, CronSimError
 
 from fdbqueue.clock import now_us
 from fdbqueue.engines.base import Database, Transaction, adopt
-from fdbqueue.enqueuing import new_item
+from fdbqueue.enqueuing import enqueue_items, new_item
 from fdbqueue.errors import QueueError
 from fdbqueue.layout import DEFAULT_ROOT, ScheduleKeys
 from fdbqueue.privileges import check
@@ -222,10 +222,11 @@ def run_schedules(
                 value = json.loads(payload)
             for tick in ticks:
                 stamp = int(tick.timestamp())
-                headers = {**rec["headers"], "fdbqueue-schedule": name, "fdbqueue-tick": tick.isoformat()}
-                q.enqueue(
-                    t, value, priority=rec["priority"], headers=headers, dedup_key=f"schedule:{name}:{stamp}"
-                )
+                # The layer's own headers, past the check of reserved names the schedule's get.
+                layer = {"fdbqueue-schedule": name, "fdbqueue-tick": tick.isoformat()}
+                key = f"schedule:{name}:{stamp}"
+                item = new_item(value, rec["priority"], rec["headers"], 0.0, None, key, layer)
+                enqueue_items(q.keys, t, [item], None)
             if ticks or "skip_to" in rec:
                 rec["last"] = int(ticks[-1].timestamp() * 1e6) if ticks else rec.pop("skip_to")
                 rec.pop("skip_to", None)

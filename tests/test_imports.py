@@ -245,6 +245,7 @@ LAYERS: dict[str, int] = {
     "redrive": 5,
     "routing": 5,
     "fairness": 5,
+    "remotededup": 5,  # when the forwarder acts on a RemoteQueue copy's dedup key
     "export": 6,
     # L6 runtime.
     "worker": 6,
