@@ -245,6 +245,8 @@ LAYERS: dict[str, int] = {
     "redrive": 5,
     "routing": 5,
     "fairness": 5,
+    "transit": 5,  # a leased forward's pending copies and tombstones (forwarding.py)
+    "outbox": 5,  # an exclusive forward's reads (forwarding.py)
     "export": 6,
     # L6 runtime.
     "worker": 6,
