@@ -1,24 +1,29 @@
 """Forwarding between two databases, exactly once: ``forward`` and ``Forwarder``.
 
 Between two systems no transaction spans both, so the queue manager's forwarding (Bernstein &
-Newcomer) is done in three steps, each one transaction, any of which a crash may interrupt:
+Newcomer) is done in steps, each one transaction of one side, any of which a crash or a stall
+of any length may interrupt (``transit.py`` has the keys; docs/forwarding.md the reasoning):
 
-1. **Lease** a batch on the source (``lease_many``): the messages are hidden from others while
-   the forwarder works, and come back by themselves if it dies.
-2. **Install** them on the destination, each with a marker ``("fw", source, id)`` written in
-   the same transaction; a message whose marker is there already was installed by an earlier
-   attempt and is skipped. The destination keeps each message's id.
-3. **Remove** them from the source: ack each lease (journaled ``forward_out``), and put one
-   acknowledgement on ``ack_queue`` per message in the same transaction.
+1. **Lease** a batch on the source (``lease_many``): hidden from others while the forwarder
+   works; back by themselves if it dies or stalls past the lease.
+2. **Install** a *pending* copy of each on the destination, named by the message's id and the
+   lease's receipt: hidden, not a message yet.
+3. **Remove** them from the source, each only while its lease is still ours (``ack``, journaled
+   ``forward_out``), writing a *tombstone* (id, receipt) and the ``ack_queue`` acknowledgement
+   in the same transaction. A message whose lease was lost meanwhile (a stall: another
+   forwarder or a consumer has it) is not removed, and its pending copy is withdrawn.
+4. **Publish** the pending copies of the removed ones on the destination: each becomes a
+   message there (journaled ``forward_in``) in the transaction that clears its pending copy.
+   The tombstones are cleared by the next batch's step 3, once published.
 
-A crash before 2 commits: the leases expire, the messages are leased again and installed then.
-Between 2 and 3: leased again, found marked, skipped at 2, removed at 3. In 3: its receipt
-settles a commit_unknown_result; a lease that expired meanwhile makes that message go round
-again, skipped at 2. So every message is installed once and removed once, and its ack sent
-once (3 runs once per message). A batch's markers are cleared by the next batch's step 2 (no
-transaction of their own); those a crash or the end of a run leaves are cleared by
-``prune_markers`` once older than ``MARKER_TTL``, when their message is gone from the source
-(``run`` prunes a bounded batch when it starts and when it ends).
+A copy is published only once its tombstone exists, and a tombstone only under a lease that
+was still ours: so a stalled forwarder's copy, whose lease others took, never becomes visible.
+``recover`` finishes what a crash left: a tombstone without publication is published; a
+pending copy whose lease ended without a tombstone is withdrawn - after the source, in one
+transaction, made sure no removal under that lease can still commit (``transit.fates``).
+
+The exclusive forwarder (no leases: the queue's only consumer) installs directly with a marker
+``("fw", source, id)`` instead, and removes at step 3 what is unchanged since it was read.
 """
 
 from __future__ import annotations
@@ -31,27 +36,33 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, NamedTuple
+from typing import Any
 
 import tenacity
 
+from fdbqueue import transit
 from fdbqueue.clock import db_now, versions
 from fdbqueue.config import read_meta
-from fdbqueue.delivery import ack_many_in, to_message
+from fdbqueue.delivery import ack_many_in
 from fdbqueue.engines.base import Database, Transaction, adopt, is_transaction
-from fdbqueue.enqueuing import enqueue_items
-from fdbqueue.errors import ClusterUnavailableError, CorruptMessageError, EngineError, QueueError, StoreError
+from fdbqueue.enqueuing import enqueue_in
+from fdbqueue.errors import (
+    ClusterUnavailableError,
+    EngineError,
+    QueueError,
+    StoreError,
+)
 from fdbqueue.layout import DEFAULT_ROOT, forward_marker, forward_marker_range, new_rand
-from fdbqueue.message import Record, decode_record
 from fdbqueue.moves import Note, count_sent, send_away
+from fdbqueue.outbox import Ready, peek
 from fdbqueue.privileges import check
 from fdbqueue.queue import Queue
 from fdbqueue.receipts import settled
-from fdbqueue.remotededup import DEDUP_HEADER, already_there, carry, layer_keys
+from fdbqueue.remotededup import DEDUP_HEADER, already_there, carry, layer_keys, there_named
 from fdbqueue.txn import run_once
-from fdbqueue.types import Item, Message, check_flag, check_where, headers_match
+from fdbqueue.types import Item, Message, check_flag, check_where
 
 log = logging.getLogger("fdbqueue.forwarding")
 
@@ -105,99 +116,221 @@ class Forwarder:
         if is_transaction(self.src_db) or is_transaction(self.dst_db):
             raise QueueError("forward takes two Databases: each step is a transaction of its own")
         self._src_db: Database = self.src_db  # type: ignore[assignment]
+        self._dst_db: Database = self.dst_db  # type: ignore[assignment]
         self.src, self.dst = Queue(src, root=root), Queue(dst, root=dst_root or root)
+        if self.src_db is self.dst_db and self.src.keys == self.dst.keys:
+            raise QueueError(_ITSELF.format(src))
         self.ack = None if ack_queue is None else Queue(ack_queue, root=root)
         self.where = check_where(where)
         self.exclusive = check_flag("exclusive", exclusive)
-        self._pending: list[_Ready] | None = None  # exclusive: the next batch, read with the last removal
+        self._pending: list[Ready] | None = None  # exclusive: the next batch, read with the last removal
         self.batch = batch
         self.stats = ForwardStats()
         self.retry_seconds = retry_seconds
         self.lease_seconds = lease_seconds
-        # The source as the destination's markers name it: its queue (the store is the
-        # forwarder's to choose: one forwarder a source queue and destination).
+        # The source queue, as the journal's forward_in and the exclusive path's markers name it.
         self.origin = src
         self._stop = threading.Event()
-        self._removed: list[str] = []  # the last batch removed from the source: markers to clear
+        self._removed: list[str] = []  # exclusive: the last batch removed from the source: markers to clear
+        # Learned before the first step (_prepare): each queue's forwarding token (which
+        # store's queue a pending copy or a tombstone names), and the destination's room.
+        self._tokens: tuple[str, str] | None = None
+        self._room: int | None = None  # None: no max_size
+        self._hand: _Hand | None = None  # the leased batch in hand, through its steps
+        self._published: list[str] = []  # ids whose tombstones the next removal clears
+        self._recovered_at = 0.0
 
     def stop(self) -> None:
         """Stop after the batch in hand (from another thread or a signal handler)."""
         self._stop.set()
 
-    # -- the three steps -------------------------------------------------------------------------
+    # -- before the first step: one store or two, tokens, room -------------------------------------
 
-    def _lease(self) -> list[Message]:
-        return self.src.lease_many(self.src_db, self.batch, self.lease_seconds, where=self.where)
+    def _prepare(self) -> None:
+        """Refuse a queue forwarded into itself, whatever the handles or URLs name it: a probe
+        written on the source is looked for on the destination (the same store and queue see
+        it; a copy of the store made before does not). Learns the tokens and the room."""
+        if self._tokens is not None:
+            return
+        tokens, self._room = transit.prepare(self._src_db, self.src.keys, self._dst_db, self.dst.keys)
+        if tokens is None:
+            raise QueueError(_ITSELF.format(self.src.name))
+        self._tokens = tokens
+
+    # -- the leased path: lease, install, remove, publish --------------------------------------
+
+    def _lease(self, n: int) -> list[Message]:
+        return self.src.lease_many(self.src_db, n, self.lease_seconds, where=self.where)
 
     def _install(self, batch: list[Message]) -> int:
-        """Step 2: one destination transaction; returns how many were new."""
-        dkeys = self.dst.keys
+        """Step 2: one destination transaction writes the pending copies; returns how many (the
+        exclusive path: installs the messages themselves, see ``_install_marked``)."""
+        if self.exclusive:
+            return self._install_marked(batch)[1]
+        dkeys, (source, _) = self.dst.keys, self._token_pair()
         layer = layer_keys(self._src_db, self.src.keys, batch)  # dedup keys the source confirms
 
         def body(t: Transaction) -> int:
-            now = db_now(t)
-            marks = t.get_many([forward_marker(dkeys, self.origin, m.id) for m in batch])
-            # A RemoteQueue's message that may have reached the destination directly (its
-            # enqueue there ended without an answer): skipped only as the stores confirm it.
-            there = already_there(t, dkeys, batch, layer, now)
-            items = [
-                Item(m.id, new_rand(), m.payload, m.content_type, m.priority,
-                     {k: v for k, v in m.headers.items() if k != DEDUP_HEADER}, 0.0,
-                     _ttl_left(m), None, fixed_id=True, origin=self.origin)
-                for m, mark in zip(batch, marks, strict=True)
-                if mark is None and m.id not in there
-            ]  # fmt: skip
-            if items:
-                enqueue_items(self.dst.keys, t, items, 0)
-            for m, mark in zip(batch, marks, strict=True):
-                if mark is None:
-                    t.set(forward_marker(dkeys, self.origin, m.id), str(now).encode())
-                    if m.id in layer and m.id not in there:
-                        # The producer's key: a direct enqueue with it finds this message, and
-                        # the unanswered remote one, landing late, conflicts (it read the key).
-                        carry(t, dkeys, layer[m.id], m.id, now)
-            for mid in self._removed:  # the last batch's: gone from the source, so done with
-                t.clear(forward_marker(dkeys, self.origin, mid))
-            return len(items)
+            meta = read_meta(t, dkeys)
+            check(t, dkeys, "enqueue", meta)
+            transit.admissible(dkeys, meta, batch)
+            transit.install(t, dkeys, source, batch, db_now(t), layer)
+            return len(batch)
 
         return settled(self.dst_db, dkeys, body)
 
+    def _remove(self, batch: list[Message]) -> list[Message]:
+        """Step 3: one source transaction removes each message whose lease is still ours, with
+        its tombstone and acknowledgement; returns those removed, by this call or an earlier
+        one that failed without an answer (their tombstones say so). Clears the tombstones of
+        the messages published since the last removal."""
+        skeys, (_, dest) = self.src.keys, self._token_pair()
+        note = Note("forward_out", None, {"to": self.dst.name})
+        published = list(self._published)
+
+        def body(t: Transaction) -> list[Message]:
+            now = db_now(t)
+            tombs = t.get_many([transit.tomb_key(skeys, dest, m.id) for m in batch])
+            earlier = {
+                m.id for m, raw in zip(batch, tombs, strict=True) if transit.tomb_receipt(raw) == m.receipt
+            }
+            rest = [m for m in batch if m.id not in earlier]
+            done = ack_many_in(skeys, t, rest, now, note) if rest else []
+            for m in done:
+                t.set(transit.tomb_key(skeys, dest, m.id), f"{m.receipt}|{now}".encode())
+            self._acknowledge(t, done)
+            for mid in published:
+                t.clear(transit.tomb_key(skeys, dest, mid))
+            removed = earlier | {m.id for m in done}
+            return [m for m in batch if m.id in removed]
+
+        done = settled(self.src_db, skeys, body)
+        self._published = self._published[len(published) :]
+        return done
+
+    def _withdraw(self, entries: list[transit.Entry]) -> None:
+        """Clear pending copies whose lease ended without a removal: never to be published."""
+        dkeys, (source, _) = self.dst.keys, self._token_pair()
+
+        def body(t: Transaction, _: bool) -> None:
+            for mid, receipt in entries:
+                transit.drop_pending(t, dkeys, source, mid, receipt)
+
+        run_once(self.dst_db, body)
+
+    def _publish(self, entries: list[transit.Entry]) -> tuple[int, list[transit.Entry]]:
+        """Step 4: one destination transaction makes the pending copies of ``entries`` (removed
+        from the source) messages, in order, as many as the queue's ``max_size`` has room for;
+        returns how many it wrote, and the entries left waiting for room. A copy no longer
+        there was published already (by ``recover``); one the destination holds already (an
+        exclusive forwarder's marker, a RemoteQueue's enqueue that landed) is dropped."""
+        dkeys, (source, _) = self.dst.keys, self._token_pair()
+
+        def body(t: Transaction) -> tuple[int, list[transit.Entry], int | None]:
+            meta = read_meta(t, dkeys)
+            check(t, dkeys, "enqueue", meta)
+            now = db_now(t)
+            recs = transit.read_pending(t, dkeys, source, entries)
+            marks = t.get_many([forward_marker(dkeys, self.origin, mid) for mid, _ in entries])
+            # A RemoteQueue's message that may have reached the destination directly (its
+            # enqueue there ended without an answer): skipped only as the stores confirm it.
+            named = [(rec.id, str(rec.extra["dk"])) for rec in recs if rec is not None and "dk" in rec.extra]
+            layer = {rec.id: str(rec.extra["dk"]) for rec in recs if rec is not None and rec.extra.get("dkl")}
+            there = there_named(t, dkeys, named, layer, now)
+            room = transit.room_of(meta)
+            items: list[Item] = []
+            left: list[transit.Entry] = []
+            handled: list[str] = []
+            for entry, rec, mark in zip(entries, recs, marks, strict=True):
+                if left or (rec is not None and mark is None and rec.id not in there and room == 0):
+                    left.append(entry)  # waits for room, and so do those after it (order)
+                    continue
+                handled.append(entry[0])
+                if rec is None or mark is not None or rec.id in there:
+                    continue
+                items.append(transit.as_item(rec, self.origin))
+                room = None if room is None else room - 1
+            if items:
+                enqueue_in(dkeys, t, items, False, None)
+            for it in items:
+                if it.id in layer:
+                    # The producer's key: a direct enqueue with it finds this message, and
+                    # the unanswered remote one, landing late, conflicts (it read the key).
+                    carry(t, dkeys, layer[it.id], it.id, now)
+            for mid in handled:
+                transit.drop_pending(t, dkeys, source, mid)  # and any stale copy of another lease
+            return len(items), left, room
+
+        wrote, left, self._room = settled(self.dst_db, dkeys, body)
+        done = {mid for mid, _ in left}
+        self._published += [mid for mid, _ in entries if mid not in done]
+        return wrote, left
+
+    def _publish_all(self, entries: list[transit.Entry], *, wait: bool = True) -> int:
+        """Publish ``entries``, waiting for room (a backoff up to 1 s; ``stop()`` ends the
+        wait: what is left stays pending, for ``recover`` to publish). Returns how many."""
+        wrote, pause = 0, 0.01
+        while entries:
+            n, entries = self._publish(entries)
+            wrote += n
+            if entries and (not wait or self._stop.wait(pause)):
+                break
+            pause = min(1.0, pause * 2)
+        return wrote
+
+    def _wait_for_room(self) -> int:
+        """How many messages to lease: a batch, or what the destination has room for; while it
+        has none, wait (a backoff up to 1 s) until it has, or ``stop()`` (then 0)."""
+        pause = 0.01
+        while self._room is not None and self._room <= 0:
+            if self._stop.wait(pause):
+                return 0
+            pause = min(1.0, pause * 2)
+            self._room = run_once(self.dst_db, lambda t, _: transit.room_of(read_meta(t, self.dst.keys)))
+        return self.batch if self._room is None else min(self.batch, self._room)
+
+    def _token_pair(self) -> tuple[str, str]:
+        if self._tokens is None:
+            self._prepare()
+        assert self._tokens is not None
+        return self._tokens
+
+    def recover(self, limit: int = 100) -> int:
+        """Finish what a crashed or stalled forwarder left, older than a lease: publish the
+        pending copies whose tombstone is on the source (and clear it), withdraw those whose
+        lease ended without one (``transit.fates`` decides, on the source, for good). Returns
+        how many copies it published or withdrew."""
+        (source, dest), skeys, dkeys = self._token_pair(), self.src.keys, self.dst.keys
+        age = versions(self.lease_seconds)
+        found = run_once(self.src_db, lambda t, _: transit.tombs(t, skeys, dest, limit, db_now(t) - age))
+        pend = run_once(self.dst_db, lambda t, _: transit.pendings(t, dkeys, source, limit, db_now(t) - age))
+
+        def fates(t: Transaction) -> list[str]:
+            check(t, skeys, "dequeue", read_meta(t, skeys))
+            return transit.fates(t, skeys, dest, pend, db_now(t))
+
+        verdicts = settled(self.src_db, skeys, fates) if pend else []
+        dead = [e for e, v in zip(pend, verdicts, strict=True) if v == transit.DEAD]
+        removed = [e for e, v in zip(pend, verdicts, strict=True) if v == transit.REMOVED]
+        if dead:
+            self._withdraw(dead)
+        todo = list(dict.fromkeys(found + removed))
+        n = self._publish_all(todo, wait=False) if todo else 0
+        self._recovered_at = time.monotonic()
+        return n + len(dead)
+
     # -- the exclusive path: no leases ---------------------------------------------------------
 
-    def _peek(self, t: Transaction) -> list[_Ready]:
-        """Up to ``batch`` ready messages from the head (snapshot reads, nothing written); the
-        expired and damaged ones are left to the sweep and to consumers' dequeues."""
-        keys = self.src.keys
-        now = db_now(t)
-        out: list[_Ready] = []
-        begin, end = keys.ready_range()
-        while len(out) < self.batch:
-            want = self.batch - len(out) + 8
-            kvs = t.snapshot.get_range(begin, end, want)
-            for key, raw in kvs:
-                try:
-                    rec = decode_record(raw, keys, key)
-                except CorruptMessageError:
-                    continue
-                if rec.expires_us is not None and rec.expires_us <= now:
-                    continue
-                if self.where is not None and not headers_match(rec.headers, self.where):
-                    continue
-                out.append(_Ready(key, raw, rec, to_message(t, keys, key, rec)))
-                if len(out) == self.batch:
-                    break
-            if len(kvs) < want or (self.where is None and len(out) == self.batch):
-                break
-            begin = kvs[-1].key + b"\x00"
-        return out
+    def _peek(self, t: Transaction) -> list[Ready]:
+        return peek(t, self.src.keys, self.batch, self.where)
 
-    def _send_away(self, batch: list[_Ready]) -> tuple[list[Message], list[_Ready]]:
+    def _send_away(self, batch: list[Ready]) -> tuple[list[Message], list[Ready]]:
         """Exclusive step 3, with the next batch's step 1: one source transaction removes
         what the destination now holds and reads the next batch."""
         skeys = self.src.keys
         note = Note("forward_out", None, {"to": self.dst.name})
 
-        def body(t: Transaction) -> tuple[list[Message], list[_Ready]]:
+        def body(t: Transaction) -> tuple[list[Message], list[Ready]]:
             meta = read_meta(t, skeys)
             check(t, skeys, "dequeue", meta)
             journaled = meta.config is not None and meta.config.journal
@@ -221,6 +354,45 @@ class Forwarder:
 
         return settled(self.src_db, skeys, body)
 
+    def _install_marked(self, batch: list[Message]) -> tuple[int, int]:
+        """Exclusive step 2: one destination transaction installs the messages themselves, each
+        with a marker; one already marked is skipped (an earlier attempt's). As many as the
+        queue has room for, in order: returns how many of the batch are there now, and how
+        many of those it wrote."""
+        dkeys = self.dst.keys
+        layer = layer_keys(self._src_db, self.src.keys, batch)  # dedup keys the source confirms
+
+        def body(t: Transaction) -> tuple[int, int]:
+            now = db_now(t)
+            room = transit.room_of(read_meta(t, dkeys))
+            marks = t.get_many([forward_marker(dkeys, self.origin, m.id) for m in batch])
+            # A RemoteQueue's message that may have reached the destination directly (its
+            # enqueue there ended without an answer): skipped only as the stores confirm it.
+            there = already_there(t, dkeys, batch, layer, now)
+            fit, items = 0, list[Item]()
+            for m, mark in zip(batch, marks, strict=True):
+                if mark is None and m.id not in there:
+                    if room is not None and len(items) >= room:
+                        break  # the rest when there is room: the destination's max_size holds
+                    items.append(Item(m.id, new_rand(), m.payload, m.content_type, m.priority,
+                                      {k: v for k, v in m.headers.items() if k != DEDUP_HEADER}, 0.0,
+                                      _ttl_left(m), None, fixed_id=True, origin=self.origin))  # fmt: skip
+                fit += 1
+            if items:
+                enqueue_in(dkeys, t, items, False, None)
+            for m, mark in zip(batch[:fit], marks, strict=False):
+                if mark is None:
+                    t.set(forward_marker(dkeys, self.origin, m.id), str(now).encode())
+                    if m.id in layer and m.id not in there:
+                        # The producer's key: a direct enqueue with it finds this message, and
+                        # the unanswered remote one, landing late, conflicts (it read the key).
+                        carry(t, dkeys, layer[m.id], m.id, now)
+            for mid in self._removed:  # the last batch's: gone from the source, so done with
+                t.clear(forward_marker(dkeys, self.origin, mid))
+            return fit, len(items)
+
+        return settled(self.dst_db, dkeys, body)
+
     def _step_exclusive(self) -> int:
         batch = self._pending
         if batch is None:
@@ -228,29 +400,22 @@ class Forwarder:
         if not batch:
             self._pending = None
             return 0
-        new = self._install([r.message for r in batch])
+        pause = 0.01
+        while True:
+            fit, new = self._install_marked([r.message for r in batch])
+            if fit:
+                break
+            if self._stop.wait(pause):  # the destination is full: wait for room, or stop()
+                self._pending = None
+                return 0
+            pause = min(1.0, pause * 2)
         self._removed = []
-        done, self._pending = self._send_away(batch)
+        done, self._pending = self._send_away(batch[:fit])
         self._removed = [m.id for m in done]
         self.stats.forwarded += len(done)
-        self.stats.skipped += len(batch) - new
-        self.stats.lag = max(0.0, time.time() - batch[-1].message.enqueued_at)
+        self.stats.skipped += fit - new
+        self.stats.lag = max(0.0, time.time() - batch[fit - 1].message.enqueued_at)
         return len(done)
-
-    # -- step 3 --------------------------------------------------------------------------------
-
-    def _remove(self, batch: list[Message]) -> list[Message]:
-        """Step 3: one source transaction; returns the messages it removed (a lease that
-        expired meanwhile leaves its message to go round again)."""
-        skeys = self.src.keys
-        note = Note("forward_out", None, {"to": self.dst.name})
-
-        def body(t: Transaction) -> list[Message]:
-            done = ack_many_in(skeys, t, batch, db_now(t), note)
-            self._acknowledge(t, done)
-            return done
-
-        return settled(self.src_db, skeys, body)
 
     def _acknowledge(self, t: Transaction, done: list[Message]) -> None:
         """One acknowledgement on ``ack_queue`` per message removed, in the removing transaction."""
@@ -288,23 +453,40 @@ class Forwarder:
     def step(self) -> int:
         """Forward one batch through the three steps; returns how many messages it moved
         (0: nothing ready). Exceptions of either side propagate (``run`` retries them)."""
+        if self._tokens is None:
+            self._prepare()
         if self.exclusive:
             try:
                 return self._step_exclusive()
             except BaseException:
                 self._pending = None  # read again by the next step: it may be out of date
                 raise
-        batch = self._lease()
-        if not batch:
-            return 0
-        new = self._install(batch)
-        self._removed = []
-        done = self._remove(batch)
-        self._removed = [m.id for m in done]
-        self.stats.forwarded += len(done)
-        self.stats.skipped += len(batch) - new
-        self.stats.lag = max(0.0, time.time() - batch[-1].enqueued_at)
-        return len(done)
+        while not self._stop.is_set() or self._hand is not None:
+            if self._hand is None:
+                want = self._wait_for_room()
+                batch = self._lease(want) if want else []
+                if not batch:
+                    return 0
+                self._hand = _Hand(batch)
+            h = self._hand  # resumed where it stopped when a step is retried (run)
+            if not h.installed:
+                self._install(h.batch)
+                h.installed = True
+            if h.done is None:
+                h.done = self._remove(h.batch)
+                kept = {m.id for m in h.done}
+                h.lost = [(m.id, str(m.receipt)) for m in h.batch if m.id not in kept]
+            if h.lost:  # leases lost to a stall: another forwarder or a consumer has them
+                self._withdraw(h.lost)
+                h.lost = []
+            wrote = self._publish_all([(m.id, str(m.receipt)) for m in h.done])
+            self._hand = None
+            self.stats.forwarded += wrote
+            self.stats.skipped += len(h.done) - wrote
+            if h.done:
+                self.stats.lag = max(0.0, time.time() - h.done[-1].enqueued_at)
+                return len(h.done)
+        return 0
 
     def run(
         self,
@@ -319,11 +501,17 @@ class Forwarder:
         SIGINT with ``install_signals``, or ``idle_timeout`` seconds without a message),
         retrying with a backoff while either side is down (tenacity); ``progress`` is called
         with the statistics after each batch."""
+        self._retrying(self._prepare)  # a queue forwarded into itself: refused here
         restore = self._signals() if install_signals else None
         with contextlib.suppress(EngineError, QueueError):  # best effort: a side may be down
             self.prune_markers()
         try:
             while not self._stop.is_set() and (limit is None or self.stats.forwarded < limit):
+                if not self.exclusive and time.monotonic() - self._recovered_at >= max(
+                    1.0, self.lease_seconds
+                ):
+                    with contextlib.suppress(EngineError, QueueError):  # what crashes and stalls left
+                        self.recover()
                 n = self._retrying(self.step)
                 if n:
                     if progress is not None:
@@ -345,6 +533,9 @@ class Forwarder:
                 with contextlib.suppress(EngineError, QueueError):
                     self._clear_markers(self._removed)
                 self._removed = []
+            if self._published:  # else cleared by the next run's first removal, or recover()
+                with contextlib.suppress(EngineError, QueueError):
+                    self._remove([])
         return self.stats
 
     def _clear_markers(self, ids: list[str]) -> None:
@@ -384,13 +575,18 @@ class Forwarder:
         return restore
 
 
-class _Ready(NamedTuple):
-    """A ready message an exclusive forwarder read: where, its bytes, decoded, as a Message."""
+_ITSELF = "forwarding queue {!r} into itself (one store, one queue): it would delete every message"
 
-    key: bytes
-    raw: bytes
-    rec: Record
-    message: Message
+
+@dataclass
+class _Hand:
+    """A leased batch through the steps: installed, then removed (``done``: those whose lease
+    was still ours; ``lost``: pending copies of the others, to withdraw), then published."""
+
+    batch: list[Message]
+    installed: bool = False
+    done: list[Message] | None = None
+    lost: list[transit.Entry] = field(default_factory=list)
 
 
 def _ttl_left(m: Message) -> float | None:

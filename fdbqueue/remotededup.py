@@ -23,6 +23,8 @@ Otherwise the header is dropped on install and the message forwarded as any othe
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from fdbqueue.config import QueueConfig, read_meta
 from fdbqueue.engines.base import Database, Transaction
 from fdbqueue.enqueuing import first_of
@@ -71,11 +73,18 @@ def layer_keys(src_db: Database, skeys: QueueKeys, batch: list[Message]) -> dict
 
 
 def already_there(
-    t: Transaction, dkeys: QueueKeys, batch: list[Message], layer: dict[str, str], now: int
+    t: Transaction, dkeys: QueueKeys, batch: list[Message], layer: Mapping[str, str], now: int
 ) -> set[str]:
     """The ids of ``batch`` the destination has already (the module docstring says when), read
     in the install's transaction ``t``; ``layer``: :func:`layer_keys`' answer."""
-    named = [(m.id, k) for m in batch if (k := header_key(m)) is not None]
+    return there_named(t, dkeys, [(m.id, k) for m in batch if (k := header_key(m)) is not None], layer, now)
+
+
+def there_named(
+    t: Transaction, dkeys: QueueKeys, named: list[tuple[str, str]], layer: Mapping[str, str], now: int
+) -> set[str]:
+    """:func:`already_there` for (message id, header key) pairs: a leased forwarder's pending
+    copies keep the key aside (``transit.install``) and are published after the source let go."""
     if not named:
         return set()
     entries = t.get_many([dkeys.dedup_key(k) for _, k in named])

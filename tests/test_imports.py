@@ -246,6 +246,8 @@ LAYERS: dict[str, int] = {
     "routing": 5,
     "fairness": 5,
     "remotededup": 5,  # when the forwarder acts on a RemoteQueue copy's dedup key
+    "transit": 5,  # a leased forward's pending copies and tombstones (forwarding.py)
+    "outbox": 5,  # an exclusive forward's reads (forwarding.py)
     "export": 6,
     # L6 runtime.
     "worker": 6,
@@ -257,6 +259,7 @@ LAYERS: dict[str, int] = {
     "metrics": 6,
     "web": 6,  # the dashboard: its app, sampler and views over the API below
     "web.app": 6,
+    "web.hosts": 6,  # the names the dashboard answers (DNS rebinding)
     "web.sampler": 6,
     "web.views": 6,
     "schedules": 6,
