@@ -20,7 +20,7 @@ from typing import Any
 
 from fdbqueue.engines._notify import WatchHub, notify_dir_for
 from fdbqueue.engines._storelock import StoreLock
-from fdbqueue.errors import EngineError, NestedTransactionError, StoreError
+from fdbqueue.errors import NestedTransactionError, StoreError, StoreLockedError
 
 PAGE = 4096
 TOKEN_AT = 64  # the watchers' token; the version clock is at 0 (sqlite.py)
@@ -88,7 +88,8 @@ class SharedStore:
             )
         start = time.monotonic()
         if not self.mutex.acquire(True, timeout):
-            raise EngineError(1037, self._held_too_long(path, timeout, "another thread of this process"))
+            held = "another thread of this process holds it"
+            raise StoreLockedError(self._held_too_long(path, timeout, held))
         try:
             who = self._lock.acquire(timeout - (time.monotonic() - start), stealable)
         except BaseException:
@@ -96,7 +97,7 @@ class SharedStore:
             raise
         if who is not None:
             self.mutex.release()
-            raise EngineError(1037, self._held_too_long(path, timeout, who))
+            raise StoreLockedError(self._held_too_long(path, timeout, self._lock.holder))
         self.owner = me
 
     def pin(self) -> bool:
@@ -107,8 +108,9 @@ class SharedStore:
     @staticmethod
     def _held_too_long(path: str, timeout: float, who: str) -> str:
         return (
-            f"waited {timeout:g} s for the store lock of {path}: {who} holds it "
-            "(a long or abandoned transaction, or a stopped process)"
+            f"waited {timeout:g} s (lock_timeout) for the store lock of {path}: {who}. A stopped "
+            "holder is taken over once the page has not moved for 5 s, unless it stopped while "
+            "opening the store or committing: resume it (kill -CONT) or end it, or raise lock_timeout"
         )
 
     def release(self) -> None:
