@@ -25,6 +25,7 @@ from fdbqueue.errors import NestedTransactionError, StoreError, StoreLockedError
 PAGE = 4096
 TOKEN_AT = 64  # the watchers' token; the version clock is at 0 (sqlite.py)
 SYNCED_AT = 128  # the last version committed and the last one on disk (_walsync.py)
+STAMP_AT = 176  # the version clock's last reading and the wall clock then (_sqlitetxn.py)
 _READ = "SELECT v FROM kv WHERE k = ?"  # the kv table of sqlite.py
 
 
@@ -66,6 +67,10 @@ class SharedStore:
         self.refs = 0
         self.mutex = threading.Lock()
         self.owner: int | None = None  # the thread holding the store lock
+        # This process's base of the version clock (version = base + its CLOCK_MONOTONIC):
+        # calibrated against the store at first use, so that a monotonic clock offset in
+        # this process moves no one's database time (_sqlitetxn.SqliteTransaction._clock).
+        self.clock_base: int | None = None
         self._lock = StoreLock(fd, self.shared)
         self._reader: sqlite3.Connection | None = None
         self._reader_lock = threading.Lock()
