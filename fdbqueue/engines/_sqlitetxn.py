@@ -9,13 +9,14 @@ versions, nesting); this module is its transaction, and the SQL both share.
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import sqlite3
 import struct
 import threading
 import time
 from itertools import repeat
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fdbqueue.clock import VERSIONS_PER_SECOND, monotonic_us, wall_us
 from fdbqueue.engines import _shared, _storefiles
@@ -88,7 +89,7 @@ _STAMP = struct.Struct("=qq")
 _AGREE_US = 1_000_000
 
 
-def _calibrated(shared: Any, base: int, mono: int) -> int:
+def _calibrated(shared: mmap.mmap, base: int, mono: int) -> int:
     """This process's base of the version clock, at its first use of the store.
 
     The page's base, unless the clock it gives (``base + mono``) runs ahead of the stamp's
@@ -103,8 +104,8 @@ def _calibrated(shared: Any, base: int, mono: int) -> int:
     reading, wall = _STAMP.unpack_from(shared, _shared.STAMP_AT)
     if reading <= 0 or wall <= 0:
         return base  # no stamp: a page of an older fdbqueue
-    since = max(0, wall_us() - wall)
-    estimate = reading + since
+    since = max(0, wall_us() - int(wall))
+    estimate = int(reading) + since
     if base + mono > estimate + _AGREE_US + since // 1000:
         return estimate - mono
     return base
