@@ -68,7 +68,8 @@ strictly increasing in commit order across processes and above every read versio
 out before it. Each process reads the clock on its own base, checked at its first use
 against the page's stamp (the clock's last reading and the wall clock then), so a process
 whose ``CLOCK_MONOTONIC`` is offset (a time namespace, libfaketime) moves database time by at
-most 1 s plus 0.1 % of the time since the last transaction, however far off it is. Its versionstamped keys and values are filled in just before COMMIT.
+most 1 s plus 0.1 % of the time since the last transaction, however far off it is. Its
+versionstamped keys and values are filled in just before COMMIT.
 Read-only commits return -1. (Without a boot id - not Linux - the wall clock drives it.)
 
 Shared state (:mod:`._shared`): the lock, the lock file's first page mapped by every
