@@ -55,6 +55,7 @@ from fdbqueue.errors import (
     Retry,
     StoreError,
     StoreFullError,
+    StoreLockedError,
     UnsupportedFormatError,
 )
 from fdbqueue.forwarding import Forwarder, ForwardStats, forward
@@ -139,6 +140,7 @@ __all__ = [
     "Scheduler",
     "StoreError",
     "StoreFullError",
+    "StoreLockedError",
     "SweepStats",
     "Transaction",
     "UnsupportedFormatError",

@@ -57,6 +57,12 @@ def now_us() -> int:
     return int(_source() * 1e6) + _skews.us
 
 
+def wall_us() -> int:
+    """This process's wall clock in microseconds, without a thread's :func:`thread_skew`: the
+    embedded engine's evidence that a process's monotonic clock agrees with the others'."""
+    return int(_source() * 1e6)
+
+
 def set_clock(source: Callable[[], float] | None) -> None:
     """Use ``source()`` (seconds since the epoch) as the layer's wall clock; None restores it.
 

@@ -92,6 +92,17 @@ class EngineError(QueueError):
         return self.code in RETRYABLE_NOT_COMMITTED
 
 
+class StoreLockedError(EngineError):
+    """The embedded store's lock stayed held by another process past ``lock_timeout``.
+
+    An :class:`EngineError` 1037 (retryable, as before): its message names the holder's pid,
+    whether it is stopped, and how long this waiter saw it unchanged.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(1037, message)
+
+
 class InvalidURLError(QueueError):
     """The database URL is malformed or names an unknown engine."""
 

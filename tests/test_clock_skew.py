@@ -29,6 +29,9 @@ from fdbqueue.layout import unpack_count
 from fdbqueue.receipts import RECEIPT_TTL_SECONDS, RESULT_TTL_VERSIONS
 from tests.conftest import engine_url
 from tests.faults import ScriptedFaults, on_backoff
+from tests.processes import Children, real_clock
+
+__all__ = ["real_clock"]
 
 BEHIND = -61.0  # a minute and a second slow: past the old 60 s receipt horizon
 AHEAD = 61.0
@@ -440,3 +443,59 @@ def test_clients_with_clocks_ten_minutes_apart_lose_and_duplicate_nothing(seed: 
     (applied or not), delays, TTLs and dedup keys: every message is delivered exactly once,
     within seconds, and no lease is taken away from its holder early."""
     _run_skewed_clients(seed)
+
+
+# -- one process whose CLOCK_MONOTONIC runs ahead (issue 26, item 11) -----------------------------
+
+HOUR = 3600.0
+
+
+def with_monotonic_ahead(seconds: float) -> None:
+    """In this process only, CLOCK_MONOTONIC reads ``seconds`` ahead, as in a time namespace
+    (``unshare --time --monotonic``) or under libfaketime: every reading the layer makes."""
+    import time as _time
+
+    mono, mono_ns = _time.monotonic, _time.monotonic_ns
+    _time.monotonic = lambda: mono() + seconds  # type: ignore[assignment]
+    _time.monotonic_ns = lambda: mono_ns() + int(seconds * 1e9)  # type: ignore[assignment]
+
+
+def ahead_committer(url: str, outdir: str) -> None:
+    """A process an hour ahead on CLOCK_MONOTONIC opens the store and commits (twice), and
+    says what it sees of the hour-long deadlines."""
+    with_monotonic_ahead(HOUR)
+    db = fdbqueue.open(url)
+    Queue("other").enqueue(db, b"from the process an hour ahead")
+    Queue("other").enqueue(db, b"again")
+    seen = [Queue("delayed").dequeue(db), Queue("leased").dequeue(db)]
+    Path(outdir, "seen").write_text(repr([m.payload if m else None for m in seen]))
+    db.close()
+
+
+def test_a_process_an_hour_ahead_on_the_monotonic_clock_moves_no_deadline(
+    tmp_path: Path, real_clock: None
+) -> None:
+    """Database time must not follow one process's monotonic clock: after a process an hour
+    ahead commits, an hour's delay is not due, an hour's TTL has not expired and an hour's
+    lease has not ended, here and there."""
+    url = f"sqlite://{tmp_path}/q.db"
+    db = fdbqueue.open(url)
+    delayed, ttl, leased = Queue("delayed"), Queue("ttl"), Queue("leased")
+    delayed.enqueue(db, b"due in an hour", delay=HOUR)
+    ttl.enqueue(db, b"lives an hour", ttl=HOUR)
+    leased.enqueue(db, b"leased for an hour")
+    assert leased.lease(db, HOUR) is not None
+    children = Children()
+    child = children.start("ahead", ahead_committer, url, str(tmp_path))
+    try:
+        child.proc.join(60)
+        assert child.proc.exitcode == 0
+    finally:
+        children.stop()
+    assert (tmp_path / "seen").read_text() == "[None, None]", "the process an hour ahead saw them due"
+    Queue("other").enqueue(db, b"a commit here too")
+    assert delayed.dequeue(db) is None, "an hour's delay came due"
+    assert leased.dequeue(db) is None, "an hour's lease ended: the message is delivered again"
+    m = ttl.dequeue(db)
+    assert m is not None and m.payload == b"lives an hour", "an hour's TTL expired"
+    db.close()

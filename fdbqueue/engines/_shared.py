@@ -20,11 +20,12 @@ from typing import Any
 
 from fdbqueue.engines._notify import WatchHub, notify_dir_for
 from fdbqueue.engines._storelock import StoreLock
-from fdbqueue.errors import EngineError, NestedTransactionError, StoreError
+from fdbqueue.errors import NestedTransactionError, StoreError, StoreLockedError
 
 PAGE = 4096
 TOKEN_AT = 64  # the watchers' token; the version clock is at 0 (sqlite.py)
 SYNCED_AT = 128  # the last version committed and the last one on disk (_walsync.py)
+STAMP_AT = 176  # the version clock's last reading and the wall clock then (_sqlitetxn.py)
 _READ = "SELECT v FROM kv WHERE k = ?"  # the kv table of sqlite.py
 
 
@@ -66,6 +67,10 @@ class SharedStore:
         self.refs = 0
         self.mutex = threading.Lock()
         self.owner: int | None = None  # the thread holding the store lock
+        # This process's base of the version clock (version = base + its CLOCK_MONOTONIC):
+        # calibrated against the store at first use, so that a monotonic clock offset in
+        # this process moves no one's database time (_sqlitetxn.SqliteTransaction._clock).
+        self.clock_base: int | None = None
         self._lock = StoreLock(fd, self.shared)
         self._reader: sqlite3.Connection | None = None
         self._reader_lock = threading.Lock()
@@ -88,7 +93,8 @@ class SharedStore:
             )
         start = time.monotonic()
         if not self.mutex.acquire(True, timeout):
-            raise EngineError(1037, self._held_too_long(path, timeout, "another thread of this process"))
+            held = "another thread of this process holds it"
+            raise StoreLockedError(self._held_too_long(path, timeout, held))
         try:
             who = self._lock.acquire(timeout - (time.monotonic() - start), stealable)
         except BaseException:
@@ -96,7 +102,7 @@ class SharedStore:
             raise
         if who is not None:
             self.mutex.release()
-            raise EngineError(1037, self._held_too_long(path, timeout, who))
+            raise StoreLockedError(self._held_too_long(path, timeout, self._lock.holder))
         self.owner = me
 
     def pin(self) -> bool:
@@ -107,8 +113,9 @@ class SharedStore:
     @staticmethod
     def _held_too_long(path: str, timeout: float, who: str) -> str:
         return (
-            f"waited {timeout:g} s for the store lock of {path}: {who} holds it "
-            "(a long or abandoned transaction, or a stopped process)"
+            f"waited {timeout:g} s (lock_timeout) for the store lock of {path}: {who}. A stopped "
+            "holder is taken over once the page has not moved for 5 s, unless it stopped while "
+            "opening the store or committing: resume it (kill -CONT) or end it, or raise lock_timeout"
         )
 
     def release(self) -> None:

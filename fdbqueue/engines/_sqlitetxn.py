@@ -9,6 +9,7 @@ versions, nesting); this module is its transaction, and the SQL both share.
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import sqlite3
 import struct
@@ -17,7 +18,7 @@ import time
 from itertools import repeat
 from typing import TYPE_CHECKING
 
-from fdbqueue.clock import VERSIONS_PER_SECOND, monotonic_us
+from fdbqueue.clock import VERSIONS_PER_SECOND, monotonic_us, wall_us
 from fdbqueue.engines import _shared, _storefiles
 from fdbqueue.engines._writemap import WriteMap
 from fdbqueue.engines.base import (
@@ -78,6 +79,36 @@ _CLOCK = struct.Struct(">32sQQBq")
 _PENDING_AT = struct.calcsize(">32sQQ")
 _PENDING = 1
 _RESERVE_US = 1_000_000  # one meta write per second of versions
+# At _shared.STAMP_AT: the version clock's last reading handed out under the store lock, and
+# the wall clock (µs) of the process that read it: what a process opening the store checks
+# its own monotonic clock against (_calibrated).
+_STAMP = struct.Struct("=qq")
+# How far a process's clock may run ahead of the stamp's reading plus the wall-clock time
+# since, before its monotonic clock is taken for offset: 1 s, plus 0.1 % of that time (NTP
+# slews a wall clock by 0.05 % at most: ntpd's 500 ppm).
+_AGREE_US = 1_000_000
+
+
+def _calibrated(shared: mmap.mmap, base: int, mono: int) -> int:
+    """This process's base of the version clock, at its first use of the store.
+
+    The page's base, unless the clock it gives (``base + mono``) runs ahead of the stamp's
+    reading plus the wall-clock time since by more than :data:`_AGREE_US` (+0.1 %): then this
+    process's monotonic clock is ahead of the others' (they stamped the page on theirs),
+    and its clock starts from that estimate instead. The lower of the two is taken because
+    a deadline read late is a delay, read early a duplicate; a wall clock stepped back
+    between the stamp and now makes the estimate low, and a process starting then reads
+    the store's time late by at most that step until another process's commit carries
+    it forward (the catch-up in ``_clock``).
+    """
+    reading, wall = _STAMP.unpack_from(shared, _shared.STAMP_AT)
+    if reading <= 0 or wall <= 0:
+        return base  # no stamp: a page of an older fdbqueue
+    since = max(0, wall_us() - int(wall))
+    estimate = int(reading) + since
+    if base + mono > estimate + _AGREE_US + since // 1000:
+        return estimate - mono
+    return base
 
 
 def _translate(exc: sqlite3.Error, path: str, real: str | None = None) -> QueueError:
@@ -323,34 +354,50 @@ class SqliteTransaction(LocalTransaction):
             last, _, _, now = self._clock()
             # One below the clock: every later commit (at least the clock) is above it.
             self._rv = max(last, now - 1)
+            if not self._nested and self.db._clock_tag is not None:
+                _STAMP.pack_into(self.db._store.shared, _shared.STAMP_AT, self._rv, wall_us())
         return self._rv
 
     def _clock(self) -> tuple[int, int, int, int]:
-        """(last commit version, reservation, base, the version clock now).
+        """(last commit version, reservation, the page's base, the version clock now).
 
         From the lock file when it names this boot and this store; its last version and
         reservation only when no commit died half-way (flag pending), else meta's
-        reservation stands for both. The clock is ``base + CLOCK_MONOTONIC`` microseconds;
-        without a trusted base (a new boot) it restarts from the last version, and a clock
-        found behind the last version (a page of an older fdbqueue) catches up with it.
-        The holder of the store lock records a new base in the page.
+        reservation stands for both. Without a trusted page (a new boot) the clock restarts
+        from the last version, on this process's ``CLOCK_MONOTONIC``, and the page records
+        that base for the others.
+
+        Each process reads the clock as ``its base + its CLOCK_MONOTONIC``. Its base is the
+        page's, checked at its first use against the page's stamp (the clock's last reading
+        and the wall clock then, :func:`_calibrated`), so a process whose monotonic clock is
+        offset (a time namespace, libfaketime) reads the store's time, not its own: database
+        time never follows one process's clock. A process found behind the last commit
+        catches up with it (its own base only).
         """
         db = self.db
         tag = db._clock_tag
         if tag is None:  # not Linux: no boot id to trust a monotonic base by
             last = self._reserved()
             return last, last, 0, max(last, time.time_ns() // 1000)
-        shared = db._store.shared
+        store = db._store
+        shared = store.shared
         found, last, reserved, state, base = _CLOCK.unpack_from(shared)
         mono = monotonic_us()
         trusted = found == tag
         if not trusted or state == _PENDING:
             last = reserved = self._reserved()
-        if not trusted or base + mono + VERSIONS_PER_SECOND < last:
-            base = last - mono
+        own = store.clock_base
+        if not trusted:
+            own = base = last - mono
             if not self._nested:  # under the store lock
                 _CLOCK.pack_into(shared, 0, tag, last, reserved, 0, base)
-        return last, reserved, base, base + mono
+                _STAMP.pack_into(shared, _shared.STAMP_AT, last, wall_us())
+        elif own is None:
+            own = _calibrated(shared, base, mono)
+        if own + mono + VERSIONS_PER_SECOND < last:
+            own = last - mono
+        store.clock_base = own
+        return last, reserved, base, own + mono
 
     def _reserved(self) -> int:
         try:
@@ -383,6 +430,7 @@ class SqliteTransaction(LocalTransaction):
             # that never commits is merely a gap.
             state = _PENDING if self._bumped else 0
             _CLOCK.pack_into(self.db._store.shared, 0, tag, version, reserved, state, base)
+            _STAMP.pack_into(self.db._store.shared, _shared.STAMP_AT, version, wall_us())
         return version
 
     def _commit(self) -> int:

@@ -65,7 +65,11 @@ Versions: a version clock advances at 1e6 per second, like FoundationDB's, on
 correction): a read version is ``max(last commit, clock - 1)``, so it advances even when
 nothing commits; a commit with writes gets ``max(last + 1, clock, read version + 1)``:
 strictly increasing in commit order across processes and above every read version handed
-out before it. Its versionstamped keys and values are filled in just before COMMIT.
+out before it. Each process reads the clock on its own base, checked at its first use
+against the page's stamp (the clock's last reading and the wall clock then), so a process
+whose ``CLOCK_MONOTONIC`` is offset (a time namespace, libfaketime) moves database time by at
+most 1 s plus 0.1 % of the time since the last transaction, however far off it is. Its
+versionstamped keys and values are filled in just before COMMIT.
 Read-only commits return -1. (Without a boot id - not Linux - the wall clock drives it.)
 
 Shared state (:mod:`._shared`): the lock, the lock file's first page mapped by every
