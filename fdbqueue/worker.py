@@ -17,8 +17,8 @@
   renewed and the message is nacked as a failed delivery (reason ``"time_limit: ..."``; the
   error queue at max_deliveries); Python cannot stop a thread, so the call's thread is
   abandoned, its late result ignored (its receipt is stale), and the slot goes on with the
-  next message; at most ``concurrency`` abandoned threads live at once (a slot waits past
-  that). In exactly-once mode the call runs in the worker's thread, inside its transaction:
+  next message; at most ``2 * concurrency`` abandoned threads live at once (past that a slot
+  waits for one to end). In exactly-once mode the call runs in the worker's thread, inside its transaction:
   one that returns after S seconds has its transaction aborted and counts as failed (the
   5-second transaction limit applies anyway).
 
@@ -195,7 +195,7 @@ class Worker:
                 if self.settle_linger > 0:
                     self._settler = Settler(self.db, self.settle_linger, SETTLE_BATCH, self._settled)
                 if self.time_limit is not None:
-                    self._limiter = TimeLimit(self.time_limit, self.concurrency, log)
+                    self._limiter = TimeLimit(self.time_limit, 2 * self.concurrency, log)
                 self._run_lease(until_empty)
         except StopNow:
             self._forced = True
