@@ -85,7 +85,7 @@ IO_BATCH = 64  # page in batches: not so large that the queue blocks, nor so sma
 # How long an exactly-once claim hides its message: past FoundationDB's 5-second transaction
 # window (the handler's transaction cannot outlive it) with room for the wait for a writer and
 # the nack after a failure. A worker that dies holding a claim delays its message this long.
-CLAIM_SECONDS = 3 * TRANSACTION_WINDOW_SECONDS
+CLAIM_SECONDS = 2 * TRANSACTION_WINDOW_SECONDS
 
 
 class Worker:
