@@ -39,9 +39,11 @@ from fdbqueue.handling import (
     WorkerStats,
     _as_queues,
     check_handler,
+    check_time_limit,
     engine_failure,
     give_back,
     settle_failure,
+    time_limit_reason,
     until_empty_wait,
     work_set_of,
 )
@@ -348,7 +350,9 @@ class AsyncWorker:
     a handler runs (``heartbeat``), a return acks (in batches, ``settle_linger``), an exception
     nacks (``Retry`` / ``Discard`` say how), SIGTERM / SIGINT stop gracefully and a second (or
     ``shutdown_timeout``) at once, putting the messages in hand back. Lease mode is
-    at-least-once. ``queues``: a name, a Queue, or a list of them."""
+    at-least-once. ``queues``: a name, a Queue, or a list of them. ``time_limit=S``: a
+    handler still running after S seconds is cancelled (``CancelledError`` inside it) and
+    its message nacked as a failed delivery (reason ``"time_limit: ..."``)."""
 
     def __init__(
         self,
@@ -362,9 +366,11 @@ class AsyncWorker:
         settle_linger: float = 0.005,
         idle_timeout: float = 1.0,
         shutdown_timeout: float | None = None,
+        time_limit: float | None = None,
     ) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise QueueError(f"concurrency must be an int >= 1, got {concurrency!r}")
+        self.time_limit = check_time_limit(time_limit)
         if not asyncio.iscoroutinefunction(handler) and not asyncio.iscoroutinefunction(
             getattr(handler, "__call__", None)  # noqa: B004 - an object with an async __call__
         ):
@@ -530,7 +536,11 @@ class AsyncWorker:
                 if self._stop.is_set():  # stopping: a message not started goes back
                     raise asyncio.CancelledError
                 with tracing.span(q.name, m.id, m.headers):  # the enqueuer's trace, with OpenTelemetry
-                    await self.handler(m)
+                    if not await self._call(m):
+                        beat.drop(m)  # renewed no more: released as a failed delivery
+                        await _off(self._timed_out, q, m)
+                        self._at_limit(settler)
+                        return
         except asyncio.CancelledError:
             beat.drop(m)
             await asyncio.shield(_off(self._release, q, m))  # stopped at once: back, not counted
@@ -558,6 +568,43 @@ class AsyncWorker:
             log.warning("could not ack %s: %s", m.id, err)
             return
         self._settled(q, 1, [])
+
+    async def _call(self, m: Message) -> bool:
+        """Await the handler on ``m``; False if it ran past ``time_limit`` (then cancelled)."""
+        if self.time_limit is None:
+            await self.handler(m)
+            return True
+        call = asyncio.ensure_future(self.handler(m))
+        try:
+            done, _ = await asyncio.wait({call}, timeout=self.time_limit)
+        except asyncio.CancelledError:
+            call.cancel()  # stopped at once: the handler with it
+            raise
+        if done:
+            call.result()  # its exception, if it raised
+            return True
+        call.cancel()  # not awaited: a handler that ignores cancelling cannot hold the slot
+        call.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: not logged
+        return False
+
+    def _timed_out(self, q: Queue, m: Message) -> None:
+        assert self.time_limit is not None
+        log.warning(
+            "handler on queue %r, message %s (delivery %d) ran past its time limit of %g s: "
+            "cancelled, and the message released as a failed delivery",
+            q.name,
+            m.id,
+            m.deliveries,
+            self.time_limit,
+            extra={"queue": q.name, "message_id": m.id, "deliveries": m.deliveries},
+        )
+        try:
+            q.nack(self.db, m, reason=time_limit_reason(self.time_limit))
+        except QueueError as err:
+            log.warning("could not nack %s on %r: %s", m.id, q.name, err)
+        with self._lock:
+            self.stats.failed += 1
+            self.stats.timed_out += 1
 
     def _release(self, q: Queue, m: Message) -> None:
         give_back(self.db, q, m, self.stats, log)

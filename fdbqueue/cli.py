@@ -427,12 +427,13 @@ def _cmd_worker(db: fdbqueue.Database, args: argparse.Namespace) -> int:
         db,
         args.names[0] if pattern else args.names,
         handler,
-        mode=args.mode.replace("-", "_"),
+        mode=args.mode,  # either spelling: the Worker normalises it
         concurrency=args.concurrency,
         lease_seconds=args.lease_seconds,
         sweep_interval=args.sweep_interval,
         heartbeat=args.heartbeat,
         shutdown_timeout=args.shutdown_timeout,
+        time_limit=args.time_limit,
     )
     print(
         f"fdbqueue worker: {', '.join(args.names)} in {args.mode} mode, concurrency "
@@ -630,6 +631,15 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="lease mode: renew each lease while its handler runs, at about a third of it (default on)",
+    )
+    p.add_argument(
+        "--time-limit",
+        type=_seconds,
+        default=None,
+        metavar="S",
+        help="give up on a handler call after S seconds: lease mode releases the message as a failed "
+        "delivery (reason time_limit; the error queue at max deliveries) and abandons the call's thread "
+        "(Python cannot stop one); exactly-once aborts a call that returns late",
     )
     p.add_argument(
         "--shutdown-timeout",

@@ -28,6 +28,7 @@ from fdbqueue.fairness import WorkSet, is_pattern
 from fdbqueue.message import Message, fit_reason
 from fdbqueue.queue import Queue
 from fdbqueue.routing import PartitionedQueue
+from fdbqueue.types import check_duration
 from fdbqueue.waiting import QueueWatcher
 
 
@@ -88,6 +89,7 @@ class WorkerStats:
     too_slow: int = 0
     retried: int = 0  # of the failed: the handler raised Retry
     discarded: int = 0  # of the failed: the handler raised Discard
+    timed_out: int = 0  # of the failed: the handler ran past time_limit
     extended: int = 0  # leases renewed while a handler ran (heartbeat)
     scheduled: int = 0  # periodic jobs' ticks enqueued (run_schedules=True)
     released: int = 0
@@ -103,7 +105,7 @@ class WorkerStats:
 
     def summary(self) -> str:
         """One line for people: counts, then rates rounded (e.g. for a CLI's final line)."""
-        verdicts = ((self.retried, "retried"), (self.discarded, "discarded"))
+        verdicts = ((self.retried, "retried"), (self.discarded, "discarded"), (self.timed_out, "timed out"))
         chosen = [f"{n} {what}" for n, what in verdicts if n]
         failed = f"failed {self.failed}" + (f" ({', '.join(chosen)})" if chosen else "")
         parts = [f"processed {self.processed}", failed]
@@ -129,6 +131,148 @@ def _rate(value: float) -> str:
     if value >= 100:
         return f"{value:.0f}"
     return f"{value:.3g}" if value >= 0.001 else "0"
+
+
+MODES = ("lease", "exactly_once")
+
+
+def normalise_mode(mode: object) -> str:
+    """A worker's mode, either spelling (``"exactly-once"`` as on the command line, or
+    ``"exactly_once"``): one of :data:`MODES`."""
+    name = mode.replace("-", "_") if isinstance(mode, str) else mode
+    if name not in MODES:
+        raise QueueError(f"mode must be one of {MODES} (or 'exactly-once'), got {mode!r}")
+    return str(name)
+
+
+def check_time_limit(time_limit: object) -> float | None:
+    """``time_limit``: None (no limit) or a number of seconds above 0."""
+    return None if time_limit is None else check_duration("time_limit", time_limit, positive=True)
+
+
+def time_limit_reason(seconds: float) -> str:
+    """The failed delivery's reason (the dead letter's, at max_deliveries) when a handler ran
+    past its time limit."""
+    return f"time_limit: the handler ran past {seconds:g} s"
+
+
+class _Runner:
+    """A thread that runs one handler call at a time for one worker slot."""
+
+    def __init__(self, limit: TimeLimit) -> None:
+        self.limit = limit
+        self.lock = threading.Lock()
+        self.go = threading.Event()
+        self.done = threading.Event()
+        self.job: tuple[Callable[..., Any], tuple[Any, ...]] | None = None
+        self.result: tuple[bool, Any] = (True, None)
+        self.abandoned = False
+        self.thread = threading.Thread(target=self._loop, name="fdbqueue-handler", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            self.go.wait()
+            self.go.clear()
+            if self.job is None:
+                return
+            fn, args = self.job
+            self.job = None
+            try:
+                result: tuple[bool, Any] = (True, fn(*args))
+            except BaseException as exc:  # handed to the slot, which raises it there
+                result = (False, exc)
+            with self.lock:
+                abandoned = self.abandoned
+                if not abandoned:
+                    self.result = result
+                    self.done.set()
+            if abandoned:  # the slot gave up on this call: its result goes nowhere
+                self.limit.ended()
+                return
+
+    def close(self) -> None:
+        self.job = None
+        self.go.set()
+
+
+class TimeLimit:
+    """Runs a worker's handler calls in threads it can give up on after ``seconds``.
+
+    Python cannot stop a thread: a call past its limit is *abandoned* - it runs on, its
+    result ignored - and the slot goes on in a fresh thread. At most ``most`` abandoned
+    threads live at once; past that a slot waits for one to end before its next call.
+    """
+
+    def __init__(self, seconds: float, most: int, logger: logging.Logger) -> None:
+        self.seconds = seconds
+        self.most = most
+        self.log = logger
+        self.abandoned = 0  # abandoned threads still running
+        self._cond = threading.Condition()
+        self._runners = threading.local()
+        self._all: list[_Runner] = []
+
+    def run(self, stop: threading.Event, fn: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
+        """``fn(*args)`` in this slot's thread, up to ``seconds``: (True, its result), its
+        exception raised here, or (False, None) when the call was abandoned."""
+        self._room(stop)
+        runner: _Runner | None = getattr(self._runners, "runner", None)
+        if runner is None:
+            runner = self._runners.runner = _Runner(self)
+            with self._cond:
+                self._all.append(runner)
+        runner.done.clear()
+        runner.job = (fn, args)
+        runner.go.set()
+        try:
+            finished = runner.done.wait(self.seconds)
+        except BaseException:  # stopped at once (StopNow) while waiting: leave it behind
+            self._abandon(runner)
+            raise
+        if not finished and self._abandon(runner):
+            return False, None
+        ok, value = runner.result
+        if not ok:
+            raise value
+        return True, value
+
+    def _abandon(self, runner: _Runner) -> bool:
+        """Give up on ``runner``'s call unless it has just finished; True if given up."""
+        with runner.lock:
+            if runner.done.is_set():
+                return False
+            runner.abandoned = True
+        self._runners.runner = None
+        with self._cond:
+            self._all.remove(runner)
+            self.abandoned += 1
+        return True
+
+    def ended(self) -> None:
+        """An abandoned call returned at last: its thread ends."""
+        with self._cond:
+            self.abandoned -= 1
+            self._cond.notify_all()
+
+    def _room(self, stop: threading.Event) -> None:
+        with self._cond:
+            if self.abandoned >= self.most and not stop.is_set():
+                self.log.warning(
+                    "%d handler threads abandoned past their time limit are still running: waiting "
+                    "for one to end before the next message",
+                    self.abandoned,
+                )
+            while self.abandoned >= self.most and not stop.is_set():
+                self._cond.wait(0.25)  # a stop ends the wait within a quarter second
+
+    def close(self) -> None:
+        """End the idle slot threads (abandoned ones end when their calls do)."""
+        with self._cond:
+            runners, self._all = self._all, []
+        for r in runners:
+            r.close()
+        self._runners = threading.local()
 
 
 def check_handler(handler: Callable[..., Any], nargs: int, how: str) -> None:

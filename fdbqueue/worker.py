@@ -1,14 +1,26 @@
 """Workers: run a handler over one or more queues, exactly once or in lease mode.
 
-* ``mode="exactly_once"``: the dequeue and the handler's writes are one transaction; the
-  handler is called as ``handler(tr, message)``. An exception aborts both: the message
-  stays, and the abort counts as a failed delivery (poison messages reach the error queue,
-  with the exception's text as the reason). The handler must finish within FoundationDB's
-  5-second transaction limit: past it the commit fails (1007), which is logged, counted
-  (``stats.too_slow``) and kept as the reason. On the embedded engine (one writer) these
-  handlers run one at a time, whatever ``concurrency`` says.
+* ``mode="exactly_once"`` (or ``"exactly-once"``): the message's removal and the handler's
+  writes are one transaction; the handler is called as ``handler(tr, message)``. Each call is
+  first claimed in a transaction of its own (a short lease: the delivery is counted before
+  the handler runs), so an exception aborts the handler's transaction and the failed
+  delivery stays counted: a message that keeps failing is called at most ``max_deliveries``
+  times however many workers run at once (a transaction the engine runs again after a
+  conflict repeats the same delivery), then reaches the error queue with the exception's
+  text as the reason. The handler
+  must finish within FoundationDB's 5-second transaction limit: past it the commit fails
+  (1007), which is logged, counted (``stats.too_slow``) and kept as the reason. On the
+  embedded engine (one writer) these handlers run one at a time, whatever ``concurrency`` says.
 * ``mode="lease"``: the handler is called as ``handler(message)`` outside any transaction;
   returning acks the message, raising nacks it with the exception as the reason.
+* ``time_limit=S``: a lease-mode call past S seconds is given up: its lease is no longer
+  renewed and the message is nacked as a failed delivery (reason ``"time_limit: ..."``; the
+  error queue at max_deliveries); Python cannot stop a thread, so the call's thread is
+  abandoned, its late result ignored (its receipt is stale), and the slot goes on with the
+  next message; at most ``2 * concurrency`` abandoned threads live at once (past that a slot
+  waits for one to end). In exactly-once mode the call runs in the worker's thread, inside its transaction:
+  one that returns after S seconds has its transaction aborted and counts as failed (the
+  5-second transaction limit applies anyway).
 
 Every handler failure is logged once with its traceback (``extra``: queue, message_id,
 deliveries) and counted in ``stats.failed``. A handler of the wrong arity is refused at
@@ -32,26 +44,31 @@ from typing import Any
 from fdbqueue import tracing
 from fdbqueue.clock import db_now, seconds_of
 from fdbqueue.config import check_duration
-from fdbqueue.delivery import TOO_OLD_REASON, failure_reason, not_counted
+from fdbqueue.delivery import TOO_OLD_REASON, LeaseError
 from fdbqueue.engines.base import TRANSACTION_WINDOW_SECONDS, Database
 from fdbqueue.errors import EngineError, QueueError, StopNow
 from fdbqueue.errors import HandlerSignatureError as HandlerSignatureError  # re-export
 from fdbqueue.fairness import FAIR_SHARE
+from fdbqueue.handling import MODES as MODES  # re-export
 from fdbqueue.handling import (
     Backoff,
     Heartbeat,
     PrefetchBudget,
     Queues,
+    TimeLimit,
     _as_queues,
     check_handler,
+    check_time_limit,
     engine_failure,
     give_back,
     judge,
     settle_failure,
+    time_limit_reason,
     until_empty_wait,
     work_set_of,
 )
 from fdbqueue.handling import WorkerStats as WorkerStats  # re-export
+from fdbqueue.handling import normalise_mode as normalise_mode  # re-export
 from fdbqueue.handling import wait_any as wait_any  # re-export
 from fdbqueue.message import Message
 from fdbqueue.queue import Queue
@@ -65,7 +82,10 @@ log = logging.getLogger("fdbqueue.worker")
 
 SETTLE_BATCH = 256  # acks a batch holds at most before it commits without waiting
 IO_BATCH = 64  # page in batches: not so large that the queue blocks, nor so small it thrashes
-MODES = ("lease", "exactly_once")
+# How long an exactly-once claim hides its message: past FoundationDB's 5-second transaction
+# window (the handler's transaction cannot outlive it) with room for the wait for a writer and
+# the nack after a failure. A worker that dies holding a claim delays its message this long.
+CLAIM_SECONDS = 2 * TRANSACTION_WINDOW_SECONDS
 
 
 class Worker:
@@ -88,9 +108,9 @@ class Worker:
         metrics_port: int | None = None,
         run_schedules: bool = False,
         settle_linger: float = 0.005,
+        time_limit: float | None = None,
     ) -> None:
-        if mode not in MODES:
-            raise QueueError(f"mode must be one of {MODES}, got {mode!r}")
+        mode = normalise_mode(mode)
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise QueueError(f"concurrency must be an int >= 1, got {concurrency!r}")
         if mode == "exactly_once":
@@ -126,6 +146,9 @@ class Worker:
         # (or for the next lease, in the same transaction); 0 acks each at once.
         self.settle_linger = check_duration("settle_linger", settle_linger)
         self._settler: Settler | None = None
+        # Handler calls past time_limit are abandoned (lease mode): see TimeLimit.
+        self.time_limit = check_time_limit(time_limit)
+        self._limiter: TimeLimit | None = None
         self._exporter: Any = None  # metrics.Exporter while run() runs with a metrics_port
         self._forced = False  # stopped at once (StopNow): handler threads are not waited for
         self.backoff = Backoff(log)
@@ -171,6 +194,8 @@ class Worker:
             else:
                 if self.settle_linger > 0:
                     self._settler = Settler(self.db, self.settle_linger, SETTLE_BATCH, self._settled)
+                if self.time_limit is not None:
+                    self._limiter = TimeLimit(self.time_limit, 2 * self.concurrency, log)
                 self._run_lease(until_empty)
         except StopNow:
             self._forced = True
@@ -180,6 +205,9 @@ class Worker:
             log.warning("worker stopped at once: the messages in hand went back to their queues")
         finally:
             self._flush_acks(close=True)
+            if self._limiter is not None:
+                self._limiter.close()
+                self._limiter = None
             self._beat.close()
             self._beat = Heartbeat(self.db, self.stats, log)
             if self._exporter is not None:
@@ -369,8 +397,8 @@ class Worker:
                     else:
                         log.warning("could not dequeue from %r: %s", q.name, exc)
                     continue
-                if outcome == "engine":
-                    continue  # backed off in the step: nothing counted
+                if outcome == "skip":
+                    continue  # backed off in the step, or the claim lost: nothing counted
                 self._served(q, outcome is not None)
                 self.backoff.reset()
                 if outcome is not None:
@@ -381,39 +409,52 @@ class Worker:
                 self._idle(until_empty)
 
     def _exactly_once_step(self, q: Queue) -> str | None:
-        """Dequeue from ``q`` and run the handler in one transaction, retried as
-        ``@transactional`` retries (a conflict runs both again).
+        """Claim the next message of ``q``, then run the handler and remove the message in
+        one transaction, retried as ``@transactional`` retries (a conflict runs both again).
+
+        The claim is a short lease taken in a transaction of its own: it counts the delivery
+        before the handler runs, and hides the message from the other workers meanwhile. The
+        handler's transaction aborts when it fails, so a count written there would be undone;
+        one written after it (as an in-transaction ``dequeue`` does) let concurrent workers
+        each take the same message as its first delivery. A claim that the handler's
+        transaction does not settle ends as a failure (a nack with the reason), as a release
+        when the engine failed (not counted), or, if this process dies, when the claim runs
+        out (counted).
 
         Returns None when nothing was ready, ``"ok"`` when it committed, ``"failed"`` when
-        the handler raised or the transaction could not commit, ``"engine"`` when the engine
-        failed (:func:`engine_failure`: not counted against the message, after a back-off
-        here), ``"too_slow"`` when the
-        transaction outlived the 5-second limit (1007): running it again as it is would only
-        fail again, so the failed delivery is counted and the message goes back to its queue
-        (the error queue after max_deliveries, with a reason that says why).
+        the handler raised, ran past ``time_limit`` or its transaction could not commit,
+        ``"too_slow"`` when the transaction outlived the 5-second limit (1007), ``"skip"``
+        when nothing is counted here (the engine failed: backed off; or the claim was lost).
         """
+        m = q.lease(self.db, self.lease_seconds or CLAIM_SECONDS)
+        if m is None:
+            return None
         tr = self.db.create_transaction()
+        unknown = False  # an attempt ended in commit_unknown_result: it may have landed
         try:
             while True:
-                m: Message | None = None
-                begun = 0
+                begun = db_now(tr)
                 try:
-                    m = q.dequeue(tr)
-                    if m is not None:
-                        begun = db_now(tr)  # its read version: free, the dequeue read
-                        began = time.perf_counter()
-                        tracing.run(q.name, m.id, m.headers, self.handler, tr, m)
-                        self._observe(q, began, "ok")
+                    try:
+                        q.ack(tr, m)  # the message goes when, and only if, tr commits
+                    except LeaseError:
+                        if unknown:
+                            return "ok"  # the attempt that ended unknown committed
+                        log.warning("the claim on %s of %r ran out before its handler began", m.id, q.name)
+                        return "skip"
+                    began = time.perf_counter()
+                    tracing.run(q.name, m.id, m.headers, self.handler, tr, m)
+                    if self.time_limit is not None and time.perf_counter() - began > self.time_limit:
+                        tr.cancel()
+                        return self._timed_out(q, m, began)
+                    self._observe(q, began, "ok")
                     tr.commit()
-                    return None if m is None else "ok"
+                    return "ok"
                 except EngineError as exc:
-                    if m is None:
-                        tr.on_error(exc)  # the dequeue's own: retried, or raised to the loop
-                        continue
                     if exc.code == 1007:
                         # Ended first: measuring takes a transaction, which must not nest
                         # inside this one (the embedded engine's single writer).
-                        self._abort(tr, m, TOO_OLD_REASON)
+                        tr.cancel()
                         if not self._outlived(begun):  # within the window (a recovery): again
                             tr.reset()
                             continue
@@ -427,8 +468,10 @@ class Worker:
                             m.deliveries,
                             extra={"queue": q.name, "message_id": m.id, "deliveries": m.deliveries},
                         )
+                        self._give_back(q, m, TOO_OLD_REASON)
                         return "too_slow"
                     if exc.retryable:
+                        unknown = unknown or exc.maybe_committed
                         try:
                             tr.on_error(exc)
                             continue
@@ -438,13 +481,10 @@ class Worker:
                         return self._engine_failed(tr, q, m, exc)
                     return self._failed(tr, q, m, exc)
                 except StopNow:
-                    if m is not None:
-                        with not_counted(m):  # back where it was, the delivery not counted
-                            tr.cancel()
+                    tr.cancel()
+                    self._release(q, m)  # back where it was, the delivery not counted
                     raise
                 except Exception as exc:
-                    if m is None:
-                        raise
                     if engine_failure(exc):  # the commit, or the handler's own reads and writes
                         return self._engine_failed(tr, q, m, exc)
                     return self._failed(tr, q, m, exc)  # a failure, or a Retry or Discard
@@ -452,35 +492,57 @@ class Worker:
             tr.cancel()
 
     def _engine_failed(self, tr: Any, q: Queue, m: Message, exc: BaseException) -> str:
-        """The engine failed around ``m``'s handling: abort without counting the delivery
-        (the message stays where it was), then back off."""
-        with not_counted(m):
-            tr.cancel()
+        """The engine failed around ``m``'s handling: abort, give the claim back without
+        counting the delivery, then back off."""
+        tr.cancel()
+        self._release(q, m)
         self.backoff.wait(f"exactly-once handling of {m.id} on {q.name!r}", exc, self._stop)
-        return "engine"
+        return "skip"
 
     def _failed(self, tr: Any, q: Queue, m: Message, exc: BaseException) -> str:
-        """The handler (or its commit) failed on ``m``: abort, settled as :func:`judge` says."""
+        """The handler (or its commit) failed on ``m``: abort, then settle the claim as
+        :func:`judge` says (the delivery is counted already)."""
+        tr.cancel()
         outcome = judge(exc, q, m, log)
-        self._abort(tr, m, outcome.reason, delay=outcome.delay, discard=outcome.discard)
+        self._give_back(q, m, outcome.reason, delay=outcome.delay, discard=outcome.discard)
         self._tally(outcome.kind)
         return "failed"
+
+    def _timed_out(self, q: Queue, m: Message, began: float) -> str:
+        """``m``'s handler ran past ``time_limit``: a failed delivery, logged and counted."""
+        assert self.time_limit is not None
+        log.warning(
+            "handler on queue %r, message %s (delivery %d) ran past its time limit of %g s: %s",
+            q.name,
+            m.id,
+            m.deliveries,
+            self.time_limit,
+            "its thread is abandoned (Python cannot stop a thread) and the message released as a "
+            "failed delivery"
+            if self.mode == "lease"
+            else "its transaction is aborted and the delivery counts as failed",
+            extra={"queue": q.name, "message_id": m.id, "deliveries": m.deliveries},
+        )
+        self._observe(q, began, "timed_out")
+        self._give_back(q, m, time_limit_reason(self.time_limit))
+        with self._lock:
+            self.stats.timed_out += 1
+        return "failed"
+
+    def _give_back(
+        self, q: Queue, m: Message, reason: str, *, delay: float | None = None, discard: bool = False
+    ) -> None:
+        """Nack the leased ``m`` (its delivery is counted): back after ``delay`` (None: the
+        queue's retry delay), or to the error queue at max_deliveries or with ``discard``."""
+        try:
+            q.nack(self.db, m, delay=delay, reason=reason, discard=discard)
+        except QueueError as err:  # the lease ran out meanwhile: the sweep counted it already
+            log.warning("could not nack %s on %r: %s", m.id, q.name, err)
 
     def _tally(self, kind: str) -> None:
         with self._lock:
             self.stats.retried += kind == "retried"
             self.stats.discarded += kind == "discarded"
-
-    @staticmethod
-    def _abort(
-        tr: Any, m: Message, reason: str, *, delay: float | None = None, discard: bool = False
-    ) -> None:
-        """Abort the attempt that dequeued ``m``; its failed delivery keeps ``reason``
-        (unless the attempt had already ended, when the error it ended with says why), and
-        goes back after ``delay`` (None: the queue's retry delay) or, ``discard``, to the
-        error queue now."""
-        with failure_reason(m, reason, delay=delay, discard=discard):
-            tr.cancel()
 
     def _outlived(self, begun: int) -> bool:
         """True when the transaction that read at version ``begun`` is now past the
@@ -641,7 +703,13 @@ class Worker:
             self._beat.hold(q, m, lease)
         began = time.perf_counter()
         try:
-            tracing.run(q.name, m.id, m.headers, self.handler, m)
+            if self._limiter is None:
+                tracing.run(q.name, m.id, m.headers, self.handler, m)
+            elif not self._limiter.run(self._stop, tracing.run, q.name, m.id, m.headers, self.handler, m)[0]:
+                self._beat.drop(m)  # renewed no more: past its limit the message is released
+                self._timed_out(q, m, began)
+                self._count(q, False)
+                return
         except StopNow:
             self._beat.drop(m)
             self._release(q, m)  # stopped at once: back, the delivery not counted

@@ -14,6 +14,8 @@ Ground truth lives in the store, next to the queues (``storm/...`` keys):
 * ``storm/eo-id/<p>-<n>``, ``storm/lease-id/<p>-<n>``: the id of the message consumed.
 * ``storm/eo-n/<p>-<n>``: its delivery count when consumed (1 + attempts that failed).
 * ``storm/bad/<queue>/<message id>``: a payload or header that was not what was sent.
+* ``storm/lease-by/<p>-<n>/<delivery>``: ``<role>:<pid>`` of the lease consumer that
+  processed that delivery: a redelivery is then charged to the process that held the lease.
 
 Producers log to ``<out>/prod-<p>-<pid>.log`` one line per number, ``<n> <eo id> <lease id>``,
 after its enqueues returned: what the store acknowledged (a killed producer's last line may be missing, which
@@ -44,6 +46,12 @@ REWIND = 3  # a restarted producer sends its last acknowledged numbers again: de
 BIG_EVERY = 97  # every 97th number is a 30 kB payload: chunks (fdbqueue.queue.CHUNK_SIZE)
 REFUSE_EVERY = 50  # every 50th number's first delivery fails: retries under the kills too
 ONE = (1).to_bytes(8, "little")
+# At most how many processed deliveries a lease consumer holds unacked at once (a kill then
+# redelivers them): the loop acks each before recording the next; the Worker's batched acks
+# commit with its next lease, so at most its prefetch batch.
+PREFETCH = 16
+UNACKED_AT_MOST = {"lease-loop": 1, "lease-worker": PREFETCH}
+_holder = b"test"  # this process's "<role>:<pid>", in the lease records it writes
 log = logging.getLogger("storm")
 
 
@@ -139,6 +147,7 @@ def record_delivery(tr: Any, m: Message) -> None:
     if not ok:
         tr.set(bad_key(LEASE, m), repr(m.payload[:200]).encode())
     tr.add(lease_key(k or m.id, m.deliveries), ONE)
+    tr.set(b"storm/lease-by/" + f"{k or m.id}/{m.deliveries}".encode(), _holder)
     tr.set(b"storm/lease-id/" + (k or m.id).encode(), m.id.encode())
 
 
@@ -210,11 +219,17 @@ def eo_worker(url: str, out: str, ready: Any) -> None:
     raise AssertionError("the exactly-once worker returned")
 
 
+def _hold_as(role: str) -> None:
+    global _holder
+    _holder = f"{role}:{os.getpid()}".encode()
+
+
 def lease_loop(url: str, out: str, ready: Any) -> None:
     """Lease consumer by hand: lease a few, record each, ack it; sweep now and then so that
     the leases of killed consumers come back. An ack refused (the lease ran out and the
     message went back) is logged to ``refused-<pid>.log``: its redelivery is allowed."""
     _begin(out)
+    _hold_as("lease-loop")
     db = fdbqueue.open(url)
     q = Queue(LEASE)
     refused = _append(Path(out) / f"refused-{os.getpid()}.log")
@@ -245,6 +260,7 @@ def lease_worker(url: str, out: str, ready: Any) -> None:
     stderr file, which the test counts as an allowed redelivery. A :class:`Refused` handler
     is nacked by the Worker (and logged)."""
     _begin(out)
+    _hold_as("lease-worker")
     db = fdbqueue.open(url)
     worker = fdbqueue.Worker(
         db,
@@ -252,7 +268,7 @@ def lease_worker(url: str, out: str, ready: Any) -> None:
         lambda m: record_lease(db, m),
         lease_seconds=LEASE_SECONDS,
         sweep_interval=SWEEP_EVERY,
-        prefetch=(1, 16),
+        prefetch=(1, PREFETCH),
     )
     ready.set()
     worker.run()

@@ -10,12 +10,14 @@ child starts a registry of its own, so that it never uses the parent's descripto
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import mmap
 import os
 import sqlite3
 import threading
 import time
+import weakref
 from typing import Any
 
 from fdbqueue.engines._notify import WatchHub, notify_dir_for
@@ -211,18 +213,43 @@ def detach(store: SharedStore) -> None:
     store.close()
 
 
+# This process's open handles (SqliteDatabase), closed at interpreter exit: see _at_exit.
+_handles: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def close_at_exit(handle: Any) -> None:
+    """Have ``handle`` (with ``close()`` and ``_store``) closed at interpreter exit if still open."""
+    _handles.add(handle)
+
+
 def _after_fork_in_child() -> None:
-    global _registry_lock, _stores, fork_generation
+    global _registry_lock, _stores, _handles, fork_generation
     inherited.append(_stores)
     _registry_lock = threading.Lock()
     _stores = {}
+    _handles = weakref.WeakSet()  # the parent's handles are not the child's to close
     fork_generation += 1
 
 
-def _unlink_sockets() -> None:
+def _at_exit() -> None:
+    """Close the handles a program left open, so that the last process to leave a store
+    leaves only its files: SQLite checkpoints and removes ``-wal`` and ``-shm`` at the last
+    connection's close, and the last watch hub removes the notify folder. Without it a
+    process that had watched kept its hub's thread, and with it the hub's read connection,
+    to the end: its store looked in use to SQLite, and kept them all.
+
+    A handle whose store lock a thread of this process still holds (a transaction in a
+    daemon thread) is left open, its connection being in use: only its socket file goes.
+    """
+    for handle in list(_handles):
+        store = getattr(handle, "_store", None)
+        if store is None or store.owner is not None:
+            continue
+        with contextlib.suppress(Exception):  # never fail the interpreter's exit
+            handle.close()
     for store in list(_stores.values()):
         store.hub.unlink_socket()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
-atexit.register(_unlink_sockets)
+atexit.register(_at_exit)

@@ -315,6 +315,7 @@ class SqliteDatabase(LocalDatabase):
             self._open_read_only()
             return
         self._store = _shared.attach(self._real, self.path)
+        _shared.close_at_exit(self)  # the last process to leave leaves only the store's files
         try:
             # Refuses a store whose WAL lost acknowledged commits (_walcheck).
             with _walcheck.opening(self._store, self._real, self.path, _BOOT_ID, self._lock_timeout) as held:
