@@ -75,6 +75,7 @@ the principal from --principal, else $FDBQUEUE_PRINCIPAL, else "anonymous".
 RUNTIME_ERRORS: tuple[type[Exception], ...] = (
     fdbqueue.QueueNotFoundError,
     fdbqueue.AccessDeniedError,
+    fdbqueue.ForeignQueueError,
     fdbqueue.QueueStoppedError,
     fdbqueue.QueueFullError,
     fdbqueue.EngineError,

@@ -187,8 +187,11 @@ class QueueConfig:
         return cls(**{k: v for k, v in data.items() if k in known})
 
     def error_queue_for(self, name: str) -> str:
-        """The queue ``name``'s dead letters go to: ``error_queue``, else :func:`error_queue_name`."""
-        return self.error_queue or error_queue_name(name)
+        """The queue ``name``'s dead letters go to: ``error_queue``, else (or when that names
+        the queue itself) :func:`error_queue_name`."""
+        if self.error_queue is None or self.error_queue == name:
+            return error_queue_name(name)
+        return self.error_queue
 
     def retry_wait(self, deliveries: int) -> float:
         """How long a message waits before its next delivery after ``deliveries`` deliveries:
@@ -272,22 +275,18 @@ def write_config(tr: Transaction, keys: QueueKeys, cfg: QueueConfig) -> None:
     tr.set(keys.listing, b"")
 
 
-def config_or_create(
-    tr: Transaction, keys: QueueKeys, *, guarded_like: QueueKeys | None = None
-) -> QueueConfig:
-    """Settings of the queue, creating it with defaults on first use; a queue made here takes
-    the owner and grants of ``guarded_like`` (an error queue its origin's: dead letters are
-    as private as the messages they were)."""
-    if guarded_like is None:
-        raw, guard = tr.get(keys.config), None
-    else:  # both in one round trip (a dead letter's path is bounded in them: budgets.md)
-        raw, guard = tr.get_many([keys.config, guarded_like.guard])
+def config_or_create(tr: Transaction, keys: QueueKeys) -> QueueConfig:
+    """Settings of the queue, creating it with defaults on first use (unless its name is
+    reserved to others: ``privileges.check_create``). An error queue is made by
+    ``privileges.error_queue``, with its queue's owner."""
+    raw = tr.get(keys.config)
     cfg = None if raw is None else _decode_config(raw)
     if cfg is None:
+        from fdbqueue.privileges import check_create  # privileges builds on this module
+
+        check_create(tr, keys)
         cfg = QueueConfig()
-        write_config(tr, keys, cfg)  # a new metadata version: the guard below is seen with it
-        if guard is not None:
-            tr.set(keys.guard, guard)
+        write_config(tr, keys, cfg)
     elif cfg.volatile:
         tr.options.set_volatile_prefix(keys.q.key())
     return cfg

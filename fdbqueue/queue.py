@@ -160,7 +160,8 @@ class Queue:
         """The id an enqueue with ``dedup_key`` would return now without writing, or None.
 
         That is the first message's id while the key is within the queue's dedup window
-        (database time). Read-only; composes inside a caller's transaction, where it and a
+        (database time). Needs the ``enqueue`` right: it answers what such an enqueue would.
+    Read-only; composes inside a caller's transaction, where it and a
         following ``enqueue(tr, ..., dedup_key=...)`` see the same state.
         """
         return deduplicated(self.keys, tr, dedup_key)
