@@ -100,8 +100,14 @@ class PartitionedQueue:
         return value
 
     def route(self, tr: Transaction | Database, value: str) -> str:
-        """The queue a message of routing value ``value`` goes to now."""
-        return run_once(adopt(tr), lambda t, _: self._target(t, value))
+        """The queue a message of routing value ``value`` goes to now. Needs ``browse`` on
+        every partition that exists, as :func:`routes`."""
+
+        def body(t: Transaction, _: bool) -> str:
+            check_partitions(t, self.name, "browse", self.root)
+            return self._target(t, value)
+
+        return run_once(adopt(tr), body)
 
     def _target(self, t: Transaction, value: str) -> str:
         home = self.partition_of(value)
