@@ -91,6 +91,15 @@ def check(
     return values
 
 
+def check_any(tr: Transaction, keys: QueueKeys, rights: Sequence[str]) -> None:
+    """AccessDeniedError (naming the first of ``rights``) unless ``tr``'s principal holds one
+    of ``rights`` on the queue: for what several kinds of caller need alike."""
+    owner, acl = decode_guard(tr.snapshot.get(keys.guard))
+    who = principal_of(tr)
+    if not any(allowed(owner, acl, who, r) for r in rights):
+        raise AccessDeniedError(who, keys.name, rights[0])
+
+
 def may(tr: Transaction, meta: Meta, right: str) -> bool:
     """Whether ``tr``'s principal holds ``right`` on the queue whose metadata is ``meta``."""
     return meta.owner is None or allowed(meta.owner, meta.acl, principal_of(tr), right)

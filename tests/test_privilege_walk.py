@@ -151,7 +151,6 @@ REFUSED: dict[str, Call] = {
     "Queue.nack_many": lambda w: VAULT.nack_many(w.eve, [w.leased]),
     "Queue.release": lambda w: VAULT.release(w.eve, w.leased),
     "Queue.extend": lambda w: VAULT.extend(w.eve, w.leased, 10.0),
-    "Queue.sweep": lambda w: VAULT.sweep(w.eve),
     "Queue.wait": lambda w: VAULT.wait(w.eve, 0.05),
     "Queue.peek": lambda w: VAULT.peek(w.eve),
     "Queue.nth": lambda w: VAULT.nth(w.eve, 0),
@@ -174,7 +173,6 @@ REFUSED: dict[str, Call] = {
     "aio.AsyncQueue.nack_many": _aio(lambda w: AVAULT.nack_many(w.eve, [w.leased])),
     "aio.AsyncQueue.release": _aio(lambda w: AVAULT.release(w.eve, w.leased)),
     "aio.AsyncQueue.extend": _aio(lambda w: AVAULT.extend(w.eve, w.leased, 10.0)),
-    "aio.AsyncQueue.sweep": _aio(lambda w: AVAULT.sweep(w.eve)),
     "aio.AsyncQueue.peek": _aio(lambda w: AVAULT.peek(w.eve)),
     "aio.AsyncQueue.get": _aio(lambda w: AVAULT.get(w.eve, w.ids[0])),
     "aio.AsyncQueue.nth": _aio(lambda w: AVAULT.nth(w.eve, 0)),
@@ -256,6 +254,9 @@ OPEN: dict[str, Call] = {
     "schedules": lambda w: _none_of_ops(fdbqueue.schedules(w.eve)),
     "run_schedules": lambda w: _empty(fdbqueue.run_schedules(w.eve)),  # eve's rights: enqueues nothing
     "Scheduler": lambda w: _scheduler(w),
+    # A sweep does only what the next dequeue would (nothing here is due: it changes nothing).
+    "Queue.sweep": lambda w: VAULT.sweep(w.eve),
+    "aio.AsyncQueue.sweep": _aio(lambda w: AVAULT.sweep(w.eve)),
     "Forwarder.prune_markers": lambda w: fdbqueue.Forwarder(
         w.eve, "vault", fdbqueue.open("memory://"), "x"
     ).prune_markers(),
@@ -286,7 +287,7 @@ def _scheduler(w: World) -> object:
 
 
 def _none_of_ops(items: Any) -> object:
-    names = [getattr(x, "name", None) or getattr(x, "queue", None) for x in items]
+    names = [getattr(x, a, None) for x in items for a in ("name", "queue")]
     assert not {"vault", "vault.error", "cards.p0", "cards.p1", "cards.vip"} & set(names), names
     return items
 
@@ -307,7 +308,6 @@ CLI: dict[str, list[str]] = {
     "peek": ["peek", "vault"],
     "browse": ["browse", "vault"],
     "get": ["get", "vault", "ID0"],
-    "sweep": ["sweep", "vault"],
     "purge": ["purge", "vault", "--yes"],
     "pause": ["pause", "vault"],
     "resume": ["resume", "vault"],
@@ -329,6 +329,7 @@ CLI_OPEN: dict[str, list[str]] = {
     "list": ["list"],
     "schedules": ["schedules"],
     "history": ["history", "ID0"],
+    "sweep": ["sweep", "vault"],
 }
 
 
