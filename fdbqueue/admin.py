@@ -26,7 +26,20 @@ from fdbqueue.errors import CorruptMessageError, QueueError
 from fdbqueue.layout import DEFAULT_ROOT, QueueKeys, queues_range, root_subspace, unpack_count
 from fdbqueue.message import decode_record
 from fdbqueue.moves import destroy, purge, purge_some, wake
-from fdbqueue.privileges import ALL_RIGHTS, check, checked, mask, may, rights_of, set_owner, write_guard
+from fdbqueue.privileges import (
+    ALL_RIGHTS,
+    allowed,
+    check,
+    check_create,
+    checked,
+    mask,
+    may,
+    principal_of,
+    reserve_error_queue,
+    rights_of,
+    set_owner,
+    write_guard,
+)
 from fdbqueue.txn import run_once
 from fdbqueue.types import QueueStats as QueueStats  # re-export
 from fdbqueue.types import check_principal
@@ -88,10 +101,14 @@ def create_queue(
                 "is no cheaper kind of queue there. Keep it durable, or keep scratch queues in an "
                 "embedded store (sqlite://...?sync=normal) or memory://"
             )
+        if current is None:
+            check_create(t, keys)  # not the reserved error queue of someone else's queue
         write_config(t, keys, cfg)
         was = meta.owner
         before = False if owner is UNCHANGED else set_owner(t, keys, owner)  # type: ignore[arg-type]
         owned = before is not False
+        if current is None or owned or cfg.error_queue_for(name) != current.error_queue_for(name):
+            reserve_error_queue(t, keys, meta_owner(owner, was), cfg, current)
         if cfg.journal and (current is None or not current.journal):
             journaling.register(t, keys)
         if cfg.journal or (current is not None and current.journal):
@@ -169,6 +186,7 @@ def destroy_queue(tr: Transaction | Database, name: str, *, root: tuple[Any, ...
         if cfg is None:
             raise QueueNotFoundError(f"no queue named {name!r}")
         destroy(t, keys, journaled=cfg.journal)
+        t.clear(keys.sibling(cfg.error_queue_for(name)).reserved_by(name))
 
     run_once(tr, body)
 
@@ -284,13 +302,17 @@ def _stats(t: Transaction, keys: QueueKeys, cfg: QueueConfig) -> QueueStats:
                 continue  # a damaged head has no age to trust; a dequeue moves it aside
             oldest = at if oldest is None else min(oldest, at)
     ekeys = keys.sibling(cfg.error_queue_for(keys.name))
+    # The error queue's depth is its own: shown to those who may browse it (one set by the
+    # queue's admin may be another principal's, whose figures are not theirs to see).
+    eowner, eacl = decode_guard(snap.get(ekeys.guard))
+    errors = count("ready", ekeys) if allowed(eowner, eacl, principal_of(t), "browse") else 0
     st = read_state(t, keys)
     return QueueStats(
         name=keys.name,
         ready=count("ready"),
         inflight=count("inflight"),
         delayed=count("delayed"),
-        errors=count("ready", ekeys),
+        errors=errors,
         made_ready=count("wake"),
         done=count("done"),
         dead=count("dead"),

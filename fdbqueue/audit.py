@@ -396,8 +396,13 @@ def _cmd_audit(args: Any) -> int:
         from fdbqueue.spark import local_session
     except ImportError as exc:
         raise CommandError(str(exc), 2) from None
-    spark = local_session("fdbqueue-audit", master=args.master)
     principal = args.principal or os.environ.get("FDBQUEUE_PRINCIPAL")
+    db = open_from({"url": url, **({"principal": principal} if principal else {})})
+    try:  # the queues and the right to read them, before a JVM starts for nothing
+        queue_names(db, journal_names(db, args.queue or "*"))
+    finally:
+        db.close()
+    spark = local_session("fdbqueue-audit", master=args.master)
     report = run_audit(spark, url, args.out, queues=args.queue, principal=principal)
     print("\n".join(summary_lines(report)))
     return 1 if report.unaccounted else 0

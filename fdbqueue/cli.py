@@ -75,6 +75,7 @@ the principal from --principal, else $FDBQUEUE_PRINCIPAL, else "anonymous".
 RUNTIME_ERRORS: tuple[type[Exception], ...] = (
     fdbqueue.QueueNotFoundError,
     fdbqueue.AccessDeniedError,
+    fdbqueue.ForeignQueueError,
     fdbqueue.QueueStoppedError,
     fdbqueue.QueueFullError,
     fdbqueue.EngineError,
@@ -162,7 +163,8 @@ def _state(st: fdbqueue.QueueStats) -> str:
 def _cmd_list(db: fdbqueue.Database, args: argparse.Namespace) -> int:
     stats = []
     for name in fdbqueue.list_queues(db):
-        with contextlib.suppress(fdbqueue.QueueNotFoundError):  # deleted since the listing
+        # Deleted since the listing, or not the principal's to see: left out (as all_queue_stats).
+        with contextlib.suppress(fdbqueue.QueueNotFoundError, fdbqueue.AccessDeniedError):
             stats.append(_stats_now(db, name))
     if args.json:
         _print_json([{**dataclasses.asdict(s), "state": _state(s)} for s in stats])

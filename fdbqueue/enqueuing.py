@@ -32,7 +32,7 @@ from fdbqueue.message import (
     payload_list,
 )
 from fdbqueue.moves import CHUNK_SIZE, count_new, write_new
-from fdbqueue.privileges import checked
+from fdbqueue.privileges import check, check_create, checked
 from fdbqueue.receipts import maybe_clear_old_receipts, new_receipt, read_receipt
 from fdbqueue.tracing import inject
 from fdbqueue.txn import run_once, seconds
@@ -211,6 +211,7 @@ def enqueue_in(
     meta = checked(tr, keys, "enqueue")
     cfg = meta.config
     if cfg is None:
+        check_create(tr, keys)  # an owned queue's error queue is its owner's to make
         cfg = QueueConfig()
         write_config(tr, keys, cfg)
     if not meta.state.enqueue and not admitted:
@@ -351,12 +352,14 @@ def deduplicated(keys: QueueKeys, tr: Transaction | Database, dedup_key: str) ->
     """The id an enqueue with ``dedup_key`` would return now without writing, or None.
 
     That is the first message's id while the key is within the queue's dedup window
-    (database time). Read-only; composes inside a caller's transaction, where it and a
+    (database time). Needs the ``enqueue`` right: it answers what such an enqueue would.
+    Read-only; composes inside a caller's transaction, where it and a
     following ``enqueue(tr, ..., dedup_key=...)`` see the same state.
     """
 
     def body(t: Transaction, _: bool) -> str | None:
-        seen = t.get(keys.dedup_key(dedup_key))
+        # What an enqueue with that key would answer: the enqueue right (docs/security.md).
+        (seen,) = check(t, keys, "enqueue", also=[keys.dedup_key(dedup_key)])
         if seen is None:
             return None  # no settings to read
         return first_of(seen, read_meta(t, keys).config or QueueConfig(), db_now(t))

@@ -297,8 +297,28 @@ class RefusedActionError(QueueError):
 class AccessDeniedError(QueueError):
     """A principal lacks a right on a queue; raised before the operation writes anything."""
 
-    def __init__(self, principal: str, queue: str, right: str) -> None:
+    def __init__(self, principal: str, queue: str, right: str, why: str = "") -> None:
         self.principal = principal
         self.queue = queue
         self.right = right
-        super().__init__(f"principal {principal!r} lacks right {right!r} on queue {queue!r}")
+        said = f"principal {principal!r} lacks right {right!r} on queue {queue!r}"
+        super().__init__(f"{said} ({why})" if why else said)
+
+
+class ForeignQueueError(QueueError):
+    """Messages of a queue would go to a queue of another owner (its error queue, a route of
+    a partitioned queue): refused, so that neither a stranger reads them nor a queue's owner
+    gets messages no one with its rights sent. Nothing is written."""
+
+    def __init__(
+        self, queue: str, owner: str | None, target: str, target_owner: str | None, what: str
+    ) -> None:
+        self.queue, self.owner, self.target, self.target_owner = queue, owner, target, target_owner
+
+        def whose(who: str | None) -> str:
+            return "open to every principal" if who is None else f"owned by {who!r}"
+
+        super().__init__(
+            f"{what} of queue {queue!r} ({whose(owner)}) cannot go to {target!r} ({whose(target_owner)}): "
+            f"they go only to a queue of the same owner; name a queue of {queue!r}'s owner instead"
+        )

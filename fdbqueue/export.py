@@ -109,6 +109,8 @@ def queue_names(db: Database, spec: str | list[str], *, root: tuple[Any, ...] = 
         err = errors.get(name)
         if err is not None and err != name and err in existing and err not in out:
             out.append(err)
+    for name in out:  # the messages of each are read: browse on each (AccessDeniedError)
+        _may_browse(db, QueueKeys.make(name, root))
     return out
 
 
@@ -123,6 +125,7 @@ def plan(
     pieces: list[Piece] = []
     for name in names:
         keys = QueueKeys.make(name, root)
+        _may_browse(db, keys)  # its ranges' sizes are its figures
         for tag, state in STATES.items():
             if tag == "r" and name in errors:
                 state = "dead"
@@ -176,6 +179,7 @@ def read_piece(db: Database, piece: Piece, *, root: tuple[Any, ...] = DEFAULT_RO
     while True:
 
         def page(t: Transaction, _: bool, cursor: bytes = cursor) -> tuple[list[Row], bytes | None]:
+            check(t, keys, "browse")  # each page: a revoke takes effect at the next one
             kvs = t.snapshot.get_range(cursor, piece.end, PAGE)
             rows = [_row(t, keys, piece, kv.key, kv.value) for kv in kvs]
             more = kvs[-1].key + b"\x00" if len(kvs) == PAGE else None
@@ -280,6 +284,7 @@ def journal_head(db: Database, names: list[str], *, root: tuple[Any, ...] = DEFA
     def body(t: Transaction, _: bool) -> bytes | None:
         head = None
         for name in names:
+            check(t, QueueKeys.make(name, root), "browse")
             for shard in range(JOURNAL_SHARDS):
                 last = t.snapshot.get_range(*jk.entry_range(name, shard, None), limit=1, reverse=True)
                 if last:
@@ -300,10 +305,12 @@ def _may_browse(db: Database, keys: QueueKeys) -> None:
 def read_journal_piece(db: Database, piece: Piece, *, root: tuple[Any, ...] = DEFAULT_ROOT) -> Iterator[Row]:
     """The journal entries of ``piece`` as rows of ``JOURNAL_COLUMNS``, a transaction a page."""
     jk = JournalKeys.make(root)
+    keys = QueueKeys.make(piece.queue, root)
     cursor = piece.begin
     while True:
 
         def page(t: Transaction, _: bool, cursor: bytes = cursor) -> tuple[list[Row], bytes | None]:
+            check(t, keys, "browse")  # each page: a revoke takes effect at the next one
             kvs = t.snapshot.get_range(cursor, piece.end, PAGE)
             rows = []
             for kv in kvs:

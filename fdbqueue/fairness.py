@@ -27,7 +27,7 @@ from fdbqueue.engines.base import Database, Transaction, Watch
 from fdbqueue.errors import QueueError, QueueStoppedError
 from fdbqueue.layout import DEFAULT_ROOT, QueueKeys, unpack_count
 from fdbqueue.queue import Queue
-from fdbqueue.routing import PartitionedQueue, routes
+from fdbqueue.routing import PartitionedQueue, route_table
 from fdbqueue.steps import wait_on
 from fdbqueue.txn import run_once
 from fdbqueue.waiting import LOST_WAKEUP_RECHECK
@@ -102,7 +102,7 @@ class WorkSet:
     def _entries(self, t: Transaction, after: str) -> list[tuple[str, int]]:
         """(name, due) of the matching entries: those after ``after`` first, then the rest."""
         if self.part is not None:
-            self._routed = set(routes(t, self.part.name, root=self.root).values())
+            self._routed = set(route_table(t, self.part.name, self.root).values())
         begin, end = self.wk.range(self.prefix)
         mid = self.wk.entry(after) + b"\x00" if after else begin
         kvs = list(t.snapshot.get_range(max(mid, begin), end, ROUND))

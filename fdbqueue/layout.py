@@ -12,6 +12,8 @@ default. ``Q`` below is ``root + ("q", queue_name)``::
     root + ("wkf",)                             the work index was filled from the listing
     root + ("rt", name, value)                  partitioned queue ``name``: where ``value`` goes
     root + ("pq", name)                         partitioned queue ``name``: {"partitions": N}
+    root + ("eq", error_queue, origin)          owned queue ``origin``'s error queue is reserved
+                                                to its owner and admins (privileges.py)
     Q + ("m", "cfg")                            queue settings, JSON
     Q + ("m", "st")                             queue state flags, JSON (paused directions)
     Q + ("m", "n", counter)                     8-byte little-endian counters, atomic adds only
@@ -372,6 +374,20 @@ class QueueKeys:
     def listing(self) -> bytes:
         return _pack(self.root, ("queues", self.name))
 
+    def reserved_by(self, origin: str) -> bytes:
+        """Owned queue ``origin`` names this queue its error queue: only those who hold
+        ``admin`` on ``origin`` may make it (``privileges.check_create``)."""
+        return _pack(self.root, ("eq", self.name, origin))
+
+    def reserved_range(self) -> tuple[bytes, bytes]:
+        """Every ``reserved_by`` key of this queue (the names of the queues that reserve it)."""
+        r = self.root.range(("eq", self.name))
+        return bytes(r.start), bytes(r.stop)
+
+    def reserving(self, key: bytes) -> str:
+        """The queue a ``reserved_by`` key names."""
+        return str(self.root.unpack(key)[2])
+
     @property
     def format(self) -> bytes:
         return _pack(self.root, ("format",))
@@ -511,6 +527,14 @@ def root_subspace(root: tuple[Any, ...] = DEFAULT_ROOT) -> Subspace:
 def queues_range(root: tuple[Any, ...] = DEFAULT_ROOT) -> tuple[bytes, bytes]:
     r = root_subspace(root).range(("queues",))
     return r.start, r.stop
+
+
+def queues_prefix_range(root: tuple[Any, ...], prefix: str) -> tuple[bytes, bytes]:
+    """The listing keys of the queues whose names start with ``prefix`` (a partitioned
+    queue's partitions): a string's tuple encoding without its terminator is a prefix of the
+    encoding of every string it begins, and no UTF-8 byte is 0xff."""
+    start = _pack(root_subspace(root), ("queues", prefix))[:-1]
+    return start, start + b"\xff"
 
 
 ONE = _ONE

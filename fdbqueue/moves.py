@@ -26,11 +26,12 @@ from typing import Any
 from fdbqueue import journaling, workindex
 from fdbqueue.budget import Budget, move_cost
 from fdbqueue.clock import now_us
-from fdbqueue.config import QueueConfig, bump_metadata_version, config_or_create, error_queue_name
+from fdbqueue.config import QueueConfig, bump_metadata_version
 from fdbqueue.engines.base import Transaction
 from fdbqueue.errors import CorruptMessageError, EngineError
 from fdbqueue.layout import MINUS_ONE, ONE, QueueKeys, new_id, new_rand, pack_count, unpack_count
 from fdbqueue.message import Record, decode_record, fit_reason, seal_chunk
+from fdbqueue.privileges import error_queue
 from fdbqueue.receipts import encode_result
 from fdbqueue.workindex import UNREAD
 
@@ -162,8 +163,7 @@ def dead_letter(
     ``dead`` in both queues (where each is journaled), or as ``note`` in its own."""
     if clear_id:
         tr.clear(keys.id_key(rec.id))
-    ekeys = keys.sibling(cfg.error_queue_for(keys.name))
-    ecfg = config_or_create(tr, ekeys, guarded_like=keys)
+    ekeys, ecfg = error_queue(tr, keys, cfg)
     if cfg.journal:
         after(tr, keys, True, note or Note("dead", reason, {"to": ekeys.name}), rec)
     if rec.chunks:
@@ -215,8 +215,6 @@ def move_corrupt(
     tr.add(keys.counter("corrupt"), ONE)
     mid = error.msg_id or new_id()
     ename = cfg.error_queue_for(keys.name)
-    if ename == keys.name:
-        ename = error_queue_name(keys.name)
 
     def logged(failed: EngineError | None) -> None:
         if failed is None:  # once, when the move is committed: not once per retried attempt
@@ -230,8 +228,7 @@ def move_corrupt(
             )
 
     tr.on_finish(logged)
-    ekeys = keys.sibling(ename)
-    ecfg = config_or_create(tr, ekeys, guarded_like=keys)
+    ekeys, ecfg = error_queue(tr, keys, cfg)
     extra = {
         "origin": keys.name,
         "reason": CORRUPT_REASON,

@@ -19,7 +19,7 @@ from fdbqueue.errors import CorruptMessageError, QueueError, QueueNotFoundError
 from fdbqueue.layout import DEFAULT_ROOT, QueueKeys
 from fdbqueue.message import decode_record
 from fdbqueue.moves import expire, move_corrupt, move_message
-from fdbqueue.privileges import check
+from fdbqueue.privileges import check, check_create
 from fdbqueue.receipts import settled
 from fdbqueue.txn import run_once
 from fdbqueue.types import check_where, headers_match
@@ -93,6 +93,7 @@ def open_destination(t: Transaction, keys: QueueKeys) -> bool:
     meta = read_meta(t, keys)
     check(t, keys, "enqueue", meta)
     if meta.config is None:
+        check_create(t, keys)  # an owned queue's error queue is its owner's to make
         write_config(t, keys, QueueConfig())
         return False
     return meta.config.journal

@@ -159,9 +159,10 @@ class Queue:
     def deduplicated(self, tr: Transaction | Database, dedup_key: str) -> str | None:
         """The id an enqueue with ``dedup_key`` would return now without writing, or None.
 
-        That is the first message's id while the key is within the queue's dedup window
-        (database time). Read-only; composes inside a caller's transaction, where it and a
-        following ``enqueue(tr, ..., dedup_key=...)`` see the same state.
+            That is the first message's id while the key is within the queue's dedup window
+            (database time). Needs the ``enqueue`` right: it answers what such an enqueue would.
+        Read-only; composes inside a caller's transaction, where it and a
+            following ``enqueue(tr, ..., dedup_key=...)`` see the same state.
         """
         return deduplicated(self.keys, tr, dedup_key)
 
@@ -369,7 +370,8 @@ class Queue:
 
         Idempotent and safe from many workers at once. Given a Database it runs
         transactions of up to ``limit`` moves per index until nothing is due; given a
-        Transaction, one such step inside it.
+        Transaction, one such step inside it. Needs no right: it does only what the next
+        dequeue would (docs/api.md); a forwarder holding ``admin`` on its source sweeps it.
         """
         tr = adopt(tr)
         if is_transaction(tr):
@@ -386,7 +388,8 @@ class Queue:
         """Block until a message may be ready, up to ``timeout`` seconds (a watch, no polling).
 
         True at once when a message is ready. For consumers that dequeue inside their
-        own transactions, which cannot block. Needs a Database.
+        own transactions, which cannot block. Needs a Database, and ``dequeue`` (whether
+        a message is ready is the queue's to tell its consumers).
         """
         if is_transaction(db) or not hasattr(db, "create_transaction"):
             raise QueueError("wait() needs a Database: a watch arms only when its transaction commits")

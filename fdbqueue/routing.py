@@ -8,28 +8,39 @@ ranges.
 payload and headers); ``set_route`` maps one value to a named queue instead (kept in the
 database, so every producer follows a change from its next transaction; messages already
 queued stay where they are).
+
+A partitioned queue's rights are its partitions': the partitions are the queues that hold
+its messages, so whoever may not read those may not redirect them either. ``set_route``
+needs ``admin`` on every partition that exists, ``routes`` needs ``browse`` on each; and a
+route of a value whose partition is owned is followed only to a queue of the same owner (a
+route set while the partitions were open to all cannot hand their messages to a stranger).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from fdbqueue.admin import queue_stats
+from fdbqueue.config import decode_guard
 from fdbqueue.engines.base import Database, Transaction, adopt, is_transaction
-from fdbqueue.errors import QueueError, QueueNotFoundError
+from fdbqueue.errors import AccessDeniedError, ForeignQueueError, QueueError, QueueNotFoundError
 from fdbqueue.layout import (
     DEFAULT_ROOT,
     QueueKeys,
     partitioned_key,
     partitioned_name,
     partitioned_range,
+    queues_prefix_range,
+    root_subspace,
     route_key,
     route_range,
     route_value,
     stable_hash,
 )
+from fdbqueue.privileges import allowed, principal_of
 from fdbqueue.queue import Queue
 from fdbqueue.receipts import settled
 from fdbqueue.txn import run_once
@@ -89,12 +100,30 @@ class PartitionedQueue:
         return value
 
     def route(self, tr: Transaction | Database, value: str) -> str:
-        """The queue a message of routing value ``value`` goes to now."""
-        return run_once(adopt(tr), lambda t, _: self._target(t, value))
+        """The queue a message of routing value ``value`` goes to now. Needs ``browse`` on
+        every partition that exists, as :func:`routes`."""
+
+        def body(t: Transaction, _: bool) -> str:
+            check_partitions(t, self.name, "browse", self.root)
+            return self._target(t, value)
+
+        return run_once(adopt(tr), body)
 
     def _target(self, t: Transaction, value: str) -> str:
+        home = self.partition_of(value)
         routed = t.get(route_key(self.root, self.name, value))
-        return routed.decode() if routed is not None else self.partition_of(value)
+        if routed is None or routed.decode() == home:
+            return home
+        target = routed.decode()
+        # Followed only to a queue of the owner of the partition it redirects (when owned):
+        # one more read, for routed values alone.
+        hkeys, tkeys = QueueKeys.make(home, self.root), QueueKeys.make(target, self.root)
+        owner, _ = decode_guard(t.get(hkeys.guard))
+        if owner is not None:
+            found, _ = decode_guard(t.get(tkeys.guard))
+            if found != owner:
+                raise ForeignQueueError(home, owner, target, found, f"routed messages (value {value!r})")
+        return target
 
     def enqueue(self, tr: Transaction | Database, payload: object, **options: Any) -> str:
         """Enqueue into the queue the message's routing value goes to; the route is read in the
@@ -152,7 +181,9 @@ def set_route(
 ) -> None:
     """Send the messages of routing value ``value`` of partitioned queue ``name`` to ``queue``
     from the next transaction of every producer (None: back to its hashed partition). Messages
-    already queued stay where they are. Atomic; composes inside the caller's transaction."""
+    already queued stay where they are. Needs ``admin`` on every partition of ``name`` that
+    exists (AccessDeniedError before anything is written). Atomic; composes inside the
+    caller's transaction."""
     QueueKeys.make(name, root)
     if not isinstance(value, str) or not value:
         raise QueueError(f"a routing value is a non-empty str, got {value!r}")
@@ -161,6 +192,7 @@ def set_route(
     key = route_key(root, name, value)
 
     def body(t: Transaction, _: bool) -> None:
+        check_partitions(t, name, "admin", root)
         if queue is None:
             t.clear(key)
         else:
@@ -170,13 +202,48 @@ def set_route(
 
 
 def routes(tr: Transaction | Database, name: str, *, root: tuple[Any, ...] = DEFAULT_ROOT) -> dict[str, str]:
-    """The values of partitioned queue ``name`` routed by ``set_route``, and where to."""
+    """The values of partitioned queue ``name`` routed by ``set_route``, and where to. Needs
+    ``browse`` on every partition of ``name`` that exists."""
     QueueKeys.make(name, root)
 
     def body(t: Transaction, _: bool) -> dict[str, str]:
-        return {route_value(root, kv.key): kv.value.decode() for kv in t.get_range(*route_range(root, name))}
+        check_partitions(t, name, "browse", root)
+        return route_table(t, name, root)
 
     return run_once(adopt(tr), body)
+
+
+def route_table(t: Transaction, name: str, root: tuple[Any, ...]) -> dict[str, str]:
+    """:func:`routes` in ``t``, unchecked: for a worker, which serves the routed queues of a
+    partitioned queue it holds ``dequeue`` on (each of those queues checks its own right)."""
+    return {route_value(root, kv.key): kv.value.decode() for kv in t.get_range(*route_range(root, name))}
+
+
+_PARTITION = re.compile(r"p(0|[1-9][0-9]{0,3})")
+
+
+def check_partitions(t: Transaction, name: str, right: str, root: tuple[Any, ...]) -> None:
+    """AccessDeniedError unless ``t``'s principal holds ``right`` on every partition of
+    partitioned queue ``name`` that exists (below its registered number of partitions, else
+    below MAX_PARTITIONS). Two round trips: the registration with the partitions' listing
+    keys, then their guards (serializable reads: a grant or revoke meanwhile conflicts)."""
+    raw = t.get(partitioned_key(root, name))
+    n = int(json.loads(raw)["partitions"]) if raw is not None else MAX_PARTITIONS
+    sub, skip = root_subspace(root), len(name) + 1
+    parts = []
+    for kv in t.get_range(*queues_prefix_range(root, f"{name}.p")):
+        qname = str(sub.unpack(kv.key)[1])
+        found = _PARTITION.fullmatch(qname[skip:])
+        if found is not None and int(found.group(1)) < n:
+            parts.append(qname)
+    if not parts:
+        return
+    guards = t.get_many([QueueKeys.make(p, root).guard for p in parts])
+    who = principal_of(t)
+    for part, guard in zip(parts, guards, strict=True):
+        owner, acl = decode_guard(guard)
+        if not allowed(owner, acl, who, right):
+            raise AccessDeniedError(who, part, right, f"a partition of partitioned queue {name!r}")
 
 
 def partitioned_queues(tr: Transaction | Database, *, root: tuple[Any, ...] = DEFAULT_ROOT) -> dict[str, int]:

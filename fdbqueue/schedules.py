@@ -31,11 +31,12 @@ from typing import Any
 from cronsim import CronSim, CronSimError
 
 from fdbqueue.clock import now_us
+from fdbqueue.config import decode_guard
 from fdbqueue.engines.base import Database, Transaction, adopt
 from fdbqueue.enqueuing import enqueue_items, new_item
 from fdbqueue.errors import QueueError
-from fdbqueue.layout import DEFAULT_ROOT, ScheduleKeys
-from fdbqueue.privileges import check
+from fdbqueue.layout import DEFAULT_ROOT, QueueKeys, ScheduleKeys
+from fdbqueue.privileges import allowed, check, principal_of
 from fdbqueue.queue import Queue
 from fdbqueue.txn import run_once
 
@@ -150,9 +151,17 @@ def _when(us: int | None) -> datetime.datetime | None:
 
 
 def schedules(db: Database, *, root: tuple[Any, ...] = DEFAULT_ROOT) -> list[Schedule]:
-    """Every schedule, by name, with its last and next run."""
+    """Every schedule of a queue the principal may browse, by name, with its last and next run."""
     sk = ScheduleKeys(root)
-    rows = run_once(adopt(db), lambda t, _: [(kv.key, kv.value) for kv in t.get_range(*sk.range())])
+
+    def body(t: Transaction, _: bool) -> list[tuple[bytes, bytes]]:
+        rows = [(kv.key, kv.value) for kv in t.get_range(*sk.range())]
+        queues = [str(json.loads(raw)["queue"]) for _, raw in rows]
+        guards = t.snapshot.get_many([QueueKeys.make(q, root).guard for q in queues])
+        who = principal_of(t)
+        return [row for row, g in zip(rows, guards, strict=True) if allowed(*decode_guard(g), who, "browse")]
+
+    rows = run_once(adopt(db), body)
     out = []
     now = datetime.datetime.now(_UTC)
     for key, raw in rows:

@@ -34,6 +34,7 @@ from fdbqueue.errors import EngineError, PayloadTooLargeError, QueueError, Queue
 from fdbqueue.layout import QueueKeys, new_rand
 from fdbqueue.message import Record, decode_record, join_chunks, seal_chunk
 from fdbqueue.moves import CHUNK_SIZE
+from fdbqueue.privileges import check
 from fdbqueue.remotededup import DEDUP_HEADER, header_key
 from fdbqueue.txn import run_once
 from fdbqueue.types import ContentType, Item, Message
@@ -63,13 +64,16 @@ def prepare(
     nonce = new_rand().hex()
 
     def probe(t: Transaction, _: bool) -> str:
+        check(t, skeys, "admin")  # forwarding out is the source's admin's: nothing written before
         t.set(probe_key(skeys, nonce), b"")
         return token(t, skeys)
 
     def look(t: Transaction, _: bool) -> tuple[str, int | None] | None:
         if t.get(probe_key(dkeys, nonce)) is not None:
             return None
-        return token(t, dkeys), room_of(read_meta(t, dkeys))
+        meta = read_meta(t, dkeys)
+        check(t, dkeys, "enqueue", meta)  # before the destination's token is written
+        return token(t, dkeys), room_of(meta)
 
     def unprobe(t: Transaction, _: bool) -> None:
         t.clear(probe_key(skeys, nonce))

@@ -15,6 +15,7 @@ from fdbqueue.engines.local import EventWatch
 from fdbqueue.errors import CorruptMessageError, EngineError, QueueError, QueueStoppedError
 from fdbqueue.layout import QueueKeys
 from fdbqueue.message import decode_record
+from fdbqueue.privileges import check_any
 from fdbqueue.steps import REFUSED_WATCH_RECHECK, Run, Steps, Wait, refused
 from fdbqueue.txn import run_once, seconds
 
@@ -182,8 +183,11 @@ def wait_ready_steps(db: Database, keys: QueueKeys, timeout: float | None) -> St
     deadline passes (a delayed message comes due, a lease or a strict head's retry delay
     ends): a dequeue may then find it. Without a timeout it still looks again every
     ``LOST_WAKEUP_RECHECK`` seconds, so a lost notification delays it and never hangs it.
+    Needs ``dequeue``, ``browse`` or ``admin`` (whether a message is ready is for its
+    consumers, its readers, and a forwarder moving it out), not ``enqueue`` alone.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
+    yield Run(partial(run_once, db, lambda t, _: check_any(t, keys, ("dequeue", "browse", "admin"))))
     while True:
         watch = yield Run(partial(watch_queue, db, keys))
         try:

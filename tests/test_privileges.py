@@ -230,3 +230,166 @@ def test_an_owned_queues_error_queue_is_made_with_its_owner_and_grants(stores: t
     lease = o.lease(owner)
     assert lease is not None and o.nack(owner, lease, discard=True) == "dead"
     assert [x.id for x in Queue("open.error").browse(other)] == [lease.id]
+
+
+# -- side doors: error queues, routes, dedup lookups (issue 26) -----------------------------------
+
+
+@pytest.fixture
+def ops_eve(tmp_path: Path) -> Iterator[tuple[Any, Any]]:
+    """ops' database and eve's (no right on ops' queues), on one embedded store."""
+    url = f"sqlite:///{tmp_path / 'q.db'}?sync=normal"
+    ops, eve = fdbqueue.open(url, principal="ops"), fdbqueue.open(url, principal="eve")
+    yield ops, eve
+    ops.close()
+    eve.close()
+
+
+def _dead_letter(db: Any, queue: str, payload: object) -> str:
+    q = Queue(queue)
+    q.enqueue(db, payload)
+    m = q.lease(db)
+    assert m is not None
+    assert q.nack(db, m, discard=True) == "dead"
+    return m.id
+
+
+def test_a_stranger_cannot_make_the_error_queue_of_an_owned_queue(ops_eve: tuple[Any, Any]) -> None:
+    """The error queue of an owned queue is reserved to its owner: neither made by first use
+    nor by create_queue, whether it has the default name or a configured one."""
+    ops, eve = ops_eve
+    fdbqueue.create_queue(ops, "payroll", owner="ops")
+    fdbqueue.create_queue(ops, "billing", owner="ops", error_queue="billing-dead")
+    Queue("eve.src").enqueue(eve, b"x")
+    for name in ("payroll.error", "billing-dead"):
+        before = dump(ops)
+        with pytest.raises(AccessDeniedError) as refused:
+            Queue(name).enqueue(eve, b"mine")
+        assert (refused.value.principal, refused.value.right) == ("eve", "admin")
+        with pytest.raises(AccessDeniedError):
+            fdbqueue.create_queue(eve, name, owner="eve")
+        with pytest.raises(AccessDeniedError):
+            fdbqueue.move(eve, "eve.src", name)
+        assert dump(ops) == before
+    _dead_letter(ops, "payroll", {"salary": 123456})
+    with pytest.raises(AccessDeniedError):
+        Queue("payroll.error").dequeue(eve)
+    fdbqueue.grant(ops, "billing", "eve", ["admin"])  # the owner's admins may make it
+    fdbqueue.create_queue(eve, "billing-dead")
+
+
+def test_an_error_queue_made_before_its_queue_was_owned_is_not_handed_to_a_stranger(
+    ops_eve: tuple[Any, Any],
+) -> None:
+    """eve makes payroll.error (open to all) before payroll is owned and waits on it: the first
+    dead letter makes it ops' (its owner and grants) in the same commit, so eve never reads it."""
+    ops, eve = ops_eve
+    Queue("payroll.error").enqueue(eve, b"eve's own")
+    fdbqueue.create_queue(ops, "payroll", owner="ops")
+    fdbqueue.grant(ops, "payroll", "svc-hr", ["browse"])
+    mid = _dead_letter(ops, "payroll", {"salary": 123456})
+    with pytest.raises(AccessDeniedError):
+        Queue("payroll.error").dequeue(eve)
+    assert fdbqueue.acl(ops, "payroll.error") == fdbqueue.acl(ops, "payroll")
+    assert mid in [m.id for m in Queue("payroll.error").browse(ops)]
+
+
+def test_an_error_queue_of_another_owner_is_refused_and_never_given_a_dead_letter(
+    ops_eve: tuple[Any, Any],
+) -> None:
+    """eve owns payroll.error before payroll exists: making payroll owned with that error queue
+    is refused (clear error), and a dead letter of a queue whose error queue has another owner
+    stays where it was (no queue of eve's ever holds it)."""
+    ops, eve = ops_eve
+    fdbqueue.create_queue(eve, "payroll.error", owner="eve")
+    with pytest.raises(fdbqueue.ForeignQueueError, match=r"payroll\.error.*'eve'"):
+        fdbqueue.create_queue(ops, "payroll", owner="ops")
+    fdbqueue.create_queue(ops, "payroll", owner="ops", error_queue="payroll.dead")  # another name: fine
+    _dead_letter(ops, "payroll", b"ok")
+    assert fdbqueue.acl(ops, "payroll.dead") == fdbqueue.acl(ops, "payroll")
+    # payroll made (open) by first use, then owned: the same refusal, and its dead letters
+    # while still open do not go into eve's queue either.
+    fdbqueue.create_queue(eve, "wages.error", owner="eve")
+    Queue("wages").enqueue(ops, {"salary": 1})
+    with pytest.raises(fdbqueue.ForeignQueueError):
+        fdbqueue.create_queue(ops, "wages", owner="ops")
+    m = Queue("wages").lease(ops)
+    assert m is not None
+    with pytest.raises(fdbqueue.ForeignQueueError):
+        Queue("wages").nack(ops, m, discard=True)
+    assert Queue("wages.error").size(eve) == 0
+
+
+def test_an_error_queue_setting_is_no_way_into_or_out_of_a_foreign_queue(ops_eve: tuple[Any, Any]) -> None:
+    """create_queue(..., error_queue=X) naming another principal's queue X is refused; one set
+    before X was owned delivers nothing into X."""
+    ops, eve = ops_eve
+    fdbqueue.create_queue(ops, "payroll", owner="ops")
+    Queue("payroll").enqueue(ops, {"salary": 123456})
+    with pytest.raises(fdbqueue.ForeignQueueError):
+        fdbqueue.create_queue(eve, "evejobs", error_queue="payroll")
+    with pytest.raises(fdbqueue.ForeignQueueError):
+        fdbqueue.create_queue(eve, "evejobs2", owner="eve", error_queue="payroll")
+    fdbqueue.create_queue(eve, "evil", error_queue="later")  # later is nobody's yet
+    fdbqueue.create_queue(ops, "later", owner="ops")
+    Queue("later").enqueue(ops, {"salary": 1})
+    Queue("evil").enqueue(eve, b"planted")
+    m = Queue("evil").lease(eve)
+    assert m is not None
+    with pytest.raises(fdbqueue.ForeignQueueError):
+        Queue("evil").nack(eve, m, discard=True)
+    assert Queue("later").size(ops) == 1
+    assert fdbqueue.queue_stats(eve, "evil").errors == 0  # not even how many ops' queue holds
+
+
+def test_routes_of_an_owned_partitioned_queue_need_admin_and_browse(ops_eve: tuple[Any, Any]) -> None:
+    ops, eve = ops_eve
+    cards = fdbqueue.PartitionedQueue("cards", partitions=2, key="customer")
+    for q in cards.queues:
+        fdbqueue.create_queue(ops, q.name, owner="ops")
+    cards.enqueue(ops, {"card": "4242"}, headers={"customer": "acme"})
+    fdbqueue.set_route(ops, "cards", "vip", "cards.vip")
+    before = dump(ops)
+    with pytest.raises(AccessDeniedError) as refused:
+        fdbqueue.set_route(eve, "cards", "acme", "eve.inbox")
+    assert refused.value.right == "admin"
+    with pytest.raises(AccessDeniedError):
+        fdbqueue.set_route(eve, "cards", "vip", None)
+    with pytest.raises(AccessDeniedError) as refused:
+        fdbqueue.routes(eve, "cards")
+    assert refused.value.right == "browse"
+    assert dump(ops) == before
+    assert fdbqueue.routes(ops, "cards") == {"vip": "cards.vip"}
+    fdbqueue.grant(ops, "cards.p0", "eve", ["admin"])  # admin on one partition is not enough
+    with pytest.raises(AccessDeniedError):
+        fdbqueue.set_route(eve, "cards", "acme", "eve.inbox")
+
+
+def test_a_route_planted_before_the_partitions_were_owned_sends_nothing_to_a_stranger(
+    ops_eve: tuple[Any, Any],
+) -> None:
+    ops, eve = ops_eve
+    fdbqueue.set_route(eve, "cards", "acme", "eve.inbox")  # nothing owned yet: allowed
+    Queue("eve.inbox").enqueue(eve, b"mine")
+    cards = fdbqueue.PartitionedQueue("cards", partitions=2, key="customer")
+    for q in cards.queues:
+        fdbqueue.create_queue(ops, q.name, owner="ops")
+    with pytest.raises(fdbqueue.ForeignQueueError, match=r"eve\.inbox"):
+        cards.enqueue(ops, {"card": "4111"}, headers={"customer": "acme"})
+    assert Queue("eve.inbox").size(eve) == 1
+    fdbqueue.set_route(ops, "cards", "acme", None)
+    cards.enqueue(ops, {"card": "4111"}, headers={"customer": "acme"})
+    assert cards.size(ops) == 1
+
+
+def test_a_dedup_lookup_needs_the_enqueue_right(ops_eve: tuple[Any, Any]) -> None:
+    ops, eve = ops_eve
+    fdbqueue.create_queue(ops, "payroll", owner="ops")
+    mid = Queue("payroll").enqueue(ops, b"x", dedup_key="run-42")
+    with pytest.raises(AccessDeniedError) as refused:
+        Queue("payroll").deduplicated(eve, "run-42")
+    assert refused.value.right == "enqueue"
+    with pytest.raises(AccessDeniedError):
+        Queue("payroll").deduplicated(eve, "never-used")
+    fdbqueue.grant(ops, "payroll", "eve", ["enqueue"])
+    assert Queue("payroll").deduplicated(eve, "run-42") == mid
