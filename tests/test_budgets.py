@@ -187,8 +187,12 @@ def op_round_trips(db: Database, expired: int, n: int) -> dict[str, int]:
 # Sequential round trips one attempt may take (read version, reads, commit) where today's read
 # patterns allow a constant: moving one expired chunked message aside costs about six (the
 # error queue's settings, its wake counter, the 256 kB of chunks in 80 kB replies). lease_many
-# and the staged dequeue are measured, not bounded here.
-ROUND_TRIPS = {"dequeue, caller's transaction": 14, "dequeue": 14, "lease": 14, "ack": 3, "nth": 4}
+# and the staged dequeue are measured, not bounded here. nth: read version, the queue's
+# settings and counters (two reads here: each measure's database handle starts with an empty
+# settings cache; one in a running process), a probe of the TTL index for messages expired
+# and not yet swept (every view counts by database time: docs/api.md), and one range read
+# from a key selector (or, with expired messages ahead, one page of the walk in dequeue order).
+ROUND_TRIPS = {"dequeue, caller's transaction": 14, "dequeue": 14, "lease": 14, "ack": 3, "nth": 5}
 
 
 def test_round_trips_do_not_grow_with_expired_messages_or_with_n(db: Database) -> None:
@@ -225,7 +229,8 @@ def test_nth_resolves_a_key_selector_instead_of_reading_n_records(db: Database) 
     q = fill(db, "jobs", expired=0, live=40)
     m, costs = measure(db, lambda cdb: q.nth(cdb, 39))
     assert m is not None and m.payload == b"live39"
-    assert max(c.round_trips for c in costs) <= 4  # read version, key selector, record
+    # Read version, settings (cold cache: two reads), TTL index probe, key selector with its record.
+    assert max(c.round_trips for c in costs) <= 5
     assert q.nth(db, 40) is None and q.nth(db, 0).payload == b"live0"  # type: ignore[union-attr]
 
 
