@@ -57,13 +57,11 @@ def outlook(tr: Transaction | Database, queue: Queue) -> Outlook:
     return run_once(tr, body)
 
 
-NTH_SLACK = 64  # expired messages a walk for nth(n) reads past in its first page
-
-
-def nth_in_order(queue: Queue, tr: Transaction, n: int, meta: Meta) -> Message | None:
+def nth_in_order(queue: Queue, tr: Transaction, n: int, meta: Meta, due: int) -> Message | None:
     """The message at position ``n`` of dequeue order as :func:`browse` walks it, in ``tr``
-    whose principal may browse (``meta``: the queue's, read in ``tr``)."""
-    walk = browse(queue, tr, limit=n + 1, batch=min(n + 1 + NTH_SLACK, 1000), meta=meta)
+    whose principal may browse (``meta``: the queue's, read in ``tr``; ``due``: how many
+    expired or due entries the walk may meet, so that its first read covers them)."""
+    walk = browse(queue, tr, limit=n + 1, batch=min(n + 1 + due, 1000), meta=meta)
     return next(itertools.islice(walk, n, None), None)
 
 

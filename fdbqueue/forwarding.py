@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 
 import tenacity
 
+from fdbqueue.budget import BATCH_PAYLOAD_BYTES, CHUNK_BYTES
 from fdbqueue.clock import db_now, versions
 from fdbqueue.config import read_meta
 from fdbqueue.delivery import ack_many_in, to_message
@@ -173,7 +174,8 @@ class Forwarder:
         now = db_now(t)
         out: list[_Ready] = []
         begin, end = keys.ready_range()
-        while len(out) < self.batch:
+        size = 0  # payload bytes: large messages go one per batch (budget.BATCH_PAYLOAD_BYTES)
+        while len(out) < self.batch and size < BATCH_PAYLOAD_BYTES:
             want = self.batch - len(out) + 8
             kvs = t.snapshot.get_range(begin, end, want)
             for key, raw in kvs:
@@ -185,10 +187,18 @@ class Forwarder:
                     continue
                 if self.where is not None and not headers_match(rec.headers, self.where):
                     continue
+                if out and size + rec.chunks * CHUNK_BYTES > BATCH_PAYLOAD_BYTES:
+                    size = BATCH_PAYLOAD_BYTES
+                    break
+                size += rec.chunks * CHUNK_BYTES
                 out.append(_Ready(key, raw, rec, to_message(t, keys, key, rec)))
                 if len(out) == self.batch:
                     break
-            if len(kvs) < want or (self.where is None and len(out) == self.batch):
+            if (
+                len(kvs) < want
+                or size >= BATCH_PAYLOAD_BYTES
+                or (self.where is None and len(out) == self.batch)
+            ):
                 break
             begin = kvs[-1].key + b"\x00"
         return out

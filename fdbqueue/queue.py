@@ -68,7 +68,7 @@ from fdbqueue.steps import Steps, drive
 from fdbqueue.sweep import SweepStats, sweep
 from fdbqueue.txn import as_database, run_once, seconds
 from fdbqueue.types import Item, check_where
-from fdbqueue.views import anything_due, ready_count
+from fdbqueue.views import due_unswept, ready_count
 from fdbqueue.waiting import blocking_steps, strict_of, wait_ready_steps, watch_queue
 
 log = logging.getLogger("fdbqueue")
@@ -151,9 +151,9 @@ class Queue:
 
         All or nothing: a batch that does not fit a bounded queue raises QueueFullError
         (saying how many it holds, its max_size and the batch's size), or waits for room as
-        :meth:`enqueue` does; a batch larger than max_size is refused at once. One
-        transaction holds at most ``TXN_BUDGET_BYTES`` (docs/budgets.md): a larger batch is
-        refused with BudgetExceededError before anything is written.
+        :meth:`enqueue` does; a batch larger than max_size is refused at once. A batch past
+        what FoundationDB accepts in one transaction (10,000,000 bytes less the layer's
+        margin: docs/budgets.md) is refused with BudgetExceededError before anything is written.
         """
         items = batch_items(self.keys, payloads, priority, headers, delay, ttl)
         return enqueue_items(self.keys, tr, items, timeout) if items else []
@@ -522,8 +522,9 @@ class Queue:
             # expired or due messages wait for a sweep, positions are counted as browse
             # counts them (fdbqueue/views.py): a walk in dequeue order.
             meta = checked(t, self.keys, "browse")
-            if anything_due(t, self.keys, meta, db_now(t)):
-                return nth_in_order(self, t, n, meta)
+            due = due_unswept(t, self.keys, meta, db_now(t))
+            if due:
+                return nth_in_order(self, t, n, meta, due)
             row = t.get_range(KeySelector.first_greater_or_equal(begin) + n, end, limit=1)
             return self._message(t, row[0].key, row[0].value) if row else None
 

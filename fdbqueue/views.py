@@ -157,13 +157,15 @@ def counts(meta: Meta, p: Pending, expired_total: int = 0) -> Counts:
     )
 
 
-def anything_due(t: Transaction, keys: QueueKeys, meta: Meta, now: int) -> bool:
-    """Whether a TTL entry or a delay has come due and not been swept (one key each read):
-    when not, the ready set is every view as it stands (a key selector finds position n)."""
+def due_unswept(t: Transaction, keys: QueueKeys, meta: Meta, now: int, cap: int = 64) -> int:
+    """How many TTL and delay entries have come due and not been swept, counted up to ``cap``
+    each (one small read of index keys each; the delay index only when messages are delayed).
+    0: the ready set is every view as it stands (a key selector finds position n)."""
     snap = t.snapshot
-    if meta.count("ready") and snap.get_range(*keys.index_range("x", now + 1), 1):
-        return True
-    return bool(meta.count("delayed")) and bool(snap.get_range(*keys.index_range("d", now + 1), 1))
+    n = len(snap.get_range(*keys.index_range("x", now + 1), cap)) if meta.count("ready") else 0
+    if meta.count("delayed"):
+        n += len(snap.get_range(*keys.index_range("d", now + 1), cap))
+    return n
 
 
 def ready_count(t: Transaction, keys: QueueKeys, meta: Meta) -> int:

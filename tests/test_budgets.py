@@ -25,7 +25,9 @@ from fdbqueue.engines.base import Database, Transaction, run_transaction
 from tests.counting import CountingDatabase, TxnCost
 
 ONE_MB = 1_000_000  # what each attempt must stay under: the 500,000-byte budget plus headroom
-PAYLOAD = 256 * 1024  # the largest payload: chunked, 27 chunks
+PAYLOAD = 256 * 1024  # a large payload: chunked, 27 chunks (moves of larger ones: test_limits.py)
+DEFAULT_PAYLOAD = 1024 * 1024  # a queue's max_payload unless set
+MAX_PAYLOAD = 6 * 1024 * 1024  # the largest max_payload: what one transaction can move
 HEADERS = {"h": "x" * (60_000 - len('{"h":""}'))}  # the largest headers: 60,000 bytes as stored
 TOO_LARGE = {2101, 2102, 2103}  # transaction_too_large, key_too_large, value_too_large
 SIM = "sim://?seed=1&faults=0"
@@ -281,8 +283,9 @@ def test_purge_of_a_busy_queue_finishes_in_a_few_attempts() -> None:
     [
         (lambda q, db: q.enqueue(db, b"x", headers={"h": "x" * 60_000}), fdbqueue.HeadersTooLargeError),
         (lambda q, db: q.enqueue(db, b"x", dedup_key="k" * 1_001), fdbqueue.DedupKeyTooLargeError),
-        (lambda q, db: q.enqueue(db, b"x" * (PAYLOAD + 1)), fdbqueue.PayloadTooLargeError),
-        (lambda q, db: q.enqueue_many(db, [b"x" * 200_000] * 3), fdbqueue.BudgetExceededError),
+        (lambda q, db: q.enqueue(db, b"x" * (DEFAULT_PAYLOAD + 1)), fdbqueue.PayloadTooLargeError),
+        # Past what FoundationDB accepts in one transaction (10,000,000 bytes).
+        (lambda q, db: q.enqueue_many(db, [b"x" * 200_000] * 50), fdbqueue.BudgetExceededError),
     ],
 )
 def test_what_cannot_fit_is_refused_at_enqueue_naming_the_limit(
@@ -292,7 +295,7 @@ def test_what_cannot_fit_is_refused_at_enqueue_naming_the_limit(
     with pytest.raises(error) as info:
         call(q, db)
     assert isinstance(info.value, fdbqueue.QueueError)
-    assert "limit" in str(info.value) or "max_payload" in str(info.value) or "budget" in str(info.value)
+    assert "limit" in str(info.value) or "max_payload" in str(info.value) or "FoundationDB" in str(info.value)
     assert q.empty(db)
 
 
@@ -309,12 +312,14 @@ def test_a_reason_too_large_is_refused_at_nack_and_the_lease_kept(db: Database) 
 def test_the_limits_are_the_librarys() -> None:
     from fdbqueue import budget
 
-    assert budget.TXN_BUDGET_BYTES == 500_000
-    assert budget.MAX_PAYLOAD_BYTES == PAYLOAD
+    assert budget.TXN_BUDGET_BYTES == 500_000  # the layer's own work
+    assert budget.USER_TXN_LIMIT == 9_000_000  # a user's call: FoundationDB's limit less a margin
+    assert budget.MAX_PAYLOAD_BYTES == MAX_PAYLOAD
     assert len('{"h":""}') + len(HEADERS["h"]) == budget.MAX_HEADERS_BYTES
-    assert fdbqueue.QueueConfig().max_payload == PAYLOAD
+    assert fdbqueue.QueueConfig().max_payload == DEFAULT_PAYLOAD
+    assert fdbqueue.QueueConfig(max_payload=MAX_PAYLOAD).max_payload == MAX_PAYLOAD
     with pytest.raises(fdbqueue.QueueError, match="max_payload"):
-        fdbqueue.QueueConfig(max_payload=PAYLOAD + 1)
+        fdbqueue.QueueConfig(max_payload=MAX_PAYLOAD + 1)
 
 
 def print_table(rows: list[tuple[str, int, int, int]]) -> None:
