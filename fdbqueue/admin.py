@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from fdbqueue import journaling
-from fdbqueue.clock import now_us
+from fdbqueue.clock import db_now, now_us
 from fdbqueue.config import (
     Meta,
     QueueConfig,
@@ -43,6 +43,7 @@ from fdbqueue.privileges import (
 from fdbqueue.txn import run_once
 from fdbqueue.types import QueueStats as QueueStats  # re-export
 from fdbqueue.types import check_principal
+from fdbqueue.views import counts, pending
 
 
 class Unchanged:
@@ -278,49 +279,58 @@ def all_queue_stats(
                 meta = read_meta(t, keys)
                 if meta.config is None or not may(t, meta, "browse"):
                     continue
-                got.append(_stats(t, keys, meta.config))
+                got.append(_stats(t, keys, meta.config, meta))
             return got
 
         out += run_once(db, body)
     return out
 
 
-def _stats(t: Transaction, keys: QueueKeys, cfg: QueueConfig) -> QueueStats:
+def _stats(t: Transaction, keys: QueueKeys, cfg: QueueConfig, meta: Meta | None = None) -> QueueStats:
     snap = t.snapshot
 
     def count(tag: str, k: QueueKeys = keys) -> int:
         return max(0, unpack_count(snap.get(k.counter(tag))))
 
+    now = db_now(t)
+    meta = read_meta(t, keys) if meta is None else meta
+    p = pending(t, keys, meta, now)
+    c = counts(meta, p, count("expired"))
+    ekeys = keys.sibling(cfg.error_queue_for(keys.name))
+    emeta = read_meta(t, ekeys)
+    # The error queue's depth is its own: shown to those who may browse it (one set by the
+    # queue's admin may be another principal's, whose figures are not theirs to see).
+    errors = counts(emeta, pending(t, ekeys, emeta, now, leases=False))
+    errors_ready = errors.ready if allowed(emeta.owner, emeta.acl, principal_of(t), "browse") else 0
     oldest: int | None = None
     for marker in snap.get_range(*keys.priority_marker_range()):
-        p = keys.parse_marker(marker.key)
-        head = snap.get_range(*keys.priority_range(p), limit=1)
+        prio = keys.parse_marker(marker.key)
+        # Its first live message: those past their TTL are not ready (views.py).
+        heads = snap.get_range(*keys.priority_range(prio), limit=1 + min(len(p.expired_ready), 63))
+        head = [kv for kv in heads if kv.key not in p.expired_ready][:1]
         if head:
             try:
                 at = decode_record(head[0].value, keys, head[0].key).enqueued_us
             except CorruptMessageError:
                 continue  # a damaged head has no age to trust; a dequeue moves it aside
             oldest = at if oldest is None else min(oldest, at)
-    ekeys = keys.sibling(cfg.error_queue_for(keys.name))
-    # The error queue's depth is its own: shown to those who may browse it (one set by the
-    # queue's admin may be another principal's, whose figures are not theirs to see).
-    eowner, eacl = decode_guard(snap.get(ekeys.guard))
-    errors = count("ready", ekeys) if allowed(eowner, eacl, principal_of(t), "browse") else 0
     st = read_state(t, keys)
     return QueueStats(
         name=keys.name,
-        ready=count("ready"),
-        inflight=count("inflight"),
-        delayed=count("delayed"),
-        errors=errors,
-        made_ready=count("wake"),
+        ready=c.ready,
+        inflight=c.inflight,
+        delayed=c.delayed,
+        errors=errors_ready,
+        made_ready=meta.made_ready,
         done=count("done"),
         dead=count("dead"),
-        expired=count("expired"),
+        expired=c.expired,
         corrupt=count("corrupt"),
         oldest_age=None if oldest is None else max(0.0, (now_us() - oldest) / 1e6),
         enqueue_enabled=st.enqueue,
         dequeue_enabled=st.dequeue,
+        lease_ended=c.lease_ended,
+        exact=c.exact and errors.exact,
     )
 
 

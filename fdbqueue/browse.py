@@ -8,7 +8,8 @@ visited first: the cursor moves back, as a browsing subscription does in Apache 
 queue design (a browser sees every message, including ones enqueued after it started).
 Dequeues by others never move the cursor.
 
-Reads classify by database time, as a dequeue would, without writing anything: a ready
+Reads classify by database time, as every view does (``fdbqueue/views.py``) and as a
+dequeue would, without writing anything: a ready
 message whose TTL has passed is not shown (a dequeue moves it to the error queue, or drops
 it), and a delayed message that is due is shown where a dequeue would place it (it is made
 ready first). Nothing here waits for a sweep.
@@ -16,24 +17,26 @@ ready first). Nothing here waits for a sweep.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from fdbqueue.clock import db_now
+from fdbqueue.config import Meta
 from fdbqueue.delivery import read_payload, to_message
 from fdbqueue.engines.base import Database, KeyValue, Transaction
 from fdbqueue.errors import QueueError
-from fdbqueue.layout import QueueKeys, unpack_count
-from fdbqueue.message import Message, Record, decode_record
-from fdbqueue.privileges import check
+from fdbqueue.message import Message, decode_record
+from fdbqueue.privileges import checked
 from fdbqueue.txn import run_once
 from fdbqueue.types import Outlook as Outlook  # re-export
+from fdbqueue.views import VIEW_SCAN_LIMIT, is_live, pending
 
 if TYPE_CHECKING:
     from fdbqueue.queue import Queue
 
-DUE_LIMIT = 1000  # due delayed / expired entries looked at per read (a bounded snapshot read)
+DUE_LIMIT = VIEW_SCAN_LIMIT  # due delayed / expired entries looked at per read (a bounded snapshot read)
 
 # Where a message sorts in dequeue order: (-priority, index, tie-break). A due delayed
 # message returning to its own place (a retry) keeps its ready key's index; a new one is
@@ -41,45 +44,31 @@ DUE_LIMIT = 1000  # due delayed / expired entries looked at per read (a bounded 
 Order = tuple[float, float, int]
 
 
-def _due_delayed(tr: Transaction, keys: QueueKeys, now: int) -> tuple[list[tuple[bytes, Record]], bool]:
-    """Due delayed entries (key, record) in due order, at most DUE_LIMIT; and whether that was all."""
-    begin, end = keys.index_range("d", now + 1)
-    rows = tr.snapshot.get_range(begin, end, DUE_LIMIT + 1)
-    return [(kv.key, decode_record(kv.value, keys, kv.key)) for kv in rows[:DUE_LIMIT]], len(
-        rows
-    ) <= DUE_LIMIT
-
-
 def outlook(tr: Transaction | Database, queue: Queue) -> Outlook:
-    """The :class:`Outlook` of ``queue`` at database time; composes inside a caller's transaction."""
+    """The :class:`Outlook` of ``queue`` at database time (``fdbqueue/views.py``); composes
+    inside a caller's transaction."""
 
     keys = queue.keys
 
     def body(t: Transaction, _: bool) -> Outlook:
-        check(t, keys, "browse")
-        now = db_now(t)
-        snap = t.snapshot
-        due, complete = _due_delayed(t, keys, now)
-        due_expired = sum(1 for _, rec in due if rec.expires_us is not None and rec.expires_us <= now)
-        begin, end = keys.index_range("x", now + 1)
-        entries = snap.get_range(begin, end, DUE_LIMIT + 1)
-        complete = complete and len(entries) <= DUE_LIMIT
-        expired_ready = 0
-        for kv in entries[:DUE_LIMIT]:
-            msg_id = str(keys.unpack_tail(kv.key)[2])
-            home = keys.home_key(msg_id)
-            if home is not None and snap.get(home) is not None:
-                expired_ready += 1
-                continue
-            where = snap.get(keys.id_key(msg_id))  # ready away from home, or delayed
-            if where is not None and keys.unpack_tail(where)[0] == "r" and snap.get(where) is not None:
-                expired_ready += 1
-        return Outlook(expired_ready, len(due) - due_expired, due_expired, complete)
+        p = pending(t, keys, checked(t, keys, "browse"), db_now(t), leases=False)
+        return Outlook(len(p.expired_ready), len(p.due), p.due_expired, p.exact)
 
     return run_once(tr, body)
 
 
-def browse(queue: Queue, tr: Transaction | Database, *, limit: int | None, batch: int) -> Iterator[Message]:
+def nth_in_order(queue: Queue, tr: Transaction, n: int, meta: Meta, due: int) -> Message | None:
+    """The message at position ``n`` of dequeue order as :func:`browse` walks it, in ``tr``
+    whose principal may browse (``meta``: the queue's, read in ``tr``; ``due``: how many
+    expired or due entries the walk may meet, so that its first read covers them)."""
+    walk = browse(queue, tr, limit=n + 1, batch=min(n + 1 + due, 1000), meta=meta)
+    return next(itertools.islice(walk, n, None), None)
+
+
+def browse(
+    queue: Queue, tr: Transaction | Database, *, limit: int | None, batch: int, meta: Meta | None = None
+) -> Iterator[Message]:
+    """:meth:`Queue.browse`; ``meta``: the queue's, already read and checked in ``tr``."""
 
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise QueueError(f"limit must be an int >= 0 or None, got {limit!r}")
@@ -97,16 +86,15 @@ def browse(queue: Queue, tr: Transaction | Database, *, limit: int | None, batch
         return (-p, index, 0)
 
     def page(t: Transaction, _: bool) -> list[tuple[Order, Message | None]]:
-        nonlocal pos, mark, due
-        check(t, keys, "browse")
+        nonlocal pos, mark, due, meta
+        m_ = checked(t, keys, "browse") if meta is None else meta
+        meta = None  # read by the caller for the first page only
         now = db_now(t)
         if mark is None:
-            mark = unpack_count(t.snapshot.get(keys.wake))
+            mark = m_.made_ready
         if due is None:
             due = []
-            for n, (dkey, rec) in enumerate(_due_delayed(t, keys, now)[0]):
-                if rec.expires_us is not None and rec.expires_us <= now:
-                    continue  # a dequeue would expire it, not deliver it
+            for n, (dkey, rec) in enumerate(pending(t, keys, m_, now, leases=False, ttl=False).due):
                 extra: dict[str, Any] = dict(rec.extra)
                 p = int(extra.pop("priority", 0))
                 target = extra.pop("key", None)
@@ -135,7 +123,7 @@ def browse(queue: Queue, tr: Transaction | Database, *, limit: int | None, batch
             p, index, _r = keys.parse_ready(kv.key)
             seen_upto[p] = max(seen_upto.get(p, 0), index)
             rec = decode_record(kv.value, queue.keys, kv.key)
-            if rec.expires_us is not None and rec.expires_us <= now:
+            if not is_live(rec, now):
                 continue  # expired: a dequeue would move it aside, not deliver it
             out.append((ready_order(kv.key), to_message(t, keys, kv.key, rec)))
         if not chosen:

@@ -42,9 +42,27 @@ TXN_BUDGET_BYTES = 1_000_000 // 2  # at most this many bytes per transaction, as
 # each followed by its 4-byte checksum (message.py).
 CHUNK_BYTES = 10_004
 
-# The largest payload a message may have: what one transaction can write or move within the
-# budget, with the largest record beside it (below). Payloads are written in one transaction.
-MAX_PAYLOAD_BYTES = 256 * 1024
+# What a user's single call may write in one transaction (an enqueue, an enqueue_many): what
+# FoundationDB accepts, less a margin for the layer's own keys beside the messages (counters,
+# a receipt, the queue's settings on first use, index entries). Only past it is a call
+# refused: the layer's own work keeps to TXN_BUDGET_BYTES, a user's call to the engine's limit.
+LAYER_MARGIN_BYTES = 1_000_000
+USER_TXN_LIMIT = TRANSACTION_SIZE_LIMIT - LAYER_MARGIN_BYTES
+
+# The largest payload a message may have (the largest ``max_payload``): what one transaction
+# can move under FoundationDB's limit. A payload is written in one transaction, and moved in
+# one (to an error queue, to another queue: its chunks copied): 6 MiB is 630 chunks of
+# CHUNK_BYTES, each with a key of up to about 1,100 bytes (queue prefixes up to 1,000) and its
+# conflict range, about 8.4 MB, with the largest record and TAKE_RESERVE about 8.6 MB. A move
+# of a message that large exceeds TXN_BUDGET_BYTES: the first move of a transaction is always
+# allowed and nothing else fits beside it, so such messages move one per transaction.
+MAX_PAYLOAD_BYTES = 6 * 1024 * 1024
+DEFAULT_MAX_PAYLOAD = 1024 * 1024  # a queue's max_payload unless set: as SQS and Kafka
+
+# A batch the layer hands out or forwards (lease_many, a forwarder's batch) stops adding
+# messages once their chunked payloads reach this many bytes (the first always goes): so a
+# batch of large messages is split, one per transaction where need be.
+BATCH_PAYLOAD_BYTES = 1_000_000
 
 # Limits on what a user gives, with headroom, so that every later state of a message's record
 # still fits FoundationDB's value limit (100,000 bytes) and its keys the key limit (10,000):

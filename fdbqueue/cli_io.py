@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
-import dataclasses
 import datetime
 import json
 import logging
@@ -23,7 +22,6 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import fdbqueue
-from fdbqueue.browse import Outlook, outlook
 from fdbqueue.budget import TXN_BUDGET_BYTES
 from fdbqueue.message import json_safe
 
@@ -297,33 +295,10 @@ def _progress(total: int, show: bool | None) -> Iterator[Callable[[int], None]]:
 
 
 def _stats_now(db: fdbqueue.Database, name: str, interval: float = 0.0) -> fdbqueue.QueueStats:
-    """A queue's figures as a dequeue would find them now (read-only, one transaction).
-
-    The counters move when something sweeps or dequeues; until then an expired message
-    still counts as ready and a due delayed one as delayed. The outlook (database time)
-    shows them where a dequeue would put them.
-    """
+    """A queue's figures as every view counts them now, by database time (queue_stats)."""
     if interval > 0:
-        st = fdbqueue.queue_rates(db, name, interval=interval)
-        return _adjust(db, name, st, outlook(db, fdbqueue.Queue(name)))
-
-    @fdbqueue.transactional
-    def read(tr: Any) -> fdbqueue.QueueStats:
-        return _adjust(tr, name, fdbqueue.queue_stats(tr, name), outlook(tr, fdbqueue.Queue(name)))
-
-    result: fdbqueue.QueueStats = read(db)
-    return result
-
-
-def _adjust(tr: Any, name: str, st: fdbqueue.QueueStats, o: Outlook) -> fdbqueue.QueueStats:
-    expired = o.expired_ready + o.due_expired
-    to_errors = fdbqueue.queue_config(tr, name).expiry_action == "error"
-    return dataclasses.replace(
-        st,
-        ready=max(0, st.ready - o.expired_ready + o.due_ready),
-        delayed=max(0, st.delayed - o.due_ready - o.due_expired),
-        errors=st.errors + (expired if to_errors else 0),
-    )
+        return fdbqueue.queue_rates(db, name, interval=interval)
+    return fdbqueue.queue_stats(db, name)
 
 
 def _batches(

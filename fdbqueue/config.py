@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NamedTuple, TypeVar
 
-from fdbqueue.budget import MAX_PAYLOAD_BYTES
+from fdbqueue.budget import DEFAULT_MAX_PAYLOAD, MAX_PAYLOAD_BYTES
 from fdbqueue.engines.base import ReadView, Transaction, engine_traits
 from fdbqueue.errors import QueueError
 from fdbqueue.errors import QueueNotFoundError as QueueNotFoundError  # re-export
@@ -98,7 +98,7 @@ class QueueConfig:
     ttl: float | None = None
     expiry_action: str = "error"  # expired messages: "error" (error queue, tag expired) or "discard"
     strict_order: bool = False
-    max_payload: int = MAX_PAYLOAD_BYTES  # at most that: one transaction's budget (budget.py)
+    max_payload: int = DEFAULT_MAX_PAYLOAD  # 1 MiB; at most MAX_PAYLOAD_BYTES (budget.py)
     dedup_window: float = 3600.0
     # The journal (Bernstein & Newcomer's queue manager keeps one for audit and for finding
     # lost messages): off by default, entries older than journal_retention are trimmed.
@@ -153,7 +153,7 @@ class QueueConfig:
         ):
             raise QueueError(
                 f"max_payload must be an int from 1 to {MAX_PAYLOAD_BYTES} (what one transaction "
-                f"can write within its budget), got {self.max_payload!r}"
+                f"can move within FoundationDB's transaction limit), got {self.max_payload!r}"
             )
         if self.error_queue is not None:
             if not isinstance(self.error_queue, str):

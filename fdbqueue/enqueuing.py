@@ -16,7 +16,14 @@ from typing import Any
 
 import tenacity
 
-from fdbqueue.budget import MAX_PAYLOAD_BYTES, TXN_BUDGET_BYTES, BudgetExceededError, set_cost
+from fdbqueue.budget import (
+    LAYER_MARGIN_BYTES,
+    MAX_PAYLOAD_BYTES,
+    TRANSACTION_SIZE_LIMIT,
+    USER_TXN_LIMIT,
+    BudgetExceededError,
+    set_cost,
+)
 from fdbqueue.clock import db_now, now_us, versions
 from fdbqueue.config import QueueConfig, read_meta, write_config
 from fdbqueue.engines.base import Database, Transaction, adopt, engine_traits, is_transaction, producer_room
@@ -105,8 +112,8 @@ def batch_items(
 ) -> list[Item]:
     """``enqueue_many``'s items: a :class:`NewMessage`'s fields left None take the call's.
 
-    A batch past one transaction's budget (``TXN_BUDGET_BYTES``, docs/budgets.md) is refused
-    with BudgetExceededError before anything is written.
+    A batch past what FoundationDB accepts in one transaction (``USER_TXN_LIMIT``,
+    docs/budgets.md) is refused with BudgetExceededError before anything is written.
     """
     items = [
         new_item(p, priority, headers, delay, ttl, None)
@@ -121,16 +128,24 @@ def batch_items(
         )
         for p in payload_list(payloads)
     ]
-    cost = sum(write_cost(keys, it) for it in items)
-    if cost > TXN_BUDGET_BYTES:
-        raise BudgetExceededError(
-            f"enqueue_many of {len(items)} messages would write about {cost} bytes in one "
-            f"transaction, past the budget of {TXN_BUDGET_BYTES} (TXN_BUDGET_BYTES): split it"
-        )
+    check_batch_size(keys, items, journaled=False)
     return items
 
 
-def write_cost(keys: QueueKeys, it: Item) -> int:
+def check_batch_size(keys: QueueKeys, items: list[Item], *, journaled: bool) -> None:
+    """Refuse (BudgetExceededError, nothing written) a batch FoundationDB would refuse as
+    one transaction: over ``TRANSACTION_SIZE_LIMIT`` less the layer's margin (budget.py).
+    ``journaled``: each message also writes its journal entries."""
+    cost = sum(write_cost(keys, it, journaled=journaled) for it in items)
+    if cost > USER_TXN_LIMIT:
+        raise BudgetExceededError(
+            f"enqueue_many of {len(items):,} messages would write about {cost:,} bytes in one "
+            f"transaction, past what FoundationDB accepts ({TRANSACTION_SIZE_LIMIT:,} bytes, less "
+            f"{LAYER_MARGIN_BYTES:,} for the layer's own keys): split it"
+        )
+
+
+def write_cost(keys: QueueKeys, it: Item, *, journaled: bool = False) -> int:
     """An upper bound of the bytes one new message adds to its transaction (budget.py)."""
     k = len(keys.q.key()) + 40  # a ready key: the prefix, then at most 38 bytes
     chunks = math.ceil(len(it.payload) / CHUNK_SIZE) if len(it.payload) > CHUNK_SIZE else 0
@@ -139,6 +154,10 @@ def write_cost(keys: QueueKeys, it: Item) -> int:
     cost = set_cost(k, len(raw) + 32)
     if it.delay > 0 or it.ttl is not None:
         cost += 2 * set_cost(k, k)  # its id and expiry entries
+    if it.dedup_key is not None:  # its two dedup keys (the key packed up to twice as long)
+        cost += 2 * set_cost(k + 2 * len(it.dedup_key.encode()), 64)
+    if journaled:  # an entry and a history pointer (journaling.record)
+        cost += 2 * set_cost(k + len(keys.name.encode()) + 24, 160)
     return cost + chunks * set_cost(k + 32, CHUNK_SIZE + CRC_BYTES)
 
 
@@ -216,7 +235,9 @@ def enqueue_in(
         write_config(tr, keys, cfg)
     if not meta.state.enqueue and not admitted:
         raise QueueStoppedError(f"enqueue is disabled on queue {keys.name!r}")
-    limit = min(cfg.max_payload, MAX_PAYLOAD_BYTES)  # one transaction's budget (budget.py)
+    if cfg.journal and len(items) > 1:
+        check_batch_size(keys, items, journaled=True)
+    limit = min(cfg.max_payload, MAX_PAYLOAD_BYTES)  # what one transaction can move (budget.py)
     for it in items:
         if len(it.payload) > limit:
             raise PayloadTooLargeError(

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from fdbqueue.budget import Budget, encoded_len, grown_record
+from fdbqueue.budget import BATCH_PAYLOAD_BYTES, CHUNK_BYTES, Budget, encoded_len, grown_record
 from fdbqueue.clock import db_now
 from fdbqueue.config import Meta, QueueConfig, due_entries
 from fdbqueue.delivery import lease_in, open_for_dequeue, read_payloads
@@ -117,7 +117,7 @@ def _ready_heads(
         sweep_step(q.keys, tr, cfg, now, 16, budget)  # due delays and expired leases first
     begin, end = keys.ready_range()
     out: list[tuple[bytes, Record]] = []
-    skipped = passed = 0
+    skipped = passed = read = 0
     extra = min(8, 1 + n // 8)  # a little more than wanted: expired ones are moved aside
     while len(out) < n and skipped < HEAD_SKIP_LIMIT:
         if budget.scan_exhausted():
@@ -150,6 +150,9 @@ def _ready_heads(
                 budget.charge(cost)
             elif not budget.take(cost):
                 return out  # the transaction's budget is spent: the rest next call
+            read += rec.chunks * CHUNK_BYTES
+            if out and read > BATCH_PAYLOAD_BYTES:
+                return out  # large payloads: the first alone, the rest next call
             tr.add_read_conflict_key(key)
             out.append((key, rec))
             if len(out) == n:

@@ -75,6 +75,7 @@ class QueueCollector(Collector):
             depth.add_metric([q, "ready"], st.ready)
             depth.add_metric([q, "in_flight"], st.inflight)
             depth.add_metric([q, "delayed"], st.delayed)
+            depth.add_metric([q, "lease_ended"], st.lease_ended)  # not in flight: released next sweep
             age.add_metric([q], st.oldest_age or 0.0)
             completed.add_metric([q], st.done)
             dead.add_metric([q], st.dead)

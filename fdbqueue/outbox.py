@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from fdbqueue.budget import BATCH_PAYLOAD_BYTES, CHUNK_BYTES
 from fdbqueue.clock import db_now
 from fdbqueue.delivery import to_message
 from fdbqueue.engines.base import Transaction
@@ -31,7 +32,8 @@ def peek(t: Transaction, keys: QueueKeys, n: int, where: Mapping[str, Any] | Non
     now = db_now(t)
     out: list[Ready] = []
     begin, end = keys.ready_range()
-    while len(out) < n:
+    size = 0  # payload bytes: large messages go one per batch (budget.BATCH_PAYLOAD_BYTES)
+    while len(out) < n and size < BATCH_PAYLOAD_BYTES:
         want = n - len(out) + 8
         kvs = t.snapshot.get_range(begin, end, want)
         for key, raw in kvs:
@@ -43,10 +45,14 @@ def peek(t: Transaction, keys: QueueKeys, n: int, where: Mapping[str, Any] | Non
                 continue
             if where is not None and not headers_match(rec.headers, where):
                 continue
+            if out and size + rec.chunks * CHUNK_BYTES > BATCH_PAYLOAD_BYTES:
+                size = BATCH_PAYLOAD_BYTES
+                break
+            size += rec.chunks * CHUNK_BYTES
             out.append(Ready(key, raw, rec, to_message(t, keys, key, rec)))
             if len(out) == n:
                 break
-        if len(kvs) < want or (where is None and len(out) == n):
+        if len(kvs) < want or size >= BATCH_PAYLOAD_BYTES or (where is None and len(out) == n):
             break
         begin = kvs[-1].key + b"\x00"
     return out

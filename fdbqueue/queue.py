@@ -15,6 +15,7 @@ from functools import partial
 from typing import Any, TypeVar, cast
 
 from fdbqueue.autonomous import AutonomousId, enqueue_autonomous
+from fdbqueue.browse import nth_in_order
 from fdbqueue.budget import Budget
 from fdbqueue.clock import db_now
 from fdbqueue.config import Meta, config_or_create, read_meta
@@ -67,6 +68,7 @@ from fdbqueue.steps import Steps, drive
 from fdbqueue.sweep import SweepStats, sweep
 from fdbqueue.txn import as_database, run_once, seconds
 from fdbqueue.types import Item, check_where
+from fdbqueue.views import due_unswept, ready_count
 from fdbqueue.waiting import blocking_steps, strict_of, wait_ready_steps, watch_queue
 
 log = logging.getLogger("fdbqueue")
@@ -149,9 +151,9 @@ class Queue:
 
         All or nothing: a batch that does not fit a bounded queue raises QueueFullError
         (saying how many it holds, its max_size and the batch's size), or waits for room as
-        :meth:`enqueue` does; a batch larger than max_size is refused at once. One
-        transaction holds at most ``TXN_BUDGET_BYTES`` (docs/budgets.md): a larger batch is
-        refused with BudgetExceededError before anything is written.
+        :meth:`enqueue` does; a batch larger than max_size is refused at once. A batch past
+        what FoundationDB accepts in one transaction (10,000,000 bytes less the layer's
+        margin: docs/budgets.md) is refused with BudgetExceededError before anything is written.
         """
         items = batch_items(self.keys, payloads, priority, headers, delay, ttl)
         return enqueue_items(self.keys, tr, items, timeout) if items else []
@@ -519,13 +521,15 @@ class Queue:
         def body(t: Transaction, _: bool) -> Message | None:
             # One key selector resolved by the storage servers, then one point read: not the
             # n + 1 records a range read would bring back (key selectors with an offset:
-            # documentation/sphinx/source/developer-guide.rst in apple/foundationdb).
-            check(t, self.keys, "browse")
-            key = t.get_key(KeySelector.first_greater_or_equal(begin) + n)
-            if not begin <= key < end:
-                return None
-            raw = t.get(key)
-            return None if raw is None else self._message(t, key, raw)
+            # documentation/sphinx/source/developer-guide.rst in apple/foundationdb). While
+            # expired or due messages wait for a sweep, positions are counted as browse
+            # counts them (fdbqueue/views.py): a walk in dequeue order.
+            meta = checked(t, self.keys, "browse")
+            due = due_unswept(t, self.keys, meta, db_now(t))
+            if due:
+                return nth_in_order(self, t, n, meta, due)
+            row = t.get_range(KeySelector.first_greater_or_equal(begin) + n, end, limit=1)
+            return self._message(t, row[0].key, row[0].value) if row else None
 
         return run_once(tr, body)
 
@@ -553,17 +557,14 @@ class Queue:
         return delete_by_id(tr, self.keys, msg_id)
 
     def size(self, tr: Transaction | Database) -> int:
-        """Ready messages (not leased, not delayed); a snapshot read of an atomic counter."""
-        return run_once(tr, lambda t, _: checked(t, self.keys, "browse").count("ready"))
+        """Ready messages, by database time (fdbqueue/views.py: not those past their TTL, with
+        delayed ones that are due): the atomic counter, corrected by a bounded read of what
+        is due and not yet swept; snapshot reads."""
+        return run_once(tr, lambda t, _: ready_count(t, self.keys, checked(t, self.keys, "browse")))
 
     def empty(self, tr: Transaction | Database) -> bool:
-        """True when no message is ready."""
-
-        def body(t: Transaction, _: bool) -> bool:
-            check(t, self.keys, "browse")
-            return not t.get_range(*self.keys.ready_range(), limit=1)
-
-        return run_once(tr, body)
+        """True when no message is ready (``size() == 0``)."""
+        return self.size(tr) == 0
 
     def browse(
         self, tr: Transaction | Database, *, limit: int | None = None, batch: int = 100

@@ -170,7 +170,11 @@ class SweepStats:
 
 @dataclass(frozen=True)
 class QueueStats:
-    """A queue's figures; counts are atomic counters read at snapshot isolation."""
+    """A queue's figures, as every view counts them (``fdbqueue/views.py``): the atomic
+    counters read at snapshot isolation, corrected by database time for what is due and not
+    yet swept (a ready message past its TTL is expired, a due delayed one ready, an ended
+    lease not in flight). ``expired`` includes those expired and not yet moved; ``errors``
+    is the error queue's ready count as its own views say."""
 
     name: str
     ready: int
@@ -187,6 +191,8 @@ class QueueStats:
     ready_rate: float | None = None  # messages/s made ready, over the sampled interval
     done_rate: float | None = None  # messages/s consumed
     corrupt: int = 0  # damaged records moved to the error queue (reason "corrupt"), total
+    lease_ended: int = 0  # leased messages whose lease has ended, not yet released (not in flight)
+    exact: bool = True  # False: more was due and unswept than a view reads (views.VIEW_SCAN_LIMIT)
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,7 @@ def test_create_rejects_bad_settings(run: Run) -> None:
         assert "see 'fdbqueue create --help'" in err
     code, _, err = run("create", "jobs", "--max-payload", "99999999999")  # past what one transaction takes
     assert code == 2
-    one_line_error(err, "max_payload", "262144")
+    one_line_error(err, "max_payload", "6291456")  # 6 MiB: what one transaction can move
     code, _, err = run("create", "jobs", "--retry-backoff", "0")  # refused by QueueConfig itself
     assert code == 2
     one_line_error(err, "retry_backoff")

@@ -229,6 +229,7 @@ LAYERS: dict[str, int] = {
     "privileges": 3,
     "receipts": 3,
     "waiting": 3,
+    "views": 3,  # one definition of the states every view counts (ready, delayed, ...): reads only
     # L4 the store functions.
     "delivery": 4,
     "sweep": 4,
