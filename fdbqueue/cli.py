@@ -515,9 +515,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         secs = getattr(r, "seconds", 0.0)
         rows = [(label, getattr(r, name, "-")) for label, name in _DEMO_FIELDS]
         rows += [("wall time", f"{secs:.2f} s")]
-    _print_pairs(rows)
     ok = bool(getattr(r, "ok", False))
-    print("OK: every message processed exactly once" if ok else "FAILED: see the counts above")
+    print("OK: every message processed exactly once" if ok else "FAILED: see the counts below")
+    _print_pairs(rows)
+    notes = getattr(r, "notes", None)
+    for line in notes() if callable(notes) else []:
+        print(line)
     return 0 if ok else 1
 
 

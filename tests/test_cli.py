@@ -855,3 +855,21 @@ def test_demo_workers_log_deliberate_failures_in_one_line_and_others_in_full(
     assert "OrderFailed: order 7 is poison" in line and "(delivery 1)" in line
     assert "RuntimeError: a real bug" in err and "Traceback (most recent call last)" in err  # in full
     assert "order 7" not in err
+
+
+def test_demo_spark_step_hides_only_the_jvms_start_up_notes(capfd: pytest.CaptureFixture[str]) -> None:
+    from fdbqueue.demo_spark import jvm_output, show_jvm_output
+
+    notes = (
+        b"WARNING: Using incubator modules: jdk.incubator.vector\nUsing Spark's default log4j profile: x\n"
+    )
+    with jvm_output() as jvm:
+        os.write(2, notes + b"26/01/01 ERROR Executor: a real failure\n")
+    print("after", file=sys.stderr)  # stderr is back
+    show_jvm_output(jvm)
+    err = capfd.readouterr().err
+    assert err == "after\n26/01/01 ERROR Executor: a real failure\n", err
+    with pytest.raises(RuntimeError), jvm_output():
+        os.write(2, notes + b"Error: JAVA_HOME is not set\n")
+        raise RuntimeError("the JVM did not start")
+    assert capfd.readouterr().err == "Error: JAVA_HOME is not set\n"  # why, shown at once
