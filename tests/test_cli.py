@@ -873,3 +873,23 @@ def test_demo_spark_step_hides_only_the_jvms_start_up_notes(capfd: pytest.Captur
         os.write(2, notes + b"Error: JAVA_HOME is not set\n")
         raise RuntimeError("the JVM did not start")
     assert capfd.readouterr().err == "Error: JAVA_HOME is not set\n"  # why, shown at once
+
+
+@pytest.mark.parametrize("messages", [0, 1, 3, 250])
+def test_audit_plot_counts_messages_in_whole_numbers(messages: int, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from fdbqueue.audit import QueueSummary, _figure, _plot
+
+    fates = {"acked": messages} if messages else {}
+    summaries = [QueueSummary("jobs", fates, 0, None)]
+    fig = _figure(summaries, {})
+    bars = fig.axes[0]
+    low, high = bars.get_ylim()
+    ticks = [t for t in bars.get_yticks() if low <= t <= high]
+    assert low == 0 and high >= max(1, messages), (low, high)
+    assert ticks and all(t == int(t) for t in ticks), ticks  # no 0.2 of a message
+    assert 0 in ticks and len(ticks) >= 2, ticks
+    if messages <= 1:
+        assert ticks == [0, 1], ticks  # one message: a tick at it
+    _plot(summaries, {}, tmp_path / "audit.png")
+    assert (tmp_path / "audit.png").stat().st_size > 1000
