@@ -64,7 +64,8 @@ def redrive(
         raise QueueError(f"redrive to {to!r}: that is the queue it reads")
     check_limit(limit)
     where = check_where(where)
-    run_once(adopt(tr), lambda t, _: _check_error_queue(t, src))
+    if not run_once(adopt(tr), lambda t, _: _check_error_queue(t, src)):
+        return 0  # an error queue no dead letter has made yet
     if ids is not None:
         return _by_id(tr, src, dst, where, limit, _check_ids(ids))
     return in_batches(tr, src, limit, lambda t, want, start: _batch(t, src, dst, where, want, start))
@@ -73,39 +74,52 @@ def redrive(
 HEAD_LOOK = 20  # ready messages at the head of a queue looked at for a dead letter
 
 
-def _check_error_queue(t: Transaction, src: QueueKeys) -> None:
-    """Raise unless ``src``'s queue exists (QueueNotFoundError), ``t``'s principal holds
-    ``admin`` on it (AccessDeniedError) and it is an error queue (NotAnErrorQueueError): the
-    default error queue of the queue its name derives from, one that another queue names as
-    its ``error_queue``, or one holding dead letters at its head (an origin since set to
-    dead-letter elsewhere). Redriving a working queue is a mistake to name, not "0 redriven".
-    Snapshot reads: a check, not a condition of the redrive's commits."""
+def _check_error_queue(t: Transaction, src: QueueKeys) -> bool:
+    """Whether there is anything to redrive from ``src``'s queue, or why that is a mistake.
+
+    An error queue is the default error queue of the queue its name derives from, one that
+    another queue names as its ``error_queue``, or one holding dead letters at its head (its
+    origin since set to dead-letter elsewhere): True (after checking ``admin`` on it,
+    AccessDeniedError). One that no dead letter has made yet: False (nothing to redrive).
+    Otherwise NotAnErrorQueueError for a working queue, QueueNotFoundError for no queue:
+    redriving either is a mistake to name, not "0 redriven". Snapshot reads: a check, not a
+    condition of the redrive's commits."""
     meta = read_meta(t, src)
+    snap = t.snapshot
+    if meta.config is not None:
+        check(t, src, "admin", meta)
+        for key, raw in snap.get_range(*src.ready_range(), HEAD_LOOK):
+            try:
+                if "origin" in decode_record(raw, src, key).extra:
+                    return True
+            except CorruptMessageError:
+                continue
+    if _dead_letters_to(t, src):
+        return meta.config is not None
     if meta.config is None:
         raise QueueNotFoundError(f"no queue named {src.name!r}")
-    check(t, src, "admin", meta)
+    raise NotAnErrorQueueError(
+        f"queue {src.name!r} is not an error queue: no queue dead-letters to it and it holds no "
+        f"dead letter (the error queue of {src.name!r} is {meta.config.error_queue_for(src.name)!r}; "
+        "to move ready messages between queues, use move)"
+    )
+
+
+def _dead_letters_to(t: Transaction, src: QueueKeys) -> bool:
+    """Whether a queue under ``src``'s root dead-letters to ``src``'s queue: the one its name
+    derives from (one read), else any (a read of every queue's settings)."""
     snap = t.snapshot
     base = src.name.removesuffix(".error")
     if base != src.name:
         raw = snap.get(src.sibling(base).config)
         if raw is not None and decode_config(raw).error_queue_for(base) == src.name:
-            return
-    for key, raw in snap.get_range(*src.ready_range(), HEAD_LOOK):
-        try:
-            if "origin" in decode_record(raw, src, key).extra:
-                return
-        except CorruptMessageError:
-            continue
+            return True
     listing = src.root.range(("queues",))  # layout.queues_range of src's root
     names = [str(src.root.unpack(kv.key)[1]) for kv in snap.get_range(listing.start, listing.stop)]
     configs = snap.get_many([src.sibling(n).config for n in names])
-    for name, raw in zip(names, configs, strict=True):
-        if raw is not None and name != src.name and decode_config(raw).error_queue_for(name) == src.name:
-            return
-    raise NotAnErrorQueueError(
-        f"queue {src.name!r} is not an error queue: no queue dead-letters to it and it holds no "
-        f"dead letter (the error queue of {src.name!r} is {meta.config.error_queue_for(src.name)!r}; "
-        "to move ready messages between queues, use move)"
+    return any(
+        raw is not None and name != src.name and decode_config(raw).error_queue_for(name) == src.name
+        for name, raw in zip(names, configs, strict=True)
     )
 
 

@@ -57,8 +57,13 @@ def test_redrive_of_a_queue_that_is_no_error_queue_is_an_error(db: Database) -> 
 
 
 def test_every_kind_of_error_queue_is_redriven(db: Database) -> None:
-    # The default name, made before any dead letter: empty, still an error queue.
+    # The default name before any dead letter made it: nothing to redrive, not "no queue".
     fdbqueue.create_queue(db, "jobs", max_deliveries=1)
+    assert fdbqueue.redrive(db, "jobs.error") == 0
+    assert "jobs.error" not in fdbqueue.list_queues(db)
+    fdbqueue.create_queue(db, "later", error_queue="later.dlq")
+    assert fdbqueue.redrive(db, "later.dlq") == 0
+    # The default name, made before any dead letter: empty, still an error queue.
     fdbqueue.create_queue(db, "jobs.error")
     assert fdbqueue.redrive(db, "jobs.error") == 0
     # A queue another names as its error queue.
