@@ -298,11 +298,21 @@ def _summarise(F: Any, table: Any, parquet: Path, png: Path, head: str) -> Audit
 
 
 def _plot(summaries: list[QueueSummary], cdf: dict[str, list[float]], png: Path) -> None:
-    """Fates per queue (stacked bars) and the latency distribution per queue (CDFs)."""
+    """Fates per queue (stacked bars) and the latency distribution per queue (CDFs), in ``png``."""
+    import matplotlib.pyplot as plt
+
+    fig = _figure(summaries, cdf)
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+
+
+def _figure(summaries: list[QueueSummary], cdf: dict[str, list[float]]) -> Any:
+    """The audit's figure (matplotlib's Figure): see :func:`_plot`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, (bars, lines) = plt.subplots(1, 2, figsize=(12, 4.5))
     names = [s.queue for s in summaries]
@@ -317,7 +327,16 @@ def _plot(summaries: list[QueueSummary], cdf: dict[str, list[float]], png: Path)
         bars.bar(names, lost, bottom=bottom, label="unaccounted", color="red")
     bars.set_title("messages by fate")
     bars.set_ylabel("messages")
-    bars.legend(fontsize="small")
+    # Whole messages on the axis, and a scale up to one at least: matplotlib's default locator
+    # marks 0.2 of a message, and an empty audit would get an axis of nothing.
+    bars.yaxis.set_major_locator(MaxNLocator(integer=True))
+    tallest = max((b + n for b, n in zip(bottom, lost, strict=True)), default=0)
+    bars.set_ylim(0, max(1, tallest * 1.05))
+    if any(bottom) or any(lost):
+        bars.legend(fontsize="small")
+    else:
+        bars.bar(names, [0] * len(names))  # the queues along the axis all the same
+        bars.text(0.5, 0.5, "no message", ha="center", transform=bars.transAxes)
     bars.tick_params(axis="x", labelrotation=30)
     for name, qs in sorted(cdf.items()):
         lines.plot(qs, [q * 100 for q in QUANTILES], label=name)
@@ -329,9 +348,10 @@ def _plot(summaries: list[QueueSummary], cdf: dict[str, list[float]], png: Path)
         lines.legend(fontsize="small")
     else:
         lines.text(0.5, 0.5, "no message acked", ha="center", transform=lines.transAxes)
+        lines.set_ylim(0, 100)
+        lines.set_xticks([])
     fig.tight_layout()
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
+    return fig
 
 
 def summary_lines(report: AuditReport) -> list[str]:

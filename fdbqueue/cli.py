@@ -83,6 +83,8 @@ RUNTIME_ERRORS: tuple[type[Exception], ...] = (
     fdbqueue.StoreError,
     fdbqueue.UnsupportedLayerFormatError,
     fdbqueue.LeaseError,
+    fdbqueue.NotJournaledError,
+    fdbqueue.NotAnErrorQueueError,
 )
 
 
@@ -162,15 +164,27 @@ def _state(st: fdbqueue.QueueStats) -> str:
 
 def _cmd_list(db: fdbqueue.Database, args: argparse.Namespace) -> int:
     stats = []
+    hidden = 0  # queues the principal may not browse: left out, as the dashboard and metrics do
     for name in fdbqueue.list_queues(db):
-        # Deleted since the listing, or not the principal's to see: left out (as all_queue_stats).
-        with contextlib.suppress(fdbqueue.QueueNotFoundError, fdbqueue.AccessDeniedError):
+        try:
             stats.append(_stats_now(db, name))
+        except fdbqueue.QueueNotFoundError:
+            pass  # deleted since the listing
+        except fdbqueue.AccessDeniedError:
+            hidden += 1
+    note = (
+        f"{hidden} queue{'s' if hidden != 1 else ''} not shown: principal {db.principal!r} may not browse "
+        f"{'them' if hidden != 1 else 'it'}"
+        if hidden
+        else ""
+    )
     if args.json:
         _print_json([{**dataclasses.asdict(s), "state": _state(s)} for s in stats])
+        if note:
+            print(f"fdbqueue: {note}", file=sys.stderr)  # stdout stays one JSON document
         return 0
     if not stats:
-        print("no queues")
+        print("no queues" + (f" ({note})" if note else ""))
         return 0
     table = _table("name", "ready", "in flight", "delayed", "errors", "state")
     groups = _partition_groups(db, [s.name for s in stats])
@@ -190,6 +204,8 @@ def _cmd_list(db: fdbqueue.Database, args: argparse.Namespace) -> int:
             continue
         table.add_row(*_cells(s.name, s.ready, s.inflight, s.delayed, s.errors, _state(s)))
     _render(table)
+    if note:
+        print(note)
     return 0
 
 
@@ -337,16 +353,25 @@ def _cmd_browse(db: fdbqueue.Database, args: argparse.Namespace) -> int:
         for m in messages:
             _print_json(_message_json(m))
         return 0
-    table = _table("id", "priority", "deliveries", "enqueued", "headers", "payload")
+    shown = list(messages)
+    # Dead letters (an error queue's messages) say why they are there and where from.
+    dead = any(m.reason is not None or m.origin is not None for m in shown)
+    table = _table(
+        "id",
+        "priority",
+        "deliveries",
+        "enqueued",
+        "headers",
+        "payload",
+        *(("reason", "origin") if dead else ()),
+    )
     table.columns[5].max_width, table.columns[5].no_wrap, table.columns[5].overflow = 60, True, "ellipsis"
-    for m in messages:
+    for m in shown:
         payload = _payload_text(m).replace("\n", "\\n")
         headers = json.dumps(dict(m.headers)) if m.headers else ""
-        table.add_row(
-            *_cells(
-                m.id, m.priority, m.deliveries, _age(time.time() - m.enqueued_at) + " ago", headers, payload
-            )
-        )
+        age = _age(time.time() - m.enqueued_at) + " ago"
+        more = (m.reason, m.origin) if dead else ()
+        table.add_row(*_cells(m.id, m.priority, m.deliveries, age, headers, payload, *more))
     if not table.row_count:
         print(f"queue {args.name!r} has no message ready")
         return 0
@@ -492,9 +517,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         secs = getattr(r, "seconds", 0.0)
         rows = [(label, getattr(r, name, "-")) for label, name in _DEMO_FIELDS]
         rows += [("wall time", f"{secs:.2f} s")]
-    _print_pairs(rows)
     ok = bool(getattr(r, "ok", False))
-    print("OK: every message processed exactly once" if ok else "FAILED: see the counts above")
+    print("OK: every message processed exactly once" if ok else "FAILED: see the counts below")
+    _print_pairs(rows)
+    notes = getattr(r, "notes", None)
+    for line in notes() if callable(notes) else []:
+        print(line)
     return 0 if ok else 1
 
 

@@ -227,6 +227,13 @@ def _cmd_forward(args: argparse.Namespace) -> int:
     src = fdbqueue.open(args.src_url, principal=args.principal)
     dst = fdbqueue.open(args.dst_url, principal=args.principal)
     try:
+        if args.queue not in fdbqueue.list_queues(src):  # a typo would forward 0, or wait for ever
+            if not args.follow:
+                raise CommandError(f"no queue named {args.queue!r} in {args.src_url}", 1)
+            print(
+                f"fdbqueue: warning: no queue named {args.queue!r} in {args.src_url} yet; waiting",
+                file=sys.stderr,
+            )
         where = _headers(args.where) if args.where else None
         f = fdbqueue.Forwarder(
             src,

@@ -28,7 +28,12 @@ def add_ops_commands(add: Add) -> None:
     p.add_argument(
         "--port", type=int, default=9464, help="TCP port (default 9464, Prometheus's registry entry)"
     )
-    p.add_argument("--addr", default="0.0.0.0", help="address to listen on (default all)")
+    p.add_argument(
+        "--addr",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1, this host only; 0.0.0.0 for every interface, "
+        "for a Prometheus on another host: the figures name every queue)",
+    )
     p = add(
         "web",
         _cmd_web,

@@ -17,14 +17,17 @@ each other's orders.
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing as mp
 import os
 import shutil
 import signal
 import struct
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import fdb.tuple
@@ -94,6 +97,10 @@ def _producer(url: str, names: _Names, start: int, count: int) -> None:
     db.close()
 
 
+class OrderFailed(Exception):
+    """The demo's deliberate failure: a poison order, or a flaky order's first delivery."""
+
+
 @dataclass
 class _Handler:
     """The workers' handler: records each order once, in the dequeue's transaction."""
@@ -102,21 +109,52 @@ class _Handler:
 
     def __call__(self, tr: Any, m: fdbqueue.Message) -> None:
         body = m.json()
-        if body["kind"] == "poison" or (body["kind"] == "flaky" and m.deliveries == 1):
-            raise ValueError(f"order {body['order']} cannot be processed")
+        if body["kind"] == "poison":
+            raise OrderFailed(f"order {body['order']} is poison: it fails every delivery")
+        if body["kind"] == "flaky" and m.deliveries == 1:
+            raise OrderFailed(f"order {body['order']} is flaky: it fails its first delivery")
         key = self.names.done(body["order"])
         tr.set(key, b"%d" % (int(tr.get(key) or b"0") + 1))  # must end at exactly 1
         latency = time.time() - body["sent"] - body["delay"]
         tr.set(self.names.latency(body["order"]), struct.pack("<dB", latency, m.deliveries))
 
 
-def _worker(url: str, names: _Names) -> None:
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
+
+
+def _deliberate(record: logging.LogRecord) -> bool:
+    return record.exc_info is not None and isinstance(record.exc_info[1], OrderFailed)
+
+
+class _OneLine(logging.Formatter):
+    """The record's line without the traceback: a failure the demo causes on purpose."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return self._fmt % {**record.__dict__, "message": record.getMessage()} if self._fmt else ""
+
+
+def worker_logging(sink: Path, logger: logging.Logger | None = None) -> None:
+    """A demo worker's logging (``logger``: ``fdbqueue``'s): the deliberate failures
+    (:class:`OrderFailed`) one line each, appended to ``sink``, which the demo counts and
+    samples after its summary; every other record on stderr as it happens, traceback and all,
+    so that an unexpected error is never hidden among the expected ones."""
+    logger = logger or logging.getLogger("fdbqueue")
+    planned = logging.FileHandler(sink, encoding="utf-8")
+    planned.addFilter(_deliberate)
+    planned.setFormatter(_OneLine(LOG_FORMAT))
+    other = logging.StreamHandler(sys.stderr)
+    other.addFilter(lambda record: not _deliberate(record))
+    other.setFormatter(logging.Formatter(LOG_FORMAT))
+    logger.handlers[:] = [planned, other]
+    logger.setLevel(logging.WARNING)
+    logger.propagate = False
+
+
+def _worker(url: str, names: _Names, sink: str) -> None:
+    worker_logging(Path(sink))
     db = fdbqueue.open(url)
     q = fdbqueue.Queue(names.queue, root=names.root)
     worker = Worker(db, q, _Handler(names), mode="exactly_once", sweep_interval=0.2, idle_timeout=0.2)
-    import logging
-
-    logging.getLogger("fdbqueue").setLevel(logging.ERROR)  # the poison messages fail on purpose
     worker.run(install_signals=True)
     db.close()
 
@@ -140,6 +178,8 @@ class DemoResult:
     producers: int
     workers: int
     kept: str | None = None  # the temporary store's folder, when asked to keep it
+    failures: list[str] = field(default_factory=list)  # the workers' lines for deliberate failures
+    failure_log: str | None = None  # where they are kept (``keep``), else None
     removed: list[str] = field(default_factory=list)  # what the demo cleaned up at the end
     spark: SparkStep | None = None  # the Spark step (demo_spark.py), when asked for
 
@@ -176,6 +216,19 @@ class DemoResult:
             *([("kept", self.kept)] if self.kept else []),
         ]
 
+    def notes(self, sample: int = 3) -> list[str]:
+        """Lines after the summary: the deliberate failures, counted, and a few as logged."""
+        if not self.failures:
+            return []
+        n = len(self.failures)
+        where = f" (every one: {self.failure_log})" if self.failure_log else " (--keep keeps every one)"
+        lines = [
+            f"deliberate failures: {n} handler calls failed on purpose (poison orders fail every "
+            f"delivery, flaky ones their first), each logged in one line{where}; the first {min(n, sample)}:"
+        ]
+        lines += [f"  {line}" for line in self.failures[:sample]]
+        return lines
+
 
 def run_demo(
     url: str | None = None,
@@ -201,8 +254,14 @@ def run_demo(
         url = f"sqlite://{os.path.join(folder, 'demo.db')}?sync=full"
     names = _Names(os.urandom(4).hex(), own_root=folder is None)
     bulk = f"demo-{names.run}.bulk"  # the Spark step's queue
+    if folder:
+        sink = os.path.join(folder, "failures.log")
+    else:
+        fd, sink = tempfile.mkstemp(prefix="fdbqueue-demo-failures-", suffix=".log")
+        os.close(fd)
     try:
-        result = _run(url, names, messages, producers, workers, timeout)
+        result = _run(url, names, messages, producers, workers, timeout, sink)
+        result.failure_log = sink if keep else None
         if spark is not False:  # None and True alike: it runs where pyspark and Java are, else says why not
             result.spark = spark_step(url, bulk, names.root)
         if not keep:
@@ -222,6 +281,8 @@ def run_demo(
                 shutil.rmtree(folder, ignore_errors=True)
             else:
                 _clean(url, names)
+                with contextlib.suppress(OSError):
+                    os.remove(sink)
 
 
 def _clean(url: str, names: _Names) -> None:
@@ -242,7 +303,9 @@ def _clean(url: str, names: _Names) -> None:
         db.close()
 
 
-def _run(url: str, names: _Names, messages: int, producers: int, workers: int, timeout: float) -> DemoResult:
+def _run(
+    url: str, names: _Names, messages: int, producers: int, workers: int, timeout: float, sink: str
+) -> DemoResult:
     db = fdbqueue.open(url)
     # Five deliveries: a flaky order that several workers saw fail at once still gets through.
     fdbqueue.create_queue(
@@ -252,7 +315,7 @@ def _run(url: str, names: _Names, messages: int, producers: int, workers: int, t
     per = max(1, messages // producers)
     total = per * producers
     start = time.perf_counter()
-    worker_procs = [ctx.Process(target=_worker, args=(url, names)) for _ in range(workers)]
+    worker_procs = [ctx.Process(target=_worker, args=(url, names, sink)) for _ in range(workers)]
     producer_procs = [
         ctx.Process(target=_producer, args=(url, names, i * per, per)) for i in range(producers)
     ]
@@ -304,4 +367,5 @@ def _run(url: str, names: _Names, messages: int, producers: int, workers: int, t
         p99_ms=pct(0.99),
         producers=producers,
         workers=workers,
+        failures=Path(sink).read_text(encoding="utf-8").splitlines() if os.path.exists(sink) else [],
     )

@@ -4,13 +4,17 @@ nothing), a drain by a worker, and ``fdbqueue audit`` of the queue."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+import os
 import shutil
+import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 import fdbqueue
 
@@ -46,6 +50,58 @@ def spark_available() -> str | None:
     return None
 
 
+# What Spark's JVM says on every start, to stderr, before its log level can be set: nothing
+# the demo's user can act on. Any other line it writes is shown (jvm_output).
+START_NOTES = (
+    "WARNING: Using incubator modules",
+    "Using Spark's default log4j profile",
+    "WARN Utils: Your hostname",
+    "WARN Utils: Set SPARK_LOCAL_IP",
+    'Setting default log level to "WARN"',
+    "To adjust logging level use sc.setLogLevel",
+    "WARN NativeCodeLoader: Unable to load native-hadoop library",
+)
+
+
+@contextlib.contextmanager
+def jvm_output() -> Iterator[IO[bytes]]:
+    """While open, this process's stderr (file descriptor 2) goes to a file: a JVM started
+    meanwhile (Spark's) keeps writing there. Use it around the start only; the caller calls
+    :func:`show_jvm_output` on the file when it is done, which prints all but START_NOTES."""
+    sink = tempfile.TemporaryFile()  # noqa: SIM115 - outlives the block: show_jvm_output closes it
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(sink.fileno(), 2)
+    restored = False
+
+    def restore() -> None:
+        nonlocal restored
+        if not restored:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            restored = True
+
+    try:
+        yield sink
+    except BaseException:
+        restore()
+        show_jvm_output(sink)  # why the JVM did not start, say
+        raise
+    finally:
+        restore()
+
+
+def show_jvm_output(sink: IO[bytes]) -> None:
+    """What the JVM wrote to ``sink`` but its start-up notes, on stderr; closes ``sink``."""
+    sink.seek(0)
+    text = sink.read().decode("utf-8", "replace")
+    sink.close()
+    kept = [line for line in text.splitlines() if line.strip() and not any(n in line for n in START_NOTES)]
+    if kept:
+        print("\n".join(kept), file=sys.stderr)
+
+
 def spark_step(url: str, queue: str, root: tuple[Any, ...], rows: int = 5000) -> SparkStep:
     """Load ``rows`` rows into journaled ``queue`` (under ``root``) with Spark, drain it with
     a worker, and audit it; the caller removes the queue afterwards."""
@@ -60,8 +116,9 @@ def spark_step(url: str, queue: str, root: tuple[Any, ...], rows: int = 5000) ->
     from fdbqueue.audit import run_audit
     from fdbqueue.spark import local_session
 
+    with jvm_output() as jvm:
+        spark = local_session("fdbqueue-demo")
     db = fdbqueue.open(url)
-    spark = local_session("fdbqueue-demo")
     out = tempfile.mkdtemp(prefix="fdbqueue-demo-audit-")
     try:
         fdbqueue.create_queue(db, queue, journal=True, root=root)
@@ -88,6 +145,7 @@ def spark_step(url: str, queue: str, root: tuple[Any, ...], rows: int = 5000) ->
     finally:
         db.close()
         shutil.rmtree(out, ignore_errors=True)
+        show_jvm_output(jvm)  # what Spark wrote during the step, but its start-up notes
     rate = rows / step.load_seconds if step.load_seconds else 0.0
     step.lines = [
         (

@@ -208,6 +208,15 @@ class QueueNotFoundError(QueueError, KeyError):
         return str(self.args[0]) if self.args else "queue not found"
 
 
+class NotJournaledError(QueueError):
+    """The queue keeps no journal (and never kept one): ``journal`` of it would read nothing."""
+
+
+class NotAnErrorQueueError(QueueError):
+    """The queue is no error queue: no queue dead-letters to it and it holds no dead letter,
+    so ``redrive`` of it would find nothing to send back."""
+
+
 class UnsupportedLayerFormatError(QueueError):
     """The database holds queues of another, incompatible fdbqueue layer format."""
 

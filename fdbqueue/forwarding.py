@@ -44,7 +44,7 @@ import tenacity
 
 from fdbqueue import transit
 from fdbqueue.clock import db_now, versions
-from fdbqueue.config import read_meta
+from fdbqueue.config import QueueNotFoundError, read_meta
 from fdbqueue.delivery import ack_many_in
 from fdbqueue.engines.base import Database, Transaction, adopt, is_transaction
 from fdbqueue.enqueuing import enqueue_in
@@ -616,7 +616,8 @@ def forward(
     forward after a crash finishes what the crashed one began. ``where``: only the messages
     whose headers match. ``progress``: a status line on stderr after each batch. Returns its
     statistics. ``exclusive``: the forwarder is the source queue's only consumer (an outbox):
-    no leases (see :class:`Forwarder`)."""
+    no leases (see :class:`Forwarder`). An unknown source queue is QueueNotFoundError, not
+    "0 forwarded"; with ``follow`` it is awaited (a RemoteQueue's outbox appears on first use)."""
     f = Forwarder(
         src_db,
         src,
@@ -628,6 +629,8 @@ def forward(
         where=where,
         exclusive=exclusive,
     )
+    if not follow and run_once(f._src_db, lambda t, _: read_meta(t, f.src.keys).config) is None:
+        raise QueueNotFoundError(f"no queue named {src!r} to forward")
     return f.run(follow=follow, limit=limit, progress=_status_line if progress else None)
 
 

@@ -28,7 +28,7 @@ from typing import Any
 from fdbqueue.clock import db_now, now_us, versions
 from fdbqueue.config import read_config
 from fdbqueue.engines.base import Database, Transaction, Watch, adopt, engine_traits, is_transaction
-from fdbqueue.errors import QueueError
+from fdbqueue.errors import NotJournaledError, QueueError, QueueNotFoundError
 from fdbqueue.layout import DEFAULT_ROOT, JOURNAL_SHARDS, JournalKeys, QueueKeys
 from fdbqueue.privileges import check, principal_of, readable
 from fdbqueue.steps import Emit, Run, Steps, Wait, iterate
@@ -248,10 +248,24 @@ def _checked(
 
 
 def _queues(t: Transaction, jk: JournalKeys, root: tuple[Any, ...], queue: str | None) -> list[str]:
-    """``[queue]`` if ``t``'s principal may browse it (else AccessDeniedError); for None every
-    journaled queue it may browse."""
+    """``[queue]`` if ``t``'s principal may browse it (else AccessDeniedError) and it keeps or
+    kept a journal (else NotJournaledError, or QueueNotFoundError when there is no such queue):
+    a mistyped or unjournaled name is not an empty journal. For None every journaled queue it
+    may browse."""
     if queue is not None:
-        check(t, QueueKeys.make(queue, root), "browse")
+        keys = QueueKeys.make(queue, root)
+        check(t, keys, "browse")
+        # The registry names every queue whose journal was ever turned on, destroyed ones
+        # whose entries remain included: one point read settles the usual case.
+        if t.get(jk.registry(queue)) is None:
+            cfg = read_config(t, keys)
+            if cfg is None:
+                raise QueueNotFoundError(f"no queue named {queue!r}")
+            if not cfg.journal:
+                raise NotJournaledError(
+                    f"queue {queue!r} keeps no journal: turn it on with "
+                    f"create_queue(db, {queue!r}, journal=True) (fdbqueue create {queue} --journal)"
+                )
         return [queue]
     names = [jk.registry_name(kv.key) for kv in t.get_range(*jk.registry_range())]
     return [q for q in names if readable(t, QueueKeys.make(q, root))]

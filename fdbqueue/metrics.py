@@ -8,6 +8,7 @@ state or outcome only, never a message id (a label value per message would make 
 message: Prometheus's "Instrumentation" guide, "Do not overuse labels").
 
     fdbqueue metrics --port 9464            # or: serve(db, 9464); Worker(..., metrics_port=9464)
+    fdbqueue metrics --addr 0.0.0.0         # for a Prometheus on another host (default: 127.0.0.1)
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ class Exporter:
     (``self.port`` says which). Runs in a daemon thread; :meth:`close` stops it."""
 
     def __init__(
-        self, db: Database, port: int, addr: str = "0.0.0.0", *, root: tuple[Any, ...] = DEFAULT_ROOT
+        self, db: Database, port: int, addr: str = "127.0.0.1", *, root: tuple[Any, ...] = DEFAULT_ROOT
     ) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(QueueCollector(db, root=root))
@@ -121,7 +122,8 @@ class Exporter:
 
 
 def serve(
-    db: Database, port: int, addr: str = "0.0.0.0", *, root: tuple[Any, ...] = DEFAULT_ROOT
+    db: Database, port: int, addr: str = "127.0.0.1", *, root: tuple[Any, ...] = DEFAULT_ROOT
 ) -> Exporter:
-    """Start the metrics endpoint on ``addr:port`` (see :class:`Exporter`)."""
+    """Start the metrics endpoint on ``addr:port`` (see :class:`Exporter`): this host only by
+    default, as the dashboard; ``addr="0.0.0.0"`` serves every interface."""
     return Exporter(db, port, addr, root=root)

@@ -14,10 +14,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fdbqueue.budget import Budget, move_cost
-from fdbqueue.config import QueueConfig, read_meta
+from fdbqueue.config import QueueConfig, decode_config, read_meta
 from fdbqueue.delivery import locate
 from fdbqueue.engines.base import Database, Transaction, adopt
-from fdbqueue.errors import CorruptMessageError, QueueError, QueueNotFoundError
+from fdbqueue.errors import CorruptMessageError, NotAnErrorQueueError, QueueError, QueueNotFoundError
 from fdbqueue.layout import DEFAULT_ROOT, QueueKeys
 from fdbqueue.message import decode_record
 from fdbqueue.moves import CORRUPT_REASON, delete_message, redrive_message
@@ -64,9 +64,63 @@ def redrive(
         raise QueueError(f"redrive to {to!r}: that is the queue it reads")
     check_limit(limit)
     where = check_where(where)
+    if not run_once(adopt(tr), lambda t, _: _check_error_queue(t, src)):
+        return 0  # an error queue no dead letter has made yet
     if ids is not None:
         return _by_id(tr, src, dst, where, limit, _check_ids(ids))
     return in_batches(tr, src, limit, lambda t, want, start: _batch(t, src, dst, where, want, start))
+
+
+HEAD_LOOK = 20  # ready messages at the head of a queue looked at for a dead letter
+
+
+def _check_error_queue(t: Transaction, src: QueueKeys) -> bool:
+    """Whether there is anything to redrive from ``src``'s queue, or why that is a mistake.
+
+    An error queue is the default error queue of the queue its name derives from, one that
+    another queue names as its ``error_queue``, or one holding dead letters at its head (its
+    origin since set to dead-letter elsewhere): True (after checking ``admin`` on it,
+    AccessDeniedError). One that no dead letter has made yet: False (nothing to redrive).
+    Otherwise NotAnErrorQueueError for a working queue, QueueNotFoundError for no queue:
+    redriving either is a mistake to name, not "0 redriven". Snapshot reads: a check, not a
+    condition of the redrive's commits."""
+    meta = read_meta(t, src)
+    snap = t.snapshot
+    if meta.config is not None:
+        check(t, src, "admin", meta)
+        for key, raw in snap.get_range(*src.ready_range(), HEAD_LOOK):
+            try:
+                if "origin" in decode_record(raw, src, key).extra:
+                    return True
+            except CorruptMessageError:
+                continue
+    if _dead_letters_to(t, src):
+        return meta.config is not None
+    if meta.config is None:
+        raise QueueNotFoundError(f"no queue named {src.name!r}")
+    raise NotAnErrorQueueError(
+        f"queue {src.name!r} is not an error queue: no queue dead-letters to it and it holds no "
+        f"dead letter (the error queue of {src.name!r} is {meta.config.error_queue_for(src.name)!r}; "
+        "to move ready messages between queues, use move)"
+    )
+
+
+def _dead_letters_to(t: Transaction, src: QueueKeys) -> bool:
+    """Whether a queue under ``src``'s root dead-letters to ``src``'s queue: the one its name
+    derives from (one read), else any (a read of every queue's settings)."""
+    snap = t.snapshot
+    base = src.name.removesuffix(".error")
+    if base != src.name:
+        raw = snap.get(src.sibling(base).config)
+        if raw is not None and decode_config(raw).error_queue_for(base) == src.name:
+            return True
+    listing = src.root.range(("queues",))  # layout.queues_range of src's root
+    names = [str(src.root.unpack(kv.key)[1]) for kv in snap.get_range(listing.start, listing.stop)]
+    configs = snap.get_many([src.sibling(n).config for n in names])
+    return any(
+        raw is not None and name != src.name and decode_config(raw).error_queue_for(name) == src.name
+        for name, raw in zip(names, configs, strict=True)
+    )
 
 
 def _check_ids(ids: Iterable[str]) -> list[str]:

@@ -181,7 +181,7 @@ class Worker:
         if self.metrics_port is not None and self._exporter is None:
             from fdbqueue.metrics import serve
 
-            self._exporter = serve(self.db, self.metrics_port)
+            self._exporter = serve(self.db, self.metrics_port, "0.0.0.0")  # scraped from elsewhere
             self.metrics_port = self._exporter.port
             log.info("fdbqueue: worker metrics on http://0.0.0.0:%d/metrics", self.metrics_port)
         previous: dict[signal.Signals, Any] = {}

@@ -719,3 +719,177 @@ def test_demo_keep_leaves_the_temporary_store_and_says_where(tmp_path: Path) -> 
     assert r.returncode == 0, (r.stdout.decode(), r.stderr.decode())
     (kept,) = tmp_path.glob("fdbqueue-demo-*")
     assert (kept / "demo.db").exists() and str(kept).encode() in r.stdout and b"list" in r.stdout
+
+
+# -- names that go unnoticed (issue 29) --------------------------------------------------------
+
+
+def test_forward_of_an_unknown_queue_is_exit_1(run: Run, tmp_path: Path) -> None:
+    src, dst = f"sqlite://{tmp_path / 'src.db'}", f"sqlite://{tmp_path / 'dst.db'}"
+    code, out, err = run("forward", "--from", src, "--queue", "nosuch", "--to", dst)
+    assert code == 1 and out == ""
+    one_line_error(err, "no queue named 'nosuch'", src)
+
+
+def test_journal_of_an_unjournaled_or_unknown_queue_is_exit_1(run: Run, db: fdbqueue.Database) -> None:
+    fdbqueue.create_queue(db, "jobs")
+    code, out, err = run("journal", "jobs")
+    assert code == 1 and out == ""
+    one_line_error(err, "queue 'jobs' keeps no journal", "--journal")
+    code, out, err = run("journal", "nosuch")
+    assert code == 1 and out == ""
+    one_line_error(err, "no queue named 'nosuch'")
+    fdbqueue.create_queue(db, "audited", journal=True)
+    code, out, _ = run("journal", "audited", "--json")
+    assert code == 0 and json.loads(out.splitlines()[0])["op"] == "create"
+
+
+def test_redrive_of_a_queue_that_is_no_error_queue_is_exit_1(run: Run, db: fdbqueue.Database) -> None:
+    fdbqueue.create_queue(db, "jobs", max_deliveries=1)
+    code, out, err = run("redrive", "jobs")
+    assert code == 1 and out == ""
+    one_line_error(err, "'jobs' is not an error queue", "jobs.error")
+    fdbqueue.create_queue(db, "jobs.error")
+    assert run("redrive", "jobs.error") == (
+        0,
+        "redrove 0 messages from jobs.error to their origin queues\n",
+        "",
+    )
+
+
+def test_list_leaves_out_what_the_principal_may_not_browse_and_says_how_many(
+    run: Run, db: fdbqueue.Database
+) -> None:
+    fdbqueue.create_queue(db, "open")
+    assert run("--principal", "ops", "create", "audit", "--owner", "ops")[0] == 0
+    assert run("--principal", "ops", "create", "secret", "--owner", "ops")[0] == 0
+    code, out, err = run("list")  # as anonymous: may browse "open" only
+    assert code == 0 and err == "", err
+    assert "open" in out and "audit" not in out and "secret" not in out
+    assert "2 queues not shown: principal 'anonymous' may not browse them" in out
+    code, out, err = run("list", "--json")
+    assert code == 0 and [row["name"] for row in json.loads(out)] == ["open"]
+    assert "2 queues not shown" in err
+    code, out, err = run("--principal", "ops", "list")  # the owner sees all three
+    assert code == 0 and all(n in out for n in ("open", "audit", "secret")) and "not shown" not in out
+    assert run("--principal", "ops", "grant", "audit", "anonymous", "browse")[0] == 0
+    code, out, _ = run("list")
+    assert "audit" in out and "1 queue not shown" in out
+
+
+# -- smaller (issue 29) ------------------------------------------------------------------------
+
+
+def test_metrics_listens_on_loopback_unless_told(db: fdbqueue.Database) -> None:
+    from fdbqueue.cli import build_parser
+    from fdbqueue.metrics import serve
+
+    assert build_parser().parse_args(["metrics"]).addr == "127.0.0.1"
+    assert build_parser().parse_args(["metrics", "--addr", "0.0.0.0"]).addr == "0.0.0.0"
+    exporter = serve(db, 0)
+    try:
+        assert exporter._server.server_address[0] == "127.0.0.1"
+    finally:
+        exporter.close()
+
+
+def test_browse_of_an_error_queue_shows_reason_and_origin(run: Run, db: fdbqueue.Database) -> None:
+    fdbqueue.create_queue(db, "jobs", max_deliveries=1)
+    q = fdbqueue.Queue("jobs")
+    q.enqueue(db, "poison")
+    m = q.lease(db)
+    assert m is not None
+    q.nack(db, m, reason="card declined")
+    (dead,) = fdbqueue.Queue("jobs.error").browse(db)  # the Python API's Message holds both
+    assert (dead.reason, dead.origin) == ("card declined", "jobs")
+    code, out, _ = run("browse", "jobs.error")
+    assert code == 0
+    header, row = out.splitlines()[1], out.splitlines()[3]
+    assert "reason" in header and "origin" in header
+    assert "card declined" in row and " jobs " in row and "poison" in row
+    code, out, _ = run("browse", "jobs.error", "--json")
+    assert (json.loads(out)["reason"], json.loads(out)["origin"]) == ("card declined", "jobs")
+    q.enqueue(db, "fine")
+    header = run("browse", "jobs")[1].splitlines()[1]
+    assert "reason" not in header  # a queue of no dead letters: no empty columns
+
+
+# -- the demo's output (issue 29) --------------------------------------------------------------
+
+
+def test_demo_output_is_short_summary_first_and_failures_one_line_each(url: str) -> None:
+    argv = ["--url", url, "demo", "--messages", "80", "--producers", "1", "--workers", "2", "--no-spark"]
+    r = cli(*argv, timeout=60)
+    out, err = r.stdout.decode(), r.stderr.decode()
+    assert r.returncode == 0, (out, err)
+    assert "Traceback" not in out + err and err == "", err  # deliberate failures: no traceback
+    lines = out.splitlines()
+    assert len(lines) < 40, out
+    assert lines[1] == "OK: every message processed exactly once", out  # the verdict, then the figures
+    assert lines[2].startswith("engine") and any(line.startswith("lost") for line in lines[:14])
+    failures = [line for line in lines if "handler failed" in line]
+    assert failures and all("OrderFailed: order " in line for line in failures), out
+    assert re.search(r"deliberate failures: \d+ ", out), out
+
+
+def test_demo_workers_log_deliberate_failures_in_one_line_and_others_in_full(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    import logging
+
+    from fdbqueue.demo import OrderFailed, worker_logging
+    from fdbqueue.handling import log_failure
+
+    logger = logging.getLogger("fdbqueue.test-demo-logging")
+    sink = tmp_path / "failures.log"
+    worker_logging(sink, logger)
+    q = fdbqueue.Queue("orders")
+    m = fdbqueue.Message("r1", b"{}", "orders", 0, 0.0, 1, {}, fdbqueue.ContentType.JSON)
+    for exc in (OrderFailed("order 7 is poison"), RuntimeError("a real bug")):
+        try:
+            raise exc
+        except Exception as e:
+            log_failure(logger, q, m, e)
+    err = capfd.readouterr().err
+    (line,) = sink.read_text().splitlines()  # the deliberate one: one line, no traceback
+    assert "OrderFailed: order 7 is poison" in line and "(delivery 1)" in line
+    assert "RuntimeError: a real bug" in err and "Traceback (most recent call last)" in err  # in full
+    assert "order 7" not in err
+
+
+def test_demo_spark_step_hides_only_the_jvms_start_up_notes(capfd: pytest.CaptureFixture[str]) -> None:
+    from fdbqueue.demo_spark import jvm_output, show_jvm_output
+
+    notes = (
+        b"WARNING: Using incubator modules: jdk.incubator.vector\nUsing Spark's default log4j profile: x\n"
+    )
+    with jvm_output() as jvm:
+        os.write(2, notes + b"26/01/01 ERROR Executor: a real failure\n")
+    print("after", file=sys.stderr)  # stderr is back
+    show_jvm_output(jvm)
+    err = capfd.readouterr().err
+    assert err == "after\n26/01/01 ERROR Executor: a real failure\n", err
+    with pytest.raises(RuntimeError), jvm_output():
+        os.write(2, notes + b"Error: JAVA_HOME is not set\n")
+        raise RuntimeError("the JVM did not start")
+    assert capfd.readouterr().err == "Error: JAVA_HOME is not set\n"  # why, shown at once
+
+
+@pytest.mark.parametrize("messages", [0, 1, 3, 250])
+def test_audit_plot_counts_messages_in_whole_numbers(messages: int, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from fdbqueue.audit import QueueSummary, _figure, _plot
+
+    fates = {"acked": messages} if messages else {}
+    summaries = [QueueSummary("jobs", fates, 0, None)]
+    fig = _figure(summaries, {})
+    bars = fig.axes[0]
+    low, high = bars.get_ylim()
+    ticks = [t for t in bars.get_yticks() if low <= t <= high]
+    assert low == 0 and high >= max(1, messages), (low, high)
+    assert ticks and all(t == int(t) for t in ticks), ticks  # no 0.2 of a message
+    assert 0 in ticks and len(ticks) >= 2, ticks
+    if messages <= 1:
+        assert ticks == [0, 1], ticks  # one message: a tick at it
+    _plot(summaries, {}, tmp_path / "audit.png")
+    assert (tmp_path / "audit.png").stat().st_size > 1000

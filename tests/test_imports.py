@@ -397,6 +397,7 @@ ERRORS_ELSEWHERE = {
     "cli_io.CommandError": "the command line's exit code and message, never raised by the API",
     "engines._storefiles.NotAStore": "the embedded engine's own kind of StoreError, raised as one",
     "engines.fdb._NoBindings": "a stand-in for fdb.FDBError before the bindings are loaded",
+    "demo.OrderFailed": "the demo application's own failure (a handler's), never raised by the library",
 }
 
 

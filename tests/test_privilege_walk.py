@@ -110,6 +110,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     fdbqueue.set_route(ops, "cards", "vip", "cards.vip")
     fdbqueue.schedule(ops, "vault", "* * * * *", {"secret": SECRET}, name="nightly")
     Queue("eve.box").enqueue(eve, b"eve's own")  # eve's queue: a source for moves into ops'
+    own = Queue("eve.job")  # and an error queue of eve's own, holding a dead letter: a redrive's source
+    own.enqueue(eve, b"eve's poison")
+    mine = own.lease(eve)
+    assert mine is not None and own.nack(eve, mine, discard=True, reason="eve's") == "dead"
     yield World(url, ops, eve, ids, leased, tmp)
     ops.close()
     eve.close()
@@ -210,7 +214,7 @@ REFUSED: dict[str, Call] = {
     "move": lambda w: fdbqueue.move(w.eve, "vault", "eve.box"),
     "move (into)": lambda w: fdbqueue.move(w.eve, "eve.box", "vault"),
     "redrive": lambda w: fdbqueue.redrive(w.eve, "vault.error", to="eve.box"),
-    "redrive (into)": lambda w: fdbqueue.redrive(w.eve, "eve.box", to="vault"),
+    "redrive (into)": lambda w: fdbqueue.redrive(w.eve, "eve.job.error", to="vault"),
     "forward": lambda w: fdbqueue.forward(w.eve, "vault", fdbqueue.open("memory://"), "x"),
     "Forwarder.step": lambda w: fdbqueue.Forwarder(w.eve, "vault", fdbqueue.open("memory://"), "x").step(),
     "Forwarder.run": lambda w: fdbqueue.Forwarder(w.eve, "vault", fdbqueue.open("memory://"), "x").run(),
