@@ -66,34 +66,25 @@ PAGE = 500  # entries per shard per read of a page: well inside a transaction's 
 TRIM_BATCH = 200  # entries one trimming transaction removes at most
 _FORMAT = 1
 _BELL = b"\x00" * 10 + (0).to_bytes(4, "little")  # the stamp at offset 0 (API 520+)
-_order: dict[int, tuple[int, Transaction, set[str]]] = {}  # per transaction: order, queues
 
 
 def _next_order(tr: Transaction, queue: str) -> tuple[int, bool]:
-    """The next entry's order within ``tr``'s commit (0 first), until the attempt ends, and
-    whether it is the attempt's first entry in ``queue``.
+    """The next entry's order within ``tr``'s commit (0 first), and whether it is the
+    attempt's first entry in ``queue``.
 
-    The entry holds ``tr`` itself, so that its id cannot be reused by another transaction
-    while it is there; a transaction abandoned without ending is dropped with the rest once
-    very many are held."""
-    key = id(tr)
-    found = _order.get(key)
-    if found is None or found[1] is not tr:
-        if len(_order) > 10_000:
-            _order.clear()
-
-        def forget(_error: object) -> None:
-            _order.pop(key, None)
-
-        tr.on_finish(forget)
-        found = (0, tr, set())
-    n, _, queues = found
+    The count is the attempt's own (``tr.journal_order()``, dropped by on_error and reset):
+    nothing outside the transaction holds it, so no other transaction, finished or left
+    open, can clear, share or reuse it."""
+    state = tr.journal_order()
+    n = state.entries
     if n > 0xFFFF:
         raise QueueError("one transaction can journal at most 65536 operations")
-    first = queue not in queues
+    state.entries = n + 1
+    queues = state.queues
+    if queue in queues:
+        return n, False
     queues.add(queue)
-    _order[key] = (n + 1, tr, queues)
-    return n, first
+    return n, True
 
 
 def record(

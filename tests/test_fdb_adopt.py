@@ -97,3 +97,46 @@ def test_a_raw_fdb_transaction_can_dequeue_inside_the_callers_transaction(
     got = take(fdb_db.fdb_database)
     assert got is not None and got.payload == b"job-1"
     assert jobs.dequeue(fdb_db) is None
+
+
+def test_journaled_operations_in_one_raw_fdb_transaction_keep_every_entry(
+    fdb_db: fdb_engine.FDBDatabase,
+) -> None:
+    # Each call wraps the raw transaction afresh: the entries' order within the commit must
+    # belong to the raw transaction, not to a wrapper, or entries of one commit share a key.
+    import fdb
+
+    from fdbqueue.layout import DEFAULT_ROOT, JournalKeys
+
+    jobs = fdbqueue.Queue("jobs")
+    fdbqueue.create_queue(fdb_db, "jobs", journal=True)
+    attempts = 0
+
+    @fdb.transactional
+    def put(tr: Any) -> list[str]:
+        nonlocal attempts
+        attempts += 1
+        tr.get(b"k").wait()
+        ids = [jobs.enqueue(tr, b"job-%d" % i) for i in range(16)]
+        if attempts == 1:
+            fdb_db[b"k"] = b"other"  # a conflict: fdb's loop calls on_error and runs this again
+        return ids
+
+    ids = put(fdb_db.fdb_database)
+    assert attempts == 2
+    entries = list(fdbqueue.journal(fdb_db, "jobs"))[1:]
+    assert [(e.op, e.message_id) for e in entries] == [("enqueue", i) for i in ids]
+    # The retried attempt numbered its entries from 0 again, and rang the queue's bell.
+    assert [e.version[10:] for e in entries] == [i.to_bytes(2, "big") for i in range(16)]
+    assert fdb_db[JournalKeys.make(DEFAULT_ROOT).bell("jobs")] == entries[0].version[:10]
+    for i in ids:
+        assert [(e.op, e.message_id) for e in fdbqueue.history(fdb_db, i)] == [("enqueue", i)]
+
+    # A raw transaction reused after reset() numbers from 0 too.
+    raw = fdb_db.fdb_database.create_transaction()
+    for _ in range(2):
+        more = [jobs.enqueue(raw, b"again") for _ in range(3)]
+        raw.commit().wait()
+        raw.reset()
+        got = [e for e in fdbqueue.journal(fdb_db, "jobs") if e.message_id in more]
+        assert [e.version[10:] for e in got] == [i.to_bytes(2, "big") for i in range(3)]

@@ -13,6 +13,7 @@ import fdbqueue
 from fdbqueue import JournalEntry, Queue, QueueError
 from fdbqueue.clock import FakeClock, fake_clock
 from fdbqueue.engines.base import Database
+from fdbqueue.errors import EngineError
 from fdbqueue.testing import FaultScript
 
 
@@ -84,6 +85,50 @@ def test_an_aborted_operation_has_no_entry_and_one_transaction_keeps_its_order(d
     entries = journal(db)
     assert ops(entries)[1:] == [("enqueue", "jobs", i) for i in ids]
     assert len({e.version[:10] for e in entries[1:]}) == 1  # one commit
+
+
+def test_a_transaction_keeps_its_entry_order_whatever_others_leave_unfinished(db: Database) -> None:
+    # Each entry's key ends with its order within the commit's versionstamp. That order once
+    # lived in a process-wide table, wiped once it held 10,000 transactions: those left
+    # unfinished (never committed nor cancelled) filled it, and a live transaction's next
+    # entry got order 0 again, overwriting its first. Left-open transactions of the same
+    # store where it allows many writers, of a second store otherwise (the table was shared).
+    fdbqueue.create_queue(db, "jobs", journal=True)
+    side = db if db.engine in ("memory", "sim") else fdbqueue.open("memory://")
+    fdbqueue.create_queue(side, "other", journal=True)
+    q, other = Queue("jobs"), Queue("other")
+    tr = db.create_transaction()
+    ids = [q.enqueue(tr, b"first")]
+    unfinished = []
+    for _ in range(10_001):
+        left = side.create_transaction()
+        other.enqueue(left, b"left open")
+        unfinished.append(left)
+    ids += [q.enqueue(tr, b"later %d" % i) for i in range(3)]
+    tr.commit()
+    entries = journal(db)[1:]
+    assert ops(entries) == [("enqueue", "jobs", i) for i in ids]
+    assert [e.version[10:] for e in entries] == [i.to_bytes(2, "big") for i in range(4)]
+    assert [e.message_id for e in fdbqueue.history(db, ids[0])] == [ids[0]]
+    del unfinished
+
+
+def test_a_new_attempt_numbers_its_entries_from_zero_and_rings_the_bell(db: Database) -> None:
+    from fdbqueue.layout import DEFAULT_ROOT, JournalKeys
+
+    fdbqueue.create_queue(db, "jobs", journal=True)
+    q = Queue("jobs")
+    tr = db.create_transaction()
+    for end_attempt in (tr.reset, lambda: tr.on_error(EngineError(1020))):
+        q.enqueue(tr, b"dropped")
+        q.enqueue(tr, b"dropped")
+        end_attempt()
+    ids = [q.enqueue(tr, b"kept") for _ in range(2)]
+    tr.commit()
+    entries = journal(db)[1:]
+    assert ops(entries) == [("enqueue", "jobs", i) for i in ids]
+    assert [e.version[10:] for e in entries] == [b"\x00\x00", b"\x00\x01"]
+    assert db[JournalKeys.make(DEFAULT_ROOT).bell("jobs")] == entries[0].version[:10]  # type: ignore[index]
 
 
 def test_lease_ack_release_and_extend(db: Database) -> None:

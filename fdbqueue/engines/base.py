@@ -99,6 +99,23 @@ class KeySelector(NamedTuple):
 KeyOrSelector = bytes | KeySelector
 
 
+class JournalOrder:
+    """What one attempt of a transaction has journaled so far (``fdbqueue.journaling``): how
+    many entries, the next one's order within the commit's versionstamp, and the queues it
+    wrote one in (each queue's bell is rung once a commit).
+
+    Each engine's transaction holds its own (:meth:`Transaction.journal_order`) and drops it
+    when the attempt ends (``on_error``, ``reset``): the order belongs to the attempt, so no
+    table beside it can fill up, reuse an ``id()`` or tell two wrappers of one transaction apart.
+    """
+
+    __slots__ = ("entries", "queues")
+
+    def __init__(self) -> None:
+        self.entries = 0
+        self.queues: set[str] = set()
+
+
 @runtime_checkable
 class Watch(Protocol):
     """A watch on one key: fires once the key's value differs from what its transaction saw.
@@ -203,6 +220,7 @@ class Transaction(ReadView, Protocol):
     def reset(self) -> None: ...
     def cancel(self) -> None: ...
     def on_finish(self, callback: FinishCallback) -> None: ...
+    def journal_order(self) -> JournalOrder: ...
 
 
 @runtime_checkable

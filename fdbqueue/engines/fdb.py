@@ -23,6 +23,7 @@ import importlib.metadata
 import os
 import platform
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -33,6 +34,7 @@ from fdbqueue.engines.base import (
     SYSTEM_KEYS,
     DatabaseConveniences,
     FinishCallback,
+    JournalOrder,
     KeyOrSelector,
     KeySelector,
     KeyValue,
@@ -323,6 +325,29 @@ class FDBVersionstamp:
         return bytes(_call(self._future.wait))
 
 
+# The journal numbering of a raw ``fdb.Transaction``'s attempt: an attribute of that object
+# (the bindings' Transaction has no __slots__), since wrappers are made afresh per call.
+_JOURNAL_ORDER = "_fdbqueue_journal_order"
+
+
+class _EndsAttempt:
+    """Set on a raw ``fdb.Transaction`` in place of its ``on_error`` or ``reset`` (an instance
+    attribute shadows the bindings' method): drops the attempt's journal numbering, then calls
+    the bindings' method. A caller's own loop (``@fdb.transactional``) ends attempts through
+    these alone, so the next attempt numbers its entries from 0 and rings its bells again."""
+
+    __slots__ = ("_method", "_raw")
+
+    def __init__(self, raw: Any, name: str) -> None:
+        self._raw = weakref.ref(raw)  # no cycle: the raw transaction is freed when dropped
+        self._method = getattr(type(raw), name)
+
+    def __call__(self, *args: Any) -> Any:
+        raw = self._raw()
+        setattr(raw, _JOURNAL_ORDER, None)
+        return self._method(raw, *args)
+
+
 class FDBTransaction(_FDBReads):
     """One ``fdb.Transaction`` behind the :class:`~fdbqueue.engines.base.Transaction` contract."""
 
@@ -507,6 +532,20 @@ class FDBTransaction(_FDBReads):
         callbacks, self._finish = self._finish, []
         for cb in callbacks:
             cb(error)
+
+    def journal_order(self) -> JournalOrder:
+        """This attempt's journal numbering (``fdbqueue.journaling``), held by the raw
+        transaction: every wrapper of one (``adopt`` makes one per call) shares it, and its
+        ``on_error`` and ``reset``, whoever calls them, start the next attempt's afresh."""
+        raw = self._tr
+        found: JournalOrder | None = getattr(raw, _JOURNAL_ORDER, None)
+        if found is None:
+            if _JOURNAL_ORDER not in vars(raw):  # its first journaled attempt
+                raw.on_error = _EndsAttempt(raw, "on_error")
+                raw.reset = _EndsAttempt(raw, "reset")
+            found = JournalOrder()
+            setattr(raw, _JOURNAL_ORDER, found)
+        return found
 
 
 register_transaction_type(FDBTransaction)

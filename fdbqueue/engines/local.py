@@ -25,6 +25,7 @@ from fdbqueue.engines.base import (
     VALUE_SIZE_LIMIT,
     DatabaseConveniences,
     FinishCallback,
+    JournalOrder,
     KeyOrSelector,
     KeySelector,
     KeyValue,
@@ -205,6 +206,7 @@ class LocalTransaction(ABC):
         self._stamp = StampFuture()
         self._watches: list[EventWatch] = []
         self._finish: list[FinishCallback] = []
+        self._journal: JournalOrder | None = None  # made by the attempt's first journal entry
         self._state = "open"  # open | committing | committed | failed | cancelled
         # What a cancelled transaction raises until reset: FoundationDB's resetPromise error
         # (1025 after cancel or a re-raising on_error, 1031 after a timeout).
@@ -380,6 +382,14 @@ class LocalTransaction(ABC):
         callbacks, self._finish = self._finish, []
         for cb in callbacks:
             cb(error)
+
+    def journal_order(self) -> JournalOrder:
+        """This attempt's journal numbering (``fdbqueue.journaling``); on_error and reset
+        start the next attempt's afresh. An extension of the FoundationDB API."""
+        found = self._journal
+        if found is None:
+            found = self._journal = JournalOrder()
+        return found
 
     def __del__(self) -> None:
         try:
