@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fdbqueue.admin import (
+from fdbqueue.api.admin import (
     QueueStats,
     acl,
     all_queue_stats,
@@ -26,13 +26,13 @@ from fdbqueue.admin import (
     start_queue,
     stop_queue,
 )
-from fdbqueue.autonomous import AutonomousId
-from fdbqueue.budget import BudgetExceededError
-from fdbqueue.config import QueueConfig, QueueNotFoundError, QueueState, UnsupportedLayerFormatError
-from fdbqueue.delivery import LeaseError, LeaseExpiredError
-from fdbqueue.dispatcher import Consumer, Dispatcher, DispatcherStats
+from fdbqueue.api.queue import Queue, QueueFullError, QueueStoppedError
+from fdbqueue.api.redrive import redrive
+from fdbqueue.api.routing import PartitionedQueue, partitioned_queues, routes, set_route
+from fdbqueue.api.schedules import Schedule, Scheduler, run_schedules, schedule, schedules, unschedule
+from fdbqueue.api.transfer import move
 from fdbqueue.engines import open_database as open
-from fdbqueue.engines.base import (
+from fdbqueue.engines.contract import (
     Database,
     KeySelector,
     KeyValue,
@@ -61,9 +61,17 @@ from fdbqueue.errors import (
     StoreLockedError,
     UnsupportedFormatError,
 )
-from fdbqueue.forwarding import Forwarder, ForwardStats, forward
-from fdbqueue.journaling import history, journal, trim_journal
-from fdbqueue.message import (
+from fdbqueue.ops.autonomous import AutonomousId
+from fdbqueue.ops.delivery import LeaseError, LeaseExpiredError
+from fdbqueue.ops.journaling import history, journal, trim_journal
+from fdbqueue.ops.sweep import SweepStats
+from fdbqueue.runtime.dispatcher import Consumer, Dispatcher, DispatcherStats
+from fdbqueue.runtime.forwarding import Forwarder, ForwardStats, forward
+from fdbqueue.runtime.remote import RemoteQueue, RemoteStats
+from fdbqueue.runtime.worker import HandlerSignatureError, Worker, WorkerStats
+from fdbqueue.store.budget import BudgetExceededError
+from fdbqueue.store.config import QueueConfig, QueueNotFoundError, QueueState, UnsupportedLayerFormatError
+from fdbqueue.store.record import (
     ContentType,
     DedupKeyTooLargeError,
     HeadersTooLargeError,
@@ -72,15 +80,7 @@ from fdbqueue.message import (
     PayloadTooLargeError,
     ReasonTooLargeError,
 )
-from fdbqueue.moving import move
-from fdbqueue.queue import Queue, QueueFullError, QueueStoppedError
-from fdbqueue.redrive import redrive
-from fdbqueue.remote import RemoteQueue, RemoteStats
-from fdbqueue.routing import PartitionedQueue, partitioned_queues, routes, set_route
-from fdbqueue.schedules import Schedule, Scheduler, run_schedules, schedule, schedules, unschedule
-from fdbqueue.sweep import SweepStats
 from fdbqueue.types import JournalEntry, NewMessage
-from fdbqueue.worker import HandlerSignatureError, Worker, WorkerStats
 
 __version__ = "0.1.0"
 

@@ -8,7 +8,7 @@ the queue's logic is written twice. Waiting is where the two differ: a blocking 
 ``lease`` or ``wait`` holds no thread while it waits - it awaits the queue's watch through the
 watch's completion callback (``Watch.on_ready``: the bindings' ``Future.on_ready`` on
 FoundationDB, the engine's notification on the local engines), looking again when it fires,
-as the blocking calls do (``fdbqueue.waiting``). Given a Transaction, a coroutine runs the
+as the blocking calls do (``fdbqueue.ops.waiting``). Given a Transaction, a coroutine runs the
 method at once in the event loop's thread, inside that transaction.
 
     q = aio.AsyncQueue("jobs")
@@ -29,10 +29,16 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
-from fdbqueue import journaling, tracing
-from fdbqueue.engines.base import Database, Transaction, Watch, adopt, is_transaction
+from fdbqueue.api.queue import Queue
+from fdbqueue.engines.contract import Database, Transaction, Watch, adopt, is_transaction
 from fdbqueue.errors import EngineError, QueueError
-from fdbqueue.handling import (
+from fdbqueue.ops import journaling, tracing
+from fdbqueue.ops.settling import Settler, lease_settling
+from fdbqueue.ops.steps import Emit, Run, Steps, refused, refused_wait, resume
+from fdbqueue.ops.sweep import SweepStats
+from fdbqueue.ops.txn import as_database, seconds
+from fdbqueue.ops.waiting import wait_ready_steps, watch_queue
+from fdbqueue.runtime.handling import (
     Backoff,
     Heartbeat,
     Queues,
@@ -47,19 +53,13 @@ from fdbqueue.handling import (
     until_empty_wait,
     work_set_of,
 )
-from fdbqueue.layout import DEFAULT_ROOT
-from fdbqueue.message import Message
-from fdbqueue.queue import Queue
-from fdbqueue.settling import Settler, lease_settling
-from fdbqueue.steps import Emit, Run, Steps, refused, refused_wait, resume
-from fdbqueue.sweep import SweepStats
-from fdbqueue.txn import as_database, seconds
+from fdbqueue.store.layout import DEFAULT_ROOT
+from fdbqueue.store.record import Message
 from fdbqueue.types import Item, JournalEntry, check_flag
-from fdbqueue.waiting import wait_ready_steps, watch_queue
 
 __all__ = ["AsyncQueue", "AsyncWorker", "journal", "transactional", "wait_watch"]
 
-log = logging.getLogger("fdbqueue.worker")
+log = logging.getLogger("fdbqueue.runtime.worker")
 T = TypeVar("T")
 
 
@@ -97,7 +97,7 @@ async def wait_watch(watch: Watch, timeout: float | None) -> bool:
 
 
 async def _steps(steps: Steps[T], result: list[T]) -> AsyncIterator[Any]:
-    """``fdbqueue.steps.iterate`` with coroutines: each call in the loop's thread pool, each
+    """``fdbqueue.ops.steps.iterate`` with coroutines: each call in the loop's thread pool, each
     wait on the watches' callbacks (no thread held); yields what the steps emit and leaves
     their result in ``result`` (an async generator cannot return one)."""
     send: Any = None
@@ -124,7 +124,7 @@ async def _steps(steps: Steps[T], result: list[T]) -> AsyncIterator[Any]:
 
 
 async def drive(steps: Steps[T]) -> T:
-    """``fdbqueue.steps.drive`` with coroutines: their result. Cancelling it cancels the
+    """``fdbqueue.ops.steps.drive`` with coroutines: their result. Cancelling it cancels the
     steps' watches."""
     result: list[T] = []
     async for value in _steps(steps, result):
@@ -133,13 +133,13 @@ async def drive(steps: Steps[T]) -> T:
 
 
 async def iterate(steps: Steps[None]) -> AsyncIterator[Any]:
-    """``fdbqueue.steps.iterate`` with coroutines: yields what the steps emit."""
+    """``fdbqueue.ops.steps.iterate`` with coroutines: yields what the steps emit."""
     async for value in _steps(steps, []):
         yield value
 
 
 async def _wait_watches(watches: list[Watch], timeout: float | None) -> bool:
-    """``fdbqueue.steps.wait_watches``, awaited."""
+    """``fdbqueue.ops.steps.wait_watches``, awaited."""
     if len(watches) == 1:
         return await wait_watch(watches[0], timeout)
     return await _first(watches, timeout)

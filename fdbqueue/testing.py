@@ -2,10 +2,10 @@
 
 ``FaultScript(db)`` decides how the next commits end that FoundationDB could fail;
 ``outage(db)`` makes the database unreachable for a while. Both need a ``sim://`` database
-(:class:`~fdbqueue.engines.sim.SimDatabase`); any other engine gets :class:`FaultScriptError`.
+(:class:`~fdbqueue.engines.sim.database.SimDatabase`); any other engine gets :class:`FaultScriptError`.
 
 Which commits a script entry applies to, and which outcomes FoundationDB can give them
-(``fault_possible`` in ``fdbqueue/engines/sim.py``):
+(``fault_possible`` in ``fdbqueue/engines/sim/database.py``):
 
 * A read-only commit (no mutation, no write conflict range) consumes nothing: FoundationDB
   returns from it at once, unchecked (``Transaction::commitMutations``,
@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from types import TracebackType
 
-from fdbqueue.engines.sim import (
+from fdbqueue.engines.sim.database import (
     LANDS_LATER_FAULTS,
     MAYBE_COMMITTED_FAULTS,
     NOT_COMMITTED_FAULTS,

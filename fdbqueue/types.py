@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from fdbqueue.errors import QueueError
 
 if TYPE_CHECKING:
-    from fdbqueue.message import Record
+    from fdbqueue.store.record import Record
 
 # The longest duration any setting or argument may give: ten years. Every duration becomes
-# a number of database versions (``fdbqueue.clock.versions``, 1e6 per second) added to a read
+# a number of database versions (``fdbqueue.store.clock.versions``, 1e6 per second) added to a read
 # version; an unbounded one (``inf``) cannot, and a huge one would be accepted here only to
 # make every later sweep, dequeue and lease of the queue fail.
 MAX_DURATION_SECONDS = 10 * 365.25 * 86400.0
@@ -170,7 +170,7 @@ class SweepStats:
 
 @dataclass(frozen=True)
 class QueueStats:
-    """A queue's figures, as every view counts them (``fdbqueue/views.py``): the atomic
+    """A queue's figures, as every view counts them (``fdbqueue/ops/views.py``): the atomic
     counters read at snapshot isolation, corrected by database time for what is due and not
     yet swept (a ready message past its TTL is expired, a due delayed one ready, an ended
     lease not in flight). ``expired`` includes those expired and not yet moved; ``errors``

@@ -25,7 +25,7 @@ from typing import Any
 import benchlib
 
 import fdbqueue
-from fdbqueue.engines.base import Transaction, run_transaction
+from fdbqueue.engines.contract import Transaction, run_transaction
 
 VALUE = b"v" * 100
 

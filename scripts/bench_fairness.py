@@ -29,8 +29,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import benchlib
 
 import fdbqueue
-from fdbqueue import Queue, Worker, workindex
-from fdbqueue.txn import run_once
+from fdbqueue import Queue, Worker
+from fdbqueue.ops import workindex
+from fdbqueue.ops.txn import run_once
 
 PAYLOAD = b"p" * 200
 

@@ -48,8 +48,8 @@ import benchlib
 
 import fdbqueue
 from fdbqueue import Queue
-from fdbqueue.contention import staged_dequeue
-from fdbqueue.engines.base import run_transaction
+from fdbqueue.engines.contract import run_transaction
+from fdbqueue.ops.contention import staged_dequeue
 from tests.counting import CountingDatabase, CountingTransaction, TxnCost, _CountingReads
 from tests.keylog import KeyTraffic, LoggingDatabase
 

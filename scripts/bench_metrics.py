@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from benchlib import machine
 
 import fdbqueue
-from fdbqueue.metrics import serve
+from fdbqueue.runtime.metrics import serve
 
 
 def main() -> None:

@@ -14,7 +14,7 @@
    dequeuer threads draining a pre-filled queue, "plain" (the FDB basic recipe:
    ``q.dequeue(tr)`` inside ``run_transaction``, which retries 1020) against "staged"
    (``q.dequeue(db)``, which switches to the staged request set on conflict) and
-   "direct" (``fdbqueue.contention.staged_dequeue`` always). Run at 0 ms commit latency
+   "direct" (``fdbqueue.ops.contention.staged_dequeue`` always). Run at 0 ms commit latency
    (in-process: the GIL serialises everything) and at ``--commit-latency-ms`` (each commit
    that writes sleeps that long first, releasing the GIL: clients of a real cluster).
 
@@ -42,9 +42,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import benchlib
 
 import fdbqueue
-import fdbqueue.contention as contention
-from fdbqueue.engines.base import run_transaction
-from fdbqueue.engines.sim import SimDatabase, SimTransaction
+import fdbqueue.ops.contention as contention
+from fdbqueue.engines.contract import run_transaction
+from fdbqueue.engines.sim.database import SimDatabase, SimTransaction
 
 PAYLOAD_SIZE = 200
 # The targets (docs/performance.md): enqueue and exactly-once dequeue within 2x of the raw floor, lease + ack
@@ -405,7 +405,7 @@ class _LatencyTransaction(SimTransaction):
 MODES: dict[str, str] = {
     "plain": "q.dequeue(tr) in run_transaction (FDB basic recipe; retries 1020)",
     "staged": "q.dequeue(db) (plain first, staged request set on conflict)",
-    "direct": "fdbqueue.contention.staged_dequeue(db, q) (always staged)",
+    "direct": "fdbqueue.ops.contention.staged_dequeue(db, q) (always staged)",
 }
 
 

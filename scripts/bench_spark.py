@@ -34,8 +34,8 @@ def main() -> None:
     args = ap.parse_args()
     from pyspark.sql import functions as F
 
-    from fdbqueue.audit import run_audit
     from fdbqueue.spark import local_session
+    from fdbqueue.spark.audit import run_audit
 
     n = args.rows
     folder = tempfile.mkdtemp(prefix="bench-spark-")

@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from benchlib import machine
 
 import fdbqueue
-from fdbqueue.metrics import serve
+from fdbqueue.runtime.metrics import serve
 from fdbqueue.web import Dashboard
 
 

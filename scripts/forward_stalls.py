@@ -38,7 +38,7 @@ f.run(follow=True, install_signals=True)
 
 CONSUMER = """
 import signal, sys, time, fdbqueue
-from fdbqueue.txn import run_once
+from fdbqueue.ops.txn import run_once
 src = fdbqueue.open(sys.argv[1])
 stop = []
 signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
@@ -72,7 +72,7 @@ def run(
     """Run the harness; returns the counts (``lost`` and ``doubled`` must be 0)."""
     import fdbqueue
     from fdbqueue import Forwarder, Queue
-    from fdbqueue.txn import run_once
+    from fdbqueue.ops.txn import run_once
 
     rnd = random.Random(seed)
     tmp = Path(workdir or tempfile.mkdtemp(prefix="fwd-stalls-"))

@@ -14,7 +14,7 @@ and SIGCONTs them. At the end it counts:
 - the longest wait of a live writer: the longest transaction, less the time its own writer
   was stopped, and the longest that overlapped no stop of a writer caught inside its
   commit (pinned: it holds SQLite's write lock, which nobody can take over; see
-  engines/_storelock.py).
+  engines/sqlite/storelock.py).
 
     python scripts/storelock_stops.py --seconds 60 --long
 """
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import fdbqueue
-from fdbqueue.engines import _storelock
+from fdbqueue.engines.sqlite import storelock as _storelock
 
 COUNTER = b"counter"
 SLOW = 0.5  # transactions longer than this are written down, with their times

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import fdbqueue
-from fdbqueue.engines.base import Database
+from fdbqueue.engines.contract import Database
 
 if TYPE_CHECKING:
     from fdbqueue.engines.fdb import FDBDatabase

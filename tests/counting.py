@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fdbqueue.engines.base import KeySelector, KeyValue, register_transaction_type
+from fdbqueue.engines.contract import KeySelector, KeyValue, register_transaction_type
 
 REPLY_BYTE_LIMIT = 80_000
 SIZE_LIMIT = 10_000_000
@@ -129,7 +129,7 @@ class _CountingReads:
         return rows
 
     def get_range_startswith(self, prefix: bytes, limit: int = 0, reverse: bool = False) -> list[KeyValue]:
-        from fdbqueue.engines.base import strinc
+        from fdbqueue.engines.contract import strinc
 
         return self.get_range(prefix, strinc(prefix) if prefix else b"\xff", limit, reverse)
 
@@ -175,7 +175,7 @@ class CountingTransaction(_CountingReads):
         self._mutation(begin, end, begin, end)
 
     def clear_range_startswith(self, prefix: bytes) -> None:
-        from fdbqueue.engines.base import strinc
+        from fdbqueue.engines.contract import strinc
 
         self.clear_range(prefix, strinc(prefix) if prefix else b"\xff")
 

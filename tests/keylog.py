@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fdbqueue.engines.base import KeySelector, KeyValue
+from fdbqueue.engines.contract import KeySelector, KeyValue
 from tests.counting import CountingDatabase, CountingTransaction, _CountingReads
 
 

@@ -21,10 +21,11 @@ from typing import Any
 import pytest
 
 import fdbqueue
-from fdbqueue import Queue, clock
-from fdbqueue.layout import unpack_count
+from fdbqueue import Queue
+from fdbqueue.store import clock
+from fdbqueue.store.layout import unpack_count
 
-# Every key tag a message can leave behind (fdbqueue/layout.py): none may remain once drained.
+# Every key tag a message can leave behind (fdbqueue/store/layout.py): none may remain once drained.
 MESSAGE_TAGS = ("r", "id", "b", "f", "l", "d", "pop", "res")
 
 
@@ -134,7 +135,7 @@ def real_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     """Keep this process's database time on the real clock, as its children's is.
 
     ``fake_clock().advance`` in an earlier test of this process leaves the engines' clock
-    ahead (``fdbqueue.clock``: database time must never run backwards in a process). A
+    ahead (``fdbqueue.store.clock``: database time must never run backwards in a process). A
     store this process shares with child processes would then jump that far ahead at its
     first commit here: for the children, time stands almost still until their clock catches
     up (leases of killed consumers never run out), and a sweep from here forgets every dedup

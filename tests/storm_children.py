@@ -43,7 +43,7 @@ SCRATCH = "storm.scratch"  # the admin's: purged, destroyed and re-created all t
 LEASE_SECONDS = 2.0
 SWEEP_EVERY = 0.5
 REWIND = 3  # a restarted producer sends its last acknowledged numbers again: dedup must hold
-BIG_EVERY = 97  # every 97th number is a 30 kB payload: chunks (fdbqueue.queue.CHUNK_SIZE)
+BIG_EVERY = 97  # every 97th number is a 30 kB payload: chunks (fdbqueue.api.queue.CHUNK_SIZE)
 REFUSE_EVERY = 50  # every 50th number's first delivery fails: retries under the kills too
 ONE = (1).to_bytes(8, "little")
 # At most how many processed deliveries a lease consumer holds unacked at once (a kill then

@@ -18,10 +18,10 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Queue, QueueFullError, QueueStoppedError
-from fdbqueue.engines.base import Database, Transaction
+from fdbqueue.api.queue import AutonomousId
+from fdbqueue.engines.contract import Database, Transaction
 from fdbqueue.errors import QueueError
-from fdbqueue.message import PayloadTooLargeError
-from fdbqueue.queue import AutonomousId
+from fdbqueue.store.record import PayloadTooLargeError
 from tests.conftest import engine_url
 
 
@@ -131,7 +131,7 @@ def test_an_autonomous_enqueue_with_a_seen_dedup_key_returns_the_first_id(db: Da
 def test_an_autonomous_enqueue_whose_dedup_key_expired_still_meets_the_queues_bound(db: Database) -> None:
     """A dedup entry past its window matches nothing: the enqueue is then checked like any
     other, against max_size here, not admitted unchecked."""
-    with fdbqueue.clock.fake_clock() as clock:
+    with fdbqueue.store.clock.fake_clock() as clock:
         fdbqueue.create_queue(db, "jobs", max_size=2, dedup_window=60)
         q = Queue("jobs")
         q.enqueue(db, b"A", dedup_key="k")

@@ -16,8 +16,8 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Database, LeaseError, Queue, QueueError, Worker
-from fdbqueue.clock import FakeClock
-from fdbqueue.settling import Settler
+from fdbqueue.ops.settling import Settler
+from fdbqueue.store.clock import FakeClock
 from tests.processes import real_clock
 
 from . import test_delivery

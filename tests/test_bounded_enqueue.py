@@ -13,7 +13,7 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Queue, QueueFullError, QueueStoppedError
-from fdbqueue.engines.base import Database
+from fdbqueue.engines.contract import Database
 from tests.conftest import engine_url
 
 

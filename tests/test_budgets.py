@@ -20,8 +20,8 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Queue
-from fdbqueue.contention import staged_dequeue
-from fdbqueue.engines.base import Database, Transaction, run_transaction
+from fdbqueue.engines.contract import Database, Transaction, run_transaction
+from fdbqueue.ops.contention import staged_dequeue
 from tests.counting import CountingDatabase, TxnCost
 
 ONE_MB = 1_000_000  # what each attempt must stay under: the 500,000-byte budget plus headroom
@@ -310,7 +310,7 @@ def test_a_reason_too_large_is_refused_at_nack_and_the_lease_kept(db: Database) 
 
 
 def test_the_limits_are_the_librarys() -> None:
-    from fdbqueue import budget
+    from fdbqueue.store import budget
 
     assert budget.TXN_BUDGET_BYTES == 500_000  # the layer's own work
     assert budget.USER_TXN_LIMIT == 9_000_000  # a user's call: FoundationDB's limit less a margin
@@ -344,7 +344,7 @@ def test_a_worker_nacks_with_a_reason_made_to_fit(db: Database) -> None:
 
 
 def test_after_a_leased_message_a_move_must_fit_what_is_left() -> None:
-    from fdbqueue.budget import Budget
+    from fdbqueue.store.budget import Budget
 
     b = Budget(110_000)
     assert b.take(400_000)  # the first move of a transaction always goes: progress

@@ -573,7 +573,7 @@ def test_demo_never_uses_fdbqueue_url(tmp_path: Path) -> None:
 
 def test_demo_result_shapes(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """The demo's result is read defensively: an older shape without rows(), a failed run."""
-    import fdbqueue.demo
+    import fdbqueue.cli.demo
 
     old = SimpleNamespace(messages=10, processed_once=9, duplicates=0, missing=1, seconds=0.5, ok=False)
     seen: list[tuple[object, ...]] = []
@@ -583,7 +583,7 @@ def test_demo_result_shapes(capsys: pytest.CaptureFixture[str], monkeypatch: pyt
         seen.append((args, kwargs))
         return old
 
-    monkeypatch.setattr(fdbqueue.demo, "run_demo", fake_run_demo)
+    monkeypatch.setattr(fdbqueue.cli.demo, "run_demo", fake_run_demo)
     assert main(["demo", "--messages", "10"]) == 1
     out = capsys.readouterr().out
     assert "processed exactly once  9" in out and "lost                    1" in out and "FAILED" in out
@@ -677,7 +677,7 @@ def test_worker_process_stops_on_sigterm_and_loses_nothing(tmp_path: Path) -> No
 
 def test_list_stats_and_browse_classify_by_database_time(run: Run, db: fdbqueue.Database) -> None:
     """An expired message is not ready and a due delayed one is, before anything sweeps."""
-    from fdbqueue.clock import fake_clock
+    from fdbqueue.store.clock import fake_clock
 
     q = fdbqueue.Queue("t")
     with fake_clock() as clock:
@@ -782,7 +782,7 @@ def test_list_leaves_out_what_the_principal_may_not_browse_and_says_how_many(
 
 def test_metrics_listens_on_loopback_unless_told(db: fdbqueue.Database) -> None:
     from fdbqueue.cli import build_parser
-    from fdbqueue.metrics import serve
+    from fdbqueue.runtime.metrics import serve
 
     assert build_parser().parse_args(["metrics"]).addr == "127.0.0.1"
     assert build_parser().parse_args(["metrics", "--addr", "0.0.0.0"]).addr == "0.0.0.0"
@@ -837,8 +837,8 @@ def test_demo_workers_log_deliberate_failures_in_one_line_and_others_in_full(
 ) -> None:
     import logging
 
-    from fdbqueue.demo import OrderFailed, worker_logging
-    from fdbqueue.handling import log_failure
+    from fdbqueue.cli.demo import OrderFailed, worker_logging
+    from fdbqueue.runtime.handling import log_failure
 
     logger = logging.getLogger("fdbqueue.test-demo-logging")
     sink = tmp_path / "failures.log"
@@ -858,7 +858,7 @@ def test_demo_workers_log_deliberate_failures_in_one_line_and_others_in_full(
 
 
 def test_demo_spark_step_hides_only_the_jvms_start_up_notes(capfd: pytest.CaptureFixture[str]) -> None:
-    from fdbqueue.demo_spark import jvm_output, show_jvm_output
+    from fdbqueue.spark.demo import jvm_output, show_jvm_output
 
     notes = (
         b"WARNING: Using incubator modules: jdk.incubator.vector\nUsing Spark's default log4j profile: x\n"
@@ -878,7 +878,7 @@ def test_demo_spark_step_hides_only_the_jvms_start_up_notes(capfd: pytest.Captur
 @pytest.mark.parametrize("messages", [0, 1, 3, 250])
 def test_audit_plot_counts_messages_in_whole_numbers(messages: int, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from fdbqueue.audit import QueueSummary, _figure, _plot
+    from fdbqueue.spark.audit import QueueSummary, _figure, _plot
 
     fates = {"acked": messages} if messages else {}
     summaries = [QueueSummary("jobs", fates, 0, None)]

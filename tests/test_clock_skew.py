@@ -1,6 +1,6 @@
 """Exactly-once whatever the clients' clocks say: every deadline is in database time.
 
-Each client's wall clock is set off with :func:`fdbqueue.clock.thread_skew` (that thread
+Each client's wall clock is set off with :func:`fdbqueue.store.clock.thread_skew` (that thread
 only); database time (read versions) is the database's. A receipt, a lease, a staged
 request, a delay or a TTL must behave the same whichever client made it and whichever
 client looks at it, and a retry that comes too late to learn its outcome must say so
@@ -20,13 +20,13 @@ import pytest
 
 import fdbqueue
 from fdbqueue import LeaseError, Queue
-from fdbqueue.clock import VERSIONS_PER_SECOND, fake_clock, thread_skew
-from fdbqueue.contention import staged_dequeue
-from fdbqueue.engines.base import Database
-from fdbqueue.engines.sim import SimDatabase, SimTransaction
+from fdbqueue.engines.contract import Database
+from fdbqueue.engines.sim.database import SimDatabase, SimTransaction
 from fdbqueue.errors import CommitUnknownError, EngineError
-from fdbqueue.layout import unpack_count
-from fdbqueue.receipts import RECEIPT_TTL_SECONDS, RESULT_TTL_VERSIONS
+from fdbqueue.ops.contention import staged_dequeue
+from fdbqueue.ops.receipts import RECEIPT_TTL_SECONDS, RESULT_TTL_VERSIONS
+from fdbqueue.store.clock import VERSIONS_PER_SECOND, fake_clock, thread_skew
+from fdbqueue.store.layout import unpack_count
 from tests.conftest import engine_url
 from tests.faults import ScriptedFaults, on_backoff
 from tests.processes import Children, real_clock

@@ -1,4 +1,4 @@
-"""The staged dequeue-request set (fdbqueue/contention.py): high-contention dequeue.
+"""The staged dequeue-request set (fdbqueue/ops/contention.py): high-contention dequeue.
 
 Plain dequeues all read the head and collide (1020); the layer then registers a request
 and lets whichever waiter runs next pair requests with messages in batches.
@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 import fdbqueue
-import fdbqueue.contention as contention
+import fdbqueue.ops.contention as contention
 from fdbqueue import Queue
-from fdbqueue.contention import STALE_REQUEST_VERSIONS, fulfil, staged_dequeue
-from fdbqueue.engines.sim import SimDatabase
+from fdbqueue.engines.sim.database import SimDatabase
+from fdbqueue.ops.contention import STALE_REQUEST_VERSIONS, fulfil, staged_dequeue
 from fdbqueue.testing import FaultScript, on_backoff
 
 

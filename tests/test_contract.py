@@ -15,8 +15,8 @@ import pytest
 
 import fdbqueue
 from fdbqueue import EngineError, KeySelector, KeyValue
-from fdbqueue.engines.base import Database, run_transaction
-from fdbqueue.engines.local import LocalDatabase
+from fdbqueue.engines.contract import Database, run_transaction
+from fdbqueue.engines.local.transaction import LocalDatabase
 
 
 def put(db: Database, items: dict[bytes, bytes]) -> None:

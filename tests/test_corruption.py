@@ -13,9 +13,9 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Queue
-from fdbqueue.engines.base import Database
+from fdbqueue.engines.contract import Database
 from fdbqueue.errors import CorruptMessageError, QueueError
-from fdbqueue.message import Record, join_chunks, seal_chunk
+from fdbqueue.store.record import Record, join_chunks, seal_chunk
 
 LOCAL = ["memory", "sim", "sqlite"]
 
@@ -177,7 +177,7 @@ def assert_moved_aside(db: Database, q: Queue, mid: str, damaged: bytes) -> None
 def test_a_damaged_head_is_moved_aside_and_the_rest_delivered(
     db: Database, how: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from fdbqueue.contention import staged_dequeue
+    from fdbqueue.ops.contention import staged_dequeue
 
     q = Queue("jobs")
     ids, damaged = three_with_a_damaged_head(db, q)
@@ -203,7 +203,7 @@ def test_a_damaged_head_is_moved_aside_and_the_rest_delivered(
 
 @pytest.mark.parametrize("engine", LOCAL, indirect=True)
 def test_damaged_leased_and_delayed_records_are_moved_aside_by_the_sweep(db: Database) -> None:
-    from fdbqueue.clock import fake_clock
+    from fdbqueue.store.clock import fake_clock
 
     q = Queue("jobs")
     with fake_clock() as clock:
@@ -240,7 +240,7 @@ def all_keys(db: Database, q: Queue, tag: str) -> list[bytes]:
 @pytest.mark.parametrize("engine", LOCAL, indirect=True)
 @pytest.mark.parametrize("how", ["dequeue", "lease_many", "staged"])
 def test_a_head_with_a_damaged_chunk_is_moved_aside_and_the_rest_delivered(db: Database, how: str) -> None:
-    from fdbqueue.contention import staged_dequeue
+    from fdbqueue.ops.contention import staged_dequeue
 
     q = Queue("jobs")
     big = bytes(range(256)) * 100  # 25,600 bytes: three chunks

@@ -19,9 +19,9 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Queue, QueueConfig, UnsupportedLayerFormatError
-from fdbqueue.clock import VERSIONS_PER_SECOND, fake_clock
-from fdbqueue.engines.base import Database
-from fdbqueue.layout import QueueKeys
+from fdbqueue.engines.contract import Database
+from fdbqueue.store.clock import VERSIONS_PER_SECOND, fake_clock
+from fdbqueue.store.layout import QueueKeys
 from tests.conftest import engine_url
 
 LOCAL = ["memory", "sim", "sqlite"]

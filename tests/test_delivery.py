@@ -11,8 +11,8 @@ import pytest
 
 import fdbqueue
 from fdbqueue import LeaseError, Queue
-from fdbqueue.clock import VERSIONS_PER_SECOND, FakeClock, fake_clock
-from fdbqueue.engines.base import Database
+from fdbqueue.engines.contract import Database
+from fdbqueue.store.clock import VERSIONS_PER_SECOND, FakeClock, fake_clock
 
 
 @pytest.fixture

@@ -26,9 +26,9 @@ from fdbqueue import (
     QueueFullError,
     QueueStoppedError,
 )
-from fdbqueue.clock import FakeClock, fake_clock
-from fdbqueue.engines.base import Database
-from fdbqueue.layout import unpack_count
+from fdbqueue.engines.contract import Database
+from fdbqueue.store.clock import FakeClock, fake_clock
+from fdbqueue.store.layout import unpack_count
 from tests.conftest import engine_url
 
 

@@ -3,7 +3,7 @@
 ``sim://?seed=<drawn>&faults=0.05``: commits with writes fail with 1020, 1007 or 1021
 (applied or not), so every Database call below goes through the layer's retry loop and its
 exactly-once checks. The queue is ``create_queue(db, "jobs", max_deliveries=3,
-lease_seconds=30, retry_delay=0)``; time is the fake clock of ``fdbqueue.clock``, moved by a
+lease_seconds=30, retry_delay=0)``; time is the fake clock of ``fdbqueue.store.clock``, moved by a
 rule, never slept: it moves the wall clock and database time (the sim's read versions, by
 which the layer decides every deadline) together.
 
@@ -44,15 +44,15 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import fdbqueue
-import fdbqueue.moves
-import fdbqueue.queue
+import fdbqueue.api.queue
+import fdbqueue.ops.moves
 from fdbqueue import LeaseError, LeaseExpiredError, Message, Queue
-from fdbqueue.clock import FakeClock, set_clock
-from fdbqueue.delivery import locate
-from fdbqueue.engines.base import run_transaction
-from fdbqueue.engines.sim import SimDatabase
-from fdbqueue.layout import unpack_count
-from fdbqueue.message import Record
+from fdbqueue.engines.contract import run_transaction
+from fdbqueue.engines.sim.database import SimDatabase
+from fdbqueue.ops.delivery import locate
+from fdbqueue.store.clock import FakeClock, set_clock
+from fdbqueue.store.layout import unpack_count
+from fdbqueue.store.record import Record
 from fdbqueue.testing import FaultScript
 
 US = 1_000_000
@@ -544,7 +544,7 @@ class DeliveryModelIdsAgainstTime(DeliveryModel):
     def open_db(self, seed: int) -> None:
         countdown = itertools.count(2**64, -1)
         self._patch = pytest.MonkeyPatch()
-        for module in (fdbqueue.queue, fdbqueue.moves):
+        for module in (fdbqueue.api.queue, fdbqueue.ops.moves):
             self._patch.setattr(module, "new_id", lambda: f"{next(countdown):032x}")
         super().open_db(seed)
 
@@ -571,7 +571,7 @@ def scripted() -> Any:
     db = fdbqueue.open("sim://?seed=1")
     assert isinstance(db, SimDatabase)
     fdbqueue.create_queue(db, "jobs", max_deliveries=MAX_DELIVERIES, lease_seconds=30, retry_delay=0)
-    with fdbqueue.clock.fake_clock(START) as clock:
+    with fdbqueue.store.clock.fake_clock(START) as clock:
         yield db, FaultScript(db), clock
     db.close()
 

@@ -13,7 +13,7 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Dispatcher, Message, Queue
-from fdbqueue.engines.base import Database
+from fdbqueue.engines.contract import Database
 
 
 @pytest.fixture(params=["memory", "sqlite"])

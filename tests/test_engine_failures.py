@@ -17,7 +17,7 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Queue, create_queue
-from fdbqueue.engines.base import Database
+from fdbqueue.engines.contract import Database
 from fdbqueue.errors import StoreError
 from fdbqueue.testing import outage
 

@@ -1,4 +1,4 @@
-"""fdbqueue.entropy: the random bytes of message keys, ids and receipts never repeat."""
+"""fdbqueue.store.entropy: the random bytes of message keys, ids and receipts never repeat."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import os
 import sys
 import threading
 
-from fdbqueue import entropy
-from fdbqueue.entropy import random_bytes
+from fdbqueue.store import entropy
+from fdbqueue.store.entropy import random_bytes
 
 
 def test_sizes_and_no_repeats_across_refills() -> None:

@@ -15,13 +15,13 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Dispatcher, PartitionedQueue, Queue, QueueError, Worker
-from fdbqueue.clock import db_now
-from fdbqueue.engines._notify import WatchHub
-from fdbqueue.engines.base import Database, Transaction
+from fdbqueue.engines.contract import Database, Transaction
+from fdbqueue.engines.sqlite.notify import WatchHub
 from fdbqueue.errors import EngineError
-from fdbqueue.fairness import WorkSet
-from fdbqueue.txn import run_once
-from fdbqueue.workindex import decode_due, retire, work_keys
+from fdbqueue.ops.txn import run_once
+from fdbqueue.ops.workindex import decode_due, retire, work_keys
+from fdbqueue.runtime.fairness import WorkSet
+from fdbqueue.store.clock import db_now
 
 
 def entry(db: Database | Transaction, name: str) -> int | None:
@@ -294,7 +294,7 @@ def test_a_queue_the_principal_may_not_dequeue_is_skipped(
     Queue("tenant.open").enqueue(owner, b"open")
     other = fdbqueue.open(url, principal="svc-b")
     seen: list[bytes] = []
-    with caplog.at_level(logging.WARNING, logger="fdbqueue.worker"):
+    with caplog.at_level(logging.WARNING, logger="fdbqueue.runtime.worker"):
         Worker(other, "tenant.*", lambda m: seen.append(m.payload)).run(until_empty=True)
     assert seen == [b"open"]
     assert "skips queue 'tenant.private'" in caplog.text

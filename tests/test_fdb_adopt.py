@@ -10,7 +10,7 @@ import pytest
 
 import fdbqueue
 from fdbqueue.engines import fdb as fdb_engine
-from fdbqueue.engines.base import run_transaction, transactional
+from fdbqueue.engines.contract import run_transaction, transactional
 from fdbqueue.errors import QueueError
 
 
@@ -106,7 +106,7 @@ def test_journaled_operations_in_one_raw_fdb_transaction_keep_every_entry(
     # belong to the raw transaction, not to a wrapper, or entries of one commit share a key.
     import fdb
 
-    from fdbqueue.layout import DEFAULT_ROOT, JournalKeys
+    from fdbqueue.store.layout import DEFAULT_ROOT, JournalKeys
 
     jobs = fdbqueue.Queue("jobs")
     fdbqueue.create_queue(fdb_db, "jobs", journal=True)

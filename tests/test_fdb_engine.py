@@ -24,7 +24,7 @@ import pytest
 
 import fdbqueue
 from fdbqueue.engines import fdb as fdb_engine
-from fdbqueue.engines.base import (
+from fdbqueue.engines.contract import (
     Database,
     KeySelector,
     KeyValue,

@@ -18,7 +18,7 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Forwarder, Queue, testing
-from fdbqueue.txn import run_once
+from fdbqueue.ops.txn import run_once
 
 CHILD = """
 import sys, fdbqueue
@@ -190,6 +190,6 @@ def test_an_exclusive_forwarder_keeps_order_and_warns_when_another_consumer_take
     batch = run_once(src, lambda t, _: f._peek(t))
     f._install([r.message for r in batch])
     assert q.dequeue(src) is not None
-    with caplog.at_level(logging.WARNING, logger="fdbqueue.forwarding"):
+    with caplog.at_level(logging.WARNING, logger="fdbqueue.runtime.forwarding"):
         done, _ = f._send_away(batch)
     assert done == [] and "taken by another consumer" in caplog.text

@@ -16,7 +16,7 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Forwarder, Queue, QueueError
-from fdbqueue.txn import run_once
+from fdbqueue.ops.txn import run_once
 
 # -- a queue forwarded into itself ------------------------------------------------------------
 
@@ -81,7 +81,7 @@ def _ids_at(db: fdbqueue.Database, name: str) -> list[str]:
 
 
 def _in_transit(src: fdbqueue.Database, dst: fdbqueue.Database) -> int:
-    """Pending copies on the destination and tombstones on the source (fdbqueue/transit.py)."""
+    """Pending copies on the destination and tombstones on the source (fdbqueue/ops/transit.py)."""
     n = 0
     for db, tag in ((dst, "fp"), (src, "ft")):
         r = Queue("jobs").keys.q.range((tag,))

@@ -12,10 +12,10 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Queue, create_queue
-from fdbqueue.clock import fake_clock
-from fdbqueue.config import MAX_DURATION_SECONDS, QueueConfig
 from fdbqueue.errors import QueueError
-from fdbqueue.layout import QueueKeys, validate_queue_name
+from fdbqueue.store.clock import fake_clock
+from fdbqueue.store.config import MAX_DURATION_SECONDS, QueueConfig
+from fdbqueue.store.layout import QueueKeys, validate_queue_name
 
 
 @pytest.fixture
@@ -82,11 +82,11 @@ def test_stored_invalid_error_queue_does_not_wedge(db) -> None:
 
     def put(t, _):
         t.set(keys.config, raw)
-        from fdbqueue.config import bump_metadata_version
+        from fdbqueue.store.config import bump_metadata_version
 
         bump_metadata_version(t, keys)
 
-    from fdbqueue.txn import run_once
+    from fdbqueue.ops.txn import run_once
 
     run_once(db, put)
     q = Queue("orders")
@@ -197,8 +197,8 @@ def test_dispatcher_interval_is_checked(db, value: float) -> None:
 def test_stored_infinite_duration_reads_as_the_maximum(db) -> None:
     """Settings stored before the bound (JSON ``Infinity``) read as ten years, and the
     queue keeps working past an expiry."""
-    from fdbqueue.config import bump_metadata_version
-    from fdbqueue.txn import run_once
+    from fdbqueue.ops.txn import run_once
+    from fdbqueue.store.config import bump_metadata_version
 
     create_queue(db, "orders", retry_delay=1.0)
     keys = QueueKeys.make("orders")

@@ -11,12 +11,12 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Queue
-from fdbqueue.clock import VERSIONS_PER_SECOND, db_now, fake_clock
-from fdbqueue.contention import fulfil
-from fdbqueue.engines.base import Database
+from fdbqueue.engines.contract import Database
 from fdbqueue.errors import QueueError
-from fdbqueue.layout import unpack_count
-from fdbqueue.receipts import RESULT_TTL_VERSIONS
+from fdbqueue.ops.contention import fulfil
+from fdbqueue.ops.receipts import RESULT_TTL_VERSIONS
+from fdbqueue.store.clock import VERSIONS_PER_SECOND, db_now, fake_clock
+from fdbqueue.store.layout import unpack_count
 
 
 @pytest.fixture
@@ -238,8 +238,8 @@ def test_a_self_loop_stored_before_the_check_dead_letters_to_the_default(db: Dat
     not go back into the queue it left, to be delivered for ever."""
     import dataclasses
 
-    from fdbqueue.config import QueueConfig, write_config
-    from fdbqueue.layout import QueueKeys
+    from fdbqueue.store.config import QueueConfig, write_config
+    from fdbqueue.store.layout import QueueKeys
 
     fdbqueue.create_queue(db, "jobs", max_deliveries=1)
     tr = db.create_transaction()
@@ -287,9 +287,9 @@ def test_the_cli_prints_strict_json_of_whatever_a_store_holds(
     import json
 
     from fdbqueue.cli import main
-    from fdbqueue.enqueuing import enqueue_items
-    from fdbqueue.layout import new_rand
-    from fdbqueue.message import ContentType
+    from fdbqueue.ops.enqueuing import enqueue_items
+    from fdbqueue.store.layout import new_rand
+    from fdbqueue.store.record import ContentType
     from fdbqueue.types import Item
 
     monkeypatch.delenv("FDBQUEUE_URL", raising=False)

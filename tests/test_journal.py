@@ -11,9 +11,9 @@ import pytest
 
 import fdbqueue
 from fdbqueue import JournalEntry, Queue, QueueError
-from fdbqueue.clock import FakeClock, fake_clock
-from fdbqueue.engines.base import Database
+from fdbqueue.engines.contract import Database
 from fdbqueue.errors import EngineError
+from fdbqueue.store.clock import FakeClock, fake_clock
 from fdbqueue.testing import FaultScript
 
 
@@ -114,7 +114,7 @@ def test_a_transaction_keeps_its_entry_order_whatever_others_leave_unfinished(db
 
 
 def test_a_new_attempt_numbers_its_entries_from_zero_and_rings_the_bell(db: Database) -> None:
-    from fdbqueue.layout import DEFAULT_ROOT, JournalKeys
+    from fdbqueue.store.layout import DEFAULT_ROOT, JournalKeys
 
     fdbqueue.create_queue(db, "jobs", journal=True)
     q = Queue("jobs")
@@ -191,7 +191,7 @@ def test_state_settings_purge_and_destroy(db: Database) -> None:
 
 
 def test_a_journaled_purge_goes_in_batches(monkeypatch: pytest.MonkeyPatch) -> None:
-    import fdbqueue.admin as admin
+    import fdbqueue.api.admin as admin
 
     monkeypatch.setattr(admin, "PURGE_BATCH", 4)
     db = fdbqueue.open("memory://")
@@ -211,7 +211,7 @@ def test_a_journaled_purge_goes_in_batches(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_since_is_exclusive_limit_and_pages(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
-    import fdbqueue.journaling as journaling
+    import fdbqueue.ops.journaling as journaling
 
     monkeypatch.setattr(journaling, "PAGE", 3)
     fdbqueue.create_queue(db, "jobs", journal=True)

@@ -19,7 +19,7 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Message, Queue
-from fdbqueue.clock import FakeClock, fake_clock
+from fdbqueue.store.clock import FakeClock, fake_clock
 
 QUEUES = ("a", "b")
 TIMEOUT_OPS = {"lease_expired", "promote", "expired", "dead"}

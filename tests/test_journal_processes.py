@@ -21,8 +21,8 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Queue
-from fdbqueue.delivery import locate
-from fdbqueue.layout import QueueKeys
+from fdbqueue.ops.delivery import locate
+from fdbqueue.store.layout import QueueKeys
 
 CHILD = textwrap.dedent(
     """

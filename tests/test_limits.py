@@ -2,7 +2,7 @@
 refuse it, and the layer moves large messages one per transaction.
 
 FoundationDB refuses a transaction over 10,000,000 bytes (2101) and a value over 100,000
-(2103); every engine here enforces both (``fdbqueue/engines/base.py``). Payloads are chunked,
+(2103); every engine here enforces both (``fdbqueue/engines/contract.py``). Payloads are chunked,
 so ``max_payload`` goes up to what one transaction can move; ``enqueue_many`` is one
 transaction up to the engine's limit less the layer's margin. Sizes are measured as
 FoundationDB counts them (``tests/counting.py``). The figures are written out, not imported.
@@ -18,7 +18,7 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Queue
-from fdbqueue.engines.base import Database
+from fdbqueue.engines.contract import Database
 from tests.conftest import engine_url
 from tests.counting import CountingDatabase, TxnCost
 

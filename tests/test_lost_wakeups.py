@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 import fdbqueue
-from fdbqueue import Queue, waiting
-from fdbqueue.worker import wait_any
+from fdbqueue import Queue
+from fdbqueue.ops import waiting
+from fdbqueue.runtime.worker import wait_any
 
 
 @pytest.fixture

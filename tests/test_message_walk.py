@@ -4,7 +4,7 @@ down the layers and enters each module of the package once.
 A profile hook notes, at every call into the package, the chain of package modules on the
 stack since the last callback (a function defined inside another, or a lambda, that a retry
 loop or an engine runs for its definer: the definer's own module calling itself, in effect);
-the engines are left out, below every layer. A generator of steps (``fdbqueue.steps``) that
+the engines are left out, below every layer. A generator of steps (``fdbqueue.ops.steps``) that
 its driver resumes counts as a callback too. A chain that leaves a module and comes back to it
 (``queue -> leasing -> queue``: a lower module calling back up) fails, and so does a call from
 a lower layer into a higher one (tests/test_imports.py has the layers).
@@ -51,7 +51,7 @@ def _chains(step: Callable[[], object]) -> Iterator[tuple[str, ...]]:
                 or f.f_code.co_flags & inspect.CO_GENERATOR
             ):
                 # A callback: what called it runs its definer's code. So does a generator of
-                # steps resumed by its driver (fdbqueue.steps.drive): the blocking API's loops.
+                # steps resumed by its driver (fdbqueue.ops.steps.drive): the blocking API's loops.
                 break
             f = f.f_back
         seen.add(tuple(reversed(chain)))

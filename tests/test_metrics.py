@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import fdbqueue
 from fdbqueue import Database, Message, Queue, Retry, Worker
-from fdbqueue.metrics import serve
+from fdbqueue.runtime.metrics import serve
 
 
 @pytest.fixture(params=["sqlite", "sim"])
@@ -81,7 +81,7 @@ def test_a_worker_serves_the_endpoint_while_it_runs(store: Database) -> None:
 
 
 def test_handler_durations_are_observed_by_outcome(store: Database) -> None:
-    from fdbqueue.metrics import Exporter
+    from fdbqueue.runtime.metrics import Exporter
 
     q = Queue("jobs")
     q.enqueue_many(store, [b"ok", b"ok", b"retry"])
@@ -159,7 +159,7 @@ def test_all_queue_stats_reads_many_queues_as_queue_stats_does_and_leaves_out_th
     ops, viewer = fdbqueue.open(url, principal="ops"), fdbqueue.open(url, principal="viewer")
     try:
         # More queues than one transaction of all_queue_stats reads: the batches join up.
-        names = [f"t.q{i:03d}" for i in range(fdbqueue.admin.STATS_BATCH + 7)]
+        names = [f"t.q{i:03d}" for i in range(fdbqueue.api.admin.STATS_BATCH + 7)]
         for i, name in enumerate(names):
             fdbqueue.create_queue(ops, name)
             Queue(name).enqueue_many(ops, [b"x"] * (i % 4))

@@ -9,8 +9,8 @@ import pytest
 
 import fdbqueue
 from fdbqueue import AccessDeniedError, Queue, QueueError, QueueNotFoundError
-from fdbqueue.clock import fake_clock
-from fdbqueue.engines.base import Database
+from fdbqueue.engines.contract import Database
+from fdbqueue.store.clock import fake_clock
 from fdbqueue.testing import FaultScript
 
 
@@ -69,7 +69,7 @@ def test_in_a_transaction_it_commits_or_aborts_with_it(db: Database) -> None:
 
 
 def test_batches_and_the_journal_on_both_queues(monkeypatch: pytest.MonkeyPatch) -> None:
-    import fdbqueue.moving as moving
+    import fdbqueue.api.transfer as moving
 
     monkeypatch.setattr(moving, "BATCH", 3)
     db = fdbqueue.open("memory://")

@@ -1,11 +1,11 @@
-"""One writer of message state: every write of a message key is made by ``fdbqueue.moves``.
+"""One writer of message state: every write of a message key is made by ``fdbqueue.ops.moves``.
 
 The engine's writing methods are wrapped to note, for each write, the package module that made
 it (the innermost frame of ``fdbqueue`` outside the engines). A workload that makes every
 kind of move — enqueue (small, chunked, delayed, with a TTL), dequeue, staged dequeue, lease,
 ack, nack with and without a delay, release, extend, lease expiry, promotion, dead letters,
 expiry, a damaged record, an aborted in-transaction dequeue, purge, destroy — must show
-``fdbqueue.moves`` as the only writer of the keys that hold messages, their indexes and their
+``fdbqueue.ops.moves`` as the only writer of the keys that hold messages, their indexes and their
 counters.
 """
 
@@ -19,10 +19,10 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Queue
-from fdbqueue.clock import FakeClock, fake_clock
-from fdbqueue.contention import staged_dequeue
-from fdbqueue.engines.local import LocalTransaction
-from fdbqueue.layout import QueueKeys, enc_str
+from fdbqueue.engines.local.transaction import LocalTransaction
+from fdbqueue.ops.contention import staged_dequeue
+from fdbqueue.store.clock import FakeClock, fake_clock
+from fdbqueue.store.layout import QueueKeys, enc_str
 
 # Tags under a queue's subspace whose keys are message state: ready, id entries, chunks,
 # leased, lease entries, delayed, TTL entries, staged results.
@@ -132,11 +132,11 @@ def test_only_moves_writes_message_state(writes: list[tuple[str, bytes, str]], c
         {
             (op, mod)
             for op, key, mod in writes
-            if mod not in ("fdbqueue.moves",) and not mod.startswith("test")
+            if mod not in ("fdbqueue.ops.moves",) and not mod.startswith("test")
             for keys in all_keys
             if is_state_key(key, keys)
         }
     )
     state_writes = [1 for _, key, _ in writes for keys in all_keys if is_state_key(key, keys)]
     assert len(state_writes) > 50  # the workload did move messages
-    assert not wrong, f"message state written outside fdbqueue.moves: {wrong}"
+    assert not wrong, f"message state written outside fdbqueue.ops.moves: {wrong}"

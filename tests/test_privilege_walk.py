@@ -4,7 +4,7 @@ ops owns a queue ("vault") holding messages, a dead letter, a delayed and a leas
 journal, a dedup key and a schedule, and a partitioned queue ("cards") with a route. eve holds
 no right on any of them. Each entry of the public surface - ``fdbqueue.__all__`` (functions and
 the methods of the classes that reach a store), ``fdbqueue.aio``, the Spark data source's
-readers (``fdbqueue.export``), the dashboard's and the exporter's readers, and every command of
+readers (``fdbqueue.api.export``), the dashboard's and the exporter's readers, and every command of
 the CLI's parser - is called as eve, and must either be refused with AccessDeniedError (the CLI:
 exit 1 and one line naming the missing right) or be one of the few that are open to all and
 then reveal none of ops' messages and change nothing. The store is compared key by key before
@@ -28,9 +28,11 @@ from typing import Any
 import pytest
 
 import fdbqueue
-from fdbqueue import AccessDeniedError, Queue, aio, export, steps
+from fdbqueue import AccessDeniedError, Queue, aio
+from fdbqueue.api import export
 from fdbqueue.cli import build_parser, main
-from fdbqueue.metrics import QueueCollector
+from fdbqueue.ops import steps
+from fdbqueue.runtime.metrics import QueueCollector
 from fdbqueue.web import views
 
 SECRET = "s3cret-4111"

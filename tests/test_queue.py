@@ -10,7 +10,7 @@ import pytest
 
 import fdbqueue
 from fdbqueue import EngineError, Queue
-from fdbqueue.engines.base import Database
+from fdbqueue.engines.contract import Database
 
 
 @pytest.fixture

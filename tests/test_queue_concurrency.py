@@ -21,7 +21,7 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Queue
-from fdbqueue.engines.sim import SimDatabase
+from fdbqueue.engines.sim.database import SimDatabase
 from fdbqueue.testing import FaultScript, on_backoff
 
 N_MESSAGES = 10_000

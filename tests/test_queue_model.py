@@ -28,7 +28,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 import fdbqueue
 from fdbqueue import Message, Queue
-from fdbqueue.engines.sim import SimDatabase
+from fdbqueue.engines.sim.database import SimDatabase
 from fdbqueue.testing import FaultScript
 
 PRIORITIES = st.sampled_from([-1, 0, 0, 1, 5])

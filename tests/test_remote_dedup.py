@@ -14,8 +14,8 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Database, NewMessage, PartitionedQueue, Queue, QueueError, RemoteQueue, aio, testing
-from fdbqueue.enqueuing import enqueue_items, new_item
-from fdbqueue.forwarding import DEDUP_HEADER, Forwarder
+from fdbqueue.ops.enqueuing import enqueue_items, new_item
+from fdbqueue.runtime.forwarding import DEDUP_HEADER, Forwarder
 
 
 def _pair(seed: int = 1) -> tuple[Database, Database]:
@@ -85,7 +85,7 @@ def test_reserved_header_names_are_refused_on_every_public_enqueue_path(name: st
 
 def test_a_spark_write_refuses_reserved_headers(tmp_path: Path) -> None:
     types = pytest.importorskip("pyspark.sql.types")
-    from fdbqueue.sparkwrite import Writer
+    from fdbqueue.spark.write import Writer
 
     url = f"sqlite://{tmp_path / 'q.db'}"
     schema = types.StructType(

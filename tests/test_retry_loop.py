@@ -15,16 +15,16 @@ from typing import Any
 import pytest
 
 import fdbqueue
-from fdbqueue.clock import db_now
-from fdbqueue.contention import BATCH, fulfil
-from fdbqueue.engines.base import RAISE, RETRY, Again, Attempt, Done, Transaction, retry, run_transaction
-from fdbqueue.engines.sim import SimDatabase, SimTransaction
+from fdbqueue.api.queue import Queue
+from fdbqueue.engines.contract import RAISE, RETRY, Again, Attempt, Done, Transaction, retry, run_transaction
+from fdbqueue.engines.sim.database import SimDatabase, SimTransaction
 from fdbqueue.errors import CommitUnknownError, EngineError, QueueError
-from fdbqueue.queue import Queue
-from fdbqueue.steps import refused
+from fdbqueue.ops.contention import BATCH, fulfil
+from fdbqueue.ops.steps import refused
+from fdbqueue.ops.txn import run_once
+from fdbqueue.ops.waiting import watch_queue
+from fdbqueue.store.clock import db_now
 from fdbqueue.testing import FaultScript
-from fdbqueue.txn import run_once
-from fdbqueue.waiting import watch_queue
 
 
 @pytest.fixture

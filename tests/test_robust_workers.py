@@ -198,7 +198,7 @@ def test_cli_worker_logs_failures_as_json_with_their_fields(tmp_path: Path) -> N
     lines = [json.loads(x) for x in r.stderr.decode().splitlines() if x.startswith("{")]
     (failure,) = [x for x in lines if x["level"] == "ERROR"]
     assert (failure["queue"], failure["message_id"], failure["deliveries"]) == ("jobs", sent, 1)
-    assert "Traceback" in failure["traceback"] and failure["logger"] == "fdbqueue.worker"
+    assert "Traceback" in failure["traceback"] and failure["logger"] == "fdbqueue.runtime.worker"
     r = subprocess.run(
         [
             sys.executable,

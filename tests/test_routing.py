@@ -11,7 +11,7 @@ import pytest
 
 import fdbqueue
 from fdbqueue import PartitionedQueue, Queue, QueueError
-from fdbqueue.engines.base import Database
+from fdbqueue.engines.contract import Database
 from fdbqueue.testing import FaultScript
 
 # The partition of each value among 8: fixed here, so that a change of the hash (which would

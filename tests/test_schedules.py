@@ -158,7 +158,7 @@ def test_schedule_names_are_checked(store: Database, capsys: pytest.CaptureFixtu
     with pytest.raises(QueueError, match="name must be a non-empty str"):
         fdbqueue.unschedule(store, 5)  # type: ignore[arg-type]
     assert fdbqueue.schedules(store) == []
-    if isinstance(store, fdbqueue.engines.sim.SimDatabase):
+    if isinstance(store, fdbqueue.engines.sim.database.SimDatabase):
         return
     url = f"sqlite://{store.path}"  # type: ignore[attr-defined]
     assert main(["--url", url, "schedule", "", "reports", "*/5 * * * *", "x"]) == 2

@@ -4,7 +4,7 @@ A commit that ends in commit_unknown_result (1021) may or may not have been appl
 (``fdb_error_predicate`` / ``maybe_committed`` in bindings/c/fdb_c.cpp). Between it and the
 retry other clients go on: a lease expires and a sweep releases the message, another worker
 leases it. The message's state then says nothing about whether *this* call landed: only a
-receipt written in the same transaction does (``fdbqueue.sweep.settle``).
+receipt written in the same transaction does (``fdbqueue.ops.sweep.settle``).
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import pytest
 
 import fdbqueue
 from fdbqueue import LeaseError, Queue
-from fdbqueue.clock import fake_clock
-from fdbqueue.engines.sim import SimDatabase
+from fdbqueue.engines.sim.database import SimDatabase
 from fdbqueue.errors import CommitUnknownError
-from fdbqueue.layout import unpack_count
-from fdbqueue.message import Message
-from fdbqueue.receipts import RECEIPT_TTL_SECONDS
+from fdbqueue.ops.receipts import RECEIPT_TTL_SECONDS
+from fdbqueue.store.clock import fake_clock
+from fdbqueue.store.layout import unpack_count
+from fdbqueue.store.record import Message
 from fdbqueue.testing import FaultScript, on_backoff
 
 LEASE = 30

@@ -16,7 +16,7 @@ import pytest
 
 import fdbqueue
 from fdbqueue import EngineError, KeySelector
-from fdbqueue.engines.sim import ManualClock, SimDatabase, SimTransaction
+from fdbqueue.engines.sim.database import ManualClock, SimDatabase, SimTransaction
 
 
 def code_of(fn: Callable[[], object]) -> int:

@@ -422,7 +422,7 @@ def _audited_store(tmp_path: Path) -> tuple[str, fdbqueue.Database, dict[str, li
 
 
 def test_a_clean_audit_accounts_for_every_message(spark: Any, tmp_path: Path) -> None:
-    from fdbqueue.audit import run_audit, summary_lines
+    from fdbqueue.spark.audit import run_audit, summary_lines
 
     url, _, fates = _audited_store(tmp_path)
     report = run_audit(spark, url, tmp_path / "audit", queues="jobs,mail")
@@ -447,7 +447,7 @@ def test_the_audit_finds_a_message_cleared_behind_its_back_and_one_without_a_jou
     spark: Any, tmp_path: Path
 ) -> None:
     from fdbqueue.cli import main
-    from fdbqueue.layout import JOURNAL_SHARDS, JournalKeys, QueueKeys
+    from fdbqueue.store.layout import JOURNAL_SHARDS, JournalKeys, QueueKeys
 
     url, db, fates = _audited_store(tmp_path)
     q = Queue("jobs")

@@ -23,9 +23,10 @@ import pytest
 
 import fdbqueue
 from fdbqueue import StoreError
-from fdbqueue.engines import _shared, _walsync
-from fdbqueue.engines import sqlite as sqlite_engine
-from fdbqueue.engines.sqlite import SqliteDatabase
+from fdbqueue.engines.sqlite import database as sqlite_engine
+from fdbqueue.engines.sqlite import shared as _shared
+from fdbqueue.engines.sqlite import walsync as _walsync
+from fdbqueue.engines.sqlite.database import SqliteDatabase
 
 pytestmark = pytest.mark.skipif(
     sqlite_engine._BOOT_ID is None, reason="the shared version clock needs Linux's boot id"
@@ -208,7 +209,7 @@ def test_counters_from_processes_are_exact_and_on_disk(tmp_path: Path) -> None:
     db[b"n"] = struct.pack("<q", 0)
     code = (
         "import struct, sys, fdbqueue\n"
-        "from fdbqueue.engines.base import run_transaction\n"
+        "from fdbqueue.engines.contract import run_transaction\n"
         "db = fdbqueue.open(sys.argv[1])\n"
         "for _ in range(200):\n"
         "    run_transaction(db, lambda tr: tr.add(b'n', struct.pack('<q', 1)))\n"

@@ -26,16 +26,16 @@ import pytest
 
 import fdbqueue
 from fdbqueue import EngineError, InvalidURLError, NestedTransactionError, StoreError, UnsupportedFormatError
-from fdbqueue.engines import _sqlitetxn
-from fdbqueue.engines._notify import notify_dir_for
-from fdbqueue.engines.base import run_transaction
-from fdbqueue.engines.sqlite import SqliteDatabase
+from fdbqueue.engines.contract import run_transaction
+from fdbqueue.engines.sqlite import transaction as _sqlitetxn
+from fdbqueue.engines.sqlite.database import SqliteDatabase
+from fdbqueue.engines.sqlite.notify import notify_dir_for
 
 CHILD = r"""
 import struct, sys, time
 import fdbqueue
-from fdbqueue.engines._notify import notify_dir_for
-from fdbqueue.engines.base import run_transaction
+from fdbqueue.engines.sqlite.notify import notify_dir_for
+from fdbqueue.engines.contract import run_transaction
 
 mode, url = sys.argv[1], sys.argv[2]
 db = fdbqueue.open(url)

@@ -22,7 +22,7 @@ import pytest
 
 import fdbqueue
 from fdbqueue import StoreError
-from fdbqueue.engines._notify import notify_dir_for
+from fdbqueue.engines.sqlite.notify import notify_dir_for
 
 HOLDER = r"""
 import sys

@@ -4,7 +4,7 @@ A process SIGSTOPped inside ``q.dequeue(tr)`` holds the store lock (and SQLite's
 for as long as it is stopped, so every other process's enqueue, on any queue, waits
 forever (the layer retries 1037). Required: the 5-second transaction window bounds it -
 another process proceeds after about 5 s, and the stopped one's commit fails with 1007
-once it resumes, nothing lost or duplicated (the store lock is a lease: engines/_storelock.py).
+once it resumes, nothing lost or duplicated (the store lock is a lease: engines/sqlite/storelock.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 import fdbqueue
-import fdbqueue.clock
+import fdbqueue.store.clock
 from fdbqueue import Queue
 from tests.processes import Children, real_clock
 
@@ -132,7 +132,7 @@ def test_a_fake_clock_in_one_process_takes_no_lock_over(
     child = children.start("dequeuer", stalled_dequeuer, url, str(tmp_path), 2.0, ready=True)
     try:
         assert child.ready.wait(30), "the child never dequeued"
-        monkeypatch.setattr(fdbqueue.clock, "_ahead_us", 3_600_000_000)
+        monkeypatch.setattr(fdbqueue.store.clock, "_ahead_us", 3_600_000_000)
         tr = db.create_transaction()
         with pytest.raises(fdbqueue.EngineError) as err:
             tr.get(b"anything")
@@ -194,7 +194,7 @@ def stopped_at_the_claim(url: str, outdir: str) -> None:
     """Open the store, then SIGSTOP this process at its next claim of the store lock: the
     moment it holds the lock byte and the page does not say so yet (a waiter thread that
     just took the byte, or the non-blocking path), then enqueue once resumed."""
-    from fdbqueue.engines import _storelock
+    from fdbqueue.engines.sqlite import storelock as _storelock
 
     db = fdbqueue.open(url)
     claim = _storelock.StoreLock._claim
@@ -263,7 +263,7 @@ def test_a_process_stopped_as_it_takes_the_lock_byte_is_taken_over_after_the_win
 def stopped_in_its_commit(url: str) -> None:
     """Open the store, then SIGSTOP this process in its next commit, once pinned (a stop
     there is not bounded: the process holds SQLite's write lock in a moment)."""
-    from fdbqueue.engines import _storelock
+    from fdbqueue.engines.sqlite import storelock as _storelock
 
     db = fdbqueue.open(url)
     pin = _storelock.StoreLock.pin

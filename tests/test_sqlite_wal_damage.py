@@ -4,7 +4,7 @@ SQLite's WAL recovery keeps the frames before the first one whose salt or checks
 and ignores every later one without an error (https://www.sqlite.org/fileformat.html#the_write_ahead_log).
 A child process enqueues messages at sync=full (each enqueue returned: acknowledged) and is
 SIGKILLed, so that the WAL stays as it was; the test damages the WAL and opens the store again.
-Detection covers a crash on a running machine (the same boot): see fdbqueue/engines/_walcheck.py.
+Detection covers a crash on a running machine (the same boot): see fdbqueue/engines/sqlite/walcheck.py.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 
 import fdbqueue
 from fdbqueue import StoreError
-from fdbqueue.engines import _walcheck
+from fdbqueue.engines.sqlite import walcheck as _walcheck
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="the first-open check needs Linux's OFD locks and boot id"

@@ -1,4 +1,4 @@
-"""fdbqueue.steps: a blocking operation written once, taken by the thread driver and by asyncio's."""
+"""fdbqueue.ops.steps: a blocking operation written once, taken by the thread driver and by asyncio's."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from fdbqueue import aio
-from fdbqueue.engines.local import EventWatch
-from fdbqueue.steps import Emit, Run, Steps, Wait, drive, iterate
+from fdbqueue.engines.local.transaction import EventWatch
+from fdbqueue.ops.steps import Emit, Run, Steps, Wait, drive, iterate
 
 
 def _fail() -> None:

@@ -14,7 +14,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from fdbqueue.engines._notify import notify_dir_for
+from fdbqueue.engines.sqlite.notify import notify_dir_for
 
 ROOT = Path(__file__).resolve().parent.parent
 

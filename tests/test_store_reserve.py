@@ -15,7 +15,7 @@ import pytest
 
 import fdbqueue
 from fdbqueue import InvalidURLError, Queue, StoreError, StoreFullError
-from fdbqueue.engines._diskroom import DEFAULT_RESERVE, parse_reserve
+from fdbqueue.engines.sqlite.diskroom import DEFAULT_RESERVE, parse_reserve
 
 HUGE = "reserve=100000000G"  # 100 EB: more than any disk has free
 
@@ -113,6 +113,6 @@ def test_other_engines_never_refuse_a_producer() -> None:
 
 
 def test_the_default_spelt_as_the_url_spells_it_is_the_default() -> None:
-    from fdbqueue.engines._diskroom import DEFAULT_TEXT
+    from fdbqueue.engines.sqlite.diskroom import DEFAULT_TEXT
 
     assert parse_reserve(DEFAULT_TEXT, "u") == DEFAULT_RESERVE

@@ -1,4 +1,4 @@
-"""The store lock's lease (engines/_storelock.py), two open file descriptions in one process
+"""The store lock's lease (engines/sqlite/storelock.py), two open file descriptions in one process
 standing for two processes (OFD locks conflict between descriptions, as between processes)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from fdbqueue.engines import _storelock
-from fdbqueue.engines._storelock import LEASE_AT, StoreLock
+from fdbqueue.engines.sqlite import storelock as _storelock
+from fdbqueue.engines.sqlite.storelock import LEASE_AT, StoreLock
 
 pytestmark = pytest.mark.skipif(not _storelock.OFD, reason="open-file-description locks are Linux's")
 

@@ -17,9 +17,9 @@ import pytest
 
 import fdbqueue
 from fdbqueue import ClusterUnavailableError, EngineError, QueueError
-from fdbqueue.engines.base import run_transaction
-from fdbqueue.engines.sim import SimDatabase
-from fdbqueue.queue import Queue
+from fdbqueue.api.queue import Queue
+from fdbqueue.engines.contract import run_transaction
+from fdbqueue.engines.sim.database import SimDatabase
 from fdbqueue.testing import FaultScript, FaultScriptError, on_backoff, outage
 
 

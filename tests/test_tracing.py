@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import fdbqueue
 from fdbqueue import Database, Dispatcher, Message, Queue, Worker, aio
-from fdbqueue.tracing import TRACEPARENT
+from fdbqueue.ops.tracing import TRACEPARENT
 
 _EXPORTER = InMemorySpanExporter()
 _PROVIDER = TracerProvider()

@@ -21,9 +21,9 @@ import pytest
 
 import fdbqueue
 from fdbqueue import cli
-from fdbqueue.clock import FakeClock, fake_clock
-from fdbqueue.engines.base import Database
-from fdbqueue.metrics import QueueCollector
+from fdbqueue.engines.contract import Database
+from fdbqueue.runtime.metrics import QueueCollector
+from fdbqueue.store.clock import FakeClock, fake_clock
 from fdbqueue.web.views import queue_detail
 from tests.conftest import engine_url
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import fdbqueue
-import fdbqueue.engines._walsync as walsync
+import fdbqueue.engines.sqlite.walsync as walsync
 from fdbqueue import Queue, QueueError
 
 
@@ -25,7 +25,7 @@ from fdbqueue import Queue, QueueError
 def fsyncs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """The engine's WAL fsyncs, counted: at synchronous=NORMAL SQLite syncs nothing at commit
     (https://www.sqlite.org/pragma.html#pragma_synchronous), so every fsync of a commit is the
-    engine's own fdatasync (engines/_walsync.py)."""
+    engine's own fdatasync (engines/sqlite/walsync.py)."""
     calls: list[int] = []
     real = os.fdatasync
 

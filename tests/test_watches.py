@@ -17,9 +17,9 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Queue, aio
-from fdbqueue.dispatcher import Dispatcher
-from fdbqueue.engines.sim import SimDatabase
-from fdbqueue.worker import Worker
+from fdbqueue.engines.sim.database import SimDatabase
+from fdbqueue.runtime.dispatcher import Dispatcher
+from fdbqueue.runtime.worker import Worker
 from tests.keylog import LoggingDatabase
 
 
@@ -64,7 +64,7 @@ def test_a_blocking_dequeue_refused_a_watch_still_gets_a_message(sim: SimDatabas
 
 @pytest.mark.parametrize("api", ["blocking", "asyncio"])
 def test_both_apis_wait_out_a_refused_watch_alike(sim: SimDatabase, api: str) -> None:
-    """One implementation of each wait serves both APIs (``fdbqueue.steps``): with every
+    """One implementation of each wait serves both APIs (``fdbqueue.ops.steps``): with every
     watch refused, a wait shorter than the re-check interval and a longer one both end
     False on an empty queue (the asyncio twin said True to the shorter one), and both still
     see a message that comes."""

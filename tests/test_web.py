@@ -326,7 +326,7 @@ def test_the_web_command_serves_until_sigterm_and_says_why_it_cannot(tmp_path: P
 
 
 def test_a_damaged_record_is_shown_as_damaged_not_as_an_error(store: Database) -> None:
-    from fdbqueue.layout import QueueKeys
+    from fdbqueue.store.layout import QueueKeys
 
     from .test_corruption import damage
 
@@ -519,9 +519,9 @@ def test_the_web_command_takes_allowed_hosts(tmp_path: Path) -> None:
 def test_headers_json_cannot_carry_are_shown_escaped_not_a_500(store: Database) -> None:
     """Stored by an older version (now refused at enqueue): a lone surrogate in a header's
     name, value or a reason, and NaN and infinities."""
-    from fdbqueue.enqueuing import enqueue_items
-    from fdbqueue.layout import new_rand
-    from fdbqueue.message import ContentType
+    from fdbqueue.ops.enqueuing import enqueue_items
+    from fdbqueue.store.layout import new_rand
+    from fdbqueue.store.record import ContentType
     from fdbqueue.types import Item
 
     fdbqueue.create_queue(store, "jobs", journal=True, max_deliveries=1)

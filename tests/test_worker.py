@@ -11,7 +11,7 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Dispatcher, Message, Queue, Worker
-from fdbqueue.engines.base import Database
+from fdbqueue.engines.contract import Database
 
 
 @pytest.fixture(params=["memory", "sqlite"])
@@ -24,7 +24,7 @@ def wdb(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
 
 def fill(db: Database, name: str, n: int, **kw: Any) -> Queue:
     q = Queue(name)
-    for start in range(0, n, 500):  # transactions within the budget (fdbqueue/budget.py)
+    for start in range(0, n, 500):  # transactions within the budget (fdbqueue/store/budget.py)
         q.enqueue_many(db, [f"{name}-{i}" for i in range(start, min(n, start + 500))], **kw)
     return q
 

@@ -13,10 +13,10 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Dispatcher, Message, Queue, Worker
-from fdbqueue.budget import MAX_REASON_BYTES
-from fdbqueue.clock import fake_clock
-from fdbqueue.engines.base import Database
-from fdbqueue.worker import HandlerSignatureError, WorkerStats
+from fdbqueue.engines.contract import Database
+from fdbqueue.runtime.worker import HandlerSignatureError, WorkerStats
+from fdbqueue.store.budget import MAX_REASON_BYTES
+from fdbqueue.store.clock import fake_clock
 
 
 @pytest.fixture(params=["memory", "sqlite"])
@@ -45,12 +45,12 @@ def test_exactly_once_handler_outliving_the_transaction_limit_is_said(
             tr[b"done/" + m.payload] = b"1"
             clock.advance(6)  # database time moves past the 5-second window: commit gets 1007
 
-        caplog.set_level(logging.WARNING, logger="fdbqueue.worker")
+        caplog.set_level(logging.WARNING, logger="fdbqueue.runtime.worker")
         stats = Worker(fdb_like, q, slow, mode="exactly_once", idle_timeout=0.05).run(until_empty=True)
     assert runs == [1, 2]
     assert (stats.processed, stats.failed, stats.too_slow) == (0, 2, 2)
     assert fdb_like.get(b"done/slow") is None  # type: ignore[attr-defined]
-    logged = failures(caplog, "fdbqueue.worker")
+    logged = failures(caplog, "fdbqueue.runtime.worker")
     assert len(logged) == 2
     for r in logged:
         text = r.getMessage()
@@ -74,10 +74,10 @@ def test_exactly_once_handler_failure_is_logged_counted_and_kept(
     def handler(tr: Any, m: Message) -> None:
         raise ValueError(f"cannot parse {m.text()!r}")
 
-    caplog.set_level(logging.WARNING, logger="fdbqueue.worker")
+    caplog.set_level(logging.WARNING, logger="fdbqueue.runtime.worker")
     stats = Worker(fdb_like, q, handler, mode="exactly_once", idle_timeout=0.05).run(until_empty=True)
     assert (stats.processed, stats.failed, stats.too_slow) == (0, 3, 0)
-    logged = failures(caplog, "fdbqueue.worker")
+    logged = failures(caplog, "fdbqueue.runtime.worker")
     assert len(logged) == 3  # once per failure, not once per retry layer
     for i, r in enumerate(logged, 1):
         assert r.levelno == logging.ERROR and r.exc_info is not None and r.exc_info[0] is ValueError
@@ -114,10 +114,10 @@ def test_lease_handler_failure_is_logged_counted_and_kept(
     def handler(m: Message) -> None:
         raise KeyError("no such customer")
 
-    caplog.set_level(logging.WARNING, logger="fdbqueue.worker")
+    caplog.set_level(logging.WARNING, logger="fdbqueue.runtime.worker")
     stats = Worker(fdb_like, q, handler, idle_timeout=0.05).run(until_empty=True)
     assert (stats.processed, stats.failed) == (0, 2)
-    logged = failures(caplog, "fdbqueue.worker")
+    logged = failures(caplog, "fdbqueue.runtime.worker")
     assert len(logged) == 2
     for i, r in enumerate(logged, 1):
         assert r.levelno == logging.ERROR and r.exc_info is not None and r.exc_info[0] is KeyError
@@ -136,12 +136,12 @@ def test_dispatcher_consumer_failure_is_logged_counted_and_kept(
     def consumer(m: Message) -> None:
         raise OSError("mail server down")
 
-    caplog.set_level(logging.WARNING, logger="fdbqueue.dispatcher")
+    caplog.set_level(logging.WARNING, logger="fdbqueue.runtime.dispatcher")
     d = Dispatcher(fdb_like, q, idle_timeout=0.05)
     d.add_consumer(consumer)
     stats = d.run(until_empty=True)
     assert (stats.acked, stats.nacked) == (0, 1)
-    (r,) = failures(caplog, "fdbqueue.dispatcher")
+    (r,) = failures(caplog, "fdbqueue.runtime.dispatcher")
     assert r.levelno == logging.ERROR and r.exc_info is not None and r.exc_info[0] is OSError
     assert (r.queue, r.message_id, r.deliveries) == ("jobs", mid, 1)  # type: ignore[attr-defined]
     dead = Queue("jobs.error").dequeue(fdb_like)

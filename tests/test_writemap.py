@@ -1,4 +1,4 @@
-"""The read-your-writes overlay (fdbqueue/engines/_writemap.py) against a dict model.
+"""The read-your-writes overlay (fdbqueue/engines/local/writemap.py) against a dict model.
 
 Random sets, clears, range clears, then every kind of read - get, range reads forward and
 reverse with limits, key selectors - must answer as a plain dict holding the snapshot with
@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fdbqueue
-from fdbqueue.engines._writemap import WriteMap
-from fdbqueue.engines.base import ATOMIC_OPS, SYSTEM_KEYS, KeySelector, KeyValue
+from fdbqueue.engines.contract import ATOMIC_OPS, SYSTEM_KEYS, KeySelector, KeyValue
+from fdbqueue.engines.local.writemap import WriteMap
 
 keys = st.binary(min_size=0, max_size=3).map(lambda b: bytes(x % 4 for x in b))  # few, colliding keys
 values = st.binary(min_size=0, max_size=2)

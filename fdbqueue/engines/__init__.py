@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 
-from fdbqueue.engines._url import DEFAULT_URL, SCHEMES, ParsedURL, parse_url, take_params
-from fdbqueue.engines.base import Database
+from fdbqueue.engines.contract import Database
+from fdbqueue.engines.url import DEFAULT_URL, SCHEMES, ParsedURL, parse_url, take_params
 from fdbqueue.types import ANONYMOUS, check_principal
 
 __all__ = ["DEFAULT_URL", "SCHEMES", "Database", "ParsedURL", "open_database", "parse_url", "take_params"]
@@ -19,7 +19,7 @@ __all__ = ["DEFAULT_URL", "SCHEMES", "Database", "ParsedURL", "open_database", "
 def open_database(url: str | None = None, *, principal: str | None = None) -> Database:
     """Open the database ``url`` names (default ``$FDBQUEUE_URL``, else ``./fdbqueue.db``),
     acting for ``principal`` (default ``$FDBQUEUE_PRINCIPAL``, else ``anonymous``): the name
-    queues with an owner check rights against (``fdbqueue.privileges``)."""
+    queues with an owner check rights against (``fdbqueue.ops.privileges``)."""
     who = check_principal(
         principal if principal is not None else os.environ.get("FDBQUEUE_PRINCIPAL") or ANONYMOUS
     )
@@ -33,11 +33,11 @@ def _open(url: str | None) -> Database:
         url = os.environ.get("FDBQUEUE_URL") or DEFAULT_URL
     parsed = parse_url(url)
     if parsed.scheme == "sqlite":
-        from fdbqueue.engines.sqlite import open_sqlite
+        from fdbqueue.engines.sqlite.database import open_sqlite
 
         return open_sqlite(url, parsed)
     if parsed.scheme in ("memory", "sim"):
-        from fdbqueue.engines.sim import open_sim
+        from fdbqueue.engines.sim.database import open_sim
 
         return open_sim(url, parsed)
     from fdbqueue.engines.fdb import open_fdb

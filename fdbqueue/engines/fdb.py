@@ -29,8 +29,7 @@ from typing import Any, TypeVar
 
 import fdb
 
-from fdbqueue.engines._url import ParsedURL, take_params
-from fdbqueue.engines.base import (
+from fdbqueue.engines.contract import (
     SYSTEM_KEYS,
     DatabaseConveniences,
     FinishCallback,
@@ -48,6 +47,7 @@ from fdbqueue.engines.base import (
     register_transaction_type,
     strinc,
 )
+from fdbqueue.engines.url import ParsedURL, take_params
 from fdbqueue.errors import ClusterUnavailableError, EngineError, InvalidURLError, QueueError
 
 __all__ = [
@@ -265,7 +265,7 @@ class FDBTransactionOptions(TransactionOptions):
 
 
 class FDBWatch:
-    """A watch future of the bindings behind the :class:`~fdbqueue.engines.base.Watch` protocol.
+    """A watch future of the bindings behind the :class:`~fdbqueue.engines.contract.Watch` protocol.
 
     Dropping it unfired cancels it, as dropping the bindings' future does, so an
     abandoned watch does not count against the cluster's watch limit.
@@ -349,7 +349,7 @@ class _EndsAttempt:
 
 
 class FDBTransaction(_FDBReads):
-    """One ``fdb.Transaction`` behind the :class:`~fdbqueue.engines.base.Transaction` contract."""
+    """One ``fdb.Transaction`` behind the :class:`~fdbqueue.engines.contract.Transaction` contract."""
 
     __slots__ = ("_cancelled", "_finish", "_tr", "db", "options", "snapshot")
 
@@ -534,7 +534,7 @@ class FDBTransaction(_FDBReads):
             cb(error)
 
     def journal_order(self) -> JournalOrder:
-        """This attempt's journal numbering (``fdbqueue.journaling``), held by the raw
+        """This attempt's journal numbering (``fdbqueue.ops.journaling``), held by the raw
         transaction: every wrapper of one (``adopt`` makes one per call) shares it, and its
         ``on_error`` and ``reset``, whoever calls them, start the next attempt's afresh."""
         raw = self._tr
@@ -589,7 +589,7 @@ class FDBDatabase(DatabaseConveniences):
 
 
 # ---------------------------------------------------------------------------------------------
-# Raw objects of the bindings handed to fdbqueue (engines/base.py ``adopt``)
+# Raw objects of the bindings handed to fdbqueue (engines/contract.py ``adopt``)
 
 
 def _bindings_selected() -> int:
@@ -727,7 +727,7 @@ def _select_api_version(version: int) -> None:
 def _load_bindings(version: int) -> None:
     """``fdb.api_version(version)``.
 
-    ``fdbqueue.layout`` may have set a stand-in ``fdb.impl`` attribute (never a
+    ``fdbqueue.store.layout`` may have set a stand-in ``fdb.impl`` attribute (never a
     ``sys.modules`` entry) so that ``fdb.tuple`` packs versionstamps without libfdb_c;
     the import inside ``api_version`` still loads the real module.
     """

@@ -22,8 +22,8 @@ from typing import Any
 
 import uvicorn
 
-from fdbqueue.engines.base import Database
-from fdbqueue.layout import DEFAULT_ROOT
+from fdbqueue.engines.contract import Database
+from fdbqueue.store.layout import DEFAULT_ROOT
 from fdbqueue.web.app import create_app
 from fdbqueue.web.hosts import Hosts
 from fdbqueue.web.sampler import Sampler

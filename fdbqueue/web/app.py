@@ -37,7 +37,7 @@ from starlette.responses import JSONResponse as _StarletteJSON
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from fdbqueue.engines.base import Database
+from fdbqueue.engines.contract import Database
 from fdbqueue.errors import (
     AccessDeniedError,
     EngineError,
@@ -45,8 +45,8 @@ from fdbqueue.errors import (
     QueueNotFoundError,
     RefusedActionError,
 )
-from fdbqueue.layout import DEFAULT_ROOT
-from fdbqueue.message import json_safe
+from fdbqueue.store.layout import DEFAULT_ROOT
+from fdbqueue.store.record import json_safe
 from fdbqueue.web import views
 from fdbqueue.web.hosts import HostGuard, Hosts
 from fdbqueue.web.sampler import Sampler, rated
@@ -58,7 +58,7 @@ ACTION_HEADER = "x-fdbqueue"
 class JSONResponse(_StarletteJSON):
     """Starlette's, but whatever a store holds renders: a lone surrogate (not UTF-8) or a NaN
     (not JSON) in a header or reason written before enqueue refused them is shown escaped
-    (:func:`fdbqueue.message.json_safe`), not a 500 for every page of its queue."""
+    (:func:`fdbqueue.store.record.json_safe`), not a 500 for every page of its queue."""
 
     def render(self, content: Any) -> bytes:
         try:

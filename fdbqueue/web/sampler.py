@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fdbqueue.admin import all_queue_stats
-from fdbqueue.engines.base import Database
-from fdbqueue.layout import DEFAULT_ROOT
+from fdbqueue.api.admin import all_queue_stats
+from fdbqueue.engines.contract import Database
+from fdbqueue.store.layout import DEFAULT_ROOT
 from fdbqueue.types import QueueStats
 
 log = logging.getLogger("fdbqueue.web")

@@ -16,17 +16,18 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from fdbqueue import admin, journaling
-from fdbqueue.clock import now_us
-from fdbqueue.config import read_meta, read_state
-from fdbqueue.delivery import expires_at, locate, read_payload
-from fdbqueue.engines.base import Database, Transaction
+from fdbqueue.api import admin
+from fdbqueue.api.redrive import delete_by_id, redrive
+from fdbqueue.engines.contract import Database, Transaction
 from fdbqueue.errors import CorruptMessageError, QueueError, QueueNotFoundError
-from fdbqueue.layout import DEFAULT_ROOT, QueueKeys, validate_queue_name
-from fdbqueue.message import Record, decode_record
-from fdbqueue.privileges import check, may
-from fdbqueue.redrive import delete_by_id, redrive
-from fdbqueue.txn import run_once
+from fdbqueue.ops import journaling
+from fdbqueue.ops.delivery import expires_at, locate, read_payload
+from fdbqueue.ops.privileges import check, may
+from fdbqueue.ops.txn import run_once
+from fdbqueue.store.clock import now_us
+from fdbqueue.store.config import read_meta, read_state
+from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys, validate_queue_name
+from fdbqueue.store.record import Record, decode_record
 from fdbqueue.types import QueueStats
 
 STATES = {"ready": "r", "leased": "f", "delayed": "d"}

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import fdbqueue
-from fdbqueue.engines.base import KeySelector
+from fdbqueue.engines.contract import KeySelector
 from fdbqueue.errors import ERROR_NAMES, EngineError
 from tests.fdbdouble.semantics import (
     CONFLICT_READ,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from fdbqueue.engines.base import KeySelector
+from fdbqueue.engines.contract import KeySelector
 from fdbqueue.errors import MAYBE_COMMITTED, RETRYABLE_NOT_COMMITTED, EngineError
 
 # fdb.options ErrorPredicate codes (fdbclient/vexillographer/fdb.options).

@@ -1,0 +1,759 @@
+"""The transaction contract every engine implements, modelled on FoundationDB's Python API.
+
+The queue layer is written once against :class:`Transaction` and :class:`Database`.
+Reads return values (not futures); everything else mirrors ``fdb``: ``tr.snapshot``,
+key selectors, atomic ops, conflict ranges, watches, ``commit`` / ``on_error`` / ``reset``.
+
+The argument checks and limits here are shared by the engines; ``engines/local/transaction.py``
+builds the in-process engines' common transaction on them.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import inspect
+import struct
+from collections.abc import Callable
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar, runtime_checkable
+
+from fdbqueue.errors import EngineError, QueueError
+from fdbqueue.errors import unknown_outcome as commit_unknown
+from fdbqueue.store.budget import KEY_SIZE_LIMIT as KEY_SIZE_LIMIT  # re-export
+from fdbqueue.store.budget import TRANSACTION_SIZE_LIMIT as TRANSACTION_SIZE_LIMIT  # re-export
+from fdbqueue.store.budget import TRANSACTION_WINDOW_SECONDS as TRANSACTION_WINDOW_SECONDS  # re-export
+from fdbqueue.store.budget import VALUE_SIZE_LIMIT as VALUE_SIZE_LIMIT  # re-export
+
+SYSTEM_KEYS = b"\xff"
+
+# How FoundationDB sizes a transaction for the 10 MB limit (``Transaction::getSize`` in
+# fdbclient/NativeAPI.actor.cpp): mutations.expectedSize() + read_conflict_ranges.expectedSize()
+# + write_conflict_ranges.expectedSize(). ``VectorRef::expectedSize`` (flow/include/flow/Arena.h)
+# is sizeof(T) per element plus each element's own expectedSize: a MutationRef's is
+# len(param1) + len(param2), a KeyRangeRef's len(begin) + len(end)
+# (fdbclient/include/fdbclient/CommitTransaction.h, FDBTypes.h). sizeof on 64-bit builds:
+# MutationRef 56 bytes since 7.3's mutation checksums (40 before), KeyRangeRef 32.
+MUTATION_REF_BYTES = 56
+KEY_RANGE_REF_BYTES = 32
+
+ATOMIC_OPS = frozenset(
+    {
+        "add",
+        "bit_and",
+        "bit_or",
+        "bit_xor",
+        "max",
+        "min",
+        "byte_max",
+        "byte_min",
+        "compare_and_clear",
+        "append_if_fits",
+    }
+)
+
+
+FinishCallback = Callable[[EngineError | None], None]
+
+
+class KeyValue(NamedTuple):
+    """One entry of a range read; unpacks as ``k, v`` like ``fdb.KeyValue``."""
+
+    key: bytes
+    value: bytes
+
+
+class KeySelector(NamedTuple):
+    """A key selector with FoundationDB's resolution rule.
+
+    Resolution finds the last key ``< key`` (``<=`` when ``or_equal``), then moves
+    ``offset`` keys forward (negative: backward); results clamp to ``b''`` and ``b'\\xff'``.
+    """
+
+    key: bytes
+    or_equal: bool
+    offset: int
+
+    @classmethod
+    def last_less_than(cls, key: bytes) -> KeySelector:
+        return cls(key, False, 0)
+
+    @classmethod
+    def last_less_or_equal(cls, key: bytes) -> KeySelector:
+        return cls(key, True, 0)
+
+    @classmethod
+    def first_greater_than(cls, key: bytes) -> KeySelector:
+        return cls(key, True, 1)
+
+    @classmethod
+    def first_greater_or_equal(cls, key: bytes) -> KeySelector:
+        return cls(key, False, 1)
+
+    def __add__(self, offset: int) -> KeySelector:  # type: ignore[override]
+        return KeySelector(self.key, self.or_equal, self.offset + offset)
+
+    def __sub__(self, offset: int) -> KeySelector:
+        return KeySelector(self.key, self.or_equal, self.offset - offset)
+
+
+KeyOrSelector = bytes | KeySelector
+
+
+class JournalOrder:
+    """What one attempt of a transaction has journaled so far (``fdbqueue.ops.journaling``): how
+    many entries, the next one's order within the commit's versionstamp, and the queues it
+    wrote one in (each queue's bell is rung once a commit).
+
+    Each engine's transaction holds its own (:meth:`Transaction.journal_order`) and drops it
+    when the attempt ends (``on_error``, ``reset``): the order belongs to the attempt, so no
+    table beside it can fill up, reuse an ``id()`` or tell two wrappers of one transaction apart.
+    """
+
+    __slots__ = ("entries", "queues")
+
+    def __init__(self) -> None:
+        self.entries = 0
+        self.queues: set[str] = set()
+
+
+@runtime_checkable
+class Watch(Protocol):
+    """A watch on one key: fires once the key's value differs from what its transaction saw.
+
+    Treat a fired watch as a hint: re-read, then re-arm (fdb-reference.md §4).
+    """
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the watch fires (True) or ``timeout`` seconds pass (False).
+
+        Raises the :class:`EngineError` the watch failed with (1020/1021 when its
+        transaction did not commit, 1025 when it was reset or cancelled).
+        """
+        ...
+
+    def is_ready(self) -> bool:
+        """True once the watch fired or failed."""
+        ...
+
+    def on_ready(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` (from any thread) once the watch fired or failed; at once if
+        it has. How an asyncio waiter waits without a thread of its own."""
+        ...
+
+    def cancel(self) -> None:
+        """Stop watching; a waiter then gets error 1101."""
+        ...
+
+
+class VersionstampFuture(Protocol):
+    def wait(self) -> bytes:
+        """The 10-byte versionstamp of the committed transaction (8-byte version, 2-byte order)."""
+        ...
+
+
+@runtime_checkable
+class ReadView(Protocol):
+    """Reads. ``tr`` reads serializably (adding read conflicts); ``tr.snapshot`` adds none."""
+
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def __getitem__(self, key: bytes) -> bytes | None: ...
+
+    def get_key(self, selector: KeySelector) -> bytes: ...
+
+    def get_range(
+        self, begin: KeyOrSelector, end: KeyOrSelector, limit: int = 0, reverse: bool = False
+    ) -> list[KeyValue]: ...
+
+    def get_range_startswith(
+        self, prefix: bytes, limit: int = 0, reverse: bool = False
+    ) -> list[KeyValue]: ...
+
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        """The values of ``keys`` (None where absent), in order: every read issued before
+        any is waited on, so one round trip on FoundationDB instead of one per key. The
+        same conflicts as ``get`` of each key."""
+        ...
+
+
+@runtime_checkable
+class Transaction(ReadView, Protocol):
+    """One transaction. Nothing it writes is visible to others until :meth:`commit` returns."""
+
+    # Read-only members, so that an engine may narrow their types (a protocol's plain
+    # attributes are invariant: SqliteTransaction.db, a SqliteDatabase, would not match).
+    @property
+    def snapshot(self) -> ReadView: ...
+    @property
+    def options(self) -> TransactionOptions: ...
+    @property
+    def db(self) -> Database: ...
+
+    def set(self, key: bytes, value: bytes) -> None: ...
+    def __setitem__(self, key: bytes, value: bytes) -> None: ...
+    def clear(self, key: bytes) -> None: ...
+    def __delitem__(self, key: bytes) -> None: ...
+    def clear_range(self, begin: bytes, end: bytes) -> None: ...
+    def clear_range_startswith(self, prefix: bytes) -> None: ...
+    def add(self, key: bytes, param: bytes) -> None: ...
+    def max(self, key: bytes, param: bytes) -> None: ...
+    def min(self, key: bytes, param: bytes) -> None: ...
+    def byte_max(self, key: bytes, param: bytes) -> None: ...
+    def byte_min(self, key: bytes, param: bytes) -> None: ...
+    def bit_and(self, key: bytes, param: bytes) -> None: ...
+    def bit_or(self, key: bytes, param: bytes) -> None: ...
+    def bit_xor(self, key: bytes, param: bytes) -> None: ...
+    def compare_and_clear(self, key: bytes, param: bytes) -> None: ...
+    def append_if_fits(self, key: bytes, param: bytes) -> None: ...
+    def set_versionstamped_key(self, key: bytes, value: bytes) -> None: ...
+    def set_versionstamped_value(self, key: bytes, value: bytes) -> None: ...
+    def add_read_conflict_range(self, begin: bytes, end: bytes) -> None: ...
+    def add_read_conflict_key(self, key: bytes) -> None: ...
+    def add_write_conflict_range(self, begin: bytes, end: bytes) -> None: ...
+    def add_write_conflict_key(self, key: bytes) -> None: ...
+    def watch(self, key: bytes) -> Watch: ...
+    def get_read_version(self) -> int: ...
+    def get_committed_version(self) -> int: ...
+    def get_versionstamp(self) -> VersionstampFuture: ...
+    def commit(self) -> None: ...
+    def on_error(self, error: BaseException) -> None: ...
+    def reset(self) -> None: ...
+    def cancel(self) -> None: ...
+    def on_finish(self, callback: FinishCallback) -> None: ...
+    def journal_order(self) -> JournalOrder: ...
+
+
+@runtime_checkable
+class Database(Protocol):
+    """A handle on one store. Thread-safe; each call of ``transactional`` gets its own transaction."""
+
+    url: str
+    engine: str
+    principal: str  # who its transactions act for (``open(url, principal=...)``)
+
+    def create_transaction(self) -> Transaction: ...
+    def close(self) -> None: ...
+
+
+class TransactionOptions:
+    """The per-transaction options FoundationDB keeps across ``on_error`` (the persistent ones)."""
+
+    __slots__ = ("max_retry_delay_ms", "retry_limit", "timeout_ms", "volatile")
+
+    def __init__(self) -> None:
+        self.timeout_ms = 0
+        self.retry_limit = -1
+        self.max_retry_delay_ms = 1000
+        self.volatile: tuple[bytes, ...] = ()
+
+    def set_volatile_prefix(self, prefix: bytes) -> None:
+        """Keys under ``prefix`` belong to a volatile queue: a commit that writes nothing else
+        may skip its fsync (the embedded engine; others ignore it). Not a FoundationDB option."""
+        if prefix not in self.volatile:
+            self.volatile = (*self.volatile, bytes(prefix))
+
+    def set_timeout(self, ms: int) -> None:
+        """Fail the transaction with 1031 (not retryable) ``ms`` after it started; 0 disables."""
+        self.timeout_ms = _nonneg_int(ms)
+
+    def set_retry_limit(self, n: int) -> None:
+        """Let ``on_error`` retry at most ``n`` times (-1: unlimited)."""
+        self.retry_limit = int(n)
+
+    def set_max_retry_delay(self, ms: int) -> None:
+        """Cap the backoff between retries (default 1000 ms)."""
+        self.max_retry_delay_ms = _nonneg_int(ms)
+
+
+def _nonneg_int(value: int) -> int:
+    if not isinstance(value, int) or value < 0:
+        raise EngineError(2006, f"option value must be a non-negative int, got {value!r}")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checks shared by the local engines (FoundationDB raises the same codes).
+
+
+def check_bytes(name: str, value: object) -> bytes:
+    if not isinstance(value, bytes):
+        raise TypeError(f"{name} must be bytes, not {type(value).__name__}")
+    return value
+
+
+def check_write_key(key: object) -> bytes:
+    k = check_bytes("key", key)
+    if len(k) > KEY_SIZE_LIMIT:
+        raise EngineError(2102, f"key of {len(k)} bytes exceeds {KEY_SIZE_LIMIT}")
+    if k >= SYSTEM_KEYS:
+        raise EngineError(2004, "keys at or after b'\\xff' are reserved")
+    return k
+
+
+def check_read_key(key: object) -> bytes:
+    k = check_bytes("key", key)
+    if len(k) > KEY_SIZE_LIMIT:
+        raise EngineError(2102, f"key of {len(k)} bytes exceeds {KEY_SIZE_LIMIT}")
+    if k > SYSTEM_KEYS:
+        raise EngineError(2004, "keys after b'\\xff' are reserved")
+    return k
+
+
+def check_get_key(key: object) -> bytes:
+    """A point read's key: 2004 from b'\\xff' on (ReadYourWritesTransaction::get refuses
+    ``key >= getMaxReadKey()`` without read_system_keys, fdbclient/ReadYourWrites.cpp).
+    A longer key than any stored one is not an error there: the read finds nothing."""
+    k = check_bytes("key", key)
+    if k >= SYSTEM_KEYS:
+        raise EngineError(2004, "keys at or after b'\\xff' are reserved")
+    return k
+
+
+def check_range_end(key: object) -> bytes:
+    """A range's end (a read, a clear, a conflict range): 2004 past b'\\xff'.
+
+    FoundationDB refuses ``end > getMaxReadKey()`` (ReadYourWritesTransaction::getRange,
+    ::clear, ::addReadConflictRange, ::addWriteConflictRange); only what a key selector
+    resolves to is clamped to b'\\xff'.
+    """
+    k = check_bytes("end", key)
+    if k > SYSTEM_KEYS:
+        raise EngineError(2004, "range ends after b'\\xff' are reserved")
+    return k
+
+
+def check_value(value: object) -> bytes:
+    v = check_bytes("value", value)
+    if len(v) > VALUE_SIZE_LIMIT:
+        raise EngineError(2103, f"value of {len(v)} bytes exceeds {VALUE_SIZE_LIMIT}")
+    return v
+
+
+def check_write_range(begin: object, end: object) -> tuple[bytes, bytes]:
+    """A clear range's bounds: each at most b'\\xff' (2004, ReadYourWritesTransaction::clear);
+    2005 if inverted."""
+    b = check_bytes("key", begin)
+    if len(b) > KEY_SIZE_LIMIT:
+        raise EngineError(2102, f"key of {len(b)} bytes exceeds {KEY_SIZE_LIMIT}")
+    if b > SYSTEM_KEYS:
+        raise EngineError(2004, "keys after b'\\xff' are reserved")
+    e = check_range_end(end)
+    if e < b:
+        raise EngineError(2005, "clear_range end is before begin")
+    return b, e
+
+
+def clamp_end(key: bytes) -> bytes:
+    """Range ends may be anything up to b'\\xff'; later keys are clamped (as FDB clamps selectors)."""
+    return key if key <= SYSTEM_KEYS else SYSTEM_KEYS
+
+
+def strinc(prefix: bytes) -> bytes:
+    """The first key after every key that starts with ``prefix`` (fdb's ``strinc``)."""
+    p = prefix.rstrip(b"\xff")
+    if not p:
+        raise ValueError("prefix must contain a byte other than 0xff")
+    return p[:-1] + bytes([p[-1] + 1])
+
+
+def key_after(key: bytes) -> bytes:
+    return key + b"\x00"
+
+
+def apply_atomic(op: str, existing: bytes | None, param: bytes) -> bytes | None:
+    """FoundationDB's atomic mutation ``op`` applied to ``existing``; None means cleared."""
+    if op == "add":
+        n = len(param)
+        old = _fit(existing, n)
+        total = int.from_bytes(old, "little") + int.from_bytes(param, "little")
+        return (total % (1 << (8 * n))).to_bytes(n, "little") if n else b""
+    if op in ("max", "min"):
+        if existing is None:
+            return param
+        n = len(param)
+        old_i = int.from_bytes(_fit(existing, n), "little")
+        new_i = int.from_bytes(param, "little")
+        pick = max(old_i, new_i) if op == "max" else min(old_i, new_i)
+        return pick.to_bytes(n, "little") if n else b""
+    if op == "byte_max":
+        return param if existing is None else max(existing, param)
+    if op == "byte_min":
+        return param if existing is None else min(existing, param)
+    if op in ("bit_and", "bit_or", "bit_xor"):
+        if existing is None:
+            return param
+        old = _fit(existing, len(param))
+        if op == "bit_and":
+            return bytes(a & b for a, b in zip(old, param, strict=False))
+        if op == "bit_or":
+            return bytes(a | b for a, b in zip(old, param, strict=False))
+        return bytes(a ^ b for a, b in zip(old, param, strict=False))
+    if op == "compare_and_clear":
+        return None if existing == param else existing
+    if op == "append_if_fits":
+        base = existing or b""
+        return base + param if len(base) + len(param) <= VALUE_SIZE_LIMIT else base
+    raise ValueError(f"unknown atomic op {op!r}")
+
+
+def _fit(value: bytes | None, n: int) -> bytes:
+    v = value or b""
+    return v[:n] if len(v) >= n else v + b"\x00" * (n - len(v))
+
+
+def check_versionstamp_offset(template: bytes) -> None:
+    """What :func:`fill_versionstamp` checks, without building the result: a 4-byte offset
+    suffix that points at ten bytes inside the rest."""
+    if len(template) < 4:
+        raise EngineError(2006, "versionstamp template needs a 4-byte offset suffix")
+    if _OFFSET(template, len(template) - 4)[0] + 10 > len(template) - 4:
+        raise EngineError(2006, "versionstamp offset points past the end of the key or value")
+
+
+_OFFSET = struct.Struct("<I").unpack_from
+
+
+def fill_versionstamp(template: bytes, stamp: bytes) -> bytes:
+    """Replace the 10 bytes at the little-endian offset in ``template``'s last 4 bytes."""
+    if len(template) < 4:
+        raise EngineError(2006, "versionstamp template needs a 4-byte offset suffix")
+    (offset,) = struct.unpack("<I", template[-4:])
+    body = template[:-4]
+    if offset + 10 > len(body):
+        raise EngineError(2006, "versionstamp offset points past the end of the key or value")
+    return body[:offset] + stamp + body[offset + 10 :]
+
+
+def make_versionstamp(version: int, batch: int = 0) -> bytes:
+    return struct.pack(">QH", version, batch)
+
+
+class DatabaseConveniences:
+    """FoundationDB's Database convenience calls: each is its own retried, committed transaction.
+
+    Mixed into every engine's Database (it needs only ``create_transaction``).
+    """
+
+    __slots__ = ()
+    principal: str = "anonymous"  # set by open_database
+
+    def get(self, key: bytes) -> bytes | None:
+        return _db_call(self, lambda tr: tr.get(key))
+
+    def __getitem__(self, key: bytes) -> bytes | None:
+        return self.get(key)
+
+    def set(self, key: bytes, value: bytes) -> None:
+        _db_call(self, lambda tr: tr.set(key, value))
+
+    __setitem__ = set
+
+    def clear(self, key: bytes) -> None:
+        _db_call(self, lambda tr: tr.clear(key))
+
+    __delitem__ = clear
+
+    def get_range(
+        self, begin: KeyOrSelector, end: KeyOrSelector, limit: int = 0, reverse: bool = False
+    ) -> list[KeyValue]:
+        return _db_call(self, lambda tr: tr.get_range(begin, end, limit, reverse))
+
+    def get_range_startswith(self, prefix: bytes, limit: int = 0, reverse: bool = False) -> list[KeyValue]:
+        return _db_call(self, lambda tr: tr.get_range_startswith(prefix, limit, reverse))
+
+    def clear_range(self, begin: bytes, end: bytes) -> None:
+        _db_call(self, lambda tr: tr.clear_range(begin, end))
+
+    def get_and_watch(self, key: bytes) -> tuple[bytes | None, Watch]:
+        """The value of ``key`` and a watch armed from that value (one committed transaction)."""
+        return _db_call(self, lambda tr: (tr.get(key), tr.watch(key)))
+
+
+T = TypeVar("T")
+
+
+def _db_call(db: Any, body: Callable[[Transaction], T]) -> T:
+    # The conveniences live in a mixin, which the type checker cannot see as a Database.
+    return run_transaction(db, body)
+
+
+class Attempt:
+    """What one run of :func:`retry` has met so far, passed to its step and its error hook.
+
+    ``tries``: the retries so far (``on_error`` calls that let the loop go on); ``unknown``:
+    some earlier commit may have landed (an error with ``maybe_committed``), so the step must
+    check before it writes again; ``conflicts``: the 1020s met. None of them is reset when a
+    step commits and goes :class:`Again`: they describe the whole operation.
+    """
+
+    __slots__ = ("conflicts", "tries", "unknown")
+
+    def __init__(self) -> None:
+        self.tries = 0
+        self.unknown = False
+        self.conflicts = 0
+
+
+class Again:
+    """A step's answer: commit this transaction, reset it, and run the step again.
+
+    ``then`` runs once the commit succeeded, before the next step: where the step keeps what a
+    committed transaction did (a resume point, a count), which a failed commit must not keep.
+    """
+
+    __slots__ = ("then",)
+
+    def __init__(self, then: Callable[[], object] | None = None) -> None:
+        self.then = then
+
+
+class Done(Generic[T]):
+    """A step's answer: end the loop with ``value`` without committing (the transaction is
+    cancelled): for a step that finds nothing to do, or hands the work to another path."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: T) -> None:
+        self.value = value
+
+
+class Verdict(enum.Enum):
+    """What an ``on_error`` hook of :func:`retry` may answer besides a value to return."""
+
+    RETRY = "retry"  # the default: ``tr.on_error`` backs off and retries, or raises what is not retryable
+    RAISE = "raise"  # raise the error as it is, without ``on_error``
+
+
+RETRY = Verdict.RETRY
+RAISE = Verdict.RAISE
+
+
+def retry(
+    db: Database,
+    step: Callable[[Transaction, Attempt], T | Again | Done[T]],
+    *,
+    on_error: Callable[[EngineError, Attempt], T | Verdict] | None = None,
+    unknown_outcome: bool | Callable[[Attempt], bool] = False,
+) -> T:
+    """The retry loop of ``@fdb.transactional``, the one every loop of the layer is built on.
+
+    Runs ``step(tr, attempt)`` in a fresh transaction of ``db`` and commits; an
+    :class:`EngineError` (from the step or the commit) goes to ``tr.on_error``, which backs off
+    and lets the loop run the step again, or re-raises what is not retryable (as
+    ``@fdb.transactional`` does: FoundationDB's api-python.rst). A step answers :class:`Again`
+    to commit and go on in a reset transaction (work split over transactions), or
+    :class:`Done` to end without a commit.
+
+    ``on_error(exc, attempt)`` sees each error first and answers :data:`RETRY` (the default),
+    :data:`RAISE`, or a value that ends the loop (the transaction is cancelled).
+    ``unknown_outcome``: when the loop gives up after an earlier commit may have landed
+    (``attempt.unknown``, or the predicate given), raise :class:`CommitUnknownError` instead of
+    the bare error, so that the caller does not take it for a failure and do it again.
+    """
+    return _retry(_own_database(db, "retry"), step, on_error, unknown_outcome)
+
+
+def _own_database(db: object, caller: str) -> Database:
+    own = adopt(db)
+    if is_transaction(own):
+        raise QueueError(
+            f"{caller} needs a Database (from fdbqueue.open, or an fdb.Database), not a "
+            f"transaction ({type(db).__name__}): call body(tr) inside it instead"
+        )
+    return own  # type: ignore[return-value]
+
+
+def _retry(
+    db: Database,
+    step: Callable[[Transaction, Attempt], T | Again | Done[T]],
+    on_error: Callable[[EngineError, Attempt], T | Verdict] | None,
+    unknown_outcome: bool | Callable[[Attempt], bool],
+) -> T:
+    tr = db.create_transaction()
+    attempt = Attempt()
+    try:
+        while True:
+            try:
+                result = step(tr, attempt)
+                if type(result) is Done:
+                    tr.cancel()
+                    return result.value
+                tr.commit()
+                if type(result) is Again:
+                    if result.then is not None:
+                        result.then()
+                    tr.reset()
+                    continue
+                return result  # type: ignore[return-value]
+            except EngineError as exc:
+                if exc.maybe_committed:
+                    attempt.unknown = True
+                if exc.code == 1020:
+                    attempt.conflicts += 1
+                if on_error is not None:
+                    verdict = on_error(exc, attempt)
+                    if verdict is not RETRY:
+                        if verdict is RAISE:
+                            raise
+                        tr.cancel()
+                        return verdict  # type: ignore[return-value]
+                try:
+                    tr.on_error(exc)
+                except EngineError as final:
+                    if attempt.unknown and (
+                        unknown_outcome(attempt) if callable(unknown_outcome) else unknown_outcome
+                    ):
+                        raise commit_unknown(final) from final
+                    raise
+                attempt.tries += 1
+    except BaseException:
+        tr.cancel()
+        raise
+
+
+def run_transaction(db: Database, body: Callable[[Transaction], T]) -> T:
+    """Run ``body(tr)`` in a fresh transaction on ``db``, retrying retryable errors.
+
+    The loop of ``@fdb.transactional`` (:func:`retry`): commit, and on error ``on_error``
+    (which backs off, or re-raises what is not retryable). A body may therefore run more than
+    once. A raw ``fdb.Database`` of the bindings is wrapped (see :func:`adopt`).
+    """
+
+    def step(tr: Transaction, attempt: Attempt) -> T:
+        result = body(tr)
+        if inspect.isgenerator(result):
+            raise ValueError("a transactional function must not return a generator")
+        return result
+
+    return _retry(_own_database(db, "run_transaction"), step, None, False)
+
+
+def producer_room(db: object) -> None:
+    """Raise StoreFullError if ``db``'s engine turns producers away now; consumers never are.
+
+    An engine opts in with a ``producer_room()`` method; the embedded engine's refuses while
+    the disk holding the store is below its free-space reserve (``reserve=``, engines/sqlite/diskroom.py),
+    so that consumers can still drain a queue on a full disk. The others never refuse: the
+    simulation holds its data in memory, and FoundationDB manages its own space - its
+    ratekeeper throttles every transaction as a storage server's or log's free space nears its
+    minimum (fdbserver/Ratekeeper.actor.cpp, the knobs MIN_AVAILABLE_SPACE and
+    MIN_AVAILABLE_SPACE_RATIO in fdbclient/ServerKnobs.cpp), which it keeps for its own recovery.
+    """
+    check = getattr(db, "producer_room", None)
+    if check is not None:
+        check()
+
+
+def engine_traits(db: object) -> tuple[bool, bool]:
+    """(may_conflict, may_commit_unknown) of a database; unknown engines: both True.
+
+    A pessimistic engine (the embedded one) never reports a conflict (1020) nor an
+    unknown commit result (1021): the layer then skips the staged dequeue path and the
+    receipts that settle a 1021, which would be pure cost there.
+    """
+    return bool(getattr(db, "may_conflict", True)), bool(getattr(db, "may_commit_unknown", True))
+
+
+def is_transaction(obj: object) -> bool:
+    """True for a transaction of any engine (each engine registers its class)."""
+    kind = type(obj)
+    known = _transaction_kinds.get(kind)
+    if known is None:  # isinstance of an ABC runs Python code: asked once per type
+        known = _transaction_kinds[kind] = isinstance(obj, _TransactionTypes)
+    return known
+
+
+_TransactionTypes: tuple[type, ...] = ()
+_transaction_kinds: dict[type, bool] = {}
+
+
+def register_transaction_type(cls: type) -> None:
+    """Let ``transactional`` and the layer recognise an engine's transactions."""
+    global _TransactionTypes
+    _TransactionTypes = (*_TransactionTypes, cls)
+    _transaction_kinds.clear()
+
+
+# Raw objects of the ``fdb`` bindings, told apart by their class's module and name: importing
+# ``fdb.impl`` to compare classes would load libfdb_c.
+_BINDINGS_CLASSES = {("fdb.impl", "Database"): "database", ("fdb.impl", "Transaction"): "transaction"}
+_adapters: dict[str, Callable[[Any], Any]] = {}
+_database_kinds: dict[type, bool] = {}
+
+
+def register_bindings_adapter(kind: str, wrap: Callable[[Any], Any]) -> None:
+    """How to wrap a raw bindings object of ``kind`` ("database", "transaction"); fdb.py registers."""
+    _adapters[kind] = wrap
+
+
+def adopt(obj: object) -> Transaction | Database:
+    """``obj`` as a transaction or database of an fdbqueue engine, or a clear QueueError.
+
+    A raw ``fdb.Database`` of the official bindings becomes an ``FDBDatabase`` (its
+    transactions are committed and retried by fdbqueue); a raw ``fdb.Transaction`` becomes
+    an ``FDBTransaction`` that joins it: the caller's ``@fdb.transactional`` loop commits and
+    retries. Anything else must be an engine's Transaction or Database.
+    """
+    if is_transaction(obj):
+        return obj  # type: ignore[return-value]
+    kind = type(obj)
+    known = _database_kinds.get(kind)
+    if known is None:  # isinstance of a protocol runs Python code: asked once per type
+        known = _database_kinds[kind] = isinstance(obj, Database)
+    if known:
+        return obj  # type: ignore[return-value]
+    bindings = _BINDINGS_CLASSES.get((kind.__module__, kind.__name__))
+    if bindings is not None:
+        if bindings not in _adapters:
+            import importlib
+
+            importlib.import_module("fdbqueue.engines.fdb")  # registers the adapters
+        wrapped: Transaction | Database = _adapters[bindings](obj)
+        return wrapped
+    raise QueueError(
+        f"expected a Database (from fdbqueue.open, or an fdb.Database) or a Transaction of one "
+        f"(or an fdb.Transaction), not {kind.__name__}"
+    )
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def transactional(func: F) -> F:
+    """Run ``func`` inside a transaction: the argument ``tr`` (by position or keyword).
+
+    Given a Transaction, ``func`` joins it and the caller commits. Given a Database,
+    ``func`` runs in its own transaction, committed and retried on retryable errors
+    (so it may run more than once: keep it idempotent). Generator functions are refused.
+    Raw ``fdb.Database`` / ``fdb.Transaction`` objects of the bindings are wrapped (:func:`adopt`).
+    """
+    if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+        raise ValueError("generator functions cannot be transactional: the body may run twice")
+    params = list(inspect.signature(func).parameters)
+    if "tr" not in params:
+        raise ValueError(f"{func.__qualname__} needs a parameter named 'tr'")
+    index = params.index("tr")
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if "tr" in kwargs:
+            target = kwargs["tr"]
+
+            def call(tr: Any) -> Any:
+                return func(*args, **{**kwargs, "tr": tr})
+        elif index < len(args):
+            target = args[index]
+
+            def call(tr: Any) -> Any:
+                return func(*args[:index], tr, *args[index + 1 :], **kwargs)
+        else:
+            raise TypeError(f"{func.__qualname__}() missing the transaction or database 'tr'")
+        try:
+            own = adopt(target)
+        except QueueError as exc:
+            raise QueueError(f"{func.__qualname__}(), as 'tr': {exc}") from None
+        if is_transaction(own):
+            return call(own)
+        return run_transaction(own, call)  # type: ignore[arg-type]
+
+    return wrapper  # type: ignore[return-value]

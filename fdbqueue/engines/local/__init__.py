@@ -1,0 +1,1 @@
+"""The in-process engines' shared half: a transaction over a read-your-writes write map."""

@@ -1,0 +1,255 @@
+"""What one process shares for one store file, whichever Database objects point at it.
+
+The store lock (a thread lock, then ``flock`` on ``<db>-lock``), the lock file's first
+page mapped shared by every process (the version clock and the watchers' token live
+there), and the watch hub with its read connection. Handles on the same file share one
+:class:`SharedStore`, found by the lock file's (device, inode); after ``fork()`` the
+child starts a registry of its own, so that it never uses the parent's descriptors.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import errno
+import mmap
+import os
+import sqlite3
+import threading
+import time
+import weakref
+from typing import Any
+
+from fdbqueue.engines.sqlite.notify import WatchHub, notify_dir_for
+from fdbqueue.engines.sqlite.storelock import StoreLock
+from fdbqueue.errors import NestedTransactionError, StoreError, StoreLockedError
+
+PAGE = 4096
+TOKEN_AT = 64  # the watchers' token; the version clock is at 0 (sqlite.py)
+SYNCED_AT = 128  # the last version committed and the last one on disk (_walsync.py)
+STAMP_AT = 176  # the version clock's last reading and the wall clock then (_sqlitetxn.py)
+_READ = "SELECT v FROM kv WHERE k = ?"  # the kv table of sqlite.py
+
+
+def allocate_page(fd: int) -> None:
+    """Give the lock file's first page real blocks on disk before anyone maps it.
+
+    A page of a shared file mapping with no block behind it (a hole, as ``ftruncate``
+    leaves) is allocated at the first store into it; on a full file system that store is
+    SIGBUS, which kills the process, and every later one that opens the store
+    (mmap(2), "SIGBUS"; SQLite writes into each new page of its own ``-shm`` for the same
+    reason: ``unixShmMap`` in ``src/os_unix.c``). ``posix_fallocate`` allocates without
+    changing a byte (glibc emulates it where the file system lacks ``fallocate``: one
+    zero written into each block that reads as zero); where Python lacks it, each block of
+    the page that is not allocated yet is written with the bytes it holds. Raises OSError
+    (ENOSPC on a full disk).
+    """
+    if os.fstat(fd).st_size < PAGE:
+        os.ftruncate(fd, PAGE)  # extends with zeros; never shortens what others wrote
+    fallocate = getattr(os, "posix_fallocate", None)
+    if fallocate is not None:
+        try:
+            fallocate(fd, 0, PAGE)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                raise
+    if os.fstat(fd).st_blocks * 512 >= PAGE:
+        return  # already backed by disk blocks
+    os.pwrite(fd, os.pread(fd, PAGE, 0).ljust(PAGE, b"\0"), 0)
+    os.fsync(fd)
+
+
+class SharedStore:
+    def __init__(self, real: str, ident: tuple[int, int], fd: int) -> None:
+        self.real = real
+        self.ident = ident
+        self.fd = fd
+        self.shared = mmap.mmap(fd, PAGE)
+        self.refs = 0
+        self.mutex = threading.Lock()
+        self.owner: int | None = None  # the thread holding the store lock
+        # This process's base of the version clock (version = base + its CLOCK_MONOTONIC):
+        # calibrated against the store at first use, so that a monotonic clock offset in
+        # this process moves no one's database time (_sqlitetxn.SqliteTransaction._clock).
+        self.clock_base: int | None = None
+        self._lock = StoreLock(fd, self.shared)
+        self._reader: sqlite3.Connection | None = None
+        self._reader_lock = threading.Lock()
+        self.hub = WatchHub(
+            notify_dir_for(real), self._read_values, self.shared, TOKEN_AT, (real + "-lock", ident)
+        )
+
+    def acquire(self, timeout: float, path: str, stealable: bool = False) -> None:
+        """Take the store lock: this process's threads one at a time, then the processes'.
+
+        ``stealable``: for a transaction, which another process may take the lock from once
+        it outlived the 5-second window (:mod:`._storelock`); the holder's commit then fails
+        (:meth:`pin`). Anything else (opening, saving a removed WAL) keeps it to the end.
+        """
+        me = threading.get_ident()
+        if self.owner == me:
+            raise NestedTransactionError(
+                f"this thread already holds a transaction on {path}: finish it before opening another "
+                "(the embedded engine has a single writer; waiting here would deadlock)"
+            )
+        start = time.monotonic()
+        if not self.mutex.acquire(True, timeout):
+            held = "another thread of this process holds it"
+            raise StoreLockedError(self._held_too_long(path, timeout, held))
+        try:
+            who = self._lock.acquire(timeout - (time.monotonic() - start), stealable)
+        except BaseException:
+            self.mutex.release()
+            raise
+        if who is not None:
+            self.mutex.release()
+            raise StoreLockedError(self._held_too_long(path, timeout, self._lock.holder))
+        self.owner = me
+
+    def pin(self) -> bool:
+        """Before a commit: False when another process took the store lock over from this
+        holder (see acquire); else it is this holder's until release."""
+        return self._lock.pin()
+
+    @staticmethod
+    def _held_too_long(path: str, timeout: float, who: str) -> str:
+        return (
+            f"waited {timeout:g} s (lock_timeout) for the store lock of {path}: {who}. A stopped "
+            "holder is taken over once the page has not moved for 5 s, unless it stopped while "
+            "opening the store or committing: resume it (kill -CONT) or end it, or raise lock_timeout"
+        )
+
+    def release(self) -> None:
+        self.owner = None
+        try:
+            self._lock.release()
+        finally:
+            self.mutex.release()
+
+    def _read_values(self, keys: list[bytes]) -> dict[bytes, bytes | None]:
+        # A connection of its own, used without the store lock: under WAL a reader
+        # sees the last commit and never waits for the writer.
+        with self._reader_lock:
+            if self._reader is None:
+                self._reader = sqlite3.connect(self.real, isolation_level=None, check_same_thread=False)
+            out: dict[bytes, bytes | None] = {}
+            for k in keys:
+                row = self._reader.execute(_READ, (k,)).fetchone()
+                out[k] = row[0] if row else None
+            return out
+
+    def close(self) -> None:
+        self.hub.close()
+        self.shared.close()
+        with self._reader_lock:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
+        self._lock.close()
+        os.close(self.fd)
+
+
+_registry_lock = threading.Lock()
+_stores: dict[tuple[int, int], SharedStore] = {}
+fork_generation = 0
+# Connections inherited through fork(): closing one in the child could checkpoint or
+# delete the parent's WAL, so the child keeps them referenced and never touches them.
+inherited: list[Any] = []
+
+
+def open_here(real: str) -> bool:
+    """Whether this process has the store at ``real`` open already. Then its database file must
+    not be opened and closed again outside SQLite: closing any descriptor of a file drops every
+    POSIX lock the process holds on it (fcntl(2); https://www.sqlite.org/howtocorrupt.html
+    section 2.2), SQLite's shared lock included, and another process closing its last
+    connection would then take the store for unused and remove the WAL under this one."""
+    try:
+        st = os.stat(real + "-lock")
+    except OSError:
+        return False
+    with _registry_lock:
+        return (st.st_dev, st.st_ino) in _stores
+
+
+def attach(real: str, path: str) -> SharedStore:
+    try:
+        fd = os.open(real + "-lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot open the lock file {real}-lock: {exc.strerror}") from exc
+    try:
+        st = os.fstat(fd)
+        ident = (st.st_dev, st.st_ino)
+        with _registry_lock:
+            store = _stores.get(ident)
+            if store is None:
+                try:
+                    allocate_page(fd)
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                        raise
+                    raise StoreError(
+                        f"{path}: no space left on the device holding {real}-lock: {exc.strerror}; "
+                        "free some space and open the store again"
+                    ) from exc
+                store = _stores[ident] = SharedStore(real, ident, fd)
+                fd = -1
+            store.refs += 1
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot use the lock file {real}-lock: {exc.strerror}") from exc
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    return store
+
+
+def detach(store: SharedStore) -> None:
+    with _registry_lock:
+        store.refs -= 1
+        if store.refs > 0:
+            return
+        if _stores.get(store.ident) is store:
+            del _stores[store.ident]
+    store.close()
+
+
+# This process's open handles (SqliteDatabase), closed at interpreter exit: see _at_exit.
+_handles: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def close_at_exit(handle: Any) -> None:
+    """Have ``handle`` (with ``close()`` and ``_store``) closed at interpreter exit if still open."""
+    _handles.add(handle)
+
+
+def _after_fork_in_child() -> None:
+    global _registry_lock, _stores, _handles, fork_generation
+    inherited.append(_stores)
+    _registry_lock = threading.Lock()
+    _stores = {}
+    _handles = weakref.WeakSet()  # the parent's handles are not the child's to close
+    fork_generation += 1
+
+
+def _at_exit() -> None:
+    """Close the handles a program left open, so that the last process to leave a store
+    leaves only its files: SQLite checkpoints and removes ``-wal`` and ``-shm`` at the last
+    connection's close, and the last watch hub removes the notify folder. Without it a
+    process that had watched kept its hub's thread, and with it the hub's read connection,
+    to the end: its store looked in use to SQLite, and kept them all.
+
+    A handle whose store lock a thread of this process still holds (a transaction in a
+    daemon thread) is left open, its connection being in use: only its socket file goes.
+    """
+    for handle in list(_handles):
+        store = getattr(handle, "_store", None)
+        if store is None or store.owner is not None:
+            continue
+        with contextlib.suppress(Exception):  # never fail the interpreter's exit
+            handle.close()
+    for store in list(_stores.values()):
+        store.hub.unlink_socket()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(_at_exit)

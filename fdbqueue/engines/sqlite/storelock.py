@@ -1,0 +1,442 @@
+"""The store lock between processes: a lease that a stalled holder loses after 5 seconds.
+
+A kernel lock held by a stopped process (SIGSTOP, a debugger, a machine under swap) cannot
+be broken by anyone else, so a plain ``flock`` would let one stalled transaction block every
+writer of the store for as long as it is stopped. FoundationDB bounds every transaction to
+5 seconds instead (https://apple.github.io/foundationdb/known-limitations.html, "Long running
+transactions"); here the bound is enforced on the lock itself:
+
+- The lock is an open-file-description lock (``F_OFD_SETLK``, Linux; fcntl(2), "Open file
+  description locks") on one byte of ``<db>-lock``: byte ``BASE + generation``. The current
+  generation lives in the lock file's shared page at :data:`LEASE_AT`, followed by two
+  slots (even and odd generations), each holding the generation it was claimed for, the
+  holder's start, its pid and a claims counter that every claim moves on.
+- A waiter blocks in the kernel on the current generation's byte (a helper thread, so that
+  it can give up after a timeout; the kernel wakes it on release), and looks at the page
+  again at least every :data:`_SLICE` seconds. When the page has not changed for the
+  window (:data:`WINDOW`, 5 s) while the byte stayed held, measured on the waiter's own
+  monotonic clock, the waiter takes the lock over: under a short page mutex (another byte)
+  it checks the page is still what it saw, locks the next generation's byte, writes that
+  generation's slot, then the generation. Waiters still blocked on the old byte move to the
+  new one; a helper thread that gets an old byte later hands it straight back.
+- Why "unchanged for the window" and not "started more than 5 s ago": a holder stopped
+  between taking the byte and writing its claim (or between clearing its claim and
+  unlocking the byte) leaves the page saying free while the byte is held, and no start to
+  age; and a start written by another process's clock says nothing to a waiter whose
+  monotonic clock is offset (a time namespace, libfaketime). So no state of the page and
+  the byte can wedge the others past the window, except a commit (see below).
+- A claim and a release write only their own generation's slot, without the mutex (one
+  system call per acquire, as a plain flock): a late one, by a process stopped for longer
+  than the window, cannot undo a takeover, which writes the next generation's slot and the
+  generation. The holder that lost the lock learns it from the page when its commit pins
+  the lock (:meth:`StoreLock.pin`, under the mutex: from then on nobody may take it over),
+  and its commit fails with 1007 transaction_too_old, as a FoundationDB transaction older
+  than the window does. Serializability never depends on the lock: a transaction reads a
+  SQLite snapshot and buffers its writes, and SQLite refuses to commit over a snapshot that
+  another commit overtook (1020), so a takeover can only make a late commit fail.
+
+What is not bounded: a holder stopped *during* its commit (pinned, holding SQLite's write
+lock for those microseconds) or while opening the store blocks the others until it runs;
+so does a process stopped while holding the page mutex (a pin or a takeover: a few
+microseconds). A waiter that gives up says who holds the lock (:attr:`StoreLock.holder`:
+the pid, whether it is stopped). A waiter thread blocked on the byte of a generation taken
+over from a stopped process stays in the kernel, with its descriptor, until that process
+resumes or dies.
+
+Without OFD locks (not Linux) the lock is ``flock`` on the whole file, as before: a stopped
+holder then blocks writers until ``lock_timeout`` and the layer retries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import mmap
+import os
+import struct
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+from fdbqueue.engines.contract import TRANSACTION_WINDOW_SECONDS
+
+#: Where the lease lives in the lock file's shared page: the current generation, then two
+#: slots, one for the even generations and one for the odd (see :meth:`StoreLock._claim`).
+LEASE_AT = 192
+_GEN = struct.Struct("=Q")
+#: A slot: the generation it was claimed for, the holder's start (0: released), its pid, and
+#: a claims counter (every claim moves it, so a waiter tells a new holder from an old one).
+_SLOT = struct.Struct("=QqII")
+_SLOTS_AT = (LEASE_AT + 8, LEASE_AT + 8 + _SLOT.size)  # up to 248; _walcheck's record is at 256
+_MUTEX_AT = 3 * 4096  # the page mutex byte (the page is 0..4095; 8192 is _walcheck's presence byte)
+_BASE = 4 * 4096  # generation g is byte _BASE + g
+#: ``struct flock`` on Linux: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks).
+FLOCK = struct.Struct("hhqqi4x")
+OFD = sys.platform.startswith("linux") and hasattr(fcntl, "F_OFD_SETLKW")
+#: The window, in seconds: how long a waiter sees the page unchanged while the byte is held
+#: before it takes the lock over (a module attribute, so that a test may shorten it).
+WINDOW = TRANSACTION_WINDOW_SECONDS
+_SLICE = 0.25  # a blocked waiter looks at the page at least this often
+# The start recorded by a holder that must not be taken over (opening, checkpointing a
+# removed WAL, a commit: see StoreLock.pin): only transactions are bounded by the window.
+_PINNED = 2**62
+
+
+def _slot_at(gen: int) -> int:
+    return _SLOTS_AT[gen & 1]
+
+
+def _window() -> float:
+    return WINDOW
+
+
+def _pinned(state: tuple[int, int, int, int, int]) -> bool:
+    gen, claimed, since, _, _ = state
+    return claimed == gen and since == _PINNED
+
+
+def _holder(state: tuple[int, int, int, int, int], seen_for: float) -> str:
+    """Who holds the lock, as a waiter that gave up says it."""
+    gen, claimed, since, pid, _ = state
+    if claimed != gen or since == 0:
+        return (
+            f"a process holds it while the lock file's page says free (taking or handing it back; "
+            f"unchanged for {seen_for:.1f} s)"
+        )
+    doing = "opening the store or committing" if since == _PINNED else "in a transaction"
+    return f"process {pid} holds it ({doing}{_stopped(pid)}; unchanged for {seen_for:.1f} s)"
+
+
+def _stopped(pid: int) -> str:
+    """ ", stopped" when ``pid`` is a stopped process (SIGSTOP, a debugger), as /proc says."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+    return ", stopped (SIGSTOP or a debugger)" if state in (b"T", b"t") else ""
+
+
+_pid = os.getpid()  # written with every claim: a system call each time, were it asked
+
+
+def _new_pid() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_new_pid)
+
+
+def _now_us() -> int:
+    """CLOCK_MONOTONIC itself, shared by every process of the boot: never a test's fake clock,
+    which moves one process's engine time only, while holders in other processes read theirs."""
+    return time.monotonic_ns() // 1000
+
+
+def byte_request(kind: int, at: int) -> bytes:
+    """The ``struct flock`` of an OFD lock (``kind``: F_RDLCK, F_WRLCK, F_UNLCK) of the byte ``at``."""
+    return FLOCK.pack(kind, os.SEEK_SET, at, 1, 0)
+
+
+def _byte_lock(fd: int, at: int, kind: int, wait: bool) -> bool:
+    """An OFD lock of one byte; False when it is held elsewhere (``wait`` False)."""
+    cmd = fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK
+    try:
+        fcntl.fcntl(fd, cmd, byte_request(kind, at))
+    except (BlockingIOError, PermissionError):  # EAGAIN / EACCES: held by another description
+        return False
+    return True
+
+
+class _Waiter:
+    """A thread that blocks in the kernel for one lock so that its caller can give up.
+
+    Runs ``lock(fd)`` (blocking) once asked; hands the lock to a caller still waiting, else
+    releases it with ``unlock(fd)``. ``retire()`` ends it once it is out of the kernel. ``fd``
+    is a duplicate of the store's descriptor (the same open file description, so the same
+    lock owner), closed by the thread: the store may close its own meanwhile.
+    """
+
+    def __init__(
+        self, fd: int, lock: Callable[[int], object], unlock: Callable[[int], object], name: str
+    ) -> None:
+        self._fd = os.dup(fd)
+        self._lock = lock
+        self._unlock = unlock
+        self._cond = threading.Condition(threading.Lock())
+        self._blocking = False
+        self._wanted = False
+        self._granted = False
+        self._retired = False
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    @property
+    def blocking(self) -> bool:
+        """In the kernel, or about to be: the lock must then come through this waiter (a
+        second request by the same open file description would be granted to both)."""
+        return self._blocking
+
+    def wait(self, timeout: float) -> bool:
+        with self._cond:
+            self._wanted = True
+            if not self._blocking:
+                self._blocking = True
+                self._cond.notify_all()
+            if self._cond.wait_for(lambda: self._granted, max(timeout, 0.0)):
+                self._granted = self._wanted = False
+                return True
+            self._wanted = False  # the thread hands the lock back if it gets it later
+            return False
+
+    def retire(self) -> None:
+        with self._cond:
+            self._retired = True
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._blocking or self._retired)
+                if not self._blocking:
+                    os.close(self._fd)
+                    return
+            try:
+                got = self._lock(self._fd) is not False
+            except OSError:
+                got = False
+            if not got:
+                with self._cond:
+                    self._blocking = False
+                time.sleep(_SLICE)  # the caller times out and asks again
+                continue
+            with self._cond:
+                if self._wanted and not self._retired:
+                    self._blocking = False
+                    self._granted = True
+                    self._cond.notify_all()
+                    continue
+                # Handed back while still marked blocking: until the byte is unlocked, the
+                # caller must not lock it through the same open file description (that
+                # would succeed, and this unlock would then drop the caller's lock).
+                with contextlib.suppress(OSError):
+                    self._unlock(self._fd)
+                self._blocking = False
+
+
+class StoreLock:
+    """The inter-process half of the store lock, for one process and one store file.
+
+    Callers serialise their own threads (one acquire at a time per process, then release),
+    as :class:`~fdbqueue.engines.sqlite.shared.SharedStore` does.
+    """
+
+    def __init__(self, fd: int, shared: mmap.mmap) -> None:
+        self._fd = fd
+        self._page = shared  # the mmapped page (a writable buffer)
+        self._gen: int | None = None  # the generation this process holds
+        self._waiters: dict[int, _Waiter] = {}
+        self.holder = "another process holds it"  # who, after an acquire that timed out
+        # The page as this process last saw it while waiting, and since when (its own
+        # monotonic clock: no other process's clock takes part). Kept across acquires, so
+        # that waits shorter than the window (lock_timeout, retried) still add up to it.
+        self._seen: tuple[int, int, int, int, int] | None = None
+        self._seen_at = self._looked = 0.0
+
+    # -- the page ----------------------------------------------------------------------------
+
+    def _state(self) -> tuple[int, int, int, int, int]:
+        """The generation and its slot as they lie in the page (gen, slot's gen, start, pid, claims)."""
+        gen = int(_GEN.unpack_from(self._page, LEASE_AT)[0])
+        return (gen, *_SLOT.unpack_from(self._page, _slot_at(gen)))
+
+    def _read(self) -> tuple[int, int, int]:
+        """(generation, its holder's start - 0 when the page says free -, the last claimer's pid)."""
+        gen, claimed, since, pid, _ = self._state()
+        return gen, since if claimed == gen else 0, pid
+
+    def _write(self, gen: int, since: int) -> None:
+        """Record a claim of ``gen`` in its slot (a new claim: the claims counter moves on)."""
+        at = _slot_at(gen)
+        claims = _SLOT.unpack_from(self._page, at)[3]
+        _SLOT.pack_into(self._page, at, gen, since, _pid, (claims + 1) & 0xFFFFFFFF)
+
+    def _locked_page(self) -> _PageMutex:
+        return _PageMutex(self._fd)
+
+    # -- acquire / release -------------------------------------------------------------------
+
+    def acquire(self, timeout: float, stealable: bool) -> str | None:
+        """Take the lock; None, or "another process" when not within ``timeout`` seconds
+        (then :attr:`holder` says who, as far as the page tells).
+
+        ``stealable``: a transaction, which another process may take the lock from once it
+        outlived the window; otherwise (opening, recovery) nobody may.
+        """
+        if not OFD:
+            return self._acquire_flock(timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self._state()
+            gen = state[0]
+            waiter = self._waiters.get(gen)
+            free = waiter is None or not waiter.blocking
+            if free and _byte_lock(self._fd, _BASE + gen, fcntl.F_WRLCK, False):
+                if self._claim(gen, stealable):
+                    self._seen = None
+                    return None
+                continue
+            now = time.monotonic()
+            if state != self._seen or now - self._looked > _window():
+                # A new claim, a release, a takeover (the holder is alive), or this process
+                # stopped looking for a while: the window starts again.
+                self._seen, self._seen_at = state, now
+            elif now - self._seen_at > _window() and not _pinned(state) and self._take_over(state, stealable):
+                self._seen = None
+                return None
+            self._looked = now
+            seen_at = self._seen_at
+            left = deadline - now
+            if left <= 0:
+                self.holder = _holder(state, now - seen_at)
+                return "another process"
+            # Until the window ends for what we see, or a slice: the page may move on meanwhile.
+            until_window = seen_at + _window() - now + 0.01
+            granted = self._waiter(gen).wait(min(left, _SLICE, max(until_window, 0.0)))
+            if granted and self._claim(gen, stealable):
+                self._seen = None
+                return None
+            self._forget_old(gen)
+
+    def _claim(self, gen: int, stealable: bool) -> bool:
+        """Holding byte ``gen``: record the claim in the generation's slot, unless the
+        generation moved on (then the byte is handed back).
+
+        No page mutex for a transaction (one system call per acquire, as a plain flock): the
+        claim only writes the slot of its own generation, never the generation, so a claim
+        made late - by a process stopped between taking the byte and this write, which a
+        waiter took over from - cannot undo the takeover; if the takeover lands between
+        this write and the check below, this holder's commit fails at :meth:`pin`, which
+        compares the generation under the mutex. A holder that is never taken over
+        (opening, recovery: it does not pin) claims under the mutex.
+        """
+        if stealable:
+            self._write(gen, _now_us())
+            current = int(_GEN.unpack_from(self._page, LEASE_AT)[0])
+        else:
+            with self._locked_page():
+                current = int(_GEN.unpack_from(self._page, LEASE_AT)[0])
+                if current == gen:
+                    self._write(gen, _PINNED)
+        if current == gen:
+            self._gen = gen
+            return True
+        _byte_lock(self._fd, _BASE + gen, fcntl.F_UNLCK, False)
+        return False
+
+    def _take_over(self, seen: tuple[int, int, int, int, int], stealable: bool) -> bool:
+        """The page has not moved for the window while someone held the byte: a holder
+        stalled inside its transaction, or a process stopped between taking the byte and
+        recording (or clearing) its claim. Move the lock to the next generation."""
+        gen = seen[0]
+        with self._locked_page():
+            if self._state() != seen:
+                return False  # claimed, released or taken over meanwhile
+            if not _byte_lock(self._fd, _BASE + gen + 1, fcntl.F_WRLCK, False):
+                return False  # a process still on an older page view: try again
+            self._write(gen + 1, _now_us() if stealable else _PINNED)  # the slot first, then
+            _GEN.pack_into(self._page, LEASE_AT, gen + 1)  # the generation that points at it
+            self._gen = gen + 1
+        self._forget_old(gen + 1)
+        return True
+
+    def _waiter(self, gen: int) -> _Waiter:
+        waiter = self._waiters.get(gen)
+        if waiter is None:
+            at = _BASE + gen
+            waiter = self._waiters[gen] = _Waiter(
+                self._fd,
+                lambda fd: _byte_lock(fd, at, fcntl.F_WRLCK, True),
+                lambda fd: _byte_lock(fd, at, fcntl.F_UNLCK, False),
+                f"fdbqueue-lock-{gen}",
+            )
+        return waiter
+
+    def _forget_old(self, gen: int) -> None:
+        for old in [g for g in self._waiters if g < gen]:
+            self._waiters.pop(old).retire()
+
+    def pin(self) -> bool:
+        """Before a commit applies anything: False when another process took the lock over;
+        else no one may take it over from now until release (a commit is microseconds).
+
+        Checking alone would leave a window between the check and COMMIT in which a takeover
+        lets both commit, and the page's marks written after COMMIT (the version clock's
+        pending flag, the durable version) go out of order.
+        """
+        if not OFD:
+            return True
+        gen = self._gen
+        if gen is None:
+            return False
+        with self._locked_page():
+            if int(_GEN.unpack_from(self._page, LEASE_AT)[0]) != gen:
+                return False
+            at = _slot_at(gen)
+            _SLOT.pack_into(self._page, at, gen, _PINNED, _pid, _SLOT.unpack_from(self._page, at)[3])
+        return True
+
+    def release(self) -> None:
+        if not OFD:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            return
+        gen, self._gen = self._gen, None
+        if gen is None:
+            return
+        # The slot only, without the mutex: a takeover writes the next generation's slot and
+        # the generation, never this slot, so nothing here can undo one.
+        at = _slot_at(gen)
+        claimed, _, pid, claims = _SLOT.unpack_from(self._page, at)
+        if claimed == gen and pid == _pid:
+            _SLOT.pack_into(self._page, at, gen, 0, _pid, claims)
+        _byte_lock(self._fd, _BASE + gen, fcntl.F_UNLCK, False)
+
+    def close(self) -> None:
+        for waiter in self._waiters.values():
+            waiter.retire()
+        self._waiters.clear()
+
+    # -- without OFD locks -------------------------------------------------------------------
+
+    def _acquire_flock(self, timeout: float) -> str | None:
+        waiter = self._waiters.get(-1)
+        if waiter is None or not waiter.blocking:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return None
+            except BlockingIOError:
+                pass
+        if waiter is None:
+            waiter = self._waiters[-1] = _Waiter(
+                self._fd,
+                lambda fd: fcntl.flock(fd, fcntl.LOCK_EX),
+                lambda fd: fcntl.flock(fd, fcntl.LOCK_UN),
+                "fdbqueue-flock",
+            )
+        return None if waiter.wait(timeout) else "another process"
+
+
+class _PageMutex:
+    """The page mutex: an OFD lock of one byte, held while the lease fields change."""
+
+    __slots__ = ("_fd",)
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def __enter__(self) -> None:
+        _byte_lock(self._fd, _MUTEX_AT, fcntl.F_WRLCK, True)
+
+    def __exit__(self, *exc: object) -> None:
+        _byte_lock(self._fd, _MUTEX_AT, fcntl.F_UNLCK, False)

@@ -1,0 +1,194 @@
+"""Group commit for the embedded engine at ``sync=full``: one fsync serves every commit before it.
+
+SQLite runs at ``synchronous=NORMAL`` (``COMMIT`` writes the WAL frames, no fsync), and each
+commit then calls :meth:`WalSync.make_durable` after releasing the store lock and before it
+returns, so the next transaction runs while this one waits for the disk. One fsync at a
+time per store (a ``flock`` on the WAL; threads of a process queue on a mutex first), as
+PostgreSQL's backends queue on its WAL write lock: a committer that gets its turn first
+checks whether the fsync it waited behind covered it.
+
+Why it is safe: SQLite's WAL recovery keeps the longest run of valid frames (each carries a
+checksum chained from the one before), so what a power loss leaves is a prefix of the
+commits, and an fsync of the WAL covers every frame written before it began. A commit
+returns after an fsync that began after its frames were written. Others can *see* a commit
+before its fsync ends, so a read-only transaction that may have seen a version above the
+on-disk mark fsyncs too before its commit returns; a writing one needs nothing more, its
+own fsync covering everything before it.
+
+Shared state, at ``_shared.SYNCED_AT`` in the lock file's mapped page: the version clock's
+tag (boot + store, see ``sqlite.py``), the highest version known to be on disk, and the
+last version whose ``COMMIT`` has returned. The two versions are trusted only under this
+store's tag, and each is written on its own (8 aligned bytes) by different processes.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import mmap
+import os
+import sqlite3
+import struct
+import threading
+
+from fdbqueue.engines.sqlite import shared as _shared
+from fdbqueue.errors import StoreError
+
+SYNCED = struct.Struct(">32sQQ")  # tag, on disk, committed
+# SQLite checkpoints once the WAL passes 1,000 pages; a commit may add a few past that first.
+WAL_FRAMES = 1_100
+# The zero-fill runs only when this much stays free after it (see WalSync.preallocate).
+FILL_ROOM = 64 * 1024 * 1024
+_U64 = struct.Struct(">Q")
+SYNCED_VERSION_AT = _shared.SYNCED_AT + 32
+_COMMITTED_AT = _shared.SYNCED_AT + 40
+
+
+def _synced(shared: mmap.mmap, tag: bytes) -> int:
+    found, synced, _ = SYNCED.unpack_from(shared, _shared.SYNCED_AT)
+    return int(synced) if found == tag else -1
+
+
+def _free_bytes(real: str) -> int:
+    """Bytes an unprivileged writer may still use on the file system holding ``real``."""
+    st = os.statvfs(os.path.dirname(real))
+    return st.f_bavail * st.f_frsize
+
+
+class WalSync:
+    """The fsyncs of one Database's WAL (``real`` is the store file's resolved path)."""
+
+    def __init__(self, real: str, path: str) -> None:
+        self._real = real
+        self._path = path
+        self._fd: int | None = None
+        self._mutex = threading.Lock()
+
+    @staticmethod
+    def committed(shared: mmap.mmap, tag: bytes | None, version: int) -> int | None:
+        """Record ``version`` (-1: none) as committed; the last committed version, or None.
+
+        Called under the store lock, right after COMMIT: every version up to the one
+        returned has its WAL frames written (None: not known, so every commit counts).
+        """
+        if tag is None:
+            return None
+        found, _, committed = SYNCED.unpack_from(shared, _shared.SYNCED_AT)
+        if found != tag:
+            if version < 0:
+                return None
+            SYNCED.pack_into(shared, _shared.SYNCED_AT, tag, 0, version)
+            return version
+        if version < 0:
+            return int(committed)
+        _U64.pack_into(shared, _COMMITTED_AT, version)
+        return version
+
+    def make_durable(self, shared: mmap.mmap, tag: bytes | None, version: int | None) -> None:
+        """Return once every commit up to ``version`` (None: every commit so far) is on disk.
+
+        Called after the store lock is released. Raises StoreError if the fsync fails: the
+        commit was written (and may be seen) but may not survive a power loss.
+        """
+        if tag is not None and version is not None and _synced(shared, tag) >= version:
+            return
+        try:
+            with self._mutex:  # threads of this process share one descriptor (and flock)
+                fd = self._wal()
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                try:
+                    if tag is None or version is None:
+                        os.fdatasync(fd)
+                        return
+                    if _synced(shared, tag) >= version:
+                        return  # the fsync we waited for began after our commit
+                    found, _, target = SYNCED.unpack_from(shared, _shared.SYNCED_AT)
+                    os.fdatasync(fd)
+                    # Two processes may race here and leave the lower value: that only costs
+                    # a later commit an fsync it could have skipped.
+                    if found == tag and target > _synced(shared, tag):
+                        _U64.pack_into(shared, SYNCED_VERSION_AT, target)
+                finally:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+        except OSError as exc:
+            raise StoreError(
+                f"{self._path}: the commit was written but its fsync failed ({exc.strerror}): it may "
+                "not survive a power loss"
+            ) from exc
+
+    def _wal(self) -> int:
+        """The WAL's descriptor, opened once (call with ``_mutex`` held)."""
+        if self._fd is None:
+            self._fd = self._open_wal()
+        return self._fd
+
+    def _open_wal(self) -> int:
+        # The WAL exists once the connection has read or written, and stays (the same
+        # inode: SQLite truncates or rewrites it in place) while any connection is open,
+        # ours included. SQLite fsyncs the directory of a new WAL only at its first own
+        # sync, which at synchronous=NORMAL is the first checkpoint: do it here once.
+        # Read-only where the store is (its reads may still need an fsync of others' commits).
+        try:
+            fd = os.open(self._real + "-wal", os.O_RDWR | os.O_CLOEXEC)
+        except PermissionError:
+            fd = os.open(self._real + "-wal", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            dir_fd = os.open(os.path.dirname(self._real), os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def preallocate(self, conn: sqlite3.Connection) -> None:
+        """Extend the WAL with zeros to what it holds between checkpoints (call with the store lock).
+
+        While a WAL file grows, each commit's fdatasync must also commit the file system's
+        journal (the file's size changed): a fifth more per fsync on our test machine, paid
+        by the first ~500 commits after every fresh open, since SQLite deletes the WAL when
+        the last connection closes and then rewrites it in place once checkpointed. PostgreSQL
+        zero-fills new WAL segments for the same reason (``wal_init_zero``). Safe: the
+        zeros go past the file's end, under SQLite's own write lock (no frame is being
+        appended), and a frame of zeros never passes the WAL's salt and checksum check, so
+        readers and crash recovery ignore it as they ignore any stale frame.
+
+        Skipped on a nearly full file system (less than the fill plus :data:`FILL_ROOM`
+        free, by ``statvfs``): the space is then worth more to the commits than the speed,
+        and a fill that fails half-way gives back what it wrote. Never fails the open.
+        """
+        target = 32 + WAL_FRAMES * (24 + conn.execute("PRAGMA page_size").fetchone()[0])
+        try:
+            conn.execute("BEGIN IMMEDIATE")  # SQLite's write lock: nobody appends meanwhile
+        except sqlite3.Error:
+            return  # e.g. a read-only store: its commits will fail on their own terms
+        try:
+            with self._mutex:
+                fd = self._wal()
+                size = os.fstat(fd).st_size
+                if size < target and _free_bytes(self._real) >= target - size + FILL_ROOM:
+                    try:
+                        if os.pwrite(fd, bytes(target - size), size) != target - size:
+                            raise OSError(errno.ENOSPC, "short write")  # what a full disk does first
+                        os.fdatasync(fd)
+                    except OSError:
+                        os.ftruncate(fd, size)  # only our zeros lie past it (SQLite's write lock)
+                        raise
+        except OSError:
+            pass  # an optimisation only: SQLite reports a WAL it cannot write by itself
+        finally:
+            conn.execute("ROLLBACK")
+
+    def after_fork(self) -> None:
+        """In a forked child: drop the parent's descriptor and mutex (it may have been held)."""
+        if self._fd is not None:
+            os.close(self._fd)  # this process's copy; the parent's stays open
+            self._fd = None
+        self._mutex = threading.Lock()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

@@ -1,0 +1,560 @@
+"""Delivery guarantees: leases, release to the original place, poison messages, expiry.
+
+Where a message can be (``layout.py`` has the keys):
+
+* ready     ``("r", -priority, index, rand)`` -> record
+* leased    ``("f", id)`` -> record whose ``extra`` holds its ready key, receipt, deadline
+            (a version) and ``until`` (the wall-clock estimate ``Message.lease_deadline`` shows);
+            plus ``("l", deadline, id)`` so that sweeps find expired leases in deadline order.
+            Its id finds it there directly: a lease writes no id entry (one page less per
+            lease and per ack)
+* delayed   ``("d", due, id)`` -> record whose ``extra`` holds the ready key to go back to
+            (a retry) or the priority to enqueue at (a delayed enqueue)
+* the error queue, as a ready message of that queue, tagged with ``origin`` and ``reason``
+
+A failed delivery (nack, lease expiry, an aborted in-transaction dequeue) puts the
+message back at its original key - order kept through its lifetime, as in Apache Qpid's queue design - after
+the queue's retry delay, or moves it to the error queue once it has had max_deliveries.
+Every function here composes inside the caller's transaction. Every ``now`` is the
+transaction's read version and every deadline a version (``fdbqueue.store.clock``), so no
+client's wall clock decides when a lease, a delay or a TTL ends.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from fdbqueue.engines.contract import Database, ReadView, Transaction
+from fdbqueue.errors import CorruptMessageError, EngineError, QueueStoppedError
+from fdbqueue.errors import LeaseError as LeaseError  # re-export
+from fdbqueue.errors import LeaseExpiredError as LeaseExpiredError  # re-export
+from fdbqueue.ops.moves import (
+    CORRUPT_REASON,
+    JOURNALED,
+    LEASE_FIELDS,
+    VOLATILE,
+    Note,
+    dead_letter,
+    drop_stale_entry,
+    end_lease,
+    expire_unready,
+    finish_lease,
+    move_corrupt,
+    put_delayed,
+    put_leased,
+    put_ready,
+    remove_message,
+    renew_lease,
+    take_delayed,
+    wake,
+)
+from fdbqueue.ops.privileges import check, checked
+from fdbqueue.ops.txn import run_once
+from fdbqueue.store.budget import Budget, move_cost
+from fdbqueue.store.clock import db_now, now_us, seconds_of, versions
+from fdbqueue.store.config import Meta, QueueConfig, check_duration, config_or_create
+from fdbqueue.store.layout import QueueKeys
+from fdbqueue.store.record import Message, Record, decode_record, fit_reason, join_chunks
+
+log = logging.getLogger("fdbqueue")
+
+
+def release(
+    keys: QueueKeys,
+    tr: Transaction,
+    cfg: QueueConfig,
+    rec: Record,
+    ready_key: bytes,
+    *,
+    reason: str | None,
+    delay: float | None,
+    now: int,
+    op: str = "nack",
+    discard: bool = False,
+) -> str:
+    """A delivery failed: back to ``ready_key`` (after the retry delay) or to the error queue.
+
+    ``rec.deliveries`` counts the failed delivery. Returns where it went:
+    ``ready``, ``delayed``, ``dead`` or ``expired``. ``op``: what the journal calls the
+    failure (``nack`` or ``lease_expired``) when the message goes back. ``discard``: to the
+    error queue now, whatever its deliveries (a handler gave up on it).
+    """
+    if rec.expires_us is not None and rec.expires_us <= now:
+        expire_unready(keys, tr, cfg, rec)
+        return "expired"
+    if discard or rec.deliveries >= cfg.max_deliveries:
+        dead_letter(keys, tr, cfg, rec, reason or "max_deliveries", clear_id=True)
+        return "dead"
+    wait = cfg.retry_wait(rec.deliveries) if delay is None else delay
+    extra = {k: v for k, v in rec.extra.items() if k not in LEASE_FIELDS and k != "not_before"}
+    if reason is not None:
+        extra["last_error"] = reason
+    rec = rec.with_(extra=extra)
+    priority = keys.parse_ready(ready_key)[0]
+    if wait > 0 and cfg.strict_order:
+        # Strict order: the message keeps its place and holds the queue until it is due.
+        extra["not_before"] = now + versions(wait)
+        note = Note(op, reason, {"delay": wait})
+        put_ready(tr, keys, ready_key, rec.with_(extra=extra), priority, journaled=cfg.journal, note=note)
+        return "ready"
+    if wait > 0:
+        note = Note(op, reason, {"delay": wait})
+        put_delayed(
+            tr,
+            keys,
+            now + versions(wait),
+            rec,
+            key=ready_key,
+            priority=priority,
+            journaled=cfg.journal,
+            note=note,
+        )
+        return "delayed"
+    put_ready(tr, keys, ready_key, rec, priority, journaled=cfg.journal, note=Note(op, reason))
+    return "ready"
+
+
+# -- leases ------------------------------------------------------------------------------------
+
+
+def lease_until(seconds: float) -> int:
+    """Wall-clock microseconds when a lease of ``seconds`` taken now ends, by this client's
+    clock: what ``Message.lease_deadline`` shows. Expiry is decided by database time."""
+    return now_us() + int(seconds * 1e6)
+
+
+def expires_at(tr: Transaction, rec: Record) -> float | None:
+    """``Message.expires_at``: when the message's TTL ends, as a wall-clock estimate (seconds
+    since the epoch, by this client's clock); the TTL itself is kept in database time."""
+    if rec.expires_us is None:
+        return None
+    return now_us() / 1e6 + seconds_of(rec.expires_us - db_now(tr))
+
+
+def lease_in(
+    keys: QueueKeys,
+    tr: Transaction,
+    key: bytes,
+    rec: Record,
+    seconds: float,
+    receipt: str,
+    now: int,
+    *,
+    strict: bool = False,
+    payload: bytes | None = None,
+    count: bool = True,
+    journaled: bool = False,
+    volatile: bool = False,
+) -> Message:
+    """Move the ready message at ``key`` (just removed by the caller) into flight under ``receipt``.
+
+    ``payload``: a chunked message's payload when the caller has read it already.
+    ``count=False``: the caller adds to the in-flight counter itself (once for a batch).
+    ``journaled``: the queue keeps a journal (the leased record carries the mark, so that its
+    ack, release and extend know without reading the queue's settings).
+    """
+    deadline = now + versions(seconds)
+    until = lease_until(seconds)
+    extra = dict(rec.extra)
+    extra.update(key=key.hex(), receipt=receipt, deadline=deadline, until=until)
+    extra.pop("not_before", None)
+    if journaled:
+        extra[JOURNALED] = 1
+    if volatile:
+        extra[VOLATILE] = 1
+    if strict:
+        extra["strict"] = True  # its ack must wake whoever waits for the next delivery
+    leased = rec.with_(deliveries=rec.deliveries + 1, extra=extra)
+    put_leased(tr, keys, key, leased, deadline, receipt, count=count)
+    if payload is None:
+        payload = read_payload(tr, keys, rec)
+    return Message.from_record(
+        leased,
+        keys.name,
+        keys.priority_of(key),
+        key,
+        payload,
+        receipt=receipt,
+        lease_deadline=until / 1e6,
+        expires_at=expires_at(tr, rec),
+    )
+
+
+def _leased(keys: QueueKeys, tr: Transaction, m: Message, now: int, *, allow_expired: bool = False) -> Record:
+    """The leased record of ``m``, once ``tr``'s principal is known to hold ``dequeue`` (the
+    check reads the queue's guard with the record: one round trip)."""
+    if not isinstance(m, Message) or not m.receipt:
+        raise LeaseError("ack, nack and extend take a Message returned by lease()")
+    (raw,) = check(tr, keys, "dequeue", also=[keys.inflight_key(m.id)])
+    return _lease_of(keys, tr, m, raw, now, allow_expired)
+
+
+def ack_many_in(
+    keys: QueueKeys, tr: Transaction, msgs: list[Message], now: int, note: Note | None = None
+) -> list[Message]:
+    """Ack every message of ``msgs`` whose lease is still ours: their records and the queue's
+    guard in one round trip. Returns the ones acked (an expired or lost lease is skipped)."""
+    if not all(isinstance(m, Message) and m.receipt for m in msgs):
+        raise LeaseError("ack takes Messages returned by lease()")
+    raws = check(tr, keys, "dequeue", also=[keys.inflight_key(m.id) for m in msgs])
+    done = []
+    strict = False
+    for m, raw in zip(msgs, raws, strict=True):
+        try:
+            rec = _lease_of(keys, tr, m, raw, now, False)
+        except LeaseError:
+            continue
+        finish_lease(tr, keys, rec, note)
+        strict = strict or bool(rec.extra.get("strict"))
+        done.append(m)
+    if strict:
+        wake(tr, keys)  # strict order: the next delivery may go ahead now
+    return done
+
+
+def _lease_of(
+    keys: QueueKeys, tr: Transaction, m: Message, raw: bytes | None, now: int, allow_expired: bool
+) -> Record:
+    rec = None if raw is None else decode_record(raw, keys, keys.inflight_key(m.id), m.id)
+    if rec is None or rec.extra.get("receipt") != m.receipt:
+        raise LeaseError(
+            f"message {m.id} is not leased under this receipt (already acked, nacked or expired)"
+        )
+    if not allow_expired and int(rec.extra["deadline"]) <= now:
+        raise LeaseExpiredError(f"the lease on message {m.id} expired; it goes back to the queue")
+    if VOLATILE in rec.extra:
+        tr.options.set_volatile_prefix(keys.q.key())
+    return rec
+
+
+def ack_in(keys: QueueKeys, tr: Transaction, m: Message, now: int, note: Note | None = None) -> Record:
+    rec = _leased(keys, tr, m, now)
+    finish_lease(tr, keys, rec, note)
+    return rec
+
+
+def nack_in(
+    keys: QueueKeys,
+    tr: Transaction,
+    cfg: QueueConfig,
+    m: Message,
+    delay: float | None,
+    reason: str | None,
+    now: int,
+    discard: bool = False,
+) -> str:
+    rec = _leased(keys, tr, m, now)
+    end_lease(tr, keys, rec)
+    back = bytes.fromhex(rec.extra["key"])
+    return release(keys, tr, cfg, rec, back, reason=reason, delay=delay, now=now, discard=discard)
+
+
+def release_in(keys: QueueKeys, tr: Transaction, m: Message, now: int) -> None:
+    """Back to its original place at once; the delivery is not counted (it never started)."""
+    rec = _leased(keys, tr, m, now, allow_expired=True)
+    end_lease(tr, keys, rec)
+    extra = {k: v for k, v in rec.extra.items() if k not in LEASE_FIELDS}
+    back = rec.with_(deliveries=max(0, rec.deliveries - 1), extra=extra)
+    key = bytes.fromhex(rec.extra["key"])
+    journaled = bool(rec.extra.get(JOURNALED))
+    put_ready(tr, keys, key, back, keys.parse_ready(key)[0], journaled=journaled, note=Note("release"))
+
+
+def extend_in(keys: QueueKeys, tr: Transaction, m: Message, seconds: float, now: int) -> Message:
+    rec = _leased(keys, tr, m, now)
+    deadline = now + versions(seconds)
+    until = lease_until(seconds)
+    extra = {**rec.extra, "deadline": deadline, "until": until}
+    renew_lease(tr, keys, rec, rec.with_(extra=extra), deadline, str(m.receipt))
+    return Message.from_record(
+        rec.with_(extra=extra),
+        keys.name,
+        m.priority,
+        m.key,
+        m.payload,
+        receipt=m.receipt,
+        lease_deadline=until / 1e6,
+        expires_at=m.expires_at,
+    )
+
+
+def expire_lease(
+    keys: QueueKeys,
+    tr: Transaction,
+    cfg: QueueConfig,
+    lease_key: bytes,
+    now: int,
+    budget: Budget | None = None,
+) -> str | None:
+    """Release the message of an expired lease entry (a sweep step); None if already settled,
+    ``later`` if ``budget`` cannot afford the move (nothing written)."""
+    _, deadline, msg_id = keys.unpack_tail(lease_key)
+    if tr.get(lease_key) is None:
+        return None
+    raw = tr.get(keys.inflight_key(msg_id))
+    if raw is None:
+        drop_stale_entry(tr, lease_key)
+        return None
+    try:
+        rec = decode_record(raw, keys, keys.inflight_key(msg_id), msg_id)
+    except CorruptMessageError as exc:
+        move_corrupt(
+            keys, tr, cfg, keys.inflight_key(msg_id), raw, exc, budget, state="inflight", also_clear=lease_key
+        )
+        return CORRUPT_REASON
+    if int(rec.extra.get("deadline", -1)) != deadline:
+        drop_stale_entry(tr, lease_key)
+        return None  # extended since: this entry is stale
+    if budget is not None and not budget.take(move_cost(len(lease_key), len(raw), rec.chunks)):
+        return "later"
+    end_lease(tr, keys, rec)
+    ready_key = bytes.fromhex(rec.extra["key"])
+    return release(keys, tr, cfg, rec, ready_key, reason=None, delay=None, now=now, op="lease_expired")
+
+
+def promote_delayed(
+    keys: QueueKeys, tr: Transaction, cfg: QueueConfig, dkey: bytes, now: int, budget: Budget | None = None
+) -> str | None:
+    """Move a due delayed message to the ready set (or expire it); None if already moved,
+    ``later`` if ``budget`` cannot afford the move (nothing written)."""
+    raw = tr.get(dkey)
+    if raw is None:
+        return None
+    try:
+        rec = decode_record(raw, keys, dkey)
+    except CorruptMessageError as exc:
+        move_corrupt(keys, tr, cfg, dkey, raw, exc, budget, state="delayed")
+        return CORRUPT_REASON
+    if budget is not None and not budget.take(move_cost(len(dkey), len(raw), rec.chunks)):
+        return "later"
+    if rec.expires_us is not None and rec.expires_us <= now:
+        take_delayed(tr, keys, dkey, rec, expired=True)
+        expire_unready(keys, tr, cfg, rec)
+        return "expired"
+    take_delayed(tr, keys, dkey, rec)
+    extra = dict(rec.extra)
+    target = extra.pop("key", None)
+    priority = int(extra.pop("priority", 0))
+    back = None if target is None else bytes.fromhex(target)
+    put_ready(tr, keys, back, rec.with_(extra=extra), priority, journaled=cfg.journal, note=Note("promote"))
+    return "ready"
+
+
+def locate(tr: Transaction, keys: QueueKeys, msg_id: str) -> bytes | None:
+    """The key where message ``msg_id`` is now, or None: its home key, its lease
+    (``("f", id)``), else where its id entry points (delayed, or ready away from home)."""
+    home = keys.home_key(msg_id)
+    if home is not None and tr.get(home) is not None:
+        return home
+    fkey = keys.inflight_key(msg_id)
+    if tr.get(fkey) is not None:
+        return fkey
+    return tr.get(keys.id_key(msg_id))
+
+
+def read_payload(tr: ReadView, keys: QueueKeys, rec: Record) -> bytes:
+    """``rec``'s payload: inline, or its chunks (one range read) joined and checked
+    (CorruptMessageError when they are damaged)."""
+    if not rec.chunks:
+        return rec.payload
+    values = [kv.value for kv in tr.get_range(*keys.chunk_range(rec.id))]
+    return join_chunks(values, rec.chunks, keys.name, rec.id)
+
+
+def read_payloads(
+    tr: Transaction, keys: QueueKeys, recs: list[Record]
+) -> tuple[dict[str, bytes], dict[str, CorruptMessageError]]:
+    """The payloads of the chunked messages among ``recs``: one ``get_many`` for all their
+    chunks (their count is in the record), not a range read per message. Second: the
+    messages whose chunks are damaged.
+
+    Snapshot reads: chunks never change while their message exists, and the message's
+    own key carries the read conflict.
+    """
+    chunked = [rec for rec in recs if rec.chunks]
+    if not chunked:
+        return {}, {}
+    values = iter(
+        tr.snapshot.get_many([keys.chunk_key(rec.id, i) for rec in chunked for i in range(rec.chunks)])
+    )
+    payloads: dict[str, bytes] = {}
+    damaged: dict[str, CorruptMessageError] = {}
+    for rec in chunked:
+        try:
+            payloads[rec.id] = join_chunks(
+                [next(values) for _ in range(rec.chunks)], rec.chunks, keys.name, rec.id
+            )
+        except CorruptMessageError as exc:
+            damaged[rec.id] = exc
+    return payloads, damaged
+
+
+def to_message(
+    tr: Transaction, keys: QueueKeys, key: bytes, rec: Record, *, delivered: bool = False
+) -> Message:
+    """The ready message ``rec`` at ``key`` as a :class:`Message` (its payload read)."""
+    payload = read_payload(tr, keys, rec)
+    priority = keys.priority_of(key)
+    if rec.expires_us is None:
+        return Message.from_record(rec, keys.name, priority, key, payload, delivered=delivered)
+    more = {"expires_at": expires_at(tr, rec)}
+    return Message.from_record(rec, keys.name, priority, key, payload, delivered=delivered, **more)
+
+
+def open_for_dequeue(tr: Transaction, keys: QueueKeys, meta: Meta | None) -> tuple[QueueConfig, Meta] | None:
+    """The queue's settings and metadata for a dequeue or lease, once ``tr``'s principal may
+    dequeue; None when the queue was never created (empty); QueueStoppedError when paused."""
+    if meta is None:
+        meta = checked(tr, keys, "dequeue")
+    else:
+        check(tr, keys, "dequeue", meta)
+    if meta.config is None:
+        return None
+    if not meta.state.dequeue:
+        raise QueueStoppedError(f"dequeue is disabled on queue {keys.name!r}")
+    return meta.config, meta
+
+
+def message_elsewhere(keys: QueueKeys, tr: Transaction, key: bytes, raw: bytes) -> Message | None:
+    """A message found through the id index outside the ready set (leased or delayed)."""
+    tag = keys.unpack_tail(key)[0]
+    rec = decode_record(raw, keys, key)
+    payload = read_payload(tr, keys, rec)
+    more: dict[str, Any] = {}
+    if tag == "f":
+        ready_key = bytes.fromhex(rec.extra["key"])
+        more = {"receipt": None, "lease_deadline": int(rec.extra["until"]) / 1e6}
+        priority = keys.parse_ready(ready_key)[0]
+    elif tag == "d":
+        ready_key = bytes.fromhex(rec.extra["key"]) if "key" in rec.extra else b""
+        priority = int(rec.extra.get("priority", 0))
+    else:
+        return None
+    more["expires_at"] = expires_at(tr, rec)
+    return Message.from_record(rec, keys.name, priority, ready_key, payload, **more)
+
+
+def check_lease_seconds(seconds: object) -> float:
+    """A lease length: a number of seconds above 0 and at most ten years (``check_duration``)."""
+    return check_duration("lease_seconds", seconds, positive=True)
+
+
+# Why a caller is about to abort the transaction that dequeued a message (by the Message
+# object's identity, which the abort's callback holds): see failure_reason.
+_failure_notes: dict[int, tuple[str, str, float | None, bool]] = {}
+
+# The reason a failed delivery keeps when its transaction outlived the 5-second window: the
+# resolver refuses a read version older than MAX_WRITE_TRANSACTION_LIFE_VERSIONS
+# (fdbserver/core/ServerKnobs.cpp) with transaction_too_old.
+TOO_OLD_REASON = (
+    "the handler's transaction outlived FoundationDB's 5-second transaction limit (1007 transaction_too_old)"
+)
+
+
+@contextmanager
+def failure_reason(
+    msg: Message, reason: str, *, delay: float | None = None, discard: bool = False
+) -> Iterator[None]:
+    """Within the block, an abort of the caller's transaction that dequeued ``msg`` counts
+    the failed delivery with ``reason`` (the message's ``last_error``; the dead letter's
+    reason once it reaches max_deliveries), retried after ``delay`` (None: the queue's retry
+    delay) or, ``discard``, dead-lettered now. Wrap the abort (``tr.cancel()``) in it."""
+    _failure_notes[id(msg)] = (msg.id, fit_reason(reason), delay, discard)
+    try:
+        yield
+    finally:
+        _failure_notes.pop(id(msg), None)
+
+
+def _noted(msg: Message) -> tuple[str, str, float | None, bool] | None:
+    """What :func:`failure_reason` noted for ``msg`` (this very Message object), if anything."""
+    noted = _failure_notes.get(id(msg))
+    return noted if noted is not None and noted[0] == msg.id else None
+
+
+def _reason_of(msg: Message, error: EngineError) -> str | None:
+    noted = _noted(msg)
+    if noted is not None:
+        return noted[1]
+    if error.code == 1007:
+        return TOO_OLD_REASON
+    if error.code == 1025:
+        return None  # a plain abort: the caller did not say why
+    return fit_reason(str(error))
+
+
+@contextmanager
+def not_counted(msg: Message) -> Iterator[None]:
+    """Within the block, an abort of the caller's transaction that dequeued ``msg`` is not
+    counted as a failed delivery: the engine failed (a full disk, an unreachable cluster),
+    not the message. Wrap the abort (``tr.cancel()``) in it."""
+    _uncounted[id(msg)] = msg.id
+    try:
+        yield
+    finally:
+        _uncounted.pop(id(msg), None)
+
+
+_uncounted: dict[int, str] = {}
+
+
+def engine_fault(error: EngineError) -> bool:
+    """Whether a transaction that ended with ``error`` failed for the engine's reasons.
+
+    4100 is what the engines report when a commit fails without a FoundationDB error (a
+    full disk, an I/O error, an unreachable cluster); the retryable codes are contention,
+    load or recovery (``fdb_error_predicate``, bindings/c/fdb_c.cpp). 1007 is not among
+    them: a handler that outlives the 5-second window is the handler's doing.
+    """
+    return error.code == 4100 or (error.retryable and error.code != 1007)
+
+
+def count_failed_attempt(keys: QueueKeys, db: Database, msg: Message, error: EngineError) -> None:
+    """The caller's transaction that dequeued ``msg`` did not commit: count the delivery.
+
+    Runs after that transaction has ended (its locks released), in one of its own. A
+    failure of the engine (:func:`engine_fault`: a conflict, an unknown commit result, a
+    full disk ...) or an abort under :func:`not_counted` is not the message's doing: not
+    counted. An application abort (1025) and a handler too slow for the 5-second window
+    (1007) are counted, with the reason the caller gave (see :func:`failure_reason`), else
+    what the error says (1007: :data:`TOO_OLD_REASON`).
+    """
+    if error.maybe_committed or engine_fault(error) or _uncounted.get(id(msg)) == msg.id:
+        return
+    reason = _reason_of(msg, error)
+    noted = _noted(msg)
+    delay, discard = (noted[2], noted[3]) if noted is not None else (None, False)
+
+    def body(t: Transaction, _: bool) -> None:
+        where = locate(t, keys, msg.id)
+        raw = None if where is None else t.get(where)
+        if where is None or raw is None:
+            return  # taken by another consumer, or the caller's commit did land (1021)
+        rec = decode_record(raw, keys, where, msg.id)
+        if rec.deliveries >= msg.deliveries:
+            return  # counted already (this count's own commit ended unknown, then retried)
+        tag = keys.unpack_tail(where)[0]
+        if tag == "r":
+            ready_key = where
+        elif tag == "d":
+            # The dequeue promoted a due delayed message itself, and the abort undid that too:
+            # it is still delayed, with the place it was due to go back to (if a retry).
+            extra = dict(rec.extra)
+            target = extra.pop("key", None)
+            extra.pop("priority", None)
+            ready_key = bytes.fromhex(target) if target else msg.key
+            rec = rec.with_(extra=extra)
+        else:
+            return  # leased again meanwhile: its lease counts its deliveries
+        cfg = config_or_create(t, keys)
+        remove_message(t, keys, where, rec, chunks=False, count="ready" if tag == "r" else "delayed")
+        failed = rec.with_(deliveries=rec.deliveries + 1)
+        release(keys, t, cfg, failed, ready_key, reason=reason, delay=delay, now=db_now(t), discard=discard)
+
+    try:
+        run_once(db, body)
+    except Exception:  # never mask the caller's own error with this bookkeeping
+        log.exception("fdbqueue: could not count the failed delivery of %s on %r", msg.id, keys.name)

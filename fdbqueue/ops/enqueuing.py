@@ -1,0 +1,395 @@
+"""Enqueue: new messages checked, encoded and written, ready or delayed, in one transaction.
+
+The functions under :meth:`fdbqueue.Queue.enqueue` and ``enqueue_many``, and under the
+layers that write new messages too (autonomous enqueues, forwarding, periodic jobs).
+``enqueue_in`` composes inside a caller's transaction; ``enqueue_items`` runs it in its
+own retried one when given a Database, exactly once across commit_unknown_result (1021):
+a receipt made in the first attempt records the ids, and a retry reads them back.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import tenacity
+
+from fdbqueue.engines.contract import (
+    Database,
+    Transaction,
+    adopt,
+    engine_traits,
+    is_transaction,
+    producer_room,
+)
+from fdbqueue.errors import QueueError, QueueFullError, QueueStoppedError
+from fdbqueue.ops.moves import CHUNK_SIZE, count_new, write_new
+from fdbqueue.ops.privileges import check, check_create, checked
+from fdbqueue.ops.receipts import maybe_clear_old_receipts, new_receipt, read_receipt
+from fdbqueue.ops.tracing import inject
+from fdbqueue.ops.txn import run_once, seconds
+from fdbqueue.store.budget import (
+    LAYER_MARGIN_BYTES,
+    MAX_PAYLOAD_BYTES,
+    TRANSACTION_SIZE_LIMIT,
+    USER_TXN_LIMIT,
+    BudgetExceededError,
+    set_cost,
+)
+from fdbqueue.store.clock import db_now, now_us, versions
+from fdbqueue.store.config import QueueConfig, read_meta, write_config
+from fdbqueue.store.layout import QueueKeys, new_id, new_rand
+from fdbqueue.store.record import (
+    CRC_BYTES,
+    PayloadTooLargeError,
+    Record,
+    check_dedup_key,
+    check_headers,
+    coerce_payload,
+    payload_list,
+)
+from fdbqueue.types import Item, NewMessage
+
+
+def new_item(
+    payload: object,
+    priority: int,
+    headers: Mapping[str, Any] | None,
+    delay: float,
+    ttl: float | None,
+    dedup_key: str | None,
+    layer: Mapping[str, str] | None = None,
+) -> Item:
+    """An enqueue's arguments checked and encoded (nothing read or written). ``layer``: the
+    headers the layer itself sets (a schedule's name, a RemoteQueue's dedup key), added after
+    ``headers`` are checked for names it reserves."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise QueueError(f"priority must be an int, not {type(priority).__name__}")
+    if not -(2**31) <= priority < 2**31:
+        raise QueueError(f"priority must fit in 32 bits, got {priority}")
+    delay = seconds("delay", delay)
+    if ttl is not None:
+        ttl = seconds("ttl", ttl)
+        if ttl == 0:
+            raise QueueError("ttl must be > 0 (None: never expires)")
+    if dedup_key is not None and (not isinstance(dedup_key, str) or not dedup_key):
+        raise QueueError("dedup_key must be a non-empty str")
+    if dedup_key is not None:
+        check_dedup_key(dedup_key)
+    data, ctype = coerce_payload(payload)
+    # Reserved names refused, then the layer's headers and the current trace's context added.
+    hdrs = check_headers(inject(unreserved(headers, layer)))
+    # A ready message's id names its home key (see _write_new): none to make here.
+    msg_id = new_id() if delay > 0 else ""
+    return Item(msg_id, new_rand(), data, ctype, priority, hdrs, delay, ttl, dedup_key)
+
+
+# Header names the layer writes itself (``fdbqueue-remote-dedup``, which the forwarder acts on,
+# ``fdbqueue-schedule``, ``fdbqueue-tick``): a caller's headers may not use the prefix, in any case.
+# (``traceparent`` is not reserved: W3C Trace Context lets a caller set its own, tracing.py.)
+RESERVED_HEADER_PREFIX = "fdbqueue-"
+
+
+def unreserved(
+    headers: Mapping[str, Any] | None, layer: Mapping[str, str] | None = None
+) -> Mapping[str, Any] | None:
+    """A caller's ``headers``, refused (QueueError) when a name has the reserved prefix, with
+    the layer's own ``layer`` headers added."""
+    if isinstance(headers, Mapping):
+        for k in headers:
+            if isinstance(k, str) and k.lower().startswith(RESERVED_HEADER_PREFIX):
+                raise QueueError(
+                    f"header {k!r}: names beginning {RESERVED_HEADER_PREFIX!r} are reserved for "
+                    "fdbqueue's own use"
+                )
+    if not layer or not (headers is None or isinstance(headers, Mapping)):
+        return headers  # (headers of the wrong type: check_headers says so)
+    return {**(headers or {}), **layer}
+
+
+def batch_items(
+    keys: QueueKeys,
+    payloads: Iterable[object],
+    priority: int,
+    headers: Mapping[str, Any] | None,
+    delay: float,
+    ttl: float | None,
+) -> list[Item]:
+    """``enqueue_many``'s items: a :class:`NewMessage`'s fields left None take the call's.
+
+    A batch past what FoundationDB accepts in one transaction (``USER_TXN_LIMIT``,
+    docs/budgets.md) is refused with BudgetExceededError before anything is written.
+    """
+    items = [
+        new_item(p, priority, headers, delay, ttl, None)
+        if not isinstance(p, NewMessage)
+        else new_item(
+            p.payload,
+            priority if p.priority is None else p.priority,
+            headers if p.headers is None else p.headers,
+            delay if p.delay is None else p.delay,
+            ttl if p.ttl is None else p.ttl,
+            p.dedup_key,
+        )
+        for p in payload_list(payloads)
+    ]
+    check_batch_size(keys, items, journaled=False)
+    return items
+
+
+def check_batch_size(keys: QueueKeys, items: list[Item], *, journaled: bool) -> None:
+    """Refuse (BudgetExceededError, nothing written) a batch FoundationDB would refuse as
+    one transaction: over ``TRANSACTION_SIZE_LIMIT`` less the layer's margin (budget.py).
+    ``journaled``: each message also writes its journal entries."""
+    cost = sum(write_cost(keys, it, journaled=journaled) for it in items)
+    if cost > USER_TXN_LIMIT:
+        raise BudgetExceededError(
+            f"enqueue_many of {len(items):,} messages would write about {cost:,} bytes in one "
+            f"transaction, past what FoundationDB accepts ({TRANSACTION_SIZE_LIMIT:,} bytes, less "
+            f"{LAYER_MARGIN_BYTES:,} for the layer's own keys): split it"
+        )
+
+
+def write_cost(keys: QueueKeys, it: Item, *, journaled: bool = False) -> int:
+    """An upper bound of the bytes one new message adds to its transaction (budget.py)."""
+    k = len(keys.q.key()) + 40  # a ready key: the prefix, then at most 38 bytes
+    chunks = math.ceil(len(it.payload) / CHUNK_SIZE) if len(it.payload) > CHUNK_SIZE else 0
+    inline = b"" if chunks else it.payload
+    raw = Record("r" * 80, 0, it.content_type.value, it.headers, 0, 0, chunks, {}, inline).encode()
+    cost = set_cost(k, len(raw) + 32)
+    if it.delay > 0 or it.ttl is not None:
+        cost += 2 * set_cost(k, k)  # its id and expiry entries
+    if it.dedup_key is not None:  # its two dedup keys (the key packed up to twice as long)
+        cost += 2 * set_cost(k + 2 * len(it.dedup_key.encode()), 64)
+    if journaled:  # an entry and a history pointer (journaling.record)
+        cost += 2 * set_cost(k + len(keys.name.encode()) + 24, 160)
+    return cost + chunks * set_cost(k + 32, CHUNK_SIZE + CRC_BYTES)
+
+
+def enqueue_items(
+    keys: QueueKeys, tr: Transaction | Database, items: list[Item], timeout: float | None
+) -> list[str]:
+    """Write ``items`` into the queue atomically; their ids, in order. In a caller's
+    Transaction it composes (refused at once when full); given a Database it runs in its own
+    retried transaction and, under the ``block`` overflow policy, waits up to ``timeout``."""
+    # A receipt settles a commit_unknown_result of our own transaction (none to settle
+    # in a caller's, nor on an engine whose commits are never unknown).
+    tr = adopt(tr)
+    own = not is_transaction(tr) and engine_traits(tr)[1]
+
+    def body() -> list[str]:
+        # The receipt is made in the first attempt (from its read version) and kept by
+        # that call's retries; a new call after a refusal (a full queue) makes its own.
+        receipt: list[bytes] | None = [] if own else None
+        return run_once(tr, lambda t, unknown: enqueue_in(keys, t, items, unknown, receipt))
+
+    if timeout is not None:
+        timeout = seconds("timeout", timeout)
+    if timeout == 0 or is_transaction(tr):
+        return body()  # a caller's transaction cannot wait: it must commit to see room
+    start = time.monotonic()
+    try:
+        return body()  # there is room: no retry machinery built (most calls)
+    except QueueFullError as exc:
+        if not exc.block:
+            raise
+    # overflow="block": wait for room, up to ``timeout`` or (None) until there is room.
+    # Room comes from dequeues, acks and sweeps elsewhere; polled with a backoff of at
+    # most 0.25 s. The sleep is interruptible (KeyboardInterrupt, a signal handler).
+    try:
+        for attempt in tenacity.Retrying(
+            stop=tenacity.stop_never
+            if timeout is None
+            else tenacity.stop_after_delay(max(0.0, timeout - (time.monotonic() - start))),
+            wait=tenacity.wait_exponential(multiplier=0.005, max=0.25),
+            retry=tenacity.retry_if_exception(lambda e: isinstance(e, QueueFullError) and e.block),
+            reraise=True,
+        ):
+            with attempt:
+                return body()
+    except QueueFullError as exc:
+        if not exc.block or timeout is None:
+            raise  # refused without waiting ("reject", or a batch that can never fit)
+        raise QueueFullError(f"{exc}; waited {timeout} s for room", block=exc.block) from None
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def enqueue_in(
+    keys: QueueKeys, tr: Transaction, items: list[Item], unknown: bool, receipt: list[bytes] | None
+) -> list[str]:
+    """One attempt of :func:`enqueue_items` in ``tr``: the queue's checks (right, state, payload
+    size, room), dedup matches, then the writes. ``receipt``: this call's receipt key, made in
+    the first attempt; after a commit_unknown_result (``unknown``) it finds the ids written."""
+    admitted = all(it.admitted for it in items)  # an autonomous enqueue's deferred write
+    if not admitted:
+        # Below the embedded engine's free-space reserve a producer is refused before it
+        # writes, so that consumers can still drain the disk (engines/sqlite/diskroom.py). An
+        # admitted autonomous write was checked when its caller enqueued it.
+        producer_room(tr.db)
+    if receipt is not None and not receipt:
+        receipt.append(new_receipt(tr, keys, items[0].rand))
+    if unknown and receipt:
+        landed = read_receipt(tr, keys, receipt[0])
+        if landed is not None:  # the attempt that ended in commit_unknown_result committed
+            return landed.decode().split(",")
+    meta = checked(tr, keys, "enqueue")
+    cfg = meta.config
+    if cfg is None:
+        check_create(tr, keys)  # an owned queue's error queue is its owner's to make
+        cfg = QueueConfig()
+        write_config(tr, keys, cfg)
+    if not meta.state.enqueue and not admitted:
+        raise QueueStoppedError(f"enqueue is disabled on queue {keys.name!r}")
+    if cfg.journal and len(items) > 1:
+        check_batch_size(keys, items, journaled=True)
+    limit = min(cfg.max_payload, MAX_PAYLOAD_BYTES)  # what one transaction can move (budget.py)
+    for it in items:
+        if len(it.payload) > limit:
+            raise PayloadTooLargeError(
+                f"payload of {len(it.payload)} bytes exceeds the max_payload of queue "
+                f"{keys.name!r} ({limit} bytes)"
+            )
+    t_us = now_us()  # the wall clock: enqueued_at, for people only
+    now = db_now(tr)  # database time: due times, expiry, the dedup window
+    every = items
+    known: dict[str, str] = {}  # dedup key -> the id its first message has
+    if any(it.dedup_key is not None for it in items):
+        known = _seen(keys, tr, cfg, items, now)
+        fresh: dict[str, None] = {}
+        items = []
+        for it in every:
+            if it.dedup_key is None or (it.dedup_key not in known and it.dedup_key not in fresh):
+                items.append(it)
+                if it.dedup_key is not None:
+                    fresh[it.dedup_key] = None
+        if not items:
+            return [known[it.dedup_key] for it in every if it.dedup_key is not None]
+    if cfg.max_size is not None and not admitted:
+        # A batch is atomic: all of it fits, or none of it is written.
+        held = meta.count("ready") + meta.count("inflight") + meta.count("delayed")
+        n = len(items)
+        if n > cfg.max_size:
+            raise QueueFullError(  # no wait can help: refused at once, whatever the policy
+                f"a batch of {n} messages can never fit in queue {keys.name!r} (max_size "
+                f"{cfg.max_size}); nothing was enqueued: split it"
+            )
+        if held + n > cfg.max_size:
+            room = (
+                f"is full ({held}" if held >= cfg.max_size else f"has room for {cfg.max_size - held} ({held}"
+            )
+            batch = f": a batch of {n} does not fit" if n > 1 else ""
+            raise QueueFullError(
+                f"queue {keys.name!r} {room} of max_size {cfg.max_size} held){batch}; nothing was enqueued",
+                block=cfg.overflow == "block",
+            )
+    base = meta.made_ready
+    priorities: set[int] = set()
+    ids: list[str] = []
+    for i, it in enumerate(items):
+        ids.append(_write_new(keys, tr, cfg, it, base + 1 + i, t_us, now))
+        priorities.add(it.priority)
+    ready = sum(1 for it in items if it.delay <= 0)
+    for it, msg_id in zip(items, ids, strict=True):
+        if it.dedup_key is not None:
+            tr.set(keys.dedup_key(it.dedup_key), f"{msg_id}|{now}".encode())
+            tr.set(keys.dedup_time_key(now, it.dedup_key), b"")
+            known[it.dedup_key] = msg_id
+    if len(every) > len(items):  # the ids of the whole batch, in order
+        written, kept = iter(ids), {id(it) for it in items}
+        ids = [next(written) if id(it) in kept else known[str(it.dedup_key)] for it in every]
+    if receipt:
+        tr.set(receipt[0], ",".join(ids).encode())  # ids are made here: a retry reads them back
+        maybe_clear_old_receipts(tr, keys)
+    count_new(tr, keys, ready, len(items) - ready, priorities - meta.priorities, meta.work)
+    return ids
+
+
+def _seen(keys: QueueKeys, tr: Transaction, cfg: QueueConfig, items: list[Item], now: int) -> dict[str, str]:
+    """The dedup keys of ``items`` the queue has seen within its window, with the ids of
+    their first messages: one read (one key) or one batched read."""
+    wanted = list(dict.fromkeys(it.dedup_key for it in items if it.dedup_key is not None))
+    if len(wanted) == 1:
+        found = [tr.get(keys.dedup_key(wanted[0]))]
+    else:
+        found = tr.get_many([keys.dedup_key(k) for k in wanted])
+    out = {}
+    for key, seen in zip(wanted, found, strict=True):
+        first_id = first_of(seen, cfg, now)
+        if first_id is not None:
+            out[key] = first_id
+    return out
+
+
+def first_of(seen: bytes | None, cfg: QueueConfig, now: int) -> str | None:
+    """The first message's id a dedup entry (``"<id>|<version>"``, written by
+    :func:`enqueue_in`) names while ``now`` is within the queue's dedup window of it, else
+    None. Database time both."""
+    if seen is None:
+        return None
+    first_id, at = seen.decode().split("|")
+    return first_id if now - int(at) < versions(cfg.dedup_window) else None
+
+
+def _write_new(
+    keys: QueueKeys, tr: Transaction, cfg: QueueConfig, it: Item, index: int, t_us: int, now: int
+) -> str:
+    """Write one new message, ready or delayed; returns its id.
+
+    ``t_us``: the wall clock (enqueued_at); ``now``: database time (due, expiry).
+
+    A ready message's id names its home key (no id entry); a delayed one, or one whose
+    id had to be known before its place (``fixed_id``), keeps the id made for it.
+    """
+    home = it.delay <= 0 and not it.fixed_id
+    ready_key = keys.ready_key(it.priority, index, it.rand) if it.delay <= 0 else b""
+    msg_id = keys.id_of_home(ready_key) if home else it.id
+    ttl = it.ttl if it.ttl is not None else cfg.ttl
+    expires = None if ttl is None else now + versions(ttl)
+    payload, chunks = it.payload, 0
+    if len(payload) > CHUNK_SIZE:
+        chunks = math.ceil(len(payload) / CHUNK_SIZE)
+        payload = b""
+    rec = Record(msg_id, t_us, it.content_type.value, it.headers, 0, expires, chunks, {}, payload)
+    if it.delay > 0:
+        key = keys.delayed_key(now + versions(it.delay), msg_id)
+        rec = rec.with_(extra={"priority": it.priority})
+    else:
+        key = ready_key
+    details: dict[str, Any] | None = None
+    if cfg.journal and (it.delay > 0 or it.priority):
+        details = {"delay": it.delay} if it.delay > 0 else {}
+        if it.priority:
+            details["priority"] = it.priority
+    write_new(
+        tr,
+        keys,
+        key,
+        rec,
+        home=home,
+        payload=it.payload if chunks else None,
+        journaled=cfg.journal,
+        details=details,
+        origin=it.origin,
+    )
+    return msg_id
+
+
+def deduplicated(keys: QueueKeys, tr: Transaction | Database, dedup_key: str) -> str | None:
+    """The id an enqueue with ``dedup_key`` would return now without writing, or None.
+
+    That is the first message's id while the key is within the queue's dedup window
+    (database time). Needs the ``enqueue`` right: it answers what such an enqueue would.
+    Read-only; composes inside a caller's transaction, where it and a
+    following ``enqueue(tr, ..., dedup_key=...)`` see the same state.
+    """
+
+    def body(t: Transaction, _: bool) -> str | None:
+        # What an enqueue with that key would answer: the enqueue right (docs/security.md).
+        (seen,) = check(t, keys, "enqueue", also=[keys.dedup_key(dedup_key)])
+        if seen is None:
+            return None  # no settings to read
+        return first_of(seen, read_meta(t, keys).config or QueueConfig(), db_now(t))
+
+    return run_once(tr, body)

@@ -1,0 +1,175 @@
+"""What a dequeue may hand out: the head of the ready set, or the first match of a filter.
+
+The scans move aside what they meet that can no longer be delivered (expired or damaged
+records) within the transaction's budget (``budget.py``), and first make ready what came due
+(a sweep step), so a dequeue never waits for a sweeper. Every function here composes inside
+the caller's transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from fdbqueue.engines.contract import Transaction
+from fdbqueue.errors import CorruptMessageError, QueueError
+from fdbqueue.ops.moves import expire, move_corrupt
+from fdbqueue.ops.sweep import sweep_step
+from fdbqueue.ops.waiting import next_due
+from fdbqueue.store.budget import Budget, move_cost
+from fdbqueue.store.config import QueueConfig
+from fdbqueue.store.layout import QueueKeys
+from fdbqueue.store.record import Record, decode_record
+from fdbqueue.types import headers_match
+
+HEAD_SKIP_LIMIT = 100  # expired messages the staged dequeue looks past per pairing batch
+HEAD_BATCH = 64  # the head scan reads 1, then 8, then up to this many records at a time
+FILTER_SCAN_LIMIT = 10_000  # dequeue(where=...) looks at most this many messages, over all transactions
+FILTER_BATCH = 100
+# Kept back from a dequeue's or lease's budget for the message it takes: the leased record
+# (at most the value limit) and its index entries.
+TAKE_RESERVE = 110_000
+
+
+def deliverable_head(
+    keys: QueueKeys,
+    tr: Transaction,
+    cfg: QueueConfig,
+    where: Mapping[str, Any] | None,
+    fallback: bool,
+    now: int,
+    *,
+    check_due: bool = True,
+    budget: Budget | None = None,
+    start: bytes | None = None,
+) -> tuple[bytes, Record] | None:
+    """The next deliverable ready message; moves aside expired ones it meets.
+
+    ``check_due``: whether delayed or leased messages may exist (their counters), so that
+    what came due is made ready first; when none exist the two index reads are skipped.
+    ``budget``: what this transaction may still spend (``fdbqueue/store/budget.py``): expired
+    messages it cannot afford to move are passed over and left for a later transaction or
+    a sweep, so a live message behind them is still found; ``budget.more`` then says that
+    work was left. ``start``: a ready key to scan from (a lease_many's next message).
+    """
+    if where is not None and not all(isinstance(name, str) for name in where):
+        raise QueueError(f"header names in a filter must be str (as stored), got {list(where)!r}")
+    budget = Budget(TAKE_RESERVE) if budget is None else budget
+    if check_due and next_due(tr, keys, now) is not None:
+        sweep_step(keys, tr, cfg, now, 16, budget)  # due delays and expired leases first
+    if cfg.strict_order:
+        if where is not None:
+            raise QueueError(f"queue {keys.name!r} keeps strict order: dequeue by filter would break it")
+        if tr.get_range(*keys.index_range("l"), limit=1):
+            return None  # strict order: one delivery in flight at a time
+    begin, end = keys.ready_range()
+    if where is not None:
+        return _find(keys, tr, cfg, begin, end, dict(where), fallback, now, budget)
+    return _head(keys, tr, cfg, start or begin, end, now, budget)
+
+
+def expire_within(
+    keys: QueueKeys, tr: Transaction, cfg: QueueConfig, key: bytes, raw: bytes, rec: Record, b: Budget
+) -> bool:
+    """Move the expired message at ``key`` aside if the budget affords it (its chunks are
+    copied when it goes to the error queue); False leaves it in place for later."""
+    chunks = rec.chunks if cfg.expiry_action == "error" else 0
+    if not b.take(move_cost(len(key), len(raw), chunks)):
+        return False
+    expire(keys, tr, cfg, key, rec)
+    return True
+
+
+def _head(
+    keys: QueueKeys, tr: Transaction, cfg: QueueConfig, begin: bytes, end: bytes, now: int, budget: Budget
+) -> tuple[bytes, Record] | None:
+    """The first live ready message from ``begin``, moving expired ones aside within ``budget``.
+
+    Read at snapshot isolation in growing batches (1, 8, 64 records: one round trip when the
+    head is live, a few past a run of expired messages), bounded per transaction by the
+    budget's read bytes and time; then the read conflict a serializable scan would have
+    taken, ``[begin, the key returned]``, is added: a concurrent take of the same message,
+    or of an expired one moved here, conflicts as before.
+    """
+    scan_from = begin
+    want = 1
+    while True:
+        limit = budget.batch(want)
+        kvs = tr.snapshot.get_range(begin, end, limit)
+        budget.read(kvs)
+        for key, raw in kvs:
+            try:
+                rec = decode_record(raw, keys, key)
+            except CorruptMessageError as exc:
+                move_corrupt(keys, tr, cfg, key, raw, exc, budget)
+                continue
+            if rec.expires_us is not None and rec.expires_us <= now:
+                expire_within(keys, tr, cfg, key, raw, rec, budget)
+                continue
+            tr.add_read_conflict_range(scan_from, key + b"\x00")
+            if int(rec.extra.get("not_before", 0)) > now:
+                return None  # strict order: the head waits out its retry delay
+            return key, rec
+        if len(kvs) < limit:
+            tr.add_read_conflict_range(scan_from, end)  # saw the end, as a serializable read would
+            return None
+        begin = kvs[-1].key + b"\x00"
+        if budget.scan_exhausted():
+            tr.add_read_conflict_range(scan_from, begin)
+            budget.more = True  # expired messages beyond this transaction's reading: later
+            return None
+        want = min(want * 8, HEAD_BATCH)
+
+
+def _find(
+    keys: QueueKeys,
+    tr: Transaction,
+    cfg: QueueConfig,
+    begin: bytes,
+    end: bytes,
+    where: dict[str, Any],
+    fallback: bool,
+    now: int,
+    budget: Budget,
+) -> tuple[bytes, Record] | None:
+    """The oldest ready message whose headers match ``where``; with ``fallback`` the oldest
+    live message when none matches.
+
+    Snapshot batches from ``budget.resume`` (or the head), at most SCAN_READ_BYTES and
+    SCAN_SECONDS per transaction and FILTER_SCAN_LIMIT messages in all; a match is taken
+    with a read conflict on its key alone (a serializable point read of it at this
+    transaction's read version), so only a concurrent take of the same message conflicts.
+    Where the per-transaction bound is reached first, ``budget.resume`` and ``budget.more``
+    say where the next transaction goes on (a dequeue given a Database does so; in a
+    caller's transaction the dequeue returns None).
+    """
+    cursor = budget.resume or begin
+    while budget.scanned < FILTER_SCAN_LIMIT:
+        limit = budget.batch(8 if not budget.read_rows else FILTER_BATCH)
+        batch = tr.snapshot.get_range(cursor, end, limit)
+        budget.read(batch)
+        for key, raw in batch:
+            budget.scanned += 1
+            try:
+                rec = decode_record(raw, keys, key)
+            except CorruptMessageError as exc:
+                move_corrupt(keys, tr, cfg, key, raw, exc, budget)
+                continue
+            if rec.expires_us is not None and rec.expires_us <= now:
+                if expire_within(keys, tr, cfg, key, raw, rec, budget):
+                    tr.add_read_conflict_key(key)  # two movers of one message conflict
+                continue
+            if headers_match(rec.headers, where):
+                tr.add_read_conflict_key(key)
+                budget.resume = None
+                return key, rec
+        if len(batch) < limit:
+            break
+        cursor = batch[-1].key + b"\x00"
+        if budget.scan_exhausted():
+            budget.resume = cursor
+            budget.more = True
+            return None
+    budget.resume = None
+    budget.more = False  # the scan is over: what it left is a sweep's
+    return _head(keys, tr, cfg, begin, end, now, budget) if fallback else None

@@ -1,0 +1,410 @@
+"""The journal: one entry per operation on a journaled queue, in commit order.
+
+A queue manager keeps a journal of what happened to every message, for audit and for finding
+lost messages (Bernstein & Newcomer, "Principles of Transaction Processing", the queue
+manager). Each entry is written in the operation's own transaction, under a versionstamped
+key: FoundationDB fills in the commit's version at commit, so entries sort in commit order,
+no two transactions' entries conflict, and an aborted operation leaves none (its writes are
+never applied). A retry after commit_unknown_result (1021) does not write a second entry:
+the layer's receipts make a retried call find its first attempt's commit and write nothing
+(``receipts.py``).
+
+Keys (``layout.JournalKeys``): a queue's entries are spread over ``JOURNAL_SHARDS`` ranges by
+message id, so that one busy queue's journal is not a single hot range of the cluster (a
+storage server serves a contiguous range: FoundationDB's "Developer Guide", hot keys); each
+entry also has a pointer under the message id, so that :func:`history` reads one message's
+entries without scanning the journal. Reading merges the shards (and the queues) by version.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import random
+from collections.abc import Iterator, Mapping
+from functools import partial
+from typing import Any
+
+from fdbqueue.engines.contract import Database, Transaction, Watch, adopt, engine_traits, is_transaction
+from fdbqueue.errors import NotJournaledError, QueueError, QueueNotFoundError
+from fdbqueue.ops.privileges import check, principal_of, readable
+from fdbqueue.ops.steps import Emit, Run, Steps, Wait, iterate
+from fdbqueue.ops.txn import as_database, run_once
+from fdbqueue.store.clock import db_now, now_us, versions
+from fdbqueue.store.config import read_config
+from fdbqueue.store.layout import DEFAULT_ROOT, JOURNAL_SHARDS, JournalKeys, QueueKeys
+from fdbqueue.types import JournalEntry
+
+OPS = frozenset(
+    [
+        "enqueue",
+        "dequeue",
+        "lease",
+        "ack",
+        "nack",
+        "lease_expired",
+        "dead",
+        "expired",
+        "promote",
+        "release",
+        "delete",
+        "purge",
+        "move_out",
+        "move_in",
+        "forward_out",
+        "forward_in",
+        "redrive",
+        "create",
+        "config",
+        "state",
+        "destroy",
+        "grant",
+        "revoke",
+    ]
+)
+PAGE = 500  # entries per shard per read of a page: well inside a transaction's budget
+TRIM_BATCH = 200  # entries one trimming transaction removes at most
+_FORMAT = 1
+_BELL = b"\x00" * 10 + (0).to_bytes(4, "little")  # the stamp at offset 0 (API 520+)
+
+
+def _next_order(tr: Transaction, queue: str) -> tuple[int, bool]:
+    """The next entry's order within ``tr``'s commit (0 first), and whether it is the
+    attempt's first entry in ``queue``.
+
+    The count is the attempt's own (``tr.journal_order()``, dropped by on_error and reset):
+    nothing outside the transaction holds it, so no other transaction, finished or left
+    open, can clear, share or reuse it."""
+    state = tr.journal_order()
+    n = state.entries
+    if n > 0xFFFF:
+        raise QueueError("one transaction can journal at most 65536 operations")
+    state.entries = n + 1
+    queues = state.queues
+    if queue in queues:
+        return n, False
+    queues.add(queue)
+    return n, True
+
+
+def record(
+    tr: Transaction,
+    keys: QueueKeys,
+    op: str,
+    message_id: str | None = None,
+    *,
+    deliveries: int = 0,
+    reason: str | None = None,
+    details: Mapping[str, Any] | None = None,
+) -> None:
+    """Write one journal entry for ``op`` on queue ``keys.name`` in ``tr``; the caller checks
+    that the queue is journaled. Composes inside ``tr``: the entry commits or aborts with it."""
+    if op not in OPS:
+        raise QueueError(f"unknown journal operation {op!r}")
+    jk = JournalKeys.of(keys.root)
+    value = json.dumps(
+        [_FORMAT, op, message_id, principal_of(tr), deliveries, reason, dict(details or {}), now_us()],
+        separators=(",", ":"),
+    ).encode()
+    order, first_here = _next_order(tr, keys.name)
+    # Spread over shards where many writers share a cluster; one range on an engine of one
+    # writer at a time, where appending to one range dirties the fewest pages.
+    shard = jk.shard(message_id) if engine_traits(tr.db)[0] else 0
+    tr.set_versionstamped_key(jk.entry_to_stamp(keys.name, shard, order), value)
+    if message_id is not None:  # a pointer: history() finds the entry by the same stamp
+        pointer = keys.name.encode() + b"\x00" + bytes((shard,))
+        tr.set_versionstamped_key(jk.history_to_stamp(message_id, order), pointer)
+    # The queue's bell, which followers watch, takes the commit's stamp: a blind write, never
+    # a conflict, and no read (an atomic add would cost the embedded engine one); once per
+    # queue and transaction.
+    if first_here:
+        tr.set_versionstamped_value(jk.bell(keys.name), _BELL)
+
+
+def register(tr: Transaction, keys: QueueKeys) -> None:
+    """Note ``keys``' queue among the journaled ones (``journal(tr, None)`` reads them all);
+    called when a queue's journal is turned on. Idempotent, a blind write."""
+    jk = JournalKeys.of(keys.root)
+    tr.set(jk.registry(keys.name), b"")
+    tr.set_versionstamped_value(jk.bell(None), _BELL)  # wakes journal(None, follow=True)
+
+
+def decode_entry(queue: str, version: bytes, raw: bytes) -> JournalEntry:
+    """The journal entry stored as ``raw`` in ``queue``'s journal at ``version``."""
+    return _decode(queue, version, raw)
+
+
+def _decode(queue: str, version: bytes, raw: bytes) -> JournalEntry:
+    fmt, op, mid, principal, deliveries, reason, details, at_us = json.loads(raw)
+    if fmt != _FORMAT:
+        raise QueueError(f"journal entry of an unknown format {fmt!r}")
+    return JournalEntry(version, at_us / 1e6, op, queue, mid, principal, deliveries, reason, details)
+
+
+def check_version(since: bytes | str | None) -> bytes | None:
+    """A journal version given as 12 bytes or 24 hex digits, as bytes (None stays None)."""
+    return _check_version(since)
+
+
+def _check_version(since: bytes | str | None) -> bytes | None:
+    if since is None:
+        return None
+    if isinstance(since, str):
+        try:
+            since = bytes.fromhex(since)
+        except ValueError:
+            raise QueueError(
+                f"since must be a journal version (12 bytes, or 24 hex digits), got {since!r}"
+            ) from None
+    if not isinstance(since, bytes) or len(since) != 12:
+        raise QueueError(f"since must be a journal version (12 bytes, or 24 hex digits), got {since!r}")
+    return since
+
+
+def journaled_queues(tr: Transaction | Database, *, root: tuple[Any, ...] = DEFAULT_ROOT) -> list[str]:
+    """The queues of this database that have journal entries (or had: until trimmed away)."""
+    jk = JournalKeys.make(root)
+    return run_once(
+        adopt(tr), lambda t, _: [jk.registry_name(kv.key) for kv in t.get_range(*jk.registry_range())]
+    )
+
+
+def _page(
+    t: Transaction, jk: JournalKeys, queues: list[str], since: bytes | None, want: int
+) -> list[JournalEntry]:
+    """Up to ``want`` entries after ``since`` in commit order, merged over queues and shards."""
+    streams: list[list[JournalEntry]] = []
+    bound: bytes | None = None  # entries past the smallest last version of a full stream may be missing
+    for q in queues:
+        for shard in range(JOURNAL_SHARDS):
+            begin, end = jk.entry_range(q, shard, since)
+            kvs = t.get_range(begin, end, want)
+            got = [_decode(q, jk.entry_version(kv.key), kv.value) for kv in kvs]
+            if len(kvs) == want and got and (bound is None or got[-1].version < bound):
+                bound = got[-1].version
+            streams.append(got)
+    merged = heapq.merge(*streams, key=lambda e: e.version)
+    out = [e for e in merged if bound is None or e.version <= bound]
+    return out[:want]
+
+
+def journal(
+    tr: Transaction | Database,
+    queue: str | None,
+    *,
+    since: bytes | str | None = None,
+    limit: int | None = None,
+    follow: bool = False,
+    timeout: float | None = None,
+    root: tuple[Any, ...] = DEFAULT_ROOT,
+) -> Iterator[JournalEntry]:
+    """The journal of ``queue`` (None: every journaled queue, merged) in commit order, after
+    ``since`` (exclusive), at most ``limit`` entries.
+
+    Given a transaction, read in it; given a Database, read in pages, each its own
+    transaction. With ``follow=True`` (a Database only) it then waits on a watch for new
+    entries and yields them as they commit, until ``timeout`` seconds pass without one
+    (None: for ever); no polling.
+    """
+    tr = adopt(tr)
+    if follow and is_transaction(tr):
+        raise QueueError("journal(follow=True) takes a Database: it waits between transactions")
+    return iterate(_entries(tr, root, queue, _checked(queue, since, limit, root), limit, follow, timeout))
+
+
+def journal_steps(
+    db: Database,
+    queue: str | None,
+    *,
+    since: bytes | str | None = None,
+    limit: int | None = None,
+    follow: bool = False,
+    timeout: float | None = None,
+    root: tuple[Any, ...] = DEFAULT_ROOT,
+) -> Steps[None]:
+    """:func:`journal` of a Database as steps (``fdbqueue.ops.steps``) emitting its entries: what
+    the blocking iterator and ``fdbqueue.aio.journal`` both run."""
+    return _entries(as_database(db), root, queue, _checked(queue, since, limit, root), limit, follow, timeout)
+
+
+def _checked(
+    queue: str | None, since: bytes | str | None, limit: int | None, root: tuple[Any, ...]
+) -> bytes | None:
+    """The arguments of :func:`journal` checked; ``since`` as bytes."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise QueueError(f"limit must be an int >= 0 or None, got {limit!r}")
+    if queue is not None:
+        QueueKeys.make(queue, root)  # validates the name
+    return _check_version(since)
+
+
+def _queues(t: Transaction, jk: JournalKeys, root: tuple[Any, ...], queue: str | None) -> list[str]:
+    """``[queue]`` if ``t``'s principal may browse it (else AccessDeniedError) and it keeps or
+    kept a journal (else NotJournaledError, or QueueNotFoundError when there is no such queue):
+    a mistyped or unjournaled name is not an empty journal. For None every journaled queue it
+    may browse."""
+    if queue is not None:
+        keys = QueueKeys.make(queue, root)
+        check(t, keys, "browse")
+        # The registry names every queue whose journal was ever turned on, destroyed ones
+        # whose entries remain included: one point read settles the usual case.
+        if t.get(jk.registry(queue)) is None:
+            cfg = read_config(t, keys)
+            if cfg is None:
+                raise QueueNotFoundError(f"no queue named {queue!r}")
+            if not cfg.journal:
+                raise NotJournaledError(
+                    f"queue {queue!r} keeps no journal: turn it on with "
+                    f"create_queue(db, {queue!r}, journal=True) (fdbqueue create {queue} --journal)"
+                )
+        return [queue]
+    names = [jk.registry_name(kv.key) for kv in t.get_range(*jk.registry_range())]
+    return [q for q in names if readable(t, QueueKeys.make(q, root))]
+
+
+def _entries(
+    tr: Transaction | Database,
+    root: tuple[Any, ...],
+    queue: str | None,
+    since: bytes | None,
+    limit: int | None,
+    follow: bool,
+    timeout: float | None,
+) -> Steps[None]:
+    jk = JournalKeys.make(root)
+    left = limit
+    while True:
+        while left is None or left > 0:
+            want = PAGE if left is None else min(PAGE, left)
+
+            def page(
+                t: Transaction, _: bool, cursor: bytes | None = since, want: int = want
+            ) -> list[JournalEntry]:
+                return _page(t, jk, _queues(t, jk, root, queue), cursor, want)
+
+            got = yield Run(partial(run_once, tr, page))
+            for e in got:
+                yield Emit(e)
+            if got:
+                since = got[-1].version
+                if left is not None:
+                    left -= len(got)
+            if len(got) < want:
+                break
+        if not follow or (left is not None and left <= 0):
+            return
+        # A watch on the journal's bell until an entry after ``since`` may exist (the check and
+        # the watch are one transaction: no entry slips between them).
+        watches, ready = yield Run(partial(arm_more, as_database(tr), jk, root, queue, since))
+        try:
+            if not ready and not (yield Wait(watches, timeout)):
+                return
+        finally:
+            for w in watches:
+                w.cancel()
+
+
+def arm_more(
+    db: Database, jk: JournalKeys, root: tuple[Any, ...], queue: str | None, since: bytes | None
+) -> tuple[list[Watch], bool]:
+    """Watches on the journal's bells, and whether an entry after ``since`` is there already:
+    one transaction, so none slips between the check and the watches (``fdbqueue.aio`` awaits
+    them)."""
+
+    def arm(t: Transaction, _: bool) -> tuple[list[Watch], bool]:
+        queues = _queues(t, jk, root, queue)
+        bells = [jk.bell(q) for q in queues] + ([jk.bell(None)] if queue is None else [])
+        return [t.watch(b) for b in bells], bool(_page(t, jk, queues, since, 1))
+
+    return run_once(db, arm)
+
+
+def history(
+    tr: Transaction | Database, message_id: str, *, root: tuple[Any, ...] = DEFAULT_ROOT
+) -> list[JournalEntry]:
+    """Every journal entry of message ``message_id``, across the queues of this database it
+    passed through, in commit order: one range read of its history pointers."""
+    if not isinstance(message_id, str) or not message_id:
+        raise QueueError(f"message_id must be a non-empty str, got {message_id!r}")
+    jk = JournalKeys.make(root)
+
+    def body(t: Transaction, _: bool) -> list[JournalEntry]:
+        found = []
+        for kv in t.get_range(*jk.history_range(message_id)):
+            # queue name, NUL, the shard's byte
+            found.append((kv.value[:-2].decode(), kv.value[-1], jk.history_version(kv.key)))
+        mine = {q: readable(t, QueueKeys.make(q, root)) for q, _, _ in found}
+        found = [f for f in found if mine[f[0]]]
+        values = t.get_many([jk.entry_key(q, shard, v) for q, shard, v in found])
+        return [_decode(q, v, raw) for (q, _, v), raw in zip(found, values, strict=True) if raw is not None]
+
+    return run_once(adopt(tr), body)
+
+
+def trim_journal(
+    tr: Transaction | Database,
+    queue: str,
+    *,
+    before: bytes | str | None = None,
+    retention: float | None = None,
+    root: tuple[Any, ...] = DEFAULT_ROOT,
+) -> int:
+    """Remove ``queue``'s journal entries older than ``before`` (a version, exclusive), else
+    older than the queue's ``journal_retention`` (database time), with their history pointers.
+    Returns how many it removed. Given a transaction, at most TRIM_BATCH of them (call again);
+    given a Database, batches of its own transactions until none is left."""
+    keys = QueueKeys.make(queue, root)
+    cut = _check_version(before)
+    jk = JournalKeys.make(root)
+
+    def step(t: Transaction, _: bool) -> int:
+        check(t, keys, "admin")
+        limit_version = cut
+        if limit_version is None:
+            keep = retention
+            if keep is None:
+                cfg = read_config(t, keys)
+                keep = cfg.journal_retention if cfg is not None else None
+            if keep is None:
+                return 0
+            oldest = max(0, db_now(t) - versions(keep))
+            limit_version = oldest.to_bytes(8, "big") + b"\x00" * 4
+        return trim_some(t, jk, queue, limit_version, TRIM_BATCH)
+
+    tr = adopt(tr)
+    if is_transaction(tr):
+        return run_once(tr, step)
+    total = 0
+    while True:
+        n = run_once(tr, step)
+        total += n
+        if n < TRIM_BATCH:
+            return total
+
+
+def trim_some(t: Transaction, jk: JournalKeys, queue: str, before: bytes, limit: int) -> int:
+    """Clear up to ``limit`` entries of ``queue`` older than version ``before``, oldest first,
+    with their history pointers; composes inside ``t``."""
+    n = 0
+    for shard in range(JOURNAL_SHARDS):
+        begin, _ = jk.entry_range(queue, shard, None)
+        end = jk.entry_key(queue, shard, before)
+        kvs = t.get_range(begin, end, limit - n)
+        for kv in kvs:
+            mid = json.loads(kv.value)[2]
+            if mid is not None:
+                t.clear(jk.history_key(mid, jk.entry_version(kv.key)))
+            t.clear(kv.key)
+        n += len(kvs)
+        if n >= limit:
+            break
+    return n
+
+
+def maybe_trim(t: Transaction, keys: QueueKeys, retention: float) -> None:
+    """About one sweep in 64 trims a bounded batch of the queue's journal (as receipts are)."""
+    if random.random() < 1 / 64:
+        oldest = max(0, db_now(t) - versions(retention))
+        trim_some(
+            t, JournalKeys.of(keys.root), keys.name, oldest.to_bytes(8, "big") + b"\x00" * 4, TRIM_BATCH
+        )

@@ -1,0 +1,176 @@
+"""Leasing in batches: the head of a queue in one range read, within one transaction's budget.
+
+A worker's prefetch leases up to ``n`` messages in one transaction. The head batch is read
+at snapshot isolation in one range read, and each message taken gets a read conflict of its
+own, so that leasers conflict only when they take the same message (FoundationDB's queue
+recipe, ``recipes/python-recipes/micro_queue.py``); the chunks of chunked messages come in
+one ``get_many``; each counter gets one atomic add per batch. Every function composes inside
+the caller's transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from fdbqueue.engines.contract import Transaction
+from fdbqueue.errors import CorruptMessageError
+from fdbqueue.ops.delivery import lease_in, open_for_dequeue, read_payloads
+from fdbqueue.ops.head import (
+    FILTER_SCAN_LIMIT,
+    HEAD_BATCH,
+    HEAD_SKIP_LIMIT,
+    TAKE_RESERVE,
+    deliverable_head,
+    expire_within,
+)
+from fdbqueue.ops.moves import count_leased, move_corrupt, take_for_lease
+from fdbqueue.ops.sweep import sweep_step
+from fdbqueue.store.budget import BATCH_PAYLOAD_BYTES, CHUNK_BYTES, Budget, encoded_len, grown_record
+from fdbqueue.store.clock import db_now
+from fdbqueue.store.config import Meta, QueueConfig, due_entries
+from fdbqueue.store.record import Message, Record, decode_record
+from fdbqueue.types import headers_match
+
+if TYPE_CHECKING:
+    from fdbqueue.api.queue import Queue
+
+
+def lease_batch(
+    q: Queue,
+    tr: Transaction,
+    seconds: float | None,
+    receipt: str,
+    n: int,
+    budget: Budget | None = None,
+    where: Mapping[str, Any] | None = None,
+) -> list[Message]:
+    keys = q.keys
+    opened = open_for_dequeue(tr, q.keys, None)
+    if opened is None:
+        return []
+    cfg, meta = opened
+    now = db_now(tr)
+    budget = Budget(TAKE_RESERVE) if budget is None else budget
+    if cfg.strict_order:  # one delivery in flight at a time: at most one head
+        due = bool(meta.count("delayed") or meta.count("inflight"))
+        head = deliverable_head(q.keys, tr, cfg, where, False, now, check_due=due, budget=budget)
+        heads = [] if head is None else [head]
+        if head is not None:
+            budget.charge(lease_cost(len(head[0]), head[1]))  # TAKE_RESERVE was kept for it
+    else:
+        heads = _ready_heads(q, tr, cfg, meta, n, now, budget, where)
+    payloads, damaged = read_payloads(tr, keys, [rec for _, rec in heads])
+    if damaged:  # a sound record whose payload chunks are damaged: moved aside, not leased
+        for key, rec in heads:
+            if rec.id in damaged:
+                move_corrupt(q.keys, tr, cfg, key, rec.encode(), damaged[rec.id], budget)
+        heads = [(key, rec) for key, rec in heads if rec.id not in damaged]
+    secs = seconds or cfg.lease_seconds
+    out: list[Message] = []
+    count_leased(tr, keys, len(heads))
+    for i, (key, rec) in enumerate(heads):
+        take_for_lease(tr, keys, key, rec)
+        out.append(
+            lease_in(
+                q.keys,
+                tr,
+                key,
+                rec,
+                secs,
+                f"{receipt}.{i}",
+                now,
+                strict=cfg.strict_order,
+                payload=payloads.get(rec.id),
+                count=False,
+                journaled=cfg.journal,
+                volatile=cfg.volatile,
+            )
+        )
+    return out
+
+
+def _ready_heads(
+    q: Queue,
+    tr: Transaction,
+    cfg: QueueConfig,
+    meta: Meta,
+    n: int,
+    now: int,
+    budget: Budget,
+    where: Mapping[str, Any] | None = None,
+) -> list[tuple[bytes, Record]]:
+    """Up to ``n`` deliverable ready messages from the head, in one range read (more only
+    when expired ones had to be moved aside), instead of one read per message.
+
+    The read is a snapshot read, and each message taken (or expired) gets a read conflict
+    of its own: two leasers conflict only when they take the same message, the recipe of
+    FoundationDB's queue (a conflict over the whole scanned range would add nothing: a
+    message enqueued concurrently ahead of these serializes after this transaction).
+    Within ``budget``: the first message always (TAKE_RESERVE was kept for it), the others
+    while they fit; expired messages it cannot afford to move are passed over for later.
+    ``where``: only messages whose headers match; the others stay (FILTER_SCAN_LIMIT of them
+    are passed over at most).
+    """
+    keys = q.keys
+    if due_entries(tr, keys, meta, now):
+        sweep_step(q.keys, tr, cfg, now, 16, budget)  # due delays and expired leases first
+    begin, end = keys.ready_range()
+    out: list[tuple[bytes, Record]] = []
+    skipped = passed = read = 0
+    extra = min(8, 1 + n // 8)  # a little more than wanted: expired ones are moved aside
+    while len(out) < n and skipped < HEAD_SKIP_LIMIT:
+        if budget.scan_exhausted():
+            budget.more = True  # expired messages beyond this transaction's reading: later
+            break
+        want = budget.batch(n - len(out) + extra)
+        batch = tr.snapshot.get_range(begin, end, want)
+        budget.read(batch)
+        for key, raw in batch:
+            try:
+                rec = decode_record(raw, q.keys, key)
+            except CorruptMessageError as exc:
+                move_corrupt(q.keys, tr, cfg, key, raw, exc, budget)
+                skipped += 1
+                continue
+            if rec.expires_us is not None and rec.expires_us <= now:
+                if expire_within(q.keys, tr, cfg, key, raw, rec, budget):
+                    tr.add_read_conflict_key(key)
+                skipped += 1
+                continue
+            if int(rec.extra.get("not_before", 0)) > now:
+                return out  # a head waiting out its retry delay holds the rest back
+            if where is not None and not headers_match(rec.headers, where):
+                passed += 1
+                if passed >= FILTER_SCAN_LIMIT:
+                    return out
+                continue
+            cost = lease_cost(len(key), rec)
+            if not out:
+                budget.charge(cost)
+            elif not budget.take(cost):
+                return out  # the transaction's budget is spent: the rest next call
+            read += rec.chunks * CHUNK_BYTES
+            if out and read > BATCH_PAYLOAD_BYTES:
+                return out  # large payloads: the first alone, the rest next call
+            tr.add_read_conflict_key(key)
+            out.append((key, rec))
+            if len(out) == n:
+                return out
+        if len(batch) < want:
+            break
+        begin = batch[-1].key + b"\x00"
+        extra = min(extra * 8, HEAD_BATCH)  # past a run of expired ones: a few round trips
+    return out
+
+
+def lease_cost(key_len: int, rec: Record) -> int:
+    """An upper bound of the bytes leasing ``rec`` adds (budget.py): its record rewritten
+    under ("f", id) with the lease fields, a lease entry, its ready and expiry entries cleared,
+    a counter added: four or five keys, each counted about three times."""
+    size = 64 + len(rec.payload)
+    if rec.headers:
+        size += encoded_len(rec.headers)
+    if rec.extra:
+        size += encoded_len(rec.extra)
+    return 16 * (key_len + 32) + grown_record(key_len, size)

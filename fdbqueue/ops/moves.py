@@ -1,0 +1,625 @@
+"""The one writer of message state: every move of a message between its places.
+
+A message is ready ``("r", -priority, index, rand)``, leased ``("f", id)`` with a lease
+entry ``("l", deadline, id)``, delayed ``("d", due, id)``, or gone; an id entry finds it away
+from home, a TTL entry ``("x", expires, id)`` finds it when it expires, its payload may be
+in chunks ``("b", id, n)`` (``layout.py`` has the keys). Every write or clear of those keys,
+and of the counters that count them, is made here and nowhere else; and after each move,
+in the same transaction, what must follow it: the counters, the wake key, the journal, the
+work index (``workindex``). That is how FoundationDB's record layer keeps its secondary
+indexes: an index maintainer's ``update(old, new)`` runs inside the transaction that
+changes the record (FoundationDB Record Layer, "IndexMaintainer"), so no index is ever out
+of step with its records.
+
+The modules above decide where a message goes (delivery policies, sweeps, dequeues); they
+call the functions here to move it. Every function composes inside the caller's
+transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fdbqueue.engines.contract import Transaction
+from fdbqueue.errors import CorruptMessageError, EngineError
+from fdbqueue.ops import journaling, workindex
+from fdbqueue.ops.privileges import error_queue
+from fdbqueue.ops.receipts import encode_result
+from fdbqueue.ops.workindex import UNREAD
+from fdbqueue.store.budget import Budget, move_cost
+from fdbqueue.store.clock import now_us
+from fdbqueue.store.config import QueueConfig, bump_metadata_version
+from fdbqueue.store.layout import MINUS_ONE, ONE, QueueKeys, new_id, new_rand, pack_count, unpack_count
+from fdbqueue.store.record import Record, decode_record, fit_reason, seal_chunk
+
+log = logging.getLogger("fdbqueue")
+
+# What a lease adds to a record's extra (and a release takes away again).
+LEASE_FIELDS = ("key", "receipt", "deadline", "until", "strict", "j", "v")
+CORRUPT_REASON = "corrupt"
+# A leased record of a journaled queue carries this mark, so that its ack and release
+# journal without reading the queue's settings (they read none but the guard).
+JOURNALED = "j"
+VOLATILE = "v"  # and of a volatile queue: so that they declare it (engines skip the fsync)
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """What the journal records of a move: its operation (``journaling.OPS``), the reason
+    given and the details (where it went, where it came from)."""
+
+    op: str
+    reason: str | None = None
+    details: Mapping[str, Any] | None = None
+
+
+def after(tr: Transaction, keys: QueueKeys, journaled: bool, note: Note | None, rec: Record) -> None:
+    """What follows a move of ``rec`` in the same transaction besides its counters (which each
+    move adds itself, once per batch where it can): the journal entry, when the queue is
+    journaled. The slot where later maintainers (an index of queues with work) plug in."""
+    if journaled and note is not None:
+        journaling.record(
+            tr, keys, note.op, rec.id, deliveries=rec.deliveries, reason=note.reason, details=note.details
+        )
+
+
+def remove_message(
+    tr: Transaction,
+    keys: QueueKeys,
+    key: bytes,
+    rec: Record,
+    *,
+    chunks: bool = True,
+    count: str | None = None,
+) -> None:
+    """Clear a message from wherever ``key`` says it is, with its id entry and TTL entry;
+    ``count``: the counter of the place it leaves (``ready``, ``delayed``), when the caller
+    does not count the move itself."""
+    if count is not None:
+        tr.add(keys.counter(count), MINUS_ONE)
+    tr.clear(key)
+    if key != keys.home_key(rec.id):  # at home it has no id entry
+        tr.clear(keys.id_key(rec.id))
+    if rec.expires_us is not None:
+        tr.clear(keys.expiry_key(rec.expires_us, rec.id))
+    if chunks and rec.chunks:
+        tr.clear_range(*keys.chunk_range(rec.id))
+
+
+def put_ready(
+    tr: Transaction,
+    keys: QueueKeys,
+    key: bytes | None,
+    rec: Record,
+    priority: int,
+    *,
+    journaled: bool = False,
+    note: Note | None = None,
+) -> bytes:
+    """Make ``rec`` ready at ``key`` (its original place) or at the tail of its priority;
+    journaled as ``note`` when ``journaled``."""
+    seen: bytes | None = UNREAD
+    if key is None:
+        # The index and the work index entry in one round trip.
+        raw, seen = tr.snapshot.get_many([keys.wake, keys.work_entry])
+        index = unpack_count(raw) + 1  # the add below moves it on
+        key = keys.ready_key(priority, index, new_rand())
+        tr.set(keys.priority_marker(priority), b"")
+    tr.set(key, rec.encode())
+    if key == keys.home_key(rec.id):
+        tr.clear(keys.id_key(rec.id))  # back home: the id finds it without an entry
+    else:
+        tr.set(keys.id_key(rec.id), key)
+    if rec.expires_us is not None:
+        tr.set(keys.expiry_key(rec.expires_us, rec.id), b"")
+    tr.add(keys.counter("ready"), ONE)
+    tr.add(keys.wake, ONE)
+    workindex.mark(tr, keys, seen)
+    after(tr, keys, journaled, note, rec)
+    return key
+
+
+def put_delayed(
+    tr: Transaction,
+    keys: QueueKeys,
+    due: int,
+    rec: Record,
+    *,
+    key: bytes | None,
+    priority: int,
+    journaled: bool = False,
+    note: Note | None = None,
+) -> None:
+    """Hold ``rec`` until ``due`` (a version); then it goes to ``key`` (a retry) or the tail (an enqueue)."""
+    extra = {k: v for k, v in rec.extra.items() if k not in LEASE_FIELDS}
+    extra["priority"] = priority
+    if key is not None:
+        extra["key"] = key.hex()
+    dkey = keys.delayed_key(due, rec.id)
+    tr.set(dkey, rec.with_(extra=extra).encode())
+    tr.set(keys.id_key(rec.id), dkey)
+    if rec.expires_us is not None:
+        tr.set(keys.expiry_key(rec.expires_us, rec.id), b"")
+    tr.add(keys.counter("delayed"), ONE)
+    workindex.mark(tr, keys)  # a worker visiting finds it delayed, and parks the entry till it is due
+    after(tr, keys, journaled, note, rec)
+
+
+def dead_letter(
+    keys: QueueKeys,
+    tr: Transaction,
+    cfg: QueueConfig,
+    rec: Record,
+    reason: str,
+    *,
+    clear_id: bool = False,
+    note: Note | None = None,
+) -> None:
+    """Move a message (already removed from its queue, chunks still there) to the error queue;
+    ``clear_id``: its id entry too (a message out of the ready set keeps one). Journaled as
+    ``dead`` in both queues (where each is journaled), or as ``note`` in its own."""
+    if clear_id:
+        tr.clear(keys.id_key(rec.id))
+    ekeys, ecfg = error_queue(tr, keys, cfg)
+    if cfg.journal:
+        after(tr, keys, True, note or Note("dead", reason, {"to": ekeys.name}), rec)
+    if rec.chunks:
+        copy_chunks(tr, keys, ekeys, rec)
+        tr.clear_range(*keys.chunk_range(rec.id))
+    extra: dict[str, Any] = {"origin": keys.name, "reason": reason, "deliveries": rec.deliveries}
+    if "key" in rec.extra:  # its place in the ready order (a lease or retry kept it): its priority
+        extra["priority"] = keys.priority_of(bytes.fromhex(str(rec.extra["key"])))
+    elif rec.extra.get("priority"):
+        extra["priority"] = rec.extra["priority"]
+    dead = rec.with_(deliveries=0, extra=extra, expires_us=None)
+    put_ready(
+        tr, ekeys, None, dead, 0, journaled=ecfg.journal, note=Note("dead", reason, {"origin": keys.name})
+    )
+    tr.add(keys.counter("dead"), ONE)
+
+
+def move_corrupt(
+    keys: QueueKeys,
+    tr: Transaction,
+    cfg: QueueConfig,
+    key: bytes,
+    raw: bytes,
+    error: CorruptMessageError,
+    budget: Budget | None = None,
+    *,
+    state: str = "ready",
+    also_clear: bytes | None = None,
+) -> None:
+    """Move the damaged record at ``key`` (in ``state``: ready, inflight or delayed) out of
+    its queue so the queue keeps flowing: to the error queue as a message tagged ``reason =
+    "corrupt"`` whose payload is the damaged record's bytes, unchanged (nothing is thrown
+    away), with ``origin``, the ``key`` it was at (hex) and what was wrong. Its id there is
+    the id its key names (else a fresh one). ``also_clear``: its lease entry, for a leased
+    one. Counted in ``corrupt``; logged when the transaction commits. Composes in the
+    caller's transaction.
+
+    What the record said cannot be trusted, so its id entry, TTL entry and payload chunks
+    (if it had any) are left where they are: a sweep clears a TTL entry whose message is
+    gone, and chunks stay under the id in its queue for whoever recovers it.
+    """
+    if budget is not None:
+        budget.charge(move_cost(len(key), len(raw), 0))
+    tr.add_read_conflict_key(key)  # two movers of one record conflict
+    tr.clear(key)
+    if also_clear is not None:
+        tr.clear(also_clear)
+    tr.add(keys.counter(state), MINUS_ONE)
+    tr.add(keys.counter("corrupt"), ONE)
+    mid = error.msg_id or new_id()
+    ename = cfg.error_queue_for(keys.name)
+
+    def logged(failed: EngineError | None) -> None:
+        if failed is None:  # once, when the move is committed: not once per retried attempt
+            log.error(
+                "queue %r: damaged message %r at key %r (%s): moved to %r",
+                keys.name,
+                mid,
+                key,
+                error.detail,
+                ename,
+            )
+
+    tr.on_finish(logged)
+    ekeys, ecfg = error_queue(tr, keys, cfg)
+    extra = {
+        "origin": keys.name,
+        "reason": CORRUPT_REASON,
+        "key": key.hex(),
+        "detail": fit_reason(error.detail),
+    }
+    moved = Record(mid, now_us(), "b", {}, 0, None, 0, extra, raw)
+    after(
+        tr, keys, cfg.journal, Note("dead", CORRUPT_REASON, {"to": ename, "detail": extra["detail"]}), moved
+    )
+    put_ready(
+        tr,
+        ekeys,
+        None,
+        moved,
+        0,
+        journaled=ecfg.journal,
+        note=Note("dead", CORRUPT_REASON, {"origin": keys.name}),
+    )
+
+
+def expire(keys: QueueKeys, tr: Transaction, cfg: QueueConfig, key: bytes, rec: Record) -> None:
+    """A ready message past its TTL: discarded, or to the error queue tagged ``expired``."""
+    remove_message(tr, keys, key, rec, chunks=cfg.expiry_action == "discard")
+    tr.add(keys.counter("ready"), MINUS_ONE)
+    tr.add(keys.counter("expired"), ONE)
+    _expired(keys, tr, cfg, rec)
+
+
+def _expired(keys: QueueKeys, tr: Transaction, cfg: QueueConfig, rec: Record) -> None:
+    note = Note("expired", None, {"action": cfg.expiry_action})
+    if cfg.expiry_action == "error":
+        note = Note("expired", None, {"action": "error", "to": cfg.error_queue_for(keys.name)})
+        dead_letter(keys, tr, cfg, rec, "expired", note=note)
+    else:
+        after(tr, keys, cfg.journal, note, rec)
+
+
+def expire_unready(keys: QueueKeys, tr: Transaction, cfg: QueueConfig, rec: Record) -> None:
+    """A message already out of the ready set (leased, delayed) past its TTL: discard it or
+    dead-letter it tagged ``expired``; its id entry goes either way."""
+    tr.add(keys.counter("expired"), ONE)
+    tr.clear(keys.id_key(rec.id))
+    if cfg.expiry_action != "error" and rec.chunks:
+        tr.clear_range(*keys.chunk_range(rec.id))
+    _expired(keys, tr, cfg, rec)
+
+
+def put_leased(
+    tr: Transaction,
+    keys: QueueKeys,
+    key: bytes,
+    leased: Record,
+    deadline: int,
+    receipt: str,
+    *,
+    count: bool,
+    note: Note | None = None,
+) -> None:
+    """Put a message taken from the ready ``key`` (cleared by the caller) in flight until
+    ``deadline`` under ``receipt``; ``count=False``: the caller counts a batch at once."""
+    tr.set(keys.inflight_key(leased.id), leased.encode())
+    tr.set(keys.lease_key(deadline, leased.id), receipt.encode())
+    if key != keys.home_key(leased.id):
+        tr.clear(keys.id_key(leased.id))  # it pointed at the ready key; ("f", id) is found by id
+    if count:
+        tr.add(keys.counter("inflight"), ONE)
+    if JOURNALED in leased.extra:
+        after(tr, keys, True, note or Note("lease"), leased)
+
+
+def end_lease(tr: Transaction, keys: QueueKeys, rec: Record) -> None:
+    """Take a leased message out of flight (its lease entry with it); the caller puts it somewhere."""
+    tr.clear(keys.inflight_key(rec.id))
+    tr.clear(keys.lease_key(int(rec.extra["deadline"]), rec.id))
+    tr.add(keys.counter("inflight"), MINUS_ONE)
+
+
+def finish_lease(tr: Transaction, keys: QueueKeys, rec: Record, note: Note | None = None) -> None:
+    """An acked message: out of flight and gone, with its chunks and TTL entry; counted done.
+    Journaled ``ack``, or as ``note`` says (a forwarder's ``forward_out``)."""
+    end_lease(tr, keys, rec)
+    if JOURNALED in rec.extra:
+        after(tr, keys, True, note or Note("ack"), rec)
+    tr.add(keys.counter("done"), ONE)
+    if rec.chunks:
+        tr.clear_range(*keys.chunk_range(rec.id))
+    if rec.expires_us is not None:
+        tr.clear(keys.expiry_key(rec.expires_us, rec.id))
+
+
+def renew_lease(
+    tr: Transaction, keys: QueueKeys, rec: Record, renewed: Record, deadline: int, receipt: str
+) -> None:
+    """Move a lease's deadline: ``renewed`` replaces ``rec`` in flight under a new lease entry."""
+    tr.clear(keys.lease_key(int(rec.extra["deadline"]), rec.id))
+    tr.set(keys.inflight_key(rec.id), renewed.encode())
+    tr.set(keys.lease_key(deadline, rec.id), receipt.encode())
+
+
+def drop_stale_entry(tr: Transaction, key: bytes) -> None:
+    """Clear an index entry (lease or TTL) whose message moved on or is gone."""
+    tr.clear(key)
+
+
+def take_delayed(
+    tr: Transaction, keys: QueueKeys, dkey: bytes, rec: Record, *, expired: bool = False
+) -> None:
+    """Take a due message out of the delayed set (the caller puts it somewhere); ``expired``:
+    its TTL entry goes too."""
+    tr.clear(dkey)
+    tr.add(keys.counter("delayed"), MINUS_ONE)
+    if expired and rec.expires_us is not None:
+        tr.clear(keys.expiry_key(rec.expires_us, rec.id))
+
+
+# FoundationDB's blob recipe: values of about 10 kB (its documentation, "Blob" design recipe).
+CHUNK_SIZE = 10_000
+
+
+def write_new(
+    tr: Transaction,
+    keys: QueueKeys,
+    key: bytes,
+    rec: Record,
+    *,
+    home: bool,
+    payload: bytes | None,
+    journaled: bool = False,
+    details: Mapping[str, Any] | None = None,
+    origin: str | None = None,
+) -> None:
+    """Write a new message at ``key`` (ready or delayed); ``home``: its id names ``key`` (no id
+    entry); ``payload``: the payload to write in sealed chunks when ``rec.chunks``. The caller
+    counts the batch (:func:`count_new`)."""
+    if payload is not None:
+        for n in range(rec.chunks):
+            tr.set(keys.chunk_key(rec.id, n), seal_chunk(payload[n * CHUNK_SIZE : (n + 1) * CHUNK_SIZE]))
+    if rec.expires_us is not None:
+        tr.set(keys.expiry_key(rec.expires_us, rec.id), b"")
+    tr.set(key, rec.encode())
+    if not home:
+        tr.set(keys.id_key(rec.id), key)
+    if journaled:
+        if origin is not None:
+            after(tr, keys, True, Note("forward_in", None, {**(details or {}), "origin": origin}), rec)
+        else:
+            after(tr, keys, True, Note("enqueue", None, details), rec)
+
+
+def count_new(
+    tr: Transaction,
+    keys: QueueKeys,
+    ready: int,
+    delayed: int,
+    new_priorities: set[int],
+    work: bytes | object | None = workindex.UNREAD,
+) -> None:
+    """Count a batch of new messages: one atomic add per counter (no conflicts between
+    producers), the wake key for blocked consumers, and a marker per new priority.
+    ``work``: the queue's work-index entry when the caller read it (``Meta.work``)."""
+    for p in new_priorities:
+        tr.set(keys.priority_marker(p), b"")
+    if new_priorities:
+        bump_metadata_version(tr, keys)  # cached marker sets elsewhere are out of date
+    if ready:
+        tr.add(keys.counter("ready"), pack_count(ready))
+        tr.add(keys.wake, pack_count(ready))
+    if delayed:
+        tr.add(keys.counter("delayed"), pack_count(delayed))
+    if ready or delayed:
+        workindex.mark(tr, keys, work)
+
+
+def take(tr: Transaction, keys: QueueKeys, key: bytes, rec: Record, *, journaled: bool = False) -> None:
+    """A dequeue: the ready message at ``key`` is gone (with its chunks), counted done."""
+    remove_message(tr, keys, key, rec)
+    tr.add(keys.counter("ready"), MINUS_ONE)
+    tr.add(keys.counter("done"), ONE)
+    if journaled:
+        after(tr, keys, True, Note("dequeue"), rec.with_(deliveries=rec.deliveries + 1))
+
+
+def wake(tr: Transaction, keys: QueueKeys, n: int = 1) -> None:
+    """Wake blocked consumers: a watch on the wake key fires (an atomic add: no conflicts);
+    and the work index's consumers (a strict-order ack, dequeue enabled again)."""
+    tr.add(keys.wake, pack_count(n) if n != 1 else ONE)
+    workindex.mark(tr, keys)
+
+
+def count_leased(tr: Transaction, keys: QueueKeys, n: int) -> None:
+    """A batch of ``n`` leases from the ready set: one atomic add per counter, not one per message."""
+    if n:
+        tr.add(keys.counter("ready"), pack_count(-n))
+        tr.add(keys.counter("inflight"), pack_count(n))
+
+
+def take_for_lease(tr: Transaction, keys: QueueKeys, key: bytes, rec: Record) -> None:
+    """Take a ready message out of the ready set for a lease (counted by :func:`count_leased`);
+    its TTL entry goes (a lease ends before it matters: a release sets it again)."""
+    tr.clear(key)
+    if rec.expires_us is not None:
+        tr.clear(keys.expiry_key(rec.expires_us, rec.id))
+
+
+def hand_over(
+    tr: Transaction,
+    keys: QueueKeys,
+    res_key: bytes,
+    now: int,
+    key: bytes,
+    raw: bytes,
+    rec: Record,
+    *,
+    journaled: bool = False,
+) -> None:
+    """A staged dequeue pairs the ready message at ``key`` with a waiting request: the record
+    moves to the request's result (its chunks stay for the requester to read), counted by
+    :func:`count_handed`."""
+    tr.set(res_key, encode_result(now, key, raw))
+    remove_message(tr, keys, key, rec, chunks=False)
+    if journaled:
+        after(tr, keys, True, Note("dequeue"), rec.with_(deliveries=rec.deliveries + 1))
+
+
+def count_handed(tr: Transaction, keys: QueueKeys, n: int) -> None:
+    """``n`` messages handed to waiting requests: one atomic add per counter for the batch."""
+    if n:
+        tr.add(keys.counter("ready"), pack_count(-n))
+        tr.add(keys.counter("done"), pack_count(n))
+
+
+def collect_result(tr: Transaction, keys: QueueKeys, res_key: bytes, rec: Record) -> None:
+    """The requester took its staged result: the message is gone, with its chunks."""
+    tr.clear(res_key)
+    if rec.chunks:
+        tr.clear_range(*keys.chunk_range(rec.id))
+
+
+def drop_result(tr: Transaction, res_key: bytes) -> None:
+    """Clear a staged result whose record the caller moves elsewhere."""
+    tr.clear(res_key)
+
+
+def reclaim_result(
+    tr: Transaction, keys: QueueKeys, res_key: bytes, key: bytes, rec: Record, *, journaled: bool = False
+) -> None:
+    """A staged result nobody collected (its requester died): back to its place in the ready
+    set, no longer counted done (:func:`count_handed` counted it)."""
+    tr.clear(res_key)
+    note = Note("release", "its staged dequeue was never collected")
+    put_ready(tr, keys, key, rec, keys.parse_ready(key)[0], journaled=journaled, note=note)
+    tr.add(keys.counter("done"), MINUS_ONE)
+
+
+def destroy(tr: Transaction, keys: QueueKeys, *, journaled: bool = False) -> None:
+    """Remove the queue and every key it has: messages, indexes, counters, settings (its
+    journal stays, until trimmed)."""
+    if journaled:
+        journaling.record(tr, keys, "destroy")
+    tr.clear_range(*keys.all_range())
+    tr.clear(keys.listing)
+    workindex.unmark(tr, keys)
+
+
+def purge(tr: Transaction, keys: QueueKeys) -> int:
+    """Remove every message (ready, leased, delayed) and its indexes, keeping the settings;
+    returns how many the counters said there were.
+
+    Range clears, a few hundred bytes whatever the queue holds (a range clear counts its
+    begin and end only: ``Transaction::getSize`` in ``fdbclient/NativeAPI.actor.cpp``). The
+    counters are read at snapshot isolation: every enqueue and dequeue adds to them
+    atomically, and a serializable read would make each of those adds conflict with the
+    purge, which then never commits on a busy queue. Setting them to zero stays right
+    whatever was added meanwhile: the same commit clears every message they count.
+    """
+    removed = 0
+    for tag in ("ready", "inflight", "delayed"):
+        removed += max(0, unpack_count(tr.snapshot.get(keys.counter(tag))))
+        tr.set(keys.counter(tag), pack_count(0))
+    for begin, end in keys.message_ranges():
+        tr.clear_range(begin, end)
+    tr.clear_range(*keys.priority_marker_range())
+    bump_metadata_version(tr, keys)
+    return removed
+
+
+def purge_some(tr: Transaction, keys: QueueKeys, limit: int) -> tuple[int, bool]:
+    """A journaled queue's purge, one step: remove up to ``limit`` messages one by one, each
+    journaled ``purge`` (so that its history ends there); returns how many, and whether
+    more are left. A damaged record (no id to journal) is left to :func:`purge`'s clears."""
+    n = 0
+    for tag in ("r", "f", "d"):
+        r = keys.q.range((tag,))
+        kvs = tr.get_range(r.start, r.stop, limit - n + 1)
+        for kv in kvs[: limit - n]:
+            try:
+                rec = decode_record(kv.value, keys, kv.key)
+            except CorruptMessageError:
+                continue
+            if tag == "r":
+                remove_message(tr, keys, kv.key, rec, count="ready")
+            elif tag == "f":
+                end_lease(tr, keys, rec)
+                remove_message(tr, keys, kv.key, rec)  # its chunks and TTL entry
+            else:
+                take_delayed(tr, keys, kv.key, rec, expired=True)
+                remove_message(tr, keys, kv.key, rec)
+            after(tr, keys, True, Note("purge"), rec)
+            n += 1
+        if len(kvs) > limit - n or n >= limit:
+            return n, True
+    return n, False
+
+
+def send_away(
+    tr: Transaction, keys: QueueKeys, key: bytes, rec: Record, *, journaled: bool, note: Note
+) -> None:
+    """The ready message at ``key`` has left for another database (an exclusive forwarder
+    installed it there): gone from its queue with its chunks, counted done (the caller adds
+    the batch to ``done``: :func:`count_sent`), journaled as ``note``."""
+    remove_message(tr, keys, key, rec, count="ready")
+    if journaled:
+        after(tr, keys, True, note, rec)
+
+
+def count_sent(tr: Transaction, keys: QueueKeys, n: int) -> None:
+    if n:
+        tr.add(keys.counter("done"), pack_count(n))
+
+
+def copy_chunks(tr: Transaction, src: QueueKeys, dst: QueueKeys, rec: Record) -> None:
+    """Copy ``rec``'s payload chunks (if it has any) from queue ``src`` to queue ``dst``."""
+    if rec.chunks:
+        for kv in tr.get_range(*src.chunk_range(rec.id)):
+            tr.set(dst.q.pack(("b", rec.id, src.q.unpack(kv.key)[2])), kv.value)
+
+
+def move_message(
+    tr: Transaction,
+    src: QueueKeys,
+    src_journaled: bool,
+    dst: QueueKeys,
+    dst_journaled: bool,
+    key: bytes,
+    rec: Record,
+) -> None:
+    """Move the ready message at ``key`` of ``src`` to the tail of its priority in ``dst``,
+    keeping its id, headers, priority, payload (its chunks copied), enqueue time, TTL and
+    deliveries: the queue manager's forwarding between two queues, one transaction
+    (Bernstein & Newcomer). Journaled ``move_out`` in ``src`` and ``move_in`` in ``dst``."""
+    copy_chunks(tr, src, dst, rec)
+    remove_message(tr, src, key, rec, count="ready")  # its chunks with it
+    if src_journaled:
+        after(tr, src, True, Note("move_out", None, {"to": dst.name}), rec)
+    note = Note("move_in", None, {"origin": src.name})
+    put_ready(tr, dst, None, rec, src.priority_of(key), journaled=dst_journaled, note=note)
+
+
+def redrive_message(
+    tr: Transaction,
+    src: QueueKeys,
+    src_journaled: bool,
+    dst: QueueKeys,
+    dst_journaled: bool,
+    key: bytes,
+    rec: Record,
+) -> None:
+    """Put the dead letter at ``key`` of error queue ``src`` back to work in ``dst``: at the
+    tail of the priority it had, deliveries reset, its dead-letter fields dropped; payload
+    (chunks copied), id, headers and enqueue time kept. Journaled ``redrive`` in both."""
+    copy_chunks(tr, src, dst, rec)
+    remove_message(tr, src, key, rec, count="ready")
+    if src_journaled:
+        after(tr, src, True, Note("redrive", None, {"to": dst.name}), rec)
+    back = rec.with_(deliveries=0, extra={})
+    note = Note("redrive", None, {"origin": src.name})
+    put_ready(tr, dst, None, back, int(rec.extra.get("priority", 0)), journaled=dst_journaled, note=note)
+
+
+def delete_message(tr: Transaction, keys: QueueKeys, key: bytes, rec: Record, *, journaled: bool) -> None:
+    """Remove the message at ``key`` in whichever state it is (ready, leased, delayed) with
+    its indexes and chunks; a leased one's holder then finds its lease gone. Journaled
+    ``delete``."""
+    tag = keys.unpack_tail(key)[0]
+    if tag == "f":
+        end_lease(tr, keys, rec)
+        remove_message(tr, keys, key, rec)
+    elif tag == "d":
+        take_delayed(tr, keys, key, rec)
+        remove_message(tr, keys, key, rec)
+    else:
+        remove_message(tr, keys, key, rec, count="ready")
+    after(tr, keys, journaled, Note("delete"), rec)

@@ -1,0 +1,228 @@
+"""Batched settlement: ``ack_many`` and ``nack_many`` settle many leased messages in one
+transaction, and a lease-mode Worker's :class:`Settler` gathers the acks of finished handlers
+for a short linger, so that a batch costs one commit, not one per message.
+
+A message is settled only when the transaction holding its ack commits: until then it is in
+flight under its lease, and a crash between the handler's return and that commit delivers it
+again when the lease runs out - lease mode is at-least-once, batched or not (the linger only
+widens that window by a few milliseconds). The receipt checks are those of ``ack``: a message
+whose lease has gone (expired, or taken back by a sweep) is not acked by a stale holder.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from fdbqueue.engines.contract import Database, Transaction
+from fdbqueue.errors import LeaseError, QueueError
+from fdbqueue.ops.delivery import ack_many_in, nack_in
+from fdbqueue.ops.leasing import lease_batch
+from fdbqueue.ops.receipts import settled
+from fdbqueue.ops.txn import seconds
+from fdbqueue.store.clock import db_now
+from fdbqueue.store.config import config_or_create
+from fdbqueue.store.entropy import random_bytes
+from fdbqueue.store.record import Message, check_reason
+
+if TYPE_CHECKING:
+    from fdbqueue.api.queue import Queue
+
+log = logging.getLogger("fdbqueue.runtime.worker")
+
+IDLE_EXIT = 0.2  # seconds the settler's thread waits for acks before it ends (an idle worker)
+MAX_BATCH = 1000  # messages one ack_many or nack_many settles at most (a transaction's size)
+
+
+def _check(q: Queue, msgs: Sequence[Message]) -> list[Message]:
+    out = list(msgs)
+    if len(out) > MAX_BATCH:
+        raise QueueError(f"at most {MAX_BATCH} messages a call, got {len(out)}")
+    for m in out:
+        if not isinstance(m, Message) or not m.receipt:
+            raise LeaseError("ack_many and nack_many take Messages returned by lease()")
+        if m.queue != q.name:
+            raise QueueError(f"message {m.id} is of queue {m.queue!r}, not {q.name!r}")
+    return out
+
+
+def ack_in_batch(t: Transaction, q: Queue, msgs: list[Message]) -> list[Message]:
+    """Ack ``msgs`` of ``q`` in ``t`` (the receipts and the guard read in one round trip);
+    returns those acked, leaving out any whose lease has gone."""
+    if not msgs:
+        return []
+    return ack_many_in(q.keys, t, msgs, db_now(t))
+
+
+def ack_many(tr: Transaction | Database, q: Queue, msgs: Sequence[Message]) -> list[Message]:
+    """See :meth:`Queue.ack_many`."""
+    batch = _check(q, msgs)
+    return settled(tr, q.keys, lambda t: ack_in_batch(t, q, batch))
+
+
+def nack_many(
+    tr: Transaction | Database,
+    q: Queue,
+    msgs: Sequence[Message],
+    *,
+    delay: float | None = None,
+    reason: str | None = None,
+) -> list[str | None]:
+    """See :meth:`Queue.nack_many`."""
+    batch = _check(q, msgs)
+    if delay is not None:
+        delay = seconds("delay", delay)
+    if reason is not None:
+        if not isinstance(reason, str):
+            raise QueueError("reason must be a str")
+        check_reason(reason)
+
+    def body(t: Transaction) -> list[str | None]:
+        cfg = config_or_create(t, q.keys)
+        now = db_now(t)
+        out: list[str | None] = []
+        for m in batch:
+            try:
+                out.append(nack_in(q.keys, t, cfg, m, delay, reason, now))
+            except LeaseError:
+                out.append(None)  # its lease is gone: back in the queue already
+        return out
+
+    return settled(tr, q.keys, body)
+
+
+class Settler:
+    """A lease-mode worker's pending acks: a handler that returned adds its message
+    (:meth:`add`); they are acked together, in one transaction, ``linger`` seconds after the
+    first of them (by this object's thread) or at once when ``batch`` are waiting, or sooner
+    with the worker's next lease, in the same transaction (:meth:`take`). ``done(q, acked,
+    lost)`` is called after each settlement."""
+
+    def __init__(
+        self,
+        db: Database,
+        linger: float,
+        batch: int,
+        done: Callable[[Queue, int, list[Message]], None],
+    ) -> None:
+        self.db, self.linger, self.batch, self.done = db, linger, batch, done
+        self._pending: list[tuple[Queue, Message]] = []
+        self._first = 0.0
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._unsettled = 0  # added, not yet reported settled (or failed)
+
+    def unsettled(self) -> int:
+        """Messages handed to :meth:`add` whose settlement has not been reported yet."""
+        with self._cond:
+            return self._unsettled
+
+    def add(self, q: Queue, m: Message) -> None:
+        with self._cond:
+            if not self._pending:
+                self._first = time.monotonic()
+            self._pending.append((q, m))
+            self._unsettled += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="fdbqueue-settler", daemon=True)
+                self._thread.start()
+            if len(self._pending) == 1 or len(self._pending) >= self.batch:
+                self._cond.notify()  # once a batch: a thread switch a message would cost more
+
+    def take(self) -> list[tuple[Queue, Message]]:
+        """The pending acks, handed to the caller to commit with its next lease."""
+        with self._cond:
+            got, self._pending = self._pending, []
+            return got
+
+    def settle(self, t: Transaction, got: list[tuple[Queue, Message]]) -> list[Any]:
+        """Ack ``got`` in ``t``; what :meth:`report` needs once ``t`` commits."""
+        out = []
+        for q, msgs in _by_queue(got).items():
+            out.append((q, msgs, ack_in_batch(t, q, msgs)))
+        return out
+
+    def report(self, results: list[Any]) -> None:
+        for q, msgs, acked in results:
+            ids = {m.id for m in acked}
+            self.done(q, len(acked), [m for m in msgs if m.id not in ids])
+            with self._cond:
+                self._unsettled -= len(msgs)
+
+    def flush(self) -> None:
+        """Ack what is pending now, in one transaction."""
+        self.settle_now(self.take())
+
+    def settle_now(self, got: list[tuple[Queue, Message]]) -> None:
+        """Ack ``got`` in a transaction of its own, exactly once across commit_unknown_result."""
+        if not got:
+            return
+        try:
+            # One transaction for every queue's acks: settled on the first queue's receipts.
+            results = settled(self.db, got[0][0].keys, lambda t: self.settle(t, got))
+        except QueueError as exc:
+            # Not acked: their leases run out and they are delivered again (at least once).
+            log.warning("could not ack %d messages: %s; they will be delivered again", len(got), exc)
+            with self._cond:
+                self._unsettled -= len(got)
+            return
+        self.report(results)
+
+    def close(self) -> None:
+        """Ack what is pending, then stop the thread."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self.flush()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if not self._pending and not self._closed:
+                    self._cond.wait(IDLE_EXIT)
+                if self._closed or not self._pending:
+                    self._thread = None  # idle: a later add starts another
+                    return
+                due = self._first + self.linger
+                while self._pending and len(self._pending) < self.batch and not self._closed:
+                    left = due - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
+            self.flush()
+
+
+def lease_settling(
+    db: Database, settler: Settler | None, q: Queue, n: int, lease_seconds: float | None
+) -> list[Message]:
+    """Lease up to ``n`` of ``q`` (``Queue.lease_many``), committing the acks waiting in
+    ``settler`` in the same transaction: one commit for a batch's acks and the next batch's
+    leases, exactly once across commit_unknown_result (``settled``)."""
+    got = [] if settler is None else settler.take()
+    if not got or settler is None:
+        return q.lease_many(db, n, lease_seconds)
+    receipt = random_bytes(16).hex()  # made outside the retry loop, as lease_many's
+
+    def body(t: Transaction) -> tuple[list[Any], list[Message]]:
+        return settler.settle(t, got), lease_batch(q, t, lease_seconds, receipt, n)
+
+    try:
+        results, leased = settled(db, q.keys, body)
+    except QueueError:
+        settler.settle_now(got)  # the lease failed (a paused queue, a failing engine): acks alone
+        raise
+    settler.report(results)
+    return leased
+
+
+def _by_queue(got: list[tuple[Queue, Message]]) -> dict[Queue, list[Message]]:
+    out: dict[Queue, list[Message]] = {}
+    for q, m in got:
+        out.setdefault(q, []).append(m)
+    return out

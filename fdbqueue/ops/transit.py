@@ -1,0 +1,261 @@
+"""What each side of a leased forward keeps between its transactions (``forwarding.py``).
+
+A message on its way from a source queue to a destination queue of another database is, in
+turn: leased on the source; **pending** on the destination (a hidden copy, named by the
+source's lease receipt); removed from the source with a **tombstone** naming that receipt
+(one source transaction: the lease must still be ours); **published** on the destination
+(one destination transaction: the pending copy becomes a message, only while the source's
+tombstone is known). Keys, under each queue's subspace:
+
+* destination ``("fp", source token, id, receipt)`` -> the pending copy (a Record, its
+  payload inline or in chunks ``("fp", source token, id, receipt, n)``); not a message: not
+  counted, never delivered, left alone by purges.
+* source ``("ft", destination token, id)`` -> ``"<receipt>|<version>"``: this message left
+  the source under that lease for that destination, whose pending copy is to be published.
+* each queue ``("fk",)`` -> its forwarding token, made on first use (random): which store's
+  queue a pending copy or a tombstone belongs to (two stores may hold queues of one name).
+* source ``("fn", nonce)``: a forwarder's probe, read on the destination: the same store.
+
+Every function composes inside the caller's transaction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from fdbqueue.engines.contract import Database, Transaction
+from fdbqueue.errors import EngineError, PayloadTooLargeError, QueueError, QueueStoppedError
+from fdbqueue.ops.delivery import expire_lease
+from fdbqueue.ops.moves import CHUNK_SIZE
+from fdbqueue.ops.privileges import check
+from fdbqueue.ops.remotededup import DEDUP_HEADER, header_key
+from fdbqueue.ops.txn import run_once
+from fdbqueue.store.budget import MAX_PAYLOAD_BYTES
+from fdbqueue.store.config import Meta, QueueConfig, read_meta
+from fdbqueue.store.layout import QueueKeys, new_rand
+from fdbqueue.store.record import Record, decode_record, join_chunks, seal_chunk
+from fdbqueue.types import ContentType, Item, Message
+
+# What the source says of a pending copy (:func:`fates`).
+REMOVED, LIVE, DEAD = "removed", "live", "dead"
+Entry = tuple[str, str]  # (message id, lease receipt)
+
+
+def token(t: Transaction, keys: QueueKeys) -> str:
+    """The queue's forwarding token, made (and written) the first time it is asked for."""
+    key = keys.q.pack(("fk",))
+    raw = t.get(key)
+    if raw is None:
+        raw = new_rand().hex().encode()
+        t.set(key, raw)
+    return raw.decode()
+
+
+def prepare(
+    src_db: Database, skeys: QueueKeys, dst_db: Database, dkeys: QueueKeys
+) -> tuple[tuple[str, str] | None, int | None]:
+    """Before a forward: the two queues' tokens, None when they are one queue of one store (a
+    probe written on the source is found on the destination, whatever handles or URLs name
+    them: a copy of the store made before does not hold it); and the destination's room.
+    Three transactions: the probe written, looked for, cleared (best effort)."""
+    nonce = new_rand().hex()
+
+    def probe(t: Transaction, _: bool) -> str:
+        check(t, skeys, "admin")  # forwarding out is the source's admin's: nothing written before
+        t.set(probe_key(skeys, nonce), b"")
+        return token(t, skeys)
+
+    def look(t: Transaction, _: bool) -> tuple[str, int | None] | None:
+        if t.get(probe_key(dkeys, nonce)) is not None:
+            return None
+        meta = read_meta(t, dkeys)
+        check(t, dkeys, "enqueue", meta)  # before the destination's token is written
+        return token(t, dkeys), room_of(meta)
+
+    def unprobe(t: Transaction, _: bool) -> None:
+        t.clear(probe_key(skeys, nonce))
+
+    source = run_once(src_db, probe)
+    try:
+        seen = run_once(dst_db, look)
+    finally:
+        with contextlib.suppress(EngineError, QueueError):
+            run_once(src_db, unprobe)
+    return (None, None) if seen is None else ((source, seen[0]), seen[1])
+
+
+def probe_key(keys: QueueKeys, nonce: str) -> bytes:
+    return bytes(keys.q.pack(("fn", nonce)))
+
+
+def pending_key(dst: QueueKeys, source: str, mid: str, receipt: str) -> bytes:
+    return bytes(dst.q.pack(("fp", source, mid, receipt)))
+
+
+def _pending_range(dst: QueueKeys, source: str, *rest: str) -> tuple[bytes, bytes]:
+    r = dst.q.range(("fp", source, *rest))
+    return r.start, r.stop
+
+
+def tomb_key(src: QueueKeys, dest: str, mid: str) -> bytes:
+    return bytes(src.q.pack(("ft", dest, mid)))
+
+
+def tomb_receipt(raw: bytes | None) -> str | None:
+    return None if raw is None else raw.split(b"|", 1)[0].decode()
+
+
+# -- the destination --------------------------------------------------------------------------
+
+
+def room_of(meta: Meta) -> int | None:
+    """How many more messages the queue's ``max_size`` admits (None: no bound)."""
+    cfg = meta.config
+    if cfg is None or cfg.max_size is None:
+        return None
+    return max(0, cfg.max_size - meta.count("ready") - meta.count("inflight") - meta.count("delayed"))
+
+
+def admissible(keys: QueueKeys, meta: Meta, batch: list[Message]) -> None:
+    """What an enqueue of ``batch`` would refuse whatever the wait: the right (checked by the
+    caller), enqueue disabled, a payload over the queue's limit. Checked at install, while
+    each message is still on the source."""
+    if not meta.state.enqueue:
+        raise QueueStoppedError(f"enqueue is disabled on queue {keys.name!r}")
+    cfg = meta.config or QueueConfig()
+    limit = min(cfg.max_payload, MAX_PAYLOAD_BYTES)
+    for m in batch:
+        if len(m.payload) > limit:
+            raise PayloadTooLargeError(
+                f"payload of {len(m.payload)} bytes exceeds the max_payload of queue {keys.name!r} "
+                f"({limit} bytes)"
+            )
+
+
+def install(
+    t: Transaction, dst: QueueKeys, source: str, batch: list[Message], now: int, layer: Mapping[str, str]
+) -> None:
+    """Write a pending copy of each message of ``batch`` not written yet (each is read first:
+    a late landing of an earlier attempt conflicts instead of writing one again after it was
+    published). A RemoteQueue's dedup key (its header) is kept aside for publication, marked
+    as the layer's where the source confirmed it (``layer``: ``remotededup.layer_keys``)."""
+    keys = [pending_key(dst, source, m.id, str(m.receipt)) for m in batch]
+    for m, key, raw in zip(batch, keys, t.get_many(keys), strict=True):
+        if raw is not None:
+            continue
+        extra: dict[str, Any] = {"p": m.priority, "at": now}
+        if m.expires_at is not None:
+            extra["until"] = m.expires_at  # wall clock: the TTL left is taken at publication
+        dedup_key = header_key(m)
+        if dedup_key is not None:
+            extra["dk"] = dedup_key
+            if m.id in layer:
+                extra["dkl"] = True
+        headers = {k: v for k, v in m.headers.items() if k != DEDUP_HEADER}
+        chunks = -(-len(m.payload) // CHUNK_SIZE) if len(m.payload) > CHUNK_SIZE else 0
+        inline = b"" if chunks else m.payload
+        rec = Record(
+            m.id, int(m.enqueued_at * 1e6), m.content_type.value, headers, 0, None, chunks, extra, inline
+        )
+        t.set(key, rec.encode())
+        for n in range(chunks):
+            t.set(dst.q.pack(("fp", source, m.id, str(m.receipt), n)), seal_chunk(
+                m.payload[n * CHUNK_SIZE : (n + 1) * CHUNK_SIZE]))  # fmt: skip
+
+
+def read_pending(t: Transaction, dst: QueueKeys, source: str, entries: list[Entry]) -> list[Record | None]:
+    """The pending copies of ``entries`` (None: not there), payloads joined."""
+    keys = [pending_key(dst, source, mid, receipt) for mid, receipt in entries]
+    out: list[Record | None] = []
+    for (mid, receipt), key, raw in zip(entries, keys, t.get_many(keys), strict=True):
+        rec = None if raw is None else decode_record(raw, dst, key, mid)
+        if rec is not None and rec.chunks:
+            end = _pending_range(dst, source, mid, receipt)[1]
+            parts = [kv.value for kv in t.get_range(key + b"\x00", end, rec.chunks + 1)]
+            rec = rec._replace(payload=join_chunks(parts, rec.chunks, dst.name, mid), chunks=0)
+        out.append(rec)
+    return out
+
+
+def as_item(rec: Record, origin: str) -> Item:
+    """A pending copy as the message to write: its id, headers, priority and the TTL left."""
+    until = rec.extra.get("until")
+    ttl = None if until is None else max(0.001, float(until) - time.time())
+    return Item(
+        rec.id, new_rand(), rec.payload, ContentType(rec.content_type), int(rec.extra.get("p", 0)),
+        rec.headers, 0.0, ttl, None, fixed_id=True, origin=origin,
+    )  # fmt: skip
+
+
+def drop_pending(t: Transaction, dst: QueueKeys, source: str, mid: str, receipt: str | None = None) -> None:
+    """Clear the pending copy of ``mid`` under ``receipt`` (None: under every receipt)."""
+    if receipt is None:
+        t.clear_range(*_pending_range(dst, source, mid))
+        return
+    key = pending_key(dst, source, mid, receipt)
+    t.clear(key)  # a tuple's range holds the keys under it, not its own key
+    t.clear_range(key + b"\x00", _pending_range(dst, source, mid, receipt)[1])
+
+
+def pendings(t: Transaction, dst: QueueKeys, source: str, limit: int, before: int) -> list[Entry]:
+    """Up to ``limit`` pending copies from ``source`` written before version ``before``."""
+    out = []
+    for kv in t.snapshot.get_range(*_pending_range(dst, source), limit * 4):
+        parts = dst.q.unpack(kv.key)
+        if len(parts) != 4:
+            continue  # a chunk
+        rec = decode_record(kv.value, dst, kv.key, str(parts[2]))
+        if int(rec.extra.get("at", 0)) < before:
+            out.append((str(parts[2]), str(parts[3])))
+            if len(out) >= limit:
+                break
+    return out
+
+
+# -- the source ---------------------------------------------------------------------------------
+
+
+def tombs(t: Transaction, src: QueueKeys, dest: str, limit: int, before: int) -> list[Entry]:
+    """Up to ``limit`` tombstones for ``dest`` written before version ``before``."""
+    r = src.q.range(("ft", dest))
+    out = []
+    for kv in t.snapshot.get_range(r.start, r.stop, limit):
+        receipt, at = kv.value.decode().split("|")
+        if int(at) < before:
+            out.append((str(src.q.unpack(kv.key)[-1]), receipt))
+    return out
+
+
+def fates(t: Transaction, src: QueueKeys, dest: str, entries: list[Entry], now: int) -> list[str]:
+    """What became of the lease each pending copy names, decided for good in this transaction:
+    REMOVED (its tombstone is there: publish it), LIVE (still leased under it: its forwarder
+    is at work) or DEAD (the lease ended without a removal, and none can follow: withdraw it).
+
+    A lease past its deadline that nobody released yet is released here (as a sweep would):
+    that write makes a removal under it still in flight, read before, conflict."""
+    tkeys = [tomb_key(src, dest, mid) for mid, _ in entries]
+    fkeys = [src.inflight_key(mid) for mid, _ in entries]
+    found = t.get_many(tkeys + fkeys)
+    out = []
+    meta = None
+    for i, (mid, receipt) in enumerate(entries):
+        if tomb_receipt(found[i]) == receipt:
+            out.append(REMOVED)
+            continue
+        raw = found[len(entries) + i]
+        rec = None if raw is None else decode_record(raw, src, fkeys[i], mid)
+        if rec is None or rec.extra.get("receipt") != receipt:
+            out.append(DEAD)  # acked, released or leased again under another receipt: for good
+            continue
+        deadline = int(rec.extra["deadline"])
+        if deadline > now:
+            out.append(LIVE)
+            continue
+        meta = meta or read_meta(t, src)
+        if meta.config is not None:
+            expire_lease(src, t, meta.config, src.lease_key(deadline, mid), now)
+        out.append(DEAD)
+    return out

@@ -1,0 +1,140 @@
+"""The work index: which queues of a database may have work, kept with the messages.
+
+Apple's QuiCK (Shraer et al., "QuiCK: a queuing system in CloudKit", SIGMOD 2021) serves
+millions of queues with a two-level design: a top-level index holds one entry per queue that
+has work, and consumers scan the index, not the queues. Here the entry is
+``root + ("wk", queue)``: ``b""`` when the queue may have a deliverable message now, or an
+8-byte version before which it has none (its next delayed message or lease deadline: QuiCK's
+"vesting time"). It is a hint that may say too much, never too little:
+
+* **Marked** by every move that gives a queue work (``moves``: an enqueue, a message made
+  ready or delayed, dequeue enabled again), in the same transaction, as FoundationDB's record
+  layer keeps an index in the transaction that changes its record ("IndexMaintainer"). A mark
+  reads the entry at snapshot isolation and writes only when it is missing or parked, so
+  producers of a busy queue write nothing here and never conflict with one another; while
+  the entry is there the mark adds a read conflict on it, so a worker retiring it at the
+  same moment makes the producer retry (and mark again) rather than leave a message unindexed.
+* **Retired or parked** by a consumer that found nothing (:func:`retire`), in a transaction
+  that reads the queue's ready, delayed and leased ranges without snapshot isolation: a
+  message written meanwhile conflicts it (FoundationDB's read-write conflict rule), and it
+  tries again.
+
+An entry that comes into the index (or out of parking) bumps ``("wb",)`` with an atomic add,
+so a worker with nothing to do waits on one watch however many queues it serves. Every
+function composes inside the caller's transaction.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+from typing import Any
+
+from fdbqueue.engines.contract import Transaction
+from fdbqueue.ops.waiting import not_before
+from fdbqueue.store.config import decode_config, decode_state
+from fdbqueue.store.layout import DEFAULT_ROOT, ONE, QueueKeys, WorkKeys, queues_range, root_subspace
+
+_DUE = struct.Struct(">Q")
+_KEYS: dict[Any, WorkKeys] = {}
+
+
+def work_keys(root: tuple[Any, ...] = DEFAULT_ROOT) -> WorkKeys:
+    found = _KEYS.get(root)
+    if found is None:
+        found = _KEYS[root] = WorkKeys(root)
+    return found
+
+
+def _keys_of(keys: QueueKeys) -> WorkKeys:
+    prefix = keys.root.key()
+    found = _KEYS.get(prefix)
+    if found is None:
+        found = _KEYS[prefix] = WorkKeys(keys.root)
+    return found
+
+
+UNREAD = b"unread"  # no entry's value: entries are b"" or 8 bytes
+
+
+def mark(tr: Transaction, keys: QueueKeys, seen: bytes | object | None = UNREAD) -> None:
+    """Queue ``keys`` may have a deliverable message now (see the module docstring).
+    ``seen``: the entry's value, when the caller read it at snapshot isolation already."""
+    wk = _keys_of(keys)
+    entry = keys.work_entry
+    if seen is UNREAD:
+        seen = tr.snapshot.get(entry)
+    if seen == b"":
+        tr.add_read_conflict_key(entry)  # a retire committed meanwhile conflicts: marked again
+        return
+    if keys.q.key() in getattr(tr.options, "volatile", ()):
+        # A volatile queue's commit skips the fsync (the embedded engine): its entry with it.
+        tr.options.set_volatile_prefix(entry)
+        tr.options.set_volatile_prefix(wk.bell)
+    tr.set(entry, b"")
+    tr.add(wk.bell, ONE)
+
+
+def unmark(tr: Transaction, keys: QueueKeys) -> None:
+    """The queue is gone (destroyed): its entry goes too."""
+    tr.clear(keys.work_entry)
+
+
+def decode_due(raw: bytes) -> int:
+    """An entry's value as the version from which its queue may have work (0: now)."""
+    return 0 if not raw else int(_DUE.unpack(raw)[0])
+
+
+def retire(tr: Transaction, keys: QueueKeys, now: int) -> int | None:
+    """A consumer found nothing deliverable in the queue at ``now`` (a version): clear its entry
+    when it holds nothing, park it until its next delayed message or lease deadline, or leave
+    it when work is there after all. Returns the version it is parked until (0: left as work
+    now, None: cleared). Reads without snapshot isolation, so any message written to the queue
+    before this commits conflicts it."""
+    entry = _keys_of(keys).entry(keys.name)
+    raw_cfg, raw_state = tr.get_many([keys.config, keys.state])
+    if raw_cfg is None:
+        tr.clear(entry)  # no such queue (destroyed, or never created)
+        return None
+    head = tr.get_range(*keys.ready_range(), limit=1)
+    firsts: dict[str, int] = {}
+    for tag in ("d", "l"):
+        first = tr.get_range(*keys.index_range(tag), limit=1)
+        if first:
+            firsts[tag] = int(keys.unpack_tail(first[0].key)[1])
+    due = min(firsts.values()) if firsts else None
+    if head:
+        if not decode_state(raw_state).dequeue:
+            tr.clear(entry)  # paused: enabling dequeue again marks it (moves.wake)
+            return None
+        if not decode_config(raw_cfg).strict_order:
+            return 0  # deliverable (the consumer raced a producer): stays as it is
+        # Strict order: held back by a live lease (its ack marks the queue) or the head's
+        # retry delay; otherwise deliverable.
+        held = [t for t in (firsts.get("l"), not_before(keys, head[0].key, head[0].value)) if t and t > now]
+        if not held:
+            return 0
+        due = min(held)
+    if due is None:
+        tr.clear(entry)
+        return None
+    due = max(due, now + 1)
+    tr.set(entry, _DUE.pack(due))
+    return due
+
+
+def fill(tr: Transaction, root: tuple[Any, ...], names: Iterable[str]) -> None:
+    """Mark the named queues (an index built over queues that had messages before it was
+    kept): a consumer that finds nothing in one retires it."""
+    for name in names:
+        mark(tr, QueueKeys.make(name, root))
+
+
+def listing_names(
+    tr: Transaction, root: tuple[Any, ...], begin: bytes | None, limit: int
+) -> list[tuple[bytes, str]]:
+    """Up to ``limit`` (key, queue name) pairs of the queue listing, after ``begin``."""
+    start, end = queues_range(root)
+    sub = root_subspace(root)
+    kvs = tr.get_range(begin + b"\x00" if begin is not None else start, end, limit)
+    return [(kv.key, str(sub.unpack(kv.key)[1])) for kv in kvs]

@@ -1,0 +1,640 @@
+"""Forwarding between two databases, exactly once: ``forward`` and ``Forwarder``.
+
+Between two systems no transaction spans both, so the queue manager's forwarding (Bernstein &
+Newcomer) is done in steps, each one transaction of one side, any of which a crash or a stall
+of any length may interrupt (``transit.py`` has the keys; docs/forwarding.md the reasoning):
+
+1. **Lease** a batch on the source (``lease_many``): hidden from others while the forwarder
+   works; back by themselves if it dies or stalls past the lease.
+2. **Install** a *pending* copy of each on the destination, named by the message's id and the
+   lease's receipt: hidden, not a message yet.
+3. **Remove** them from the source, each only while its lease is still ours (``ack``, journaled
+   ``forward_out``), writing a *tombstone* (id, receipt) and the ``ack_queue`` acknowledgement
+   in the same transaction. A message whose lease was lost meanwhile (a stall: another
+   forwarder or a consumer has it) is not removed, and its pending copy is withdrawn.
+4. **Publish** the pending copies of the removed ones on the destination: each becomes a
+   message there (journaled ``forward_in``) in the transaction that clears its pending copy.
+   The tombstones are cleared by the next batch's step 3, once published.
+
+A copy is published only once its tombstone exists, and a tombstone only under a lease that
+was still ours: so a stalled forwarder's copy, whose lease others took, never becomes visible.
+``recover`` finishes what a crash left: a tombstone without publication is published; a
+pending copy whose lease ended without a tombstone is withdrawn - after the source, in one
+transaction, made sure no removal under that lease can still commit (``transit.fates``).
+
+The exclusive forwarder (no leases: the queue's only consumer) installs directly with a marker
+``("fw", source, id)`` instead, and removes at step 3 what is unchanged since it was read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+import tenacity
+
+from fdbqueue.api.queue import Queue
+from fdbqueue.engines.contract import Database, Transaction, adopt, is_transaction
+from fdbqueue.errors import (
+    ClusterUnavailableError,
+    EngineError,
+    QueueError,
+    StoreError,
+)
+from fdbqueue.ops import transit
+from fdbqueue.ops.delivery import ack_many_in
+from fdbqueue.ops.enqueuing import enqueue_in
+from fdbqueue.ops.moves import Note, count_sent, send_away
+from fdbqueue.ops.outbox import Ready, peek
+from fdbqueue.ops.privileges import check
+from fdbqueue.ops.receipts import settled
+from fdbqueue.ops.remotededup import DEDUP_HEADER, already_there, carry, layer_keys, there_named
+from fdbqueue.ops.txn import run_once
+from fdbqueue.store.clock import db_now, versions
+from fdbqueue.store.config import QueueNotFoundError, read_meta
+from fdbqueue.store.layout import DEFAULT_ROOT, forward_marker, forward_marker_range, new_rand
+from fdbqueue.types import Item, Message, check_flag, check_where
+
+log = logging.getLogger("fdbqueue.runtime.forwarding")
+
+LEASE_SECONDS = 60.0  # a batch's lease on the source: long enough for a slow destination
+MARKER_TTL = 7 * 86400.0  # a marker older than this whose message left the source: cleared
+# DEDUP_HEADER: a RemoteQueue's message kept locally names the dedup key of its remote attempt
+# (taken off on install); remotededup.py says when the forwarder acts on it.
+
+
+@dataclass
+class ForwardStats:
+    """What a forward did: messages forwarded, found installed already (an earlier attempt's),
+    attempts retried after a failure of either side, and the lag: seconds from a message's
+    enqueue to its arrival, for the last one forwarded."""
+
+    forwarded: int = 0
+    skipped: int = 0
+    retried: int = 0
+    lag: float | None = None
+
+
+def _transient(exc: BaseException) -> bool:
+    return isinstance(exc, (ClusterUnavailableError, StoreError)) or (
+        isinstance(exc, EngineError) and exc.retryable
+    )
+
+
+class Forwarder:
+    """Forwards queue ``src`` of ``src_db`` to queue ``dst`` of ``dst_db``, exactly once (see
+    the module's docstring); ``run(follow=True)`` keeps going as messages arrive."""
+
+    def __init__(
+        self,
+        src_db: Database,
+        src: str,
+        dst_db: Database,
+        dst: str,
+        *,
+        batch: int = 100,
+        ack_queue: str | None = None,
+        root: tuple[Any, ...] = DEFAULT_ROOT,
+        dst_root: tuple[Any, ...] | None = None,
+        retry_seconds: float = 30.0,
+        lease_seconds: float = LEASE_SECONDS,
+        where: Mapping[str, Any] | None = None,
+        exclusive: bool = False,
+    ) -> None:
+        if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 1000:
+            raise QueueError(f"batch must be an int from 1 to 1000, got {batch!r}")
+        self.src_db, self.dst_db = adopt(src_db), adopt(dst_db)
+        if is_transaction(self.src_db) or is_transaction(self.dst_db):
+            raise QueueError("forward takes two Databases: each step is a transaction of its own")
+        self._src_db: Database = self.src_db  # type: ignore[assignment]
+        self._dst_db: Database = self.dst_db  # type: ignore[assignment]
+        self.src, self.dst = Queue(src, root=root), Queue(dst, root=dst_root or root)
+        if self.src_db is self.dst_db and self.src.keys == self.dst.keys:
+            raise QueueError(_ITSELF.format(src))
+        self.ack = None if ack_queue is None else Queue(ack_queue, root=root)
+        self.where = check_where(where)
+        self.exclusive = check_flag("exclusive", exclusive)
+        self._pending: list[Ready] | None = None  # exclusive: the next batch, read with the last removal
+        self.batch = batch
+        self.stats = ForwardStats()
+        self.retry_seconds = retry_seconds
+        self.lease_seconds = lease_seconds
+        # The source queue, as the journal's forward_in and the exclusive path's markers name it.
+        self.origin = src
+        self._stop = threading.Event()
+        self._removed: list[str] = []  # exclusive: the last batch removed from the source: markers to clear
+        # Learned before the first step (_prepare): each queue's forwarding token (which
+        # store's queue a pending copy or a tombstone names), and the destination's room.
+        self._tokens: tuple[str, str] | None = None
+        self._room: int | None = None  # None: no max_size
+        self._hand: _Hand | None = None  # the leased batch in hand, through its steps
+        self._published: list[str] = []  # ids whose tombstones the next removal clears
+        self._recovered_at = 0.0
+
+    def stop(self) -> None:
+        """Stop after the batch in hand (from another thread or a signal handler)."""
+        self._stop.set()
+
+    # -- before the first step: one store or two, tokens, room -------------------------------------
+
+    def _prepare(self) -> None:
+        """Refuse a queue forwarded into itself, whatever the handles or URLs name it: a probe
+        written on the source is looked for on the destination (the same store and queue see
+        it; a copy of the store made before does not). Learns the tokens and the room."""
+        if self._tokens is not None:
+            return
+        tokens, self._room = transit.prepare(self._src_db, self.src.keys, self._dst_db, self.dst.keys)
+        if tokens is None:
+            raise QueueError(_ITSELF.format(self.src.name))
+        self._tokens = tokens
+
+    # -- the leased path: lease, install, remove, publish --------------------------------------
+
+    def _lease(self, n: int) -> list[Message]:
+        return self.src.lease_many(self.src_db, n, self.lease_seconds, where=self.where)
+
+    def _install(self, batch: list[Message]) -> int:
+        """Step 2: one destination transaction writes the pending copies; returns how many (the
+        exclusive path: installs the messages themselves, see ``_install_marked``)."""
+        if self.exclusive:
+            return self._install_marked(batch)[1]
+        dkeys, (source, _) = self.dst.keys, self._token_pair()
+        layer = layer_keys(self._src_db, self.src.keys, batch)  # dedup keys the source confirms
+
+        def body(t: Transaction) -> int:
+            meta = read_meta(t, dkeys)
+            check(t, dkeys, "enqueue", meta)
+            transit.admissible(dkeys, meta, batch)
+            transit.install(t, dkeys, source, batch, db_now(t), layer)
+            return len(batch)
+
+        return settled(self.dst_db, dkeys, body)
+
+    def _remove(self, batch: list[Message]) -> list[Message]:
+        """Step 3: one source transaction removes each message whose lease is still ours, with
+        its tombstone and acknowledgement; returns those removed, by this call or an earlier
+        one that failed without an answer (their tombstones say so). Clears the tombstones of
+        the messages published since the last removal."""
+        skeys, (_, dest) = self.src.keys, self._token_pair()
+        note = Note("forward_out", None, {"to": self.dst.name})
+        published = list(self._published)
+
+        def body(t: Transaction) -> list[Message]:
+            now = db_now(t)
+            tombs = t.get_many([transit.tomb_key(skeys, dest, m.id) for m in batch])
+            earlier = {
+                m.id for m, raw in zip(batch, tombs, strict=True) if transit.tomb_receipt(raw) == m.receipt
+            }
+            rest = [m for m in batch if m.id not in earlier]
+            done = ack_many_in(skeys, t, rest, now, note) if rest else []
+            for m in done:
+                t.set(transit.tomb_key(skeys, dest, m.id), f"{m.receipt}|{now}".encode())
+            self._acknowledge(t, done)
+            for mid in published:
+                t.clear(transit.tomb_key(skeys, dest, mid))
+            removed = earlier | {m.id for m in done}
+            return [m for m in batch if m.id in removed]
+
+        done = settled(self.src_db, skeys, body)
+        self._published = self._published[len(published) :]
+        return done
+
+    def _withdraw(self, entries: list[transit.Entry]) -> None:
+        """Clear pending copies whose lease ended without a removal: never to be published."""
+        dkeys, (source, _) = self.dst.keys, self._token_pair()
+
+        def body(t: Transaction, _: bool) -> None:
+            for mid, receipt in entries:
+                transit.drop_pending(t, dkeys, source, mid, receipt)
+
+        run_once(self.dst_db, body)
+
+    def _publish(self, entries: list[transit.Entry]) -> tuple[int, list[transit.Entry]]:
+        """Step 4: one destination transaction makes the pending copies of ``entries`` (removed
+        from the source) messages, in order, as many as the queue's ``max_size`` has room for;
+        returns how many it wrote, and the entries left waiting for room. A copy no longer
+        there was published already (by ``recover``); one the destination holds already (an
+        exclusive forwarder's marker, a RemoteQueue's enqueue that landed) is dropped."""
+        dkeys, (source, _) = self.dst.keys, self._token_pair()
+
+        def body(t: Transaction) -> tuple[int, list[transit.Entry], int | None]:
+            meta = read_meta(t, dkeys)
+            check(t, dkeys, "enqueue", meta)
+            now = db_now(t)
+            recs = transit.read_pending(t, dkeys, source, entries)
+            marks = t.get_many([forward_marker(dkeys, self.origin, mid) for mid, _ in entries])
+            # A RemoteQueue's message that may have reached the destination directly (its
+            # enqueue there ended without an answer): skipped only as the stores confirm it.
+            named = [(rec.id, str(rec.extra["dk"])) for rec in recs if rec is not None and "dk" in rec.extra]
+            layer = {rec.id: str(rec.extra["dk"]) for rec in recs if rec is not None and rec.extra.get("dkl")}
+            there = there_named(t, dkeys, named, layer, now)
+            room = transit.room_of(meta)
+            items: list[Item] = []
+            left: list[transit.Entry] = []
+            handled: list[str] = []
+            for entry, rec, mark in zip(entries, recs, marks, strict=True):
+                if left or (rec is not None and mark is None and rec.id not in there and room == 0):
+                    left.append(entry)  # waits for room, and so do those after it (order)
+                    continue
+                handled.append(entry[0])
+                if rec is None or mark is not None or rec.id in there:
+                    continue
+                items.append(transit.as_item(rec, self.origin))
+                room = None if room is None else room - 1
+            if items:
+                enqueue_in(dkeys, t, items, False, None)
+            for it in items:
+                if it.id in layer:
+                    # The producer's key: a direct enqueue with it finds this message, and
+                    # the unanswered remote one, landing late, conflicts (it read the key).
+                    carry(t, dkeys, layer[it.id], it.id, now)
+            for mid in handled:
+                transit.drop_pending(t, dkeys, source, mid)  # and any stale copy of another lease
+            return len(items), left, room
+
+        wrote, left, self._room = settled(self.dst_db, dkeys, body)
+        done = {mid for mid, _ in left}
+        self._published += [mid for mid, _ in entries if mid not in done]
+        return wrote, left
+
+    def _publish_all(self, entries: list[transit.Entry], *, wait: bool = True) -> int:
+        """Publish ``entries``, waiting for room (a backoff up to 1 s; ``stop()`` ends the
+        wait: what is left stays pending, for ``recover`` to publish). Returns how many."""
+        wrote, pause = 0, 0.01
+        while entries:
+            n, entries = self._publish(entries)
+            wrote += n
+            if entries and (not wait or self._stop.wait(pause)):
+                break
+            pause = min(1.0, pause * 2)
+        return wrote
+
+    def _wait_for_room(self) -> int:
+        """How many messages to lease: a batch, or what the destination has room for; while it
+        has none, wait (a backoff up to 1 s) until it has, or ``stop()`` (then 0)."""
+        pause = 0.01
+        while self._room is not None and self._room <= 0:
+            if self._stop.wait(pause):
+                return 0
+            pause = min(1.0, pause * 2)
+            self._room = run_once(self.dst_db, lambda t, _: transit.room_of(read_meta(t, self.dst.keys)))
+        return self.batch if self._room is None else min(self.batch, self._room)
+
+    def _token_pair(self) -> tuple[str, str]:
+        if self._tokens is None:
+            self._prepare()
+        assert self._tokens is not None
+        return self._tokens
+
+    def recover(self, limit: int = 100) -> int:
+        """Finish what a crashed or stalled forwarder left, older than a lease: publish the
+        pending copies whose tombstone is on the source (and clear it), withdraw those whose
+        lease ended without one (``transit.fates`` decides, on the source, for good). Returns
+        how many copies it published or withdrew."""
+        (source, dest), skeys, dkeys = self._token_pair(), self.src.keys, self.dst.keys
+        age = versions(self.lease_seconds)
+        found = run_once(self.src_db, lambda t, _: transit.tombs(t, skeys, dest, limit, db_now(t) - age))
+        pend = run_once(self.dst_db, lambda t, _: transit.pendings(t, dkeys, source, limit, db_now(t) - age))
+
+        def fates(t: Transaction) -> list[str]:
+            check(t, skeys, "dequeue", read_meta(t, skeys))
+            return transit.fates(t, skeys, dest, pend, db_now(t))
+
+        verdicts = settled(self.src_db, skeys, fates) if pend else []
+        dead = [e for e, v in zip(pend, verdicts, strict=True) if v == transit.DEAD]
+        removed = [e for e, v in zip(pend, verdicts, strict=True) if v == transit.REMOVED]
+        if dead:
+            self._withdraw(dead)
+        todo = list(dict.fromkeys(found + removed))
+        n = self._publish_all(todo, wait=False) if todo else 0
+        self._recovered_at = time.monotonic()
+        return n + len(dead)
+
+    # -- the exclusive path: no leases ---------------------------------------------------------
+
+    def _peek(self, t: Transaction) -> list[Ready]:
+        return peek(t, self.src.keys, self.batch, self.where)
+
+    def _send_away(self, batch: list[Ready]) -> tuple[list[Message], list[Ready]]:
+        """Exclusive step 3, with the next batch's step 1: one source transaction removes
+        what the destination now holds and reads the next batch."""
+        skeys = self.src.keys
+        note = Note("forward_out", None, {"to": self.dst.name})
+
+        def body(t: Transaction) -> tuple[list[Message], list[Ready]]:
+            meta = read_meta(t, skeys)
+            check(t, skeys, "dequeue", meta)
+            journaled = meta.config is not None and meta.config.journal
+            done = []
+            raws = t.get_many([r.key for r in batch])  # serializable: a change meanwhile conflicts
+            for r, raw in zip(batch, raws, strict=True):
+                if raw != r.raw:
+                    log.warning(
+                        "exclusive forward of %r: message %s changed or was taken by another consumer "
+                        "after it was installed on %r (the forwarder must be the queue's only consumer)",
+                        self.src.name,
+                        r.message.id,
+                        self.dst.name,
+                    )
+                    continue
+                send_away(t, skeys, r.key, r.rec, journaled=journaled, note=note)
+                done.append(r.message)
+            count_sent(t, skeys, len(done))
+            self._acknowledge(t, done)
+            return done, self._peek(t)
+
+        return settled(self.src_db, skeys, body)
+
+    def _install_marked(self, batch: list[Message]) -> tuple[int, int]:
+        """Exclusive step 2: one destination transaction installs the messages themselves, each
+        with a marker; one already marked is skipped (an earlier attempt's). As many as the
+        queue has room for, in order: returns how many of the batch are there now, and how
+        many of those it wrote."""
+        dkeys = self.dst.keys
+        layer = layer_keys(self._src_db, self.src.keys, batch)  # dedup keys the source confirms
+
+        def body(t: Transaction) -> tuple[int, int]:
+            now = db_now(t)
+            room = transit.room_of(read_meta(t, dkeys))
+            marks = t.get_many([forward_marker(dkeys, self.origin, m.id) for m in batch])
+            # A RemoteQueue's message that may have reached the destination directly (its
+            # enqueue there ended without an answer): skipped only as the stores confirm it.
+            there = already_there(t, dkeys, batch, layer, now)
+            fit, items = 0, list[Item]()
+            for m, mark in zip(batch, marks, strict=True):
+                if mark is None and m.id not in there:
+                    if room is not None and len(items) >= room:
+                        break  # the rest when there is room: the destination's max_size holds
+                    items.append(Item(m.id, new_rand(), m.payload, m.content_type, m.priority,
+                                      {k: v for k, v in m.headers.items() if k != DEDUP_HEADER}, 0.0,
+                                      _ttl_left(m), None, fixed_id=True, origin=self.origin))  # fmt: skip
+                fit += 1
+            if items:
+                enqueue_in(dkeys, t, items, False, None)
+            for m, mark in zip(batch[:fit], marks, strict=False):
+                if mark is None:
+                    t.set(forward_marker(dkeys, self.origin, m.id), str(now).encode())
+                    if m.id in layer and m.id not in there:
+                        # The producer's key: a direct enqueue with it finds this message, and
+                        # the unanswered remote one, landing late, conflicts (it read the key).
+                        carry(t, dkeys, layer[m.id], m.id, now)
+            for mid in self._removed:  # the last batch's: gone from the source, so done with
+                t.clear(forward_marker(dkeys, self.origin, mid))
+            return fit, len(items)
+
+        return settled(self.dst_db, dkeys, body)
+
+    def _step_exclusive(self) -> int:
+        batch = self._pending
+        if batch is None:
+            batch = run_once(self.src_db, lambda t, _: self._peek(t))
+        if not batch:
+            self._pending = None
+            return 0
+        pause = 0.01
+        while True:
+            fit, new = self._install_marked([r.message for r in batch])
+            if fit:
+                break
+            if self._stop.wait(pause):  # the destination is full: wait for room, or stop()
+                self._pending = None
+                return 0
+            pause = min(1.0, pause * 2)
+        self._removed = []
+        done, self._pending = self._send_away(batch[:fit])
+        self._removed = [m.id for m in done]
+        self.stats.forwarded += len(done)
+        self.stats.skipped += fit - new
+        self.stats.lag = max(0.0, time.time() - batch[fit - 1].message.enqueued_at)
+        return len(done)
+
+    def _acknowledge(self, t: Transaction, done: list[Message]) -> None:
+        """One acknowledgement on ``ack_queue`` per message removed, in the removing transaction."""
+        if self.ack is not None and done:
+            acks = [json.dumps({"id": m.id, "queue": self.src.name, "to": self.dst.name}) for m in done]
+            self.ack.enqueue_many(t, acks)
+
+    def prune_markers(self, limit: int = 1000) -> int:
+        """Clear markers older than MARKER_TTL (database time of the destination) whose
+        message the source no longer holds: what a crash, or the end of a run that could not
+        reach the destination, left behind."""
+        dkeys = self.dst.keys
+
+        def old(t: Transaction, _: bool) -> list[tuple[bytes, str]]:
+            cut = db_now(t) - versions(MARKER_TTL)
+            out = []
+            for kv in t.get_range(*forward_marker_range(dkeys, self.origin), limit):
+                if int(kv.value) < cut:
+                    out.append((kv.key, str(dkeys.root.unpack(kv.key)[-1])))
+            return out
+
+        found = run_once(self.dst_db, old)
+        gone = [key for key, mid in found if self.src.get(self.src_db, mid) is None]
+
+        def clear(t: Transaction, _: bool) -> None:
+            for key in gone:
+                t.clear(key)
+
+        if gone:
+            run_once(self.dst_db, clear)
+        return len(gone)
+
+    # -- running ---------------------------------------------------------------------------------
+
+    def step(self) -> int:
+        """Forward one batch through the three steps; returns how many messages it moved
+        (0: nothing ready). Exceptions of either side propagate (``run`` retries them)."""
+        if self._tokens is None:
+            self._prepare()
+        if self.exclusive:
+            try:
+                return self._step_exclusive()
+            except BaseException:
+                self._pending = None  # read again by the next step: it may be out of date
+                raise
+        while not self._stop.is_set() or self._hand is not None:
+            if self._hand is None:
+                want = self._wait_for_room()
+                batch = self._lease(want) if want else []
+                if not batch:
+                    return 0
+                self._hand = _Hand(batch)
+            h = self._hand  # resumed where it stopped when a step is retried (run)
+            if not h.installed:
+                self._install(h.batch)
+                h.installed = True
+            if h.done is None:
+                h.done = self._remove(h.batch)
+                kept = {m.id for m in h.done}
+                h.lost = [(m.id, str(m.receipt)) for m in h.batch if m.id not in kept]
+            if h.lost:  # leases lost to a stall: another forwarder or a consumer has them
+                self._withdraw(h.lost)
+                h.lost = []
+            wrote = self._publish_all([(m.id, str(m.receipt)) for m in h.done])
+            self._hand = None
+            self.stats.forwarded += wrote
+            self.stats.skipped += len(h.done) - wrote
+            if h.done:
+                self.stats.lag = max(0.0, time.time() - h.done[-1].enqueued_at)
+                return len(h.done)
+        return 0
+
+    def run(
+        self,
+        *,
+        follow: bool = False,
+        limit: int | None = None,
+        install_signals: bool = False,
+        idle_timeout: float | None = None,
+        progress: Callable[[ForwardStats], object] | None = None,
+    ) -> ForwardStats:
+        """Forward until the source is empty (or, with ``follow``, until ``stop()``, SIGTERM or
+        SIGINT with ``install_signals``, or ``idle_timeout`` seconds without a message),
+        retrying with a backoff while either side is down (tenacity); ``progress`` is called
+        with the statistics after each batch."""
+        self._retrying(self._prepare)  # a queue forwarded into itself: refused here
+        restore = self._signals() if install_signals else None
+        with contextlib.suppress(EngineError, QueueError):  # best effort: a side may be down
+            self.prune_markers()
+        try:
+            while not self._stop.is_set() and (limit is None or self.stats.forwarded < limit):
+                if not self.exclusive and time.monotonic() - self._recovered_at >= max(
+                    1.0, self.lease_seconds
+                ):
+                    with contextlib.suppress(EngineError, QueueError):  # what crashes and stalls left
+                        self.recover()
+                n = self._retrying(self.step)
+                if n:
+                    if progress is not None:
+                        progress(self.stats)
+                    continue
+                if self.exclusive:  # no dequeue makes due messages ready here: a sweep does
+                    with contextlib.suppress(EngineError, QueueError):
+                        if self.src.sweep(self._src_db).total():
+                            continue
+                if not follow:
+                    break
+                woke = self._retrying(lambda: self.src.wait(self._src_db, idle_timeout or 1.0))
+                if not woke and idle_timeout is not None:
+                    break
+        finally:
+            if restore is not None:
+                restore()
+            if self._removed:
+                with contextlib.suppress(EngineError, QueueError):
+                    self._clear_markers(self._removed)
+                self._removed = []
+            if self._published:  # else cleared by the next run's first removal, or recover()
+                with contextlib.suppress(EngineError, QueueError):
+                    self._remove([])
+        return self.stats
+
+    def _clear_markers(self, ids: list[str]) -> None:
+        dkeys = self.dst.keys
+
+        def body(t: Transaction, _: bool) -> None:
+            for mid in ids:
+                t.clear(forward_marker(dkeys, self.origin, mid))
+
+        run_once(self.dst_db, body)
+
+    def _retrying(self, call: Any) -> Any:
+        def count(state: tenacity.RetryCallState) -> None:
+            self.stats.retried += 1
+
+        for attempt in tenacity.Retrying(
+            retry=tenacity.retry_if_exception(_transient),
+            wait=tenacity.wait_exponential(multiplier=0.05, max=2.0),
+            stop=tenacity.stop_after_delay(self.retry_seconds),
+            before_sleep=count,
+            reraise=True,
+        ):
+            with attempt:
+                return call()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _signals(self) -> Any:
+        def handler(signum: int, frame: FrameType | None) -> None:
+            self.stop()
+
+        old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+
+        def restore() -> None:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+        return restore
+
+
+_ITSELF = "forwarding queue {!r} into itself (one store, one queue): it would delete every message"
+
+
+@dataclass
+class _Hand:
+    """A leased batch through the steps: installed, then removed (``done``: those whose lease
+    was still ours; ``lost``: pending copies of the others, to withdraw), then published."""
+
+    batch: list[Message]
+    installed: bool = False
+    done: list[Message] | None = None
+    lost: list[transit.Entry] = field(default_factory=list)
+
+
+def _ttl_left(m: Message) -> float | None:
+    """The seconds of its TTL a message has left (None: none), as the destination's TTL."""
+    if m.expires_at is None:
+        return None
+    return max(0.001, m.expires_at - time.time())
+
+
+def forward(
+    src_db: Database,
+    src: str,
+    dst_db: Database,
+    dst: str,
+    *,
+    batch: int = 100,
+    limit: int | None = None,
+    where: Mapping[str, Any] | None = None,
+    follow: bool = False,
+    ack_queue: str | None = None,
+    progress: bool = False,
+    exclusive: bool = False,
+    root: tuple[Any, ...] = DEFAULT_ROOT,
+) -> ForwardStats:
+    """Forward queue ``src`` of ``src_db`` to queue ``dst`` of ``dst_db`` exactly once (see the
+    module's docstring) until the source is empty (``follow``: until stopped); resumable: a
+    forward after a crash finishes what the crashed one began. ``where``: only the messages
+    whose headers match. ``progress``: a status line on stderr after each batch. Returns its
+    statistics. ``exclusive``: the forwarder is the source queue's only consumer (an outbox):
+    no leases (see :class:`Forwarder`). An unknown source queue is QueueNotFoundError, not
+    "0 forwarded"; with ``follow`` it is awaited (a RemoteQueue's outbox appears on first use)."""
+    f = Forwarder(
+        src_db,
+        src,
+        dst_db,
+        dst,
+        batch=batch,
+        ack_queue=ack_queue,
+        root=root,
+        where=where,
+        exclusive=exclusive,
+    )
+    if not follow and run_once(f._src_db, lambda t, _: read_meta(t, f.src.keys).config) is None:
+        raise QueueNotFoundError(f"no queue named {src!r} to forward")
+    return f.run(follow=follow, limit=limit, progress=_status_line if progress else None)
+
+
+def _status_line(stats: ForwardStats) -> None:
+    lag = "" if stats.lag is None else f", lag {stats.lag:.1f} s"
+    sys.stderr.write(f"\rforwarded {stats.forwarded}, skipped {stats.skipped}, retried {stats.retried}{lag}")
+    sys.stderr.flush()

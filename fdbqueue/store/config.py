@@ -1,0 +1,490 @@
+"""Queue settings and state, stored in the database under each queue's subspace."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import random
+import struct
+import threading
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, NamedTuple, TypeVar
+
+from fdbqueue.engines.contract import ReadView, Transaction, engine_traits
+from fdbqueue.errors import QueueError
+from fdbqueue.errors import QueueNotFoundError as QueueNotFoundError  # re-export
+from fdbqueue.errors import UnsupportedLayerFormatError as UnsupportedLayerFormatError  # re-export
+from fdbqueue.store.budget import DEFAULT_MAX_PAYLOAD, MAX_PAYLOAD_BYTES
+from fdbqueue.store.layout import (
+    HOT_COUNTERS,
+    LAYER_FORMAT,
+    MAX_NAME_LENGTH,
+    QueueKeys,
+    unpack_count,
+    validate_queue_name,
+)
+from fdbqueue.types import MAX_DURATION_SECONDS as MAX_DURATION_SECONDS  # re-export
+from fdbqueue.types import QueueState as QueueState  # re-export
+from fdbqueue.types import check_duration as check_duration  # re-export
+
+
+def check_format(found: str) -> None:
+    """Refuse a layer format whose major differs from ours (stored by another fdbqueue)."""
+    if found.split(".")[0] == LAYER_FORMAT.split(".")[0]:
+        return
+    why = (
+        "it kept deadlines, due times and receipts in wall-clock microseconds, which this "
+        "version keeps in database versions; drain its queues with the fdbqueue that wrote "
+        "them, then clear their keys"
+        if found.split(".")[0] == "1"
+        else "it was written by another fdbqueue version; use that one"
+    )
+    raise UnsupportedLayerFormatError(
+        f"this database holds fdbqueue layer format {found}; this version reads format "
+        f"{LAYER_FORMAT} only: {why}"
+    )
+
+
+def error_queue_name(name: str) -> str:
+    """The default error queue of queue ``name``: ``"<name>.error"``, always a valid name.
+
+    A name too long for the suffix (more than ``MAX_NAME_LENGTH - 6`` characters) keeps a
+    prefix and gains a digest of the whole name, so that the error queue of every valid
+    name - an error queue's own error queue included - is valid and distinct: a derived
+    name that could not be opened would make the first dead letter fail, and with it every
+    sweep, dequeue and lease of the queue after it.
+    """
+    derived = f"{name}.error"
+    if len(derived) <= MAX_NAME_LENGTH:
+        return derived
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"{name[: MAX_NAME_LENGTH - len(digest) - 7]}~{digest}.error"
+
+
+def _valid_name(name: object) -> bool:
+    try:
+        validate_queue_name(name)
+    except QueueError:
+        return False
+    return True
+
+
+_DURATIONS = ("retry_delay", "max_retry_delay", "lease_seconds", "ttl", "dedup_window", "journal_retention")
+MAX_RETRY_BACKOFF = 1000.0  # the growth factor per delivery; max_retry_delay caps the wait
+
+
+OVERFLOW_POLICIES = ("reject", "block")
+EXPIRY_ACTIONS = ("error", "discard")
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    """A queue's settings. Stored as JSON; every field has a default."""
+
+    max_size: int | None = None
+    overflow: str = "reject"  # full queue: "reject" (QueueFull) or "block" (wait up to a timeout)
+    max_deliveries: int = 5
+    error_queue: str | None = None  # None: "<name>.error"
+    retry_delay: float = 0.0
+    retry_backoff: float = 1.0  # retry n waits retry_delay * retry_backoff ** (n - 1)
+    max_retry_delay: float = 3600.0
+    retry_jitter: float = 0.1  # a computed retry waits up to this fraction less, at random
+    lease_seconds: float = 30.0
+    ttl: float | None = None
+    expiry_action: str = "error"  # expired messages: "error" (error queue, tag expired) or "discard"
+    strict_order: bool = False
+    max_payload: int = DEFAULT_MAX_PAYLOAD  # 1 MiB; at most MAX_PAYLOAD_BYTES (budget.py)
+    dedup_window: float = 3600.0
+    # The journal (Bernstein & Newcomer's queue manager keeps one for audit and for finding
+    # lost messages): off by default, entries older than journal_retention are trimmed.
+    journal: bool = False
+    journal_retention: float = 7 * 86400.0
+    # A volatile queue's commits skip fsync on the embedded engine: its messages survive a
+    # process crash, not a power loss (the queue manager's volatile queues).
+    volatile: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)  # owner, privileges, description ...
+
+    def __post_init__(self) -> None:
+        if self.max_size is not None and (
+            isinstance(self.max_size, bool) or not isinstance(self.max_size, int) or self.max_size < 1
+        ):
+            raise QueueError(f"max_size must be a positive int or None, got {self.max_size!r}")
+        if self.overflow not in OVERFLOW_POLICIES:
+            raise QueueError(f"overflow must be one of {OVERFLOW_POLICIES}, got {self.overflow!r}")
+        if (
+            isinstance(self.max_deliveries, bool)
+            or not isinstance(self.max_deliveries, int)
+            or self.max_deliveries < 1
+        ):
+            raise QueueError(f"max_deliveries must be an int >= 1, got {self.max_deliveries!r}")
+        check_duration("retry_delay", self.retry_delay)
+        check_duration("max_retry_delay", self.max_retry_delay)
+        check_duration("lease_seconds", self.lease_seconds, positive=True)
+        if self.ttl is not None:
+            check_duration("ttl", self.ttl, positive=True)
+        check_duration("dedup_window", self.dedup_window)
+        check_duration("journal_retention", self.journal_retention, positive=True)
+        for flag in ("journal", "volatile"):
+            if not isinstance(getattr(self, flag), bool):
+                raise QueueError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
+        jitter = self.retry_jitter
+        if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not 0 <= jitter <= 1:
+            raise QueueError(f"retry_jitter must be a number from 0 to 1, got {jitter!r}")
+        backoff = self.retry_backoff
+        if (
+            isinstance(backoff, bool)
+            or not isinstance(backoff, (int, float))
+            or not 0 < backoff <= MAX_RETRY_BACKOFF  # NaN fails both
+        ):
+            raise QueueError(
+                f"retry_backoff must be a number > 0 and <= {MAX_RETRY_BACKOFF}, got {backoff!r}"
+            )
+        if self.expiry_action not in EXPIRY_ACTIONS:
+            raise QueueError(f"expiry_action must be one of {EXPIRY_ACTIONS}, got {self.expiry_action!r}")
+        if (
+            isinstance(self.max_payload, bool)
+            or not isinstance(self.max_payload, int)
+            or not 1 <= self.max_payload <= MAX_PAYLOAD_BYTES
+        ):
+            raise QueueError(
+                f"max_payload must be an int from 1 to {MAX_PAYLOAD_BYTES} (what one transaction "
+                f"can move within FoundationDB's transaction limit), got {self.max_payload!r}"
+            )
+        if self.error_queue is not None:
+            if not isinstance(self.error_queue, str):
+                raise QueueError(f"error_queue must be a str or None, got {self.error_queue!r}")
+            try:
+                validate_queue_name(self.error_queue)
+            except QueueError as exc:
+                raise QueueError(f"error_queue must be a valid queue name: {exc}") from None
+
+    def encode(self) -> bytes:
+        # The layer format travels with the settings every operation reads, so a queue of
+        # another format is refused on first use at no extra read.
+        data = {**dataclasses.asdict(self), "format": LAYER_FORMAT}
+        return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> QueueConfig:
+        data = json.loads(raw)
+        check_format(str(data.get("format", "1.0")))  # 1.x stored none
+        known = {f.name for f in dataclasses.fields(cls)}
+        if isinstance(data.get("max_payload"), int) and data["max_payload"] > MAX_PAYLOAD_BYTES:
+            data["max_payload"] = MAX_PAYLOAD_BYTES  # stored before the limit: the limit applies
+        for name in _DURATIONS:  # stored before durations were bounded: the bound applies
+            value = data.get(name)
+            if isinstance(value, float) and value > MAX_DURATION_SECONDS:  # inf included
+                data[name] = MAX_DURATION_SECONDS
+        if data.get("error_queue") is not None and not _valid_name(data["error_queue"]):
+            # Stored before names were checked: refusing to read it would wedge the queue
+            # (every operation reads its settings); its dead letters take the default name.
+            data["error_queue"] = None
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def error_queue_for(self, name: str) -> str:
+        """The queue ``name``'s dead letters go to: ``error_queue``, else :func:`error_queue_name`
+        (also when ``error_queue`` is ``name`` itself, as an older version let it be stored:
+        a dead letter must leave its queue)."""
+        return self.error_queue if self.error_queue and self.error_queue != name else error_queue_name(name)
+
+    def retry_wait(self, deliveries: int) -> float:
+        """How long a message waits before its next delivery after ``deliveries`` deliveries:
+        ``retry_delay * retry_backoff ** (deliveries - 1)``, at most ``max_retry_delay``, less
+        a random part of up to ``retry_jitter`` of it. The jitter spreads the retries of
+        messages that failed together (a dependency down) instead of sending them back in one
+        wave ("Exponential Backoff And Jitter", AWS Architecture Blog, 2015); taken off, never
+        added, so no retry waits longer than its settings say."""
+        if self.retry_delay <= 0:
+            return 0.0
+        try:
+            wait = min(self.max_retry_delay, self.retry_delay * self.retry_backoff ** max(0, deliveries - 1))
+        except OverflowError:  # a backoff over 1 raised to many deliveries: past any maximum
+            wait = self.max_retry_delay
+        if self.retry_jitter:
+            wait *= 1.0 - self.retry_jitter * random.random()
+        return float(wait)
+
+    def replace(self, **changes: Any) -> QueueConfig:
+        return dataclasses.replace(self, **changes)
+
+
+T = TypeVar("T")
+_config_cache: dict[bytes, QueueConfig] = {}
+
+
+def read_config(tr: ReadView, keys: QueueKeys) -> QueueConfig | None:
+    """The queue's settings, or None when it does not exist (a serializable point read)."""
+    raw = tr.get(keys.config)
+    return None if raw is None else _decode_config(raw)
+
+
+def decode_config(raw: bytes) -> QueueConfig:
+    """Stored settings as a :class:`QueueConfig` (decoded once per distinct value)."""
+    return _decode_config(raw)
+
+
+def decode_state(raw: bytes | None) -> QueueState:
+    """A stored state (None: both directions open), decoded once per distinct value."""
+    return _OPEN if not raw else _decode_state(raw)
+
+
+def _decode_config(raw: bytes) -> QueueConfig:
+    global _last_config
+    last = _last_config
+    if last is not None and raw == last[0]:  # a compare, not a hash of a fresh 300-byte value
+        return last[1]
+    cfg = _decoded(_config_cache, raw, QueueConfig.decode, 1024)
+    _last_config = (raw, cfg)
+    return cfg
+
+
+def _decoded(cache: dict[bytes, T], raw: bytes, decode: Callable[[bytes], T], bound: int) -> T:
+    """``decode(raw)``, remembered: settings and state are read by every operation and
+    change rarely. The cache is emptied past ``bound`` entries (someone writing junk)."""
+    value = cache.get(raw)
+    if value is None:
+        value = decode(raw)
+        if len(cache) > bound:
+            cache.clear()
+        cache[raw] = value
+    return value
+
+
+_last_config: tuple[bytes, QueueConfig] | None = None
+
+
+def check_layer_format(tr: Transaction, keys: QueueKeys) -> None:
+    """Write the layer format on first use; refuse a store of another major format."""
+    raw = tr.get(keys.format)
+    if raw is None:
+        tr.set(keys.format, LAYER_FORMAT.encode())
+        return
+    check_format(raw.decode(errors="replace"))
+
+
+def write_config(tr: Transaction, keys: QueueKeys, cfg: QueueConfig) -> None:
+    check_layer_format(tr, keys)
+    tr.set(keys.config, cfg.encode())
+    bump_metadata_version(tr, keys)
+    tr.set(keys.listing, b"")
+
+
+def config_or_create(
+    tr: Transaction, keys: QueueKeys, *, guarded_like: QueueKeys | None = None
+) -> QueueConfig:
+    """Settings of the queue, creating it with defaults on first use; a queue made here takes
+    the owner and grants of ``guarded_like`` (an error queue its origin's: dead letters are
+    as private as the messages they were)."""
+    if guarded_like is None:
+        raw, guard = tr.get(keys.config), None
+    else:  # both in one round trip (a dead letter's path is bounded in them: budgets.md)
+        raw, guard = tr.get_many([keys.config, guarded_like.guard])
+    cfg = None if raw is None else _decode_config(raw)
+    if cfg is None:
+        cfg = QueueConfig()
+        write_config(tr, keys, cfg)  # a new metadata version: the guard below is seen with it
+        if guard is not None:
+            tr.set(keys.guard, guard)
+    elif cfg.volatile:
+        tr.options.set_volatile_prefix(keys.q.key())
+    return cfg
+
+
+def _volatile(tr: Transaction, keys: QueueKeys, cfg: QueueConfig | None) -> None:
+    """A volatile queue's operation tells the engine which keys may skip the fsync."""
+    if cfg is not None and cfg.volatile:
+        tr.options.set_volatile_prefix(keys.q.key())
+
+
+def read_state(tr: ReadView, keys: QueueKeys) -> QueueState:
+    return QueueState.decode(tr.get(keys.state))
+
+
+_NO_ACL: Mapping[str, int] = MappingProxyType({})
+
+
+@dataclass
+class Meta:
+    """A queue's small keys: settings, state and priority markers (cached), hot counters (read)."""
+
+    config: QueueConfig | None
+    state: QueueState
+    counters: dict[str, int]
+    made_ready: int  # the wake counter: also the index high-water mark
+    priorities: frozenset[int]
+    owner: str | None  # None: open to every principal
+    acl: Mapping[str, int]  # principal -> rights mask (privileges.py)
+    work: bytes | None  # the queue's work-index entry, read at snapshot isolation (workindex.py)
+
+    def count(self, name: str) -> int:
+        return max(0, self.counters.get(name, 0))
+
+
+class _Settings(NamedTuple):
+    version: bytes  # the metadata version they were read at
+    config: QueueConfig | None
+    state: QueueState
+    priorities: frozenset[int]
+    owner: str | None
+    acl: Mapping[str, int]
+
+
+# Settings per database and queue, each valid while the queue's metadata version is unchanged.
+# Keyed by the database object, so that two stores never share an entry.
+_settings: weakref.WeakKeyDictionary[Any, dict[bytes, _Settings]] = weakref.WeakKeyDictionary()
+_settings_lock = threading.Lock()
+
+
+def bump_metadata_version(tr: Transaction, keys: QueueKeys) -> None:
+    """Record that the queue's settings, state or priority markers change in ``tr``.
+
+    A fresh random value rather than a counter: a version written by an attempt that then
+    aborted can never be written again, so no cache entry made from it can ever match (the
+    property FoundationDB gets from writing ``\\xff/metadataVersion`` with a versionstamp,
+    ``fdbclient/ReadYourWrites.cpp`` ``atomicOp``). A blind write: it conflicts with nothing.
+    """
+    tr.set(keys.metadata_version, os.urandom(16))
+
+
+def read_meta(tr: Transaction, keys: QueueKeys) -> Meta:
+    """Settings, state, priority markers and the hot counters, in one round trip when cached.
+
+    One ``get_many`` reads the queue's metadata version with the counters an operation
+    needs; the settings come from a process-wide cache while that version is unchanged
+    (every change of settings, state or markers writes a new one in the same transaction:
+    :func:`bump_metadata_version`), else from a range read of the metadata, which refills the
+    cache. The model is FoundationDB's metadata version key (``\\xff/metadataVersion``,
+    ``fdbclient/NativeAPI.actor.cpp`` ``Transaction::get``): a change made by any process is
+    seen by the next transaction that starts after it commits.
+
+    Every read is a snapshot read; settings and state get read conflicts of their own (as
+    serializable reads would), so a concurrent pause or reconfiguration conflicts and the
+    cached values are as good as read; the hot counters get none.
+    """
+    counter_keys = keys.hot_counters()
+    # The work-index entry too: an enqueue marks it (workindex.mark), in the same round trip.
+    values = tr.snapshot.get_many([keys.metadata_version, *counter_keys, keys.work_entry])
+    version = values[0]
+    counters = {name: _count(raw) for name, raw in zip(HOT_COUNTERS, values[1:-1], strict=True)}
+    if engine_traits(tr.db)[0]:  # pointless where nothing conflicts (the embedded engine)
+        tr.add_read_conflict_key(keys.config)
+        tr.add_read_conflict_key(keys.state)
+    db = tr.db
+    cached = None
+    if version is not None:
+        cached = _cached(db, keys)
+        if cached is not None and cached.version != version:
+            cached = None
+    if cached is None:
+        cached = _read_settings(tr, keys, version or b"")
+        if version is not None:
+            _remember(db, keys, cached)
+    _volatile(tr, keys, cached.config)
+    return Meta(
+        cached.config,
+        cached.state,
+        counters,
+        counters["wake"],
+        cached.priorities,
+        cached.owner,
+        cached.acl,
+        values[-1],
+    )
+
+
+def decode_guard(raw: bytes | None) -> tuple[str | None, Mapping[str, int]]:
+    """A queue's owner and ACL (principal -> rights mask) from its guard key's value."""
+    if not raw:
+        return None, _NO_ACL
+    return _decoded(_guard_cache, raw, _decode_guard, 256)  # read by every operation: decoded once
+
+
+def _decode_guard(raw: bytes) -> tuple[str | None, Mapping[str, int]]:
+    data = json.loads(raw)
+    return data.get("owner"), MappingProxyType(dict(data.get("acl", {})))
+
+
+def encode_guard(owner: str | None, acl: Mapping[str, int]) -> bytes | None:
+    """The guard key's value, or None (clear it) for an open queue with no grants."""
+    if owner is None and not acl:
+        return None
+    return json.dumps({"owner": owner, "acl": dict(sorted(acl.items()))}, separators=(",", ":")).encode()
+
+
+def due_entries(tr: Transaction, keys: QueueKeys, meta: Meta, now: int) -> bool:
+    """Whether a lease has expired or a delayed message is due by ``now`` (snapshot reads).
+
+    Only the indexes whose counters say they hold entries are read: a queue with leases
+    in flight but nothing delayed costs one read here, an idle one none.
+    """
+    for tag, counter in (("l", "inflight"), ("d", "delayed")):
+        if meta.count(counter) and tr.snapshot.get_range(*keys.index_range(tag, now + 1), 1):
+            return True
+    return False
+
+
+def _read_settings(tr: Transaction, keys: QueueKeys, version: bytes) -> _Settings:
+    """Settings, state, priority markers, owner and ACL from one snapshot range read of the
+    metadata."""
+    cfg: QueueConfig | None = None
+    state = _OPEN
+    priorities: set[int] = set()
+    owner: str | None = None
+    acl: Mapping[str, int] = _NO_ACL
+    names = keys.meta_names()
+    for key, value in tr.snapshot.get_range(*keys.meta_range()):
+        name = names.get(key)
+        if name is None:
+            p = keys.marker_priority(key)
+            if p is not None:
+                priorities.add(p)
+        elif name == "cfg":
+            cfg = _decode_config(value)
+        elif name == "st":
+            state = _decode_state(value)
+        elif name == "own":
+            owner, acl = decode_guard(value)
+    return _Settings(version, cfg, state, frozenset(priorities), owner, acl)
+
+
+def _cached(db: Any, keys: QueueKeys) -> _Settings | None:
+    try:
+        with _settings_lock:
+            per_db = _settings.get(db)
+            return None if per_db is None else per_db.get(keys.q.key())
+    except TypeError:  # a database that cannot be weakly referenced: no cache
+        return None
+
+
+def _remember(db: Any, keys: QueueKeys, settings: _Settings) -> None:
+    try:
+        with _settings_lock:
+            per_db = _settings.get(db)
+            if per_db is None:
+                per_db = _settings[db] = {}
+            if len(per_db) > 4096:  # a process touching very many queues: start again
+                per_db.clear()
+            per_db[keys.q.key()] = settings
+    except TypeError:  # a database that cannot be weakly referenced: no cache
+        pass
+
+
+def _count(raw: bytes | None) -> int:
+    if raw is not None and len(raw) == 8:  # the hot path: every counter is 8 bytes
+        return int(_COUNT(raw)[0])
+    return unpack_count(raw)
+
+
+_OPEN = QueueState()
+_COUNT = struct.Struct("<q").unpack
+_state_cache: dict[bytes, QueueState] = {}
+_guard_cache: dict[bytes, tuple[str | None, Mapping[str, int]]] = {}
+
+
+def _decode_state(raw: bytes) -> QueueState:
+    return _decoded(_state_cache, raw, QueueState.decode, 64)  # a handful of distinct values

@@ -1,0 +1,778 @@
+"""Every key fdbqueue writes, in one place.
+
+All keys are tuple-encoded (``fdb.tuple``) under a root subspace, ``("fdbqueue",)`` by
+default. ``Q`` below is ``root + ("q", queue_name)``::
+
+    root + ("format",)                          layer format version, "MAJOR.MINOR"
+    root + ("queues", name)                     b"" for every queue that exists (listing)
+    root + ("wk", name)                         the work index: queue ``name`` may have work;
+                                                b"" now, or 8 bytes: not before that version
+    root + ("wb",)                              grows when a queue enters the work index (the
+                                                one key an idle many-queue worker watches)
+    root + ("wkf",)                             the work index was filled from the listing
+    root + ("rt", name, value)                  partitioned queue ``name``: where ``value`` goes
+    root + ("pq", name)                         partitioned queue ``name``: {"partitions": N}
+    root + ("eq", error_queue, origin)          owned queue ``origin``'s error queue is reserved
+                                                to its owner and admins (privileges.py)
+    Q + ("m", "cfg")                            queue settings, JSON
+    Q + ("m", "st")                             queue state flags, JSON (paused directions)
+    Q + ("m", "n", counter)                     8-byte little-endian counters, atomic adds only
+    Q + ("m", "pri", -priority)                 priorities in use (browse looks back over them)
+    Q + ("m", "mv")                             the queue's metadata version: a fresh random value
+                                                written with every change of settings, state or
+                                                priority markers (see ``config.read_meta``)
+    Q + ("r", -priority, index, rand)           ready messages: higher priority first, FIFO within
+    Q + ("id", msg_id)                          id index -> the message's current key, for messages
+                                                delayed, or ready away from the home key
+                                                their id names (below)
+    Q + ("b", msg_id, chunk)                    payload chunks of a large message
+    Q + ("f", msg_id)                           in-flight (leased) message record: found by its id,
+                                                so a leased message has no id entry
+    Q + ("l", deadline, msg_id)                 lease deadlines (sweep order)
+    Q + ("d", due, msg_id)                      delayed messages by due time
+    Q + ("x", expires, msg_id)                  TTL index by expiry time
+    Q + ("k", dedup_key)                        dedup key -> b"<message id>|<first-seen version>"
+    Q + ("kt", version, dedup_key)              dedup entries by time (the sweep forgets old ones)
+    Q + ("pop", version, rand)                  staged dequeue requests (high contention)
+    Q + ("res", rand)                           fulfilled staged requests -> version, message record
+    Q + ("m", "n", "wake")                      grows by one for every message made ready (and when
+                                                dequeue is re-enabled): the index high-water mark,
+                                                and the key blocking dequeues watch
+    Q + ("rc", version, rand)                   enqueue/dequeue receipts: settle a commit_unknown_result
+
+Times are database time (layer format 2): read versions, about 1e6 a second
+(``fdbqueue.store.clock``), never a client's wall clock. A deadline, due or expiry time is the
+read version of the transaction that set it plus its seconds in versions; a receipt,
+request, result or dedup entry carries the read version of the transaction that made it;
+each is compared with the read version of the transaction that looks. The record fields
+and ``extra`` entries holding times are versions too (``expires_us``, ``deadline``,
+``not_before``), except ``enqueued_us`` and a lease's ``until``: wall-clock microseconds,
+for people to read (``Message.enqueued_at``, ``Message.lease_deadline``).
+
+Index = the queue's wake counter, read at snapshot isolation, plus one; the random
+suffix breaks ties, so concurrent enqueues never conflict (FoundationDB queue recipe).
+That counter (rather than the last ready key) keeps indexes increasing after the queue
+drains, so a released message goes back ahead of every newer one; and being the key
+that wakes blocked dequeuers too, it costs an enqueue no extra write.
+
+A message enqueued ready gets the id "r" + hex(-priority, index, rand): its id names its home
+key, so enqueue and dequeue write no id-index entry; a leased message is found at
+``("f", id)``, so lease and ack write none either. Delayed messages, and ready ones away
+from home (dead-lettered, or given ids before their place was known), have one.
+
+The small per-queue keys live together under ``Q + ("m",)``: one range read fetches a
+queue's settings, state, counters and mark, and their writes dirty one page, not five.
+"""
+
+from __future__ import annotations
+
+import importlib
+import struct
+import time
+import types
+import zlib
+from typing import Any
+
+import fdb.tuple
+from fdb.subspace_impl import Subspace
+
+from fdbqueue.errors import InvalidTextError, QueueError
+from fdbqueue.store.entropy import random_bytes
+
+# 2.0: every stored time is database time (versions), where 1.x stored wall-clock µs.
+LAYER_FORMAT = "2.0"
+DEFAULT_ROOT: tuple[Any, ...] = ("fdbqueue",)
+
+# ready/inflight/delayed: messages in each state now; done/dead/expired: totals ever (rates
+# come from two samples); wake: messages ever made ready (enqueues, retries, promotions);
+# corrupt: damaged records moved to the error queue (delivery.move_corrupt).
+COUNTERS = ("ready", "inflight", "delayed", "done", "dead", "expired", "wake", "corrupt")
+HOT_COUNTERS = ("ready", "inflight", "delayed", "wake")  # what an enqueue or dequeue needs to know
+
+_ONE = struct.pack("<q", 1)
+_MINUS_ONE = struct.pack("<q", -1)
+
+
+def _allow_versionstamps_without_native_client() -> None:
+    """Let ``fdb.tuple`` pack Versionstamps when libfdb_c is absent.
+
+    ``Versionstamp.to_bytes`` checks ``isinstance(x, fdb.impl.Value)``; importing
+    ``fdb.impl`` loads the native library. Where it cannot load, a stand-in module
+    whose ``Value`` nothing is an instance of gives the same result.
+    """
+    if hasattr(fdb, "impl"):
+        return
+    try:
+        importlib.import_module("fdb.impl")  # loads libfdb_c when it is installed
+    except Exception:
+        stub = types.ModuleType("fdb.impl")
+
+        class Value(bytes):
+            """Never instantiated: no packed value is an fdb future here."""
+
+        setattr(stub, "Value", Value)  # noqa: B010 - a module attribute mypy cannot see
+        # The attribute only, not sys.modules: fdb.api_version() must still find the real module.
+        setattr(fdb, "impl", stub)  # noqa: B010
+
+
+_allow_versionstamps_without_native_client()
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _pack(sub: Subspace, parts: tuple[Any, ...]) -> bytes:
+    key: bytes = sub.pack(parts)  # fdb.tuple is untyped: name the type once, here
+    return key
+
+
+def pack_count(n: int) -> bytes:
+    return struct.pack("<q", n)
+
+
+def unpack_count(raw: bytes | None) -> int:
+    if not raw:
+        return 0
+    return int(struct.unpack("<q", raw.ljust(8, b"\x00")[:8])[0])
+
+
+def new_rand() -> bytes:
+    return random_bytes(8)
+
+
+def new_id() -> str:
+    """A message id: 48 bits of milliseconds, then 80 random bits, as 32 hex digits.
+
+    Time first (as in UUIDv7), so that the id index grows at its end instead of at random
+    places: an enqueue then dirties one index page, not a new random one each time. The
+    wall clock serves locality only: uniqueness is the random bits', and nothing orders or
+    ages messages by their ids, so a client's wrong clock costs nothing here.
+    """
+    return f"{time.time_ns() // 1_000_000:012x}{random_bytes(10).hex()}"
+
+
+MAX_NAME_LENGTH = 200  # characters of a queue name (an error queue's derived name included)
+
+
+def utf8(text: str, what: str) -> bytes:
+    """``text`` in UTF-8, as the tuple layer packs a str into a key; InvalidTextError (a
+    QueueError) for a str UTF-8 cannot encode (a lone surrogate), not UnicodeEncodeError."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidTextError(
+            f"{what} cannot be stored: {text[exc.start : exc.end]!r} at position {exc.start} is a "
+            "lone surrogate, which UTF-8 cannot encode"
+        ) from None
+
+
+def validate_queue_name(name: object) -> str:
+    """``name`` when it is a valid queue name, else a clear :class:`QueueError`."""
+    if not isinstance(name, str):
+        raise QueueError(f"queue name must be a str, not {type(name).__name__}")
+    if not name or len(name) > MAX_NAME_LENGTH:
+        raise QueueError(f"queue name must be 1 to {MAX_NAME_LENGTH} characters, got {len(name)}")
+    if any(ord(c) < 32 or c == "\x7f" for c in name):
+        raise QueueError(f"queue name {name!r} contains control characters")
+    utf8(name, f"queue name {name!r}")
+    return name
+
+
+_BIG = (1 << 64) - 1
+
+
+def enc_int(n: int) -> bytes:
+    """``fdb.tuple.pack((n,))`` for ``|n| < 2**64``, without the general encoder's overhead."""
+    if n == 0:
+        return b"\x14"
+    if not -_BIG < n < _BIG:
+        return _pack_one(n)  # magnitudes from 2**64 - 1 have their own type codes
+    if n > 0:
+        size = (n.bit_length() + 7) // 8
+        return bytes((0x14 + size,)) + n.to_bytes(size, "big")
+    size = ((-n).bit_length() + 7) // 8
+    return bytes((0x14 - size,)) + ((1 << (8 * size)) - 1 + n).to_bytes(size, "big")
+
+
+def enc_bytes(b: bytes) -> bytes:
+    """``fdb.tuple.pack((b,))`` for bytes."""
+    return b"\x01" + b.replace(b"\x00", b"\x00\xff") + b"\x00"
+
+
+def enc_str(s: str) -> bytes:
+    """``fdb.tuple.pack((s,))`` for str."""
+    return b"\x02" + s.encode("utf-8").replace(b"\x00", b"\x00\xff") + b"\x00"
+
+
+def dec_int(key: bytes, pos: int) -> tuple[int, int]:
+    """The tuple-encoded int at ``key[pos:]`` and the position after it."""
+    code = key[pos]
+    if code == 0x14:
+        return 0, pos + 1
+    if 0x14 < code <= 0x1C:
+        size = code - 0x14
+        return int.from_bytes(key[pos + 1 : pos + 1 + size], "big"), pos + 1 + size
+    if 0x0C <= code < 0x14:
+        size = 0x14 - code
+        raw = int.from_bytes(key[pos + 1 : pos + 1 + size], "big")
+        return raw - ((1 << (8 * size)) - 1), pos + 1 + size
+    value, end = fdb.tuple._decode(key, pos)  # big ints: the general decoder
+    return int(value), end
+
+
+def _pack_one(value: Any) -> bytes:
+    key: bytes = fdb.tuple.pack((value,))
+    return key
+
+
+_PRI = b"\x02pri\x00"  # enc_str("pri")
+
+
+# The tags under a queue's subspace that hold messages or their indexes (a purge clears them):
+# ready, id entries, chunks, leased, lease entries, delayed, TTL entries, dedup entries and
+# their times, dequeue receipts, staged results and requests' receipts.
+_MESSAGE_TAGS = ("r", "id", "b", "f", "l", "d", "x", "k", "kt", "pop", "res", "rc")
+
+
+class QueueKeys:
+    """The keys of one queue (pure computation, no I/O).
+
+    Prefixes are packed once; keys are built by concatenating tuple-encoded elements,
+    which is what ``fdb.tuple.pack`` produces for a flat tuple.
+    """
+
+    __slots__ = (
+        "_cache",
+        "_d",
+        "_f",
+        "_id",
+        "_l",
+        "_m",
+        "_markers",
+        "_names",
+        "_r",
+        "_x",
+        "name",
+        "q",
+        "root",
+    )
+
+    def __init__(self, name: str, root: Subspace, q: Subspace) -> None:
+        self.name = name
+        self.root = root
+        self.q = q
+        self._r = _pack(q, ("r",))
+        self._id = _pack(q, ("id",))
+        self._f = _pack(q, ("f",))
+        self._l = _pack(q, ("l",))
+        self._d = _pack(q, ("d",))
+        self._x = _pack(q, ("x",))
+        self._m = _pack(q, ("m",))
+        self._cache: dict[str, bytes] = {}
+        self._names: dict[bytes, str] | None = None
+        self._markers: dict[bytes, int] = {}
+
+    @classmethod
+    def make(cls, name: str, root: tuple[Any, ...] = DEFAULT_ROOT) -> QueueKeys:
+        r = Subspace(tuple(root))
+        return cls(validate_queue_name(name), r, r["q"][name])
+
+    def sibling(self, name: str) -> QueueKeys:
+        """The keys of queue ``name`` under the same root (an error queue's, a move's target)."""
+        return QueueKeys(validate_queue_name(name), self.root, self.root["q"][name])
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, QueueKeys) and other.q.key() == self.q.key()
+
+    def __hash__(self) -> int:
+        return hash(self.q.key())
+
+    # -- the queue's metadata: one contiguous range, read in one go ---------------------------
+    def meta_range(self) -> tuple[bytes, bytes]:
+        """Settings, state, counters, index mark and priority markers: a few small keys."""
+        return self._m, self._m + b"\xff"
+
+    def _meta(self, name: str) -> bytes:
+        key = self._cache.get(name)
+        if key is None:
+            key = self._cache[name] = self._m + enc_str(name)
+        return key
+
+    @property
+    def config(self) -> bytes:
+        return self._meta("cfg")
+
+    @property
+    def state(self) -> bytes:
+        return self._meta("st")
+
+    @property
+    def wake(self) -> bytes:
+        """Grows whenever messages become ready; blocking dequeues watch it (no spurious wake-ups)."""
+        return self.counter("wake")
+
+    @property
+    def metadata_version(self) -> bytes:
+        """Changes (to a fresh random value) whenever the settings, state or priority markers do."""
+        return self._meta("mv")
+
+    @property
+    def work_entry(self) -> bytes:
+        """This queue's entry in the work index, ``root + ("wk", name)`` (workindex.py)."""
+        key = self._cache.get("wk")
+        if key is None:
+            key = self._cache["wk"] = bytes(self.root.pack(("wk", self.name)))
+        return key
+
+    def hot_counters(self) -> list[bytes]:
+        """The counters every operation reads: ready, inflight, delayed, wake (see ``HOT_COUNTERS``)."""
+        return [self.counter(c) for c in HOT_COUNTERS]
+
+    def counter(self, name: str) -> bytes:
+        key = self._cache.get("n/" + name)
+        if key is None:
+            key = self._cache["n/" + name] = self._m + enc_str("n") + enc_str(name)
+        return key
+
+    def meta_names(self) -> dict[bytes, str]:
+        """Metadata key -> "cfg", "st" or the counter's name (priority markers aside)."""
+        names = self._names
+        if names is None:
+            names = {self.config: "cfg", self.state: "st", self.guard: "own"}
+            names.update({self.counter(c): c for c in COUNTERS})
+            self._names = names
+        return names
+
+    def priority_marker(self, priority: int) -> bytes:
+        return self._m + _PRI + enc_int(-priority)
+
+    def priority_marker_range(self) -> tuple[bytes, bytes]:
+        prefix = self._m + _PRI
+        return prefix, prefix + b"\xff"
+
+    @property
+    def guard(self) -> bytes:
+        """The queue's owner and ACL, one small JSON value (``privileges.py``); absent: the
+        queue is open to every principal. One key, so a check is one point read."""
+        return self._meta("own")
+
+    def marker_priority(self, key: bytes) -> int | None:
+        """The priority of ``key`` if it is a priority marker, else None (memoised: every
+        operation reads the markers with the queue's metadata)."""
+        markers = self._markers
+        p = markers.get(key)
+        if p is None and key.startswith(self._m + _PRI):
+            if len(markers) > 4096:
+                markers.clear()
+            p = markers[key] = self.parse_marker(key)
+        return p
+
+    def parse_marker(self, key: bytes) -> int:
+        """The priority of a priority marker key."""
+        return -dec_int(key, len(self._m) + len(_PRI))[0]
+
+    @property
+    def listing(self) -> bytes:
+        return _pack(self.root, ("queues", self.name))
+
+    def reserved_by(self, origin: str) -> bytes:
+        """Owned queue ``origin`` names this queue its error queue: only those who hold
+        ``admin`` on ``origin`` may make it (``privileges.check_create``)."""
+        return _pack(self.root, ("eq", self.name, origin))
+
+    def reserved_range(self) -> tuple[bytes, bytes]:
+        """Every ``reserved_by`` key of this queue (the names of the queues that reserve it)."""
+        r = self.root.range(("eq", self.name))
+        return bytes(r.start), bytes(r.stop)
+
+    def reserving(self, key: bytes) -> str:
+        """The queue a ``reserved_by`` key names."""
+        return str(self.root.unpack(key)[2])
+
+    @property
+    def format(self) -> bytes:
+        return _pack(self.root, ("format",))
+
+    # -- ready items ---------------------------------------------------------------------------
+    def ready_key(self, priority: int, index: int, rand: bytes) -> bytes:
+        return self._r + enc_int(-priority) + enc_int(index) + enc_bytes(rand)
+
+    def ready_range(self) -> tuple[bytes, bytes]:
+        return self._r + b"\x00", self._r + b"\xff"
+
+    def priority_range(self, priority: int, from_index: int | None = None) -> tuple[bytes, bytes]:
+        prefix = self._r + enc_int(-priority)
+        return (prefix + b"\x00" if from_index is None else prefix + enc_int(from_index)), prefix + b"\xff"
+
+    def parse_ready(self, key: bytes) -> tuple[int, int, bytes]:
+        """(priority, index, rand) of a ready key."""
+        negp, pos = dec_int(key, len(self._r))
+        index, pos = dec_int(key, pos)
+        return -negp, index, fdb.tuple.unpack(key[pos:])[0]
+
+    def priority_of(self, key: bytes) -> int:
+        return -dec_int(key, len(self._r))[0]
+
+    # -- message ids -------------------------------------------------------------------------------
+    def home_id(self, priority: int, index: int, rand: bytes) -> str:
+        """The id of a message enqueued ready: "r" + its ready key's tail, in hex.
+
+        Such an id names the message's home key, so the common path (enqueue, dequeue) needs
+        no id-index entry: only a message away from home (delayed, leased, dead-lettered, or
+        given its id before its place was known) has one.
+        """
+        return self.id_of_home(self.ready_key(priority, index, rand))
+
+    def id_of_home(self, ready_key: bytes) -> str:
+        """The id of the message enqueued at ``ready_key`` (see ``home_id``)."""
+        return "r" + ready_key[len(self._r) :].hex()
+
+    def home_key(self, msg_id: str) -> bytes | None:
+        """The ready key ``msg_id`` names in this queue, or None for other ids."""
+        if not msg_id.startswith("r"):
+            return None
+        try:
+            return self._r + bytes.fromhex(msg_id[1:])
+        except ValueError:
+            return None
+
+    # -- other states --------------------------------------------------------------------------
+    def id_key(self, msg_id: str) -> bytes:
+        return self._id + enc_str(msg_id)
+
+    def chunk_key(self, msg_id: str, n: int) -> bytes:
+        return _pack(self.q, ("b", msg_id, n))
+
+    def chunk_range(self, msg_id: str) -> tuple[bytes, bytes]:
+        r = self.q.range(("b", msg_id))
+        return r.start, r.stop
+
+    def inflight_key(self, msg_id: str) -> bytes:
+        return self._f + enc_str(msg_id)
+
+    def lease_key(self, deadline: int, msg_id: str) -> bytes:
+        return self._l + enc_int(deadline) + enc_str(msg_id)
+
+    def delayed_key(self, due: int, msg_id: str) -> bytes:
+        return self._d + enc_int(due) + enc_str(msg_id)
+
+    def expiry_key(self, expires: int, msg_id: str) -> bytes:
+        return self._x + enc_int(expires) + enc_str(msg_id)
+
+    def dedup_key(self, key: str) -> bytes:
+        return self._meta_prefix("k") + enc_str(key)  # a bulk load builds one a message
+
+    def dedup_time_key(self, version: int, key: str) -> bytes:
+        return self._meta_prefix("kt") + enc_int(version) + enc_str(key)
+
+    def _meta_prefix(self, tag: str) -> bytes:
+        key = self._cache.get("\x00" + tag)
+        if key is None:
+            key = self._cache["\x00" + tag] = _pack(self.q, (tag,))
+        return key
+
+    def index_range(self, tag: str, upto: int | None = None) -> tuple[bytes, bytes]:
+        """The time-ordered index ``tag`` ('l', 'd', 'x', ...), up to (excluding) version ``upto``."""
+        r = self.q.range((tag,))
+        return r.start, (r.stop if upto is None else _pack(self.q, (tag, upto)))
+
+    def receipt_key(self, version: int, rand: bytes) -> bytes:
+        return _pack(self.q, ("rc", version, rand))
+
+    def pop_key(self, version: int, rand: bytes) -> bytes:
+        return _pack(self.q, ("pop", version, rand))
+
+    def pop_range(self) -> tuple[bytes, bytes]:
+        r = self.q.range(("pop",))
+        return r.start, r.stop
+
+    def result_key(self, rand: bytes) -> bytes:
+        return _pack(self.q, ("res", rand))
+
+    def message_ranges(self) -> list[tuple[bytes, bytes]]:
+        """Every range that holds messages or their indexes (not settings nor counters)."""
+        out = []
+        for tag in _MESSAGE_TAGS:
+            r = self.q.range((tag,))
+            out.append((r.start, r.stop))
+        return out
+
+    def all_range(self) -> tuple[bytes, bytes]:
+        r = self.q.range()
+        return r.start, r.stop
+
+    def unpack_tail(self, key: bytes) -> tuple[Any, ...]:
+        return tuple(self.q.unpack(key))
+
+    def id_at(self, key: bytes) -> str | None:
+        """The message id ``key`` names, without reading its record (which may be damaged):
+        the id in an in-flight, delayed or lease key; for a ready key, the home id it names
+        (a message away from home has another, found through the id index). None if unknown."""
+        try:
+            if key.startswith(self._r):
+                return self.id_of_home(key)
+            tail = self.unpack_tail(key)
+            if tail[0] in ("f", "id"):
+                return str(tail[1])
+            if tail[0] in ("d", "l", "x"):
+                return str(tail[2])
+        except (ValueError, IndexError, KeyError, TypeError):
+            pass
+        return None
+
+
+def root_subspace(root: tuple[Any, ...] = DEFAULT_ROOT) -> Subspace:
+    return Subspace(tuple(root))
+
+
+def queues_range(root: tuple[Any, ...] = DEFAULT_ROOT) -> tuple[bytes, bytes]:
+    r = root_subspace(root).range(("queues",))
+    return r.start, r.stop
+
+
+def queues_prefix_range(root: tuple[Any, ...], prefix: str) -> tuple[bytes, bytes]:
+    """The listing keys of the queues whose names start with ``prefix`` (a partitioned
+    queue's partitions): a string's tuple encoding without its terminator is a prefix of the
+    encoding of every string it begins, and no UTF-8 byte is 0xff."""
+    start = _pack(root_subspace(root), ("queues", prefix))[:-1]
+    return start, start + b"\xff"
+
+
+ONE = _ONE
+MINUS_ONE = _MINUS_ONE
+
+
+# -- the journal (journaling.py) -------------------------------------------------------------
+
+JOURNAL_SHARDS = 8  # ranges a queue's journal is spread over, by message id
+HISTORY_SHARDS = 16  # ranges the per-message history pointers are spread over
+
+
+def _stamp(version: bytes | None, order: int = 0) -> fdb.tuple.Versionstamp:
+    """A complete versionstamp from a 12-byte journal version, or an incomplete one to fill."""
+    if version is None:
+        return fdb.tuple.Versionstamp(user_version=order)
+    return fdb.tuple.Versionstamp(version[:10], int.from_bytes(version[10:12], "big"))
+
+
+def _version_of(stamp: Any) -> bytes:
+    if not isinstance(stamp, fdb.tuple.Versionstamp) or stamp.tr_version is None:
+        raise QueueError("not a journal key: its last element is not a complete versionstamp")
+    return bytes(stamp.tr_version) + int(stamp.user_version).to_bytes(2, "big")
+
+
+class JournalKeys:
+    """The journal's keys under a root: entries ``("j", queue, shard, stamp)``, history
+    pointers ``("h", hshard, message_id, stamp)``, the registry of journaled queues
+    ``("jq", queue)`` and the bells a follower watches: ``("jn", queue)`` per queue, ``("jn",)``
+    when a queue starts journaling.
+
+    New entries' keys are built from cached, tuple-encoded prefixes plus the incomplete
+    versionstamp (``fdb.tuple``'s encoding: code 0x33, ten stamp bytes, the two-byte order,
+    then the stamp's offset, four bytes little-endian, for ``set_versionstamped_key``): every
+    journaled operation writes two, and ``fdb.tuple.pack`` would cost more than the rest."""
+
+    __slots__ = ("_bells", "_h", "_prefixes", "root")
+    _made: dict[bytes, JournalKeys] = {}
+
+    def __init__(self, root: Subspace) -> None:
+        self.root = root
+        self._prefixes: dict[tuple[str, object], bytes] = {}
+        self._bells: dict[str | None, bytes] = {}
+        self._h = root.key() + enc_str("h")
+
+    @classmethod
+    def make(cls, root: tuple[Any, ...] = DEFAULT_ROOT) -> JournalKeys:
+        return cls.of(Subspace(tuple(root)))
+
+    @classmethod
+    def of(cls, root: Subspace) -> JournalKeys:
+        """The (cached) journal keys under ``root``."""
+        found = cls._made.get(root.key())
+        if found is None:
+            if len(cls._made) > 64:
+                cls._made.clear()
+            found = cls._made[root.key()] = cls(root)
+        return found
+
+    @staticmethod
+    def shard(message_id: str | None) -> int:
+        return zlib.crc32((message_id or "").encode()) % JOURNAL_SHARDS
+
+    def _prefix(self, kind: str, a: str, b: object) -> bytes:
+        found = self._prefixes.get((a, b)) if kind == "j" else None
+        if found is None:
+            if kind == "j":
+                found = self.root.key() + enc_str("j") + enc_str(a) + enc_int(int(b))  # type: ignore[call-overload]
+                if len(self._prefixes) > 4096:
+                    self._prefixes.clear()
+                self._prefixes[(a, b)] = found
+            else:
+                found = self._h + enc_int(int(b)) + enc_str(a)  # type: ignore[call-overload]
+        return found
+
+    @staticmethod
+    def _to_stamp(prefix: bytes, order: int) -> bytes:
+        return prefix + _STAMP_CODE + _NO_STAMP + order.to_bytes(2, "big") + _OFFSET.pack(len(prefix) + 1)
+
+    def entry_to_stamp(self, queue: str, shard: int, order: int) -> bytes:
+        """The key of a new entry in ``shard``, for ``set_versionstamped_key``."""
+        return self._to_stamp(self._prefix("j", queue, shard), order)
+
+    def entry_key(self, queue: str, shard: int, version: bytes) -> bytes:
+        return bytes(self.root.pack(("j", queue, shard, _stamp(version))))
+
+    def entry_range(self, queue: str, shard: int, since: bytes | None) -> tuple[bytes, bytes]:
+        r = self.root.range(("j", queue, shard))
+        begin = r.start if since is None else self.entry_key(queue, shard, since) + b"\x00"
+        return begin, bytes(r.stop)
+
+    def entry_version(self, key: bytes) -> bytes:
+        return _version_of(self.root.unpack(key)[-1])
+
+    def history_to_stamp(self, message_id: str, order: int) -> bytes:
+        hs = zlib.crc32(message_id.encode()) % HISTORY_SHARDS
+        return self._to_stamp(self._prefix("h", message_id, hs), order)
+
+    def history_key(self, message_id: str, version: bytes) -> bytes:
+        hs = zlib.crc32(message_id.encode()) % HISTORY_SHARDS
+        return bytes(self.root.pack(("h", hs, message_id, _stamp(version))))
+
+    def history_range(self, message_id: str) -> tuple[bytes, bytes]:
+        r = self.root.range(("h", zlib.crc32(message_id.encode()) % HISTORY_SHARDS, message_id))
+        return bytes(r.start), bytes(r.stop)
+
+    def history_version(self, key: bytes) -> bytes:
+        return _version_of(self.root.unpack(key)[-1])
+
+    def registry(self, queue: str) -> bytes:
+        return bytes(self.root.pack(("jq", queue)))
+
+    def registry_range(self) -> tuple[bytes, bytes]:
+        r = self.root.range(("jq",))
+        return bytes(r.start), bytes(r.stop)
+
+    def registry_name(self, key: bytes) -> str:
+        return str(self.root.unpack(key)[1])
+
+    def bell(self, queue: str | None) -> bytes:
+        """Changes with every commit that journals in ``queue`` (None: that makes a queue
+        journaled): what a follower watches. One key a queue, as its wake counter is: no one
+        key every journaled queue of a cluster writes."""
+        found = self._bells.get(queue)
+        if found is None:
+            if len(self._bells) > 4096:
+                self._bells.clear()
+            found = self._bells[queue] = bytes(self.root.pack(("jn",) if queue is None else ("jn", queue)))
+        return found
+
+
+_STAMP_CODE = b"\x33"  # fdb.tuple's code for a Versionstamp
+_NO_STAMP = b"\xff" * 10  # the ten bytes the commit fills in
+_OFFSET = struct.Struct("<I")  # where they are (API version 520 and later)
+
+
+# -- routes (routing.py) ----------------------------------------------------------------------
+
+
+def route_key(root: tuple[Any, ...], name: str, value: str) -> bytes:
+    """Where partitioned queue ``name`` sends the messages of routing value ``value``."""
+    return bytes(root_subspace(root).pack(("rt", name, value)))
+
+
+def route_range(root: tuple[Any, ...], name: str) -> tuple[bytes, bytes]:
+    r = root_subspace(root).range(("rt", name))
+    return bytes(r.start), bytes(r.stop)
+
+
+def route_value(root: tuple[Any, ...], key: bytes) -> str:
+    return str(root_subspace(root).unpack(key)[2])
+
+
+def partitioned_key(root: tuple[Any, ...], name: str) -> bytes:
+    """Partitioned queue ``name`` exists: JSON ``{"partitions": N}`` (what the CLI lists)."""
+    return bytes(root_subspace(root).pack(("pq", name)))
+
+
+def partitioned_range(root: tuple[Any, ...]) -> tuple[bytes, bytes]:
+    r = root_subspace(root).range(("pq",))
+    return bytes(r.start), bytes(r.stop)
+
+
+def partitioned_name(root: tuple[Any, ...], key: bytes) -> str:
+    return str(root_subspace(root).unpack(key)[1])
+
+
+def stable_hash(value: str) -> int:
+    """A hash of ``value`` that every process and Python version computes alike (CRC-32 of its
+    UTF-8 bytes: Python's own ``hash`` of a str is salted per process)."""
+    return zlib.crc32(value.encode("utf-8"))
+
+
+# -- forwarding (forwarding.py) ---------------------------------------------------------------
+
+
+def forward_marker(dst: QueueKeys, origin: str, msg_id: str) -> bytes:
+    """In the destination queue: message ``msg_id`` of source ``origin`` is installed here
+    (kept apart from the messages: a purge leaves the markers, which keep forwarding exact)."""
+    prefix: bytes = dst.q.key()
+    return prefix + _FW + enc_str(origin) + enc_str(msg_id)  # a forward packs thousands
+
+
+_FW = b"\x02fw\x00"  # enc_str("fw")
+
+
+def forward_marker_range(dst: QueueKeys, origin: str) -> tuple[bytes, bytes]:
+    r = dst.q.range(("fw", origin))
+    return bytes(r.start), bytes(r.stop)
+
+
+# -- the work index (workindex.py) -------------------------------------------------------------
+
+
+class WorkKeys:
+    """The index of queues that have work, under one root (pure computation, no I/O)."""
+
+    __slots__ = ("_prefix", "_sub", "bell", "filled")
+
+    def __init__(self, root: tuple[Any, ...] | Subspace = DEFAULT_ROOT) -> None:
+        sub = root if isinstance(root, Subspace) else root_subspace(root)
+        self._sub = sub
+        self._prefix = bytes(sub.pack(("wk",)))
+        self.bell = bytes(sub.pack(("wb",)))
+        self.filled = bytes(sub.pack(("wkf",)))
+
+    def entry(self, queue: str) -> bytes:
+        return self._prefix + _pack_one(queue)
+
+    def name(self, key: bytes) -> str:
+        return str(self._sub.unpack(key)[1])
+
+    def range(self, prefix: str = "") -> tuple[bytes, bytes]:
+        """The entries of the queues whose names start with ``prefix``."""
+        if not prefix:
+            r = self._sub.range(("wk",))
+            return bytes(r.start), bytes(r.stop)
+        begin = self._prefix + _pack_one(prefix)[:-1]  # the string's code and bytes, unterminated
+        return begin, begin + b"\xff"
+
+
+# -- periodic jobs (schedules.py) --------------------------------------------------------------
+
+
+class ScheduleKeys:
+    """The schedules under one root: ``("sch", name)`` holds one schedule's record (JSON)."""
+
+    __slots__ = ("_sub",)
+
+    def __init__(self, root: tuple[Any, ...] = DEFAULT_ROOT) -> None:
+        self._sub = root_subspace(root)
+
+    def entry(self, name: str) -> bytes:
+        return bytes(self._sub.pack(("sch", name)))
+
+    def range(self) -> tuple[bytes, bytes]:
+        r = self._sub.range(("sch",))
+        return bytes(r.start), bytes(r.stop)
+
+    def name(self, key: bytes) -> str:
+        return str(self._sub.unpack(key)[1])

@@ -1,0 +1,268 @@
+"""The record stored for each message (its codec, payload chunks and checks); the public
+:class:`~fdbqueue.types.Message` it becomes is in types.py (re-exported here)."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from fdbqueue.errors import CorruptMessageError, InvalidTextError, QueueError
+from fdbqueue.errors import DedupKeyTooLargeError as DedupKeyTooLargeError  # re-export
+from fdbqueue.errors import HeadersTooLargeError as HeadersTooLargeError  # re-export
+from fdbqueue.errors import InvalidPayloadError as InvalidPayloadError  # re-export
+from fdbqueue.errors import PayloadTooLargeError as PayloadTooLargeError  # re-export
+from fdbqueue.errors import ReasonTooLargeError as ReasonTooLargeError  # re-export
+from fdbqueue.store.budget import MAX_DEDUP_KEY_BYTES, MAX_HEADERS_BYTES, MAX_REASON_BYTES, encoded_len
+from fdbqueue.store.layout import QueueKeys, utf8
+from fdbqueue.types import ContentType as ContentType  # re-export
+from fdbqueue.types import Message as Message  # re-export
+
+# 2: the record ends with a CRC-32 of everything before it (layer format 2.0; records of
+# format 1 were never released, so are not read).
+RECORD_FORMAT = 2
+_HEAD = struct.Struct("<BI")
+_CRC = struct.Struct("<I")
+CRC_BYTES = _CRC.size
+_crc32 = zlib.crc32
+
+
+def coerce_payload(payload: object) -> tuple[bytes, ContentType]:
+    """bytes-like stay bytes; str is UTF-8 text; anything else must be JSON-serialisable."""
+    if isinstance(payload, bytes):
+        return payload, ContentType.BYTES
+    if isinstance(payload, (bytearray, memoryview)):
+        return bytes(payload), ContentType.BYTES
+    if isinstance(payload, str):
+        try:
+            return utf8(payload, "the payload str"), ContentType.TEXT
+        except InvalidTextError as exc:
+            raise InvalidPayloadError(f"{exc}: pass bytes, or text without lone surrogates") from None
+    try:
+        return json.dumps(payload, separators=(",", ":"), allow_nan=False).encode(), ContentType.JSON
+    except (TypeError, ValueError) as exc:
+        raise InvalidPayloadError(
+            f"payload must be bytes, str or JSON-serialisable; {type(payload).__name__}: {exc}"
+        ) from None
+    except RecursionError:
+        # The encoder recurses once a level: past the interpreter's limit (about 1,000) it
+        # cannot be encoded here, nor decoded by a consumer.
+        raise InvalidPayloadError(
+            f"payload {type(payload).__name__} is nested too deeply to encode as JSON; "
+            "pass it encoded (bytes or str) if it must be"
+        ) from None
+
+
+def payload_list(payloads: object) -> Iterable[object]:
+    """``enqueue_many``'s payloads: any iterable of them but a str, bytes-like or mapping,
+    each of which iterates (into characters, ints or keys) yet is surely one payload, or a
+    batch passed by mistake: QueueError, not a message a character."""
+    if isinstance(payloads, (str, bytes, bytearray, memoryview, Mapping)):
+        raise QueueError(
+            f"enqueue_many takes an iterable of payloads, not a {type(payloads).__name__}: "
+            "wrap one payload in a list ([payload]), or use enqueue"
+        )
+    if not isinstance(payloads, Iterable):
+        raise QueueError(f"enqueue_many takes an iterable of payloads, not {type(payloads).__name__}")
+    return payloads
+
+
+def check_headers(headers: object) -> dict[str, Any]:
+    """Headers as stored: names must be str (an int name would become a str in JSON and
+    could collide with one: refused, not merged), values str, int, float, bool or None.
+
+    What JSON in UTF-8 cannot carry is refused too (InvalidTextError or QueueError): a str,
+    name or value, with a lone surrogate, and a float NaN or infinity. The record would
+    store either (escaped), but every reader that speaks JSON - the dashboard, a forwarder's
+    peer, a consumer in another language - would fail on it."""
+    if headers is None:
+        return {}
+    if not isinstance(headers, Mapping):
+        raise QueueError(f"headers must be a mapping of str to JSON values, not {type(headers).__name__}")
+    out: dict[str, Any] = {}
+    for k, v in headers.items():
+        if not isinstance(k, str):
+            raise QueueError(f"header names must be str, got {k!r}")
+        utf8(k, "a header name")
+        if isinstance(v, str):
+            utf8(v, f"header {k!r}")
+        elif isinstance(v, float) and not math.isfinite(v):
+            raise QueueError(f"header {k!r} is {v!r}, which JSON cannot carry: pass a finite number or a str")
+        elif v is not None and not isinstance(v, (int, float, bool)):
+            raise QueueError(f"header {k!r} must be str, int, float, bool or None, not {type(v).__name__}")
+        out[k] = v
+    try:
+        size = encoded_len(out)
+    except ValueError:  # an int past Python's int-to-str digit limit (sys.get_int_max_str_digits)
+        big = next(k for k, v in out.items() if isinstance(v, int) and _too_long(v))
+        raise QueueError(f"header {big!r} holds an int too long to store as decimal digits") from None
+    if size > MAX_HEADERS_BYTES:
+        # Headroom for every later state of the record (leased, nacked, dead-lettered, a
+        # staged result) under the value limit: see fdbqueue/store/budget.py.
+        raise HeadersTooLargeError(
+            f"headers of {size} bytes (as stored) exceed the limit of {MAX_HEADERS_BYTES} bytes "
+            "(MAX_HEADERS_BYTES)"
+        )
+    return out
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` (JSON-like: dicts, lists, scalars) with what strict JSON in UTF-8 cannot carry
+    made visible text, for a reader (the dashboard, ``--json`` output) of whatever a store
+    holds - written by a version before :func:`check_headers` refused it, or raw: a str's
+    lone surrogates as ``\\udXXX`` escapes, a NaN or infinite float as ``"NaN"``,
+    ``"Infinity"`` or ``"-Infinity"``."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+        return value
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, Mapping):
+        return {json_safe(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def _too_long(n: int) -> bool:
+    try:
+        str(n)
+    except ValueError:
+        return True
+    return False
+
+
+def check_dedup_key(dedup_key: str) -> None:
+    """Refuse a dedup key past MAX_DEDUP_KEY_BYTES: it is part of two keys (key limit 10,000),
+    and one UTF-8 cannot encode (InvalidTextError)."""
+    n = len(utf8(dedup_key, "dedup_key"))
+    if n > MAX_DEDUP_KEY_BYTES:
+        raise DedupKeyTooLargeError(
+            f"dedup_key of {n} bytes exceeds the limit of {MAX_DEDUP_KEY_BYTES} bytes (MAX_DEDUP_KEY_BYTES)"
+        )
+
+
+def fit_reason(text: str) -> str:
+    """``text`` shortened to fit MAX_REASON_BYTES as stored (for reasons made of exception text)."""
+    while encoded_len(text) > MAX_REASON_BYTES:
+        text = text[: len(text) * 3 // 4]
+    return text
+
+
+def check_reason(reason: str) -> None:
+    """Refuse a reason past MAX_REASON_BYTES as the record stores it (JSON)."""
+    n = encoded_len(reason)
+    if n > MAX_REASON_BYTES:
+        raise ReasonTooLargeError(
+            f"reason of {n} bytes (as stored) exceeds the limit of {MAX_REASON_BYTES} bytes "
+            "(MAX_REASON_BYTES)"
+        )
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"))  # one encoder: json.dumps makes one a call
+_DECODE = json.JSONDecoder().decode
+
+
+class Record(NamedTuple):
+    """What is stored for a message, wherever it is (ready, leased, delayed, error queue).
+
+    A named tuple, not a dataclass: one is built or decoded for every message moved.
+    """
+
+    id: str
+    enqueued_us: int
+    content_type: str
+    headers: dict[str, Any]
+    deliveries: int = 0
+    expires_us: int | None = None
+    chunks: int = 0  # > 0: the payload is in that many chunk keys, not inline
+    extra: dict[str, Any] = {}  # origin, reason, lease ... (never mutated: copied to change)
+    payload: bytes = b""
+
+    def encode(self) -> bytes:
+        ct = self.content_type
+        plain = type(ct) is str and ct.isascii() and ct.isalnum()
+        if plain and not self.headers and not self.extra and self.id.isascii() and self.id.isalnum():
+            # The common record (no headers, nothing extra, an id of ours: hex digits)
+            # written directly: what the encoder below writes, at a quarter of its cost.
+            expires = "null" if self.expires_us is None else int(self.expires_us)
+            meta = (
+                f'["{self.id}",{int(self.enqueued_us)},"{ct}",{{}},'
+                f"{int(self.deliveries)},{expires},{int(self.chunks)},{{}}]"
+            ).encode()
+        else:
+            meta = _ENCODER.encode(self[:8]).encode()  # the fields but the payload, as a JSON list
+        body = _HEAD.pack(RECORD_FORMAT, len(meta)) + meta + self.payload
+        return body + _CRC.pack(_crc32(body))
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Record:
+        """The record stored as ``raw``; :class:`CorruptMessageError` when its checksum does
+        not match or its bytes do not decode (use :func:`decode_record` to name where it is).
+
+        The checksum is a CRC-32 (``zlib.crc32``) of every byte but its own four: it detects
+        every burst error of up to 32 bits, so every flipped bit or damaged byte.
+        """
+        body_end = len(raw) - CRC_BYTES
+        if body_end < _HEAD.size:
+            raise CorruptMessageError(f"record of {len(raw)} bytes is too short")
+        if _CRC.unpack_from(raw, body_end)[0] != _crc32(memoryview(raw)[:body_end]):
+            raise CorruptMessageError("record checksum mismatch")
+        fmt, n = _HEAD.unpack_from(raw)
+        if fmt != RECORD_FORMAT:
+            raise QueueError(f"message record of unknown format {fmt}: written by a newer fdbqueue?")
+        end = _HEAD.size + n
+        try:
+            fields = _DECODE(raw[_HEAD.size : end].decode())
+            fields.append(raw[end:body_end])
+            return _make_record(fields)
+        except (
+            ValueError,
+            TypeError,
+            AttributeError,
+        ) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise CorruptMessageError(f"record does not decode: {exc}") from None
+
+    def with_(self, **changes: Any) -> Record:
+        return self._replace(**changes)
+
+
+_make_record = Record._make
+
+
+def decode_record(raw: bytes, keys: QueueKeys, key: bytes, msg_id: str | None = None) -> Record:
+    """:meth:`Record.decode` of the record at ``key`` in the queue of ``keys``: every read of
+    a stored record goes through here, so a corrupt one is reported with its queue, key and
+    id (``msg_id`` when the caller knows it, else the id the key names)."""
+    try:
+        return Record.decode(raw)
+    except CorruptMessageError as exc:
+        mid = msg_id if msg_id is not None else keys.id_at(key)
+        raise CorruptMessageError(exc.detail, queue=keys.name, key=key, msg_id=mid) from None
+
+
+def seal_chunk(data: bytes) -> bytes:
+    """A payload chunk as stored: its bytes and their CRC-32."""
+    return data + _CRC.pack(_crc32(data))
+
+
+def join_chunks(values: Sequence[bytes | None], count: int, queue: str, msg_id: str) -> bytes:
+    """The payload held in ``values`` (its chunks in order, as stored), each checked against
+    its CRC-32; :class:`CorruptMessageError` naming the message when one is missing or damaged."""
+    if len(values) != count:
+        raise CorruptMessageError(f"{len(values)} payload chunks of {count}", queue=queue, msg_id=msg_id)
+    parts = []
+    for n, v in enumerate(values):
+        if v is None or len(v) < CRC_BYTES:
+            raise CorruptMessageError(f"payload chunk {n} missing", queue=queue, msg_id=msg_id)
+        data = v[:-CRC_BYTES]
+        if _CRC.unpack_from(v, len(data))[0] != _crc32(data):
+            raise CorruptMessageError(f"payload chunk {n} checksum mismatch", queue=queue, msg_id=msg_id)
+        parts.append(data)
+    return b"".join(parts)
