@@ -35,7 +35,6 @@ from fdbqueue.errors import EngineError, QueueError
 from fdbqueue.ops import journaling, tracing
 from fdbqueue.ops.settling import Settler, lease_settling
 from fdbqueue.ops.steps import Emit, Run, Steps, refused, refused_wait, resume
-from fdbqueue.ops.sweep import SweepStats
 from fdbqueue.ops.txn import as_database, seconds
 from fdbqueue.ops.waiting import wait_ready_steps, watch_queue
 from fdbqueue.runtime.handling import (
@@ -54,8 +53,7 @@ from fdbqueue.runtime.handling import (
     work_set_of,
 )
 from fdbqueue.store.layout import DEFAULT_ROOT
-from fdbqueue.store.record import Message
-from fdbqueue.types import Item, JournalEntry, check_flag
+from fdbqueue.types import Item, JournalEntry, Message, SweepStats, check_flag
 
 __all__ = ["AsyncQueue", "AsyncWorker", "journal", "transactional", "wait_watch"]
 

@@ -197,8 +197,8 @@ class CorruptMessageError(QueueError):
         )
 
 
-# The errors below were defined beside the code that raises them; here, any module can raise
-# them without importing that code. Their old modules re-export them.
+# The errors below belong to one part of the layer each; defined here, any module can raise
+# them without importing that code. Import them from here (or from ``fdbqueue``).
 
 
 class QueueNotFoundError(QueueError, KeyError):

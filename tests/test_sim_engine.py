@@ -16,7 +16,8 @@ import pytest
 
 import fdbqueue
 from fdbqueue import EngineError, KeySelector
-from fdbqueue.engines.sim.database import ManualClock, SimDatabase, SimTransaction
+from fdbqueue.engines.sim.database import SimDatabase, SimTransaction
+from fdbqueue.engines.sim.store import ManualClock
 
 
 def code_of(fn: Callable[[], object]) -> int:

@@ -33,14 +33,14 @@ from fdbqueue.engines.contract import (
 from fdbqueue.errors import (
     CorruptMessageError,
     EngineError,
+    LeaseError,
     QueueError,
     QueueFullError,
     QueueStoppedError,
 )
-from fdbqueue.ops.autonomous import AutonomousId, enqueue_autonomous
+from fdbqueue.ops.autonomous import enqueue_autonomous
 from fdbqueue.ops.browse import nth_in_order
 from fdbqueue.ops.delivery import (
-    LeaseError,
     ack_in,
     check_lease_seconds,
     count_failed_attempt,
@@ -59,7 +59,7 @@ from fdbqueue.ops.moves import move_corrupt, take, wake
 from fdbqueue.ops.privileges import check, checked
 from fdbqueue.ops.receipts import maybe_clear_old_receipts, new_receipt, read_receipt, settled
 from fdbqueue.ops.steps import Steps, drive
-from fdbqueue.ops.sweep import SweepStats, sweep
+from fdbqueue.ops.sweep import sweep
 from fdbqueue.ops.txn import as_database, run_once, seconds
 from fdbqueue.ops.views import due_unswept, ready_count
 from fdbqueue.ops.waiting import blocking_steps, strict_of, wait_ready_steps, watch_queue
@@ -68,8 +68,8 @@ from fdbqueue.store.clock import db_now
 from fdbqueue.store.config import Meta, config_or_create, read_meta
 from fdbqueue.store.entropy import random_bytes
 from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys, new_id
-from fdbqueue.store.record import Message, Record, check_reason, decode_record
-from fdbqueue.types import Item, check_where
+from fdbqueue.store.record import Record, check_reason, decode_record
+from fdbqueue.types import AutonomousId, Item, Message, SweepStats, check_where
 
 log = logging.getLogger("fdbqueue")
 R = TypeVar("R")

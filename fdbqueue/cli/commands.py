@@ -16,10 +16,8 @@ from typing import Any
 
 import fdbqueue
 from fdbqueue.cli.console import (
-    BATCH as BATCH,
-)
-from fdbqueue.cli.console import (
     PROGRESS_OVER,
+    CommandError,
     OneLineParser,
     _age,
     _batches,
@@ -49,9 +47,6 @@ from fdbqueue.cli.console import (
     _where,
     _worker_summary,
     setup_logging,
-)
-from fdbqueue.cli.console import (
-    CommandError as CommandError,  # "as": re-exported, still fdbqueue.cli.CommandError
 )
 from fdbqueue.cli.journal import add_journal_commands
 from fdbqueue.cli.ops import add_ops_commands

@@ -24,7 +24,13 @@ from fdbqueue.engines.contract import (
     is_transaction,
     producer_room,
 )
-from fdbqueue.errors import QueueError, QueueFullError, QueueStoppedError
+from fdbqueue.errors import (
+    BudgetExceededError,
+    PayloadTooLargeError,
+    QueueError,
+    QueueFullError,
+    QueueStoppedError,
+)
 from fdbqueue.ops.moves import CHUNK_SIZE, count_new, write_new
 from fdbqueue.ops.privileges import check, check_create, checked
 from fdbqueue.ops.receipts import maybe_clear_old_receipts, new_receipt, read_receipt
@@ -35,7 +41,6 @@ from fdbqueue.store.budget import (
     MAX_PAYLOAD_BYTES,
     TRANSACTION_SIZE_LIMIT,
     USER_TXN_LIMIT,
-    BudgetExceededError,
     set_cost,
 )
 from fdbqueue.store.clock import db_now, now_us, versions
@@ -43,7 +48,6 @@ from fdbqueue.store.config import QueueConfig, read_meta, write_config
 from fdbqueue.store.layout import QueueKeys, new_id, new_rand
 from fdbqueue.store.record import (
     CRC_BYTES,
-    PayloadTooLargeError,
     Record,
     check_dedup_key,
     check_headers,

@@ -26,7 +26,8 @@ from fdbqueue.ops.txn import seconds
 from fdbqueue.store.clock import db_now
 from fdbqueue.store.config import config_or_create
 from fdbqueue.store.entropy import random_bytes
-from fdbqueue.store.record import Message, check_reason
+from fdbqueue.store.record import check_reason
+from fdbqueue.types import Message
 
 if TYPE_CHECKING:
     from fdbqueue.api.queue import Queue

@@ -27,8 +27,6 @@ import json
 import time
 from collections.abc import Iterable
 
-from fdbqueue.errors import BudgetExceededError as BudgetExceededError  # re-export
-
 # FoundationDB's limits (known-limitations.rst, ClientKnobs.cpp). Every engine enforces them
 # (engines/contract.py), so what fits here fits on a cluster.
 KEY_SIZE_LIMIT = 10_000

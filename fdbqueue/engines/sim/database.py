@@ -52,9 +52,7 @@ from fdbqueue.engines.contract import (
 )
 from fdbqueue.engines.local.transaction import EventWatch, LocalDatabase, LocalTransaction
 from fdbqueue.engines.sim.faults import (
-    LANDS_LATER_FAULTS,
     MAYBE_COMMITTED_FAULTS,
-    NOT_COMMITTED_FAULTS,
     CommitInfo,
     Fault,
     fault_possible,
@@ -65,7 +63,6 @@ from fdbqueue.engines.sim.store import (
     _VALUE,
     ManualClock,
     Range,
-    SimStats,
     SimStore,
     _value_at,
     _Write,
@@ -75,20 +72,7 @@ from fdbqueue.errors import ClusterUnavailableError, EngineError, InvalidURLErro
 if TYPE_CHECKING:
     from fdbqueue.engines.url import ParsedURL
 
-# ManualClock and SimStats live in _simstore.py; tests and callers import them from here.
-__all__ = [
-    "LANDS_LATER_FAULTS",
-    "MAYBE_COMMITTED_FAULTS",
-    "NOT_COMMITTED_FAULTS",
-    "CommitInfo",
-    "Fault",
-    "ManualClock",
-    "SimDatabase",
-    "SimStats",
-    "SimTransaction",
-    "fault_possible",
-    "open_sim",
-]
+__all__ = ["SimDatabase", "SimTransaction", "open_sim"]
 
 
 class SimTransaction(LocalTransaction):
