@@ -331,3 +331,15 @@ class ForeignQueueError(QueueError):
             f"{what} of queue {queue!r} ({whose(owner)}) cannot go to {target!r} ({whose(target_owner)}): "
             f"they go only to a queue of the same owner; name a queue of {queue!r}'s owner instead"
         )
+
+
+class MissingExtraError(QueueError, ImportError):
+    """An optional integration's dependency is not installed: the message names the extra that
+    installs it (``pip install 'fdbqueue[web]'``). An ImportError too, as the import it stands for."""
+
+    def __init__(self, feature: str, extra: str, missing: str | None) -> None:
+        self.feature, self.extra = feature, extra
+        missing = missing.partition(".")[0] if missing else None  # the package, not its module
+        lacking = f" ({missing} is not installed)" if missing else ""
+        super().__init__(f"{feature} needs the {extra!r} extra: pip install 'fdbqueue[{extra}]'{lacking}")
+        self.name = missing

@@ -11,10 +11,18 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from rich.console import Console
-
 import fdbqueue
-from fdbqueue.cli.console import CommandError, _cells, _check_url, _count, _headers, _render, _seconds, _table
+from fdbqueue.cli.console import (
+    CommandError,
+    _cells,
+    _check_url,
+    _count,
+    _headers,
+    _render,
+    _seconds,
+    _table,
+    have_rich,
+)
 from fdbqueue.types import RIGHTS, JournalEntry
 
 Add = Callable[..., argparse.ArgumentParser]
@@ -245,7 +253,8 @@ def _cmd_forward(args: argparse.Namespace) -> int:
             exclusive=args.exclusive,
         )
         run = functools.partial(f.run, follow=args.follow, limit=args.limit or None, install_signals=True)
-        if sys.stderr.isatty():
+        if sys.stderr.isatty() and have_rich():
+            from rich.console import Console
             from rich.progress import Progress
 
             with Progress(console=Console(stderr=True), transient=True) as bar:
