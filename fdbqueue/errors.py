@@ -86,11 +86,6 @@ class EngineError(QueueError):
             self.during_commit and self.code in MAYBE_COMMITTED_DURING_COMMIT
         )
 
-    @property
-    def retryable_not_committed(self) -> bool:
-        """True when the transaction certainly did not commit and may be retried."""
-        return self.code in RETRYABLE_NOT_COMMITTED
-
 
 class StoreLockedError(EngineError):
     """The embedded store's lock stayed held by another process past ``lock_timeout``.

@@ -60,7 +60,7 @@ from fdbqueue.ops.privileges import check, checked
 from fdbqueue.ops.receipts import maybe_clear_old_receipts, new_receipt, read_receipt, settled
 from fdbqueue.ops.steps import Steps, drive
 from fdbqueue.ops.sweep import sweep
-from fdbqueue.ops.txn import as_database, run_once, seconds
+from fdbqueue.ops.txn import as_database, run_once
 from fdbqueue.ops.views import due_unswept, ready_count
 from fdbqueue.ops.waiting import blocking_steps, strict_of, wait_ready_steps, watch_queue
 from fdbqueue.store.budget import Budget
@@ -69,7 +69,7 @@ from fdbqueue.store.config import Meta, config_or_create, read_meta
 from fdbqueue.store.entropy import random_bytes
 from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys, new_id
 from fdbqueue.store.record import Record, check_reason, decode_record
-from fdbqueue.types import AutonomousId, Item, Message, SweepStats, check_where
+from fdbqueue.types import AutonomousId, Item, Message, SweepStats, check_duration, check_where
 
 log = logging.getLogger("fdbqueue")
 R = TypeVar("R")
@@ -341,7 +341,7 @@ class Queue:
         ``delayed``, ``dead``, ``expired``. Settled like :meth:`ack`: LeaseError only if its
         own commit did not land."""
         if delay is not None:
-            delay = seconds("delay", delay)
+            delay = check_duration("delay", delay)
         if reason is not None and not isinstance(reason, str):
             raise QueueError("reason must be a str")
         if reason is not None:
@@ -396,7 +396,7 @@ class Queue:
         if is_transaction(db) or not hasattr(db, "create_transaction"):
             raise QueueError("wait() needs a Database: a watch arms only when its transaction commits")
         if timeout is not None:
-            timeout = seconds("timeout", timeout)
+            timeout = check_duration("timeout", timeout)
         return drive(wait_ready_steps(db, self.keys, timeout))
 
     def _dequeue_own(

@@ -35,7 +35,7 @@ from fdbqueue.ops.moves import CHUNK_SIZE, count_new, write_new
 from fdbqueue.ops.privileges import check, check_create, checked
 from fdbqueue.ops.receipts import maybe_clear_old_receipts, new_receipt, read_receipt
 from fdbqueue.ops.tracing import inject
-from fdbqueue.ops.txn import run_once, seconds
+from fdbqueue.ops.txn import run_once
 from fdbqueue.store.budget import (
     LAYER_MARGIN_BYTES,
     MAX_PAYLOAD_BYTES,
@@ -54,7 +54,7 @@ from fdbqueue.store.record import (
     coerce_payload,
     payload_list,
 )
-from fdbqueue.types import Item, NewMessage
+from fdbqueue.types import Item, NewMessage, check_duration
 
 
 def new_item(
@@ -73,9 +73,9 @@ def new_item(
         raise QueueError(f"priority must be an int, not {type(priority).__name__}")
     if not -(2**31) <= priority < 2**31:
         raise QueueError(f"priority must fit in 32 bits, got {priority}")
-    delay = seconds("delay", delay)
+    delay = check_duration("delay", delay)
     if ttl is not None:
-        ttl = seconds("ttl", ttl)
+        ttl = check_duration("ttl", ttl)
         if ttl == 0:
             raise QueueError("ttl must be > 0 (None: never expires)")
     if dedup_key is not None and (not isinstance(dedup_key, str) or not dedup_key):
@@ -190,7 +190,7 @@ def enqueue_items(
         return run_once(tr, lambda t, unknown: enqueue_in(keys, t, items, unknown, receipt))
 
     if timeout is not None:
-        timeout = seconds("timeout", timeout)
+        timeout = check_duration("timeout", timeout)
     if timeout == 0 or is_transaction(tr):
         return body()  # a caller's transaction cannot wait: it must commit to see room
     start = time.monotonic()

@@ -92,16 +92,6 @@ def set_cost(key_len: int, value_len: int) -> int:
     return key_len + value_len + 2 * key_len + 1
 
 
-def clear_cost(key_len: int) -> int:
-    """A point clear: FoundationDB sends it as the range [key, key + b"\\x00"), and its conflict range."""
-    return 4 * key_len + 2
-
-
-def read_cost(key_len: int) -> int:
-    """A serializable point read's conflict range."""
-    return 2 * key_len + 1
-
-
 def grown_record(key_len: int, raw_len: int) -> int:
     """A record of ``raw_len`` bytes after a state change added its fields (a ready key in hex,
     a receipt and deadline, or an origin and reason): at most the value limit."""
