@@ -33,9 +33,7 @@ from fdbqueue.engines.contract import (
 from fdbqueue.errors import (
     CorruptMessageError,
     EngineError,
-    LeaseError,
     QueueError,
-    QueueFullError,
     QueueStoppedError,
 )
 from fdbqueue.ops.autonomous import enqueue_autonomous
@@ -624,4 +622,4 @@ def _blocking_steps(
     return got
 
 
-__all__ = ["AutonomousId", "LeaseError", "Queue", "QueueFullError", "QueueStoppedError", "new_id", "run_once"]
+__all__ = ["Queue"]
