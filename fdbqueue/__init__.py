@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from fdbqueue.api.admin import (
-    QueueStats,
     acl,
     all_queue_stats,
     create_queue,
@@ -26,7 +25,7 @@ from fdbqueue.api.admin import (
     start_queue,
     stop_queue,
 )
-from fdbqueue.api.queue import Queue, QueueFullError, QueueStoppedError
+from fdbqueue.api.queue import Queue
 from fdbqueue.api.redrive import redrive
 from fdbqueue.api.routing import PartitionedQueue, partitioned_queues, routes, set_route
 from fdbqueue.api.schedules import Schedule, Scheduler, run_schedules, schedule, schedules, unschedule
@@ -42,45 +41,55 @@ from fdbqueue.engines.contract import (
 )
 from fdbqueue.errors import (
     AccessDeniedError,
+    BudgetExceededError,
     ClusterUnavailableError,
     CommitUnknownError,
     CorruptMessageError,
+    DedupKeyTooLargeError,
     Discard,
     EngineError,
     ForeignQueueError,
+    HandlerSignatureError,
+    HeadersTooLargeError,
+    InvalidPayloadError,
     InvalidTextError,
     InvalidURLError,
+    LeaseError,
+    LeaseExpiredError,
     NestedTransactionError,
     NotAnErrorQueueError,
     NotJournaledError,
+    PayloadTooLargeError,
     QueueError,
+    QueueFullError,
+    QueueNotFoundError,
+    QueueStoppedError,
+    ReasonTooLargeError,
     RefusedActionError,
     Retry,
     StoreError,
     StoreFullError,
     StoreLockedError,
     UnsupportedFormatError,
+    UnsupportedLayerFormatError,
 )
-from fdbqueue.ops.autonomous import AutonomousId
-from fdbqueue.ops.delivery import LeaseError, LeaseExpiredError
 from fdbqueue.ops.journaling import history, journal, trim_journal
-from fdbqueue.ops.sweep import SweepStats
 from fdbqueue.runtime.dispatcher import Consumer, Dispatcher, DispatcherStats
 from fdbqueue.runtime.forwarding import Forwarder, ForwardStats, forward
+from fdbqueue.runtime.handling import WorkerStats
 from fdbqueue.runtime.remote import RemoteQueue, RemoteStats
-from fdbqueue.runtime.worker import HandlerSignatureError, Worker, WorkerStats
-from fdbqueue.store.budget import BudgetExceededError
-from fdbqueue.store.config import QueueConfig, QueueNotFoundError, QueueState, UnsupportedLayerFormatError
-from fdbqueue.store.record import (
+from fdbqueue.runtime.worker import Worker
+from fdbqueue.store.config import QueueConfig
+from fdbqueue.types import (
+    AutonomousId,
     ContentType,
-    DedupKeyTooLargeError,
-    HeadersTooLargeError,
-    InvalidPayloadError,
+    JournalEntry,
     Message,
-    PayloadTooLargeError,
-    ReasonTooLargeError,
+    NewMessage,
+    QueueState,
+    QueueStats,
+    SweepStats,
 )
-from fdbqueue.types import JournalEntry, NewMessage
 
 __version__ = "0.1.0"
 
@@ -94,93 +103,107 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'fdbqueue' has no attribute {name!r}")
 
 
-__all__ = [
+# The public names by role (docs/api.md describes each). Every other module is private but for
+# fdbqueue.aio, fdbqueue.testing, fdbqueue.errors and the integrations (fdbqueue.cli, .web,
+# .spark, .runtime.metrics), each behind the extra it names when missing.
+__all__ = [  # noqa: RUF022 (grouped by role, not sorted)
+    # -- opening a store and running transactions
+    "open",
+    "transactional",
+    "Database",
+    "Transaction",
+    "KeySelector",
+    "KeyValue",
+    "Watch",
+    # -- the queue
+    "Queue",
+    # -- the queue manager
+    "create_queue",
+    "destroy_queue",
+    "list_queues",
+    "queue_config",
+    "set_state",
+    "start_queue",
+    "stop_queue",
+    "purge_queue",
+    "queue_stats",
+    "all_queue_stats",
+    "queue_rates",
+    "QueueConfig",
+    "QueueState",
+    "QueueStats",
+    # -- the journal
+    "journal",
+    "history",
+    "trim_journal",
+    "JournalEntry",
+    # -- privileges
+    "grant",
+    "revoke",
+    "acl",
+    # -- moving, forwarding and routing
+    "move",
+    "forward",
+    "Forwarder",
+    "ForwardStats",
+    "RemoteQueue",
+    "RemoteStats",
+    "PartitionedQueue",
+    "partitioned_queues",
+    "set_route",
+    "routes",
+    # -- workers and dispatch (a handler raises Retry or Discard)
+    "Worker",
+    "WorkerStats",
+    "Dispatcher",
+    "DispatcherStats",
+    "Consumer",
+    "Retry",
+    "Discard",
+    # -- schedules (periodic enqueues)
+    "schedule",
+    "schedules",
+    "unschedule",
+    "run_schedules",
+    "Schedule",
+    "Scheduler",
+    # -- operations
+    "redrive",
+    "SweepStats",
+    # -- errors: every one a QueueError
+    "QueueError",
     "AccessDeniedError",
-    "AutonomousId",
     "BudgetExceededError",
     "ClusterUnavailableError",
     "CommitUnknownError",
-    "Consumer",
-    "ContentType",
     "CorruptMessageError",
-    "Database",
     "DedupKeyTooLargeError",
-    "Discard",
-    "Dispatcher",
-    "DispatcherStats",
     "EngineError",
     "ForeignQueueError",
-    "ForwardStats",
-    "Forwarder",
     "HandlerSignatureError",
     "HeadersTooLargeError",
     "InvalidPayloadError",
     "InvalidTextError",
     "InvalidURLError",
-    "JournalEntry",
-    "KeySelector",
-    "KeyValue",
     "LeaseError",
     "LeaseExpiredError",
-    "Message",
     "NestedTransactionError",
-    "NewMessage",
     "NotAnErrorQueueError",
     "NotJournaledError",
-    "PartitionedQueue",
     "PayloadTooLargeError",
-    "Queue",
-    "QueueConfig",
-    "QueueError",
     "QueueFullError",
     "QueueNotFoundError",
-    "QueueState",
-    "QueueStats",
     "QueueStoppedError",
     "ReasonTooLargeError",
     "RefusedActionError",
-    "RemoteQueue",
-    "RemoteStats",
-    "Retry",
-    "Schedule",
-    "Scheduler",
     "StoreError",
     "StoreFullError",
     "StoreLockedError",
-    "SweepStats",
-    "Transaction",
     "UnsupportedFormatError",
     "UnsupportedLayerFormatError",
-    "Watch",
-    "Worker",
-    "WorkerStats",
-    "acl",
-    "all_queue_stats",
-    "create_queue",
-    "destroy_queue",
-    "forward",
-    "grant",
-    "history",
-    "journal",
-    "list_queues",
-    "move",
-    "open",
-    "partitioned_queues",
-    "purge_queue",
-    "queue_config",
-    "queue_rates",
-    "queue_stats",
-    "redrive",
-    "revoke",
-    "routes",
-    "run_schedules",
-    "schedule",
-    "schedules",
-    "set_route",
-    "set_state",
-    "start_queue",
-    "stop_queue",
-    "transactional",
-    "trim_journal",
-    "unschedule",
+    # -- types: what the calls take and return
+    "Message",
+    "NewMessage",
+    "ContentType",
+    "AutonomousId",
 ]

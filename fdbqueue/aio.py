@@ -35,8 +35,7 @@ from fdbqueue.errors import EngineError, QueueError
 from fdbqueue.ops import journaling, tracing
 from fdbqueue.ops.settling import Settler, lease_settling
 from fdbqueue.ops.steps import Emit, Run, Steps, refused, refused_wait, resume
-from fdbqueue.ops.sweep import SweepStats
-from fdbqueue.ops.txn import as_database, seconds
+from fdbqueue.ops.txn import as_database
 from fdbqueue.ops.waiting import wait_ready_steps, watch_queue
 from fdbqueue.runtime.handling import (
     Backoff,
@@ -54,8 +53,7 @@ from fdbqueue.runtime.handling import (
     work_set_of,
 )
 from fdbqueue.store.layout import DEFAULT_ROOT
-from fdbqueue.store.record import Message
-from fdbqueue.types import Item, JournalEntry, check_flag
+from fdbqueue.types import Item, JournalEntry, Message, SweepStats, check_duration, check_flag
 
 __all__ = ["AsyncQueue", "AsyncWorker", "journal", "transactional", "wait_watch"]
 
@@ -220,7 +218,7 @@ class AsyncQueue:
         if is_transaction(db) or not hasattr(db, "create_transaction"):
             raise QueueError("wait() needs a Database: a watch arms only when its transaction commits")
         if timeout is not None:
-            timeout = seconds("timeout", timeout)
+            timeout = check_duration("timeout", timeout)
         return await drive(wait_ready_steps(db, self.keys, timeout))
 
     async def ack(self, tr: Transaction | Database, m: Message) -> None:
@@ -385,12 +383,12 @@ class AsyncWorker:
         self.queues = _as_queues(queues)
         self.handler = handler
         self.concurrency = concurrency
-        self.lease_seconds = None if lease_seconds is None else seconds("lease_seconds", lease_seconds)
+        self.lease_seconds = None if lease_seconds is None else check_duration("lease_seconds", lease_seconds)
         self.heartbeat = check_flag("heartbeat", heartbeat)
-        self.settle_linger = seconds("settle_linger", settle_linger)
-        self.idle_timeout = seconds("idle_timeout", idle_timeout)
+        self.settle_linger = check_duration("settle_linger", settle_linger)
+        self.idle_timeout = check_duration("idle_timeout", idle_timeout)
         self.shutdown_timeout = (
-            None if shutdown_timeout is None else seconds("shutdown_timeout", shutdown_timeout)
+            None if shutdown_timeout is None else check_duration("shutdown_timeout", shutdown_timeout)
         )
         self.stats = WorkerStats(per_queue={q.name: 0 for q in self.queues})
         self.backoff = Backoff(log)

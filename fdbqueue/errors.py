@@ -86,11 +86,6 @@ class EngineError(QueueError):
             self.during_commit and self.code in MAYBE_COMMITTED_DURING_COMMIT
         )
 
-    @property
-    def retryable_not_committed(self) -> bool:
-        """True when the transaction certainly did not commit and may be retried."""
-        return self.code in RETRYABLE_NOT_COMMITTED
-
 
 class StoreLockedError(EngineError):
     """The embedded store's lock stayed held by another process past ``lock_timeout``.
@@ -197,8 +192,8 @@ class CorruptMessageError(QueueError):
         )
 
 
-# The errors below were defined beside the code that raises them; here, any module can raise
-# them without importing that code. Their old modules re-export them.
+# The errors below belong to one part of the layer each; defined here, any module can raise
+# them without importing that code. Import them from here (or from ``fdbqueue``).
 
 
 class QueueNotFoundError(QueueError, KeyError):
@@ -331,3 +326,15 @@ class ForeignQueueError(QueueError):
             f"{what} of queue {queue!r} ({whose(owner)}) cannot go to {target!r} ({whose(target_owner)}): "
             f"they go only to a queue of the same owner; name a queue of {queue!r}'s owner instead"
         )
+
+
+class MissingExtraError(QueueError, ImportError):
+    """An optional integration's dependency is not installed: the message names the extra that
+    installs it (``pip install 'fdbqueue[web]'``). An ImportError too, as the import it stands for."""
+
+    def __init__(self, feature: str, extra: str, missing: str | None) -> None:
+        self.feature, self.extra = feature, extra
+        missing = missing.partition(".")[0] if missing else None  # the package, not its module
+        lacking = f" ({missing} is not installed)" if missing else ""
+        super().__init__(f"{feature} needs the {extra!r} extra: pip install 'fdbqueue[{extra}]'{lacking}")
+        self.name = missing

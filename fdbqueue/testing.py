@@ -5,7 +5,7 @@
 (:class:`~fdbqueue.engines.sim.database.SimDatabase`); any other engine gets :class:`FaultScriptError`.
 
 Which commits a script entry applies to, and which outcomes FoundationDB can give them
-(``fault_possible`` in ``fdbqueue/engines/sim/database.py``):
+(``fault_possible`` in ``fdbqueue/engines/sim/faults.py``):
 
 * A read-only commit (no mutation, no write conflict range) consumes nothing: FoundationDB
   returns from it at once, unchecked (``Transaction::commitMutations``,
@@ -43,16 +43,16 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from types import TracebackType
 
-from fdbqueue.engines.sim.database import (
+from fdbqueue.engines.sim.database import SimDatabase
+from fdbqueue.engines.sim.faults import (
     LANDS_LATER_FAULTS,
     MAYBE_COMMITTED_FAULTS,
     NOT_COMMITTED_FAULTS,
     CommitInfo,
     Fault,
-    SimDatabase,
     fault_possible,
 )
-from fdbqueue.errors import FaultScriptError as FaultScriptError  # re-export
+from fdbqueue.errors import FaultScriptError
 
 __all__ = ["FaultScript", "FaultScriptError", "Outcome", "on_backoff", "outage"]
 

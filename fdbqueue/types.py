@@ -1,7 +1,6 @@
 """The types that the layer's modules share: a leaf module, importing nothing of the package
 but errors.py, so that any module can name them without importing the code that makes them.
-
-The modules that defined them before re-export them.
+Import them from here (or, the public ones, from ``fdbqueue``).
 """
 
 from __future__ import annotations

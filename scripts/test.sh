@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,spark]'
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,spark,cli,web,metrics]'
 # The Spark tests start a real local Spark, which needs a Java runtime (17 or later); the
 # dashboard's browser tests drive Debian's Chromium (Playwright, from the dev extra, drives it).
 need=()

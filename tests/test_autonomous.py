@@ -18,10 +18,9 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Queue, QueueFullError, QueueStoppedError
-from fdbqueue.api.queue import AutonomousId
 from fdbqueue.engines.contract import Database, Transaction
-from fdbqueue.errors import QueueError
-from fdbqueue.store.record import PayloadTooLargeError
+from fdbqueue.errors import PayloadTooLargeError, QueueError
+from fdbqueue.types import AutonomousId
 from tests.conftest import engine_url
 
 

@@ -1,6 +1,7 @@
 """Conformance suite for the transaction contract: the same tests on every engine.
 
-Each expectation is FoundationDB's documented behaviour (fdb-reference.md), so what
+Each expectation is FoundationDB's documented behaviour (developer-guide.rst, api-python.rst
+and api-error-codes.rst in its documentation/sphinx/source/), so what
 passes here on the embedded and sim engines also holds on a cluster.
 """
 

@@ -14,8 +14,9 @@ import fdbqueue
 from fdbqueue import Queue, create_queue
 from fdbqueue.errors import QueueError
 from fdbqueue.store.clock import fake_clock
-from fdbqueue.store.config import MAX_DURATION_SECONDS, QueueConfig
+from fdbqueue.store.config import QueueConfig
 from fdbqueue.store.layout import QueueKeys, validate_queue_name
+from fdbqueue.types import MAX_DURATION_SECONDS
 
 
 @pytest.fixture

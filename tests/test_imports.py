@@ -232,7 +232,6 @@ KNOWN_LAYER_VIOLATIONS: set[tuple[str, str]] = {
     ("ops.contention", "api.queue"),
     ("ops.leasing", "api.queue"),
     ("ops.settling", "api.queue"),
-    ("spark.audit", "cli.console"),
     ("types", "store.record"),
 }
 

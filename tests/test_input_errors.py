@@ -289,8 +289,7 @@ def test_the_cli_prints_strict_json_of_whatever_a_store_holds(
     from fdbqueue.cli import main
     from fdbqueue.ops.enqueuing import enqueue_items
     from fdbqueue.store.layout import new_rand
-    from fdbqueue.store.record import ContentType
-    from fdbqueue.types import Item
+    from fdbqueue.types import ContentType, Item
 
     monkeypatch.delenv("FDBQUEUE_URL", raising=False)
     url = f"sqlite://{tmp_path / 'q.db'}"

@@ -18,7 +18,7 @@ import pytest
 import fdbqueue
 from fdbqueue import Queue
 from fdbqueue.ops import waiting
-from fdbqueue.runtime.worker import wait_any
+from fdbqueue.runtime.handling import wait_any
 
 
 @pytest.fixture

@@ -7,7 +7,8 @@ import zlib
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fdbqueue.store.record import _ENCODER, ContentType, Message, Record
+from fdbqueue.store.record import _ENCODER, Record
+from fdbqueue.types import ContentType, Message
 
 IDS = st.one_of(st.text(alphabet="0123456789abcdefr", min_size=1, max_size=40), st.text(max_size=20))
 JSONABLE = st.one_of(st.none(), st.booleans(), st.integers(-(2**53), 2**53), st.text(max_size=10))

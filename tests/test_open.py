@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import fdbqueue
-from fdbqueue.engines import parse_url
+from fdbqueue.engines.url import parse_url
 
 
 def test_parse_paths() -> None:

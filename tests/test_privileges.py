@@ -13,6 +13,7 @@ import pytest
 
 import fdbqueue
 from fdbqueue import AccessDeniedError, Queue, QueueError
+from fdbqueue.types import RIGHTS
 
 Operation = Callable[[Any, Queue, str, Any], object]
 NEEDS_LEASE = {"ack", "nack", "release", "extend"}
@@ -76,7 +77,7 @@ def test_each_operation_is_refused_without_its_right_and_allowed_with_it(
 ) -> None:
     owner, other, mid = stores
     q = Queue("jobs")
-    others = [r for r in fdbqueue.ops.privileges.RIGHTS if r != right]
+    others = [r for r in RIGHTS if r != right]
     fdbqueue.grant(owner, "jobs", "svc-b", others)  # every right but this one
     m = q.lease(owner) if name in NEEDS_LEASE else None
     before = dump(owner)
@@ -93,7 +94,7 @@ def test_the_owner_has_every_right_and_an_unowned_queue_is_open(stores: tuple[An
     owner, other, mid = stores
     q = Queue("jobs")
     assert q.get(owner, mid) is not None
-    assert fdbqueue.acl(owner, "jobs") == {"svc-a": frozenset(fdbqueue.ops.privileges.RIGHTS)}
+    assert fdbqueue.acl(owner, "jobs") == {"svc-a": frozenset(RIGHTS)}
     with pytest.raises(AccessDeniedError):
         q.size(other)
     fdbqueue.create_queue(owner, "jobs", owner=None)  # open to all again

@@ -7,7 +7,8 @@ within one); every dequeue must hand out exactly the message the model predicts,
 lost, duplicated or reordered message fails the run.
 
 Caller transactions (``@fdbqueue.transactional`` bodies) may also run more than once under
-faults: they use the idempotent pattern fdb-reference.md §2 recommends (a token made
+faults: they use the idempotent pattern FoundationDB's developer guide recommends
+(developer-guide.rst, "Transactions with unknown results": a token made
 outside the retry loop, written and checked inside it), and the model follows only the
 outcome the committed attempt returned.
 

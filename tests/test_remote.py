@@ -8,7 +8,7 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Queue, QueueError, RemoteQueue, testing
-from fdbqueue.runtime.forwarding import DEDUP_HEADER
+from fdbqueue.ops.remotededup import DEDUP_HEADER
 
 
 def _pair(seed: int = 1) -> tuple[fdbqueue.Database, fdbqueue.Database]:

@@ -15,7 +15,8 @@ import pytest
 import fdbqueue
 from fdbqueue import Database, NewMessage, PartitionedQueue, Queue, QueueError, RemoteQueue, aio, testing
 from fdbqueue.ops.enqueuing import enqueue_items, new_item
-from fdbqueue.runtime.forwarding import DEDUP_HEADER, Forwarder
+from fdbqueue.ops.remotededup import DEDUP_HEADER
+from fdbqueue.runtime.forwarding import Forwarder
 
 
 def _pair(seed: int = 1) -> tuple[Database, Database]:

@@ -19,11 +19,10 @@ import fdbqueue
 from fdbqueue import Queue
 from fdbqueue.api.admin import create_queue, set_state
 from fdbqueue.engines.contract import Database, run_transaction
-from fdbqueue.errors import EngineError, QueueStoppedError
+from fdbqueue.errors import EngineError, PayloadTooLargeError, QueueStoppedError
 from fdbqueue.ops.contention import fulfil, staged_dequeue
 from fdbqueue.store.clock import now_us
 from fdbqueue.store.config import read_meta
-from fdbqueue.store.record import PayloadTooLargeError
 from tests.counting import CountingDatabase, TxnCost
 from tests.keylog import LoggingDatabase
 

@@ -22,8 +22,8 @@ from fdbqueue.errors import CommitUnknownError
 from fdbqueue.ops.receipts import RECEIPT_TTL_SECONDS
 from fdbqueue.store.clock import fake_clock
 from fdbqueue.store.layout import unpack_count
-from fdbqueue.store.record import Message
 from fdbqueue.testing import FaultScript, on_backoff
+from fdbqueue.types import Message
 
 LEASE = 30
 

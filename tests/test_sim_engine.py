@@ -1,4 +1,5 @@
-"""The sim engine against FoundationDB's documented concurrency rules (fdb-reference.md §2, §4).
+"""The sim engine against FoundationDB's documented concurrency rules (developer-guide.rst:
+"Conflict ranges", "Watches"; FoundationDB's documentation/sphinx/source/).
 
 Each test states one rule from the FDB docs and checks the engine follows it: who conflicts
 with whom, what a read sees, when 1007 comes, how faults and watches behave.
@@ -16,7 +17,8 @@ import pytest
 
 import fdbqueue
 from fdbqueue import EngineError, KeySelector
-from fdbqueue.engines.sim.database import ManualClock, SimDatabase, SimTransaction
+from fdbqueue.engines.sim.database import SimDatabase, SimTransaction
+from fdbqueue.engines.sim.store import ManualClock
 
 
 def code_of(fn: Callable[[], object]) -> int:

@@ -21,6 +21,7 @@ import pytest
 
 import fdbqueue
 from fdbqueue import cli
+from fdbqueue.cli.commands import _cmd_list
 from fdbqueue.engines.contract import Database
 from fdbqueue.runtime.metrics import QueueCollector
 from fdbqueue.store.clock import FakeClock, fake_clock
@@ -54,7 +55,7 @@ def cli_list(db: Database, url: str, capsys: pytest.CaptureFixture[str]) -> dict
     """``fdbqueue list --json``: run as a command on the embedded store, and on the in-process
     sim store (which another process cannot open) through the command's own function."""
     if url.startswith("sim:"):
-        assert cli._cmd_list(db, argparse.Namespace(json=True)) == 0
+        assert _cmd_list(db, argparse.Namespace(json=True)) == 0
     else:
         assert cli.main(["--url", url, "list", "--json"]) == 0
     return {row["name"]: row for row in json.loads(capsys.readouterr().out)}

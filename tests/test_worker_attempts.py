@@ -21,7 +21,7 @@ import pytest
 import fdbqueue
 from fdbqueue import Message, Queue, Worker
 from fdbqueue.errors import QueueError
-from fdbqueue.runtime.worker import normalise_mode
+from fdbqueue.runtime.handling import normalise_mode
 
 MAX = 3
 

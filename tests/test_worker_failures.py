@@ -14,7 +14,8 @@ import pytest
 import fdbqueue
 from fdbqueue import Dispatcher, Message, Queue, Worker
 from fdbqueue.engines.contract import Database
-from fdbqueue.runtime.worker import HandlerSignatureError, WorkerStats
+from fdbqueue.errors import HandlerSignatureError
+from fdbqueue.runtime.handling import WorkerStats
 from fdbqueue.store.budget import MAX_REASON_BYTES
 from fdbqueue.store.clock import fake_clock
 

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from fdbqueue.engines.contract import Database, Transaction, adopt, is_transaction
-from fdbqueue.errors import CorruptMessageError, QueueError
+from fdbqueue.errors import CorruptMessageError, QueueError, QueueNotFoundError
 from fdbqueue.ops import journaling
 from fdbqueue.ops.moves import destroy, purge, purge_some, wake
 from fdbqueue.ops.privileges import (
@@ -31,8 +31,6 @@ from fdbqueue.store.clock import db_now, now_us
 from fdbqueue.store.config import (
     Meta,
     QueueConfig,
-    QueueNotFoundError,
-    QueueState,
     bump_metadata_version,
     decode_guard,
     read_config,
@@ -42,8 +40,7 @@ from fdbqueue.store.config import (
 )
 from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys, queues_range, root_subspace, unpack_count
 from fdbqueue.store.record import decode_record
-from fdbqueue.types import QueueStats as QueueStats  # re-export
-from fdbqueue.types import check_principal
+from fdbqueue.types import QueueState, QueueStats, check_principal
 
 
 class Unchanged:

@@ -34,13 +34,11 @@ from fdbqueue.errors import (
     CorruptMessageError,
     EngineError,
     QueueError,
-    QueueFullError,
     QueueStoppedError,
 )
-from fdbqueue.ops.autonomous import AutonomousId, enqueue_autonomous
+from fdbqueue.ops.autonomous import enqueue_autonomous
 from fdbqueue.ops.browse import nth_in_order
 from fdbqueue.ops.delivery import (
-    LeaseError,
     ack_in,
     check_lease_seconds,
     count_failed_attempt,
@@ -59,8 +57,8 @@ from fdbqueue.ops.moves import move_corrupt, take, wake
 from fdbqueue.ops.privileges import check, checked
 from fdbqueue.ops.receipts import maybe_clear_old_receipts, new_receipt, read_receipt, settled
 from fdbqueue.ops.steps import Steps, drive
-from fdbqueue.ops.sweep import SweepStats, sweep
-from fdbqueue.ops.txn import as_database, run_once, seconds
+from fdbqueue.ops.sweep import sweep
+from fdbqueue.ops.txn import as_database, run_once
 from fdbqueue.ops.views import due_unswept, ready_count
 from fdbqueue.ops.waiting import blocking_steps, strict_of, wait_ready_steps, watch_queue
 from fdbqueue.store.budget import Budget
@@ -68,8 +66,8 @@ from fdbqueue.store.clock import db_now
 from fdbqueue.store.config import Meta, config_or_create, read_meta
 from fdbqueue.store.entropy import random_bytes
 from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys, new_id
-from fdbqueue.store.record import Message, Record, check_reason, decode_record
-from fdbqueue.types import Item, check_where
+from fdbqueue.store.record import Record, check_reason, decode_record
+from fdbqueue.types import AutonomousId, Item, Message, SweepStats, check_duration, check_where
 
 log = logging.getLogger("fdbqueue")
 R = TypeVar("R")
@@ -341,7 +339,7 @@ class Queue:
         ``delayed``, ``dead``, ``expired``. Settled like :meth:`ack`: LeaseError only if its
         own commit did not land."""
         if delay is not None:
-            delay = seconds("delay", delay)
+            delay = check_duration("delay", delay)
         if reason is not None and not isinstance(reason, str):
             raise QueueError("reason must be a str")
         if reason is not None:
@@ -396,7 +394,7 @@ class Queue:
         if is_transaction(db) or not hasattr(db, "create_transaction"):
             raise QueueError("wait() needs a Database: a watch arms only when its transaction commits")
         if timeout is not None:
-            timeout = seconds("timeout", timeout)
+            timeout = check_duration("timeout", timeout)
         return drive(wait_ready_steps(db, self.keys, timeout))
 
     def _dequeue_own(
@@ -624,4 +622,4 @@ def _blocking_steps(
     return got
 
 
-__all__ = ["AutonomousId", "LeaseError", "Queue", "QueueFullError", "QueueStoppedError", "new_id", "run_once"]
+__all__ = ["Queue"]

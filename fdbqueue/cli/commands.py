@@ -6,7 +6,6 @@ import argparse
 import contextlib
 import dataclasses
 import functools
-import importlib
 import json
 import os
 import sys
@@ -16,15 +15,14 @@ from typing import Any
 
 import fdbqueue
 from fdbqueue.cli.console import (
-    BATCH as BATCH,
-)
-from fdbqueue.cli.console import (
     PROGRESS_OVER,
+    CommandError,
     OneLineParser,
     _age,
     _batches,
     _cells,
     _check_url,
+    _clip,
     _count,
     _encoded_size,
     _enqueue_batch,
@@ -47,15 +45,10 @@ from fdbqueue.cli.console import (
     _table,
     _ttl,
     _where,
-    _worker_summary,
-    setup_logging,
-)
-from fdbqueue.cli.console import (
-    CommandError as CommandError,  # "as": re-exported, still fdbqueue.cli.CommandError
 )
 from fdbqueue.cli.journal import add_journal_commands
-from fdbqueue.cli.ops import add_ops_commands
-from fdbqueue.spark.audit import add_audit_command
+from fdbqueue.cli.ops import add_audit_command, add_ops_commands
+from fdbqueue.cli.worker import _cmd_worker
 
 EMPTY = 3  # exit code: dequeue/peek found no message
 
@@ -367,7 +360,7 @@ def _cmd_browse(db: fdbqueue.Database, args: argparse.Namespace) -> int:
         "payload",
         *(("reason", "origin") if dead else ()),
     )
-    table.columns[5].max_width, table.columns[5].no_wrap, table.columns[5].overflow = 60, True, "ellipsis"
+    _clip(table, 5, 60)
     for m in shown:
         payload = _payload_text(m).replace("\n", "\\n")
         headers = json.dumps(dict(m.headers)) if m.headers else ""
@@ -410,71 +403,6 @@ def _set_state(db: fdbqueue.Database, args: argparse.Namespace, *, enabled: bool
         f"queue {args.name!r}: enqueue {'running' if st.enqueue else 'paused'}, "
         f"dequeue {'running' if st.dequeue else 'paused'}"
     )
-    return 0
-
-
-def _load_handler(spec: str) -> Callable[..., Any]:
-    """``module:function`` (or ``module:obj.method``), imported from the current directory too."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise CommandError(f"--handler must look like module:function, got {spec!r}")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())  # as `python -m` does; the console script does not
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and (module_name + ".").startswith(exc.name + "."):
-            raise CommandError(f"cannot import handler module {module_name!r}: no such module") from None
-        raise CommandError(f"importing handler module {module_name!r} failed: {exc}") from None
-    except Exception as exc:  # the user's module raised on import: their mistake, one line
-        raise CommandError(
-            f"importing handler module {module_name!r} failed: {type(exc).__name__}: {exc}"
-        ) from None
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise CommandError(f"handler module {module_name!r} has no attribute {attr!r}") from None
-    if not callable(obj):
-        raise CommandError(f"handler {spec!r} is not callable")
-    return obj  # type: ignore[no-any-return]
-
-
-def _cmd_worker(db: fdbqueue.Database, args: argparse.Namespace) -> int:
-    handler = _load_handler(args.handler)
-    from fdbqueue import Worker  # public API
-
-    setup_logging(args.log_level, args.log_format)
-    from fdbqueue.runtime.fairness import is_pattern
-
-    pattern = len(args.names) == 1 and is_pattern(args.names[0])  # every matching queue, fairly
-    missing = [] if pattern else sorted(set(args.names) - set(fdbqueue.list_queues(db)))
-    if missing:  # a typo would otherwise wait silently forever
-        print(f"fdbqueue: warning: no queue named {', '.join(missing)} yet; waiting", file=sys.stderr)
-
-    worker = Worker(
-        db,
-        args.names[0] if pattern else args.names,
-        handler,
-        mode=args.mode,  # either spelling: the Worker normalises it
-        concurrency=args.concurrency,
-        lease_seconds=args.lease_seconds,
-        sweep_interval=args.sweep_interval,
-        heartbeat=args.heartbeat,
-        shutdown_timeout=args.shutdown_timeout,
-        time_limit=args.time_limit,
-    )
-    print(
-        f"fdbqueue worker: {', '.join(args.names)} in {args.mode} mode, concurrency "
-        f"{args.concurrency}, handler {args.handler}; stop with SIGTERM or Ctrl-C",
-        file=sys.stderr,
-    )
-    stats = worker.run(install_signals=True, until_empty=args.until_empty, max_messages=args.max_messages)
-    values = dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else dict(vars(stats))
-    if args.json:
-        _print_json(values)
-    else:
-        print(f"worker stopped: {_worker_summary(stats, values)}")
     return 0
 
 

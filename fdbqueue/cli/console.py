@@ -1,6 +1,8 @@
 """Input and output helpers for the ``fdbqueue`` command (:mod:`fdbqueue.cli`).
 
-Output: rich tables and key/value listings, JSON, ages and timestamps, message rendering.
+Output: tables and key/value listings, JSON, ages and timestamps, message rendering. With rich
+installed (the ``cli`` extra) tables are boxed and long enqueues show a progress bar; without it
+the same figures print as plain aligned columns, so ``pip install fdbqueue`` gives a working command.
 Input: argparse number types, ``--header`` pairs, payloads from arguments or stdin, the
 enqueue progress bar and its batches. Figures: queue stats as a dequeue would find them.
 :class:`CommandError` lives here because the parsers raise it.
@@ -12,6 +14,7 @@ import argparse
 import base64
 import contextlib
 import datetime
+import functools
 import json
 import logging
 import math
@@ -45,6 +48,58 @@ class CommandError(Exception):
 # -- output helpers --------------------------------------------------------------------------------
 
 
+@functools.cache
+def have_rich() -> bool:
+    """Whether rich (the ``cli`` extra) is installed: boxed tables and progress bars."""
+    try:
+        import rich.console  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class PlainTable:
+    """A table without rich: columns padded to their widest cell, a dashed rule under the header."""
+
+    def __init__(self, title: str | None = None, show_header: bool = True) -> None:
+        self.title = title
+        self.show_header = show_header
+        self.columns: list[str] = []
+        self.right: list[bool] = []
+        self.rows: list[list[str]] = []
+        self.clip: dict[int, int] = {}  # column -> most characters shown
+
+    @property
+    def row_count(self) -> int:
+        return len(self.rows)
+
+    def add_column(self, name: str, justify: str = "left") -> None:
+        self.columns.append(name)
+        self.right.append(justify == "right")
+
+    def add_row(self, *cells: object) -> None:
+        row = [str(c) for c in cells]
+        for i, most in self.clip.items():
+            if len(row[i]) > most:
+                row[i] = row[i][: most - 1] + "\u2026"
+        self.rows.append(row)
+
+    def lines(self) -> list[str]:
+        rows = ([self.columns] if self.show_header else []) + self.rows
+        widths = [max((len(r[i]) for r in rows), default=0) for i in range(len(self.columns))]
+
+        def line(cells: Sequence[str]) -> str:
+            return "  ".join(
+                c.rjust(w) if right else c.ljust(w)
+                for c, w, right in zip(cells, widths, self.right, strict=False)
+            ).rstrip()
+
+        out = [self.title] if self.title else []
+        if self.show_header:
+            out += [line(self.columns), line(["-" * w for w in widths])]
+        return out + [line(r) for r in self.rows]
+
+
 def _console(stderr: bool = False) -> Console:
     from rich.console import Console
 
@@ -54,23 +109,48 @@ def _console(stderr: bool = False) -> Console:
     return Console(file=stream, width=width, highlight=False, markup=False, emoji=False)
 
 
-def _table(*columns: str) -> Table:
-    from rich.table import Table
+def _table(*columns: str) -> Table | PlainTable:
+    if not have_rich():
+        table: Table | PlainTable = PlainTable()
+    else:
+        from rich.table import Table
 
-    table = Table()
+        table = Table()
     for col in columns:
         numeric = col in ("ready", "in flight", "delayed", "errors", "priority", "deliveries")
-        table.add_column(col, justify="right" if numeric else "left", no_wrap=col == "id")
+        if isinstance(table, PlainTable):
+            table.add_column(col, justify="right" if numeric else "left")
+        else:
+            table.add_column(col, justify="right" if numeric else "left", no_wrap=col == "id")
     return table
 
 
+def _clip(table: Table | PlainTable, column: int, most: int) -> None:
+    """Column ``column`` on one line, cut with an ellipsis past ``most`` characters."""
+    if isinstance(table, PlainTable):
+        table.clip[column] = most
+        return
+    col = table.columns[column]
+    col.max_width, col.no_wrap, col.overflow = most, True, "ellipsis"
+
+
 def _cells(*values: object) -> list[Any]:
+    if not have_rich():
+        return ["-" if v is None else str(v) for v in values]
     from rich.text import Text
 
     return [Text("-" if v is None else str(v)) for v in values]  # Text: no markup parsing
 
 
 def _print_pairs(rows: Sequence[tuple[str, object]], title: str | None = None) -> None:
+    if not have_rich():
+        plain = PlainTable(title=title, show_header=False)
+        plain.add_column("field")
+        plain.add_column("value")
+        for k, v in rows:
+            plain.add_row(*_cells(k, v))
+        _render(plain)
+        return
     from rich.table import Table
 
     table = Table(title=title, title_justify="left", show_header=False, box=None, pad_edge=False)
@@ -81,7 +161,10 @@ def _print_pairs(rows: Sequence[tuple[str, object]], title: str | None = None) -
     _render(table)
 
 
-def _render(table: Table) -> None:
+def _render(table: Table | PlainTable) -> None:
+    if isinstance(table, PlainTable):
+        print("\n".join(table.lines()))
+        return
     console = _console()
     with console.capture() as captured:
         console.print(table)
@@ -281,7 +364,7 @@ def _encoded_size(payload: object) -> int:
 def _progress(total: int, show: bool | None) -> Iterator[Callable[[int], None]]:
     if show is None:
         show = total > PROGRESS_OVER and sys.stderr.isatty()
-    if not show:
+    if not show or not have_rich():
         yield lambda n: None
         return
     from rich.progress import Progress

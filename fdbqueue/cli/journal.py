@@ -11,12 +11,19 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from rich.console import Console
-
 import fdbqueue
-import fdbqueue.ops.privileges
-from fdbqueue.cli.console import CommandError, _cells, _check_url, _count, _headers, _render, _seconds, _table
-from fdbqueue.types import JournalEntry
+from fdbqueue.cli.console import (
+    CommandError,
+    _cells,
+    _check_url,
+    _count,
+    _headers,
+    _render,
+    _seconds,
+    _table,
+    have_rich,
+)
+from fdbqueue.types import RIGHTS, JournalEntry
 
 Add = Callable[..., argparse.ArgumentParser]
 
@@ -55,7 +62,7 @@ def add_journal_commands(add: Add, common: argparse.ArgumentParser) -> None:
     p.add_argument("--json-lines", "--json", action="store_true", help="one JSON object per entry")
     p = add("history", _cmd_history, "print one message's journal entries, across queues", named=False)
     p.add_argument("id", metavar="ID", help="message id")
-    rights = ", ".join(fdbqueue.ops.privileges.RIGHTS)
+    rights = ", ".join(RIGHTS)
     for name, func, text in (
         ("grant", _cmd_grant, "give a principal rights on a queue (needs admin)"),
         ("revoke", _cmd_revoke, "take rights on a queue from a principal (needs admin)"),
@@ -246,7 +253,8 @@ def _cmd_forward(args: argparse.Namespace) -> int:
             exclusive=args.exclusive,
         )
         run = functools.partial(f.run, follow=args.follow, limit=args.limit or None, install_signals=True)
-        if sys.stderr.isatty():
+        if sys.stderr.isatty() and have_rich():
+            from rich.console import Console
             from rich.progress import Progress
 
             with Progress(console=Console(stderr=True), transient=True) as bar:

@@ -1,17 +1,20 @@
 """The command line's operations: ``metrics`` (a Prometheus endpoint), ``web`` (the dashboard), periodic jobs
-(``schedule``, ``schedules``, ``unschedule``, ``scheduler``)."""
+(``schedule``, ``schedules``, ``unschedule``, ``scheduler``), ``audit`` (a Spark job). The integrations
+are imported when their command runs: a missing extra is one line saying what to install."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
 from collections.abc import Callable
 
 import fdbqueue
-from fdbqueue.cli.console import CommandError
-from fdbqueue.errors import QueueError
+from fdbqueue.api.export import journal_names, open_from, queue_names
+from fdbqueue.cli.console import CommandError, _check_url
+from fdbqueue.errors import MissingExtraError, QueueError
 
 Add = Callable[..., argparse.ArgumentParser]
 
@@ -197,3 +200,46 @@ def _cmd_metrics(db: fdbqueue.Database, args: argparse.Namespace) -> int:
     finally:
         exporter.close()
     return 0
+
+
+def add_audit_command(add: Add) -> None:
+    """Register ``fdbqueue audit`` (the ``spark`` extra) with the CLI's ``add`` helper."""
+    p = add(
+        "audit",
+        _cmd_audit,
+        "account for every message of journaled queues (a Spark job); exit 1 if any is unaccounted",
+        json_flag=False,
+        named=False,
+    )
+    p.add_argument(
+        "--queue", default="*", metavar="Q", help="queue, pattern or list (default: every journaled one)"
+    )
+    p.add_argument("--out", required=True, metavar="DIR", help="where messages.parquet and audit.png go")
+    p.add_argument(
+        "--master",
+        default=None,
+        metavar="M",
+        help="Spark master, as spark-submit takes it (default local[2])",
+    )
+
+
+def _cmd_audit(args: argparse.Namespace) -> int:
+    url = args.url or os.environ.get("FDBQUEUE_URL") or "sqlite://fdbqueue.db"
+    _check_url(url)
+    from fdbqueue.spark import local_session  # MissingExtraError without the spark extra
+    from fdbqueue.spark.audit import run_audit, summary_lines
+
+    try:  # the plot is drawn after the Spark job: say it is missing before the job starts
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        raise MissingExtraError("fdbqueue audit's plot (matplotlib)", "spark", exc.name) from exc
+    principal = args.principal or os.environ.get("FDBQUEUE_PRINCIPAL")
+    db = open_from({"url": url, **({"principal": principal} if principal else {})})
+    try:  # the queues and the right to read them, before a JVM starts for nothing
+        queue_names(db, journal_names(db, args.queue or "*"))
+    finally:
+        db.close()
+    spark = local_session("fdbqueue-audit", master=args.master)
+    report = run_audit(spark, url, args.out, queues=args.queue, principal=principal)
+    print("\n".join(summary_lines(report)))
+    return 1 if report.unaccounted else 0

@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 
 from fdbqueue.engines.contract import Database
-from fdbqueue.engines.url import DEFAULT_URL, SCHEMES, ParsedURL, parse_url, take_params
+from fdbqueue.engines.url import DEFAULT_URL, parse_url
 from fdbqueue.types import ANONYMOUS, check_principal
 
-__all__ = ["DEFAULT_URL", "SCHEMES", "Database", "ParsedURL", "open_database", "parse_url", "take_params"]
+__all__ = ["open_database"]
 
 
 def open_database(url: str | None = None, *, principal: str | None = None) -> Database:

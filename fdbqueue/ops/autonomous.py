@@ -25,15 +25,19 @@ from __future__ import annotations
 import logging
 
 from fdbqueue.engines.contract import Database, Transaction, producer_room
-from fdbqueue.errors import EngineError, NestedTransactionError, QueueFullError, QueueStoppedError
+from fdbqueue.errors import (
+    EngineError,
+    NestedTransactionError,
+    PayloadTooLargeError,
+    QueueFullError,
+    QueueStoppedError,
+)
 from fdbqueue.ops.enqueuing import enqueue_items, first_of
 from fdbqueue.store.budget import MAX_PAYLOAD_BYTES
 from fdbqueue.store.clock import db_now
 from fdbqueue.store.config import QueueConfig, read_meta
 from fdbqueue.store.layout import QueueKeys
-from fdbqueue.store.record import PayloadTooLargeError
-from fdbqueue.types import AutonomousId as AutonomousId  # re-export
-from fdbqueue.types import Item
+from fdbqueue.types import AutonomousId, Item
 
 log = logging.getLogger("fdbqueue")
 

@@ -30,8 +30,8 @@ from fdbqueue.ops.txn import run_once
 from fdbqueue.ops.views import VIEW_SCAN_LIMIT, is_live, pending
 from fdbqueue.store.clock import db_now
 from fdbqueue.store.config import Meta
-from fdbqueue.store.record import Message, decode_record
-from fdbqueue.types import Outlook as Outlook  # re-export
+from fdbqueue.store.record import decode_record
+from fdbqueue.types import Message, Outlook
 
 if TYPE_CHECKING:
     from fdbqueue.api.queue import Queue

@@ -35,7 +35,8 @@ from fdbqueue.store.clock import db_now, versions
 from fdbqueue.store.config import QueueConfig, due_entries, read_meta
 from fdbqueue.store.entropy import random_bytes
 from fdbqueue.store.layout import QueueKeys
-from fdbqueue.store.record import Message, decode_record
+from fdbqueue.store.record import decode_record
+from fdbqueue.types import Message
 
 if TYPE_CHECKING:
     from fdbqueue.api.queue import Queue

@@ -28,9 +28,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from fdbqueue.engines.contract import Database, ReadView, Transaction
-from fdbqueue.errors import CorruptMessageError, EngineError, QueueStoppedError
-from fdbqueue.errors import LeaseError as LeaseError  # re-export
-from fdbqueue.errors import LeaseExpiredError as LeaseExpiredError  # re-export
+from fdbqueue.errors import CorruptMessageError, EngineError, LeaseError, LeaseExpiredError, QueueStoppedError
 from fdbqueue.ops.moves import (
     CORRUPT_REASON,
     JOURNALED,
@@ -55,9 +53,10 @@ from fdbqueue.ops.privileges import check, checked
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.budget import Budget, move_cost
 from fdbqueue.store.clock import db_now, now_us, seconds_of, versions
-from fdbqueue.store.config import Meta, QueueConfig, check_duration, config_or_create
+from fdbqueue.store.config import Meta, QueueConfig, config_or_create
 from fdbqueue.store.layout import QueueKeys
-from fdbqueue.store.record import Message, Record, decode_record, fit_reason, join_chunks
+from fdbqueue.store.record import Record, decode_record, fit_reason, join_chunks
+from fdbqueue.types import Message, check_duration
 
 log = logging.getLogger("fdbqueue")
 

@@ -24,18 +24,23 @@ from fdbqueue.engines.contract import (
     is_transaction,
     producer_room,
 )
-from fdbqueue.errors import QueueError, QueueFullError, QueueStoppedError
+from fdbqueue.errors import (
+    BudgetExceededError,
+    PayloadTooLargeError,
+    QueueError,
+    QueueFullError,
+    QueueStoppedError,
+)
 from fdbqueue.ops.moves import CHUNK_SIZE, count_new, write_new
 from fdbqueue.ops.privileges import check, check_create, checked
 from fdbqueue.ops.receipts import maybe_clear_old_receipts, new_receipt, read_receipt
 from fdbqueue.ops.tracing import inject
-from fdbqueue.ops.txn import run_once, seconds
+from fdbqueue.ops.txn import run_once
 from fdbqueue.store.budget import (
     LAYER_MARGIN_BYTES,
     MAX_PAYLOAD_BYTES,
     TRANSACTION_SIZE_LIMIT,
     USER_TXN_LIMIT,
-    BudgetExceededError,
     set_cost,
 )
 from fdbqueue.store.clock import db_now, now_us, versions
@@ -43,14 +48,13 @@ from fdbqueue.store.config import QueueConfig, read_meta, write_config
 from fdbqueue.store.layout import QueueKeys, new_id, new_rand
 from fdbqueue.store.record import (
     CRC_BYTES,
-    PayloadTooLargeError,
     Record,
     check_dedup_key,
     check_headers,
     coerce_payload,
     payload_list,
 )
-from fdbqueue.types import Item, NewMessage
+from fdbqueue.types import Item, NewMessage, check_duration
 
 
 def new_item(
@@ -69,9 +73,9 @@ def new_item(
         raise QueueError(f"priority must be an int, not {type(priority).__name__}")
     if not -(2**31) <= priority < 2**31:
         raise QueueError(f"priority must fit in 32 bits, got {priority}")
-    delay = seconds("delay", delay)
+    delay = check_duration("delay", delay)
     if ttl is not None:
-        ttl = seconds("ttl", ttl)
+        ttl = check_duration("ttl", ttl)
         if ttl == 0:
             raise QueueError("ttl must be > 0 (None: never expires)")
     if dedup_key is not None and (not isinstance(dedup_key, str) or not dedup_key):
@@ -186,7 +190,7 @@ def enqueue_items(
         return run_once(tr, lambda t, unknown: enqueue_in(keys, t, items, unknown, receipt))
 
     if timeout is not None:
-        timeout = seconds("timeout", timeout)
+        timeout = check_duration("timeout", timeout)
     if timeout == 0 or is_transaction(tr):
         return body()  # a caller's transaction cannot wait: it must commit to see room
     start = time.monotonic()

@@ -29,8 +29,8 @@ from fdbqueue.ops.sweep import sweep_step
 from fdbqueue.store.budget import BATCH_PAYLOAD_BYTES, CHUNK_BYTES, Budget, encoded_len, grown_record
 from fdbqueue.store.clock import db_now
 from fdbqueue.store.config import Meta, QueueConfig, due_entries
-from fdbqueue.store.record import Message, Record, decode_record
-from fdbqueue.types import headers_match
+from fdbqueue.store.record import Record, decode_record
+from fdbqueue.types import Message, headers_match
 
 if TYPE_CHECKING:
     from fdbqueue.api.queue import Queue

@@ -32,7 +32,7 @@ from fdbqueue.store.config import (
 from fdbqueue.store.layout import QueueKeys
 from fdbqueue.types import ANONYMOUS, RIGHTS, check_principal
 
-__all__ = ["ANONYMOUS", "RIGHTS", "allowed", "check", "mask", "principal_of", "rights_of", "set_owner"]
+__all__ = ["allowed", "check", "mask", "principal_of", "rights_of", "set_owner"]
 
 _BIT = {name: 1 << i for i, name in enumerate(RIGHTS)}
 ALL_RIGHTS = sum(_BIT.values())

@@ -22,11 +22,11 @@ from fdbqueue.errors import LeaseError, QueueError
 from fdbqueue.ops.delivery import ack_many_in, nack_in
 from fdbqueue.ops.leasing import lease_batch
 from fdbqueue.ops.receipts import settled
-from fdbqueue.ops.txn import seconds
 from fdbqueue.store.clock import db_now
 from fdbqueue.store.config import config_or_create
 from fdbqueue.store.entropy import random_bytes
-from fdbqueue.store.record import Message, check_reason
+from fdbqueue.store.record import check_reason
+from fdbqueue.types import Message, check_duration
 
 if TYPE_CHECKING:
     from fdbqueue.api.queue import Queue
@@ -74,7 +74,7 @@ def nack_many(
     """See :meth:`Queue.nack_many`."""
     batch = _check(q, msgs)
     if delay is not None:
-        delay = seconds("delay", delay)
+        delay = check_duration("delay", delay)
     if reason is not None:
         if not isinstance(reason, str):
             raise QueueError("reason must be a str")

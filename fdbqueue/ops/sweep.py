@@ -22,7 +22,7 @@ from fdbqueue.store.clock import versions
 from fdbqueue.store.config import QueueConfig, read_config
 from fdbqueue.store.layout import QueueKeys
 from fdbqueue.store.record import decode_record
-from fdbqueue.types import SweepStats as SweepStats  # re-export
+from fdbqueue.types import SweepStats
 
 
 def _due(tr: Transaction, keys: QueueKeys, tag: str, now: int, limit: int) -> list[bytes]:

@@ -6,10 +6,9 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from fdbqueue.engines.contract import Database, Transaction, adopt, is_transaction, retry
-from fdbqueue.errors import QueueError, unknown_outcome
-from fdbqueue.types import check_duration
+from fdbqueue.errors import QueueError
 
-__all__ = ["as_database", "run_once", "seconds", "unknown_outcome"]
+__all__ = ["as_database", "run_once"]
 
 T = TypeVar("T")
 
@@ -20,7 +19,7 @@ def run_once(tr: Transaction | Database, body: Callable[[Transaction, bool], T])
     ``maybe_committed_before`` is True on an attempt that follows a commit_unknown_result:
     the body then checks whether its earlier attempt committed (ids made outside the loop).
     A commit that may have landed but cannot be retried raises :class:`CommitUnknownError`
-    (see :func:`unknown_outcome`), never the bare error: the caller must not take it for a
+    (see :func:`fdbqueue.errors.unknown_outcome`), never the bare error: the caller must not take it for a
     failure and do it again.
     """
     tr = adopt(tr)  # a raw fdb.Database is wrapped, a raw fdb.Transaction joined
@@ -34,9 +33,3 @@ def as_database(tr: object) -> Database:
     if is_transaction(db):
         raise QueueError(f"this operation needs a Database, not a transaction ({type(tr).__name__})")
     return db  # type: ignore[return-value]
-
-
-def seconds(name: str, value: object) -> float:
-    """``value`` as a duration in seconds: finite, >= 0 and at most ten years
-    (``fdbqueue.types.check_duration``), else a clear :class:`QueueError`."""
-    return check_duration(name, value)

@@ -13,11 +13,12 @@ from fdbqueue.engines.local.transaction import EventWatch
 from fdbqueue.errors import CorruptMessageError, EngineError, QueueError, QueueStoppedError
 from fdbqueue.ops.privileges import check_any
 from fdbqueue.ops.steps import REFUSED_WATCH_RECHECK, Run, Steps, Wait, refused
-from fdbqueue.ops.txn import run_once, seconds
+from fdbqueue.ops.txn import run_once
 from fdbqueue.store.clock import db_now, seconds_of
 from fdbqueue.store.config import decode_config, decode_state, read_config
 from fdbqueue.store.layout import QueueKeys
 from fdbqueue.store.record import decode_record
+from fdbqueue.types import check_duration
 
 
 def next_due(tr: Transaction, keys: QueueKeys, now: int | None = None) -> int | None:
@@ -153,7 +154,7 @@ def blocking_steps(
     attempt's own transaction: no wake-up slips between), bounded by the queue's next
     deadline. A paused queue is waited through (resuming bumps the wake key)."""
     if timeout is not None:
-        timeout = seconds("timeout", timeout)
+        timeout = check_duration("timeout", timeout)
     deadline = None if not timeout else time.monotonic() + timeout
     while True:
         try:

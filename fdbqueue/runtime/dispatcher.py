@@ -43,8 +43,7 @@ from fdbqueue.runtime.handling import (
     until_empty_wait,
     work_set_of,
 )
-from fdbqueue.store.config import check_duration
-from fdbqueue.store.record import Message
+from fdbqueue.types import Message, check_duration
 
 log = logging.getLogger("fdbqueue.runtime.dispatcher")
 

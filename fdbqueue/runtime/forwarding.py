@@ -48,6 +48,7 @@ from fdbqueue.errors import (
     ClusterUnavailableError,
     EngineError,
     QueueError,
+    QueueNotFoundError,
     StoreError,
 )
 from fdbqueue.ops import transit
@@ -60,7 +61,7 @@ from fdbqueue.ops.receipts import settled
 from fdbqueue.ops.remotededup import DEDUP_HEADER, already_there, carry, layer_keys, there_named
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.clock import db_now, versions
-from fdbqueue.store.config import QueueNotFoundError, read_meta
+from fdbqueue.store.config import read_meta
 from fdbqueue.store.layout import DEFAULT_ROOT, forward_marker, forward_marker_range, new_rand
 from fdbqueue.types import Item, Message, check_flag, check_where
 

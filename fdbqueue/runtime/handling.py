@@ -28,8 +28,8 @@ from fdbqueue.errors import (
 from fdbqueue.ops.delivery import engine_fault
 from fdbqueue.ops.waiting import QueueWatcher
 from fdbqueue.runtime.fairness import WorkSet, is_pattern
-from fdbqueue.store.record import Message, fit_reason
-from fdbqueue.types import check_duration
+from fdbqueue.store.record import fit_reason
+from fdbqueue.types import Message, check_duration
 
 
 class Rate:
@@ -526,7 +526,7 @@ LEASES_OUT_RECHECK = 0.05
 def held(db: Database, queues: Sequence[Queue]) -> tuple[int, int, int]:
     """The messages ``queues`` hold: (ready, delayed, in flight), summed."""
     from fdbqueue.api.admin import queue_stats
-    from fdbqueue.store.config import QueueNotFoundError
+    from fdbqueue.errors import QueueNotFoundError
 
     ready = delayed = leased = 0
     for q in queues:

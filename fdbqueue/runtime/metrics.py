@@ -18,9 +18,14 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from fdbqueue.errors import MissingExtraError
+
+try:
+    from prometheus_client import CollectorRegistry, Histogram, start_http_server
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+    from prometheus_client.registry import Collector
+except ImportError as exc:
+    raise MissingExtraError("fdbqueue.runtime.metrics", "metrics", exc.name) from exc
 
 from fdbqueue.api.admin import all_queue_stats
 from fdbqueue.engines.contract import Database

@@ -44,12 +44,12 @@ from fdbqueue.errors import ClusterUnavailableError, EngineError, QueueError, Qu
 from fdbqueue.ops.enqueuing import enqueue_items, first_of, new_item
 from fdbqueue.ops.privileges import checked
 from fdbqueue.ops.remotededup import DEDUP_HEADER
-from fdbqueue.ops.txn import run_once, seconds
+from fdbqueue.ops.txn import run_once
 from fdbqueue.runtime.forwarding import Forwarder
 from fdbqueue.store.clock import db_now
 from fdbqueue.store.config import QueueConfig, write_config
 from fdbqueue.store.layout import DEFAULT_ROOT, new_id
-from fdbqueue.types import Item
+from fdbqueue.types import Item, check_duration
 
 log = logging.getLogger("fdbqueue.runtime.remote")
 _Args = tuple[object, int, Mapping[str, Any] | None, float, float | None]  # an enqueue's, for new_item
@@ -87,7 +87,7 @@ class RemoteQueue:
             raise QueueError("RemoteQueue takes two Databases (a caller's transaction goes to enqueue)")
         self.remote_db: Database = remote_db  # type: ignore[assignment]
         self.local_db: Database = local_db  # type: ignore[assignment]
-        self.timeout = seconds("timeout", timeout)
+        self.timeout = check_duration("timeout", timeout)
         if self.timeout <= 0:
             raise QueueError(f"timeout must be > 0 seconds, got {timeout!r}")
         self.remote = Queue(name, root=root)

@@ -44,39 +44,34 @@ from typing import Any
 from fdbqueue.api.queue import Queue
 from fdbqueue.api.schedules import run_schedules as run_periodic_jobs
 from fdbqueue.engines.contract import TRANSACTION_WINDOW_SECONDS, Database
-from fdbqueue.errors import EngineError, QueueError, StopNow
-from fdbqueue.errors import HandlerSignatureError as HandlerSignatureError  # re-export
+from fdbqueue.errors import EngineError, LeaseError, QueueError, StopNow
 from fdbqueue.ops import tracing
-from fdbqueue.ops.delivery import TOO_OLD_REASON, LeaseError
+from fdbqueue.ops.delivery import TOO_OLD_REASON
 from fdbqueue.ops.settling import Settler, lease_settling
 from fdbqueue.ops.txn import run_once
 from fdbqueue.ops.waiting import QueueWatcher
 from fdbqueue.runtime.fairness import FAIR_SHARE
-from fdbqueue.runtime.handling import MODES as MODES  # re-export
 from fdbqueue.runtime.handling import (
     Backoff,
     Heartbeat,
     PrefetchBudget,
     Queues,
     TimeLimit,
+    WorkerStats,
     _as_queues,
     check_handler,
     check_time_limit,
     engine_failure,
     give_back,
     judge,
+    normalise_mode,
     settle_failure,
     time_limit_reason,
     until_empty_wait,
     work_set_of,
 )
-from fdbqueue.runtime.handling import WorkerStats as WorkerStats  # re-export
-from fdbqueue.runtime.handling import normalise_mode as normalise_mode  # re-export
-from fdbqueue.runtime.handling import wait_any as wait_any  # re-export
 from fdbqueue.store.clock import db_now, seconds_of
-from fdbqueue.store.config import check_duration
-from fdbqueue.store.record import Message
-from fdbqueue.types import check_flag
+from fdbqueue.types import Message, check_duration, check_flag
 
 log = logging.getLogger("fdbqueue.runtime.worker")
 

@@ -25,6 +25,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from fdbqueue.errors import MissingExtraError
+
 try:
     from pyspark.sql.datasource import (
         DataSource,
@@ -34,9 +36,7 @@ try:
         InputPartition,
     )
 except ImportError as exc:  # pragma: no cover - depends on the installation
-    raise ImportError(
-        "fdbqueue.spark needs pyspark >= 4.0 and pyarrow: pip install 'fdbqueue[spark]'"
-    ) from exc
+    raise MissingExtraError("fdbqueue.spark (pyspark >= 4.0, pyarrow)", "spark", exc.name) from exc
 try:  # PySpark 4.2+: a stream reader says so to take Trigger.AvailableNow itself
     from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 except ImportError:  # pragma: no cover - older PySpark wraps the source itself

@@ -27,8 +27,6 @@ import json
 import time
 from collections.abc import Iterable
 
-from fdbqueue.errors import BudgetExceededError as BudgetExceededError  # re-export
-
 # FoundationDB's limits (known-limitations.rst, ClientKnobs.cpp). Every engine enforces them
 # (engines/contract.py), so what fits here fits on a cluster.
 KEY_SIZE_LIMIT = 10_000
@@ -92,16 +90,6 @@ _KEY_SLACK = 32
 def set_cost(key_len: int, value_len: int) -> int:
     """A set: the mutation (key + value) and its write conflict range [key, key + b"\\x00")."""
     return key_len + value_len + 2 * key_len + 1
-
-
-def clear_cost(key_len: int) -> int:
-    """A point clear: FoundationDB sends it as the range [key, key + b"\\x00"), and its conflict range."""
-    return 4 * key_len + 2
-
-
-def read_cost(key_len: int) -> int:
-    """A serializable point read's conflict range."""
-    return 2 * key_len + 1
 
 
 def grown_record(key_len: int, raw_len: int) -> int:

@@ -16,9 +16,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple, TypeVar
 
 from fdbqueue.engines.contract import ReadView, Transaction, engine_traits
-from fdbqueue.errors import QueueError
-from fdbqueue.errors import QueueNotFoundError as QueueNotFoundError  # re-export
-from fdbqueue.errors import UnsupportedLayerFormatError as UnsupportedLayerFormatError  # re-export
+from fdbqueue.errors import QueueError, UnsupportedLayerFormatError
 from fdbqueue.store.budget import DEFAULT_MAX_PAYLOAD, MAX_PAYLOAD_BYTES
 from fdbqueue.store.layout import (
     HOT_COUNTERS,
@@ -28,9 +26,7 @@ from fdbqueue.store.layout import (
     unpack_count,
     validate_queue_name,
 )
-from fdbqueue.types import MAX_DURATION_SECONDS as MAX_DURATION_SECONDS  # re-export
-from fdbqueue.types import QueueState as QueueState  # re-export
-from fdbqueue.types import check_duration as check_duration  # re-export
+from fdbqueue.types import MAX_DURATION_SECONDS, QueueState, check_duration
 
 
 def check_format(found: str) -> None:

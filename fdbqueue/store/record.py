@@ -1,5 +1,5 @@
 """The record stored for each message (its codec, payload chunks and checks); the public
-:class:`~fdbqueue.types.Message` it becomes is in types.py (re-exported here)."""
+:class:`~fdbqueue.types.Message` it becomes is in types.py."""
 
 from __future__ import annotations
 
@@ -10,16 +10,18 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from fdbqueue.errors import CorruptMessageError, InvalidTextError, QueueError
-from fdbqueue.errors import DedupKeyTooLargeError as DedupKeyTooLargeError  # re-export
-from fdbqueue.errors import HeadersTooLargeError as HeadersTooLargeError  # re-export
-from fdbqueue.errors import InvalidPayloadError as InvalidPayloadError  # re-export
-from fdbqueue.errors import PayloadTooLargeError as PayloadTooLargeError  # re-export
-from fdbqueue.errors import ReasonTooLargeError as ReasonTooLargeError  # re-export
+from fdbqueue.errors import (
+    CorruptMessageError,
+    DedupKeyTooLargeError,
+    HeadersTooLargeError,
+    InvalidPayloadError,
+    InvalidTextError,
+    QueueError,
+    ReasonTooLargeError,
+)
 from fdbqueue.store.budget import MAX_DEDUP_KEY_BYTES, MAX_HEADERS_BYTES, MAX_REASON_BYTES, encoded_len
 from fdbqueue.store.layout import QueueKeys, utf8
-from fdbqueue.types import ContentType as ContentType  # re-export
-from fdbqueue.types import Message as Message  # re-export
+from fdbqueue.types import ContentType
 
 # 2: the record ends with a CRC-32 of everything before it (layer format 2.0; records of
 # format 1 were never released, so are not read).

@@ -20,7 +20,13 @@ from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any
 
-import uvicorn
+from fdbqueue.errors import MissingExtraError
+
+try:  # every module of the dashboard needs both
+    import starlette  # noqa: F401
+    import uvicorn
+except ImportError as exc:
+    raise MissingExtraError("fdbqueue.web", "web", exc.name) from exc
 
 from fdbqueue.engines.contract import Database
 from fdbqueue.store.layout import DEFAULT_ROOT

@@ -72,13 +72,13 @@ most 1 s plus 0.1 % of the time since the last transaction, however far off it i
 versionstamped keys and values are filled in just before COMMIT.
 Read-only commits return -1. (Without a boot id - not Linux - the wall clock drives it.)
 
-Shared state (:mod:`._shared`): the lock, the lock file's first page mapped by every
-process (version clock, watchers' token) and the watch hub (:mod:`._notify`: Unix
+Shared state (:mod:`.shared`): the lock, the lock file's first page mapped by every
+process (version clock, watchers' token) and the watch hub (:mod:`.notify`: Unix
 datagram sockets, no polling for wake-ups; an idle receiver checks its files once a
 second). A Database used in a forked child reopens its connection and lock file there
-(an inherited flock descriptor is shared with the parent and would not exclude it).
+(an inherited lock descriptor is shared with the parent and would not exclude it).
 
-The transaction, and the SQL it runs, are in :mod:`._sqlitetxn`; the store file (opening,
+The transaction, and the SQL it runs, are in :mod:`.transaction`; the store file (opening,
 format, read-only mode, connections) here.
 """
 

@@ -80,7 +80,7 @@ def refuse_foreign(real: str, path: str) -> None:
 
 def _lock_names_a_store(lock: str) -> bool:
     """Whether the lock file's page names a store: the version clock at its start is tagged
-    with the boot id and the store id once the store has committed (``sqlite.py`` ``_CLOCK``)."""
+    with the boot id and the store id once the store has committed (``_CLOCK`` in transaction.py)."""
     try:
         with open(lock, "rb") as f:
             tag = f.read(32)

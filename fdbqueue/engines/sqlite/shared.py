@@ -1,6 +1,6 @@
 """What one process shares for one store file, whichever Database objects point at it.
 
-The store lock (a thread lock, then ``flock`` on ``<db>-lock``), the lock file's first
+The store lock (a thread lock, then the lease on ``<db>-lock``, :mod:`.storelock`), the lock file's first
 page mapped shared by every process (the version clock and the watchers' token live
 there), and the watch hub with its read connection. Handles on the same file share one
 :class:`SharedStore`, found by the lock file's (device, inode); after ``fork()`` the
@@ -25,10 +25,10 @@ from fdbqueue.engines.sqlite.storelock import StoreLock
 from fdbqueue.errors import NestedTransactionError, StoreError, StoreLockedError
 
 PAGE = 4096
-TOKEN_AT = 64  # the watchers' token; the version clock is at 0 (sqlite.py)
-SYNCED_AT = 128  # the last version committed and the last one on disk (_walsync.py)
-STAMP_AT = 176  # the version clock's last reading and the wall clock then (_sqlitetxn.py)
-_READ = "SELECT v FROM kv WHERE k = ?"  # the kv table of sqlite.py
+TOKEN_AT = 64  # the watchers' token; the version clock is at 0 (transaction.py)
+SYNCED_AT = 128  # the last version committed and the last one on disk (walsync.py)
+STAMP_AT = 176  # the version clock's last reading and the wall clock then (transaction.py)
+_READ = "SELECT v FROM kv WHERE k = ?"  # the kv table of database.py
 
 
 def allocate_page(fd: int) -> None:
@@ -71,7 +71,7 @@ class SharedStore:
         self.owner: int | None = None  # the thread holding the store lock
         # This process's base of the version clock (version = base + its CLOCK_MONOTONIC):
         # calibrated against the store at first use, so that a monotonic clock offset in
-        # this process moves no one's database time (_sqlitetxn.SqliteTransaction._clock).
+        # this process moves no one's database time (transaction.SqliteTransaction._clock).
         self.clock_base: int | None = None
         self._lock = StoreLock(fd, self.shared)
         self._reader: sqlite3.Connection | None = None
@@ -84,7 +84,7 @@ class SharedStore:
         """Take the store lock: this process's threads one at a time, then the processes'.
 
         ``stealable``: for a transaction, which another process may take the lock from once
-        it outlived the 5-second window (:mod:`._storelock`); the holder's commit then fails
+        it outlived the 5-second window (:mod:`.storelock`); the holder's commit then fails
         (:meth:`pin`). Anything else (opening, saving a removed WAL) keeps it to the end.
         """
         me = threading.get_ident()

@@ -75,7 +75,7 @@ _SET_VERSION = "UPDATE meta SET value = ? WHERE name = 'version'"
 # version clock (see _next_version): boot id + store id, the last commit version, the
 # reservation stored in meta, a pending flag, and the clock's base (version = base +
 # CLOCK_MONOTONIC microseconds; last, as a page of an older fdbqueue leaves it zero).
-# At 64, the watchers' token (_notify).
+# At 64, the watchers' token (notify.py).
 _CLOCK = struct.Struct(">32sQQBq")
 _PENDING_AT = struct.calcsize(">32sQQ")
 _PENDING = 1
@@ -412,8 +412,8 @@ class SqliteTransaction(LocalTransaction):
 
         Writing the version into meta at every commit would dirty a second page and
         halve the commit rate. So meta holds a reservation, and the last version lives
-        in the lock file, shared through the page cache by every process (we hold its
-        flock). Invariant: every committed version <= meta's reservation, which is
+        in the lock file, shared through the page cache by every process (we hold the
+        store lock). Invariant: every committed version <= meta's reservation, which is
         raised in the same transaction when a version passes it. The lock file is
         trusted only when it names this boot and this store and no commit died
         half-way (flag pending); otherwise the clock restarts from the reservation.

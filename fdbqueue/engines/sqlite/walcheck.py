@@ -11,7 +11,7 @@ So each commit with writes records, under the store lock, what the WAL index hea
 ``<db>-shm`` says once it is done (https://www.sqlite.org/walformat.html, ``WalIndexHdr``,
 native byte order): the number of valid frames ``mxFrame``, the WAL's salts and how many
 frames a checkpoint had copied into the database file (``nBackfill``), tagged with the
-version clock's tag (this boot + this store, see ``sqlite.py``). The record lives in the
+version clock's tag (this boot + this store, ``_CLOCK`` in transaction.py). The record lives in the
 lock file's shared page at :data:`RECORD_AT`.
 
 At open, the first process to open the store (no other holds the "presence" byte of

@@ -16,7 +16,7 @@ on-disk mark fsyncs too before its commit returns; a writing one needs nothing m
 own fsync covering everything before it.
 
 Shared state, at ``_shared.SYNCED_AT`` in the lock file's mapped page: the version clock's
-tag (boot + store, see ``sqlite.py``), the highest version known to be on disk, and the
+tag (boot + store, ``_CLOCK`` in transaction.py), the highest version known to be on disk, and the
 last version whose ``COMMIT`` has returned. The two versions are trusted only under this
 store's tag, and each is written on its own (8 aligned bytes) by different processes.
 """

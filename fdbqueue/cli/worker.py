@@ -1,0 +1,80 @@
+"""The ``worker`` command: a handler named ``module:function``, served by a :class:`fdbqueue.Worker`
+until SIGTERM or Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import fdbqueue
+from fdbqueue.cli.console import CommandError, _print_json, _worker_summary, setup_logging
+
+
+def _load_handler(spec: str) -> Callable[..., Any]:
+    """``module:function`` (or ``module:obj.method``), imported from the current directory too."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise CommandError(f"--handler must look like module:function, got {spec!r}")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` does; the console script does not
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module_name + ".").startswith(exc.name + "."):
+            raise CommandError(f"cannot import handler module {module_name!r}: no such module") from None
+        raise CommandError(f"importing handler module {module_name!r} failed: {exc}") from None
+    except Exception as exc:  # the user's module raised on import: their mistake, one line
+        raise CommandError(
+            f"importing handler module {module_name!r} failed: {type(exc).__name__}: {exc}"
+        ) from None
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise CommandError(f"handler module {module_name!r} has no attribute {attr!r}") from None
+    if not callable(obj):
+        raise CommandError(f"handler {spec!r} is not callable")
+    return obj  # type: ignore[no-any-return]
+
+
+def _cmd_worker(db: fdbqueue.Database, args: argparse.Namespace) -> int:
+    handler = _load_handler(args.handler)
+    from fdbqueue import Worker  # public API
+
+    setup_logging(args.log_level, args.log_format)
+    from fdbqueue.runtime.fairness import is_pattern
+
+    pattern = len(args.names) == 1 and is_pattern(args.names[0])  # every matching queue, fairly
+    missing = [] if pattern else sorted(set(args.names) - set(fdbqueue.list_queues(db)))
+    if missing:  # a typo would otherwise wait silently forever
+        print(f"fdbqueue: warning: no queue named {', '.join(missing)} yet; waiting", file=sys.stderr)
+
+    worker = Worker(
+        db,
+        args.names[0] if pattern else args.names,
+        handler,
+        mode=args.mode,  # either spelling: the Worker normalises it
+        concurrency=args.concurrency,
+        lease_seconds=args.lease_seconds,
+        sweep_interval=args.sweep_interval,
+        heartbeat=args.heartbeat,
+        shutdown_timeout=args.shutdown_timeout,
+        time_limit=args.time_limit,
+    )
+    print(
+        f"fdbqueue worker: {', '.join(args.names)} in {args.mode} mode, concurrency "
+        f"{args.concurrency}, handler {args.handler}; stop with SIGTERM or Ctrl-C",
+        file=sys.stderr,
+    )
+    stats = worker.run(install_signals=True, until_empty=args.until_empty, max_messages=args.max_messages)
+    values = dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else dict(vars(stats))
+    if args.json:
+        _print_json(values)
+    else:
+        print(f"worker stopped: {_worker_summary(stats, values)}")
+    return 0
