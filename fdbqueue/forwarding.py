@@ -124,6 +124,7 @@ class Forwarder:
         self.where = check_where(where)
         self.exclusive = check_flag("exclusive", exclusive)
         self._pending: list[Ready] | None = None  # exclusive: the next batch, read with the last removal
+        self._too_large: dict[str, str] = {}  # exclusive: of the batch installed, dead letters (reasons)
         self.batch = batch
         self.stats = ForwardStats()
         self.retry_seconds = retry_seconds
@@ -170,14 +171,17 @@ class Forwarder:
         dkeys, (source, _) = self.dst.keys, self._token_pair()
         layer = layer_keys(self._src_db, self.src.keys, batch)  # dedup keys the source confirms
 
-        def body(t: Transaction) -> int:
+        def body(t: Transaction) -> dict[str, str]:
             meta = read_meta(t, dkeys)
             check(t, dkeys, "enqueue", meta)
-            transit.admissible(dkeys, meta, batch)
-            transit.install(t, dkeys, source, batch, db_now(t), layer)
-            return len(batch)
+            big = transit.admissible(dkeys, meta, batch)  # too large for it: dead letters
+            transit.install(t, dkeys, source, [m for m in batch if m.id not in big], db_now(t), layer)
+            return big
 
-        return settled(self.dst_db, dkeys, body)
+        big = settled(self.dst_db, dkeys, body)
+        if big:  # their leases end there: step 3 finds them gone (lost), with no copy to withdraw
+            transit.dead_letter_leased(self._src_db, self.src.keys, batch, big)
+        return len(batch) - len(big)
 
     def _remove(self, batch: list[Message]) -> list[Message]:
         """Step 3: one source transaction removes each message whose lease is still ours, with
@@ -346,6 +350,10 @@ class Forwarder:
                         self.dst.name,
                     )
                     continue
+                reason = self._too_large.get(r.message.id)
+                if reason is not None and meta.config is not None:
+                    transit.dead_letter_ready(t, skeys, meta.config, r.key, r.rec, reason)
+                    continue
                 send_away(t, skeys, r.key, r.rec, journaled=journaled, note=note)
                 done.append(r.message)
             count_sent(t, skeys, len(done))
@@ -364,14 +372,18 @@ class Forwarder:
 
         def body(t: Transaction) -> tuple[int, int]:
             now = db_now(t)
-            room = transit.room_of(read_meta(t, dkeys))
+            meta = read_meta(t, dkeys)
+            room = transit.room_of(meta)
+            # Too large for the destination: taken as handled, and dead-lettered on the source
+            # by the removal (_send_away) instead of sent away.
+            self._too_large = transit.too_large(dkeys, meta, batch)
             marks = t.get_many([forward_marker(dkeys, self.origin, m.id) for m in batch])
             # A RemoteQueue's message that may have reached the destination directly (its
             # enqueue there ended without an answer): skipped only as the stores confirm it.
             there = already_there(t, dkeys, batch, layer, now)
             fit, items = 0, list[Item]()
             for m, mark in zip(batch, marks, strict=True):
-                if mark is None and m.id not in there:
+                if mark is None and m.id not in there and m.id not in self._too_large:
                     if room is not None and len(items) >= room:
                         break  # the rest when there is room: the destination's max_size holds
                     items.append(Item(m.id, new_rand(), m.payload, m.content_type, m.priority,
@@ -381,7 +393,7 @@ class Forwarder:
             if items:
                 enqueue_in(dkeys, t, items, False, None)
             for m, mark in zip(batch[:fit], marks, strict=False):
-                if mark is None:
+                if mark is None and m.id not in self._too_large:
                     t.set(forward_marker(dkeys, self.origin, m.id), str(now).encode())
                     if m.id in layer and m.id not in there:
                         # The producer's key: a direct enqueue with it finds this message, and
@@ -389,7 +401,7 @@ class Forwarder:
                         carry(t, dkeys, layer[m.id], m.id, now)
             for mid in self._removed:  # the last batch's: gone from the source, so done with
                 t.clear(forward_marker(dkeys, self.origin, mid))
-            return fit, len(items)
+            return fit, len(items) + len([m for m in batch[:fit] if m.id in self._too_large])
 
         return settled(self.dst_db, dkeys, body)
 
@@ -415,7 +427,7 @@ class Forwarder:
         self.stats.forwarded += len(done)
         self.stats.skipped += fit - new
         self.stats.lag = max(0.0, time.time() - batch[fit - 1].message.enqueued_at)
-        return len(done)
+        return len(done) or fit  # a batch all dead-lettered (too large) is no empty source
 
     def _acknowledge(self, t: Transaction, done: list[Message]) -> None:
         """One acknowledgement on ``ack_queue`` per message removed, in the removing transaction."""

@@ -35,7 +35,7 @@ try:
     )
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError(
-        "fdbqueue.spark needs pyspark >= 4.0 and pyarrow: pip install 'fdbqueue[spark]'"
+        "fdbqueue.spark needs pyspark >= 4.0 and pyarrow: pip install '.[spark]' in a checkout of fdbqueue"
     ) from exc
 try:  # PySpark 4.2+: a stream reader says so to take Trigger.AvailableNow itself
     from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow

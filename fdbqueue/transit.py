@@ -27,13 +27,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from fdbqueue.budget import MAX_PAYLOAD_BYTES
-from fdbqueue.config import Meta, QueueConfig, read_meta
-from fdbqueue.delivery import expire_lease
+from fdbqueue.clock import db_now
+from fdbqueue.config import Meta, QueueConfig, read_config, read_meta
+from fdbqueue.delivery import expire_lease, nack_in
 from fdbqueue.engines.base import Database, Transaction
-from fdbqueue.errors import EngineError, PayloadTooLargeError, QueueError, QueueStoppedError
+from fdbqueue.errors import EngineError, LeaseError, QueueError, QueueStoppedError
 from fdbqueue.layout import QueueKeys, new_rand
-from fdbqueue.message import Record, decode_record, join_chunks, seal_chunk
-from fdbqueue.moves import CHUNK_SIZE
+from fdbqueue.message import Record, decode_record, fit_reason, join_chunks, seal_chunk
+from fdbqueue.moves import CHUNK_SIZE, dead_letter, remove_message
 from fdbqueue.privileges import check
 from fdbqueue.remotededup import DEDUP_HEADER, header_key
 from fdbqueue.txn import run_once
@@ -119,20 +120,53 @@ def room_of(meta: Meta) -> int | None:
     return max(0, cfg.max_size - meta.count("ready") - meta.count("inflight") - meta.count("delayed"))
 
 
-def admissible(keys: QueueKeys, meta: Meta, batch: list[Message]) -> None:
+def admissible(keys: QueueKeys, meta: Meta, batch: list[Message]) -> dict[str, str]:
     """What an enqueue of ``batch`` would refuse whatever the wait: the right (checked by the
-    caller), enqueue disabled, a payload over the queue's limit. Checked at install, while
-    each message is still on the source."""
+    caller), enqueue disabled (raised). Checked at install, while each message is still on
+    the source. Returns :func:`too_large`: those messages go to the source's error queue."""
     if not meta.state.enqueue:
         raise QueueStoppedError(f"enqueue is disabled on queue {keys.name!r}")
+    return too_large(keys, meta, batch)
+
+
+def too_large(keys: QueueKeys, meta: Meta, batch: list[Message]) -> dict[str, str]:
+    """The messages of ``batch`` whose payload the destination queue's ``max_payload`` refuses,
+    by id, with the reason their dead letter on the source gives. Waiting changes nothing for
+    them, so they are not left leased (each forward would pass them by, for good)."""
     cfg = meta.config or QueueConfig()
     limit = min(cfg.max_payload, MAX_PAYLOAD_BYTES)
-    for m in batch:
-        if len(m.payload) > limit:
-            raise PayloadTooLargeError(
-                f"payload of {len(m.payload)} bytes exceeds the max_payload of queue {keys.name!r} "
-                f"({limit} bytes)"
-            )
+    return {
+        m.id: f"too large for destination {keys.name!r} (max_payload {limit}): {len(m.payload)} bytes"
+        for m in batch
+        if len(m.payload) > limit
+    }
+
+
+def dead_letter_leased(
+    src_db: Database, src: QueueKeys, batch: list[Message], big: Mapping[str, str]
+) -> None:
+    """One source transaction: each leased message of ``batch`` named in ``big`` to the source
+    queue's error queue with its reason (journaled ``dead``, counted); one whose lease is no
+    longer ours (an earlier attempt's, or lost to a stall) is left as it is."""
+
+    def body(t: Transaction, _: bool) -> None:
+        cfg = read_config(t, src) or QueueConfig()
+        now = db_now(t)
+        for m in batch:
+            if m.id in big:
+                with contextlib.suppress(LeaseError):
+                    nack_in(src, t, cfg, m, None, fit_reason(big[m.id]), now, discard=True)
+
+    run_once(src_db, body)
+
+
+def dead_letter_ready(
+    t: Transaction, src: QueueKeys, cfg: QueueConfig, key: bytes, rec: Record, reason: str
+) -> None:
+    """The exclusive forwarder's: the ready message at ``key`` to the source queue's error
+    queue with ``reason`` (journaled ``dead``, counted), in the caller's transaction."""
+    remove_message(t, src, key, rec, chunks=False, count="ready")
+    dead_letter(src, t, cfg, rec, fit_reason(reason))
 
 
 def install(

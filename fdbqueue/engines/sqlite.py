@@ -99,7 +99,7 @@ from fdbqueue.engines import _diskroom, _shared, _storefiles, _walcheck
 from fdbqueue.engines._sqlitetxn import _CLOCK, _PENDING, SqliteTransaction, _translate
 from fdbqueue.engines._url import ParsedURL, take_params
 from fdbqueue.engines._walsync import WalSync
-from fdbqueue.engines.local import EventWatch, LocalDatabase
+from fdbqueue.engines.local import EventWatch, LocalDatabase, park_at_exit
 from fdbqueue.errors import (
     InvalidURLError,
     QueueError,
@@ -477,6 +477,7 @@ class SqliteDatabase(LocalDatabase):
 
     def create_transaction(self) -> SqliteTransaction:
         if self._closed:
+            park_at_exit()  # closed at interpreter exit under a daemon thread: it stays here
             raise StoreError(f"{self.path}: the database is closed")
         if self._broken is not None:
             raise StoreError(self._broken)
