@@ -15,6 +15,9 @@ tombstone is known). Keys, under each queue's subspace:
 * each queue ``("fk",)`` -> its forwarding token, made on first use (random): which store's
   queue a pending copy or a tombstone belongs to (two stores may hold queues of one name).
 * source ``("fn", nonce)``: a forwarder's probe, read on the destination: the same store.
+* source ``("fh", destination token, name, version, first receipt)`` -> ``[[id, receipt], ...]``:
+  a batch a forwarder given ``name`` has in hand, written in the transaction that leases it,
+  cleared once it is published: what a successor of that name takes over (:func:`take_over`).
 
 Every function composes inside the caller's transaction.
 """
@@ -22,19 +25,21 @@ Every function composes inside the caller's transaction.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from fdbqueue.budget import MAX_PAYLOAD_BYTES
-from fdbqueue.clock import db_now
+from fdbqueue.clock import db_now, versions
 from fdbqueue.config import Meta, QueueConfig, read_config, read_meta
-from fdbqueue.delivery import expire_lease, nack_in
+from fdbqueue.delivery import expire_lease, lease_until, message_elsewhere, nack_in
 from fdbqueue.engines.base import Database, Transaction
 from fdbqueue.errors import EngineError, LeaseError, QueueError, QueueStoppedError
 from fdbqueue.layout import QueueKeys, new_rand
 from fdbqueue.message import Record, decode_record, fit_reason, join_chunks, seal_chunk
-from fdbqueue.moves import CHUNK_SIZE, dead_letter, remove_message
+from fdbqueue.moves import CHUNK_SIZE, dead_letter, remove_message, renew_lease
 from fdbqueue.privileges import check
 from fdbqueue.remotededup import DEDUP_HEADER, header_key
 from fdbqueue.txn import run_once
@@ -191,9 +196,7 @@ def install(
         headers = {k: v for k, v in m.headers.items() if k != DEDUP_HEADER}
         chunks = -(-len(m.payload) // CHUNK_SIZE) if len(m.payload) > CHUNK_SIZE else 0
         inline = b"" if chunks else m.payload
-        rec = Record(
-            m.id, int(m.enqueued_at * 1e6), m.content_type.value, headers, 0, None, chunks, extra, inline
-        )
+        rec = Record(m.id, enqueued_us(m), m.content_type.value, headers, 0, None, chunks, extra, inline)
         t.set(key, rec.encode())
         for n in range(chunks):
             t.set(dst.q.pack(("fp", source, m.id, str(m.receipt), n)), seal_chunk(
@@ -220,8 +223,14 @@ def as_item(rec: Record, origin: str) -> Item:
     ttl = None if until is None else max(0.001, float(until) - time.time())
     return Item(
         rec.id, new_rand(), rec.payload, ContentType(rec.content_type), int(rec.extra.get("p", 0)),
-        rec.headers, 0.0, ttl, None, fixed_id=True, origin=origin,
+        rec.headers, 0.0, ttl, None, fixed_id=True, origin=origin, enqueued_us=rec.enqueued_us,
     )  # fmt: skip
+
+
+def enqueued_us(m: Message) -> int:
+    """The message's enqueue time as stored (``Message.enqueued_at`` is it divided by 1e6:
+    rounding gives it back exactly), kept by a forward as by a move."""
+    return round(m.enqueued_at * 1e6)
 
 
 def drop_pending(t: Transaction, dst: QueueKeys, source: str, mid: str, receipt: str | None = None) -> None:
@@ -293,3 +302,84 @@ def fates(t: Transaction, src: QueueKeys, dest: str, entries: list[Entry], now: 
             expire_lease(src, t, meta.config, src.lease_key(deadline, mid), now)
         out.append(DEAD)
     return out
+
+
+# -- a named forwarder's batches (the source) -----------------------------------------------------
+
+
+def record_hand(
+    t: Transaction, src: QueueKeys, dest: str, name: str, batch: list[Message], now: int
+) -> Record_:
+    """Record the batch a forwarder named ``name`` has just leased in ``t`` (the ids and
+    receipts a successor of that name takes over); returns the record (key, value)."""
+    key = bytes(src.q.pack(("fh", dest, name, now, str(batch[0].receipt))))
+    value = json.dumps([[m.id, m.receipt] for m in batch]).encode()
+    t.set(key, value)
+    return key, value
+
+
+def clear_record(t: Transaction, record: Record_) -> None:
+    """Clear a batch's record once published, unless a namesake took it over meanwhile
+    (rewrote it: then it is the namesake's to clear; the read makes a takeover conflict)."""
+    if t.get(record[0]) == record[1]:
+        t.clear(record[0])
+
+
+Record_ = tuple[bytes, bytes]  # a named forwarder's batch record: (key, value)
+
+
+class Handover(NamedTuple):
+    """One batch taken over from a forwarder of the same name (:func:`take_over`)."""
+
+    key: bytes  # where its record is (the next takeover reads after it)
+    record: Record_ | None  # its record, naming it now (cleared once published; None: nothing left)
+    removed: list[Entry]  # removed from the source under the recorded lease: to publish
+    dead: list[Entry]  # pending copies never to be published: to withdraw
+    live: list[Message]  # still leased: leased again under new receipts, to forward
+
+
+def take_over(
+    t: Transaction, src: QueueKeys, dest: str, name: str, seconds: float, now: int, after: bytes | None
+) -> Handover | None:
+    """Take over the oldest batch a forwarder named ``name`` recorded for ``dest`` (a crashed
+    predecessor's, or a live namesake's) after the record ``after``; None when there is none.
+
+    What each message of it became is decided as :func:`fates` decides it, for good. One
+    still leased under its recorded receipt is leased again, in this transaction, under a new
+    receipt for ``seconds``: the old receipt can then never remove it (a removal under it
+    reads the lease, and conflicts or finds it changed), so its pending copies under the old
+    receipt are dead, and each receipt keeps a single owner - the reason a namesake still at
+    work cannot double what is taken over. The record then names the new receipts (and the
+    removed ones, until published)."""
+    r = src.q.range(("fh", dest, name))
+    begin = r.start if after is None else max(r.start, after + b"\x00")
+    found = t.get_range(begin, r.stop, 1)  # read, not snapshot: a namesake's lease conflicts
+    if not found:
+        return None
+    key, raw = found[0]
+    entries: list[Entry] = [(str(mid), str(receipt)) for mid, receipt in json.loads(raw)]
+    removed: list[Entry] = []
+    dead: list[Entry] = []
+    live: list[Message] = []
+    fresh = new_rand().hex()
+    deadline, until = now + versions(seconds), lease_until(seconds)
+    for i, (entry, fate) in enumerate(zip(entries, fates(t, src, dest, entries, now), strict=True)):
+        if fate == REMOVED:
+            removed.append(entry)
+            continue
+        dead.append(entry)  # dead, or about to be: its lease changes hands below
+        if fate == LIVE:
+            ikey = src.inflight_key(entry[0])
+            rec = decode_record(t.get(ikey) or b"", src, ikey, entry[0])
+            receipt = f"{fresh}.{i}"
+            moved = rec.with_(extra={**rec.extra, "receipt": receipt, "deadline": deadline, "until": until})
+            renew_lease(t, src, rec, moved, deadline, receipt)
+            m = message_elsewhere(src, t, ikey, moved.encode())
+            assert m is not None  # a leased record
+            live.append(dataclasses.replace(m, receipt=receipt, lease_deadline=until / 1e6))
+    if not removed and not live:
+        t.clear(key)
+        return Handover(key, None, removed, dead, live)
+    value = json.dumps([list(e) for e in removed] + [[m.id, m.receipt] for m in live]).encode()
+    t.set(key, value)
+    return Handover(key, (key, value), removed, dead, live)

@@ -122,6 +122,7 @@ class Item(NamedTuple):
     fixed_id: bool = False  # the id must be known before the write (an autonomous enqueue)
     admitted: bool = False  # checked for room and a running queue already (an autonomous enqueue)
     origin: str | None = None  # forwarded from this queue of another database (journaled so)
+    enqueued_us: int | None = None  # a forwarded message's enqueue time, kept (None: now)
 
 
 class AutonomousId(str):
