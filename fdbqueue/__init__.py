@@ -75,7 +75,7 @@ from fdbqueue.errors import (
 )
 from fdbqueue.ops.journaling import history, journal, trim_journal
 from fdbqueue.runtime.dispatcher import Consumer, Dispatcher, DispatcherStats
-from fdbqueue.runtime.forwarding import Forwarder, ForwardStats, forward
+from fdbqueue.runtime.forwarding import Forwarder, forward
 from fdbqueue.runtime.handling import WorkerStats
 from fdbqueue.runtime.remote import RemoteQueue, RemoteStats
 from fdbqueue.runtime.worker import Worker
@@ -83,6 +83,7 @@ from fdbqueue.store.config import QueueConfig
 from fdbqueue.types import (
     AutonomousId,
     ContentType,
+    ForwardStats,
     JournalEntry,
     Message,
     NewMessage,

@@ -330,11 +330,13 @@ class ForeignQueueError(QueueError):
 
 class MissingExtraError(QueueError, ImportError):
     """An optional integration's dependency is not installed: the message names the extra that
-    installs it (``pip install 'fdbqueue[web]'``). An ImportError too, as the import it stands for."""
+    installs it (``pip install '.[web]'`` in a checkout). An ImportError too, as the import it
+    stands for."""
 
     def __init__(self, feature: str, extra: str, missing: str | None) -> None:
         self.feature, self.extra = feature, extra
         missing = missing.partition(".")[0] if missing else None  # the package, not its module
         lacking = f" ({missing} is not installed)" if missing else ""
-        super().__init__(f"{feature} needs the {extra!r} extra: pip install 'fdbqueue[{extra}]'{lacking}")
+        hint = f"pip install '.[{extra}]' in a checkout of fdbqueue"
+        super().__init__(f"{feature} needs the {extra!r} extra: {hint}{lacking}")
         self.name = missing

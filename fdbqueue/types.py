@@ -121,6 +121,7 @@ class Item(NamedTuple):
     fixed_id: bool = False  # the id must be known before the write (an autonomous enqueue)
     admitted: bool = False  # checked for room and a running queue already (an autonomous enqueue)
     origin: str | None = None  # forwarded from this queue of another database (journaled so)
+    enqueued_us: int | None = None  # a forwarded message's enqueue time, kept (None: now)
 
 
 class AutonomousId(str):
@@ -337,3 +338,15 @@ class JournalEntry:
             "reason": self.reason,
             "details": self.details,
         }
+
+
+@dataclass
+class ForwardStats:
+    """What a forward did: messages forwarded, found installed already (an earlier attempt's),
+    attempts retried after a failure of either side, and the lag: seconds from a message's
+    enqueue to its arrival, for the last one forwarded."""
+
+    forwarded: int = 0
+    skipped: int = 0
+    retried: int = 0
+    lag: float | None = None

@@ -88,11 +88,16 @@ def test_the_docs_have_snippets_and_few_are_skipped() -> None:
 
 @pytest.mark.parametrize("snippet", [s for s in SNIPPETS if s.kind == "run"], ids=lambda s: s.name)
 def test_snippet_runs_as_written(snippet: Snippet, tmp_path: Path) -> None:
+    _run(snippet, tmp_path)
+
+
+def _run(snippet: Snippet, cwd: Path) -> None:
+    """Run ``snippet`` as its own process in ``cwd``, as a reader would paste it."""
     env = {k: v for k, v in os.environ.items() if k not in ("FDBQUEUE_URL", "FDBQUEUE_PRINCIPAL")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     r = subprocess.run(
         [sys.executable, "-c", snippet.code],
-        cwd=tmp_path,
+        cwd=cwd,
         env=env,
         capture_output=True,
         timeout=60,
@@ -100,10 +105,35 @@ def test_snippet_runs_as_written(snippet: Snippet, tmp_path: Path) -> None:
     assert r.returncode == 0, f"{snippet.name} failed:\n{snippet.code}\n{r.stderr.decode()[-3000:]}"
 
 
+def test_the_readme_runs_in_order_in_one_directory(tmp_path: Path) -> None:
+    """A reader follows the README's walk-through: each runnable block in turn, as its own
+    process, in one directory, so one ``queues.db`` (what one block leaves, such as an owned
+    queue, is there for the next)."""
+    readme = [s for s in SNIPPETS if s.path.name == "README.md" and s.kind == "run"]
+    assert len(readme) >= 4, [s.name for s in readme]
+    for s in readme:
+        _run(s, tmp_path)
+
+
+INDEX_INSTALL = re.compile(r"pip install\s+['\"]?fdbqueue\b")
+
+
+def test_no_doc_installs_fdbqueue_from_a_package_index() -> None:
+    """No index serves fdbqueue: the docs install from a checkout (``pip install .``,
+    ``pip install '.[spark]'``), as docs/operations.md says."""
+    found = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for path in DOCS
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if INDEX_INSTALL.search(line)
+    ]
+    assert not found, found
+
+
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
     if not os.environ.get("FDBQUEUE_REQUIRE_SPARK"):
-        pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'fdbqueue[spark]')")
+        pytest.importorskip("pyspark", reason="pyspark is not installed (pip install '.[spark]')")
     from fdbqueue.spark import local_session
 
     # The tests' session (tests/test_spark.py makes the same): a block's own local_session()

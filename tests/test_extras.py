@@ -77,7 +77,8 @@ def test_an_integration_without_its_extra_says_what_to_install(module: str, miss
     assert p.stdout.strip() == (
         f"{module.split('.app')[0] if extra == 'web' else module}"
         + (" (pyspark >= 4.0, pyarrow)" if extra == "spark" else "")
-        + f" needs the {extra!r} extra: pip install 'fdbqueue[{extra}]' ({missing} is not installed)"
+        + f" needs the {extra!r} extra: pip install '.[{extra}]' in a checkout of fdbqueue"
+        + f" ({missing} is not installed)"
     )
 
 
@@ -104,7 +105,7 @@ def test_a_command_without_its_extra_is_one_line_not_a_traceback(
     assert "Traceback" not in p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("fdbqueue: error: "), p.stderr
-    assert f"pip install 'fdbqueue[{extra}]'" in lines[0] and f"({missing} is not installed)" in lines[0]
+    assert f"pip install '.[{extra}]'" in lines[0] and f"({missing} is not installed)" in lines[0]
 
 
 def test_the_command_without_rich_prints_plain_columns(tmp_path: Path) -> None:
@@ -145,6 +146,6 @@ def test_a_worker_serving_metrics_without_the_extra_says_what_to_install() -> No
     )
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == (
-        "fdbqueue.runtime.metrics needs the 'metrics' extra: pip install 'fdbqueue[metrics]'"
-        " (prometheus_client is not installed)"
+        "fdbqueue.runtime.metrics needs the 'metrics' extra: pip install '.[metrics]' in a checkout"
+        " of fdbqueue (prometheus_client is not installed)"
     )

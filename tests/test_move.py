@@ -3,6 +3,7 @@ transaction, keeping what they were; exactly once across commit_unknown_result."
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -143,3 +144,51 @@ def test_the_command_line(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> 
     assert capsys.readouterr().out.strip() == "moved 2 messages from a to b"
     assert main(["--url", url, "move", "a", "a"]) == 2
     assert "two queues" in capsys.readouterr().err
+
+
+def test_move_and_redrive_keep_every_field(db: Database) -> None:
+    """Field by field: what a move or a redrive keeps, exactly (issue 29: enqueued_at too)."""
+    fdbqueue.create_queue(db, "jobs", max_deliveries=2)
+    q, err = Queue("jobs"), Queue("jobs.error")
+    ids = [
+        q.enqueue(db, b"plain"),
+        q.enqueue(db, {"json": 1}, priority=5, headers={"k": "v", "n": 2}, ttl=3600.0),
+        q.enqueue(db, "text", priority=-2, headers={"a": "b"}),
+        q.enqueue(db, b"x" * 25_000, ttl=600.0),  # chunked
+    ]
+    m = q.lease(db)
+    assert m is not None
+    q.nack(db, m, delay=0.0)  # one delivery counted: kept by a move
+    before = {i: q.get(db, i) for i in ids}
+
+    def same(a: fdbqueue.Message | None, b: fdbqueue.Message | None, deliveries: int) -> None:
+        assert a is not None and b is not None
+        assert (a.id, a.payload, a.headers, a.priority, a.content_type) == (
+            b.id,
+            b.payload,
+            b.headers,
+            b.priority,
+            b.content_type,
+        )
+        assert a.enqueued_at == b.enqueued_at  # exactly
+        assert a.deliveries == deliveries
+        if b.expires_at is None:
+            assert a.expires_at is None
+        else:  # the same expiry in database time, shown by the wall clock
+            assert a.expires_at == pytest.approx(b.expires_at, abs=0.01)
+
+    assert fdbqueue.move(db, "jobs", "other") == 4
+    for i in ids:
+        same(Queue("other").get(db, i), before[i], before[i].deliveries)  # type: ignore[union-attr]
+    assert fdbqueue.move(db, "other", "jobs") == 4
+    while err.size(db) < 4:  # each fails its deliveries: a dead letter
+        got = q.lease(db)
+        assert got is not None
+        q.nack(db, got, delay=0.0)
+    assert fdbqueue.redrive(db, "jobs.error") == 4
+    for i in ids:
+        b = before[i]
+        assert b is not None
+        a = q.get(db, i)
+        assert a is not None and a.expires_at is None  # a dead letter keeps no TTL (documented)
+        same(a, dataclasses.replace(b, expires_at=None), 0)

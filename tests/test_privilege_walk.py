@@ -220,6 +220,12 @@ REFUSED: dict[str, Call] = {
     "forward": lambda w: fdbqueue.forward(w.eve, "vault", fdbqueue.open("memory://"), "x"),
     "Forwarder.step": lambda w: fdbqueue.Forwarder(w.eve, "vault", fdbqueue.open("memory://"), "x").step(),
     "Forwarder.run": lambda w: fdbqueue.Forwarder(w.eve, "vault", fdbqueue.open("memory://"), "x").run(),
+    "Forwarder.step (named)": lambda w: fdbqueue.Forwarder(
+        w.eve, "vault", fdbqueue.open("memory://"), "x", name="outbox-1"
+    ).step(),
+    "forward (named, limit)": lambda w: fdbqueue.forward(
+        w.eve, "vault", fdbqueue.open("memory://"), "x", name="outbox-1", limit=1
+    ),
     "Forwarder.recover": lambda w: fdbqueue.Forwarder(
         w.eve, "vault", fdbqueue.open("memory://"), "x"
     ).recover(),
@@ -328,6 +334,7 @@ CLI: dict[str, list[str]] = {
     "redrive": ["redrive", "vault.error", "--to", "eve.box"],
     "move": ["move", "vault", "eve.box"],
     "forward": ["forward", "--from", "URL", "--queue", "vault", "--to", "memory://", "--to-queue", "x"],
+    "forward (named)": ["forward", "--from", "URL", "--queue", "vault", "--to", "memory://", "--name", "n"],
     "routes": ["routes", "cards"],
     "route": ["route", "cards", "acme", "eve.box"],
     "audit": ["audit", "--url", "URL", "--queue", "vault", "--out", "OUT"],

@@ -16,7 +16,7 @@ import fdbqueue
 from fdbqueue import PartitionedQueue, Queue
 
 if not os.environ.get("FDBQUEUE_REQUIRE_SPARK"):
-    pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'fdbqueue[spark]')")
+    pytest.importorskip("pyspark", reason="pyspark is not installed (pip install '.[spark]')")
 
 from fdbqueue.spark import local_session
 from tests.processes import real_clock  # noqa: F401 - a fixture, used by every test here

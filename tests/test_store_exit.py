@@ -14,6 +14,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from fdbqueue.engines.sqlite.notify import notify_dir_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,3 +97,38 @@ def test_the_last_of_two_processes_removes_what_the_open_store_needed(tmp_path: 
             other.kill()
     go.unlink()
     assert files(tmp_path) == KEPT
+
+
+# A daemon thread of the program's still waits on the store when the interpreter exits. The
+# close at exit woke its watch with operation_cancelled (1101), which the thread's code let
+# escape: a full traceback as the program ended. Python stops daemon threads where they
+# stand at exit, and so does the store: the thread stays where it waits, and nothing prints.
+DAEMON_WAITERS = {
+    "a blocking dequeue": "q.dequeue(db, timeout=5.0)",
+    "a dequeue without timeout": "q.dequeue(db)",
+    "dequeues in a loop": "while True: q.dequeue(db, timeout=0.01)",
+    "an idle worker": "fdbqueue.Worker(db, 'jobs', lambda m: None, idle_timeout=0.01).run()",
+}
+DAEMON_WAITING = """
+import sys, threading, time, fdbqueue
+db = fdbqueue.open("sqlite://" + sys.argv[1])
+q = fdbqueue.Queue("jobs")
+def consume():
+    {code}
+threading.Thread(target=consume, daemon=True).start()
+time.sleep(0.3)
+print("exiting")
+"""
+
+
+@pytest.mark.parametrize("waiter", DAEMON_WAITERS.values(), ids=list(DAEMON_WAITERS))
+def test_a_daemon_thread_waiting_at_exit_ends_quietly(tmp_path: Path, waiter: str) -> None:
+    for _ in range(2):  # the thread runs in the window between the close and the end: twice
+        r = subprocess.run(
+            [sys.executable, "-c", DAEMON_WAITING.format(code=waiter), str(tmp_path / "q.db")],
+            cwd=ROOT,
+            capture_output=True,
+            timeout=60,
+        )
+        assert (r.returncode, r.stdout, r.stderr.decode()) == (0, b"exiting\n", "")
+    assert files(tmp_path) == KEPT  # and the store was closed at exit all the same

@@ -176,3 +176,52 @@ def test_cli_worker_time_limit(tmp_path: Path) -> None:
     (dead,) = Queue("jobs.error").browse(db)
     assert dead.id == mid and dead.reason == "time_limit: the handler ran past 0.3 s"
     db.close()
+
+
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_a_worker_stalled_by_abandoned_threads_holds_no_message(
+    db: Any, concurrency: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every call of the stuck worker's handler sleeps far past its limit: once abandoned
+    threads fill its places it leases nothing (no message kept leased, and renewed, for a
+    slot that cannot run it), another worker takes the rest, and ``until_empty`` sees the
+    queue empty and returns, though the abandoned threads still run."""
+    fdbqueue.create_queue(db, "jobs", max_deliveries=1, lease_seconds=2)
+    q = Queue("jobs")
+    hung = 2 * concurrency  # the places for abandoned threads
+    q.enqueue_many(db, [f"m{i}" for i in range(hung + 3)])
+    release = threading.Event()
+    stuck_calls: list[str] = []
+
+    def stuck(m: Message) -> None:
+        stuck_calls.append(m.id)
+        release.wait(60)  # far past the limit
+
+    w1 = Worker(db, "jobs", stuck, concurrency=concurrency, time_limit=0.2, idle_timeout=0.05)
+    t1 = threading.Thread(target=w1.run, kwargs={"until_empty": True}, daemon=True)
+    try:
+        t1.start()
+        deadline = time.monotonic() + 10
+        while w1.stats.timed_out < hung and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert w1.stats.timed_out == hung
+        time.sleep(0.5)  # stalled: it may not lease meanwhile
+        st = fdbqueue.queue_stats(db, "jobs")
+        assert (st.ready, st.inflight) == (3, 0), st  # it holds nothing
+        assert len(stuck_calls) == hung
+        assert "ignores its time limit" in caplog.text
+
+        done: list[str] = []
+        w2 = Worker(db, "jobs", lambda m: done.append(m.id), idle_timeout=0.05)
+        t2 = threading.Thread(target=w2.run, kwargs={"until_empty": True}, daemon=True)
+        t2.start()
+        t2.join(10)
+        assert not t2.is_alive() and len(done) == 3  # the other worker took them at once
+        t1.join(10)
+        assert not t1.is_alive()  # the queue is empty: the stuck worker's until_empty returns
+        assert len(stuck_calls) == hung and w1.stats.processed == 0
+        assert Queue("jobs.error").size(db) == hung
+    finally:
+        w1.stop()
+        release.set()
+        t1.join(10)

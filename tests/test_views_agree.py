@@ -212,3 +212,34 @@ def test_peek_and_nth_see_past_expired_and_due_messages_in_a_callers_transaction
     assert nth == browsed and size == 4 and not empty
     assert [q.dequeue(db).payload for _ in range(4)] == browsed  # type: ignore[union-attr]
     assert q.dequeue(db) is None
+
+
+def test_the_oldest_ready_message_includes_a_delayed_one_that_came_due(
+    db: Database, url: str, clock: FakeClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A due delayed message is ready in every view, so it is the oldest ready message too:
+    its age from its enqueue time, as a sweep would leave it (stats, list, metrics)."""
+    q = fdbqueue.Queue("dly")
+    q.enqueue(db, b"later", delay=1.0)
+    assert fdbqueue.queue_stats(db, "dly").oldest_age is None  # not due: nothing ready
+    clock.advance(3.0)  # no sweep, no dequeue
+    st = fdbqueue.queue_stats(db, "dly")
+    assert st.ready == 1
+    assert st.oldest_age == pytest.approx(3.0, abs=0.01), st
+    assert cli_list(db, url, capsys)["dly"]["oldest_age"] == pytest.approx(3.0, abs=0.01)
+    ages = [
+        s.value
+        for family in QueueCollector(db).collect()
+        if family.name == "fdbqueue_queue_oldest_message_age_seconds"
+        for s in family.samples
+        if s.labels == {"queue": "dly"}
+    ]
+    assert ages == [pytest.approx(3.0, abs=0.01)]
+    q.sweep(db)  # what a sweep then leaves agrees
+    assert fdbqueue.queue_stats(db, "dly").oldest_age == pytest.approx(st.oldest_age, abs=0.01)
+    # A ready message enqueued later than the due one is younger: the due one is the oldest.
+    q2 = fdbqueue.Queue("mixed")
+    q2.enqueue(db, b"first", delay=1.0)
+    clock.advance(2.0)
+    q2.enqueue(db, b"second")
+    assert fdbqueue.queue_stats(db, "mixed").oldest_age == pytest.approx(2.0, abs=0.01)

@@ -311,6 +311,10 @@ def _stats(t: Transaction, keys: QueueKeys, cfg: QueueConfig, meta: Meta | None 
             except CorruptMessageError:
                 continue  # a damaged head has no age to trust; a dequeue moves it aside
             oldest = at if oldest is None else min(oldest, at)
+    # A due delayed message is ready (views.py) though no sweep has moved it yet: its age
+    # counts from its enqueue time, as it will once a sweep or dequeue places it.
+    for _, rec in p.due:
+        oldest = rec.enqueued_us if oldest is None else min(oldest, rec.enqueued_us)
     st = read_state(t, keys)
     return QueueStats(
         name=keys.name,

@@ -419,7 +419,7 @@ uses $FDBQUEUE_URL: that names your store. Given --url explicitly, it works in t
 in queues named for this run (demo-<run>.orders and its error queue, under the root
 ("fdbqueue-demo", <run>)) and removes them and its records at the end; your own queues are
 neither read nor written. It prints a summary and exits 0 when every message was processed
-exactly once or accounted for, else 1. With pyspark installed (pip install 'fdbqueue[spark]')
+exactly once or accounted for, else 1. With pyspark installed (pip install '.[spark]' in a checkout)
 and Java, a Spark step follows: a bulk load with df.write (run twice: the second adds
 nothing), a drain by a worker, and fdbqueue audit of that queue."""
 

@@ -100,6 +100,12 @@ def add_journal_commands(add: Add, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--ack-queue", default=None, metavar="Q", help="one acknowledgement per message, on the source"
     )
+    p.add_argument(
+        "--name",
+        default=None,
+        metavar="NAME",
+        help="a restarted forwarder of this name resumes its predecessor's batches at once",
+    )
     add("routes", _cmd_routes, "the routing values of a partitioned queue sent to named queues")
     p = add("route", _cmd_route, "send a routing value of a partitioned queue to QUEUE", json_flag=False)
     p.add_argument("value", metavar="VALUE", help="the routing value")
@@ -251,6 +257,7 @@ def _cmd_forward(args: argparse.Namespace) -> int:
             ack_queue=args.ack_queue,
             where=where,
             exclusive=args.exclusive,
+            name=args.name,
         )
         run = functools.partial(f.run, follow=args.follow, limit=args.limit or None, install_signals=True)
         if sys.stderr.isatty() and have_rich():

@@ -355,7 +355,8 @@ def _write_new(
     if len(payload) > CHUNK_SIZE:
         chunks = math.ceil(len(payload) / CHUNK_SIZE)
         payload = b""
-    rec = Record(msg_id, t_us, it.content_type.value, it.headers, 0, expires, chunks, {}, payload)
+    at_us = t_us if it.enqueued_us is None else it.enqueued_us  # a forwarded message keeps its own
+    rec = Record(msg_id, at_us, it.content_type.value, it.headers, 0, expires, chunks, {}, payload)
     if it.delay > 0:
         key = keys.delayed_key(now + versions(it.delay), msg_id)
         rec = rec.with_(extra={"priority": it.priority})

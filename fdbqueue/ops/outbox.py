@@ -1,6 +1,6 @@
-"""The exclusive forwarder's reads (``forwarding.py``): a batch of ready messages, read at
-the source's head without writing anything (no leases: the forwarder is the queue's only
-consumer), and what each is."""
+"""The exclusive forwarder's reads (``runtime/outbox.py``): a batch of ready messages at the
+source's head, read without writing anything (no leases: the forwarder is the queue's only
+consumer)."""
 
 from __future__ import annotations
 

@@ -15,6 +15,9 @@ tombstone is known). Keys, under each queue's subspace:
 * each queue ``("fk",)`` -> its forwarding token, made on first use (random): which store's
   queue a pending copy or a tombstone belongs to (two stores may hold queues of one name).
 * source ``("fn", nonce)``: a forwarder's probe, read on the destination: the same store.
+* source ``("fh", destination token, name, version, first receipt)`` -> ``[[id, receipt], ...]``:
+  a batch a forwarder given ``name`` has in hand, written in the transaction that leases it,
+  cleared once it is published: what a successor of that name takes over (:func:`take_over`).
 
 Every function composes inside the caller's transaction.
 """
@@ -22,21 +25,24 @@ Every function composes inside the caller's transaction.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from fdbqueue.engines.contract import Database, Transaction
-from fdbqueue.errors import EngineError, PayloadTooLargeError, QueueError, QueueStoppedError
-from fdbqueue.ops.delivery import expire_lease
-from fdbqueue.ops.moves import CHUNK_SIZE
+from fdbqueue.errors import EngineError, LeaseError, QueueError, QueueStoppedError
+from fdbqueue.ops.delivery import expire_lease, lease_until, message_elsewhere, nack_in
+from fdbqueue.ops.moves import CHUNK_SIZE, dead_letter, remove_message, renew_lease
 from fdbqueue.ops.privileges import check
 from fdbqueue.ops.remotededup import DEDUP_HEADER, header_key
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.budget import MAX_PAYLOAD_BYTES
-from fdbqueue.store.config import Meta, QueueConfig, read_meta
+from fdbqueue.store.clock import db_now, versions
+from fdbqueue.store.config import Meta, QueueConfig, read_config, read_meta
 from fdbqueue.store.layout import QueueKeys, new_rand
-from fdbqueue.store.record import Record, decode_record, join_chunks, seal_chunk
+from fdbqueue.store.record import Record, decode_record, fit_reason, join_chunks, seal_chunk
 from fdbqueue.types import ContentType, Item, Message
 
 # What the source says of a pending copy (:func:`fates`).
@@ -119,20 +125,53 @@ def room_of(meta: Meta) -> int | None:
     return max(0, cfg.max_size - meta.count("ready") - meta.count("inflight") - meta.count("delayed"))
 
 
-def admissible(keys: QueueKeys, meta: Meta, batch: list[Message]) -> None:
+def admissible(keys: QueueKeys, meta: Meta, batch: list[Message]) -> dict[str, str]:
     """What an enqueue of ``batch`` would refuse whatever the wait: the right (checked by the
-    caller), enqueue disabled, a payload over the queue's limit. Checked at install, while
-    each message is still on the source."""
+    caller), enqueue disabled (raised). Checked at install, while each message is still on
+    the source. Returns :func:`too_large`: those messages go to the source's error queue."""
     if not meta.state.enqueue:
         raise QueueStoppedError(f"enqueue is disabled on queue {keys.name!r}")
+    return too_large(keys, meta, batch)
+
+
+def too_large(keys: QueueKeys, meta: Meta, batch: list[Message]) -> dict[str, str]:
+    """The messages of ``batch`` whose payload the destination queue's ``max_payload`` refuses,
+    by id, with the reason their dead letter on the source gives. Waiting changes nothing for
+    them, so they are not left leased (each forward would pass them by, for good)."""
     cfg = meta.config or QueueConfig()
     limit = min(cfg.max_payload, MAX_PAYLOAD_BYTES)
-    for m in batch:
-        if len(m.payload) > limit:
-            raise PayloadTooLargeError(
-                f"payload of {len(m.payload)} bytes exceeds the max_payload of queue {keys.name!r} "
-                f"({limit} bytes)"
-            )
+    return {
+        m.id: f"too large for destination {keys.name!r} (max_payload {limit}): {len(m.payload)} bytes"
+        for m in batch
+        if len(m.payload) > limit
+    }
+
+
+def dead_letter_leased(
+    src_db: Database, src: QueueKeys, batch: list[Message], big: Mapping[str, str]
+) -> None:
+    """One source transaction: each leased message of ``batch`` named in ``big`` to the source
+    queue's error queue with its reason (journaled ``dead``, counted); one whose lease is no
+    longer ours (an earlier attempt's, or lost to a stall) is left as it is."""
+
+    def body(t: Transaction, _: bool) -> None:
+        cfg = read_config(t, src) or QueueConfig()
+        now = db_now(t)
+        for m in batch:
+            if m.id in big:
+                with contextlib.suppress(LeaseError):
+                    nack_in(src, t, cfg, m, None, fit_reason(big[m.id]), now, discard=True)
+
+    run_once(src_db, body)
+
+
+def dead_letter_ready(
+    t: Transaction, src: QueueKeys, cfg: QueueConfig, key: bytes, rec: Record, reason: str
+) -> None:
+    """The exclusive forwarder's: the ready message at ``key`` to the source queue's error
+    queue with ``reason`` (journaled ``dead``, counted), in the caller's transaction."""
+    remove_message(t, src, key, rec, chunks=False, count="ready")
+    dead_letter(src, t, cfg, rec, fit_reason(reason))
 
 
 def install(
@@ -157,9 +196,7 @@ def install(
         headers = {k: v for k, v in m.headers.items() if k != DEDUP_HEADER}
         chunks = -(-len(m.payload) // CHUNK_SIZE) if len(m.payload) > CHUNK_SIZE else 0
         inline = b"" if chunks else m.payload
-        rec = Record(
-            m.id, int(m.enqueued_at * 1e6), m.content_type.value, headers, 0, None, chunks, extra, inline
-        )
+        rec = Record(m.id, enqueued_us(m), m.content_type.value, headers, 0, None, chunks, extra, inline)
         t.set(key, rec.encode())
         for n in range(chunks):
             t.set(dst.q.pack(("fp", source, m.id, str(m.receipt), n)), seal_chunk(
@@ -186,8 +223,14 @@ def as_item(rec: Record, origin: str) -> Item:
     ttl = None if until is None else max(0.001, float(until) - time.time())
     return Item(
         rec.id, new_rand(), rec.payload, ContentType(rec.content_type), int(rec.extra.get("p", 0)),
-        rec.headers, 0.0, ttl, None, fixed_id=True, origin=origin,
+        rec.headers, 0.0, ttl, None, fixed_id=True, origin=origin, enqueued_us=rec.enqueued_us,
     )  # fmt: skip
+
+
+def enqueued_us(m: Message) -> int:
+    """The message's enqueue time as stored (``Message.enqueued_at`` is it divided by 1e6:
+    rounding gives it back exactly), kept by a forward as by a move."""
+    return round(m.enqueued_at * 1e6)
 
 
 def drop_pending(t: Transaction, dst: QueueKeys, source: str, mid: str, receipt: str | None = None) -> None:
@@ -259,3 +302,84 @@ def fates(t: Transaction, src: QueueKeys, dest: str, entries: list[Entry], now: 
             expire_lease(src, t, meta.config, src.lease_key(deadline, mid), now)
         out.append(DEAD)
     return out
+
+
+# -- a named forwarder's batches (the source) -----------------------------------------------------
+
+
+def record_hand(
+    t: Transaction, src: QueueKeys, dest: str, name: str, batch: list[Message], now: int
+) -> Record_:
+    """Record the batch a forwarder named ``name`` has just leased in ``t`` (the ids and
+    receipts a successor of that name takes over); returns the record (key, value)."""
+    key = bytes(src.q.pack(("fh", dest, name, now, str(batch[0].receipt))))
+    value = json.dumps([[m.id, m.receipt] for m in batch]).encode()
+    t.set(key, value)
+    return key, value
+
+
+def clear_record(t: Transaction, record: Record_) -> None:
+    """Clear a batch's record once published, unless a namesake took it over meanwhile
+    (rewrote it: then it is the namesake's to clear; the read makes a takeover conflict)."""
+    if t.get(record[0]) == record[1]:
+        t.clear(record[0])
+
+
+Record_ = tuple[bytes, bytes]  # a named forwarder's batch record: (key, value)
+
+
+class Handover(NamedTuple):
+    """One batch taken over from a forwarder of the same name (:func:`take_over`)."""
+
+    key: bytes  # where its record is (the next takeover reads after it)
+    record: Record_ | None  # its record, naming it now (cleared once published; None: nothing left)
+    removed: list[Entry]  # removed from the source under the recorded lease: to publish
+    dead: list[Entry]  # pending copies never to be published: to withdraw
+    live: list[Message]  # still leased: leased again under new receipts, to forward
+
+
+def take_over(
+    t: Transaction, src: QueueKeys, dest: str, name: str, seconds: float, now: int, after: bytes | None
+) -> Handover | None:
+    """Take over the oldest batch a forwarder named ``name`` recorded for ``dest`` (a crashed
+    predecessor's, or a live namesake's) after the record ``after``; None when there is none.
+
+    What each message of it became is decided as :func:`fates` decides it, for good. One
+    still leased under its recorded receipt is leased again, in this transaction, under a new
+    receipt for ``seconds``: the old receipt can then never remove it (a removal under it
+    reads the lease, and conflicts or finds it changed), so its pending copies under the old
+    receipt are dead, and each receipt keeps a single owner - the reason a namesake still at
+    work cannot double what is taken over. The record then names the new receipts (and the
+    removed ones, until published)."""
+    r = src.q.range(("fh", dest, name))
+    begin = r.start if after is None else max(r.start, after + b"\x00")
+    found = t.get_range(begin, r.stop, 1)  # read, not snapshot: a namesake's lease conflicts
+    if not found:
+        return None
+    key, raw = found[0]
+    entries: list[Entry] = [(str(mid), str(receipt)) for mid, receipt in json.loads(raw)]
+    removed: list[Entry] = []
+    dead: list[Entry] = []
+    live: list[Message] = []
+    fresh = new_rand().hex()
+    deadline, until = now + versions(seconds), lease_until(seconds)
+    for i, (entry, fate) in enumerate(zip(entries, fates(t, src, dest, entries, now), strict=True)):
+        if fate == REMOVED:
+            removed.append(entry)
+            continue
+        dead.append(entry)  # dead, or about to be: its lease changes hands below
+        if fate == LIVE:
+            ikey = src.inflight_key(entry[0])
+            rec = decode_record(t.get(ikey) or b"", src, ikey, entry[0])
+            receipt = f"{fresh}.{i}"
+            moved = rec.with_(extra={**rec.extra, "receipt": receipt, "deadline": deadline, "until": until})
+            renew_lease(t, src, rec, moved, deadline, receipt)
+            m = message_elsewhere(src, t, ikey, moved.encode())
+            assert m is not None  # a leased record
+            live.append(dataclasses.replace(m, receipt=receipt, lease_deadline=until / 1e6))
+    if not removed and not live:
+        t.clear(key)
+        return Handover(key, None, removed, dead, live)
+    value = json.dumps([list(e) for e in removed] + [[m.id, m.receipt] for m in live]).encode()
+    t.set(key, value)
+    return Handover(key, (key, value), removed, dead, live)

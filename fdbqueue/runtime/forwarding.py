@@ -22,6 +22,10 @@ was still ours: so a stalled forwarder's copy, whose lease others took, never be
 pending copy whose lease ended without a tombstone is withdrawn - after the source, in one
 transaction, made sure no removal under that lease can still commit (``transit.fates``).
 
+A forwarder given a ``name`` records each batch it leases, in the leasing transaction, under
+its name on the source; a successor of that name takes those batches over at once (their
+leases pass to it under new receipts: ``transit.take_over``) instead of waiting for them.
+
 The exclusive forwarder (no leases: the queue's only consumer) installs directly with a marker
 ``("fw", source, id)`` instead, and removes at step 3 what is unchanged since it was read.
 """
@@ -29,7 +33,6 @@ The exclusive forwarder (no leases: the queue's only consumer) installs directly
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import signal
 import sys
@@ -43,6 +46,7 @@ from typing import Any
 import tenacity
 
 from fdbqueue.api.queue import Queue
+from fdbqueue.api.transfer import check_limit
 from fdbqueue.engines.contract import Database, Transaction, adopt, is_transaction
 from fdbqueue.errors import (
     ClusterUnavailableError,
@@ -54,35 +58,23 @@ from fdbqueue.errors import (
 from fdbqueue.ops import transit
 from fdbqueue.ops.delivery import ack_many_in
 from fdbqueue.ops.enqueuing import enqueue_in
-from fdbqueue.ops.moves import Note, count_sent, send_away
-from fdbqueue.ops.outbox import Ready, peek
+from fdbqueue.ops.moves import Note
+from fdbqueue.ops.outbox import Ready
 from fdbqueue.ops.privileges import check
 from fdbqueue.ops.receipts import settled
-from fdbqueue.ops.remotededup import DEDUP_HEADER, already_there, carry, layer_keys, there_named
+from fdbqueue.ops.remotededup import carry, layer_keys, there_named
 from fdbqueue.ops.txn import run_once
+from fdbqueue.runtime.outbox import Outbox
 from fdbqueue.store.clock import db_now, versions
 from fdbqueue.store.config import read_meta
-from fdbqueue.store.layout import DEFAULT_ROOT, forward_marker, forward_marker_range, new_rand
-from fdbqueue.types import Item, Message, check_flag, check_where
+from fdbqueue.store.layout import DEFAULT_ROOT, forward_marker
+from fdbqueue.types import ForwardStats, Item, Message, check_flag, check_where
 
 log = logging.getLogger("fdbqueue.runtime.forwarding")
 
 LEASE_SECONDS = 60.0  # a batch's lease on the source: long enough for a slow destination
-MARKER_TTL = 7 * 86400.0  # a marker older than this whose message left the source: cleared
 # DEDUP_HEADER: a RemoteQueue's message kept locally names the dedup key of its remote attempt
 # (taken off on install); remotededup.py says when the forwarder acts on it.
-
-
-@dataclass
-class ForwardStats:
-    """What a forward did: messages forwarded, found installed already (an earlier attempt's),
-    attempts retried after a failure of either side, and the lag: seconds from a message's
-    enqueue to its arrival, for the last one forwarded."""
-
-    forwarded: int = 0
-    skipped: int = 0
-    retried: int = 0
-    lag: float | None = None
 
 
 def _transient(exc: BaseException) -> bool:
@@ -91,9 +83,12 @@ def _transient(exc: BaseException) -> bool:
     )
 
 
-class Forwarder:
+class Forwarder(Outbox):
     """Forwards queue ``src`` of ``src_db`` to queue ``dst`` of ``dst_db``, exactly once (see
-    the module's docstring); ``run(follow=True)`` keeps going as messages arrive."""
+    the module's docstring); ``run(follow=True)`` keeps going as messages arrive. ``name``: a
+    forwarder of the same name, started after this one dies, takes over its leased batches at
+    once (without one they wait for their leases to end); two of one name at once double
+    nothing. Each message keeps its id, payload, headers, priority, enqueue time and TTL left."""
 
     def __init__(
         self,
@@ -110,6 +105,7 @@ class Forwarder:
         lease_seconds: float = LEASE_SECONDS,
         where: Mapping[str, Any] | None = None,
         exclusive: bool = False,
+        name: str | None = None,
     ) -> None:
         if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 1000:
             raise QueueError(f"batch must be an int from 1 to 1000, got {batch!r}")
@@ -124,7 +120,13 @@ class Forwarder:
         self.ack = None if ack_queue is None else Queue(ack_queue, root=root)
         self.where = check_where(where)
         self.exclusive = check_flag("exclusive", exclusive)
+        self.name = _check_name(name, self.exclusive)
+        self._resumed = name is None  # a named forwarder takes its namesakes' batches over first
+        self._cursor: bytes | None = None  # named: the last record taken over
+        self._records: list[transit.Record_] = []  # named: records of published batches, to clear
+        self._cap: int | None = None  # run(limit=): how many more messages it may take
         self._pending: list[Ready] | None = None  # exclusive: the next batch, read with the last removal
+        self._too_large: dict[str, str] = {}  # exclusive: of the batch installed, dead letters (reasons)
         self.batch = batch
         self.stats = ForwardStats()
         self.retry_seconds = retry_seconds
@@ -160,8 +162,32 @@ class Forwarder:
 
     # -- the leased path: lease, install, remove, publish --------------------------------------
 
-    def _lease(self, n: int) -> list[Message]:
-        return self.src.lease_many(self.src_db, n, self.lease_seconds, where=self.where)
+    def _lease(self, n: int) -> tuple[list[Message], transit.Record_ | None]:
+        """Step 1; named: the batch recorded under the name in the leasing transaction."""
+        if self.name is None:
+            return self.src.lease_many(self.src_db, n, self.lease_seconds, where=self.where), None
+        skeys, (_, dest), name = self.src.keys, self._token_pair(), self.name
+
+        def body(t: Transaction) -> tuple[list[Message], transit.Record_ | None]:
+            batch = self.src.lease_many(t, n, self.lease_seconds, where=self.where)
+            return batch, (transit.record_hand(t, skeys, dest, name, batch, db_now(t)) if batch else None)
+
+        return settled(self.src_db, skeys, body)
+
+    def _take_over(self) -> _Hand | None:
+        """A named forwarder's first steps: the oldest batch its namesakes left recorded, taken
+        over (``transit.take_over``), as the batch in hand; None when none is left."""
+        skeys, (_, dest), name = self.src.keys, self._token_pair(), str(self.name)
+
+        def body(t: Transaction) -> transit.Handover | None:
+            check(t, skeys, "dequeue", read_meta(t, skeys))
+            return transit.take_over(t, skeys, dest, name, self.lease_seconds, db_now(t), self._cursor)
+
+        got = settled(self.src_db, skeys, body)
+        if got is None:
+            return None
+        self._cursor = got.key
+        return _Hand(got.live, lost=list(got.dead), removed=got.removed, record=got.record)
 
     def _install(self, batch: list[Message]) -> int:
         """Step 2: one destination transaction writes the pending copies; returns how many (the
@@ -171,14 +197,17 @@ class Forwarder:
         dkeys, (source, _) = self.dst.keys, self._token_pair()
         layer = layer_keys(self._src_db, self.src.keys, batch)  # dedup keys the source confirms
 
-        def body(t: Transaction) -> int:
+        def body(t: Transaction) -> dict[str, str]:
             meta = read_meta(t, dkeys)
             check(t, dkeys, "enqueue", meta)
-            transit.admissible(dkeys, meta, batch)
-            transit.install(t, dkeys, source, batch, db_now(t), layer)
-            return len(batch)
+            big = transit.admissible(dkeys, meta, batch)  # too large for it: dead letters
+            transit.install(t, dkeys, source, [m for m in batch if m.id not in big], db_now(t), layer)
+            return big
 
-        return settled(self.dst_db, dkeys, body)
+        big = settled(self.dst_db, dkeys, body)
+        if big:  # their leases end there: step 3 finds them gone (lost), with no copy to withdraw
+            transit.dead_letter_leased(self._src_db, self.src.keys, batch, big)
+        return len(batch) - len(big)
 
     def _remove(self, batch: list[Message]) -> list[Message]:
         """Step 3: one source transaction removes each message whose lease is still ours, with
@@ -187,7 +216,7 @@ class Forwarder:
         the messages published since the last removal."""
         skeys, (_, dest) = self.src.keys, self._token_pair()
         note = Note("forward_out", None, {"to": self.dst.name})
-        published = list(self._published)
+        published, records = list(self._published), list(self._records)
 
         def body(t: Transaction) -> list[Message]:
             now = db_now(t)
@@ -202,11 +231,14 @@ class Forwarder:
             self._acknowledge(t, done)
             for mid in published:
                 t.clear(transit.tomb_key(skeys, dest, mid))
+            for record in records:  # named: batches published, nothing left to take over
+                transit.clear_record(t, record)
             removed = earlier | {m.id for m in done}
             return [m for m in batch if m.id in removed]
 
         done = settled(self.src_db, skeys, body)
         self._published = self._published[len(published) :]
+        self._records = self._records[len(records) :]
         return done
 
     def _withdraw(self, entries: list[transit.Entry]) -> None:
@@ -267,9 +299,10 @@ class Forwarder:
         self._published += [mid for mid, _ in entries if mid not in done]
         return wrote, left
 
-    def _publish_all(self, entries: list[transit.Entry], *, wait: bool = True) -> int:
+    def _publish_all(self, entries: list[transit.Entry], *, wait: bool = True) -> tuple[int, int]:
         """Publish ``entries``, waiting for room (a backoff up to 1 s; ``stop()`` ends the
-        wait: what is left stays pending, for ``recover`` to publish). Returns how many."""
+        wait: what is left stays pending, for ``recover`` to publish). Returns how many it
+        wrote, and how many are left."""
         wrote, pause = 0, 0.01
         while entries:
             n, entries = self._publish(entries)
@@ -277,7 +310,7 @@ class Forwarder:
             if entries and (not wait or self._stop.wait(pause)):
                 break
             pause = min(1.0, pause * 2)
-        return wrote
+        return wrote, len(entries)
 
     def _wait_for_room(self) -> int:
         """How many messages to lease: a batch, or what the destination has room for; while it
@@ -288,7 +321,8 @@ class Forwarder:
                 return 0
             pause = min(1.0, pause * 2)
             self._room = run_once(self.dst_db, lambda t, _: transit.room_of(read_meta(t, self.dst.keys)))
-        return self.batch if self._room is None else min(self.batch, self._room)
+        want = self.batch if self._room is None else min(self.batch, self._room)
+        return want if self._cap is None else min(want, self._cap)
 
     def _token_pair(self) -> tuple[str, str]:
         if self._tokens is None:
@@ -316,138 +350,9 @@ class Forwarder:
         if dead:
             self._withdraw(dead)
         todo = list(dict.fromkeys(found + removed))
-        n = self._publish_all(todo, wait=False) if todo else 0
+        n = self._publish_all(todo, wait=False)[0] if todo else 0
         self._recovered_at = time.monotonic()
         return n + len(dead)
-
-    # -- the exclusive path: no leases ---------------------------------------------------------
-
-    def _peek(self, t: Transaction) -> list[Ready]:
-        return peek(t, self.src.keys, self.batch, self.where)
-
-    def _send_away(self, batch: list[Ready]) -> tuple[list[Message], list[Ready]]:
-        """Exclusive step 3, with the next batch's step 1: one source transaction removes
-        what the destination now holds and reads the next batch."""
-        skeys = self.src.keys
-        note = Note("forward_out", None, {"to": self.dst.name})
-
-        def body(t: Transaction) -> tuple[list[Message], list[Ready]]:
-            meta = read_meta(t, skeys)
-            check(t, skeys, "dequeue", meta)
-            journaled = meta.config is not None and meta.config.journal
-            done = []
-            raws = t.get_many([r.key for r in batch])  # serializable: a change meanwhile conflicts
-            for r, raw in zip(batch, raws, strict=True):
-                if raw != r.raw:
-                    log.warning(
-                        "exclusive forward of %r: message %s changed or was taken by another consumer "
-                        "after it was installed on %r (the forwarder must be the queue's only consumer)",
-                        self.src.name,
-                        r.message.id,
-                        self.dst.name,
-                    )
-                    continue
-                send_away(t, skeys, r.key, r.rec, journaled=journaled, note=note)
-                done.append(r.message)
-            count_sent(t, skeys, len(done))
-            self._acknowledge(t, done)
-            return done, self._peek(t)
-
-        return settled(self.src_db, skeys, body)
-
-    def _install_marked(self, batch: list[Message]) -> tuple[int, int]:
-        """Exclusive step 2: one destination transaction installs the messages themselves, each
-        with a marker; one already marked is skipped (an earlier attempt's). As many as the
-        queue has room for, in order: returns how many of the batch are there now, and how
-        many of those it wrote."""
-        dkeys = self.dst.keys
-        layer = layer_keys(self._src_db, self.src.keys, batch)  # dedup keys the source confirms
-
-        def body(t: Transaction) -> tuple[int, int]:
-            now = db_now(t)
-            room = transit.room_of(read_meta(t, dkeys))
-            marks = t.get_many([forward_marker(dkeys, self.origin, m.id) for m in batch])
-            # A RemoteQueue's message that may have reached the destination directly (its
-            # enqueue there ended without an answer): skipped only as the stores confirm it.
-            there = already_there(t, dkeys, batch, layer, now)
-            fit, items = 0, list[Item]()
-            for m, mark in zip(batch, marks, strict=True):
-                if mark is None and m.id not in there:
-                    if room is not None and len(items) >= room:
-                        break  # the rest when there is room: the destination's max_size holds
-                    items.append(Item(m.id, new_rand(), m.payload, m.content_type, m.priority,
-                                      {k: v for k, v in m.headers.items() if k != DEDUP_HEADER}, 0.0,
-                                      _ttl_left(m), None, fixed_id=True, origin=self.origin))  # fmt: skip
-                fit += 1
-            if items:
-                enqueue_in(dkeys, t, items, False, None)
-            for m, mark in zip(batch[:fit], marks, strict=False):
-                if mark is None:
-                    t.set(forward_marker(dkeys, self.origin, m.id), str(now).encode())
-                    if m.id in layer and m.id not in there:
-                        # The producer's key: a direct enqueue with it finds this message, and
-                        # the unanswered remote one, landing late, conflicts (it read the key).
-                        carry(t, dkeys, layer[m.id], m.id, now)
-            for mid in self._removed:  # the last batch's: gone from the source, so done with
-                t.clear(forward_marker(dkeys, self.origin, mid))
-            return fit, len(items)
-
-        return settled(self.dst_db, dkeys, body)
-
-    def _step_exclusive(self) -> int:
-        batch = self._pending
-        if batch is None:
-            batch = run_once(self.src_db, lambda t, _: self._peek(t))
-        if not batch:
-            self._pending = None
-            return 0
-        pause = 0.01
-        while True:
-            fit, new = self._install_marked([r.message for r in batch])
-            if fit:
-                break
-            if self._stop.wait(pause):  # the destination is full: wait for room, or stop()
-                self._pending = None
-                return 0
-            pause = min(1.0, pause * 2)
-        self._removed = []
-        done, self._pending = self._send_away(batch[:fit])
-        self._removed = [m.id for m in done]
-        self.stats.forwarded += len(done)
-        self.stats.skipped += fit - new
-        self.stats.lag = max(0.0, time.time() - batch[fit - 1].message.enqueued_at)
-        return len(done)
-
-    def _acknowledge(self, t: Transaction, done: list[Message]) -> None:
-        """One acknowledgement on ``ack_queue`` per message removed, in the removing transaction."""
-        if self.ack is not None and done:
-            acks = [json.dumps({"id": m.id, "queue": self.src.name, "to": self.dst.name}) for m in done]
-            self.ack.enqueue_many(t, acks)
-
-    def prune_markers(self, limit: int = 1000) -> int:
-        """Clear markers older than MARKER_TTL (database time of the destination) whose
-        message the source no longer holds: what a crash, or the end of a run that could not
-        reach the destination, left behind."""
-        dkeys = self.dst.keys
-
-        def old(t: Transaction, _: bool) -> list[tuple[bytes, str]]:
-            cut = db_now(t) - versions(MARKER_TTL)
-            out = []
-            for kv in t.get_range(*forward_marker_range(dkeys, self.origin), limit):
-                if int(kv.value) < cut:
-                    out.append((kv.key, str(dkeys.root.unpack(kv.key)[-1])))
-            return out
-
-        found = run_once(self.dst_db, old)
-        gone = [key for key, mid in found if self.src.get(self.src_db, mid) is None]
-
-        def clear(t: Transaction, _: bool) -> None:
-            for key in gone:
-                t.clear(key)
-
-        if gone:
-            run_once(self.dst_db, clear)
-        return len(gone)
 
     # -- running ---------------------------------------------------------------------------------
 
@@ -463,30 +368,39 @@ class Forwarder:
                 self._pending = None  # read again by the next step: it may be out of date
                 raise
         while not self._stop.is_set() or self._hand is not None:
+            if self._hand is None and not self._resumed:
+                self._hand = self._take_over()  # a namesake's batch first
+                self._resumed = self._hand is None
             if self._hand is None:
                 want = self._wait_for_room()
-                batch = self._lease(want) if want else []
+                batch, record = self._lease(want) if want else ([], None)
                 if not batch:
                     return 0
-                self._hand = _Hand(batch)
+                self._hand = _Hand(batch, record=record)
             h = self._hand  # resumed where it stopped when a step is retried (run)
             if not h.installed:
-                self._install(h.batch)
+                if h.batch:
+                    self._install(h.batch)
                 h.installed = True
             if h.done is None:
-                h.done = self._remove(h.batch)
+                h.done = self._remove(h.batch) if h.batch else []
                 kept = {m.id for m in h.done}
-                h.lost = [(m.id, str(m.receipt)) for m in h.batch if m.id not in kept]
+                h.lost += [(m.id, str(m.receipt)) for m in h.batch if m.id not in kept]
             if h.lost:  # leases lost to a stall: another forwarder or a consumer has them
                 self._withdraw(h.lost)
                 h.lost = []
-            wrote = self._publish_all([(m.id, str(m.receipt)) for m in h.done])
+            entries = h.removed + [(m.id, str(m.receipt)) for m in h.done]
+            wrote, left = self._publish_all(entries)
             self._hand = None
+            if h.record is not None and not left:
+                self._records.append(h.record)  # cleared by the next removal, or at the end
             self.stats.forwarded += wrote
-            self.stats.skipped += len(h.done) - wrote
+            self.stats.skipped += len(entries) - wrote - left
+            self._took(len(entries))
             if h.done:
                 self.stats.lag = max(0.0, time.time() - h.done[-1].enqueued_at)
-                return len(h.done)
+            if entries:
+                return len(entries)
         return 0
 
     def run(
@@ -498,16 +412,20 @@ class Forwarder:
         idle_timeout: float | None = None,
         progress: Callable[[ForwardStats], object] | None = None,
     ) -> ForwardStats:
-        """Forward until the source is empty (or, with ``follow``, until ``stop()``, SIGTERM or
-        SIGINT with ``install_signals``, or ``idle_timeout`` seconds without a message),
+        """Forward until the source is empty, or ``limit`` messages (exactly: it leases no more
+        than is left of it; a batch taken over from a namesake is finished whole, and counts),
+        or, with ``follow``, until ``stop()``, SIGTERM or
+        SIGINT with ``install_signals``, or ``idle_timeout`` seconds without a message,
         retrying with a backoff while either side is down (tenacity); ``progress`` is called
         with the statistics after each batch."""
+        check_limit(limit)
         self._retrying(self._prepare)  # a queue forwarded into itself: refused here
+        self._cap = limit
         restore = self._signals() if install_signals else None
         with contextlib.suppress(EngineError, QueueError):  # best effort: a side may be down
             self.prune_markers()
         try:
-            while not self._stop.is_set() and (limit is None or self.stats.forwarded < limit):
+            while not self._stop.is_set() and (self._cap is None or self._cap > 0):
                 if not self.exclusive and time.monotonic() - self._recovered_at >= max(
                     1.0, self.lease_seconds
                 ):
@@ -534,19 +452,11 @@ class Forwarder:
                 with contextlib.suppress(EngineError, QueueError):
                     self._clear_markers(self._removed)
                 self._removed = []
-            if self._published:  # else cleared by the next run's first removal, or recover()
+            self._cap = None
+            if self._published or self._records:  # else cleared by the next run's first removal
                 with contextlib.suppress(EngineError, QueueError):
                     self._remove([])
         return self.stats
-
-    def _clear_markers(self, ids: list[str]) -> None:
-        dkeys = self.dst.keys
-
-        def body(t: Transaction, _: bool) -> None:
-            for mid in ids:
-                t.clear(forward_marker(dkeys, self.origin, mid))
-
-        run_once(self.dst_db, body)
 
     def _retrying(self, call: Any) -> Any:
         def count(state: tenacity.RetryCallState) -> None:
@@ -582,19 +492,26 @@ _ITSELF = "forwarding queue {!r} into itself (one store, one queue): it would de
 @dataclass
 class _Hand:
     """A leased batch through the steps: installed, then removed (``done``: those whose lease
-    was still ours; ``lost``: pending copies of the others, to withdraw), then published."""
+    was still ours; ``lost``: pending copies of the others, to withdraw), then published.
+    Taken over from a namesake: ``removed`` left the source already, published first;
+    ``record``: the batch's record under the forwarder's name."""
 
     batch: list[Message]
     installed: bool = False
     done: list[Message] | None = None
     lost: list[transit.Entry] = field(default_factory=list)
+    removed: list[transit.Entry] = field(default_factory=list)
+    record: transit.Record_ | None = None
 
 
-def _ttl_left(m: Message) -> float | None:
-    """The seconds of its TTL a message has left (None: none), as the destination's TTL."""
-    if m.expires_at is None:
+def _check_name(name: object, exclusive: bool) -> str | None:
+    if name is None:
         return None
-    return max(0.001, m.expires_at - time.time())
+    if not isinstance(name, str) or not 1 <= len(name) <= 256:
+        raise QueueError(f"a forwarder's name must be a str of 1 to 256 characters, got {name!r}")
+    if exclusive:
+        raise QueueError("name= resumes a leased forwarder's batches; an exclusive one needs none")
+    return name
 
 
 def forward(
@@ -611,13 +528,15 @@ def forward(
     progress: bool = False,
     exclusive: bool = False,
     root: tuple[Any, ...] = DEFAULT_ROOT,
+    name: str | None = None,
 ) -> ForwardStats:
     """Forward queue ``src`` of ``src_db`` to queue ``dst`` of ``dst_db`` exactly once (see the
     module's docstring) until the source is empty (``follow``: until stopped); resumable: a
     forward after a crash finishes what the crashed one began. ``where``: only the messages
     whose headers match. ``progress``: a status line on stderr after each batch. Returns its
-    statistics. ``exclusive``: the forwarder is the source queue's only consumer (an outbox):
-    no leases (see :class:`Forwarder`). An unknown source queue is QueueNotFoundError, not
+    statistics. ``limit``: at most that many messages, exactly. ``name``: see
+    :class:`Forwarder`. ``exclusive``: the forwarder is the source queue's only consumer (an
+    outbox): no leases. An unknown source queue is QueueNotFoundError, not
     "0 forwarded"; with ``follow`` it is awaited (a RemoteQueue's outbox appears on first use)."""
     f = Forwarder(
         src_db,
@@ -629,6 +548,7 @@ def forward(
         root=root,
         where=where,
         exclusive=exclusive,
+        name=name,
     )
     if not follow and run_once(f._src_db, lambda t, _: read_meta(t, f.src.keys).config) is None:
         raise QueueNotFoundError(f"no queue named {src!r} to forward")

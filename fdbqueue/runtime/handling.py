@@ -200,8 +200,12 @@ class TimeLimit:
     """Runs a worker's handler calls in threads it can give up on after ``seconds``.
 
     Python cannot stop a thread: a call past its limit is *abandoned* - it runs on, its
-    result ignored - and the slot goes on in a fresh thread. At most ``most`` abandoned
-    threads live at once; past that a slot waits for one to end before its next call.
+    result ignored - and the slot goes on in a fresh thread. At most ``most`` calls, running
+    or abandoned, live at once: a call starts only on a place :meth:`reserve` took. The
+    worker leases no more messages than there are free places (:meth:`free`), so none is
+    leased for a slot that cannot run it; while abandoned threads take every place
+    (:attr:`stalled`: a handler that ignores its time limit) it holds no message at all and
+    waits (:meth:`wait`) for one of them to end.
     """
 
     def __init__(self, seconds: float, most: int, logger: logging.Logger) -> None:
@@ -209,14 +213,33 @@ class TimeLimit:
         self.most = most
         self.log = logger
         self.abandoned = 0  # abandoned threads still running
+        self.running = 0  # calls started (or about to start) and not given up
         self._cond = threading.Condition()
         self._runners = threading.local()
         self._all: list[_Runner] = []
 
+    def free(self) -> int:
+        """How many more calls may start now."""
+        with self._cond:
+            return max(0, self.most - self.abandoned - self.running)
+
+    @property
+    def stalled(self) -> bool:
+        """Abandoned threads take every place: no call can start until one of them ends."""
+        return self.abandoned >= self.most
+
+    def reserve(self) -> bool:
+        """Take a place for a call (then :meth:`run` it); False when none is free."""
+        with self._cond:
+            if self.abandoned + self.running >= self.most:
+                return False
+            self.running += 1
+            return True
+
     def run(self, stop: threading.Event, fn: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
-        """``fn(*args)`` in this slot's thread, up to ``seconds``: (True, its result), its
-        exception raised here, or (False, None) when the call was abandoned."""
-        self._room(stop)
+        """``fn(*args)`` in this slot's thread, on a place :meth:`reserve` took, up to
+        ``seconds``: (True, its result), its exception raised here, or (False, None) when
+        the call was abandoned (its place stays taken until its thread ends)."""
         runner: _Runner | None = getattr(self._runners, "runner", None)
         if runner is None:
             runner = self._runners.runner = _Runner(self)
@@ -228,14 +251,21 @@ class TimeLimit:
         try:
             finished = runner.done.wait(self.seconds)
         except BaseException:  # stopped at once (StopNow) while waiting: leave it behind
-            self._abandon(runner)
+            if not self._abandon(runner):
+                self._finished()
             raise
         if not finished and self._abandon(runner):
             return False, None
+        self._finished()
         ok, value = runner.result
         if not ok:
             raise value
         return True, value
+
+    def _finished(self) -> None:
+        with self._cond:
+            self.running -= 1
+            self._cond.notify_all()
 
     def _abandon(self, runner: _Runner) -> bool:
         """Give up on ``runner``'s call unless it has just finished; True if given up."""
@@ -246,25 +276,35 @@ class TimeLimit:
         self._runners.runner = None
         with self._cond:
             self._all.remove(runner)
+            self.running -= 1
             self.abandoned += 1
         return True
 
     def ended(self) -> None:
-        """An abandoned call returned at last: its thread ends."""
+        """An abandoned call returned at last: its thread ends, and its place is free."""
         with self._cond:
             self.abandoned -= 1
             self._cond.notify_all()
 
-    def _room(self, stop: threading.Event) -> None:
+    def wait(self, stop: threading.Event, timeout: float) -> None:
+        """Wait up to ``timeout`` for a free place (or ``stop``)."""
+        deadline = time.monotonic() + timeout
         with self._cond:
-            if self.abandoned >= self.most and not stop.is_set():
-                self.log.warning(
-                    "%d handler threads abandoned past their time limit are still running: waiting "
-                    "for one to end before the next message",
-                    self.abandoned,
-                )
-            while self.abandoned >= self.most and not stop.is_set():
-                self._cond.wait(0.25)  # a stop ends the wait within a quarter second
+            while self.abandoned + self.running >= self.most and not stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._cond.wait(min(left, 0.25))  # a stop ends the wait within a quarter second
+
+    def stall_advice(self) -> str:
+        """What the log says while abandoned threads take every place."""
+        return (
+            f"{self.abandoned} handler threads abandoned past their time limit of {self.seconds:g} s "
+            f"are still running (at most {self.most}): this worker leases no message until one "
+            "of them ends, and holds none meanwhile (other workers take them). The handler "
+            "ignores its time limit (Python cannot stop a thread): make it return in time "
+            "(timeouts on its own blocking calls), or run its work in a process it can end"
+        )
 
     def close(self) -> None:
         """End the idle slot threads (abandoned ones end when their calls do)."""

@@ -17,8 +17,12 @@
   renewed and the message is nacked as a failed delivery (reason ``"time_limit: ..."``; the
   error queue at max_deliveries); Python cannot stop a thread, so the call's thread is
   abandoned, its late result ignored (its receipt is stale), and the slot goes on with the
-  next message; at most ``2 * concurrency`` abandoned threads live at once (past that a slot
-  waits for one to end). In exactly-once mode the call runs in the worker's thread, inside its transaction:
+  next message. At most ``2 * concurrency`` calls, running or abandoned, live at once, and
+  the worker leases a message only when a call may start (never one for a slot that cannot
+  run it). When abandoned threads take every place (a handler that ignores its time limit)
+  it holds no message - others take them - and waits for one to end, logging what to do;
+  with ``until_empty`` it returns once the queues hold nothing. In exactly-once mode the call
+  runs in the worker's thread, inside its transaction:
   one that returns after S seconds has its transaction aborted and counts as failed (the
   5-second transaction limit applies anyway).
 
@@ -81,6 +85,7 @@ IO_BATCH = 64  # page in batches: not so large that the queue blocks, nor so sma
 # window (the handler's transaction cannot outlive it) with room for the wait for a writer and
 # the nack after a failure. A worker that dies holding a claim delays its message this long.
 CLAIM_SECONDS = 2 * TRANSACTION_WINDOW_SECONDS
+STALL_LOG_EVERY = 60.0  # seconds between the log lines of a worker stalled by abandoned threads
 
 
 class Worker:
@@ -144,6 +149,7 @@ class Worker:
         # Handler calls past time_limit are abandoned (lease mode): see TimeLimit.
         self.time_limit = check_time_limit(time_limit)
         self._limiter: TimeLimit | None = None
+        self._stall_logged = float("-inf")  # monotonic time of the last stall warning
         self._exporter: Any = None  # metrics.Exporter while run() runs with a metrics_port
         self._forced = False  # stopped at once (StopNow): handler threads are not waited for
         self.backoff = Backoff(log)
@@ -172,6 +178,7 @@ class Worker:
         ``max_messages`` handled, or - with ``until_empty`` - nothing is ready or delayed."""
         self._limit = max_messages
         self._stop.clear()
+        self._stall_logged = float("-inf")
         self._forced = False
         if self.metrics_port is not None and self._exporter is None:
             from fdbqueue.runtime.metrics import serve
@@ -364,6 +371,34 @@ class Worker:
             return
         with self._lock:
             self.stats.wakeups += woke
+
+    def _stall(self, until_empty: bool) -> None:
+        """Abandoned threads take every place for a handler call (a handler that ignores its
+        time limit): hold no message (nothing is leased; others take them), commit the acks
+        waiting, say what to do (every ``STALL_LOG_EVERY`` seconds), and wait a while for a
+        place. With ``until_empty``, stop once the queues hold nothing, as :meth:`_idle` does."""
+        limiter = self._limiter
+        assert limiter is not None
+        self._flush_acks()
+        now = time.monotonic()
+        if now - self._stall_logged >= STALL_LOG_EVERY:
+            self._stall_logged = now
+            log.warning("%s", limiter.stall_advice())
+        if until_empty:
+            try:
+                if self.workset is not None:
+                    empty = self.workset.drained(self.db)
+                else:
+                    empty = until_empty_wait(self.db, self.queues, self.idle_timeout) is None
+            except QueueError as exc:
+                if not engine_failure(exc):
+                    raise
+                self.backoff.wait("waiting on the queues", exc, self._stop)
+                return
+            if empty:
+                self._stop.set()
+                return
+        limiter.wait(self._stop, max(0.05, self.idle_timeout))
 
     def _watcher(self) -> QueueWatcher:
         """This thread's watcher: its watches outlive each idle wait (no rebuild per wait)."""
@@ -593,6 +628,15 @@ class Worker:
                         room.wait(0.05)
                         continue
                     want = self.budget.size - len(buffer)
+                    if self._limiter is not None:  # no message leased for a call that cannot start
+                        want = min(want, self._limiter.free() - len(buffer))
+                if want <= 0:
+                    if self._limiter is not None and self._limiter.stalled:
+                        self._stall(until_empty)
+                    else:
+                        with lock:
+                            room.wait(0.05)
+                    continue
                 got = self._fetch(want)
                 if got:
                     with lock:
@@ -628,7 +672,13 @@ class Worker:
         try:
             while not self.stopping:
                 if not buffer:
-                    buffer.extend(self._fetch(self.budget.size))
+                    want = self.budget.size
+                    if self._limiter is not None:  # no message leased for a call that cannot start
+                        want = min(want, self._limiter.free())
+                        if want == 0:  # no call runs here: abandoned threads take every place
+                            self._stall(until_empty)
+                            continue
+                    buffer.extend(self._fetch(want))
                     if not buffer:
                         self._idle(until_empty)
                     continue
@@ -700,6 +750,10 @@ class Worker:
         try:
             if self._limiter is None:
                 tracing.run(q.name, m.id, m.headers, self.handler, m)
+            elif not self._limiter.reserve():  # abandoned threads took the places meanwhile:
+                self._beat.drop(m)  # held by no one here, so others may take it at once
+                self._release(q, m)
+                return
             elif not self._limiter.run(self._stop, tracing.run, q.name, m.id, m.headers, self.handler, m)[0]:
                 self._beat.drop(m)  # renewed no more: past its limit the message is released
                 self._timed_out(q, m, began)

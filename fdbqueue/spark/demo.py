@@ -44,7 +44,7 @@ class SparkStep:
 def spark_available() -> str | None:
     """None when the Spark step can run, else why not."""
     if importlib.util.find_spec("pyspark") is None:
-        return "pyspark is not installed: pip install 'fdbqueue[spark]' (and Java 17) runs it"
+        return "pyspark is not installed: pip install '.[spark]' in a checkout (and Java 17) runs it"
     if shutil.which("java") is None:
         return "no Java on PATH: Spark needs Java 17"
     return None

@@ -59,6 +59,22 @@ _POINT_RANGE_BYTES = KEY_RANGE_REF_BYTES + 1  # [key, keyAfter(key)): plus twice
 
 _CALLBACKS = threading.Lock()  # an on_ready racing the watch's completion
 
+# Set at interpreter exit, before the embedded engine closes the handles a program left open
+# (engines/_shared.py, _at_exit).
+EXITING = threading.Event()
+
+
+def park_at_exit() -> None:
+    """In a daemon thread that meets a store closed at interpreter exit: stay here.
+
+    Python stops daemon threads where they stand at exit; the close at exit would instead
+    wake one blocked on the store (a watch failed with 1101, a closed handle) and run its
+    code on into an exception it cannot handle to any end, printed as a traceback as the
+    program ends. So it waits here, quietly, until the interpreter ends it. The main thread
+    (an atexit handler's call) and non-daemon threads still get the error."""
+    if EXITING.is_set() and threading.current_thread().daemon:
+        threading.Event().wait()
+
 
 class EventWatch:
     """A :class:`Watch` completed by its engine from any thread."""
@@ -104,6 +120,7 @@ class EventWatch:
         if not self._event.wait(timeout):
             return False
         if self._error is not None:
+            park_at_exit()  # failed by the close at exit: as Python leaves a daemon thread
             raise self._error
         return True
 

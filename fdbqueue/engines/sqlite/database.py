@@ -94,7 +94,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
-from fdbqueue.engines.local.transaction import EventWatch, LocalDatabase
+from fdbqueue.engines.local.transaction import EventWatch, LocalDatabase, park_at_exit
 from fdbqueue.engines.sqlite import diskroom as _diskroom
 from fdbqueue.engines.sqlite import files as _storefiles
 from fdbqueue.engines.sqlite import shared as _shared
@@ -480,6 +480,7 @@ class SqliteDatabase(LocalDatabase):
 
     def create_transaction(self) -> SqliteTransaction:
         if self._closed:
+            park_at_exit()  # closed at interpreter exit under a daemon thread: it stays here
             raise StoreError(f"{self.path}: the database is closed")
         if self._broken is not None:
             raise StoreError(self._broken)

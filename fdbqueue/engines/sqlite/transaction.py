@@ -26,7 +26,7 @@ from fdbqueue.engines.contract import (
     fill_versionstamp,
     make_versionstamp,
 )
-from fdbqueue.engines.local.transaction import LocalTransaction
+from fdbqueue.engines.local.transaction import LocalTransaction, park_at_exit
 from fdbqueue.engines.local.writemap import WriteMap
 from fdbqueue.engines.sqlite import files as _storefiles
 from fdbqueue.engines.sqlite import shared as _shared
@@ -116,6 +116,8 @@ def _translate(exc: sqlite3.Error, path: str, real: str | None = None) -> QueueE
     """A SQLite error as the QueueError a caller can act on (``real``: the store's real path)."""
     text = str(exc)
     low = text.lower()
+    if "closed database" in low:
+        park_at_exit()  # its connection closed at interpreter exit under a daemon thread
     if real is not None and any(w in low for w in ("disk i/o", "not a database", "malformed")):
         lost = _storefiles.wal_lost(real)
         if lost is not None:
@@ -174,6 +176,7 @@ class SqliteTransaction(LocalTransaction):
         if db._generation != _shared.fork_generation:
             db._reopen_after_fork()
         if db._closed:
+            park_at_exit()  # closed at interpreter exit under a daemon thread: it stays here
             raise StoreError(f"{db.path}: the database is closed")
         if db._broken is not None:
             raise StoreError(db._broken)

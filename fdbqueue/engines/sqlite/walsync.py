@@ -31,6 +31,7 @@ import sqlite3
 import struct
 import threading
 
+from fdbqueue.engines.local.transaction import park_at_exit
 from fdbqueue.engines.sqlite import shared as _shared
 from fdbqueue.errors import StoreError
 
@@ -111,6 +112,7 @@ class WalSync:
                 finally:
                     fcntl.flock(fd, fcntl.LOCK_UN)
         except OSError as exc:
+            park_at_exit()  # the store closed at interpreter exit under a daemon thread
             raise StoreError(
                 f"{self._path}: the commit was written but its fsync failed ({exc.strerror}): it may "
                 "not survive a power loss"
@@ -189,6 +191,7 @@ class WalSync:
         self._mutex = threading.Lock()
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        with self._mutex:  # after an fsync in progress in another thread, not under it
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
