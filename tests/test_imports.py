@@ -223,11 +223,6 @@ def layer_of(module: str) -> int:
 # import is gone (the test says which); never add one.
 KNOWN_LAYER_VIOLATIONS: set[tuple[str, str]] = {
     ("api.export", "runtime.fairness"),
-    ("engines.contract", "store.budget"),
-    ("engines.local.transaction", "store.clock"),
-    ("engines.sim.store", "store.clock"),
-    ("engines.sqlite.database", "store.clock"),
-    ("engines.sqlite.transaction", "store.clock"),
     ("ops.browse", "api.queue"),
     ("ops.contention", "api.queue"),
     ("ops.leasing", "api.queue"),

@@ -17,12 +17,9 @@ import struct
 from collections.abc import Callable
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar, runtime_checkable
 
+from fdbqueue.engines.limits import KEY_SIZE_LIMIT, VALUE_SIZE_LIMIT
 from fdbqueue.errors import EngineError, QueueError
 from fdbqueue.errors import unknown_outcome as commit_unknown
-from fdbqueue.store.budget import KEY_SIZE_LIMIT as KEY_SIZE_LIMIT  # re-export
-from fdbqueue.store.budget import TRANSACTION_SIZE_LIMIT as TRANSACTION_SIZE_LIMIT  # re-export
-from fdbqueue.store.budget import TRANSACTION_WINDOW_SECONDS as TRANSACTION_WINDOW_SECONDS  # re-export
-from fdbqueue.store.budget import VALUE_SIZE_LIMIT as VALUE_SIZE_LIMIT  # re-export
 
 SYSTEM_KEYS = b"\xff"
 

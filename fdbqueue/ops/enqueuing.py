@@ -24,6 +24,7 @@ from fdbqueue.engines.contract import (
     is_transaction,
     producer_room,
 )
+from fdbqueue.engines.limits import TRANSACTION_SIZE_LIMIT
 from fdbqueue.errors import QueueError, QueueFullError, QueueStoppedError
 from fdbqueue.ops.moves import CHUNK_SIZE, count_new, write_new
 from fdbqueue.ops.privileges import check, check_create, checked
@@ -33,7 +34,6 @@ from fdbqueue.ops.txn import run_once, seconds
 from fdbqueue.store.budget import (
     LAYER_MARGIN_BYTES,
     MAX_PAYLOAD_BYTES,
-    TRANSACTION_SIZE_LIMIT,
     USER_TXN_LIMIT,
     BudgetExceededError,
     set_cost,

@@ -43,7 +43,8 @@ from typing import Any
 
 from fdbqueue.api.queue import Queue
 from fdbqueue.api.schedules import run_schedules as run_periodic_jobs
-from fdbqueue.engines.contract import TRANSACTION_WINDOW_SECONDS, Database
+from fdbqueue.engines.contract import Database
+from fdbqueue.engines.limits import TRANSACTION_WINDOW_SECONDS
 from fdbqueue.errors import EngineError, QueueError, StopNow
 from fdbqueue.errors import HandlerSignatureError as HandlerSignatureError  # re-export
 from fdbqueue.ops import tracing

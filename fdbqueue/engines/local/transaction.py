@@ -16,12 +16,8 @@ from collections.abc import Callable
 
 from fdbqueue.engines.contract import (
     KEY_RANGE_REF_BYTES,
-    KEY_SIZE_LIMIT,
     MUTATION_REF_BYTES,
     SYSTEM_KEYS,
-    TRANSACTION_SIZE_LIMIT,
-    TRANSACTION_WINDOW_SECONDS,
-    VALUE_SIZE_LIMIT,
     DatabaseConveniences,
     FinishCallback,
     JournalOrder,
@@ -44,8 +40,14 @@ from fdbqueue.engines.contract import (
     register_transaction_type,
     strinc,
 )
+from fdbqueue.engines.limits import (
+    KEY_SIZE_LIMIT,
+    TRANSACTION_SIZE_LIMIT,
+    TRANSACTION_WINDOW_SECONDS,
+    VALUE_SIZE_LIMIT,
+)
+from fdbqueue.engines.versions import monotonic
 from fdbqueue.errors import RETRYABLE, EngineError
-from fdbqueue.store.clock import monotonic
 
 # Bytes one write or conflict range adds to a transaction's size as FoundationDB counts it
 # (Transaction::getSize, fdbclient/NativeAPI.actor.cpp; see MUTATION_REF_BYTES in base.py).
@@ -734,8 +736,8 @@ class LocalDatabase(DatabaseConveniences, ABC):
     may_conflict: bool = True
     may_commit_unknown: bool = True
 
-    # Seconds on the engine's clock: CLOCK_MONOTONIC, which tests drive through
-    # fdbqueue.store.clock.fake_clock (the sim engine's can also be a ManualClock). A static
+    # Seconds on the engine's clock: CLOCK_MONOTONIC, which tests freeze and move
+    # (fdbqueue.engines.versions; the sim engine's can also be a ManualClock). A static
     # alias, not a method: transactions read it before every read.
     clock: Callable[[], float] = staticmethod(monotonic)
 

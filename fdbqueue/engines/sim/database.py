@@ -42,7 +42,6 @@ from fdbqueue.engines.contract import (
     KEY_RANGE_REF_BYTES,
     MUTATION_REF_BYTES,
     SYSTEM_KEYS,
-    TRANSACTION_WINDOW_SECONDS,
     KeySelector,
     KeyValue,
     apply_atomic,
@@ -50,6 +49,7 @@ from fdbqueue.engines.contract import (
     key_after,
     make_versionstamp,
 )
+from fdbqueue.engines.limits import TRANSACTION_WINDOW_SECONDS
 from fdbqueue.engines.local.transaction import EventWatch, LocalDatabase, LocalTransaction
 from fdbqueue.engines.sim.faults import (
     LANDS_LATER_FAULTS,

@@ -18,15 +18,11 @@ from typing import TYPE_CHECKING
 
 from sortedcontainers import SortedList
 
-from fdbqueue.engines.contract import (
-    TRANSACTION_WINDOW_SECONDS,
-    apply_atomic,
-    fill_versionstamp,
-    make_versionstamp,
-)
+from fdbqueue.engines.contract import apply_atomic, fill_versionstamp, make_versionstamp
+from fdbqueue.engines.limits import TRANSACTION_WINDOW_SECONDS
 from fdbqueue.engines.local.transaction import EventWatch
+from fdbqueue.engines.versions import VERSIONS_PER_SECOND, monotonic, monotonic_us
 from fdbqueue.errors import EngineError
-from fdbqueue.store.clock import VERSIONS_PER_SECOND, monotonic, monotonic_us
 
 if TYPE_CHECKING:
     from fdbqueue.engines.sim.database import SimTransaction

@@ -102,13 +102,13 @@ from fdbqueue.engines.sqlite import walcheck as _walcheck
 from fdbqueue.engines.sqlite.transaction import _CLOCK, _PENDING, SqliteTransaction, _translate
 from fdbqueue.engines.sqlite.walsync import WalSync
 from fdbqueue.engines.url import ParsedURL, take_params
+from fdbqueue.engines.versions import VERSIONS_PER_SECOND, monotonic_us
 from fdbqueue.errors import (
     InvalidURLError,
     QueueError,
     StoreError,
     UnsupportedFormatError,
 )
-from fdbqueue.store.clock import VERSIONS_PER_SECOND, monotonic_us
 
 FORMAT = "fdbqueue-sqlite"
 FORMAT_VERSION = "1.0"

@@ -30,13 +30,13 @@ from fdbqueue.engines.local.transaction import LocalTransaction
 from fdbqueue.engines.local.writemap import WriteMap
 from fdbqueue.engines.sqlite import files as _storefiles
 from fdbqueue.engines.sqlite import shared as _shared
+from fdbqueue.engines.versions import VERSIONS_PER_SECOND, monotonic_us, wall_us
 from fdbqueue.errors import (
     EngineError,
     NestedTransactionError,
     QueueError,
     StoreError,
 )
-from fdbqueue.store.clock import VERSIONS_PER_SECOND, monotonic_us, wall_us
 
 if TYPE_CHECKING:
     from fdbqueue.engines.sqlite.database import SqliteDatabase
