@@ -675,12 +675,21 @@ def register_transaction_type(cls: type) -> None:
 # ``fdb.impl`` to compare classes would load libfdb_c.
 _BINDINGS_CLASSES = {("fdb.impl", "Database"): "database", ("fdb.impl", "Transaction"): "transaction"}
 _adapters: dict[str, Callable[[Any], Any]] = {}
+_load_adapters: Callable[[], object] | None = None
 _database_kinds: dict[type, bool] = {}
 
 
 def register_bindings_adapter(kind: str, wrap: Callable[[Any], Any]) -> None:
     """How to wrap a raw bindings object of ``kind`` ("database", "transaction"); fdb.py registers."""
     _adapters[kind] = wrap
+
+
+def register_bindings_loader(load: Callable[[], object]) -> None:
+    """What to call, once, when a raw bindings object comes before its adapters are known: the
+    package ``fdbqueue.engines`` registers the import of its FoundationDB engine, so that this
+    contract names no engine (the engines import it, not the other way)."""
+    global _load_adapters
+    _load_adapters = load
 
 
 def adopt(obj: object) -> Transaction | Database:
@@ -701,10 +710,8 @@ def adopt(obj: object) -> Transaction | Database:
         return obj  # type: ignore[return-value]
     bindings = _BINDINGS_CLASSES.get((kind.__module__, kind.__name__))
     if bindings is not None:
-        if bindings not in _adapters:
-            import importlib
-
-            importlib.import_module("fdbqueue.engines.fdb")  # registers the adapters
+        if bindings not in _adapters and _load_adapters is not None:
+            _load_adapters()  # the FoundationDB engine, which registers the adapters
         wrapped: Transaction | Database = _adapters[bindings](obj)
         return wrapped
     raise QueueError(
