@@ -226,7 +226,9 @@ class Database(Protocol):
 
     url: str
     engine: str
-    principal: str  # who its transactions act for (``open(url, principal=...)``)
+    # Who its transactions act for (``open(url, principal=...)``): set and read by the layer
+    # above (its privileges); opaque to the engines, which carry it and never read it.
+    principal: str
 
     def create_transaction(self) -> Transaction: ...
     def close(self) -> None: ...
@@ -244,8 +246,9 @@ class TransactionOptions:
         self.volatile: tuple[bytes, ...] = ()
 
     def set_volatile_prefix(self, prefix: bytes) -> None:
-        """Keys under ``prefix`` belong to a volatile queue: a commit that writes nothing else
-        may skip its fsync (the embedded engine; others ignore it). Not a FoundationDB option."""
+        """Keys under ``prefix`` need not survive a power loss: a commit that writes nothing
+        else may skip its fsync (the embedded engine; others ignore it). Not a FoundationDB
+        option; which keys are volatile is the caller's to say."""
         if prefix not in self.volatile:
             self.volatile = (*self.volatile, bytes(prefix))
 
@@ -432,7 +435,7 @@ class DatabaseConveniences:
     """
 
     __slots__ = ()
-    principal: str = "anonymous"  # set by open_database
+    principal: str = "anonymous"  # the layer's, set by open_database (see Database.principal)
 
     def get(self, key: bytes) -> bytes | None:
         return _db_call(self, lambda tr: tr.get(key))
@@ -625,18 +628,19 @@ def run_transaction(db: Database, body: Callable[[Transaction], T]) -> T:
     return _retry(_own_database(db, "run_transaction"), step, None, False)
 
 
-def producer_room(db: object) -> None:
-    """Raise StoreFullError if ``db``'s engine turns producers away now; consumers never are.
+def check_room(db: object) -> None:
+    """Raise StoreFullError if ``db``'s engine has no room now for writes that add data.
 
-    An engine opts in with a ``producer_room()`` method; the embedded engine's refuses while
-    the disk holding the store is below its free-space reserve (``reserve=``, engines/sqlite/diskroom.py),
-    so that consumers can still drain a queue on a full disk. The others never refuse: the
-    simulation holds its data in memory, and FoundationDB manages its own space - its
-    ratekeeper throttles every transaction as a storage server's or log's free space nears its
-    minimum (fdbserver/Ratekeeper.actor.cpp, the knobs MIN_AVAILABLE_SPACE and
+    An engine opts in with a ``check_room()`` method; the embedded engine's refuses while the
+    disk holding the store is below its free-space reserve (``reserve=``,
+    engines/sqlite/diskroom.py). Which writes ask is the caller's choice: those that only add
+    data, so that the writes that free space still run on a full disk. The other engines never
+    refuse: the simulation holds its data in memory, and FoundationDB manages its own space -
+    its ratekeeper throttles every transaction as a storage server's or log's free space nears
+    its minimum (fdbserver/Ratekeeper.actor.cpp, the knobs MIN_AVAILABLE_SPACE and
     MIN_AVAILABLE_SPACE_RATIO in fdbclient/ServerKnobs.cpp), which it keeps for its own recovery.
     """
-    check = getattr(db, "producer_room", None)
+    check = getattr(db, "check_room", None)
     if check is not None:
         check()
 

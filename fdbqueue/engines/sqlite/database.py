@@ -230,7 +230,7 @@ class SqliteDatabase(LocalDatabase):
                         os.unlink(p)
             raise
 
-    def producer_room(self) -> None:
+    def check_room(self) -> None:
         """Raise StoreFullError while the disk is below the reserve (the engine contract's hook)."""
         if not self.read_only:
             self._room.check()
