@@ -4,8 +4,9 @@ The queue layer is written once against :class:`Transaction` and :class:`Databas
 Reads return values (not futures); everything else mirrors ``fdb``: ``tr.snapshot``,
 key selectors, atomic ops, conflict ranges, watches, ``commit`` / ``on_error`` / ``reset``.
 
-The argument checks and limits here are shared by the engines; ``engines/local/transaction.py``
-builds the in-process engines' common transaction on them.
+The argument checks here (against ``engines/limits.py``) are shared by the engines;
+``engines/local/`` builds the in-process engines' common transaction on them (with the write
+map, the mutations they apply themselves, and their watches).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import enum
 import functools
 import inspect
-import struct
 from collections.abc import Callable
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar, runtime_checkable
 
@@ -358,74 +358,6 @@ def strinc(prefix: bytes) -> bytes:
 
 def key_after(key: bytes) -> bytes:
     return key + b"\x00"
-
-
-def apply_atomic(op: str, existing: bytes | None, param: bytes) -> bytes | None:
-    """FoundationDB's atomic mutation ``op`` applied to ``existing``; None means cleared."""
-    if op == "add":
-        n = len(param)
-        old = _fit(existing, n)
-        total = int.from_bytes(old, "little") + int.from_bytes(param, "little")
-        return (total % (1 << (8 * n))).to_bytes(n, "little") if n else b""
-    if op in ("max", "min"):
-        if existing is None:
-            return param
-        n = len(param)
-        old_i = int.from_bytes(_fit(existing, n), "little")
-        new_i = int.from_bytes(param, "little")
-        pick = max(old_i, new_i) if op == "max" else min(old_i, new_i)
-        return pick.to_bytes(n, "little") if n else b""
-    if op == "byte_max":
-        return param if existing is None else max(existing, param)
-    if op == "byte_min":
-        return param if existing is None else min(existing, param)
-    if op in ("bit_and", "bit_or", "bit_xor"):
-        if existing is None:
-            return param
-        old = _fit(existing, len(param))
-        if op == "bit_and":
-            return bytes(a & b for a, b in zip(old, param, strict=False))
-        if op == "bit_or":
-            return bytes(a | b for a, b in zip(old, param, strict=False))
-        return bytes(a ^ b for a, b in zip(old, param, strict=False))
-    if op == "compare_and_clear":
-        return None if existing == param else existing
-    if op == "append_if_fits":
-        base = existing or b""
-        return base + param if len(base) + len(param) <= VALUE_SIZE_LIMIT else base
-    raise ValueError(f"unknown atomic op {op!r}")
-
-
-def _fit(value: bytes | None, n: int) -> bytes:
-    v = value or b""
-    return v[:n] if len(v) >= n else v + b"\x00" * (n - len(v))
-
-
-def check_versionstamp_offset(template: bytes) -> None:
-    """What :func:`fill_versionstamp` checks, without building the result: a 4-byte offset
-    suffix that points at ten bytes inside the rest."""
-    if len(template) < 4:
-        raise EngineError(2006, "versionstamp template needs a 4-byte offset suffix")
-    if _OFFSET(template, len(template) - 4)[0] + 10 > len(template) - 4:
-        raise EngineError(2006, "versionstamp offset points past the end of the key or value")
-
-
-_OFFSET = struct.Struct("<I").unpack_from
-
-
-def fill_versionstamp(template: bytes, stamp: bytes) -> bytes:
-    """Replace the 10 bytes at the little-endian offset in ``template``'s last 4 bytes."""
-    if len(template) < 4:
-        raise EngineError(2006, "versionstamp template needs a 4-byte offset suffix")
-    (offset,) = struct.unpack("<I", template[-4:])
-    body = template[:-4]
-    if offset + 10 > len(body):
-        raise EngineError(2006, "versionstamp offset points past the end of the key or value")
-    return body[:offset] + stamp + body[offset + 10 :]
-
-
-def make_versionstamp(version: int, batch: int = 0) -> bytes:
-    return struct.pack(">QH", version, batch)
 
 
 class DatabaseConveniences:

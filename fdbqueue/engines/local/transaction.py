@@ -9,7 +9,6 @@ life cycle of watches, and delegates storage to the engine's primitives (``_get`
 from __future__ import annotations
 
 import random
-import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -32,11 +31,9 @@ from fdbqueue.engines.contract import (
     check_range_end,
     check_read_key,
     check_value,
-    check_versionstamp_offset,
     check_write_key,
     check_write_range,
     key_after,
-    make_versionstamp,
     register_transaction_type,
     strinc,
 )
@@ -46,6 +43,8 @@ from fdbqueue.engines.limits import (
     TRANSACTION_WINDOW_SECONDS,
     VALUE_SIZE_LIMIT,
 )
+from fdbqueue.engines.local.mutations import check_versionstamp_offset
+from fdbqueue.engines.local.watches import EventWatch, StampFuture
 from fdbqueue.engines.versions import monotonic
 from fdbqueue.errors import RETRYABLE, EngineError
 
@@ -54,81 +53,6 @@ from fdbqueue.errors import RETRYABLE, EngineError
 # A set is a mutation (key + value) and a write conflict range [key, keyAfter(key)).
 _SET_BYTES = MUTATION_REF_BYTES + KEY_RANGE_REF_BYTES + 1
 _POINT_RANGE_BYTES = KEY_RANGE_REF_BYTES + 1  # [key, keyAfter(key)): plus twice the key
-
-# ---------------------------------------------------------------------------------------------
-# Watches and versionstamp futures for the local engines.
-
-
-_CALLBACKS = threading.Lock()  # an on_ready racing the watch's completion
-
-
-class EventWatch:
-    """A :class:`Watch` completed by its engine from any thread."""
-
-    __slots__ = ("_callbacks", "_error", "_event", "_on_cancel", "key", "seen")
-
-    def __init__(self, key: bytes, seen: bytes | None) -> None:
-        self.key = key
-        self.seen = seen
-        self._event = threading.Event()
-        self._error: EngineError | None = None
-        self._on_cancel: Callable[[EventWatch], None] | None = None
-        self._callbacks: list[Callable[[], None]] | None = None
-
-    def fire(self) -> None:
-        self._event.set()
-        self._done()
-
-    def fail(self, code: int, message: str | None = None) -> None:
-        if not self._event.is_set():
-            self._error = EngineError(code, message)
-            self._event.set()
-            self._done()
-
-    def on_ready(self, callback: Callable[[], None]) -> None:
-        """Call ``callback()`` once the watch fires or fails (now, if it has), from whichever
-        thread completes it: an asyncio waiter needs no thread of its own (fdbqueue.aio)."""
-        with _CALLBACKS:
-            if not self._event.is_set():
-                if self._callbacks is None:
-                    self._callbacks = []
-                self._callbacks.append(callback)
-                return
-        callback()
-
-    def _done(self) -> None:
-        with _CALLBACKS:
-            callbacks, self._callbacks = self._callbacks, None
-        for callback in callbacks or ():
-            callback()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        if not self._event.wait(timeout):
-            return False
-        if self._error is not None:
-            raise self._error
-        return True
-
-    def is_ready(self) -> bool:
-        return self._event.is_set()
-
-    def cancel(self) -> None:
-        self.fail(1101, "watch cancelled")
-        if self._on_cancel is not None:
-            self._on_cancel(self)
-
-
-class StampFuture:
-    __slots__ = ("_error", "_version")
-
-    def __init__(self) -> None:
-        self._version: int | None = None  # the commit version: the stamp is made when asked
-        self._error: int | None = None
-
-    def wait(self) -> bytes:
-        if self._version is not None:
-            return make_versionstamp(self._version)
-        raise EngineError(self._error or 2021, "the versionstamp is known only after a commit with writes")
 
 
 def _plain_write(key: object, value: object) -> bool:

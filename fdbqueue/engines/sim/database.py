@@ -41,13 +41,12 @@ from fdbqueue.engines.contract import (
     SYSTEM_KEYS,
     KeySelector,
     KeyValue,
-    apply_atomic,
-    fill_versionstamp,
     key_after,
-    make_versionstamp,
 )
 from fdbqueue.engines.limits import TRANSACTION_WINDOW_SECONDS
-from fdbqueue.engines.local.transaction import EventWatch, LocalDatabase, LocalTransaction
+from fdbqueue.engines.local.mutations import apply_atomic, fill_versionstamp, make_versionstamp
+from fdbqueue.engines.local.transaction import LocalDatabase, LocalTransaction
+from fdbqueue.engines.local.watches import EventWatch
 from fdbqueue.engines.local.writemap import WriteMap
 from fdbqueue.engines.sim.faults import (
     LANDS_LATER_FAULTS,

@@ -18,9 +18,9 @@ from typing import Protocol
 
 from sortedcontainers import SortedList
 
-from fdbqueue.engines.contract import apply_atomic, fill_versionstamp, make_versionstamp
 from fdbqueue.engines.limits import TRANSACTION_WINDOW_SECONDS
-from fdbqueue.engines.local.transaction import EventWatch
+from fdbqueue.engines.local.mutations import apply_atomic, fill_versionstamp, make_versionstamp
+from fdbqueue.engines.local.watches import EventWatch
 from fdbqueue.engines.local.writemap import WriteMap
 from fdbqueue.engines.versions import VERSIONS_PER_SECOND, monotonic, monotonic_us
 from fdbqueue.errors import EngineError

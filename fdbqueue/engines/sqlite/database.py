@@ -94,7 +94,8 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
-from fdbqueue.engines.local.transaction import EventWatch, LocalDatabase
+from fdbqueue.engines.local.transaction import LocalDatabase
+from fdbqueue.engines.local.watches import EventWatch
 from fdbqueue.engines.sqlite import diskroom as _diskroom
 from fdbqueue.engines.sqlite import files as _storefiles
 from fdbqueue.engines.sqlite import shared as _shared

@@ -18,14 +18,8 @@ import time
 from itertools import repeat
 from typing import TYPE_CHECKING
 
-from fdbqueue.engines.contract import (
-    SYSTEM_KEYS,
-    KeySelector,
-    KeyValue,
-    apply_atomic,
-    fill_versionstamp,
-    make_versionstamp,
-)
+from fdbqueue.engines.contract import SYSTEM_KEYS, KeySelector, KeyValue
+from fdbqueue.engines.local.mutations import apply_atomic, fill_versionstamp, make_versionstamp
 from fdbqueue.engines.local.transaction import LocalTransaction
 from fdbqueue.engines.local.writemap import WriteMap
 from fdbqueue.engines.sqlite import files as _storefiles
