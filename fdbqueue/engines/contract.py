@@ -117,7 +117,7 @@ class JournalOrder:
 class Watch(Protocol):
     """A watch on one key: fires once the key's value differs from what its transaction saw.
 
-    Treat a fired watch as a hint: re-read, then re-arm (fdb-reference.md §4).
+    Treat a fired watch as a hint: re-read, then re-arm (developer-guide.rst, "Watches").
     """
 
     def wait(self, timeout: float | None = None) -> bool:

@@ -221,7 +221,7 @@ class _FDBReads:
     ) -> list[KeyValue]:
         """Keys in [begin, end), at most ``limit`` (0: all), read fully before returning.
 
-        Conflicts cover only the part actually read (fdb-reference.md §2).
+        Conflicts cover only the part actually read (RYWImpl::read, fdbclient/ReadYourWrites.cpp).
         """
         if not isinstance(limit, int) or limit < 0:
             raise EngineError(2006, f"limit must be a non-negative int, got {limit!r}")

@@ -344,7 +344,7 @@ class LocalTransaction(ABC):
     ) -> list[KeyValue]:
         """Keys in [begin, end) in order (reversed on request), at most ``limit`` (0: all).
 
-        Adds a read conflict over the part actually read (fdb-reference.md §2).
+        Adds a read conflict over the part actually read (RYWImpl::read, fdbclient/ReadYourWrites.cpp).
         """
         return self._read_range(begin, end, limit, reverse, False)
 
@@ -430,7 +430,7 @@ class LocalTransaction(ABC):
             return []
         out = self._get_range(b, e, limit, reverse, snapshot)
         if not snapshot:
-            # The part actually read (fdb-reference.md §2): with the limit reached, up to
+            # The part actually read (as RYWImpl::read): with the limit reached, up to
             # keyAfter(last) forward, from the last key backward.
             if limit and len(out) == limit:
                 if reverse:

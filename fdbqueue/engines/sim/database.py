@@ -1,7 +1,7 @@
 """In-memory engine with FoundationDB's optimistic concurrency, plus seeded fault injection.
 
 ``memory://`` and ``sim://?seed=N&faults=P&delay=S`` are this engine; memory has no faults.
-It is where the queue layer proves itself on FoundationDB's terms (fdb-reference.md §2):
+It is where the queue layer proves itself on FoundationDB's terms:
 
 * MVCC: every key keeps a chain of ``(version, value | None)``; a transaction reads the
   snapshot at its read version (the latest commit when it first reads) merged with its
@@ -23,7 +23,7 @@ It is where the queue layer proves itself on FoundationDB's terms (fdb-reference
 
 One lock guards the store; it is held for one operation at a time, never across user code.
 The store itself (version chains, commit resolution, garbage collection, watches) is in
-``_simstore.py``; this module holds the transactions, fault injection and the URL.
+``engines/sim/store.py``; this module holds the transactions, fault injection and the URL.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ from fdbqueue.errors import ClusterUnavailableError, EngineError, InvalidURLErro
 if TYPE_CHECKING:
     from fdbqueue.engines.url import ParsedURL
 
-# ManualClock and SimStats live in _simstore.py; tests and callers import them from here.
+# ManualClock and SimStats live in store.py; tests and callers import them from here.
 __all__ = [
     "LANDS_LATER_FAULTS",
     "MAYBE_COMMITTED_FAULTS",

@@ -168,7 +168,7 @@ class SimStore:
                         raise EngineError(
                             1020, "a transaction committed since this one's read version wrote what it read"
                         )
-        # Above every read version handed out (sim.py: at most the clock's version - 1).
+        # Above every read version handed out (database.py: at most the clock's version - 1).
         version = max(self._version + 1, self._now_version())
         self._version = version
         stamp = make_versionstamp(version)
