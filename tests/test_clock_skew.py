@@ -176,7 +176,7 @@ class _TimesOutDuringCommit:
         real = SimTransaction.commit
 
         def commit(tr: SimTransaction) -> None:
-            writes = bool(tr._writes or tr._cb or tr._vs_keys)
+            writes = bool(tr._wm or tr._vs_keys)
             real(tr)
             if writes and self.n > 0:
                 self.n -= 1
