@@ -22,7 +22,7 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Queue
-from fdbqueue.store import clock
+from fdbqueue.engines import versions
 from fdbqueue.store.layout import unpack_count
 
 # Every key tag a message can leave behind (fdbqueue/store/layout.py): none may remain once drained.
@@ -135,15 +135,15 @@ def real_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     """Keep this process's database time on the real clock, as its children's is.
 
     ``fake_clock().advance`` in an earlier test of this process leaves the engines' clock
-    ahead (``fdbqueue.store.clock``: database time must never run backwards in a process). A
+    ahead (``fdbqueue.engines.versions``: database time must never run backwards in a process). A
     store this process shares with child processes would then jump that far ahead at its
     first commit here: for the children, time stands almost still until their clock catches
     up (leases of killed consumers never run out), and a sweep from here forgets every dedup
     entry older than the jump. This store is new, so running this process on the real clock
     again cannot move its versions backwards.
     """
-    assert clock._frozen_us is None, "a fake clock is still installed"
-    monkeypatch.setattr(clock, "_ahead_us", 0)
+    assert not versions.frozen(), "a fake clock is still installed"
+    monkeypatch.setattr(versions, "_ahead_us", 0)
 
 
 def child_stderr(errors: str) -> None:

@@ -22,10 +22,11 @@ import fdbqueue
 from fdbqueue import LeaseError, Queue
 from fdbqueue.engines.contract import Database
 from fdbqueue.engines.sim.database import SimDatabase, SimTransaction
+from fdbqueue.engines.versions import VERSIONS_PER_SECOND
 from fdbqueue.errors import CommitUnknownError, EngineError
 from fdbqueue.ops.contention import staged_dequeue
 from fdbqueue.ops.receipts import RECEIPT_TTL_SECONDS, RESULT_TTL_VERSIONS
-from fdbqueue.store.clock import VERSIONS_PER_SECOND, fake_clock, thread_skew
+from fdbqueue.store.clock import fake_clock, thread_skew
 from fdbqueue.store.layout import unpack_count
 from tests.conftest import engine_url
 from tests.faults import ScriptedFaults, on_backoff
@@ -176,7 +177,7 @@ class _TimesOutDuringCommit:
         real = SimTransaction.commit
 
         def commit(tr: SimTransaction) -> None:
-            writes = bool(tr._writes or tr._cb or tr._vs_keys)
+            writes = bool(tr._wm or tr._vs_keys)
             real(tr)
             if writes and self.n > 0:
                 self.n -= 1

@@ -20,7 +20,8 @@ import pytest
 import fdbqueue
 from fdbqueue import Queue, QueueConfig, UnsupportedLayerFormatError
 from fdbqueue.engines.contract import Database
-from fdbqueue.store.clock import VERSIONS_PER_SECOND, fake_clock
+from fdbqueue.engines.versions import VERSIONS_PER_SECOND
+from fdbqueue.store.clock import fake_clock
 from fdbqueue.store.layout import QueueKeys
 from tests.conftest import engine_url
 

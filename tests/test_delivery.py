@@ -12,7 +12,8 @@ import pytest
 import fdbqueue
 from fdbqueue import LeaseError, Queue
 from fdbqueue.engines.contract import Database
-from fdbqueue.store.clock import VERSIONS_PER_SECOND, FakeClock, fake_clock
+from fdbqueue.engines.versions import VERSIONS_PER_SECOND
+from fdbqueue.store.clock import FakeClock, fake_clock
 
 
 @pytest.fixture

@@ -12,10 +12,11 @@ import pytest
 import fdbqueue
 from fdbqueue import Queue
 from fdbqueue.engines.contract import Database
+from fdbqueue.engines.versions import VERSIONS_PER_SECOND
 from fdbqueue.errors import QueueError
 from fdbqueue.ops.contention import fulfil
 from fdbqueue.ops.receipts import RESULT_TTL_VERSIONS
-from fdbqueue.store.clock import VERSIONS_PER_SECOND, db_now, fake_clock
+from fdbqueue.store.clock import db_now, fake_clock
 from fdbqueue.store.layout import unpack_count
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 import fdbqueue
-import fdbqueue.store.clock
+import fdbqueue.engines.versions
 from fdbqueue import Queue
 from tests.processes import Children, real_clock
 
@@ -132,7 +132,7 @@ def test_a_fake_clock_in_one_process_takes_no_lock_over(
     child = children.start("dequeuer", stalled_dequeuer, url, str(tmp_path), 2.0, ready=True)
     try:
         assert child.ready.wait(30), "the child never dequeued"
-        monkeypatch.setattr(fdbqueue.store.clock, "_ahead_us", 3_600_000_000)
+        monkeypatch.setattr(fdbqueue.engines.versions, "_ahead_us", 3_600_000_000)
         tr = db.create_transaction()
         with pytest.raises(fdbqueue.EngineError) as err:
             tr.get(b"anything")

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from fdbqueue import aio
-from fdbqueue.engines.local.transaction import EventWatch
+from fdbqueue.engines.local.watches import EventWatch
 from fdbqueue.ops.steps import Emit, Run, Steps, Wait, drive, iterate
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from fdbqueue.engines.contract import Database
+from fdbqueue.engines.contract import Database, register_bindings_loader
 from fdbqueue.engines.url import DEFAULT_URL, parse_url
 from fdbqueue.types import ANONYMOUS, check_principal
 
@@ -26,6 +26,15 @@ def open_database(url: str | None = None, *, principal: str | None = None) -> Da
     db = _open(url)
     db.principal = who
     return db
+
+
+def _load_fdb_adapters() -> None:
+    """Import the FoundationDB engine, which registers the adapters of raw ``fdb`` objects
+    (``fdbqueue.engines.contract.adopt``): it loads the bindings' Python package only."""
+    import fdbqueue.engines.fdb  # noqa: F401
+
+
+register_bindings_loader(_load_fdb_adapters)
 
 
 def _open(url: str | None) -> Database:

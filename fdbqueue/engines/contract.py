@@ -4,8 +4,9 @@ The queue layer is written once against :class:`Transaction` and :class:`Databas
 Reads return values (not futures); everything else mirrors ``fdb``: ``tr.snapshot``,
 key selectors, atomic ops, conflict ranges, watches, ``commit`` / ``on_error`` / ``reset``.
 
-The argument checks and limits here are shared by the engines; ``engines/local/transaction.py``
-builds the in-process engines' common transaction on them.
+The argument checks here (against ``engines/limits.py``) are shared by the engines;
+``engines/local/`` builds the in-process engines' common transaction on them (with the write
+map, the mutations they apply themselves, and their watches).
 """
 
 from __future__ import annotations
@@ -13,16 +14,12 @@ from __future__ import annotations
 import enum
 import functools
 import inspect
-import struct
 from collections.abc import Callable
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar, runtime_checkable
 
+from fdbqueue.engines.limits import KEY_SIZE_LIMIT, VALUE_SIZE_LIMIT
 from fdbqueue.errors import EngineError, QueueError
 from fdbqueue.errors import unknown_outcome as commit_unknown
-from fdbqueue.store.budget import KEY_SIZE_LIMIT as KEY_SIZE_LIMIT  # re-export
-from fdbqueue.store.budget import TRANSACTION_SIZE_LIMIT as TRANSACTION_SIZE_LIMIT  # re-export
-from fdbqueue.store.budget import TRANSACTION_WINDOW_SECONDS as TRANSACTION_WINDOW_SECONDS  # re-export
-from fdbqueue.store.budget import VALUE_SIZE_LIMIT as VALUE_SIZE_LIMIT  # re-export
 
 SYSTEM_KEYS = b"\xff"
 
@@ -229,7 +226,9 @@ class Database(Protocol):
 
     url: str
     engine: str
-    principal: str  # who its transactions act for (``open(url, principal=...)``)
+    # Who its transactions act for (``open(url, principal=...)``): set and read by the layer
+    # above (its privileges); opaque to the engines, which carry it and never read it.
+    principal: str
 
     def create_transaction(self) -> Transaction: ...
     def close(self) -> None: ...
@@ -247,8 +246,9 @@ class TransactionOptions:
         self.volatile: tuple[bytes, ...] = ()
 
     def set_volatile_prefix(self, prefix: bytes) -> None:
-        """Keys under ``prefix`` belong to a volatile queue: a commit that writes nothing else
-        may skip its fsync (the embedded engine; others ignore it). Not a FoundationDB option."""
+        """Keys under ``prefix`` need not survive a power loss: a commit that writes nothing
+        else may skip its fsync (the embedded engine; others ignore it). Not a FoundationDB
+        option; which keys are volatile is the caller's to say."""
         if prefix not in self.volatile:
             self.volatile = (*self.volatile, bytes(prefix))
 
@@ -360,74 +360,6 @@ def key_after(key: bytes) -> bytes:
     return key + b"\x00"
 
 
-def apply_atomic(op: str, existing: bytes | None, param: bytes) -> bytes | None:
-    """FoundationDB's atomic mutation ``op`` applied to ``existing``; None means cleared."""
-    if op == "add":
-        n = len(param)
-        old = _fit(existing, n)
-        total = int.from_bytes(old, "little") + int.from_bytes(param, "little")
-        return (total % (1 << (8 * n))).to_bytes(n, "little") if n else b""
-    if op in ("max", "min"):
-        if existing is None:
-            return param
-        n = len(param)
-        old_i = int.from_bytes(_fit(existing, n), "little")
-        new_i = int.from_bytes(param, "little")
-        pick = max(old_i, new_i) if op == "max" else min(old_i, new_i)
-        return pick.to_bytes(n, "little") if n else b""
-    if op == "byte_max":
-        return param if existing is None else max(existing, param)
-    if op == "byte_min":
-        return param if existing is None else min(existing, param)
-    if op in ("bit_and", "bit_or", "bit_xor"):
-        if existing is None:
-            return param
-        old = _fit(existing, len(param))
-        if op == "bit_and":
-            return bytes(a & b for a, b in zip(old, param, strict=False))
-        if op == "bit_or":
-            return bytes(a | b for a, b in zip(old, param, strict=False))
-        return bytes(a ^ b for a, b in zip(old, param, strict=False))
-    if op == "compare_and_clear":
-        return None if existing == param else existing
-    if op == "append_if_fits":
-        base = existing or b""
-        return base + param if len(base) + len(param) <= VALUE_SIZE_LIMIT else base
-    raise ValueError(f"unknown atomic op {op!r}")
-
-
-def _fit(value: bytes | None, n: int) -> bytes:
-    v = value or b""
-    return v[:n] if len(v) >= n else v + b"\x00" * (n - len(v))
-
-
-def check_versionstamp_offset(template: bytes) -> None:
-    """What :func:`fill_versionstamp` checks, without building the result: a 4-byte offset
-    suffix that points at ten bytes inside the rest."""
-    if len(template) < 4:
-        raise EngineError(2006, "versionstamp template needs a 4-byte offset suffix")
-    if _OFFSET(template, len(template) - 4)[0] + 10 > len(template) - 4:
-        raise EngineError(2006, "versionstamp offset points past the end of the key or value")
-
-
-_OFFSET = struct.Struct("<I").unpack_from
-
-
-def fill_versionstamp(template: bytes, stamp: bytes) -> bytes:
-    """Replace the 10 bytes at the little-endian offset in ``template``'s last 4 bytes."""
-    if len(template) < 4:
-        raise EngineError(2006, "versionstamp template needs a 4-byte offset suffix")
-    (offset,) = struct.unpack("<I", template[-4:])
-    body = template[:-4]
-    if offset + 10 > len(body):
-        raise EngineError(2006, "versionstamp offset points past the end of the key or value")
-    return body[:offset] + stamp + body[offset + 10 :]
-
-
-def make_versionstamp(version: int, batch: int = 0) -> bytes:
-    return struct.pack(">QH", version, batch)
-
-
 class DatabaseConveniences:
     """FoundationDB's Database convenience calls: each is its own retried, committed transaction.
 
@@ -435,7 +367,7 @@ class DatabaseConveniences:
     """
 
     __slots__ = ()
-    principal: str = "anonymous"  # set by open_database
+    principal: str = "anonymous"  # the layer's, set by open_database (see Database.principal)
 
     def get(self, key: bytes) -> bytes | None:
         return _db_call(self, lambda tr: tr.get(key))
@@ -628,18 +560,19 @@ def run_transaction(db: Database, body: Callable[[Transaction], T]) -> T:
     return _retry(_own_database(db, "run_transaction"), step, None, False)
 
 
-def producer_room(db: object) -> None:
-    """Raise StoreFullError if ``db``'s engine turns producers away now; consumers never are.
+def check_room(db: object) -> None:
+    """Raise StoreFullError if ``db``'s engine has no room now for writes that add data.
 
-    An engine opts in with a ``producer_room()`` method; the embedded engine's refuses while
-    the disk holding the store is below its free-space reserve (``reserve=``, engines/sqlite/diskroom.py),
-    so that consumers can still drain a queue on a full disk. The others never refuse: the
-    simulation holds its data in memory, and FoundationDB manages its own space - its
-    ratekeeper throttles every transaction as a storage server's or log's free space nears its
-    minimum (fdbserver/Ratekeeper.actor.cpp, the knobs MIN_AVAILABLE_SPACE and
+    An engine opts in with a ``check_room()`` method; the embedded engine's refuses while the
+    disk holding the store is below its free-space reserve (``reserve=``,
+    engines/sqlite/diskroom.py). Which writes ask is the caller's choice: those that only add
+    data, so that the writes that free space still run on a full disk. The other engines never
+    refuse: the simulation holds its data in memory, and FoundationDB manages its own space -
+    its ratekeeper throttles every transaction as a storage server's or log's free space nears
+    its minimum (fdbserver/Ratekeeper.actor.cpp, the knobs MIN_AVAILABLE_SPACE and
     MIN_AVAILABLE_SPACE_RATIO in fdbclient/ServerKnobs.cpp), which it keeps for its own recovery.
     """
-    check = getattr(db, "producer_room", None)
+    check = getattr(db, "check_room", None)
     if check is not None:
         check()
 
@@ -678,12 +611,21 @@ def register_transaction_type(cls: type) -> None:
 # ``fdb.impl`` to compare classes would load libfdb_c.
 _BINDINGS_CLASSES = {("fdb.impl", "Database"): "database", ("fdb.impl", "Transaction"): "transaction"}
 _adapters: dict[str, Callable[[Any], Any]] = {}
+_load_adapters: Callable[[], object] | None = None
 _database_kinds: dict[type, bool] = {}
 
 
 def register_bindings_adapter(kind: str, wrap: Callable[[Any], Any]) -> None:
     """How to wrap a raw bindings object of ``kind`` ("database", "transaction"); fdb.py registers."""
     _adapters[kind] = wrap
+
+
+def register_bindings_loader(load: Callable[[], object]) -> None:
+    """What to call, once, when a raw bindings object comes before its adapters are known: the
+    package ``fdbqueue.engines`` registers the import of its FoundationDB engine, so that this
+    contract names no engine (the engines import it, not the other way)."""
+    global _load_adapters
+    _load_adapters = load
 
 
 def adopt(obj: object) -> Transaction | Database:
@@ -704,10 +646,8 @@ def adopt(obj: object) -> Transaction | Database:
         return obj  # type: ignore[return-value]
     bindings = _BINDINGS_CLASSES.get((kind.__module__, kind.__name__))
     if bindings is not None:
-        if bindings not in _adapters:
-            import importlib
-
-            importlib.import_module("fdbqueue.engines.fdb")  # registers the adapters
+        if bindings not in _adapters and _load_adapters is not None:
+            _load_adapters()  # the FoundationDB engine, which registers the adapters
         wrapped: Transaction | Database = _adapters[bindings](obj)
         return wrapped
     raise QueueError(

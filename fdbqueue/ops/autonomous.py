@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 
-from fdbqueue.engines.contract import Database, Transaction, producer_room
+from fdbqueue.engines.contract import Database, Transaction, check_room
 from fdbqueue.errors import (
     EngineError,
     NestedTransactionError,
@@ -77,7 +77,7 @@ def enqueue_autonomous(keys: QueueKeys, tr: Transaction, item: Item) -> Autonomo
 def admit(keys: QueueKeys, tr: Transaction, item: Item) -> str | None:
     """Raise what would refuse ``item`` now, checked in the caller's ``tr``; the first
     message's id on a dedup match, else None (admitted)."""
-    producer_room(tr.db)  # below the free-space reserve: refused now, not at the deferred write
+    check_room(tr.db)  # below the free-space reserve: refused now, not at the deferred write
     meta = read_meta(tr, keys)
     cfg = meta.config or QueueConfig()
     if not meta.state.enqueue:

@@ -20,10 +20,11 @@ from fdbqueue.engines.contract import (
     Database,
     Transaction,
     adopt,
+    check_room,
     engine_traits,
     is_transaction,
-    producer_room,
 )
+from fdbqueue.engines.limits import TRANSACTION_SIZE_LIMIT
 from fdbqueue.errors import (
     BudgetExceededError,
     PayloadTooLargeError,
@@ -39,7 +40,6 @@ from fdbqueue.ops.txn import run_once
 from fdbqueue.store.budget import (
     LAYER_MARGIN_BYTES,
     MAX_PAYLOAD_BYTES,
-    TRANSACTION_SIZE_LIMIT,
     USER_TXN_LIMIT,
     set_cost,
 )
@@ -231,7 +231,7 @@ def enqueue_in(
         # Below the embedded engine's free-space reserve a producer is refused before it
         # writes, so that consumers can still drain the disk (engines/sqlite/diskroom.py). An
         # admitted autonomous write was checked when its caller enqueued it.
-        producer_room(tr.db)
+        check_room(tr.db)
     if receipt is not None and not receipt:
         receipt.append(new_receipt(tr, keys, items[0].rand))
     if unknown and receipt:

@@ -9,7 +9,7 @@ from functools import partial
 from typing import TypeVar
 
 from fdbqueue.engines.contract import RETRY, Attempt, Database, Transaction, Verdict, Watch, retry
-from fdbqueue.engines.local.transaction import EventWatch
+from fdbqueue.engines.local.watches import EventWatch
 from fdbqueue.errors import CorruptMessageError, EngineError, QueueError, QueueStoppedError
 from fdbqueue.ops.privileges import check_any
 from fdbqueue.ops.steps import REFUSED_WATCH_RECHECK, Run, Steps, Wait, refused

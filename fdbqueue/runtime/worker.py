@@ -47,7 +47,8 @@ from typing import Any
 
 from fdbqueue.api.queue import Queue
 from fdbqueue.api.schedules import run_schedules as run_periodic_jobs
-from fdbqueue.engines.contract import TRANSACTION_WINDOW_SECONDS, Database
+from fdbqueue.engines.contract import Database
+from fdbqueue.engines.limits import TRANSACTION_WINDOW_SECONDS
 from fdbqueue.errors import EngineError, LeaseError, QueueError, StopNow
 from fdbqueue.ops import tracing
 from fdbqueue.ops.delivery import TOO_OLD_REASON

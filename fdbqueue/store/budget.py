@@ -27,12 +27,10 @@ import json
 import time
 from collections.abc import Iterable
 
-# FoundationDB's limits (known-limitations.rst, ClientKnobs.cpp). Every engine enforces them
-# (engines/contract.py), so what fits here fits on a cluster.
-KEY_SIZE_LIMIT = 10_000
-VALUE_SIZE_LIMIT = 100_000
-TRANSACTION_SIZE_LIMIT = 10_000_000
-TRANSACTION_WINDOW_SECONDS = 5.0
+from fdbqueue.engines.limits import TRANSACTION_SIZE_LIMIT, VALUE_SIZE_LIMIT
+
+# FoundationDB's limits, which every engine enforces, are in fdbqueue.engines.limits: what
+# fits the budgets below fits on a cluster.
 
 TXN_BUDGET_BYTES = 1_000_000 // 2  # at most this many bytes per transaction, as FoundationDB counts
 

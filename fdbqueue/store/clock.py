@@ -10,8 +10,8 @@ or is corrected, can neither lose nor duplicate a message. A duration users give
 (delay, TTL, lease length, dedup window) is converted with :func:`versions`.
 
 **The engines' clock.** The embedded and simulation engines advance their versions with
-:func:`monotonic_us` (``CLOCK_MONOTONIC``: shared by every process of one boot, and never
-moved by a wall-clock correction).
+``CLOCK_MONOTONIC`` (``fdbqueue.engines.versions``: shared by every process of one boot, and
+never moved by a wall-clock correction).
 
 **The wall clock** (:func:`now_us`) only stamps what people read: ``Message.enqueued_at``,
 ages in stats, the wall-clock estimate of a lease's end, and the time part of new message
@@ -25,19 +25,17 @@ clock is wrong), leaving database time alone.
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from fdbqueue.engines import versions as _versions
+from fdbqueue.engines.versions import VERSIONS_PER_SECOND
+
 if TYPE_CHECKING:
     from fdbqueue.engines.contract import Transaction
-
-# FoundationDB's rate (fdbserver/core/ServerKnobs.cpp, VERSIONS_PER_SECOND = 1e6): the one
-# place the layer and the local engines take it from.
-VERSIONS_PER_SECOND = 1_000_000
 
 _source: Callable[[], float] = time.time
 
@@ -57,25 +55,19 @@ def now_us() -> int:
     return int(_source() * 1e6) + _skews.us
 
 
-def wall_us() -> int:
-    """This process's wall clock in microseconds, without a thread's :func:`thread_skew`: the
-    embedded engine's evidence that a process's monotonic clock agrees with the others'."""
-    return int(_source() * 1e6)
-
-
 def set_clock(source: Callable[[], float] | None) -> None:
     """Use ``source()`` (seconds since the epoch) as the layer's wall clock; None restores it.
 
     A :class:`FakeClock` also drives database time on the embedded and sim engines (frozen,
     moved by its ``advance``), so that a test moves both with one call.
     """
-    global _source, _frozen_us
+    global _source
     _source = source or time.time
+    _versions.set_wall(_source)
     if isinstance(source, FakeClock):
-        if _frozen_us is None:
-            _frozen_us = _real_us()
+        _versions.freeze()
     else:
-        _frozen_us = None
+        _versions.thaw()
 
 
 @contextmanager
@@ -90,37 +82,6 @@ def thread_skew(seconds: float) -> Iterator[None]:
         yield
     finally:
         _skews.us = before
-
-
-# -- the engines' monotonic clock ----------------------------------------------------------------
-
-# While a FakeClock is installed: the monotonic clock is frozen at this reading (µs) ...
-_frozen_us: int | None = None
-# ... moved on by FakeClock.advance. Kept when the fake clock is removed, so that database
-# time never runs backwards in this process.
-_ahead_us = 0
-# A frozen clock still ticks one microsecond per reading: what happened later reads later,
-# as on a real clock (a deadline set at one reading is never met by an earlier one).
-_ticks = itertools.count()
-
-
-def _real_us() -> int:
-    return time.monotonic_ns() // 1000
-
-
-def monotonic_us() -> int:
-    """The engines' clock in microseconds: CLOCK_MONOTONIC, unless a test's FakeClock drives it."""
-    frozen = _frozen_us
-    if frozen is None:
-        return time.monotonic_ns() // 1000 + _ahead_us
-    return frozen + _ahead_us + next(_ticks)
-
-
-def monotonic() -> float:
-    """:func:`monotonic_us` in seconds (the engines' 5-second window and timeouts)."""
-    if _frozen_us is None:  # the common case, read before most operations: one C call
-        return time.monotonic() + _ahead_us / 1e6
-    return monotonic_us() / 1e6
 
 
 class FakeClock:
@@ -138,10 +99,9 @@ class FakeClock:
         return self.now
 
     def advance(self, seconds: float) -> None:
-        global _ahead_us
         self.now += seconds
         if _source is self:
-            _ahead_us += round(seconds * 1e6)
+            _versions.advance(round(seconds * 1e6))
 
 
 @contextmanager

@@ -9,19 +9,14 @@ life cycle of watches, and delegates storage to the engine's primitives (``_get`
 from __future__ import annotations
 
 import random
-import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 from fdbqueue.engines.contract import (
     KEY_RANGE_REF_BYTES,
-    KEY_SIZE_LIMIT,
     MUTATION_REF_BYTES,
     SYSTEM_KEYS,
-    TRANSACTION_SIZE_LIMIT,
-    TRANSACTION_WINDOW_SECONDS,
-    VALUE_SIZE_LIMIT,
     DatabaseConveniences,
     FinishCallback,
     JournalOrder,
@@ -36,114 +31,28 @@ from fdbqueue.engines.contract import (
     check_range_end,
     check_read_key,
     check_value,
-    check_versionstamp_offset,
     check_write_key,
     check_write_range,
     key_after,
-    make_versionstamp,
     register_transaction_type,
     strinc,
 )
+from fdbqueue.engines.limits import (
+    KEY_SIZE_LIMIT,
+    TRANSACTION_SIZE_LIMIT,
+    TRANSACTION_WINDOW_SECONDS,
+    VALUE_SIZE_LIMIT,
+)
+from fdbqueue.engines.local.mutations import check_versionstamp_offset
+from fdbqueue.engines.local.watches import EventWatch, StampFuture
+from fdbqueue.engines.versions import monotonic
 from fdbqueue.errors import RETRYABLE, EngineError
-from fdbqueue.store.clock import monotonic
 
 # Bytes one write or conflict range adds to a transaction's size as FoundationDB counts it
 # (Transaction::getSize, fdbclient/NativeAPI.actor.cpp; see MUTATION_REF_BYTES in base.py).
 # A set is a mutation (key + value) and a write conflict range [key, keyAfter(key)).
 _SET_BYTES = MUTATION_REF_BYTES + KEY_RANGE_REF_BYTES + 1
 _POINT_RANGE_BYTES = KEY_RANGE_REF_BYTES + 1  # [key, keyAfter(key)): plus twice the key
-
-# ---------------------------------------------------------------------------------------------
-# Watches and versionstamp futures for the local engines.
-
-
-_CALLBACKS = threading.Lock()  # an on_ready racing the watch's completion
-
-# Set at interpreter exit, before the embedded engine closes the handles a program left open
-# (engines/_shared.py, _at_exit).
-EXITING = threading.Event()
-
-
-def park_at_exit() -> None:
-    """In a daemon thread that meets a store closed at interpreter exit: stay here.
-
-    Python stops daemon threads where they stand at exit; the close at exit would instead
-    wake one blocked on the store (a watch failed with 1101, a closed handle) and run its
-    code on into an exception it cannot handle to any end, printed as a traceback as the
-    program ends. So it waits here, quietly, until the interpreter ends it. The main thread
-    (an atexit handler's call) and non-daemon threads still get the error."""
-    if EXITING.is_set() and threading.current_thread().daemon:
-        threading.Event().wait()
-
-
-class EventWatch:
-    """A :class:`Watch` completed by its engine from any thread."""
-
-    __slots__ = ("_callbacks", "_error", "_event", "_on_cancel", "key", "seen")
-
-    def __init__(self, key: bytes, seen: bytes | None) -> None:
-        self.key = key
-        self.seen = seen
-        self._event = threading.Event()
-        self._error: EngineError | None = None
-        self._on_cancel: Callable[[EventWatch], None] | None = None
-        self._callbacks: list[Callable[[], None]] | None = None
-
-    def fire(self) -> None:
-        self._event.set()
-        self._done()
-
-    def fail(self, code: int, message: str | None = None) -> None:
-        if not self._event.is_set():
-            self._error = EngineError(code, message)
-            self._event.set()
-            self._done()
-
-    def on_ready(self, callback: Callable[[], None]) -> None:
-        """Call ``callback()`` once the watch fires or fails (now, if it has), from whichever
-        thread completes it: an asyncio waiter needs no thread of its own (fdbqueue.aio)."""
-        with _CALLBACKS:
-            if not self._event.is_set():
-                if self._callbacks is None:
-                    self._callbacks = []
-                self._callbacks.append(callback)
-                return
-        callback()
-
-    def _done(self) -> None:
-        with _CALLBACKS:
-            callbacks, self._callbacks = self._callbacks, None
-        for callback in callbacks or ():
-            callback()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        if not self._event.wait(timeout):
-            return False
-        if self._error is not None:
-            park_at_exit()  # failed by the close at exit: as Python leaves a daemon thread
-            raise self._error
-        return True
-
-    def is_ready(self) -> bool:
-        return self._event.is_set()
-
-    def cancel(self) -> None:
-        self.fail(1101, "watch cancelled")
-        if self._on_cancel is not None:
-            self._on_cancel(self)
-
-
-class StampFuture:
-    __slots__ = ("_error", "_version")
-
-    def __init__(self) -> None:
-        self._version: int | None = None  # the commit version: the stamp is made when asked
-        self._error: int | None = None
-
-    def wait(self) -> bytes:
-        if self._version is not None:
-            return make_versionstamp(self._version)
-        raise EngineError(self._error or 2021, "the versionstamp is known only after a commit with writes")
 
 
 def _plain_write(key: object, value: object) -> bool:
@@ -751,8 +660,8 @@ class LocalDatabase(DatabaseConveniences, ABC):
     may_conflict: bool = True
     may_commit_unknown: bool = True
 
-    # Seconds on the engine's clock: CLOCK_MONOTONIC, which tests drive through
-    # fdbqueue.store.clock.fake_clock (the sim engine's can also be a ManualClock). A static
+    # Seconds on the engine's clock: CLOCK_MONOTONIC, which tests freeze and move
+    # (fdbqueue.engines.versions; the sim engine's can also be a ManualClock). A static
     # alias, not a method: transactions read it before every read.
     clock: Callable[[], float] = staticmethod(monotonic)
 

@@ -3,10 +3,15 @@
 A transaction that reads from a snapshot and applies its writes only at commit must still
 see its own writes (FoundationDB's ReadYourWritesTransaction, fdbclient/ReadYourWrites.cpp):
 a get, a range read (forward or reverse, with a limit) and a key selector answer from the
-snapshot overlaid with what this transaction set, cleared and cleared by range. Atomic ops
-are resolved by the caller against :meth:`WriteMap.get` at the time of the op, so every
-entry here is a plain value or a deletion; versionstamped writes are not kept here (their
-keys are known only at commit).
+snapshot overlaid with what this transaction set, cleared and cleared by range.
+Versionstamped keys are not kept here (they are known only at commit).
+
+Both in-process engines keep their writes here. The embedded engine resolves atomic ops
+against :meth:`WriteMap.get` at the time of the op, so each of its entries is a plain value
+or a deletion (None). The sim engine keeps what FoundationDB's own WriteMap keeps per key
+(``fdbclient/include/fdbclient/WriteMap.h``): a value, or atomic ops over the stored value, or
+a versionstamped value; it gives a ``decide(key, entry)`` that says what a read of such an
+entry sees.
 
 The snapshot is given as a function ``base(begin, end, limit, reverse)`` returning up to
 ``limit`` (0: all) stored pairs of [begin, end) in order; the overlay asks it for more
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar, overload
 
 from sortedcontainers import SortedList
 
@@ -25,15 +31,27 @@ from fdbqueue.engines.contract import SYSTEM_KEYS, KeySelector, KeyValue
 Base = Callable[[bytes, bytes, int, bool], list[KeyValue]]
 _CHUNK = 64  # the first batch asked of the snapshot when the overlay may hide rows
 
+V = TypeVar("V")
 
-class WriteMap:
-    """Sets and clears of one transaction, in the order they apply at commit."""
 
-    __slots__ = ("_cb", "_ce", "_sorted", "values")
+class WriteMap(Generic[V]):
+    """Sets and clears of one transaction, in the order they apply at commit.
 
-    def __init__(self) -> None:
-        #: key -> value, or None for a cleared key; applied after the cleared ranges.
-        self.values: dict[bytes, bytes | None] = {}
+    ``WriteMap()`` holds plain values (None: cleared); ``WriteMap(decide)`` holds an engine's
+    own entries, which ``decide(key, entry)`` turns into what a read sees (None: absent).
+    """
+
+    __slots__ = ("_cb", "_ce", "_sorted", "decide", "values")
+
+    @overload
+    def __init__(self: WriteMap[bytes | None]) -> None: ...
+    @overload
+    def __init__(self, decide: Callable[[bytes, V], bytes | None]) -> None: ...
+
+    def __init__(self, decide: Callable[[bytes, V], bytes | None] | None = None) -> None:
+        #: key -> entry (a value, or None for a cleared key); applied after the cleared ranges.
+        self.values: dict[bytes, V] = {}
+        self.decide = decide
         self._sorted: SortedList | None = None  # keys of values, built at the first range read
         self._cb: list[bytes] = []  # cleared ranges: sorted, disjoint begins ...
         self._ce: list[bytes] = []  # ... and their ends
@@ -48,7 +66,7 @@ class WriteMap:
 
     # -- writes ----------------------------------------------------------------------------------
 
-    def set(self, key: bytes, value: bytes | None) -> None:
+    def set(self, key: bytes, value: V) -> None:
         """Write ``value`` at ``key`` (None clears it)."""
         if self._sorted is not None and key not in self.values:
             self._sorted.add(key)
@@ -78,17 +96,30 @@ class WriteMap:
             self._sorted = SortedList(self.values)
         return self._sorted
 
-    def _cleared(self, key: bytes) -> bool:
+    def cleared(self, key: bytes) -> bool:
+        """Whether ``key`` lies in a range this transaction cleared."""
         i = bisect_right(self._cb, key) - 1
         return i >= 0 and key < self._ce[i]
 
-    def get(self, key: bytes) -> tuple[bool, bytes | None]:
-        """(True, value or None) when this map decides ``key``; (False, None) to read the snapshot."""
+    def get(self, key: bytes) -> tuple[bool, V | None]:
+        """(True, entry or None) when this map decides ``key``; (False, None) to read the snapshot."""
         if key in self.values:
             return True, self.values[key]
-        if self._cb and self._cleared(key):
+        if self._cb and self.cleared(key):
             return True, None
         return False, None
+
+    def keys_in(self, begin: bytes, end: bytes) -> Iterator[bytes]:
+        """The keys of :attr:`values` in [begin, end), in order."""
+        return self._keys().irange(begin, end, (True, False))  # type: ignore[no-any-return]
+
+    def cleared_in(self, begin: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """The cleared ranges that overlap [begin, end), in order."""
+        cb, ce = self._cb, self._ce
+        i = bisect_right(ce, begin)
+        while i < len(cb) and cb[i] < end:
+            yield cb[i], ce[i]
+            i += 1
 
     def touches(self, begin: bytes, end: bytes) -> bool:
         """Whether a read of [begin, end) may differ from the snapshot's."""
@@ -107,6 +138,7 @@ class WriteMap:
         if not self.touches(begin, end):
             return base(begin, end, limit, reverse)
         out: list[KeyValue] = []
+        values, decide = self.values, self.decide
         mine = self._keys().irange(begin, end, (True, False), reverse)
         stored = self._stored(base, begin, end, limit, reverse)
         a = next(mine, None)
@@ -114,15 +146,16 @@ class WriteMap:
         while a is not None or b is not None:
             if b is None or (a is not None and (a > b.key if reverse else a < b.key)):
                 assert a is not None
-                value = self.values[a]
+                # Without decide, V is bytes | None (the overloads of __init__).
+                value = values[a] if decide is None else decide(a, values[a])
                 if value is not None:
-                    out.append(KeyValue(a, value))
+                    out.append(KeyValue(a, value))  # type: ignore[arg-type]
                 a = next(mine, None)
             else:
                 if a is not None and a == b.key:  # this transaction's write decides
-                    value = self.values[a]
+                    value = values[a] if decide is None else decide(a, values[a])
                     if value is not None:
-                        out.append(KeyValue(a, value))
+                        out.append(KeyValue(a, value))  # type: ignore[arg-type]
                     a = next(mine, None)
                 else:
                     out.append(b)
@@ -138,7 +171,7 @@ class WriteMap:
         while lo < hi:
             rows = base(lo, hi, want, reverse)
             for kv in rows:
-                if not (self._cb and self._cleared(kv.key)):
+                if not (self._cb and self.cleared(kv.key)):
                     yield kv
             if not want or len(rows) < want:
                 return

@@ -6,7 +6,8 @@ It is where the queue layer proves itself on FoundationDB's terms (developer-gui
 
 * MVCC: every key keeps a chain of ``(version, value | None)``; a transaction reads the
   snapshot at its read version (the latest commit when it first reads) merged with its
-  own buffered writes. Versions advance with the clock (1e6 a second) and by >= 1 a commit.
+  own buffered writes (the in-process engines' read-your-writes :class:`WriteMap`).
+  Versions advance with the clock (1e6 a second) and by >= 1 a commit.
 * Conflicts: reads record read-conflict ranges exactly as FDB's ReadYourWrites does (not
   for snapshot reads, not over keys this transaction already set or cleared, only over the
   part of a range actually read). A commit fails with 1020 when a transaction committed
@@ -23,7 +24,7 @@ It is where the queue layer proves itself on FoundationDB's terms (developer-gui
 
 One lock guards the store; it is held for one operation at a time, never across user code.
 The store itself (version chains, commit resolution, garbage collection, watches) is in
-``store.py``; this module holds the transactions, fault injection and the URL.
+``engines/sim/store.py``; this module holds the transactions, fault injection and the URL.
 """
 
 from __future__ import annotations
@@ -31,27 +32,23 @@ from __future__ import annotations
 import copy
 import math
 import random
-from bisect import bisect_left, bisect_right
 from collections import deque
-from collections.abc import Callable, Iterator
-from heapq import merge
+from collections.abc import Callable
 from typing import TYPE_CHECKING
-
-from sortedcontainers import SortedList
 
 from fdbqueue.engines.contract import (
     KEY_RANGE_REF_BYTES,
     MUTATION_REF_BYTES,
     SYSTEM_KEYS,
-    TRANSACTION_WINDOW_SECONDS,
     KeySelector,
     KeyValue,
-    apply_atomic,
-    fill_versionstamp,
     key_after,
-    make_versionstamp,
 )
-from fdbqueue.engines.local.transaction import EventWatch, LocalDatabase, LocalTransaction
+from fdbqueue.engines.limits import TRANSACTION_WINDOW_SECONDS
+from fdbqueue.engines.local.mutations import apply_atomic, fill_versionstamp, make_versionstamp
+from fdbqueue.engines.local.transaction import LocalDatabase, LocalTransaction
+from fdbqueue.engines.local.watches import EventWatch
+from fdbqueue.engines.local.writemap import WriteMap
 from fdbqueue.engines.sim.faults import (
     MAYBE_COMMITTED_FAULTS,
     CommitInfo,
@@ -88,10 +85,8 @@ class SimTransaction(LocalTransaction):
         super().__init__(db)
 
     def _reset_attempt(self) -> None:
-        self._writes: dict[bytes, _Write] = {}
-        self._wkeys: SortedList | None = None  # sorted keys of _writes, built when a range needs it
-        self._cb: list[bytes] = []  # cleared ranges: sorted, disjoint begins ...
-        self._ce: list[bytes] = []  # ... and ends
+        # Buffered writes by key, and the cleared ranges (read through: read-your-writes).
+        self._wm: WriteMap[_Write] = WriteMap(self._decide)
         self._clears: list[tuple[int, bytes, bytes]] = []  # (sequence, begin, end) in call order
         self._vs_keys: list[tuple[int, bytes, bytes]] = []  # (sequence, key template, value)
         self._unreadable: list[Range] = []  # where versionstamped keys may land
@@ -146,15 +141,6 @@ class SimTransaction(LocalTransaction):
 
     # -- read-your-writes helpers ----------------------------------------------------------------
 
-    def _sorted_writes(self) -> SortedList:
-        if self._wkeys is None:
-            self._wkeys = SortedList(self._writes)
-        return self._wkeys
-
-    def _in_cleared(self, key: bytes) -> bool:
-        i = bisect_right(self._cb, key) - 1
-        return i >= 0 and key < self._ce[i]
-
     def _check_readable(self, begin: bytes, end: bytes) -> None:
         for ub, ue in self._unreadable:
             if ub < end and begin < ue:
@@ -167,38 +153,30 @@ class SimTransaction(LocalTransaction):
         if w.kind == _STAMP:
             raise EngineError(1036, "a versionstamped value cannot be read before commit")
         chain = self._sim._chains.get(key)
-        value = None if chain is None or self._in_cleared(key) else _value_at(chain, rv)
+        value = None if chain is None or self._wm.cleared(key) else _value_at(chain, rv)
         for op, param in w.ops or ():
             value = apply_atomic(op, value, param)
         return value
 
-    def _merged(self, begin: bytes, end: bytes, reverse: bool) -> Iterator[tuple[bytes, bytes]]:
-        """Present keys of [begin, end) in order: the snapshot overlaid with own writes (lock held)."""
+    def _decide(self, key: bytes, w: _Write) -> bytes | None:
+        """What a range read or key selector sees of a buffered write (the write map's hook;
+        the read version is taken: reads run under the store lock after _acquire_locked)."""
+        assert self._rv is not None
+        return self._eval(key, w, self._rv)
+
+    def _snapshot(self, begin: bytes, end: bytes, limit: int, reverse: bool) -> list[KeyValue]:
+        """Up to ``limit`` (0: all) present pairs of [begin, end) at the read version (lock held)."""
         rv = self._rv
         assert rv is not None
         chains = self._sim._chains
-        stored = self._sim._keys.irange(begin, end, (True, False), reverse)
-        if not self._writes and not self._cb:
-            for k in stored:
-                v = _value_at(chains[k], rv)
-                if v is not None:
-                    yield k, v
-            return
-        mine = self._sorted_writes().irange(begin, end, (True, False), reverse)
-        last = None
-        for k in merge(stored, mine, reverse=reverse):
-            if k == last:
-                continue
-            last = k
-            w = self._writes.get(k)
-            if w is not None:
-                v = self._eval(k, w, rv)
-            elif self._cb and self._in_cleared(k):
-                continue
-            else:
-                v = _value_at(chains[k], rv)
+        out: list[KeyValue] = []
+        for k in self._sim._keys.irange(begin, end, (True, False), reverse):
+            v = _value_at(chains[k], rv)
             if v is not None:
-                yield k, v
+                out.append(KeyValue(k, v))
+                if len(out) == limit:
+                    break
+        return out
 
     def _add_read_conflict(self, begin: bytes, end: bytes) -> None:
         """Add [begin, end) minus what this transaction's own sets and clears already decide.
@@ -208,17 +186,15 @@ class SimTransaction(LocalTransaction):
         end = min(end, SYSTEM_KEYS)
         if begin >= end:
             return
-        if not self._writes and not self._cb:
+        wm = self._wm
+        if not wm:
             self._rconf.append((begin, end))
             return
-        known: list[Range] = []
-        i = bisect_right(self._ce, begin)
-        while i < len(self._cb) and self._cb[i] < end:
-            known.append((self._cb[i], self._ce[i]))
-            i += 1
-        if self._writes:
-            for k in self._sorted_writes().irange(begin, end, (True, False)):
-                if self._writes[k].kind != _UNDER:
+        known: list[Range] = list(wm.cleared_in(begin, end))
+        if wm.values:
+            writes = wm.values
+            for k in wm.keys_in(begin, end):
+                if writes[k].kind != _UNDER:
                     known.append((k, key_after(k)))
         known.sort()
         cur = begin
@@ -236,12 +212,13 @@ class SimTransaction(LocalTransaction):
         self._sim._check_up()
         with self._sim._lock:
             rv = self._acquire_locked()
-            w = self._writes.get(key)
+            wm = self._wm
+            w = wm.values.get(key)
             if w is not None and w.kind != _UNDER:
                 return self._eval(key, w, rv)  # decided by this transaction: no conflict
             if self._unreadable:
                 self._check_readable(key, key_after(key))
-            cleared = bool(self._cb) and self._in_cleared(key)
+            cleared = bool(wm) and wm.cleared(key)
             if w is not None:
                 value = self._eval(key, w, rv)
             elif cleared:
@@ -258,24 +235,14 @@ class SimTransaction(LocalTransaction):
         key, or_equal, offset = selector
         with self._sim._lock:
             self._acquire_locked()
+            # The offset-th key after the anchor (the last key < key, or <= if or_equal), or
+            # before it, over the snapshot overlaid with this transaction's writes.
+            result = self._wm.resolve(self._snapshot, selector)
             if offset >= 1:
-                # The offset-th key after the anchor (the last key < key, or <= if or_equal).
                 lo = key_after(key) if or_equal else key
-                result, n = SYSTEM_KEYS, offset
-                for k, _ in self._merged(lo, SYSTEM_KEYS, False):
-                    n -= 1
-                    if n == 0:
-                        result = k
-                        break
                 hi = key_after(result)
             else:
                 hi = key_after(key) if or_equal else key
-                result, n = b"", 1 - offset
-                for k, _ in self._merged(b"", hi, True):
-                    n -= 1
-                    if n == 0:
-                        result = k
-                        break
                 lo = result
             if self._unreadable:
                 self._check_readable(lo, hi)
@@ -287,13 +254,9 @@ class SimTransaction(LocalTransaction):
         self, begin: bytes, end: bytes, limit: int, reverse: bool, snapshot: bool
     ) -> list[KeyValue]:
         self._sim._check_up()
-        out: list[KeyValue] = []
         with self._sim._lock:
             self._acquire_locked()
-            for k, v in self._merged(begin, end, reverse):
-                out.append(KeyValue(k, v))
-                if len(out) == limit:
-                    break
+            out = self._wm.get_range(self._snapshot, begin, end, limit, reverse)
             # Only the part actually read conflicts: with the limit reached, the keys past
             # the last one returned were not looked at.
             lo, hi = begin, end
@@ -319,9 +282,7 @@ class SimTransaction(LocalTransaction):
     # -- engine primitives: writes -------------------------------------------------------------
 
     def _put(self, key: bytes, w: _Write) -> None:
-        if key not in self._writes and self._wkeys is not None:
-            self._wkeys.add(key)
-        self._writes[key] = w
+        self._wm.set(key, w)
         self._wconf.append((key, key_after(key)))
 
     def _set(self, key: bytes, value: bytes) -> None:
@@ -334,19 +295,7 @@ class SimTransaction(LocalTransaction):
 
     def _clear_range(self, begin: bytes, end: bytes) -> None:
         self._sim._check_up()
-        if self._writes:
-            wkeys = self._sorted_writes()
-            for k in list(wkeys.irange(begin, end, (True, False))):
-                del self._writes[k]
-                wkeys.remove(k)
-        # Merge into the disjoint cleared ranges (touching ones too).
-        i = bisect_left(self._ce, begin)
-        j = bisect_right(self._cb, end)
-        b, e = begin, end
-        if i < j:
-            b, e = min(b, self._cb[i]), max(e, self._ce[j - 1])
-        self._cb[i:j] = [b]
-        self._ce[i:j] = [e]
+        self._wm.clear_range(begin, end)  # drops the writes inside, merges the cleared ranges
         self._clears.append((self._seq, begin, end))
         self._seq += 1
         self._unreadable = [(ub, ue) for ub, ue in self._unreadable if not (begin <= ub and ue <= end)]
@@ -354,9 +303,10 @@ class SimTransaction(LocalTransaction):
 
     def _atomic(self, op: str, key: bytes, param: bytes) -> None:
         self._sim._check_up()
-        w = self._writes.get(key)
+        wm = self._wm
+        w = wm.values.get(key)
         if w is None:
-            if self._cb and self._in_cleared(key):  # over a clear: the result is known
+            if wm and wm.cleared(key):  # over a clear: the result is known
                 self._put(key, _Write(_VALUE, apply_atomic(op, None, param)))
             else:
                 self._put(key, _Write(_UNDER, None, [(op, param)]))
@@ -404,14 +354,15 @@ class SimTransaction(LocalTransaction):
         the write conflict ranges and (RYW readConflicts) the read conflict ranges merged.
         """
         n, total = 0, 0
-        for b, e in zip(self._cb, self._ce, strict=True):
+        wm = self._wm
+        for b, e in wm.cleared_ranges:
             n, total = n + 1, total + len(b) + len(e)
-        for k, w in self._writes.items():
+        for k, w in wm.values.items():
             if w.kind == _UNDER:
                 for _, param in w.ops or ():
                     n, total = n + 1, total + len(k) + len(param)
             elif w.value is None:
-                if not self._in_cleared(k):
+                if not wm.cleared(k):
                     n, total = n + 1, total + 2 * len(k) + 1
             else:
                 n, total = n + 1, total + len(k) + len(w.value)
@@ -429,7 +380,7 @@ class SimTransaction(LocalTransaction):
         version = -1
         try:
             db._check_up()
-            if not (self._writes or self._cb or self._vs_keys or self._wconf):
+            if not (self._wm or self._vs_keys or self._wconf):
                 with db._lock:
                     db.stats.read_only += 1
                 return -1  # read-only: commits locally, no check (Transaction::commitMutations)

@@ -1,4 +1,4 @@
-"""The sim engine's multi-version store and commit resolution (the model is in sim.py).
+"""The sim engine's multi-version store and commit resolution (the model is in database.py).
 
 :class:`SimStore` is the database side of :class:`~fdbqueue.engines.sim.database.SimDatabase`: per-key
 version chains, the read versions of open transactions, a log of recent commits' write
@@ -14,22 +14,16 @@ import time
 from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sortedcontainers import SortedList
 
-from fdbqueue.engines.contract import (
-    TRANSACTION_WINDOW_SECONDS,
-    apply_atomic,
-    fill_versionstamp,
-    make_versionstamp,
-)
-from fdbqueue.engines.local.transaction import EventWatch
+from fdbqueue.engines.limits import TRANSACTION_WINDOW_SECONDS
+from fdbqueue.engines.local.mutations import apply_atomic, fill_versionstamp, make_versionstamp
+from fdbqueue.engines.local.watches import EventWatch
+from fdbqueue.engines.local.writemap import WriteMap
+from fdbqueue.engines.versions import VERSIONS_PER_SECOND, monotonic, monotonic_us
 from fdbqueue.errors import EngineError
-from fdbqueue.store.clock import VERSIONS_PER_SECOND, monotonic, monotonic_us
-
-if TYPE_CHECKING:
-    from fdbqueue.engines.sim.database import SimTransaction
 
 # Registrations of read versions older than the window plus this margin are dropped, so a
 # forgotten transaction cannot pin old versions forever; its next read or commit gets 1007.
@@ -90,6 +84,19 @@ class _Write:
         self.ops = ops
 
 
+class CommitRequest(Protocol):
+    """What a commit hands the store: one attempt's read version, conflict ranges and writes
+    (a :class:`~fdbqueue.engines.sim.database.SimTransaction`, or the copy of one in flight)."""
+
+    _rv: int | None  # the read version, None when the attempt never read
+    _token: int | None  # its registration in SimStore._live
+    _rconf: list[Range]  # read conflict ranges
+    _wconf: list[Range]  # write conflict ranges
+    _wm: WriteMap[_Write]  # buffered writes and cleared ranges
+    _clears: list[tuple[int, bytes, bytes]]  # (sequence, begin, end) of each clear_range, in call order
+    _vs_keys: list[tuple[int, bytes, bytes]]  # (sequence, key template, value) of versionstamped keys
+
+
 class SimStore:
     """The store behind one lock: per-key version chains, a log of recent commits' write ranges, watches."""
 
@@ -145,7 +152,7 @@ class SimStore:
 
     # -- commit resolution -----------------------------------------------------------------------
 
-    def _check_and_apply_locked(self, tr: SimTransaction, fired: list[EventWatch]) -> int:
+    def _check_and_apply_locked(self, tr: CommitRequest, fired: list[EventWatch]) -> int:
         rv = tr._rv
         if tr._rconf and rv is not None:
             if tr._token not in self._live or rv < self._pruned_through:
@@ -161,7 +168,7 @@ class SimStore:
                         raise EngineError(
                             1020, "a transaction committed since this one's read version wrote what it read"
                         )
-        # Above every read version handed out (sim.py: at most the clock's version - 1).
+        # Above every read version handed out (database.py: at most the clock's version - 1).
         version = max(self._version + 1, self._now_version())
         self._version = version
         stamp = make_versionstamp(version)
@@ -170,11 +177,12 @@ class SimStore:
         # The final value of every key this commit changes, computed over the latest state
         # (atomic ops and clears act on what is there at commit, not on the snapshot).
         final: dict[bytes, bytes | None] = {}
-        for b, e in zip(tr._cb, tr._ce, strict=True):
+        wm = tr._wm
+        for b, e in wm.cleared_ranges:
             for k in self._keys.irange(b, e, (True, False)):
                 if chains[k][-1][1] is not None:
                     final[k] = None
-        for k, w in tr._writes.items():
+        for k, w in wm.values.items():
             if w.kind == _VALUE:
                 final[k] = w.value
                 continue
@@ -183,7 +191,7 @@ class SimStore:
                 value: bytes | None = fill_versionstamp(w.value, stamp)
             else:
                 chain = chains.get(k)
-                value = None if chain is None or tr._in_cleared(k) else chain[-1][1]
+                value = None if chain is None or wm.cleared(k) else chain[-1][1]
             for op, param in w.ops or ():
                 value = apply_atomic(op, value, param)
             final[k] = value

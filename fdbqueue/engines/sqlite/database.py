@@ -94,7 +94,8 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
-from fdbqueue.engines.local.transaction import EventWatch, LocalDatabase, park_at_exit
+from fdbqueue.engines.local.transaction import LocalDatabase
+from fdbqueue.engines.local.watches import EventWatch, park_at_exit
 from fdbqueue.engines.sqlite import diskroom as _diskroom
 from fdbqueue.engines.sqlite import files as _storefiles
 from fdbqueue.engines.sqlite import shared as _shared
@@ -102,13 +103,13 @@ from fdbqueue.engines.sqlite import walcheck as _walcheck
 from fdbqueue.engines.sqlite.transaction import _CLOCK, _PENDING, SqliteTransaction, _translate
 from fdbqueue.engines.sqlite.walsync import WalSync
 from fdbqueue.engines.url import ParsedURL, take_params
+from fdbqueue.engines.versions import VERSIONS_PER_SECOND, monotonic_us
 from fdbqueue.errors import (
     InvalidURLError,
     QueueError,
     StoreError,
     UnsupportedFormatError,
 )
-from fdbqueue.store.clock import VERSIONS_PER_SECOND, monotonic_us
 
 FORMAT = "fdbqueue-sqlite"
 FORMAT_VERSION = "1.0"
@@ -230,7 +231,7 @@ class SqliteDatabase(LocalDatabase):
                         os.unlink(p)
             raise
 
-    def producer_room(self) -> None:
+    def check_room(self) -> None:
         """Raise StoreFullError while the disk is below the reserve (the engine contract's hook)."""
         if not self.read_only:
             self._room.check()

@@ -40,7 +40,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 
-from fdbqueue.engines.local.transaction import EventWatch
+from fdbqueue.engines.local.watches import EventWatch
 
 Reader = Callable[[list[bytes]], dict[bytes, bytes | None]]
 

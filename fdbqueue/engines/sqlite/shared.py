@@ -20,7 +20,7 @@ import time
 import weakref
 from typing import Any
 
-from fdbqueue.engines.local import transaction as local
+from fdbqueue.engines.local import watches
 from fdbqueue.engines.sqlite.notify import WatchHub, notify_dir_for
 from fdbqueue.engines.sqlite.storelock import StoreLock
 from fdbqueue.errors import NestedTransactionError, StoreError, StoreLockedError
@@ -242,7 +242,7 @@ def _at_exit() -> None:
     A handle whose store lock a thread of this process still holds (a transaction in a
     daemon thread) is left open, its connection being in use: only its socket file goes.
     """
-    local.EXITING.set()  # a daemon thread still waiting on a store stays where it is
+    watches.EXITING.set()  # a daemon thread still waiting on a store stays where it is
     for handle in list(_handles):
         store = getattr(handle, "_store", None)
         if store is None or store.owner is not None:

@@ -59,7 +59,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from fdbqueue.engines.contract import TRANSACTION_WINDOW_SECONDS
+from fdbqueue.engines.limits import TRANSACTION_WINDOW_SECONDS
 
 #: Where the lease lives in the lock file's shared page: the current generation, then two
 #: slots, one for the even generations and one for the odd (see :meth:`StoreLock._claim`).

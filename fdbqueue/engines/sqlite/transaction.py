@@ -18,25 +18,20 @@ import time
 from itertools import repeat
 from typing import TYPE_CHECKING
 
-from fdbqueue.engines.contract import (
-    SYSTEM_KEYS,
-    KeySelector,
-    KeyValue,
-    apply_atomic,
-    fill_versionstamp,
-    make_versionstamp,
-)
-from fdbqueue.engines.local.transaction import LocalTransaction, park_at_exit
+from fdbqueue.engines.contract import SYSTEM_KEYS, KeySelector, KeyValue
+from fdbqueue.engines.local.mutations import apply_atomic, fill_versionstamp, make_versionstamp
+from fdbqueue.engines.local.transaction import LocalTransaction
+from fdbqueue.engines.local.watches import park_at_exit
 from fdbqueue.engines.local.writemap import WriteMap
 from fdbqueue.engines.sqlite import files as _storefiles
 from fdbqueue.engines.sqlite import shared as _shared
+from fdbqueue.engines.versions import VERSIONS_PER_SECOND, monotonic_us, wall_us
 from fdbqueue.errors import (
     EngineError,
     NestedTransactionError,
     QueueError,
     StoreError,
 )
-from fdbqueue.store.clock import VERSIONS_PER_SECOND, monotonic_us, wall_us
 
 if TYPE_CHECKING:
     from fdbqueue.engines.sqlite.database import SqliteDatabase

@@ -31,7 +31,7 @@ import sqlite3
 import struct
 import threading
 
-from fdbqueue.engines.local.transaction import park_at_exit
+from fdbqueue.engines.local.watches import park_at_exit
 from fdbqueue.engines.sqlite import shared as _shared
 from fdbqueue.errors import StoreError
 
