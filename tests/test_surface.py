@@ -52,14 +52,7 @@ PROMISED_TESTING = ["FaultScript", "outage"]
 PUBLIC = {"fdbqueue", "fdbqueue.aio", "fdbqueue.testing", "fdbqueue.cli", "fdbqueue.spark", "fdbqueue.web"}
 
 # Re-exports still there, and why: each step that removes one removes its entry here.
-KNOWN_REEXPORTS = {
-    # FoundationDB's limits belong to the engines (engines/ imports errors and its own limits
-    # only): the engines step defines them there, and store.budget imports them from it.
-    ("fdbqueue.engines.contract", "KEY_SIZE_LIMIT"),
-    ("fdbqueue.engines.contract", "TRANSACTION_SIZE_LIMIT"),
-    ("fdbqueue.engines.contract", "TRANSACTION_WINDOW_SECONDS"),
-    ("fdbqueue.engines.contract", "VALUE_SIZE_LIMIT"),
-}
+KNOWN_REEXPORTS: set[tuple[str, str]] = set()  # none left: add none
 
 
 def test_the_promised_names_exist() -> None:
