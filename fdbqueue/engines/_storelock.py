@@ -38,7 +38,8 @@ transactions"); here the bound is enforced on the lock itself:
 What is not bounded: a holder stopped *during* its commit (pinned, holding SQLite's write
 lock for those microseconds) or while opening the store blocks the others until it runs;
 so does a process stopped while holding the page mutex (a pin or a takeover: a few
-microseconds). A waiter that gives up says who holds the lock (:attr:`StoreLock.holder`:
+microseconds), or while SQLite's last close holds SQLite's own lock on the store file
+(:func:`sqlite_holder` names it). A waiter that gives up says who holds the lock (:attr:`StoreLock.holder`:
 the pid, whether it is stopped). A waiter thread blocked on the byte of a generation taken
 over from a stopped process stays in the kernel, with its descriptor, until that process
 resumes or dies.
