@@ -35,7 +35,7 @@ from fdbqueue.config import decode_guard
 from fdbqueue.engines.base import Database, Transaction, adopt
 from fdbqueue.enqueuing import enqueue_items, new_item
 from fdbqueue.errors import QueueError
-from fdbqueue.layout import DEFAULT_ROOT, QueueKeys, ScheduleKeys
+from fdbqueue.layout import DEFAULT_ROOT, QueueKeys, ScheduleKeys, utf8
 from fdbqueue.privileges import allowed, check, principal_of
 from fdbqueue.queue import Queue
 from fdbqueue.txn import run_once
@@ -74,6 +74,7 @@ def _check_cron(cron: str) -> None:
 def _checked_name(name: object) -> str:
     if not isinstance(name, str) or not name:
         raise QueueError(f"name must be a non-empty str, got {name!r}")
+    utf8(name, f"schedule name {name!r}")  # it goes into a key (InvalidTextError, a QueueError)
     return name
 
 
