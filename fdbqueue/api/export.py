@@ -173,8 +173,15 @@ Row = tuple[Any, ...]
 
 
 def read_piece(db: Database, piece: Piece, *, root: tuple[Any, ...] = DEFAULT_ROOT) -> Iterator[Row]:
-    """The rows of ``piece`` (the columns of ``COLUMNS``), in key order, a transaction a page."""
+    """The rows of ``piece`` (the columns of ``COLUMNS``), in key order, a transaction a page.
+    The piece's range must lie inside its queue's range for its state (QueueError): the right
+    checked is the named queue's, so the range may not reach into another's."""
     keys = QueueKeys.make(piece.queue, root)
+    tag = _TAGS.get(piece.state) if isinstance(piece.state, str) else None
+    if tag is None:
+        raise QueueError(f"a piece's state is one of {sorted(_TAGS)}, got {piece.state!r}")
+    r = keys.q.range((tag,))
+    _inside(piece, bytes(r.start), bytes(r.stop))
     cursor = piece.begin
     while True:
 
@@ -190,6 +197,20 @@ def read_piece(db: Database, piece: Piece, *, root: tuple[Any, ...] = DEFAULT_RO
         if nxt is None:
             return
         cursor = nxt
+
+
+# A piece's state -> the tag of its queue's range (layout.py); "dead": an error queue's ready.
+_TAGS = {**{state: tag for tag, state in STATES.items()}, "dead": "r"}
+
+
+def _inside(piece: Piece, lo: bytes, hi: bytes) -> None:
+    """Refuse a piece whose range is not inside ``[lo, hi)`` (a piece made by hand, or forged)."""
+    b, e = piece.begin, piece.end
+    if not (isinstance(b, bytes) and isinstance(e, bytes) and lo <= b <= e <= hi):
+        raise QueueError(
+            f"the piece's range lies outside queue {piece.queue!r}'s {piece.state} range: a piece is "
+            "read only within the queue it names (make pieces with plan() or journal_plan())"
+        )
 
 
 def _row(t: Transaction, keys: QueueKeys, piece: Piece, key: bytes, raw: bytes) -> tuple[Any, ...] | None:
@@ -303,9 +324,15 @@ def _may_browse(db: Database, keys: QueueKeys) -> None:
 
 
 def read_journal_piece(db: Database, piece: Piece, *, root: tuple[Any, ...] = DEFAULT_ROOT) -> Iterator[Row]:
-    """The journal entries of ``piece`` as rows of ``JOURNAL_COLUMNS``, a transaction a page."""
+    """The journal entries of ``piece`` as rows of ``JOURNAL_COLUMNS``, a transaction a page.
+    The piece's range must lie inside one shard of its queue's journal (QueueError)."""
     jk = JournalKeys.make(root)
     keys = QueueKeys.make(piece.queue, root)
+    if piece.state != "journal":
+        raise QueueError(f"a journal piece's state is 'journal', got {piece.state!r}")
+    shards = [jk.entry_range(piece.queue, shard, None) for shard in range(JOURNAL_SHARDS)]
+    shard = [(lo, hi) for lo, hi in shards if isinstance(piece.begin, bytes) and lo <= piece.begin < hi]
+    _inside(piece, *(shard[0] if shard else shards[0]))
     cursor = piece.begin
     while True:
 

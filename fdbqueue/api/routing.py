@@ -43,11 +43,21 @@ from fdbqueue.store.layout import (
     route_range,
     route_value,
     stable_hash,
+    utf8,
 )
 from fdbqueue.types import Message, QueueStats
 
 RouteKey = str | Callable[[Any, Mapping[str, Any]], str]
 MAX_PARTITIONS = 1024
+
+
+def check_routing_value(value: object) -> str:
+    """``value`` when it can be a routing value (a str UTF-8 can encode: it is hashed, and
+    goes into a route's key), else a clear QueueError (InvalidTextError for a lone surrogate)."""
+    if not isinstance(value, str):
+        raise QueueError(f"a routing value is a str, got {value!r}")
+    utf8(value, f"routing value {value!r}")
+    return value
 
 
 class PartitionedQueue:
@@ -81,8 +91,7 @@ class PartitionedQueue:
     def partition_of(self, value: str) -> str:
         """The partition routing value ``value`` hashes to (``set_route`` aside): the same in
         every process and Python version."""
-        if not isinstance(value, str):
-            raise QueueError(f"a routing value is a str, got {value!r}")
+        check_routing_value(value)
         return self.queues[stable_hash(value) % self.partitions].name
 
     def _value(self, payload: object, headers: Mapping[str, Any] | None) -> str:
@@ -95,9 +104,7 @@ class PartitionedQueue:
                 raise QueueError(
                     f"partitioned queue {self.name!r} routes by header {self.key!r}: the message has none"
                 )
-        if not isinstance(value, str):
-            raise QueueError(f"a routing value is a str, got {value!r}")
-        return value
+        return check_routing_value(value)
 
     def route(self, tr: Transaction | Database, value: str) -> str:
         """The queue a message of routing value ``value`` goes to now. Needs ``browse`` on
@@ -187,6 +194,7 @@ def set_route(
     QueueKeys.make(name, root)
     if not isinstance(value, str) or not value:
         raise QueueError(f"a routing value is a non-empty str, got {value!r}")
+    check_routing_value(value)
     if queue is not None:
         QueueKeys.make(queue, root)  # validates the name
     key = route_key(root, name, value)

@@ -38,7 +38,7 @@ from fdbqueue.ops.privileges import allowed, check, principal_of
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.clock import now_us
 from fdbqueue.store.config import decode_guard
-from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys, ScheduleKeys
+from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys, ScheduleKeys, utf8
 
 log = logging.getLogger("fdbqueue.scheduler")
 
@@ -74,6 +74,7 @@ def _check_cron(cron: str) -> None:
 def _checked_name(name: object) -> str:
     if not isinstance(name, str) or not name:
         raise QueueError(f"name must be a non-empty str, got {name!r}")
+    utf8(name, f"schedule name {name!r}")  # it goes into a key (InvalidTextError, a QueueError)
     return name
 
 

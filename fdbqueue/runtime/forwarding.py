@@ -56,7 +56,7 @@ from fdbqueue.errors import (
     StoreError,
 )
 from fdbqueue.ops import transit
-from fdbqueue.ops.delivery import ack_many_in
+from fdbqueue.ops.delivery import ack_many_in, check_lease_seconds
 from fdbqueue.ops.enqueuing import enqueue_in
 from fdbqueue.ops.moves import Note
 from fdbqueue.ops.outbox import Ready
@@ -68,7 +68,7 @@ from fdbqueue.runtime.outbox import Outbox
 from fdbqueue.store.clock import db_now, versions
 from fdbqueue.store.config import read_meta
 from fdbqueue.store.layout import DEFAULT_ROOT, forward_marker
-from fdbqueue.types import ForwardStats, Item, Message, check_flag, check_where
+from fdbqueue.types import ForwardStats, Item, Message, check_duration, check_flag, check_where
 
 log = logging.getLogger("fdbqueue.runtime.forwarding")
 
@@ -109,6 +109,13 @@ class Forwarder(Outbox):
     ) -> None:
         if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 1000:
             raise QueueError(f"batch must be an int from 1 to 1000, got {batch!r}")
+        # Every argument checked here, before any I/O: a bad one would otherwise surface as a
+        # raw error from deep inside run(), after the forwarder began.
+        retry_seconds = check_duration("retry_seconds", retry_seconds)
+        lease_seconds = check_lease_seconds(lease_seconds)
+        _check_root("root", root)
+        if dst_root is not None:
+            _check_root("dst_root", dst_root)
         self.src_db, self.dst_db = adopt(src_db), adopt(dst_db)
         if is_transaction(self.src_db) or is_transaction(self.dst_db):
             raise QueueError("forward takes two Databases: each step is a transaction of its own")
@@ -418,7 +425,9 @@ class Forwarder(Outbox):
         SIGINT with ``install_signals``, or ``idle_timeout`` seconds without a message,
         retrying with a backoff while either side is down (tenacity); ``progress`` is called
         with the statistics after each batch."""
-        check_limit(limit)
+        _check_run(follow=follow, limit=limit, install_signals=install_signals, idle_timeout=idle_timeout)
+        if progress is not None and not callable(progress):
+            raise QueueError(f"progress must be a function of the statistics or None, got {progress!r}")
         self._retrying(self._prepare)  # a queue forwarded into itself: refused here
         self._cap = limit
         restore = self._signals() if install_signals else None
@@ -538,6 +547,8 @@ def forward(
     :class:`Forwarder`. ``exclusive``: the forwarder is the source queue's only consumer (an
     outbox): no leases. An unknown source queue is QueueNotFoundError, not
     "0 forwarded"; with ``follow`` it is awaited (a RemoteQueue's outbox appears on first use)."""
+    _check_run(follow=follow, limit=limit)
+    check_flag("progress", progress)
     f = Forwarder(
         src_db,
         src,
@@ -553,6 +564,23 @@ def forward(
     if not follow and run_once(f._src_db, lambda t, _: read_meta(t, f.src.keys).config) is None:
         raise QueueNotFoundError(f"no queue named {src!r} to forward")
     return f.run(follow=follow, limit=limit, progress=_status_line if progress else None)
+
+
+def _check_root(what: str, root: object) -> None:
+    """A key root: a non-empty tuple (or list) of tuple-layer elements, as ``DEFAULT_ROOT``."""
+    if not isinstance(root, (tuple, list)) or not root:
+        raise QueueError(f"{what} must be a non-empty tuple such as {DEFAULT_ROOT!r}, got {root!r}")
+
+
+def _check_run(
+    *, follow: object, limit: object, install_signals: object = False, idle_timeout: object = None
+) -> None:
+    """The arguments of a run (Forwarder.run, forward), before it begins."""
+    check_flag("follow", follow)
+    check_flag("install_signals", install_signals)
+    check_limit(limit)
+    if idle_timeout is not None:
+        check_duration("idle_timeout", idle_timeout, positive=True)
 
 
 def _status_line(stats: ForwardStats) -> None:

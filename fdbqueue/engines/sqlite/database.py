@@ -50,7 +50,9 @@ does not see that transaction's writes), while a nested write fails at once.
 Durability (``sync=full``): SQLite runs at ``synchronous=NORMAL`` and each commit then
 fdatasyncs the WAL itself, after releasing the store lock, before it returns; a read-only
 transaction that may have seen a commit still in its fsync fdatasyncs too. So commits that
-overlap share one flush of the disk (:mod:`._walsync` says how, and why this is safe).
+overlap share one flush of the disk (:mod:`._walsync` says how, and why this is safe); a
+commit waits for another process's flush 1 s at most (that process may be stopped), then
+flushes itself, and a read-only transaction never waits for another's.
 What a transaction read is durable once its commit returns; one that is abandoned instead
 may, for the length of an fsync, have read a commit that a power loss would still undo.
 

@@ -38,7 +38,8 @@ transactions"); here the bound is enforced on the lock itself:
 What is not bounded: a holder stopped *during* its commit (pinned, holding SQLite's write
 lock for those microseconds) or while opening the store blocks the others until it runs;
 so does a process stopped while holding the page mutex (a pin or a takeover: a few
-microseconds). A waiter that gives up says who holds the lock (:attr:`StoreLock.holder`:
+microseconds), or while SQLite's last close holds SQLite's own lock on the store file
+(:func:`sqlite_holder` names it). A waiter that gives up says who holds the lock (:attr:`StoreLock.holder`:
 the pid, whether it is stopped). A waiter thread blocked on the byte of a generation taken
 over from a stopped process stays in the kernel, with its descriptor, until that process
 resumes or dies.
@@ -116,6 +117,40 @@ def _stopped(pid: int) -> str:
     except (OSError, IndexError):
         return ""
     return ", stopped (SIGSTOP or a debugger)" if state in (b"T", b"t") else ""
+
+
+def sqlite_holder(real: str) -> str:
+    """Who holds SQLite's lock on the store file ``real`` (or on its ``-shm``) against us, as a
+    waiter that SQLite's busy timeout gave up on says it.
+
+    SQLite locks with POSIX record locks (fcntl(2), ``F_SETLK``), which /proc/locks lists with
+    the holder's pid (Linux; proc(5)): only a write lock keeps a reader out. The last
+    connection's close holds one on ``real`` while it copies the WAL into the file and removes
+    it (``sqlite3WalClose`` in SQLite's ``src/wal.c``), outside fdbqueue's store lock.
+    """
+    idents = set()
+    for path in (real, real + "-shm"):
+        with contextlib.suppress(OSError):
+            st = os.stat(path)
+            idents.add(f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}")
+    pids: list[int] = []
+    with contextlib.suppress(OSError, ValueError), open("/proc/locks") as f:
+        for line in f:
+            # "1: POSIX  ADVISORY  WRITE 4242 fe:00:2164135 1073741826 1073742335" ("->": a waiter)
+            parts = line.split()
+            if len(parts) > 5 and parts[1:4] == ["POSIX", "ADVISORY", "WRITE"] and parts[5] in idents:
+                pid = int(parts[4])
+                if pid != os.getpid() and pid not in pids:
+                    pids.append(pid)
+    if not pids:
+        return (
+            "another process holds SQLite's lock on it (a process closing the store, or a program "
+            "outside fdbqueue)"
+        )
+    return (
+        "; ".join(f"process {pid} holds SQLite's lock on it{_stopped(pid)}" for pid in pids)
+        + " (a process's last close holds it while it copies the WAL into the store file)"
+    )
 
 
 _pid = os.getpid()  # written with every claim: a system call each time, were it asked

@@ -25,12 +25,14 @@ from fdbqueue.engines.local.watches import park_at_exit
 from fdbqueue.engines.local.writemap import WriteMap
 from fdbqueue.engines.sqlite import files as _storefiles
 from fdbqueue.engines.sqlite import shared as _shared
+from fdbqueue.engines.sqlite.storelock import sqlite_holder
 from fdbqueue.engines.versions import VERSIONS_PER_SECOND, monotonic_us, wall_us
 from fdbqueue.errors import (
     EngineError,
     NestedTransactionError,
     QueueError,
     StoreError,
+    StoreLockedError,
 )
 
 if TYPE_CHECKING:
@@ -118,7 +120,13 @@ def _translate(exc: sqlite3.Error, path: str, real: str | None = None) -> QueueE
         if lost is not None:
             return StoreError(f"{path}: {lost} ({text})")
     if "locked" in low or "busy" in low:
-        return EngineError(1037, f"{path} stayed locked by another SQLite connection ({text})")
+        # SQLite's busy timeout (lock_timeout) ran out: a lock of SQLite's own, not the store
+        # lock, so the page cannot say who holds it, but the kernel can (_storelock).
+        who = sqlite_holder(real or os.path.realpath(path))
+        return StoreLockedError(
+            f"{path} stayed locked by another SQLite connection ({text}): {who}. Resume it "
+            "(kill -CONT) or end it, or raise lock_timeout"
+        )
     if "full" in low:
         # SQLITE_FULL: SQLite rolled the statement or transaction back; what committed
         # before stays (https://www.sqlite.org/rescode.html#full). docs/architecture.md,
@@ -472,7 +480,9 @@ class SqliteTransaction(LocalTransaction):
             # A commit that writes only volatile queues' keys skips the fsync: it survives a
             # process crash (its WAL frames are in the page cache), not a power loss, until the
             # next durable commit or checkpoint flushes the WAL.
-            wal.make_durable(db._store.shared, db._clock_tag, seen)
+            # A read-only transaction syncs what it may have read without queueing behind
+            # another process's fsync (which a stopped process may hold): see _walsync.
+            wal.make_durable(db._store.shared, db._clock_tag, seen, wait=self._dirty)
         return version
 
     def _only_volatile(self) -> bool:

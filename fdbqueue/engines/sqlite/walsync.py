@@ -5,7 +5,7 @@ commit then calls :meth:`WalSync.make_durable` after releasing the store lock an
 returns, so the next transaction runs while this one waits for the disk. One fsync at a
 time per store (a ``flock`` on the WAL; threads of a process queue on a mutex first), as
 PostgreSQL's backends queue on its WAL write lock: a committer that gets its turn first
-checks whether the fsync it waited behind covered it.
+checks whether the fsync it waited behind covered it. The wait is bounded (see below).
 
 Why it is safe: SQLite's WAL recovery keeps the longest run of valid frames (each carries a
 checksum chained from the one before), so what a power loss leaves is a prefix of the
@@ -14,6 +14,18 @@ returns after an fsync that began after its frames were written. Others can *see
 before its fsync ends, so a read-only transaction that may have seen a version above the
 on-disk mark fsyncs too before its commit returns; a writing one needs nothing more, its
 own fsync covering everything before it.
+
+A stopped process (SIGSTOP, a debugger) may hold the WAL's lock inside its fsync for as long
+as it stays stopped, its commit done and the store lock released: so a committer waits for
+that lock :data:`LEADER_WAIT` at most, then fsyncs the WAL itself without it, and a read-only
+transaction never queues on it. Safe, because the lock only spares fsyncs: fdatasync(2)
+returns once everything written to the file before the call is on disk, whoever else is
+syncing it meanwhile (the kernel waits for pages another sync is writing), and an fsync at
+any moment only forces to disk what the kernel's own writeback could have written then,
+which SQLite's WAL (frames checksummed and salted, recovery keeping the valid prefix)
+tolerates at every instant. The sync mark stays true: each process raises it only to the
+committed version it read *before* its own fsync began; a race may leave a lower value,
+which costs a later commit an fsync it could have skipped, never a skipped one it needed.
 
 Shared state, at ``_shared.SYNCED_AT`` in the lock file's mapped page: the version clock's
 tag (boot + store, ``_CLOCK`` in transaction.py), the highest version known to be on disk, and the
@@ -33,6 +45,7 @@ import threading
 
 from fdbqueue.engines.local.watches import park_at_exit
 from fdbqueue.engines.sqlite import shared as _shared
+from fdbqueue.engines.sqlite.storelock import _Waiter
 from fdbqueue.errors import StoreError
 
 SYNCED = struct.Struct(">32sQQ")  # tag, on disk, committed
@@ -43,6 +56,11 @@ FILL_ROOM = 64 * 1024 * 1024
 _U64 = struct.Struct(">Q")
 SYNCED_VERSION_AT = _shared.SYNCED_AT + 32
 _COMMITTED_AT = _shared.SYNCED_AT + 40
+#: Seconds a commit waits for another process's fsync of the WAL (its group-commit lock)
+#: before it fsyncs the WAL itself: far longer than a healthy fsync of the WAL's ~4 MB, and
+#: well inside the 5-second window that bounds the store lock. A module attribute, so that a
+#: test may read it.
+LEADER_WAIT = 1.0
 
 
 def _synced(shared: mmap.mmap, tag: bytes) -> int:
@@ -64,6 +82,8 @@ class WalSync:
         self._path = path
         self._fd: int | None = None
         self._mutex = threading.Lock()
+        # A thread blocked in flock for this descriptor, so that a wait can give up (_lock).
+        self._waiter: _Waiter | None = None
 
     @staticmethod
     def committed(shared: mmap.mmap, tag: bytes | None, version: int) -> int | None:
@@ -85,24 +105,30 @@ class WalSync:
         _U64.pack_into(shared, _COMMITTED_AT, version)
         return version
 
-    def make_durable(self, shared: mmap.mmap, tag: bytes | None, version: int | None) -> None:
+    def make_durable(
+        self, shared: mmap.mmap, tag: bytes | None, version: int | None, *, wait: bool = True
+    ) -> None:
         """Return once every commit up to ``version`` (None: every commit so far) is on disk.
 
-        Called after the store lock is released. Raises StoreError if the fsync fails: the
-        commit was written (and may be seen) but may not survive a power loss.
+        Called after the store lock is released. ``wait``: queue behind another process's
+        fsync (group commit), for :data:`LEADER_WAIT` at most, before syncing the WAL without
+        it; a read-only transaction passes False and never waits for another process. Raises
+        StoreError if the fsync fails: the commit was written (and may be seen) but may not
+        survive a power loss.
         """
         if tag is not None and version is not None and _synced(shared, tag) >= version:
             return
         try:
             with self._mutex:  # threads of this process share one descriptor (and flock)
                 fd = self._wal()
-                fcntl.flock(fd, fcntl.LOCK_EX)
+                locked = wait and self._lock(fd)
                 try:
                     if tag is None or version is None:
                         os.fdatasync(fd)
                         return
-                    if _synced(shared, tag) >= version:
+                    if locked and _synced(shared, tag) >= version:
                         return  # the fsync we waited for began after our commit
+                    # What the mark may say after this fsync: read before it begins.
                     found, _, target = SYNCED.unpack_from(shared, _shared.SYNCED_AT)
                     os.fdatasync(fd)
                     # Two processes may race here and leave the lower value: that only costs
@@ -110,13 +136,38 @@ class WalSync:
                     if found == tag and target > _synced(shared, tag):
                         _U64.pack_into(shared, SYNCED_VERSION_AT, target)
                 finally:
-                    fcntl.flock(fd, fcntl.LOCK_UN)
+                    if locked:
+                        fcntl.flock(fd, fcntl.LOCK_UN)
         except OSError as exc:
             park_at_exit()  # the store closed at interpreter exit under a daemon thread
             raise StoreError(
                 f"{self._path}: the commit was written but its fsync failed ({exc.strerror}): it may "
                 "not survive a power loss"
             ) from exc
+
+    def _lock(self, fd: int) -> bool:
+        """The WAL's flock (call with ``_mutex`` held): False when another process kept it
+        :data:`LEADER_WAIT` seconds (stopped in its fsync?), or still keeps it since an earlier
+        wait gave up (our waiter thread is still blocked behind it: no second wait then).
+        """
+        waiter = self._waiter
+        if waiter is not None and waiter.blocking:
+            # Its request is queued for this open file description: one of ours now would
+            # be granted at once by the same lock, which the waiter would then drop.
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            pass
+        if waiter is None:
+            waiter = self._waiter = _Waiter(
+                fd,
+                lambda f: fcntl.flock(f, fcntl.LOCK_EX),
+                lambda f: fcntl.flock(f, fcntl.LOCK_UN),
+                "fdbqueue-walsync",
+            )
+        return waiter.wait(LEADER_WAIT)
 
     def _wal(self) -> int:
         """The WAL's descriptor, opened once (call with ``_mutex`` held)."""
@@ -188,10 +239,14 @@ class WalSync:
         if self._fd is not None:
             os.close(self._fd)  # this process's copy; the parent's stays open
             self._fd = None
+        self._waiter = None  # its thread stayed in the parent
         self._mutex = threading.Lock()
 
     def close(self) -> None:
         with self._mutex:  # after an fsync in progress in another thread, not under it
+            if self._waiter is not None:
+                self._waiter.retire()  # it closes its own descriptor once out of the kernel
+                self._waiter = None
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
