@@ -59,7 +59,7 @@ def test_redrive_by_id_in_batches(db: Database, monkeypatch: pytest.MonkeyPatch)
     ids = _dead(db, 5)
     live = Queue("jobs").enqueue(db, b"live")  # in jobs, not a dead letter: passed
     # Two ids a transaction: the batches continue where the last stopped.
-    monkeypatch.setattr(sys.modules["fdbqueue.redrive"], "BATCH", 2)
+    monkeypatch.setattr(sys.modules["fdbqueue.api.redrive"], "BATCH", 2)
     asked = [ids[3], ids[0], live, "no-such-id", ids[0], ids[4]]
     assert fdbqueue.redrive(db, "jobs.error", ids=asked) == 3
     assert [m.id for m in Queue("jobs.error").browse(db)] == [ids[1], ids[2]]
