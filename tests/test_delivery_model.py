@@ -17,7 +17,8 @@ out and is moved to the error queue tagged ``expired``. Every lease and dequeue 
 out exactly the message the model predicts, and after every step each message is in
 exactly one place: found by ``jobs.get`` when the model says it waits in ``jobs``, listed
 once in ``jobs.error`` when dead-lettered, gone when acked; the ready order (browse),
-``size()``, the in-flight and delayed counters and the raw indexes agree.
+``size()`` (what a dequeue would find now), the in-flight and delayed counters and the raw
+indexes agree.
 
 ``sweep`` must do all due work, and the model predicts it exactly. A lease or dequeue may
 also do some of it on the way (release expired leases, promote due delays, move aside
@@ -476,10 +477,11 @@ class DeliveryModel(RuleBasedStateMachine):
         # The ready set as stored (expired and not yet moved ones included) ...
         ready = [Record.decode(kv.value).id for kv in db.get_range(*self.jobs.keys.ready_range())]  # type: ignore[attr-defined]
         assert ready == [e.id for e in self._ready_order()], "ready messages or their order differ"
-        assert self.jobs.size(db) == len(ready)
-        # ... and as browse shows it: what a dequeue would find now, before any sweep.
+        # ... and as browse and size show it: what a dequeue would find now, before any sweep
+        # (one definition for every view: due delays in, expired ones out; docs/api.md).
         shown = [m.id for m in self.jobs.browse(db)]
         assert shown == self._view(self.now), "browse differs from what a dequeue would find"
+        assert self.jobs.size(db) == len(shown), "size differs from what browse shows"
         counters = {c: unpack_count(db.get(self.jobs.keys.counter(c))) for c in ("inflight", "delayed")}
         assert counters == {"inflight": len(self._in(LEASED)), "delayed": len(self._in(DELAYED))}
         for tag, states in (("f", (LEASED,)), ("l", (LEASED,)), ("d", (DELAYED,))):
