@@ -23,7 +23,7 @@ import pytest
 import fdbqueue
 from fdbqueue import Queue
 from fdbqueue.engines import versions
-from fdbqueue.store.layout import unpack_count
+from fdbqueue.store.codec import unpack_count
 
 # Every key tag a message can leave behind (fdbqueue/store/layout.py): none may remain once drained.
 MESSAGE_TAGS = ("r", "id", "b", "f", "l", "d", "pop", "res")

@@ -27,7 +27,7 @@ from fdbqueue.errors import CommitUnknownError, EngineError
 from fdbqueue.ops.contention import staged_dequeue
 from fdbqueue.ops.receipts import RECEIPT_TTL_SECONDS, RESULT_TTL_VERSIONS
 from fdbqueue.store.clock import fake_clock, thread_skew
-from fdbqueue.store.layout import unpack_count
+from fdbqueue.store.codec import unpack_count
 from tests.conftest import engine_url
 from tests.faults import ScriptedFaults, on_backoff
 from tests.processes import Children, real_clock

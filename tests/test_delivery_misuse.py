@@ -28,7 +28,7 @@ from fdbqueue import (
 )
 from fdbqueue.engines.contract import Database
 from fdbqueue.store.clock import FakeClock, fake_clock
-from fdbqueue.store.layout import unpack_count
+from fdbqueue.store.codec import unpack_count
 from tests.conftest import engine_url
 
 

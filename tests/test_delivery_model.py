@@ -52,7 +52,7 @@ from fdbqueue.engines.contract import run_transaction
 from fdbqueue.engines.sim.database import SimDatabase
 from fdbqueue.ops.delivery import locate
 from fdbqueue.store.clock import FakeClock, set_clock
-from fdbqueue.store.layout import unpack_count
+from fdbqueue.store.codec import unpack_count
 from fdbqueue.store.record import Record
 from fdbqueue.testing import FaultScript
 

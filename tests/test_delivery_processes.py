@@ -33,7 +33,7 @@ import pytest
 
 import fdbqueue
 from fdbqueue import LeaseError, Queue
-from fdbqueue.store.layout import unpack_count
+from fdbqueue.store.codec import unpack_count
 from tests.processes import Children, assert_nothing_left, held, real_clock
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures(real_clock.__name__)]

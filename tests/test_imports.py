@@ -376,10 +376,10 @@ def test_every_error_is_defined_in_errors_py() -> None:
     assert not elsewhere, "define these in fdbqueue/errors.py (re-export them here):\n" + "\n".join(elsewhere)
 
 
-def test_new_id_lives_in_layout_below_the_modules_that_make_ids() -> None:
-    from fdbqueue.store import layout
+def test_new_id_lives_in_store_below_the_modules_that_make_ids() -> None:
+    from fdbqueue.store import entropy
 
-    ids = [layout.new_id() for _ in range(3)]
+    ids = [entropy.new_id() for _ in range(3)]
     assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids) and len(set(ids)) == 3
 
 

@@ -17,7 +17,7 @@ from fdbqueue.errors import QueueError
 from fdbqueue.ops.contention import fulfil
 from fdbqueue.ops.receipts import RESULT_TTL_VERSIONS
 from fdbqueue.store.clock import db_now, fake_clock
-from fdbqueue.store.layout import unpack_count
+from fdbqueue.store.codec import unpack_count
 
 
 @pytest.fixture
@@ -289,7 +289,7 @@ def test_the_cli_prints_strict_json_of_whatever_a_store_holds(
 
     from fdbqueue.cli import main
     from fdbqueue.ops.enqueuing import enqueue_items
-    from fdbqueue.store.layout import new_rand
+    from fdbqueue.store.entropy import new_rand
     from fdbqueue.types import ContentType, Item
 
     monkeypatch.delenv("FDBQUEUE_URL", raising=False)

@@ -7,7 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fdbqueue.errors import QueueError
-from fdbqueue.store.layout import QueueKeys, WorkKeys, dec_int, enc_bytes, enc_int, enc_str
+from fdbqueue.store.codec import dec_int, enc_bytes, enc_int, enc_str
+from fdbqueue.store.layout import QueueKeys, WorkKeys
 
 INTS = st.one_of(
     st.integers(min_value=-(2**70), max_value=2**70),

@@ -22,7 +22,8 @@ from fdbqueue import Queue
 from fdbqueue.engines.local.transaction import LocalTransaction
 from fdbqueue.ops.contention import staged_dequeue
 from fdbqueue.store.clock import FakeClock, fake_clock
-from fdbqueue.store.layout import QueueKeys, enc_str
+from fdbqueue.store.codec import enc_str
+from fdbqueue.store.layout import QueueKeys
 
 # Tags under a queue's subspace whose keys are message state: ready, id entries, chunks,
 # leased, lease entries, delayed, TTL entries, staged results.

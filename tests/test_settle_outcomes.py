@@ -21,7 +21,7 @@ from fdbqueue.engines.sim.database import SimDatabase
 from fdbqueue.errors import CommitUnknownError
 from fdbqueue.ops.receipts import RECEIPT_TTL_SECONDS
 from fdbqueue.store.clock import fake_clock
-from fdbqueue.store.layout import unpack_count
+from fdbqueue.store.codec import unpack_count
 from fdbqueue.testing import FaultScript, on_backoff
 from fdbqueue.types import Message
 

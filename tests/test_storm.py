@@ -67,7 +67,7 @@ import pytest
 
 import fdbqueue
 from fdbqueue import LeaseError, Queue
-from fdbqueue.store.layout import unpack_count
+from fdbqueue.store.codec import unpack_count
 from tests import storm_children as sc
 from tests.processes import Children, assert_nothing_left, held, real_clock
 

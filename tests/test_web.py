@@ -520,7 +520,7 @@ def test_headers_json_cannot_carry_are_shown_escaped_not_a_500(store: Database) 
     """Stored by an older version (now refused at enqueue): a lone surrogate in a header's
     name, value or a reason, and NaN and infinities."""
     from fdbqueue.ops.enqueuing import enqueue_items
-    from fdbqueue.store.layout import new_rand
+    from fdbqueue.store.entropy import new_rand
     from fdbqueue.types import ContentType, Item
 
     fdbqueue.create_queue(store, "jobs", journal=True, max_deliveries=1)

@@ -28,6 +28,7 @@ from fdbqueue.ops.privileges import (
 from fdbqueue.ops.txn import run_once
 from fdbqueue.ops.views import counts, pending
 from fdbqueue.store.clock import db_now, now_us
+from fdbqueue.store.codec import unpack_count
 from fdbqueue.store.config import (
     Meta,
     QueueConfig,
@@ -38,7 +39,7 @@ from fdbqueue.store.config import (
     read_state,
     write_config,
 )
-from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys, queues_range, root_subspace, unpack_count
+from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys, queues_range, root_subspace
 from fdbqueue.store.record import decode_record
 from fdbqueue.types import QueueState, QueueStats, check_principal
 

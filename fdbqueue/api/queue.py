@@ -64,8 +64,8 @@ from fdbqueue.ops.waiting import blocking_steps, strict_of, wait_ready_steps, wa
 from fdbqueue.store.budget import Budget
 from fdbqueue.store.clock import db_now
 from fdbqueue.store.config import Meta, config_or_create, read_meta
-from fdbqueue.store.entropy import random_bytes
-from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys, new_id
+from fdbqueue.store.entropy import new_id, random_bytes
+from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys
 from fdbqueue.store.record import Record, check_reason, decode_record
 from fdbqueue.types import AutonomousId, Item, Message, SweepStats, check_duration, check_where
 

@@ -30,6 +30,7 @@ from fdbqueue.errors import AccessDeniedError, ForeignQueueError, QueueError, Qu
 from fdbqueue.ops.privileges import allowed, principal_of
 from fdbqueue.ops.receipts import settled
 from fdbqueue.ops.txn import run_once
+from fdbqueue.store.codec import stable_hash, utf8
 from fdbqueue.store.config import decode_guard
 from fdbqueue.store.layout import (
     DEFAULT_ROOT,
@@ -42,8 +43,6 @@ from fdbqueue.store.layout import (
     route_key,
     route_range,
     route_value,
-    stable_hash,
-    utf8,
 )
 from fdbqueue.types import Message, QueueStats
 

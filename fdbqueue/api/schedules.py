@@ -37,8 +37,9 @@ from fdbqueue.ops.enqueuing import enqueue_items, new_item
 from fdbqueue.ops.privileges import allowed, check, principal_of
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.clock import now_us
+from fdbqueue.store.codec import utf8
 from fdbqueue.store.config import decode_guard
-from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys, ScheduleKeys, utf8
+from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys, ScheduleKeys
 
 log = logging.getLogger("fdbqueue.scheduler")
 

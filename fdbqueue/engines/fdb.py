@@ -5,11 +5,13 @@ URL parameters: ``api_version`` (default 800, or the newest the installed bindin
 if older) and ``timeout`` (seconds to wait for the cluster at open, default 5).
 
 This is the only module that touches the untyped ``fdb`` package beyond ``fdb.tuple``
-and ``fdb.subspace_impl`` (which is why it is one module, past 600 lines: the wrapper, the
-adapters for raw ``fdb`` objects, and opening). ``fdb.api_version()`` is called when a database is opened,
-never at import, so importing fdbqueue works on machines without the native client
-library (libfdb_c). Everything the bindings raise as ``fdb.FDBError`` leaves this module as
-:class:`~fdbqueue.errors.EngineError` with the same code, raised ``from`` the original.
+and ``fdb.subspace_impl``, which is why the wrapper, the adapters for raw ``fdb`` objects
+and opening are one module (what they need without the bindings - the URL's parameters,
+the cluster file, error translation - is in ``fdb_support.py``). ``fdb.api_version()`` is
+called when a database is opened, never at import, so importing fdbqueue works on machines
+without the native client library (libfdb_c). Everything the bindings raise as
+``fdb.FDBError`` leaves this module as :class:`~fdbqueue.errors.EngineError` with the same
+code, raised ``from`` the original.
 
 Deliberate differences from the raw bindings, all for parity with the local engines:
 reads return ``bytes | None`` and range reads return materialised lists; argument errors
@@ -19,11 +21,7 @@ call instead of at the next wait or commit; range ends past ``b'\\xff'`` are cla
 
 from __future__ import annotations
 
-import importlib.metadata
-import os
-import platform
 import threading
-import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -47,7 +45,19 @@ from fdbqueue.engines.contract import (
     register_transaction_type,
     strinc,
 )
-from fdbqueue.engines.url import ParsedURL, take_params
+from fdbqueue.engines.fdb_support import (
+    JOURNAL_ORDER,
+    MIN_API_VERSION,
+    EndsAttempt,
+    bindings_version,
+    client_library_missing,
+    default_cluster_file,
+    engine_error,
+    latest_api_version,
+    open_params,
+    unreachable,
+)
+from fdbqueue.engines.url import ParsedURL
 from fdbqueue.errors import ClusterUnavailableError, EngineError, InvalidURLError, QueueError
 
 __all__ = [
@@ -59,51 +69,10 @@ __all__ = [
     "open_fdb",
 ]
 
-# API 710 or newer: below 610 ``on_error`` resets the timeout and retry limit, below 700 a
-# commit partially resets the transaction (documentation/sphinx/source/api-version-upgrade-guide.rst),
-# and 710 is what the oldest supported bindings (7.1) know.
-MIN_API_VERSION = 710
-
-
-def _bindings_version() -> str:
-    """The installed ``foundationdb`` wheel's version (``fdb.__version__`` exists only from 8.0)."""
-    version = getattr(fdb, "__version__", None)
-    if isinstance(version, str):
-        return version
-    try:
-        return importlib.metadata.version("foundationdb")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def _latest_api_version(bindings: str) -> int:
-    """The newest API version the bindings know: ``fdb.LATEST_API_VERSION`` from 7.3; the 7.1
-    bindings hard-code their header version (710) in ``api_version``, as major*100 + minor*10."""
-    latest = getattr(fdb, "LATEST_API_VERSION", None)
-    if isinstance(latest, int):
-        return latest
-    try:
-        major, minor = (int(part) for part in bindings.split(".")[:2])
-    except ValueError:
-        return MIN_API_VERSION
-    return major * 100 + minor * 10
-
-
-BINDINGS_VERSION = _bindings_version()
-LATEST_API_VERSION = _latest_api_version(BINDINGS_VERSION)
+BINDINGS_VERSION = bindings_version(fdb)
+LATEST_API_VERSION = latest_api_version(fdb, BINDINGS_VERSION)
 DEFAULT_API_VERSION = min(800, LATEST_API_VERSION)
-DEFAULT_TIMEOUT_SECONDS = 5.0
-
-CLIENT_LIBRARY_MISSING = (
-    "the FoundationDB client library (libfdb_c) is not installed on this machine, so the fdb:// "
-    "engine cannot run. Install the foundationdb-clients package of a matching version from "
-    "the FoundationDB releases (https://github.com/apple/foundationdb/releases); the "
-    f"'foundationdb' Python bindings {BINDINGS_VERSION} installed here need libfdb_c "
-    f"{BINDINGS_VERSION.rsplit('.', 1)[0]}. pip cannot install it."
-)
-
-# Error codes meaning "no answer from the cluster in time" (transaction_timed_out, timed_out).
-_TIMEOUT_CODES = frozenset({1031, 1004})
+CLIENT_LIBRARY_MISSING = client_library_missing(BINDINGS_VERSION)
 
 T = TypeVar("T")
 
@@ -128,26 +97,12 @@ def _bind(module: Any) -> None:
     _FDBKeySelector = module.KeySelector
 
 
-def _engine_error(exc: BaseException, during_commit: bool = False) -> EngineError:
-    code = int(getattr(exc, "code", 4100))
-    try:
-        description: str | None = _text(getattr(exc, "description", "")) or None
-    except Exception:  # the description comes from the C library; never mask the code
-        description = None
-    return EngineError(code, description, during_commit=during_commit)
-
-
-def _text(description: object) -> str:
-    # fdb_get_error's restype is c_char_p: the bindings hand its bytes on as they are.
-    return description.decode(errors="replace") if isinstance(description, bytes) else str(description)
-
-
 def _call(fn: Callable[..., T], *args: Any) -> T:
     """Call into the bindings, translating ``fdb.FDBError`` to :class:`EngineError`."""
     try:
         return fn(*args)
     except _FDBError as exc:
-        raise _engine_error(exc) from exc
+        raise engine_error(exc) from exc
 
 
 def _selector(sel: KeySelector) -> Any:
@@ -188,7 +143,7 @@ class _FDBReads:
             value = self._reads.get(key)
             return bytes(value) if value.present() else None
         except _FDBError as exc:
-            raise _engine_error(exc) from exc
+            raise engine_error(exc) from exc
 
     def __getitem__(self, key: bytes) -> bytes | None:
         if isinstance(key, slice):
@@ -206,7 +161,7 @@ class _FDBReads:
             futures = [self._reads.get(key) for key in keys]
             return [bytes(f) if f.present() else None for f in futures]
         except _FDBError as exc:
-            raise _engine_error(exc) from exc
+            raise engine_error(exc) from exc
 
     def get_key(self, selector: KeySelector) -> bytes:
         """The key ``selector`` resolves to (clamped to ``b''`` .. ``b'\\xff'``)."""
@@ -214,7 +169,7 @@ class _FDBReads:
         try:
             return bytes(self._reads.get_key(sel))
         except _FDBError as exc:
-            raise _engine_error(exc) from exc
+            raise engine_error(exc) from exc
 
     def get_range(
         self, begin: KeyOrSelector, end: KeyOrSelector, limit: int = 0, reverse: bool = False
@@ -234,7 +189,7 @@ class _FDBReads:
             rows = self._reads.get_range(b, e, limit, bool(reverse), mode).to_list()
             return [KeyValue(bytes(kv.key), bytes(kv.value)) for kv in rows]
         except _FDBError as exc:
-            raise _engine_error(exc) from exc
+            raise engine_error(exc) from exc
 
     def get_range_startswith(self, prefix: bytes, limit: int = 0, reverse: bool = False) -> list[KeyValue]:
         """Keys that start with ``prefix`` (``b''``: every key below ``b'\\xff'``)."""
@@ -323,29 +278,6 @@ class FDBVersionstamp:
     def wait(self) -> bytes:
         """The 10-byte versionstamp; 2021 for a read-only transaction, 2020 after a failed commit."""
         return bytes(_call(self._future.wait))
-
-
-# The journal numbering of a raw ``fdb.Transaction``'s attempt: an attribute of that object
-# (the bindings' Transaction has no __slots__), since wrappers are made afresh per call.
-_JOURNAL_ORDER = "_fdbqueue_journal_order"
-
-
-class _EndsAttempt:
-    """Set on a raw ``fdb.Transaction`` in place of its ``on_error`` or ``reset`` (an instance
-    attribute shadows the bindings' method): drops the attempt's journal numbering, then calls
-    the bindings' method. A caller's own loop (``@fdb.transactional``) ends attempts through
-    these alone, so the next attempt numbers its entries from 0 and rings its bells again."""
-
-    __slots__ = ("_method", "_raw")
-
-    def __init__(self, raw: Any, name: str) -> None:
-        self._raw = weakref.ref(raw)  # no cycle: the raw transaction is freed when dropped
-        self._method = getattr(type(raw), name)
-
-    def __call__(self, *args: Any) -> Any:
-        raw = self._raw()
-        setattr(raw, _JOURNAL_ORDER, None)
-        return self._method(raw, *args)
 
 
 class FDBTransaction(_FDBReads):
@@ -476,7 +408,7 @@ class FDBTransaction(_FDBReads):
         try:
             self._tr.commit().wait()
         except _FDBError as exc:
-            err = _engine_error(exc, during_commit=True)
+            err = engine_error(exc, during_commit=True)
             self._run_finish(err)
             raise err from exc
         except BaseException:
@@ -506,7 +438,7 @@ class FDBTransaction(_FDBReads):
         except _FDBError as exc:
             if isinstance(error, EngineError) and int(getattr(exc, "code", -1)) == error.code:
                 raise error from exc
-            raise _engine_error(exc) from exc
+            raise engine_error(exc) from exc
 
     def reset(self) -> None:
         """Drop every read, write, watch and option (FoundationDB's reset)."""
@@ -538,13 +470,13 @@ class FDBTransaction(_FDBReads):
         transaction: every wrapper of one (``adopt`` makes one per call) shares it, and its
         ``on_error`` and ``reset``, whoever calls them, start the next attempt's afresh."""
         raw = self._tr
-        found: JournalOrder | None = getattr(raw, _JOURNAL_ORDER, None)
+        found: JournalOrder | None = getattr(raw, JOURNAL_ORDER, None)
         if found is None:
-            if _JOURNAL_ORDER not in vars(raw):  # its first journaled attempt
-                raw.on_error = _EndsAttempt(raw, "on_error")
-                raw.reset = _EndsAttempt(raw, "reset")
+            if JOURNAL_ORDER not in vars(raw):  # its first journaled attempt
+                raw.on_error = EndsAttempt(raw, "on_error")
+                raw.reset = EndsAttempt(raw, "reset")
             found = JournalOrder()
-            setattr(raw, _JOURNAL_ORDER, found)
+            setattr(raw, JOURNAL_ORDER, found)
         return found
 
 
@@ -633,29 +565,16 @@ def open_fdb(url: str, parsed: ParsedURL) -> FDBDatabase:
     Raises :class:`InvalidURLError` for bad parameters and :class:`ClusterUnavailableError`
     when the client library, the cluster file or the cluster itself is missing.
     """
-    params = take_params(
-        parsed,
-        {"api_version": str(DEFAULT_API_VERSION), "timeout": f"{DEFAULT_TIMEOUT_SECONDS:g}", "tenant": ""},
+    api_version, timeout, tenant, explicit = open_params(
+        url, parsed, DEFAULT_API_VERSION, LATEST_API_VERSION, BINDINGS_VERSION
     )
-    tenant = params["tenant"]
-    if "tenant" in parsed.params and not tenant:
-        raise InvalidURLError(f"tenant= needs a tenant's name in {url}")
-    api_version = _parse_api_version(params["api_version"], url)
-    timeout = _parse_timeout(params["timeout"], url)
-    explicit = parsed.path or None
-    # A named file that is missing is reported first: it needs no client library to know.
-    if explicit is not None and not os.path.isfile(explicit):
-        raise ClusterUnavailableError(
-            f"FoundationDB cluster file {explicit} does not exist (from {url}); "
-            "create it with the cluster's connection string, e.g. docker:docker@127.0.0.1:4500"
-        )
     _select_api_version(api_version)
-    cluster_file = explicit if explicit is not None else _default_cluster_file()
+    cluster_file = explicit if explicit is not None else default_cluster_file()
     try:
         raw = fdb.open(cluster_file)
     except _FDBError as exc:
         raise ClusterUnavailableError(
-            f"cannot open the FoundationDB cluster file {cluster_file}: {_engine_error(exc)}"
+            f"cannot open the FoundationDB cluster file {cluster_file}: {engine_error(exc)}"
         ) from exc
     _probe(raw, cluster_file, timeout)
     if tenant:
@@ -670,36 +589,6 @@ def open_fdb(url: str, parsed: ParsedURL) -> FDBDatabase:
                 "'tenant create')"
             ) from exc
     return FDBDatabase(url, raw, cluster_file, api_version)
-
-
-def _parse_api_version(text: str, url: str) -> int:
-    try:
-        version = int(text)
-    except ValueError:
-        raise InvalidURLError(
-            f"api_version must be an integer such as 800 or 730, got {text!r} in {url}"
-        ) from None
-    if version < MIN_API_VERSION:
-        raise InvalidURLError(
-            f"api_version={version} in {url} is out of range: fdbqueue needs 710 or newer (before 610 "
-            "on_error resets the timeout and retry limit, before 700 commit resets the transaction)"
-        )
-    if version > LATEST_API_VERSION:
-        raise InvalidURLError(
-            f"api_version={version} in {url} is out of range: the installed FoundationDB bindings "
-            f"{BINDINGS_VERSION} support {MIN_API_VERSION}..{LATEST_API_VERSION}"
-        )
-    return version
-
-
-def _parse_timeout(text: str, url: str) -> float:
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = float("nan")
-    if not seconds > 0 or seconds == float("inf"):
-        raise InvalidURLError(f"timeout must be a positive number of seconds, got {text!r} in {url}")
-    return seconds
 
 
 def _select_api_version(version: int) -> None:
@@ -727,42 +616,11 @@ def _select_api_version(version: int) -> None:
 def _load_bindings(version: int) -> None:
     """``fdb.api_version(version)``.
 
-    ``fdbqueue.store.layout`` may have set a stand-in ``fdb.impl`` attribute (never a
+    ``fdbqueue.store.codec`` may have set a stand-in ``fdb.impl`` attribute (never a
     ``sys.modules`` entry) so that ``fdb.tuple`` packs versionstamps without libfdb_c;
     the import inside ``api_version`` still loads the real module.
     """
     fdb.api_version(version)
-
-
-def default_cluster_file_candidates() -> list[str]:
-    """Where libfdb_c looks when no cluster file is named (administration.rst), in order."""
-    env = os.environ.get("FDB_CLUSTER_FILE")
-    if env:
-        return [env]
-    system = platform.system()
-    if system == "Darwin":
-        default = "/usr/local/etc/foundationdb/fdb.cluster"
-    elif system == "Windows":
-        default = r"C:\ProgramData\foundationdb\fdb.cluster"
-    else:
-        default = "/etc/foundationdb/fdb.cluster"
-    return ["fdb.cluster", default]
-
-
-def _default_cluster_file() -> str:
-    candidates = default_cluster_file_candidates()
-    for path in candidates:
-        if os.path.isfile(path):
-            return path
-    if os.environ.get("FDB_CLUSTER_FILE"):
-        raise ClusterUnavailableError(
-            f"FoundationDB cluster file {candidates[0]} (from $FDB_CLUSTER_FILE) does not exist"
-        )
-    raise ClusterUnavailableError(
-        "no FoundationDB cluster file: $FDB_CLUSTER_FILE is not set and neither "
-        + " nor ".join(os.path.abspath(p) for p in candidates)
-        + " exists; name one as fdb:///path/to/fdb.cluster"
-    )
 
 
 def _probe(raw: Any, cluster_file: str, timeout: float) -> None:
@@ -772,12 +630,4 @@ def _probe(raw: Any, cluster_file: str, timeout: float) -> None:
         tr.options.set_timeout(max(1, round(timeout * 1000)))
         tr.get_read_version().wait()
     except _FDBError as exc:
-        code = int(getattr(exc, "code", 0))
-        if code in _TIMEOUT_CODES:
-            raise ClusterUnavailableError(
-                f"cannot reach the FoundationDB cluster described by {cluster_file} within {timeout:g} s "
-                "(is it running, is its database created, and does its version match this client?)"
-            ) from exc
-        raise ClusterUnavailableError(
-            f"the FoundationDB cluster described by {cluster_file} refused a read: {_engine_error(exc)}"
-        ) from exc
+        raise unreachable(exc, cluster_file, timeout) from exc

@@ -45,7 +45,8 @@ from fdbqueue.store.budget import (
 )
 from fdbqueue.store.clock import db_now, now_us, versions
 from fdbqueue.store.config import QueueConfig, read_meta, write_config
-from fdbqueue.store.layout import QueueKeys, new_id, new_rand
+from fdbqueue.store.entropy import new_id, new_rand
+from fdbqueue.store.layout import QueueKeys
 from fdbqueue.store.record import (
     CRC_BYTES,
     Record,

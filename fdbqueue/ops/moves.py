@@ -31,8 +31,10 @@ from fdbqueue.ops.receipts import encode_result
 from fdbqueue.ops.workindex import UNREAD
 from fdbqueue.store.budget import Budget, move_cost
 from fdbqueue.store.clock import now_us
+from fdbqueue.store.codec import MINUS_ONE, ONE, pack_count, unpack_count
 from fdbqueue.store.config import QueueConfig, bump_metadata_version
-from fdbqueue.store.layout import MINUS_ONE, ONE, QueueKeys, new_id, new_rand, pack_count, unpack_count
+from fdbqueue.store.entropy import new_id, new_rand
+from fdbqueue.store.layout import QueueKeys
 from fdbqueue.store.record import Record, decode_record, fit_reason, seal_chunk
 
 log = logging.getLogger("fdbqueue")

@@ -41,7 +41,8 @@ from fdbqueue.ops.txn import run_once
 from fdbqueue.store.budget import MAX_PAYLOAD_BYTES
 from fdbqueue.store.clock import db_now, versions
 from fdbqueue.store.config import Meta, QueueConfig, read_config, read_meta
-from fdbqueue.store.layout import QueueKeys, new_rand
+from fdbqueue.store.entropy import new_rand
+from fdbqueue.store.layout import QueueKeys
 from fdbqueue.store.record import Record, decode_record, fit_reason, join_chunks, seal_chunk
 from fdbqueue.types import ContentType, Item, Message
 

@@ -32,8 +32,9 @@ from typing import Any
 
 from fdbqueue.engines.contract import Transaction
 from fdbqueue.ops.waiting import not_before
+from fdbqueue.store.codec import ONE
 from fdbqueue.store.config import decode_config, decode_state
-from fdbqueue.store.layout import DEFAULT_ROOT, ONE, QueueKeys, WorkKeys, queues_range, root_subspace
+from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys, WorkKeys, queues_range, root_subspace
 
 _DUE = struct.Struct(">Q")
 _KEYS: dict[Any, WorkKeys] = {}

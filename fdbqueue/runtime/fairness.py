@@ -30,7 +30,8 @@ from fdbqueue.ops.steps import wait_on
 from fdbqueue.ops.txn import run_once
 from fdbqueue.ops.waiting import LOST_WAKEUP_RECHECK
 from fdbqueue.store.clock import db_now, seconds_of
-from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys, unpack_count
+from fdbqueue.store.codec import unpack_count
+from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys
 
 log = logging.getLogger("fdbqueue.runtime.worker")
 

@@ -25,7 +25,8 @@ from fdbqueue.ops.remotededup import DEDUP_HEADER, already_there, carry, layer_k
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.clock import db_now, versions
 from fdbqueue.store.config import read_meta
-from fdbqueue.store.layout import forward_marker, forward_marker_range, new_rand
+from fdbqueue.store.entropy import new_rand
+from fdbqueue.store.layout import forward_marker, forward_marker_range
 from fdbqueue.types import ForwardStats, Item, Message
 
 log = logging.getLogger("fdbqueue.runtime.forwarding")

@@ -48,7 +48,8 @@ from fdbqueue.ops.txn import run_once
 from fdbqueue.runtime.forwarding import Forwarder
 from fdbqueue.store.clock import db_now
 from fdbqueue.store.config import QueueConfig, write_config
-from fdbqueue.store.layout import DEFAULT_ROOT, new_id
+from fdbqueue.store.entropy import new_id
+from fdbqueue.store.layout import DEFAULT_ROOT
 from fdbqueue.types import Item, check_duration
 
 log = logging.getLogger("fdbqueue.runtime.remote")

@@ -37,24 +37,19 @@ within bounds, as RabbitMQ's variable queue sizes its memory (``rabbit_variable_
 
 from __future__ import annotations
 
-import logging
 import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from fdbqueue.api.queue import Queue
-from fdbqueue.api.schedules import run_schedules as run_periodic_jobs
 from fdbqueue.engines.contract import Database
-from fdbqueue.engines.limits import TRANSACTION_WINDOW_SECONDS
-from fdbqueue.errors import EngineError, LeaseError, QueueError, StopNow
+from fdbqueue.errors import QueueError, StopNow
 from fdbqueue.ops import tracing
-from fdbqueue.ops.delivery import TOO_OLD_REASON
 from fdbqueue.ops.settling import Settler, lease_settling
-from fdbqueue.ops.txn import run_once
-from fdbqueue.ops.waiting import QueueWatcher
+from fdbqueue.runtime.exactly_once import ExactlyOnce
 from fdbqueue.runtime.fairness import FAIR_SHARE
 from fdbqueue.runtime.handling import (
     Backoff,
@@ -67,29 +62,20 @@ from fdbqueue.runtime.handling import (
     check_handler,
     check_time_limit,
     engine_failure,
-    give_back,
-    judge,
     normalise_mode,
     settle_failure,
-    time_limit_reason,
     until_empty_wait,
     work_set_of,
 )
-from fdbqueue.store.clock import db_now, seconds_of
+from fdbqueue.runtime.worker_base import log
 from fdbqueue.types import Message, check_duration, check_flag
-
-log = logging.getLogger("fdbqueue.runtime.worker")
 
 SETTLE_BATCH = 256  # acks a batch holds at most before it commits without waiting
 IO_BATCH = 64  # page in batches: not so large that the queue blocks, nor so small it thrashes
-# How long an exactly-once claim hides its message: past FoundationDB's 5-second transaction
-# window (the handler's transaction cannot outlive it) with room for the wait for a writer and
-# the nack after a failure. A worker that dies holding a claim delays its message this long.
-CLAIM_SECONDS = 2 * TRANSACTION_WINDOW_SECONDS
 STALL_LOG_EVERY = 60.0  # seconds between the log lines of a worker stalled by abandoned threads
 
 
-class Worker:
+class Worker(ExactlyOnce):
     """Run ``handler`` over ``queues`` until stopped (see the module docstring)."""
 
     def __init__(
@@ -146,31 +132,23 @@ class Worker:
         # Lease mode acks in batches: a finished message waits up to settle_linger for others
         # (or for the next lease, in the same transaction); 0 acks each at once.
         self.settle_linger = check_duration("settle_linger", settle_linger)
-        self._settler: Settler | None = None
+        self._settler = None
         # Handler calls past time_limit are abandoned (lease mode): see TimeLimit.
         self.time_limit = check_time_limit(time_limit)
         self._limiter: TimeLimit | None = None
         self._stall_logged = float("-inf")  # monotonic time of the last stall warning
-        self._exporter: Any = None  # metrics.Exporter while run() runs with a metrics_port
+        self._exporter = None  # metrics.Exporter while run() runs with a metrics_port
         self._forced = False  # stopped at once (StopNow): handler threads are not waited for
         self.backoff = Backoff(log)
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._waiting = threading.local()  # each waiting thread's QueueWatcher
-        self._watchers: list[QueueWatcher] = []
+        self._watchers = []
         self._turn = 0
         self._last_sweep = 0.0
-        self._limit: int | None = None
+        self._limit = None
 
     # -- control -------------------------------------------------------------------------------
-
-    def stop(self) -> None:
-        """Ask the worker to finish the message in hand and return from :meth:`run`."""
-        self._stop.set()
-
-    @property
-    def stopping(self) -> bool:
-        return self._stop.is_set()
 
     def run(
         self, *, max_messages: int | None = None, until_empty: bool = False, install_signals: bool = False
@@ -243,17 +221,6 @@ class Worker:
             timer.daemon = True
             timer.start()
 
-    def _flush_acks(self, *, close: bool = False) -> None:
-        """Commit the acks waiting in the settler now (and stop its thread with ``close``)."""
-        settler = self._settler
-        if settler is None:
-            return
-        if close:
-            self._settler = None
-            settler.close()
-        else:
-            settler.flush()
-
     def _stop_at_limit(self) -> None:
         """``max_messages``: counting the handled messages whose acks are still batched."""
         settler = self._settler
@@ -275,14 +242,6 @@ class Worker:
                 "could not ack %s on %r: its lease had gone; it will be delivered again", m.id, q.name
             )
 
-    def _observe(self, q: Queue, began: float, outcome: str) -> None:
-        """The handler's duration, for ``fdbqueue_handler_duration_seconds``."""
-        if self._exporter is not None:
-            self._exporter.durations.labels(q.name, outcome).observe(time.perf_counter() - began)
-
-    def _release(self, q: Queue, m: Message) -> None:
-        give_back(self.db, q, m, self.stats, log)
-
     def _run_threads(self, loop: Callable[[], None]) -> None:
         threads = [threading.Thread(target=loop, daemon=True) for _ in range(self.concurrency - 1)]
         for t in threads:
@@ -290,296 +249,6 @@ class Worker:
         loop()
         for t in threads:
             t.join()
-
-    # -- shared --------------------------------------------------------------------------------
-
-    def _rotation(self) -> Iterator[Queue]:
-        """Every queue once, starting one further each round: fair between queues. A work
-        set's turn: the queues with work now, starting after the one served last."""
-        if self.workset is not None:
-            try:
-                yield from self.workset.rotation(self.db)
-            except QueueError as exc:
-                if not engine_failure(exc):
-                    raise
-                self.backoff.wait("reading the work index", exc, self._stop)
-            return
-        with self._lock:
-            start = self._turn
-            self._turn = (self._turn + 1) % len(self.queues)
-        for i in range(len(self.queues)):
-            yield self.queues[(start + i) % len(self.queues)]
-
-    def _count(self, q: Queue, ok: bool, *, too_slow: bool = False, n: int = 1) -> bool:
-        """Record ``n`` handled messages; True when the worker should stop (max_messages)."""
-        with self._lock:
-            if ok:
-                self.stats.processed += n
-                self.stats.per_queue[q.name] = self.stats.per_queue.get(q.name, 0) + n
-            else:
-                self.stats.failed += n
-                self.stats.too_slow += too_slow
-            self.budget.egress.add(n)
-            done = self.stats.processed + self.stats.failed
-            if self._limit is not None and done >= self._limit:
-                self._stop.set()
-                return True
-        return False
-
-    def _maybe_sweep(self) -> None:
-        now = time.monotonic()
-        if now - self._last_sweep < self.sweep_interval:
-            return
-        self._last_sweep = now
-        if self.run_schedules:
-            try:
-                self.stats.scheduled += run_periodic_jobs(self.db)
-            except QueueError as exc:
-                log.warning("periodic jobs failed: %s", exc)
-        queues = self.queues if self.workset is None else self.workset.take_recent()
-        for q in queues:
-            try:
-                st = q.sweep(self.db)
-                self.stats.swept += st.total()
-            except QueueError as exc:
-                if engine_failure(exc):
-                    self.backoff.wait(f"sweep of {q.name!r}", exc, self._stop)
-                    return
-                log.warning("sweep of %r failed: %s", q.name, exc)
-
-    def _idle(self, until_empty: bool) -> None:
-        """Nothing was ready: ack what is done, sweep if due, then wait on the queues' watches."""
-        self._flush_acks()
-        self._maybe_sweep()
-        try:
-            if self.workset is not None:
-                if until_empty and self.workset.drained(self.db):
-                    self._stop.set()
-                    return
-                woke = self.workset.wait(self.db, self.idle_timeout, self._stop)
-            else:
-                timeout: float | None = self.idle_timeout
-                if until_empty:
-                    timeout = until_empty_wait(self.db, self.queues, self.idle_timeout)
-                    if timeout is None:
-                        self._stop.set()
-                        return
-                woke = self._watcher().wait(timeout, self._stop)
-        except QueueError as exc:
-            if not engine_failure(exc):
-                raise
-            self.backoff.wait("waiting on the queues", exc, self._stop)
-            return
-        with self._lock:
-            self.stats.wakeups += woke
-
-    def _stall(self, until_empty: bool) -> None:
-        """Abandoned threads take every place for a handler call (a handler that ignores its
-        time limit): hold no message (nothing is leased; others take them), commit the acks
-        waiting, say what to do (every ``STALL_LOG_EVERY`` seconds), and wait a while for a
-        place. With ``until_empty``, stop once the queues hold nothing, as :meth:`_idle` does."""
-        limiter = self._limiter
-        assert limiter is not None
-        self._flush_acks()
-        now = time.monotonic()
-        if now - self._stall_logged >= STALL_LOG_EVERY:
-            self._stall_logged = now
-            log.warning("%s", limiter.stall_advice())
-        if until_empty:
-            try:
-                if self.workset is not None:
-                    empty = self.workset.drained(self.db)
-                else:
-                    empty = until_empty_wait(self.db, self.queues, self.idle_timeout) is None
-            except QueueError as exc:
-                if not engine_failure(exc):
-                    raise
-                self.backoff.wait("waiting on the queues", exc, self._stop)
-                return
-            if empty:
-                self._stop.set()
-                return
-        limiter.wait(self._stop, max(0.05, self.idle_timeout))
-
-    def _watcher(self) -> QueueWatcher:
-        """This thread's watcher: its watches outlive each idle wait (no rebuild per wait)."""
-        watcher: QueueWatcher | None = getattr(self._waiting, "watcher", None)
-        if watcher is None:
-            watcher = self._waiting.watcher = QueueWatcher(self.db, [q.keys for q in self.queues])
-            with self._lock:
-                self._watchers.append(watcher)
-        return watcher
-
-    # -- exactly once --------------------------------------------------------------------------
-
-    def _exactly_once_loop(self, until_empty: bool) -> None:
-        while not self.stopping:
-            progressed = False
-            for q in self._rotation():
-                if self.stopping:
-                    return
-                try:
-                    outcome = self._exactly_once_step(q)
-                except QueueError as exc:  # not the handler's: the dequeue itself failed
-                    if engine_failure(exc):
-                        self.backoff.wait(f"dequeue from {q.name!r}", exc, self._stop)
-                    elif self.workset is not None:
-                        self.workset.avoid(self.db, q, exc)
-                    else:
-                        log.warning("could not dequeue from %r: %s", q.name, exc)
-                    continue
-                if outcome == "skip":
-                    continue  # backed off in the step, or the claim lost: nothing counted
-                self._served(q, outcome is not None)
-                self.backoff.reset()
-                if outcome is not None:
-                    progressed = True
-                    if self._count(q, outcome == "ok", too_slow=outcome == "too_slow"):
-                        return
-            if not progressed:
-                self._idle(until_empty)
-
-    def _exactly_once_step(self, q: Queue) -> str | None:
-        """Claim the next message of ``q``, then run the handler and remove the message in
-        one transaction, retried as ``@transactional`` retries (a conflict runs both again).
-
-        The claim is a short lease taken in a transaction of its own: it counts the delivery
-        before the handler runs, and hides the message from the other workers meanwhile. The
-        handler's transaction aborts when it fails, so a count written there would be undone;
-        one written after it (as an in-transaction ``dequeue`` does) let concurrent workers
-        each take the same message as its first delivery. A claim that the handler's
-        transaction does not settle ends as a failure (a nack with the reason), as a release
-        when the engine failed (not counted), or, if this process dies, when the claim runs
-        out (counted).
-
-        Returns None when nothing was ready, ``"ok"`` when it committed, ``"failed"`` when
-        the handler raised, ran past ``time_limit`` or its transaction could not commit,
-        ``"too_slow"`` when the transaction outlived the 5-second limit (1007), ``"skip"``
-        when nothing is counted here (the engine failed: backed off; or the claim was lost).
-        """
-        m = q.lease(self.db, self.lease_seconds or CLAIM_SECONDS)
-        if m is None:
-            return None
-        tr = self.db.create_transaction()
-        unknown = False  # an attempt ended in commit_unknown_result: it may have landed
-        try:
-            while True:
-                begun = db_now(tr)
-                try:
-                    try:
-                        q.ack(tr, m)  # the message goes when, and only if, tr commits
-                    except LeaseError:
-                        if unknown:
-                            return "ok"  # the attempt that ended unknown committed
-                        log.warning("the claim on %s of %r ran out before its handler began", m.id, q.name)
-                        return "skip"
-                    began = time.perf_counter()
-                    tracing.run(q.name, m.id, m.headers, self.handler, tr, m)
-                    if self.time_limit is not None and time.perf_counter() - began > self.time_limit:
-                        tr.cancel()
-                        return self._timed_out(q, m, began)
-                    self._observe(q, began, "ok")
-                    tr.commit()
-                    return "ok"
-                except EngineError as exc:
-                    if exc.code == 1007:
-                        # Ended first: measuring takes a transaction, which must not nest
-                        # inside this one (the embedded engine's single writer).
-                        tr.cancel()
-                        if not self._outlived(begun):  # within the window (a recovery): again
-                            tr.reset()
-                            continue
-                        log.warning(
-                            "handler on queue %r, message %s (delivery %d) outlived FoundationDB's "
-                            "5-second transaction limit (1007 transaction_too_old): its writes were "
-                            "not committed and the delivery counts as failed; keep exactly-once "
-                            "handlers well under 5 s, or use mode='lease'",
-                            q.name,
-                            m.id,
-                            m.deliveries,
-                            extra={"queue": q.name, "message_id": m.id, "deliveries": m.deliveries},
-                        )
-                        self._give_back(q, m, TOO_OLD_REASON)
-                        return "too_slow"
-                    if exc.retryable:
-                        unknown = unknown or exc.maybe_committed
-                        try:
-                            tr.on_error(exc)
-                            continue
-                        except EngineError as final:  # out of retries
-                            exc = final
-                    if engine_failure(exc):
-                        return self._engine_failed(tr, q, m, exc)
-                    return self._failed(tr, q, m, exc)
-                except StopNow:
-                    tr.cancel()
-                    self._release(q, m)  # back where it was, the delivery not counted
-                    raise
-                except Exception as exc:
-                    if engine_failure(exc):  # the commit, or the handler's own reads and writes
-                        return self._engine_failed(tr, q, m, exc)
-                    return self._failed(tr, q, m, exc)  # a failure, or a Retry or Discard
-        finally:
-            tr.cancel()
-
-    def _engine_failed(self, tr: Any, q: Queue, m: Message, exc: BaseException) -> str:
-        """The engine failed around ``m``'s handling: abort, give the claim back without
-        counting the delivery, then back off."""
-        tr.cancel()
-        self._release(q, m)
-        self.backoff.wait(f"exactly-once handling of {m.id} on {q.name!r}", exc, self._stop)
-        return "skip"
-
-    def _failed(self, tr: Any, q: Queue, m: Message, exc: BaseException) -> str:
-        """The handler (or its commit) failed on ``m``: abort, then settle the claim as
-        :func:`judge` says (the delivery is counted already)."""
-        tr.cancel()
-        outcome = judge(exc, q, m, log)
-        self._give_back(q, m, outcome.reason, delay=outcome.delay, discard=outcome.discard)
-        self._tally(outcome.kind)
-        return "failed"
-
-    def _timed_out(self, q: Queue, m: Message, began: float) -> str:
-        """``m``'s handler ran past ``time_limit``: a failed delivery, logged and counted."""
-        assert self.time_limit is not None
-        log.warning(
-            "handler on queue %r, message %s (delivery %d) ran past its time limit of %g s: %s",
-            q.name,
-            m.id,
-            m.deliveries,
-            self.time_limit,
-            "its thread is abandoned (Python cannot stop a thread) and the message released as a "
-            "failed delivery"
-            if self.mode == "lease"
-            else "its transaction is aborted and the delivery counts as failed",
-            extra={"queue": q.name, "message_id": m.id, "deliveries": m.deliveries},
-        )
-        self._observe(q, began, "timed_out")
-        self._give_back(q, m, time_limit_reason(self.time_limit))
-        with self._lock:
-            self.stats.timed_out += 1
-        return "failed"
-
-    def _give_back(
-        self, q: Queue, m: Message, reason: str, *, delay: float | None = None, discard: bool = False
-    ) -> None:
-        """Nack the leased ``m`` (its delivery is counted): back after ``delay`` (None: the
-        queue's retry delay), or to the error queue at max_deliveries or with ``discard``."""
-        try:
-            q.nack(self.db, m, delay=delay, reason=reason, discard=discard)
-        except QueueError as err:  # the lease ran out meanwhile: the sweep counted it already
-            log.warning("could not nack %s on %r: %s", m.id, q.name, err)
-
-    def _tally(self, kind: str) -> None:
-        with self._lock:
-            self.stats.retried += kind == "retried"
-            self.stats.discarded += kind == "discarded"
-
-    def _outlived(self, begun: int) -> bool:
-        """True when the transaction that read at version ``begun`` is now past the
-        5-second window, by database time (a fresh read version)."""
-        now = run_once(self.db, lambda t, _: db_now(t))
-        return seconds_of(now - begun) > TRANSACTION_WINDOW_SECONDS
 
     # -- lease mode ----------------------------------------------------------------------------
 
@@ -693,17 +362,33 @@ class Worker:
             self._release(q, m)
         buffer.clear()
 
-    def _served(self, q: Queue, any_: bool) -> None:
-        """A work set's queue had its turn; one that gave nothing leaves the index (a failure
-        to retire it only costs another visit)."""
-        if self.workset is None:
-            return
-        self.workset.served(q)
-        if not any_:
+    def _stall(self, until_empty: bool) -> None:
+        """Abandoned threads take every place for a handler call (a handler that ignores its
+        time limit): hold no message (nothing is leased; others take them), commit the acks
+        waiting, say what to do (every ``STALL_LOG_EVERY`` seconds), and wait a while for a
+        place. With ``until_empty``, stop once the queues hold nothing, as :meth:`_idle` does."""
+        limiter = self._limiter
+        assert limiter is not None
+        self._flush_acks()
+        now = time.monotonic()
+        if now - self._stall_logged >= STALL_LOG_EVERY:
+            self._stall_logged = now
+            log.warning("%s", limiter.stall_advice())
+        if until_empty:
             try:
-                self.workset.retire(self.db, q)
+                if self.workset is not None:
+                    empty = self.workset.drained(self.db)
+                else:
+                    empty = until_empty_wait(self.db, self.queues, self.idle_timeout) is None
             except QueueError as exc:
-                log.debug("could not retire %r from the work index: %s", q.name, exc)
+                if not engine_failure(exc):
+                    raise
+                self.backoff.wait("waiting on the queues", exc, self._stop)
+                return
+            if empty:
+                self._stop.set()
+                return
+        limiter.wait(self._stop, max(0.05, self.idle_timeout))
 
     def _fetch(self, want: int) -> list[tuple[Queue, Message]]:
         got: list[tuple[Queue, Message]] = []

@@ -18,14 +18,8 @@ from typing import Any, NamedTuple, TypeVar
 from fdbqueue.engines.contract import ReadView, Transaction, engine_traits
 from fdbqueue.errors import QueueError, UnsupportedLayerFormatError
 from fdbqueue.store.budget import DEFAULT_MAX_PAYLOAD, MAX_PAYLOAD_BYTES
-from fdbqueue.store.layout import (
-    HOT_COUNTERS,
-    LAYER_FORMAT,
-    MAX_NAME_LENGTH,
-    QueueKeys,
-    unpack_count,
-    validate_queue_name,
-)
+from fdbqueue.store.codec import unpack_count
+from fdbqueue.store.layout import HOT_COUNTERS, LAYER_FORMAT, MAX_NAME_LENGTH, QueueKeys, validate_queue_name
 from fdbqueue.types import MAX_DURATION_SECONDS, QueueState, check_duration
 
 

@@ -66,18 +66,24 @@ queue's settings, state, counters and mark, and their writes dirty one page, not
 
 from __future__ import annotations
 
-import importlib
-import struct
-import time
-import types
 import zlib
 from typing import Any
 
 import fdb.tuple
 from fdb.subspace_impl import Subspace
 
-from fdbqueue.errors import InvalidTextError, QueueError
-from fdbqueue.store.entropy import random_bytes
+from fdbqueue.errors import QueueError
+from fdbqueue.store.codec import (
+    dec_int,
+    enc_bytes,
+    enc_int,
+    enc_str,
+    incomplete_stamp,
+    pack_one,
+    utf8,
+    version_of,
+    versionstamp,
+)
 
 # 2.0: every stored time is database time (versions), where 1.x stored wall-clock µs.
 LAYER_FORMAT = "2.0"
@@ -89,34 +95,6 @@ DEFAULT_ROOT: tuple[Any, ...] = ("fdbqueue",)
 COUNTERS = ("ready", "inflight", "delayed", "done", "dead", "expired", "wake", "corrupt")
 HOT_COUNTERS = ("ready", "inflight", "delayed", "wake")  # what an enqueue or dequeue needs to know
 
-_ONE = struct.pack("<q", 1)
-_MINUS_ONE = struct.pack("<q", -1)
-
-
-def _allow_versionstamps_without_native_client() -> None:
-    """Let ``fdb.tuple`` pack Versionstamps when libfdb_c is absent.
-
-    ``Versionstamp.to_bytes`` checks ``isinstance(x, fdb.impl.Value)``; importing
-    ``fdb.impl`` loads the native library. Where it cannot load, a stand-in module
-    whose ``Value`` nothing is an instance of gives the same result.
-    """
-    if hasattr(fdb, "impl"):
-        return
-    try:
-        importlib.import_module("fdb.impl")  # loads libfdb_c when it is installed
-    except Exception:
-        stub = types.ModuleType("fdb.impl")
-
-        class Value(bytes):
-            """Never instantiated: no packed value is an fdb future here."""
-
-        setattr(stub, "Value", Value)  # noqa: B010 - a module attribute mypy cannot see
-        # The attribute only, not sys.modules: fdb.api_version() must still find the real module.
-        setattr(fdb, "impl", stub)  # noqa: B010
-
-
-_allow_versionstamps_without_native_client()
-
 # ---------------------------------------------------------------------------------------------
 
 
@@ -125,44 +103,7 @@ def _pack(sub: Subspace, parts: tuple[Any, ...]) -> bytes:
     return key
 
 
-def pack_count(n: int) -> bytes:
-    return struct.pack("<q", n)
-
-
-def unpack_count(raw: bytes | None) -> int:
-    if not raw:
-        return 0
-    return int(struct.unpack("<q", raw.ljust(8, b"\x00")[:8])[0])
-
-
-def new_rand() -> bytes:
-    return random_bytes(8)
-
-
-def new_id() -> str:
-    """A message id: 48 bits of milliseconds, then 80 random bits, as 32 hex digits.
-
-    Time first (as in UUIDv7), so that the id index grows at its end instead of at random
-    places: an enqueue then dirties one index page, not a new random one each time. The
-    wall clock serves locality only: uniqueness is the random bits', and nothing orders or
-    ages messages by their ids, so a client's wrong clock costs nothing here.
-    """
-    return f"{time.time_ns() // 1_000_000:012x}{random_bytes(10).hex()}"
-
-
 MAX_NAME_LENGTH = 200  # characters of a queue name (an error queue's derived name included)
-
-
-def utf8(text: str, what: str) -> bytes:
-    """``text`` in UTF-8, as the tuple layer packs a str into a key; InvalidTextError (a
-    QueueError) for a str UTF-8 cannot encode (a lone surrogate), not UnicodeEncodeError."""
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidTextError(
-            f"{what} cannot be stored: {text[exc.start : exc.end]!r} at position {exc.start} is a "
-            "lone surrogate, which UTF-8 cannot encode"
-        ) from None
 
 
 def validate_queue_name(name: object) -> str:
@@ -175,53 +116,6 @@ def validate_queue_name(name: object) -> str:
         raise QueueError(f"queue name {name!r} contains control characters")
     utf8(name, f"queue name {name!r}")
     return name
-
-
-_BIG = (1 << 64) - 1
-
-
-def enc_int(n: int) -> bytes:
-    """``fdb.tuple.pack((n,))`` for ``|n| < 2**64``, without the general encoder's overhead."""
-    if n == 0:
-        return b"\x14"
-    if not -_BIG < n < _BIG:
-        return _pack_one(n)  # magnitudes from 2**64 - 1 have their own type codes
-    if n > 0:
-        size = (n.bit_length() + 7) // 8
-        return bytes((0x14 + size,)) + n.to_bytes(size, "big")
-    size = ((-n).bit_length() + 7) // 8
-    return bytes((0x14 - size,)) + ((1 << (8 * size)) - 1 + n).to_bytes(size, "big")
-
-
-def enc_bytes(b: bytes) -> bytes:
-    """``fdb.tuple.pack((b,))`` for bytes."""
-    return b"\x01" + b.replace(b"\x00", b"\x00\xff") + b"\x00"
-
-
-def enc_str(s: str) -> bytes:
-    """``fdb.tuple.pack((s,))`` for str."""
-    return b"\x02" + s.encode("utf-8").replace(b"\x00", b"\x00\xff") + b"\x00"
-
-
-def dec_int(key: bytes, pos: int) -> tuple[int, int]:
-    """The tuple-encoded int at ``key[pos:]`` and the position after it."""
-    code = key[pos]
-    if code == 0x14:
-        return 0, pos + 1
-    if 0x14 < code <= 0x1C:
-        size = code - 0x14
-        return int.from_bytes(key[pos + 1 : pos + 1 + size], "big"), pos + 1 + size
-    if 0x0C <= code < 0x14:
-        size = 0x14 - code
-        raw = int.from_bytes(key[pos + 1 : pos + 1 + size], "big")
-        return raw - ((1 << (8 * size)) - 1), pos + 1 + size
-    value, end = fdb.tuple._decode(key, pos)  # big ints: the general decoder
-    return int(value), end
-
-
-def _pack_one(value: Any) -> bytes:
-    key: bytes = fdb.tuple.pack((value,))
-    return key
 
 
 _PRI = b"\x02pri\x00"  # enc_str("pri")
@@ -537,27 +431,10 @@ def queues_prefix_range(root: tuple[Any, ...], prefix: str) -> tuple[bytes, byte
     return start, start + b"\xff"
 
 
-ONE = _ONE
-MINUS_ONE = _MINUS_ONE
-
-
 # -- the journal (journaling.py) -------------------------------------------------------------
 
 JOURNAL_SHARDS = 8  # ranges a queue's journal is spread over, by message id
 HISTORY_SHARDS = 16  # ranges the per-message history pointers are spread over
-
-
-def _stamp(version: bytes | None, order: int = 0) -> fdb.tuple.Versionstamp:
-    """A complete versionstamp from a 12-byte journal version, or an incomplete one to fill."""
-    if version is None:
-        return fdb.tuple.Versionstamp(user_version=order)
-    return fdb.tuple.Versionstamp(version[:10], int.from_bytes(version[10:12], "big"))
-
-
-def _version_of(stamp: Any) -> bytes:
-    if not isinstance(stamp, fdb.tuple.Versionstamp) or stamp.tr_version is None:
-        raise QueueError("not a journal key: its last element is not a complete versionstamp")
-    return bytes(stamp.tr_version) + int(stamp.user_version).to_bytes(2, "big")
 
 
 class JournalKeys:
@@ -610,16 +487,12 @@ class JournalKeys:
                 found = self._h + enc_int(int(b)) + enc_str(a)  # type: ignore[call-overload]
         return found
 
-    @staticmethod
-    def _to_stamp(prefix: bytes, order: int) -> bytes:
-        return prefix + _STAMP_CODE + _NO_STAMP + order.to_bytes(2, "big") + _OFFSET.pack(len(prefix) + 1)
-
     def entry_to_stamp(self, queue: str, shard: int, order: int) -> bytes:
         """The key of a new entry in ``shard``, for ``set_versionstamped_key``."""
-        return self._to_stamp(self._prefix("j", queue, shard), order)
+        return incomplete_stamp(self._prefix("j", queue, shard), order)
 
     def entry_key(self, queue: str, shard: int, version: bytes) -> bytes:
-        return bytes(self.root.pack(("j", queue, shard, _stamp(version))))
+        return bytes(self.root.pack(("j", queue, shard, versionstamp(version))))
 
     def entry_range(self, queue: str, shard: int, since: bytes | None) -> tuple[bytes, bytes]:
         r = self.root.range(("j", queue, shard))
@@ -627,22 +500,22 @@ class JournalKeys:
         return begin, bytes(r.stop)
 
     def entry_version(self, key: bytes) -> bytes:
-        return _version_of(self.root.unpack(key)[-1])
+        return version_of(self.root.unpack(key)[-1])
 
     def history_to_stamp(self, message_id: str, order: int) -> bytes:
         hs = zlib.crc32(message_id.encode()) % HISTORY_SHARDS
-        return self._to_stamp(self._prefix("h", message_id, hs), order)
+        return incomplete_stamp(self._prefix("h", message_id, hs), order)
 
     def history_key(self, message_id: str, version: bytes) -> bytes:
         hs = zlib.crc32(message_id.encode()) % HISTORY_SHARDS
-        return bytes(self.root.pack(("h", hs, message_id, _stamp(version))))
+        return bytes(self.root.pack(("h", hs, message_id, versionstamp(version))))
 
     def history_range(self, message_id: str) -> tuple[bytes, bytes]:
         r = self.root.range(("h", zlib.crc32(message_id.encode()) % HISTORY_SHARDS, message_id))
         return bytes(r.start), bytes(r.stop)
 
     def history_version(self, key: bytes) -> bytes:
-        return _version_of(self.root.unpack(key)[-1])
+        return version_of(self.root.unpack(key)[-1])
 
     def registry(self, queue: str) -> bytes:
         return bytes(self.root.pack(("jq", queue)))
@@ -664,11 +537,6 @@ class JournalKeys:
                 self._bells.clear()
             found = self._bells[queue] = bytes(self.root.pack(("jn",) if queue is None else ("jn", queue)))
         return found
-
-
-_STAMP_CODE = b"\x33"  # fdb.tuple's code for a Versionstamp
-_NO_STAMP = b"\xff" * 10  # the ten bytes the commit fills in
-_OFFSET = struct.Struct("<I")  # where they are (API version 520 and later)
 
 
 # -- routes (routing.py) ----------------------------------------------------------------------
@@ -700,12 +568,6 @@ def partitioned_range(root: tuple[Any, ...]) -> tuple[bytes, bytes]:
 
 def partitioned_name(root: tuple[Any, ...], key: bytes) -> str:
     return str(root_subspace(root).unpack(key)[1])
-
-
-def stable_hash(value: str) -> int:
-    """A hash of ``value`` that every process and Python version computes alike (CRC-32 of its
-    UTF-8 bytes: Python's own ``hash`` of a str is salted per process)."""
-    return zlib.crc32(value.encode("utf-8"))
 
 
 # -- forwarding (forwarding.py) ---------------------------------------------------------------
@@ -742,7 +604,7 @@ class WorkKeys:
         self.filled = bytes(sub.pack(("wkf",)))
 
     def entry(self, queue: str) -> bytes:
-        return self._prefix + _pack_one(queue)
+        return self._prefix + pack_one(queue)
 
     def name(self, key: bytes) -> str:
         return str(self._sub.unpack(key)[1])
@@ -752,7 +614,7 @@ class WorkKeys:
         if not prefix:
             r = self._sub.range(("wk",))
             return bytes(r.start), bytes(r.stop)
-        begin = self._prefix + _pack_one(prefix)[:-1]  # the string's code and bytes, unterminated
+        begin = self._prefix + pack_one(prefix)[:-1]  # the string's code and bytes, unterminated
         return begin, begin + b"\xff"
 
 

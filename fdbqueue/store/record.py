@@ -20,7 +20,8 @@ from fdbqueue.errors import (
     ReasonTooLargeError,
 )
 from fdbqueue.store.budget import MAX_DEDUP_KEY_BYTES, MAX_HEADERS_BYTES, MAX_REASON_BYTES, encoded_len
-from fdbqueue.store.layout import QueueKeys, utf8
+from fdbqueue.store.codec import utf8
+from fdbqueue.store.layout import QueueKeys
 from fdbqueue.types import ContentType
 
 # 2: the record ends with a CRC-32 of everything before it (layer format 2.0; records of
