@@ -53,9 +53,8 @@ from fdbqueue.cli.console import (
 from fdbqueue.cli.console import (
     CommandError as CommandError,  # "as": re-exported, still fdbqueue.cli.CommandError
 )
-from fdbqueue.cli.journal import add_journal_commands
+from fdbqueue.cli.journal import add_audit_command, add_journal_commands
 from fdbqueue.cli.ops import add_ops_commands
-from fdbqueue.spark.audit import add_audit_command
 
 EMPTY = 3  # exit code: dequeue/peek found no message
 
@@ -445,7 +444,7 @@ def _cmd_worker(db: fdbqueue.Database, args: argparse.Namespace) -> int:
     from fdbqueue import Worker  # public API
 
     setup_logging(args.log_level, args.log_format)
-    from fdbqueue.runtime.fairness import is_pattern
+    from fdbqueue.api.admin import is_pattern
 
     pattern = len(args.names) == 1 and is_pattern(args.names[0])  # every matching queue, fairly
     missing = [] if pattern else sorted(set(args.names) - set(fdbqueue.list_queues(db)))

@@ -15,7 +15,9 @@ from rich.console import Console
 
 import fdbqueue
 import fdbqueue.ops.privileges
+from fdbqueue.api.export import journal_names, open_from, queue_names
 from fdbqueue.cli.console import CommandError, _cells, _check_url, _count, _headers, _render, _seconds, _table
+from fdbqueue.spark.audit import run_audit, summary_lines
 from fdbqueue.types import JournalEntry
 
 Add = Callable[..., argparse.ArgumentParser]
@@ -260,3 +262,48 @@ def _cmd_forward(args: argparse.Namespace) -> int:
     lag = "" if st.lag is None else f", lag {st.lag:.1f} s"
     print(f"forwarded {st.forwarded} (already there: {st.skipped}, retried: {st.retried}{lag})")
     return 0
+
+
+# -- fdbqueue audit: the Spark job of spark/audit.py ----------------------------------------------
+
+
+def add_audit_command(add: Any) -> None:
+    """Register ``fdbqueue audit`` with the CLI's ``add`` helper."""
+    p = add(
+        "audit",
+        _cmd_audit,
+        "account for every message of journaled queues (a Spark job); exit 1 if any is unaccounted",
+        json_flag=False,
+        named=False,
+    )
+    p.add_argument(
+        "--queue", default="*", metavar="Q", help="queue, pattern or list (default: every journaled one)"
+    )
+    p.add_argument("--out", required=True, metavar="DIR", help="where messages.parquet and audit.png go")
+    p.add_argument(
+        "--master",
+        default=None,
+        metavar="M",
+        help="Spark master, as spark-submit takes it (default local[2])",
+    )
+
+
+def _cmd_audit(args: Any) -> int:
+    import os
+
+    url = args.url or os.environ.get("FDBQUEUE_URL") or "sqlite://fdbqueue.db"
+    _check_url(url)
+    try:
+        from fdbqueue.spark import local_session  # the spark extra
+    except ImportError as exc:
+        raise CommandError(str(exc), 2) from None
+    principal = args.principal or os.environ.get("FDBQUEUE_PRINCIPAL")
+    db = open_from({"url": url, **({"principal": principal} if principal else {})})
+    try:  # the queues and the right to read them, before a JVM starts for nothing
+        queue_names(db, journal_names(db, args.queue or "*"))
+    finally:
+        db.close()
+    spark = local_session("fdbqueue-audit", master=args.master)
+    report = run_audit(spark, url, args.out, queues=args.queue, principal=principal)
+    print("\n".join(summary_lines(report)))
+    return 1 if report.unaccounted else 0
