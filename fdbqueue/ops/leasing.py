@@ -11,33 +11,24 @@ the caller's transaction.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fdbqueue.engines.contract import Transaction
-from fdbqueue.errors import CorruptMessageError
 from fdbqueue.ops.delivery import lease_in, open_for_dequeue, read_payloads
-from fdbqueue.ops.head import (
-    FILTER_SCAN_LIMIT,
-    HEAD_BATCH,
-    HEAD_SKIP_LIMIT,
-    TAKE_RESERVE,
-    deliverable_head,
-    expire_within,
-)
+from fdbqueue.ops.head import FILTER_SCAN_LIMIT, HEAD_BATCH, HEAD_SKIP_LIMIT, TAKE_RESERVE, deliverable_head
 from fdbqueue.ops.moves import count_leased, move_corrupt, take_for_lease
+from fdbqueue.ops.scan import KEYS, ReadyScan
 from fdbqueue.ops.sweep import sweep_step
-from fdbqueue.store.budget import BATCH_PAYLOAD_BYTES, CHUNK_BYTES, Budget, encoded_len, grown_record
+from fdbqueue.store.budget import Budget, encoded_len, grown_record
 from fdbqueue.store.clock import db_now
 from fdbqueue.store.config import Meta, QueueConfig, due_entries
-from fdbqueue.store.record import Message, Record, decode_record
+from fdbqueue.store.layout import QueueKeys
+from fdbqueue.store.record import Message, Record
 from fdbqueue.types import headers_match
-
-if TYPE_CHECKING:
-    from fdbqueue.api.queue import Queue
 
 
 def lease_batch(
-    q: Queue,
+    keys: QueueKeys,
     tr: Transaction,
     seconds: float | None,
     receipt: str,
@@ -45,8 +36,7 @@ def lease_batch(
     budget: Budget | None = None,
     where: Mapping[str, Any] | None = None,
 ) -> list[Message]:
-    keys = q.keys
-    opened = open_for_dequeue(tr, q.keys, None)
+    opened = open_for_dequeue(tr, keys, None)
     if opened is None:
         return []
     cfg, meta = opened
@@ -54,17 +44,17 @@ def lease_batch(
     budget = Budget(TAKE_RESERVE) if budget is None else budget
     if cfg.strict_order:  # one delivery in flight at a time: at most one head
         due = bool(meta.count("delayed") or meta.count("inflight"))
-        head = deliverable_head(q.keys, tr, cfg, where, False, now, check_due=due, budget=budget)
+        head = deliverable_head(keys, tr, cfg, where, False, now, check_due=due, budget=budget)
         heads = [] if head is None else [head]
         if head is not None:
             budget.charge(lease_cost(len(head[0]), head[1]))  # TAKE_RESERVE was kept for it
     else:
-        heads = _ready_heads(q, tr, cfg, meta, n, now, budget, where)
+        heads = _ready_heads(keys, tr, cfg, meta, n, now, budget, where)
     payloads, damaged = read_payloads(tr, keys, [rec for _, rec in heads])
     if damaged:  # a sound record whose payload chunks are damaged: moved aside, not leased
         for key, rec in heads:
             if rec.id in damaged:
-                move_corrupt(q.keys, tr, cfg, key, rec.encode(), damaged[rec.id], budget)
+                move_corrupt(keys, tr, cfg, key, rec.encode(), damaged[rec.id], budget)
         heads = [(key, rec) for key, rec in heads if rec.id not in damaged]
     secs = seconds or cfg.lease_seconds
     out: list[Message] = []
@@ -73,7 +63,7 @@ def lease_batch(
         take_for_lease(tr, keys, key, rec)
         out.append(
             lease_in(
-                q.keys,
+                keys,
                 tr,
                 key,
                 rec,
@@ -91,7 +81,7 @@ def lease_batch(
 
 
 def _ready_heads(
-    q: Queue,
+    keys: QueueKeys,
     tr: Transaction,
     cfg: QueueConfig,
     meta: Meta,
@@ -104,63 +94,52 @@ def _ready_heads(
     when expired ones had to be moved aside), instead of one read per message.
 
     The read is a snapshot read, and each message taken (or expired) gets a read conflict
-    of its own: two leasers conflict only when they take the same message, the recipe of
-    FoundationDB's queue (a conflict over the whole scanned range would add nothing: a
+    of its own (KEYS): two leasers conflict only when they take the same message, the recipe
+    of FoundationDB's queue (a conflict over the whole scanned range would add nothing: a
     message enqueued concurrently ahead of these serializes after this transaction).
     Within ``budget``: the first message always (TAKE_RESERVE was kept for it), the others
     while they fit; expired messages it cannot afford to move are passed over for later.
     ``where``: only messages whose headers match; the others stay (FILTER_SCAN_LIMIT of them
     are passed over at most).
     """
-    keys = q.keys
     if due_entries(tr, keys, meta, now):
-        sweep_step(q.keys, tr, cfg, now, 16, budget)  # due delays and expired leases first
-    begin, end = keys.ready_range()
+        sweep_step(keys, tr, cfg, now, 16, budget)  # due delays and expired leases first
     out: list[tuple[bytes, Record]] = []
-    skipped = passed = read = 0
+    passed = 0
     extra = min(8, 1 + n // 8)  # a little more than wanted: expired ones are moved aside
-    while len(out) < n and skipped < HEAD_SKIP_LIMIT:
-        if budget.scan_exhausted():
-            budget.more = True  # expired messages beyond this transaction's reading: later
-            break
-        want = budget.batch(n - len(out) + extra)
-        batch = tr.snapshot.get_range(begin, end, want)
-        budget.read(batch)
-        for key, raw in batch:
-            try:
-                rec = decode_record(raw, q.keys, key)
-            except CorruptMessageError as exc:
-                move_corrupt(q.keys, tr, cfg, key, raw, exc, budget)
-                skipped += 1
-                continue
-            if rec.expires_us is not None and rec.expires_us <= now:
-                if expire_within(q.keys, tr, cfg, key, raw, rec, budget):
-                    tr.add_read_conflict_key(key)
-                skipped += 1
-                continue
-            if int(rec.extra.get("not_before", 0)) > now:
-                return out  # a head waiting out its retry delay holds the rest back
-            if where is not None and not headers_match(rec.headers, where):
-                passed += 1
-                if passed >= FILTER_SCAN_LIMIT:
-                    return out
-                continue
-            cost = lease_cost(len(key), rec)
-            if not out:
-                budget.charge(cost)
-            elif not budget.take(cost):
-                return out  # the transaction's budget is spent: the rest next call
-            read += rec.chunks * CHUNK_BYTES
-            if out and read > BATCH_PAYLOAD_BYTES:
-                return out  # large payloads: the first alone, the rest next call
-            tr.add_read_conflict_key(key)
-            out.append((key, rec))
-            if len(out) == n:
+    scan = ReadyScan(
+        tr,
+        keys,
+        now,
+        cfg=cfg,
+        budget=budget,
+        sizes=(extra, min(extra * 8, HEAD_BATCH), HEAD_BATCH),  # past a run of expired ones: a few reads
+        need=n,
+        skip_limit=HEAD_SKIP_LIMIT,
+        check_first=True,
+        conflict=KEYS,
+    )
+    for key, _raw, rec in scan:
+        if int(rec.extra.get("not_before", 0)) > now:
+            return out  # a head waiting out its retry delay holds the rest back
+        if where is not None and not headers_match(rec.headers, where):
+            passed += 1
+            if passed >= FILTER_SCAN_LIMIT:
                 return out
-        if len(batch) < want:
-            break
-        begin = batch[-1].key + b"\x00"
-        extra = min(extra * 8, HEAD_BATCH)  # past a run of expired ones: a few round trips
+            continue
+        cost = lease_cost(len(key), rec)
+        if not out:
+            budget.charge(cost)
+        elif not budget.take(cost):
+            return out  # the transaction's budget is spent: the rest next call
+        if not scan.claim(rec):
+            return out  # large payloads: the first alone, the rest next call
+        tr.add_read_conflict_key(key)
+        out.append((key, rec))
+        if len(out) == n:
+            return out
+    if scan.exhausted:
+        budget.more = True  # expired messages beyond this transaction's reading: later
     return out
 
 

@@ -56,7 +56,7 @@ from fdbqueue.ops.enqueuing import enqueue_in
 from fdbqueue.ops.moves import Note, count_sent, send_away
 from fdbqueue.ops.outbox import Ready, peek
 from fdbqueue.ops.privileges import check
-from fdbqueue.ops.receipts import settled
+from fdbqueue.ops.receipts import run_once_confirmed
 from fdbqueue.ops.remotededup import DEDUP_HEADER, already_there, carry, layer_keys, there_named
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.clock import db_now, versions
@@ -177,7 +177,7 @@ class Forwarder:
             transit.install(t, dkeys, source, batch, db_now(t), layer)
             return len(batch)
 
-        return settled(self.dst_db, dkeys, body)
+        return run_once_confirmed(self.dst_db, dkeys, body)
 
     def _remove(self, batch: list[Message]) -> list[Message]:
         """Step 3: one source transaction removes each message whose lease is still ours, with
@@ -204,7 +204,7 @@ class Forwarder:
             removed = earlier | {m.id for m in done}
             return [m for m in batch if m.id in removed]
 
-        done = settled(self.src_db, skeys, body)
+        done = run_once_confirmed(self.src_db, skeys, body)
         self._published = self._published[len(published) :]
         return done
 
@@ -261,7 +261,7 @@ class Forwarder:
                 transit.drop_pending(t, dkeys, source, mid)  # and any stale copy of another lease
             return len(items), left, room
 
-        wrote, left, self._room = settled(self.dst_db, dkeys, body)
+        wrote, left, self._room = run_once_confirmed(self.dst_db, dkeys, body)
         done = {mid for mid, _ in left}
         self._published += [mid for mid, _ in entries if mid not in done]
         return wrote, left
@@ -309,7 +309,7 @@ class Forwarder:
             check(t, skeys, "dequeue", read_meta(t, skeys))
             return transit.fates(t, skeys, dest, pend, db_now(t))
 
-        verdicts = settled(self.src_db, skeys, fates) if pend else []
+        verdicts = run_once_confirmed(self.src_db, skeys, fates) if pend else []
         dead = [e for e, v in zip(pend, verdicts, strict=True) if v == transit.DEAD]
         removed = [e for e, v in zip(pend, verdicts, strict=True) if v == transit.REMOVED]
         if dead:
@@ -352,7 +352,7 @@ class Forwarder:
             self._acknowledge(t, done)
             return done, self._peek(t)
 
-        return settled(self.src_db, skeys, body)
+        return run_once_confirmed(self.src_db, skeys, body)
 
     def _install_marked(self, batch: list[Message]) -> tuple[int, int]:
         """Exclusive step 2: one destination transaction installs the messages themselves, each
@@ -391,7 +391,7 @@ class Forwarder:
                 t.clear(forward_marker(dkeys, self.origin, mid))
             return fit, len(items)
 
-        return settled(self.dst_db, dkeys, body)
+        return run_once_confirmed(self.dst_db, dkeys, body)
 
     def _step_exclusive(self) -> int:
         batch = self._pending
