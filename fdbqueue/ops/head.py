@@ -99,7 +99,7 @@ def _head(
                 expire_within(keys, tr, cfg, key, raw, rec, budget)
                 continue
             tr.add_read_conflict_range(scan_from, key + b"\x00")
-            if int(rec.extra.get("not_before", 0)) > now:
+            if rec.extra and int(rec.extra.get("not_before", 0)) > now:  # extra: mostly empty
                 return None  # strict order: the head waits out its retry delay
             return key, rec
         if len(kvs) < limit:

@@ -14,16 +14,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from fdbqueue.engines.contract import Transaction
+from fdbqueue.errors import CorruptMessageError
 from fdbqueue.ops.delivery import lease_in, open_for_dequeue, read_payloads
 from fdbqueue.ops.head import FILTER_SCAN_LIMIT, HEAD_BATCH, HEAD_SKIP_LIMIT, TAKE_RESERVE, deliverable_head
 from fdbqueue.ops.moves import count_leased, move_corrupt, take_for_lease
-from fdbqueue.ops.scan import KEYS, ReadyScan
+from fdbqueue.ops.scan import expire_within
 from fdbqueue.ops.sweep import sweep_step
-from fdbqueue.store.budget import Budget, encoded_len, grown_record
+from fdbqueue.store.budget import BATCH_PAYLOAD_BYTES, CHUNK_BYTES, Budget, encoded_len, grown_record
 from fdbqueue.store.clock import db_now
 from fdbqueue.store.config import Meta, QueueConfig, due_entries
 from fdbqueue.store.layout import QueueKeys
-from fdbqueue.store.record import Message, Record
+from fdbqueue.store.record import Message, Record, decode_record
 from fdbqueue.types import headers_match
 
 
@@ -94,52 +95,67 @@ def _ready_heads(
     when expired ones had to be moved aside), instead of one read per message.
 
     The read is a snapshot read, and each message taken (or expired) gets a read conflict
-    of its own (KEYS): two leasers conflict only when they take the same message, the recipe
-    of FoundationDB's queue (a conflict over the whole scanned range would add nothing: a
+    of its own: two leasers conflict only when they take the same message, the recipe of
+    FoundationDB's queue (a conflict over the whole scanned range would add nothing: a
     message enqueued concurrently ahead of these serializes after this transaction).
     Within ``budget``: the first message always (TAKE_RESERVE was kept for it), the others
     while they fit; expired messages it cannot afford to move are passed over for later.
     ``where``: only messages whose headers match; the others stay (FILTER_SCAN_LIMIT of them
     are passed over at most).
+
+    This is ``ReadyScan(..., need=n, skip_limit=HEAD_SKIP_LIMIT, check_first=True,
+    conflict=KEYS)`` (``scan.py``) written out, with the filter applied after the retry-delay
+    check: every lease runs it, and the scanner's object and generator cost a lease + ack
+    about 2 % more instructions (``scripts/count_instructions.py``). Change the two together.
     """
     if due_entries(tr, keys, meta, now):
         sweep_step(keys, tr, cfg, now, 16, budget)  # due delays and expired leases first
+    begin, end = keys.ready_range()
     out: list[tuple[bytes, Record]] = []
-    passed = 0
+    skipped = passed = read = 0
     extra = min(8, 1 + n // 8)  # a little more than wanted: expired ones are moved aside
-    scan = ReadyScan(
-        tr,
-        keys,
-        now,
-        cfg=cfg,
-        budget=budget,
-        sizes=(extra, min(extra * 8, HEAD_BATCH), HEAD_BATCH),  # past a run of expired ones: a few reads
-        need=n,
-        skip_limit=HEAD_SKIP_LIMIT,
-        check_first=True,
-        conflict=KEYS,
-    )
-    for key, _raw, rec in scan:
-        if int(rec.extra.get("not_before", 0)) > now:
-            return out  # a head waiting out its retry delay holds the rest back
-        if where is not None and not headers_match(rec.headers, where):
-            passed += 1
-            if passed >= FILTER_SCAN_LIMIT:
+    while len(out) < n and skipped < HEAD_SKIP_LIMIT:
+        if budget.scan_exhausted():
+            budget.more = True  # expired messages beyond this transaction's reading: later
+            break
+        want = budget.batch(n - len(out) + extra)
+        batch = tr.snapshot.get_range(begin, end, want)
+        budget.read(batch)
+        for key, raw in batch:
+            try:
+                rec = decode_record(raw, keys, key)
+            except CorruptMessageError as exc:
+                move_corrupt(keys, tr, cfg, key, raw, exc, budget)
+                skipped += 1
+                continue
+            if rec.expired(now):
+                if expire_within(keys, tr, cfg, key, raw, rec, budget):
+                    tr.add_read_conflict_key(key)
+                skipped += 1
+                continue
+            if rec.extra and int(rec.extra.get("not_before", 0)) > now:  # extra: mostly empty
+                return out  # a head waiting out its retry delay holds the rest back
+            if where is not None and not headers_match(rec.headers, where):
+                passed += 1
+                if passed >= FILTER_SCAN_LIMIT:
+                    return out
+                continue
+            cost = lease_cost(len(key), rec)
+            if not out:
+                budget.charge(cost)
+            elif not budget.take(cost):
+                return out  # the transaction's budget is spent: the rest next call
+            read += rec.chunks * CHUNK_BYTES
+            if out and read > BATCH_PAYLOAD_BYTES:
+                return out  # large payloads: the first alone, the rest next call
+            tr.add_read_conflict_key(key)
+            out.append((key, rec))
+            if len(out) == n:
                 return out
-            continue
-        cost = lease_cost(len(key), rec)
-        if not out:
-            budget.charge(cost)
-        elif not budget.take(cost):
-            return out  # the transaction's budget is spent: the rest next call
-        if not scan.claim(rec):
-            return out  # large payloads: the first alone, the rest next call
-        tr.add_read_conflict_key(key)
-        out.append((key, rec))
-        if len(out) == n:
-            return out
-    if scan.exhausted:
-        budget.more = True  # expired messages beyond this transaction's reading: later
+        if len(batch) < want:
+            break
+        begin = batch[-1].key + b"\x00"
+        extra = min(extra * 8, HEAD_BATCH)  # past a run of expired ones: a few round trips
     return out
 
 

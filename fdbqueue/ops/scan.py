@@ -1,10 +1,13 @@
 """The ready-set scanner: every walk of a queue's ready messages inside one transaction.
 
-A dequeue's head and its filtered search (``head.py``), a lease batch (``leasing.py``), the
-staged dequeue's pairing (``contention.py``), an exclusive forwarder's peek (``outbox.py``),
-a browse page (``browse.py``) and ``move`` (``api/transfer.py``) all read the ready set in
-key order, decode each record, deal with the damaged and the expired, and filter by
-headers. :class:`ReadyScan` does that once; what differs between them is declared:
+A dequeue's filtered search (``head._find``), the staged dequeue's pairing
+(``contention.py``), an exclusive forwarder's peek (``outbox.py``), a browse page
+(``browse.py``) and ``move`` (``api/transfer.py``) all read the ready set in key order,
+decode each record, deal with the damaged and the expired, and filter by headers.
+:class:`ReadyScan` does that once; what differs between them is declared. The two walks
+every dequeue and every lease run (``head._head``, ``leasing._ready_heads``) are the same
+walk written out, because the scanner's object and generator cost them instructions
+(``scripts/count_instructions.py``): each says which declaration it is.
 
 - **batches**: each range read asks for what the caller still ``need``\\ s plus an extra
   (``sizes``: one per read, the last repeated), within the transaction's read budget
