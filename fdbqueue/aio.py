@@ -489,7 +489,7 @@ class AsyncWorker:
         if self.shutdown_timeout is not None:
             asyncio.get_running_loop().call_later(self.shutdown_timeout, self._on_signal, tasks)
 
-    async def _fetch(self, want: int, settler: Settler | None) -> list[tuple[Queue, Message]]:
+    async def _fetch(self, want: int, settler: Settler[Queue] | None) -> list[tuple[Queue, Message]]:
         got: list[tuple[Queue, Message]] = []
         n = len(self.queues)
         for i in range(n):
@@ -523,7 +523,7 @@ class AsyncWorker:
             for w in watches:
                 w.cancel()
 
-    async def _handle(self, q: Queue, m: Message, beat: Heartbeat, settler: Settler | None) -> None:
+    async def _handle(self, q: Queue, m: Message, beat: Heartbeat, settler: Settler[Queue] | None) -> None:
         lease = self.lease_seconds or (
             None if m.lease_deadline is None else max(1.0, m.lease_deadline - time.time())
         )
@@ -607,7 +607,7 @@ class AsyncWorker:
     def _release(self, q: Queue, m: Message) -> None:
         give_back(self.db, q, m, self.stats, log)
 
-    def _at_limit(self, settler: Settler | None) -> None:
+    def _at_limit(self, settler: Settler[Queue] | None) -> None:
         if self._limit is None:
             return
         with self._lock:

@@ -12,12 +12,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from fdbqueue.errors import QueueError
-
-if TYPE_CHECKING:
-    from fdbqueue.store.record import Record
 
 # The longest duration any setting or argument may give: ten years. Every duration becomes
 # a number of database versions (``fdbqueue.store.clock.versions``, 1e6 per second) added to a read
@@ -211,6 +208,26 @@ class Outlook:
     complete: bool = True
 
 
+class StoredFields(Protocol):
+    """What :meth:`Message.from_record` reads of a stored record (``store/record.py``'s
+    ``Record``): named by its fields, so that this leaf module imports no record code."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def enqueued_us(self) -> int: ...
+    @property
+    def content_type(self) -> str: ...
+    @property
+    def headers(self) -> dict[str, Any]: ...
+    @property
+    def deliveries(self) -> int: ...
+    @property
+    def expires_us(self) -> int | None: ...
+    @property
+    def extra(self) -> dict[str, Any]: ...
+
+
 @dataclass(frozen=True)
 class Message:
     """A message handed out by a queue. ``payload`` is always bytes."""
@@ -252,7 +269,7 @@ class Message:
     @classmethod
     def from_record(
         cls,
-        rec: Record,
+        rec: StoredFields,
         queue: str,
         priority: int,
         key: bytes,

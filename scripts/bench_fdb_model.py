@@ -113,7 +113,7 @@ def per_operation() -> dict[str, dict[str, int]]:
     measure("lease", lambda: leased.append(q.lease(db)))
     measure("lease_many(64)", lambda: leased.extend(q.lease_many(db, 64)))
     measure("ack", lambda: q.ack(db, leased.pop()))
-    measure("staged dequeue", lambda: staged_dequeue(db, q))
+    measure("staged dequeue", lambda: staged_dequeue(db, q.keys))
 
     # sweep: 16 expired leases to move back each time
     def sweep_16() -> Any:
@@ -186,7 +186,7 @@ def throughput(mode: str, threads: int, seconds: float) -> dict[str, float]:
     ops: dict[str, Callable[[], Any]] = {
         "plain": lambda: run_transaction(db, lambda tr: q.dequeue(tr)),  # type: ignore[arg-type]
         "dequeue": lambda: q.dequeue(db),
-        "staged": lambda: staged_dequeue(db, q),
+        "staged": lambda: staged_dequeue(db, q.keys),
     }
     op = ops[mode]
     stop = threading.Event()

@@ -405,7 +405,7 @@ class _LatencyTransaction(SimTransaction):
 MODES: dict[str, str] = {
     "plain": "q.dequeue(tr) in run_transaction (FDB basic recipe; retries 1020)",
     "staged": "q.dequeue(db) (plain first, staged request set on conflict)",
-    "direct": "fdbqueue.ops.contention.staged_dequeue(db, q) (always staged)",
+    "direct": "fdbqueue.ops.contention.staged_dequeue(db, q.keys) (always staged)",
 }
 
 

@@ -112,7 +112,7 @@ def test_every_operation_stays_under_1_mb_and_the_queue_drains(db: Database) -> 
         q.release(db, m)
     found = run("filter dequeue", lambda cdb: q.dequeue(cdb, where={"k": "match"}))
     assert found is not None and found.payload == b"live60"
-    staged = run("staged dequeue", lambda cdb: staged_dequeue(cdb, q))
+    staged = run("staged dequeue", lambda cdb: staged_dequeue(cdb, q.keys))
     assert staged is not None and staged.payload.startswith(b"live")
     nth = run("nth(30)", lambda cdb: q.nth(cdb, 30))
     assert nth is not None and nth.payload.startswith(b"live")
@@ -182,7 +182,7 @@ def op_round_trips(db: Database, expired: int, n: int) -> dict[str, int]:
     run("ack", lambda cdb: q.ack(cdb, leased))
     assert run("nth", lambda cdb: q.nth(cdb, expired + n)) is not None  # a live one, inline
     assert run("lease_many(64)", lambda cdb: q.lease_many(cdb, 64))
-    assert run("staged dequeue", lambda cdb: staged_dequeue(cdb, q)) is not None
+    assert run("staged dequeue", lambda cdb: staged_dequeue(cdb, q.keys)) is not None
     return out
 
 

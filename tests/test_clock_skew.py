@@ -164,7 +164,7 @@ def test_a_staged_collect_retried_past_the_result_ttl_raises_instead_of_guessing
         on_backoff(db, late)
         faults.arm([None, None, ("1021", applied)])  # register, fulfil, collect
         with pytest.raises(CommitUnknownError):
-            staged_dequeue(db, q)
+            staged_dequeue(db, q.keys)
     assert payloads(db, q) == ([] if applied else [b"A"])
 
 

@@ -115,17 +115,17 @@ def test_contended_dequeues_use_the_staged_set_and_deliver_once(
 
 def test_staged_dequeue_in_order_then_none(db: SimDatabase) -> None:
     q = Queue("staged")
-    assert staged_dequeue(db, q) is None  # never created: nothing to register
+    assert staged_dequeue(db, q.keys) is None  # never created: nothing to register
     fdbqueue.create_queue(db, "staged")
-    assert staged_dequeue(db, q) is None  # created, empty: the request is cleared, unpaired
+    assert staged_dequeue(db, q.keys) is None  # created, empty: the request is cleared, unpaired
     assert leftovers(db, q) == {"pop": 0, "res": 0}
     low = q.enqueue_many(db, [f"low{i}" for i in range(5)], priority=0)
     high = q.enqueue_many(db, [f"high{i}" for i in range(3)], priority=2)
-    got = [staged_dequeue(db, q) for _ in range(8)]
+    got = [staged_dequeue(db, q.keys) for _ in range(8)]
     assert [m.id for m in got if m is not None] == high + low
     assert all(m is not None and m.deliveries == 1 for m in got)
     assert [m.text() for m in got if m is not None][:2] == ["high0", "high1"]
-    assert staged_dequeue(db, q) is None
+    assert staged_dequeue(db, q.keys) is None
     assert q.size(db) == 0 and leftovers(db, q) == {"pop": 0, "res": 0}
     for mid in high + low:
         assert q.get(db, mid) is None
@@ -135,7 +135,7 @@ def test_staged_dequeue_carries_large_payloads(db: SimDatabase) -> None:
     q = Queue("staged")
     big = os.urandom(25_000)  # chunked: the result holds the record, the chunks stay put
     mid = q.enqueue(db, big)
-    m = staged_dequeue(db, q)
+    m = staged_dequeue(db, q.keys)
     assert m is not None and m.id == mid and m.payload == big
     assert db.get_range_startswith(q.keys.q.pack(("b",))) == []  # chunks removed on collection
 
@@ -145,7 +145,7 @@ def test_stale_request_is_cleared_without_taking_a_message(db: SimDatabase) -> N
     mid = q.enqueue(db, b"keep me")
     stale = q.keys.pop_key(db_now(db) - STALE_REQUEST_VERSIONS - 1_000_000, os.urandom(8))
     db.set(stale, b"")
-    assert fulfil(db, q) == 0
+    assert fulfil(db, q.keys) == 0
     assert db.get(stale) is None, "the stale request was not cleared"
     assert leftovers(db, q) == {"pop": 0, "res": 0}  # no result written for it
     assert q.size(db) == 1 and q.peek(db).id == mid  # type: ignore[union-attr]
@@ -159,12 +159,12 @@ def test_fresh_request_is_paired_with_the_head(db: SimDatabase) -> None:
     stale = q.keys.pop_key(db_now(db) - STALE_REQUEST_VERSIONS - 1_000_000, os.urandom(8))
     db.set(fresh, b"")
     db.set(stale, b"")
-    assert fulfil(db, q) == 1
+    assert fulfil(db, q.keys) == 1
     assert db.get(fresh) is None and db.get(stale) is None
     assert db.get(q.keys.result_key(rand)) is not None
     assert q.size(db) == 1 and q.peek(db).id == second  # type: ignore[union-attr]
     assert q.get(db, first) is None  # handed to the request: gone from the queue
-    assert fulfil(db, q) == 0  # nothing waits
+    assert fulfil(db, q.keys) == 0  # nothing waits
 
 
 # -- exactly once across injected faults (scripted, deterministic) ---------------------------
@@ -182,10 +182,10 @@ def test_staged_dequeue_exactly_once_under_a_fault(db: SimDatabase, step: str, o
     script: list[Any] = [None, None, None]
     script[["register", "fulfil", "collect"].index(step)] = outcome
     faults.arm(script)
-    first = staged_dequeue(db, q)
-    second = staged_dequeue(db, q)
+    first = staged_dequeue(db, q.keys)
+    second = staged_dequeue(db, q.keys)
     assert (first and first.id, second and second.id) == (a, b)
-    assert staged_dequeue(db, q) is None
+    assert staged_dequeue(db, q.keys) is None
     assert q.size(db) == 0 and leftovers(db, q) == {"pop": 0, "res": 0}
 
 
@@ -198,8 +198,8 @@ def test_register_retry_after_another_waiter_fulfilled_it(db: SimDatabase) -> No
     a, b = q.enqueue_many(db, [b"A", b"B"])
     paired: list[int] = []
     faults.arm([("1021", True)])
-    on_backoff(db, lambda: paired.append(fulfil(db, q)))
-    first = staged_dequeue(db, q)
+    on_backoff(db, lambda: paired.append(fulfil(db, q.keys)))
+    first = staged_dequeue(db, q.keys)
     assert paired == [1]  # the other waiter did pair our request during the backoff
     rest = [m.id for m in q.browse(db)]
     assert first is not None and first.id == a, (

@@ -185,7 +185,7 @@ def test_a_damaged_head_is_moved_aside_and_the_rest_delivered(
         "dequeue": lambda: [q.dequeue(db)],
         "lease": lambda: [q.lease(db, 30)],
         "lease_many": lambda: q.lease_many(db, 5, 30),
-        "staged": lambda: [staged_dequeue(db, q)],
+        "staged": lambda: [staged_dequeue(db, q.keys)],
         "filtered": lambda: [q.dequeue(db, where={"x": "no such"}, fallback=True)],
     }[how]
     got: list[Any] = []
@@ -249,7 +249,7 @@ def test_a_head_with_a_damaged_chunk_is_moved_aside_and_the_rest_delivered(db: D
     take = {
         "dequeue": lambda: [q.dequeue(db)],
         "lease_many": lambda: q.lease_many(db, 5, 30),
-        "staged": lambda: [staged_dequeue(db, q)],
+        "staged": lambda: [staged_dequeue(db, q.keys)],
     }[how]
     got: list[Any] = []
     for _ in range(4):

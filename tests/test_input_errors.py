@@ -88,7 +88,7 @@ def test_a_staged_result_put_back_after_its_ttl_is_not_counted_done(db: Database
         tr = db.create_transaction()
         tr.set(q.keys.pop_key(db_now(tr), os.urandom(8)), b"")  # a requester that then died
         tr.commit()
-        assert fulfil(db, q) == 1
+        assert fulfil(db, q.keys) == 1
         assert q.size(db) == 0
         clock.advance(RESULT_TTL_VERSIONS / VERSIONS_PER_SECOND + 1)
         assert q.sweep(db).results == 1

@@ -112,7 +112,7 @@ def test_only_moves_writes_message_state(writes: list[tuple[str, bytes, str]], c
     assert w.dequeue(tr) is not None
     tr.cancel()
     w.enqueue(db, b"staged")
-    assert staged_dequeue(db, w) is not None
+    assert staged_dequeue(db, w.keys) is not None
     # a damaged record is moved aside
     w.enqueue(db, b"damaged")
     begin, end = w.keys.ready_range()

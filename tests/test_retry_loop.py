@@ -224,7 +224,7 @@ def _requests(db: SimDatabase, q: Queue) -> int:
 
 def test_fulfil_counts_the_pairs_of_every_committed_batch(db: SimDatabase) -> None:
     q = _waiting(db, BATCH + 50)
-    assert fulfil(db, q) == BATCH + 50  # two transactions: a full batch, then the rest
+    assert fulfil(db, q.keys) == BATCH + 50  # two transactions: a full batch, then the rest
     assert _requests(db, q) == 0
 
 
@@ -232,11 +232,11 @@ def test_fulfil_stops_at_a_conflict_with_what_it_made(db: SimDatabase) -> None:
     q = _waiting(db, BATCH + 50)
     with FaultScript(db) as script:
         script.arm([None, 1020])  # the first batch commits, the second conflicts
-        assert fulfil(db, q) == BATCH
+        assert fulfil(db, q.keys) == BATCH
     assert _requests(db, q) == 50  # not retried: another waiter's fulfil pairs those
     with FaultScript(db) as script:
         script.arm([1020])
-        assert fulfil(db, q) == 0
+        assert fulfil(db, q.keys) == 0
     assert _requests(db, q) == 50
 
 

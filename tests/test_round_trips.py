@@ -149,7 +149,7 @@ def test_fulfil_round_trips_do_not_grow_with_the_pairs(sim: Database, pairs: int
     q.enqueue_many(db, [f"m{i}".encode() for i in range(pairs)])
     rands = _requests(db, q, pairs)
     warm(db, q)
-    assert fulfil(db, q) == pairs
+    assert fulfil(db, q.keys) == pairs
     (cost,) = committed(db.take())
     assert cost.reads <= 4, f"fulfil of {pairs} pairs took {cost.reads} sequential reads"
     assert all(sim.get(q.keys.result_key(r)) is not None for r in rands)
@@ -164,7 +164,7 @@ def test_a_staged_dequeue_costs_a_constant_number_of_round_trips(sim: Database) 
     db = CountingDatabase(sim)
     q.enqueue_many(db, [b"a", b"b"])
     warm(db, q)
-    m = staged_dequeue(db, q)
+    m = staged_dequeue(db, q.keys)
     assert m is not None and m.payload == b"a"
     reads = sum(c.reads for c in db.take())
     # register 1, fulfil 4, collect 1 (before: 2 + 6 + 2)
@@ -191,14 +191,14 @@ def test_a_staged_requester_whose_request_was_paired_collects_without_pairing_ot
         def commit() -> None:
             inner_commit()
             if tr.cost.commit and not others:  # our request is registered: another waiter
-                assert fulfil(sim, q) == 1  # pairs it, and two more requests arrive
+                assert fulfil(sim, q.keys) == 1  # pairs it, and two more requests arrive
                 others.extend(_requests(sim, q, 2))
 
         tr.commit = commit  # type: ignore[method-assign]
         return tr
 
     db.create_transaction = create  # type: ignore[method-assign]
-    m = staged_dequeue(db, q)
+    m = staged_dequeue(db, q.keys)
     assert m is not None and m.id == a
     assert len(sim.get_range(*q.keys.pop_range())) == 2, "the others' requests were paired by us"
     assert [x.id for x in q.browse(sim)] == rest

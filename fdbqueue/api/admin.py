@@ -190,6 +190,14 @@ def destroy_queue(tr: Transaction | Database, name: str, *, root: tuple[Any, ...
     run_once(tr, body)
 
 
+PATTERN_CHARS = "*?["
+
+
+def is_pattern(name: object) -> bool:
+    """Whether ``name`` is a pattern of queue names (it has ``*``, ``?`` or ``[``)."""
+    return isinstance(name, str) and any(c in name for c in PATTERN_CHARS)
+
+
 def list_queues(tr: Transaction | Database, *, root: tuple[Any, ...] = DEFAULT_ROOT) -> list[str]:
     """Names of every queue under ``root``, sorted."""
     sub = root_subspace(root)

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from fdbqueue.api.admin import list_queues
+from fdbqueue.api.admin import is_pattern, list_queues
 from fdbqueue.api.routing import partitioned_queues
 from fdbqueue.engines import open_database
 from fdbqueue.engines.contract import Database, KeySelector, Transaction
@@ -31,7 +31,6 @@ from fdbqueue.ops.delivery import expires_at, read_payload
 from fdbqueue.ops.journaling import decode_entry, journaled_queues
 from fdbqueue.ops.privileges import check
 from fdbqueue.ops.txn import run_once
-from fdbqueue.runtime.fairness import is_pattern
 from fdbqueue.store.config import read_config
 from fdbqueue.store.layout import DEFAULT_ROOT, JOURNAL_SHARDS, JournalKeys, QueueKeys
 from fdbqueue.store.record import Record, decode_record

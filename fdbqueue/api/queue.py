@@ -36,8 +36,9 @@ from fdbqueue.errors import (
     QueueError,
     QueueStoppedError,
 )
+from fdbqueue.ops import contention
 from fdbqueue.ops.autonomous import enqueue_autonomous
-from fdbqueue.ops.browse import nth_in_order
+from fdbqueue.ops.browse import browse, nth_in_order
 from fdbqueue.ops.delivery import (
     ack_in,
     check_lease_seconds,
@@ -55,7 +56,8 @@ from fdbqueue.ops.head import TAKE_RESERVE, deliverable_head
 from fdbqueue.ops.leasing import lease_batch
 from fdbqueue.ops.moves import move_corrupt, take, wake
 from fdbqueue.ops.privileges import check, checked
-from fdbqueue.ops.receipts import maybe_clear_old_receipts, new_receipt, read_receipt, settled
+from fdbqueue.ops.receipts import maybe_clear_old_receipts, new_receipt, read_receipt, run_once_confirmed
+from fdbqueue.ops.settling import ack_many, nack_many
 from fdbqueue.ops.steps import Steps, drive
 from fdbqueue.ops.sweep import sweep
 from fdbqueue.ops.txn import as_database, run_once
@@ -246,7 +248,7 @@ class Queue:
             if timeout:
                 raise QueueError("a blocking lease cannot join a caller's transaction; pass a Database")
             receipt = random_bytes(16).hex()
-            return lease_batch(self, tr, secs, receipt, n, None, where)  # type: ignore[arg-type]
+            return lease_batch(self.keys, tr, secs, receipt, n, None, where)  # type: ignore[arg-type]
         return drive(self.lease_steps(as_database(tr), n, lease_seconds, timeout, where)) or []
 
     def lease_steps(
@@ -275,7 +277,7 @@ class Queue:
                 ):
                     return list(taken)  # the attempt that ended in commit_unknown_result committed
             budget.next_transaction()
-            taken[:] = lease_batch(self, t, secs, receipt, n, budget, where)
+            taken[:] = lease_batch(self.keys, t, secs, receipt, n, budget, where)
             return list(taken)
 
         def attempt(want_watch: bool) -> tuple[list[Message] | None, Watch | None]:
@@ -292,22 +294,20 @@ class Queue:
         """Settle a leased message: it is done and removed. LeaseError if the lease is gone.
 
         Given a Database, exactly once across commit_unknown_result (a receipt: see
-        ``fdbqueue.ops.sweep.settled``): it returns only if its own commit landed."""
+        ``fdbqueue.ops.receipts.run_once_confirmed``): it returns only if its own commit landed."""
 
         def body(t: Transaction) -> None:
             if ack_in(self.keys, t, m, db_now(t)).extra.get("strict"):
                 wake(t, self.keys)  # strict order: the next delivery may go ahead now
 
-        settled(tr, self.keys, body)
+        run_once_confirmed(tr, self.keys, body)
 
     def ack_many(self, tr: Transaction | Database, messages: Sequence[Message]) -> list[Message]:
         """Ack leased ``messages`` (at most 1,000) in one transaction, with :meth:`ack`'s
         receipt checks; returns those acked: one whose lease has gone (expired, or taken back
         by a sweep) is left out, not raised. Composes inside a caller's transaction; given a
         Database, exactly once across commit_unknown_result, as :meth:`ack`."""
-        from fdbqueue.ops.settling import ack_many
-
-        return ack_many(tr, self, messages)
+        return ack_many(tr, self.keys, messages)
 
     def nack_many(
         self,
@@ -320,9 +320,7 @@ class Queue:
         """:meth:`nack` for many leased messages in one transaction; where each went
         (``ready``, ``delayed``, ``dead``, ``expired``), or None for one whose lease had gone.
         Settled like :meth:`ack_many`."""
-        from fdbqueue.ops.settling import nack_many
-
-        return nack_many(tr, self, messages, delay=delay, reason=reason)
+        return nack_many(tr, self.keys, messages, delay=delay, reason=reason)
 
     def nack(
         self,
@@ -349,21 +347,21 @@ class Queue:
             cfg = config_or_create(t, self.keys)
             return nack_in(self.keys, t, cfg, m, delay, reason, db_now(t), discard)
 
-        return settled(tr, self.keys, body)
+        return run_once_confirmed(tr, self.keys, body)
 
     def release(self, tr: Transaction | Database, m: Message) -> None:
         """Give a leased message back to its place at once, without counting the delivery
         (a worker shutting down returns what it prefetched but never started). Settled
         like :meth:`ack`."""
 
-        settled(tr, self.keys, lambda t: release_in(self.keys, t, m, db_now(t)))
+        run_once_confirmed(tr, self.keys, lambda t: release_in(self.keys, t, m, db_now(t)))
 
     def extend(self, tr: Transaction | Database, m: Message, lease_seconds: float) -> Message:
         """Renew a lease for ``lease_seconds`` from now; returns the message with its new
         deadline. Settled like :meth:`ack`: the lease of the attempt that landed."""
         secs = check_lease_seconds(lease_seconds)
 
-        return settled(tr, self.keys, lambda t: extend_in(self.keys, t, m, secs, db_now(t)))
+        return run_once_confirmed(tr, self.keys, lambda t: extend_in(self.keys, t, m, secs, db_now(t)))
 
     def sweep(self, tr: Transaction | Database, *, limit: int = 100) -> SweepStats:
         """Expired leases back, due delayed messages in, TTLs out, old dedup entries forgotten.
@@ -400,8 +398,6 @@ class Queue:
     def _dequeue_own(
         self, db: Database, where: Mapping[str, Any] | None, fallback: bool, want_watch: bool
     ) -> tuple[Message | None, Watch | None]:
-        from fdbqueue.ops.contention import staged_dequeue, waiting_requests
-
         keys = self.keys
         may_conflict, may_unknown = engine_traits(db)
         rand = random_bytes(8) if may_unknown else b""
@@ -428,7 +424,7 @@ class Queue:
             meta = read_meta(t, keys)
             strict = meta.config is not None and meta.config.strict_order
             staged_ok = may_conflict and where is None and not strict
-            if staged_ok and waiting_requests(t, keys):
+            if staged_ok and contention.waiting_requests(t, keys):
                 return Done(_STAGED)  # others are queued in the staged set: do not jump the line
             msg = self._take(t, where, fallback, meta=meta, budget=budget)
             if msg is None and budget.more:
@@ -461,7 +457,7 @@ class Queue:
             if msg is None:
                 return None, (watch_queue(db, keys, strict) if want_watch else None)
             return msg, None
-        msg = staged_dequeue(db, self)
+        msg = contention.staged_dequeue(db, keys)  # by the module: tests and benchmarks count its calls
         return msg, (watch_queue(db, keys) if msg is None and want_watch else None)
 
     def _take(
@@ -525,7 +521,7 @@ class Queue:
             meta = checked(t, self.keys, "browse")
             due = due_unswept(t, self.keys, meta, db_now(t))
             if due:
-                return nth_in_order(self, t, n, meta, due)
+                return nth_in_order(self.keys, t, n, meta, due)
             row = t.get_range(KeySelector.first_greater_or_equal(begin) + n, end, limit=1)
             return self._message(t, row[0].key, row[0].value) if row else None
 
@@ -576,9 +572,7 @@ class Queue:
         by database time, as a dequeue would: an expired message is not shown, and a due
         delayed one is shown where a dequeue would make it ready, before any sweep.
         """
-        from fdbqueue.ops.browse import browse
-
-        return browse(self, tr, limit=limit, batch=batch)
+        return browse(self.keys, tr, limit=limit, batch=batch)
 
 
 def _check_mapping(where: object) -> None:

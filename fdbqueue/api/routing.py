@@ -28,7 +28,7 @@ from fdbqueue.api.queue import Queue
 from fdbqueue.engines.contract import Database, Transaction, adopt, is_transaction
 from fdbqueue.errors import AccessDeniedError, ForeignQueueError, QueueError, QueueNotFoundError
 from fdbqueue.ops.privileges import allowed, principal_of
-from fdbqueue.ops.receipts import settled
+from fdbqueue.ops.receipts import run_once_confirmed
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.codec import stable_hash, utf8
 from fdbqueue.store.config import decode_guard
@@ -147,7 +147,7 @@ class PartitionedQueue:
         if is_transaction(tr):
             mid = run_once(tr, lambda t, _: body(t))
         else:
-            mid = settled(tr, self.keys, body)
+            mid = run_once_confirmed(tr, self.keys, body)
             self._registered = True
         return mid
 

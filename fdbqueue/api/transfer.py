@@ -12,17 +12,17 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from fdbqueue.engines.contract import Database, Transaction, adopt, is_transaction
-from fdbqueue.errors import CorruptMessageError, QueueError, QueueNotFoundError
-from fdbqueue.ops.moves import expire, move_corrupt, move_message
+from fdbqueue.errors import QueueError, QueueNotFoundError
+from fdbqueue.ops.moves import move_message
 from fdbqueue.ops.privileges import check, check_create
-from fdbqueue.ops.receipts import settled
+from fdbqueue.ops.receipts import run_once_confirmed
+from fdbqueue.ops.scan import ReadyScan
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.budget import Budget, move_cost
 from fdbqueue.store.clock import db_now
 from fdbqueue.store.config import QueueConfig, read_meta, write_config
 from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys
-from fdbqueue.store.record import decode_record
-from fdbqueue.types import check_where, headers_match
+from fdbqueue.types import check_where
 
 BATCH = 100  # messages one transaction moves at most (each also bounded by the byte budget)
 
@@ -80,7 +80,7 @@ def in_batches(tr: Transaction | Database, keys: QueueKeys, limit: int | None, s
         def body(t: Transaction, want: int = want, start: bytes | None = start) -> tuple[int, bytes | None]:
             return step(t, want, start)
 
-        n, cursor = settled(tr, keys, body)
+        n, cursor = run_once_confirmed(tr, keys, body)
         total += n
         if cursor is None:
             return total
@@ -150,24 +150,13 @@ def _batch(
     check(t, skeys, "admin", smeta)
     djournal = open_destination(t, dkeys)
     scfg = smeta.config
-    now = db_now(t)
 
-    def visit(key: bytes, raw: bytes, budget: Budget) -> str:
-        try:
-            rec = decode_record(raw, skeys, key)
-        except CorruptMessageError as exc:
-            move_corrupt(skeys, t, scfg, key, raw, exc, budget)
-            return PASSED
-        if rec.expires_us is not None and rec.expires_us <= now:
-            if budget.take(move_cost(len(key), len(raw), rec.chunks)):
-                expire(skeys, t, scfg, key, rec)
-            return PASSED
-        if where is not None and not headers_match(rec.headers, where):
-            return PASSED
+    budget = Budget()
+    scan = ReadyScan(t, skeys, db_now(t), cfg=scfg, budget=budget, begin=start, where=where, limit=limit)
+    for key, raw, rec in scan:
         if not budget.take(2 * move_cost(len(key), len(raw), rec.chunks)):
-            return FULL
+            return scan.taken, key  # no room left: the rest for the next transaction
+        scan.claim()
         t.add_read_conflict_key(key)  # a concurrent dequeue of it conflicts
         move_message(t, skeys, scfg.journal, dkeys, djournal, key, rec)
-        return MOVED
-
-    return scan_ready(t, skeys, start, limit, visit)
+    return scan.taken, scan.cursor

@@ -47,7 +47,7 @@ def _cmd_worker(db: fdbqueue.Database, args: argparse.Namespace) -> int:
     from fdbqueue import Worker  # public API
 
     setup_logging(args.log_level, args.log_format)
-    from fdbqueue.runtime.fairness import is_pattern
+    from fdbqueue.api.admin import is_pattern
 
     pattern = len(args.names) == 1 and is_pattern(args.names[0])  # every matching queue, fairly
     missing = [] if pattern else sorted(set(args.names) - set(fdbqueue.list_queues(db)))

@@ -20,21 +20,19 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fdbqueue.engines.contract import Database, KeyValue, Transaction
 from fdbqueue.errors import QueueError
 from fdbqueue.ops.delivery import read_payload, to_message
 from fdbqueue.ops.privileges import checked
+from fdbqueue.ops.scan import RAISE, SKIP, ReadyScan
 from fdbqueue.ops.txn import run_once
-from fdbqueue.ops.views import VIEW_SCAN_LIMIT, is_live, pending
+from fdbqueue.ops.views import VIEW_SCAN_LIMIT, pending
 from fdbqueue.store.clock import db_now
 from fdbqueue.store.config import Meta
-from fdbqueue.store.record import decode_record
+from fdbqueue.store.layout import QueueKeys
 from fdbqueue.types import Message, Outlook
-
-if TYPE_CHECKING:
-    from fdbqueue.api.queue import Queue
 
 DUE_LIMIT = VIEW_SCAN_LIMIT  # due delayed / expired entries looked at per read (a bounded snapshot read)
 
@@ -44,11 +42,9 @@ DUE_LIMIT = VIEW_SCAN_LIMIT  # due delayed / expired entries looked at per read 
 Order = tuple[float, float, int]
 
 
-def outlook(tr: Transaction | Database, queue: Queue) -> Outlook:
-    """The :class:`Outlook` of ``queue`` at database time (``fdbqueue/ops/views.py``); composes
-    inside a caller's transaction."""
-
-    keys = queue.keys
+def outlook(tr: Transaction | Database, keys: QueueKeys) -> Outlook:
+    """The :class:`Outlook` of ``keys``' queue at database time (``fdbqueue/ops/views.py``);
+    composes inside a caller's transaction."""
 
     def body(t: Transaction, _: bool) -> Outlook:
         p = pending(t, keys, checked(t, keys, "browse"), db_now(t), leases=False)
@@ -57,16 +53,16 @@ def outlook(tr: Transaction | Database, queue: Queue) -> Outlook:
     return run_once(tr, body)
 
 
-def nth_in_order(queue: Queue, tr: Transaction, n: int, meta: Meta, due: int) -> Message | None:
+def nth_in_order(keys: QueueKeys, tr: Transaction, n: int, meta: Meta, due: int) -> Message | None:
     """The message at position ``n`` of dequeue order as :func:`browse` walks it, in ``tr``
     whose principal may browse (``meta``: the queue's, read in ``tr``; ``due``: how many
     expired or due entries the walk may meet, so that its first read covers them)."""
-    walk = browse(queue, tr, limit=n + 1, batch=min(n + 1 + due, 1000), meta=meta)
+    walk = browse(keys, tr, limit=n + 1, batch=min(n + 1 + due, 1000), meta=meta)
     return next(itertools.islice(walk, n, None), None)
 
 
 def browse(
-    queue: Queue, tr: Transaction | Database, *, limit: int | None, batch: int, meta: Meta | None = None
+    keys: QueueKeys, tr: Transaction | Database, *, limit: int | None, batch: int, meta: Meta | None = None
 ) -> Iterator[Message]:
     """:meth:`Queue.browse`; ``meta``: the queue's, already read and checked in ``tr``."""
 
@@ -74,7 +70,6 @@ def browse(
         raise QueueError(f"limit must be an int >= 0 or None, got {limit!r}")
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise QueueError(f"batch must be an int >= 1, got {batch!r}")
-    keys = queue.keys
     begin, end = keys.ready_range()
     pos: bytes | None = None  # the last key of the forward walk
     mark: int | None = None  # index high-water mark when the walk started
@@ -99,7 +94,7 @@ def browse(
                 p = int(extra.pop("priority", 0))
                 target = extra.pop("key", None)
                 order = ready_order(bytes.fromhex(target)) if target else (-p, math.inf, n)
-                m = Message.from_record(rec, queue.name, p, dkey, read_payload(t, keys, rec))
+                m = Message.from_record(rec, keys.name, p, dkey, read_payload(t, keys, rec))
                 due.append((order, m))
             due.sort(key=lambda om: om[0])
         late: list[KeyValue] = []
@@ -119,13 +114,16 @@ def browse(
             if chosen:
                 pos = chosen[-1].key
         out: list[tuple[Order, Message | None]] = []
+        # Read-only: a damaged record is raised, an expired one not shown (a dequeue would
+        # move it aside, not deliver it).
+        judge = ReadyScan(t, keys, now, damaged=RAISE, expired=SKIP).judge
         for kv in chosen:
             p, index, _r = keys.parse_ready(kv.key)
             seen_upto[p] = max(seen_upto.get(p, 0), index)
-            rec = decode_record(kv.value, queue.keys, kv.key)
-            if not is_live(rec, now):
-                continue  # expired: a dequeue would move it aside, not deliver it
-            out.append((ready_order(kv.key), to_message(t, keys, kv.key, rec)))
+            live = judge(kv.key, kv.value)
+            if live is None:
+                continue
+            out.append((ready_order(kv.key), to_message(t, keys, kv.key, live)))
         if not chosen:
             out.append(((math.inf, math.inf, 0), None))  # the end: the due messages left go last
         return out

@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import random
 import time
-from typing import TYPE_CHECKING
 
 from fdbqueue.engines.contract import RETRY, Again, Attempt, Database, Done, KeyValue, Transaction, retry
 from fdbqueue.errors import CommitUnknownError, CorruptMessageError, QueueStoppedError
 from fdbqueue.ops.delivery import to_message
-from fdbqueue.ops.head import HEAD_BATCH, HEAD_SKIP_LIMIT, expire_within
+from fdbqueue.ops.head import HEAD_BATCH, HEAD_SKIP_LIMIT
 from fdbqueue.ops.moves import collect_result, count_handed, drop_result, hand_over, move_corrupt
 from fdbqueue.ops.privileges import checked
 from fdbqueue.ops.receipts import RESULT_TTL_VERSIONS, decode_result
+from fdbqueue.ops.scan import KEYS, ReadyScan
 from fdbqueue.ops.sweep import sweep_step
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.budget import Budget, move_cost
@@ -38,45 +38,34 @@ from fdbqueue.store.layout import QueueKeys
 from fdbqueue.store.record import decode_record
 from fdbqueue.types import Message
 
-if TYPE_CHECKING:
-    from fdbqueue.api.queue import Queue
-
 BATCH = 100
 STALE_REQUEST_VERSIONS = versions(30)  # a request this old lost its waiter: clear it, pair nothing
 _PENDING = object()
 
 
 def _live_items(
-    queue: Queue, t: Transaction, cfg: QueueConfig, n: int, now: int, budget: Budget
+    keys: QueueKeys, t: Transaction, cfg: QueueConfig, n: int, now: int, budget: Budget
 ) -> list[KeyValue]:
     """Up to ``n`` ready messages from the head, moving aside the expired ones met on the way
     as far as ``budget`` affords (the others stay for a later transaction or a sweep)."""
-    begin, end = queue.keys.ready_range()
     out: list[KeyValue] = []
-    scanned = 0
-    extra = 8  # grows by 8 times a batch past a run of expired messages, as the head scan's
-    while len(out) < n and scanned < n + HEAD_SKIP_LIMIT:
-        limit = budget.batch(n - len(out) + extra)
-        batch = t.snapshot.get_range(begin, end, limit=limit)
-        for kv in batch:
-            try:
-                rec = decode_record(kv.value, queue.keys, kv.key)
-            except CorruptMessageError as exc:
-                move_corrupt(queue.keys, t, cfg, kv.key, kv.value, exc, budget)
-                continue
-            if rec.expires_us is not None and rec.expires_us <= now:
-                if expire_within(queue.keys, t, cfg, kv.key, kv.value, rec, budget):
-                    # As for a pairing, only a true collision conflicts: the conflict of a
-                    # point read, without its round trip (the value was read just now).
-                    t.add_read_conflict_key(kv.key)
-            elif len(out) < n:
-                out.append(kv)
-        scanned += len(batch)
-        budget.read(batch)
-        if len(batch) < limit or not batch or budget.scan_exhausted():
-            break
-        begin = batch[-1].key + b"\x00"
-        extra = min(extra * 8, HEAD_BATCH)
+    scan = ReadyScan(
+        t,
+        keys,
+        now,
+        cfg=cfg,
+        budget=budget,
+        sizes=(8, HEAD_BATCH),  # grows by 8 times a batch past a run of expired messages, as the head scan's
+        need=n,
+        row_limit=n + HEAD_SKIP_LIMIT,
+        # As for a pairing, only a true collision conflicts: an expired message moved aside
+        # gets the conflict of a point read, without its round trip (the value was read just now).
+        conflict=KEYS,
+    )
+    for key, raw, _rec in scan:
+        if len(out) < n:
+            out.append(KeyValue(key, raw))
+            scan.claim()
     return out
 
 
@@ -85,10 +74,8 @@ def waiting_requests(tr: Transaction, keys: QueueKeys) -> bool:
     return bool(tr.snapshot.get_range(*keys.pop_range(), limit=1))
 
 
-def staged_dequeue(db: Database, queue: Queue) -> Message | None:
+def staged_dequeue(db: Database, keys: QueueKeys) -> Message | None:
     """Dequeue through the request set; None when the queue was empty at fulfilment."""
-
-    keys = queue.keys
     rand = random_bytes(8)  # made outside every retry loop: the request's identity
     res_key = keys.result_key(rand)
     made: list[bytes] = []  # the request's key: made in the first attempt, kept by the retries
@@ -105,7 +92,7 @@ def staged_dequeue(db: Database, queue: Queue) -> Message | None:
         if meta.config is None:
             return False
         if not meta.state.dequeue:
-            raise QueueStoppedError(f"dequeue is disabled on queue {queue.name!r}")
+            raise QueueStoppedError(f"dequeue is disabled on queue {keys.name!r}")
         t.set(req_key, b"")  # the same key on every attempt: idempotent
         return True
 
@@ -117,17 +104,15 @@ def staged_dequeue(db: Database, queue: Queue) -> Message | None:
         # Our own request first: with many dequeuers another's fulfil has usually paired it
         # already, and then this fulfil stops at its first read (see ``mine``) instead of
         # pairing others' requests and colliding with their fulfils.
-        fulfil(db, queue, mine=req_key)
-        got = _collect(db, queue, req_key, res_key)
+        fulfil(db, keys, mine=req_key)
+        got = _collect(db, keys, req_key, res_key)
         if got is not _PENDING:
             return got  # type: ignore[return-value]
         time.sleep(delay * random.uniform(0.5, 1.0))
         delay = min(delay * 2, 0.05)
 
 
-def _collect(db: Database, queue: Queue, req_key: bytes, res_key: bytes) -> object:
-
-    keys = queue.keys
+def _collect(db: Database, keys: QueueKeys, req_key: bytes, res_key: bytes) -> object:
     taken: list[Message] = []
     made: list[int] = []  # when the result was made (a version)
 
@@ -157,9 +142,9 @@ def _collect(db: Database, queue: Queue, req_key: bytes, res_key: bytes) -> obje
         except CorruptMessageError as exc:  # its payload chunks are damaged: not handed out
             cfg = read_meta(t, keys).config or QueueConfig()
             drop_result(t, res_key)
-            move_corrupt(queue.keys, t, cfg, key, record, exc, state="done")  # fulfil counted it done
+            move_corrupt(keys, t, cfg, key, record, exc, state="done")  # fulfil counted it done
             return None
-        collect_result(t, keys, res_key, decode_record(record, queue.keys, key))
+        collect_result(t, keys, res_key, decode_record(record, keys, key))
         taken[:] = [msg]
         return msg
 
@@ -174,13 +159,12 @@ def _done(mine: bytes, reqs: list[KeyValue]) -> bool:
     return all(kv.key != mine for kv in reqs)
 
 
-def fulfil(db: Database, queue: Queue, *, mine: bytes | None = None) -> int:
+def fulfil(db: Database, keys: QueueKeys, *, mine: bytes | None = None) -> int:
     """Pair waiting requests with ready messages, a batch per transaction; returns pairs made.
 
     ``mine``: the caller's own request key. When the first read shows it no longer waits
     (another waiter paired it), nothing is paired: the caller collects its result at once.
     """
-    keys = queue.keys
     made = 0
 
     def count(n: int) -> None:
@@ -203,7 +187,7 @@ def fulfil(db: Database, queue: Queue, *, mine: bytes | None = None) -> int:
         meta = read_meta(t, keys)
         cfg = meta.config
         if cfg is not None and due_entries(t, keys, meta, now):
-            sweep_step(queue.keys, t, cfg, now, 16, budget)  # due delays and expired leases first
+            sweep_step(keys, t, cfg, now, 16, budget)  # due delays and expired leases first
         stale_before = now - STALE_REQUEST_VERSIONS
         live = []
         for req in reqs:
@@ -212,7 +196,7 @@ def fulfil(db: Database, queue: Queue, *, mine: bytes | None = None) -> int:
                 t.clear(req.key)
             else:
                 live.append(req)
-        items = _live_items(queue, t, cfg, len(live), now, budget) if cfg is not None else []
+        items = _live_items(keys, t, cfg, len(live), now, budget) if cfg is not None else []
         affordable: list[KeyValue] = []
         for item in items:
             # The result holds the record: within the budget, the rest next transaction.
@@ -231,7 +215,7 @@ def fulfil(db: Database, queue: Queue, *, mine: bytes | None = None) -> int:
             if seen is not None:
                 t.clear(req.key)  # already paired (see register): never pair twice
                 continue
-            rec = decode_record(item.value, queue.keys, item.key)
+            rec = decode_record(item.value, keys, item.key)
             hand_over(t, keys, res, now, item.key, item.value, rec, journaled=cfg is not None and cfg.journal)
             handed += 1
             t.clear(req.key)

@@ -81,7 +81,7 @@ def release(
     failure (``nack`` or ``lease_expired``) when the message goes back. ``discard``: to the
     error queue now, whatever its deliveries (a handler gave up on it).
     """
-    if rec.expires_us is not None and rec.expires_us <= now:
+    if rec.expired(now):
         expire_unready(keys, tr, cfg, rec)
         return "expired"
     if discard or rec.deliveries >= cfg.max_deliveries:
@@ -329,7 +329,7 @@ def promote_delayed(
         return CORRUPT_REASON
     if budget is not None and not budget.take(move_cost(len(dkey), len(raw), rec.chunks)):
         return "later"
-    if rec.expires_us is not None and rec.expires_us <= now:
+    if rec.expired(now):
         take_delayed(tr, keys, dkey, rec, expired=True)
         expire_unready(keys, tr, cfg, rec)
         return "expired"

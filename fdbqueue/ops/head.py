@@ -1,9 +1,9 @@
 """What a dequeue may hand out: the head of the ready set, or the first match of a filter.
 
-The scans move aside what they meet that can no longer be delivered (expired or damaged
-records) within the transaction's budget (``budget.py``), and first make ready what came due
-(a sweep step), so a dequeue never waits for a sweeper. Every function here composes inside
-the caller's transaction.
+The scans (``scan.py``'s ReadyScan) move aside what they meet that can no longer be
+delivered (expired or damaged records) within the transaction's budget (``budget.py``), and
+first make ready what came due (a sweep step), so a dequeue never waits for a sweeper.
+Every function here composes inside the caller's transaction.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from typing import Any
 
 from fdbqueue.engines.contract import Transaction
 from fdbqueue.errors import CorruptMessageError, QueueError
-from fdbqueue.ops.moves import expire, move_corrupt
+from fdbqueue.ops.moves import move_corrupt
+from fdbqueue.ops.scan import KEYS, ReadyScan, expire_within
 from fdbqueue.ops.sweep import sweep_step
 from fdbqueue.ops.waiting import next_due
-from fdbqueue.store.budget import Budget, move_cost
+from fdbqueue.store.budget import Budget
 from fdbqueue.store.config import QueueConfig
 from fdbqueue.store.layout import QueueKeys
 from fdbqueue.store.record import Record, decode_record
-from fdbqueue.types import headers_match
 
 HEAD_SKIP_LIMIT = 100  # expired messages the staged dequeue looks past per pairing batch
 HEAD_BATCH = 64  # the head scan reads 1, then 8, then up to this many records at a time
@@ -68,18 +68,6 @@ def deliverable_head(
     return _head(keys, tr, cfg, start or begin, end, now, budget)
 
 
-def expire_within(
-    keys: QueueKeys, tr: Transaction, cfg: QueueConfig, key: bytes, raw: bytes, rec: Record, b: Budget
-) -> bool:
-    """Move the expired message at ``key`` aside if the budget affords it (its chunks are
-    copied when it goes to the error queue); False leaves it in place for later."""
-    chunks = rec.chunks if cfg.expiry_action == "error" else 0
-    if not b.take(move_cost(len(key), len(raw), chunks)):
-        return False
-    expire(keys, tr, cfg, key, rec)
-    return True
-
-
 def _head(
     keys: QueueKeys, tr: Transaction, cfg: QueueConfig, begin: bytes, end: bytes, now: int, budget: Budget
 ) -> tuple[bytes, Record] | None:
@@ -90,6 +78,10 @@ def _head(
     budget's read bytes and time; then the read conflict a serializable scan would have
     taken, ``[begin, the key returned]``, is added: a concurrent take of the same message,
     or of an expired one moved here, conflicts as before.
+
+    This is ``ReadyScan(..., sizes=(1, 8, HEAD_BATCH), conflict=RANGE)`` (``scan.py``) written out:
+    every dequeue runs it, and the scanner's object and generator cost it instructions
+    (``scripts/count_instructions.py``). Change the two together.
     """
     scan_from = begin
     want = 1
@@ -103,11 +95,11 @@ def _head(
             except CorruptMessageError as exc:
                 move_corrupt(keys, tr, cfg, key, raw, exc, budget)
                 continue
-            if rec.expires_us is not None and rec.expires_us <= now:
+            if rec.expired(now):
                 expire_within(keys, tr, cfg, key, raw, rec, budget)
                 continue
             tr.add_read_conflict_range(scan_from, key + b"\x00")
-            if int(rec.extra.get("not_before", 0)) > now:
+            if rec.extra and int(rec.extra.get("not_before", 0)) > now:  # extra: mostly empty
                 return None  # strict order: the head waits out its retry delay
             return key, rec
         if len(kvs) < limit:
@@ -143,33 +135,28 @@ def _find(
     say where the next transaction goes on (a dequeue given a Database does so; in a
     caller's transaction the dequeue returns None).
     """
-    cursor = budget.resume or begin
-    while budget.scanned < FILTER_SCAN_LIMIT:
-        limit = budget.batch(8 if not budget.read_rows else FILTER_BATCH)
-        batch = tr.snapshot.get_range(cursor, end, limit)
-        budget.read(batch)
-        for key, raw in batch:
-            budget.scanned += 1
-            try:
-                rec = decode_record(raw, keys, key)
-            except CorruptMessageError as exc:
-                move_corrupt(keys, tr, cfg, key, raw, exc, budget)
-                continue
-            if rec.expires_us is not None and rec.expires_us <= now:
-                if expire_within(keys, tr, cfg, key, raw, rec, budget):
-                    tr.add_read_conflict_key(key)  # two movers of one message conflict
-                continue
-            if headers_match(rec.headers, where):
-                tr.add_read_conflict_key(key)
-                budget.resume = None
-                return key, rec
-        if len(batch) < limit:
-            break
-        cursor = batch[-1].key + b"\x00"
-        if budget.scan_exhausted():
-            budget.resume = cursor
-            budget.more = True
-            return None
+    scan = ReadyScan(
+        tr,
+        keys,
+        now,
+        cfg=cfg,
+        budget=budget,
+        begin=budget.resume or begin,
+        where=where,
+        sizes=(FILTER_BATCH,) if budget.read_rows else (8, FILTER_BATCH),
+        row_limit=FILTER_SCAN_LIMIT - budget.scanned,
+        conflict=KEYS,
+    )
+    for key, _raw, rec in scan:
+        budget.scanned += scan.rows
+        tr.add_read_conflict_key(key)
+        budget.resume = None
+        return key, rec
+    budget.scanned += scan.rows
+    if scan.exhausted:
+        budget.resume = scan.cursor
+        budget.more = True
+        return None
     budget.resume = None
     budget.more = False  # the scan is over: what it left is a sweep's
     return _head(keys, tr, cfg, begin, end, now, budget) if fallback else None

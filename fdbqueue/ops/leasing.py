@@ -11,33 +11,25 @@ the caller's transaction.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fdbqueue.engines.contract import Transaction
 from fdbqueue.errors import CorruptMessageError
 from fdbqueue.ops.delivery import lease_in, open_for_dequeue, read_payloads
-from fdbqueue.ops.head import (
-    FILTER_SCAN_LIMIT,
-    HEAD_BATCH,
-    HEAD_SKIP_LIMIT,
-    TAKE_RESERVE,
-    deliverable_head,
-    expire_within,
-)
+from fdbqueue.ops.head import FILTER_SCAN_LIMIT, HEAD_BATCH, HEAD_SKIP_LIMIT, TAKE_RESERVE, deliverable_head
 from fdbqueue.ops.moves import count_leased, move_corrupt, take_for_lease
+from fdbqueue.ops.scan import expire_within
 from fdbqueue.ops.sweep import sweep_step
 from fdbqueue.store.budget import BATCH_PAYLOAD_BYTES, CHUNK_BYTES, Budget, encoded_len, grown_record
 from fdbqueue.store.clock import db_now
 from fdbqueue.store.config import Meta, QueueConfig, due_entries
+from fdbqueue.store.layout import QueueKeys
 from fdbqueue.store.record import Record, decode_record
 from fdbqueue.types import Message, headers_match
 
-if TYPE_CHECKING:
-    from fdbqueue.api.queue import Queue
-
 
 def lease_batch(
-    q: Queue,
+    keys: QueueKeys,
     tr: Transaction,
     seconds: float | None,
     receipt: str,
@@ -45,8 +37,7 @@ def lease_batch(
     budget: Budget | None = None,
     where: Mapping[str, Any] | None = None,
 ) -> list[Message]:
-    keys = q.keys
-    opened = open_for_dequeue(tr, q.keys, None)
+    opened = open_for_dequeue(tr, keys, None)
     if opened is None:
         return []
     cfg, meta = opened
@@ -54,17 +45,17 @@ def lease_batch(
     budget = Budget(TAKE_RESERVE) if budget is None else budget
     if cfg.strict_order:  # one delivery in flight at a time: at most one head
         due = bool(meta.count("delayed") or meta.count("inflight"))
-        head = deliverable_head(q.keys, tr, cfg, where, False, now, check_due=due, budget=budget)
+        head = deliverable_head(keys, tr, cfg, where, False, now, check_due=due, budget=budget)
         heads = [] if head is None else [head]
         if head is not None:
             budget.charge(lease_cost(len(head[0]), head[1]))  # TAKE_RESERVE was kept for it
     else:
-        heads = _ready_heads(q, tr, cfg, meta, n, now, budget, where)
+        heads = _ready_heads(keys, tr, cfg, meta, n, now, budget, where)
     payloads, damaged = read_payloads(tr, keys, [rec for _, rec in heads])
     if damaged:  # a sound record whose payload chunks are damaged: moved aside, not leased
         for key, rec in heads:
             if rec.id in damaged:
-                move_corrupt(q.keys, tr, cfg, key, rec.encode(), damaged[rec.id], budget)
+                move_corrupt(keys, tr, cfg, key, rec.encode(), damaged[rec.id], budget)
         heads = [(key, rec) for key, rec in heads if rec.id not in damaged]
     secs = seconds or cfg.lease_seconds
     out: list[Message] = []
@@ -73,7 +64,7 @@ def lease_batch(
         take_for_lease(tr, keys, key, rec)
         out.append(
             lease_in(
-                q.keys,
+                keys,
                 tr,
                 key,
                 rec,
@@ -91,7 +82,7 @@ def lease_batch(
 
 
 def _ready_heads(
-    q: Queue,
+    keys: QueueKeys,
     tr: Transaction,
     cfg: QueueConfig,
     meta: Meta,
@@ -111,10 +102,14 @@ def _ready_heads(
     while they fit; expired messages it cannot afford to move are passed over for later.
     ``where``: only messages whose headers match; the others stay (FILTER_SCAN_LIMIT of them
     are passed over at most).
+
+    This is ``ReadyScan(..., need=n, skip_limit=HEAD_SKIP_LIMIT, check_first=True,
+    conflict=KEYS)`` (``scan.py``) written out, with the filter applied after the retry-delay
+    check: every lease runs it, and the scanner's object and generator cost a lease + ack
+    about 2 % more instructions (``scripts/count_instructions.py``). Change the two together.
     """
-    keys = q.keys
     if due_entries(tr, keys, meta, now):
-        sweep_step(q.keys, tr, cfg, now, 16, budget)  # due delays and expired leases first
+        sweep_step(keys, tr, cfg, now, 16, budget)  # due delays and expired leases first
     begin, end = keys.ready_range()
     out: list[tuple[bytes, Record]] = []
     skipped = passed = read = 0
@@ -128,17 +123,17 @@ def _ready_heads(
         budget.read(batch)
         for key, raw in batch:
             try:
-                rec = decode_record(raw, q.keys, key)
+                rec = decode_record(raw, keys, key)
             except CorruptMessageError as exc:
-                move_corrupt(q.keys, tr, cfg, key, raw, exc, budget)
+                move_corrupt(keys, tr, cfg, key, raw, exc, budget)
                 skipped += 1
                 continue
-            if rec.expires_us is not None and rec.expires_us <= now:
-                if expire_within(q.keys, tr, cfg, key, raw, rec, budget):
+            if rec.expired(now):
+                if expire_within(keys, tr, cfg, key, raw, rec, budget):
                     tr.add_read_conflict_key(key)
                 skipped += 1
                 continue
-            if int(rec.extra.get("not_before", 0)) > now:
+            if rec.extra and int(rec.extra.get("not_before", 0)) > now:  # extra: mostly empty
                 return out  # a head waiting out its retry delay holds the rest back
             if where is not None and not headers_match(rec.headers, where):
                 passed += 1

@@ -85,7 +85,7 @@ def maybe_clear_old_receipts(tr: Transaction, keys: QueueKeys) -> None:
         clear_old_receipts(tr, keys, db_now(tr))
 
 
-def settled(tr: Transaction | Database, keys: QueueKeys, body: Callable[[Transaction], T]) -> T:
+def run_once_confirmed(tr: Transaction | Database, keys: QueueKeys, body: Callable[[Transaction], T]) -> T:
     """Run ``body(t)`` once, in the caller's transaction or in a retried one of its own that
     learns whether its own earlier attempt landed after a commit_unknown_result (1021).
 

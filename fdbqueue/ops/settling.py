@@ -2,6 +2,11 @@
 transaction, and a lease-mode Worker's :class:`Settler` gathers the acks of finished handlers
 for a short linger, so that a batch costs one commit, not one per message.
 
+One name per idea: to *settle* is to end a lease, acking or nacking (here, in batches;
+``delivery.ack_in`` / ``delivery.nack_in`` settle one message inside a transaction). Learning
+whether an attempt that ended in commit_unknown_result (1021) landed is another idea:
+``receipts.run_once_confirmed``, which every settlement given a Database runs in.
+
 A message is settled only when the transaction holding its ack commits: until then it is in
 flight under its lease, and a crash between the handler's return and that commit delivers it
 again when the lease runs out - lease mode is at-least-once, batched or not (the linger only
@@ -15,21 +20,32 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from fdbqueue.engines.contract import Database, Transaction
 from fdbqueue.errors import LeaseError, QueueError
 from fdbqueue.ops.delivery import ack_many_in, nack_in
 from fdbqueue.ops.leasing import lease_batch
-from fdbqueue.ops.receipts import settled
+from fdbqueue.ops.receipts import run_once_confirmed
 from fdbqueue.store.clock import db_now
 from fdbqueue.store.config import config_or_create
 from fdbqueue.store.entropy import random_bytes
+from fdbqueue.store.layout import QueueKeys
 from fdbqueue.store.record import check_reason
 from fdbqueue.types import Message, check_duration
 
-if TYPE_CHECKING:
-    from fdbqueue.api.queue import Queue
+
+class Handle(Protocol):
+    """What the settler needs of a worker's queue handle (``Queue``): its keys, and its own
+    ``lease_many`` for a lease with no acks to commit beside it."""
+
+    @property
+    def keys(self) -> QueueKeys: ...
+
+    def lease_many(self, tr: Database, n: int, lease_seconds: float | None = None, /) -> list[Message]: ...
+
+
+Q = TypeVar("Q", bound=Handle)
 
 log = logging.getLogger("fdbqueue.runtime.worker")
 
@@ -37,42 +53,42 @@ IDLE_EXIT = 0.2  # seconds the settler's thread waits for acks before it ends (a
 MAX_BATCH = 1000  # messages one ack_many or nack_many settles at most (a transaction's size)
 
 
-def _check(q: Queue, msgs: Sequence[Message]) -> list[Message]:
+def _check(keys: QueueKeys, msgs: Sequence[Message]) -> list[Message]:
     out = list(msgs)
     if len(out) > MAX_BATCH:
         raise QueueError(f"at most {MAX_BATCH} messages a call, got {len(out)}")
     for m in out:
         if not isinstance(m, Message) or not m.receipt:
             raise LeaseError("ack_many and nack_many take Messages returned by lease()")
-        if m.queue != q.name:
-            raise QueueError(f"message {m.id} is of queue {m.queue!r}, not {q.name!r}")
+        if m.queue != keys.name:
+            raise QueueError(f"message {m.id} is of queue {m.queue!r}, not {keys.name!r}")
     return out
 
 
-def ack_in_batch(t: Transaction, q: Queue, msgs: list[Message]) -> list[Message]:
-    """Ack ``msgs`` of ``q`` in ``t`` (the receipts and the guard read in one round trip);
-    returns those acked, leaving out any whose lease has gone."""
+def ack_in_batch(t: Transaction, keys: QueueKeys, msgs: list[Message]) -> list[Message]:
+    """Ack ``msgs`` of ``keys``' queue in ``t`` (the receipts and the guard read in one round
+    trip); returns those acked, leaving out any whose lease has gone."""
     if not msgs:
         return []
-    return ack_many_in(q.keys, t, msgs, db_now(t))
+    return ack_many_in(keys, t, msgs, db_now(t))
 
 
-def ack_many(tr: Transaction | Database, q: Queue, msgs: Sequence[Message]) -> list[Message]:
+def ack_many(tr: Transaction | Database, keys: QueueKeys, msgs: Sequence[Message]) -> list[Message]:
     """See :meth:`Queue.ack_many`."""
-    batch = _check(q, msgs)
-    return settled(tr, q.keys, lambda t: ack_in_batch(t, q, batch))
+    batch = _check(keys, msgs)
+    return run_once_confirmed(tr, keys, lambda t: ack_in_batch(t, keys, batch))
 
 
 def nack_many(
     tr: Transaction | Database,
-    q: Queue,
+    keys: QueueKeys,
     msgs: Sequence[Message],
     *,
     delay: float | None = None,
     reason: str | None = None,
 ) -> list[str | None]:
     """See :meth:`Queue.nack_many`."""
-    batch = _check(q, msgs)
+    batch = _check(keys, msgs)
     if delay is not None:
         delay = check_duration("delay", delay)
     if reason is not None:
@@ -81,20 +97,20 @@ def nack_many(
         check_reason(reason)
 
     def body(t: Transaction) -> list[str | None]:
-        cfg = config_or_create(t, q.keys)
+        cfg = config_or_create(t, keys)
         now = db_now(t)
         out: list[str | None] = []
         for m in batch:
             try:
-                out.append(nack_in(q.keys, t, cfg, m, delay, reason, now))
+                out.append(nack_in(keys, t, cfg, m, delay, reason, now))
             except LeaseError:
                 out.append(None)  # its lease is gone: back in the queue already
         return out
 
-    return settled(tr, q.keys, body)
+    return run_once_confirmed(tr, keys, body)
 
 
-class Settler:
+class Settler(Generic[Q]):
     """A lease-mode worker's pending acks: a handler that returned adds its message
     (:meth:`add`); they are acked together, in one transaction, ``linger`` seconds after the
     first of them (by this object's thread) or at once when ``batch`` are waiting, or sooner
@@ -106,10 +122,10 @@ class Settler:
         db: Database,
         linger: float,
         batch: int,
-        done: Callable[[Queue, int, list[Message]], None],
+        done: Callable[[Q, int, list[Message]], None],
     ) -> None:
         self.db, self.linger, self.batch, self.done = db, linger, batch, done
-        self._pending: list[tuple[Queue, Message]] = []
+        self._pending: list[tuple[Q, Message]] = []
         self._first = 0.0
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -121,7 +137,7 @@ class Settler:
         with self._cond:
             return self._unsettled
 
-    def add(self, q: Queue, m: Message) -> None:
+    def add(self, q: Q, m: Message) -> None:
         with self._cond:
             if not self._pending:
                 self._first = time.monotonic()
@@ -133,17 +149,17 @@ class Settler:
             if len(self._pending) == 1 or len(self._pending) >= self.batch:
                 self._cond.notify()  # once a batch: a thread switch a message would cost more
 
-    def take(self) -> list[tuple[Queue, Message]]:
+    def take(self) -> list[tuple[Q, Message]]:
         """The pending acks, handed to the caller to commit with its next lease."""
         with self._cond:
             got, self._pending = self._pending, []
             return got
 
-    def settle(self, t: Transaction, got: list[tuple[Queue, Message]]) -> list[Any]:
+    def settle(self, t: Transaction, got: list[tuple[Q, Message]]) -> list[Any]:
         """Ack ``got`` in ``t``; what :meth:`report` needs once ``t`` commits."""
         out = []
         for q, msgs in _by_queue(got).items():
-            out.append((q, msgs, ack_in_batch(t, q, msgs)))
+            out.append((q, msgs, ack_in_batch(t, q.keys, msgs)))
         return out
 
     def report(self, results: list[Any]) -> None:
@@ -157,13 +173,13 @@ class Settler:
         """Ack what is pending now, in one transaction."""
         self.settle_now(self.take())
 
-    def settle_now(self, got: list[tuple[Queue, Message]]) -> None:
+    def settle_now(self, got: list[tuple[Q, Message]]) -> None:
         """Ack ``got`` in a transaction of its own, exactly once across commit_unknown_result."""
         if not got:
             return
         try:
             # One transaction for every queue's acks: settled on the first queue's receipts.
-            results = settled(self.db, got[0][0].keys, lambda t: self.settle(t, got))
+            results = run_once_confirmed(self.db, got[0][0].keys, lambda t: self.settle(t, got))
         except QueueError as exc:
             # Not acked: their leases run out and they are delivered again (at least once).
             log.warning("could not ack %d messages: %s; they will be delivered again", len(got), exc)
@@ -199,21 +215,21 @@ class Settler:
 
 
 def lease_settling(
-    db: Database, settler: Settler | None, q: Queue, n: int, lease_seconds: float | None
+    db: Database, settler: Settler[Q] | None, q: Q, n: int, lease_seconds: float | None
 ) -> list[Message]:
     """Lease up to ``n`` of ``q`` (``Queue.lease_many``), committing the acks waiting in
     ``settler`` in the same transaction: one commit for a batch's acks and the next batch's
-    leases, exactly once across commit_unknown_result (``settled``)."""
+    leases, exactly once across commit_unknown_result (``run_once_confirmed``)."""
     got = [] if settler is None else settler.take()
     if not got or settler is None:
         return q.lease_many(db, n, lease_seconds)
     receipt = random_bytes(16).hex()  # made outside the retry loop, as lease_many's
 
     def body(t: Transaction) -> tuple[list[Any], list[Message]]:
-        return settler.settle(t, got), lease_batch(q, t, lease_seconds, receipt, n)
+        return settler.settle(t, got), lease_batch(q.keys, t, lease_seconds, receipt, n)
 
     try:
-        results, leased = settled(db, q.keys, body)
+        results, leased = run_once_confirmed(db, q.keys, body)
     except QueueError:
         settler.settle_now(got)  # the lease failed (a paused queue, a failing engine): acks alone
         raise
@@ -221,8 +237,8 @@ def lease_settling(
     return leased
 
 
-def _by_queue(got: list[tuple[Queue, Message]]) -> dict[Queue, list[Message]]:
-    out: dict[Queue, list[Message]] = {}
+def _by_queue(got: list[tuple[Q, Message]]) -> dict[Q, list[Message]]:
+    out: dict[Q, list[Message]] = {}
     for q, m in got:
         out.setdefault(q, []).append(m)
     return out

@@ -130,7 +130,7 @@ def _due(
                 rec = decode_record(kv.value, keys, kv.key)
             except CorruptMessageError:
                 continue  # a dequeue moves it to the error queue; no view shows it
-            if rec.expires_us is not None and rec.expires_us <= now:
+            if rec.expired(now):
                 due_expired += 1
             else:
                 due.append((kv.key, rec))
@@ -171,8 +171,3 @@ def due_unswept(t: Transaction, keys: QueueKeys, meta: Meta, now: int, cap: int 
 def ready_count(t: Transaction, keys: QueueKeys, meta: Meta) -> int:
     """How many messages are ready now (``Queue.size``): the counter, corrected."""
     return counts(meta, pending(t, keys, meta, db_now(t), leases=False)).ready
-
-
-def is_live(rec: Record, now: int) -> bool:
-    """Whether a ready record is ready by the definition above (its TTL has not passed)."""
-    return rec.expires_us is None or rec.expires_us > now

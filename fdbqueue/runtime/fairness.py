@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Any
 
+from fdbqueue.api.admin import PATTERN_CHARS, is_pattern
 from fdbqueue.api.queue import Queue
 from fdbqueue.api.routing import PartitionedQueue, route_table
 from fdbqueue.engines.contract import Database, Transaction, Watch
@@ -35,17 +36,11 @@ from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys
 
 log = logging.getLogger("fdbqueue.runtime.worker")
 
-PATTERN_CHARS = "*?["
 ERROR_SUFFIX = ".error"  # the default error queues' names (config.error_queue_name)
 AVOID_SECONDS = 60.0  # a queue that refused a turn (no right to dequeue, say) is skipped this long
 ROUND = 1000  # index entries a turn reads at most, from each side of where it resumes
 FAIR_SHARE = 4  # a turn takes at least this many from a queue (when the consumer wants them)
 FILL_BATCH = 200  # queues of the listing one transaction looks at when the index is filled
-
-
-def is_pattern(name: object) -> bool:
-    """Whether ``name`` is a pattern of queue names (it has ``*``, ``?`` or ``[``)."""
-    return isinstance(name, str) and any(c in name for c in PATTERN_CHARS)
 
 
 class WorkSet:

@@ -61,7 +61,7 @@ from fdbqueue.ops.enqueuing import enqueue_in
 from fdbqueue.ops.moves import Note
 from fdbqueue.ops.outbox import Ready
 from fdbqueue.ops.privileges import check
-from fdbqueue.ops.receipts import settled
+from fdbqueue.ops.receipts import run_once_confirmed
 from fdbqueue.ops.remotededup import carry, layer_keys, there_named
 from fdbqueue.ops.txn import run_once
 from fdbqueue.runtime.outbox import Outbox
@@ -179,7 +179,7 @@ class Forwarder(Outbox):
             batch = self.src.lease_many(t, n, self.lease_seconds, where=self.where)
             return batch, (transit.record_hand(t, skeys, dest, name, batch, db_now(t)) if batch else None)
 
-        return settled(self.src_db, skeys, body)
+        return run_once_confirmed(self.src_db, skeys, body)
 
     def _take_over(self) -> _Hand | None:
         """A named forwarder's first steps: the oldest batch its namesakes left recorded, taken
@@ -190,7 +190,7 @@ class Forwarder(Outbox):
             check(t, skeys, "dequeue", read_meta(t, skeys))
             return transit.take_over(t, skeys, dest, name, self.lease_seconds, db_now(t), self._cursor)
 
-        got = settled(self.src_db, skeys, body)
+        got = run_once_confirmed(self.src_db, skeys, body)
         if got is None:
             return None
         self._cursor = got.key
@@ -211,7 +211,7 @@ class Forwarder(Outbox):
             transit.install(t, dkeys, source, [m for m in batch if m.id not in big], db_now(t), layer)
             return big
 
-        big = settled(self.dst_db, dkeys, body)
+        big = run_once_confirmed(self.dst_db, dkeys, body)
         if big:  # their leases end there: step 3 finds them gone (lost), with no copy to withdraw
             transit.dead_letter_leased(self._src_db, self.src.keys, batch, big)
         return len(batch) - len(big)
@@ -243,7 +243,7 @@ class Forwarder(Outbox):
             removed = earlier | {m.id for m in done}
             return [m for m in batch if m.id in removed]
 
-        done = settled(self.src_db, skeys, body)
+        done = run_once_confirmed(self.src_db, skeys, body)
         self._published = self._published[len(published) :]
         self._records = self._records[len(records) :]
         return done
@@ -301,7 +301,7 @@ class Forwarder(Outbox):
                 transit.drop_pending(t, dkeys, source, mid)  # and any stale copy of another lease
             return len(items), left, room
 
-        wrote, left, self._room = settled(self.dst_db, dkeys, body)
+        wrote, left, self._room = run_once_confirmed(self.dst_db, dkeys, body)
         done = {mid for mid, _ in left}
         self._published += [mid for mid, _ in entries if mid not in done]
         return wrote, left
@@ -351,7 +351,7 @@ class Forwarder(Outbox):
             check(t, skeys, "dequeue", read_meta(t, skeys))
             return transit.fates(t, skeys, dest, pend, db_now(t))
 
-        verdicts = settled(self.src_db, skeys, fates) if pend else []
+        verdicts = run_once_confirmed(self.src_db, skeys, fates) if pend else []
         dead = [e for e, v in zip(pend, verdicts, strict=True) if v == transit.DEAD]
         removed = [e for e, v in zip(pend, verdicts, strict=True) if v == transit.REMOVED]
         if dead:

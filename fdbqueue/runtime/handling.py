@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fdbqueue.api.admin import is_pattern
 from fdbqueue.api.queue import Queue
 from fdbqueue.api.routing import PartitionedQueue
 from fdbqueue.engines.contract import Database
@@ -27,7 +28,7 @@ from fdbqueue.errors import (
 )
 from fdbqueue.ops.delivery import engine_fault
 from fdbqueue.ops.waiting import QueueWatcher
-from fdbqueue.runtime.fairness import WorkSet, is_pattern
+from fdbqueue.runtime.fairness import WorkSet
 from fdbqueue.store.record import fit_reason
 from fdbqueue.types import Message, check_duration
 

@@ -20,7 +20,7 @@ from fdbqueue.ops.enqueuing import enqueue_in
 from fdbqueue.ops.moves import Note, count_sent, send_away
 from fdbqueue.ops.outbox import Ready, peek
 from fdbqueue.ops.privileges import check
-from fdbqueue.ops.receipts import settled
+from fdbqueue.ops.receipts import run_once_confirmed
 from fdbqueue.ops.remotededup import DEDUP_HEADER, already_there, carry, layer_keys
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.clock import db_now, versions
@@ -94,7 +94,7 @@ class Outbox:
             self._acknowledge(t, done)
             return done, self._peek(t, len(done))
 
-        return settled(self.src_db, skeys, body)
+        return run_once_confirmed(self.src_db, skeys, body)
 
     def _install_marked(self, batch: list[Message]) -> tuple[int, int]:
         """Exclusive step 2: one destination transaction installs the messages themselves, each
@@ -138,7 +138,7 @@ class Outbox:
                 t.clear(forward_marker(dkeys, self.origin, mid))
             return fit, len(items) + len([m for m in batch[:fit] if m.id in self._too_large])
 
-        return settled(self.dst_db, dkeys, body)
+        return run_once_confirmed(self.dst_db, dkeys, body)
 
     def _step_exclusive(self) -> int:
         batch = self._pending

@@ -132,7 +132,7 @@ class Worker(ExactlyOnce):
         # Lease mode acks in batches: a finished message waits up to settle_linger for others
         # (or for the next lease, in the same transaction); 0 acks each at once.
         self.settle_linger = check_duration("settle_linger", settle_linger)
-        self._settler = None
+        self._settler: Settler[Queue] | None = None
         # Handler calls past time_limit are abandoned (lease mode): see TimeLimit.
         self.time_limit = check_time_limit(time_limit)
         self._limiter: TimeLimit | None = None

@@ -49,7 +49,7 @@ class WorkerBase:
     run_schedules: bool
     time_limit: float | None
     backoff: Backoff
-    _settler: Settler | None
+    _settler: Settler[Queue] | None
     _exporter: Any  # metrics.Exporter while run() runs with a metrics_port
     _stop: threading.Event
     _lock: threading.Lock

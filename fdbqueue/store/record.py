@@ -232,6 +232,10 @@ class Record(NamedTuple):
         ) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
             raise CorruptMessageError(f"record does not decode: {exc}") from None
 
+    def expired(self, now: int) -> bool:
+        """Whether its TTL has passed at database time ``now`` (a version, as ``db_now``)."""
+        return self.expires_us is not None and self.expires_us <= now
+
     def with_(self, **changes: Any) -> Record:
         return self._replace(**changes)
 
