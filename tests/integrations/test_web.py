@@ -327,8 +327,7 @@ def test_the_web_command_serves_until_sigterm_and_says_why_it_cannot(tmp_path: P
 
 def test_a_damaged_record_is_shown_as_damaged_not_as_an_error(store: Database) -> None:
     from fdbqueue.store.layout import QueueKeys
-
-    from .test_corruption import damage
+    from tests.layer.test_corruption import damage
 
     q = Queue("jobs")
     good = q.enqueue(store, b"fine")
