@@ -2,7 +2,7 @@
 """What the queue would cost on FoundationDB, measured on the sim engine. One run prints both parts.
 
 1. Per operation (enqueue, dequeue, lease, lease_many(64), ack, staged dequeue, sweep), in
-   steady state on ``sim://`` through ``tests/keylog.py`` (a ``tests/counting.py``
+   steady state on ``sim://`` through ``scripts/txncost.py``'s LoggingDatabase (a
    CountingDatabase that also logs keys): transactions, sequential round trips (read
    version + reads + commit; a ``get_many`` is one), read round trips, bytes as
    FoundationDB counts them at commit (mutations + read and write conflict ranges), keys
@@ -18,10 +18,10 @@
    latency, so the wrapper does all three and the sim runs with ``delay=0``.
 
 Before/after: run this same file from a checkout of the other revision (it imports
-``fdbqueue`` and ``tests`` from the checkout it lives in; copy ``tests/keylog.py`` along)::
+``fdbqueue`` from the checkout it lives in; copy ``scripts/txncost.py`` along)::
 
     git worktree add --detach /tmp/base main
-    cp scripts/bench_fdb_model.py /tmp/base/scripts/; cp tests/keylog.py /tmp/base/tests/
+    cp scripts/bench_fdb_model.py scripts/txncost.py /tmp/base/scripts/
     .venv/bin/python /tmp/base/scripts/bench_fdb_model.py --markdown
     .venv/bin/python scripts/bench_fdb_model.py --markdown
 
@@ -45,13 +45,19 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import benchlib
+from txncost import (
+    CountingDatabase,
+    CountingTransaction,
+    KeyTraffic,
+    LoggingDatabase,
+    TxnCost,
+    _CountingReads,
+)
 
 import fdbqueue
 from fdbqueue import Queue
 from fdbqueue.engines.contract import run_transaction
 from fdbqueue.ops.contention import staged_dequeue
-from tests.counting import CountingDatabase, CountingTransaction, TxnCost, _CountingReads
-from tests.keylog import KeyTraffic, LoggingDatabase
 
 PAYLOAD = b"p" * 200
 

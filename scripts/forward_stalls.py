@@ -9,7 +9,7 @@ the stopped ones left (resumable), and the counts are printed::
 
     python scripts/forward_stalls.py --stops 30 --stop-seconds 1.5 --lease 1.0 --messages 3000
 
-Exit status 1 when a message was lost or doubled. tests/test_forwarding_stalls.py runs a short
+Exit status 1 when a message was lost or doubled. tests/runtime/test_forwarding_stalls.py runs a short
 version in CI.
 """
 

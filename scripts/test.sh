@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Install fdbqueue with its dev tools into ./.venv and run the whole test suite.
 # The fdb:// engine's tests run on a real cluster when one is reachable, otherwise through the
-# official bindings over the C-API double (tests/fdbdouble/); real-cluster-only tests then skip
-# with the reason.
+# official bindings over the C-API double (tests/support/fdbdouble/); real-cluster-only tests
+# then skip with the reason. The tiers: tests/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
