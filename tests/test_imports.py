@@ -181,7 +181,6 @@ KNOWN_CYCLES: set[tuple[str, ...]] = {
     ("api.queue", "ops.settling"),
     ("api.queue", "ops.settling", "ops.leasing"),
     ("engines.sim.database", "engines.sim.store"),
-    ("engines.sqlite.database", "engines.sqlite.transaction"),
     ("store.record", "types"),
 }
 
