@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import errno
 import mmap
+import operator
 import os
 import struct
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, cast
 
 PAGE = 4096
 
@@ -126,35 +129,58 @@ class SharedPage:
     """Typed access to the regions of a lock file's first page.
 
     ``buffer`` is the shared mapping, or the page's bytes as read from the file (reading only).
+    A plain read or write of a region is the region's ``struct`` function bound to it here
+    (it runs at every commit: no Python frame in between); the rest are methods.
     """
 
-    __slots__ = ("buffer",)
+    __slots__ = (
+        "buffer",
+        "clear_pending",
+        "clock",
+        "set_committed",
+        "set_on_disk",
+        "set_stamp",
+        "set_sync_mark",
+        "set_token",
+        "set_wal_record",
+        "stamp",
+        "sync_mark",
+        "token",
+        "wal_record",
+    )
 
     def __init__(self, buffer: Any) -> None:
         self.buffer = buffer
+        #: The version clock: (tag, last commit version, reservation, pending flag, base).
+        self.clock: Callable[[], ClockState] = partial(_CLOCK.unpack_from, buffer, CLOCK.offset)
+        #: The raised reservation is committed: the page's last version is trusted again.
+        self.clear_pending: Callable[[], None] = partial(operator.setitem, buffer, _PENDING, 0)
+        #: The clock's stamp: (its last reading handed out, the wall clock in µs then).
+        self.stamp: Callable[[], tuple[int, int]] = partial(_STAMP.unpack_from, buffer, STAMP.offset)
+        self.set_stamp: Callable[[int, int], None] = partial(_STAMP.pack_into, buffer, STAMP.offset)
+        #: The sync mark: (tag, the highest version on disk, the last version committed).
+        self.sync_mark: Callable[[], tuple[bytes, int, int]] = partial(_SYNC.unpack_from, buffer, SYNC.offset)
+        self.set_sync_mark: Callable[[bytes, int, int], None] = partial(_SYNC.pack_into, buffer, SYNC.offset)
+        self.set_on_disk: Callable[[int], None] = partial(_U64.pack_into, buffer, _ON_DISK)
+        self.set_committed: Callable[[int], None] = partial(_U64.pack_into, buffer, _COMMITTED)
+        #: The WAL record: (tag, frames, frames copied into the database file, salts).
+        self.wal_record: Callable[[], tuple[bytes, int, int, bytes]] = partial(
+            _RECORD.unpack_from, buffer, WAL_RECORD.offset
+        )
+        self.set_wal_record: Callable[[bytes, int, int, bytes], None] = partial(
+            _RECORD.pack_into, buffer, WAL_RECORD.offset
+        )
+        #: The watchers' token (8 bytes).
+        self.token = cast("Callable[[], bytes]", partial(operator.getitem, buffer, _TOKEN))
+        self.set_token: Callable[[bytes], None] = partial(operator.setitem, buffer, _TOKEN)
 
     # -- the version clock -------------------------------------------------------------------
-
-    def clock(self) -> ClockState:
-        """(tag, last commit version, reservation, pending flag, base)."""
-        return _CLOCK.unpack_from(self.buffer)
 
     def set_clock(self, tag: bytes, last: int, reserved: int, pending: int, base: int, wall: int) -> None:
         """The version clock, and its stamp: ``last`` read at ``wall`` on this process's wall clock."""
         buf = self.buffer
         _CLOCK.pack_into(buf, 0, tag, last, reserved, pending, base)
         _STAMP.pack_into(buf, STAMP.offset, last, wall)
-
-    def clear_pending(self) -> None:
-        """The raised reservation is committed: the page's last version is trusted again."""
-        self.buffer[_PENDING] = 0
-
-    def stamp(self) -> tuple[int, int]:
-        """(the version clock's last reading, the wall clock in µs then)."""
-        return _STAMP.unpack_from(self.buffer, STAMP.offset)
-
-    def set_stamp(self, reading: int, wall: int) -> None:
-        _STAMP.pack_into(self.buffer, STAMP.offset, reading, wall)
 
     # -- the lease ---------------------------------------------------------------------------
 
@@ -176,38 +202,6 @@ class SharedPage:
 
     def set_slot(self, gen: int, since: int, pid: int, claims: int) -> None:
         _SLOT.pack_into(self.buffer, _SLOTS[gen & 1], gen, since, pid, claims)
-
-    # -- the sync mark -----------------------------------------------------------------------
-
-    def sync_mark(self) -> tuple[bytes, int, int]:
-        """(tag, the highest version on disk, the last version committed)."""
-        return _SYNC.unpack_from(self.buffer, SYNC.offset)
-
-    def set_sync_mark(self, tag: bytes, on_disk: int, committed: int) -> None:
-        _SYNC.pack_into(self.buffer, SYNC.offset, tag, on_disk, committed)
-
-    def set_on_disk(self, version: int) -> None:
-        _U64.pack_into(self.buffer, _ON_DISK, version)
-
-    def set_committed(self, version: int) -> None:
-        _U64.pack_into(self.buffer, _COMMITTED, version)
-
-    # -- the WAL record ----------------------------------------------------------------------
-
-    def wal_record(self) -> tuple[bytes, int, int, bytes]:
-        """(tag, frames, frames copied into the database file, salts)."""
-        return _RECORD.unpack_from(self.buffer, WAL_RECORD.offset)
-
-    def set_wal_record(self, tag: bytes, frames: int, backfilled: int, salts: bytes) -> None:
-        _RECORD.pack_into(self.buffer, WAL_RECORD.offset, tag, frames, backfilled, salts)
-
-    # -- the watchers' token -----------------------------------------------------------------
-
-    def token(self) -> bytes:
-        return self.buffer[_TOKEN]  # type: ignore[no-any-return]
-
-    def set_token(self, token: bytes) -> None:
-        self.buffer[_TOKEN] = token
 
 
 def read_page(path: str, size: int = PAGE) -> SharedPage | None:

@@ -131,7 +131,8 @@ def _byte_lock(fd: int, at: int, kind: int, wait: bool) -> bool:
     """An OFD lock of one byte; False when it is held elsewhere (``wait`` False)."""
     cmd = fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK
     try:
-        fcntl.fcntl(fd, cmd, byte_request(kind, at))
+        # byte_request's struct, packed here: this runs four times a commit.
+        fcntl.fcntl(fd, cmd, FLOCK.pack(kind, os.SEEK_SET, at, 1, 0))
     except (BlockingIOError, PermissionError):  # EAGAIN / EACCES: held by another description
         return False
     return True
@@ -303,7 +304,7 @@ class StoreLock:
         (opening, recovery: it does not pin) claims under the mutex.
         """
         if stealable:
-            self._write(gen, _now_us())
+            self._write(gen, time.monotonic_ns() // 1000)  # _now_us(), on every acquire
             current = self._page.generation()
         else:
             with self._locked_page():
@@ -361,11 +362,14 @@ class StoreLock:
         gen = self._gen
         if gen is None:
             return False
-        with self._locked_page():
-            page = self._page
+        fd, page = self._fd, self._page
+        _byte_lock(fd, MUTEX_BYTE, fcntl.F_WRLCK, True)  # the page mutex (as _PageMutex: once a commit)
+        try:
             if page.generation() != gen:
                 return False
             page.set_slot(gen, _PINNED, _pid, page.slot(gen)[3])
+        finally:
+            _byte_lock(fd, MUTEX_BYTE, fcntl.F_UNLCK, False)
         return True
 
     def release(self) -> None:
