@@ -176,22 +176,26 @@ class SqliteDatabase(LocalDatabase):
             store = ReadOnlyStore(self._real, path, lock_timeout, why)
             store.clock = ReadOnlyClock(store)
             self._store = store
+            self._room_check: Callable[[], None] = _no_check  # a read-only store refuses the write itself
         else:
-            room = _diskroom.DiskRoom(folder, path, reserve)
-            writable = WritableStore(self._real, path, lock_timeout, sync, room)
+            writable = WritableStore(self._real, path, lock_timeout, sync)
             writable.clock = VersionClock(writable)
             self._store = writable
+            # The free-space reserve: producers turned away while the disk is nearly full.
+            self._room_check = _diskroom.DiskRoom(folder, path, reserve).check
         #: True when this handle only reads: opened with ``mode=ro``, or its file or folder
         #: cannot be written (a read-only mount, no permission).
         self.read_only = self._store.read_only
 
     def producer_room(self) -> None:
         """Raise StoreFullError while the disk is below the reserve (the engine contract's hook)."""
-        self._store.producer_room()
+        self._room_check()
 
     def create_transaction(self) -> SqliteTransaction:
-        self._store.usable()
-        return SqliteTransaction(self, self._store)
+        store = self._store
+        if store.closed or store.broken is not None:
+            store.usable()  # raises
+        return SqliteTransaction(self, store)
 
     def _arm_watches(self, watches: list[EventWatch]) -> None:
         self._store.arm_watches(watches)
@@ -199,6 +203,10 @@ class SqliteDatabase(LocalDatabase):
     def close(self) -> None:
         """Close the connection; the last Database of this process on the file stops its watches."""
         self._store.close()
+
+
+def _no_check() -> None:
+    pass
 
 
 class ReadOnlyClock:

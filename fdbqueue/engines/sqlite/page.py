@@ -137,12 +137,15 @@ class SharedPage:
         "buffer",
         "clear_pending",
         "clock",
+        "generation",
         "set_committed",
         "set_on_disk",
+        "set_slot",
         "set_stamp",
         "set_sync_mark",
         "set_token",
         "set_wal_record",
+        "slot",
         "stamp",
         "sync_mark",
         "token",
@@ -170,6 +173,16 @@ class SharedPage:
         self.set_wal_record: Callable[[bytes, int, int, bytes], None] = partial(
             _RECORD.pack_into, buffer, WAL_RECORD.offset
         )
+        #: The lease's generation, as a 1-tuple.
+        self.generation: Callable[[], tuple[int]] = partial(_GEN.unpack_from, buffer, LEASE.offset)
+        #: The lease's slots, indexed by a generation's parity: ``slot[gen & 1]()`` is
+        #: (generation, since, pid, claims); ``set_slot[gen & 1](gen, since, pid, claims)``.
+        self.slot: tuple[Callable[[], Slot], ...] = tuple(
+            partial(_SLOT.unpack_from, buffer, at) for at in _SLOTS
+        )
+        self.set_slot: tuple[Callable[[int, int, int, int], None], ...] = tuple(
+            partial(_SLOT.pack_into, buffer, at) for at in _SLOTS
+        )
         #: The watchers' token (8 bytes).
         self.token = cast("Callable[[], bytes]", partial(operator.getitem, buffer, _TOKEN))
         self.set_token: Callable[[bytes], None] = partial(operator.setitem, buffer, _TOKEN)
@@ -184,9 +197,6 @@ class SharedPage:
 
     # -- the lease ---------------------------------------------------------------------------
 
-    def generation(self) -> int:
-        return int(_GEN.unpack_from(self.buffer, LEASE.offset)[0])
-
     def set_generation(self, gen: int) -> None:
         _GEN.pack_into(self.buffer, LEASE.offset, gen)
 
@@ -195,13 +205,6 @@ class SharedPage:
         buf = self.buffer
         gen = _GEN.unpack_from(buf, LEASE.offset)[0]
         return (gen, *_SLOT.unpack_from(buf, _SLOTS[gen & 1]))
-
-    def slot(self, gen: int) -> Slot:
-        """The slot of generation ``gen`` (its parity's): (generation, since, pid, claims)."""
-        return _SLOT.unpack_from(self.buffer, _SLOTS[gen & 1])
-
-    def set_slot(self, gen: int, since: int, pid: int, claims: int) -> None:
-        _SLOT.pack_into(self.buffer, _SLOTS[gen & 1], gen, since, pid, claims)
 
 
 def read_page(path: str, size: int = PAGE) -> SharedPage | None:

@@ -23,7 +23,6 @@ from fdbqueue.engines.local.transaction import EventWatch
 from fdbqueue.engines.sqlite import files as _files
 from fdbqueue.engines.sqlite import shared as _shared
 from fdbqueue.engines.sqlite import walcheck as _walcheck
-from fdbqueue.engines.sqlite.diskroom import DiskRoom
 from fdbqueue.engines.sqlite.notify import WatchHub
 from fdbqueue.engines.sqlite.page import BOOT_ID, SharedPage, clock_tag
 from fdbqueue.engines.sqlite.walsync import WalSync
@@ -151,9 +150,6 @@ class Store(ABC):
     @abstractmethod
     def arm_watches(self, watches: list[EventWatch]) -> None: ...
 
-    def producer_room(self) -> None:  # noqa: B027 - a read-only store refuses the write itself
-        """Raise StoreFullError while producers must be turned away (:mod:`.diskroom`)."""
-
     @abstractmethod
     def close(self) -> None: ...
 
@@ -161,13 +157,12 @@ class Store(ABC):
 class WritableStore(Store):
     """A store this process may write: the store lock, the lock file's page, the guards."""
 
-    def __init__(self, real: str, path: str, lock_timeout: float, sync: str, room: DiskRoom) -> None:
+    def __init__(self, real: str, path: str, lock_timeout: float, sync: str) -> None:
         super().__init__(real, path, lock_timeout)
         # sync=full: SQLite runs at synchronous=NORMAL and each commit fsyncs the WAL itself,
         # after releasing the store lock (see walsync).
         self.wal = WalSync(real, path) if sync == "full" else None
         self.syncs = self.wal is not None
-        self.room = room
         self.generation = _shared.fork_generation
         self.shared: _shared.SharedStore
         self.hub: WatchHub
@@ -405,9 +400,6 @@ class WritableStore(Store):
             # The transaction has committed: report the failure on the watches, not here.
             for w in watches:
                 w.fail(4100, f"cannot watch {self.path}: {exc}")
-
-    def producer_room(self) -> None:
-        self.room.check()
 
     def close(self) -> None:
         if self.closed:

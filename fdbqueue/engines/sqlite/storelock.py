@@ -242,7 +242,7 @@ class StoreLock:
     def _write(self, gen: int, since: int) -> None:
         """Record a claim of ``gen`` in its slot (a new claim: the claims counter moves on)."""
         page = self._page
-        page.set_slot(gen, since, _pid, (page.slot(gen)[3] + 1) & 0xFFFFFFFF)
+        page.set_slot[gen & 1](gen, since, _pid, (page.slot[gen & 1]()[3] + 1) & 0xFFFFFFFF)
 
     def _locked_page(self) -> _PageMutex:
         return _PageMutex(self._fd)
@@ -305,10 +305,10 @@ class StoreLock:
         """
         if stealable:
             self._write(gen, time.monotonic_ns() // 1000)  # _now_us(), on every acquire
-            current = self._page.generation()
+            current = self._page.generation()[0]
         else:
             with self._locked_page():
-                current = self._page.generation()
+                current = self._page.generation()[0]
                 if current == gen:
                     self._write(gen, _PINNED)
         if current == gen:
@@ -365,9 +365,9 @@ class StoreLock:
         fd, page = self._fd, self._page
         _byte_lock(fd, MUTEX_BYTE, fcntl.F_WRLCK, True)  # the page mutex (as _PageMutex: once a commit)
         try:
-            if page.generation() != gen:
+            if page.generation()[0] != gen:
                 return False
-            page.set_slot(gen, _PINNED, _pid, page.slot(gen)[3])
+            page.set_slot[gen & 1](gen, _PINNED, _pid, page.slot[gen & 1]()[3])
         finally:
             _byte_lock(fd, MUTEX_BYTE, fcntl.F_UNLCK, False)
         return True
@@ -382,9 +382,9 @@ class StoreLock:
         # The slot only, without the mutex: a takeover writes the next generation's slot and
         # the generation, never this slot, so nothing here can undo one.
         page = self._page
-        claimed, _, pid, claims = page.slot(gen)
+        claimed, _, pid, claims = page.slot[gen & 1]()
         if claimed == gen and pid == _pid:
-            page.set_slot(gen, 0, _pid, claims)
+            page.set_slot[gen & 1](gen, 0, _pid, claims)
         _byte_lock(self._fd, LEASE_BYTES + gen, fcntl.F_UNLCK, False)
 
     def close(self) -> None:
