@@ -98,10 +98,10 @@ from fdbqueue.engines.local.transaction import EventWatch, LocalDatabase
 from fdbqueue.engines.sqlite import diskroom as _diskroom
 from fdbqueue.engines.sqlite import files as _files
 from fdbqueue.engines.sqlite import shared as _shared
-from fdbqueue.engines.sqlite.page import CLOCK, read_page
+from fdbqueue.engines.sqlite.page import CLOCK, PENDING, read_page
 from fdbqueue.engines.sqlite.readonly import ReadOnlyStore
 from fdbqueue.engines.sqlite.store import Store, WritableStore
-from fdbqueue.engines.sqlite.transaction import _PENDING, SqliteTransaction, VersionClock
+from fdbqueue.engines.sqlite.transaction import SqliteTransaction, VersionClock
 from fdbqueue.engines.url import ParsedURL, take_params
 from fdbqueue.errors import (
     InvalidURLError,
@@ -230,7 +230,7 @@ class ReadOnlyClock:
         page = read_page(store.real + "-lock", CLOCK.size)
         if store.clock_tag is not None and page is not None:
             found, last, _, pending, base = page.clock()
-            if found == store.clock_tag and pending != _PENDING and base + mono + VERSIONS_PER_SECOND >= last:
+            if found == store.clock_tag and pending != PENDING and base + mono + VERSIONS_PER_SECOND >= last:
                 now = max(last, base + mono - 1)
         if now is None:
             if self._base is None:

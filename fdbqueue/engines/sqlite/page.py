@@ -99,6 +99,8 @@ WAL_RECORD = Region(
 )
 
 REGIONS = (CLOCK, TOKEN, SYNC, STAMP, LEASE, *LEASE_SLOTS, WAL_RECORD)
+#: The version clock's ``pending`` flag: a raised reservation is not committed yet.
+PENDING = 1
 
 #: Bytes past the page, locked, never written: a process's presence while it has the store
 #: open (a shared lock: :mod:`.walcheck`), the page mutex of the lease, and the lease's bytes
@@ -109,7 +111,7 @@ LEASE_BYTES = 4 * PAGE
 
 # The layouts, made once (the accessors below run on every commit).
 _CLOCK = CLOCK.layout
-_PENDING = CLOCK.at("pending")
+_PENDING_AT = CLOCK.at("pending")
 _TOKEN = slice(TOKEN.offset, TOKEN.end)
 _SYNC = SYNC.layout
 _ON_DISK = SYNC.at("on_disk")
@@ -157,7 +159,7 @@ class SharedPage:
         #: The version clock: (tag, last commit version, reservation, pending flag, base).
         self.clock: Callable[[], ClockState] = partial(_CLOCK.unpack_from, buffer, CLOCK.offset)
         #: The raised reservation is committed: the page's last version is trusted again.
-        self.clear_pending: Callable[[], None] = partial(operator.setitem, buffer, _PENDING, 0)
+        self.clear_pending: Callable[[], None] = partial(operator.setitem, buffer, _PENDING_AT, 0)
         #: The clock's stamp: (its last reading handed out, the wall clock in µs then).
         self.stamp: Callable[[], tuple[int, int]] = partial(_STAMP.unpack_from, buffer, STAMP.offset)
         self.set_stamp: Callable[[int, int], None] = partial(_STAMP.pack_into, buffer, STAMP.offset)

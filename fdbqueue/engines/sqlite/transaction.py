@@ -27,7 +27,7 @@ from fdbqueue.engines.contract import (
 from fdbqueue.engines.local.transaction import LocalDatabase, LocalTransaction
 from fdbqueue.engines.local.writemap import WriteMap
 from fdbqueue.engines.sqlite.files import translate
-from fdbqueue.engines.sqlite.page import SharedPage
+from fdbqueue.engines.sqlite.page import PENDING, SharedPage
 from fdbqueue.engines.sqlite.store import Store, WritableStore
 from fdbqueue.errors import (
     EngineError,
@@ -65,7 +65,6 @@ _BEFORE = (
 _VERSION = "SELECT value FROM meta WHERE name = 'version'"
 _SET_VERSION = "UPDATE meta SET value = ? WHERE name = 'version'"
 
-_PENDING = 1  # the version clock's flag: a raised reservation is not committed yet
 _RESERVE_US = 1_000_000  # one meta write per second of versions
 # How far a process's clock may run ahead of the stamp's reading plus the wall-clock time
 # since, before its monotonic clock is taken for offset: 1 s, plus 0.1 % of that time (NTP
@@ -148,7 +147,7 @@ class VersionClock:
         found, last, meta, pending, base = page.clock()
         mono = monotonic_us()
         trusted = found == tag
-        if not trusted or pending == _PENDING:
+        if not trusted or pending == PENDING:
             last = meta = reserved()
         shared = store.shared
         own = shared.clock_base
@@ -180,7 +179,7 @@ class VersionClock:
             conn.execute(_SET_VERSION, (meta,))
         if tag is not None:
             # Pending only while a raised reservation is not committed yet.
-            self._store.page.set_clock(tag, version, meta, _PENDING if bumped else 0, base, wall_us())
+            self._store.page.set_clock(tag, version, meta, PENDING if bumped else 0, base, wall_us())
         return version, bumped
 
 
