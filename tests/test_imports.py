@@ -180,7 +180,6 @@ KNOWN_CYCLES: set[tuple[str, ...]] = {
     ("api.queue", "ops.leasing"),
     ("api.queue", "ops.settling"),
     ("api.queue", "ops.settling", "ops.leasing"),
-    ("engines.sqlite.database", "engines.sqlite.transaction"),
     ("store.record", "types"),
 }
 
