@@ -86,5 +86,6 @@ def test_each_step_enters_each_module_once_and_goes_down_the_layers() -> None:
                 if LAYERS.get(callee, 0) > LAYERS.get(caller, 0):
                     problems.append(f"{name}: {caller} (layer {LAYERS[caller]}) calls up into {callee}")
     assert not problems, "\n".join(sorted(set(problems)))
-    assert {"api.queue", "ops.delivery", "ops.moves", "ops.journaling"} <= modules  # the walk did go through them
+    # The walk did go through them.
+    assert {"api.queue", "ops.delivery", "ops.moves", "ops.journaling"} <= modules
     assert [e.op for e in fdbqueue.history(db, held[0].id)] == ["enqueue", "lease", "dead"]
