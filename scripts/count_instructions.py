@@ -81,7 +81,7 @@ def _setup(op: str, folder: str, stock: int) -> tuple[Callable[[], object], list
     for _ in range(3):  # settings cached, pages warm
         q.enqueue(db, PAYLOAD)
         q.dequeue(db)
-    conns = [db._conn]  # type: ignore[attr-defined]
+    conns = [db._store.conn]  # type: ignore[attr-defined]
     if op == "enqueue":
         return (lambda: q.enqueue(db, PAYLOAD)), conns
     if op == "dequeue":

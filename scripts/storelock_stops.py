@@ -35,6 +35,7 @@ from pathlib import Path
 
 import fdbqueue
 from fdbqueue.engines.sqlite import storelock as _storelock
+from fdbqueue.engines.sqlite.page import read_page
 
 COUNTER = b"counter"
 SLOW = 0.5  # transactions longer than this are written down, with their times
@@ -78,10 +79,10 @@ class Result:
 
 def _page_holder(path: str) -> tuple[int, int]:
     """(pid of the lock's slot holder, its start) as the lock file's page says."""
-    with open(path + "-lock", "rb") as f:
-        page = f.read(4096)
-    gen = _storelock._GEN.unpack_from(page, _storelock.LEASE_AT)[0]
-    claimed, since, pid, _ = _storelock._SLOT.unpack_from(page, _storelock._slot_at(gen))
+    page = read_page(path + "-lock")
+    if page is None:
+        return (0, 0)
+    gen, claimed, since, pid, _ = page.lease()
     return (pid, since) if claimed == gen else (0, 0)
 
 

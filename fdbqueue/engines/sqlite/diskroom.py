@@ -27,7 +27,7 @@ from fdbqueue.errors import InvalidURLError, StoreFullError
 MB = 1024 * 1024
 
 # The default reserve. What a drain needs: the WAL's working size (at sync=full it is
-# zero-filled to _walsync.WAL_FRAMES frames of 4 KB, about 4.5 MB; at sync=normal it grows to
+# zero-filled to walsync.WAL_FRAMES frames of 4 KB, about 4.5 MB; at sync=normal it grows to
 # about that before SQLite's automatic checkpoint runs, at 1000 pages of 4 KB:
 # https://www.sqlite.org/pragma.html#pragma_wal_autocheckpoint), plus room in the database
 # file for the pages a checkpoint copies there (at most the WAL's 1000 pages, ~4 MB), plus

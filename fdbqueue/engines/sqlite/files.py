@@ -1,11 +1,12 @@
-"""The files of an embedded store: whether a file is a store, whether it can be written, and
-whether the files of an open store are still the ones it opened.
+"""The files of an embedded store: whether a file is a store (its format), whether it can be
+written, whether the files of an open store are still the ones it opened (the commit's first
+guard), and what a SQLite error means for them.
 
 A store ``X.db`` is ``X.db`` and ``X.db-lock``, plus SQLite's ``X.db-wal`` and ``X.db-shm``
 while a process has it open (docs/architecture.md). A connection keeps using the files it
 opened, whatever their paths name later; so the engine records each file's identity at open
 and checks it at every commit (:class:`FileIdentities`), and explains what SQLite reports
-when a WAL was removed under another process (:func:`wal_lost`).
+when a WAL was removed under another process (:func:`wal_lost`, :func:`translate`).
 """
 
 from __future__ import annotations
@@ -14,10 +15,21 @@ import os
 import sqlite3
 import struct
 import time
+from typing import Any
 from urllib.parse import quote
 
-from fdbqueue.errors import StoreError
+from fdbqueue.engines.local.watches import park_at_exit
+from fdbqueue.engines.sqlite.page import CLOCK, read_page
+from fdbqueue.engines.sqlite.storelock import sqlite_holder
+from fdbqueue.errors import QueueError, StoreError, StoreLockedError, UnsupportedFormatError
 
+FORMAT = "fdbqueue-sqlite"
+FORMAT_VERSION = "1.0"
+MAJOR = 1
+SCHEMA = (
+    "CREATE TABLE kv (k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE meta (name TEXT PRIMARY KEY, value)",
+)
 SQLITE_MAGIC = b"SQLite format 3\0"  # the first 16 bytes of every SQLite database file
 TABLES = "SELECT name FROM sqlite_master WHERE type = 'table'"
 # A folder unchanged for this long has time stamps that any later change moves (the file
@@ -79,14 +91,10 @@ def refuse_foreign(real: str, path: str) -> None:
 
 
 def _lock_names_a_store(lock: str) -> bool:
-    """Whether the lock file's page names a store: the version clock at its start is tagged
-    with the boot id and the store id once the store has committed (``_CLOCK`` in transaction.py)."""
-    try:
-        with open(lock, "rb") as f:
-            tag = f.read(32)
-    except OSError:
-        return False
-    return len(tag) == 32 and tag[16:] != bytes(16)
+    """Whether the lock file's page names a store: the version clock is tagged with the boot
+    id and the store id once the store has committed (:data:`.page.CLOCK`)."""
+    page = read_page(lock, CLOCK.at("last"))
+    return page is not None and page.buffer[16 : CLOCK.at("last")] != bytes(16)
 
 
 def why_read_only(real: str, path: str) -> str:
@@ -196,3 +204,66 @@ class FileIdentities:
         quiet = folder is not None and time.time_ns() - max(folder[1:]) > QUIET_NS
         self._folder_seen = folder if quiet and not changed else None
         return changed
+
+
+def read_format(conn: sqlite3.Connection, path: str) -> bytes | None:
+    """The store's id for a valid store, None for an empty file; raises for anything else."""
+    tables = {row[0] for row in conn.execute(TABLES)}
+    if not tables:
+        return None
+    meta: dict[str, Any] = {}
+    if {"kv", "meta"} <= tables:
+        try:
+            meta = dict(conn.execute("SELECT name, value FROM meta"))
+        except sqlite3.OperationalError as exc:
+            if "no such column" not in str(exc):
+                raise  # e.g. a disk I/O error: the store may be ours, say what happened
+            meta = {}  # a foreign table named meta
+    if meta.get("format") != FORMAT:
+        raise foreign(path, tables)
+    found = str(meta.get("format_version", ""))
+    major = found.partition(".")[0]
+    store_id = meta.get("store_id")
+    if not major.isdigit() or "version" not in meta or not isinstance(store_id, bytes):
+        raise StoreError(f"{path}: damaged fdbqueue store meta table (format_version {found!r})")
+    if int(major) > MAJOR:
+        raise UnsupportedFormatError(
+            f"{path} has store format {found}, newer than this fdbqueue reads "
+            f"({MAJOR}.x): upgrade fdbqueue to open it"
+        )
+    return store_id
+
+
+def translate(exc: sqlite3.Error, path: str, real: str | None = None) -> QueueError:
+    """A SQLite error as the QueueError a caller can act on (``real``: the store's real path)."""
+    text = str(exc)
+    low = text.lower()
+    if "closed database" in low:
+        park_at_exit()  # its connection closed at interpreter exit under a daemon thread
+    if real is not None and any(w in low for w in ("disk i/o", "not a database", "malformed")):
+        lost = wal_lost(real)
+        if lost is not None:
+            return StoreError(f"{path}: {lost} ({text})")
+    if "locked" in low or "busy" in low:
+        # SQLite's busy timeout (lock_timeout) ran out: a lock of SQLite's own, not the store
+        # lock, so the page cannot say who holds it, but the kernel can (storelock).
+        who = sqlite_holder(real or os.path.realpath(path))
+        return StoreLockedError(
+            f"{path} stayed locked by another SQLite connection ({text}): {who}. Resume it "
+            "(kill -CONT) or end it, or raise lock_timeout"
+        )
+    if "full" in low:
+        # SQLITE_FULL: SQLite rolled the statement or transaction back; what committed
+        # before stays (https://www.sqlite.org/rescode.html#full). docs/architecture.md,
+        # "Full disk", says what still works.
+        folder = os.path.dirname(real or os.path.realpath(path))
+        return StoreError(
+            f"{path}: no space left on the device holding {folder} ({text}): the transaction was "
+            "not committed, and nothing committed before is lost. Free some space there: until "
+            "then writes may fail, a consumer's too (SQLite logs every change before it frees a page)"
+        )
+    if "disk i/o" in low:
+        return StoreError(f"{path}: disk I/O error ({text})")
+    if "not a database" in low or "malformed" in low or "corrupt" in low:
+        return NotAStore(f"{path} is not an fdbqueue store: not a SQLite database, or corrupt ({text})")
+    return StoreError(f"{path}: SQLite error: {text}")

@@ -8,8 +8,8 @@ more keys than fit in about 4 KB). The receiving thread re-reads only the watche
 whose hash arrived and fires the watches whose value now differs from what their
 transaction saw. Watches of the committing process itself are checked directly.
 
-A process that binds or closes its socket writes a fresh random token into a shared page
-(the store's lock file, mapped by every process). Committers cache the directory listing
+A process that binds or closes its socket writes a fresh random token into the lock file's
+shared page (:data:`.page.TOKEN`, mapped by every process). Committers cache the directory listing
 under that token, so a commit with no new watcher costs one memory read, no system call.
 Sockets that refuse a datagram belong to dead processes and are removed by whoever meets
 them. The folder exists while some process watches: each closing hub removes it once empty.
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import mmap
 import os
 import secrets
 import select
@@ -41,6 +40,7 @@ import threading
 from collections.abc import Callable
 
 from fdbqueue.engines.local.watches import EventWatch
+from fdbqueue.engines.sqlite.page import SharedPage
 
 Reader = Callable[[list[bytes]], dict[bytes, bytes | None]]
 
@@ -72,16 +72,14 @@ class WatchHub:
         self,
         directory: str,
         read: Reader,
-        shared: mmap.mmap,
-        token_at: int,
+        page: SharedPage,
         lock: tuple[str, tuple[int, int]] | None = None,
     ) -> None:
         self._dir = directory
         self._lock_file = lock  # the lock file's path and (device, inode), checked when idle
         self._ident: tuple[int, int] | None = None  # our socket file's (device, inode)
         self._read = read
-        self._shared = shared
-        self._token = slice(token_at, token_at + 8)
+        self._page = page
         self._lock = threading.Lock()
         self._watches: dict[bytes, set[EventWatch]] = {}
         self._by_hash: dict[bytes, set[bytes]] = {}
@@ -176,7 +174,7 @@ class WatchHub:
             sock, path, ident = self._bind()
             self._sock, self._path, self._ident = sock, path, ident
             # After the bind: a committer that reads the new token lists the new socket.
-            self._shared[self._token] = secrets.token_bytes(8)
+            self._page.set_token(secrets.token_bytes(8))
             self._thread = threading.Thread(
                 target=self._run, args=(sock,), name="fdbqueue-watch", daemon=True
             )
@@ -213,7 +211,7 @@ class WatchHub:
                 return None
             old_path = self._path
             self._sock, self._path, self._ident = new, path, ident
-        self._shared[self._token] = secrets.token_bytes(8)  # committers list the folder again
+        self._page.set_token(secrets.token_bytes(8))  # committers list the folder again
         sock.close()
         with contextlib.suppress(OSError):
             os.unlink(old_path + ".overflow")
@@ -307,7 +305,7 @@ class WatchHub:
                 pass  # e.g. another user's socket we may not write to: it cannot be woken by us
 
     def _targets(self) -> tuple[str, ...]:
-        token = self._shared[self._token]
+        token = self._page.token()
         cached, listing = self._cache
         if token == cached:
             return listing
@@ -358,7 +356,7 @@ class WatchHub:
             thread.join(2.0)
             sock.close()
             self._forget(path)
-            self._shared[self._token] = secrets.token_bytes(8)
+            self._page.set_token(secrets.token_bytes(8))
         # The last watcher leaves no folder behind (so ``rm -f X.db*`` works); rmdir fails
         # while another process's socket is still in it, and a process binding at the same
         # moment makes the folder again (see _listen).

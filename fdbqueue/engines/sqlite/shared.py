@@ -1,8 +1,8 @@
 """What one process shares for one store file, whichever Database objects point at it.
 
-The store lock (a thread lock, then the lease on ``<db>-lock``, :mod:`.storelock`), the lock file's first
-page mapped shared by every process (the version clock and the watchers' token live
-there), and the watch hub with its read connection. Handles on the same file share one
+The store lock (a thread lock, then the lease on ``<db>-lock``: :mod:`.storelock`), the lock
+file's first page mapped shared by every process (:mod:`.page`), and the watch hub with its
+read connection. Handles on the same file share one
 :class:`SharedStore`, found by the lock file's (device, inode); after ``fork()`` the
 child starts a registry of its own, so that it never uses the parent's descriptors.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno
-import mmap
 import os
 import sqlite3
 import threading
@@ -22,43 +21,11 @@ from typing import Any
 
 from fdbqueue.engines.local import watches
 from fdbqueue.engines.sqlite.notify import WatchHub, notify_dir_for
+from fdbqueue.engines.sqlite.page import allocate_page, map_page
 from fdbqueue.engines.sqlite.storelock import StoreLock
 from fdbqueue.errors import NestedTransactionError, StoreError, StoreLockedError
 
-PAGE = 4096
-TOKEN_AT = 64  # the watchers' token; the version clock is at 0 (transaction.py)
-SYNCED_AT = 128  # the last version committed and the last one on disk (walsync.py)
-STAMP_AT = 176  # the version clock's last reading and the wall clock then (transaction.py)
-_READ = "SELECT v FROM kv WHERE k = ?"  # the kv table of database.py
-
-
-def allocate_page(fd: int) -> None:
-    """Give the lock file's first page real blocks on disk before anyone maps it.
-
-    A page of a shared file mapping with no block behind it (a hole, as ``ftruncate``
-    leaves) is allocated at the first store into it; on a full file system that store is
-    SIGBUS, which kills the process, and every later one that opens the store
-    (mmap(2), "SIGBUS"; SQLite writes into each new page of its own ``-shm`` for the same
-    reason: ``unixShmMap`` in ``src/os_unix.c``). ``posix_fallocate`` allocates without
-    changing a byte (glibc emulates it where the file system lacks ``fallocate``: one
-    zero written into each block that reads as zero); where Python lacks it, each block of
-    the page that is not allocated yet is written with the bytes it holds. Raises OSError
-    (ENOSPC on a full disk).
-    """
-    if os.fstat(fd).st_size < PAGE:
-        os.ftruncate(fd, PAGE)  # extends with zeros; never shortens what others wrote
-    fallocate = getattr(os, "posix_fallocate", None)
-    if fallocate is not None:
-        try:
-            fallocate(fd, 0, PAGE)
-            return
-        except OSError as exc:
-            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-                raise
-    if os.fstat(fd).st_blocks * 512 >= PAGE:
-        return  # already backed by disk blocks
-    os.pwrite(fd, os.pread(fd, PAGE, 0).ljust(PAGE, b"\0"), 0)
-    os.fsync(fd)
+_READ = "SELECT v FROM kv WHERE k = ?"  # the kv table (files.SCHEMA)
 
 
 class SharedStore:
@@ -66,20 +33,18 @@ class SharedStore:
         self.real = real
         self.ident = ident
         self.fd = fd
-        self.shared = mmap.mmap(fd, PAGE)
+        self._mapped, self.page = map_page(fd)  # the lock file's page (SharedPage)
         self.refs = 0
         self.mutex = threading.Lock()
         self.owner: int | None = None  # the thread holding the store lock
         # This process's base of the version clock (version = base + its CLOCK_MONOTONIC):
         # calibrated against the store at first use, so that a monotonic clock offset in
-        # this process moves no one's database time (transaction.SqliteTransaction._clock).
+        # this process moves no one's database time (transaction.VersionClock).
         self.clock_base: int | None = None
-        self._lock = StoreLock(fd, self.shared)
+        self._lock = StoreLock(fd, self.page)
         self._reader: sqlite3.Connection | None = None
         self._reader_lock = threading.Lock()
-        self.hub = WatchHub(
-            notify_dir_for(real), self._read_values, self.shared, TOKEN_AT, (real + "-lock", ident)
-        )
+        self.hub = WatchHub(notify_dir_for(real), self._read_values, self.page, (real + "-lock", ident))
 
     def acquire(self, timeout: float, path: str, stealable: bool = False) -> None:
         """Take the store lock: this process's threads one at a time, then the processes'.
@@ -142,7 +107,7 @@ class SharedStore:
 
     def close(self) -> None:
         self.hub.close()
-        self.shared.close()
+        self._mapped.close()
         with self._reader_lock:
             if self._reader is not None:
                 self._reader.close()
@@ -214,12 +179,12 @@ def detach(store: SharedStore) -> None:
     store.close()
 
 
-# This process's open handles (SqliteDatabase), closed at interpreter exit: see _at_exit.
+# This process's open stores (store.WritableStore), closed at interpreter exit: see _at_exit.
 _handles: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def close_at_exit(handle: Any) -> None:
-    """Have ``handle`` (with ``close()`` and ``_store``) closed at interpreter exit if still open."""
+    """Have ``handle`` (with ``close()`` and ``shared``) closed at interpreter exit if still open."""
     _handles.add(handle)
 
 
@@ -244,7 +209,7 @@ def _at_exit() -> None:
     """
     watches.EXITING.set()  # a daemon thread still waiting on a store stays where it is
     for handle in list(_handles):
-        store = getattr(handle, "_store", None)
+        store = getattr(handle, "shared", None)
         if store is None or store.owner is not None:
             continue
         with contextlib.suppress(Exception):  # never fail the interpreter's exit

@@ -7,10 +7,11 @@ writer of the store for as long as it is stopped. FoundationDB bounds every tran
 transactions"); here the bound is enforced on the lock itself:
 
 - The lock is an open-file-description lock (``F_OFD_SETLK``, Linux; fcntl(2), "Open file
-  description locks") on one byte of ``<db>-lock``: byte ``BASE + generation``. The current
-  generation lives in the lock file's shared page at :data:`LEASE_AT`, followed by two
-  slots (even and odd generations), each holding the generation it was claimed for, the
-  holder's start, its pid and a claims counter that every claim moves on.
+  description locks") on one byte of ``<db>-lock``: byte ``page.LEASE_BYTES + generation``.
+  The current generation lives in the lock file's shared page (:data:`.page.LEASE`),
+  followed by two slots (even and odd generations, :data:`.page.LEASE_SLOTS`), each holding
+  the generation it was claimed for, the holder's start, its pid and a claims counter that
+  every claim moves on.
 - A waiter blocks in the kernel on the current generation's byte (a helper thread, so that
   it can give up after a timeout; the kernel wakes it on release), and looks at the page
   again at least every :data:`_SLICE` seconds. When the page has not changed for the
@@ -52,7 +53,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import mmap
 import os
 import struct
 import sys
@@ -61,17 +61,8 @@ import time
 from collections.abc import Callable
 
 from fdbqueue.engines.limits import TRANSACTION_WINDOW_SECONDS
+from fdbqueue.engines.sqlite.page import LEASE_BYTES, MUTEX_BYTE, SharedPage
 
-#: Where the lease lives in the lock file's shared page: the current generation, then two
-#: slots, one for the even generations and one for the odd (see :meth:`StoreLock._claim`).
-LEASE_AT = 192
-_GEN = struct.Struct("=Q")
-#: A slot: the generation it was claimed for, the holder's start (0: released), its pid, and
-#: a claims counter (every claim moves it, so a waiter tells a new holder from an old one).
-_SLOT = struct.Struct("=QqII")
-_SLOTS_AT = (LEASE_AT + 8, LEASE_AT + 8 + _SLOT.size)  # up to 248; _walcheck's record is at 256
-_MUTEX_AT = 3 * 4096  # the page mutex byte (the page is 0..4095; 8192 is _walcheck's presence byte)
-_BASE = 4 * 4096  # generation g is byte _BASE + g
 #: ``struct flock`` on Linux: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks).
 FLOCK = struct.Struct("hhqqi4x")
 OFD = sys.platform.startswith("linux") and hasattr(fcntl, "F_OFD_SETLKW")
@@ -82,10 +73,6 @@ _SLICE = 0.25  # a blocked waiter looks at the page at least this often
 # The start recorded by a holder that must not be taken over (opening, checkpointing a
 # removed WAL, a commit: see StoreLock.pin): only transactions are bounded by the window.
 _PINNED = 2**62
-
-
-def _slot_at(gen: int) -> int:
-    return _SLOTS_AT[gen & 1]
 
 
 def _window() -> float:
@@ -179,7 +166,8 @@ def _byte_lock(fd: int, at: int, kind: int, wait: bool) -> bool:
     """An OFD lock of one byte; False when it is held elsewhere (``wait`` False)."""
     cmd = fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK
     try:
-        fcntl.fcntl(fd, cmd, byte_request(kind, at))
+        # byte_request's struct, packed here: this runs four times a commit.
+        fcntl.fcntl(fd, cmd, FLOCK.pack(kind, os.SEEK_SET, at, 1, 0))
     except (BlockingIOError, PermissionError):  # EAGAIN / EACCES: held by another description
         return False
     return True
@@ -267,9 +255,9 @@ class StoreLock:
     as :class:`~fdbqueue.engines.sqlite.shared.SharedStore` does.
     """
 
-    def __init__(self, fd: int, shared: mmap.mmap) -> None:
+    def __init__(self, fd: int, page: SharedPage) -> None:
         self._fd = fd
-        self._page = shared  # the mmapped page (a writable buffer)
+        self._page = page
         self._gen: int | None = None  # the generation this process holds
         self._waiters: dict[int, _Waiter] = {}
         self.holder = "another process holds it"  # who, after an acquire that timed out
@@ -281,21 +269,15 @@ class StoreLock:
 
     # -- the page ----------------------------------------------------------------------------
 
-    def _state(self) -> tuple[int, int, int, int, int]:
-        """The generation and its slot as they lie in the page (gen, slot's gen, start, pid, claims)."""
-        gen = int(_GEN.unpack_from(self._page, LEASE_AT)[0])
-        return (gen, *_SLOT.unpack_from(self._page, _slot_at(gen)))
-
     def _read(self) -> tuple[int, int, int]:
         """(generation, its holder's start - 0 when the page says free -, the last claimer's pid)."""
-        gen, claimed, since, pid, _ = self._state()
+        gen, claimed, since, pid, _ = self._page.lease()
         return gen, since if claimed == gen else 0, pid
 
     def _write(self, gen: int, since: int) -> None:
         """Record a claim of ``gen`` in its slot (a new claim: the claims counter moves on)."""
-        at = _slot_at(gen)
-        claims = _SLOT.unpack_from(self._page, at)[3]
-        _SLOT.pack_into(self._page, at, gen, since, _pid, (claims + 1) & 0xFFFFFFFF)
+        page = self._page
+        page.set_slot[gen & 1](gen, since, _pid, (page.slot[gen & 1]()[3] + 1) & 0xFFFFFFFF)
 
     def _locked_page(self) -> _PageMutex:
         return _PageMutex(self._fd)
@@ -313,11 +295,11 @@ class StoreLock:
             return self._acquire_flock(timeout)
         deadline = time.monotonic() + timeout
         while True:
-            state = self._state()
+            state = self._page.lease()
             gen = state[0]
             waiter = self._waiters.get(gen)
             free = waiter is None or not waiter.blocking
-            if free and _byte_lock(self._fd, _BASE + gen, fcntl.F_WRLCK, False):
+            if free and _byte_lock(self._fd, LEASE_BYTES + gen, fcntl.F_WRLCK, False):
                 if self._claim(gen, stealable):
                     self._seen = None
                     return None
@@ -357,17 +339,17 @@ class StoreLock:
         (opening, recovery: it does not pin) claims under the mutex.
         """
         if stealable:
-            self._write(gen, _now_us())
-            current = int(_GEN.unpack_from(self._page, LEASE_AT)[0])
+            self._write(gen, time.monotonic_ns() // 1000)  # _now_us(), on every acquire
+            current = self._page.generation()[0]
         else:
             with self._locked_page():
-                current = int(_GEN.unpack_from(self._page, LEASE_AT)[0])
+                current = self._page.generation()[0]
                 if current == gen:
                     self._write(gen, _PINNED)
         if current == gen:
             self._gen = gen
             return True
-        _byte_lock(self._fd, _BASE + gen, fcntl.F_UNLCK, False)
+        _byte_lock(self._fd, LEASE_BYTES + gen, fcntl.F_UNLCK, False)
         return False
 
     def _take_over(self, seen: tuple[int, int, int, int, int], stealable: bool) -> bool:
@@ -376,12 +358,12 @@ class StoreLock:
         recording (or clearing) its claim. Move the lock to the next generation."""
         gen = seen[0]
         with self._locked_page():
-            if self._state() != seen:
+            if self._page.lease() != seen:
                 return False  # claimed, released or taken over meanwhile
-            if not _byte_lock(self._fd, _BASE + gen + 1, fcntl.F_WRLCK, False):
+            if not _byte_lock(self._fd, LEASE_BYTES + gen + 1, fcntl.F_WRLCK, False):
                 return False  # a process still on an older page view: try again
             self._write(gen + 1, _now_us() if stealable else _PINNED)  # the slot first, then
-            _GEN.pack_into(self._page, LEASE_AT, gen + 1)  # the generation that points at it
+            self._page.set_generation(gen + 1)  # the generation that points at it
             self._gen = gen + 1
         self._forget_old(gen + 1)
         return True
@@ -389,7 +371,7 @@ class StoreLock:
     def _waiter(self, gen: int) -> _Waiter:
         waiter = self._waiters.get(gen)
         if waiter is None:
-            at = _BASE + gen
+            at = LEASE_BYTES + gen
             waiter = self._waiters[gen] = _Waiter(
                 self._fd,
                 lambda fd: _byte_lock(fd, at, fcntl.F_WRLCK, True),
@@ -415,11 +397,14 @@ class StoreLock:
         gen = self._gen
         if gen is None:
             return False
-        with self._locked_page():
-            if int(_GEN.unpack_from(self._page, LEASE_AT)[0]) != gen:
+        fd, page = self._fd, self._page
+        _byte_lock(fd, MUTEX_BYTE, fcntl.F_WRLCK, True)  # the page mutex (as _PageMutex: once a commit)
+        try:
+            if page.generation()[0] != gen:
                 return False
-            at = _slot_at(gen)
-            _SLOT.pack_into(self._page, at, gen, _PINNED, _pid, _SLOT.unpack_from(self._page, at)[3])
+            page.set_slot[gen & 1](gen, _PINNED, _pid, page.slot[gen & 1]()[3])
+        finally:
+            _byte_lock(fd, MUTEX_BYTE, fcntl.F_UNLCK, False)
         return True
 
     def release(self) -> None:
@@ -431,11 +416,11 @@ class StoreLock:
             return
         # The slot only, without the mutex: a takeover writes the next generation's slot and
         # the generation, never this slot, so nothing here can undo one.
-        at = _slot_at(gen)
-        claimed, _, pid, claims = _SLOT.unpack_from(self._page, at)
+        page = self._page
+        claimed, _, pid, claims = page.slot[gen & 1]()
         if claimed == gen and pid == _pid:
-            _SLOT.pack_into(self._page, at, gen, 0, _pid, claims)
-        _byte_lock(self._fd, _BASE + gen, fcntl.F_UNLCK, False)
+            page.set_slot[gen & 1](gen, 0, _pid, claims)
+        _byte_lock(self._fd, LEASE_BYTES + gen, fcntl.F_UNLCK, False)
 
     def close(self) -> None:
         for waiter in self._waiters.values():
@@ -471,7 +456,7 @@ class _PageMutex:
         self._fd = fd
 
     def __enter__(self) -> None:
-        _byte_lock(self._fd, _MUTEX_AT, fcntl.F_WRLCK, True)
+        _byte_lock(self._fd, MUTEX_BYTE, fcntl.F_WRLCK, True)
 
     def __exit__(self, *exc: object) -> None:
-        _byte_lock(self._fd, _MUTEX_AT, fcntl.F_UNLCK, False)
+        _byte_lock(self._fd, MUTEX_BYTE, fcntl.F_UNLCK, False)

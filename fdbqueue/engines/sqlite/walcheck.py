@@ -11,8 +11,8 @@ So each commit with writes records, under the store lock, what the WAL index hea
 ``<db>-shm`` says once it is done (https://www.sqlite.org/walformat.html, ``WalIndexHdr``,
 native byte order): the number of valid frames ``mxFrame``, the WAL's salts and how many
 frames a checkpoint had copied into the database file (``nBackfill``), tagged with the
-version clock's tag (this boot + this store, ``_CLOCK`` in transaction.py). The record lives in the
-lock file's shared page at :data:`RECORD_AT`.
+version clock's tag (this boot + this store). The record lives in the lock file's shared
+page (:data:`.page.WAL_RECORD`).
 
 At open, the first process to open the store (no other holds the "presence" byte of
 ``<db>-lock``, an OFD read lock each process keeps while it has the store open; Linux only:
@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import mmap
 import os
 import sqlite3
 import struct
@@ -50,21 +49,14 @@ from urllib.parse import quote
 
 from fdbqueue.engines.sqlite import shared as _shared
 from fdbqueue.engines.sqlite import storelock as _storelock
+from fdbqueue.engines.sqlite.page import PRESENCE_BYTE, SharedPage
 from fdbqueue.errors import StoreError
 
-#: Where the record lives in the lock file's shared page (bytes below 256 are taken).
-RECORD_AT = 256
-# tag (boot + store), mxFrame, nBackfill, the WAL's two salts as their file bytes.
-RECORD = struct.Struct("=32sII8s")
 # WalIndexHdr (https://www.sqlite.org/walformat.html): mxFrame at 16, aSalt at 32; the
 # checkpoint info follows both copies of the header, its nBackfill at 96.
 _HEADER = struct.Struct("=16xI12x8s56xI")  # mxFrame, aSalt, nBackfill
 _HEADER_BYTES = _HEADER.size
 _WAL_HEADER = 32  # bytes before the first frame (https://www.sqlite.org/fileformat.html)
-#: The presence byte of ``<db>-lock``, past the shared page (an OFD byte lock: a byte of its
-#: own, apart from the store lock's bytes, and not released with other descriptors).
-PRESENCE_AT = 2 * _shared.PAGE
-
 DAMAGED = "-wal.damaged"
 AT_OPEN = "-wal.at-open"
 
@@ -102,7 +94,7 @@ class Held:
         self.spare: list[int] = []  # descriptors of threads that opened the store at once
         self.refs = 0
 
-    def record(self, shared: mmap.mmap, tag: bytes | None) -> None:
+    def record(self, page: SharedPage, tag: bytes | None) -> None:
         """After a commit with writes, under the store lock: note what the WAL index says."""
         if self.shm is None or tag is None:
             return
@@ -112,7 +104,7 @@ class Held:
             return
         if len(hdr) == _HEADER_BYTES:
             mx_frame, salts, backfilled = _HEADER.unpack(hdr)
-            RECORD.pack_into(shared, RECORD_AT, tag, mx_frame, backfilled, salts)
+            page.set_wal_record(tag, mx_frame, backfilled, salts)
 
     def _open_shm(self, real: str) -> None:
         if self.shm is None:
@@ -120,11 +112,11 @@ class Held:
                 self.shm = os.open(real + "-shm", os.O_RDONLY | os.O_CLOEXEC)
 
 
-def all_copied(shared: mmap.mmap) -> None:
+def all_copied(page: SharedPage) -> None:
     """After a checkpoint that copied every frame into the database file, under the store
     lock: the record says so, so that a WAL found empty at the next open is no loss."""
-    found = RECORD.unpack_from(shared, RECORD_AT)
-    RECORD.pack_into(shared, RECORD_AT, found[0], found[1], found[1], found[3])
+    tag, frames, _, salts = page.wal_record()
+    page.set_wal_record(tag, frames, frames, salts)
 
 
 _lock = threading.Lock()
@@ -179,7 +171,7 @@ def opening(
         try:
             first = _take_presence(presence)
             if first:
-                checker, shm = _check(store.shared, real, path, boot)
+                checker, shm = _check(store.page, real, path, boot)
         except BaseException:
             os.close(presence)
             raise
@@ -228,14 +220,14 @@ def _take_presence(fd: int) -> bool:
     """Hold the presence byte (shared); True when no other process held it (Linux only)."""
     if not _storelock.OFD:
         return False
-    found = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _storelock.byte_request(fcntl.F_WRLCK, PRESENCE_AT))
+    found = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _storelock.byte_request(fcntl.F_WRLCK, PRESENCE_BYTE))
     alone = bool(_storelock.FLOCK.unpack(found)[0] == fcntl.F_UNLCK)
-    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _storelock.byte_request(fcntl.F_RDLCK, PRESENCE_AT))
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _storelock.byte_request(fcntl.F_RDLCK, PRESENCE_BYTE))
     return alone
 
 
 def _check(
-    shared: mmap.mmap, real: str, path: str, boot: bytes | None
+    page: SharedPage, real: str, path: str, boot: bytes | None
 ) -> tuple[sqlite3.Connection | None, int | None]:
     """As the first process, under the store lock: recover the WAL and compare with the record.
 
@@ -244,7 +236,7 @@ def _check(
     descriptor on ``-shm`` the header was read with (kept until :func:`release`), or
     Nones when nothing was compared.
     """
-    tag, mx_frame, backfilled, salts = RECORD.unpack_from(shared, RECORD_AT)
+    tag, mx_frame, backfilled, salts = page.wal_record()
     wal = real + "-wal"
     if boot is None or tag[:16] != boot or not os.path.exists(real) or not os.path.exists(wal):
         return None, None  # another boot (a power loss: the page may be stale or ahead), or no WAL
@@ -286,7 +278,7 @@ def _check(
             with open(damaged, "wb"):  # no link possible: the marker alone refuses later opens
                 pass
         # Compared once: after the file is removed, the store opens with what was recovered.
-        RECORD.pack_into(shared, RECORD_AT, bytes(32), 0, 0, bytes(8))
+        page.set_wal_record(bytes(32), 0, 0, bytes(8))
         raise StoreError(damaged_message(path, damaged, found, mx_frame))
     except BaseException:
         if conn is not None:

@@ -27,35 +27,29 @@ tolerates at every instant. The sync mark stays true: each process raises it onl
 committed version it read *before* its own fsync began; a race may leave a lower value,
 which costs a later commit an fsync it could have skipped, never a skipped one it needed.
 
-Shared state, at ``_shared.SYNCED_AT`` in the lock file's mapped page: the version clock's
-tag (boot + store, ``_CLOCK`` in transaction.py), the highest version known to be on disk, and the
-last version whose ``COMMIT`` has returned. The two versions are trusted only under this
-store's tag, and each is written on its own (8 aligned bytes) by different processes.
+Shared state, the sync mark in the lock file's mapped page (:data:`.page.SYNC`): the version
+clock's tag (boot + store), the highest version known to be on disk, and the last version
+whose ``COMMIT`` has returned. The two versions are trusted only under this store's tag, and
+each is written on its own (8 aligned bytes) by different processes.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
-import mmap
 import os
 import sqlite3
-import struct
 import threading
 
 from fdbqueue.engines.local.watches import park_at_exit
-from fdbqueue.engines.sqlite import shared as _shared
+from fdbqueue.engines.sqlite.page import SharedPage
 from fdbqueue.engines.sqlite.storelock import _Waiter
 from fdbqueue.errors import StoreError
 
-SYNCED = struct.Struct(">32sQQ")  # tag, on disk, committed
 # SQLite checkpoints once the WAL passes 1,000 pages; a commit may add a few past that first.
 WAL_FRAMES = 1_100
 # The zero-fill runs only when this much stays free after it (see WalSync.preallocate).
 FILL_ROOM = 64 * 1024 * 1024
-_U64 = struct.Struct(">Q")
-SYNCED_VERSION_AT = _shared.SYNCED_AT + 32
-_COMMITTED_AT = _shared.SYNCED_AT + 40
 #: Seconds a commit waits for another process's fsync of the WAL (its group-commit lock)
 #: before it fsyncs the WAL itself: far longer than a healthy fsync of the WAL's ~4 MB, and
 #: well inside the 5-second window that bounds the store lock. A module attribute, so that a
@@ -63,8 +57,8 @@ _COMMITTED_AT = _shared.SYNCED_AT + 40
 LEADER_WAIT = 1.0
 
 
-def _synced(shared: mmap.mmap, tag: bytes) -> int:
-    found, synced, _ = SYNCED.unpack_from(shared, _shared.SYNCED_AT)
+def _synced(page: SharedPage, tag: bytes) -> int:
+    found, synced, _ = page.sync_mark()
     return int(synced) if found == tag else -1
 
 
@@ -86,7 +80,7 @@ class WalSync:
         self._waiter: _Waiter | None = None
 
     @staticmethod
-    def committed(shared: mmap.mmap, tag: bytes | None, version: int) -> int | None:
+    def committed(page: SharedPage, tag: bytes | None, version: int) -> int | None:
         """Record ``version`` (-1: none) as committed; the last committed version, or None.
 
         Called under the store lock, right after COMMIT: every version up to the one
@@ -94,19 +88,19 @@ class WalSync:
         """
         if tag is None:
             return None
-        found, _, committed = SYNCED.unpack_from(shared, _shared.SYNCED_AT)
+        found, _, committed = page.sync_mark()
         if found != tag:
             if version < 0:
                 return None
-            SYNCED.pack_into(shared, _shared.SYNCED_AT, tag, 0, version)
+            page.set_sync_mark(tag, 0, version)
             return version
         if version < 0:
             return int(committed)
-        _U64.pack_into(shared, _COMMITTED_AT, version)
+        page.set_committed(version)
         return version
 
     def make_durable(
-        self, shared: mmap.mmap, tag: bytes | None, version: int | None, *, wait: bool = True
+        self, page: SharedPage, tag: bytes | None, version: int | None, *, wait: bool = True
     ) -> None:
         """Return once every commit up to ``version`` (None: every commit so far) is on disk.
 
@@ -116,7 +110,7 @@ class WalSync:
         StoreError if the fsync fails: the commit was written (and may be seen) but may not
         survive a power loss.
         """
-        if tag is not None and version is not None and _synced(shared, tag) >= version:
+        if tag is not None and version is not None and _synced(page, tag) >= version:
             return
         try:
             with self._mutex:  # threads of this process share one descriptor (and flock)
@@ -126,15 +120,15 @@ class WalSync:
                     if tag is None or version is None:
                         os.fdatasync(fd)
                         return
-                    if locked and _synced(shared, tag) >= version:
+                    if locked and _synced(page, tag) >= version:
                         return  # the fsync we waited for began after our commit
                     # What the mark may say after this fsync: read before it begins.
-                    found, _, target = SYNCED.unpack_from(shared, _shared.SYNCED_AT)
+                    found, _, target = page.sync_mark()
                     os.fdatasync(fd)
                     # Two processes may race here and leave the lower value: that only costs
                     # a later commit an fsync it could have skipped.
-                    if found == tag and target > _synced(shared, tag):
-                        _U64.pack_into(shared, SYNCED_VERSION_AT, target)
+                    if found == tag and target > _synced(page, tag):
+                        page.set_on_disk(target)
                 finally:
                     if locked:
                         fcntl.flock(fd, fcntl.LOCK_UN)

@@ -23,13 +23,12 @@ import pytest
 
 import fdbqueue
 from fdbqueue import StoreError
-from fdbqueue.engines.sqlite import database as sqlite_engine
-from fdbqueue.engines.sqlite import shared as _shared
+from fdbqueue.engines.sqlite import page as _page
 from fdbqueue.engines.sqlite import walsync as _walsync
 from fdbqueue.engines.sqlite.database import SqliteDatabase
 
 pytestmark = pytest.mark.skipif(
-    sqlite_engine._BOOT_ID is None, reason="the shared version clock needs Linux's boot id"
+    _page.BOOT_ID is None, reason="the shared version clock needs Linux's boot id"
 )
 
 
@@ -62,17 +61,17 @@ def db(tmp_path: Path) -> Iterator[SqliteDatabase]:
 
 
 def synced_version(db: SqliteDatabase) -> int:
-    tag, synced, _ = _walsync.SYNCED.unpack_from(db._store.shared, _shared.SYNCED_AT)
-    assert tag == db._clock_tag
+    tag, synced, _ = db._store.page.sync_mark()  # type: ignore[attr-defined]
+    assert tag == db._store.clock_tag
     return int(synced)
 
 
 def committed_version(db: SqliteDatabase) -> int:
-    return int(_walsync.SYNCED.unpack_from(db._store.shared, _shared.SYNCED_AT)[2])
+    return int(db._store.page.sync_mark()[2])  # type: ignore[attr-defined]
 
 
 def set_synced_version(db: SqliteDatabase, version: int) -> None:
-    _walsync._U64.pack_into(db._store.shared, _walsync.SYNCED_VERSION_AT, version)
+    db._store.page.set_on_disk(version)  # type: ignore[attr-defined]
 
 
 def commit(db: SqliteDatabase, body: Callable[[fdbqueue.Transaction], object]) -> int:
@@ -122,7 +121,7 @@ def test_a_commit_already_covered_by_a_later_flush_skips_its_own(
 
 
 def test_a_stale_marker_of_another_store_is_not_trusted(db: SqliteDatabase, synced_files: list[str]) -> None:
-    _walsync.SYNCED.pack_into(db._store.shared, _shared.SYNCED_AT, b"\1" * 32, 2**63, 2**63)
+    db._store.page.set_sync_mark(b"\1" * 32, 2**63, 2**63)  # type: ignore[attr-defined]
     synced_files.clear()
     version = commit(db, lambda tr: tr.set(b"k", b"v"))
     assert synced_files == [wal_of(db)]
@@ -218,7 +217,7 @@ def test_counters_from_processes_are_exact_and_on_disk(tmp_path: Path) -> None:
     assert [p.wait(timeout=120) for p in procs] == [0] * 4
     try:
         assert struct.unpack("<q", db[b"n"])[0] == 800
-        last = sqlite_engine._CLOCK.unpack_from(db._store.shared)[1]
+        last = db._store.page.clock()[1]  # type: ignore[attr-defined]
         assert synced_version(db) == last
     finally:
         db.close()

@@ -561,7 +561,7 @@ def test_an_enqueue_runs_four_statements(tmp_path: Path) -> None:
     q = fdbqueue.Queue("jobs")
     q.enqueue(db, b"first")  # creates the queue (and its metadata version) ...
     q.enqueue(db, b"second")  # ... which this one reads the settings at, and caches them
-    conn = db._conn  # type: ignore[attr-defined]
+    conn = db._store.conn  # type: ignore[attr-defined]
     statements: list[str] = []
     conn.set_trace_callback(statements.append)
     try:

@@ -103,7 +103,7 @@ def test_a_process_stopped_in_its_fsync_holds_up_no_reader_and_no_writer_past_th
         assert syncs, "the enqueue returned without an fsync of the WAL"
         store = _shared.attach(os.path.realpath(tmp_path / "q.db"), "q.db")
         try:
-            on_disk = _walsync._synced(store.shared, db._clock_tag)  # type: ignore[attr-defined]
+            on_disk = _walsync._synced(store.page, db._store.clock_tag)  # type: ignore[attr-defined]
         finally:
             _shared.detach(store)
         assert isinstance(done[0], int) and on_disk >= done[0], (on_disk, done)
@@ -129,7 +129,7 @@ def holding_sqlites_lock(url: str) -> None:
     SQLite's own exclusive locking mode, the same byte-range lock on the same bytes.
     """
     db = fdbqueue.open(url)
-    conn = db._conn  # type: ignore[attr-defined]
+    conn = db._store.conn  # type: ignore[attr-defined]
     conn.execute("PRAGMA locking_mode=EXCLUSIVE")
     conn.execute("BEGIN IMMEDIATE")
     conn.execute("UPDATE meta SET value = value WHERE name = 'version'")

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from fdbqueue.engines.sqlite import storelock as _storelock
-from fdbqueue.engines.sqlite.storelock import LEASE_AT, StoreLock
+from fdbqueue.engines.sqlite.page import LEASE, LEASE_BYTES, SharedPage
+from fdbqueue.engines.sqlite.storelock import StoreLock
 
 pytestmark = pytest.mark.skipif(not _storelock.OFD, reason="open-file-description locks are Linux's")
 
@@ -24,7 +25,7 @@ def locks(tmp_path: Path) -> Iterator[list[StoreLock]]:
     path.write_bytes(bytes(4096))
     fds = [os.open(path, os.O_RDWR) for _ in range(3)]
     pages = [mmap.mmap(fd, 4096) for fd in fds]
-    made = [StoreLock(fd, page) for fd, page in zip(fds, pages, strict=True)]
+    made = [StoreLock(fd, SharedPage(page)) for fd, page in zip(fds, pages, strict=True)]
     yield made
     for lock in made:
         lock.close()
@@ -83,7 +84,7 @@ def test_the_lease_lives_in_the_lock_page(locks: list[StoreLock]) -> None:
     a, _, _ = locks
     assert a.acquire(1.0, stealable=True) is None
     gen, since, pid = a._read()
-    assert since > 0 and pid == os.getpid() and LEASE_AT == 192
+    assert since > 0 and pid == os.getpid() and LEASE.offset == 192
     a.release()
     assert a._read()[:2] == (gen, 0)
 
@@ -96,7 +97,7 @@ def test_a_byte_held_with_the_page_saying_free_is_taken_over_after_the_window(
     window, and a's late claim cannot undo that: it hands the byte back."""
     a, b, c = locks
     gen = a._read()[0]
-    assert _storelock._byte_lock(a._fd, _storelock._BASE + gen, fcntl.F_WRLCK, False)
+    assert _storelock._byte_lock(a._fd, LEASE_BYTES + gen, fcntl.F_WRLCK, False)
     assert a._read()[1] == 0  # the page says free
     assert b.acquire(0.2, stealable=True) == "another process"
     assert "says free" in b.holder

@@ -20,7 +20,6 @@ import pytest
 
 import fdbqueue
 from fdbqueue import StoreError
-from fdbqueue.engines.sqlite import walcheck as _walcheck
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="the first-open check needs Linux's OFD locks and boot id"
@@ -224,10 +223,10 @@ def test_the_record_is_read_from_the_wal_index_at_each_commit(store: tuple[str, 
     try:
         jobs = fdbqueue.Queue("jobs")
         jobs.enqueue(db, {"i": 0})
-        first = _walcheck.RECORD.unpack_from(db._store.shared, _walcheck.RECORD_AT)  # type: ignore[attr-defined]
+        first = db._store.page.wal_record()  # type: ignore[attr-defined]
         jobs.enqueue(db, {"i": 1})
-        second = _walcheck.RECORD.unpack_from(db._store.shared, _walcheck.RECORD_AT)  # type: ignore[attr-defined]
-        assert first[0] == second[0] == db._clock_tag  # type: ignore[attr-defined]
+        second = db._store.page.wal_record()  # type: ignore[attr-defined]
+        assert first[0] == second[0] == db._store.clock_tag  # type: ignore[attr-defined]
         assert 0 < first[1] < second[1]
         with open(path + "-wal", "rb") as f:
             assert f.read(24)[16:24] == second[3]  # the WAL header's salts

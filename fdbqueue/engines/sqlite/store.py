@@ -1,0 +1,437 @@
+"""The store a transaction talks to: its connection, the lock file's page, the store lock, the
+guards and the marks a commit leaves.
+
+:class:`Store` is all that :class:`~.transaction.SqliteTransaction` knows of the engine: a
+small interface, implemented by :class:`WritableStore` (here) and by the read-only store
+(:mod:`.readonly`). A Database holds one store; the store holds this handle's files: the
+SQLite connection, this process's :class:`~.shared.SharedStore` (lock, page, watch hub), the
+files' identities, the WAL's group commit and the WAL record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import sqlite3
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import ClassVar, Protocol
+
+from fdbqueue.engines.local.watches import EventWatch, park_at_exit
+from fdbqueue.engines.sqlite import files as _files
+from fdbqueue.engines.sqlite import shared as _shared
+from fdbqueue.engines.sqlite import walcheck as _walcheck
+from fdbqueue.engines.sqlite.notify import WatchHub
+from fdbqueue.engines.sqlite.page import BOOT_ID, SharedPage, clock_tag
+from fdbqueue.engines.sqlite.walsync import WalSync
+from fdbqueue.errors import NestedTransactionError, QueueError, StoreError
+
+
+class Clock(Protocol):
+    """The store's version clock (database time): see :class:`~.transaction.VersionClock`."""
+
+    def read_version(self, reserved: Callable[[], int], nested: bool) -> int:
+        """A read version: below every later commit's. ``reserved`` reads meta's reservation."""
+
+    def next_version(
+        self, conn: sqlite3.Connection, reserved: Callable[[], int], read: int | None
+    ) -> tuple[int, bool]:
+        """The commit version of the write transaction open on ``conn`` (above ``read``), and
+        whether it raised meta's reservation."""
+
+
+class Store(ABC):
+    """What a transaction needs of its store: a connection to begin on, the clock, the guards
+    of a commit and the marks it leaves. The read-only store refuses every write, so a
+    transaction on it never reaches the write steps."""
+
+    read_only: ClassVar[bool] = False
+    clock: Clock  # set by the Database once the store is open
+    syncs = False  # sync=full: each commit's WAL is fsynced before the commit returns
+
+    def __init__(self, real: str, path: str, lock_timeout: float) -> None:
+        self.real = real
+        self.path = path  # as the user named it, for messages
+        self.lock_timeout = lock_timeout
+        self.conn: sqlite3.Connection  # the handle's connection (set by the opening)
+        self.clock_tag: bytes | None = None  # set once the store's id is known
+        self.closed = False
+        self.broken: str | None = None  # why this handle refuses work: its files changed
+        # Connections for transactions that read a snapshot of their own (rare).
+        self._readers: list[sqlite3.Connection] = []
+        self._readers_lock = threading.Lock()
+
+    # -- a transaction's beginning and end ---------------------------------------------------
+
+    @abstractmethod
+    def begin(self) -> tuple[sqlite3.Connection, bool]:
+        """Begin a transaction: its connection, and whether it reads a snapshot of its own
+        (``nested``: it may not write) instead of holding the store lock."""
+
+    def end(self, conn: sqlite3.Connection, nested: bool) -> None:
+        """After COMMIT or ROLLBACK on what :meth:`begin` returned."""
+        self.give_back_reader(conn)
+
+    @abstractmethod
+    def no_writes(self) -> QueueError:
+        """What a write raises in a transaction that may not write."""
+
+    def usable(self) -> None:
+        if self.closed:
+            park_at_exit()  # closed at interpreter exit under a daemon thread: it stays here
+            raise StoreError(f"{self.path}: the database is closed")
+        if self.broken is not None:
+            raise StoreError(self.broken)
+
+    def snapshot(self) -> sqlite3.Connection:
+        """A connection of its own with a read transaction begun (given back at :meth:`end`)."""
+        conn = self.take_reader()
+        try:
+            conn.execute("BEGIN")
+        except sqlite3.Error as exc:
+            self.give_back_reader(conn)
+            raise _files.translate(exc, self.path, self.real) from exc
+        return conn
+
+    def take_reader(self) -> sqlite3.Connection:
+        with self._readers_lock:
+            if self._readers:
+                return self._readers.pop()
+        try:
+            return self.connect_reader()
+        except sqlite3.Error as exc:
+            raise _files.translate(exc, self.path, self.real) from exc
+
+    @abstractmethod
+    def connect_reader(self) -> sqlite3.Connection: ...
+
+    def give_back_reader(self, conn: sqlite3.Connection) -> None:
+        with self._readers_lock:
+            self._readers.append(conn)
+
+    def close_readers(self) -> None:
+        with self._readers_lock:
+            for conn in self._readers:
+                conn.close()
+            self._readers.clear()
+
+    # -- the commit's steps (a transaction that wrote nothing: only the durability) -----------
+
+    @abstractmethod
+    def changed_files(self) -> list[tuple[str, str]]:
+        """The guard of the files: those removed or replaced since the open, each with how."""
+
+    @abstractmethod
+    def refuse(self, changed: list[tuple[str, str]]) -> StoreError:
+        """The files guard failed: refuse this handle's commits from now on (the error to raise)."""
+
+    @abstractmethod
+    def pin(self) -> bool:
+        """The guard of the lease: False when the store lock is no longer this holder's."""
+
+    @abstractmethod
+    def after_writes(self, version: int, bumped: bool) -> int | None:
+        """After the COMMIT of ``version``, under the store lock: the marks it leaves."""
+
+    @abstractmethod
+    def publish(self, keys: list[bytes] | None) -> None:
+        """After the store lock is released: wake the watches of ``keys`` (None: every key)."""
+
+    def after_reads(self) -> int | None:
+        """After a COMMIT that wrote nothing, before :meth:`end`: the last version it may have seen."""
+        return None
+
+    def make_durable(self, seen: int | None, wait: bool) -> None:  # noqa: B027 - nothing to sync by default
+        """After :meth:`end`: return once what the transaction wrote or read is on disk.
+        ``wait``: whether it wrote (it may then queue behind another process's fsync, a
+        bounded wait; a transaction that only read never queues: see :mod:`.walsync`)."""
+
+    # -- the handle ---------------------------------------------------------------------------
+
+    @abstractmethod
+    def arm_watches(self, watches: list[EventWatch]) -> None: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class WritableStore(Store):
+    """A store this process may write: the store lock, the lock file's page, the guards."""
+
+    def __init__(self, real: str, path: str, lock_timeout: float, sync: str) -> None:
+        super().__init__(real, path, lock_timeout)
+        # sync=full: SQLite runs at synchronous=NORMAL and each commit fsyncs the WAL itself,
+        # after releasing the store lock (see walsync).
+        self.wal = WalSync(real, path) if sync == "full" else None
+        self.syncs = self.wal is not None
+        self.generation = _shared.fork_generation
+        self.shared: _shared.SharedStore
+        self.hub: WatchHub
+        self.page: SharedPage
+        self.files: _files.FileIdentities
+        self._walheld: _walcheck.Held
+        beside = [real + suffix for suffix in ("-lock", "-wal", "-shm")]
+        existed = [os.path.lexists(p) for p in beside]
+        try:
+            self._open()
+        except _files.NotAStore:
+            # Leave nothing behind that this open created: the file is nobody's store.
+            for p, was in zip(beside, existed, strict=True):
+                if not was:
+                    with contextlib.suppress(OSError):
+                        os.unlink(p)
+            raise
+
+    # -- opening -----------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        self.generation = _shared.fork_generation
+        shared = _shared.attach(self.real, self.path)
+        self.shared, self.page, self.hub = shared, shared.page, shared.hub
+        _shared.close_at_exit(self)  # the last process to leave leaves only the store's files
+        try:
+            # Refuses a store whose WAL lost acknowledged commits (walcheck).
+            with _walcheck.opening(shared, self.real, self.path, BOOT_ID, self.lock_timeout) as held:
+                self.conn = self._connect()
+            self._walheld = held
+            self.files = _files.FileIdentities(self.real, self.path, shared.ident)
+        except BaseException:
+            _shared.detach(shared)
+            raise
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            # timeout is SQLite's busy handler: a backstop for foreign connections only,
+            # since our own writers queue on the store lock before they write.
+            conn = sqlite3.connect(
+                self.real, timeout=self.lock_timeout, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise _files.translate(exc, self.path, self.real) from exc
+        try:
+            conn.execute("PRAGMA synchronous=NORMAL")
+            mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+            if not (self._check_format(conn) and mode == "wal"):
+                self._initialise(conn)
+            if self.wal:
+                self.shared.acquire(self.lock_timeout, self.path)
+                try:
+                    self.wal.preallocate(conn)
+                finally:
+                    self.shared.release()
+        except BaseException as exc:
+            conn.close()
+            if isinstance(exc, sqlite3.Error):
+                raise _files.translate(exc, self.path, self.real) from exc
+            raise
+        return conn
+
+    def _check_format(self, conn: sqlite3.Connection) -> bool:
+        """True for a valid store (its clock tag known), False for an empty file."""
+        store_id = _files.read_format(conn, self.path)
+        if store_id is None:
+            return False
+        self.clock_tag = clock_tag(store_id)
+        return True
+
+    def _initialise(self, conn: sqlite3.Connection) -> None:
+        self.shared.acquire(self.lock_timeout, self.path)
+        try:
+            if conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] != "wal":
+                raise StoreError(f"{self.path}: SQLite refused WAL mode (is the file system local?)")
+            conn.execute("BEGIN IMMEDIATE")
+            if not self._check_format(conn):  # another process may have just done it
+                for statement in _files.SCHEMA:
+                    conn.execute(statement)
+                conn.executemany(
+                    "INSERT INTO meta (name, value) VALUES (?, ?)",
+                    [
+                        ("format", _files.FORMAT),
+                        ("format_version", _files.FORMAT_VERSION),
+                        ("version", 0),
+                        ("store_id", secrets.token_bytes(16)),
+                    ],
+                )
+                self._check_format(conn)
+            conn.execute("COMMIT")
+            # The schema into the database file at once: a store whose WAL is lost later
+            # is then an older store, never an empty file taken for a new one.
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        finally:
+            try:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+            finally:
+                self.shared.release()
+
+    def _reopen_after_fork(self) -> None:
+        # Connections inherited through fork() stay referenced and untouched (see shared).
+        _shared.inherited.extend((self.conn, self._readers))
+        self._readers = []
+        if self.wal:
+            self.wal.after_fork()
+        self._open()
+
+    def connect_reader(self) -> sqlite3.Connection:
+        return sqlite3.connect(
+            self.real, timeout=self.lock_timeout, isolation_level=None, check_same_thread=False
+        )
+
+    # -- a transaction's beginning and end ---------------------------------------------------
+
+    def begin(self) -> tuple[sqlite3.Connection, bool]:
+        """The store lock, then a deferred BEGIN on the handle's connection; or, when this
+        thread holds the lock in another transaction, which cannot end while we wait, a
+        snapshot of the last committed state on a connection of its own (nested: it may read,
+        not write)."""
+        if self.generation != _shared.fork_generation:
+            self._reopen_after_fork()
+        if self.closed or self.broken is not None:
+            self.usable()
+        shared = self.shared
+        if shared.owner == threading.get_ident():
+            return self.snapshot(), True
+        conn = self.conn
+        shared.acquire(self.lock_timeout, self.path, stealable=True)
+        try:
+            # Deferred: the read snapshot starts at the first read, SQLite's write lock is
+            # taken only at commit (writes are buffered until then).
+            conn.execute("BEGIN")
+        except sqlite3.Error as exc:
+            shared.release()
+            raise _files.translate(exc, self.path, self.real) from exc
+        return conn, False
+
+    def end(self, conn: sqlite3.Connection, nested: bool) -> None:
+        if nested:
+            self.give_back_reader(conn)
+        else:
+            self.shared.release()
+
+    def no_writes(self) -> QueueError:
+        return NestedTransactionError(
+            f"this thread holds another transaction on {self.path}: a transaction begun meanwhile "
+            "may read (the last committed state) but not write, since the embedded engine has a "
+            "single writer and waiting for it here would deadlock"
+        )
+
+    # -- the commit's guards -----------------------------------------------------------------
+
+    def changed_files(self) -> list[tuple[str, str]]:
+        return self.files.changed()
+
+    def refuse(self, changed: list[tuple[str, str]]) -> StoreError:
+        """The guard of the files failed (``changed``: see :class:`.files.FileIdentities`):
+        refuse this handle's commits from now on. Call under the store lock, after ROLLBACK.
+
+        SQLite cannot notice: a connection keeps writing to the descriptors it opened, so
+        after ``rm X.db-wal`` its commits land in a file nobody else can see and that vanishes
+        when the process ends (https://www.sqlite.org/howtocorrupt.html, sections 1.3-1.4,
+        2.4). When only the WAL went, we still hold it open: a checkpoint copies the commits
+        it holds into the database file, so none that was reported is lost, and resets the
+        WAL index, so a process that opens the store meanwhile reads a consistent file.
+        """
+        saved = f"; the commits it held were copied into {self.path}" if self._save_lost_wal(changed) else ""
+        what = "; ".join(f"{path} was {how}" for path, how in changed)
+        self.broken = (
+            f"{what} while this process had the store {self.path} open{saved}. Commits are refused "
+            "until it is reopened (close it and open it again); never remove or replace a store's "
+            "files while a process has it open"
+        )
+        return StoreError(f"the transaction was not committed: {self.broken}")
+
+    def _save_lost_wal(self, changed: list[tuple[str, str]]) -> bool:
+        """When only the WAL was removed or replaced: copy what it holds into the database file.
+
+        Call with the store lock held (no writer appends meanwhile) and no transaction open
+        on ``conn``. This connection still has the old WAL open; a checkpoint copies every
+        commit in it into the database file, and TRUNCATE resets the WAL index, so a process
+        that opens the store afterwards reads the database file alone (and the new WAL).
+        True when every frame was copied.
+        """
+        if {path for path, _ in changed} != {self.files.wal}:
+            return False
+        try:
+            busy, log, done = self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except sqlite3.Error:
+            return False
+        if busy == 0 and log == done:
+            _walcheck.all_copied(self.page)  # an empty WAL is no longer a loss
+        return bool(busy == 0 and log == done)
+
+    def pin(self) -> bool:
+        """The guard of the lease: False when another process took the store lock over from
+        this holder (past the 5-second window); else nobody may until :meth:`end`."""
+        return self.shared.pin()
+
+    # -- what a commit leaves ----------------------------------------------------------------
+
+    def after_writes(self, version: int, bumped: bool) -> int | None:
+        """After the COMMIT of ``version``, still under the store lock: the clock settled (when
+        the commit raised meta's reservation), the WAL record, the sync mark; returns the
+        version to make durable (for :meth:`make_durable`)."""
+        tag = self.clock_tag
+        if bumped and tag is not None:
+            self.page.clear_pending()  # the raised reservation is committed
+        self._walheld.record(self.page, tag)  # what the WAL holds now (walcheck)
+        wal = self.wal
+        return wal.committed(self.page, tag, version) if wal else None
+
+    def after_reads(self) -> int | None:
+        wal = self.wal
+        return wal.committed(self.page, self.clock_tag, -1) if wal else None
+
+    def publish(self, keys: list[bytes] | None) -> None:
+        """After :meth:`end`: wake the watches of ``keys`` (None: every key), in every process."""
+        self.hub.publish(keys)
+
+    def make_durable(self, seen: int | None, wait: bool) -> None:
+        wal = self.wal
+        if wal is not None:
+            wal.make_durable(self.page, self.clock_tag, seen, wait=wait)
+
+    # -- the handle ---------------------------------------------------------------------------
+
+    def arm_watches(self, watches: list[EventWatch]) -> None:
+        if self.generation != _shared.fork_generation:
+            self._reopen_after_fork()
+        try:
+            self.hub.add(watches)
+        except OSError as exc:
+            # The transaction has committed: report the failure on the watches, not here.
+            for w in watches:
+                w.fail(4100, f"cannot watch {self.path}: {exc}")
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.generation != _shared.fork_generation:
+            return  # inherited from the parent process: its resources are not ours to release
+        self._save_at_close()
+        self.conn.close()
+        if self.wal:
+            self.wal.close()
+        self.close_readers()
+        _shared.detach(self.shared)
+        _walcheck.release(self._walheld)  # after every connection of this handle
+
+    def _save_at_close(self) -> None:
+        """A WAL removed under this handle: save what it holds, even if SQLite's close will not.
+
+        SQLite checkpoints at the last connection's close only; another process with the
+        store open would leave the commits in the removed WAL to vanish with this process.
+        """
+        changed = self.files.changed()
+        if not changed:
+            return
+        try:
+            self.shared.acquire(self.lock_timeout, self.path)
+        except QueueError:
+            return  # a transaction of this thread, or a stuck one, holds it: SQLite's close may still
+        try:
+            self._save_lost_wal(changed)
+        finally:
+            self.shared.release()
