@@ -130,7 +130,7 @@ def test_without_the_opentelemetry_api_nothing_is_added(tmp_path: Path) -> None:
     code = (
         "import sys; sys.modules['opentelemetry'] = None\n"  # an import of it now fails
         "import fdbqueue\n"
-        "from fdbqueue import tracing\n"
+        "from fdbqueue.ops import tracing\n"
         "assert not tracing.enabled()\n"
         f"db = fdbqueue.open('sqlite://{tmp_path / 'q.db'}')\n"
         "q = fdbqueue.Queue('jobs'); q.enqueue(db, b'x', headers={'k': 'v'})\n"
