@@ -33,8 +33,8 @@ from typing import Any
 import fdb.tuple
 
 import fdbqueue
+from fdbqueue.cli.spark_step import SparkStep, spark_step
 from fdbqueue.runtime.worker import Worker
-from fdbqueue.spark.demo import SparkStep, spark_step
 from fdbqueue.store.layout import DEFAULT_ROOT
 
 
@@ -181,7 +181,7 @@ class DemoResult:
     failures: list[str] = field(default_factory=list)  # the workers' lines for deliberate failures
     failure_log: str | None = None  # where they are kept (``keep``), else None
     removed: list[str] = field(default_factory=list)  # what the demo cleaned up at the end
-    spark: SparkStep | None = None  # the Spark step (demo_spark.py), when asked for
+    spark: SparkStep | None = None  # the Spark step (cli/spark_step.py), when asked for
 
     @property
     def missing(self) -> int:
@@ -241,7 +241,7 @@ def run_demo(
     spark: bool | None = None,
 ) -> DemoResult:
     """Run the demo; ``url`` None (the default): a new embedded store in a temporary directory.
-    ``spark``: then the Spark step (bulk load, drain, audit: ``demo_spark.py``); None runs it
+    ``spark``: then the Spark step (bulk load, drain, audit: ``cli/spark_step.py``); None runs it
     when pyspark and Java are installed, and says why not otherwise.
 
     The temporary store is durable (``sync=full``) and removed at the end unless ``keep``.

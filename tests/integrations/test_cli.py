@@ -858,7 +858,7 @@ def test_demo_workers_log_deliberate_failures_in_one_line_and_others_in_full(
 
 
 def test_demo_spark_step_hides_only_the_jvms_start_up_notes(capfd: pytest.CaptureFixture[str]) -> None:
-    from fdbqueue.spark.demo import jvm_output, show_jvm_output
+    from fdbqueue.cli.spark_step import jvm_output, show_jvm_output
 
     notes = (
         b"WARNING: Using incubator modules: jdk.incubator.vector\nUsing Spark's default log4j profile: x\n"

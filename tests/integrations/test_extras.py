@@ -149,3 +149,19 @@ def test_a_worker_serving_metrics_without_the_extra_says_what_to_install() -> No
         "fdbqueue.runtime.metrics needs the 'metrics' extra: pip install '.[metrics]' in a checkout"
         " of fdbqueue (prometheus_client is not installed)"
     )
+
+
+def test_the_demo_runs_without_spark_and_says_how_to_get_its_spark_step(tmp_path: Path) -> None:
+    """The README's first command installs the cli extra only: the demo must run without pyspark
+    (its Spark step says how to get it), not stop at an import of the spark package."""
+    p = run_without(
+        EXTRAS["spark"],
+        f"""
+        import os
+        os.chdir({str(tmp_path)!r})
+        from fdbqueue.cli import main
+        raise SystemExit(main(["demo", "--messages", "20", "--producers", "1", "--workers", "1"]))
+        """,
+    )
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    assert "pip install '.[spark]'" in p.stdout, p.stdout
