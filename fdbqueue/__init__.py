@@ -57,6 +57,7 @@ from fdbqueue.errors import (
     LeaseError,
     LeaseExpiredError,
     NestedTransactionError,
+    NoResultError,
     NotAnErrorQueueError,
     NotJournaledError,
     PayloadTooLargeError,
@@ -70,6 +71,10 @@ from fdbqueue.errors import (
     StoreError,
     StoreFullError,
     StoreLockedError,
+    TaskArgumentsError,
+    TaskFailedError,
+    TaskTimeoutError,
+    UnknownTaskError,
     UnsupportedFormatError,
     UnsupportedLayerFormatError,
 )
@@ -80,6 +85,7 @@ from fdbqueue.runtime.handling import WorkerStats
 from fdbqueue.runtime.remote import RemoteQueue, RemoteStats
 from fdbqueue.runtime.worker import Worker
 from fdbqueue.store.config import QueueConfig
+from fdbqueue.tasks import Tasks
 from fdbqueue.types import (
     AutonomousId,
     ContentType,
@@ -161,6 +167,13 @@ __all__ = [  # noqa: RUF022 (grouped by role, not sorted)
     "Consumer",
     "Retry",
     "Discard",
+    # -- tasks (functions deferred as messages; results, chains)
+    "Tasks",
+    "TaskFailedError",
+    "TaskTimeoutError",
+    "TaskArgumentsError",
+    "UnknownTaskError",
+    "NoResultError",
     # -- schedules (periodic enqueues)
     "schedule",
     "schedules",

@@ -33,7 +33,7 @@ from fdbqueue.api.queue import Queue
 from fdbqueue.engines.contract import Database, Transaction, Watch, adopt, is_transaction
 from fdbqueue.errors import EngineError, QueueError
 from fdbqueue.ops import journaling, tracing
-from fdbqueue.ops.settling import Settler, lease_settling
+from fdbqueue.ops.settling import AfterAck, Settler, lease_settling
 from fdbqueue.ops.steps import Emit, Run, Steps, refused, refused_wait, resume
 from fdbqueue.ops.txn import as_database
 from fdbqueue.ops.waiting import wait_ready_steps, watch_queue
@@ -43,10 +43,13 @@ from fdbqueue.runtime.handling import (
     Queues,
     WorkerStats,
     _as_queues,
+    ack_after,
     check_handler,
     check_time_limit,
+    dead_hook,
     engine_failure,
     give_back,
+    nack_noting,
     settle_failure,
     time_limit_reason,
     until_empty_wait,
@@ -382,6 +385,7 @@ class AsyncWorker:
         self.db = db
         self.queues = _as_queues(queues)
         self.handler = handler
+        self._on_dead = dead_hook(handler)  # e.g. a task's failure result, with the dead letter
         self.concurrency = concurrency
         self.lease_seconds = None if lease_seconds is None else check_duration("lease_seconds", lease_seconds)
         self.heartbeat = check_flag("heartbeat", heartbeat)
@@ -534,7 +538,8 @@ class AsyncWorker:
                 if self._stop.is_set():  # stopping: a message not started goes back
                     raise asyncio.CancelledError
                 with tracing.span(q.name, m.id, m.headers):  # the enqueuer's trace, with OpenTelemetry
-                    if not await self._call(m):
+                    ran, value = await self._call(m)
+                    if not ran:
                         beat.drop(m)  # renewed no more: released as a failed delivery
                         await _off(self._timed_out, q, m)
                         self._at_limit(settler)
@@ -548,7 +553,7 @@ class AsyncWorker:
             if engine_failure(exc):
                 await _off(self._release, q, m)
                 return
-            kind = await _off(settle_failure, self.db, q, m, exc, log)
+            kind = await _off(settle_failure, self.db, q, m, exc, log, self._on_dead)
             with self._lock:
                 self.stats.failed += 1
                 self.stats.retried += kind == "retried"
@@ -556,22 +561,23 @@ class AsyncWorker:
             self._at_limit(settler)
             return
         beat.drop(m)
+        after = value if isinstance(value, AfterAck) else None  # writes to commit with the ack
         if settler is not None:
-            settler.add(q, m)
+            settler.add(q, m, after)
             self._at_limit(settler)
             return
         try:
-            await _off(q.ack, self.db, m)
+            await _off(ack_after, self.db, q, m, after)
         except QueueError as err:
             log.warning("could not ack %s: %s", m.id, err)
             return
         self._settled(q, 1, [])
 
-    async def _call(self, m: Message) -> bool:
-        """Await the handler on ``m``; False if it ran past ``time_limit`` (then cancelled)."""
+    async def _call(self, m: Message) -> tuple[bool, Any]:
+        """Await the handler on ``m``: (True, what it returned), or (False, None) if it ran past
+        ``time_limit`` (then cancelled)."""
         if self.time_limit is None:
-            await self.handler(m)
-            return True
+            return True, await self.handler(m)
         call = asyncio.ensure_future(self.handler(m))
         try:
             done, _ = await asyncio.wait({call}, timeout=self.time_limit)
@@ -579,11 +585,10 @@ class AsyncWorker:
             call.cancel()  # stopped at once: the handler with it
             raise
         if done:
-            call.result()  # its exception, if it raised
-            return True
+            return True, call.result()  # its exception, if it raised
         call.cancel()  # not awaited: a handler that ignores cancelling cannot hold the slot
         call.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: not logged
-        return False
+        return False, None
 
     def _timed_out(self, q: Queue, m: Message) -> None:
         assert self.time_limit is not None
@@ -597,7 +602,7 @@ class AsyncWorker:
             extra={"queue": q.name, "message_id": m.id, "deliveries": m.deliveries},
         )
         try:
-            q.nack(self.db, m, reason=time_limit_reason(self.time_limit))
+            nack_noting(self.db, q, m, reason=time_limit_reason(self.time_limit), on_dead=self._on_dead)
         except QueueError as err:
             log.warning("could not nack %s on %r: %s", m.id, q.name, err)
         with self._lock:

@@ -340,3 +340,43 @@ class MissingExtraError(QueueError, ImportError):
         hint = f"pip install '.[{extra}]' in a checkout of fdbqueue"
         super().__init__(f"{feature} needs the {extra!r} extra: {hint}{lacking}")
         self.name = missing
+
+
+# -- tasks -------------------------------------------------------------------------------------
+
+
+class TaskArgumentsError(QueueError, TypeError):
+    """A task was deferred (or a signature made) with arguments that do not bind to the
+    function's signature, or that JSON cannot carry: refused before anything is written."""
+
+
+class UnknownTaskError(QueueError, LookupError):
+    """A task name no registry knows: refused by ``Tasks.defer_by_name``; a worker that meets
+    one dead-letters the message with this error's text as the reason."""
+
+
+class TaskFailedError(QueueError):
+    """``Tasks.result``: the task failed for good (its message was dead-lettered: out of
+    deliveries, discarded, past its time limit, or an unknown task). ``type`` and ``text`` are
+    the exception's (``type`` is ``"time_limit"`` for a task that ran past its time limit),
+    ``message_id`` the task's id."""
+
+    def __init__(self, message_id: str, type_name: str, text: str) -> None:
+        self.message_id = message_id
+        self.type = type_name
+        self.text = text
+        super().__init__(
+            f"task {message_id} failed: {type_name}: {text}"
+            if text
+            else f"task {message_id} failed: {type_name}"
+        )
+
+
+class TaskTimeoutError(QueueError, TimeoutError):
+    """``Tasks.result``: no result within the timeout (the task has not finished yet). A
+    TimeoutError too."""
+
+
+class NoResultError(QueueError, LookupError):
+    """``Tasks.result``: nothing is kept for that id: not a task with ``store_result=True``,
+    never deferred, or its result outlived its TTL."""

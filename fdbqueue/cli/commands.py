@@ -546,13 +546,23 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--enqueue", action="store_true", help=f"{name} enqueue (neither flag: both)")
         p.add_argument("--dequeue", action="store_true", help=f"{name} dequeue (neither flag: both)")
 
-    p = add("worker", _cmd_worker, "run a handler over queues until SIGTERM / Ctrl-C")
-    p.add_argument("names", nargs="*", metavar="NAME", help="more queues")
+    p = add(
+        "worker",
+        _cmd_worker,
+        "run a handler over queues, or an app's tasks, until SIGTERM / Ctrl-C",
+        named=False,
+    )
+    p.add_argument("names", nargs="*", metavar="NAME", help="the queues (with --handler)")
     p.add_argument(
         "--handler",
-        required=True,
         metavar="MODULE:FUNCTION",
         help="lease mode: f(message); exactly-once: f(tr, message)",
+    )
+    p.add_argument(
+        "--tasks",
+        metavar="MODULE:APP",
+        help="run the tasks of an fdbqueue.Tasks app over their queues (no NAME, no --handler); "
+        "the app's own database unless --url is given",
     )
     p.add_argument(
         "--mode",
@@ -649,8 +659,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as exc:  # --help, --version, or a usage error argparse has printed
         return exc.code if isinstance(exc.code, int) else 2
-    if args.command == "worker":
-        args.names = [args.name, *args.names]
     db: fdbqueue.Database | None = None
     try:
         if args.command in ("demo", "forward", "audit"):  # no main database opened here

@@ -17,32 +17,50 @@ from fdbqueue.cli.console import CommandError, _print_json, _worker_summary, set
 
 def _load_handler(spec: str) -> Callable[..., Any]:
     """``module:function`` (or ``module:obj.method``), imported from the current directory too."""
+    obj = _load(spec, "--handler", "module:function", "handler")
+    if not callable(obj):
+        raise CommandError(f"handler {spec!r} is not callable")
+    return obj  # type: ignore[no-any-return]
+
+
+def _load_tasks(spec: str) -> fdbqueue.Tasks:
+    """``module:app``: an :class:`fdbqueue.Tasks`, imported from the current directory too."""
+    obj = _load(spec, "--tasks", "module:app", "tasks")
+    if not isinstance(obj, fdbqueue.Tasks):
+        raise CommandError(f"--tasks {spec!r} is a {type(obj).__name__}, not an fdbqueue.Tasks app")
+    return obj
+
+
+def _load(spec: str, option: str, shape: str, what: str) -> Any:
+    """The object ``module:attr`` names (``attr`` may be dotted)."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise CommandError(f"--handler must look like module:function, got {spec!r}")
+        raise CommandError(f"{option} must look like {shape}, got {spec!r}")
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m` does; the console script does not
     try:
         obj: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and (module_name + ".").startswith(exc.name + "."):
-            raise CommandError(f"cannot import handler module {module_name!r}: no such module") from None
-        raise CommandError(f"importing handler module {module_name!r} failed: {exc}") from None
+            raise CommandError(f"cannot import {what} module {module_name!r}: no such module") from None
+        raise CommandError(f"importing {what} module {module_name!r} failed: {exc}") from None
     except Exception as exc:  # the user's module raised on import: their mistake, one line
         raise CommandError(
-            f"importing handler module {module_name!r} failed: {type(exc).__name__}: {exc}"
+            f"importing {what} module {module_name!r} failed: {type(exc).__name__}: {exc}"
         ) from None
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise CommandError(f"handler module {module_name!r} has no attribute {attr!r}") from None
-    if not callable(obj):
-        raise CommandError(f"handler {spec!r} is not callable")
-    return obj  # type: ignore[no-any-return]
+            raise CommandError(f"{what} module {module_name!r} has no attribute {attr!r}") from None
+    return obj
 
 
 def _cmd_worker(db: fdbqueue.Database, args: argparse.Namespace) -> int:
+    if args.tasks is not None:
+        return _cmd_task_worker(db, args)
+    if args.handler is None or not args.names:
+        raise CommandError("worker needs queue names and --handler MODULE:FUNCTION, or --tasks MODULE:APP")
     handler = _load_handler(args.handler)
     from fdbqueue import Worker  # public API
 
@@ -73,6 +91,37 @@ def _cmd_worker(db: fdbqueue.Database, args: argparse.Namespace) -> int:
     )
     stats = worker.run(install_signals=True, until_empty=args.until_empty, max_messages=args.max_messages)
     values = dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else dict(vars(stats))
+    if args.json:
+        _print_json(values)
+    else:
+        print(f"worker stopped: {_worker_summary(stats, values)}")
+    return 0
+
+
+def _cmd_task_worker(db: fdbqueue.Database, args: argparse.Namespace) -> int:
+    """``worker --tasks module:app``: the app's worker over its tasks' queues."""
+    if args.handler is not None or args.names:
+        raise CommandError("--tasks runs the app's own queues: give no queue names and no --handler")
+    if args.mode.replace("-", "_") != "lease":
+        raise CommandError("--tasks runs in lease mode (results and chains commit with the ack)")
+    app = _load_tasks(args.tasks)
+    setup_logging(args.log_level, args.log_format)
+    worker = app.worker(
+        concurrency=args.concurrency,
+        processes=getattr(args, "processes", None) or 0,  # the process pool's option, where there is one
+        time_limit=args.time_limit,
+        db=db if args.url else None,  # the app's own database unless --url names one
+        lease_seconds=args.lease_seconds,
+        heartbeat=args.heartbeat,
+        shutdown_timeout=args.shutdown_timeout,
+    )
+    print(
+        f"fdbqueue worker: {len(app.tasks)} tasks of {args.tasks} on {', '.join(app.queues)}, concurrency "
+        f"{args.concurrency}; stop with SIGTERM or Ctrl-C",
+        file=sys.stderr,
+    )
+    stats = worker.run(install_signals=True, until_empty=args.until_empty, max_messages=args.max_messages)
+    values = dataclasses.asdict(stats)
     if args.json:
         _print_json(values)
     else:

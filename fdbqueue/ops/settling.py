@@ -47,6 +47,21 @@ class Handle(Protocol):
 
 Q = TypeVar("Q", bound=Handle)
 
+
+class AfterAck:
+    """What a lease-mode handler may return to have writes commit in the transaction that acks
+    its message (and only if that ack lands): a task's result, the next task of a chain. Plain
+    data with a :meth:`write` method, so that it can cross a process boundary."""
+
+    __slots__ = ()
+
+    def write(self, tr: Transaction) -> None:
+        """Write, inside ``tr``, what must commit with the ack."""
+        raise NotImplementedError
+
+
+Pending = tuple[Q, Message, AfterAck | None]
+
 log = logging.getLogger("fdbqueue.runtime.worker")
 
 IDLE_EXIT = 0.2  # seconds the settler's thread waits for acks before it ends (an idle worker)
@@ -125,7 +140,7 @@ class Settler(Generic[Q]):
         done: Callable[[Q, int, list[Message]], None],
     ) -> None:
         self.db, self.linger, self.batch, self.done = db, linger, batch, done
-        self._pending: list[tuple[Q, Message]] = []
+        self._pending: list[Pending[Q]] = []
         self._first = 0.0
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -137,11 +152,12 @@ class Settler(Generic[Q]):
         with self._cond:
             return self._unsettled
 
-    def add(self, q: Q, m: Message) -> None:
+    def add(self, q: Q, m: Message, after: AfterAck | None = None) -> None:
+        """``m``'s handler returned: ack it with the next batch (``after`` written with the ack)."""
         with self._cond:
             if not self._pending:
                 self._first = time.monotonic()
-            self._pending.append((q, m))
+            self._pending.append((q, m, after))
             self._unsettled += 1
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="fdbqueue-settler", daemon=True)
@@ -149,17 +165,26 @@ class Settler(Generic[Q]):
             if len(self._pending) == 1 or len(self._pending) >= self.batch:
                 self._cond.notify()  # once a batch: a thread switch a message would cost more
 
-    def take(self) -> list[tuple[Q, Message]]:
+    def take(self) -> list[Pending[Q]]:
         """The pending acks, handed to the caller to commit with its next lease."""
         with self._cond:
             got, self._pending = self._pending, []
             return got
 
-    def settle(self, t: Transaction, got: list[tuple[Q, Message]]) -> list[Any]:
-        """Ack ``got`` in ``t``; what :meth:`report` needs once ``t`` commits."""
+    def settle(self, t: Transaction, got: list[Pending[Q]]) -> list[Any]:
+        """Ack ``got`` in ``t``, with the writes each acked message's handler asked for; what
+        :meth:`report` needs once ``t`` commits."""
         out = []
         for q, msgs in _by_queue(got).items():
-            out.append((q, msgs, ack_in_batch(t, q.keys, msgs)))
+            acked = ack_in_batch(t, q.keys, msgs)
+            out.append((q, msgs, acked))
+        afters = {m.id: after for _, m, after in got if after is not None}
+        if afters:  # only for messages whose ack is in this transaction: a lost lease writes nothing
+            for _, _, acked in out:
+                for m in acked:
+                    after = afters.get(m.id)
+                    if after is not None:
+                        after.write(t)
         return out
 
     def report(self, results: list[Any]) -> None:
@@ -173,7 +198,7 @@ class Settler(Generic[Q]):
         """Ack what is pending now, in one transaction."""
         self.settle_now(self.take())
 
-    def settle_now(self, got: list[tuple[Q, Message]]) -> None:
+    def settle_now(self, got: list[Pending[Q]]) -> None:
         """Ack ``got`` in a transaction of its own, exactly once across commit_unknown_result."""
         if not got:
             return
@@ -237,8 +262,8 @@ def lease_settling(
     return leased
 
 
-def _by_queue(got: list[tuple[Q, Message]]) -> dict[Q, list[Message]]:
+def _by_queue(got: list[Pending[Q]]) -> dict[Q, list[Message]]:
     out: dict[Q, list[Message]] = {}
-    for q, m in got:
+    for q, m, _ in got:
         out.setdefault(q, []).append(m)
     return out

@@ -48,7 +48,7 @@ from fdbqueue.api.queue import Queue
 from fdbqueue.engines.contract import Database
 from fdbqueue.errors import QueueError, StopNow
 from fdbqueue.ops import tracing
-from fdbqueue.ops.settling import Settler, lease_settling
+from fdbqueue.ops.settling import AfterAck, Settler, lease_settling
 from fdbqueue.runtime.exactly_once import ExactlyOnce
 from fdbqueue.runtime.fairness import FAIR_SHARE
 from fdbqueue.runtime.handling import (
@@ -59,8 +59,10 @@ from fdbqueue.runtime.handling import (
     TimeLimit,
     WorkerStats,
     _as_queues,
+    ack_after,
     check_handler,
     check_time_limit,
+    dead_hook,
     engine_failure,
     normalise_mode,
     settle_failure,
@@ -110,6 +112,7 @@ class Worker(ExactlyOnce):
         self.workset = work_set_of(queues)  # a pattern or partitioned queue: fair turns
         self.queues = [] if self.workset is not None else _as_queues(queues)
         self.handler = handler
+        self._on_dead = dead_hook(handler)  # e.g. a task's failure result, with the dead letter
         self.mode = mode
         self.concurrency = concurrency
         self.lease_seconds = (
@@ -435,16 +438,20 @@ class Worker(ExactlyOnce):
         began = time.perf_counter()
         try:
             if self._limiter is None:
-                tracing.run(q.name, m.id, m.headers, self.handler, m)
+                value = tracing.run(q.name, m.id, m.headers, self.handler, m)
             elif not self._limiter.reserve():  # abandoned threads took the places meanwhile:
                 self._beat.drop(m)  # held by no one here, so others may take it at once
                 self._release(q, m)
                 return
-            elif not self._limiter.run(self._stop, tracing.run, q.name, m.id, m.headers, self.handler, m)[0]:
-                self._beat.drop(m)  # renewed no more: past its limit the message is released
-                self._timed_out(q, m, began)
-                self._count(q, False)
-                return
+            else:
+                ran, value = self._limiter.run(
+                    self._stop, tracing.run, q.name, m.id, m.headers, self.handler, m
+                )
+                if not ran:
+                    self._beat.drop(m)  # renewed no more: past its limit the message is released
+                    self._timed_out(q, m, began)
+                    self._count(q, False)
+                    return
         except StopNow:
             self._beat.drop(m)
             self._release(q, m)  # stopped at once: back, the delivery not counted
@@ -455,19 +462,20 @@ class Worker(ExactlyOnce):
                 self._release(q, m)  # back without counting a delivery
                 self.backoff.wait(f"handler on {m.id} of {q.name!r}", exc, self._stop)
                 return
-            kind = settle_failure(self.db, q, m, exc, log)
+            kind = settle_failure(self.db, q, m, exc, log, self._on_dead)
             self._observe(q, began, kind)
             self._tally(kind)
             self._count(q, False)
             return
         self._beat.drop(m)
         self._observe(q, began, "ok")
+        after = value if isinstance(value, AfterAck) else None  # writes to commit with the ack
         if self._settler is not None:  # acked with others, within settle_linger
-            self._settler.add(q, m)
+            self._settler.add(q, m, after)
             self._stop_at_limit()
             return
         try:
-            q.ack(self.db, m)
+            ack_after(self.db, q, m, after)
         except QueueError as err:
             if engine_failure(err):  # the lease runs out and the message comes back
                 self.backoff.wait(f"ack of {m.id} on {q.name!r}", err, self._stop)

@@ -20,10 +20,12 @@ from fdbqueue.ops.waiting import QueueWatcher
 from fdbqueue.runtime.fairness import WorkSet
 from fdbqueue.runtime.handling import (
     Backoff,
+    DeadHook,
     PrefetchBudget,
     WorkerStats,
     engine_failure,
     give_back,
+    nack_noting,
     time_limit_reason,
     until_empty_wait,
 )
@@ -49,6 +51,7 @@ class WorkerBase:
     run_schedules: bool
     time_limit: float | None
     backoff: Backoff
+    _on_dead: DeadHook | None  # the handler's on_dead, written with a dead-lettering nack
     _settler: Settler[Queue] | None
     _exporter: Any  # metrics.Exporter while run() runs with a metrics_port
     _stop: threading.Event
@@ -193,7 +196,7 @@ class WorkerBase:
         """Nack the leased ``m`` (its delivery is counted): back after ``delay`` (None: the
         queue's retry delay), or to the error queue at max_deliveries or with ``discard``."""
         try:
-            q.nack(self.db, m, delay=delay, reason=reason, discard=discard)
+            nack_noting(self.db, q, m, reason=reason, delay=delay, discard=discard, on_dead=self._on_dead)
         except QueueError as err:  # the lease ran out meanwhile: the sweep counted it already
             log.warning("could not nack %s on %r: %s", m.id, q.name, err)
 

@@ -10,6 +10,8 @@ default. ``Q`` below is ``root + ("q", queue_name)``::
     root + ("wb",)                              grows when a queue enters the work index (the
                                                 one key an idle many-queue worker watches)
     root + ("wkf",)                             the work index was filled from the listing
+    root + ("tres", message_id)                 a task's result (store_result=True), JSON
+    root + ("texp", expires, message_id)        task results by expiry (a version): swept
     root + ("rt", name, value)                  partitioned queue ``name``: where ``value`` goes
     root + ("pq", name)                         partitioned queue ``name``: {"partitions": N}
     root + ("eq", error_queue, origin)          owned queue ``origin``'s error queue is reserved
@@ -638,3 +640,32 @@ class ScheduleKeys:
 
     def name(self, key: bytes) -> str:
         return str(self._sub.unpack(key)[1])
+
+
+# -- task results (api/tasks.py) ---------------------------------------------------------------
+
+
+class TaskResultKeys:
+    """Task results under one root: ``("tres", message_id)`` holds one task's result record
+    (JSON: pending, its value, or its failure) and ``("texp", expires, message_id)`` indexes
+    the records by expiry (a version), so that a sweep clears the old ones in one range read."""
+
+    __slots__ = ("_sub",)
+
+    def __init__(self, root: tuple[Any, ...] = DEFAULT_ROOT) -> None:
+        self._sub = root_subspace(root)
+
+    def result(self, message_id: str) -> bytes:
+        return bytes(self._sub.pack(("tres", message_id)))
+
+    def expiry(self, expires: int, message_id: str) -> bytes:
+        return bytes(self._sub.pack(("texp", expires, message_id)))
+
+    def expired_range(self, upto: int) -> tuple[bytes, bytes]:
+        """The expiry entries before version ``upto`` (excluded)."""
+        r = self._sub.range(("texp",))
+        return bytes(r.start), bytes(self._sub.pack(("texp", upto)))
+
+    def parse_expiry(self, key: bytes) -> tuple[int, str]:
+        _, expires, message_id = self._sub.unpack(key)
+        return int(expires), str(message_id)

@@ -191,6 +191,7 @@ LAYERS: dict[str, int] = {
     "runtime": 5,  # what runs: workers, dispatcher, fairness, forwarding, metrics
     "aio": 6,  # asyncio faces of the API and the worker
     "testing": 6,  # faults and measures on the sim engine, for application tests
+    "tasks": 6,  # the task registry's face: its worker is a Worker or an AsyncWorker
     "": 7,  # the package's face (fdbqueue/__init__.py)
     "web": 8,  # the dashboard (the web extra)
     "spark": 8,  # the Spark data source, audit and demo step (the spark extra)

@@ -1,0 +1,538 @@
+"""Tasks: named functions whose calls are deferred as messages, and their results.
+
+``TaskRegistry`` is what a :class:`fdbqueue.Tasks` app holds: its task functions by name, the
+``defer`` of a call (its arguments checked against the function's signature and encoded as
+JSON, then enqueued in the caller's transaction or in one of its own), signatures for chains
+(``task.s(...)``) and results (``store_result=True``: kept with a TTL under
+``layout.TaskResultKeys``, waited for on a watch). What runs the tasks is in
+``fdbqueue.runtime.tasks``.
+
+A task message's payload is JSON: ``{"task": name, "args": [...], "kwargs": {...}}``, plus
+``"then": [signature, ...]`` (tasks to enqueue in the transaction that acks this one) and
+``"result": ttl`` (keep the return value that many seconds) when asked for. A signature is
+self-contained (name, queue, arguments, options), so a worker that runs a chain needs no
+registry entry for the next task to enqueue it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fdbqueue.api.admin import queue_config
+from fdbqueue.api.queue import Queue
+from fdbqueue.engines import open_database
+from fdbqueue.engines.contract import Database, Transaction, Watch
+from fdbqueue.errors import (
+    InvalidPayloadError,
+    NoResultError,
+    QueueError,
+    QueueNotFoundError,
+    TaskArgumentsError,
+    TaskFailedError,
+    TaskTimeoutError,
+    UnknownTaskError,
+)
+from fdbqueue.ops.receipts import run_once_confirmed
+from fdbqueue.ops.txn import run_once
+from fdbqueue.store.clock import db_now, versions
+from fdbqueue.store.layout import DEFAULT_ROOT, TaskResultKeys, validate_queue_name
+from fdbqueue.types import check_duration
+
+DEFAULT_QUEUE = "tasks"  # the queue of a task that names none
+# How long a result is kept: one day, as celery's ``result_expires`` default
+# (docs.celeryq.dev, Configuration and defaults, result_expires).
+DEFAULT_RESULT_TTL = 86400.0
+# A result record is written "pending" at defer; one whose task never settles (its message
+# deleted or purged) is forgotten after this long, past any sensible delay.
+PENDING_TTL = 30 * 86400.0
+MAX_RESULT_BYTES = 90_000  # under FoundationDB's 100,000-byte value limit, with the record's fields
+
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$")
+
+
+def check_rate_limit(rate: object) -> str | None:
+    """``"50/s"``, ``"1000/m"`` or ``"10/h"`` (or None): refused here when malformed."""
+    if rate is None:
+        return None
+    found = _RATE.match(rate) if isinstance(rate, str) else None
+    if found is None or float(found.group(1)) <= 0:
+        raise QueueError(f"rate_limit must look like '50/s', '1000/m' or '10/h', got {rate!r}")
+    return str(rate)
+
+
+def _json_check(what: str, value: object) -> None:
+    try:
+        json.dumps(value, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise TaskArgumentsError(f"{what} must be JSON-serialisable: {type(exc).__name__}: {exc}") from None
+
+
+def bind_arguments(
+    name: str, sig: inspect.Signature | None, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> None:
+    """Refuse arguments that do not bind to ``sig`` or that JSON cannot carry."""
+    if sig is not None:
+        try:
+            sig.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TaskArgumentsError(f"task {name!r}{sig} cannot be called so: {exc}") from None
+    _json_check(f"the arguments of task {name!r}", [list(args), dict(kwargs)])
+
+
+@dataclass(frozen=True)
+class Options:
+    """How one deferred call is enqueued (``Task.configure``)."""
+
+    delay: float = 0.0
+    priority: int = 0
+    dedup_key: str | None = None
+    then: tuple[Signature, ...] = ()
+
+    @staticmethod
+    def make(
+        delay: float = 0.0,
+        priority: int = 0,
+        dedup_key: str | None = None,
+        then: Signature | Sequence[Signature] | None = None,
+    ) -> Options:
+        delay = check_duration("delay", delay)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise QueueError(f"priority must be an int, not {type(priority).__name__}")
+        if dedup_key is not None and (not isinstance(dedup_key, str) or not dedup_key):
+            raise QueueError("dedup_key must be a non-empty str or None")
+        chain: tuple[Signature, ...]
+        if then is None:
+            chain = ()
+        elif isinstance(then, Signature):
+            chain = (then,)
+        elif isinstance(then, (list, tuple)) and all(isinstance(s, Signature) for s in then):
+            chain = tuple(then)
+        else:
+            raise QueueError(f"then must be a signature (task.s(...)) or a list of them, got {then!r}")
+        return Options(delay, priority, dedup_key, chain)
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A task call to make later (``task.s(...)``): its arguments were checked when it was
+    made. ``then=`` enqueues it in the transaction that acks the first task."""
+
+    task: str
+    queue: str
+    root: tuple[Any, ...]
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    options: Options = field(default_factory=Options)
+    result_ttl: float | None = None  # the task keeps its result this long (store_result)
+
+    def to_json(self) -> dict[str, Any]:
+        o = self.options
+        out: dict[str, Any] = {"task": self.task, "queue": self.queue, "args": list(self.args)}
+        if self.kwargs:
+            out["kwargs"] = dict(self.kwargs)
+        if list(self.root) != list(DEFAULT_ROOT):
+            out["root"] = list(self.root)
+        if o.delay:
+            out["delay"] = o.delay
+        if o.priority:
+            out["priority"] = o.priority
+        if o.dedup_key is not None:
+            out["dedup_key"] = o.dedup_key
+        if o.then:
+            out["then"] = [s.to_json() for s in o.then]
+        if self.result_ttl is not None:
+            out["result"] = self.result_ttl
+        return out
+
+
+def task_payload(sig: Signature) -> dict[str, Any]:
+    """The message payload of a deferred call."""
+    out: dict[str, Any] = {"task": sig.task, "args": list(sig.args)}
+    if sig.kwargs:
+        out["kwargs"] = dict(sig.kwargs)
+    if sig.options.then:
+        out["then"] = [s.to_json() for s in sig.options.then]
+    if sig.result_ttl is not None:
+        out["result"] = sig.result_ttl
+    return out
+
+
+def enqueue_signature(tr: Transaction | Database, sig: Signature) -> str:
+    """Enqueue ``sig``'s call; returns the message id. In a transaction it composes with the
+    caller's writes; given a Database, one transaction of its own, exactly once across
+    commit_unknown_result. With a result to keep, a "pending" record is written with it."""
+    q = Queue(sig.queue, root=sig.root)
+    payload = task_payload(sig)
+    o = sig.options
+
+    def enqueue(t: Transaction | Database) -> str:
+        try:
+            return q.enqueue(t, payload, priority=o.priority, delay=o.delay, dedup_key=o.dedup_key)
+        except InvalidPayloadError as exc:
+            raise TaskArgumentsError(f"task {sig.task!r}: {exc}") from None
+
+    if sig.result_ttl is None:
+        return enqueue(tr)
+
+    def body(t: Transaction) -> str:
+        mid = enqueue(t)
+        write_pending(t, sig, mid)
+        return mid
+
+    return run_once_confirmed(tr, q.keys, body)  # the caller's transaction, or one of its own
+
+
+def signature_from_json(data: Mapping[str, Any]) -> Signature:
+    """A signature as a chained task's payload carries it (:meth:`Signature.to_json`)."""
+    then = tuple(signature_from_json(s) for s in data.get("then", ()))
+    options = Options(
+        float(data.get("delay", 0.0)), int(data.get("priority", 0)), data.get("dedup_key"), then
+    )
+    result = data.get("result")
+    return Signature(
+        str(data["task"]),
+        str(data["queue"]),
+        tuple(data.get("root", DEFAULT_ROOT)),
+        tuple(data.get("args", ())),
+        dict(data.get("kwargs", {})),
+        options,
+        None if result is None else float(result),
+    )
+
+
+# -- results -------------------------------------------------------------------------------------
+
+
+def _record(state: str, expires: int, **fields: Any) -> bytes:
+    return json.dumps({"s": state, "e": expires, **fields}, separators=(",", ":")).encode()
+
+
+def write_pending(t: Transaction, sig: Signature, mid: str) -> None:
+    """A "pending" result record for ``mid``, unless one is there (a deduplicated defer)."""
+    keys = TaskResultKeys(sig.root)
+    key = keys.result(mid)
+    if t.get(key) is not None:
+        return
+    expires = db_now(t) + versions(PENDING_TTL + sig.options.delay)
+    t.set(key, _record("pending", expires, q=sig.queue, task=sig.task))
+    t.set(keys.expiry(expires, mid), b"")
+
+
+def encode_value(value: object) -> bytes:
+    """A return value as JSON, or TaskArgumentsError when JSON cannot carry it (or it is too
+    large to keep)."""
+    try:
+        raw = json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise TaskArgumentsError(f"the task's return value cannot be kept as JSON: {exc}") from None
+    if len(raw) > MAX_RESULT_BYTES:
+        raise TaskArgumentsError(
+            f"the task's return value is {len(raw)} bytes as JSON, over {MAX_RESULT_BYTES}"
+        )
+    return raw
+
+
+def write_result(
+    t: Transaction,
+    root: tuple[Any, ...],
+    mid: str,
+    ttl: float,
+    *,
+    value: bytes | None = None,
+    failure: tuple[str, str] | None = None,
+) -> None:
+    """Keep ``mid``'s outcome for ``ttl`` seconds: its value (JSON bytes) or its failure
+    (type, text). Blind writes: no conflict with anything."""
+    keys = TaskResultKeys(root)
+    expires = db_now(t) + versions(ttl)
+    if failure is not None:
+        rec = _record("failed", expires, type=failure[0], text=failure[1])
+    else:
+        head = json.dumps({"s": "ok", "e": expires}, separators=(",", ":")).encode()
+        rec = head[:-1] + b',"v":' + (value or b"null") + b"}"
+    t.set(keys.result(mid), rec)
+    t.set(keys.expiry(expires, mid), b"")
+
+
+def failure_of(reason: str) -> tuple[str, str]:
+    """A dead letter's reason (``"Type: text"``, as a worker writes it) as (type, text)."""
+    head, sep, rest = reason.partition(": ")
+    if sep and head.replace(".", "").replace("_", "").isalnum():
+        return head, rest
+    return reason, ""
+
+
+def _read_result(t: Transaction, keys: TaskResultKeys, mid: str) -> dict[str, Any] | None:
+    raw = t.get(keys.result(mid))
+    if raw is None:
+        return None
+    rec: dict[str, Any] = json.loads(raw)
+    if rec.get("s") != "pending" and int(rec.get("e", 0)) <= db_now(t):
+        return None  # past its TTL: gone, whether or not a sweep has cleared it yet
+    return rec
+
+
+def result(db: Database, root: tuple[Any, ...], mid: str, timeout: float | None) -> Any:
+    """See :meth:`TaskRegistry.result`."""
+    if not isinstance(mid, str) or not mid:
+        raise QueueError(f"a task's message id is a non-empty str, got {mid!r}")
+    if timeout is not None:
+        timeout = check_duration("timeout", timeout)
+    keys = TaskResultKeys(root)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+
+        def look(t: Transaction, _: bool) -> tuple[dict[str, Any] | None, Watch | None]:
+            # The read and the watch in one transaction: a result written after the read
+            # fires it (FoundationDB's developer guide, "Watches").
+            rec = _read_result(t, keys, mid)
+            return rec, (t.watch(keys.result(mid)) if rec is not None and rec["s"] == "pending" else None)
+
+        rec, watch = run_once(db, look)
+        if rec is None:
+            raise NoResultError(
+                f"no result is kept for task {mid}: not a task with store_result=True, never "
+                "deferred, or its result outlived its TTL"
+            )
+        if rec["s"] == "ok":
+            return rec.get("v")
+        if rec["s"] == "failed":
+            raise TaskFailedError(mid, str(rec.get("type", "")), str(rec.get("text", "")))
+        left = None if deadline is None else deadline - time.monotonic()
+        assert watch is not None
+        try:
+            fired = watch.wait(left) if left is None or left > 0 else False
+        finally:
+            watch.cancel()
+        if not fired:
+            _dead_letter_check(db, root, mid, rec)
+            raise TaskTimeoutError(f"task {mid} has no result after {timeout:g} s (still pending)")
+
+
+def _dead_letter_check(db: Database, root: tuple[Any, ...], mid: str, rec: Mapping[str, Any]) -> None:
+    """A pending task whose message reached its error queue with no failure recorded (its
+    lease ran out on the last delivery: the worker died): raise its failure from there."""
+    name = rec.get("q")
+    if not isinstance(name, str):
+        return
+    try:
+        errq = queue_config(db, name, root=root).error_queue_for(name)
+        m = Queue(errq, root=root).get(db, mid)
+    except (QueueNotFoundError, QueueError):
+        return
+    if m is not None and m.origin == name:
+        raise TaskFailedError(mid, *failure_of(m.reason or "dead-lettered"))
+
+
+def sweep_results(tr: Transaction | Database, root: tuple[Any, ...], limit: int = 1000) -> int:
+    """Clear up to ``limit`` results past their TTL; returns how many. Idempotent."""
+
+    def body(t: Transaction, _: bool) -> int:
+        keys = TaskResultKeys(root)
+        now = db_now(t)
+        n = 0
+        begin, end = keys.expired_range(now)
+        for kv in t.get_range(begin, end, limit=limit):
+            expires, mid = keys.parse_expiry(kv.key)
+            raw = t.get(keys.result(mid))
+            if raw is not None and int(json.loads(raw).get("e", 0)) <= expires:
+                t.clear(keys.result(mid))  # not rewritten since (a pending record's final outcome)
+                n += 1
+            t.clear(kv.key)
+        return n
+
+    return run_once(tr, body)
+
+
+# -- the registry ----------------------------------------------------------------------------------
+
+
+class Task:
+    """A registered task function (``@app.task``). Calling it runs the function here, now;
+    :meth:`defer` enqueues the call for a worker."""
+
+    def __init__(
+        self,
+        app: TaskRegistry,
+        fn: Callable[..., Any],
+        name: str,
+        queue: str,
+        max_deliveries: int | None,
+        time_limit: float | None,
+        rate_limit: str | None,
+        store_result: bool,
+        result_ttl: float,
+    ) -> None:
+        self.app = app
+        self.fn = fn
+        self.name = name
+        self.queue = queue
+        self.max_deliveries = max_deliveries
+        self.time_limit = time_limit
+        self.rate_limit = rate_limit
+        self.store_result = store_result
+        self.result_ttl = result_ttl
+        self.is_async = inspect.iscoroutinefunction(fn)
+        try:
+            self.signature: inspect.Signature | None = inspect.signature(fn)
+        except (TypeError, ValueError):
+            self.signature = None  # some builtins: arguments checked as JSON only
+        self.__doc__ = fn.__doc__
+        self.__name__ = getattr(fn, "__name__", name)
+        self.__qualname__ = getattr(fn, "__qualname__", name)
+        self.__module__ = getattr(fn, "__module__", __name__)
+        self.__wrapped__ = fn
+
+    def __repr__(self) -> str:
+        return f"<task {self.name} on queue {self.queue!r}>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the function now, in this thread (no queue involved)."""
+        return self.fn(*args, **kwargs)
+
+    def s(self, *args: Any, **kwargs: Any) -> Signature:
+        """A signature of this call (checked now) for ``then=``."""
+        return self.configure().s(*args, **kwargs)
+
+    def configure(
+        self,
+        *,
+        delay: float = 0.0,
+        priority: int = 0,
+        dedup_key: str | None = None,
+        then: Signature | Sequence[Signature] | None = None,
+    ) -> Configured:
+        """This task with options for its next ``defer`` (or ``s``): ``delay`` seconds,
+        ``priority``, ``dedup_key`` (the queue's dedup window), ``then`` (tasks to enqueue in
+        the transaction that acks this one)."""
+        return Configured(self, Options.make(delay, priority, dedup_key, then))
+
+    def defer(self, tr: Transaction | Database, /, *args: Any, **kwargs: Any) -> str:
+        """Enqueue this call; returns the message id. ``tr`` a transaction: it commits or
+        aborts with the caller's writes; a Database: one transaction of its own, exactly once.
+        Arguments that do not bind to the function's signature, or that JSON cannot carry,
+        raise TaskArgumentsError and nothing is written."""
+        return Configured(self, Options()).defer(tr, *args, **kwargs)
+
+
+class Configured:
+    """A task with options for one call (``task.configure(...)``)."""
+
+    def __init__(self, task: Task, options: Options) -> None:
+        self.task = task
+        self.options = options
+
+    def s(self, *args: Any, **kwargs: Any) -> Signature:
+        t = self.task
+        bind_arguments(t.name, t.signature, args, kwargs)
+        return Signature(
+            t.name,
+            t.queue,
+            t.app.root,
+            tuple(args),
+            dict(kwargs),
+            self.options,
+            t.result_ttl if t.store_result else None,
+        )
+
+    def defer(self, tr: Transaction | Database, /, *args: Any, **kwargs: Any) -> str:
+        """As :meth:`Task.defer`, with these options."""
+        return enqueue_signature(tr, self.s(*args, **kwargs))
+
+
+class TaskRegistry:
+    """Task functions by name over one database (see :class:`fdbqueue.Tasks`)."""
+
+    def __init__(
+        self,
+        db: Database | str | None = None,
+        *,
+        queue: str = DEFAULT_QUEUE,
+        root: tuple[Any, ...] = DEFAULT_ROOT,
+        result_ttl: float = DEFAULT_RESULT_TTL,
+    ) -> None:
+        self.db: Database = open_database(db) if db is None or isinstance(db, str) else db
+        self.default_queue = validate_queue_name(queue)
+        self.root = tuple(root)
+        self.result_ttl = check_duration("result_ttl", result_ttl, positive=True)
+        self.tasks: dict[str, Task] = {}
+
+    def task(
+        self,
+        fn: Callable[..., Any] | None = None,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        max_deliveries: int | None = None,
+        time_limit: float | None = None,
+        rate_limit: str | None = None,
+        store_result: bool = False,
+        result_ttl: float | None = None,
+    ) -> Any:
+        """Register ``fn`` as a task (``@app.task`` or ``@app.task(...)``); returns the
+        :class:`Task`. ``name``: default ``module.qualname``. ``queue``: default the app's
+        (``"tasks"``). ``max_deliveries``: runs at most this many times (the queue's own
+        setting still applies: the app's worker raises it to the highest of its tasks').
+        ``time_limit``: seconds a run may take. ``rate_limit``: ``"50/s"``, kept for the
+        worker. ``store_result``: keep the return value (JSON) ``result_ttl`` seconds."""
+        if fn is not None and not callable(fn):
+            raise QueueError(f"@app.task decorates a function, got {fn!r}")
+        if max_deliveries is not None and (
+            isinstance(max_deliveries, bool) or not isinstance(max_deliveries, int) or max_deliveries < 1
+        ):
+            raise QueueError(f"max_deliveries must be an int >= 1 or None, got {max_deliveries!r}")
+        limit = None if time_limit is None else check_duration("time_limit", time_limit, positive=True)
+        rate = check_rate_limit(rate_limit)
+        if not isinstance(store_result, bool):
+            raise QueueError(f"store_result must be True or False, got {store_result!r}")
+        ttl = (
+            self.result_ttl if result_ttl is None else check_duration("result_ttl", result_ttl, positive=True)
+        )
+        qname = validate_queue_name(queue if queue is not None else self.default_queue)
+
+        def register(f: Callable[..., Any]) -> Task:
+            tname = name if name is not None else f"{f.__module__}.{f.__qualname__}"
+            if not isinstance(tname, str) or not tname:
+                raise QueueError(f"a task's name is a non-empty str, got {tname!r}")
+            if tname in self.tasks and self.tasks[tname].fn is not f:
+                raise QueueError(f"a task named {tname!r} is registered already ({self.tasks[tname].fn!r})")
+            t = Task(self, f, tname, qname, max_deliveries, limit, rate, store_result, ttl)
+            self.tasks[tname] = t
+            return t
+
+        return register if fn is None else register(fn)
+
+    @property
+    def queues(self) -> list[str]:
+        """The queues of the registered tasks, in registration order."""
+        return list(dict.fromkeys(t.queue for t in self.tasks.values()))
+
+    def get(self, name: str) -> Task:
+        """The task registered as ``name``; UnknownTaskError otherwise."""
+        task = self.tasks.get(name)
+        if task is None:
+            known = ", ".join(sorted(self.tasks)) or "none"
+            raise UnknownTaskError(f"no task named {name!r} is registered (known: {known})")
+        return task
+
+    def defer_by_name(self, tr: Transaction | Database, name: str, /, *args: Any, **kwargs: Any) -> str:
+        """``defer`` of the task registered as ``name``: UnknownTaskError if none is."""
+        return self.get(name).defer(tr, *args, **kwargs)
+
+    def result(self, db: Database | None, message_id: str, timeout: float | None = 10.0) -> Any:
+        """The return value of the task ``message_id`` (deferred with ``store_result=True``),
+        waiting up to ``timeout`` seconds (None: as long as it takes) on a watch. Raises
+        TaskFailedError (the exception's type and text) when the task failed for good,
+        TaskTimeoutError when it has not finished in time, NoResultError when nothing is kept
+        for that id. Read-only."""
+        return result(db if db is not None else self.db, self.root, message_id, timeout)
+
+    def sweep_results(self, db: Database | None = None, *, limit: int = 1000) -> int:
+        """Clear results past their TTL (a worker of the app does it at its sweeps)."""
+        return sweep_results(db if db is not None else self.db, self.root, limit)

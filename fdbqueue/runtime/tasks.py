@@ -1,0 +1,231 @@
+"""Running tasks: the handler a worker calls on a task message, and the worker of an app.
+
+:class:`TaskRunner` is a lease-mode handler: it decodes the message (``api/tasks.py`` has its
+format), finds the task, calls the function outside any transaction and returns a
+:class:`TaskDone` - the result to keep and the chained tasks to enqueue - which the Worker
+writes in the transaction that acks the message (``ops.settling.AfterAck``), so the next task
+of a chain is enqueued exactly when, and only if, this one is settled as done. A failure is
+the Worker's usual nack; when it dead-letters the message, :meth:`TaskRunner.on_dead` writes
+the failure (type and text) as the task's result in that same transaction. Nothing is
+enqueued for a task that failed.
+
+Lease mode is at-least-once: a worker that dies after the function returned and before the
+ack committed runs the task again (its result and its chain are still written once, with the
+one ack that lands). A task that must not run twice writes through the exactly-once Worker
+(``mode="exactly_once"``) instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from fdbqueue.api.admin import create_queue, queue_config
+from fdbqueue.api.tasks import (
+    Task,
+    TaskRegistry,
+    encode_value,
+    enqueue_signature,
+    failure_of,
+    signature_from_json,
+    sweep_results,
+    write_result,
+)
+from fdbqueue.engines.contract import Database, Transaction
+from fdbqueue.errors import (
+    Discard,
+    QueueError,
+    QueueNotFoundError,
+    Retry,
+    TaskArgumentsError,
+    UnknownTaskError,
+)
+from fdbqueue.ops.settling import AfterAck
+from fdbqueue.runtime.handling import failure_text, time_limit_reason
+from fdbqueue.types import Message
+
+log = logging.getLogger("fdbqueue.runtime.worker")
+
+RESULT_SWEEP_EVERY = 60.0  # seconds between a runner's sweeps of expired results
+
+
+class TaskTimeLimitExceeded(Exception):
+    """A task returned after its own ``time_limit`` (shorter than its worker's): a failed
+    delivery, as if the worker had given up on it."""
+
+
+@dataclass(frozen=True)
+class TaskDone(AfterAck):
+    """What commits with a task message's ack: its result (JSON) and its chained tasks.
+    Plain data, so that it can come back from a child process."""
+
+    root: tuple[Any, ...]
+    message_id: str
+    result_ttl: float | None
+    value: bytes | None
+    then: tuple[dict[str, Any], ...]
+
+    def write(self, tr: Transaction) -> None:
+        if self.result_ttl is not None:
+            write_result(tr, self.root, self.message_id, self.result_ttl, value=self.value)
+        for sig in self.then:
+            enqueue_signature(tr, signature_from_json(sig))
+
+
+def _decode(app: TaskRegistry, m: Message) -> tuple[dict[str, Any], Task]:
+    """The message's call and its task; Discard (the error queue, with the reason) when it is
+    not a task message or names a task this app does not know."""
+    try:
+        data = json.loads(m.payload)
+        name = data["task"]
+        if not isinstance(name, str) or not isinstance(data.get("args", []), list):
+            raise ValueError("bad fields")
+        if not isinstance(data.get("kwargs", {}), dict):
+            raise ValueError("bad kwargs")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise Discard(f"not a task message ({type(exc).__name__}: {exc})") from None
+    try:
+        return data, app.get(name)
+    except UnknownTaskError as exc:
+        raise Discard(failure_text(exc)) from None
+
+
+class TaskRunner:
+    """The lease-mode handler of an app's worker (see the module docstring)."""
+
+    def __init__(self, app: TaskRegistry, db: Database, worker_time_limit: float | None = None) -> None:
+        self.app = app
+        self.db = db
+        self.worker_time_limit = worker_time_limit
+        self._swept = time.monotonic()
+
+    def __call__(self, m: Message) -> TaskDone | None:
+        data, task = _decode(self.app, m)
+        self._maybe_sweep()
+        began = time.perf_counter()
+        try:
+            if task.is_async:  # met by a thread worker: run on an event loop of its own
+                value = asyncio.run(task.fn(*data.get("args", ()), **data.get("kwargs", {})))
+            else:
+                value = task.fn(*data.get("args", ()), **data.get("kwargs", {}))
+        except Exception as exc:
+            failure = self._failed(task, m, exc)
+            if failure is exc:
+                raise
+            raise failure from exc
+        return self._done(task, m, data, value, began)
+
+    def on_dead(self, tr: Transaction, m: Message, reason: str) -> None:
+        """``m`` goes to its error queue in ``tr``: its failure becomes its result."""
+        try:
+            data = json.loads(m.payload)
+        except ValueError:
+            return
+        ttl = data.get("result") if isinstance(data, dict) else None
+        if isinstance(ttl, (int, float)) and not isinstance(ttl, bool):
+            write_result(tr, self.app.root, m.id, float(ttl), failure=failure_of(reason))
+
+    def _failed(self, task: Task, m: Message, exc: Exception) -> BaseException:
+        """The exception to raise for a failed run: the task's own ``max_deliveries`` reached
+        sends it to the error queue now (the queue's own setting applies as ever)."""
+        if isinstance(exc, (Retry, Discard)):
+            return exc
+        if task.max_deliveries is not None and m.deliveries >= task.max_deliveries:
+            log.error(
+                "task %s failed on its last delivery (%d of max_deliveries %d), message %s: %s",
+                task.name,
+                m.deliveries,
+                task.max_deliveries,
+                m.id,
+                failure_text(exc),
+                exc_info=(type(exc), exc, exc.__traceback__),
+                extra={"queue": m.queue, "message_id": m.id, "deliveries": m.deliveries},
+            )
+            return Discard(failure_text(exc))
+        return exc
+
+    def _done(
+        self, task: Task, m: Message, data: dict[str, Any], value: Any, began: float
+    ) -> TaskDone | None:
+        limit = task.time_limit
+        shorter = limit is not None and (self.worker_time_limit is None or limit < self.worker_time_limit)
+        if shorter and limit is not None and time.perf_counter() - began > limit:  # the worker's is longer
+            exc = TaskTimeLimitExceeded(time_limit_reason(limit))
+            raise self._failed(task, m, exc)
+        ttl = data.get("result")
+        then = tuple(data.get("then", ()))
+        if ttl is None and not then:
+            return None  # a plain ack, batched with the others
+        raw = None
+        if ttl is not None:
+            try:
+                raw = encode_value(value)
+            except TaskArgumentsError as exc:  # the same every time: no use retrying it
+                raise Discard(failure_text(exc)) from None
+        return TaskDone(self.app.root, m.id, None if ttl is None else float(ttl), raw, then)
+
+    def _maybe_sweep(self) -> None:
+        """Clear expired results about once a minute (its own short transaction)."""
+        now = time.monotonic()
+        if now - self._swept < RESULT_SWEEP_EVERY:
+            return
+        self._swept = now
+        try:
+            sweep_results(self.db, self.app.root)
+        except QueueError as exc:
+            log.warning("could not sweep expired task results: %s", exc)
+
+
+class AsyncTaskRunner(TaskRunner):
+    """The handler of an app's AsyncWorker: ``async def`` tasks are awaited on its loop, plain
+    functions run in a thread of the loop's pool."""
+
+    async def __call__(self, m: Message) -> TaskDone | None:  # type: ignore[override]
+        data, task = _decode(self.app, m)
+        if time.monotonic() - self._swept >= RESULT_SWEEP_EVERY:
+            await asyncio.to_thread(self._maybe_sweep)
+        began = time.perf_counter()
+        args, kwargs = data.get("args", ()), data.get("kwargs", {})
+        try:
+            if task.is_async:
+                value = await task.fn(*args, **kwargs)
+            else:
+                value = await asyncio.to_thread(task.fn, *args, **kwargs)
+        except Exception as exc:
+            failure = self._failed(task, m, exc)
+            if failure is exc:
+                raise
+            raise failure from exc
+        return self._done(task, m, data, value, began)
+
+
+def prepare_queues(app: TaskRegistry, db: Database) -> None:
+    """Create the app's queues, each with max_deliveries at least the highest of its tasks'
+    (a queue's own setting dead-letters first; a task's lower one is the runner's)."""
+    wanted: dict[str, int] = {}
+    for t in app.tasks.values():
+        if t.max_deliveries is not None:
+            wanted[t.queue] = max(wanted.get(t.queue, 0), t.max_deliveries)
+    for name in app.queues:
+        try:
+            cfg = queue_config(db, name, root=app.root)
+        except QueueNotFoundError:
+            settings: dict[str, Any] = {"max_deliveries": wanted[name]} if name in wanted else {}
+            create_queue(db, name, root=app.root, **settings)
+            continue
+        if name in wanted and cfg.max_deliveries < wanted[name]:
+            log.info("queue %r: max_deliveries raised to %d for its tasks", name, wanted[name])
+            create_queue(db, name, root=app.root, max_deliveries=wanted[name])
+
+
+def worker_time_limit(app: TaskRegistry, time_limit: float | None) -> float | None:
+    """The worker's time limit: the one given, else the longest of the tasks' (a task with a
+    shorter one fails when it returns past it)."""
+    if time_limit is not None:
+        return time_limit
+    limits = [t.time_limit for t in app.tasks.values() if t.time_limit is not None]
+    return max(limits) if limits else None
