@@ -167,13 +167,7 @@ __all__ = [  # noqa: RUF022 (grouped by role, not sorted)
     "Consumer",
     "Retry",
     "Discard",
-    # -- tasks (functions deferred as messages; results, chains)
-    "Tasks",
-    "TaskFailedError",
-    "TaskTimeoutError",
-    "TaskArgumentsError",
-    "UnknownTaskError",
-    "NoResultError",
+    "Tasks",  # task functions deferred as messages, their results and chains (docs/tasks.md)
     # -- schedules (periodic enqueues)
     "schedule",
     "schedules",
@@ -213,6 +207,11 @@ __all__ = [  # noqa: RUF022 (grouped by role, not sorted)
     "StoreError",
     "StoreFullError",
     "StoreLockedError",
+    "TaskArgumentsError",
+    "TaskFailedError",
+    "TaskTimeoutError",
+    "NoResultError",
+    "UnknownTaskError",
     "UnsupportedFormatError",
     "UnsupportedLayerFormatError",
     # -- types: what the calls take and return

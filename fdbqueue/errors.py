@@ -372,6 +372,11 @@ class TaskFailedError(QueueError):
         )
 
 
+class TaskTimeLimitExceeded(Exception):
+    """A task returned after its own ``time_limit`` (shorter than its worker's): a failed
+    delivery, as if the worker had given up on it (raised by the task's runner)."""
+
+
 class TaskTimeoutError(QueueError, TimeoutError):
     """``Tasks.result``: no result within the timeout (the task has not finished yet). A
     TimeoutError too."""

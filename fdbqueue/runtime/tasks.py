@@ -42,6 +42,7 @@ from fdbqueue.errors import (
     QueueNotFoundError,
     Retry,
     TaskArgumentsError,
+    TaskTimeLimitExceeded,
     UnknownTaskError,
 )
 from fdbqueue.ops.settling import AfterAck
@@ -51,11 +52,6 @@ from fdbqueue.types import Message
 log = logging.getLogger("fdbqueue.runtime.worker")
 
 RESULT_SWEEP_EVERY = 60.0  # seconds between a runner's sweeps of expired results
-
-
-class TaskTimeLimitExceeded(Exception):
-    """A task returned after its own ``time_limit`` (shorter than its worker's): a failed
-    delivery, as if the worker had given up on it."""
 
 
 @dataclass(frozen=True)

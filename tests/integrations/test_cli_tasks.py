@@ -1,0 +1,62 @@
+"""``fdbqueue worker --tasks module:app``: the app's worker in a real process; a malformed
+spec exits 2 with one clear line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fdbqueue
+from fdbqueue.api.tasks import TaskRegistry
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli(*argv: str, url: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "FDBQUEUE_URL": url, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "fdbqueue", *argv], capture_output=True, cwd=ROOT, env=env, timeout=60, text=True
+    )
+
+
+def test_worker_tasks_runs_the_apps_tasks_in_a_process(tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path / 'tasks.db'}"
+    db = fdbqueue.open(url)
+    try:
+        # The same task, as the app module registers it (its name is module.qualname).
+        app = TaskRegistry(db)
+        double = app.task(name="tests.support.task_app.double", queue="cli-tasks", store_result=True)(
+            lambda n: 2 * n
+        )
+        ids = [double.defer(db, n) for n in range(5)]
+    finally:
+        db.close()
+    r = cli("worker", "--tasks", "tests.support.task_app:app", "--until-empty", "--time-limit", "10", url=url)
+    assert r.returncode == 0, r.stderr
+    assert "worker stopped: processed 5" in r.stdout
+    db = fdbqueue.open(url)
+    try:
+        assert [app.result(db, mid, timeout=1.0) for mid in ids] == [0, 2, 4, 6, 8]
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["--tasks", "no_colon_here"], "--tasks must look like module:app"),
+        (["--tasks", "tests.support.no_such_module:app"], "no such module"),
+        (["--tasks", "tests.support.task_app:missing"], "has no attribute 'missing'"),
+        (["--tasks", "tests.support.task_app:not_an_app"], "not an fdbqueue.Tasks app"),
+        (["q", "--tasks", "tests.support.task_app:app"], "give no queue names"),
+        (["q"], "--handler MODULE:FUNCTION, or --tasks MODULE:APP"),
+    ],
+)
+def test_a_malformed_tasks_spec_exits_2(tmp_path: Path, argv: list[str], fragment: str) -> None:
+    r = cli("worker", *argv, url=f"sqlite://{tmp_path / 'tasks.db'}")
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert fragment in r.stderr and "Traceback" not in r.stderr and r.stderr.count("\n") == 1, r.stderr

@@ -1,0 +1,266 @@
+"""Tasks (fdbqueue.Tasks): defer in the caller's transaction, arguments refused at defer,
+results and failures, chains written with the ack, options passed through, unknown tasks
+dead-lettered, async tasks on the AsyncWorker; on the embedded and the sim engines."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import fdbqueue
+from fdbqueue import aio
+
+CALLS: list[tuple[str, Any]] = []
+
+
+@pytest.fixture(params=["sqlite", "sim"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[fdbqueue.Database]:
+    url = f"sqlite://{tmp_path / 'store.db'}" if request.param == "sqlite" else "sim://?seed=1&faults=0"
+    database = fdbqueue.open(url)
+    CALLS.clear()
+    try:
+        yield database
+    finally:
+        database.close()
+
+
+def make_app(db: fdbqueue.Database) -> tuple[fdbqueue.Tasks, dict[str, Any]]:
+    app = fdbqueue.Tasks(db)
+
+    @app.task(queue="emails")
+    def send(to: str, subject: str = "hi") -> None:
+        CALLS.append(("send", (to, subject)))
+
+    @app.task(store_result=True)
+    def add(a: int, b: int) -> int:
+        CALLS.append(("add", (a, b)))
+        return a + b
+
+    @app.task(store_result=True, max_deliveries=2)
+    def boom(text: str) -> None:
+        CALLS.append(("boom", text))
+        raise ValueError(text)
+
+    @app.task(queue="notes")
+    def notify(user: int) -> None:
+        CALLS.append(("notify", user))
+
+    return app, {"send": send, "add": add, "boom": boom, "notify": notify}
+
+
+@fdbqueue.transactional
+def read(tr: fdbqueue.Transaction, key: bytes) -> bytes | None:
+    return tr.get(key)
+
+
+def run(app: fdbqueue.Tasks) -> fdbqueue.WorkerStats:
+    return app.worker(concurrency=2).run(until_empty=True)
+
+
+def test_the_task_name_is_module_and_qualname(db: fdbqueue.Database) -> None:
+    app, t = make_app(db)
+    assert t["send"].name == f"{__name__}.make_app.<locals>.send"
+    assert t["send"]("x") is None and CALLS == [("send", ("x", "hi"))]  # a direct call runs it now
+    named = app.task(name="custom")(lambda: 1)
+    assert named.name == "custom" and named.queue == "tasks"
+
+
+def test_defer_commits_and_aborts_with_the_callers_transaction(db: fdbqueue.Database) -> None:
+    _, t = make_app(db)
+    emails = fdbqueue.Queue("emails")
+
+    @fdbqueue.transactional
+    def place(tr: fdbqueue.Transaction, fail: bool) -> str:
+        tr[b"app/order"] = b"placed"
+        mid = t["send"].defer(tr, to="a@b.org")
+        if fail:
+            raise RuntimeError("the application's transaction fails")
+        return str(mid)
+
+    with pytest.raises(RuntimeError):
+        place(db, True)
+    assert emails.size(db) == 0 and read(db, b"app/order") is None
+    mid = place(db, False)
+    m = emails.peek(db)
+    assert m is not None and m.id == mid and read(db, b"app/order") == b"placed"
+    assert m.json() == {"task": t["send"].name, "args": [], "kwargs": {"to": "a@b.org"}}
+
+
+def test_arguments_are_checked_at_defer(db: fdbqueue.Database) -> None:
+    app, t = make_app(db)
+    for args, kwargs in [((), {}), (("a",), {"cc": 1}), (("a", "b", "c"), {}), ((object(),), {})]:
+        with pytest.raises(fdbqueue.TaskArgumentsError):
+            t["send"].defer(db, *args, **kwargs)
+    with pytest.raises(fdbqueue.TaskArgumentsError):
+        t["notify"].s(nobody=1)  # a signature is checked when it is made
+    with pytest.raises(fdbqueue.TaskArgumentsError):
+        t["send"].defer(db, float("nan"))  # not JSON
+    with pytest.raises(fdbqueue.UnknownTaskError):
+        app.defer_by_name(db, "no.such.task", 1)
+    assert fdbqueue.Queue("emails").size(db) == 0
+    mid = app.defer_by_name(db, t["send"].name, "a@b.org", subject="yo")
+    assert fdbqueue.Queue("emails").get(db, mid) is not None
+
+
+def test_a_result_round_trip(db: fdbqueue.Database) -> None:
+    app, t = make_app(db)
+    mid = t["add"].defer(db, 2, 3)
+    with pytest.raises(fdbqueue.TaskTimeoutError):
+        app.result(db, mid, timeout=0.05)  # not run yet
+    stats = run(app)
+    assert stats.processed == 1
+    assert app.result(db, mid, timeout=5.0) == 5
+    plain = t["send"].defer(db, "x")
+    with pytest.raises(fdbqueue.NoResultError):
+        app.result(db, plain, timeout=0.05)  # store_result=False keeps nothing
+
+
+def test_result_waits_on_a_watch_for_a_worker(db: fdbqueue.Database) -> None:
+    import threading
+
+    app, t = make_app(db)
+    mid = t["add"].defer(db, 20, 22)
+    worker = app.worker(concurrency=1)
+    thread = threading.Thread(target=worker.run, kwargs={"until_empty": True})
+    thread.start()
+    try:
+        assert app.result(db, mid, timeout=30.0) == 42
+    finally:
+        thread.join(30)
+
+
+def test_a_failure_raises_task_failed_error(db: fdbqueue.Database) -> None:
+    app, t = make_app(db)
+    mid = t["boom"].defer(db, "no such mailbox")
+    run(app)
+    with pytest.raises(fdbqueue.TaskFailedError) as err:
+        app.result(db, mid, timeout=5.0)
+    assert (err.value.type, err.value.text, err.value.message_id) == ("ValueError", "no such mailbox", mid)
+    assert [c for c in CALLS if c[0] == "boom"] == [("boom", "no such mailbox")] * 2  # max_deliveries=2
+    dead = fdbqueue.Queue("tasks.error").get(db, mid)
+    assert dead is not None and dead.reason == "ValueError: no such mailbox"
+
+
+def test_a_chain_is_enqueued_when_the_first_settles_and_not_if_it_fails(db: fdbqueue.Database) -> None:
+    app, t = make_app(db)
+    notes = fdbqueue.Queue("notes")
+    # The next task in a queue the app's worker serves is run by it too; here it is left to
+    # another app, so that what the first worker enqueued can be counted.
+    other = fdbqueue.Tasks(db)
+    other.tasks[t["notify"].name] = t["notify"]
+    app.tasks.pop(t["notify"].name)
+    ok = t["add"].configure(then=t["notify"].s(user=7)).defer(db, 1, 1)
+    bad = t["boom"].configure(then=t["notify"].s(user=8)).defer(db, "down")
+    assert notes.size(db) == 0  # nothing before the first settles
+    run(app)
+    assert app.result(db, ok, timeout=5.0) == 2
+    with pytest.raises(fdbqueue.TaskFailedError):
+        app.result(db, bad, timeout=5.0)
+    assert notes.size(db) == 1  # only the chain of the task that succeeded
+    m = notes.peek(db)
+    assert m is not None and m.json()["kwargs"] == {"user": 7}
+    other.worker(concurrency=1).run(until_empty=True)
+    assert ("notify", 7) in CALLS and ("notify", 8) not in CALLS
+
+
+def test_a_chain_of_chains(db: fdbqueue.Database) -> None:
+    app, t = make_app(db)
+    third = t["notify"].s(user=3)
+    second = t["add"].configure(then=third).s(10, 20)
+    t["send"].configure(then=second).defer(db, "first")
+    run(app)
+    assert [c[0] for c in CALLS] == ["send", "add", "notify"]
+
+
+def test_options_pass_through(db: fdbqueue.Database) -> None:
+    _, t = make_app(db)
+    emails = fdbqueue.Queue("emails")
+    late = t["send"].configure(delay=60.0).defer(db, "late")
+    assert emails.size(db) == 0 and fdbqueue.queue_stats(db, "emails").delayed == 1
+    assert emails.get(db, late) is not None
+    low = t["send"].defer(db, "low")
+    high = t["send"].configure(priority=5).defer(db, "high")
+    first = emails.peek(db)
+    assert first is not None and first.id == high and first.priority == 5 and low != high
+    a = t["send"].configure(dedup_key="k").defer(db, "once")
+    b = t["send"].configure(dedup_key="k").defer(db, "twice")
+    assert a == b and emails.size(db) == 3
+    with pytest.raises(fdbqueue.QueueError):
+        t["send"].configure(then="not a signature")  # type: ignore[arg-type]
+
+
+def test_an_unknown_task_is_dead_lettered_with_a_reason(db: fdbqueue.Database) -> None:
+    app, _ = make_app(db)
+    mid = fdbqueue.Queue("tasks").enqueue(db, {"task": "gone.away", "args": []})
+    junk = fdbqueue.Queue("tasks").enqueue(db, b"not json")
+    run(app)
+    dead = fdbqueue.Queue("tasks.error").get(db, mid)
+    assert dead is not None and dead.reason is not None
+    assert dead.reason.startswith("UnknownTaskError: no task named 'gone.away'")
+    broken = fdbqueue.Queue("tasks.error").get(db, junk)
+    assert broken is not None and "not a task message" in (broken.reason or "")
+
+
+def test_a_return_value_json_cannot_carry_fails_the_task(db: fdbqueue.Database) -> None:
+    app = fdbqueue.Tasks(db)
+
+    @app.task(store_result=True)
+    def odd() -> object:
+        return object()
+
+    mid = odd.defer(db)
+    run(app)
+    with pytest.raises(fdbqueue.TaskFailedError) as err:
+        app.result(db, mid, timeout=5.0)
+    assert err.value.type == "TaskArgumentsError"
+
+
+def test_async_tasks_run_on_the_async_worker(db: fdbqueue.Database) -> None:
+    app = fdbqueue.Tasks(db)
+
+    @app.task(store_result=True)
+    async def fetch(n: int) -> int:
+        await asyncio.sleep(0)
+        return n * 2
+
+    @app.task(store_result=True)
+    def plain(n: int) -> int:
+        return n + 1
+
+    a, b = fetch.defer(db, 21), plain.defer(db, 1)
+    worker = app.worker(concurrency=4)
+    assert isinstance(worker.aio, aio.AsyncWorker)  # type: ignore[union-attr]
+    worker.run(until_empty=True)
+    assert (app.result(db, a), app.result(db, b)) == (42, 2)
+
+    c = fetch.defer(db, 5)
+
+    async def main() -> None:
+        await app.aio_worker(concurrency=2).run(until_empty=True)
+
+    asyncio.run(main())
+    assert app.result(db, c) == 10
+
+
+def test_processes_are_refused_where_the_worker_has_none(db: fdbqueue.Database) -> None:
+    import inspect
+
+    app, _ = make_app(db)
+    if "processes" in inspect.signature(fdbqueue.Worker).parameters:
+        pytest.skip("this Worker runs process pools")
+    with pytest.raises(fdbqueue.QueueError, match="processes"):
+        app.worker(processes=2)
+
+
+def test_max_deliveries_raises_the_queues_setting(db: fdbqueue.Database) -> None:
+    app = fdbqueue.Tasks(db)
+
+    @app.task(queue="patient", max_deliveries=9)
+    def slow() -> None: ...
+
+    app.worker()
+    assert fdbqueue.queue_config(db, "patient").max_deliveries == 9
