@@ -74,15 +74,22 @@ def _json_check(what: str, value: object) -> None:
 
 
 def bind_arguments(
-    name: str, sig: inspect.Signature | None, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    name: str,
+    sig: inspect.Signature | None,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    *,
+    check_json: bool = True,
 ) -> None:
-    """Refuse arguments that do not bind to ``sig`` or that JSON cannot carry."""
+    """Refuse arguments that do not bind to ``sig`` or (``check_json``) that JSON cannot carry (a
+    defer leaves that to the enqueue, which encodes them once)."""
     if sig is not None:
         try:
             sig.bind(*args, **kwargs)
         except TypeError as exc:
             raise TaskArgumentsError(f"task {name!r}{sig} cannot be called so: {exc}") from None
-    _json_check(f"the arguments of task {name!r}", [list(args), dict(kwargs)])
+    if check_json:
+        _json_check(f"the arguments of task {name!r}", [list(args), dict(kwargs)])
 
 
 @dataclass(frozen=True)
@@ -429,8 +436,12 @@ class Configured:
         self.options = options
 
     def s(self, *args: Any, **kwargs: Any) -> Signature:
+        """A signature of this call, its arguments checked now (for ``then=``)."""
+        return self._signature(args, kwargs, check_json=True)
+
+    def _signature(self, args: tuple[Any, ...], kwargs: dict[str, Any], *, check_json: bool) -> Signature:
         t = self.task
-        bind_arguments(t.name, t.signature, args, kwargs)
+        bind_arguments(t.name, t.signature, args, kwargs, check_json=check_json)
         return Signature(
             t.name,
             t.queue,
@@ -443,7 +454,7 @@ class Configured:
 
     def defer(self, tr: Transaction | Database, /, *args: Any, **kwargs: Any) -> str:
         """As :meth:`Task.defer`, with these options."""
-        return enqueue_signature(tr, self.s(*args, **kwargs))
+        return enqueue_signature(tr, self._signature(args, kwargs, check_json=False))
 
 
 class TaskRegistry:
