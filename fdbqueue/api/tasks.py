@@ -16,6 +16,7 @@ registry entry for the next task to enqueue it.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import re
@@ -170,11 +171,17 @@ def task_payload(sig: Signature) -> dict[str, Any]:
     return out
 
 
+@functools.lru_cache(maxsize=256)
+def _queue(name: str, root: tuple[Any, ...]) -> Queue:
+    """One handle a queue: a handle caches what it packed and read (its keys, its settings)."""
+    return Queue(name, root=root)
+
+
 def enqueue_signature(tr: Transaction | Database, sig: Signature) -> str:
     """Enqueue ``sig``'s call; returns the message id. In a transaction it composes with the
     caller's writes; given a Database, one transaction of its own, exactly once across
     commit_unknown_result. With a result to keep, a "pending" record is written with it."""
-    q = Queue(sig.queue, root=sig.root)
+    q = _queue(sig.queue, sig.root)
     payload = task_payload(sig)
     o = sig.options
 
