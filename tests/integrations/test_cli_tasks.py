@@ -19,7 +19,12 @@ ROOT = Path(__file__).resolve().parents[2]
 def cli(*argv: str, url: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "FDBQUEUE_URL": url, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", "fdbqueue", *argv], capture_output=True, cwd=ROOT, env=env, timeout=60, text=True
+        [sys.executable, "-m", "fdbqueue", *argv],
+        capture_output=True,
+        cwd=ROOT,
+        env=env,
+        timeout=60,
+        text=True,
     )
 
 

@@ -264,3 +264,62 @@ def test_max_deliveries_raises_the_queues_setting(db: fdbqueue.Database) -> None
 
     app.worker()
     assert fdbqueue.queue_config(db, "patient").max_deliveries == 9
+
+
+@pytest.mark.parametrize("seed", [3, 11])
+def test_chains_and_results_are_written_once_under_injected_faults(seed: int) -> None:
+    """On sim:// with not_committed, commit_unknown_result and transaction_too_old injected:
+    every defer lands once, every result is kept, every chain is enqueued exactly once."""
+    db = fdbqueue.open(f"sim://?seed={seed}&faults=0.2")
+    CALLS.clear()
+    try:
+        app = fdbqueue.Tasks(db)
+        later = fdbqueue.Tasks(db)
+
+        @app.task(queue="first", store_result=True)
+        def square(n: int) -> int:
+            return n * n
+
+        @later.task(queue="second")
+        def record(n: int) -> None:
+            CALLS.append(("record", n))
+
+        ids = [square.configure(then=record.s(n=n)).defer(db, n) for n in range(20)]
+        assert fdbqueue.queue_stats(db, "first").ready == 20
+        app.worker(concurrency=2).run(until_empty=True)
+        assert [app.result(db, mid, timeout=5.0) for mid in ids] == [n * n for n in range(20)]
+        assert fdbqueue.queue_stats(db, "second").ready == 20  # once per first task, no more
+        later.worker(concurrency=1).run(until_empty=True)
+        assert sorted(n for _, n in CALLS) == list(range(20))
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("outcome", [("1021", True), ("1021", False), 1020, 1007])
+def test_the_ack_that_writes_a_result_and_a_chain_is_exactly_once(outcome: Any) -> None:
+    """The commit that acks a task (and writes its result and the next task) ends in
+    commit_unknown_result, applied or not, or fails: the result and the chain are there once."""
+    from fdbqueue import testing
+
+    db = fdbqueue.open("sim://?seed=1&faults=0")
+    try:
+        app = fdbqueue.Tasks(db)
+        later = fdbqueue.Tasks(db)
+
+        @app.task(queue="first", store_result=True)
+        def square(n: int) -> int:
+            return n * n
+
+        @later.task(queue="second")
+        def record(n: int) -> None: ...
+
+        mid = square.configure(then=record.s(n=4)).defer(db, 4)
+        worker = app.worker(concurrency=1, settle_linger=0.0)  # the ack in a commit of its own
+        with testing.FaultScript(db) as script:
+            script.arm([None, outcome])  # the lease commits; the ack ends as told
+            worker.run(until_empty=True)
+            assert outcome in script.fired
+        assert app.result(db, mid, timeout=5.0) == 16
+        assert fdbqueue.queue_stats(db, "second").ready == 1
+    finally:
+        db.close()
