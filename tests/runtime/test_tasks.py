@@ -323,3 +323,35 @@ def test_the_ack_that_writes_a_result_and_a_chain_is_exactly_once(outcome: Any) 
         assert fdbqueue.queue_stats(db, "second").ready == 1
     finally:
         db.close()
+
+
+def test_a_task_past_its_time_limit_fails_with_type_time_limit(db: fdbqueue.Database) -> None:
+    import time
+
+    app = fdbqueue.Tasks(db)
+
+    @app.task(store_result=True, time_limit=0.2, max_deliveries=1)
+    def stuck() -> None:
+        time.sleep(1.0)  # abandoned by the worker past 0.2 s
+
+    @app.task(store_result=True, time_limit=0.1, max_deliveries=1)
+    def late() -> str:
+        time.sleep(0.15)  # returns, but past its own (shorter) limit
+        return "too late"
+
+    @app.task(store_result=True, time_limit=5.0)
+    def quick() -> str:
+        return "ok"
+
+    a, b, c = stuck.defer(db), late.defer(db), quick.defer(db)
+    worker = app.worker(concurrency=1)
+    assert worker.time_limit == 5.0  # type: ignore[union-attr]  # the longest of the tasks'
+    worker = app.worker(concurrency=1, time_limit=0.2)
+    worker.run(until_empty=True)
+    with pytest.raises(fdbqueue.TaskFailedError) as err:
+        app.result(db, a, timeout=5.0)
+    assert err.value.type == "time_limit" and "0.2 s" in err.value.text
+    with pytest.raises(fdbqueue.TaskFailedError) as err:
+        app.result(db, b, timeout=5.0)
+    assert err.value.type == "TaskTimeLimitExceeded"
+    assert app.result(db, c, timeout=5.0) == "ok"
