@@ -5,17 +5,20 @@ the handler that runs a task message is ``fdbqueue.runtime.tasks``."""
 
 from __future__ import annotations
 
-import asyncio
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fdbqueue.aio import AsyncWorker
 from fdbqueue.api.tasks import TaskRegistry
 from fdbqueue.engines.contract import Database
 from fdbqueue.errors import QueueError
 from fdbqueue.runtime.handling import WorkerStats, check_time_limit
 from fdbqueue.runtime.tasks import AsyncTaskRunner, TaskRunner, prepare_queues, worker_time_limit
 from fdbqueue.runtime.worker import Worker
+
+if TYPE_CHECKING:  # imported when used: `import fdbqueue` imports no asyncio
+    import asyncio
+
+    from fdbqueue.aio import AsyncWorker
 
 
 class Tasks(TaskRegistry):
@@ -80,6 +83,8 @@ class Tasks(TaskRegistry):
         """An :class:`~fdbqueue.aio.AsyncWorker` over the tasks' queues, for an application's
         own event loop: ``await app.aio_worker().run()``. ``async def`` tasks are awaited on
         it, plain ones run in its thread pool."""
+        from fdbqueue.aio import AsyncWorker
+
         if not self.tasks:
             raise QueueError("no task is registered: decorate functions with @app.task first")
         target = db if db is not None else self.db
@@ -105,6 +110,7 @@ class AsyncTaskWorker:
         self, *, max_messages: int | None = None, until_empty: bool = False, install_signals: bool = False
     ) -> WorkerStats:
         """Run the AsyncWorker until stopped (see :meth:`fdbqueue.aio.AsyncWorker.run`)."""
+        import asyncio
 
         async def main() -> WorkerStats:
             self._loop = asyncio.get_running_loop()

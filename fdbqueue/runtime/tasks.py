@@ -17,7 +17,6 @@ one ack that lands). A task that must not run twice writes through the exactly-o
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -105,6 +104,8 @@ class TaskRunner:
         began = time.perf_counter()
         try:
             if task.is_async:  # met by a thread worker: run on an event loop of its own
+                import asyncio  # here: `import fdbqueue` imports no asyncio
+
                 value = asyncio.run(task.fn(*data.get("args", ()), **data.get("kwargs", {})))
             else:
                 value = task.fn(*data.get("args", ()), **data.get("kwargs", {}))
@@ -181,6 +182,8 @@ class AsyncTaskRunner(TaskRunner):
     functions run in a thread of the loop's pool."""
 
     async def __call__(self, m: Message) -> TaskDone | None:  # type: ignore[override]
+        import asyncio
+
         data, task = _decode(self.app, m)
         if time.monotonic() - self._swept >= RESULT_SWEEP_EVERY:
             await asyncio.to_thread(self._maybe_sweep)
