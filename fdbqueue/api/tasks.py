@@ -173,7 +173,7 @@ def task_payload(sig: Signature) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=256)
 def _queue(name: str, root: tuple[Any, ...]) -> Queue:
-    """One handle a queue: a handle caches what it packed and read (its keys, its settings)."""
+    """One handle a queue name: its keys are packed once, not at every defer."""
     return Queue(name, root=root)
 
 
