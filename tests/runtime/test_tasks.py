@@ -355,3 +355,24 @@ def test_a_task_past_its_time_limit_fails_with_type_time_limit(db: fdbqueue.Data
         app.result(db, b, timeout=5.0)
     assert err.value.type == "TaskTimeLimitExceeded"
     assert app.result(db, c, timeout=5.0) == "ok"
+
+
+def test_a_task_whose_worker_died_on_its_last_delivery_reads_as_failed(db: fdbqueue.Database) -> None:
+    """No worker wrote the failure (its lease ran out and a sweep dead-lettered it): the
+    result says so from the dead letter once the wait ends."""
+    import time
+
+    app = fdbqueue.Tasks(db)
+
+    @app.task(queue="fragile", store_result=True)
+    def fragile() -> None: ...
+
+    fdbqueue.create_queue(db, "fragile", max_deliveries=1)
+    mid = fragile.defer(db)
+    m = fdbqueue.Queue("fragile").lease(db, lease_seconds=0.05)  # a worker that dies holding it
+    assert m is not None and m.id == mid
+    time.sleep(0.1)
+    fdbqueue.Queue("fragile").sweep(db)
+    with pytest.raises(fdbqueue.TaskFailedError) as err:
+        app.result(db, mid, timeout=0.05)
+    assert err.value.message_id == mid
