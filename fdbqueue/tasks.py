@@ -12,7 +12,13 @@ from fdbqueue.api.tasks import TaskRegistry
 from fdbqueue.engines.contract import Database
 from fdbqueue.errors import QueueError
 from fdbqueue.runtime.handling import WorkerStats, check_time_limit
-from fdbqueue.runtime.tasks import AsyncTaskRunner, TaskRunner, prepare_queues, worker_time_limit
+from fdbqueue.runtime.tasks import (
+    AsyncTaskRunner,
+    ExactlyOnceTaskRunner,
+    TaskRunner,
+    prepare_queues,
+    worker_time_limit,
+)
 from fdbqueue.runtime.worker import Worker
 
 if TYPE_CHECKING:  # imported when used: `import fdbqueue` imports no asyncio
@@ -43,7 +49,9 @@ class Tasks(TaskRegistry):
         """A worker over the queues of the registered tasks: a lease-mode
         :class:`~fdbqueue.Worker` with ``concurrency`` handler threads, or, when any task is
         an ``async def``, an :class:`AsyncTaskWorker` (the AsyncWorker, ``concurrency``
-        tasks in flight; plain functions run in its thread pool). Either's ``run()`` runs
+        tasks in flight; plain functions run in its thread pool), or, when the tasks are
+        ``exactly_once``, an exactly-once Worker (each run in the transaction that removes its
+        message; on the embedded engine one at a time). Each one's ``run()`` runs
         until stopped and returns its WorkerStats. ``processes``: child processes running
         the handlers, passed to the Worker where it supports them. ``time_limit``: seconds
         a task may run (default: the longest of the tasks' own). ``options``: the Worker's
@@ -55,6 +63,26 @@ class Tasks(TaskRegistry):
         if isinstance(processes, bool) or not isinstance(processes, int) or processes < 0:
             raise QueueError(f"processes must be an int >= 0, got {processes!r}")
         limit = worker_time_limit(self, check_time_limit(time_limit))
+        once = [t.exactly_once for t in self.tasks.values()]
+        if any(once):
+            if not all(once):
+                raise QueueError(
+                    "exactly_once tasks run on an exactly-once worker, the others on a lease-mode "
+                    "one: register them in two apps (Tasks) and run a worker of each"
+                )
+            if processes:
+                raise QueueError("exactly_once tasks run in the worker's transaction: processes=0 with them")
+            prepare_queues(self, target)
+            handler = ExactlyOnceTaskRunner(self, target, limit)
+            return Worker(
+                target,
+                self.queues,
+                handler,
+                mode="exactly_once",
+                concurrency=concurrency,
+                time_limit=limit,
+                **options,
+            )
         if any(t.is_async for t in self.tasks.values()):
             if processes:
                 raise QueueError("async tasks run on an event loop (AsyncWorker): processes=0 with them")
@@ -87,6 +115,10 @@ class Tasks(TaskRegistry):
 
         if not self.tasks:
             raise QueueError("no task is registered: decorate functions with @app.task first")
+        if any(t.exactly_once for t in self.tasks.values()):
+            raise QueueError(
+                "exactly_once tasks run on an exactly-once worker (app.worker()), not an AsyncWorker"
+            )
         target = db if db is not None else self.db
         limit = worker_time_limit(self, check_time_limit(time_limit))
         prepare_queues(self, target)

@@ -81,12 +81,13 @@ def bind_arguments(
     kwargs: Mapping[str, Any],
     *,
     check_json: bool = True,
+    leading: int = 0,
 ) -> None:
     """Refuse arguments that do not bind to ``sig`` or (``check_json``) that JSON cannot carry (a
     defer leaves that to the enqueue, which encodes them once)."""
     if sig is not None:
         try:
-            sig.bind(*args, **kwargs)
+            sig.bind(*(None,) * leading, *args, **kwargs)  # leading: a transaction, given by the worker
         except TypeError as exc:
             raise TaskArgumentsError(f"task {name!r}{sig} cannot be called so: {exc}") from None
     if check_json:
@@ -382,6 +383,7 @@ class Task:
         rate_limit: str | None,
         store_result: bool,
         result_ttl: float,
+        exactly_once: bool = False,
     ) -> None:
         self.app = app
         self.fn = fn
@@ -392,6 +394,7 @@ class Task:
         self.rate_limit = rate_limit
         self.store_result = store_result
         self.result_ttl = result_ttl
+        self.exactly_once = exactly_once  # called as fn(tr, ...) in the transaction that acks it
         self.is_async = inspect.iscoroutinefunction(fn)
         try:
             self.signature: inspect.Signature | None = inspect.signature(fn)
@@ -448,7 +451,7 @@ class Configured:
 
     def _signature(self, args: tuple[Any, ...], kwargs: dict[str, Any], *, check_json: bool) -> Signature:
         t = self.task
-        bind_arguments(t.name, t.signature, args, kwargs, check_json=check_json)
+        bind_arguments(t.name, t.signature, args, kwargs, check_json=check_json, leading=int(t.exactly_once))
         return Signature(
             t.name,
             t.queue,
@@ -492,13 +495,17 @@ class TaskRegistry:
         rate_limit: str | None = None,
         store_result: bool = False,
         result_ttl: float | None = None,
+        exactly_once: bool = False,
     ) -> Any:
         """Register ``fn`` as a task (``@app.task`` or ``@app.task(...)``); returns the
         :class:`Task`. ``name``: default ``module.qualname``. ``queue``: default the app's
         (``"tasks"``). ``max_deliveries``: runs at most this many times (the queue's own
         setting still applies: the app's worker raises it to the highest of its tasks').
         ``time_limit``: seconds a run may take. ``rate_limit``: ``"50/s"``, kept for the
-        worker. ``store_result``: keep the return value (JSON) ``result_ttl`` seconds."""
+        worker. ``store_result``: keep the return value (JSON) ``result_ttl`` seconds.
+        ``exactly_once``: the function is called as ``fn(tr, *args, **kwargs)`` inside the
+        transaction that removes its message (its writes, its result and its chain commit
+        with it, or none of them); it must finish within FoundationDB's 5-second limit."""
         if fn is not None and not callable(fn):
             raise QueueError(f"@app.task decorates a function, got {fn!r}")
         if max_deliveries is not None and (
@@ -507,8 +514,9 @@ class TaskRegistry:
             raise QueueError(f"max_deliveries must be an int >= 1 or None, got {max_deliveries!r}")
         limit = None if time_limit is None else check_duration("time_limit", time_limit, positive=True)
         rate = check_rate_limit(rate_limit)
-        if not isinstance(store_result, bool):
-            raise QueueError(f"store_result must be True or False, got {store_result!r}")
+        for flag, value in (("store_result", store_result), ("exactly_once", exactly_once)):
+            if not isinstance(value, bool):
+                raise QueueError(f"{flag} must be True or False, got {value!r}")
         ttl = (
             self.result_ttl if result_ttl is None else check_duration("result_ttl", result_ttl, positive=True)
         )
@@ -520,7 +528,11 @@ class TaskRegistry:
                 raise QueueError(f"a task's name is a non-empty str, got {tname!r}")
             if tname in self.tasks and self.tasks[tname].fn is not f:
                 raise QueueError(f"a task named {tname!r} is registered already ({self.tasks[tname].fn!r})")
-            t = Task(self, f, tname, qname, max_deliveries, limit, rate, store_result, ttl)
+            if exactly_once and inspect.iscoroutinefunction(f):
+                raise QueueError(
+                    f"task {tname!r}: an exactly_once task runs in a transaction, not an async def"
+                )
+            t = Task(self, f, tname, qname, max_deliveries, limit, rate, store_result, ttl, exactly_once)
             self.tasks[tname] = t
             return t
 

@@ -100,6 +100,8 @@ class TaskRunner:
 
     def __call__(self, m: Message) -> TaskDone | None:
         data, task = _decode(self.app, m)
+        if task.exactly_once:  # its function needs the acking transaction
+            raise Discard(f"task {task.name} is exactly_once: run it on an exactly-once worker")
         self._maybe_sweep()
         began = time.perf_counter()
         try:
@@ -175,6 +177,31 @@ class TaskRunner:
             sweep_results(self.db, self.app.root)
         except QueueError as exc:
             log.warning("could not sweep expired task results: %s", exc)
+
+
+class ExactlyOnceTaskRunner(TaskRunner):
+    """The handler of an exactly-once worker (``@app.task(exactly_once=True)``): the function
+    runs as ``fn(tr, ...)`` in the transaction that removes its message, and its result and
+    chain are written there too: all of it commits once, or none of it."""
+
+    def __call__(self, tr: Transaction, m: Message) -> None:  # type: ignore[override]
+        data, task = _decode(self.app, m)
+        if not task.exactly_once:  # its function takes no transaction
+            raise Discard(f"task {task.name} is not exactly_once: run it on a lease-mode worker")
+        if time.monotonic() - self._swept >= RESULT_SWEEP_EVERY:
+            # Once this transaction has ended: a transaction of its own, never nested in it.
+            tr.on_finish(lambda _error: self._maybe_sweep())
+        began = time.perf_counter()
+        try:
+            value = task.fn(tr, *data.get("args", ()), **data.get("kwargs", {}))
+        except Exception as exc:
+            failure = self._failed(task, m, exc)
+            if failure is exc:
+                raise
+            raise failure from exc
+        done = self._done(task, m, data, value, began)
+        if done is not None:
+            done.write(tr)
 
 
 class AsyncTaskRunner(TaskRunner):

@@ -376,3 +376,45 @@ def test_a_task_whose_worker_died_on_its_last_delivery_reads_as_failed(db: fdbqu
     with pytest.raises(fdbqueue.TaskFailedError) as err:
         app.result(db, mid, timeout=0.05)
     assert err.value.message_id == mid
+
+
+def test_exactly_once_tasks_write_in_the_transaction_that_removes_their_message(
+    db: fdbqueue.Database,
+) -> None:
+    app = fdbqueue.Tasks(db)
+
+    @app.task(queue="ledger", exactly_once=True, store_result=True, max_deliveries=2)
+    def credit(tr: fdbqueue.Transaction, account: str, fail: bool = False) -> str:
+        tr[b"ledger/" + account.encode()] = b"credited"  # commits with the message's removal
+        if fail:
+            raise RuntimeError("declined")
+        return account
+
+    @app.task(queue="ledger", exactly_once=True)
+    def audit(tr: fdbqueue.Transaction, account: str) -> None:
+        tr[b"audit/" + account.encode()] = b"seen"
+
+    with pytest.raises(fdbqueue.TaskArgumentsError):
+        credit.defer(db)  # the transaction is the worker's: the arguments bind after it
+    ok = credit.configure(then=audit.s("a")).defer(db, "a")
+    bad = credit.configure(then=audit.s("b")).defer(db, "b", fail=True)
+    worker = app.worker(concurrency=1)
+    assert worker.mode == "exactly_once"  # type: ignore[union-attr]
+    worker.run(until_empty=True)
+    assert app.result(db, ok, timeout=5.0) == "a"
+    with pytest.raises(fdbqueue.TaskFailedError) as err:
+        app.result(db, bad, timeout=5.0)
+    assert (err.value.type, err.value.text) == ("RuntimeError", "declined")
+    assert read(db, b"ledger/a") == b"credited" and read(db, b"audit/a") == b"seen"
+    assert read(db, b"ledger/b") is None and read(db, b"audit/b") is None  # aborted with the failure
+
+    @app.task(queue="plain")
+    def plain() -> None: ...
+
+    with pytest.raises(fdbqueue.QueueError, match="two apps"):
+        app.worker()  # exactly-once and lease-mode tasks do not share a worker
+    with pytest.raises(fdbqueue.QueueError):
+        app.task(exactly_once=True)(_async_noop)
+
+
+async def _async_noop(tr: object) -> None: ...
