@@ -17,8 +17,10 @@ registry entry for the next task to enqueue it.
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import json
+import pickle
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -409,6 +411,16 @@ class Task:
     def __repr__(self) -> str:
         return f"<task {self.name} on queue {self.queue!r}>"
 
+    def __reduce__(self) -> tuple[Callable[..., Task], tuple[str, str]]:
+        """Pickled by reference (its module and name, as a function is): a child process of a
+        worker finds the task its own import of the module registered."""
+        if task_by_reference(self.__module__, self.__qualname__) is not self:
+            raise pickle.PicklingError(
+                f"task {self.name} is not {self.__module__}.{self.__qualname__}: it cannot be found by "
+                "its name in another process"
+            )
+        return task_by_reference, (self.__module__, self.__qualname__)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the function now, in this thread (no queue involved)."""
         return self.fn(*args, **kwargs)
@@ -436,6 +448,18 @@ class Task:
         Arguments that do not bind to the function's signature, or that JSON cannot carry,
         raise TaskArgumentsError and nothing is written."""
         return Configured(self, Options()).defer(tr, *args, **kwargs)
+
+
+def task_by_reference(module: str, qualname: str) -> Task:
+    """The :class:`Task` at ``module.qualname`` (what unpickling a task does)."""
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    if not isinstance(obj, Task):
+        raise pickle.PicklingError(
+            f"task {module}.{qualname} cannot be found by its name: define tasks at a module's top level"
+        )
+    return obj
 
 
 class Configured:

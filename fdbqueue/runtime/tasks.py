@@ -98,6 +98,12 @@ class TaskRunner:
         self.worker_time_limit = worker_time_limit
         self._swept = time.monotonic()
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled by reference to its tasks (a worker's child process imports their modules
+        and runs its own app's runner; what the run returns, :class:`TaskDone`, is plain data
+        the parent writes with the ack)."""
+        return _runner_in_child, (type(self), tuple(self.app.tasks.values()), self.worker_time_limit)
+
     def __call__(self, m: Message) -> TaskDone | None:
         data, task = _decode(self.app, m)
         if task.exactly_once:  # its function needs the acking transaction
@@ -177,6 +183,17 @@ class TaskRunner:
             sweep_results(self.db, self.app.root)
         except QueueError as exc:
             log.warning("could not sweep expired task results: %s", exc)
+
+
+def _runner_in_child(kind: type[TaskRunner], tasks: tuple[Task, ...], limit: float | None) -> TaskRunner:
+    """A runner rebuilt in a child process from its tasks: it sweeps no results there (the
+    parent does, in its own process)."""
+    if not tasks:
+        raise QueueError("a task runner with no task cannot be rebuilt")
+    app = tasks[0].app
+    runner = kind(app, app.db, limit)
+    runner._swept = float("inf")
+    return runner
 
 
 class ExactlyOnceTaskRunner(TaskRunner):

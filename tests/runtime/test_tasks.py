@@ -418,3 +418,25 @@ def test_exactly_once_tasks_write_in_the_transaction_that_removes_their_message(
 
 
 async def _async_noop(tr: object) -> None: ...
+
+
+def test_a_runner_and_what_it_returns_pickle_for_a_workers_child_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A process pool sends the handler to its children by reference and gets TaskDone back."""
+    import importlib
+    import pickle
+
+    from fdbqueue.runtime.tasks import TaskDone, TaskRunner
+
+    monkeypatch.setenv("FDBQUEUE_URL", "memory://")
+    task_app = importlib.import_module("tests.support.task_app")
+    runner = TaskRunner(task_app.app, task_app.app.db, 5.0)
+    again = pickle.loads(pickle.dumps(runner))
+    assert type(again) is TaskRunner and again.app is task_app.app and again.worker_time_limit == 5.0
+    done = TaskDone(("fdbqueue",), "r1", 60.0, b"4", ({"task": "t", "queue": "q", "args": []},))
+    assert pickle.loads(pickle.dumps(done)) == done
+    app = fdbqueue.Tasks("memory://")
+    local = app.task(lambda: None)  # not findable by its name in another process
+    with pytest.raises(pickle.PicklingError):
+        pickle.dumps(local)
