@@ -43,18 +43,16 @@ from fdbqueue.runtime.handling import (
     Queues,
     WorkerStats,
     _as_queues,
-    ack_after,
     check_handler,
     check_time_limit,
-    dead_hook,
     engine_failure,
     give_back,
-    nack_noting,
     settle_failure,
     time_limit_reason,
     until_empty_wait,
     work_set_of,
 )
+from fdbqueue.runtime.hooks import ack_after, dead_hook, nack_noting
 from fdbqueue.store.layout import DEFAULT_ROOT
 from fdbqueue.types import Item, JournalEntry, Message, SweepStats, check_duration, check_flag
 

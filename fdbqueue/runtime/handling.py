@@ -16,7 +16,7 @@ from typing import Any
 from fdbqueue.api.admin import is_pattern
 from fdbqueue.api.queue import Queue
 from fdbqueue.api.routing import PartitionedQueue
-from fdbqueue.engines.contract import Database, Transaction
+from fdbqueue.engines.contract import Database
 from fdbqueue.errors import (
     ClusterUnavailableError,
     Discard,
@@ -27,10 +27,9 @@ from fdbqueue.errors import (
     StoreError,
 )
 from fdbqueue.ops.delivery import engine_fault
-from fdbqueue.ops.receipts import run_once_confirmed
-from fdbqueue.ops.settling import AfterAck
 from fdbqueue.ops.waiting import QueueWatcher
 from fdbqueue.runtime.fairness import WorkSet
+from fdbqueue.runtime.hooks import DeadHook, nack_noting
 from fdbqueue.store.record import fit_reason
 from fdbqueue.types import Message, check_duration
 
@@ -378,54 +377,6 @@ def judge(exc: BaseException, q: Queue, m: Message, logger: logging.Logger) -> O
         return Outcome("discarded", fit_reason(exc.reason), discard=True)
     log_failure(logger, q, m, exc)
     return Outcome("failed", failure_text(exc))
-
-
-DeadHook = Callable[[Transaction, Message, str], None]
-
-
-def dead_hook(handler: object) -> DeadHook | None:
-    """The handler's ``on_dead(tr, message, reason)``, if it has one: called inside the
-    transaction whose nack dead-letters a message it failed on (a task's failure result)."""
-    hook = getattr(handler, "on_dead", None)
-    return hook if callable(hook) else None
-
-
-def nack_noting(
-    db: Database,
-    q: Queue,
-    m: Message,
-    *,
-    reason: str | None,
-    delay: float | None = None,
-    discard: bool = False,
-    on_dead: DeadHook | None = None,
-) -> str:
-    """Nack the leased ``m``; when that dead-letters it, ``on_dead`` writes in the same
-    transaction (exactly once across commit_unknown_result, as :meth:`Queue.nack`)."""
-    if on_dead is None:
-        return q.nack(db, m, delay=delay, reason=reason, discard=discard)
-
-    def body(t: Transaction) -> str:
-        where = q.nack(t, m, delay=delay, reason=reason, discard=discard)
-        if where == "dead":
-            on_dead(t, m, reason or "max_deliveries")
-        return where
-
-    return run_once_confirmed(db, q.keys, body)
-
-
-def ack_after(db: Database, q: Queue, m: Message, after: AfterAck | None) -> None:
-    """Ack the leased ``m`` with the writes its handler asked for (:class:`AfterAck`), in one
-    transaction, exactly once across commit_unknown_result."""
-    if after is None:
-        q.ack(db, m)
-        return
-
-    def body(t: Transaction) -> None:
-        q.ack(t, m)
-        after.write(t)
-
-    run_once_confirmed(db, q.keys, body)
 
 
 def settle_failure(

@@ -24,16 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from fdbqueue.api.admin import create_queue, queue_config
-from fdbqueue.api.tasks import (
-    Task,
-    TaskRegistry,
-    encode_value,
-    enqueue_signature,
-    failure_of,
-    signature_from_json,
-    sweep_results,
-    write_result,
-)
+from fdbqueue.api.task_results import encode_value, failure_of, sweep_results, write_result
+from fdbqueue.api.tasks import Task, TaskRegistry, enqueue_signature, signature_from_json
 from fdbqueue.engines.contract import Database, Transaction
 from fdbqueue.errors import (
     Discard,

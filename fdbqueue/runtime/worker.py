@@ -59,16 +59,15 @@ from fdbqueue.runtime.handling import (
     TimeLimit,
     WorkerStats,
     _as_queues,
-    ack_after,
     check_handler,
     check_time_limit,
-    dead_hook,
     engine_failure,
     normalise_mode,
     settle_failure,
     until_empty_wait,
     work_set_of,
 )
+from fdbqueue.runtime.hooks import ack_after, dead_hook
 from fdbqueue.runtime.worker_base import log
 from fdbqueue.types import Message, check_duration, check_flag
 

@@ -20,15 +20,14 @@ from fdbqueue.ops.waiting import QueueWatcher
 from fdbqueue.runtime.fairness import WorkSet
 from fdbqueue.runtime.handling import (
     Backoff,
-    DeadHook,
     PrefetchBudget,
     WorkerStats,
     engine_failure,
     give_back,
-    nack_noting,
     time_limit_reason,
     until_empty_wait,
 )
+from fdbqueue.runtime.hooks import DeadHook, nack_noting
 from fdbqueue.types import Message
 
 log = logging.getLogger("fdbqueue.runtime.worker")  # one logger for the worker, whichever module

@@ -1,0 +1,61 @@
+"""What a handler may have committed with its message's settlement, in the same transaction:
+writes with the ack (a returned :class:`~fdbqueue.ops.settling.AfterAck`) and writes with the
+dead letter (the handler's ``on_dead``). Tasks keep their results and chains so
+(``fdbqueue.runtime.tasks``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fdbqueue.api.queue import Queue
+from fdbqueue.engines.contract import Database, Transaction
+from fdbqueue.ops.receipts import run_once_confirmed
+from fdbqueue.ops.settling import AfterAck
+from fdbqueue.types import Message
+
+DeadHook = Callable[[Transaction, Message, str], None]
+
+
+def dead_hook(handler: object) -> DeadHook | None:
+    """The handler's ``on_dead(tr, message, reason)``, if it has one: called inside the
+    transaction whose nack dead-letters a message it failed on (a task's failure result)."""
+    hook = getattr(handler, "on_dead", None)
+    return hook if callable(hook) else None
+
+
+def nack_noting(
+    db: Database,
+    q: Queue,
+    m: Message,
+    *,
+    reason: str | None,
+    delay: float | None = None,
+    discard: bool = False,
+    on_dead: DeadHook | None = None,
+) -> str:
+    """Nack the leased ``m``; when that dead-letters it, ``on_dead`` writes in the same
+    transaction (exactly once across commit_unknown_result, as :meth:`Queue.nack`)."""
+    if on_dead is None:
+        return q.nack(db, m, delay=delay, reason=reason, discard=discard)
+
+    def body(t: Transaction) -> str:
+        where = q.nack(t, m, delay=delay, reason=reason, discard=discard)
+        if where == "dead":
+            on_dead(t, m, reason or "max_deliveries")
+        return where
+
+    return run_once_confirmed(db, q.keys, body)
+
+
+def ack_after(db: Database, q: Queue, m: Message, after: AfterAck | None) -> None:
+    """Ack the leased ``m`` with the writes its handler asked for (:class:`AfterAck`), in one
+    transaction, exactly once across commit_unknown_result."""
+    if after is None:
+        q.ack(db, m)
+        return
+
+    def body(t: Transaction) -> None:
+        q.ack(t, m)
+        after.write(t)
+
+    run_once_confirmed(db, q.keys, body)
