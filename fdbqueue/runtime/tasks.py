@@ -38,6 +38,7 @@ from fdbqueue.errors import (
 )
 from fdbqueue.ops.settling import AfterAck
 from fdbqueue.runtime.handling import failure_text, time_limit_reason
+from fdbqueue.store.config import QueueConfig
 from fdbqueue.types import Message
 
 log = logging.getLogger("fdbqueue.runtime.worker")
@@ -240,21 +241,44 @@ class AsyncTaskRunner(TaskRunner):
 
 def prepare_queues(app: TaskRegistry, db: Database) -> None:
     """Create the app's queues, each with max_deliveries at least the highest of its tasks'
-    (a queue's own setting dead-letters first; a task's lower one is the runner's)."""
-    wanted: dict[str, int] = {}
+    (a queue's own setting dead-letters first; a task's lower one is the runner's), and with
+    its tasks' rate limit where queues have one (``create_queue(..., rate_limit=)``): a rate
+    limit is the queue's, shared by every worker, so the tasks of a queue share one."""
+    wanted: dict[str, dict[str, Any]] = {name: {} for name in app.queues}
+    rates: dict[str, set[str | None]] = {name: set() for name in app.queues}
     for t in app.tasks.values():
         if t.max_deliveries is not None:
-            wanted[t.queue] = max(wanted.get(t.queue, 0), t.max_deliveries)
+            have = wanted[t.queue].get("max_deliveries", 0)
+            wanted[t.queue]["max_deliveries"] = max(have, t.max_deliveries)
+        rates[t.queue].add(t.rate_limit)
+    queue_rates = "rate_limit" in QueueConfig.__dataclass_fields__
+    for name, found in rates.items():
+        if found == {None}:
+            continue
+        if len(found) > 1:
+            raise QueueError(
+                f"the tasks of queue {name!r} ask for different rate limits ({sorted(map(str, found))}): "
+                "a rate limit is its queue's; give each rate-limited task a queue of its own"
+            )
+        if queue_rates:
+            wanted[name]["rate_limit"] = next(iter(found))
+        else:
+            log.warning("queue %r: this version has no queue rate limits; %s is not enforced", name, found)
     for name in app.queues:
         try:
             cfg = queue_config(db, name, root=app.root)
         except QueueNotFoundError:
-            settings: dict[str, Any] = {"max_deliveries": wanted[name]} if name in wanted else {}
-            create_queue(db, name, root=app.root, **settings)
+            create_queue(db, name, root=app.root, **wanted[name])
             continue
-        if name in wanted and cfg.max_deliveries < wanted[name]:
-            log.info("queue %r: max_deliveries raised to %d for its tasks", name, wanted[name])
-            create_queue(db, name, root=app.root, max_deliveries=wanted[name])
+        change = {
+            k: v
+            for k, v in wanted[name].items()
+            if (k == "max_deliveries" and cfg.max_deliveries < v)
+            or (k != "max_deliveries" and getattr(cfg, k) != v)
+        }
+        if change:
+            log.info("queue %r: %s set for its tasks", name, change)
+            create_queue(db, name, root=app.root, **change)
 
 
 def worker_time_limit(app: TaskRegistry, time_limit: float | None) -> float | None:

@@ -440,3 +440,24 @@ def test_a_runner_and_what_it_returns_pickle_for_a_workers_child_process(
     local = app.task(lambda: None)  # not findable by its name in another process
     with pytest.raises(pickle.PicklingError):
         pickle.dumps(local)
+
+
+def test_a_tasks_rate_limit_is_its_queues(db: fdbqueue.Database, caplog: pytest.LogCaptureFixture) -> None:
+    app = fdbqueue.Tasks(db)
+
+    @app.task(queue="api", rate_limit="50/s")
+    def call_api() -> None: ...
+
+    with pytest.raises(fdbqueue.QueueError, match="rate_limit"):
+        app.task(rate_limit="fast")(lambda: None)  # malformed: refused at registration
+    app.worker()
+    if "rate_limit" in fdbqueue.QueueConfig.__dataclass_fields__:  # queues with rate limits
+        assert fdbqueue.queue_config(db, "api").rate_limit == "50/s"  # type: ignore[attr-defined]
+    else:
+        assert "not enforced" in caplog.text
+
+    @app.task(queue="api")
+    def unlimited() -> None: ...
+
+    with pytest.raises(fdbqueue.QueueError, match="a queue of its own"):
+        app.worker()  # one queue, one rate limit
