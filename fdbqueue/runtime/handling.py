@@ -335,9 +335,32 @@ def check_handler(handler: Callable[..., Any], nargs: int, how: str) -> None:
         raise HandlerSignatureError(f"{how}; {name}{sig} cannot be called so: {exc}") from None
 
 
+class RemoteTraceback(Exception):
+    """The traceback of a handler's exception in another process, as text (the ``__cause__``
+    of a :class:`RemoteFailure`, so that a logged failure shows where the handler failed;
+    ``concurrent.futures.process`` does the same)."""
+
+    def __str__(self) -> str:
+        return f'\n"""\n{self.args[0]}"""'
+
+
+class RemoteFailure(Exception):
+    """A handler's exception raised in a worker's child process: its type's name, text and
+    traceback. ``engine``: the handler's own use of a failing store (:func:`engine_failure`),
+    not the message's fault."""
+
+    def __init__(self, type_name: str, text: str, remote_traceback: str, *, engine: bool = False) -> None:
+        super().__init__(text)
+        self.type_name = type_name
+        self.engine = engine
+        self.__cause__ = RemoteTraceback(remote_traceback)
+
+
 def failure_text(exc: BaseException) -> str:
-    """A handler's exception as a failure reason (the nack reason, the dead letter's reason)."""
-    return fit_reason(f"{type(exc).__name__}: {exc}"[:500])
+    """A handler's exception as a failure reason (the nack reason, the dead letter's reason);
+    one raised in a child process keeps its own type's name."""
+    name = exc.type_name if isinstance(exc, RemoteFailure) else type(exc).__name__
+    return fit_reason(f"{name}: {exc}"[:500])
 
 
 def log_failure(logger: logging.Logger, q: Queue, m: Message, exc: BaseException) -> None:
@@ -484,6 +507,8 @@ def engine_failure(exc: BaseException) -> bool:
     """
     if isinstance(exc, (StoreError, ClusterUnavailableError)):
         return True
+    if isinstance(exc, RemoteFailure):  # judged in the child, where the exception was raised
+        return exc.engine
     return isinstance(exc, EngineError) and engine_fault(exc)
 
 

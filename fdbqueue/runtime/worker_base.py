@@ -48,6 +48,7 @@ class WorkerBase:
     stats: WorkerStats
     run_schedules: bool
     time_limit: float | None
+    processes: int  # handlers in child processes (pool.py); 0: in threads
     backoff: Backoff
     _settler: Settler[Queue] | None
     _exporter: Any  # metrics.Exporter while run() runs with a metrics_port
@@ -211,7 +212,9 @@ class WorkerBase:
             m.id,
             m.deliveries,
             self.time_limit,
-            "its thread is abandoned (Python cannot stop a thread) and the message released as a "
+            "its child process is killed and the message released as a failed delivery"
+            if self.processes
+            else "its thread is abandoned (Python cannot stop a thread) and the message released as a "
             "failed delivery"
             if self.mode == "lease"
             else "its transaction is aborted and the delivery counts as failed",
