@@ -23,6 +23,7 @@ from fdbqueue.errors import (
     EngineError,
     HandlerSignatureError,
     QueueError,
+    RemoteFailure,
     Retry,
     StoreError,
 )
@@ -333,27 +334,6 @@ def check_handler(handler: Callable[..., Any], nargs: int, how: str) -> None:
     except TypeError as exc:
         name = getattr(handler, "__qualname__", type(handler).__name__)
         raise HandlerSignatureError(f"{how}; {name}{sig} cannot be called so: {exc}") from None
-
-
-class RemoteTraceback(Exception):
-    """The traceback of a handler's exception in another process, as text (the ``__cause__``
-    of a :class:`RemoteFailure`, so that a logged failure shows where the handler failed;
-    ``concurrent.futures.process`` does the same)."""
-
-    def __str__(self) -> str:
-        return f'\n"""\n{self.args[0]}"""'
-
-
-class RemoteFailure(Exception):
-    """A handler's exception raised in a worker's child process: its type's name, text and
-    traceback. ``engine``: the handler's own use of a failing store (:func:`engine_failure`),
-    not the message's fault."""
-
-    def __init__(self, type_name: str, text: str, remote_traceback: str, *, engine: bool = False) -> None:
-        super().__init__(text)
-        self.type_name = type_name
-        self.engine = engine
-        self.__cause__ = RemoteTraceback(remote_traceback)
 
 
 def failure_text(exc: BaseException) -> str:

@@ -49,9 +49,17 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from fdbqueue.api.queue import Queue
-from fdbqueue.errors import Discard, HandlerSignatureError, QueueError, Retry
+from fdbqueue.errors import (
+    ChildDied,
+    Discard,
+    HandlerSignatureError,
+    PoolStartError,
+    QueueError,
+    RemoteFailure,
+    Retry,
+)
 from fdbqueue.ops import tracing
-from fdbqueue.runtime.handling import RemoteFailure, engine_failure
+from fdbqueue.runtime.handling import engine_failure
 from fdbqueue.types import Message
 
 # forkserver: a fresh server process forks each child, so a restart costs a fork, not a new
@@ -65,15 +73,6 @@ OK = "ok"
 TIMED_OUT = "timed_out"  # past time_limit: the child was killed
 CLOSED = "closed"  # the pool was closed at once meanwhile: the worker released the message
 UNAVAILABLE = "unavailable"  # no child could be started: the message was not handled
-
-
-class ChildDied(Exception):
-    """The child process running the handler died before it answered (killed, crashed, out
-    of memory): the message's delivery failed."""
-
-
-class PoolStartError(QueueError):
-    """A child process could not start or could not load the handler."""
 
 
 def check_processes(processes: object) -> int:

@@ -58,3 +58,16 @@ def record(m: fdbqueue.Message) -> None:
     spec = m.json()
     time.sleep(spec.get("sleep", 0))
     note(spec["log"], f"{os.getpid()} {m.id}")
+
+
+def _refuse() -> None:
+    raise RuntimeError("not in a child")
+
+
+class Unloadable:
+    """A handler that pickles in the worker but cannot be loaded in a child."""
+
+    def __call__(self, m: fdbqueue.Message) -> None: ...
+
+    def __reduce__(self) -> tuple[object, tuple[()]]:
+        return (_refuse, ())
