@@ -66,6 +66,7 @@ from fdbqueue.types import Message
 # interpreter importing fdbqueue again (about 0.7 s); spawn where the platform lacks it.
 START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 START_TIMEOUT = 120.0  # seconds a new child may take to import and load the handler
+TEXT_MAX = 20_000  # characters of a failure's text and traceback sent back (a reason keeps less)
 STOP_TIMEOUT = 5.0  # seconds an idle child asked to exit may take before it is killed
 
 # What :meth:`ProcessPool.call` returns when it raised nothing.
@@ -229,7 +230,11 @@ def _outcome(handler: Callable[..., Any], queue: str, m: Message) -> tuple[Any, 
         return ("discard", exc.reason)
     except BaseException as exc:  # SystemExit too: the child stays to serve the next message
         kind = "engine" if engine_failure(exc) else "error"
-        return (kind, type(exc).__name__, str(exc), traceback.format_exc())
+        try:
+            text = str(exc)
+        except Exception as unprintable:  # a broken __str__ must not end the child
+            text = f"<{type(exc).__name__}.__str__ failed: {type(unprintable).__name__}>"
+        return (kind, type(exc).__name__, text[:TEXT_MAX], traceback.format_exc()[-TEXT_MAX:])
 
 
 def child_main(conn: Connection, handler_blob: bytes) -> None:

@@ -351,10 +351,12 @@ class Worker(ExactlyOnce):
             self._stop.set()
             with lock:
                 work.notify_all()
-            if not self._forced:  # at once: handlers still running are not waited for
-                for t in handlers:
-                    t.join()
-            self._release_unstarted(buffer)
+            try:
+                if not self._forced:  # at once: handlers still running are not waited for
+                    for t in handlers:
+                        t.join()
+            finally:  # also when stopped at once while waiting here (StopNow in a join)
+                self._release_unstarted(buffer)
 
     def _lease_loop(self, until_empty: bool) -> None:
         """One handler: fetch a batch, handle it in this thread, fetch again.

@@ -336,3 +336,48 @@ def test_children_end_when_their_worker_is_killed(tmp_path: Path) -> None:
     while any(alive(p) for p in children) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(alive(p) for p in children)
+
+
+@pytest.mark.parametrize(
+    "slots", [["--processes", "2"], ["--concurrency", "2"]], ids=["processes", "threads"]
+)
+def test_past_the_shutdown_timeout_children_are_killed_and_messages_released(
+    tmp_path: Path, slots: list[str]
+) -> None:
+    """Stopped at once (the grace after SIGTERM ran out): the children running hung handlers
+    are killed and their messages go back uncounted, and so do the prefetched ones (threads
+    too: a stop at once while the worker waited for its handlers left those leased); the
+    worker exits cleanly."""
+    url = f"sqlite://{tmp_path / 'q.db'}?sync=normal"
+    db = fdbqueue.open(url)
+    log = tmp_path / "log"
+    q = Queue("jobs")
+    ids = q.enqueue_many(db, [{"log": str(log), "hang": True} for _ in range(4)])
+    proc = subprocess.Popen(
+        cli(url, "--handler", "tests.support.pool_handlers:act", *slots, "--shutdown-timeout", "0.5"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+        cwd=ROOT,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while len(entries(log)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        children = pids(log)
+        assert len(entries(log)) == 2, proc.stderr.read() if proc.poll() is not None else "no start"
+        time.sleep(0.2)  # the other two prefetched meanwhile
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert "stopped at once" in err, err
+    assert not any(alive(p) for p in children)
+    assert done(log) == Counter()
+    assert held(db, q) == (4, 0, 0), err
+    assert {m.id: m.deliveries for m in q.browse(db)} == dict.fromkeys(ids, 0)
+    db.close()
