@@ -107,6 +107,19 @@ def test_retry_discard_and_errors_cross_the_process_boundary(db: Any, tmp_path: 
     assert dead[failing].extra["deliveries"] == 3
 
 
+def test_the_store_failing_under_a_child_s_handler_is_not_the_message_s_fault(
+    db: Any, tmp_path: Path
+) -> None:
+    """The handler's own use of a failing store (judged in the child): the message goes back
+    uncounted and the worker backs off, as with a handler in a thread."""
+    log = tmp_path / "log"
+    mid = Queue("jobs").enqueue(db, {"log": str(log), "store_fails_once": str(tmp_path / "failed")})
+    stats = Worker(db, "jobs", act, processes=1, idle_timeout=0.05).run(until_empty=True)
+    assert (stats.processed, stats.failed, stats.released) == (1, 0, 1) and stats.backoffs >= 1
+    assert [e[3] for e in entries(log) if e[0] == "start"] == ["1", "1"]  # not counted
+    assert done(log) == Counter({mid: 1})
+
+
 def test_a_child_killed_mid_task_loses_nothing(db: Any, tmp_path: Path) -> None:
     """SIGKILL the child running a message: the message is a failed delivery, handled again
     by the replacement, and every other message exactly once."""

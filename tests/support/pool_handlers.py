@@ -25,8 +25,9 @@ def act(m: fdbqueue.Message) -> None:
     """Write ``start <pid> <id> <delivery>``, then do what the payload says, then ``done <pid> <id>``.
 
     Payload keys: ``log`` (the file), ``gate`` (wait, on a first delivery, until that file
-    exists), ``sleep`` (seconds), ``hang`` (sleep a minute), ``fail`` (``retry`` on a first
-    delivery, ``discard``, ``error``, ``exit``), ``ballast`` (MiB kept alive in the child).
+    exists), ``sleep`` (seconds), ``hang`` (sleep a minute), ``store_fails_once`` (a marker
+    file: raise StoreFullError unless it exists, and create it), ``fail`` (``retry`` on a
+    first delivery, ``discard``, ``error``), ``ballast`` (MiB kept alive in the child).
     """
     spec = m.json()
     note(spec["log"], f"start {os.getpid()} {m.id} {m.deliveries}")
@@ -40,6 +41,10 @@ def act(m: fdbqueue.Message) -> None:
         time.sleep(60)
     if spec.get("ballast"):
         _BALLAST.append(bytearray(spec["ballast"] * 2**20))
+    store = spec.get("store_fails_once")
+    if store and not Path(store).exists():
+        Path(store).touch()
+        raise fdbqueue.StoreFullError("the disk is full")  # the store failing, not the message
     fail = spec.get("fail")
     if fail == "retry" and m.deliveries == 1:
         raise fdbqueue.Retry(delay=0, reason="not yet")
