@@ -451,6 +451,9 @@ class ProcessPool:
     def _check_limits(self, child: _Child, rss: int) -> None:
         if self.max_tasks is not None and child.tasks >= self.max_tasks:
             child.retire = True
+            self.log.debug(
+                "worker child %d ran %d calls (max_tasks_per_child): replacing it", child.pid, child.tasks
+            )
         elif self.max_memory is not None and rss > self.max_memory:
             child.retire = True
             self.log.info(

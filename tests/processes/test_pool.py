@@ -10,6 +10,7 @@ only when its first child died (or was killed) before it answered.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -25,6 +26,7 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Queue, Worker
+from fdbqueue.cli.commands import main
 from fdbqueue.errors import HandlerSignatureError, PoolStartError, QueueError
 from tests.support import ROOT
 from tests.support.pool_handlers import Unloadable, act
@@ -263,24 +265,33 @@ def test_cli_processes_runs_the_handler_in_children(tmp_path: Path) -> None:
     assert sorted(i for _, i in seen) == sorted(ids)
     children = {int(p) for p, _ in seen}
     assert proc.pid not in children and 1 <= len(children) <= 2
-    for bad, said in (
+
+
+@pytest.mark.parametrize(
+    ("bad", "said"),
+    [
         (["--processes", "-1"], "--processes: expected a whole number >= 0"),
-        (["--processes", "two"], "--processes"),
-        (["--max-tasks-per-child", "0"], "--max-tasks-per-child"),
+        (["--processes", "two"], "--processes: expected a whole number >= 0"),
+        (["--max-tasks-per-child", "0"], "--max-tasks-per-child: expected a whole number >= 1"),
         (["--max-memory-per-child", "lots"], "--max-memory-per-child: expected bytes or a size"),
         (["--time-limit", "0", "--processes", "2"], "time_limit must be > 0"),
         (["--max-tasks-per-child", "3"], "need processes > 0"),
+        (["--processes", "2", "--concurrency", "4"], "leave concurrency at 1"),
         (["--mode", "exactly-once", "--processes", "2"], "cannot join the worker's transaction"),
-    ):
-        out = subprocess.run(
-            cli(url, "--handler", handler, *bad),
-            capture_output=True,
-            text=True,
-            env=env(),
-            cwd=ROOT,
-            timeout=60,
-        )
-        assert out.returncode == 2 and said in out.stderr, (bad, out.stderr)
+    ],
+)
+def test_cli_refuses_malformed_pool_options(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], bad: list[str], said: str
+) -> None:
+    url = f"sqlite://{tmp_path / 'q.db'}"
+    args = ["--url", url, "worker", "jobs", "--handler", "tests.support.pool_handlers:record", *bad]
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level  # the command sets up the worker's logging
+    try:
+        assert main(args) == 2
+    finally:
+        root.handlers[:], root.level = handlers, level
+    assert said in capsys.readouterr().err
 
 
 def test_sigterm_drains_a_worker_with_children(tmp_path: Path) -> None:
