@@ -110,17 +110,17 @@ class Worker(ExactlyOnce):
         mode = normalise_mode(mode)
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise QueueError(f"concurrency must be an int >= 1, got {concurrency!r}")
-        self.processes = check_processes(processes)
-        self._pool_settings = pool_settings(
-            self.processes, mode, concurrency, handler, max_tasks_per_child, max_memory_per_child
-        )
-        concurrency = self.processes or concurrency  # a handler slot per child
         if mode == "exactly_once":
             how = "exactly_once handlers are called as handler(tr, message), inside the transaction"
             check_handler(handler, 2, how)
         else:
             how = "lease handlers are called as handler(message), outside any transaction"
             check_handler(handler, 1, how + " (handler(tr, message) is mode='exactly_once')")
+        self.processes = check_processes(processes)
+        self._pool_settings = pool_settings(
+            self.processes, mode, concurrency, handler, max_tasks_per_child, max_memory_per_child
+        )
+        concurrency = self.processes or concurrency  # a handler slot per child
         self.db = db
         self.workset = work_set_of(queues)  # a pattern or partitioned queue: fair turns
         self.queues = [] if self.workset is not None else _as_queues(queues)
