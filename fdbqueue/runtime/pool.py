@@ -355,8 +355,14 @@ class ProcessPool:
         the worker leases anything)."""
         if START_METHOD == "forkserver":
             _preload()
-        children = [_Child(self.ctx, self.blob) for _ in range(self.size)]
+        children: list[_Child] = []
         try:
+            try:
+                children.extend(_Child(self.ctx, self.blob) for _ in range(self.size))
+            except Exception as exc:  # a daemonic process may have no children, no fork left ...
+                raise PoolStartError(
+                    f"could not start a worker child process ({START_METHOD}): {type(exc).__name__}: {exc}"
+                ) from exc
             for c in children:
                 c.wait_ready(START_TIMEOUT)
         except BaseException:
@@ -489,7 +495,12 @@ class ProcessPool:
         return child
 
     def _replace(self, old: _Child) -> _Child:
-        new = _Child(self.ctx, self.blob)
+        try:
+            new = _Child(self.ctx, self.blob)
+        except Exception as exc:
+            raise PoolStartError(
+                f"could not start a worker child process: {type(exc).__name__}: {exc}"
+            ) from exc
         with self._cond:
             self._busy.discard(old)
             self._busy.add(new)

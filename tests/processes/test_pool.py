@@ -277,7 +277,17 @@ def test_cli_processes_runs_the_handler_in_children(tmp_path: Path) -> None:
         (["--time-limit", "0", "--processes", "2"], "time_limit must be > 0"),
         (["--max-tasks-per-child", "3"], "need processes > 0"),
         (["--processes", "2", "--concurrency", "4"], "leave concurrency at 1"),
-        (["--mode", "exactly-once", "--processes", "2"], "cannot join the worker's transaction"),
+        (
+            [
+                "--mode",
+                "exactly-once",
+                "--handler",
+                "tests.support.cli_handlers:in_transaction",
+                "--processes",
+                "2",
+            ],
+            "cannot join the worker's transaction",
+        ),
     ],
 )
 def test_cli_refuses_malformed_pool_options(
