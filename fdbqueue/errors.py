@@ -289,6 +289,37 @@ class Discard(Exception):
         self.reason = reason
 
 
+class RemoteTraceback(Exception):
+    """The traceback of a handler's exception in another process, as text (the ``__cause__``
+    of a :class:`RemoteFailure`, so that a logged failure shows where the handler failed;
+    ``concurrent.futures.process`` does the same)."""
+
+    def __str__(self) -> str:
+        return f'\n"""\n{self.args[0]}"""'
+
+
+class RemoteFailure(Exception):
+    """A handler's exception raised in a worker's child process: its type's name, text and
+    traceback (``Worker(processes=N)``). ``engine``: the handler's own use of a failing store
+    (``fdbqueue.runtime.handling.engine_failure``), not the message's fault."""
+
+    def __init__(self, type_name: str, text: str, remote_traceback: str, *, engine: bool = False) -> None:
+        super().__init__(text)
+        self.type_name = type_name
+        self.engine = engine
+        self.__cause__ = RemoteTraceback(remote_traceback)
+
+
+class ChildDied(Exception):
+    """The child process running the handler died before it answered (killed, crashed, out
+    of memory): the message's delivery failed."""
+
+
+class PoolStartError(QueueError):
+    """A worker's child process (``processes=N``) could not start or could not load the
+    handler: raised by ``Worker.run`` before it leases anything."""
+
+
 class FaultScriptError(QueueError, TypeError):
     """A testing hook was given something other than a sim:// database, or a bad outcome."""
 

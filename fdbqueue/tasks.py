@@ -5,7 +5,6 @@ the handler that runs a task message is ``fdbqueue.runtime.tasks``."""
 
 from __future__ import annotations
 
-import inspect
 from typing import TYPE_CHECKING, Any
 
 from fdbqueue.api.tasks import TaskRegistry
@@ -53,7 +52,8 @@ class Tasks(TaskRegistry):
         ``exactly_once``, an exactly-once Worker (each run in the transaction that removes its
         message; on the embedded engine one at a time). Each one's ``run()`` runs
         until stopped and returns its WorkerStats. ``processes``: child processes running
-        the handlers, passed to the Worker where it supports them. ``time_limit``: seconds
+        the handlers (the tasks must be importable: module-level functions of a module-level
+        app); ``concurrency`` is then ``processes``. ``time_limit``: seconds
         a task may run (default: the longest of the tasks' own). ``options``: the Worker's
         (``lease_seconds``, ``heartbeat``, ``shutdown_timeout``, ...). Creates the tasks'
         queues (max_deliveries at least their tasks')."""
@@ -89,13 +89,9 @@ class Tasks(TaskRegistry):
             return AsyncTaskWorker(
                 self.aio_worker(concurrency=concurrency, time_limit=limit, db=target, **options)
             )
-        if processes:
-            if "processes" not in inspect.signature(Worker).parameters:
-                raise QueueError(
-                    "processes= needs a Worker with process pools (this version runs handlers in "
-                    "threads only): use processes=0"
-                )
+        if processes:  # one handler call per child at a time: the pool's concurrency is its size
             options["processes"] = processes
+            concurrency = processes
         prepare_queues(self, target)
         runner = TaskRunner(self, target, limit)
         return Worker(target, self.queues, runner, concurrency=concurrency, time_limit=limit, **options)

@@ -48,7 +48,7 @@ from fdbqueue.cli.console import (
 )
 from fdbqueue.cli.journal import add_journal_commands
 from fdbqueue.cli.ops import add_audit_command, add_ops_commands
-from fdbqueue.cli.worker import _cmd_worker
+from fdbqueue.cli.worker import _cmd_worker, add_pool_options
 
 EMPTY = 3  # exit code: dequeue/peek found no message
 
@@ -609,8 +609,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="give up on a handler call after S seconds: lease mode releases the message as a failed "
         "delivery (reason time_limit; the error queue at max deliveries) and abandons the call's thread "
-        "(Python cannot stop one); exactly-once aborts a call that returns late",
+        "(Python cannot stop one) or, with --processes, kills the child; exactly-once aborts a call "
+        "that returns late",
     )
+    add_pool_options(p)
     p.add_argument(
         "--shutdown-timeout",
         type=_seconds,

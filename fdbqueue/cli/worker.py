@@ -12,7 +12,48 @@ from collections.abc import Callable
 from typing import Any
 
 import fdbqueue
-from fdbqueue.cli.console import CommandError, _print_json, _worker_summary, setup_logging
+from fdbqueue.cli.console import CommandError, _count, _positive, _print_json, _worker_summary, setup_logging
+
+
+def _memory(text: str) -> int:
+    """``--max-memory-per-child``: bytes, or a size with a unit (512MB, 1.5GiB)."""
+    from fdbqueue.runtime.pool import check_memory
+
+    try:
+        size = check_memory(text)  # digits alone are bytes
+    except fdbqueue.QueueError:
+        raise argparse.ArgumentTypeError(
+            f"expected bytes or a size such as 512MB or 1.5GiB, got {text!r}"
+        ) from None
+    assert size is not None
+    return size
+
+
+def add_pool_options(p: argparse.ArgumentParser) -> None:
+    """The ``worker`` command's process pool (``Worker(processes=N)``)."""
+    p.add_argument(
+        "--processes",
+        type=_count,
+        default=0,
+        metavar="N",
+        help="run the handler in N child processes (lease mode; default 0: in this process's threads); "
+        "this process leases and settles. The handler must be importable by its module's name",
+    )
+    p.add_argument(
+        "--max-tasks-per-child",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="with --processes: replace a child after N handler calls",
+    )
+    p.add_argument(
+        "--max-memory-per-child",
+        type=_memory,
+        default=None,
+        metavar="SIZE",
+        help="with --processes: replace a child whose resident memory is above SIZE after a call "
+        "(bytes, or 512MB, 1GiB ...)",
+    )
 
 
 def _load_handler(spec: str) -> Callable[..., Any]:
@@ -83,10 +124,14 @@ def _cmd_worker(db: fdbqueue.Database, args: argparse.Namespace) -> int:
         heartbeat=args.heartbeat,
         shutdown_timeout=args.shutdown_timeout,
         time_limit=args.time_limit,
+        processes=args.processes,
+        max_tasks_per_child=args.max_tasks_per_child,
+        max_memory_per_child=args.max_memory_per_child,
     )
+    where = f"{args.processes} child processes" if args.processes else f"concurrency {args.concurrency}"
     print(
-        f"fdbqueue worker: {', '.join(args.names)} in {args.mode} mode, concurrency "
-        f"{args.concurrency}, handler {args.handler}; stop with SIGTERM or Ctrl-C",
+        f"fdbqueue worker: {', '.join(args.names)} in {args.mode} mode, {where}, "
+        f"handler {args.handler}; stop with SIGTERM or Ctrl-C",
         file=sys.stderr,
     )
     stats = worker.run(install_signals=True, until_empty=args.until_empty, max_messages=args.max_messages)

@@ -23,6 +23,7 @@ from fdbqueue.errors import (
     EngineError,
     HandlerSignatureError,
     QueueError,
+    RemoteFailure,
     Retry,
     StoreError,
 )
@@ -337,8 +338,10 @@ def check_handler(handler: Callable[..., Any], nargs: int, how: str) -> None:
 
 
 def failure_text(exc: BaseException) -> str:
-    """A handler's exception as a failure reason (the nack reason, the dead letter's reason)."""
-    return fit_reason(f"{type(exc).__name__}: {exc}"[:500])
+    """A handler's exception as a failure reason (the nack reason, the dead letter's reason);
+    one raised in a child process keeps its own type's name."""
+    name = exc.type_name if isinstance(exc, RemoteFailure) else type(exc).__name__
+    return fit_reason(f"{name}: {exc}"[:500])
 
 
 def log_failure(logger: logging.Logger, q: Queue, m: Message, exc: BaseException) -> None:
@@ -494,6 +497,8 @@ def engine_failure(exc: BaseException) -> bool:
     """
     if isinstance(exc, (StoreError, ClusterUnavailableError)):
         return True
+    if isinstance(exc, RemoteFailure):  # judged in the child, where the exception was raised
+        return exc.engine
     return isinstance(exc, EngineError) and engine_fault(exc)
 
 

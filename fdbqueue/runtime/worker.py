@@ -25,6 +25,12 @@
   runs in the worker's thread, inside its transaction:
   one that returns after S seconds has its transaction aborted and counts as failed (the
   5-second transaction limit applies anyway).
+* ``processes=N`` (lease mode): handlers run in ``N`` child processes, one call at a time
+  each, while this process leases, renews and settles (``fdbqueue/runtime/pool.py``: the
+  handler must be picklable; a ``Retry``, ``Discard`` or exception crosses back as an
+  outcome and is settled as here). ``time_limit`` then kills the child past the limit;
+  ``max_tasks_per_child`` and ``max_memory_per_child`` (bytes, or ``"512MB"``) replace
+  children; a message whose child dies is a failed delivery, never lost.
 
 Every handler failure is logged once with its traceback (``extra``: queue, message_id,
 deliveries) and counted in ``stats.failed``. A handler of the wrong arity is refused at
@@ -68,6 +74,7 @@ from fdbqueue.runtime.handling import (
     work_set_of,
 )
 from fdbqueue.runtime.hooks import ack_after, dead_hook
+from fdbqueue.runtime.pool import OK, TIMED_OUT, UNAVAILABLE, ProcessPool, check_processes, pool_settings
 from fdbqueue.runtime.worker_base import log
 from fdbqueue.types import Message, check_duration, check_flag
 
@@ -97,6 +104,9 @@ class Worker(ExactlyOnce):
         run_schedules: bool = False,
         settle_linger: float = 0.005,
         time_limit: float | None = None,
+        processes: int = 0,
+        max_tasks_per_child: int | None = None,
+        max_memory_per_child: int | str | None = None,
     ) -> None:
         mode = normalise_mode(mode)
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
@@ -107,6 +117,11 @@ class Worker(ExactlyOnce):
         else:
             how = "lease handlers are called as handler(message), outside any transaction"
             check_handler(handler, 1, how + " (handler(tr, message) is mode='exactly_once')")
+        self.processes = check_processes(processes)
+        self._pool_settings = pool_settings(
+            self.processes, mode, concurrency, handler, max_tasks_per_child, max_memory_per_child
+        )
+        concurrency = self.processes or concurrency  # a handler slot per child
         self.db = db
         self.workset = work_set_of(queues)  # a pattern or partitioned queue: fair turns
         self.queues = [] if self.workset is not None else _as_queues(queues)
@@ -138,6 +153,7 @@ class Worker(ExactlyOnce):
         # Handler calls past time_limit are abandoned (lease mode): see TimeLimit.
         self.time_limit = check_time_limit(time_limit)
         self._limiter: TimeLimit | None = None
+        self._pool: ProcessPool | None = None  # while run() runs with processes
         self._stall_logged = float("-inf")  # monotonic time of the last stall warning
         self._exporter = None  # metrics.Exporter while run() runs with a metrics_port
         self._forced = False  # stopped at once (StopNow): handler threads are not waited for
@@ -177,7 +193,12 @@ class Worker(ExactlyOnce):
             else:
                 if self.settle_linger > 0:
                     self._settler = Settler(self.db, self.settle_linger, SETTLE_BATCH, self._settled)
-                if self.time_limit is not None:
+                if self._pool_settings is not None:  # before any lease: a handler that
+                    self._pool = ProcessPool(  # cannot load in a child is an error here
+                        self._pool_settings, time_limit=self.time_limit, logger=log
+                    )
+                    self._pool.start()
+                elif self.time_limit is not None:
                     self._limiter = TimeLimit(self.time_limit, 2 * self.concurrency, log)
                 self._run_lease(until_empty)
         except StopNow:
@@ -188,6 +209,9 @@ class Worker(ExactlyOnce):
             log.warning("worker stopped at once: the messages in hand went back to their queues")
         finally:
             self._flush_acks(close=True)
+            if self._pool is not None:  # idle children exit; at once: all are killed
+                self._pool.close(kill=self._forced)
+                self._pool = None
             if self._limiter is not None:
                 self._limiter.close()
                 self._limiter = None
@@ -329,10 +353,12 @@ class Worker(ExactlyOnce):
             self._stop.set()
             with lock:
                 work.notify_all()
-            if not self._forced:  # at once: handlers still running are not waited for
-                for t in handlers:
-                    t.join()
-            self._release_unstarted(buffer)
+            try:
+                if not self._forced:  # at once: handlers still running are not waited for
+                    for t in handlers:
+                        t.join()
+            finally:  # also when stopped at once while waiting here (StopNow in a join)
+                self._release_unstarted(buffer)
 
     def _lease_loop(self, until_empty: bool) -> None:
         """One handler: fetch a batch, handle it in this thread, fetch again.
@@ -436,7 +462,17 @@ class Worker(ExactlyOnce):
             self._beat.hold(q, m, lease)
         began = time.perf_counter()
         try:
-            if self._limiter is None:
+            if self._pool is not None:
+                called, value = self._pool.call(q, m, self._stop)
+                if called != OK:
+                    self._beat.drop(m)
+                    if called == TIMED_OUT:  # the child was killed: a failed delivery
+                        self._timed_out(q, m, began)
+                        self._count(q, False)
+                    elif called == UNAVAILABLE:  # it never reached a child: back, not counted
+                        self._release(q, m)
+                    return  # CLOSED: stopped at once, the message released by run()
+            elif self._limiter is None:
                 value = tracing.run(q.name, m.id, m.headers, self.handler, m)
             elif not self._limiter.reserve():  # abandoned threads took the places meanwhile:
                 self._beat.drop(m)  # held by no one here, so others may take it at once

@@ -49,6 +49,7 @@ class WorkerBase:
     stats: WorkerStats
     run_schedules: bool
     time_limit: float | None
+    processes: int  # handlers in child processes (pool.py); 0: in threads
     backoff: Backoff
     _on_dead: DeadHook | None  # the handler's on_dead, written with a dead-lettering nack
     _settler: Settler[Queue] | None
@@ -213,7 +214,9 @@ class WorkerBase:
             m.id,
             m.deliveries,
             self.time_limit,
-            "its thread is abandoned (Python cannot stop a thread) and the message released as a "
+            "its child process is killed and the message released as a failed delivery"
+            if self.processes
+            else "its thread is abandoned (Python cannot stop a thread) and the message released as a "
             "failed delivery"
             if self.mode == "lease"
             else "its transaction is aborted and the delivery counts as failed",

@@ -246,14 +246,26 @@ def test_async_tasks_run_on_the_async_worker(db: fdbqueue.Database) -> None:
     assert app.result(db, c) == 10
 
 
-def test_processes_are_refused_where_the_worker_has_none(db: fdbqueue.Database) -> None:
-    import inspect
+def test_tasks_run_in_a_process_pool_with_their_results_and_chains(db: fdbqueue.Database) -> None:
+    """processes=2: the children run the tasks; what commits with the ack (the result, the
+    chain's next task) crosses back to the worker, which writes it with the ack."""
+    import os
 
-    app, _ = make_app(db)
-    if "processes" in inspect.signature(fdbqueue.Worker).parameters:
-        pytest.skip("this Worker runs process pools")
-    with pytest.raises(fdbqueue.QueueError, match="processes"):
-        app.worker(processes=2)
+    from tests.support import pool_tasks
+
+    first = pool_tasks.pid_times.configure(then=pool_tasks.pid_times.s(n=5)).defer(db, n=1)
+    failed = pool_tasks.fails.configure(then=pool_tasks.pid_times.s(n=7)).defer(db, text="no")
+    worker = pool_tasks.app.worker(processes=2, db=db, lease_seconds=30.0)
+    assert worker.concurrency == 2
+    stats = worker.run(until_empty=True)
+    pid, two = pool_tasks.app.result(db, first, timeout=10.0)
+    assert two == 2 and pid != os.getpid()
+    assert stats.processed == 2  # the first and its chain; the failed one's chain never enqueued
+    with pytest.raises(fdbqueue.TaskFailedError, match="no"):
+        pool_tasks.app.result(db, failed, timeout=10.0)
+    dead = list(fdbqueue.Queue("pool-tasks.error").browse(db))
+    assert [m.id for m in dead] == [failed]
+    assert fdbqueue.Queue("pool-tasks").size(db) == 0
 
 
 def test_max_deliveries_raises_the_queues_setting(db: fdbqueue.Database) -> None:
