@@ -52,6 +52,7 @@ from fdbqueue.runtime.handling import (
     until_empty_wait,
     work_set_of,
 )
+from fdbqueue.runtime.registry import DEFAULT_INTERVAL, Registration, worker_counts
 from fdbqueue.store.layout import DEFAULT_ROOT
 from fdbqueue.types import Item, JournalEntry, Message, SweepStats, check_duration, check_flag
 
@@ -365,10 +366,14 @@ class AsyncWorker:
         idle_timeout: float = 1.0,
         shutdown_timeout: float | None = None,
         time_limit: float | None = None,
+        register: bool = True,
+        registry_interval: float = DEFAULT_INTERVAL,
     ) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise QueueError(f"concurrency must be an int >= 1, got {concurrency!r}")
         self.time_limit = check_time_limit(time_limit)
+        self.register = check_flag("register", register)  # shown by fdbqueue.workers(db)
+        self.registry_interval = check_duration("registry_interval", registry_interval, positive=True)
         if not asyncio.iscoroutinefunction(handler) and not asyncio.iscoroutinefunction(
             getattr(handler, "__call__", None)  # noqa: B004 - an object with an async __call__
         ):
@@ -399,6 +404,19 @@ class AsyncWorker:
         self._limit: int | None = None
         self._turn = 0
         self._slots = asyncio.Semaphore(concurrency)
+        self._registry = self._registration()
+
+    def _registration(self) -> Registration:
+        return Registration(
+            self.db,
+            "AsyncWorker",
+            [q.name for q in self.queues],
+            worker_counts(self.stats, self._lock),
+            concurrency=self.concurrency,
+            interval=self.registry_interval,
+            enabled=self.register,
+            root=self.queues[0].root,
+        )
 
     def stop(self) -> None:
         """Finish the handlers in flight, lease no more, and return from :meth:`run`."""
@@ -416,6 +434,8 @@ class AsyncWorker:
         self._limit = max_messages
         loop = asyncio.get_running_loop()
         beat = Heartbeat(self.db, self.stats, log)
+        self._registry = self._registration()
+        await _off(self._registry.start)
         settler = (
             None if self.settle_linger == 0 else Settler(self.db, self.settle_linger, 256, self._settled)
         )
@@ -434,7 +454,9 @@ class AsyncWorker:
             self._slots = asyncio.Semaphore(self.concurrency)
 
             def finished(task: asyncio.Task[None]) -> None:
-                tasks.pop(task, None)
+                done = tasks.pop(task, None)
+                if done is not None:
+                    self._registry.end(done[1].id)  # no longer in hand, however it ended
                 if len(tasks) <= held - half:
                     room.set()
 
@@ -476,6 +498,7 @@ class AsyncWorker:
             if settler is not None:
                 await _off(settler.close)
             beat.close()
+            await _off(self._registry.close)
         self.stats.backoffs = self.backoff.count
         return self.stats
 
@@ -529,6 +552,7 @@ class AsyncWorker:
         )
         if self.heartbeat and lease is not None:
             beat.hold(q, m, lease)
+        self._registry.begin(q.name, m.id)
         try:
             async with self._slots:
                 if self._stop.is_set():  # stopping: a message not started goes back
