@@ -32,6 +32,7 @@ from fdbqueue.ops.txn import run_once
 from fdbqueue.store.clock import db_now
 from fdbqueue.store.config import decode_guard
 from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys, WorkerKeys
+from fdbqueue.types import check_duration
 
 DEAD_AFTER_BEATS = 3  # heartbeats missed before a worker is shown dead
 PRUNE_AFTER = 3600.0  # seconds a dead worker's record is kept (for people to see what died)
@@ -143,22 +144,7 @@ def workers(
     wk = WorkerKeys(root)
 
     def body(t: Transaction, _: bool) -> list[WorkerInfo]:
-        who = principal_of(t)
-        guards: dict[str, bool] = {}
-
-        def may_browse(name: str) -> bool:
-            found = guards.get(name)
-            if found is None:
-                try:
-                    keys = QueueKeys.make(name, root)
-                except QueueError:  # a pattern's or a damaged name: names no queue
-                    found = False
-                else:
-                    owner, acl = decode_guard(t.snapshot.get(keys.guard))
-                    found = allowed(owner, acl, who, "browse")
-                guards[name] = found
-            return found
-
+        may_browse = _Rights(t, root, "browse")
         out = []
         for _key, info, _beat in _read(t, wk):
             if info is None or (alive is not None and info.alive != alive):
@@ -175,6 +161,28 @@ def workers(
     return run_once(tr, body)
 
 
+class _Rights:
+    """Whether ``tr``'s principal holds ``right`` on a queue, by name (each guard read once)."""
+
+    def __init__(self, t: Transaction, root: tuple[Any, ...], right: str) -> None:
+        self.t, self.root, self.right = t, root, right
+        self.who = principal_of(t)
+        self.seen: dict[str, bool] = {}
+
+    def __call__(self, name: str) -> bool:
+        found = self.seen.get(name)
+        if found is None:
+            try:
+                keys = QueueKeys.make(name, self.root)
+            except QueueError:  # a damaged name: names no queue of anyone's
+                found = False
+            else:
+                owner, acl = decode_guard(self.t.snapshot.get(keys.guard))
+                found = allowed(owner, acl, self.who, self.right)
+            self.seen[name] = found
+        return found
+
+
 def _replace_hand(info: WorkerInfo, hand: tuple[CurrentMessage, ...]) -> WorkerInfo:
     return dataclasses.replace(info, in_hand=hand)
 
@@ -183,15 +191,23 @@ def prune_workers(
     tr: Transaction | Database, *, older_than: float = PRUNE_AFTER, root: tuple[Any, ...] = DEFAULT_ROOT
 ) -> int:
     """Clear the records of workers dead for more than ``older_than`` seconds (database time)
-    and damaged records; returns how many. Blind clears after snapshot reads: conflicts with
+    and damaged records; returns how many. Only the records of workers of which the principal
+    may administer a queue (``admin``). Blind clears after snapshot reads: conflicts with
     nothing. Composes inside the caller's transaction."""
     wk = WorkerKeys(root)
 
+    older_than = check_duration("older_than", older_than)
+
     def body(t: Transaction, _: bool) -> int:
         now = db_now(t)
+        may_admin = _Rights(t, root, "admin")
         n = 0
         for key, info, beat in _read(t, wk):
-            if info is None or (not info.alive and now - beat > older_than * VERSIONS_PER_SECOND):
+            if info is None or (
+                not info.alive
+                and now - beat > older_than * VERSIONS_PER_SECOND
+                and any(may_admin(q) for q in info.queues)
+            ):
                 t.clear(key)
                 n += 1
         return n
