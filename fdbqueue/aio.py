@@ -20,6 +20,7 @@ method at once in the event loop's thread, inside that transaction.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import logging
@@ -32,7 +33,7 @@ from typing import Any, TypeVar
 from fdbqueue.api.queue import Queue
 from fdbqueue.engines.contract import Database, Transaction, Watch, adopt, is_transaction
 from fdbqueue.errors import EngineError, QueueError
-from fdbqueue.ops import journaling, tracing
+from fdbqueue.ops import journaling, ratelimit, tracing
 from fdbqueue.ops.settling import Settler, lease_settling
 from fdbqueue.ops.steps import Emit, Run, Steps, refused, refused_wait, resume
 from fdbqueue.ops.txn import as_database
@@ -405,6 +406,7 @@ class AsyncWorker:
         self._turn = 0
         self._slots = asyncio.Semaphore(concurrency)
         self._registry = self._registration()
+        self._held: float | None = None  # seconds until a rate limit grants a token
 
     def _registration(self) -> Registration:
         return Registration(
@@ -478,6 +480,11 @@ class AsyncWorker:
                     if tasks:
                         await asyncio.wait(set(tasks), return_when=asyncio.FIRST_COMPLETED)
                     continue
+                wait, self._held = self._held, None
+                if wait is not None:  # ready, but a rate limit holds them back: until a token
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self._stop.wait(), min(wait, max(self.idle_timeout, 0.001)))
+                    continue
                 if settler is not None:
                     await _off(settler.flush)
                 timeout = self.idle_timeout
@@ -520,8 +527,8 @@ class AsyncWorker:
             if want - len(got) <= 0:
                 break
             try:
-                leased = await _off(
-                    lease_settling, self.db, settler, q, min(256, want - len(got)), self.lease_seconds
+                leased, held = await _off(
+                    _lease_noting, self.db, settler, q, min(256, want - len(got)), self.lease_seconds
                 )
             except QueueError as exc:
                 if not engine_failure(exc):
@@ -529,6 +536,8 @@ class AsyncWorker:
                 await _off(self.backoff.wait, f"lease from {q.name!r}", exc, self._halt)
                 return got
             got.extend((q, m) for m in leased)
+            if held is not None:
+                self._held = held if self._held is None else min(self._held, held)
         self._turn += 1
         self.backoff.reset()
         return got
@@ -647,3 +656,12 @@ class AsyncWorker:
             self.stats.ack_lost += len(lost)
         for m in lost:
             log.warning("could not ack %s on %r: its lease had gone; delivered again", m.id, q.name)
+
+
+def _lease_noting(
+    db: Database, settler: Settler[Queue] | None, q: Queue, n: int, lease_seconds: float | None
+) -> tuple[list[Message], float | None]:
+    """``lease_settling``, and when it got nothing whether a rate limit held it back (read in
+    the thread that leased: ``ratelimit.throttled`` is per thread)."""
+    leased = lease_settling(db, settler, q, n, lease_seconds)
+    return leased, None if leased else ratelimit.throttled()

@@ -30,7 +30,7 @@ from typing import Any
 from fdbqueue.api.queue import Queue
 from fdbqueue.engines.contract import Database
 from fdbqueue.errors import QueueError
-from fdbqueue.ops import tracing
+from fdbqueue.ops import ratelimit, tracing
 from fdbqueue.ops.waiting import QueueWatcher
 from fdbqueue.runtime.fairness import FAIR_SHARE, WorkSet
 from fdbqueue.runtime.handling import (
@@ -138,6 +138,7 @@ class Dispatcher:
         self._last_round = 0.0
         self._last_sweep = 0.0
         self._limit: int | None = None
+        self._held: float | None = None  # seconds until a rate limit grants a token
         self.register = check_flag("register", register)  # shown by fdbqueue.workers(db)
         self.registry_interval = check_duration("registry_interval", registry_interval, positive=True)
         self._registry = self._registration()
@@ -273,6 +274,10 @@ class Dispatcher:
                 for q, m in got:
                     self._submit(pool, q, m)
                 return False
+            held, self._held = self._held, None
+            if held is not None:  # ready, but a rate limit holds them back: until a token
+                self._stop.wait(min(held, max(self.idle_timeout, 0.001)))
+                return False
             if self.schedule in ("length", "interval"):
                 self._round = False  # drained: the round is over
         # Nothing to dispatch now, whatever the reason (no round due, or none ready). Every
@@ -322,7 +327,11 @@ class Dispatcher:
             q = self.queues[(self._turn + i) % len(self.queues)]
             if len(got) >= slots:
                 break
-            got.extend((q, m) for m in q.lease_many(self.db, slots - len(got), self.lease_seconds))
+            leased = q.lease_many(self.db, slots - len(got), self.lease_seconds)
+            got.extend((q, m) for m in leased)
+            held = None if leased else ratelimit.throttled()
+            if held is not None:
+                self._held = held if self._held is None else min(self._held, held)
         self.backoff.reset()
         self._turn = (self._turn + 1) % len(self.queues)
         return got

@@ -210,3 +210,37 @@ def test_a_rate_limit_key_needs_a_rate() -> None:
         Worker(db, "a", lambda m: None, rate_limit_key="smtp")
     with pytest.raises(QueueError, match="not a rate"):
         Worker(db, "a", lambda m: None, rate_limit="lots")
+
+
+def test_an_async_worker_and_a_dispatcher_keep_the_limit(db: Any) -> None:
+    import asyncio
+
+    from fdbqueue import Dispatcher, aio
+
+    fdbqueue.create_queue(db, "emails", rate_limit="20/s")
+    Queue("emails").enqueue_many(db, [b"x"] * 500)
+
+    async def handler(m: fdbqueue.Message) -> None:
+        return None
+
+    aw = aio.AsyncWorker(db, "emails", handler, concurrency=4)
+
+    async def for_a_while() -> None:
+        task = asyncio.ensure_future(aw.run())
+        await asyncio.sleep(1.5)
+        aw.stop()
+        await task
+
+    begun = now(db)
+    asyncio.run(for_a_while())
+    d = Dispatcher(db, ["emails"], max_concurrent=4)
+    d.add_consumer(lambda m: None, capacity=4)
+    run = threading.Thread(target=d.run)
+    run.start()
+    threading.Event().wait(1.5)
+    d.stop()
+    run.join(30)
+    elapsed = (now(db) - begun) / 1e6
+    handled = aw.stats.processed + d.stats.acked
+    assert 0.5 * 20 * 3.0 <= handled <= 20 * elapsed + 2, (aw.stats.processed, d.stats.acked, elapsed)
+    assert aw.stats.processed > 0 and d.stats.acked > 0

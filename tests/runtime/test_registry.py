@@ -149,7 +149,9 @@ def test_a_worker_may_stay_out_of_the_registry(db: Any) -> None:
 
 def test_a_principal_sees_only_the_workers_of_queues_it_may_browse(db: Any, url: str) -> None:
     if url.startswith("sim"):
-        pytest.skip("a principal is given when a store is opened, and each sim:// opened is a store of its own")
+        pytest.skip(
+            "a principal is given when a store is opened, and each sim:// opened is a store of its own"
+        )
     ops = fdbqueue.open(url, principal="ops")
     eve = fdbqueue.open(url, principal="eve")
     fdbqueue.create_queue(ops, "vault", owner="ops")
