@@ -61,7 +61,8 @@ def test_a_malformed_rate_limit_is_one_line_and_exit_2(run: Run, db: fdbqueue.Da
 def busy_worker(db: Any) -> tuple[fdbqueue.Worker, threading.Thread, threading.Event, str]:
     release = threading.Event()
     mid = fdbqueue.Queue("jobs").enqueue(db, b"x")
-    w = fdbqueue.Worker(db, "jobs", lambda m: release.wait(30), registry_interval=0.1)
+    # Beats every half second: shown alive unless one is 1.5 s late (a loaded machine).
+    w = fdbqueue.Worker(db, "jobs", lambda m: release.wait(30), registry_interval=0.5)
     t = threading.Thread(target=w.run, daemon=True)
     t.start()
     end = time.monotonic() + 20

@@ -189,7 +189,7 @@ def test_the_endpoint_counts_the_workers_and_what_each_handled(store: Database) 
         if m.payload == b"bad":
             raise fdbqueue.Discard("bad")
 
-    w = Worker(store, "jobs", handler, registry_interval=0.1, settle_linger=0)
+    w = Worker(store, "jobs", handler, registry_interval=0.5, settle_linger=0)  # alive: a beat 1.5 s late
     t = threading.Thread(target=w.run, daemon=True)
     t.start()
     exporter = serve(store, 0, "127.0.0.1")

@@ -44,7 +44,7 @@ def test_the_workers_page_shows_a_running_worker_and_its_message(store: Database
         if m.payload == b"slow":
             release.wait(30)
 
-    w = Worker(store, "jobs", handler, registry_interval=0.1, settle_linger=0)
+    w = Worker(store, "jobs", handler, registry_interval=0.5, settle_linger=0)  # alive: a beat 1.5 s late
     t = threading.Thread(target=w.run, daemon=True)
     t.start()
     try:

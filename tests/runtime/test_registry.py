@@ -80,7 +80,8 @@ def test_a_running_worker_shows_its_counts_and_the_message_in_hand(db: Any) -> N
         0
     ]
     assert mine.host == socket.gethostname() and mine.queues == ("jobs",) and mine.kind == "Worker"
-    assert mine.alive and mine.started <= time.time() + 1
+    assert mine.started <= time.time() + 1
+    until(lambda: [x for x in fdbqueue.workers(db) if x.id == mine.id and x.alive], "it alive")
     until(lambda: fdbqueue.workers(db)[0].handled == 3, "three handled")
     q.enqueue(db, b"bad")
     slow_id = q.enqueue(db, b"slow")
@@ -179,11 +180,16 @@ def test_a_killed_worker_is_shown_dead_then_pruned(tmp_path: Path) -> None:
     url = f"sqlite://{tmp_path / 'q.db'}?sync=normal"
     db = fdbqueue.open(url)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    child = subprocess.Popen([sys.executable, "-c", CHILD.format(beat=BEAT), url], env=env)
+    err = tmp_path / "child.err"
+    with open(err, "wb") as stderr:
+        child = subprocess.Popen([sys.executable, "-c", CHILD.format(beat=BEAT), url], env=env, stderr=stderr)
+
+    def registered() -> list[WorkerInfo]:
+        assert child.poll() is None, f"the child ended: {err.read_text()}"
+        return [x for x in fdbqueue.workers(db) if x.pid == child.pid]
+
     try:
-        info = until(
-            lambda: [x for x in fdbqueue.workers(db) if x.pid == child.pid and x.alive], "the child", 60
-        )[0]
+        info = until(registered, "the child", 120)[0]
         assert info.interval == BEAT
         os.kill(child.pid, signal.SIGKILL)
         child.wait(30)
