@@ -42,12 +42,14 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
+from typing import Any
 
 from fdbqueue.engines.contract import Transaction
 from fdbqueue.engines.local.watches import EventWatch
 from fdbqueue.engines.versions import VERSIONS_PER_SECOND
+from fdbqueue.store.clock import db_now
 from fdbqueue.store.config import QueueConfig
-from fdbqueue.store.layout import QueueKeys, RateKeys
+from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys, RateKeys
 from fdbqueue.store.rates import Rate, decode_state, encode_state, parse_rate, seconds_to_token
 
 PROBE = 4  # shards one take reads (all of them when the bucket has no more)
@@ -163,6 +165,24 @@ def gate(tr: Transaction, keys: QueueKeys, cfg: QueueConfig, now: int, n: int) -
     for key, _ in taken:
         tr.add_read_conflict_key(key)  # conflicts confined to the shard drawn
     return Gate(granted, now, taken)
+
+
+def take(
+    tr: Transaction, name: str, rate: Rate | str, n: int = 1, *, root: tuple[Any, ...] = DEFAULT_ROOT
+) -> tuple[int, float]:
+    """Take up to ``n`` tokens from the named bucket ``name`` at ``rate``, in ``tr``: (tokens
+    taken, seconds until the next token when none was). The bucket is the one a Worker's
+    ``rate_limit_key=name`` takes from, so a caller that limits something other than a lease
+    (a task of a queue shared with other tasks) shares it with those workers. Composes inside
+    the caller's transaction: nothing is spent when it aborts."""
+    rate = rate_of(rate) if isinstance(rate, str) else rate
+    key, tokens, until = _draw(tr, RateKeys.named(name, root), rate, db_now(tr))
+    if tokens < 1.0:
+        return 0, max(until, 0.001)
+    got = min(n, math.floor(tokens))
+    tr.add_read_conflict_key(key)
+    tr.set(key, encode_state(tokens - got, db_now(tr)))
+    return got, 0.0
 
 
 def _draw(tr: Transaction, rk: RateKeys, rate: Rate, now: int) -> tuple[bytes, float, float]:

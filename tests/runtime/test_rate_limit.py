@@ -244,3 +244,34 @@ def test_an_async_worker_and_a_dispatcher_keep_the_limit(db: Any) -> None:
     handled = aw.stats.processed + d.stats.acked
     assert 0.5 * 20 * 3.0 <= handled <= 20 * elapsed + 2, (aw.stats.processed, d.stats.acked, elapsed)
     assert aw.stats.processed > 0 and d.stats.acked > 0
+
+
+def test_a_named_bucket_is_taken_from_in_a_callers_transaction(db: Any) -> None:
+    """What the task API builds per-task limits on: ``ratelimit.take`` in any transaction,
+    the same bucket a Worker's ``rate_limit_key`` names; an aborted transaction spends nothing."""
+    from fdbqueue.ops import ratelimit
+
+    with fake_clock() as clock:
+        tr = db.create_transaction()
+        assert ratelimit.take(tr, "send_email", "20/s", 5) == (2, 0.0)
+        tr.cancel()  # aborted: the tokens are still there
+        assert run_once(db, lambda t, _: ratelimit.take(t, "send_email", "20/s", 5)) == (2, 0.0)
+        got, wait = run_once(db, lambda t, _: ratelimit.take(t, "send_email", "20/s", 5))
+        assert got == 0 and wait == pytest.approx(0.05, abs=1e-3)  # versions a commit moved aside
+        clock.advance(wait)
+        assert run_once(db, lambda t, _: ratelimit.take(t, "send_email", "20/s", 5))[0] == 1
+
+
+def test_the_limit_holds_through_conflicts_and_unknown_commits() -> None:
+    """On the sim with faults: not_committed (1020) and commit_unknown_result (1021) retried
+    by the lease's loop never hand out more than the bucket holds."""
+    db = fdbqueue.open("sim://?seed=11&faults=0.2")
+    with fake_clock() as clock:
+        fdbqueue.create_queue(db, "emails", rate_limit="20/s")
+        q = Queue("emails")
+        q.enqueue_many(db, [b"x"] * 300)
+        got = 0
+        for _ in range(50):
+            clock.advance(0.1)
+            got += len(q.lease_many(db, 100))
+        assert 90 <= got <= 20 * 5 + 2, got  # a commit that did not land spends nothing
