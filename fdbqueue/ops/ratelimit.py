@@ -14,11 +14,12 @@ operations": an atomic op whose key is also read serializably conflicts as a wri
 read does). So the bucket is ``Rate.shards`` keys (``layout.RateKeys``), each refilling at
 ``rate / shards`` tokens a second up to ``capacity / shards``; ``shards`` grows with the rate
 so that each key is written at most ``rates.PER_SHARD_RATE`` (25) times a second: every
-take that writes takes a token at least. A take reads a few shards at snapshot isolation
-(no conflicts: FoundationDB's queue recipe, ``recipes/python-recipes/micro_queue.py``),
-picks the fullest, and adds a read conflict on that one key only, then writes it back: two
-consumers conflict only when they drew the same shard at the same moment, and the loser's
-retry draws again.
+take that writes takes a token at least. A take reads up to ``PROBE`` shards, chosen at
+random, at snapshot isolation in one round trip (no conflicts: FoundationDB's queue recipe,
+``recipes/python-recipes/micro_queue.py``), takes from the fullest (and the next ones, while
+it wants more), and adds a read conflict on the shards it takes from only, then writes them
+back: two consumers conflict only when they drew the same shard at the same moment, and the
+loser's retry draws again.
 
 **Time** is database time (``fdbqueue.store.clock``): a shard stores the read version it
 was counted at, and refills by the versions since, so no client's clock takes part and a
@@ -52,7 +53,7 @@ from fdbqueue.store.config import QueueConfig
 from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys, RateKeys
 from fdbqueue.store.rates import Rate, decode_state, encode_state, parse_rate, seconds_to_token
 
-PROBE = 4  # shards one take reads (all of them when the bucket has no more)
+PROBE = 8  # shards one take reads, in one round trip (all of them when the bucket has no more)
 
 Limit = tuple[RateKeys, Rate]
 
@@ -115,17 +116,24 @@ class Gate:
 
     __slots__ = ("granted", "now", "taken")
 
-    def __init__(self, granted: int, now: int, taken: list[tuple[bytes, float]]) -> None:
+    def __init__(self, granted: int, now: int, taken: list[list[tuple[bytes, float]]]) -> None:
         self.granted = granted
         self.now = now
-        self.taken = taken  # (shard key, tokens it held at now)
+        self.taken = taken  # per limit: (shard key, tokens it held at now), fullest first
 
     def spend(self, tr: Transaction, used: int) -> None:
-        """Take ``used`` tokens from each shard drawn (nothing written when 0)."""
+        """Take ``used`` tokens from each limit's shards, fullest first (nothing written when
+        0; a shard is written only when tokens are taken from it)."""
         if used <= 0:
             return
-        for key, tokens in self.taken:
-            tr.set(key, encode_state(tokens - used, self.now))
+        for shards in self.taken:
+            left = used
+            for key, tokens in shards:
+                if left <= 0:
+                    break
+                part = min(left, math.floor(tokens))
+                tr.set(key, encode_state(tokens - part, self.now))
+                left -= part
 
 
 def limits_of(keys: QueueKeys, cfg: QueueConfig) -> list[Limit]:
@@ -149,21 +157,27 @@ def gate(tr: Transaction, keys: QueueKeys, cfg: QueueConfig, now: int, n: int) -
     if not limits:
         return None
     granted = n
-    taken: list[tuple[bytes, float]] = []
+    taken: list[list[tuple[bytes, float]]] = []
     wait = 0.0
     for rk, rate in limits:
-        key, tokens, until = _draw(tr, rk, rate, now)
-        if tokens < 1.0:
+        shards, until = _draw(tr, rk, rate, now, n)
+        have = sum(math.floor(t) for _, t in shards)
+        if not have:
             granted, wait = 0, max(wait, until)
             continue
-        granted = min(granted, math.floor(tokens))
-        taken.append((key, tokens))
+        granted = min(granted, have)
+        taken.append(shards)
     if granted <= 0:
         _local.wait = max(wait, 0.001)
         return Gate(0, now, [])
     _local.wait = None
-    for key, _ in taken:
-        tr.add_read_conflict_key(key)  # conflicts confined to the shard drawn
+    for shards in taken:
+        left = granted
+        for key, tokens in shards:  # conflicts confined to the shards taken from
+            if left <= 0:
+                break
+            tr.add_read_conflict_key(key)
+            left -= math.floor(tokens)
     return Gate(granted, now, taken)
 
 
@@ -176,26 +190,43 @@ def take(
     (a task of a queue shared with other tasks) shares it with those workers. Composes inside
     the caller's transaction: nothing is spent when it aborts."""
     rate = rate_of(rate) if isinstance(rate, str) else rate
-    key, tokens, until = _draw(tr, RateKeys.named(name, root), rate, db_now(tr))
-    if tokens < 1.0:
+    now = db_now(tr)
+    shards, until = _draw(tr, RateKeys.named(name, root), rate, now, n)
+    if not shards:
         return 0, max(until, 0.001)
-    got = min(n, math.floor(tokens))
-    tr.add_read_conflict_key(key)
-    tr.set(key, encode_state(tokens - got, db_now(tr)))
-    return got, 0.0
+    gate = Gate(min(n, sum(math.floor(t) for _, t in shards)), now, [shards])
+    left = gate.granted
+    for key, tokens in shards:
+        if left <= 0:
+            break
+        tr.add_read_conflict_key(key)
+        left -= math.floor(tokens)
+    gate.spend(tr, gate.granted)
+    return gate.granted, 0.0
 
 
-def _draw(tr: Transaction, rk: RateKeys, rate: Rate, now: int) -> tuple[bytes, float, float]:
-    """A shard of ``rk`` to take from: (its key, its tokens, seconds until it holds one).
-    Reads PROBE shards at most, chosen at random, at snapshot isolation."""
+def _draw(
+    tr: Transaction, rk: RateKeys, rate: Rate, now: int, n: int
+) -> tuple[list[tuple[bytes, float]], float]:
+    """The shards of ``rk`` to take up to ``n`` tokens from, fullest first, each holding a
+    token at least (none: the bucket is empty as far as the probe saw), and the seconds
+    until the fullest shard probed holds one. Reads PROBE shards at most, chosen at random,
+    at snapshot isolation, in one round trip."""
     shards = rate.shards
     picks = list(range(shards)) if shards <= PROBE else random.sample(range(shards), PROBE)
     random.shuffle(picks)  # ties go to a random shard: takers spread over them
     shard_keys = [rk.shard(i) for i in picks]
     raws = tr.snapshot.get_many(shard_keys)
-    best_key, best = shard_keys[0], -1.0
-    for key, raw in zip(shard_keys, raws, strict=True):
-        tokens = decode_state(raw, rate, now, VERSIONS_PER_SECOND)
-        if tokens > best:
-            best_key, best = key, tokens
-    return best_key, best, seconds_to_token(best, rate)
+    found = [
+        (key, decode_state(raw, rate, now, VERSIONS_PER_SECOND))
+        for key, raw in zip(shard_keys, raws, strict=True)
+    ]
+    found.sort(key=lambda kt: -kt[1])  # stable: ties keep the random order
+    out: list[tuple[bytes, float]] = []
+    have = 0
+    for key, tokens in found:
+        if tokens < 1.0 or have >= n:
+            break
+        out.append((key, tokens))
+        have += math.floor(tokens)
+    return out, seconds_to_token(found[0][1], rate)

@@ -22,7 +22,8 @@ _TEXT = re.compile(r"([0-9]+(?:\.[0-9]+)?)/([smhd])")
 # token at least, so this bounds each key's write rate (FoundationDB's developer guide keeps
 # a key's updates to "tens to hundreds" a second before it is a hot key).
 PER_SHARD_RATE = 25.0
-MAX_SHARDS = 64  # beyond 1,600/s each shard takes more than PER_SHARD_RATE
+MAX_SHARDS = 1024  # up to 25,600/s; beyond, each shard takes more than PER_SHARD_RATE (a take
+# reads PROBE shards whatever their number, so more shards cost a take nothing)
 # The burst: what the bucket holds when full, in seconds of its rate. At most rate + burst
 # messages start in any one-second window (110 for a 100/s limit).
 BURST_SECONDS = 0.1
