@@ -291,3 +291,39 @@ def test_one_consumer_reaches_a_high_rate_spread_over_many_shards(db: Any) -> No
             while n := len(q.lease_many(db, 256)):
                 got += n
         assert 900 <= got <= 1000 + 100, got  # the rate, and at most the burst above it
+
+
+CHILD = """
+import sys, threading, fdbqueue
+db = fdbqueue.open(sys.argv[1])
+w = fdbqueue.Worker(db, "emails", lambda m: None, concurrency=2)
+threading.Timer(float(sys.argv[2]), w.stop).start()
+print(w.run().processed)
+"""
+
+
+def test_worker_processes_share_the_limit(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tests.support import ROOT
+
+    url = f"sqlite://{tmp_path / 'q.db'}?sync=normal"
+    db = fdbqueue.open(url)
+    fdbqueue.create_queue(db, "emails", rate_limit="20/s")
+    Queue("emails").enqueue_many(db, [b"x"] * 500)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    begun = now(db)
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, url, "2.5"], env=env, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    counts = [int(c.communicate(timeout=120)[0].strip()) for c in children]
+    elapsed = (now(db) - begun) / 1e6  # the children's start-up included: an upper bound looser
+    assert all(c.returncode == 0 for c in children)
+    assert 0.5 * 20 * 2.5 <= sum(counts) <= 20 * elapsed + 2, (counts, elapsed)
+    assert sum(counts) == fdbqueue.queue_stats(db, "emails").done
+    db.close()
