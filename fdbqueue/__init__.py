@@ -30,6 +30,7 @@ from fdbqueue.api.redrive import redrive
 from fdbqueue.api.routing import PartitionedQueue, partitioned_queues, routes, set_route
 from fdbqueue.api.schedules import Schedule, Scheduler, run_schedules, schedule, schedules, unschedule
 from fdbqueue.api.transfer import move
+from fdbqueue.api.workers import CurrentMessage, WorkerInfo, prune_workers, workers
 from fdbqueue.engines import open_database as open
 from fdbqueue.engines.contract import (
     Database,
@@ -169,6 +170,10 @@ __all__ = [  # noqa: RUF022 (grouped by role, not sorted)
     "Retry",
     "Discard",
     "Tasks",  # task functions deferred as messages, their results and chains (docs/tasks.md)
+    "workers",
+    "prune_workers",
+    "WorkerInfo",
+    "CurrentMessage",
     # -- schedules (periodic enqueues)
     "schedule",
     "schedules",

@@ -20,6 +20,7 @@ method at once in the event loop's thread, inside that transaction.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import logging
@@ -32,7 +33,7 @@ from typing import Any, TypeVar
 from fdbqueue.api.queue import Queue
 from fdbqueue.engines.contract import Database, Transaction, Watch, adopt, is_transaction
 from fdbqueue.errors import EngineError, QueueError
-from fdbqueue.ops import journaling, tracing
+from fdbqueue.ops import journaling, ratelimit, tracing
 from fdbqueue.ops.settling import AfterAck, Settler, lease_settling
 from fdbqueue.ops.steps import Emit, Run, Steps, refused, refused_wait, resume
 from fdbqueue.ops.txn import as_database
@@ -53,6 +54,7 @@ from fdbqueue.runtime.handling import (
     work_set_of,
 )
 from fdbqueue.runtime.hooks import ack_after, dead_hook, nack_noting
+from fdbqueue.runtime.registry import DEFAULT_INTERVAL, Registration, worker_counts
 from fdbqueue.store.layout import DEFAULT_ROOT
 from fdbqueue.types import Item, JournalEntry, Message, SweepStats, check_duration, check_flag
 
@@ -366,10 +368,14 @@ class AsyncWorker:
         idle_timeout: float = 1.0,
         shutdown_timeout: float | None = None,
         time_limit: float | None = None,
+        register: bool = True,
+        registry_interval: float = DEFAULT_INTERVAL,
     ) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise QueueError(f"concurrency must be an int >= 1, got {concurrency!r}")
         self.time_limit = check_time_limit(time_limit)
+        self.register = check_flag("register", register)  # shown by fdbqueue.workers(db)
+        self.registry_interval = check_duration("registry_interval", registry_interval, positive=True)
         if not asyncio.iscoroutinefunction(handler) and not asyncio.iscoroutinefunction(
             getattr(handler, "__call__", None)  # noqa: B004 - an object with an async __call__
         ):
@@ -401,6 +407,20 @@ class AsyncWorker:
         self._limit: int | None = None
         self._turn = 0
         self._slots = asyncio.Semaphore(concurrency)
+        self._registry = self._registration()
+        self._held: float | None = None  # seconds until a rate limit grants a token
+
+    def _registration(self) -> Registration:
+        return Registration(
+            self.db,
+            "AsyncWorker",
+            [q.name for q in self.queues],
+            worker_counts(self.stats, self._lock),
+            concurrency=self.concurrency,
+            interval=self.registry_interval,
+            enabled=self.register,
+            root=self.queues[0].root,
+        )
 
     def stop(self) -> None:
         """Finish the handlers in flight, lease no more, and return from :meth:`run`."""
@@ -418,6 +438,8 @@ class AsyncWorker:
         self._limit = max_messages
         loop = asyncio.get_running_loop()
         beat = Heartbeat(self.db, self.stats, log)
+        self._registry = self._registration()
+        await _off(self._registry.start)
         settler = (
             None if self.settle_linger == 0 else Settler(self.db, self.settle_linger, 256, self._settled)
         )
@@ -436,7 +458,9 @@ class AsyncWorker:
             self._slots = asyncio.Semaphore(self.concurrency)
 
             def finished(task: asyncio.Task[None]) -> None:
-                tasks.pop(task, None)
+                done = tasks.pop(task, None)
+                if done is not None:
+                    self._registry.end(done[1].id)  # no longer in hand, however it ended
                 if len(tasks) <= held - half:
                     room.set()
 
@@ -458,6 +482,11 @@ class AsyncWorker:
                     if tasks:
                         await asyncio.wait(set(tasks), return_when=asyncio.FIRST_COMPLETED)
                     continue
+                wait, self._held = self._held, None
+                if wait is not None:  # ready, but a rate limit holds them back: until a token
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self._stop.wait(), min(wait, max(self.idle_timeout, 0.001)))
+                    continue
                 if settler is not None:
                     await _off(settler.flush)
                 timeout = self.idle_timeout
@@ -478,6 +507,7 @@ class AsyncWorker:
             if settler is not None:
                 await _off(settler.close)
             beat.close()
+            await _off(self._registry.close)
         self.stats.backoffs = self.backoff.count
         return self.stats
 
@@ -499,8 +529,8 @@ class AsyncWorker:
             if want - len(got) <= 0:
                 break
             try:
-                leased = await _off(
-                    lease_settling, self.db, settler, q, min(256, want - len(got)), self.lease_seconds
+                leased, held = await _off(
+                    _lease_noting, self.db, settler, q, min(256, want - len(got)), self.lease_seconds
                 )
             except QueueError as exc:
                 if not engine_failure(exc):
@@ -508,6 +538,8 @@ class AsyncWorker:
                 await _off(self.backoff.wait, f"lease from {q.name!r}", exc, self._halt)
                 return got
             got.extend((q, m) for m in leased)
+            if held is not None:
+                self._held = held if self._held is None else min(self._held, held)
         self._turn += 1
         self.backoff.reset()
         return got
@@ -531,6 +563,7 @@ class AsyncWorker:
         )
         if self.heartbeat and lease is not None:
             beat.hold(q, m, lease)
+        self._registry.begin(q.name, m.id)
         try:
             async with self._slots:
                 if self._stop.is_set():  # stopping: a message not started goes back
@@ -626,3 +659,12 @@ class AsyncWorker:
             self.stats.ack_lost += len(lost)
         for m in lost:
             log.warning("could not ack %s on %r: its lease had gone; delivered again", m.id, q.name)
+
+
+def _lease_noting(
+    db: Database, settler: Settler[Queue] | None, q: Queue, n: int, lease_seconds: float | None
+) -> tuple[list[Message], float | None]:
+    """``lease_settling``, and when it got nothing whether a rate limit held it back (read in
+    the thread that leased: ``ratelimit.throttled`` is per thread)."""
+    leased = lease_settling(db, settler, q, n, lease_seconds)
+    return leased, None if leased else ratelimit.throttled()

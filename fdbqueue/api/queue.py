@@ -36,7 +36,7 @@ from fdbqueue.errors import (
     QueueError,
     QueueStoppedError,
 )
-from fdbqueue.ops import contention
+from fdbqueue.ops import contention, ratelimit
 from fdbqueue.ops.autonomous import enqueue_autonomous
 from fdbqueue.ops.browse import browse, nth_in_order
 from fdbqueue.ops.delivery import (
@@ -281,11 +281,15 @@ class Queue:
             return list(taken)
 
         def attempt(want_watch: bool) -> tuple[list[Message] | None, Watch | None]:
+            ratelimit.throttled()  # forget an earlier lease's: this one says
             got = run_once(db, body)
             while not got and budget.more:  # expired messages moved aside: go on in another
                 got = run_once(db, body)
             if got or not want_watch:
                 return got, None
+            held = ratelimit.throttled()
+            if held is not None:  # ready, but the rate limit holds it back: until a token
+                return None, ratelimit.timer_watch(self.keys.wake, held)
             return None, watch_queue(db, self.keys, strict_of(db, self.keys))
 
         return _blocking_steps(db, self.keys, timeout, attempt)

@@ -49,6 +49,7 @@ from fdbqueue.cli.console import (
 from fdbqueue.cli.journal import add_journal_commands
 from fdbqueue.cli.ops import add_audit_command, add_ops_commands
 from fdbqueue.cli.worker import _cmd_worker, add_pool_options
+from fdbqueue.cli.workers import add_workers_command
 
 EMPTY = 3  # exit code: dequeue/peek found no message
 
@@ -86,6 +87,13 @@ RUNTIME_ERRORS: tuple[type[Exception], ...] = (
 # -- commands --------------------------------------------------------------------------------------
 
 _S = {"metavar": "S"}
+
+
+def _rate(text: str) -> str | None:
+    """A ``--rate-limit``: '' or none clears it; create_queue checks the rest (exit 2 if bad)."""
+    return None if text.strip().lower() in ("", "none") else text
+
+
 _CREATE_OPTIONS: list[tuple[str, dict[str, Any], str]] = [
     ("--max-size", {"type": _parser(int, 1, "a whole number >= 1 or none", none=True)},
      "most messages held (none: no limit)"),
@@ -104,6 +112,8 @@ _CREATE_OPTIONS: list[tuple[str, dict[str, Any], str]] = [
     ("--dedup-window", {"type": _seconds, **_S}, "how long a --dedup-key is remembered"),
     ("--journal", {"action": argparse.BooleanOptionalAction}, "keep a journal of every operation"),
     ("--journal-retention", {"type": _seconds, **_S}, "how long journal entries are kept"),
+    ("--rate-limit", {"type": _rate, "metavar": "N/U"},
+     "at most N leased a second, minute, hour or day by every worker together: 50/s, 1000/m ('': none)"),
     ("--owner", {"metavar": "P"}, "owning principal: every right, others only what is granted ('': none)"),
 ]  # fmt: skip
 _SETTINGS = [flag[2:].replace("-", "_") for flag, _, _ in _CREATE_OPTIONS]
@@ -631,6 +641,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_journal_commands(add, common)
     add_audit_command(add)
     add_ops_commands(add)
+    add_workers_command(add)
 
     p = add("demo", _cmd_demo, "run the end-to-end demo (in a temporary store)", json_flag=False, named=False)
     p.description = DEMO_HELP

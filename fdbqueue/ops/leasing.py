@@ -15,6 +15,7 @@ from typing import Any
 
 from fdbqueue.engines.contract import Transaction
 from fdbqueue.errors import CorruptMessageError
+from fdbqueue.ops import ratelimit
 from fdbqueue.ops.delivery import lease_in, open_for_dequeue, read_payloads
 from fdbqueue.ops.head import FILTER_SCAN_LIMIT, HEAD_BATCH, HEAD_SKIP_LIMIT, TAKE_RESERVE, deliverable_head
 from fdbqueue.ops.moves import count_leased, move_corrupt, take_for_lease
@@ -42,6 +43,11 @@ def lease_batch(
         return []
     cfg, meta = opened
     now = db_now(tr)
+    limited = ratelimit.gate(tr, keys, cfg, now, n)  # None: no rate limit applies
+    if limited is not None:
+        n = limited.granted
+        if not n:
+            return []  # held back: ratelimit.throttled() says how long
     budget = Budget(TAKE_RESERVE) if budget is None else budget
     if cfg.strict_order:  # one delivery in flight at a time: at most one head
         due = bool(meta.count("delayed") or meta.count("inflight"))
@@ -78,6 +84,8 @@ def lease_batch(
                 volatile=cfg.volatile,
             )
         )
+    if limited is not None:
+        limited.spend(tr, len(out))
     return out
 
 

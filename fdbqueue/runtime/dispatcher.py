@@ -30,7 +30,7 @@ from typing import Any
 from fdbqueue.api.queue import Queue
 from fdbqueue.engines.contract import Database
 from fdbqueue.errors import QueueError
-from fdbqueue.ops import tracing
+from fdbqueue.ops import ratelimit, tracing
 from fdbqueue.ops.waiting import QueueWatcher
 from fdbqueue.runtime.fairness import FAIR_SHARE, WorkSet
 from fdbqueue.runtime.handling import (
@@ -43,7 +43,8 @@ from fdbqueue.runtime.handling import (
     until_empty_wait,
     work_set_of,
 )
-from fdbqueue.types import Message, check_duration
+from fdbqueue.runtime.registry import DEFAULT_INTERVAL, Registration
+from fdbqueue.types import Message, check_duration, check_flag
 
 log = logging.getLogger("fdbqueue.runtime.dispatcher")
 
@@ -103,6 +104,8 @@ class Dispatcher:
         lease_seconds: float | None = None,
         sweep_interval: float = 5.0,
         idle_timeout: float = 1.0,
+        register: bool = True,
+        registry_interval: float = DEFAULT_INTERVAL,
     ) -> None:
         if schedule not in SCHEDULES:
             raise QueueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
@@ -135,6 +138,29 @@ class Dispatcher:
         self._last_round = 0.0
         self._last_sweep = 0.0
         self._limit: int | None = None
+        self._held: float | None = None  # seconds until a rate limit grants a token
+        self.register = check_flag("register", register)  # shown by fdbqueue.workers(db)
+        self.registry_interval = check_duration("registry_interval", registry_interval, positive=True)
+        self._registry = self._registration()
+
+    def _registration(self) -> Registration:
+        names = [self.workset.name] if self.workset is not None else [q.name for q in self.queues]
+        root = self.workset.root if self.workset is not None else self.queues[0].root
+
+        def counts() -> tuple[int, int]:
+            with self._cond:
+                return self.stats.acked + self.stats.nacked, self.stats.nacked
+
+        return Registration(
+            self.db,
+            "Dispatcher",
+            names,
+            counts,
+            concurrency=self.max_concurrent,
+            interval=self.registry_interval,
+            enabled=self.register,
+            root=root,
+        )
 
     def add_consumer(
         self,
@@ -204,11 +230,14 @@ class Dispatcher:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, lambda *_: self.stop())
         pool = ThreadPoolExecutor(max_workers=self.max_concurrent, thread_name_prefix="fdbqueue-dispatch")
+        self._registry = self._registration()
         try:
+            self._registry.start()
             self._loop(pool, until_empty)
         finally:
             self._stop.set()
             pool.shutdown(wait=True)
+            self._registry.close()
             if self._watcher is not None:
                 self._watcher.close()
                 self._watcher = None
@@ -244,6 +273,10 @@ class Dispatcher:
             if got:
                 for q, m in got:
                     self._submit(pool, q, m)
+                return False
+            held, self._held = self._held, None
+            if held is not None:  # ready, but a rate limit holds them back: until a token
+                self._stop.wait(min(held, max(self.idle_timeout, 0.001)))
                 return False
             if self.schedule in ("length", "interval"):
                 self._round = False  # drained: the round is over
@@ -294,7 +327,11 @@ class Dispatcher:
             q = self.queues[(self._turn + i) % len(self.queues)]
             if len(got) >= slots:
                 break
-            got.extend((q, m) for m in q.lease_many(self.db, slots - len(got), self.lease_seconds))
+            leased = q.lease_many(self.db, slots - len(got), self.lease_seconds)
+            got.extend((q, m) for m in leased)
+            held = None if leased else ratelimit.throttled()
+            if held is not None:
+                self._held = held if self._held is None else min(self._held, held)
         self.backoff.reset()
         self._turn = (self._turn + 1) % len(self.queues)
         return got
@@ -337,6 +374,7 @@ class Dispatcher:
 
     def _call(self, c: Consumer, q: Queue, m: Message) -> None:
         ok = True
+        self._registry.begin(q.name, m.id)
         try:
             tracing.run(q.name, m.id, m.headers, c.handler, m)
         except Exception as exc:
@@ -355,6 +393,7 @@ class Dispatcher:
             except QueueError as err:
                 ok = False
                 log.warning("could not ack %s: %s", m.id, err)
+        self._registry.end(m.id)
         with self._cond:
             c.running -= 1
             self._running -= 1

@@ -50,7 +50,7 @@ class ExactlyOnce(WorkerBase):
                     progressed = True
                     if self._count(q, outcome == "ok", too_slow=outcome == "too_slow"):
                         return
-            if not progressed:
+            if not progressed and not self._throttle_pause():
                 self._idle(until_empty)
 
     def _exactly_once_step(self, q: Queue) -> str | None:
@@ -71,9 +71,12 @@ class ExactlyOnce(WorkerBase):
         ``"too_slow"`` when the transaction outlived the 5-second limit (1007), ``"skip"``
         when nothing is counted here (the engine failed: backed off; or the claim was lost).
         """
-        m = q.lease(self.db, self.lease_seconds or CLAIM_SECONDS)
+        with self._rate_limited():
+            m = q.lease(self.db, self.lease_seconds or CLAIM_SECONDS)
         if m is None:
+            self._note_throttle()
             return None
+        self._registry.begin(q.name, m.id)
         tr = self.db.create_transaction()
         unknown = False  # an attempt ended in commit_unknown_result: it may have landed
         try:
@@ -135,6 +138,7 @@ class ExactlyOnce(WorkerBase):
                     return self._failed(tr, q, m, exc)  # a failure, or a Retry or Discard
         finally:
             tr.cancel()
+            self._registry.end(m.id)
 
     def _engine_failed(self, tr: Any, q: Queue, m: Message, exc: BaseException) -> str:
         """The engine failed around ``m``'s handling: abort, give the claim back without

@@ -9,6 +9,10 @@ message: Prometheus's "Instrumentation" guide, "Do not overuse labels").
 
     fdbqueue metrics --port 9464            # or: serve(db, 9464); Worker(..., metrics_port=9464)
     fdbqueue metrics --addr 0.0.0.0         # for a Prometheus on another host (default: 127.0.0.1)
+
+The registry of workers too (:class:`WorkerCollector`): ``fdbqueue_workers{state="alive"}``
+and ``{state="dead"}``, and each live worker's ``fdbqueue_worker_messages_handled_total`` and
+``fdbqueue_worker_messages_failed_total`` (labels ``worker``, ``host``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ except ImportError as exc:
     raise MissingExtraError("fdbqueue.runtime.metrics", "metrics", exc.name) from exc
 
 from fdbqueue.api.admin import all_queue_stats
+from fdbqueue.api.workers import WorkerInfo, workers
 from fdbqueue.engines.contract import Database
 from fdbqueue.store.layout import DEFAULT_ROOT
 from fdbqueue.types import QueueStats
@@ -95,6 +100,43 @@ class QueueCollector(Collector):
         yield from (depth, age, completed, dead, expired, paused, scrape)
 
 
+class WorkerCollector(Collector):
+    """The registry of workers (``fdbqueue.workers``) at each scrape: how many are alive and
+    dead, and each live worker's handled and failed counts (labels: the worker's id and host;
+    a restarted worker is a new id, so each series only grows, as a counter must). Workers of
+    queues the principal may not browse are left out."""
+
+    def __init__(self, db: Database, *, root: tuple[Any, ...] = DEFAULT_ROOT) -> None:
+        self.db = db
+        self.root = tuple(root)
+
+    def workers(self) -> list[WorkerInfo]:
+        return workers(self.db, root=self.root)
+
+    def collect(self) -> Iterator[Metric]:
+        count = GaugeMetricFamily(
+            "fdbqueue_workers", "Registered workers, alive or dead (not heard of lately)", labels=["state"]
+        )
+        handled = CounterMetricFamily(
+            "fdbqueue_worker_messages_handled",
+            "Handler calls a live worker settled (failed ones included)",
+            labels=["worker", "host"],
+        )
+        failed = CounterMetricFamily(
+            "fdbqueue_worker_messages_failed",
+            "Failed handler calls of a live worker",
+            labels=["worker", "host"],
+        )
+        found = self.workers()
+        count.add_metric(["alive"], sum(w.alive for w in found))
+        count.add_metric(["dead"], sum(not w.alive for w in found))
+        for w in found:
+            if w.alive:
+                handled.add_metric([w.id, w.host], w.handled)
+                failed.add_metric([w.id, w.host], w.failed)
+        yield from (count, handled, failed)
+
+
 def handler_duration(registry: CollectorRegistry) -> Histogram:
     """``fdbqueue_handler_duration_seconds{queue,outcome}``, registered in ``registry``."""
     return Histogram(
@@ -116,6 +158,7 @@ class Exporter:
     ) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(QueueCollector(db, root=root))
+        self.registry.register(WorkerCollector(db, root=root))
         self.durations = handler_duration(self.registry)
         self._server, self._thread = start_http_server(port, addr, registry=self.registry)
         self.port = int(self._server.server_port)

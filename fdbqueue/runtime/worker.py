@@ -75,7 +75,8 @@ from fdbqueue.runtime.handling import (
 )
 from fdbqueue.runtime.hooks import ack_after, dead_hook
 from fdbqueue.runtime.pool import OK, TIMED_OUT, UNAVAILABLE, ProcessPool, check_processes, pool_settings
-from fdbqueue.runtime.worker_base import log
+from fdbqueue.runtime.registry import DEFAULT_INTERVAL
+from fdbqueue.runtime.worker_base import log, rate_limits
 from fdbqueue.types import Message, check_duration, check_flag
 
 SETTLE_BATCH = 256  # acks a batch holds at most before it commits without waiting
@@ -107,6 +108,10 @@ class Worker(ExactlyOnce):
         processes: int = 0,
         max_tasks_per_child: int | None = None,
         max_memory_per_child: int | str | None = None,
+        rate_limit: str | None = None,
+        rate_limit_key: str | None = None,
+        register: bool = True,
+        registry_interval: float = DEFAULT_INTERVAL,
     ) -> None:
         mode = normalise_mode(mode)
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
@@ -165,6 +170,13 @@ class Worker(ExactlyOnce):
         self._turn = 0
         self._last_sweep = 0.0
         self._limit = None
+        # rate_limit: this worker's leases also take from a bucket shared by every worker
+        # that names it (ops/ratelimit.py); the registry: who runs, shown by workers(db).
+        self.rate_limit = rate_limits(rate_limit, rate_limit_key)
+        self._held: float | None = None  # seconds until a rate limit grants a token
+        self.register = check_flag("register", register)
+        self.registry_interval = check_duration("registry_interval", registry_interval, positive=True)
+        self._registry = self._registration()
 
     # -- control -------------------------------------------------------------------------------
 
@@ -187,7 +199,9 @@ class Worker(ExactlyOnce):
         if install_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, self._on_signal)
+        self._registry = self._registration()
         try:
+            self._registry.start()
             if self.mode == "exactly_once":
                 self._run_threads(lambda: self._exactly_once_loop(until_empty))
             else:
@@ -217,6 +231,7 @@ class Worker(ExactlyOnce):
                 self._limiter = None
             self._beat.close()
             self._beat = Heartbeat(self.db, self.stats, log)
+            self._registry.close()
             if self._exporter is not None:
                 self._exporter.close()
                 self._exporter = None
@@ -307,7 +322,8 @@ class Worker(ExactlyOnce):
                     if len(buffer) == low_water():
                         room.notify()
                 try:
-                    self._handle_leased(q, m)
+                    with self._registry.handling(q.name, m.id):
+                        self._handle_leased(q, m)
                 finally:
                     with lock:
                         busy[0] -= 1
@@ -338,6 +354,8 @@ class Worker(ExactlyOnce):
                     with lock:
                         buffer.extend(got)
                         work.notify(len(got))
+                    continue
+                if self._throttle_pause():  # messages ready, held back by a rate limit
                     continue
                 with lock:
                     idle = not buffer and busy[0] == 0
@@ -377,11 +395,12 @@ class Worker(ExactlyOnce):
                             self._stall(until_empty)
                             continue
                     buffer.extend(self._fetch(want))
-                    if not buffer:
+                    if not buffer and not self._throttle_pause():
                         self._idle(until_empty)
                     continue
                 q, m = buffer.popleft()
-                self._handle_leased(q, m)
+                with self._registry.handling(q.name, m.id):
+                    self._handle_leased(q, m)
         finally:
             self._release_unstarted(buffer)
 
@@ -438,6 +457,8 @@ class Worker(ExactlyOnce):
                 self.backoff.wait(f"lease from {q.name!r}", exc, self._stop)
                 return got
             got.extend((q, m) for m in leased)
+            if not leased:
+                self._note_throttle()
             self._served(q, bool(leased))
         self.backoff.reset()
         self.budget.ingress.add(len(got))
@@ -446,7 +467,8 @@ class Worker(ExactlyOnce):
     def _lease(self, q: Queue, n: int) -> list[Message]:
         """Lease up to ``n`` of ``q``; the acks waiting in the settler commit in the same
         transaction (one commit for a batch's acks and the next batch's leases)."""
-        return lease_settling(self.db, self._settler, q, n, self.lease_seconds)
+        with self._rate_limited():
+            return lease_settling(self.db, self._settler, q, n, self.lease_seconds)
 
     def _handle_leased(self, q: Queue, m: Message) -> None:
         lease = self.lease_seconds

@@ -9,12 +9,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from fdbqueue.api.queue import Queue
 from fdbqueue.api.schedules import run_schedules as run_periodic_jobs
 from fdbqueue.engines.contract import Database
 from fdbqueue.errors import QueueError
+from fdbqueue.ops import ratelimit
 from fdbqueue.ops.settling import Settler
 from fdbqueue.ops.waiting import QueueWatcher
 from fdbqueue.runtime.fairness import WorkSet
@@ -28,6 +30,8 @@ from fdbqueue.runtime.handling import (
     until_empty_wait,
 )
 from fdbqueue.runtime.hooks import DeadHook, nack_noting
+from fdbqueue.runtime.registry import Registration, worker_counts
+from fdbqueue.store.rates import Rate, parse_rate
 from fdbqueue.types import Message
 
 log = logging.getLogger("fdbqueue.runtime.worker")  # one logger for the worker, whichever module
@@ -61,6 +65,52 @@ class WorkerBase:
     _turn: int
     _last_sweep: float
     _limit: int | None
+    rate_limit: tuple[Rate, str | None] | None  # the worker's own limit and its bucket's name
+    _held: float | None
+    register: bool
+    registry_interval: float
+    _registry: Registration
+
+    # -- rate limits and the registry (ops/ratelimit.py, runtime/registry.py) --------------------
+
+    def _rate_limited(self) -> AbstractContextManager[None]:
+        """Around a lease: the worker's own ``rate_limit`` applies to it too."""
+        if self.rate_limit is None:
+            return nullcontext()
+        rate, key = self.rate_limit
+        return ratelimit.extra(rate, key)
+
+    def _note_throttle(self) -> None:
+        """After a lease that got nothing: remember whether a rate limit held it back."""
+        held = ratelimit.throttled()
+        if held is not None:
+            with self._lock:
+                self._held = held if self._held is None else min(self._held, held)
+
+    def _throttle_pause(self) -> bool:
+        """Nothing leased because a rate limit held it back: wait for its next token (not on
+        the queues' watches, which say messages are ready and would wake at once)."""
+        with self._lock:
+            held, self._held = self._held, None
+        if held is None:
+            return False
+        self._flush_acks()
+        self._stop.wait(min(held, max(self.idle_timeout, 0.001)))
+        return True
+
+    def _registration(self) -> Registration:
+        names = [self.workset.name] if self.workset is not None else [q.name for q in self.queues]
+        root = self.workset.root if self.workset is not None else self.queues[0].root
+        return Registration(
+            self.db,
+            type(self).__name__,
+            names,
+            worker_counts(self.stats, self._lock),
+            concurrency=getattr(self, "concurrency", 1),
+            interval=self.registry_interval,
+            enabled=self.register,
+            root=root,
+        )
 
     def stop(self) -> None:
         """Ask the worker to finish the message in hand and return from :meth:`run`."""
@@ -227,3 +277,14 @@ class WorkerBase:
         with self._lock:
             self.stats.timed_out += 1
         return "failed"
+
+
+def rate_limits(rate_limit: object, key: object) -> tuple[Rate, str | None] | None:
+    """A worker's ``rate_limit`` and ``rate_limit_key``, checked: None when it has none."""
+    if rate_limit is None:
+        if key is not None:
+            raise QueueError("rate_limit_key names the bucket of a rate_limit: give rate_limit too")
+        return None
+    if key is not None and (not isinstance(key, str) or not key):
+        raise QueueError(f"rate_limit_key must be a non-empty str or None, got {key!r}")
+    return parse_rate(rate_limit), key

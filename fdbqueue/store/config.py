@@ -20,6 +20,7 @@ from fdbqueue.errors import QueueError, UnsupportedLayerFormatError
 from fdbqueue.store.budget import DEFAULT_MAX_PAYLOAD, MAX_PAYLOAD_BYTES
 from fdbqueue.store.codec import unpack_count
 from fdbqueue.store.layout import HOT_COUNTERS, LAYER_FORMAT, MAX_NAME_LENGTH, QueueKeys, validate_queue_name
+from fdbqueue.store.rates import parse_rate
 from fdbqueue.types import MAX_DURATION_SECONDS, QueueState, check_duration
 
 
@@ -97,6 +98,9 @@ class QueueConfig:
     # A volatile queue's commits skip fsync on the embedded engine: its messages survive a
     # process crash, not a power loss (the queue manager's volatile queues).
     volatile: bool = False
+    # At most this many messages leased a period by all its consumers together ("50/s",
+    # "1000/m", "10/h"; None: no limit): a token bucket in the database (ops/ratelimit.py).
+    rate_limit: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # owner, privileges, description ...
 
     def __post_init__(self) -> None:
@@ -145,6 +149,8 @@ class QueueConfig:
                 f"max_payload must be an int from 1 to {MAX_PAYLOAD_BYTES} (what one transaction "
                 f"can move within FoundationDB's transaction limit), got {self.max_payload!r}"
             )
+        if self.rate_limit is not None:
+            parse_rate(self.rate_limit)
         if self.error_queue is not None:
             if not isinstance(self.error_queue, str):
                 raise QueueError(f"error_queue must be a str or None, got {self.error_queue!r}")

@@ -16,6 +16,10 @@ default. ``Q`` below is ``root + ("q", queue_name)``::
     root + ("pq", name)                         partitioned queue ``name``: {"partitions": N}
     root + ("eq", error_queue, origin)          owned queue ``origin``'s error queue is reserved
                                                 to its owner and admins (privileges.py)
+    root + ("rl", name, shard)                  a named rate limit's token bucket, one key a
+                                                shard: tokens left, version counted at
+    root + ("wr", worker_id)                    a running worker's record (JSON), rewritten by
+                                                its heartbeat; expired ones cleared later
     Q + ("m", "cfg")                            queue settings, JSON
     Q + ("m", "st")                             queue state flags, JSON (paused directions)
     Q + ("m", "n", counter)                     8-byte little-endian counters, atomic adds only
@@ -41,6 +45,7 @@ default. ``Q`` below is ``root + ("q", queue_name)``::
                                                 dequeue is re-enabled): the index high-water mark,
                                                 and the key blocking dequeues watch
     Q + ("rc", version, rand)                   enqueue/dequeue receipts: settle a commit_unknown_result
+    Q + ("rl", shard)                           the queue's rate limit's token bucket (rates.py)
 
 Times are database time (layer format 2): read versions, about 1e6 a second
 (``fdbqueue.store.clock``), never a client's wall clock. A deadline, due or expiry time is the
@@ -669,3 +674,63 @@ class TaskResultKeys:
     def parse_expiry(self, key: bytes) -> tuple[int, str]:
         _, expires, message_id = self._sub.unpack(key)
         return int(expires), str(message_id)
+
+
+# -- rate limits (ratelimit.py) ----------------------------------------------------------------
+
+
+class RateKeys:
+    """The shards of one rate limit's token bucket (``store/rates.py``): a queue's own limit
+    under ``Q + ("rl", shard)`` (destroyed with the queue), a named one - a Worker's
+    ``rate_limit`` - under ``root + ("rl", name, shard)``. A shard's value: the tokens left
+    and the database version they were counted at."""
+
+    __slots__ = ("_prefix", "name")
+
+    def __init__(self, prefix: bytes, name: str) -> None:
+        self._prefix = prefix
+        self.name = name
+
+    @classmethod
+    def of_queue(cls, keys: QueueKeys) -> RateKeys:
+        found = keys._cache.get("\x00rl")
+        if found is None:
+            found = keys._cache["\x00rl"] = _pack(keys.q, ("rl",))
+        return cls(found, keys.name)
+
+    @classmethod
+    def named(cls, name: str, root: tuple[Any, ...] | Subspace = DEFAULT_ROOT) -> RateKeys:
+        sub = root if isinstance(root, Subspace) else root_subspace(root)
+        utf8(name, f"rate limit key {name!r}")
+        return cls(_pack(sub, ("rl", name)), name)
+
+    def shard(self, i: int) -> bytes:
+        return self._prefix + enc_int(i)
+
+    def range(self) -> tuple[bytes, bytes]:
+        return self._prefix + b"\x00", self._prefix + b"\xff"
+
+
+# -- the registry of workers (api/workers.py, runtime/registry.py) -----------------------------
+
+
+class WorkerKeys:
+    """Running workers under one root: ``("wr", worker_id)`` holds one worker's record
+    (JSON: host, pid, queues, counts, the messages in hand, its last heartbeat's version).
+    One key a worker, written by that worker alone every few seconds: no key all of them
+    write."""
+
+    __slots__ = ("_sub",)
+
+    def __init__(self, root: tuple[Any, ...] | Subspace = DEFAULT_ROOT) -> None:
+        self._sub = root if isinstance(root, Subspace) else root_subspace(root)
+
+    def entry(self, worker_id: str) -> bytes:
+        return bytes(self._sub.pack(("wr", worker_id)))
+
+    def range(self) -> tuple[bytes, bytes]:
+        r = self._sub.range(("wr",))
+        return bytes(r.start), bytes(r.stop)
+
+    def worker_id(self, key: bytes) -> str:
+        return str(self._sub.unpack(key)[1])

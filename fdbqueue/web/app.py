@@ -5,6 +5,7 @@
     GET  /api/queue?name=Q       a queue's figures, settings, series and rights
     GET  /api/messages?queue=Q&state=ready|leased|delayed&filter=F&limit=N&after=CURSOR
     GET  /api/message?queue=Q&id=ID      a message and its journal history
+    GET  /api/workers            the registry of workers: host, pid, queues, counts, in hand
     POST /api/pause    {"queue", "direction": "enqueue"|"dequeue"|"both", "paused": bool}
     POST /api/redrive  {"queue", "ids": [...]} or {"queue", "filter": "name=value ..."}
     POST /api/delete   {"queue", "ids": [...]}
@@ -131,6 +132,12 @@ def create_app(
         out["error"] = f"no message {out['id']!r} in queue {out['queue']!r}"  # its history may remain
         return JSONResponse(out, status_code=404)
 
+    def workers(request: Request) -> JSONResponse:
+        out = views.workers(db, root=root)
+        out["principal"] = db.principal
+        out["read_only"] = read_only
+        return JSONResponse(out)
+
     async def action(request: Request) -> dict[str, Any]:
         if read_only:
             raise RefusedActionError("this dashboard is read-only (fdbqueue web --read-only)")
@@ -194,6 +201,7 @@ def create_app(
         Route("/api/queue", queue),
         Route("/api/messages", messages),
         Route("/api/message", message),
+        Route("/api/workers", workers),
         Route("/api/pause", pause, methods=["POST"]),
         Route("/api/redrive", redrive, methods=["POST"]),
         Route("/api/delete", delete, methods=["POST"]),

@@ -18,6 +18,7 @@ from typing import Any
 
 from fdbqueue.api import admin
 from fdbqueue.api.redrive import delete_by_id, redrive
+from fdbqueue.api.workers import workers as registered
 from fdbqueue.engines.contract import Database, Transaction
 from fdbqueue.errors import CorruptMessageError, QueueError, QueueNotFoundError
 from fdbqueue.ops import journaling
@@ -69,6 +70,12 @@ def queue_detail(db: Database, name: str, *, root: tuple[Any, ...] = DEFAULT_ROO
     out = run_once(db, body)
     out["stats"] = stats_dict(admin.queue_stats(db, name, root=root))
     return out
+
+
+def workers(db: Database, *, root: tuple[Any, ...] = DEFAULT_ROOT) -> dict[str, Any]:
+    """The registry of workers (``fdbqueue.workers``): those of the queues the principal may
+    browse, with the server's time to measure their ages by."""
+    return {"time": now_us() / 1e6, "workers": [w.as_dict() for w in registered(db, root=root)]}
 
 
 def parse_filter(text: str) -> tuple[dict[str, str], list[str]]:

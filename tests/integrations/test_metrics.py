@@ -177,3 +177,39 @@ def test_all_queue_stats_reads_many_queues_as_queue_stats_does_and_leaves_out_th
     finally:
         ops.close()
         viewer.close()
+
+
+def test_the_endpoint_counts_the_workers_and_what_each_handled(store: Database) -> None:
+    import threading
+
+    q = Queue("jobs")
+    q.enqueue_many(store, [b"ok", b"ok", b"bad"])
+
+    def handler(m: Message) -> None:
+        if m.payload == b"bad":
+            raise fdbqueue.Discard("bad")
+
+    w = Worker(store, "jobs", handler, registry_interval=0.5, settle_linger=0)  # alive: a beat 1.5 s late
+    t = threading.Thread(target=w.run, daemon=True)
+    t.start()
+    exporter = serve(store, 0, "127.0.0.1")
+    try:
+        end = time.monotonic() + 20
+        while True:
+            got = scrape(exporter.port)
+            mine = {k: v for k, v in got.items() if k[0] == "fdbqueue_worker_messages_handled_total"}
+            if list(mine.values()) == [3.0]:
+                break
+            assert time.monotonic() < end, got
+            time.sleep(0.05)
+        assert got[("fdbqueue_workers", (("state", "alive"),))] == 1
+        assert got[("fdbqueue_workers", (("state", "dead"),))] == 0
+        [(_, labels)] = mine
+        assert dict(labels)["worker"] == fdbqueue.workers(store)[0].id
+        assert got[("fdbqueue_worker_messages_failed_total", labels)] == 1
+        w.stop()
+        t.join(30)
+        assert scrape(exporter.port)[("fdbqueue_workers", (("state", "alive"),))] == 0
+    finally:
+        w.stop()
+        exporter.close()

@@ -32,7 +32,8 @@ from fdbqueue import AccessDeniedError, Queue, aio
 from fdbqueue.api import export
 from fdbqueue.cli import build_parser, main
 from fdbqueue.ops import steps
-from fdbqueue.runtime.metrics import QueueCollector
+from fdbqueue.runtime.metrics import QueueCollector, WorkerCollector
+from fdbqueue.runtime.registry import Registration
 from fdbqueue.web import views
 
 SECRET = "s3cret-4111"
@@ -44,7 +45,7 @@ DEDUP = "run-42"
 VALUES = {
     "AutonomousId", "Consumer", "ContentType", "DispatcherStats", "ForwardStats", "JournalEntry",
     "KeySelector", "KeyValue", "Message", "NewMessage", "QueueConfig", "QueueState", "QueueStats",
-    "RemoteStats", "Schedule", "SweepStats", "Watch", "WorkerStats",
+    "RemoteStats", "Schedule", "SweepStats", "Watch", "WorkerStats", "WorkerInfo", "CurrentMessage",
 }  # fmt: skip
 NO_QUEUE = {
     "Database": "the store's key-value interface: below the layer's rights (docs/security.md)",
@@ -67,8 +68,8 @@ NO_QUEUE = {
 }
 # Commands that serve until stopped: walked through what they serve (the same functions).
 SERVED_BY = {
-    "cli web": ["web.views.queue_detail", "web.views.messages", "web.views.message"],
-    "cli metrics": ["metrics.QueueCollector"],
+    "cli web": ["web.views.queue_detail", "web.views.messages", "web.views.message", "web.views.workers"],
+    "cli metrics": ["metrics.QueueCollector", "metrics.WorkerCollector"],
     "cli scheduler": ["Scheduler.run"],
 }
 
@@ -111,6 +112,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     ids.append(cards.enqueue(ops, {"card": SECRET}, headers={"customer": "acme"}))
     fdbqueue.set_route(ops, "cards", "vip", "cards.vip")
     fdbqueue.schedule(ops, "vault", "* * * * *", {"secret": SECRET}, name="nightly")
+    # A worker of ops' in the registry, a message of the vault in hand, dead at once (its
+    # heartbeats said every millisecond): what workers() may show and prune_workers clear.
+    reg = Registration(ops, "Worker", ["vault"], lambda: (1, 0), interval=0.001)
+    reg.begin("vault", ids[0])
+    reg.beat()
     Queue("eve.box").enqueue(eve, b"eve's own")  # eve's queue: a source for moves into ops'
     own = Queue("eve.job")  # and an error queue of eve's own, holding a dead letter: a redrive's source
     own.enqueue(eve, b"eve's poison")
@@ -265,6 +271,10 @@ OPEN: dict[str, Call] = {
     "all_queue_stats": lambda w: _none_of_ops(fdbqueue.all_queue_stats(w.eve)),
     "metrics.QueueCollector": lambda w: _none_of_ops(QueueCollector(w.eve).stats()),
     "history": lambda w: _empty(fdbqueue.history(w.eve, w.ids[0])),
+    "workers": lambda w: _empty(fdbqueue.workers(w.eve)),  # ops' worker: not eve's to see
+    "prune_workers": lambda w: fdbqueue.prune_workers(w.eve, older_than=0),  # not eve's to clear
+    "web.views.workers": lambda w: _none_of_ops(views.workers(w.eve)["workers"]),
+    "metrics.WorkerCollector": lambda w: _empty(WorkerCollector(w.eve).workers()),
     "journal (every queue)": lambda w: _none_of_ops(list(fdbqueue.journal(w.eve, None))),
     "schedules": lambda w: _none_of_ops(fdbqueue.schedules(w.eve)),
     "run_schedules": lambda w: _empty(fdbqueue.run_schedules(w.eve)),  # eve's rights: enqueues nothing
@@ -346,6 +356,7 @@ CLI_OPEN: dict[str, list[str]] = {
     "schedules": ["schedules"],
     "history": ["history", "ID0"],
     "sweep": ["sweep", "vault"],
+    "workers": ["workers"],
 }
 
 

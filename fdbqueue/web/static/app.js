@@ -110,7 +110,9 @@ function chart(title, series, lines, id) {
 function route() {
   const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
   showError("");
-  if (parts[0] === "queue" && parts[1] && parts[2] === "message" && parts[3]) {
+  if (parts[0] === "workers") {
+    view = { kind: "workers" };
+  } else if (parts[0] === "queue" && parts[1] && parts[2] === "message" && parts[3]) {
     view = { kind: "message", queue: parts[1], id: parts[3] };
   } else if (parts[0] === "queue" && parts[1]) {
     view = { kind: "queue", queue: parts[1], state: "ready", filter: "", after: null, pages: [] };
@@ -128,6 +130,7 @@ function crumbs() {
   const nav = document.getElementById("crumbs");
   nav.replaceChildren();
   nav.append(h("a", { href: "#/" }, "queues"));
+  if (view.kind === "workers") nav.append("/", h("a", { href: "#/workers" }, "workers"));
   if (view.queue) nav.append("/", h("a", { href: qhref(view.queue) }, view.queue));
   if (view.id) nav.append("/", h("span", { class: "mono" }, view.id));
 }
@@ -138,6 +141,7 @@ async function refresh(first) {
   let next = 2000;
   try {
     if (current.kind === "overview") next = await overview(first);
+    else if (current.kind === "workers") next = await workersPage(first);
     else if (current.kind === "queue") next = await queuePage(first);
     else next = await messagePage(first);
   } catch (e) {
@@ -192,6 +196,49 @@ async function overview(first) {
         h("td", { class: "num", "data-field": "oldest_age" }, age(q.oldest_age)),
         h("td", { "data-field": "state" }, stateBadges(q)))));
   }
+}
+
+// -- the workers (the registry: fdbqueue.workers) -------------------------------------------
+
+async function workersPage(first) {
+  const d = await api("api/workers");
+  who(d);
+  if (first || !document.getElementById("workers")) {
+    $main.replaceChildren(
+      h("h1", {}, "Workers"),
+      h("p", { class: "muted", id: "worker-count" }),
+      h("table", { id: "workers" },
+        h("thead", {}, h("tr", {},
+          h("th", {}, "Worker"), h("th", {}, "State"), h("th", {}, "Host"), h("th", { class: "num" }, "PID"),
+          h("th", {}, "Queues"), h("th", { class: "num" }, "Up"), h("th", { class: "num" }, "Handled"),
+          h("th", { class: "num" }, "Failed"), h("th", {}, "Current message"), h("th", { class: "num" }, "Since"))),
+        h("tbody", {})));
+  }
+  const alive = d.workers.filter((w) => w.alive).length;
+  document.getElementById("worker-count").textContent =
+    `${d.workers.length} worker${d.workers.length === 1 ? "" : "s"}, ${alive} alive`;
+  const rows = d.workers.map((w) => {
+    const cur = w.current;
+    const more = w.in_hand.length > 1 ? ` (+${w.in_hand.length - 1})` : "";
+    return h("tr", { "data-worker": w.id },
+      h("td", { class: "mono" }, w.id),
+      h("td", { "data-field": "state" }, w.alive
+        ? h("span", { class: "badge ok" }, "alive")
+        : h("span", { class: "badge warn", title: "last seen " + when(w.last_seen) }, "dead")),
+      h("td", { "data-field": "host" }, w.host),
+      h("td", { class: "num", "data-field": "pid" }, String(w.pid)),
+      h("td", { "data-field": "queues" }, w.queues.join(", ")),
+      h("td", { class: "num", "data-field": "up" }, age(d.time - w.started)),
+      h("td", { class: "num", "data-field": "handled" }, num(w.handled)),
+      h("td", { class: "num", "data-field": "failed" }, num(w.failed)),
+      h("td", { "data-field": "current" }, cur
+        ? h("span", {}, h("a", { class: "mono", href: mhref(cur.queue, cur.id) }, cur.id), more)
+        : "–"),
+      h("td", { class: "num", "data-field": "since" }, cur ? age(d.time - cur.since) : "–"));
+  });
+  if (!rows.length) rows.push(h("tr", {}, h("td", { colspan: 10, class: "muted" }, "no workers")));
+  document.querySelector("#workers tbody").replaceChildren(...rows);
+  return 1000;
 }
 
 function who(d) {
