@@ -2,10 +2,11 @@
 the transaction that settles the task (its value with the ack, its failure with the dead
 letter), read and waited for on a watch (``Tasks.result``), and swept once past their TTL.
 
-A record is JSON: ``{"s": "pending" | "ok" | "failed", "e": expires (a version), ...}`` with the
-value (``"v"``), or the failure's ``"type"`` and ``"text"``, or, pending, the task's queue
-(``"q"``), so that a task its worker never settled (a lease that ran out on the last delivery)
-is found in its error queue.
+A record is JSON: ``{"s": "pending" | "ok" | "failed", "e": expires (a version), "q": the task's
+queue, ...}`` with the value (``"v"``), or the failure's ``"type"`` and ``"text"``. The queue
+says who may read it (a principal with the ``browse``, ``enqueue`` or ``dequeue`` right on it:
+whoever may defer, run or look at the task; docs/security.md) and, pending, where a task its
+worker never settled (a lease that ran out on the last delivery) is found: its error queue.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ from fdbqueue.errors import (
     TaskFailedError,
     TaskTimeoutError,
 )
+from fdbqueue.ops.privileges import check_any
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.clock import db_now, versions
-from fdbqueue.store.layout import TaskResultKeys
+from fdbqueue.store.layout import QueueKeys, TaskResultKeys
 from fdbqueue.types import check_duration
 
 # How long a result is kept: one day, as celery's ``result_expires`` default
@@ -38,6 +40,10 @@ DEFAULT_RESULT_TTL = 86400.0
 # deleted or purged) is forgotten after this long, past any sensible delay.
 PENDING_TTL = 30 * 86400.0
 MAX_RESULT_BYTES = 90_000  # under FoundationDB's 100,000-byte value limit, with the record's fields
+
+
+# Who may read a task's outcome: whoever may defer it, run it or look at its queue.
+READERS = ("browse", "enqueue", "dequeue")
 
 
 def _record(state: str, expires: int, **fields: Any) -> bytes:
@@ -76,19 +82,20 @@ def write_result(
     t: Transaction,
     root: tuple[Any, ...],
     mid: str,
+    queue: str,
     ttl: float,
     *,
     value: bytes | None = None,
     failure: tuple[str, str] | None = None,
 ) -> None:
-    """Keep ``mid``'s outcome for ``ttl`` seconds: its value (JSON bytes) or its failure
-    (type, text). Blind writes: no conflict with anything."""
+    """Keep the outcome of ``mid`` (a task on ``queue``) for ``ttl`` seconds: its value (JSON
+    bytes) or its failure (type, text). Blind writes: no conflict with anything."""
     keys = TaskResultKeys(root)
     expires = db_now(t) + versions(ttl)
     if failure is not None:
-        rec = _record("failed", expires, type=failure[0], text=failure[1])
+        rec = _record("failed", expires, q=queue, type=failure[0], text=failure[1])
     else:
-        head = json.dumps({"s": "ok", "e": expires}, separators=(",", ":")).encode()
+        head = json.dumps({"s": "ok", "e": expires, "q": queue}, separators=(",", ":")).encode()
         rec = head[:-1] + b',"v":' + (value or b"null") + b"}"
     t.set(keys.result(mid), rec)
     t.set(keys.expiry(expires, mid), b"")
@@ -102,11 +109,16 @@ def failure_of(reason: str) -> tuple[str, str]:
     return reason, ""
 
 
-def _read_result(t: Transaction, keys: TaskResultKeys, mid: str) -> dict[str, Any] | None:
+def _read_result(
+    t: Transaction, root: tuple[Any, ...], keys: TaskResultKeys, mid: str
+) -> dict[str, Any] | None:
     raw = t.get(keys.result(mid))
     if raw is None:
         return None
     rec: dict[str, Any] = json.loads(raw)
+    queue = rec.get("q")
+    if isinstance(queue, str):  # the task's queue: its rights say who may read what it returned
+        check_any(t, QueueKeys.make(queue, root), READERS)
     if rec.get("s") != "pending" and int(rec.get("e", 0)) <= db_now(t):
         return None  # past its TTL: gone, whether or not a sweep has cleared it yet
     return rec
@@ -125,7 +137,7 @@ def result(db: Database, root: tuple[Any, ...], mid: str, timeout: float | None)
         def look(t: Transaction, _: bool) -> tuple[dict[str, Any] | None, Watch | None]:
             # The read and the watch in one transaction: a result written after the read
             # fires it (FoundationDB's developer guide, "Watches").
-            rec = _read_result(t, keys, mid)
+            rec = _read_result(t, root, keys, mid)
             return rec, (t.watch(keys.result(mid)) if rec is not None and rec["s"] == "pending" else None)
 
         rec, watch = run_once(db, look)

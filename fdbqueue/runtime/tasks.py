@@ -52,6 +52,7 @@ class TaskDone(AfterAck):
     Plain data, so that it can come back from a child process."""
 
     root: tuple[Any, ...]
+    queue: str
     message_id: str
     result_ttl: float | None
     value: bytes | None
@@ -59,7 +60,7 @@ class TaskDone(AfterAck):
 
     def write(self, tr: Transaction) -> None:
         if self.result_ttl is not None:
-            write_result(tr, self.root, self.message_id, self.result_ttl, value=self.value)
+            write_result(tr, self.root, self.message_id, self.queue, self.result_ttl, value=self.value)
         for sig in self.then:
             enqueue_signature(tr, signature_from_json(sig))
 
@@ -125,7 +126,7 @@ class TaskRunner:
             return
         ttl = data.get("result") if isinstance(data, dict) else None
         if isinstance(ttl, (int, float)) and not isinstance(ttl, bool):
-            write_result(tr, self.app.root, m.id, float(ttl), failure=failure_of(reason))
+            write_result(tr, self.app.root, m.id, m.queue, float(ttl), failure=failure_of(reason))
 
     def _failed(self, task: Task, m: Message, exc: Exception) -> BaseException:
         """The exception to raise for a failed run: the task's own ``max_deliveries`` reached
@@ -164,7 +165,7 @@ class TaskRunner:
                 raw = encode_value(value)
             except TaskArgumentsError as exc:  # the same every time: no use retrying it
                 raise Discard(failure_text(exc)) from None
-        return TaskDone(self.app.root, m.id, None if ttl is None else float(ttl), raw, then)
+        return TaskDone(self.app.root, m.queue, m.id, None if ttl is None else float(ttl), raw, then)
 
     def _maybe_sweep(self) -> None:
         """Clear expired results about once a minute (its own short transaction)."""

@@ -30,14 +30,18 @@ import pytest
 import fdbqueue
 from fdbqueue import AccessDeniedError, Queue, aio
 from fdbqueue.api import export
+from fdbqueue.api.task_results import write_result
 from fdbqueue.cli import build_parser, main
 from fdbqueue.ops import steps
+from fdbqueue.ops.txn import run_once
 from fdbqueue.runtime.metrics import QueueCollector, WorkerCollector
 from fdbqueue.runtime.registry import Registration
+from fdbqueue.store.layout import DEFAULT_ROOT
 from fdbqueue.web import views
 
 SECRET = "s3cret-4111"
 DEDUP = "run-42"
+RESULT = "task-of-ops"  # the id of a task of ops' on the vault whose result is kept
 
 # Classes of __all__ that are values (no store access: made from what a call returned), and
 # functions that reach no queue. Database and Transaction are the store itself: a client that
@@ -117,6 +121,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     reg = Registration(ops, "Worker", ["vault"], lambda: (1, 0), interval=0.001)
     reg.begin("vault", ids[0])
     reg.beat()
+    run_once(
+        ops,
+        lambda t, _: write_result(
+            t, DEFAULT_ROOT, RESULT, "vault", 3600.0, value=b'"' + SECRET.encode() + b'"'
+        ),
+    )
     Queue("eve.box").enqueue(eve, b"eve's own")  # eve's queue: a source for moves into ops'
     own = Queue("eve.job")  # and an error queue of eve's own, holding a dead letter: a redrive's source
     own.enqueue(eve, b"eve's poison")
@@ -141,6 +151,16 @@ def _aio(make: Callable[[World], Any]) -> Call:
 
 async def _alist(it: Any) -> list[Any]:
     return [x async for x in it]
+
+
+def _task_app(db: Any) -> tuple[fdbqueue.Tasks, Any]:
+    app = fdbqueue.Tasks(db)
+
+    @app.task(queue="vault", store_result=True)
+    def peek(n: int) -> None:
+        raise AssertionError(f"a task of eve's ran on ops' queue: {n}")
+
+    return app, peek
 
 
 def _handler(m: Any) -> None:
@@ -243,6 +263,10 @@ REFUSED: dict[str, Call] = {
     "Worker": lambda w: fdbqueue.Worker(w.eve, "vault", _handler).run(until_empty=True),
     "Worker.run": lambda w: fdbqueue.Worker(w.eve, "vault", _handler).run(until_empty=True),
     "Dispatcher": lambda w: _dispatch(w),
+    "Tasks.worker": lambda w: _task_app(w.eve)[0].worker().run(until_empty=True),
+    "Tasks.aio_worker": _aio(lambda w: _task_app(w.eve)[0].aio_worker().run(until_empty=True)),
+    "Tasks.result": lambda w: _task_app(w.eve)[0].result(w.eve, RESULT, timeout=0.1),
+    "Tasks.task.defer": lambda w: _task_app(w.eve)[1].defer(w.eve, n=1),
     "Dispatcher.add_consumer": lambda w: _dispatch(w),
     "Dispatcher.run": lambda w: _dispatch(w),
     "schedule": lambda w: fdbqueue.schedule(w.eve, "vault", "* * * * *", b"x", name="eve"),

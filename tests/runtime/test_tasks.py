@@ -446,7 +446,7 @@ def test_a_runner_and_what_it_returns_pickle_for_a_workers_child_process(
     runner = TaskRunner(task_app.app, task_app.app.db, 5.0)
     again = pickle.loads(pickle.dumps(runner))
     assert type(again) is TaskRunner and again.app is task_app.app and again.worker_time_limit == 5.0
-    done = TaskDone(("fdbqueue",), "r1", 60.0, b"4", ({"task": "t", "queue": "q", "args": []},))
+    done = TaskDone(("fdbqueue",), "q", "r1", 60.0, b"4", ({"task": "t", "queue": "q", "args": []},))
     assert pickle.loads(pickle.dumps(done)) == done
     app = fdbqueue.Tasks("memory://")
     local = app.task(lambda: None)  # not findable by its name in another process
