@@ -182,9 +182,9 @@ def fulfil(db: Database, keys: QueueKeys, *, mine: bytes | None = None) -> int:
             return Done(made)
         if mine is not None and _done(mine, reqs):
             return Done(made)
-        now = db_now(t)
         budget = Budget()  # this transaction's (fdbqueue/store/budget.py)
         meta = read_meta(t, keys)
+        now = db_now(t)  # after read_meta, which read the time correction with the metadata
         cfg = meta.config
         if cfg is not None and due_entries(t, keys, meta, now):
             sweep_step(keys, t, cfg, now, 16, budget)  # due delays and expired leases first
