@@ -182,12 +182,12 @@ def recovery(db: object, jump: float = 100.0) -> None:
     """The versions of ``db`` (sim://) jump ``jump`` seconds' worth ahead, as at a FoundationDB
     recovery; no time passes.
 
-    A recovery's new master starts ``MAX_VERSIONS_IN_FLIGHT`` versions (100e6: 100 seconds at
+    A recovery's first version is ``MAX_VERSIONS_IN_FLIGHT`` (100e6: 100 seconds at
     ``VERSIONS_PER_SECOND``, ``fdbserver/core/ServerKnobs.cpp``) past the last committed one,
-    the default jump; a forced recovery can move them about a week. Transactions that read
-    before it can no longer commit (1007), as on a cluster. What measures time in the layer
-    (leases, delays, TTLs, dedup windows, journal retention) does not count the jump:
-    ``fdbqueue.store.clock``.
+    the default jump; a forced recovery's is ``MAX_VERSIONS_IN_FLIGHT_FORCED`` (a week) past
+    it. Transactions that read before it can no longer commit (1007), as on a cluster. What
+    measures time in the layer (leases, delays, TTLs, dedup windows, journal retention) does
+    not count the jump: ``fdbqueue.store.clock``.
     """
     sim = _sim(db, "recovery")
     if isinstance(jump, bool) or not isinstance(jump, (int, float)) or not math.isfinite(jump) or jump < 0:

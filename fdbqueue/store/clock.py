@@ -1,13 +1,35 @@
 """Time in fdbqueue: database time (versions) for correctness, the wall clock for people.
 
 **Database time.** Whatever decides an outcome - a lease's expiry, a delayed message's due
-time, a TTL, a dedup window, the age of a receipt or a staged request - is measured in the
-database's versions: ``tr.get_read_version()`` (:func:`db_now`), which FoundationDB's
-master advances at about :data:`VERSIONS_PER_SECOND` even when nothing commits
+time, a TTL, a dedup window, the age of a receipt or a staged request, journal retention - is
+measured in the database's versions (:func:`db_now`): the transaction's read version, which
+FoundationDB's master advances at about :data:`VERSIONS_PER_SECOND` even when nothing commits
 (``fdbserver/core/ServerKnobs.cpp``: ``VERSIONS_PER_SECOND``), and which every client of one
-database shares. No client's wall clock takes part, so a client whose clock is minutes off,
-or is corrected, can neither lose nor duplicate a message. A duration users give in seconds
-(delay, TTL, lease length, dedup window) is converted with :func:`versions`.
+database shares, less the versions that were not time. No client's wall clock takes part, so
+a client whose clock is minutes off, or is corrected, can neither lose nor duplicate a
+message. A duration users give in seconds (delay, TTL, lease length, dedup window) is
+converted with :func:`versions`.
+
+**Versions that are not time.** At every recovery the versions jump ``MAX_VERSIONS_IN_FLIGHT``
+(100e6: 100 s) ahead, a forced recovery's about a week, while no time passes
+(``fdbqueue.testing.recovery`` does it on the sim). Counted as time, such a jump would end
+every lease at once (its message delivered twice), end TTLs and dedup windows early, bring
+delayed messages due and trim the journal early. So each process keeps, per database, the
+last read version it saw beside its own monotonic clock; a read version further ahead than
+that clock allows (by more than :data:`JUMP_SECONDS`, plus :data:`DRIFT` of the time
+measured) is a jump, and the excess is recorded in the database's time correction
+(``layout.TIME_KEY``: from a read version on, how many versions were not time) in the
+transaction that saw it, under a read conflict, so two clients that see one jump add it once.
+Every transaction reads the correction with the metadata it reads anyway
+(``config.read_meta``, ``privileges.check``; one key more in the same ``get_many``, no round
+trip more) and leaves it out of database time: every client counts the same time. Only the
+engines whose versions can jump (the optimistic ones: FoundationDB, the sim) read it; the
+embedded engine's versions are its clock. What is not handled: a jump while no process of the
+database had a baseline (all restarted across the recovery: their first read versions are
+their baselines) is counted as time; the versions' rate may run up to 10 % off the clocks'
+(the master's ``MAX_VERSION_RATE_MODIFIER``), which leases and delays inherit; an idle
+cluster's read version moves with its commit batches, at least every
+``MAX_COMMIT_BATCH_INTERVAL`` (2 s), and is counted when it moves, below the jump threshold.
 
 **The engines' clock.** The embedded and simulation engines advance their versions with
 ``CLOCK_MONOTONIC`` (``fdbqueue.engines.versions``: shared by every process of one boot, and

@@ -138,10 +138,11 @@ class SimStore:
     def recover(self, jump_versions: int) -> None:
         """Versions jump ``jump_versions`` ahead, as at a recovery, while no time passes.
 
-        The new master starts its versions ``MAX_VERSIONS_IN_FLIGHT`` past the last committed
-        one (``fdbserver/sequencer/masterserver.cpp``, ``lastEpochEnd +
-        SERVER_KNOBS->MAX_VERSIONS_IN_FLIGHT``), so every read version taken before the recovery
-        is too old from then on: its transaction's next read or commit gets 1007.
+        The recovery's first version is ``MAX_VERSIONS_IN_FLIGHT`` past the last committed one
+        (``fdbserver/ClusterRecovery.actor.cpp``: ``recoveryTransactionVersion = lastEpochEnd +
+        SERVER_KNOBS->MAX_VERSIONS_IN_FLIGHT``; ``MAX_VERSIONS_IN_FLIGHT_FORCED``, a week, at a
+        forced recovery), so every read version taken before the recovery is too old from then
+        on: its transaction's next read or commit gets 1007.
         """
         with self._lock:
             self._drop_released_locked()
