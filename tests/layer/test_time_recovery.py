@@ -14,11 +14,13 @@ from collections.abc import Iterator
 import pytest
 
 import fdbqueue
+from fdbqueue import EngineError
 from fdbqueue.engines.contract import run_transaction
 from fdbqueue.engines.sim.database import SimDatabase
 from fdbqueue.ops.journaling import trim_journal
 from fdbqueue.store.clock import db_now
 from fdbqueue.testing import recovery
+from scripts.txncost import CountingDatabase
 
 
 @pytest.fixture
@@ -96,3 +98,32 @@ def test_a_week_long_forced_recovery(db: SimDatabase) -> None:
     recovery(db, 7 * 24 * 3600.0)
     jobs.sweep(db)
     assert jobs.dequeue(db) is None
+
+
+def test_two_clients_that_see_one_jump_count_it_once(db: SimDatabase) -> None:
+    # Two clients (their own baselines: a counting wrapper is another client to the clock).
+    other = CountingDatabase(db)
+    before = now(db)
+    assert abs(run_transaction(other, db_now) - before) < 5_000_000  # type: ignore[arg-type]
+    recovery(db, 100.0)
+    mine = db.create_transaction()
+    theirs = other.create_transaction()
+    t_mine, t_theirs = db_now(mine), db_now(theirs)  # type: ignore[arg-type]
+    assert t_mine - before < 10_000_000 and t_theirs - before < 10_000_000
+    theirs.commit()  # records the correction
+    with pytest.raises(EngineError) as err:
+        mine.commit()  # recorded it too: the second conflicts ...
+    assert err.value.code == 1020
+    # ... and its retry finds the first's correction: counted once, by every client
+    assert now(db) - before < 10_000_000
+    assert run_transaction(other, db_now) - before < 10_000_000  # type: ignore[arg-type]
+
+
+def test_a_client_that_starts_after_a_recorded_jump_counts_it_out() -> None:
+    db = fdbqueue.open("sim://?seed=8&faults=0")
+    before = now(db)
+    recovery(db, 100.0)
+    now(db)  # a client running at the recovery records the jump
+    late = CountingDatabase(db)  # a client that starts afterwards: no baseline of its own
+    assert run_transaction(late, db_now) - before < 10_000_000  # type: ignore[arg-type]
+    db.close()
