@@ -179,7 +179,8 @@ def db_now(tr: Transaction) -> int:
     transaction's read version future, ``readVersionFuture`` in
     ``fdbclient/NativeAPI.actor.cpp``, and returns it again); the correction comes with the
     queue metadata an operation reads first (``config.read_meta``), else with one read here.
-    Every later transaction reads a database time >= it.
+    Every later transaction reads a database time >= it (but for a jump that a client without
+    a baseline saw before it was recorded: the correction takes it back).
     """
     rv = int(tr.get_read_version())
     if not engine_traits(tr.db)[0]:  # the embedded engine: its versions are its clock
