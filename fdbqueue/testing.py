@@ -38,6 +38,7 @@ next retry backoff, where other clients act between a failed commit and its retr
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -52,9 +53,10 @@ from fdbqueue.engines.sim.faults import (
     Fault,
     fault_possible,
 )
+from fdbqueue.engines.versions import VERSIONS_PER_SECOND
 from fdbqueue.errors import FaultScriptError
 
-__all__ = ["FaultScript", "FaultScriptError", "Outcome", "on_backoff", "outage"]
+__all__ = ["FaultScript", "FaultScriptError", "Outcome", "on_backoff", "outage", "recovery"]
 
 # None, 1020, 1007, or (code, applied) with code one of "1021", "1039", "1031", "1025";
 # applied may be "later" for 1031 and 1025.
@@ -174,3 +176,20 @@ def outage(db: object) -> Iterator[None]:
     finally:
         with sim._lock:
             sim._outages -= 1
+
+
+def recovery(db: object, jump: float = 100.0) -> None:
+    """The versions of ``db`` (sim://) jump ``jump`` seconds' worth ahead, as at a FoundationDB
+    recovery; no time passes.
+
+    A recovery's first version is ``MAX_VERSIONS_IN_FLIGHT`` (100e6: 100 seconds at
+    ``VERSIONS_PER_SECOND``, ``fdbserver/core/ServerKnobs.cpp``) past the last committed one,
+    the default jump; a forced recovery's is ``MAX_VERSIONS_IN_FLIGHT_FORCED`` (a week) past
+    it. Transactions that read before it can no longer commit (1007), as on a cluster. What
+    measures time in the layer (leases, delays, TTLs, dedup windows, journal retention) does
+    not count the jump: ``fdbqueue.store.clock``.
+    """
+    sim = _sim(db, "recovery")
+    if isinstance(jump, bool) or not isinstance(jump, (int, float)) or not math.isfinite(jump) or jump < 0:
+        raise FaultScriptError(f"recovery's jump must be a finite number of seconds >= 0, not {jump!r}")
+    sim.recover(round(jump * VERSIONS_PER_SECOND))

@@ -301,7 +301,7 @@ class Queue:
         ``fdbqueue.ops.receipts.run_once_confirmed``): it returns only if its own commit landed."""
 
         def body(t: Transaction) -> None:
-            if ack_in(self.keys, t, m, db_now(t)).extra.get("strict"):
+            if ack_in(self.keys, t, m, None).extra.get("strict"):
                 wake(t, self.keys)  # strict order: the next delivery may go ahead now
 
         run_once_confirmed(tr, self.keys, body)

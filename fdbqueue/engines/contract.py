@@ -106,11 +106,14 @@ class JournalOrder:
     table beside it can fill up, reuse an ``id()`` or tell two wrappers of one transaction apart.
     """
 
-    __slots__ = ("entries", "queues")
+    __slots__ = ("entries", "queues", "time")
 
     def __init__(self) -> None:
         self.entries = 0
         self.queues: set[str] = set()
+        # The database time correction this attempt read (fdbqueue.store.clock), None before:
+        # it belongs to the attempt's read version as the journal order does.
+        self.time: int | None = None
 
 
 @runtime_checkable

@@ -580,14 +580,30 @@ def open_fdb(url: str, parsed: ParsedURL) -> FDBDatabase:
     if tenant:
         # Every transaction then runs in the tenant's key space: FoundationDB's isolation
         # between teams (documentation: tenants.rst), which the layer's privileges are not.
+        opener = getattr(raw, "open_tenant", None)
+        if opener is None or BINDINGS_VERSION.split(".")[0] not in ("7", "unknown"):
+            # The 8.0 bindings keep Database.open_tenant only so that 7.x programs load; it
+            # returns None (bindings/python/fdb/impl.py: "clients don't think that they are
+            # able to obtain tenant-related functionality"). Refused before anything runs
+            # outside the tenant.
+            raise InvalidURLError(
+                f"tenant={tenant} needs FoundationDB Python bindings with tenants: the installed "
+                f"{BINDINGS_VERSION} bindings have none (8.0 dropped them); install the 7.1 or 7.3 "
+                "bindings (pip install 'foundationdb>=7.1,<8') or open the URL without tenant="
+            )
         try:
-            raw = raw.open_tenant(tenant.encode())
-        except (_FDBError, AttributeError) as exc:
+            raw = opener(tenant.encode())
+        except _FDBError as exc:
             raise ClusterUnavailableError(
                 f"cannot open FoundationDB tenant {tenant!r} of {cluster_file}: {exc} (the cluster "
                 "needs a tenant_mode that allows tenants, and the tenant made with fdbcli's "
                 "'tenant create')"
             ) from exc
+        if raw is None or not callable(getattr(raw, "create_transaction", None)):
+            raise InvalidURLError(
+                f"tenant={tenant}: the {BINDINGS_VERSION} bindings' open_tenant gave no tenant; "
+                "install the 7.1 or 7.3 bindings or open the URL without tenant="
+            )
     return FDBDatabase(url, raw, cluster_file, api_version)
 
 

@@ -81,10 +81,7 @@ def staged_dequeue(db: Database, keys: QueueKeys) -> Message | None:
     made: list[bytes] = []  # the request's key: made in the first attempt, kept by the retries
 
     def register(t: Transaction, unknown: bool) -> bool:
-        if not made:
-            made.append(keys.pop_key(db_now(t), rand))
-        req_key = made[0]
-        if unknown and any(v is not None for v in t.get_many([res_key, req_key])):
+        if unknown and made and any(v is not None for v in t.get_many([res_key, made[0]])):
             # The attempt that ended in commit_unknown_result did register, and another
             # waiter may already have paired it: registering again could pair it twice.
             return True
@@ -93,7 +90,9 @@ def staged_dequeue(db: Database, keys: QueueKeys) -> Message | None:
             return False
         if not meta.state.dequeue:
             raise QueueStoppedError(f"dequeue is disabled on queue {keys.name!r}")
-        t.set(req_key, b"")  # the same key on every attempt: idempotent
+        if not made:  # after the metadata, which brought database time's correction
+            made.append(keys.pop_key(db_now(t), rand))
+        t.set(made[0], b"")  # the same key on every attempt: idempotent
         return True
 
     if not run_once(db, register):
@@ -182,9 +181,9 @@ def fulfil(db: Database, keys: QueueKeys, *, mine: bytes | None = None) -> int:
             return Done(made)
         if mine is not None and _done(mine, reqs):
             return Done(made)
-        now = db_now(t)
         budget = Budget()  # this transaction's (fdbqueue/store/budget.py)
         meta = read_meta(t, keys)
+        now = db_now(t)  # after read_meta, which read the time correction with the metadata
         cfg = meta.config
         if cfg is not None and due_entries(t, keys, meta, now):
             sweep_step(keys, t, cfg, now, 16, budget)  # due delays and expired leases first

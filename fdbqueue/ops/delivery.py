@@ -182,23 +182,29 @@ def lease_in(
     )
 
 
-def _leased(keys: QueueKeys, tr: Transaction, m: Message, now: int, *, allow_expired: bool = False) -> Record:
+def _leased(
+    keys: QueueKeys, tr: Transaction, m: Message, now: int | None, *, allow_expired: bool = False
+) -> Record:
     """The leased record of ``m``, once ``tr``'s principal is known to hold ``dequeue`` (the
-    check reads the queue's guard with the record: one round trip)."""
+    check reads the queue's guard with the record: one round trip; ``now`` None: database
+    time after it, whose correction came with it)."""
     if not isinstance(m, Message) or not m.receipt:
         raise LeaseError("ack, nack and extend take a Message returned by lease()")
     (raw,) = check(tr, keys, "dequeue", also=[keys.inflight_key(m.id)])
-    return _lease_of(keys, tr, m, raw, now, allow_expired)
+    return _lease_of(keys, tr, m, raw, db_now(tr) if now is None else now, allow_expired)
 
 
 def ack_many_in(
-    keys: QueueKeys, tr: Transaction, msgs: list[Message], now: int, note: Note | None = None
+    keys: QueueKeys, tr: Transaction, msgs: list[Message], now: int | None, note: Note | None = None
 ) -> list[Message]:
     """Ack every message of ``msgs`` whose lease is still ours: their records and the queue's
-    guard in one round trip. Returns the ones acked (an expired or lost lease is skipped)."""
+    guard in one round trip (``now`` None: database time after it, with its correction).
+    Returns the ones acked (an expired or lost lease is skipped)."""
     if not all(isinstance(m, Message) and m.receipt for m in msgs):
         raise LeaseError("ack takes Messages returned by lease()")
     raws = check(tr, keys, "dequeue", also=[keys.inflight_key(m.id) for m in msgs])
+    if now is None:
+        now = db_now(tr)
     done = []
     strict = False
     for m, raw in zip(msgs, raws, strict=True):
@@ -229,7 +235,7 @@ def _lease_of(
     return rec
 
 
-def ack_in(keys: QueueKeys, tr: Transaction, m: Message, now: int, note: Note | None = None) -> Record:
+def ack_in(keys: QueueKeys, tr: Transaction, m: Message, now: int | None, note: Note | None = None) -> Record:
     rec = _leased(keys, tr, m, now)
     finish_lease(tr, keys, rec, note)
     return rec

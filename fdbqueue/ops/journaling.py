@@ -21,6 +21,7 @@ from __future__ import annotations
 import heapq
 import json
 import random
+import time
 from collections.abc import Iterator, Mapping
 from functools import partial
 from typing import Any
@@ -30,6 +31,7 @@ from fdbqueue.errors import NotJournaledError, QueueError, QueueNotFoundError
 from fdbqueue.ops.privileges import check, principal_of, readable
 from fdbqueue.ops.steps import Emit, Run, Steps, Wait, iterate
 from fdbqueue.ops.txn import as_database, run_once
+from fdbqueue.store.budget import Budget
 from fdbqueue.store.clock import db_now, now_us, versions
 from fdbqueue.store.config import read_config
 from fdbqueue.store.layout import DEFAULT_ROOT, JOURNAL_SHARDS, JournalKeys, QueueKeys
@@ -63,6 +65,18 @@ OPS = frozenset(
     ]
 )
 PAGE = 500  # entries per shard per read of a page: well inside a transaction's budget
+# journal(db, None) reads the queues' journals in transactions of at most this many queues
+# (JOURNAL_SHARDS range reads each, with the queue's guard and settings): about 200 reads,
+# well inside the 5-second window at a cluster's millisecond a read; fewer when the entries
+# read reach the scan's share (budget.py SCAN_READ_BYTES, SCAN_SECONDS).
+QUEUES_PER_TRANSACTION = 16
+# A follower of every queue watches at most this many bells (and the registry's); the bells of
+# the other queues are read, in transactions of BELLS_PER_TRANSACTION, every POLL_SECONDS.
+# FoundationDB allows 10,000 watches a database by default (too_many_watches, 1032, beyond:
+# the database option ``max_watches``, fdbclient/vexillographer/fdb.options).
+FOLLOW_WATCHES = 64
+BELLS_PER_TRANSACTION = 2_000
+POLL_SECONDS = 1.0
 TRIM_BATCH = 200  # entries one trimming transaction removes at most
 _FORMAT = 1
 _BELL = b"\x00" * 10 + (0).to_bytes(4, "little")  # the stamp at offset 0 (API 520+)
@@ -273,16 +287,23 @@ def _entries(
 ) -> Steps[None]:
     jk = JournalKeys.make(root)
     left = limit
+    # Every queue, given a Database: transactions of a few queues each (_page_spread), and a
+    # bounded set of watches (_arm_spread), whatever the number of journaled queues.
+    spread = queue is None and not is_transaction(tr)
+    names: list[str] = []
     while True:
         while left is None or left > 0:
             want = PAGE if left is None else min(PAGE, left)
+            if spread:
+                got, names, seen = yield from _page_spread(as_database(tr), jk, root, since, want)
+            else:
 
-            def page(
-                t: Transaction, _: bool, cursor: bytes | None = since, want: int = want
-            ) -> list[JournalEntry]:
-                return _page(t, jk, _queues(t, jk, root, queue), cursor, want)
+                def page(
+                    t: Transaction, _: bool, cursor: bytes | None = since, want: int = want
+                ) -> list[JournalEntry]:
+                    return _page(t, jk, _queues(t, jk, root, queue), cursor, want)
 
-            got = yield Run(partial(run_once, tr, page))
+                got = yield Run(partial(run_once, tr, page))
             for e in got:
                 yield Emit(e)
             if got:
@@ -290,18 +311,125 @@ def _entries(
                 if left is not None:
                     left -= len(got)
             if len(got) < want:
+                if spread and (since is None or seen > since):
+                    since = seen  # every entry up to it was read: the bells compare with it
                 break
         if not follow or (left is not None and left <= 0):
             return
-        # A watch on the journal's bell until an entry after ``since`` may exist (the check and
-        # the watch are one transaction: no entry slips between them).
-        watches, ready = yield Run(partial(arm_more, as_database(tr), jk, root, queue, since))
-        try:
-            if not ready and not (yield Wait(watches, timeout)):
-                return
-        finally:
-            for w in watches:
-                w.cancel()
+        if not spread:
+            # A watch on the journal's bell until an entry after ``since`` may exist (the check
+            # and the watch are one transaction: no entry slips between them).
+            watches, ready = yield Run(partial(arm_more, as_database(tr), jk, root, queue, since))
+            try:
+                if not ready and not (yield Wait(watches, timeout)):
+                    return
+            finally:
+                for w in watches:
+                    w.cancel()
+            continue
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            watches, ready = yield Run(partial(_arm_spread, as_database(tr), jk, names, since))
+            try:
+                if ready:
+                    break
+                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+                polled = len(names) > FOLLOW_WATCHES
+                if polled:
+                    wait = POLL_SECONDS if wait is None else min(wait, POLL_SECONDS)
+                if (yield Wait(watches, wait)):
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    return
+            finally:
+                for w in watches:
+                    w.cancel()
+
+
+def _page_spread(
+    db: Database, jk: JournalKeys, root: tuple[Any, ...], since: bytes | None, want: int
+) -> Steps[tuple[list[JournalEntry], list[str], bytes]]:
+    """:func:`_page` over every journaled queue the principal may browse, in transactions of
+    at most QUEUES_PER_TRANSACTION queues (a cursor over the registry). Also returns the
+    queues read and the version up to which every entry was seen.
+
+    Each transaction reads at its own read version: an entry committed after the first one's
+    may be missing from the queues read before it, so the page keeps only entries up to the
+    smallest read version (all of them are seen by every later read); the rest come next page.
+    """
+    kept: list[JournalEntry] = []
+    bound: bytes | None = None  # past the smallest last entry of a full stream, some may be missing
+    oldest: int | None = None
+    names: list[str] = []
+    after: bytes | None = None
+    while True:
+
+        def chunk(
+            t: Transaction, _: bool, after: bytes | None = after
+        ) -> tuple[list[tuple[list[JournalEntry], bool]], list[str], bytes | None, int]:
+            begin, end = jk.registry_range()
+            rows = t.snapshot.get_range(begin if after is None else after, end, QUEUES_PER_TRANSACTION)
+            budget = Budget()
+            streams: list[tuple[list[JournalEntry], bool]] = []
+            readable_here: list[str] = []
+            nxt: bytes | None = None
+            for i, kv in enumerate(rows):
+                q = jk.registry_name(kv.key)
+                if readable(t, QueueKeys.make(q, root)):
+                    readable_here.append(q)
+                    for shard in range(JOURNAL_SHARDS):
+                        kvs = t.get_range(*jk.entry_range(q, shard, since), want)
+                        budget.read(kvs)
+                        got = [_decode(q, jk.entry_version(k.key), k.value) for k in kvs]
+                        streams.append((got, len(kvs) == want))
+                if budget.scan_exhausted() and i + 1 < len(rows):
+                    nxt = rows[i + 1].key  # the rest of this chunk in the next transaction
+                    break
+            else:
+                if len(rows) == QUEUES_PER_TRANSACTION:
+                    nxt = rows[-1].key + b"\x00"
+            return streams, readable_here, nxt, int(t.get_read_version())
+
+        streams, found, after, rv = yield Run(partial(run_once, db, chunk))
+        names.extend(found)
+        oldest = rv if oldest is None else min(oldest, rv)
+        for got, full in streams:
+            if full and got and (bound is None or got[-1].version < bound):
+                bound = got[-1].version
+        merged = heapq.merge(kept, *(got for got, _ in streams), key=lambda e: e.version)
+        kept = [e for e in merged if bound is None or e.version <= bound][:want]
+        if after is None:
+            break
+    seen = oldest.to_bytes(8, "big") + b"\xff" * 4 if oldest is not None else b""
+    return [e for e in kept if e.version <= seen], names, seen
+
+
+def _arm_spread(
+    db: Database, jk: JournalKeys, names: list[str], since: bytes | None
+) -> tuple[list[Watch], bool]:
+    """Watches on the registry's bell and on the bells of at most FOLLOW_WATCHES of ``names``,
+    and whether any of ``names`` has an entry after ``since``: its bell (the stamp of the last
+    commit that journaled in it, :func:`record`) is past it. The watched bells are read in the
+    watches' transaction (none slips between); the others in further transactions, which a
+    follower repeats every POLL_SECONDS."""
+    watched = names[:FOLLOW_WATCHES]
+
+    def newer(values: list[bytes | None]) -> bool:
+        return any(v is not None and (since is None or v[:10] > since[:10]) for v in values)
+
+    def arm(t: Transaction, _: bool) -> tuple[list[Watch], bool]:
+        bells = [jk.bell(None)] + [jk.bell(q) for q in watched]
+        values = t.snapshot.get_many(bells)
+        return [t.watch(b) for b in bells], newer(values[1:])
+
+    watches, ready = run_once(db, arm)
+    rest = names[FOLLOW_WATCHES:]
+    for i in range(0, len(rest), BELLS_PER_TRANSACTION):
+        if ready:
+            break
+        part = [jk.bell(q) for q in rest[i : i + BELLS_PER_TRANSACTION]]
+        ready = run_once(db, lambda t, _, part=part: newer(t.snapshot.get_many(part)))  # type: ignore[misc]
+    return watches, ready
 
 
 def arm_more(

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from fdbqueue.engines.contract import Transaction
+from fdbqueue.engines.contract import Transaction, engine_traits
 from fdbqueue.errors import AccessDeniedError, ForeignQueueError, QueueError
+from fdbqueue.store.clock import note_time
 from fdbqueue.store.config import (
     Meta,
     QueueConfig,
@@ -29,7 +30,7 @@ from fdbqueue.store.config import (
     read_meta,
     write_config,
 )
-from fdbqueue.store.layout import QueueKeys
+from fdbqueue.store.layout import TIME_KEY, QueueKeys
 from fdbqueue.types import ANONYMOUS, RIGHTS, check_principal
 
 __all__ = ["allowed", "check", "mask", "principal_of", "rights_of", "set_owner"]
@@ -78,6 +79,14 @@ def check(
     if meta is not None:
         owner, acl = meta.owner, meta.acl
         values: list[bytes | None] = []
+    elif engine_traits(tr.db)[0] and tr.journal_order().time is None:
+        # Where versions may jump, the database's time correction too (clock.note_time).
+        found = tr.snapshot.get_many([keys.guard, *also, TIME_KEY])
+        note_time(tr, found.pop())
+        for key in also:
+            tr.add_read_conflict_key(key)
+        owner, acl = decode_guard(found[0])
+        values = found[1:]
     else:
         found = tr.snapshot.get_many([keys.guard, *also])
         for key in also:

@@ -85,7 +85,7 @@ def ack_in_batch(t: Transaction, keys: QueueKeys, msgs: list[Message]) -> list[M
     trip); returns those acked, leaving out any whose lease has gone."""
     if not msgs:
         return []
-    return ack_many_in(keys, t, msgs, db_now(t))
+    return ack_many_in(keys, t, msgs, None)  # database time once the records are read
 
 
 def ack_many(tr: Transaction | Database, keys: QueueKeys, msgs: Sequence[Message]) -> list[Message]:

@@ -18,8 +18,16 @@ from typing import Any, NamedTuple, TypeVar
 from fdbqueue.engines.contract import ReadView, Transaction, engine_traits
 from fdbqueue.errors import QueueError, UnsupportedLayerFormatError
 from fdbqueue.store.budget import DEFAULT_MAX_PAYLOAD, MAX_PAYLOAD_BYTES
+from fdbqueue.store.clock import note_time
 from fdbqueue.store.codec import unpack_count
-from fdbqueue.store.layout import HOT_COUNTERS, LAYER_FORMAT, MAX_NAME_LENGTH, QueueKeys, validate_queue_name
+from fdbqueue.store.layout import (
+    HOT_COUNTERS,
+    LAYER_FORMAT,
+    MAX_NAME_LENGTH,
+    TIME_KEY,
+    QueueKeys,
+    validate_queue_name,
+)
 from fdbqueue.store.rates import parse_rate
 from fdbqueue.types import MAX_DURATION_SECONDS, QueueState, check_duration
 
@@ -363,11 +371,17 @@ def read_meta(tr: Transaction, keys: QueueKeys) -> Meta:
     cached values are as good as read; the hot counters get none.
     """
     counter_keys = keys.hot_counters()
-    # The work-index entry too: an enqueue marks it (workindex.mark), in the same round trip.
-    values = tr.snapshot.get_many([keys.metadata_version, *counter_keys, keys.work_entry])
+    # The work-index entry too: an enqueue marks it (workindex.mark), in the same round trip;
+    # where versions may jump, the database's time correction (clock.note_time) as well.
+    cluster = engine_traits(tr.db)[0]
+    if cluster:
+        values = tr.snapshot.get_many([keys.metadata_version, *counter_keys, keys.work_entry, TIME_KEY])
+        note_time(tr, values.pop())
+    else:
+        values = tr.snapshot.get_many([keys.metadata_version, *counter_keys, keys.work_entry])
     version = values[0]
     counters = {name: _count(raw) for name, raw in zip(HOT_COUNTERS, values[1:-1], strict=True)}
-    if engine_traits(tr.db)[0]:  # pointless where nothing conflicts (the embedded engine)
+    if cluster:  # pointless where nothing conflicts (the embedded engine)
         tr.add_read_conflict_key(keys.config)
         tr.add_read_conflict_key(keys.state)
     db = tr.db

@@ -20,6 +20,9 @@ default. ``Q`` below is ``root + ("q", queue_name)``::
                                                 shard: tokens left, version counted at
     root + ("wr", worker_id)                    a running worker's record (JSON), rewritten by
                                                 its heartbeat; expired ones cleared later
+    ("fdbqueue", "time")                        the database's time correction: versions that
+                                                were not time (a recovery's jump), store/clock.py;
+                                                one per database, at the default root
     Q + ("m", "cfg")                            queue settings, JSON
     Q + ("m", "st")                             queue state flags, JSON (paused directions)
     Q + ("m", "n", counter)                     8-byte little-endian counters, atomic adds only
@@ -95,6 +98,8 @@ from fdbqueue.store.codec import (
 # 2.0: every stored time is database time (versions), where 1.x stored wall-clock µs.
 LAYER_FORMAT = "2.0"
 DEFAULT_ROOT: tuple[Any, ...] = ("fdbqueue",)
+# The database's time correction (store/clock.py): versions are the database's, not a root's.
+TIME_KEY: bytes = bytes(fdb.tuple.pack((*DEFAULT_ROOT, "time")))
 
 # ready/inflight/delayed: messages in each state now; done/dead/expired: totals ever (rates
 # come from two samples); wake: messages ever made ready (enqueues, retries, promotions);

@@ -29,6 +29,9 @@ from fdbqueue.errors import EngineError
 # forgotten transaction cannot pin old versions forever; its next read or commit gets 1007.
 WINDOW_MARGIN_SECONDS = 1.0
 MAX_WATCHES = 10_000  # FoundationDB's default per-database limit (1032 beyond it)
+# A recovery's new master starts this many versions past the last committed one
+# (fdbserver/core/ServerKnobs.cpp: MAX_VERSIONS_IN_FLIGHT = 100 * VERSIONS_PER_SECOND).
+MAX_VERSIONS_IN_FLIGHT = 100 * VERSIONS_PER_SECOND
 
 Chain = list[tuple[int, bytes | None]]
 Range = tuple[bytes, bytes]
@@ -107,6 +110,7 @@ class SimStore:
         self._lock = threading.Lock()
         self._keys = SortedList()  # every key with a version chain (tombstones until compacted)
         self._chains: dict[bytes, Chain] = {}
+        self._jumped = 0  # versions added by recoveries (recover)
         self._version = self._now_version()
         # Read versions of open transactions: token -> (version, clock when taken), changed
         # only under the lock. An ending transaction queues its token in _released instead
@@ -128,8 +132,24 @@ class SimStore:
     def _now_version(self) -> int:
         """The clock in versions (integer microseconds when it is the monotonic clock)."""
         if self._manual is not None:
-            return int(self._manual.now() * VERSIONS_PER_SECOND)
-        return monotonic_us()
+            return int(self._manual.now() * VERSIONS_PER_SECOND) + self._jumped
+        return monotonic_us() + self._jumped
+
+    def recover(self, jump_versions: int) -> None:
+        """Versions jump ``jump_versions`` ahead, as at a recovery, while no time passes.
+
+        The recovery's first version is ``MAX_VERSIONS_IN_FLIGHT`` past the last committed one
+        (``fdbserver/ClusterRecovery.actor.cpp``: ``recoveryTransactionVersion = lastEpochEnd +
+        SERVER_KNOBS->MAX_VERSIONS_IN_FLIGHT``; ``MAX_VERSIONS_IN_FLIGHT_FORCED``, a week, at a
+        forced recovery), so every read version taken before the recovery is too old from then
+        on: its transaction's next read or commit gets 1007.
+        """
+        with self._lock:
+            self._drop_released_locked()
+            self._jumped += jump_versions
+            self._version = max(self._version, self._now_version() - 1)
+            self._live.clear()
+            self._pruned_through = self._version
 
     def sleep(self, seconds: float) -> None:
         if self._manual is not None:
