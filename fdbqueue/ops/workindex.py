@@ -19,21 +19,45 @@ has work, and consumers scan the index, not the queues. Here the entry is
   message written meanwhile conflicts it (FoundationDB's read-write conflict rule), and it
   tries again.
 
-An entry that comes into the index (or out of parking) bumps ``("wb",)`` with an atomic add,
-so a worker with nothing to do waits on one watch however many queues it serves. Every
-function composes inside the caller's transaction.
+**Waking idle consumers: one, not all.** An earlier design bumped one global key,
+``root + ("wb",)``, whenever an entry came into the index, and every idle consumer watched
+it. That key was written by about one commit in seven of a busy database, and FoundationDB
+keeps one key on one storage team: its developer guide ("Avoid hot keys"; the known
+limitations: a key modified more than 10-100 times a second) warns against exactly that, and
+a lagging team makes ratekeeper throttle every client. And each ring woke every idle
+consumer to rescan the index for one queue only one of them would serve (a herd: about
+70-120 transactions per message with 32 idle consumers on 200 queues).
+
+Instead an idle consumer registers itself, ``root + ("ws", token)`` (a random token; the
+value says which queues it serves and when it registered), in the transaction whose scan of
+the index found nothing, and watches that key (no wake-up slips between the scan and the
+watch). A mark that brings an entry into the index reads a bounded number of registrations
+at snapshot isolation from a random point (:data:`SLEEPERS_READ`) and clears the first whose
+consumer serves that queue, with a read conflict on it so that two producers never spend
+their wake-ups on the same sleeper: one consumer wakes per queue that comes to have work,
+the others sleep on. These keys are random and each is written twice per sleep (the
+registration and the wake-up), so no key takes a share of the writes. A consumer that finds
+more than its fair share in a queue wakes one more the same way (:func:`wake_one`), so a
+burst scales out one consumer at a time, as QuiCK's consumers each lease a queue's
+top-level pointer rather than all taking it. A registration older than
+``STALE_SECONDS`` (its consumer re-registers more often than that while it lives) is a
+consumer that died: a waker clears it and looks further. Every function composes inside
+the caller's transaction.
 """
 
 from __future__ import annotations
 
+import fnmatch
+import json
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from fdbqueue.engines.contract import Transaction
-from fdbqueue.ops.waiting import not_before
-from fdbqueue.store.codec import ONE
+from fdbqueue.ops.waiting import LOST_WAKEUP_RECHECK, not_before
+from fdbqueue.store.clock import db_now, versions
 from fdbqueue.store.config import decode_config, decode_state
+from fdbqueue.store.entropy import new_rand
 from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys, WorkKeys, queues_range, root_subspace
 
 _DUE = struct.Struct(">Q")
@@ -56,6 +80,9 @@ def _keys_of(keys: QueueKeys) -> WorkKeys:
 
 
 UNREAD = b"unread"  # no entry's value: entries are b"" or 8 bytes
+SLEEPERS_READ = 32  # registrations a waker looks at (from a random point) to wake one
+STALE_SECONDS = 4 * LOST_WAKEUP_RECHECK  # a registration not renewed that long: its consumer died
+ERROR_SUFFIX = ".error"  # the default error queues' names (config.error_queue_name)
 
 
 def mark(tr: Transaction, keys: QueueKeys, seen: bytes | object | None = UNREAD) -> None:
@@ -69,11 +96,12 @@ def mark(tr: Transaction, keys: QueueKeys, seen: bytes | object | None = UNREAD)
         tr.add_read_conflict_key(entry)  # a retire committed meanwhile conflicts: marked again
         return
     if keys.q.key() in getattr(tr.options, "volatile", ()):
-        # A volatile queue's commit skips the fsync (the embedded engine): its entry with it.
+        # A volatile queue's commit skips the fsync (the embedded engine): its entry with it,
+        # and the wake-up of a sleeper.
         tr.options.set_volatile_prefix(entry)
-        tr.options.set_volatile_prefix(wk.bell)
+        tr.options.set_volatile_prefix(wk.sleepers_range()[0])
     tr.set(entry, b"")
-    tr.add(wk.bell, ONE)
+    wake_one(tr, wk, keys.name)
 
 
 def unmark(tr: Transaction, keys: QueueKeys) -> None:
@@ -139,3 +167,62 @@ def listing_names(
     sub = root_subspace(root)
     kvs = tr.get_range(begin + b"\x00" if begin is not None else start, end, limit)
     return [(kv.key, str(sub.unpack(kv.key)[1])) for kv in kvs]
+
+
+# -- idle consumers asleep, woken one at a time --------------------------------------------------
+
+
+def matches(pattern: str, extra: Sequence[str], name: str) -> bool:
+    """Whether a consumer of ``pattern`` (``fnmatch``) and the named ``extra`` queues serves
+    queue ``name``: error queues only when the pattern names them (``"tenant.*.error"``)."""
+    if name in extra:
+        return True
+    if name.endswith(ERROR_SUFFIX) and not pattern.endswith(ERROR_SUFFIX):
+        return False
+    return fnmatch.fnmatchcase(name, pattern)
+
+
+def sleep(tr: Transaction, wk: WorkKeys, token: bytes, pattern: str, extra: Sequence[str]) -> bytes:
+    """Register an idle consumer of ``pattern`` and ``extra`` queues; returns the key to
+    watch (in this transaction: a wake-up cannot slip in between)."""
+    key = wk.sleeper(token)
+    value = {"p": pattern, "at": db_now(tr)}
+    if extra:
+        value["q"] = sorted(extra)
+    tr.set(key, json.dumps(value, separators=(",", ":")).encode())
+    return key
+
+
+def wake_one(tr: Transaction, wk: WorkKeys, name: str) -> bool:
+    """Wake one idle consumer that serves queue ``name`` (clear its registration: its watch
+    fires), if one is among the :data:`SLEEPERS_READ` registrations read from a random
+    point; True when one was woken. Snapshot reads: producers never conflict over who is
+    asleep; a read conflict on the one cleared, so two wakers never wake the same."""
+    begin, end = wk.sleepers_range()
+    start = wk.sleeper(new_rand())
+    kvs = tr.snapshot.get_range(start, end, SLEEPERS_READ)
+    if len(kvs) < SLEEPERS_READ:
+        kvs += tr.snapshot.get_range(begin, start, SLEEPERS_READ - len(kvs))
+    if not kvs:
+        return False
+    stale = db_now(tr) - versions(STALE_SECONDS)
+    for kv in kvs:
+        try:
+            info = json.loads(kv.value)
+            pattern, extra, at = str(info["p"]), list(info.get("q", ())), int(info["at"])
+        except (ValueError, KeyError, TypeError):
+            tr.clear(kv.key)  # not a registration this layer wrote: out of the way
+            continue
+        if at < stale:
+            tr.clear(kv.key)  # its consumer stopped renewing it: gone
+            continue
+        if matches(pattern, extra, name):
+            tr.add_read_conflict_key(kv.key)
+            tr.clear(kv.key)
+            return True
+    return False
+
+
+def wake_up(tr: Transaction, wk: WorkKeys, token: bytes) -> None:
+    """An idle consumer is awake (or gone): its registration goes."""
+    tr.clear(wk.sleeper(token))

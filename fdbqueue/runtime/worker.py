@@ -201,6 +201,8 @@ class Worker(ExactlyOnce):
                 self._waiting = threading.local()  # a later run starts with fresh watchers
             for watcher in watchers:
                 watcher.close()
+            if self.workset is not None:
+                self.workset.leave(self.db)
         self.stats.prefetch = self.budget.size
         self.stats.backoffs = self.backoff.count
         self.stats.ingress_rate = self.budget.ingress.tick()
@@ -410,7 +412,7 @@ class Worker(ExactlyOnce):
                 self.backoff.wait(f"lease from {q.name!r}", exc, self._stop)
                 return got
             got.extend((q, m) for m in leased)
-            self._served(q, bool(leased))
+            self._served(q, bool(leased), full=n >= FAIR_SHARE and len(leased) >= n)
         self.backoff.reset()
         self.budget.ingress.add(len(got))
         return got

@@ -7,8 +7,9 @@ default. ``Q`` below is ``root + ("q", queue_name)``::
     root + ("queues", name)                     b"" for every queue that exists (listing)
     root + ("wk", name)                         the work index: queue ``name`` may have work;
                                                 b"" now, or 8 bytes: not before that version
-    root + ("wb",)                              grows when a queue enters the work index (the
-                                                one key an idle many-queue worker watches)
+    root + ("ws", token)                        an idle many-queue consumer asleep: what it serves
+                                                (JSON); it watches this key, and whoever gives
+                                                a matching queue work clears it (one wakes)
     root + ("wkf",)                             the work index was filled from the listing
     root + ("rt", name, value)                  partitioned queue ``name``: where ``value`` goes
     root + ("pq", name)                         partitioned queue ``name``: {"partitions": N}
@@ -594,14 +595,21 @@ def forward_marker_range(dst: QueueKeys, origin: str) -> tuple[bytes, bytes]:
 class WorkKeys:
     """The index of queues that have work, under one root (pure computation, no I/O)."""
 
-    __slots__ = ("_prefix", "_sub", "bell", "filled")
+    __slots__ = ("_prefix", "_sleepers", "_sub", "filled")
 
     def __init__(self, root: tuple[Any, ...] | Subspace = DEFAULT_ROOT) -> None:
         sub = root if isinstance(root, Subspace) else root_subspace(root)
         self._sub = sub
         self._prefix = bytes(sub.pack(("wk",)))
-        self.bell = bytes(sub.pack(("wb",)))
+        self._sleepers = bytes(sub.pack(("ws",)))
         self.filled = bytes(sub.pack(("wkf",)))
+
+    def sleeper(self, token: bytes) -> bytes:
+        """An idle consumer's registration, ``root + ("ws", token)``."""
+        return self._sleepers + pack_one(token)
+
+    def sleepers_range(self) -> tuple[bytes, bytes]:
+        return self._sleepers, self._sleepers + b"\xff"
 
     def entry(self, queue: str) -> bytes:
         return self._prefix + pack_one(queue)
