@@ -24,6 +24,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from fdbqueue.engines.contract import Database, Transaction
 from fdbqueue.errors import LeaseError, QueueError
+from fdbqueue.ops import workindex
 from fdbqueue.ops.delivery import ack_many_in, nack_in
 from fdbqueue.ops.leasing import lease_batch
 from fdbqueue.ops.receipts import run_once_confirmed
@@ -215,25 +216,39 @@ class Settler(Generic[Q]):
 
 
 def lease_settling(
-    db: Database, settler: Settler[Q] | None, q: Q, n: int, lease_seconds: float | None
+    db: Database,
+    settler: Settler[Q] | None,
+    q: Q,
+    n: int,
+    lease_seconds: float | None,
+    *,
+    retire: bool = False,
 ) -> list[Message]:
     """Lease up to ``n`` of ``q`` (``Queue.lease_many``), committing the acks waiting in
     ``settler`` in the same transaction: one commit for a batch's acks and the next batch's
-    leases, exactly once across commit_unknown_result (``run_once_confirmed``)."""
+    leases, exactly once across commit_unknown_result (``run_once_confirmed``). With
+    ``retire`` (a work set's consumer), a lease that finds nothing retires the queue from
+    the work index in the same transaction (``workindex.retire``), rather than in one more."""
     got = [] if settler is None else settler.take()
-    if not got or settler is None:
+    if not got and not retire:
         return q.lease_many(db, n, lease_seconds)
     receipt = random_bytes(16).hex()  # made outside the retry loop, as lease_many's
 
     def body(t: Transaction) -> tuple[list[Any], list[Message]]:
-        return settler.settle(t, got), lease_batch(q.keys, t, lease_seconds, receipt, n)
+        results = settler.settle(t, got) if settler is not None and got else []
+        leased = lease_batch(q.keys, t, lease_seconds, receipt, n)
+        if retire and not leased:
+            workindex.retire(t, q.keys, db_now(t))
+        return results, leased
 
     try:
         results, leased = run_once_confirmed(db, q.keys, body)
     except QueueError:
-        settler.settle_now(got)  # the lease failed (a paused queue, a failing engine): acks alone
+        if settler is not None and got:
+            settler.settle_now(got)  # the lease failed (a paused queue, a failing engine): acks alone
         raise
-    settler.report(results)
+    if settler is not None and got:
+        settler.report(results)
     return leased
 
 

@@ -412,15 +412,19 @@ class Worker(ExactlyOnce):
                 self.backoff.wait(f"lease from {q.name!r}", exc, self._stop)
                 return got
             got.extend((q, m) for m in leased)
-            self._served(q, bool(leased), full=n >= FAIR_SHARE and len(leased) >= n)
+            # An empty lease retired the queue in its own transaction (``_lease``).
+            self._served(q, True, full=n >= FAIR_SHARE and len(leased) >= n)
         self.backoff.reset()
         self.budget.ingress.add(len(got))
         return got
 
     def _lease(self, q: Queue, n: int) -> list[Message]:
         """Lease up to ``n`` of ``q``; the acks waiting in the settler commit in the same
-        transaction (one commit for a batch's acks and the next batch's leases)."""
-        return lease_settling(self.db, self._settler, q, n, self.lease_seconds)
+        transaction (one commit for a batch's acks and the next batch's leases); a work
+        set's queue that gives nothing leaves the work index in that transaction too."""
+        return lease_settling(
+            self.db, self._settler, q, n, self.lease_seconds, retire=self.workset is not None
+        )
 
     def _handle_leased(self, q: Queue, m: Message) -> None:
         lease = self.lease_seconds
