@@ -17,6 +17,7 @@ whose lease has gone (expired, or taken back by a sweep) is not acked by a stale
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -215,6 +216,9 @@ class Settler(Generic[Q]):
             self.flush()
 
 
+HEAD_SPREAD = 8  # a work set's retried lease passes over up to this many ready messages
+
+
 def lease_settling(
     db: Database,
     settler: Settler[Q] | None,
@@ -223,22 +227,39 @@ def lease_settling(
     lease_seconds: float | None,
     *,
     retire: bool = False,
+    claim: bytes | None = None,
+    contended: bool = False,
 ) -> list[Message]:
     """Lease up to ``n`` of ``q`` (``Queue.lease_many``), committing the acks waiting in
     ``settler`` in the same transaction: one commit for a batch's acks and the next batch's
     leases, exactly once across commit_unknown_result (``run_once_confirmed``). With
     ``retire`` (a work set's consumer), a lease that finds nothing retires the queue from
-    the work index in the same transaction (``workindex.retire``), rather than in one more."""
+    the work index in the same transaction (``workindex.retire``), rather than in one more;
+    with ``claim`` (the consumer's token) one that takes messages claims the queue
+    (``workindex.claim``); ``contended``: another consumer claims it, so this one picks at
+    random among the first ready messages rather than take the same head."""
     got = [] if settler is None else settler.take()
     if not got and not retire:
         return q.lease_many(db, n, lease_seconds)
     receipt = random_bytes(16).hex()  # made outside the retry loop, as lease_many's
 
+    attempts = [0]
+
     def body(t: Transaction) -> tuple[list[Any], list[Message]]:
         results = settler.settle(t, got) if settler is not None and got else []
-        leased = lease_batch(q.keys, t, lease_seconds, receipt, n)
+        # A work set's consumer retrying (most often after a conflict with another over the
+        # same head), or leasing from a queue another consumer claims, takes from a little
+        # further down, at random: the two part ways.
+        if retire and attempts[0]:
+            skip = random.randrange(1, HEAD_SPREAD + 1)
+        else:
+            skip = random.randrange(HEAD_SPREAD) if contended else 0
+        attempts[0] += 1
+        leased = lease_batch(q.keys, t, lease_seconds, receipt, n, skip=skip)
         if retire and not leased:
             workindex.retire(t, q.keys, db_now(t))
+        elif claim is not None and leased:
+            workindex.claim(t, q.keys, claim)
         return results, leased
 
     try:

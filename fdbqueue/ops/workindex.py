@@ -80,6 +80,7 @@ def _keys_of(keys: QueueKeys) -> WorkKeys:
 
 
 UNREAD = b"unread"  # no entry's value: entries are b"" or 8 bytes
+CLAIM_SECONDS = 0.05  # how long a consumer that took messages from a queue claims it
 SLEEPERS_READ = 32  # registrations a waker looks at (from a random point) to wake one
 STALE_SECONDS = 4 * LOST_WAKEUP_RECHECK  # a registration not renewed that long: its consumer died
 ERROR_SUFFIX = ".error"  # the default error queues' names (config.error_queue_name)
@@ -118,17 +119,29 @@ def retire(tr: Transaction, keys: QueueKeys, now: int) -> int | None:
     """A consumer found nothing deliverable in the queue at ``now`` (a version): clear its entry
     when it holds nothing, park it until its next delayed message or lease deadline, or leave
     it when work is there after all. Returns the version it is parked until (0: left as work
-    now, None: cleared). Reads without snapshot isolation, so any message written to the queue
-    before this commits conflicts it."""
-    entry = _keys_of(keys).entry(keys.name)
-    raw_cfg, raw_state = tr.get_many([keys.config, keys.state])
+    now, None: cleared). Any message made ready or delayed in the queue before this commits
+    conflicts it (through the wake key and the delayed range; see below)."""
+    wk = _keys_of(keys)
+    entry = wk.entry(keys.name)
+    tr.clear(wk.claim(keys.name))  # found nothing: nobody serves it now
+    raw_cfg, raw_state, _wake = tr.get_many([keys.config, keys.state, keys.wake])
     if raw_cfg is None:
         tr.clear(entry)  # no such queue (destroyed, or never created)
         return None
-    head = tr.get_range(*keys.ready_range(), limit=1)
+    # Which writes must conflict this transaction (a conflict over more would only make it
+    # collide with the queue's other consumers, whose leases and acks clear ready keys and
+    # lease entries): a message made ready after the read version bumps the wake key
+    # (moves.put_ready, count_new: the queue's index high-water mark), so a read of that
+    # key stands for the ready range; a delayed message lands in the delayed range, read
+    # without snapshot isolation. A lease taken meanwhile took a message this transaction
+    # saw ready (then the entry stays) or one made ready after its read version (then the
+    # wake key conflicts it); a lease entry that goes (an ack) only parks the entry for
+    # longer than needed. So the ready and lease ranges are read at snapshot isolation.
+    head = tr.snapshot.get_range(*keys.ready_range(), limit=1)
     firsts: dict[str, int] = {}
     for tag in ("d", "l"):
-        first = tr.get_range(*keys.index_range(tag), limit=1)
+        rd = tr if tag == "d" else tr.snapshot
+        first = rd.get_range(*keys.index_range(tag), limit=1)
         if first:
             firsts[tag] = int(keys.unpack_tail(first[0].key)[1])
     due = min(firsts.values()) if firsts else None
@@ -226,3 +239,26 @@ def wake_one(tr: Transaction, wk: WorkKeys, name: str) -> bool:
 def wake_up(tr: Transaction, wk: WorkKeys, token: bytes) -> None:
     """An idle consumer is awake (or gone): its registration goes."""
     tr.clear(wk.sleeper(token))
+
+
+# -- claims: one consumer at a time serves a queue first -----------------------------------------
+
+
+def claim(tr: Transaction, keys: QueueKeys, token: bytes) -> None:
+    """The consumer ``token`` took messages from the queue: for ``CLAIM_SECONDS`` the
+    others visit it last in their turns (QuiCK's consumers lease a queue's top-level
+    pointer so that one serves a queue at a time; here it only orders, so a hot queue still
+    has every consumer once the others are done). A blind write on the queue's own claim key:
+    no conflict, and producers never read it."""
+    wk = _keys_of(keys)
+    tr.set(wk.claim(keys.name), _DUE.pack(db_now(tr) + versions(CLAIM_SECONDS)) + token)
+
+
+def claims(tr: Transaction, wk: WorkKeys, prefix: str, now: int, token: bytes, limit: int) -> set[str]:
+    """The queues under ``prefix`` another consumer than ``token`` claims at ``now``
+    (a snapshot read)."""
+    out = set()
+    for kv in tr.snapshot.get_range(*wk.claims_range(prefix), limit):
+        if len(kv.value) == 16 and kv.value[8:] != token and _DUE.unpack(kv.value[:8])[0] > now:
+            out.add(wk.claimed(kv.key))
+    return out

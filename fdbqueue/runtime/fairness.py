@@ -81,12 +81,13 @@ class WorkSet:
         self._avoid: dict[str, float] = {}  # queues that refused a turn -> monotonic time to retry
         self.recent: set[str] = set()  # queues served since the last sweep
         self.watches = 0  # watches armed so far (one per sleep: a measure for tests)
-        self._token = new_rand()  # this consumer's registration while asleep (workindex.sleep)
+        self.token = new_rand()  # this consumer's registration asleep, its claims (workindex)
         self._watch: Watch | None = None  # the registration's watch while asleep
         self._armed_at = 0.0  # monotonic time it was armed
         self._registered = False  # a registration may be in the index
         self._more: set[str] = set()  # queues that gave a full share: wake one more consumer
         self._started = False  # the first turn starts at a random queue
+        self.contended: set[str] = set()  # queues other consumers claimed at the last turn
 
     def __repr__(self) -> str:
         return f"WorkSet({self.name!r})"
@@ -138,8 +139,19 @@ class WorkSet:
                 del self._avoid[n]
             avoid = set(self._avoid)
         names = [n for n, due in entries if due <= now and n not in avoid]
-        if names and not self._started:
-            k = random.randrange(len(names))  # consumers started together spread out
+        if len(names) > 1:
+            # Queues another consumer serves right now come last: consumers spread over the
+            # queues instead of meeting on the same heads (workindex.claim).
+            taken = workindex.claims(t, self.wk, self.prefix, now, self.token, ROUND)
+            self.contended = taken
+            if taken:
+                names = [n for n in names if n not in taken] + [n for n in names if n in taken]
+        if len(names) > 1 and not self._started:
+            # The first turn starts at a random queue: consumers started together spread
+            # over the queues instead of following one another onto the same heads; later
+            # turns start after the queue served last (round robin: no queue waits more
+            # than a turn, whatever the others do).
+            k = random.randrange(len(names))
             names = names[k:] + names[:k]
         return names
 
@@ -173,7 +185,7 @@ class WorkSet:
         def body(t: Transaction, _: bool) -> list[str]:
             names = self._scan(t)
             if names and registered:
-                workindex.wake_up(t, self.wk, self._token)  # awake by itself: out of the sleepers
+                workindex.wake_up(t, self.wk, self.token)  # awake by itself: out of the sleepers
             for name in sorted(more.intersection(names))[:1]:
                 workindex.wake_one(t, self.wk, name)  # more here than one consumer's share
             return names
@@ -244,7 +256,7 @@ class WorkSet:
             def arm(t: Transaction, _: bool) -> tuple[bool, Watch | None]:
                 if self._scan(t):
                     return True, None
-                key = workindex.sleep(t, self.wk, self._token, self.pattern, extra)
+                key = workindex.sleep(t, self.wk, self.token, self.pattern, extra)
                 return False, t.watch(key)
 
             found, w = run_once(db, arm)
@@ -276,7 +288,7 @@ class WorkSet:
         self._awake()
         if self._registered:
             with contextlib.suppress(QueueError):
-                run_once(db, lambda t, _: workindex.wake_up(t, self.wk, self._token))
+                run_once(db, lambda t, _: workindex.wake_up(t, self.wk, self.token))
             self._registered = False
 
     # -- an index built late ------------------------------------------------------------------

@@ -421,9 +421,14 @@ class Worker(ExactlyOnce):
     def _lease(self, q: Queue, n: int) -> list[Message]:
         """Lease up to ``n`` of ``q``; the acks waiting in the settler commit in the same
         transaction (one commit for a batch's acks and the next batch's leases); a work
-        set's queue that gives nothing leaves the work index in that transaction too."""
+        set's queue that gives nothing leaves the work index in that transaction too, and
+        one that gives is claimed by this consumer for a moment (``workindex.claim``)."""
+        ws = self.workset
+        if ws is None:
+            return lease_settling(self.db, self._settler, q, n, self.lease_seconds)
+        contended = q.name in ws.contended
         return lease_settling(
-            self.db, self._settler, q, n, self.lease_seconds, retire=self.workset is not None
+            self.db, self._settler, q, n, self.lease_seconds, retire=True, claim=ws.token, contended=contended
         )
 
     def _handle_leased(self, q: Queue, m: Message) -> None:
