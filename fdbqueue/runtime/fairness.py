@@ -81,13 +81,17 @@ class WorkSet:
         self._avoid: dict[str, float] = {}  # queues that refused a turn -> monotonic time to retry
         self.recent: set[str] = set()  # queues served since the last sweep
         self.watches = 0  # watches armed so far (one per sleep: a measure for tests)
-        self.token = new_rand()  # this consumer's registration asleep, its claims (workindex)
+        self.token = new_rand()  # this consumer's claims (workindex.claim)
+        # Its registration while asleep: a fresh key each time it goes to sleep, so that no
+        # registration key is written more than twice (set, then cleared by a waker).
+        self._sleep_token = new_rand()
         self._watch: Watch | None = None  # the registration's watch while asleep
         self._armed_at = 0.0  # monotonic time it was armed
         self._registered = False  # a registration may be in the index
         self._more: set[str] = set()  # queues that gave a full share: wake one more consumer
         self._started = False  # the first turn starts at a random queue
         self.contended: set[str] = set()  # queues other consumers claimed at the last turn
+        self._empty: set[str] = set()  # queues found empty at the last visit, not retired
 
     def __repr__(self) -> str:
         return f"WorkSet({self.name!r})"
@@ -180,12 +184,12 @@ class WorkSet:
         self._awake()
         with self._lock:
             more, self._more = self._more, set()
-        registered = self._registered
+        registered, sleep_token = self._registered, self._sleep_token
 
         def body(t: Transaction, _: bool) -> list[str]:
             names = self._scan(t)
             if names and registered:
-                workindex.wake_up(t, self.wk, self.token)  # awake by itself: out of the sleepers
+                workindex.wake_up(t, self.wk, sleep_token)  # awake by itself: out of the sleepers
             for name in sorted(more.intersection(names))[:1]:
                 workindex.wake_one(t, self.wk, name)  # more here than one consumer's share
             return names
@@ -211,6 +215,35 @@ class WorkSet:
         with self._lock:
             names, self.recent = self.recent, set()
         return [self.queue(n) for n in sorted(names)]
+
+    def vesting(self, q: Queue) -> bool:
+        """Whether ``q`` was found empty at this consumer's last visit (retire it if again)."""
+        return q.name in self._empty
+
+    def visited(self, q: Queue, settled: bool) -> None:
+        """``q`` gave messages or was retired (``settled``), or was found empty and left."""
+        if settled:
+            self._empty.discard(q.name)
+        else:
+            if len(self._empty) > 10_000:
+                self._empty.clear()
+            self._empty.add(q.name)
+
+    def retire_all(self, db: Database, queues: list[Queue]) -> None:
+        """Retire ``queues`` (found empty) in one transaction; a failure only costs visits."""
+
+        def body(t: Transaction, _: bool) -> None:
+            now = db_now(t)
+            for q in queues:
+                workindex.retire(t, q.keys, now)
+
+        try:
+            run_once(db, body)
+        except QueueError as exc:
+            log.debug("could not retire %d queues from the work index: %s", len(queues), exc)
+            return
+        for q in queues:
+            self._empty.discard(q.name)
 
     def retire(self, db: Database, q: Queue) -> None:
         """``q`` gave nothing: out of the index, or parked till its next deadline."""
@@ -253,15 +286,21 @@ class WorkSet:
             self._awake()
             extra = sorted(n for n in self._routed if not workindex.matches(self.pattern, (), n))
 
+            old = self._sleep_token if self._registered else None
+            token = new_rand()
+
             def arm(t: Transaction, _: bool) -> tuple[bool, Watch | None]:
                 if self._scan(t):
                     return True, None
-                key = workindex.sleep(t, self.wk, self.token, self.pattern, extra)
+                if old is not None:
+                    workindex.wake_up(t, self.wk, old)  # renewed: the earlier one goes
+                key = workindex.sleep(t, self.wk, token, self.pattern, extra)
                 return False, t.watch(key)
 
             found, w = run_once(db, arm)
             if found or w is None:
                 return True
+            self._sleep_token = token
             self._watch, self._armed_at, self._registered = w, time.monotonic(), True
             self.watches += 1
         w = self._watch
@@ -288,7 +327,7 @@ class WorkSet:
         self._awake()
         if self._registered:
             with contextlib.suppress(QueueError):
-                run_once(db, lambda t, _: workindex.wake_up(t, self.wk, self.token))
+                run_once(db, lambda t, _: workindex.wake_up(t, self.wk, self._sleep_token))
             self._registered = False
 
     # -- an index built late ------------------------------------------------------------------
