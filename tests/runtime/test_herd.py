@@ -103,18 +103,23 @@ def test_a_consumer_of_other_queues_sleeps_on() -> None:
 
 def test_a_dead_consumers_registration_is_passed_over() -> None:
     db = sim()
-    fdbqueue.create_queue(db, "d.1")
+    for name in ("d.1", "d.2"):
+        fdbqueue.create_queue(db, name)
     wk = workindex.work_keys()
-    ghost = wk.sleeper(b"\x00" * 8)  # first in key order: read before any live one
-    run_once(db, lambda t, _: t.set(ghost, json.dumps({"p": "d.*", "at": 0}).encode()))
+    ghost = wk.sleeper(b"\x00" * 8)
+    stale = json.dumps({"p": "d.*", "at": 0}).encode()  # registered long ago, never renewed
+    run_once(db, lambda t, _: t.set(ghost, stale))
+    Queue("d.1").enqueue(db, b"x")  # the waker meets only the ghost: clears it, wakes nobody
+    assert run_once(db, lambda t, _: t.get(ghost)) is None
+    run_once(db, lambda t, _: t.set(ghost, stale))
     got: list[str] = []
     w = _idle_workers(db, "d.*", 1, got)[0]
     try:
-        _asleep(db, 2)
-        Queue("d.1").enqueue(db, b"x")
         _until(lambda: got == ["d.1"], 10.0)
-        assert got == ["d.1"]
-        assert run_once(db, lambda t, _: t.get(ghost)) is None  # cleared by the waker
+        _asleep(db, 2)  # the live consumer and the ghost
+        Queue("d.2").enqueue(db, b"y")  # whichever the waker meets first, the live one wakes
+        _until(lambda: got == ["d.1", "d.2"], 10.0)  # well before LOST_WAKEUP_RECHECK
+        assert got == ["d.1", "d.2"]
     finally:
         w.stop()
 
