@@ -10,6 +10,7 @@ the caller's transaction.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,13 +37,13 @@ def lease_batch(
     n: int,
     budget: Budget | None = None,
     where: Mapping[str, Any] | None = None,
-    skip: int = 0,
+    spread: int = 0,
 ) -> list[Message]:
-    """Lease up to ``n`` from the head. ``skip``: pass over that many deliverable messages
-    first, when there are more than that (a consumer retrying after a conflict with another
-    over the same head: a bounded random pick among the first ready items spreads
-    contenders, as QuiCK's consumers pick among the first ready items at random). Strict
-    order never skips."""
+    """Lease up to ``n`` from the head. ``spread``: pass over a random number (below
+    ``spread``, and leaving at least ``n`` of the ready messages the queue counts) of
+    deliverable messages first, unclaimed: consumers of one queue at the same moment then
+    part ways instead of taking the same head and conflicting (QuiCK's consumers pick at
+    random among the first ready items). Strict order never skips."""
     opened = open_for_dequeue(tr, keys, None)
     if opened is None:
         return []
@@ -56,8 +57,10 @@ def lease_batch(
         if head is not None:
             budget.charge(lease_cost(len(head[0]), head[1]))  # TAKE_RESERVE was kept for it
     else:
+        room = min(spread, meta.count("ready") - n + 1)
+        skip = random.randrange(room) if room > 1 else 0
         heads = _ready_heads(keys, tr, cfg, meta, n, now, budget, where, skip)
-        if skip and not heads:  # fewer ready than that: from the head after all
+        if skip and not heads:  # fewer ready than counted: from the head after all
             heads = _ready_heads(keys, tr, cfg, meta, n, now, budget, where)
     payloads, damaged = read_payloads(tr, keys, [rec for _, rec in heads])
     if damaged:  # a sound record whose payload chunks are damaged: moved aside, not leased

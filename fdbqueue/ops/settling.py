@@ -17,7 +17,6 @@ whose lease has gone (expired, or taken back by a sweep) is not acked by a stale
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -30,6 +29,7 @@ from fdbqueue.ops.delivery import ack_many_in, nack_in
 from fdbqueue.ops.leasing import lease_batch
 from fdbqueue.ops.receipts import run_once_confirmed
 from fdbqueue.store.clock import db_now
+from fdbqueue.store.codec import unpack_count
 from fdbqueue.store.config import config_or_create
 from fdbqueue.store.entropy import random_bytes
 from fdbqueue.store.layout import QueueKeys
@@ -216,7 +216,8 @@ class Settler(Generic[Q]):
             self.flush()
 
 
-HEAD_SPREAD = 8  # a work set's retried lease passes over up to this many ready messages
+FIRST_SPREAD = 4  # a work set's lease passes over fewer than this many ready messages
+HEAD_SPREAD = 8  # contended or retried: fewer than this many
 
 
 def lease_settling(
@@ -239,7 +240,7 @@ def lease_settling(
     (``workindex.claim``); ``contended``: another consumer claims it, so this one picks at
     random among the first ready messages rather than take the same head."""
     got = [] if settler is None else settler.take()
-    if not got and not retire:
+    if not got and not retire and claim is None:
         return q.lease_many(db, n, lease_seconds)
     receipt = random_bytes(16).hex()  # made outside the retry loop, as lease_many's
 
@@ -247,19 +248,19 @@ def lease_settling(
 
     def body(t: Transaction) -> tuple[list[Any], list[Message]]:
         results = settler.settle(t, got) if settler is not None and got else []
-        # A work set's consumer retrying (most often after a conflict with another over the
-        # same head), or leasing from a queue another consumer claims, takes from a little
-        # further down, at random: the two part ways.
-        if retire and attempts[0]:
-            skip = random.randrange(1, HEAD_SPREAD + 1)
-        else:
-            skip = random.randrange(HEAD_SPREAD) if contended else 0
+        # A work set's consumer picks at random among the first ready messages (one of
+        # many consumers of many queues: no head to keep to), wider when another consumer
+        # claims the queue or after a conflict (most often over the same head).
+        spread = 0
+        if claim is not None:
+            spread = HEAD_SPREAD if (contended or attempts[0]) else FIRST_SPREAD
         attempts[0] += 1
-        leased = lease_batch(q.keys, t, lease_seconds, receipt, n, skip=skip)
+        leased = lease_batch(q.keys, t, lease_seconds, receipt, n, spread=spread)
         if retire and not leased:
             workindex.retire(t, q.keys, db_now(t))
         elif claim is not None and leased:
-            workindex.claim(t, q.keys, claim)
+            left = unpack_count(t.snapshot.get(q.keys.counter("ready")))  # read by the lease
+            workindex.claim(t, q.keys, claim, left > 0)
         return results, leased
 
     try:

@@ -80,7 +80,7 @@ def _keys_of(keys: QueueKeys) -> WorkKeys:
 
 
 UNREAD = b"unread"  # no entry's value: entries are b"" or 8 bytes
-CLAIM_SECONDS = 0.05  # how long a consumer that took messages from a queue claims it
+CLAIM_SECONDS = 0.25  # how long a consumer that took messages from a queue claims it
 SLEEPERS_READ = 32  # registrations a waker looks at (from a random point) to wake one
 STALE_SECONDS = 4 * LOST_WAKEUP_RECHECK  # a registration not renewed that long: its consumer died
 ERROR_SUFFIX = ".error"  # the default error queues' names (config.error_queue_name)
@@ -244,21 +244,35 @@ def wake_up(tr: Transaction, wk: WorkKeys, token: bytes) -> None:
 # -- claims: one consumer at a time serves a queue first -----------------------------------------
 
 
-def claim(tr: Transaction, keys: QueueKeys, token: bytes) -> None:
-    """The consumer ``token`` took messages from the queue: for ``CLAIM_SECONDS`` the
-    others visit it last in their turns (QuiCK's consumers lease a queue's top-level
-    pointer so that one serves a queue at a time; here it only orders, so a hot queue still
-    has every consumer once the others are done). A blind write on the queue's own claim key:
-    no conflict, and producers never read it."""
+def claim(tr: Transaction, keys: QueueKeys, token: bytes, more: bool) -> None:
+    """The consumer ``token`` took messages from the queue, and left ``more`` ready or not:
+    for ``CLAIM_SECONDS`` (renewed by each lease) it serves the queue first in its turns,
+    and the others skip it (nothing more: what comes next is the claimer's) or visit it last
+    (QuiCK's consumers lease a queue's top-level pointer so that one serves a queue at a
+    time; a queue with more than one consumer's share still has them all). A consumer that
+    finds the queue empty and retires it clears the claim; one that dies leaves it to end.
+    A blind write on the queue's own claim key: no conflict, and producers never read it."""
     wk = _keys_of(keys)
-    tr.set(wk.claim(keys.name), _DUE.pack(db_now(tr) + versions(CLAIM_SECONDS)) + token)
+    until = _DUE.pack(db_now(tr) + versions(CLAIM_SECONDS))
+    tr.set(wk.claim(keys.name), until + token + (b"+" if more else b""))
 
 
-def claims(tr: Transaction, wk: WorkKeys, prefix: str, now: int, token: bytes, limit: int) -> set[str]:
-    """The queues under ``prefix`` another consumer than ``token`` claims at ``now``
-    (a snapshot read)."""
-    out = set()
+def claims(
+    tr: Transaction, wk: WorkKeys, prefix: str, now: int, token: bytes, limit: int
+) -> tuple[dict[str, int], set[str]]:
+    """The live claims on the queues under ``prefix`` at ``now`` (a snapshot read): those of
+    other consumers than ``token`` (name -> the version the claim ends, negated when more is
+    ready), and the names ``token`` claims itself."""
+    out, own = {}, set()
     for kv in tr.snapshot.get_range(*wk.claims_range(prefix), limit):
-        if len(kv.value) == 16 and kv.value[8:] != token and _DUE.unpack(kv.value[:8])[0] > now:
-            out.add(wk.claimed(kv.key))
-    return out
+        v = kv.value
+        if len(v) < 16:
+            continue
+        until = int(_DUE.unpack(v[:8])[0])
+        if until <= now:
+            continue
+        if v[8:16] == token:
+            own.add(wk.claimed(kv.key))
+        else:
+            out[wk.claimed(kv.key)] = -until if v[16:] == b"+" else until
+    return out, own

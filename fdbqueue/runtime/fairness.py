@@ -136,20 +136,30 @@ class WorkSet:
             after = self._after
         entries = self._entries(t, after)
         parked = [due for _, due in entries if due > now]
-        self._parked_until = time.monotonic() + seconds_of(min(parked) - now) if parked else None
         mono = time.monotonic()
         with self._lock:
             for n in [n for n, until in self._avoid.items() if until <= mono]:
                 del self._avoid[n]
             avoid = set(self._avoid)
         names = [n for n, due in entries if due <= now and n not in avoid]
-        if len(names) > 1:
-            # Queues another consumer serves right now come last: consumers spread over the
-            # queues instead of meeting on the same heads (workindex.claim).
-            taken = workindex.claims(t, self.wk, self.prefix, now, self.token, ROUND)
-            self.contended = taken
-            if taken:
-                names = [n for n in names if n not in taken] + [n for n in names if n in taken]
+        self.contended = set()
+        if names:
+            # Queues this consumer claims come first (workindex.claim); queues another
+            # serves right now are skipped when it took what there was (until its claim
+            # ends: a wait is bounded by that, as by a parked entry), visited last, at
+            # random among their first ready messages, when more is there. Consumers
+            # spread over the queues instead of meeting on the same heads.
+            claimed, own = workindex.claims(t, self.wk, self.prefix, now, self.token, ROUND)
+            if claimed or own:
+                done = {n for n in names if claimed.get(n, 0) > 0}
+                parked += [claimed[n] for n in done]
+                self.contended = {n for n in names if claimed.get(n, 0) < 0}
+                names = (
+                    [n for n in names if n in own]
+                    + [n for n in names if n not in claimed and n not in own]
+                    + [n for n in names if n in self.contended]
+                )
+        self._parked_until = mono + seconds_of(min(parked) - now) if parked else None
         if len(names) > 1 and not self._started:
             # The first turn starts at a random queue: consumers started together spread
             # over the queues instead of following one another onto the same heads; later
