@@ -230,6 +230,7 @@ def lease_settling(
     retire: bool = False,
     claim: bytes | None = None,
     contended: bool = False,
+    owned: bool = False,
 ) -> list[Message]:
     """Lease up to ``n`` of ``q`` (``Queue.lease_many``), committing the acks waiting in
     ``settler`` in the same transaction: one commit for a batch's acks and the next batch's
@@ -238,7 +239,8 @@ def lease_settling(
     the work index in the same transaction (``workindex.retire``), rather than in one more;
     with ``claim`` (the consumer's token) one that takes messages claims the queue
     (``workindex.claim``); ``contended``: another consumer claims it, so this one picks at
-    random among the first ready messages rather than take the same head."""
+    random among the first ready messages rather than take the same head; ``owned``: this
+    consumer claims it, and keeps the claim when it finds it empty and does not retire it."""
     got = [] if settler is None else settler.take()
     if not got and not retire and claim is None:
         return q.lease_many(db, n, lease_seconds)
@@ -261,6 +263,8 @@ def lease_settling(
         elif claim is not None and leased:
             left = unpack_count(t.snapshot.get(q.keys.counter("ready")))  # read by the lease
             workindex.claim(t, q.keys, claim, left > 0)
+        elif claim is not None and owned:
+            workindex.claim(t, q.keys, claim, False)  # empty for now: what comes next is ours
         return results, leased
 
     try:

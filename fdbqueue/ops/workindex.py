@@ -219,6 +219,7 @@ def wake_one(tr: Transaction, wk: WorkKeys, name: str) -> bool:
     if not kvs:
         return False
     stale = db_now(tr) - versions(STALE_SECONDS)
+    found: list[bytes] = []
     for kv in kvs:
         try:
             info = json.loads(kv.value)
@@ -230,10 +231,15 @@ def wake_one(tr: Transaction, wk: WorkKeys, name: str) -> bool:
             tr.clear(kv.key)  # its consumer stopped renewing it: gone
             continue
         if matches(pattern, extra, name):
-            tr.add_read_conflict_key(kv.key)
-            tr.clear(kv.key)
-            return True
-    return False
+            found.append(kv.key)
+    if not found:
+        return False
+    # One at random of those read: two wakers at once seldom pick the same (they would
+    # conflict, and one try again).
+    key = found[int.from_bytes(new_rand(), "big") % len(found)]
+    tr.add_read_conflict_key(key)
+    tr.clear(key)
+    return True
 
 
 def wake_up(tr: Transaction, wk: WorkKeys, token: bytes) -> None:

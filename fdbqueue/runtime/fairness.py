@@ -91,6 +91,7 @@ class WorkSet:
         self._more: set[str] = set()  # queues that gave a full share: wake one more consumer
         self._started = False  # the first turn starts at a random queue
         self.contended: set[str] = set()  # queues other consumers claimed at the last turn
+        self.owned: set[str] = set()  # queues this consumer claimed at the last turn
         self._empty: set[str] = set()  # queues found empty at the last visit, not retired
 
     def __repr__(self) -> str:
@@ -143,22 +144,21 @@ class WorkSet:
             avoid = set(self._avoid)
         names = [n for n, due in entries if due <= now and n not in avoid]
         self.contended = set()
+        self.owned = set()
         if names:
-            # Queues this consumer claims come first (workindex.claim); queues another
-            # serves right now are skipped when it took what there was (until its claim
-            # ends: a wait is bounded by that, as by a parked entry), visited last, at
-            # random among their first ready messages, when more is there. Consumers
-            # spread over the queues instead of meeting on the same heads.
+            # Queues another consumer serves right now (workindex.claim) are skipped when
+            # it took what there was (until its claim ends: a wait is bounded by that, as
+            # by a parked entry), visited last, at random among their first ready
+            # messages, when more is there. Consumers spread over the queues instead of
+            # meeting on the same heads; the others keep their round-robin order (no queue
+            # waits more than a turn of this consumer's).
             claimed, own = workindex.claims(t, self.wk, self.prefix, now, self.token, ROUND)
+            self.owned = own
             if claimed or own:
                 done = {n for n in names if claimed.get(n, 0) > 0}
                 parked += [claimed[n] for n in done]
                 self.contended = {n for n in names if claimed.get(n, 0) < 0}
-                names = (
-                    [n for n in names if n in own]
-                    + [n for n in names if n not in claimed and n not in own]
-                    + [n for n in names if n in self.contended]
-                )
+                names = [n for n in names if n not in claimed] + [n for n in names if n in self.contended]
         self._parked_until = mono + seconds_of(min(parked) - now) if parked else None
         if len(names) > 1 and not self._started:
             # The first turn starts at a random queue: consumers started together spread

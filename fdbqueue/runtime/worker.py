@@ -440,7 +440,7 @@ class Worker(ExactlyOnce):
         ws = self.workset
         if ws is None:
             return lease_settling(self.db, self._settler, q, n, self.lease_seconds)
-        contended = q.name in ws.contended
+        contended, owned = q.name in ws.contended, q.name in ws.owned
         return lease_settling(
             self.db,
             self._settler,
@@ -450,6 +450,7 @@ class Worker(ExactlyOnce):
             retire=retire,
             claim=ws.token,
             contended=contended,
+            owned=owned,
         )
 
     def _handle_leased(self, q: Queue, m: Message) -> None:
