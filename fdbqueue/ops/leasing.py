@@ -57,8 +57,10 @@ def lease_batch(
         if head is not None:
             budget.charge(lease_cost(len(head[0]), head[1]))  # TAKE_RESERVE was kept for it
     else:
-        room = min(spread, meta.count("ready") - n + 1)
-        skip = random.randrange(room) if room > 1 else 0
+        skip = 0
+        if spread:  # a work set's consumer (settling.lease_settling): not a plain lease
+            room = min(spread, meta.count("ready") - n + 1)
+            skip = random.randrange(room) if room > 1 else 0
         heads = _ready_heads(keys, tr, cfg, meta, n, now, budget, where, skip)
         if skip and not heads:  # fewer ready than counted: from the head after all
             heads = _ready_heads(keys, tr, cfg, meta, n, now, budget, where)
