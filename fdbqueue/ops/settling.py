@@ -231,6 +231,7 @@ def lease_settling(
     claim: bytes | None = None,
     contended: bool = False,
     owned: bool = False,
+    tries: list[int] | None = None,
 ) -> list[Message]:
     """Lease up to ``n`` of ``q`` (``Queue.lease_many``), committing the acks waiting in
     ``settler`` in the same transaction: one commit for a batch's acks and the next batch's
@@ -240,13 +241,14 @@ def lease_settling(
     with ``claim`` (the consumer's token) one that takes messages claims the queue
     (``workindex.claim``); ``contended``: another consumer claims it, so this one picks at
     random among the first ready messages rather than take the same head; ``owned``: this
-    consumer claims it, and keeps the claim when it finds it empty and does not retire it."""
+    consumer claims it, and keeps the claim when it finds it empty and does not retire it.
+    ``tries``: a one-element list the number of attempts is counted into."""
     got = [] if settler is None else settler.take()
     if not got and not retire and claim is None:
         return q.lease_many(db, n, lease_seconds)
     receipt = random_bytes(16).hex()  # made outside the retry loop, as lease_many's
 
-    attempts = [0]
+    attempts = [0] if tries is None else tries  # how many attempts it took, for the caller
 
     def body(t: Transaction) -> tuple[list[Any], list[Message]]:
         results = settler.settle(t, got) if settler is not None and got else []
@@ -263,8 +265,10 @@ def lease_settling(
         elif claim is not None and leased:
             left = unpack_count(t.snapshot.get(q.keys.counter("ready")))  # read by the lease
             workindex.claim(t, q.keys, claim, left > 0)
-        elif claim is not None and owned:
-            workindex.claim(t, q.keys, claim, False)  # empty for now: what comes next is ours
+        elif claim is not None and not contended:
+            # Empty for now, and nobody else's: what comes next is this consumer's, the
+            # others skip the queue meanwhile instead of all probing it (QuiCK's pointer lease).
+            workindex.claim(t, q.keys, claim, False)
         return results, leased
 
     try:

@@ -226,6 +226,12 @@ class WorkSet:
             names, self.recent = self.recent, set()
         return [self.queue(n) for n in sorted(names)]
 
+    def jostle(self) -> None:
+        """This consumer met another on a queue (a conflict): its next turn starts at a
+        random queue, so that two consumers that took turns in step part ways."""
+        with self._lock:
+            self._started = False
+
     def vesting(self, q: Queue) -> bool:
         """Whether ``q`` was found empty at this consumer's last visit (retire it if again)."""
         return q.name in self._empty

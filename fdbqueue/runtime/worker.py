@@ -410,7 +410,8 @@ class Worker(ExactlyOnce):
             # write no entry and wake no sleeper.
             retire = ws is not None and (ws.vesting(q) or (i == len(turn) - 1 and not got))
             try:
-                leased = self._lease(q, n, retire)
+                tries = [0]
+                leased = self._lease(q, n, retire, tries)
             except QueueError as exc:
                 if self.workset is not None and not engine_failure(exc):
                     self.workset.avoid(self.db, q, exc)  # paused, or not ours to dequeue
@@ -426,13 +427,15 @@ class Worker(ExactlyOnce):
                     unretired.append(q)
             # An empty lease retired the queue in its own transaction (``_lease``).
             self._served(q, True, full=n >= FAIR_SHARE and len(leased) >= n)
+            if ws is not None and tries[0] > 1:
+                ws.jostle()  # met another consumer on this queue: part ways
         if ws is not None and unretired and not got and not self.stopping:
             ws.retire_all(self.db, unretired)  # about to idle: nothing of its own left indexed
         self.backoff.reset()
         self.budget.ingress.add(len(got))
         return got
 
-    def _lease(self, q: Queue, n: int, retire: bool = True) -> list[Message]:
+    def _lease(self, q: Queue, n: int, retire: bool = True, tries: list[int] | None = None) -> list[Message]:
         """Lease up to ``n`` of ``q``; the acks waiting in the settler commit in the same
         transaction (one commit for a batch's acks and the next batch's leases); a work
         set's queue that gives nothing leaves the work index in that transaction too, and
@@ -451,6 +454,7 @@ class Worker(ExactlyOnce):
             claim=ws.token,
             contended=contended,
             owned=owned,
+            tries=tries,
         )
 
     def _handle_leased(self, q: Queue, m: Message) -> None:
