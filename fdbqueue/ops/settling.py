@@ -252,6 +252,8 @@ def lease_settling(
 
     def body(t: Transaction) -> tuple[list[Any], list[Message]]:
         results = settler.settle(t, got) if settler is not None and got else []
+        if claim is not None and not contended and workindex.taken_by_other(t, q.keys, claim):
+            return results, []  # claimed since this consumer's scan: its claimer's to serve
         # A work set's consumer picks at random among the first ready messages (one of
         # many consumers of many queues: no head to keep to), wider when another consumer
         # claims the queue or after a conflict (most often over the same head).

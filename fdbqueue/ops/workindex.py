@@ -282,3 +282,12 @@ def claims(
         else:
             out[wk.claimed(kv.key)] = -until if v[16:] == b"+" else until
     return out, own
+
+
+def taken_by_other(tr: Transaction, keys: QueueKeys, token: bytes) -> bool:
+    """Whether another consumer than ``token`` claims the queue now, having taken what
+    there was (a snapshot read of the claim: one written since the caller's scan counts)."""
+    v = tr.snapshot.get(_keys_of(keys).claim(keys.name))
+    if v is None or len(v) < 16 or v[8:16] == token or v[16:] == b"+":
+        return False
+    return int(_DUE.unpack(v[:8])[0]) > db_now(tr)
