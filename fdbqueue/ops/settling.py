@@ -256,10 +256,17 @@ def lease_settling(
             return results, []  # claimed since this consumer's scan: its claimer's to serve
         # A work set's consumer picks at random among the first ready messages (one of
         # many consumers of many queues: no head to keep to), wider when another consumer
-        # claims the queue or after a conflict (most often over the same head).
+        # claims the queue.
         spread = 0
         if claim is not None:
-            spread = HEAD_SPREAD if (contended or attempts[0]) else FIRST_SPREAD
+            if attempts[0]:
+                # A retry, most often after a conflict over the same head: another consumer
+                # took it. Under commit latency a second try meets a third consumer there as
+                # often as not: this one moves on (its turn goes on with other queues), and
+                # commits only the acks it carries.
+                attempts[0] += 1
+                return results, []
+            spread = HEAD_SPREAD if contended else FIRST_SPREAD
         attempts[0] += 1
         leased = lease_batch(q.keys, t, lease_seconds, receipt, n, spread=spread)
         if retire and not leased:
