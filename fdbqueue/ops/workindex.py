@@ -41,7 +41,17 @@ more than its fair share in a queue wakes one more the same way (:func:`wake_one
 burst scales out one consumer at a time, as QuiCK's consumers each lease a queue's
 top-level pointer rather than all taking it. A registration older than
 ``STALE_SECONDS`` (its consumer re-registers more often than that while it lives) is a
-consumer that died: a waker clears it and looks further. Every function composes inside
+consumer that died: a waker clears it and looks further.
+
+**Claims and vesting** (QuiCK's lease on a queue's top-level pointer, and its vesting time).
+A consumer that takes messages from a queue, or finds one nobody claims empty, writes the
+queue's claim ``root + ("wc", queue)`` for ``CLAIM_SECONDS`` (:func:`claim`): the others skip
+it when the claimer took what there was and visit it last when it left more, so consumers
+spread over the queues instead of meeting on the same heads. A blind write on the queue's own
+key: no conflict, and producers never read it. A queue found empty is retired only once the
+consumer found it empty twice in a row, or in a turn that found nothing at all
+(``runtime/worker.py``): a queue its producers are feeding stays indexed, so no retire races
+their enqueues, and they write no entry and wake no sleeper. Every function composes inside
 the caller's transaction.
 """
 
