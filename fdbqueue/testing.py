@@ -53,10 +53,11 @@ from fdbqueue.engines.sim.faults import (
     Fault,
     fault_possible,
 )
+from fdbqueue.engines.sim.traffic import TrafficCounter
 from fdbqueue.engines.versions import VERSIONS_PER_SECOND
 from fdbqueue.errors import FaultScriptError
 
-__all__ = ["FaultScript", "FaultScriptError", "Outcome", "on_backoff", "outage", "recovery"]
+__all__ = ["FaultScript", "FaultScriptError", "Outcome", "on_backoff", "outage", "recovery", "traffic"]
 
 # None, 1020, 1007, or (code, applied) with code one of "1021", "1039", "1031", "1025";
 # applied may be "later" for 1031 and 1025.
@@ -193,3 +194,34 @@ def recovery(db: object, jump: float = 100.0) -> None:
     if isinstance(jump, bool) or not isinstance(jump, (int, float)) or not math.isfinite(jump) or jump < 0:
         raise FaultScriptError(f"recovery's jump must be a finite number of seconds >= 0, not {jump!r}")
     sim.recover(round(jump * VERSIONS_PER_SECOND))
+
+
+@contextmanager
+def traffic(db: object) -> Iterator[TrafficCounter]:
+    """Count a sim:// database's traffic while the block runs, from any thread.
+
+    The :class:`~fdbqueue.engines.sim.traffic.TrafficCounter` it yields holds, counted from
+    the block's start (and readable after it ends):
+
+    * ``writes``: committed mutations per key (``Mapping[bytes, int]``): a set, clear or
+      atomic op counts on its key, a range clear once on its begin key, a versionstamped
+      key under its final key; a key a transaction changes several times counts once for
+      that commit (what one version brings its storage team);
+    * ``commits``: committed transactions with at least one mutation;
+    * ``transactions``: every attempt that read or wrote anything, however it ended
+      (committed, read-only, failed, reset or dropped; a retry after ``on_error`` is
+      another attempt);
+    * ``conflicts``: commits that failed with not_committed (1020), genuine or injected;
+    * ``hottest(n)``: the ``n`` most written keys with their counts, most written first.
+
+    On a cluster one key is served by one storage team: a key written by a large share of
+    all commits is a hot spot (FoundationDB's developer guide, "Avoid hot keys"). Other
+    engines raise :class:`FaultScriptError`.
+    """
+    sim = _sim(db, "traffic")
+    counter = TrafficCounter()
+    sim.attach_counter(counter)
+    try:
+        yield counter
+    finally:
+        sim.detach_counter(counter)

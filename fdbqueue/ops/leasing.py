@@ -10,6 +10,7 @@ the caller's transaction.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,7 +38,13 @@ def lease_batch(
     n: int,
     budget: Budget | None = None,
     where: Mapping[str, Any] | None = None,
+    spread: int = 0,
 ) -> list[Message]:
+    """Lease up to ``n`` from the head. ``spread``: pass over a random number (below
+    ``spread``, and leaving at least ``n`` of the ready messages the queue counts) of
+    deliverable messages first, unclaimed: consumers of one queue at the same moment then
+    part ways instead of taking the same head and conflicting (QuiCK's consumers pick at
+    random among the first ready items). Strict order never skips."""
     opened = open_for_dequeue(tr, keys, None)
     if opened is None:
         return []
@@ -56,7 +63,13 @@ def lease_batch(
         if head is not None:
             budget.charge(lease_cost(len(head[0]), head[1]))  # TAKE_RESERVE was kept for it
     else:
-        heads = _ready_heads(keys, tr, cfg, meta, n, now, budget, where)
+        skip = 0
+        if spread:  # a work set's consumer (settling.lease_settling): not a plain lease
+            room = min(spread, meta.count("ready") - n + 1)
+            skip = random.randrange(room) if room > 1 else 0
+        heads = _ready_heads(keys, tr, cfg, meta, n, now, budget, where, skip)
+        if skip and not heads:  # fewer ready than counted: from the head after all
+            heads = _ready_heads(keys, tr, cfg, meta, n, now, budget, where)
     payloads, damaged = read_payloads(tr, keys, [rec for _, rec in heads])
     if damaged:  # a sound record whose payload chunks are damaged: moved aside, not leased
         for key, rec in heads:
@@ -98,6 +111,7 @@ def _ready_heads(
     now: int,
     budget: Budget,
     where: Mapping[str, Any] | None = None,
+    skip: int = 0,
 ) -> list[tuple[bytes, Record]]:
     """Up to ``n`` deliverable ready messages from the head, in one range read (more only
     when expired ones had to be moved aside), instead of one read per message.
@@ -109,7 +123,8 @@ def _ready_heads(
     Within ``budget``: the first message always (TAKE_RESERVE was kept for it), the others
     while they fit; expired messages it cannot afford to move are passed over for later.
     ``where``: only messages whose headers match; the others stay (FILTER_SCAN_LIMIT of them
-    are passed over at most).
+    are passed over at most). ``skip``: the first that many deliverable ones are passed over
+    unclaimed (``lease_batch``).
 
     This is ``ReadyScan(..., need=n, skip_limit=HEAD_SKIP_LIMIT, check_first=True,
     conflict=KEYS)`` (``scan.py``) written out, with the filter applied after the retry-delay
@@ -147,6 +162,9 @@ def _ready_heads(
                 passed += 1
                 if passed >= FILTER_SCAN_LIMIT:
                     return out
+                continue
+            if skip:
+                skip -= 1  # passed over unclaimed: no conflict, another consumer's
                 continue
             cost = lease_cost(len(key), rec)
             if not out:

@@ -24,10 +24,12 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from fdbqueue.engines.contract import Database, Transaction
 from fdbqueue.errors import LeaseError, QueueError
+from fdbqueue.ops import workindex
 from fdbqueue.ops.delivery import ack_many_in, nack_in
 from fdbqueue.ops.leasing import lease_batch
 from fdbqueue.ops.receipts import run_once_confirmed
 from fdbqueue.store.clock import db_now
+from fdbqueue.store.codec import unpack_count
 from fdbqueue.store.config import config_or_create
 from fdbqueue.store.entropy import random_bytes
 from fdbqueue.store.layout import QueueKeys
@@ -239,26 +241,78 @@ class Settler(Generic[Q]):
             self.flush()
 
 
+FIRST_SPREAD = 4  # a work set's lease passes over fewer than this many ready messages
+HEAD_SPREAD = 8  # contended or retried: fewer than this many
+
+
 def lease_settling(
-    db: Database, settler: Settler[Q] | None, q: Q, n: int, lease_seconds: float | None
+    db: Database,
+    settler: Settler[Q] | None,
+    q: Q,
+    n: int,
+    lease_seconds: float | None,
+    *,
+    retire: bool = False,
+    claim: bytes | None = None,
+    contended: bool = False,
+    owned: bool = False,
+    tries: list[int] | None = None,
 ) -> list[Message]:
     """Lease up to ``n`` of ``q`` (``Queue.lease_many``), committing the acks waiting in
     ``settler`` in the same transaction: one commit for a batch's acks and the next batch's
-    leases, exactly once across commit_unknown_result (``run_once_confirmed``)."""
+    leases, exactly once across commit_unknown_result (``run_once_confirmed``). With
+    ``retire`` (a work set's consumer), a lease that finds nothing retires the queue from
+    the work index in the same transaction (``workindex.retire``), rather than in one more;
+    with ``claim`` (the consumer's token) one that takes messages claims the queue
+    (``workindex.claim``); ``contended``: another consumer claims it, so this one picks at
+    random among the first ready messages rather than take the same head; ``owned``: this
+    consumer claims it, and keeps the claim when it finds it empty and does not retire it.
+    ``tries``: a one-element list the number of attempts is counted into."""
     got = [] if settler is None else settler.take()
-    if not got or settler is None:
+    if not got and not retire and claim is None:
         return q.lease_many(db, n, lease_seconds)
     receipt = random_bytes(16).hex()  # made outside the retry loop, as lease_many's
 
+    attempts = [0] if tries is None else tries  # how many attempts it took, for the caller
+
     def body(t: Transaction) -> tuple[list[Any], list[Message]]:
-        return settler.settle(t, got), lease_batch(q.keys, t, lease_seconds, receipt, n)
+        results = settler.settle(t, got) if settler is not None and got else []
+        if claim is not None and not contended and workindex.taken_by_other(t, q.keys, claim):
+            return results, []  # claimed since this consumer's scan: its claimer's to serve
+        # A work set's consumer picks at random among the first ready messages (one of
+        # many consumers of many queues: no head to keep to), wider when another consumer
+        # claims the queue.
+        spread = 0
+        if claim is not None:
+            if attempts[0]:
+                # A retry, most often after a conflict over the same head: another consumer
+                # took it. Under commit latency a second try meets a third consumer there as
+                # often as not: this one moves on (its turn goes on with other queues), and
+                # commits only the acks it carries.
+                attempts[0] += 1
+                return results, []
+            spread = HEAD_SPREAD if contended else FIRST_SPREAD
+        attempts[0] += 1
+        leased = lease_batch(q.keys, t, lease_seconds, receipt, n, spread=spread)
+        if retire and not leased:
+            workindex.retire(t, q.keys, db_now(t))
+        elif claim is not None and leased:
+            left = unpack_count(t.snapshot.get(q.keys.counter("ready")))  # read by the lease
+            workindex.claim(t, q.keys, claim, left > 0)
+        elif claim is not None and not contended:
+            # Empty for now, and nobody else's: what comes next is this consumer's, the
+            # others skip the queue meanwhile instead of all probing it (QuiCK's pointer lease).
+            workindex.claim(t, q.keys, claim, False)
+        return results, leased
 
     try:
         results, leased = run_once_confirmed(db, q.keys, body)
     except QueueError:
-        settler.settle_now(got)  # the lease failed (a paused queue, a failing engine): acks alone
+        if settler is not None and got:
+            settler.settle_now(got)  # the lease failed (a paused queue, a failing engine): acks alone
         raise
-    settler.report(results)
+    if settler is not None and got:
+        settler.report(results)
     return leased
 
 

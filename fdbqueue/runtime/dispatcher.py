@@ -241,6 +241,8 @@ class Dispatcher:
             if self._watcher is not None:
                 self._watcher.close()
                 self._watcher = None
+            if self.workset is not None:
+                self.workset.leave(self.db)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         return self.stats
@@ -353,7 +355,7 @@ class Dispatcher:
                 ws.avoid(self.db, q, exc)  # paused, or not ours to dequeue
                 continue
             got.extend((q, m) for m in leased)
-            ws.served(q)
+            ws.served(q, len(leased) >= n)
             if not leased:
                 try:
                     ws.retire(self.db, q)

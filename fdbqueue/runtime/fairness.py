@@ -5,18 +5,25 @@ The queues are found through the work index (``workindex``: one entry per queue 
 have work, kept by the one writer of message state in the transaction that gives a queue
 work), not by polling each queue: Apple's QuiCK design (Shraer et al., SIGMOD 2021). A
 consumer takes turns: each turn serves the queues with work in name order, starting after
-the queue it served last, and takes at most a bounded batch from each, so one queue's
-backlog never starves another. A queue that gives nothing is retired from the index (or
-parked until its next delayed message or lease deadline). With nothing to do, a consumer
-waits on one watch, the index's bell, however many queues it serves: queues created after
-it started are served as soon as they have work.
+the queue it served last (the first turn at a random queue, so that consumers started
+together do not all take the same queue first), and takes at most a bounded batch from
+each, so one queue's backlog never starves another. A queue that gives nothing is retired
+from the index (or parked until its next delayed message or lease deadline).
+
+With nothing to do, a consumer registers itself asleep and watches its registration
+(``workindex.sleep``), in the transaction whose scan found nothing: whoever next gives one of
+its queues work wakes one such consumer, not all of them (``workindex.wake_one``); a consumer
+that finds more than its fair share in a queue wakes one more. Queues created after it
+started are served as soon as they have work. While it sleeps, its idle waits cost no
+transaction: it looks at the index again when woken, when a parked entry comes due, or after
+``LOST_WAKEUP_RECHECK`` seconds (when it also renews its registration).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import logging
+import random
 import threading
 import time
 from typing import Any
@@ -32,11 +39,11 @@ from fdbqueue.ops.txn import run_once
 from fdbqueue.ops.waiting import LOST_WAKEUP_RECHECK
 from fdbqueue.store.clock import db_now, seconds_of
 from fdbqueue.store.codec import unpack_count
+from fdbqueue.store.entropy import new_rand
 from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys
 
 log = logging.getLogger("fdbqueue.runtime.worker")
 
-ERROR_SUFFIX = ".error"  # the default error queues' names (config.error_queue_name)
 AVOID_SECONDS = 60.0  # a queue that refused a turn (no right to dequeue, say) is skipped this long
 ROUND = 1000  # index entries a turn reads at most, from each side of where it resumes
 FAIR_SHARE = 4  # a turn takes at least this many from a queue (when the consumer wants them)
@@ -73,7 +80,19 @@ class WorkSet:
         self._filled = False
         self._avoid: dict[str, float] = {}  # queues that refused a turn -> monotonic time to retry
         self.recent: set[str] = set()  # queues served since the last sweep
-        self.watches = 0  # watches armed so far (one per idle wait: a measure for tests)
+        self.watches = 0  # watches armed so far (one per sleep: a measure for tests)
+        self.token = new_rand()  # this consumer's claims (workindex.claim)
+        # Its registration while asleep: a fresh key each time it goes to sleep, so that no
+        # registration key is written more than twice (set, then cleared by a waker).
+        self._sleep_token = new_rand()
+        self._watch: Watch | None = None  # the registration's watch while asleep
+        self._armed_at = 0.0  # monotonic time it was armed
+        self._registered = False  # a registration may be in the index
+        self._more: set[str] = set()  # queues that gave a full share: wake one more consumer
+        self._started = False  # the first turn starts at a random queue
+        self.contended: set[str] = set()  # queues other consumers claimed at the last turn
+        self.owned: set[str] = set()  # queues this consumer claimed at the last turn
+        self._empty: set[str] = set()  # queues found empty at the last visit, not retired
 
     def __repr__(self) -> str:
         return f"WorkSet({self.name!r})"
@@ -81,9 +100,8 @@ class WorkSet:
     def matches(self, name: str) -> bool:
         if self.part is not None:
             return name in self._members or name in self._routed
-        if name.endswith(ERROR_SUFFIX) and not self.pattern.endswith(ERROR_SUFFIX):
-            return False  # dead letters are served only when asked for: "tenant.*.error"
-        return fnmatch.fnmatchcase(name, self.pattern)
+        # Dead letters are served only when asked for: "tenant.*.error".
+        return workindex.matches(self.pattern, (), name)
 
     def queue(self, name: str) -> Queue:
         q = self._queues.get(name)
@@ -119,31 +137,129 @@ class WorkSet:
             after = self._after
         entries = self._entries(t, after)
         parked = [due for _, due in entries if due > now]
-        self._parked_until = time.monotonic() + seconds_of(min(parked) - now) if parked else None
         mono = time.monotonic()
         with self._lock:
             for n in [n for n, until in self._avoid.items() if until <= mono]:
                 del self._avoid[n]
             avoid = set(self._avoid)
-        return [n for n, due in entries if due <= now and n not in avoid]
+        names = [n for n, due in entries if due <= now and n not in avoid]
+        self.contended = set()
+        self.owned = set()
+        if names:
+            # Queues another consumer serves right now (workindex.claim) are skipped when
+            # it took what there was (until its claim ends: a wait is bounded by that, as
+            # by a parked entry), visited last, at random among their first ready
+            # messages, when more is there. Consumers spread over the queues instead of
+            # meeting on the same heads; the others keep their round-robin order (no queue
+            # waits more than a turn of this consumer's).
+            claimed, own = workindex.claims(t, self.wk, self.prefix, now, self.token, ROUND)
+            self.owned = own
+            if claimed or own:
+                done = {n for n in names if claimed.get(n, 0) > 0}
+                parked += [claimed[n] for n in done]
+                self.contended = {n for n in names if claimed.get(n, 0) < 0}
+                names = [n for n in names if n not in claimed] + [n for n in names if n in self.contended]
+        self._parked_until = mono + seconds_of(min(parked) - now) if parked else None
+        if len(names) > 1 and not self._started:
+            # The first turn starts at a random queue: consumers started together spread
+            # over the queues instead of following one another onto the same heads; later
+            # turns start after the queue served last (round robin: no queue waits more
+            # than a turn, whatever the others do).
+            k = random.randrange(len(names))
+            names = names[k:] + names[:k]
+        return names
+
+    def _asleep(self) -> bool:
+        """Registered and watching, the watch unfired and fresh, no parked entry due: the
+        index has nothing new for this consumer (no transaction needed to know it)."""
+        w = self._watch
+        if w is None or w.is_ready():
+            return False
+        now = time.monotonic()
+        if now - self._armed_at >= LOST_WAKEUP_RECHECK:
+            return False
+        return self._parked_until is None or now < self._parked_until
+
+    def _awake(self) -> None:
+        w, self._watch = self._watch, None
+        if w is not None:
+            w.cancel()
 
     def rotation(self, db: Database) -> list[Queue]:
-        """The queues with work now, in this turn's order (one transaction)."""
+        """The queues with work now, in this turn's order (one transaction; none while
+        this consumer sleeps and nothing woke it)."""
         self.fill(db)
-        names = run_once(db, lambda t, _: self._scan(t))
+        if self._asleep():
+            return []
+        self._awake()
+        with self._lock:
+            more, self._more = self._more, set()
+        registered, sleep_token = self._registered, self._sleep_token
+
+        def body(t: Transaction, _: bool) -> list[str]:
+            names = self._scan(t)
+            if names and registered:
+                workindex.wake_up(t, self.wk, sleep_token)  # awake by itself: out of the sleepers
+            for name in sorted(more.intersection(names))[:1]:
+                workindex.wake_one(t, self.wk, name)  # more here than one consumer's share
+            return names
+
+        names = run_once(db, body)
+        if names:
+            self._started = True
+            self._registered = False
         return [self.queue(n) for n in names]
 
-    def served(self, q: Queue) -> None:
-        """``q`` had its turn: the next turn starts after it."""
+    def served(self, q: Queue, full: bool = False) -> None:
+        """``q`` had its turn: the next turn starts after it. ``full``: it gave as many as
+        were asked for (more may be there: the next turn wakes another consumer)."""
         with self._lock:
             self._after = q.name
+            self._started = True
             self.recent.add(q.name)
+            if full:
+                self._more.add(q.name)
 
     def take_recent(self) -> list[Queue]:
         """The queues served since the last call (what a consumer's periodic sweep visits)."""
         with self._lock:
             names, self.recent = self.recent, set()
         return [self.queue(n) for n in sorted(names)]
+
+    def jostle(self) -> None:
+        """This consumer met another on a queue (a conflict): its next turn starts at a
+        random queue, so that two consumers that took turns in step part ways."""
+        with self._lock:
+            self._started = False
+
+    def vesting(self, q: Queue) -> bool:
+        """Whether ``q`` was found empty at this consumer's last visit (retire it if again)."""
+        return q.name in self._empty
+
+    def visited(self, q: Queue, settled: bool) -> None:
+        """``q`` gave messages or was retired (``settled``), or was found empty and left."""
+        if settled:
+            self._empty.discard(q.name)
+        else:
+            if len(self._empty) > 10_000:
+                self._empty.clear()
+            self._empty.add(q.name)
+
+    def retire_all(self, db: Database, queues: list[Queue]) -> None:
+        """Retire ``queues`` (found empty) in one transaction; a failure only costs visits."""
+
+        def body(t: Transaction, _: bool) -> None:
+            now = db_now(t)
+            for q in queues:
+                workindex.retire(t, q.keys, now)
+
+        try:
+            run_once(db, body)
+        except QueueError as exc:
+            log.debug("could not retire %d queues from the work index: %s", len(queues), exc)
+            return
+        for q in queues:
+            self._empty.discard(q.name)
 
     def retire(self, db: Database, q: Queue) -> None:
         """``q`` gave nothing: out of the index, or parked till its next deadline."""
@@ -178,32 +294,57 @@ class WorkSet:
 
     def wait(self, db: Database, timeout: float | None, stop: threading.Event) -> bool:
         """Wait until a matching queue may have work (True), ``timeout`` passes or ``stop`` is
-        set (False): one watch on the index's bell, armed in the transaction that found no
-        work, so nothing marked in between is missed; bounded by the first parked entry."""
+        set (False). Asleep: registered in the transaction whose scan found nothing, so no
+        wake-up is missed, and watching the registration; a wait that ends without news
+        keeps both for the next one. Bounded by the first parked entry and by
+        ``LOST_WAKEUP_RECHECK`` (then it looks and registers afresh)."""
+        if not self._asleep():
+            self._awake()
+            extra = sorted(n for n in self._routed if not workindex.matches(self.pattern, (), n))
 
-        def arm(t: Transaction, _: bool) -> tuple[bool, Watch | None]:
-            if self._scan(t):
-                return True, None
-            return False, t.watch(self.wk.bell)
+            old = self._sleep_token if self._registered else None
+            token = new_rand()
 
-        found, w = run_once(db, arm)
-        if found or w is None:
-            return True
-        self.watches += 1
-        try:
-            start = time.monotonic()
-            limit = start + min(LOST_WAKEUP_RECHECK, timeout if timeout is not None else LOST_WAKEUP_RECHECK)
-            if self._parked_until is not None:
-                limit = min(limit, self._parked_until)
-            while not stop.is_set():
-                step = min(0.25, limit - time.monotonic())
-                if step <= 0:
-                    return self._parked_until is not None and time.monotonic() >= self._parked_until
-                if wait_on(w, step):
-                    return True
-            return False
-        finally:
-            w.cancel()
+            def arm(t: Transaction, _: bool) -> tuple[bool, Watch | None]:
+                if self._scan(t):
+                    return True, None
+                if old is not None:
+                    workindex.wake_up(t, self.wk, old)  # renewed: the earlier one goes
+                key = workindex.sleep(t, self.wk, token, self.pattern, extra)
+                return False, t.watch(key)
+
+            found, w = run_once(db, arm)
+            if found or w is None:
+                return True
+            self._sleep_token = token
+            self._watch, self._armed_at, self._registered = w, time.monotonic(), True
+            self.watches += 1
+        w = self._watch
+        assert w is not None
+        limit = self._armed_at + LOST_WAKEUP_RECHECK
+        if timeout is not None:
+            limit = min(limit, time.monotonic() + timeout)
+        if self._parked_until is not None:
+            limit = min(limit, self._parked_until)
+        while not stop.is_set():
+            step = min(0.25, limit - time.monotonic())
+            if step <= 0:
+                return self._parked_until is not None and time.monotonic() >= self._parked_until
+            if wait_on(w, step):
+                if w.is_ready():
+                    self._registered = False  # woken: a waker cleared the registration
+                self._awake()
+                return True
+        return False
+
+    def leave(self, db: Database) -> None:
+        """The consumer stops: its registration goes (else a waker would spend a wake-up on
+        it until it is stale)."""
+        self._awake()
+        if self._registered:
+            with contextlib.suppress(QueueError):
+                run_once(db, lambda t, _: workindex.wake_up(t, self.wk, self._sleep_token))
+            self._registered = False
 
     # -- an index built late ------------------------------------------------------------------
 

@@ -242,6 +242,8 @@ class Worker(ExactlyOnce):
                 self._waiting = threading.local()  # a later run starts with fresh watchers
             for watcher in watchers:
                 watcher.close()
+            if self.workset is not None:
+                self.workset.leave(self.db)
         self.stats.prefetch = self.budget.size
         self.stats.backoffs = self.backoff.count
         self.stats.ingress_rate = self.budget.ingress.tick()
@@ -442,12 +444,21 @@ class Worker(ExactlyOnce):
         turn = list(self._rotation())
         # A work set's fair share: a bounded batch from each queue of the turn (QuiCK).
         share = IO_BATCH if self.workset is None else max(FAIR_SHARE, want // max(1, len(turn)))
-        for q in turn:
+        ws = self.workset
+        unretired: list[Queue] = []  # found empty this turn, left in the index for now
+        for i, q in enumerate(turn):
             n = min(want - len(got), IO_BATCH, share)
             if n <= 0 or self.stopping:
                 break
+            # QuiCK's vesting: a queue found empty is retired (in the empty lease's own
+            # transaction) only once it was empty at this consumer's last visit too, or when
+            # the turn ends with nothing: a queue its producers are feeding stays in the index,
+            # so its retire does not race their enqueues (a conflict each) and its producers
+            # write no entry and wake no sleeper.
+            retire = ws is not None and (ws.vesting(q) or (i == len(turn) - 1 and not got))
             try:
-                leased = self._lease(q, n)
+                tries = [0]
+                leased = self._lease(q, n, retire, tries)
             except QueueError as exc:
                 if self.workset is not None and not engine_failure(exc):
                     self.workset.avoid(self.db, q, exc)  # paused, or not ours to dequeue
@@ -459,16 +470,41 @@ class Worker(ExactlyOnce):
             got.extend((q, m) for m in leased)
             if not leased:
                 self._note_throttle()
-            self._served(q, bool(leased))
+            if ws is not None:
+                ws.visited(q, bool(leased) or retire)
+                if not leased and not retire:
+                    unretired.append(q)
+            # An empty lease retired the queue in its own transaction (``_lease``).
+            self._served(q, True, full=n >= FAIR_SHARE and len(leased) >= n)
+            if ws is not None and tries[0] > 1:
+                ws.jostle()  # met another consumer on this queue: part ways
+        if ws is not None and unretired and not got and not self.stopping:
+            ws.retire_all(self.db, unretired)  # about to idle: nothing of its own left indexed
         self.backoff.reset()
         self.budget.ingress.add(len(got))
         return got
 
-    def _lease(self, q: Queue, n: int) -> list[Message]:
+    def _lease(self, q: Queue, n: int, retire: bool = True, tries: list[int] | None = None) -> list[Message]:
         """Lease up to ``n`` of ``q``; the acks waiting in the settler commit in the same
-        transaction (one commit for a batch's acks and the next batch's leases)."""
+        transaction (one commit for a batch's acks and the next batch's leases); a work
+        set's queue that gives nothing leaves the work index in that transaction too, and
+        one that gives is claimed by this consumer for a moment (``workindex.claim``)."""
+        ws = self.workset
         with self._rate_limited():
-            return lease_settling(self.db, self._settler, q, n, self.lease_seconds)
+            if ws is None:
+                return lease_settling(self.db, self._settler, q, n, self.lease_seconds)
+            return lease_settling(
+                self.db,
+                self._settler,
+                q,
+                n,
+                self.lease_seconds,
+                retire=retire,
+                claim=ws.token,
+                contended=q.name in ws.contended,
+                owned=q.name in ws.owned,
+                tries=tries,
+            )
 
     def _handle_leased(self, q: Queue, m: Message) -> None:
         lease = self.lease_seconds

@@ -228,12 +228,13 @@ class WorkerBase:
                 self._watchers.append(watcher)
         return watcher
 
-    def _served(self, q: Queue, any_: bool) -> None:
+    def _served(self, q: Queue, any_: bool, *, full: bool = False) -> None:
         """A work set's queue had its turn; one that gave nothing leaves the index (a failure
-        to retire it only costs another visit)."""
+        to retire it only costs another visit); one that gave all that was asked (``full``)
+        may hold more: another consumer is woken."""
         if self.workset is None:
             return
-        self.workset.served(q)
+        self.workset.served(q, full)
         if not any_:
             try:
                 self.workset.retire(self.db, q)

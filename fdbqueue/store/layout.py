@@ -7,8 +7,12 @@ default. ``Q`` below is ``root + ("q", queue_name)``::
     root + ("queues", name)                     b"" for every queue that exists (listing)
     root + ("wk", name)                         the work index: queue ``name`` may have work;
                                                 b"" now, or 8 bytes: not before that version
-    root + ("wb",)                              grows when a queue enters the work index (the
-                                                one key an idle many-queue worker watches)
+    root + ("ws", token)                        an idle many-queue consumer asleep: what it serves
+                                                (JSON); it watches this key, and whoever gives
+                                                a matching queue work clears it (one wakes)
+    root + ("wc", name)                         a consumer serving queue ``name`` (8-byte version
+                                                until which, then its 8-byte token): others
+                                                visit the queue last in their turns
     root + ("wkf",)                             the work index was filled from the listing
     root + ("tres", message_id)                 a task's result (store_result=True), JSON
     root + ("texp", expires, message_id)        task results by expiry (a version): swept
@@ -606,14 +610,34 @@ def forward_marker_range(dst: QueueKeys, origin: str) -> tuple[bytes, bytes]:
 class WorkKeys:
     """The index of queues that have work, under one root (pure computation, no I/O)."""
 
-    __slots__ = ("_prefix", "_sub", "bell", "filled")
+    __slots__ = ("_claims", "_prefix", "_sleepers", "_sub", "filled")
 
     def __init__(self, root: tuple[Any, ...] | Subspace = DEFAULT_ROOT) -> None:
         sub = root if isinstance(root, Subspace) else root_subspace(root)
         self._sub = sub
         self._prefix = bytes(sub.pack(("wk",)))
-        self.bell = bytes(sub.pack(("wb",)))
+        self._sleepers = bytes(sub.pack(("ws",)))
+        self._claims = bytes(sub.pack(("wc",)))
         self.filled = bytes(sub.pack(("wkf",)))
+
+    def sleeper(self, token: bytes) -> bytes:
+        """An idle consumer's registration, ``root + ("ws", token)``."""
+        return self._sleepers + pack_one(token)
+
+    def sleepers_range(self) -> tuple[bytes, bytes]:
+        return self._sleepers, self._sleepers + b"\xff"
+
+    def claim(self, queue: str) -> bytes:
+        """Queue ``queue``'s claim by the consumer serving it, ``root + ("wc", queue)``."""
+        return self._claims + pack_one(queue)
+
+    def claims_range(self, prefix: str = "") -> tuple[bytes, bytes]:
+        """The claims of the queues whose names start with ``prefix``."""
+        begin = self._claims + pack_one(prefix)[:-1]
+        return begin, begin + b"\xff"
+
+    def claimed(self, key: bytes) -> str:
+        return str(self._sub.unpack(key)[1])
 
     def entry(self, queue: str) -> bytes:
         return self._prefix + pack_one(queue)

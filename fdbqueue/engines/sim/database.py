@@ -97,8 +97,11 @@ class SimTransaction(LocalTransaction):
     # -- attempt life cycle ----------------------------------------------------------------------
 
     def _begin(self) -> None:
+        # The attempt's first read, write or conflict range (LocalTransaction._touch).
         self._release()
         self._reset_attempt()
+        for c in self._sim.counters:
+            c.began()
 
     def _rollback(self) -> None:
         # Lock-free on purpose: __del__ calls this from the garbage collector, which may run
@@ -422,6 +425,11 @@ class SimTransaction(LocalTransaction):
                             raise
                 self._release()
                 db._collect_locked()
+        except EngineError as exc:
+            if exc.code == 1020:
+                for c in db.counters:
+                    c.conflicted()
+            raise
         finally:
             self._release()
         for w in fired:

@@ -22,6 +22,7 @@ from fdbqueue.engines.limits import TRANSACTION_WINDOW_SECONDS
 from fdbqueue.engines.local.mutations import apply_atomic, fill_versionstamp, make_versionstamp
 from fdbqueue.engines.local.watches import EventWatch
 from fdbqueue.engines.local.writemap import WriteMap
+from fdbqueue.engines.sim.traffic import TrafficCounter
 from fdbqueue.engines.versions import VERSIONS_PER_SECOND, monotonic, monotonic_us
 from fdbqueue.errors import EngineError
 
@@ -125,6 +126,17 @@ class SimStore:
         self._pruned_through = 0  # newest commit dropped from the log
         self._watches: dict[bytes, list[EventWatch]] = {}
         self._watch_count = 0
+        # Attached TrafficCounters (fdbqueue.testing.traffic): told of every attempt, commit
+        # and conflict while attached; an empty tuple costs the commit path one test.
+        self.counters: tuple[TrafficCounter, ...] = ()
+
+    def attach_counter(self, counter: TrafficCounter) -> None:
+        with self._lock:
+            self.counters = (*self.counters, counter)
+
+    def detach_counter(self, counter: TrafficCounter) -> None:
+        with self._lock:
+            self.counters = tuple(c for c in self.counters if c is not counter)
 
     def clock(self) -> float:
         return self._manual.now() if self._manual is not None else monotonic()
@@ -249,7 +261,21 @@ class SimStore:
         if wb_list:
             self._log.append((version, wb_list, we_list))
         self.stats.commits += 1
+        if self.counters:
+            self._count_locked(tr, stamp)
         return version
+
+    def _count_locked(self, tr: CommitRequest, stamp: bytes) -> None:
+        """Tell the attached counters which keys this commit's mutations touched: each set,
+        clear or atomic op on its key, a range clear once on its begin key, a versionstamped
+        key under its final key. A commit with no mutation (write conflict ranges only) is
+        not one."""
+        keys = list(tr._wm.values)
+        keys += [b for _, b, _ in tr._clears]
+        keys += [fill_versionstamp(template, stamp) for _, template, _ in tr._vs_keys]
+        if keys:
+            for c in self.counters:
+                c.committed(keys)
 
     def _drop_released_locked(self) -> None:
         released, live = self._released, self._live
