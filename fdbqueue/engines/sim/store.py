@@ -168,10 +168,9 @@ class SimStore:
                         raise EngineError(
                             1020, "a transaction committed since this one's read version wrote what it read"
                         )
-        # Above every read version handed out (database.py: at most the clock's version - 1).
-        version = max(self._version + 1, self._now_version())
+        version, order = self._commit_version_locked()
         self._version = version
-        stamp = make_versionstamp(version)
+        stamp = make_versionstamp(version, order)
         chains = self._chains
 
         # The final value of every key this commit changes, computed over the latest state
@@ -230,6 +229,13 @@ class SimStore:
             self._log.append((version, wb_list, we_list))
         self.stats.commits += 1
         return version
+
+    def _commit_version_locked(self) -> tuple[int, int]:
+        """The next commit's version and its order within the version (the versionstamp's
+        last two bytes). Above every read version handed out (database.py: at most the
+        clock's version - 1). The cluster model (cluster.py) gives one commit batch's
+        transactions one version, in order."""
+        return max(self._version + 1, self._now_version()), 0
 
     def _drop_released_locked(self) -> None:
         released, live = self._released, self._live
