@@ -160,6 +160,14 @@ class ClusterTransaction(SimTransaction):
         self._sim._pause(self._sim.knobs.read_latency)
         return super()._get(key, snapshot)
 
+    def _get_many(self, keys: list[bytes], snapshot: bool) -> dict[bytes, bytes | None]:
+        # The reads of a get_many are issued together: one round trip (performance.rst,
+        # "Reads": do as many reads as possible in parallel).
+        self._start()
+        self._sim._pause(self._sim.knobs.read_latency)
+        get = super()._get
+        return {k: get(k, snapshot) for k in keys}
+
     def _resolve(self, selector: KeySelector, snapshot: bool) -> bytes:
         self._start()
         self._sim._pause(self._sim.knobs.read_latency)
