@@ -12,7 +12,7 @@ Scenarios (each on a fresh model, same seed):
   ``--enqueue-batch`` messages a transaction to a random queue, ``--consumers`` (500) each
   owning ``queues / consumers`` queues and taking ``lease_many(--lease-batch)`` then
   ``ack_many`` from them in turn (polling ``--poll`` s after a pass that found nothing).
-* ``hot``: one queue, ``--producers`` producers, ``--hot-consumers`` consumers.
+* ``hot``: one queue, ``--hot-producers`` (200) producers, ``--hot-consumers`` (100) consumers.
 * ``hot-partitioned``: ``PartitionedQueue(partitions=--partitions)``, consumers spread over
   the partitions.
 * ``spread+recovery`` / ``hot-partitioned+recovery``: the same with a recovery (versions jump
@@ -65,6 +65,7 @@ class Settings:
     queues: int = 10_000
     producers: int = 200
     consumers: int = 500
+    hot_producers: int = 200
     hot_consumers: int = 100
     partitions: int = 20
     enqueue_batch: int = 1
@@ -216,7 +217,7 @@ def _run(name: str, cfg: Settings, vt: VirtualTime) -> dict[str, Any]:
     if len(consumed) < n_consumers:  # more consumers than queues: share them round robin
         for c in range(len(consumed), n_consumers):
             owned[c] = [consumed[c % len(consumed)]]
-    for p in range(cfg.producers):
+    for p in range(cfg.hot_producers if hot else cfg.producers):
         vt.spawn(producer, p, name=f"producer-{p}", delay=rng.random() * 0.01)
     for c in range(n_consumers):
         vt.spawn(consumer, owned[c], c, name=f"consumer-{c}", delay=rng.random() * 0.01)
@@ -258,6 +259,7 @@ def figures(name: str, cfg: Settings, before: dict[str, Any], after: dict[str, A
         "enqueued_per_s": (after["enqueued"] - before["enqueued"]) / dt,
         "txn_per_msg": (after["transactions"] - before["transactions"]) / per,
         "commits_per_msg": commits / per,
+        "mutations_per_msg": sum(team_writes) / per,
         "conflicts_per_msg": (after["conflicts"] - before["conflicts"]) / per,
         "hottest_team_writes_per_s": team_writes[hottest_team] / dt,
         "hottest_team_share": team_writes[hottest_team] / max(sum(team_writes), 1),
@@ -342,6 +344,7 @@ def show(results: list[dict[str, Any]], markdown: bool) -> None:
         ("txn_per_msg", "txn/msg", lambda v: f"{v:.2f}"),
         ("commits_per_msg", "commits/msg", lambda v: f"{v:.2f}"),
         ("conflicts_per_msg", "conflicts/msg", lambda v: f"{v:.3f}"),
+        ("mutations_per_msg", "mutations/msg", lambda v: f"{v:.1f}"),
         ("hottest_team_writes_per_s", "hottest team writes/s", lambda v: f"{v:,.0f} ({v / 200:.0f} %)"),
         ("hottest_team_share", "its share", lambda v: f"{100 * v:.1f} %"),
         ("hottest_key_writes_per_s", "hottest key writes/s", lambda v: f"{v:,.0f}"),

@@ -330,8 +330,7 @@ class ClusterDatabase(SimDatabase):
 
     def _grv(self) -> None:
         now = self.vt.now()
-        start = max(now, self._down_until)
-        release = self.ratekeeper.admit(start)
+        release = max(self.ratekeeper.admit(now), self._down_until)
         s = self.cluster_stats
         s.grvs += 1
         s.throttled_wait += release - now
