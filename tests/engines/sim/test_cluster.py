@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 import fdbqueue
-
 from fdbqueue import EngineError
 from fdbqueue.engines.sim.cluster import ClusterDatabase, ClusterKnobs, ClusterTransaction
 from fdbqueue.engines.sim.ratekeeper import shard_of
