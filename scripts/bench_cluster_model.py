@@ -11,16 +11,18 @@ Scenarios (each on a fresh model, same seed):
 * ``spread``: ``--queues`` queues (10,000), ``--producers`` (200) each enqueueing
   ``--enqueue-batch`` messages a transaction to a random queue, ``--consumers`` (500) each
   owning ``queues / consumers`` queues and taking ``lease_many(--lease-batch)`` then
-  ``ack_many`` from them in turn (polling ``--poll`` s after a pass that found nothing).
+  ``ack_many`` from them in turn; after a pass that found nothing it sleeps ``--poll`` s
+  (0.1), doubling up to 1 s while its queues stay empty.
 * ``hot``: one queue, ``--hot-producers`` (200) producers, ``--hot-consumers`` (100) consumers.
 * ``hot-partitioned``: ``PartitionedQueue(partitions=--partitions)``, consumers spread over
   the partitions.
 * ``spread+recovery`` / ``hot-partitioned+recovery``: the same with a recovery (versions jump
   ``--jump`` s, ``MAX_VERSIONS_IN_FLIGHT``) in the middle of the measured window, and after
-  the window a drain (producers stopped): messages delivered twice (leased by two
-  deliveries), acks refused (the lease had ended), and messages expired early (their TTL,
-  ``--ttl`` s, 60 by default, was longer than the whole run, yet they were gone undelivered;
-  ``--ttl 0``: no TTL, so that the messages whose leases the jump ended are delivered again).
+  the window a drain of ``--drain`` s once the cluster is back (producers stopped): messages
+  delivered twice (leased by two deliveries), acks refused (the lease had ended), and
+  messages expired early (their TTL, ``--ttl`` s, 60 by default, was longer than the whole
+  run, yet they were gone undelivered; ``--ttl 0``: no TTL, so that the messages whose leases
+  the jump ended are delivered again).
 
 Printed per scenario: messages delivered (acked) and enqueued per virtual second over the
 window, transactions, commits and conflicts (1020) per delivered message, the hottest team's
@@ -192,6 +194,7 @@ def _run(name: str, cfg: Settings, vt: VirtualTime) -> dict[str, Any]:
 
     def consumer(mine: list[fdbqueue.Queue], c: int) -> None:
         r = random.Random(cfg.seed * 104729 + c)
+        idle = cfg.poll
         while not stop["consumers"]:
             found = False
             for q in mine:
@@ -207,8 +210,11 @@ def _run(name: str, cfg: Settings, vt: VirtualTime) -> dict[str, Any]:
                 acked = q.ack_many(db, got)
                 tally.acked += len(acked)
                 tally.ack_refused += len(got) - len(acked)
-            if not found:
-                vt.sleep(cfg.poll * (0.5 + r.random()))
+            if found:
+                idle = cfg.poll
+            else:  # nothing in any of its queues: poll less and less often, up to 1 s
+                vt.sleep(idle * (0.5 + r.random()))
+                idle = min(2 * idle, 1.0)
 
     n_consumers = cfg.hot_consumers if hot else cfg.consumers
     owned: list[list[fdbqueue.Queue]] = [[] for _ in range(n_consumers)]
@@ -234,7 +240,7 @@ def _run(name: str, cfg: Settings, vt: VirtualTime) -> dict[str, Any]:
     out = figures(name, cfg, before, after)
     if recovery or name == "spread":
         stop["producers"] = True
-        vt.run(until=cfg.warmup + cfg.measure + cfg.drain)
+        vt.run(until=max(cfg.warmup + cfg.measure, db.available_at) + cfg.drain)
         stop["consumers"] = True
         vt.run()  # every client ends its turn and stops
         out.update(outcome(db, vt, tally, consumed, partitioned))

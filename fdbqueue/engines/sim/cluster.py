@@ -394,6 +394,11 @@ class ClusterDatabase(SimDatabase):
         self._down_until = self.vt.now() + downtime
         self.cluster_stats.recoveries += 1
 
+    @property
+    def available_at(self) -> float:
+        """When read versions are served again after the last recovery (virtual seconds)."""
+        return self._down_until
+
     def create_transaction(self) -> ClusterTransaction:
         self._check_up()
         return ClusterTransaction(self)
