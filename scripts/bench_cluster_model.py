@@ -308,7 +308,11 @@ def outcome(
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--small", action="store_true", help="a smoke run (< 30 s): 500 queues, 20/50 clients")
+    ap.add_argument(
+        "--small",
+        action="store_true",
+        help="a smoke run (< 30 s): 500 queues, 20 producers, 50 consumers; hot: 10 and 8",
+    )
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--markdown", action="store_true")
     for f, default in vars(Settings()).items():
@@ -320,11 +324,12 @@ def main() -> None:
             queues=500,
             producers=20,
             consumers=50,
-            hot_consumers=20,
+            hot_producers=10,
+            hot_consumers=8,
             partitions=8,
-            measure=0.5,
             warmup=0.3,
-            drain=0.5,
+            measure=0.3,
+            drain=0.3,
         )
     for f in vars(cfg):
         if getattr(args, f) is not None:
