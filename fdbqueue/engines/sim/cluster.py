@@ -60,8 +60,11 @@ __all__ = ["ClusterDatabase", "ClusterKnobs", "ClusterStats", "ClusterTransactio
 # Transaction::onError's codes that take the growing, randomised backoff (getBackoff):
 # not_committed, commit_unknown_result, database_locked, commit_proxy_memory_limit_exceeded,
 # process_behind, grv_proxy_memory_limit_exceeded, batch_transaction_throttled,
-# tag_throttled, transaction_throttled_hot_shard.
-GROWING_BACKOFF_CODES = frozenset({1020, 1021, 1038, 1042, 1037, 1078, 1051, 1213, 1231})
+# tag_throttled, transaction_throttled_hot_shard (codes: flow/include/flow/error_definitions.h).
+GROWING_BACKOFF_CODES = frozenset({1020, 1021, 1038, 1042, 1037, 1078, 1051, 1213, 1235})
+# Of those, the ones whose backoff grows up to RESOURCE_CONSTRAINED_MAX_BACKOFF (30 s) instead
+# of the transaction's max backoff: the proxies' memory limits, a throttled hot shard.
+RESOURCE_CONSTRAINED_CODES = frozenset({1042, 1078, 1235})
 # ... and the flat FUTURE_VERSION_RETRY_DELAY: transaction_too_old, future_version.
 FLAT_BACKOFF_CODES = frozenset({1007, 1009})
 
@@ -89,6 +92,7 @@ class ClusterKnobs:
     backoff_initial: float = 0.01  # DEFAULT_BACKOFF (fdbclient/ClientKnobs.cpp)
     backoff_max: float = 1.0  # DEFAULT_MAX_BACKOFF
     backoff_growth: float = 2.0  # BACKOFF_GROWTH_RATE
+    backoff_resource_max: float = 30.0  # RESOURCE_CONSTRAINED_MAX_BACKOFF
     future_version_retry_delay: float = 0.01  # FUTURE_VERSION_RETRY_DELAY
 
     def __post_init__(self) -> None:
@@ -250,6 +254,8 @@ class ClusterTransaction(SimTransaction):
             delay = min(db.knobs.future_version_retry_delay, cap)
         elif code in GROWING_BACKOFF_CODES:
             delay = self._backoff * db._random.random()
+            if code in RESOURCE_CONSTRAINED_CODES:
+                cap = db.knobs.backoff_resource_max
             self._backoff = min(self._backoff * db.knobs.backoff_growth, cap)
         else:
             delay = 0.0
@@ -281,7 +287,7 @@ class ClusterDatabase(SimDatabase):
         self._offset = 0  # versions added by recoveries
         super().__init__(seed=seed, clock=self.vt)
         self.engine = "sim"
-        self.url = f"sim://?seed={seed} (cluster model, {self.knobs.teams} teams)"
+        self.url = f"sim://?seed={seed}"  # the model has no URL: ClusterDatabase(...) makes it
         self.cluster_stats = ClusterStats()
         self._random = random.Random(seed * 1_000_003 + 17)
         k = self.knobs

@@ -226,12 +226,17 @@ def test_backoff_per_error_code() -> None:
         out["after_reset"].append(tr._backoff)
         with pytest.raises(EngineError):
             tr.on_error(EngineError(2000))  # not retryable: raised, no wait
+        tr = db.create_transaction()
+        assert isinstance(tr, ClusterTransaction)
+        for _ in range(13):  # a proxy's memory limit: up to RESOURCE_CONSTRAINED_MAX_BACKOFF
+            tr.on_error(EngineError(1042))
+        out["after_reset"].append(tr._backoff)
 
     vt.spawn(client)
     vt.run()
     assert out["state"] == pytest.approx([0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.0, 1.0])
     assert out["flat"] == pytest.approx([0.01] * 3)
-    assert out["after_reset"] == pytest.approx([1.0, 0.01])
+    assert out["after_reset"] == pytest.approx([1.0, 0.01, 30.0])
     assert 0 < sum(out["grow"]) < sum(out["state"])  # random fractions (random01), not the whole
 
 
