@@ -29,7 +29,8 @@ window, transactions, commits and conflicts (1020) per delivered message, the ho
 writes per second (and as a share of its 20,000/s), the most written key and its share of
 committed transactions, ratekeeper's limited share of the window, the mean read-version
 wait, and the real seconds the scenario took. Deterministic by ``--seed`` (the layer's own
-random ids come from a seeded source here, so that a run can be repeated exactly).
+random ids come from a seeded source here, and the script runs itself with PYTHONHASHSEED=0,
+so that a run can be repeated exactly).
 
     python scripts/bench_cluster_model.py [--small] [--markdown] [--scenarios spread,hot,...]
 """
@@ -307,6 +308,10 @@ def outcome(
 
 
 def main() -> None:
+    if os.environ.get("PYTHONHASHSEED") != "0":
+        # Strings' hashes (the order of a set of queue names) must not change from run to run.
+        os.environ["PYTHONHASHSEED"] = "0"
+        os.execv(sys.executable, [sys.executable, *sys.argv])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--small",
