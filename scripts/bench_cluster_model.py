@@ -29,8 +29,9 @@ window, transactions, commits and conflicts (1020) per delivered message, the ho
 writes per second (and as a share of its 20,000/s), the most written key and its share of
 committed transactions, ratekeeper's limited share of the window, the mean read-version
 wait, and the real seconds the scenario took. Deterministic by ``--seed`` (the layer's own
-random ids come from a seeded source here, and the script runs itself with PYTHONHASHSEED=0,
-so that a run can be repeated exactly).
+random ids, coin flips and wall clock come from seeded sources here, and the script runs
+itself with PYTHONHASHSEED=0: small runs repeat exactly, full-scale ones within a few per cent,
+as some order inside the layer is not seeded yet).
 
     python scripts/bench_cluster_model.py [--small] [--markdown] [--scenarios spread,hot,...]
 """
