@@ -54,7 +54,6 @@ from fdbqueue.engines.sim.faults import (
     fault_possible,
 )
 from fdbqueue.engines.sim.traffic import TrafficCounter
-from fdbqueue.engines.versions import VERSIONS_PER_SECOND
 from fdbqueue.errors import FaultScriptError
 
 __all__ = ["FaultScript", "FaultScriptError", "Outcome", "on_backoff", "outage", "recovery", "traffic"]
@@ -193,7 +192,7 @@ def recovery(db: object, jump: float = 100.0) -> None:
     sim = _sim(db, "recovery")
     if isinstance(jump, bool) or not isinstance(jump, (int, float)) or not math.isfinite(jump) or jump < 0:
         raise FaultScriptError(f"recovery's jump must be a finite number of seconds >= 0, not {jump!r}")
-    sim.recover(round(jump * VERSIONS_PER_SECOND))
+    sim.recover(float(jump))  # the cluster model's own recovery too (engines/sim/cluster.py)
 
 
 @contextmanager

@@ -147,8 +147,9 @@ class SimStore:
             return int(self._manual.now() * VERSIONS_PER_SECOND) + self._jumped
         return monotonic_us() + self._jumped
 
-    def recover(self, jump_versions: int) -> None:
-        """Versions jump ``jump_versions`` ahead, as at a recovery, while no time passes.
+    def recover(self, jump: float | None = None, downtime: float | None = None) -> None:
+        """Versions jump ``jump`` seconds' worth ahead (default 100 s), as at a recovery, while
+        no time passes (``downtime``: the cluster model's; here the store is back at once).
 
         The recovery's first version is ``MAX_VERSIONS_IN_FLIGHT`` past the last committed one
         (``fdbserver/ClusterRecovery.actor.cpp``: ``recoveryTransactionVersion = lastEpochEnd +
@@ -158,7 +159,7 @@ class SimStore:
         """
         with self._lock:
             self._drop_released_locked()
-            self._jumped += jump_versions
+            self._jumped += MAX_VERSIONS_IN_FLIGHT if jump is None else round(jump * VERSIONS_PER_SECOND)
             self._version = max(self._version, self._now_version() - 1)
             self._live.clear()
             self._pruned_through = self._version
@@ -200,10 +201,9 @@ class SimStore:
                         raise EngineError(
                             1020, "a transaction committed since this one's read version wrote what it read"
                         )
-        # Above every read version handed out (database.py: at most the clock's version - 1).
-        version = max(self._version + 1, self._now_version())
+        version, order = self._commit_version_locked()
         self._version = version
-        stamp = make_versionstamp(version)
+        stamp = make_versionstamp(version, order)
         chains = self._chains
 
         # The final value of every key this commit changes, computed over the latest state
@@ -276,6 +276,13 @@ class SimStore:
         if keys:
             for c in self.counters:
                 c.committed(keys)
+
+    def _commit_version_locked(self) -> tuple[int, int]:
+        """The next commit's version and its order within the version (the versionstamp's
+        last two bytes). Above every read version handed out (database.py: at most the
+        clock's version - 1). The cluster model (cluster.py) gives one commit batch's
+        transactions one version, in order."""
+        return max(self._version + 1, self._now_version()), 0
 
     def _drop_released_locked(self) -> None:
         released, live = self._released, self._live
