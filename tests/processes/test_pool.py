@@ -157,6 +157,19 @@ def test_a_child_killed_mid_task_loses_nothing(db: Any, tmp_path: Path) -> None:
     assert_nothing_left(db, "jobs")
 
 
+def test_a_child_that_dies_without_a_time_limit_is_a_child_died_delivery(db: Any, tmp_path: Path) -> None:
+    """A child killed holding a message, with no time limit set: the reason says the child
+    died (its death seen on the pipe before its exit status is known is no time limit's)."""
+    fdbqueue.create_queue(db, "jobs", max_deliveries=1)
+    log = tmp_path / "log"
+    victims = Queue("jobs").enqueue_many(db, [{"log": str(log), "die": True} for _ in range(4)])
+    stats = Worker(db, "jobs", act, processes=2).run(until_empty=True)
+    assert (stats.failed, stats.timed_out) == (4, 0)
+    dead = {m.id: m.reason or "" for m in Queue("jobs.error").browse(db)}
+    assert set(dead) == set(victims)
+    assert all(r.startswith("ChildDied: the worker's child process") for r in dead.values()), dead
+
+
 def test_time_limit_kills_the_child_then_dead_letters(db: Any, tmp_path: Path) -> None:
     fdbqueue.create_queue(db, "jobs", max_deliveries=2, retry_delay=0)
     log = tmp_path / "log"
