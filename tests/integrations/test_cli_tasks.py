@@ -65,3 +65,30 @@ def test_a_malformed_tasks_spec_exits_2(tmp_path: Path, argv: list[str], fragmen
     r = cli("worker", *argv, url=f"sqlite://{tmp_path / 'tasks.db'}")
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert fragment in r.stderr and "Traceback" not in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_worker_tasks_passes_the_pool_options_on(tmp_path: Path) -> None:
+    """``--max-tasks-per-child`` reaches the app's worker (a child per call here), and without
+    ``--processes`` it is refused as for ``--handler``, not silently ignored."""
+    url = f"sqlite://{tmp_path / 'tasks.db'}"
+    db = fdbqueue.open(url)
+    try:
+        app = TaskRegistry(db)
+        name = "tests.support.pool_tasks.pid_times"
+        pid_times = app.task(name=name, queue="pool-tasks", store_result=True)(lambda n: [0, 2 * n])
+        ids = [pid_times.defer(db, n) for n in range(3)]
+    finally:
+        db.close()
+    tasks = ["worker", "--tasks", "tests.support.pool_tasks:app", "--url", url]
+    r = cli(*tasks, "--max-tasks-per-child", "1", "--until-empty", url=url)
+    assert r.returncode == 2 and "need processes > 0" in r.stderr, (r.stdout, r.stderr)
+    r = cli(*tasks, "--processes", "1", "--max-tasks-per-child", "1", "--until-empty", url=url)
+    assert r.returncode == 0, r.stderr
+    assert "1 child process" in r.stderr and "worker stopped: processed 3" in r.stdout
+    db = fdbqueue.open(url)
+    try:
+        results = [app.result(db, mid, timeout=1.0) for mid in ids]
+    finally:
+        db.close()
+    assert [n for _, n in results] == [0, 2, 4]
+    assert len({pid for pid, _ in results}) == 3  # a fresh child for each call
