@@ -21,7 +21,6 @@ import importlib
 import inspect
 import json
 import pickle
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,21 +37,18 @@ from fdbqueue.errors import (
 )
 from fdbqueue.ops.receipts import run_once_confirmed
 from fdbqueue.store.layout import DEFAULT_ROOT, validate_queue_name
+from fdbqueue.store.rates import parse_rate
 from fdbqueue.types import check_duration
 
 DEFAULT_QUEUE = "tasks"  # the queue of a task that names none
 
-_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$")
-
 
 def check_rate_limit(rate: object) -> str | None:
-    """``"50/s"``, ``"1000/m"`` or ``"10/h"`` (or None): refused here when malformed."""
+    """``"50/s"``, ``"1000/m"``, ``"10/h"`` or ``"7/d"`` (or None): refused here when the
+    task's queue would refuse it (``create_queue(..., rate_limit=)``, one parser for both)."""
     if rate is None:
         return None
-    found = _RATE.match(rate) if isinstance(rate, str) else None
-    if found is None or float(found.group(1)) <= 0:
-        raise QueueError(f"rate_limit must look like '50/s', '1000/m' or '10/h', got {rate!r}")
-    return str(rate)
+    return parse_rate(rate).text
 
 
 def _json_check(what: str, value: object) -> None:

@@ -473,3 +473,19 @@ def test_a_tasks_rate_limit_is_its_queues(db: fdbqueue.Database, caplog: pytest.
 
     with pytest.raises(fdbqueue.QueueError, match="a queue of its own"):
         app.worker()  # one queue, one rate limit
+
+
+def test_a_tasks_rate_limit_is_checked_at_registration_as_its_queue_will_take_it(
+    db: fdbqueue.Database,
+) -> None:
+    """A rate limit the queue would refuse is refused at registration, not at the worker's
+    start; one the queue takes is taken."""
+    app = fdbqueue.Tasks(db)
+    for i, bad in enumerate(["50/sec", " 50/s", "50/ s", "10/hour", "2000000/s"]):
+        with pytest.raises(fdbqueue.QueueError, match="rate_limit"):
+            app.task(name=f"bad{i}", rate_limit=bad)(lambda: None)
+    for i, good in enumerate(["7/d", "0.5/s", "1000/m"]):
+        app.task(name=f"good{i}", queue=f"q{i}", rate_limit=good)(lambda: None)
+    app.worker()
+    if "rate_limit" in fdbqueue.QueueConfig.__dataclass_fields__:  # queues with rate limits
+        assert fdbqueue.queue_config(db, "q0").rate_limit == "7/d"  # type: ignore[attr-defined]
