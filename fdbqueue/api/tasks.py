@@ -36,6 +36,7 @@ from fdbqueue.errors import (
     UnknownTaskError,
 )
 from fdbqueue.ops.receipts import run_once_confirmed
+from fdbqueue.ops.txn import as_database
 from fdbqueue.store.layout import DEFAULT_ROOT, validate_queue_name
 from fdbqueue.store.rates import parse_rate
 from fdbqueue.types import check_duration
@@ -340,7 +341,7 @@ class TaskRegistry:
         root: tuple[Any, ...] = DEFAULT_ROOT,
         result_ttl: float = DEFAULT_RESULT_TTL,
     ) -> None:
-        self.db: Database = open_database(db) if db is None or isinstance(db, str) else db
+        self.db: Database = open_database(db) if db is None or isinstance(db, str) else as_database(db)
         self.default_queue = validate_queue_name(queue)
         self.root = tuple(root)
         self.result_ttl = check_duration("result_ttl", result_ttl, positive=True)

@@ -489,3 +489,17 @@ def test_a_tasks_rate_limit_is_checked_at_registration_as_its_queue_will_take_it
     app.worker()
     if "rate_limit" in fdbqueue.QueueConfig.__dataclass_fields__:  # queues with rate limits
         assert fdbqueue.queue_config(db, "q0").rate_limit == "7/d"  # type: ignore[attr-defined]
+
+
+def test_tasks_over_something_that_is_no_database_is_refused_at_once(db: fdbqueue.Database) -> None:
+    """``Tasks(5)`` or ``Tasks(tr)``: a clear error where the app is made, not at its first use."""
+    with pytest.raises(fdbqueue.QueueError, match="expected a Database"):
+        fdbqueue.Tasks(5)  # type: ignore[arg-type]
+
+    @fdbqueue.transactional
+    def inside(tr: fdbqueue.Transaction) -> None:
+        with pytest.raises(fdbqueue.QueueError, match="needs a Database"):
+            fdbqueue.Tasks(tr)  # type: ignore[arg-type]
+
+    inside(db)
+    assert fdbqueue.Tasks(db).db is db
