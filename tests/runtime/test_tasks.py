@@ -503,3 +503,46 @@ def test_tasks_over_something_that_is_no_database_is_refused_at_once(db: fdbqueu
 
     inside(db)
     assert fdbqueue.Tasks(db).db is db
+
+
+def test_a_task_that_discards_fails_with_type_discard(db: fdbqueue.Database) -> None:
+    """``raise Discard(reason)`` in a task: TaskFailedError's type is "Discard" and its text
+    the reason, whatever the reason says (a colon in it is no type)."""
+    app = fdbqueue.Tasks(db)
+
+    @app.task(store_result=True)
+    def refuse(reason: str | None) -> None:
+        raise fdbqueue.Discard(reason)
+
+    a, b = refuse.defer(db, "bad input: no such user"), refuse.defer(db, None)
+    run(app)
+    with pytest.raises(fdbqueue.TaskFailedError) as err:
+        app.result(db, a, timeout=5.0)
+    assert (err.value.type, err.value.text) == ("Discard", "bad input: no such user")
+    with pytest.raises(fdbqueue.TaskFailedError) as err:
+        app.result(db, b, timeout=5.0)
+    assert (err.value.type, err.value.text) == ("Discard", "discarded by the handler")
+
+
+def test_a_tasks_max_deliveries_bounds_its_runs_past_its_time_limit(db: fdbqueue.Database) -> None:
+    """ "At most this many runs": a run given up past the time limit counts too, though the
+    queue (shared with a task of more deliveries) would deliver it more often."""
+    import time
+
+    app = fdbqueue.Tasks(db)
+
+    @app.task(queue="slow", store_result=True, max_deliveries=2)
+    def stuck() -> None:
+        CALLS.append(("stuck", None))
+        time.sleep(0.6)  # abandoned by the worker past 0.2 s
+
+    @app.task(queue="slow", max_deliveries=5)
+    def other() -> None: ...
+
+    mid = stuck.defer(db)
+    app.worker(concurrency=1, time_limit=0.2).run(until_empty=True)
+    assert CALLS == [("stuck", None), ("stuck", None)]
+    with pytest.raises(fdbqueue.TaskFailedError) as err:
+        app.result(db, mid, timeout=5.0)
+    assert err.value.type == "time_limit"
+    assert [m.id for m in fdbqueue.Queue("slow.error").browse(db)] == [mid]
