@@ -157,6 +157,11 @@ def _cmd_task_worker(db: fdbqueue.Database, args: argparse.Namespace) -> int:
     app = _load_tasks(args.tasks)
     setup_logging(args.log_level, args.log_format)
     # Every option given reaches the worker, or is refused: none is silently left out.
+    if args.processes and args.concurrency not in (1, args.processes):
+        raise CommandError(
+            f"with --processes {args.processes} each child runs one task at a time: leave concurrency at 1 "
+            f"(or give {args.processes}), got --concurrency {args.concurrency}"
+        )
     options: dict[str, Any] = {}
     for name in ("max_tasks_per_child", "max_memory_per_child"):
         if getattr(args, name) is not None:

@@ -59,6 +59,10 @@ def test_worker_tasks_runs_the_apps_tasks_in_a_process(tmp_path: Path) -> None:
         (["--tasks", "tests.support.task_app:not_an_app"], "not an fdbqueue.Tasks app"),
         (["q", "--tasks", "tests.support.task_app:app"], "give no queue names"),
         (["q"], "--handler MODULE:FUNCTION, or --tasks MODULE:APP"),
+        (
+            ["--tasks", "tests.support.task_app:app", "--processes", "2", "--concurrency", "4"],
+            "leave concurrency at 1",
+        ),
     ],
 )
 def test_a_malformed_tasks_spec_exits_2(tmp_path: Path, argv: list[str], fragment: str) -> None:
