@@ -172,11 +172,26 @@ def _cmd_task_worker(db: fdbqueue.Database, args: argparse.Namespace) -> int:
             options[name] = getattr(args, name)
     if not any(t.is_async for t in app.tasks.values()):  # an AsyncWorker has no sweeper of its own
         options["sweep_interval"] = args.sweep_interval
+    target = db if args.url else None  # the app's own database unless --url names one
+    if target is None and args.principal is not None and app.db.principal != args.principal:
+        target = own = fdbqueue.open(app.db.url, principal=args.principal)  # the app's, as --principal
+    else:
+        own = None
+    try:
+        return _run_task_worker(app, args, target, options)
+    finally:
+        if own is not None:
+            own.close()
+
+
+def _run_task_worker(
+    app: fdbqueue.Tasks, args: argparse.Namespace, target: fdbqueue.Database | None, options: dict[str, Any]
+) -> int:
     worker = app.worker(
         concurrency=args.concurrency,
         processes=args.processes,
         time_limit=args.time_limit,
-        db=db if args.url else None,  # the app's own database unless --url names one
+        db=target,
         lease_seconds=args.lease_seconds,
         heartbeat=args.heartbeat,
         shutdown_timeout=args.shutdown_timeout,

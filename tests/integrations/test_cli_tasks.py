@@ -16,8 +16,8 @@ from fdbqueue.api.tasks import TaskRegistry
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def cli(*argv: str, url: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "FDBQUEUE_URL": url, "PYTHONPATH": str(ROOT)}
+def cli(*argv: str, url: str, **environ: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "FDBQUEUE_URL": url, "PYTHONPATH": str(ROOT), **environ}
     return subprocess.run(
         [sys.executable, "-m", "fdbqueue", *argv],
         capture_output=True,
@@ -96,3 +96,38 @@ def test_worker_tasks_passes_the_pool_options_on(tmp_path: Path) -> None:
         db.close()
     assert [n for _, n in results] == [0, 2, 4]
     assert len({pid for pid, _ in results}) == 3  # a fresh child for each call
+
+
+def test_worker_tasks_acts_as_the_principal_given(tmp_path: Path) -> None:
+    """``fdbqueue --principal P worker --tasks mod:app``: the app's own database, as P (it
+    acted as the app's principal, anonymous, and was refused the owner's queue)."""
+    url = f"sqlite://{tmp_path / 'tasks.db'}"
+    db = fdbqueue.open(url, principal="svc-a")
+    try:
+        fdbqueue.create_queue(db, "cli-tasks", owner="svc-a")
+        app = TaskRegistry(db)
+        double = app.task(name="tests.support.task_app.double", queue="cli-tasks", store_result=True)(
+            lambda n: 2 * n
+        )
+        mid = double.defer(db, 21)
+    finally:
+        db.close()
+    # The app module opens $FDBQUEUE_URL, here with no principal of its own.
+    env = {"FDBQUEUE_PRINCIPAL": ""}
+    r = cli(
+        "--principal",
+        "svc-a",
+        "worker",
+        "--tasks",
+        "tests.support.task_app:app",
+        "--until-empty",
+        url=url,
+        **env,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "worker stopped: processed 1" in r.stdout
+    db = fdbqueue.open(url, principal="svc-a")
+    try:
+        assert app.result(db, mid, timeout=1.0) == 42
+    finally:
+        db.close()
