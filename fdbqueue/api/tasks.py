@@ -386,7 +386,10 @@ class TaskRegistry:
         qname = validate_queue_name(queue if queue is not None else self.default_queue)
 
         def register(f: Callable[..., Any]) -> Task:
-            tname = name if name is not None else f"{f.__module__}.{f.__qualname__}"
+            # A worker's child process imports a script as "__mp_main__" (multiprocessing's
+            # spawn and forkserver): its tasks keep the names the script's own process gave.
+            module = "__main__" if f.__module__ == "__mp_main__" else f.__module__
+            tname = name if name is not None else f"{module}.{f.__qualname__}"
             if not isinstance(tname, str) or not tname:
                 raise QueueError(f"a task's name is a non-empty str, got {tname!r}")
             if tname in self.tasks and self.tasks[tname].fn is not f:

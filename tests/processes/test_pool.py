@@ -431,3 +431,37 @@ def test_past_the_shutdown_timeout_children_are_killed_and_messages_released(
     assert held(db, q) == (4, 0, 0), err
     assert {m.id: m.deliveries for m in q.browse(db)} == dict.fromkeys(ids, 0)
     db.close()
+
+
+SCRIPT_TASKS = """
+import os, sys, fdbqueue
+app = fdbqueue.Tasks(sys.argv[1])
+
+@app.task(store_result=True)
+def pid_times(n):
+    return [os.getpid(), 2 * n]
+
+if __name__ == "__main__":
+    ids = [pid_times.defer(app.db, n) for n in range(3)]
+    app.worker(processes=2).run(until_empty=True)
+    results = [app.result(app.db, mid, timeout=10) for mid in ids]
+    assert [n for _, n in results] == [0, 2, 4], results
+    assert os.getpid() not in {p for p, _ in results}, results
+    print("ok")
+"""
+
+
+def test_a_scripts_own_tasks_run_in_a_process_pool(tmp_path: Path) -> None:
+    """Tasks of a script with the ``__main__`` guard, as for a Worker's handler: a child
+    imports the script as ``__mp_main__``, and its tasks keep their ``__main__`` names (every
+    one was dead-lettered as an unknown task)."""
+    script = tmp_path / "script_tasks.py"
+    script.write_text(SCRIPT_TASKS)
+    r = subprocess.run(
+        [sys.executable, str(script), f"sqlite://{tmp_path / 'q.db'}?sync=normal"],
+        capture_output=True,
+        env=env(),
+        timeout=120,
+        text=True,
+    )
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
