@@ -153,7 +153,10 @@ def _cmd_task_worker(db: fdbqueue.Database, args: argparse.Namespace) -> int:
     if args.handler is not None or args.names:
         raise CommandError("--tasks runs the app's own queues: give no queue names and no --handler")
     if args.mode.replace("-", "_") != "lease":
-        raise CommandError("--tasks runs in lease mode (results and chains commit with the ack)")
+        raise CommandError(
+            "--tasks takes its mode from the app's tasks (exactly_once=True ones run on an exactly-once "
+            "worker, the others in lease mode): leave --mode out"
+        )
     app = _load_tasks(args.tasks)
     setup_logging(args.log_level, args.log_format)
     # Every option given reaches the worker, or is refused: none is silently left out.

@@ -59,6 +59,7 @@ def test_worker_tasks_runs_the_apps_tasks_in_a_process(tmp_path: Path) -> None:
         (["--tasks", "tests.support.task_app:not_an_app"], "not an fdbqueue.Tasks app"),
         (["q", "--tasks", "tests.support.task_app:app"], "give no queue names"),
         (["q"], "--handler MODULE:FUNCTION, or --tasks MODULE:APP"),
+        (["--tasks", "tests.support.task_app:app", "--mode", "exactly-once"], "leave --mode out"),
         (
             ["--tasks", "tests.support.task_app:app", "--processes", "2", "--concurrency", "4"],
             "leave concurrency at 1",
