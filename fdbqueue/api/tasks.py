@@ -21,7 +21,6 @@ import importlib
 import inspect
 import json
 import pickle
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,22 +36,20 @@ from fdbqueue.errors import (
     UnknownTaskError,
 )
 from fdbqueue.ops.receipts import run_once_confirmed
+from fdbqueue.ops.txn import as_database
 from fdbqueue.store.layout import DEFAULT_ROOT, validate_queue_name
+from fdbqueue.store.rates import parse_rate
 from fdbqueue.types import check_duration
 
 DEFAULT_QUEUE = "tasks"  # the queue of a task that names none
 
-_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$")
-
 
 def check_rate_limit(rate: object) -> str | None:
-    """``"50/s"``, ``"1000/m"`` or ``"10/h"`` (or None): refused here when malformed."""
+    """``"50/s"``, ``"1000/m"``, ``"10/h"`` or ``"7/d"`` (or None): refused here when the
+    task's queue would refuse it (``create_queue(..., rate_limit=)``, one parser for both)."""
     if rate is None:
         return None
-    found = _RATE.match(rate) if isinstance(rate, str) else None
-    if found is None or float(found.group(1)) <= 0:
-        raise QueueError(f"rate_limit must look like '50/s', '1000/m' or '10/h', got {rate!r}")
-    return str(rate)
+    return parse_rate(rate).text
 
 
 def _json_check(what: str, value: object) -> None:
@@ -344,7 +341,7 @@ class TaskRegistry:
         root: tuple[Any, ...] = DEFAULT_ROOT,
         result_ttl: float = DEFAULT_RESULT_TTL,
     ) -> None:
-        self.db: Database = open_database(db) if db is None or isinstance(db, str) else db
+        self.db: Database = open_database(db) if db is None or isinstance(db, str) else as_database(db)
         self.default_queue = validate_queue_name(queue)
         self.root = tuple(root)
         self.result_ttl = check_duration("result_ttl", result_ttl, positive=True)
@@ -389,7 +386,10 @@ class TaskRegistry:
         qname = validate_queue_name(queue if queue is not None else self.default_queue)
 
         def register(f: Callable[..., Any]) -> Task:
-            tname = name if name is not None else f"{f.__module__}.{f.__qualname__}"
+            # A worker's child process imports a script as "__mp_main__" (multiprocessing's
+            # spawn and forkserver): its tasks keep the names the script's own process gave.
+            module = "__main__" if f.__module__ == "__mp_main__" else f.__module__
+            tname = name if name is not None else f"{module}.{f.__qualname__}"
             if not isinstance(tname, str) or not tname:
                 raise QueueError(f"a task's name is a non-empty str, got {tname!r}")
             if tname in self.tasks and self.tasks[tname].fn is not f:

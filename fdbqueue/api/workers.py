@@ -32,7 +32,7 @@ from fdbqueue.ops.txn import run_once
 from fdbqueue.store.clock import db_now
 from fdbqueue.store.config import decode_guard
 from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys, WorkerKeys
-from fdbqueue.types import check_duration
+from fdbqueue.types import check_duration, check_flag
 
 DEAD_AFTER_BEATS = 3  # heartbeats missed before a worker is shown dead
 PRUNE_AFTER = 3600.0  # seconds a dead worker's record is kept (for people to see what died)
@@ -141,6 +141,8 @@ def workers(
     those of the queues it may browse. Reads only (snapshot reads: it conflicts with no
     heartbeat); composes inside the caller's transaction.
     """
+    if alive is not None:
+        check_flag("alive", alive)  # "yes" would filter out every worker, silently
     wk = WorkerKeys(root)
 
     def body(t: Transaction, _: bool) -> list[WorkerInfo]:

@@ -128,9 +128,8 @@ def _cmd_worker(db: fdbqueue.Database, args: argparse.Namespace) -> int:
         max_tasks_per_child=args.max_tasks_per_child,
         max_memory_per_child=args.max_memory_per_child,
     )
-    where = f"{args.processes} child processes" if args.processes else f"concurrency {args.concurrency}"
     print(
-        f"fdbqueue worker: {', '.join(args.names)} in {args.mode} mode, {where}, "
+        f"fdbqueue worker: {', '.join(args.names)} in {args.mode} mode, {_where(args)}, "
         f"handler {args.handler}; stop with SIGTERM or Ctrl-C",
         file=sys.stderr,
     )
@@ -143,26 +142,67 @@ def _cmd_worker(db: fdbqueue.Database, args: argparse.Namespace) -> int:
     return 0
 
 
+def _where(args: argparse.Namespace) -> str:
+    """Where the handlers run, for the worker's first line."""
+    n = args.processes
+    return f"{n} child process{'es' if n != 1 else ''}" if n else f"concurrency {args.concurrency}"
+
+
 def _cmd_task_worker(db: fdbqueue.Database, args: argparse.Namespace) -> int:
     """``worker --tasks module:app``: the app's worker over its tasks' queues."""
     if args.handler is not None or args.names:
         raise CommandError("--tasks runs the app's own queues: give no queue names and no --handler")
     if args.mode.replace("-", "_") != "lease":
-        raise CommandError("--tasks runs in lease mode (results and chains commit with the ack)")
+        raise CommandError(
+            "--tasks takes its mode from the app's tasks (exactly_once=True ones run on an exactly-once "
+            "worker, the others in lease mode): leave --mode out"
+        )
     app = _load_tasks(args.tasks)
     setup_logging(args.log_level, args.log_format)
+    # Every option given reaches the worker, or is refused: none is silently left out.
+    if args.processes and args.concurrency not in (1, args.processes):
+        raise CommandError(
+            f"with --processes {args.processes} each child runs one task at a time: leave concurrency at 1 "
+            f"(or give {args.processes}), got --concurrency {args.concurrency}"
+        )
+    options: dict[str, Any] = {}
+    for name in ("max_tasks_per_child", "max_memory_per_child"):
+        if getattr(args, name) is not None:
+            if not args.processes:
+                raise CommandError(
+                    "--max-tasks-per-child and --max-memory-per-child need processes > 0 (--processes N)"
+                )
+            options[name] = getattr(args, name)
+    if not any(t.is_async for t in app.tasks.values()):  # an AsyncWorker has no sweeper of its own
+        options["sweep_interval"] = args.sweep_interval
+    target = db if args.url else None  # the app's own database unless --url names one
+    if target is None and args.principal is not None and app.db.principal != args.principal:
+        target = own = fdbqueue.open(app.db.url, principal=args.principal)  # the app's, as --principal
+    else:
+        own = None
+    try:
+        return _run_task_worker(app, args, target, options)
+    finally:
+        if own is not None:
+            own.close()
+
+
+def _run_task_worker(
+    app: fdbqueue.Tasks, args: argparse.Namespace, target: fdbqueue.Database | None, options: dict[str, Any]
+) -> int:
     worker = app.worker(
         concurrency=args.concurrency,
-        processes=getattr(args, "processes", None) or 0,  # the process pool's option, where there is one
+        processes=args.processes,
         time_limit=args.time_limit,
-        db=db if args.url else None,  # the app's own database unless --url names one
+        db=target,
         lease_seconds=args.lease_seconds,
         heartbeat=args.heartbeat,
         shutdown_timeout=args.shutdown_timeout,
+        **options,
     )
     print(
-        f"fdbqueue worker: {len(app.tasks)} tasks of {args.tasks} on {', '.join(app.queues)}, concurrency "
-        f"{args.concurrency}; stop with SIGTERM or Ctrl-C",
+        f"fdbqueue worker: {len(app.tasks)} tasks of {args.tasks} on {', '.join(app.queues)}, "
+        f"{_where(args)}; stop with SIGTERM or Ctrl-C",
         file=sys.stderr,
     )
     stats = worker.run(install_signals=True, until_empty=args.until_empty, max_messages=args.max_messages)

@@ -45,9 +45,11 @@ from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 
-from fdbqueue.engines.contract import Transaction
+from fdbqueue.engines.contract import Database, Transaction
 from fdbqueue.engines.local.watches import EventWatch
 from fdbqueue.engines.versions import VERSIONS_PER_SECOND
+from fdbqueue.errors import QueueError
+from fdbqueue.ops.txn import run_once
 from fdbqueue.store.clock import db_now
 from fdbqueue.store.config import QueueConfig
 from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys, RateKeys
@@ -182,14 +184,29 @@ def gate(tr: Transaction, keys: QueueKeys, cfg: QueueConfig, now: int, n: int) -
 
 
 def take(
-    tr: Transaction, name: str, rate: Rate | str, n: int = 1, *, root: tuple[Any, ...] = DEFAULT_ROOT
+    tr: Transaction | Database,
+    name: str,
+    rate: Rate | str,
+    n: int = 1,
+    *,
+    root: tuple[Any, ...] = DEFAULT_ROOT,
 ) -> tuple[int, float]:
     """Take up to ``n`` tokens from the named bucket ``name`` at ``rate``, in ``tr``: (tokens
     taken, seconds until the next token when none was). The bucket is the one a Worker's
     ``rate_limit_key=name`` takes from, so a caller that limits something other than a lease
     (a task of a queue shared with other tasks) shares it with those workers. Composes inside
-    the caller's transaction: nothing is spent when it aborts."""
-    rate = rate_of(rate) if isinstance(rate, str) else rate
+    the caller's transaction: nothing is spent when it aborts; given a Database, a transaction
+    of its own (a commit that ends unknown and is run again may spend tokens twice: the limit
+    errs on the side of fewer)."""
+    if not isinstance(name, str) or not name:
+        raise QueueError(f"name must be a non-empty str, got {name!r}")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise QueueError(f"n must be an int >= 1, got {n!r}")
+    parsed = rate_of(rate) if isinstance(rate, str) else rate
+    return run_once(tr, lambda t, _: _take(t, name, parsed, n, root))
+
+
+def _take(tr: Transaction, name: str, rate: Rate, n: int, root: tuple[Any, ...]) -> tuple[int, float]:
     now = db_now(tr)
     shards, until = _draw(tr, RateKeys.named(name, root), rate, now, n)
     if not shards:

@@ -75,6 +75,7 @@ OK = "ok"
 TIMED_OUT = "timed_out"  # past time_limit: the child was killed
 CLOSED = "closed"  # the pool was closed at once meanwhile: the worker released the message
 UNAVAILABLE = "unavailable"  # no child could be started: the message was not handled
+_PAST_LIMIT: tuple[Any, ...] = ("past time_limit",)  # _answer's: no answer within time_limit
 
 
 def check_processes(processes: object) -> int:
@@ -410,12 +411,14 @@ class ProcessPool:
             except (OSError, ValueError):  # it died idle: the message never reached it
                 return (CLOSED if self._closed else UNAVAILABLE), None
             reply = self._answer(child, seq)
-            if reply is None:
+            if reply is None or reply is _PAST_LIMIT:
                 if self._closed:
                     return CLOSED, None
-                if child.proc.is_alive():  # past time_limit
+                if reply is _PAST_LIMIT:
                     child.kill()
                     return TIMED_OUT, None
+                # Died: its pipe may close before its exit is known (is_alive() still True
+                # for a moment), so the pipe's end, not is_alive(), tells a death from a limit.
                 return self._died(child, m)
             _, outcome, rss = reply
             replace = False
@@ -429,9 +432,9 @@ class ProcessPool:
             self._give(child)
 
     def _answer(self, child: _Child, seq: int) -> tuple[Any, ...] | None:
-        """The child's answer to request ``seq``, or None when it died or ran past the time
-        limit. Interrupted (a second SIGTERM raising StopNow here): the child is killed, since
-        it runs a call no one will settle."""
+        """The child's answer to request ``seq``; None when it died; :data:`_PAST_LIMIT` when it
+        ran past the time limit. Interrupted (a second SIGTERM raising StopNow here): the child
+        is killed, since it runs a call no one will settle."""
         deadline = None if self.time_limit is None else time.monotonic() + self.time_limit
         try:
             while True:
@@ -445,8 +448,10 @@ class ProcessPool:
                     if reply[0] == seq:
                         return reply
                     continue  # an answer to an earlier call given up on: not this one's
-                if got or (deadline is not None and time.monotonic() >= deadline):
+                if got:
                     return None
+                if deadline is not None and time.monotonic() >= deadline:
+                    return _PAST_LIMIT
         except BaseException:
             child.kill()
             raise

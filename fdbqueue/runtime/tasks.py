@@ -67,7 +67,27 @@ class TaskDone(AfterAck):
 
 def _decode(app: TaskRegistry, m: Message) -> tuple[dict[str, Any], Task]:
     """The message's call and its task; Discard (the error queue, with the reason) when it is
-    not a task message or names a task this app does not know."""
+    not a task message, names a task this app does not know, or is past its task's
+    ``max_deliveries``."""
+    data, task = _decode_call(app, m)
+    if task.max_deliveries is not None and m.deliveries > task.max_deliveries:
+        # Its last run failed where the runner could not see it (past the worker's time limit,
+        # a child or a worker that died): "at most this many runs" holds, not run again.
+        last = m.extra.get("last_error")
+        reason = last if isinstance(last, str) and last else "out of deliveries"
+        log.error(
+            "task %s is past its max_deliveries (%d), message %s: dead-lettered without running (%s)",
+            task.name,
+            task.max_deliveries,
+            m.id,
+            reason,
+            extra={"queue": m.queue, "message_id": m.id, "deliveries": m.deliveries},
+        )
+        raise Discard(reason)
+    return data, task
+
+
+def _decode_call(app: TaskRegistry, m: Message) -> tuple[dict[str, Any], Task]:
     try:
         data = json.loads(m.payload)
         name = data["task"]
@@ -131,7 +151,9 @@ class TaskRunner:
     def _failed(self, task: Task, m: Message, exc: Exception) -> BaseException:
         """The exception to raise for a failed run: the task's own ``max_deliveries`` reached
         sends it to the error queue now (the queue's own setting applies as ever)."""
-        if isinstance(exc, (Retry, Discard)):
+        if isinstance(exc, Discard):  # the task's own: its failure reads as type Discard
+            return Discard(f"Discard: {exc.reason}")
+        if isinstance(exc, Retry):
             return exc
         if task.max_deliveries is not None and m.deliveries >= task.max_deliveries:
             log.error(

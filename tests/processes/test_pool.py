@@ -157,6 +157,19 @@ def test_a_child_killed_mid_task_loses_nothing(db: Any, tmp_path: Path) -> None:
     assert_nothing_left(db, "jobs")
 
 
+def test_a_child_that_dies_without_a_time_limit_is_a_child_died_delivery(db: Any, tmp_path: Path) -> None:
+    """A child killed holding a message, with no time limit set: the reason says the child
+    died (its death seen on the pipe before its exit status is known is no time limit's)."""
+    fdbqueue.create_queue(db, "jobs", max_deliveries=1)
+    log = tmp_path / "log"
+    victims = Queue("jobs").enqueue_many(db, [{"log": str(log), "die": True} for _ in range(4)])
+    stats = Worker(db, "jobs", act, processes=2).run(until_empty=True)
+    assert (stats.failed, stats.timed_out) == (4, 0)
+    dead = {m.id: m.reason or "" for m in Queue("jobs.error").browse(db)}
+    assert set(dead) == set(victims)
+    assert all(r.startswith("ChildDied: the worker's child process") for r in dead.values()), dead
+
+
 def test_time_limit_kills_the_child_then_dead_letters(db: Any, tmp_path: Path) -> None:
     fdbqueue.create_queue(db, "jobs", max_deliveries=2, retry_delay=0)
     log = tmp_path / "log"
@@ -418,3 +431,37 @@ def test_past_the_shutdown_timeout_children_are_killed_and_messages_released(
     assert held(db, q) == (4, 0, 0), err
     assert {m.id: m.deliveries for m in q.browse(db)} == dict.fromkeys(ids, 0)
     db.close()
+
+
+SCRIPT_TASKS = """
+import os, sys, fdbqueue
+app = fdbqueue.Tasks(sys.argv[1])
+
+@app.task(store_result=True)
+def pid_times(n):
+    return [os.getpid(), 2 * n]
+
+if __name__ == "__main__":
+    ids = [pid_times.defer(app.db, n) for n in range(3)]
+    app.worker(processes=2).run(until_empty=True)
+    results = [app.result(app.db, mid, timeout=10) for mid in ids]
+    assert [n for _, n in results] == [0, 2, 4], results
+    assert os.getpid() not in {p for p, _ in results}, results
+    print("ok")
+"""
+
+
+def test_a_scripts_own_tasks_run_in_a_process_pool(tmp_path: Path) -> None:
+    """Tasks of a script with the ``__main__`` guard, as for a Worker's handler: a child
+    imports the script as ``__mp_main__``, and its tasks keep their ``__main__`` names (every
+    one was dead-lettered as an unknown task)."""
+    script = tmp_path / "script_tasks.py"
+    script.write_text(SCRIPT_TASKS)
+    r = subprocess.run(
+        [sys.executable, str(script), f"sqlite://{tmp_path / 'q.db'}?sync=normal"],
+        capture_output=True,
+        env=env(),
+        timeout=120,
+        text=True,
+    )
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]

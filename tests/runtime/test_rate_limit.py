@@ -262,6 +262,22 @@ def test_a_named_bucket_is_taken_from_in_a_callers_transaction(db: Any) -> None:
         assert run_once(db, lambda t, _: ratelimit.take(t, "send_email", "20/s", 5))[0] == 1
 
 
+def test_a_named_bucket_is_taken_from_given_a_database_too(db: Any) -> None:
+    """``tr`` a Database runs its own transaction, as every call of the API (it raised
+    AttributeError: no get_read_version); a bad ``n`` or name is a QueueError."""
+    from fdbqueue.ops import ratelimit
+
+    with fake_clock():
+        assert ratelimit.take(db, "send_email", "20/s", 5) == (2, 0.0)
+        assert ratelimit.take(db, "send_email", "20/s", 5)[0] == 0
+        for bad_n in (0, -1, 1.5, True, "2"):
+            with pytest.raises(QueueError, match="n must be an int >= 1"):
+                ratelimit.take(db, "send_email", "20/s", bad_n)  # type: ignore[arg-type]
+        for bad_name in ("", 5, None):
+            with pytest.raises(QueueError, match="name must be a non-empty str"):
+                ratelimit.take(db, bad_name, "20/s")  # type: ignore[arg-type]
+
+
 def test_the_limit_holds_through_conflicts_and_unknown_commits() -> None:
     """On the sim with faults: not_committed (1020) and commit_unknown_result (1021) retried
     by the lease's loop never hand out more than the bucket holds."""

@@ -141,6 +141,14 @@ def test_async_workers_and_dispatchers_register_too(db: Any) -> None:
     assert fdbqueue.workers(db) == []
 
 
+def test_workers_refuses_an_alive_that_is_no_flag(db: Any) -> None:
+    """``alive="yes"`` filtered out every worker (an empty list that looked like none running)."""
+    for bad in ("yes", 1, "False"):
+        with pytest.raises(fdbqueue.QueueError, match="alive must be True or False"):
+            fdbqueue.workers(db, alive=bad)  # type: ignore[arg-type]
+    assert fdbqueue.workers(db, alive=None) == fdbqueue.workers(db, alive=True) == []
+
+
 def test_a_worker_may_stay_out_of_the_registry(db: Any) -> None:
     Queue("jobs").enqueue(db, b"x")
     seen = []

@@ -473,3 +473,76 @@ def test_a_tasks_rate_limit_is_its_queues(db: fdbqueue.Database, caplog: pytest.
 
     with pytest.raises(fdbqueue.QueueError, match="a queue of its own"):
         app.worker()  # one queue, one rate limit
+
+
+def test_a_tasks_rate_limit_is_checked_at_registration_as_its_queue_will_take_it(
+    db: fdbqueue.Database,
+) -> None:
+    """A rate limit the queue would refuse is refused at registration, not at the worker's
+    start; one the queue takes is taken."""
+    app = fdbqueue.Tasks(db)
+    for i, bad in enumerate(["50/sec", " 50/s", "50/ s", "10/hour", "2000000/s"]):
+        with pytest.raises(fdbqueue.QueueError, match="rate_limit"):
+            app.task(name=f"bad{i}", rate_limit=bad)(lambda: None)
+    for i, good in enumerate(["7/d", "0.5/s", "1000/m"]):
+        app.task(name=f"good{i}", queue=f"q{i}", rate_limit=good)(lambda: None)
+    app.worker()
+    if "rate_limit" in fdbqueue.QueueConfig.__dataclass_fields__:  # queues with rate limits
+        assert fdbqueue.queue_config(db, "q0").rate_limit == "7/d"  # type: ignore[attr-defined]
+
+
+def test_tasks_over_something_that_is_no_database_is_refused_at_once(db: fdbqueue.Database) -> None:
+    """``Tasks(5)`` or ``Tasks(tr)``: a clear error where the app is made, not at its first use."""
+    with pytest.raises(fdbqueue.QueueError, match="expected a Database"):
+        fdbqueue.Tasks(5)  # type: ignore[arg-type]
+
+    @fdbqueue.transactional
+    def inside(tr: fdbqueue.Transaction) -> None:
+        with pytest.raises(fdbqueue.QueueError, match="needs a Database"):
+            fdbqueue.Tasks(tr)  # type: ignore[arg-type]
+
+    inside(db)
+    assert fdbqueue.Tasks(db).db is db
+
+
+def test_a_task_that_discards_fails_with_type_discard(db: fdbqueue.Database) -> None:
+    """``raise Discard(reason)`` in a task: TaskFailedError's type is "Discard" and its text
+    the reason, whatever the reason says (a colon in it is no type)."""
+    app = fdbqueue.Tasks(db)
+
+    @app.task(store_result=True)
+    def refuse(reason: str | None) -> None:
+        raise fdbqueue.Discard(reason)
+
+    a, b = refuse.defer(db, "bad input: no such user"), refuse.defer(db, None)
+    run(app)
+    with pytest.raises(fdbqueue.TaskFailedError) as err:
+        app.result(db, a, timeout=5.0)
+    assert (err.value.type, err.value.text) == ("Discard", "bad input: no such user")
+    with pytest.raises(fdbqueue.TaskFailedError) as err:
+        app.result(db, b, timeout=5.0)
+    assert (err.value.type, err.value.text) == ("Discard", "discarded by the handler")
+
+
+def test_a_tasks_max_deliveries_bounds_its_runs_past_its_time_limit(db: fdbqueue.Database) -> None:
+    """ "At most this many runs": a run given up past the time limit counts too, though the
+    queue (shared with a task of more deliveries) would deliver it more often."""
+    import time
+
+    app = fdbqueue.Tasks(db)
+
+    @app.task(queue="slow", store_result=True, max_deliveries=2)
+    def stuck() -> None:
+        CALLS.append(("stuck", None))
+        time.sleep(0.6)  # abandoned by the worker past 0.2 s
+
+    @app.task(queue="slow", max_deliveries=5)
+    def other() -> None: ...
+
+    mid = stuck.defer(db)
+    app.worker(concurrency=1, time_limit=0.2).run(until_empty=True)
+    assert CALLS == [("stuck", None), ("stuck", None)]
+    with pytest.raises(fdbqueue.TaskFailedError) as err:
+        app.result(db, mid, timeout=5.0)
+    assert err.value.type == "time_limit"
+    assert [m.id for m in fdbqueue.Queue("slow.error").browse(db)] == [mid]

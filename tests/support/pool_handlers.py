@@ -6,6 +6,7 @@ environment changes)."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -27,10 +28,13 @@ def act(m: fdbqueue.Message) -> None:
     Payload keys: ``log`` (the file), ``gate`` (wait, on a first delivery, until that file
     exists), ``sleep`` (seconds), ``hang`` (sleep a minute), ``store_fails_once`` (a marker
     file: raise StoreFullError unless it exists, and create it), ``fail`` (``retry`` on a
-    first delivery, ``discard``, ``error``), ``ballast`` (MiB kept alive in the child).
+    first delivery, ``discard``, ``error``), ``ballast`` (MiB kept alive in the child),
+    ``die`` (SIGKILL its own process on a first delivery).
     """
     spec = m.json()
     note(spec["log"], f"start {os.getpid()} {m.id} {m.deliveries}")
+    if spec.get("die") and m.deliveries == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
     gate = spec.get("gate")
     if gate and m.deliveries == 1:
         deadline = time.monotonic() + 60
