@@ -362,10 +362,48 @@ class SqliteTransaction(LocalTransaction):
                 existing = seen[key] if key in seen else self._get(key, True)
             self._size += _SET_BYTES + 3 * len(key) + len(param)
             self._has_writes = self._dirty = True
-            wm.set(key, apply_atomic("add", None, param) if existing is None else _sql_add(existing, param))
+            if existing is None:
+                value = apply_atomic("add", None, param)
+            elif len(existing) == len(param) == 8:  # a counter: wrapping 64-bit add, as FoundationDB's
+                value = _I64_PACK((_I64_UNPACK(existing)[0] + _I64_UNPACK(param)[0] + 2**63) % 2**64 - 2**63)
+            else:
+                value = apply_atomic("add", existing, param)
+            wm.set(key, value)
             self._keys.append(key)
             return
         super().add(key, param)
+
+    def clear(self, key: bytes) -> None:
+        if (
+            self._live
+            and not self._nested
+            and type(key) is bytes
+            and len(key) <= KEY_SIZE_LIMIT
+            and key < SYSTEM_KEYS
+            and not self.options.timeout_ms
+        ):
+            # A clear is the mutation ClearRange(key, keyAfter(key)) and that write conflict range.
+            self._size += _SET_BYTES + 4 * len(key) + 1
+            self._has_writes = self._dirty = True
+            self._wm.set(key, None)
+            self._keys.append(key)
+            return
+        super().clear(key)
+
+    __delitem__ = clear
+
+    def add_read_conflict_key(self, key: bytes) -> None:
+        # Nothing to record (see _conflict_range): the checks and the size accounting only.
+        if (
+            self._live
+            and type(key) is bytes
+            and len(key) <= KEY_SIZE_LIMIT
+            and key < SYSTEM_KEYS
+            and not self.options.timeout_ms
+        ):
+            self._size += KEY_RANGE_REF_BYTES + 2 * len(key) + 1
+            return
+        super().add_read_conflict_key(key)
 
     def _resolve(self, selector: KeySelector, snapshot: bool) -> bytes:
         if self._wm.values or self._all:  # the write map's __bool__, without a Python call
@@ -619,6 +657,7 @@ class SqliteTransaction(LocalTransaction):
 
 
 _I64 = struct.Struct("<q")
+_I64_PACK, _I64_UNPACK = _I64.pack, _I64.unpack
 # Bytes one write adds to a transaction's size as FoundationDB counts it (as in
 # LocalTransaction): a mutation and a write conflict range [key, keyAfter(key)).
 _SET_BYTES = MUTATION_REF_BYTES + KEY_RANGE_REF_BYTES + 1
