@@ -305,11 +305,15 @@ class SqliteTransaction(LocalTransaction):
     # general path, which raises the precise errors.
 
     def _read_many(self, keys: list[bytes], snapshot: bool) -> list[bytes | None]:
-        if not self._live or self._wm.values or self._all or self.options.timeout_ms or len(keys) < 2:
+        if len(keys) < 2:
             return super()._read_many(keys, snapshot)
         for key in keys:
             if type(key) is not bytes or key >= SYSTEM_KEYS or len(key) > KEY_SIZE_LIMIT:
                 return super()._read_many(keys, snapshot)
+        if not self._live or self.options.timeout_ms:
+            self._touch()  # the first operation begins the transaction (an operation's first read)
+        if self._wm.values or self._all:
+            return super()._read_many(keys, snapshot)
         self._reading()
         if not snapshot:
             self._size += sum(_POINT_RANGE_BYTES + 2 * len(k) for k in keys)
@@ -594,7 +598,7 @@ class SqliteTransaction(LocalTransaction):
         then nothing was applied, and the commit fails with 1020 not_committed."""
         wm = self._wm
         try:
-            if wm:
+            if wm.values or self._all:
                 for begin, end in wm.cleared_ranges:
                     conn.execute(_DEL_RANGE, (begin, end))
                 puts: list[bytes] = []
