@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from benchlib import filesystem_of, machine, show_table
+from benchlib import filesystem_of, machine, parse_args, show_table
 
 import fdbqueue
 from fdbqueue import aio
@@ -78,7 +78,7 @@ def main() -> None:
     ap.add_argument("--io-ms", type=float, default=10.0)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--markdown", action="store_true")
-    args = ap.parse_args()
+    args = parse_args(ap, None, messages=400, concurrency=20, io_ms=1.0, runs=1)
     io = args.io_ms / 1000
     print(
         machine(

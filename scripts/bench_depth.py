@@ -563,7 +563,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--save", default=None, metavar="FILE", help="also write the JSON document to FILE")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--child-url", default=None, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    args = benchlib.parse_args(
+        p, argv, depths="0,1000", ops=100, block=50, repeat=1, warmup_ops=20, skip_rss=True
+    )
     if args.child:
         return child_main(args.child, args.child_url, args.rss_seconds, args.rss_interval)
     _JSON, _MARKDOWN = args.json, args.markdown

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=5000, help="transactions per run (default 5000)")
     parser.add_argument("--repeat", type=int, default=5, help="runs per figure; the median is kept")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    args = parser.parse_args(argv)
+    args = benchlib.parse_args(parser, argv, n=100, repeat=1)
 
     rows = [compare(sync, args.n, args.repeat) for sync in ("full", "normal")]
     try:

@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--n", type=int, default=500, help="enqueues a round (default 500)")
     ap.add_argument("--markdown", action="store_true")
-    args = ap.parse_args(argv)
+    args = benchlib.parse_args(ap, argv, idle=0.5, rounds=1, n=50)
     print(benchlib.machine(idle=args.idle, rounds=args.rounds, n=args.n, sync="normal"))
     with tempfile.TemporaryDirectory() as tmp:
         db = fdbqueue.open(f"sqlite:///{tmp}/q.db?sync=normal")

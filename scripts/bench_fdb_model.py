@@ -238,7 +238,7 @@ def main() -> None:
     ap.add_argument("--skip-throughput", action="store_true")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--markdown", action="store_true")
-    args = ap.parse_args()
+    args = benchlib.parse_args(ap, None, seconds=0.3, threads="1,2", modes="plain,staged")
     info = benchlib.machine(revision=revision(), loadavg=benchlib.loadavg())
     ops = per_operation()
     runs: dict[str, dict[int, dict[str, float]]] = {}

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=5000, help="messages (default 5000)")
     ap.add_argument("--sync", choices=("full", "normal"), default="full")
     ap.add_argument("--markdown", action="store_true")
-    args = ap.parse_args(argv)
+    args = benchlib.parse_args(ap, argv, n=200)
     print(benchlib.machine(n=args.n, sync=args.sync))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=300, help="operations per round (default 300)")
     ap.add_argument("--rounds", type=int, default=6, help="alternating rounds per side (default 6)")
     ap.add_argument("--markdown", action="store_true", help="print Markdown tables")
-    args = ap.parse_args(argv)
+    args = benchlib.parse_args(ap, argv, n=30, rounds=2)
     print(benchlib.machine(n=args.n, rounds=args.rounds))
     header = ["operation", "without", "with", "ratio", "target"]
     with tempfile.TemporaryDirectory() as tmp:

@@ -17,7 +17,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from benchlib import machine
+from benchlib import machine, parse_args
 
 import fdbqueue
 from fdbqueue.runtime.metrics import serve
@@ -27,7 +27,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--queues", type=int, default=1000)
     ap.add_argument("--scrapes", type=int, default=5)
-    args = ap.parse_args()
+    args = parse_args(ap, None, queues=20, scrapes=1)
     folder = tempfile.mkdtemp(prefix="bench-metrics-")
     try:
         db = fdbqueue.open(f"sqlite://{folder}/q.db")

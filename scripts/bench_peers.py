@@ -1288,7 +1288,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--from-json", default=None, help="print the tables of a saved --json document; run nothing"
     )
-    args = p.parse_args(argv)
+    args = benchlib.parse_args(
+        p,
+        argv,
+        n=200,
+        n_durable=100,
+        repeat=1,
+        settings="fast",
+        systems="fdbqueue",
+        rate=200.0,
+        latency_seconds=0.5,
+    )
     _MARKDOWN = args.markdown
     if args.from_json:
         with open(args.from_json) as f:

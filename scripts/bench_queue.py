@@ -549,7 +549,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dir", default=None, help="directory for the sqlite files (default: the temp dir)")
     p.add_argument("--skip-embedded", action="store_true")
     p.add_argument("--skip-contention", action="store_true")
-    args = p.parse_args(argv)
+    args = benchlib.parse_args(
+        p, argv, n=200, seconds=0.2, prefill=200, dequeuers="1,2", modes="plain,staged", syncs="normal"
+    )
     _JSON, _MARKDOWN = args.json, args.markdown
     dequeuer_counts = [int(x) for x in args.dequeuers.split(",") if x]
     modes = [m for m in args.modes.split(",") if m]

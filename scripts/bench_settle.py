@@ -19,7 +19,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from benchlib import filesystem_of, machine, show_table
+from benchlib import filesystem_of, machine, parse_args, show_table
 
 import fdbqueue
 
@@ -78,7 +78,7 @@ def main() -> None:
     ap.add_argument("--procs", default="1,4")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--markdown", action="store_true")
-    args = ap.parse_args()
+    args = parse_args(ap, None, messages=300, procs="1", runs=1)
     print(machine(messages=args.messages, runs=args.runs, fs=filesystem_of(tempfile.gettempdir())))
     rows = []
     for procs in [int(p) for p in args.procs.split(",")]:

@@ -20,7 +20,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from benchlib import filesystem_of, machine, show_table
+from benchlib import filesystem_of, machine, parse_args, show_table
 
 import fdbqueue
 
@@ -31,7 +31,7 @@ def main() -> None:
     ap.add_argument("--cores", type=int, default=2, help="local[N] (default 2)")
     ap.add_argument("--batch", type=int, default=500, help="rows per transaction, both ways (default 500)")
     ap.add_argument("--markdown", action="store_true")
-    args = ap.parse_args()
+    args = parse_args(ap, None, rows=1000, cores=1, batch=500)
     from pyspark.sql import functions as F
 
     from fdbqueue.spark import local_session

@@ -23,7 +23,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from benchlib import machine
+from benchlib import machine, parse_args
 
 import fdbqueue
 from fdbqueue.runtime.metrics import serve
@@ -49,7 +49,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--queues", type=int, default=1000)
     ap.add_argument("--requests", type=int, default=20)
-    args = ap.parse_args()
+    args = parse_args(ap, None, queues=20, requests=2)
     folder = tempfile.mkdtemp(prefix="bench-web-")
     try:
         db = fdbqueue.open(f"sqlite://{folder}/q.db")

@@ -15,7 +15,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from benchlib import filesystem_of, machine, show_table
+from benchlib import filesystem_of, machine, parse_args, show_table
 
 import fdbqueue
 
@@ -43,7 +43,7 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=20_000)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--markdown", action="store_true")
-    args = ap.parse_args()
+    args = parse_args(ap, None, messages=300, runs=1)
     print(machine(messages=args.messages, fs=filesystem_of(tempfile.gettempdir())))
     rows = []
     for run in range(args.runs):

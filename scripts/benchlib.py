@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import platform
@@ -14,6 +15,22 @@ from rich.markup import escape
 from rich.table import Table
 
 _console = Console(width=None if sys.stdout.isatty() else 200)
+
+
+def parse_args(
+    ap: argparse.ArgumentParser, argv: list[str] | None = None, **smoke: Any
+) -> argparse.Namespace:
+    """``ap.parse_args(argv)`` with ``--smoke``: the script's smallest settings (``smoke``,
+    by argument name), which the CI's smoke run uses to check that the script still runs and
+    prints its figures (tests/integrations/test_benchmarks_smoke.py); the figures of such a
+    run mean nothing."""
+    shown = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in smoke.items())
+    ap.add_argument("--smoke", action="store_true", help=f"the smallest run, for CI ({shown or 'as given'})")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        for name, value in smoke.items():
+            setattr(args, name, value)
+    return args
 
 
 def cpu_model() -> str:

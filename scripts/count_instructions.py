@@ -15,8 +15,16 @@ dequeue; the tables of scripts/bench_queue.py). A second table times, in raw ``s
 with no layer at all, the statements an enqueue runs beside the floor's: what SQLite alone
 costs for the layer's transaction.
 
-Usage: .venv/bin/python scripts/count_instructions.py [--n 300] [--ops enqueue,dequeue,lease_ack]
-       [--markdown]   (needs valgrind for the instruction column: apt install valgrind)
+``worker`` is a lease-mode Worker's message (a no-op handler, batched settlement): one
+``Worker.run(max_messages=n)`` handles n messages, so its start and stop cancel out too.
+
+``--steps``: what each step of an enqueue costs, in Python bytecodes executed (deterministic,
+counted with ``sys.settrace``'s opcode events; callgrind cannot see Python functions) - the
+call, the transaction begun (store lock, BEGIN), the queue's metadata read, database time,
+the message written, its counters, the commit, and the glue between them.
+
+Usage: .venv/bin/python scripts/count_instructions.py [--n 300] [--ops enqueue,dequeue,lease_ack,worker]
+       [--markdown] [--steps]   (needs valgrind for the instruction column: apt install valgrind)
 """
 
 from __future__ import annotations
@@ -41,13 +49,30 @@ from benchlib import machine, show_table
 import fdbqueue
 
 PAYLOAD = b"x" * 200
-OPS = ("enqueue", "dequeue", "lease_ack", "raw_enqueue", "raw_dequeue")
-FLOOR = {"enqueue": "raw_enqueue", "dequeue": "raw_dequeue", "lease_ack": "raw_dequeue"}
+OPS = ("enqueue", "dequeue", "lease_ack", "worker", "raw_enqueue", "raw_dequeue")
+FLOOR = {
+    "enqueue": "raw_enqueue",
+    "dequeue": "raw_dequeue",
+    "lease_ack": "raw_dequeue",
+    "worker": "raw_dequeue",
+}
 
 
-def _setup(op: str, folder: str, stock: int) -> tuple[Callable[[], object], list[sqlite3.Connection]]:
-    """The operation as a no-argument call, with ``stock`` messages in place for a dequeue,
-    and the SQLite connections whose statements it runs."""
+def _setup(op: str, folder: str, stock: int) -> tuple[Callable[[int], object], list[sqlite3.Connection]]:
+    """The operation as a call that does it n times, with ``stock`` messages in place for a
+    dequeue, and the SQLite connections whose statements it runs."""
+    one, conns = _setup_one(op, folder, stock)
+    if callable(getattr(one, "times", None)):
+        return one.times, conns  # type: ignore[attr-defined]
+
+    def times(n: int) -> None:
+        for _ in range(n):
+            one()
+
+    return times, conns
+
+
+def _setup_one(op: str, folder: str, stock: int) -> tuple[Callable[[], object], list[sqlite3.Connection]]:
     if op.startswith("raw_"):
         conn = sqlite3.connect(os.path.join(folder, "raw.db"), isolation_level=None)
         conn.execute("PRAGMA journal_mode=WAL")
@@ -92,6 +117,21 @@ def _setup(op: str, folder: str, stock: int) -> tuple[Callable[[], object], list
 
         return (lambda: take(db)), conns
 
+    if op == "worker":
+
+        def noop(m: fdbqueue.Message) -> None:
+            pass
+
+        def worker() -> None:
+            raise AssertionError("a Worker runs n messages at once")
+
+        def times(n: int) -> None:
+            stats = fdbqueue.Worker(db, "jobs", noop, mode="lease").run(max_messages=n)
+            assert stats.processed >= n, stats
+
+        worker.times = times  # type: ignore[attr-defined]
+        return worker, conns
+
     def lease_ack() -> None:
         m = q.lease(db)
         assert m is not None
@@ -104,8 +144,7 @@ def child(op: str, n: int, stock: int) -> None:
     """Run ``n`` operations (valgrind counts the whole process; the parent subtracts)."""
     with tempfile.TemporaryDirectory() as folder:
         run, _ = _setup(op, folder, stock)
-        for _ in range(n):
-            run()
+        run(n)
 
 
 def instructions(op: str, n: int) -> float | None:
@@ -144,13 +183,11 @@ def statements_and_time(op: str, timed: int) -> tuple[float, float]:
         seen: list[str] = []
         for c in conns:
             c.set_trace_callback(seen.append)
-        for _ in range(100):
-            run()
+        run(100)
         for c in conns:
             c.set_trace_callback(None)
         start = time.perf_counter()
-        for _ in range(timed):
-            run()
+        run(timed)
         return len(seen) / 100, (time.perf_counter() - start) / timed
 
 
@@ -201,16 +238,75 @@ def sql_alone(n: int = 5000) -> list[list[str]]:
     ]
 
 
+# The steps of an enqueue, by the function that does each (inclusive counts; begin runs inside
+# the metadata read, the operation's first, and is taken out of it).
+STEPS = (
+    ("the call: arguments checked, the item made", "new_item"),
+    ("the transaction made", "create_transaction"),
+    ("begun: the store lock, BEGIN", "_begin"),
+    ("the metadata and counters read (one statement)", "read_meta"),
+    ("database time (the read version)", "db_now"),
+    ("the message encoded and written", "_write_new"),
+    ("its counters, the work index", "count_new"),
+    ("the commit: guards, INSERT, version, COMMIT, release", "commit"),
+)
+
+
+def steps(reps: int = 20) -> list[list[str]]:
+    """Bytecodes per step of an enqueue (see STEPS), over ``reps`` enqueues after a warm-up."""
+    with tempfile.TemporaryDirectory() as folder:
+        run, _ = _setup("enqueue", folder, 0)
+        run(3)
+        incl: dict[str, int] = {}
+        stack: list[str] = []
+        total = [0]
+
+        def tracer(frame: object, event: str, arg: object) -> object:
+            if event == "call":
+                frame.f_trace_opcodes = True  # type: ignore[attr-defined]
+                stack.append(frame.f_code.co_name)  # type: ignore[attr-defined]
+            elif event == "opcode":
+                total[0] += 1
+                for name in set(stack):
+                    incl[name] = incl.get(name, 0) + 1
+            elif event == "return" and stack:
+                stack.pop()
+            return tracer
+
+        sys.settrace(tracer)  # type: ignore[arg-type]
+        try:
+            run(reps)
+        finally:
+            sys.settrace(None)
+    per = {name: incl.get(fn, 0) / reps for name, fn in STEPS}
+    per["begun: the store lock, BEGIN"] = incl.get("_begin", 0) / reps
+    per["the metadata and counters read (one statement)"] -= per["begun: the store lock, BEGIN"]
+    rows = [[name, f"{v:,.0f}"] for name, v in per.items()]
+    rest = total[0] / reps - sum(per.values())
+    rows.append(["the rest: retry loop, adopt, the queue's checks", f"{rest:,.0f}"])
+    rows.append(["total", f"{total[0] / reps:,.0f}"])
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=300, help="operations of the shorter callgrind run")
     ap.add_argument("--timed", type=int, default=3000, help="operations timed without valgrind")
     ap.add_argument("--ops", default="enqueue,dequeue,lease_ack")
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--steps", action="store_true", help="bytecodes per step of an enqueue, then exit")
     ap.add_argument("--child", nargs=3, metavar=("OP", "N", "STOCK"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(args.child[0], int(args.child[1]), int(args.child[2]))
+        return
+    if args.steps:
+        show_table(
+            "an enqueue, step by step: Python bytecodes",
+            ["step", "bytecodes"],
+            steps(),
+            markdown=args.markdown,
+        )
         return
     ops = [o for o in args.ops.split(",") if o]
     unknown = [o for o in ops if o not in FLOOR]

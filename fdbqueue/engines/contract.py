@@ -592,10 +592,9 @@ def engine_traits(db: object) -> tuple[bool, bool]:
 
 def is_transaction(obj: object) -> bool:
     """True for a transaction of any engine (each engine registers its class)."""
-    kind = type(obj)
-    known = _transaction_kinds.get(kind)
+    known = _transaction_kinds.get(type(obj))
     if known is None:  # isinstance of an ABC runs Python code: asked once per type
-        known = _transaction_kinds[kind] = isinstance(obj, _TransactionTypes)
+        known = _transaction_kinds[type(obj)] = isinstance(obj, _TransactionTypes)
     return known
 
 
@@ -608,6 +607,7 @@ def register_transaction_type(cls: type) -> None:
     global _TransactionTypes
     _TransactionTypes = (*_TransactionTypes, cls)
     _transaction_kinds.clear()
+    _adopted.clear()
 
 
 # Raw objects of the ``fdb`` bindings, told apart by their class's module and name: importing
@@ -616,6 +616,7 @@ _BINDINGS_CLASSES = {("fdb.impl", "Database"): "database", ("fdb.impl", "Transac
 _adapters: dict[str, Callable[[Any], Any]] = {}
 _load_adapters: Callable[[], object] | None = None
 _database_kinds: dict[type, bool] = {}
+_adopted: set[type] = set()  # the kinds adopt returns as they are (asked once per type)
 
 
 def register_bindings_adapter(kind: str, wrap: Callable[[Any], Any]) -> None:
@@ -639,13 +640,17 @@ def adopt(obj: object) -> Transaction | Database:
     an ``FDBTransaction`` that joins it: the caller's ``@fdb.transactional`` loop commits and
     retries. Anything else must be an engine's Transaction or Database.
     """
-    if is_transaction(obj):
-        return obj  # type: ignore[return-value]
     kind = type(obj)
+    if kind in _adopted:  # an engine's own transaction or database: every call of the layer
+        return obj  # type: ignore[return-value]
+    if is_transaction(obj):
+        _adopted.add(kind)
+        return obj  # type: ignore[return-value]
     known = _database_kinds.get(kind)
     if known is None:  # isinstance of a protocol runs Python code: asked once per type
         known = _database_kinds[kind] = isinstance(obj, Database)
     if known:
+        _adopted.add(kind)
         return obj  # type: ignore[return-value]
     bindings = _BINDINGS_CLASSES.get((kind.__module__, kind.__name__))
     if bindings is not None:

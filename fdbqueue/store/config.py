@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NamedTuple, TypeVar
 
-from fdbqueue.engines.contract import ReadView, Transaction, engine_traits
+from fdbqueue.engines.contract import ReadView, Transaction
 from fdbqueue.errors import QueueError, UnsupportedLayerFormatError
 from fdbqueue.store.budget import DEFAULT_MAX_PAYLOAD, MAX_PAYLOAD_BYTES
 from fdbqueue.store.clock import note_time
@@ -344,6 +344,10 @@ _settings: weakref.WeakKeyDictionary[Any, dict[bytes, _Settings]] = weakref.Weak
 _settings_lock = threading.Lock()
 
 
+# The keys read_meta reads, per queue: built once (6 keys packed by a dozen calls otherwise).
+_read_keys: dict[QueueKeys, list[bytes]] = {}
+
+
 def bump_metadata_version(tr: Transaction, keys: QueueKeys) -> None:
     """Record that the queue's settings, state or priority markers change in ``tr``.
 
@@ -370,17 +374,26 @@ def read_meta(tr: Transaction, keys: QueueKeys) -> Meta:
     serializable reads would), so a concurrent pause or reconfiguration conflicts and the
     cached values are as good as read; the hot counters get none.
     """
-    counter_keys = keys.hot_counters()
-    # The work-index entry too: an enqueue marks it (workindex.mark), in the same round trip;
-    # where versions may jump, the database's time correction (clock.note_time) as well.
-    cluster = engine_traits(tr.db)[0]
+    wanted = _read_keys.get(keys)
+    if wanted is None:
+        # The work-index entry too: an enqueue marks it (workindex.mark), in the same round trip.
+        wanted = [keys.metadata_version, *keys.hot_counters(), keys.work_entry]
+        if len(_read_keys) > 4096:  # a process touching very many queues: start again
+            _read_keys.clear()
+        _read_keys[keys] = wanted
+    # Where transactions may conflict (FoundationDB, sim: the engines whose versions may
+    # jump), the database's time correction (clock.note_time) in the same round trip.
+    cluster = getattr(tr.db, "may_conflict", True)  # engine_traits' first
     if cluster:
-        values = tr.snapshot.get_many([keys.metadata_version, *counter_keys, keys.work_entry, TIME_KEY])
+        values = tr.snapshot.get_many([*wanted, TIME_KEY])
         note_time(tr, values.pop())
     else:
-        values = tr.snapshot.get_many([keys.metadata_version, *counter_keys, keys.work_entry])
+        values = tr.snapshot.get_many(wanted)
     version = values[0]
-    counters = {name: _count(raw) for name, raw in zip(HOT_COUNTERS, values[1:-1], strict=True)}
+    counters = {
+        name: _COUNT(raw)[0] if raw is not None and len(raw) == 8 else unpack_count(raw)
+        for name, raw in zip(HOT_COUNTERS, values[1:-1], strict=True)
+    }
     if cluster:  # pointless where nothing conflicts (the embedded engine)
         tr.add_read_conflict_key(keys.config)
         tr.add_read_conflict_key(keys.state)

@@ -107,6 +107,33 @@ class LocalTransaction(ABC):
     transaction's size, and delegate to the engine's primitives below.
     """
 
+    # Slots: a transaction is made for every operation and its attributes are read at every
+    # call; past 30 attributes CPython gives up the shared-key instance dict and every
+    # access slows down (scripts/count_instructions.py). ``__dict__`` stays for an engine's
+    # or a test's own additions.
+    __slots__ = (
+        "__dict__",
+        "__weakref__",
+        "_cancel_code",
+        "_committed_version",
+        "_created",
+        "_finish",
+        "_has_reads",
+        "_has_writes",
+        "_journal",
+        "_live",
+        "_read_at",
+        "_retries",
+        "_size",
+        "_stamp",
+        "_started",
+        "_state",
+        "_watches",
+        "db",
+        "options",
+        "snapshot",
+    )
+
     def __init__(self, db: LocalDatabase) -> None:
         self.db = db
         self.options = TransactionOptions()

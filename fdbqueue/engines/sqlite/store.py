@@ -36,9 +36,9 @@ class Clock(Protocol):
         """A read version: below every later commit's. ``reserved`` reads meta's reservation."""
 
     def next_version(
-        self, conn: sqlite3.Connection, reserved: Callable[[], int], read: int | None
+        self, conn: sqlite3.Cursor, reserved: Callable[[], int], read: int | None
     ) -> tuple[int, bool]:
-        """The commit version of the write transaction open on ``conn`` (above ``read``), and
+        """The commit version of the write transaction open on ``conn``'s connection (above ``read``), and
         whether it raised meta's reservation."""
 
 
@@ -59,6 +59,10 @@ class Store(ABC):
         self.clock_tag: bytes | None = None  # set once the store's id is known
         self.closed = False
         self.broken: str | None = None  # why this handle refuses work: its files changed
+        # The handle's connection's one cursor, made at its first transaction: a statement run
+        # through Connection.execute makes (and frees) a cursor each time, a tenth of the
+        # cost of a one-key read. Transactions on the connection take turns (the store lock).
+        self._cursor: sqlite3.Cursor | None = None
         # Connections for transactions that read a snapshot of their own (rare).
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
@@ -73,6 +77,19 @@ class Store(ABC):
     def end(self, conn: sqlite3.Connection, nested: bool) -> None:
         """After COMMIT or ROLLBACK on what :meth:`begin` returned."""
         self.give_back_reader(conn)
+
+    def cursor(self, conn: sqlite3.Connection) -> sqlite3.Cursor:
+        """The cursor a transaction on ``conn`` (from :meth:`begin`) runs its statements on:
+        the handle's connection keeps one (each ``execute`` on it first resets the statement
+        before, so none is left in progress past the transaction's COMMIT); a reader's
+        connection gets a fresh one."""
+        cur = self._cursor
+        if cur is not None and cur.connection is conn:
+            return cur
+        cur = conn.cursor()
+        if conn is self.conn:
+            self._cursor = cur
+        return cur
 
     @abstractmethod
     def no_writes(self) -> QueueError:
@@ -298,7 +315,7 @@ class WritableStore(Store):
         try:
             # Deferred: the read snapshot starts at the first read, SQLite's write lock is
             # taken only at commit (writes are buffered until then).
-            conn.execute("BEGIN")
+            self.cursor(conn).execute("BEGIN")
         except sqlite3.Error as exc:
             shared.release()
             raise _files.translate(exc, self.path, self.real) from exc

@@ -16,7 +16,14 @@ import time
 from collections.abc import Callable
 from itertools import repeat
 
-from fdbqueue.engines.contract import SYSTEM_KEYS, KeySelector, KeyValue
+from fdbqueue.engines.contract import (
+    KEY_RANGE_REF_BYTES,
+    MUTATION_REF_BYTES,
+    SYSTEM_KEYS,
+    KeySelector,
+    KeyValue,
+)
+from fdbqueue.engines.limits import KEY_SIZE_LIMIT, VALUE_SIZE_LIMIT
 from fdbqueue.engines.local.mutations import apply_atomic, fill_versionstamp, make_versionstamp
 from fdbqueue.engines.local.transaction import LocalDatabase, LocalTransaction
 from fdbqueue.engines.local.writemap import WriteMap
@@ -31,10 +38,12 @@ from fdbqueue.errors import (
 
 # Python's sqlite3 binds int, float, str and bytearray directly but sends bytes through its
 # adapter lookup, which raises and clears two AttributeErrors per parameter (3.11-3.13):
-# about a twentieth of a queue operation's CPU. Naming bytes' own adapter - bytes(), which
-# returns the same object - makes that lookup one dict hit. It changes nothing else for
-# any user of sqlite3 in the process: a bytes value binds as the same BLOB either way.
-sqlite3.register_adapter(bytes, bytes)
+# about a twentieth of a queue operation's CPU. Naming bytes' own adapter makes that lookup
+# one dict hit; ``bytes.__bytes__`` (a method, 3.11+), which returns the same object, is a
+# direct C call where ``bytes()`` goes through the type's constructor and its own lookup of
+# ``__bytes__``. It changes nothing else for any user of sqlite3 in the process: a bytes
+# value binds as the same BLOB either way.
+sqlite3.register_adapter(bytes, getattr(bytes, "__bytes__", bytes))
 
 _GET = "SELECT v FROM kv WHERE k = ?"
 _GET_IN: dict[int, str] = {}  # SELECT ... WHERE k IN (?, ...), by the number of keys
@@ -157,7 +166,7 @@ class VersionClock:
         return last, meta, base, own + mono
 
     def next_version(
-        self, conn: sqlite3.Connection, reserved: Callable[[], int], read: int | None
+        self, conn: sqlite3.Cursor, reserved: Callable[[], int], read: int | None
     ) -> tuple[int, bool]:
         """(max(last + 1, the version clock, read version + 1), whether it raised meta's
         reservation), in the write transaction open on ``conn``: the reservation is raised
@@ -184,11 +193,27 @@ class SqliteTransaction(LocalTransaction):
     """A transaction holding the store lock from its first operation to its end (or, nested,
     reading a snapshot of its own: see ``Store.begin``)."""
 
+    __slots__ = (
+        "_all",
+        "_conn",
+        "_cur",
+        "_dirty",
+        "_keys",
+        "_locked",
+        "_nested",
+        "_rv",
+        "_seen",
+        "_stamped",
+        "_store",
+        "_wm",
+    )
+
     def __init__(self, db: LocalDatabase, store: Store) -> None:
         self._store = store
         self._locked = False
         self._nested = False  # reading a snapshot of its own: may not write (Store.begin)
         self._conn: sqlite3.Connection = store.conn  # replaced at _begin (a fork may reopen it)
+        self._cur: sqlite3.Cursor = store.cursor(store.conn)  # _conn's (replaced at _begin)
         super().__init__(db)
 
     def _clear_state(self) -> None:
@@ -206,6 +231,7 @@ class SqliteTransaction(LocalTransaction):
 
     def _begin(self) -> None:
         self._conn, self._nested = self._store.begin()
+        self._cur = self._store.cursor(self._conn)
         self._locked = True
 
     def _fail(self, exc: sqlite3.Error) -> QueueError:
@@ -218,7 +244,7 @@ class SqliteTransaction(LocalTransaction):
         return translate(exc, self._store.path, self._store.real)
 
     def _get(self, key: bytes, snapshot: bool) -> bytes | None:
-        if self._wm:
+        if self._wm.values or self._all:  # the write map's __bool__, without a Python call
             decided, value = self._wm.get(key)
             if decided:
                 return value
@@ -226,7 +252,7 @@ class SqliteTransaction(LocalTransaction):
         if key in seen:
             return seen[key]
         try:
-            row = self._conn.execute(_GET, (key,)).fetchone()
+            row = self._cur.execute(_GET, (key,)).fetchone()
         except sqlite3.Error as exc:
             raise self._fail(exc) from exc
         value = None if row is None else row[0]
@@ -234,8 +260,8 @@ class SqliteTransaction(LocalTransaction):
         return value
 
     def _get_many(self, keys: list[bytes], snapshot: bool) -> dict[bytes, bytes | None]:
-        """One ``SELECT ... IN`` for the keys the write map does not decide, not one a key:
-        the statements of an operation's reads, not their rows, are what it pays for."""
+        """One statement for the keys the write map does not decide, not one a key: the
+        statements of an operation's reads, not their rows, are what it pays for."""
         out: dict[bytes, bytes | None] = {}
         ask: list[bytes] = []
         wm, seen = self._wm, self._seen
@@ -248,33 +274,150 @@ class SqliteTransaction(LocalTransaction):
             if key in seen:
                 out[key] = seen[key]
                 continue
-            out[key] = None
             ask.append(key)
-        if not ask:
-            return out
+        if ask:
+            self._select(ask)
+            for key in ask:
+                out[key] = seen[key]
+        return out
+
+    def _select(self, ask: list[bytes]) -> None:
+        """Read the stored values of ``ask`` (distinct keys) into :attr:`_seen` (None: absent)."""
+        seen = self._seen
+        for key in ask:
+            seen[key] = None
         try:
             for lo in range(0, len(ask), _IN_BATCH):
                 part = ask[lo : lo + _IN_BATCH]
-                sql = _GET_IN.get(len(part)) or _GET_IN.setdefault(
-                    len(part), f"SELECT k, v FROM kv WHERE k IN ({','.join('?' * len(part))})"
-                )
-                for k, v in self._conn.execute(sql, part):
-                    out[k] = v
+                sql = _GET_IN.get(len(part)) or _GET_IN.setdefault(len(part), _get_in(len(part)))
+                for k, v in self._cur.execute(sql, part):
+                    seen[k] = v
         except sqlite3.Error as exc:
             raise self._fail(exc) from exc
-        for key in ask:
-            seen[key] = out[key]
-        return out
+
+    # -- the hot calls on their common case ------------------------------------------------------
+    #
+    # An operation makes a handful of these calls, and each went through LocalTransaction's
+    # checks and then this engine's primitives: three to five Python calls. On the common
+    # case - a begun transaction without a timeout, not nested, plain keys and values within
+    # the limits, no range cleared - these do the same steps inline (the same checks, the
+    # same size accounting, the same reads and buffered writes); any other case takes the
+    # general path, which raises the precise errors.
+
+    def _read_many(self, keys: list[bytes], snapshot: bool) -> list[bytes | None]:
+        if len(keys) < 2:
+            return super()._read_many(keys, snapshot)
+        for key in keys:
+            if type(key) is not bytes or key >= SYSTEM_KEYS or len(key) > KEY_SIZE_LIMIT:
+                return super()._read_many(keys, snapshot)
+        if not self._live or self.options.timeout_ms:
+            self._touch()  # the first operation begins the transaction (an operation's first read)
+        if self._wm.values or self._all:
+            return super()._read_many(keys, snapshot)
+        self._reading()
+        if not snapshot:
+            self._size += sum(_POINT_RANGE_BYTES + 2 * len(k) for k in keys)
+        seen = self._seen
+        ask = [k for k in dict.fromkeys(keys) if k not in seen]
+        if ask:
+            self._select(ask)
+        return [seen[k] for k in keys]
+
+    def set(self, key: bytes, value: bytes) -> None:
+        """Write ``value`` at ``key`` (blind: adds a write conflict only)."""
+        if (
+            self._live
+            and not self._nested
+            and type(key) is bytes
+            and type(value) is bytes
+            and len(key) <= KEY_SIZE_LIMIT
+            and key < SYSTEM_KEYS
+            and len(value) <= VALUE_SIZE_LIMIT
+            and not self.options.timeout_ms
+        ):
+            self._size += _SET_BYTES + 3 * len(key) + len(value)
+            self._has_writes = self._dirty = True
+            self._wm.set(key, value)
+            self._keys.append(key)
+            return
+        super().set(key, value)
+
+    __setitem__ = set
+
+    def add(self, key: bytes, param: bytes) -> None:
+        """Little-endian add; never a read conflict, so hot counters do not conflict."""
+        if (
+            self._live
+            and not self._nested
+            and not self._all
+            and type(key) is bytes
+            and type(param) is bytes
+            and len(key) <= KEY_SIZE_LIMIT
+            and key < SYSTEM_KEYS
+            and len(param) <= VALUE_SIZE_LIMIT
+            and not self.options.timeout_ms
+        ):
+            wm = self._wm
+            values = wm.values
+            if key in values:
+                existing = values[key]
+            else:
+                seen = self._seen
+                existing = seen[key] if key in seen else self._get(key, True)
+            self._size += _SET_BYTES + 3 * len(key) + len(param)
+            self._has_writes = self._dirty = True
+            if existing is None:
+                value = apply_atomic("add", None, param)
+            elif len(existing) == len(param) == 8:  # a counter: wrapping 64-bit add, as FoundationDB's
+                value = _I64_PACK((_I64_UNPACK(existing)[0] + _I64_UNPACK(param)[0] + 2**63) % 2**64 - 2**63)
+            else:
+                value = apply_atomic("add", existing, param)
+            wm.set(key, value)
+            self._keys.append(key)
+            return
+        super().add(key, param)
+
+    def clear(self, key: bytes) -> None:
+        if (
+            self._live
+            and not self._nested
+            and type(key) is bytes
+            and len(key) <= KEY_SIZE_LIMIT
+            and key < SYSTEM_KEYS
+            and not self.options.timeout_ms
+        ):
+            # A clear is the mutation ClearRange(key, keyAfter(key)) and that write conflict range.
+            self._size += _SET_BYTES + 4 * len(key) + 1
+            self._has_writes = self._dirty = True
+            self._wm.set(key, None)
+            self._keys.append(key)
+            return
+        super().clear(key)
+
+    __delitem__ = clear
+
+    def add_read_conflict_key(self, key: bytes) -> None:
+        # Nothing to record (see _conflict_range): the checks and the size accounting only.
+        if (
+            self._live
+            and type(key) is bytes
+            and len(key) <= KEY_SIZE_LIMIT
+            and key < SYSTEM_KEYS
+            and not self.options.timeout_ms
+        ):
+            self._size += KEY_RANGE_REF_BYTES + 2 * len(key) + 1
+            return
+        super().add_read_conflict_key(key)
 
     def _resolve(self, selector: KeySelector, snapshot: bool) -> bytes:
-        if self._wm:
+        if self._wm.values or self._all:  # the write map's __bool__, without a Python call
             return self._wm.resolve(self._stored, selector)
         key, or_equal, offset = selector
         try:
             if offset >= 1:
-                row = self._conn.execute(_AFTER[or_equal], (key, offset - 1)).fetchone()
+                row = self._cur.execute(_AFTER[or_equal], (key, offset - 1)).fetchone()
                 return row[0] if row else SYSTEM_KEYS
-            row = self._conn.execute(_BEFORE[or_equal], (key, -offset)).fetchone()
+            row = self._cur.execute(_BEFORE[or_equal], (key, -offset)).fetchone()
         except sqlite3.Error as exc:
             raise self._fail(exc) from exc
         return row[0] if row else b""
@@ -282,14 +425,14 @@ class SqliteTransaction(LocalTransaction):
     def _get_range(
         self, begin: bytes, end: bytes, limit: int, reverse: bool, snapshot: bool
     ) -> list[KeyValue]:
-        if self._wm:
+        if self._wm.values or self._all:  # the write map's __bool__, without a Python call
             return self._wm.get_range(self._stored, begin, end, limit, reverse)
         return self._stored(begin, end, limit, reverse)
 
     def _stored(self, begin: bytes, end: bytes, limit: int, reverse: bool) -> list[KeyValue]:
         """The snapshot's pairs of [begin, end), without this transaction's writes."""
         try:
-            rows = self._conn.execute(_RANGE[reverse], (begin, end, limit or -1)).fetchall()
+            rows = self._cur.execute(_RANGE[reverse], (begin, end, limit or -1)).fetchall()
         except sqlite3.Error as exc:
             raise self._fail(exc) from exc
         # tuple.__new__ straight from C: KeyValue._make would run Python code for every row.
@@ -350,7 +493,7 @@ class SqliteTransaction(LocalTransaction):
     def _reserved(self) -> int:
         """meta's version reservation (see :class:`VersionClock`)."""
         try:
-            return int(self._conn.execute(_VERSION).fetchone()[0])
+            return int(self._cur.execute(_VERSION).fetchone()[0])
         except sqlite3.Error as exc:
             raise self._fail(exc) from exc
 
@@ -393,7 +536,7 @@ class SqliteTransaction(LocalTransaction):
             if changed:
                 raise self._refuse(changed)
         try:
-            self._conn.execute("COMMIT")
+            self._cur.execute("COMMIT")
         except sqlite3.Error as exc:
             raise self._fail(exc) from exc
         seen = store.after_reads()  # under the store lock: what it may have read
@@ -405,7 +548,7 @@ class SqliteTransaction(LocalTransaction):
         """End this transaction uncommitted: the store's files changed under it
         (``Store.refuse`` says what the handle does about it)."""
         with contextlib.suppress(sqlite3.Error):  # SQLite may have rolled back already
-            self._conn.execute("ROLLBACK")
+            self._cur.execute("ROLLBACK")
         error = self._store.refuse(changed)  # still under the store lock
         self._end()
         self._state = "failed"
@@ -426,7 +569,7 @@ class SqliteTransaction(LocalTransaction):
         """The writes, the commit version (and whether it raised meta's reservation), the
         versionstamps, COMMIT: one SQLite write transaction. A failure applies nothing and
         leaves the clock pending: the next commit re-reads meta."""
-        conn = self._conn
+        conn = self._cur
         try:
             self._apply_writes(conn)
             version, bumped = self._store.clock.next_version(conn, self._reserved, self._rv)
@@ -448,14 +591,14 @@ class SqliteTransaction(LocalTransaction):
             return False
         return all(any(p <= b and e <= _end_of(p) for p in prefixes) for b, e in wm.cleared_ranges)
 
-    def _apply_writes(self, conn: sqlite3.Connection) -> None:
+    def _apply_writes(self, conn: sqlite3.Cursor) -> None:
         """Apply the buffered writes: the first one turns the read snapshot into a write
         transaction, which SQLite refuses (SQLITE_BUSY_SNAPSHOT) when another connection
         committed since the snapshot began (https://www.sqlite.org/rescode.html#busy_snapshot):
         then nothing was applied, and the commit fails with 1020 not_committed."""
         wm = self._wm
         try:
-            if wm:
+            if wm.values or self._all:
                 for begin, end in wm.cleared_ranges:
                     conn.execute(_DEL_RANGE, (begin, end))
                 puts: list[bytes] = []
@@ -490,7 +633,7 @@ class SqliteTransaction(LocalTransaction):
                 1020, f"{self._store.path}: another connection committed since this transaction read ({exc})"
             ) from exc
 
-    def _apply_stamped(self, conn: sqlite3.Connection, stamp: bytes) -> None:
+    def _apply_stamped(self, conn: sqlite3.Cursor, stamp: bytes) -> None:
         rows = []
         for kind, key, value in self._stamped:
             if kind == "key":
@@ -505,7 +648,7 @@ class SqliteTransaction(LocalTransaction):
         if not self._locked:
             return
         try:
-            self._conn.execute("ROLLBACK")
+            self._cur.execute("ROLLBACK")
         except sqlite3.Error:
             pass  # SQLite already rolled back (after a failed statement): nothing left to undo
         finally:
@@ -518,6 +661,22 @@ class SqliteTransaction(LocalTransaction):
 
 
 _I64 = struct.Struct("<q")
+_I64_PACK, _I64_UNPACK = _I64.pack, _I64.unpack
+# Bytes one write adds to a transaction's size as FoundationDB counts it (as in
+# LocalTransaction): a mutation and a write conflict range [key, keyAfter(key)).
+_SET_BYTES = MUTATION_REF_BYTES + KEY_RANGE_REF_BYTES + 1
+_POINT_RANGE_BYTES = KEY_RANGE_REF_BYTES + 1
+_UNION_UP_TO = 16  # keys read by one compound SELECT; more by one "k IN (...)"
+
+
+def _get_in(n: int) -> str:
+    """The statement that reads ``n`` keys' rows: for a few keys (an operation's metadata and
+    counters), one point lookup each joined by UNION ALL, since "k IN (...)" first builds
+    SQLite a temporary index of the list (about 40 % more instructions for six keys,
+    measured); for more, "k IN (...)", whose index then pays for itself."""
+    if n <= _UNION_UP_TO:
+        return " UNION ALL ".join(["SELECT k, v FROM kv WHERE k = ?"] * n)
+    return f"SELECT k, v FROM kv WHERE k IN ({','.join('?' * n)})"
 
 
 def _sql_add(existing: bytes, param: bytes) -> bytes | None:

@@ -1,0 +1,70 @@
+"""Every benchmark in scripts/ runs with ``--smoke`` (its smallest settings), exits 0 and prints
+its figures: the ratio lines or tables a reader compares (no timed assertion: the figures of a
+smoke run mean nothing). So that no benchmark breaks unseen between the performance passes.
+
+The Spark benchmark starts a JVM (about a minute of CPU; marked ``slow``): it runs only where
+pyspark and Java are installed, as tests/integrations/test_spark.py. The others take about 20 s
+of CPU together.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+# What each script must print: its ratio column or line (the figure a reader compares), or,
+# for a script that prints rates only, the line or table of them.
+EXPECTED = {
+    "bench_aio.py": r"/ limit",
+    "bench_depth.py": r"ratio vs depth 0",
+    "bench_engine.py": r"raw sqlite3 commits/s.*ratio",
+    "bench_fairness.py": r"every small queue served by message",
+    "bench_fdb_model.py": r"round trips",
+    "bench_forward.py": r"enqueue_many.*ratio",
+    "bench_journal.py": r"without.*with.*ratio",
+    "bench_metrics.py": r"scrape of \d+ queues: median",
+    "bench_peers.py": r"Ratios are fdbqueue",
+    "bench_queue.py": r"raw sqlite3 msg/s.*ratio",
+    "bench_settle.py": r"/ dequeue\(tr\)",
+    "bench_spark.py": r"messages/s.*ratio",
+    "bench_web.py": r"ratios: ",
+    "bench_workers.py": r"on / off",
+}
+
+
+def test_every_benchmark_has_a_smoke_run() -> None:
+    found = sorted(p.name for p in SCRIPTS.glob("bench_*.py"))
+    assert found == sorted(EXPECTED), "a benchmark without an entry here (or an entry without its script)"
+
+
+SPARK = pytest.param("bench_spark.py", marks=pytest.mark.slow)
+
+
+@pytest.mark.parametrize("script", [SPARK if s == "bench_spark.py" else s for s in sorted(EXPECTED)])
+def test_smoke(script: str, tmp_path: Path) -> None:
+    if script == "bench_spark.py" and not os.environ.get("FDBQUEUE_REQUIRE_SPARK"):
+        pytest.importorskip("pyspark", reason="pyspark is not installed (pip install '.[spark]')")
+        if shutil.which("java") is None:
+            pytest.skip("Spark needs a Java runtime")
+    env = dict(os.environ, TMPDIR=str(tmp_path), COLUMNS="200")
+    # The checkout first on the path: the scripts import fdbqueue as the tests do.
+    env["PYTHONPATH"] = os.pathsep.join([str(SCRIPTS.parent), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPTS / script), "--smoke"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, f"{script} --smoke exited {done.returncode}:\n{done.stderr[-3000:]}"
+    out = re.sub(r"\s+", " ", done.stdout)  # a rich table may wrap a header over lines
+    assert re.search(EXPECTED[script], out), f"{script} --smoke printed no figures:\n{done.stdout[-3000:]}"
