@@ -319,13 +319,14 @@ def main() -> None:
         action="store_true",
         help="a smoke run (< 30 s): 500 queues, 20 producers, 50 consumers; hot: 10 and 8",
     )
+    ap.add_argument("--smoke", action="store_true", help="--small, for CI")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--markdown", action="store_true")
     for f, default in vars(Settings()).items():
         ap.add_argument("--" + f.replace("_", "-"), type=type(default), default=None)
     args = ap.parse_args()
     cfg = Settings()
-    if args.small:
+    if args.small or args.smoke:
         cfg = Settings(
             queues=500,
             producers=20,

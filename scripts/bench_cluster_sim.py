@@ -158,7 +158,10 @@ def main() -> None:
     )
     ap.add_argument("--only", choices=["busy", "idle"], default=None)
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="300 busy and 20 idle messages, one run (CI)")
     args = ap.parse_args()
+    if args.smoke:
+        args.messages, args.idle_messages, args.runs = 300, 20, 1
     settings = benchlib.machine(
         messages=args.messages,
         idle_messages=args.idle_messages,

@@ -24,6 +24,8 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 # for a script that prints rates only, the line or table of them.
 EXPECTED = {
     "bench_aio.py": r"/ limit",
+    "bench_cluster_model.py": r"delivered twice",
+    "bench_cluster_sim.py": r"conflicts \(1020\) per message",
     "bench_depth.py": r"ratio vs depth 0",
     "bench_engine.py": r"raw sqlite3 commits/s.*ratio",
     "bench_fairness.py": r"every small queue served by message",
@@ -32,9 +34,12 @@ EXPECTED = {
     "bench_journal.py": r"without.*with.*ratio",
     "bench_metrics.py": r"scrape of \d+ queues: median",
     "bench_peers.py": r"Ratios are fdbqueue",
+    "bench_pool.py": r"processes=2",
+    "bench_rate_limit.py": r"runs",
     "bench_queue.py": r"raw sqlite3 msg/s.*ratio",
     "bench_settle.py": r"/ dequeue\(tr\)",
     "bench_spark.py": r"messages/s.*ratio",
+    "bench_tasks.py": r"ratio|/ raw",
     "bench_web.py": r"ratios: ",
     "bench_workers.py": r"on / off",
 }
