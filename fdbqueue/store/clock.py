@@ -81,13 +81,17 @@ _TIME = struct.Struct(">qq")  # the correction's value: (anchor, offset)
 
 
 class _Seen:
-    """The last read version a process saw of one database, and its monotonic clock then."""
+    """The last read version a process saw of one database, its monotonic clock then, the
+    anchor of the newest correction it had read, and the baseline it had under the correction
+    before that one (``before``: for snapshots taken before the newest correction committed)."""
 
-    __slots__ = ("mono", "rv")
+    __slots__ = ("anchor", "before", "mono", "rv")
 
-    def __init__(self, rv: int, mono: float) -> None:
+    def __init__(self, rv: int, mono: float, anchor: int = 0, before: _Seen | None = None) -> None:
         self.rv = rv
         self.mono = mono
+        self.anchor = anchor
+        self.before = before
 
 
 _baselines: weakref.WeakKeyDictionary[object, _Seen] = weakref.WeakKeyDictionary()
@@ -211,17 +215,31 @@ def note_time(tr: Transaction, raw: bytes | None) -> int:
     clock = getattr(db, "clock", None)
     mono = clock() if callable(clock) else _versions.monotonic()
     seen = _baselines.get(home)
-    if seen is None:
+    # The baseline that goes with this snapshot's correction: a transaction whose read version
+    # came after a jump but before the jump's correction committed reads no correction, and
+    # must be measured against the baseline from before the jump, not the one the correction
+    # moved past it (else it counts the jump as time: every TTL and lease ends at once).
+    base = seen
+    while base is not None and base.anchor > anchor and base.before is not None:
+        base = base.before
+    if seen is None or base is None:
         with contextlib.suppress(TypeError):  # not weakly referable: the recorded correction only
-            _baselines[home] = _Seen(rv, mono)
-    elif anchor > seen.rv or rv - seen.rv <= (mono - seen.mono) * VERSIONS_PER_SECOND * (1 + DRIFT) + _JUMP:
-        if rv > seen.rv:  # no jump, or one already corrected: time went on from here
+            _baselines[home] = _Seen(rv, mono, anchor)
+    elif anchor > base.rv or rv - base.rv <= (mono - base.mono) * VERSIONS_PER_SECOND * (1 + DRIFT) + _JUMP:
+        if anchor > seen.anchor:  # a newer correction: a new baseline, the old one kept
+            old = _Seen(seen.rv, seen.mono, seen.anchor)
+            _baselines[home] = (
+                _Seen(rv, mono, anchor, old) if rv > seen.rv else _Seen(seen.rv, seen.mono, anchor, old)
+            )
+        elif base is seen and rv > seen.rv:  # no jump, or one already corrected: time went on
             seen.rv, seen.mono = rv, mono
     else:
         # A jump nobody has corrected since our baseline: the versions beyond what our clock
         # measured were not time. The baseline stays until the correction is read back (if
-        # this transaction does not commit, the next one finds the jump again).
-        offset += rv - seen.rv - round((mono - seen.mono) * VERSIONS_PER_SECOND)
+        # this transaction does not commit, the next one finds the jump again; if another
+        # recorded it meanwhile, this one's write conflicts on the correction and its retry
+        # reads that one).
+        offset += rv - base.rv - round((mono - base.mono) * VERSIONS_PER_SECOND)
         tr.add_read_conflict_key(TIME_KEY)
         tr.set(TIME_KEY, _TIME.pack(rv, offset))
     tr.journal_order().time = offset

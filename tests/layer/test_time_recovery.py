@@ -127,3 +127,21 @@ def test_a_client_that_starts_after_a_recorded_jump_counts_it_out() -> None:
     late = CountingDatabase(db)  # a client that starts afterwards: no baseline of its own
     assert run_transaction(late, db_now) - before < 10_000_000  # type: ignore[arg-type]
     db.close()
+
+
+def test_a_transaction_that_began_before_the_correction_committed_counts_the_jump_out(
+    db: SimDatabase,
+) -> None:
+    # The cluster model's spread+recovery run lost messages to "expired" this way: many
+    # transactions of one client took read versions right after the jump; one recorded the
+    # correction, the next read it back and moved the client's baseline past the jump; the
+    # others' snapshots (older than the correction's commit) had no correction, and against
+    # the moved baseline saw no jump: database time 100 s ahead, TTLs ended.
+    before = now(db)
+    recovery(db, 100.0)
+    stale = db.create_transaction()
+    stale.get_read_version()  # after the jump, before any correction commits
+    now(db)  # records the correction
+    now(db)  # reads it back: the client's baseline moves past the jump
+    assert db_now(stale) - before < 10_000_000  # type: ignore[arg-type]
+    stale.cancel()
