@@ -26,6 +26,7 @@ import logging
 import random
 import threading
 import time
+import zlib
 from typing import Any
 
 from fdbqueue.api.admin import PATTERN_CHARS, is_pattern
@@ -82,6 +83,7 @@ class WorkSet:
         self.recent: set[str] = set()  # queues served since the last sweep
         self.watches = 0  # watches armed so far (one per sleep: a measure for tests)
         self.token = new_rand()  # this consumer's claims (workindex.claim)
+        self._salt = zlib.crc32(self.token)  # its own order of the queues (_order)
         # Its registration while asleep: a fresh key each time it goes to sleep, so that no
         # registration key is written more than twice (set, then cleared by a waker).
         self._sleep_token = new_rand()
@@ -142,7 +144,7 @@ class WorkSet:
             for n in [n for n, until in self._avoid.items() if until <= mono]:
                 del self._avoid[n]
             avoid = set(self._avoid)
-        names = [n for n, due in entries if due <= now and n not in avoid]
+        names = self._order([n for n, due in entries if due <= now and n not in avoid], after)
         self.contended = set()
         self.owned = set()
         if names:
@@ -168,6 +170,22 @@ class WorkSet:
             k = random.randrange(len(names))
             names = names[k:] + names[:k]
         return names
+
+    def _rank(self, name: str) -> int:
+        return zlib.crc32(name.encode(), self._salt)
+
+    def _order(self, names: list[str], after: str) -> list[str]:
+        """``names`` in this consumer's own order of the queues (a permutation drawn from its
+        token), starting after ``after``. In name order, consumers that fall into step follow
+        one another from queue to queue and take the same last messages at the same moment
+        (a conflict each); each in an order of its own, two meet on a queue only by chance.
+        Still a round robin: a turn visits every queue once, none waits more than a turn."""
+        ranked = sorted(names, key=self._rank)
+        if after:
+            mark = self._rank(after)
+            k = next((i for i, n in enumerate(ranked) if self._rank(n) > mark), len(ranked))
+            ranked = ranked[k:] + ranked[:k]
+        return ranked
 
     def _asleep(self) -> bool:
         """Registered and watching, the watch unfired and fresh, no parked entry due: the
