@@ -274,11 +274,18 @@ def claim(tr: Transaction, keys: QueueKeys, token: bytes, more: bool) -> None:
 
 
 def claims(
-    tr: Transaction, wk: WorkKeys, prefix: str, now: int, token: bytes, limit: int
+    tr: Transaction,
+    wk: WorkKeys,
+    prefix: str,
+    now: int,
+    token: bytes,
+    limit: int,
+    tokens: set[bytes] | None = None,
 ) -> tuple[dict[str, int], set[str]]:
     """The live claims on the queues under ``prefix`` at ``now`` (a snapshot read): those of
     other consumers than ``token`` (name -> the version the claim ends, negated when more is
-    ready), and the names ``token`` claims itself."""
+    ready), and the names ``token`` claims itself. ``tokens``: gets the tokens of the
+    consumers that hold a live claim (the consumers busy on these queues now)."""
     out, own = {}, set()
     for kv in tr.snapshot.get_range(*wk.claims_range(prefix), limit):
         v = kv.value
@@ -287,6 +294,8 @@ def claims(
         until = int(_DUE.unpack(v[:8])[0])
         if until <= now:
             continue
+        if tokens is not None:
+            tokens.add(v[8:16])
         if v[8:16] == token:
             own.add(wk.claimed(kv.key))
         else:

@@ -38,7 +38,7 @@ from fdbqueue.ops import workindex
 from fdbqueue.ops.steps import wait_on
 from fdbqueue.ops.txn import run_once
 from fdbqueue.ops.waiting import LOST_WAKEUP_RECHECK
-from fdbqueue.store.clock import db_now, seconds_of
+from fdbqueue.store.clock import db_now, seconds_of, versions
 from fdbqueue.store.codec import unpack_count
 from fdbqueue.store.entropy import new_rand
 from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys
@@ -154,13 +154,30 @@ class WorkSet:
             # messages, when more is there. Consumers spread over the queues instead of
             # meeting on the same heads; the others keep their round-robin order (no queue
             # waits more than a turn of this consumer's).
-            claimed, own = workindex.claims(t, self.wk, self.prefix, now, self.token, ROUND)
+            busy: set[bytes] = set()
+            claimed, own = workindex.claims(t, self.wk, self.prefix, now, self.token, ROUND, busy)
             self.owned = own
             if claimed or own:
                 done = {n for n in names if claimed.get(n, 0) > 0}
                 parked += [claimed[n] for n in done]
                 self.contended = {n for n in names if claimed.get(n, 0) < 0}
                 names = [n for n in names if n not in claimed] + [n for n in names if n in self.contended]
+            busy.discard(self.token)
+            if busy:
+                # A queue nobody claims goes to one of the consumers busy on these queues
+                # (those with a live claim, and this one), the same for all of them: the one
+                # ranking it highest (rendezvous hashing, Thaler & Ravishankar 1998). The
+                # others leave it to that one instead of all probing it and taking its one
+                # message at the same moment (a conflict each): QuiCK's one consumer per
+                # queue. A consumer that stops or stays away lets its claims end within
+                # CLAIM_SECONDS, then is no longer counted, and its queues go to others; a
+                # skipped queue bounds this consumer's waits as a claim does.
+                busy.add(self.token)
+                free = [n for n in names if n not in own and n not in self.contended]
+                theirs = {n for n in free if self._chosen(n, busy) != self.token}
+                if theirs:
+                    names = [n for n in names if n not in theirs]
+                    parked.append(now + versions(workindex.CLAIM_SECONDS))
         self._parked_until = mono + seconds_of(min(parked) - now) if parked else None
         if len(names) > 1 and not self._started:
             # The first turn starts at a random queue: consumers started together spread
@@ -170,6 +187,12 @@ class WorkSet:
             k = random.randrange(len(names))
             names = names[k:] + names[:k]
         return names
+
+    @staticmethod
+    def _chosen(name: str, tokens: set[bytes]) -> bytes:
+        """Which of the consumers ``tokens`` a queue nobody claims goes to (rendezvous)."""
+        raw = name.encode()
+        return max(tokens, key=lambda tok: (zlib.crc32(tok + raw), tok))
 
     def _rank(self, name: str) -> int:
         return zlib.crc32(name.encode(), self._salt)
