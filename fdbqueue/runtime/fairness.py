@@ -48,6 +48,7 @@ log = logging.getLogger("fdbqueue.runtime.worker")
 AVOID_SECONDS = 60.0  # a queue that refused a turn (no right to dequeue, say) is skipped this long
 ROUND = 1000  # index entries a turn reads at most, from each side of where it resumes
 FAIR_SHARE = 4  # a turn takes at least this many from a queue (when the consumer wants them)
+DEFER_SECONDS = 1.0  # a queue nobody claims is left to the consumer it goes to this long at most
 FILL_BATCH = 200  # queues of the listing one transaction looks at when the index is filled
 
 
@@ -82,7 +83,10 @@ class WorkSet:
         self._avoid: dict[str, float] = {}  # queues that refused a turn -> monotonic time to retry
         self.recent: set[str] = set()  # queues served since the last sweep
         self.watches = 0  # watches armed so far (one per sleep: a measure for tests)
-        self.token = new_rand()  # this consumer's claims (workindex.claim)
+        # This consumer's claims (workindex.claim): 4 bytes that say which queues it serves
+        # (its work set's name: consumers of the same one serve the same queues, _scan),
+        # then 4 random ones.
+        self.token = zlib.crc32(f"{self.root!r}/{self.name}".encode()).to_bytes(4, "big") + new_rand()[:4]
         self._salt = zlib.crc32(self.token)  # its own order of the queues (_order)
         # Its registration while asleep: a fresh key each time it goes to sleep, so that no
         # registration key is written more than twice (set, then cleared by a waker).
@@ -95,6 +99,8 @@ class WorkSet:
         self.contended: set[str] = set()  # queues other consumers claimed at the last turn
         self.owned: set[str] = set()  # queues this consumer claimed at the last turn
         self._empty: set[str] = set()  # queues found empty at the last visit, not retired
+        self._left = False  # the last scan left queues with work to other consumers
+        self._deferred: dict[str, float] = {}  # the queues it left to them, since (monotonic)
 
     def __repr__(self) -> str:
         return f"WorkSet({self.name!r})"
@@ -147,6 +153,8 @@ class WorkSet:
         names = self._order([n for n, due in entries if due <= now and n not in avoid], after)
         self.contended = set()
         self.owned = set()
+        self._left = False
+        deferred, self._deferred = self._deferred, {}
         if names:
             # Queues another consumer serves right now (workindex.claim) are skipped when
             # it took what there was (until its claim ends: a wait is bounded by that, as
@@ -162,22 +170,30 @@ class WorkSet:
                 parked += [claimed[n] for n in done]
                 self.contended = {n for n in names if claimed.get(n, 0) < 0}
                 names = [n for n in names if n not in claimed] + [n for n in names if n in self.contended]
-            busy.discard(self.token)
+            busy = {tok for tok in busy if tok[:4] == self.token[:4] and tok != self.token}
             if busy:
-                # A queue nobody claims goes to one of the consumers busy on these queues
-                # (those with a live claim, and this one), the same for all of them: the one
-                # ranking it highest (rendezvous hashing, Thaler & Ravishankar 1998). The
-                # others leave it to that one instead of all probing it and taking its one
-                # message at the same moment (a conflict each): QuiCK's one consumer per
-                # queue. A consumer that stops or stays away lets its claims end within
+                # A queue nobody claims goes to one of the consumers of this work set busy
+                # on its queues (those with a live claim, and this one), the same for all of
+                # them: the one ranking it highest (rendezvous hashing, Thaler & Ravishankar
+                # 1998). The others leave it to that one instead of all probing it and taking
+                # its one message at the same moment (a conflict each): QuiCK's one consumer
+                # per queue. A consumer that stops or stays away lets its claims end within
                 # CLAIM_SECONDS, then is no longer counted, and its queues go to others; a
-                # skipped queue bounds this consumer's waits as a claim does.
+                # skipped queue bounds this consumer's waits as a claim does. And a queue is
+                # left to another for DEFER_SECONDS at most: still free after that (its
+                # consumer may not serve it: no right to dequeue there), this one takes it.
                 busy.add(self.token)
                 free = [n for n in names if n not in own and n not in self.contended]
-                theirs = {n for n in free if self._chosen(n, busy) != self.token}
+                theirs = {
+                    n
+                    for n in free
+                    if mono - deferred.get(n, mono) < DEFER_SECONDS and self._chosen(n, busy) != self.token
+                }
+                self._deferred = {n: deferred.get(n, mono) for n in theirs}
                 if theirs:
                     names = [n for n in names if n not in theirs]
                     parked.append(now + versions(workindex.CLAIM_SECONDS))
+                    self._left = True
         self._parked_until = mono + seconds_of(min(parked) - now) if parked else None
         if len(names) > 1 and not self._started:
             # The first turn starts at a random queue: consumers started together spread
@@ -351,12 +367,26 @@ class WorkSet:
                     return True, None
                 if old is not None:
                     workindex.wake_up(t, self.wk, old)  # renewed: the earlier one goes
+                if self._left:
+                    # Queues with work left to the consumers they go to (_scan): this one
+                    # looks again when their claims would end, awake. Registered, it would
+                    # clear its registration at that look, and a producer waking it at the
+                    # same moment would conflict (the registration it read was written).
+                    return False, None
                 key = workindex.sleep(t, self.wk, token, self.pattern, extra)
                 return False, t.watch(key)
 
             found, w = run_once(db, arm)
-            if found or w is None:
+            if found:
                 return True
+            if w is None:
+                self._registered = False
+                back = self._parked_until
+                if back is None or not self._left:
+                    return True
+                end = back if timeout is None else min(back, time.monotonic() + timeout)
+                stop.wait(max(0.0, end - time.monotonic()))
+                return not stop.is_set() and time.monotonic() >= back
             self._sleep_token = token
             self._watch, self._armed_at, self._registered = w, time.monotonic(), True
             self.watches += 1
