@@ -47,7 +47,8 @@ consumer that died: a waker clears it and looks further.
 A consumer that takes messages from a queue, or finds one nobody claims empty, writes the
 queue's claim ``root + ("wc", queue)`` for ``CLAIM_SECONDS`` (:func:`claim`): the others skip
 it when the claimer took what there was and visit it last when it left more, so consumers
-spread over the queues instead of meeting on the same heads. A blind write on the queue's own
+spread over the queues instead of meeting on the same heads (and a queue nobody claims
+goes to one of the consumers with a live claim: ``runtime/fairness.py``). A blind write on the queue's own
 key: no conflict, and producers never read it. A queue found empty is retired only once the
 consumer found it empty twice in a row, or in a turn that found nothing at all
 (``runtime/worker.py``): a queue its producers are feeding stays indexed, so no retire races

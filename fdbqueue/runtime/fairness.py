@@ -4,11 +4,17 @@ pattern (``"tenant.*"``) or a :class:`~fdbqueue.api.routing.PartitionedQueue`.
 The queues are found through the work index (``workindex``: one entry per queue that may
 have work, kept by the one writer of message state in the transaction that gives a queue
 work), not by polling each queue: Apple's QuiCK design (Shraer et al., SIGMOD 2021). A
-consumer takes turns: each turn serves the queues with work in name order, starting after
-the queue it served last (the first turn at a random queue, so that consumers started
+consumer takes turns: each turn serves the queues with work in an order of its own (a
+permutation drawn from its token), starting after the queue it served last (the first turn at a random queue, so that consumers started
 together do not all take the same queue first), and takes at most a bounded batch from
 each, so one queue's backlog never starves another. A queue that gives nothing is retired
 from the index (or parked until its next delayed message or lease deadline).
+
+One consumer at a time serves a queue (QuiCK leases a queue's top-level pointer): a queue
+another consumer claims (``workindex.claim``) is skipped or visited last, and a queue nobody
+claims goes to one of the work set's consumers busy now (rendezvous hashing over the tokens
+of the live claims): the others leave it to that one, for at most ``DEFER_SECONDS``, instead
+of all probing it and taking its one message at the same moment.
 
 With nothing to do, a consumer registers itself asleep and watches its registration
 (``workindex.sleep``), in the transaction whose scan found nothing: whoever next gives one of
