@@ -5,10 +5,11 @@ The queues are found through the work index (``workindex``: one entry per queue 
 have work, kept by the one writer of message state in the transaction that gives a queue
 work), not by polling each queue: Apple's QuiCK design (Shraer et al., SIGMOD 2021). A
 consumer takes turns: each turn serves the queues with work in an order of its own (a
-permutation drawn from its token), starting after the queue it served last (the first turn at a random queue, so that consumers started
-together do not all take the same queue first), and takes at most a bounded batch from
-each, so one queue's backlog never starves another. A queue that gives nothing is retired
-from the index (or parked until its next delayed message or lease deadline).
+permutation drawn from its token), starting after the queue it served last (the first turn
+at a random queue, so that consumers started together do not all take the same queue
+first), and takes at most a bounded batch from each, so one queue's backlog never starves
+another. A queue that gives nothing is retired from the index (or parked until its next
+delayed message or lease deadline).
 
 One consumer at a time serves a queue (QuiCK leases a queue's top-level pointer): a queue
 another consumer claims (``workindex.claim``) is skipped or visited last, and a queue nobody
