@@ -47,7 +47,8 @@ consumer that died: a waker clears it and looks further.
 A consumer that takes messages from a queue, or finds one nobody claims empty, writes the
 queue's claim ``root + ("wc", queue)`` for ``CLAIM_SECONDS`` (:func:`claim`): the others skip
 it when the claimer took what there was and visit it last when it left more, so consumers
-spread over the queues instead of meeting on the same heads. A blind write on the queue's own
+spread over the queues instead of meeting on the same heads (and a queue nobody claims
+goes to one of the consumers with a live claim: ``runtime/fairness.py``). A blind write on the queue's own
 key: no conflict, and producers never read it. A queue found empty is retired only once the
 consumer found it empty twice in a row, or in a turn that found nothing at all
 (``runtime/worker.py``): a queue its producers are feeding stays indexed, so no retire races
@@ -274,11 +275,18 @@ def claim(tr: Transaction, keys: QueueKeys, token: bytes, more: bool) -> None:
 
 
 def claims(
-    tr: Transaction, wk: WorkKeys, prefix: str, now: int, token: bytes, limit: int
+    tr: Transaction,
+    wk: WorkKeys,
+    prefix: str,
+    now: int,
+    token: bytes,
+    limit: int,
+    tokens: set[bytes] | None = None,
 ) -> tuple[dict[str, int], set[str]]:
     """The live claims on the queues under ``prefix`` at ``now`` (a snapshot read): those of
     other consumers than ``token`` (name -> the version the claim ends, negated when more is
-    ready), and the names ``token`` claims itself."""
+    ready), and the names ``token`` claims itself. ``tokens``: gets the tokens of the
+    consumers that hold a live claim (the consumers busy on these queues now)."""
     out, own = {}, set()
     for kv in tr.snapshot.get_range(*wk.claims_range(prefix), limit):
         v = kv.value
@@ -287,6 +295,8 @@ def claims(
         until = int(_DUE.unpack(v[:8])[0])
         if until <= now:
             continue
+        if tokens is not None:
+            tokens.add(v[8:16])
         if v[8:16] == token:
             own.add(wk.claimed(kv.key))
         else:

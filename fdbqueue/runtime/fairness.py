@@ -4,11 +4,18 @@ pattern (``"tenant.*"``) or a :class:`~fdbqueue.api.routing.PartitionedQueue`.
 The queues are found through the work index (``workindex``: one entry per queue that may
 have work, kept by the one writer of message state in the transaction that gives a queue
 work), not by polling each queue: Apple's QuiCK design (Shraer et al., SIGMOD 2021). A
-consumer takes turns: each turn serves the queues with work in name order, starting after
-the queue it served last (the first turn at a random queue, so that consumers started
-together do not all take the same queue first), and takes at most a bounded batch from
-each, so one queue's backlog never starves another. A queue that gives nothing is retired
-from the index (or parked until its next delayed message or lease deadline).
+consumer takes turns: each turn serves the queues with work in an order of its own (a
+permutation drawn from its token), starting after the queue it served last (the first turn
+at a random queue, so that consumers started together do not all take the same queue
+first), and takes at most a bounded batch from each, so one queue's backlog never starves
+another. A queue that gives nothing is retired from the index (or parked until its next
+delayed message or lease deadline).
+
+One consumer at a time serves a queue (QuiCK leases a queue's top-level pointer): a queue
+another consumer claims (``workindex.claim``) is skipped or visited last, and a queue nobody
+claims goes to one of the work set's consumers busy now (rendezvous hashing over the tokens
+of the live claims): the others leave it to that one, for at most ``DEFER_SECONDS``, instead
+of all probing it and taking its one message at the same moment.
 
 With nothing to do, a consumer registers itself asleep and watches its registration
 (``workindex.sleep``), in the transaction whose scan found nothing: whoever next gives one of
@@ -26,6 +33,7 @@ import logging
 import random
 import threading
 import time
+import zlib
 from typing import Any
 
 from fdbqueue.api.admin import PATTERN_CHARS, is_pattern
@@ -37,7 +45,7 @@ from fdbqueue.ops import workindex
 from fdbqueue.ops.steps import wait_on
 from fdbqueue.ops.txn import run_once
 from fdbqueue.ops.waiting import LOST_WAKEUP_RECHECK
-from fdbqueue.store.clock import db_now, seconds_of
+from fdbqueue.store.clock import db_now, seconds_of, versions
 from fdbqueue.store.codec import unpack_count
 from fdbqueue.store.entropy import new_rand
 from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys
@@ -47,6 +55,7 @@ log = logging.getLogger("fdbqueue.runtime.worker")
 AVOID_SECONDS = 60.0  # a queue that refused a turn (no right to dequeue, say) is skipped this long
 ROUND = 1000  # index entries a turn reads at most, from each side of where it resumes
 FAIR_SHARE = 4  # a turn takes at least this many from a queue (when the consumer wants them)
+DEFER_SECONDS = 1.0  # a queue nobody claims is left to the consumer it goes to this long at most
 FILL_BATCH = 200  # queues of the listing one transaction looks at when the index is filled
 
 
@@ -81,7 +90,11 @@ class WorkSet:
         self._avoid: dict[str, float] = {}  # queues that refused a turn -> monotonic time to retry
         self.recent: set[str] = set()  # queues served since the last sweep
         self.watches = 0  # watches armed so far (one per sleep: a measure for tests)
-        self.token = new_rand()  # this consumer's claims (workindex.claim)
+        # This consumer's claims (workindex.claim): 4 bytes that say which queues it serves
+        # (its work set's name: consumers of the same one serve the same queues, _scan),
+        # then 4 random ones.
+        self.token = zlib.crc32(f"{self.root!r}/{self.name}".encode()).to_bytes(4, "big") + new_rand()[:4]
+        self._salt = zlib.crc32(self.token)  # its own order of the queues (_order)
         # Its registration while asleep: a fresh key each time it goes to sleep, so that no
         # registration key is written more than twice (set, then cleared by a waker).
         self._sleep_token = new_rand()
@@ -93,6 +106,8 @@ class WorkSet:
         self.contended: set[str] = set()  # queues other consumers claimed at the last turn
         self.owned: set[str] = set()  # queues this consumer claimed at the last turn
         self._empty: set[str] = set()  # queues found empty at the last visit, not retired
+        self._left = False  # the last scan left queues with work to other consumers
+        self._deferred: dict[str, float] = {}  # the queues it left to them, since (monotonic)
 
     def __repr__(self) -> str:
         return f"WorkSet({self.name!r})"
@@ -142,9 +157,11 @@ class WorkSet:
             for n in [n for n, until in self._avoid.items() if until <= mono]:
                 del self._avoid[n]
             avoid = set(self._avoid)
-        names = [n for n, due in entries if due <= now and n not in avoid]
+        names = self._order([n for n, due in entries if due <= now and n not in avoid], after)
         self.contended = set()
         self.owned = set()
+        self._left = False
+        deferred, self._deferred = self._deferred, {}
         if names:
             # Queues another consumer serves right now (workindex.claim) are skipped when
             # it took what there was (until its claim ends: a wait is bounded by that, as
@@ -152,13 +169,38 @@ class WorkSet:
             # messages, when more is there. Consumers spread over the queues instead of
             # meeting on the same heads; the others keep their round-robin order (no queue
             # waits more than a turn of this consumer's).
-            claimed, own = workindex.claims(t, self.wk, self.prefix, now, self.token, ROUND)
+            busy: set[bytes] = set()
+            claimed, own = workindex.claims(t, self.wk, self.prefix, now, self.token, ROUND, busy)
             self.owned = own
             if claimed or own:
                 done = {n for n in names if claimed.get(n, 0) > 0}
                 parked += [claimed[n] for n in done]
                 self.contended = {n for n in names if claimed.get(n, 0) < 0}
                 names = [n for n in names if n not in claimed] + [n for n in names if n in self.contended]
+            busy = {tok for tok in busy if tok[:4] == self.token[:4] and tok != self.token}
+            if busy:
+                # A queue nobody claims goes to one of the consumers of this work set busy
+                # on its queues (those with a live claim, and this one), the same for all of
+                # them: the one ranking it highest (rendezvous hashing, Thaler & Ravishankar
+                # 1998). The others leave it to that one instead of all probing it and taking
+                # its one message at the same moment (a conflict each): QuiCK's one consumer
+                # per queue. A consumer that stops or stays away lets its claims end within
+                # CLAIM_SECONDS, then is no longer counted, and its queues go to others; a
+                # skipped queue bounds this consumer's waits as a claim does. And a queue is
+                # left to another for DEFER_SECONDS at most: still free after that (its
+                # consumer may not serve it: no right to dequeue there), this one takes it.
+                busy.add(self.token)
+                free = [n for n in names if n not in own and n not in self.contended]
+                theirs = {
+                    n
+                    for n in free
+                    if mono - deferred.get(n, mono) < DEFER_SECONDS and self._chosen(n, busy) != self.token
+                }
+                self._deferred = {n: deferred.get(n, mono) for n in theirs}
+                if theirs:
+                    names = [n for n in names if n not in theirs]
+                    parked.append(now + versions(workindex.CLAIM_SECONDS))
+                    self._left = True
         self._parked_until = mono + seconds_of(min(parked) - now) if parked else None
         if len(names) > 1 and not self._started:
             # The first turn starts at a random queue: consumers started together spread
@@ -168,6 +210,28 @@ class WorkSet:
             k = random.randrange(len(names))
             names = names[k:] + names[:k]
         return names
+
+    @staticmethod
+    def _chosen(name: str, tokens: set[bytes]) -> bytes:
+        """Which of the consumers ``tokens`` a queue nobody claims goes to (rendezvous)."""
+        raw = name.encode()
+        return max(tokens, key=lambda tok: (zlib.crc32(tok + raw), tok))
+
+    def _rank(self, name: str) -> int:
+        return zlib.crc32(name.encode(), self._salt)
+
+    def _order(self, names: list[str], after: str) -> list[str]:
+        """``names`` in this consumer's own order of the queues (a permutation drawn from its
+        token), starting after ``after``. In name order, consumers that fall into step follow
+        one another from queue to queue and take the same last messages at the same moment
+        (a conflict each); each in an order of its own, two meet on a queue only by chance.
+        Still a round robin: a turn visits every queue once, none waits more than a turn."""
+        ranked = sorted(names, key=self._rank)
+        if after:
+            mark = self._rank(after)
+            k = next((i for i, n in enumerate(ranked) if self._rank(n) > mark), len(ranked))
+            ranked = ranked[k:] + ranked[:k]
+        return ranked
 
     def _asleep(self) -> bool:
         """Registered and watching, the watch unfired and fresh, no parked entry due: the
@@ -310,12 +374,26 @@ class WorkSet:
                     return True, None
                 if old is not None:
                     workindex.wake_up(t, self.wk, old)  # renewed: the earlier one goes
+                if self._left:
+                    # Queues with work left to the consumers they go to (_scan): this one
+                    # looks again when their claims would end, awake. Registered, it would
+                    # clear its registration at that look, and a producer waking it at the
+                    # same moment would conflict (the registration it read was written).
+                    return False, None
                 key = workindex.sleep(t, self.wk, token, self.pattern, extra)
                 return False, t.watch(key)
 
             found, w = run_once(db, arm)
-            if found or w is None:
+            if found:
                 return True
+            if w is None:
+                self._registered = False
+                back = self._parked_until
+                if back is None or not self._left:
+                    return True
+                end = back if timeout is None else min(back, time.monotonic() + timeout)
+                stop.wait(max(0.0, end - time.monotonic()))
+                return not stop.is_set() and time.monotonic() >= back
             self._sleep_token = token
             self._watch, self._armed_at, self._registered = w, time.monotonic(), True
             self.watches += 1

@@ -19,7 +19,8 @@ from fdbqueue.engines.contract import Database, Transaction
 from fdbqueue.engines.sqlite.notify import WatchHub
 from fdbqueue.errors import EngineError
 from fdbqueue.ops.txn import run_once
-from fdbqueue.ops.workindex import decode_due, retire, work_keys
+from fdbqueue.ops.workindex import claim, decode_due, retire, work_keys
+from fdbqueue.runtime import fairness
 from fdbqueue.runtime.fairness import WorkSet
 from fdbqueue.store.clock import db_now
 
@@ -117,6 +118,61 @@ def test_producers_that_mark_the_same_queue_at_once_do_not_conflict(db: Database
         t1.commit()
         t2.commit()
     assert entry(db, "tenant.a") == 0
+
+
+# -- consumers that part ways ---------------------------------------------------------------------
+
+
+def _busy_pair(db: Database, n: int) -> tuple[WorkSet, WorkSet, set[str]]:
+    """Two consumers of ``tenant.*``, each busy on a queue of its own (a live claim), and ``n``
+    queues with a message each that nobody claims."""
+    names = {f"tenant.{i:02d}" for i in range(n)}
+    for name in sorted(names):
+        Queue(name).enqueue(db, b"x")
+    a, b = WorkSet("tenant.*"), WorkSet("tenant.*")
+
+    def busy(t: Transaction, _: bool) -> None:
+        claim(t, Queue("tenant.za").keys, a.token, False)
+        claim(t, Queue("tenant.zb").keys, b.token, False)
+
+    run_once(db, busy)
+    return a, b, names
+
+
+def test_a_queue_nobody_claims_goes_to_one_of_the_busy_consumers(db: Database) -> None:
+    """Rendezvous over the consumers with a live claim: each free queue is in exactly one of
+    the two turns, so they never probe it at the same moment (before: both turns held all
+    twelve, and the two took the same last messages at once, a conflict each)."""
+    a, b, names = _busy_pair(db, 12)
+    mine = {q.name for q in a.rotation(db)}
+    theirs = {q.name for q in b.rotation(db)}
+    assert mine | theirs == names
+    assert mine & theirs == set()
+    assert mine and theirs  # both have their share
+
+
+def test_a_queue_is_left_to_another_consumer_for_a_bounded_time(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The consumer a queue goes to may not serve it (no right to dequeue there, or stuck):
+    after DEFER_SECONDS the others take it too, so no message waits on one consumer."""
+    monkeypatch.setattr(fairness, "DEFER_SECONDS", 0.05)
+    a, _b, names = _busy_pair(db, 12)
+    first = {q.name for q in a.rotation(db)}
+    assert first < names
+    time.sleep(0.1)
+    assert {q.name for q in a.rotation(db)} == names
+
+
+def test_only_consumers_of_the_same_queues_count(db: Database) -> None:
+    """A consumer of another pattern (with the same prefix) serves other queues: its claims
+    leave this consumer's queues to nobody."""
+    names = {f"tenant.{i:02d}" for i in range(6)}
+    for name in sorted(names):
+        Queue(name).enqueue(db, b"x")
+    a, other = WorkSet("tenant.*"), WorkSet("tenant.z*")
+    run_once(db, lambda t, _: claim(t, Queue("tenant.za").keys, other.token, False))
+    assert {q.name for q in a.rotation(db)} == names
 
 
 # -- fair turns -----------------------------------------------------------------------------------
