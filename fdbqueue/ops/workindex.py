@@ -92,7 +92,7 @@ def _keys_of(keys: QueueKeys) -> WorkKeys:
 
 UNREAD = b"unread"  # no entry's value: entries are b"" or 8 bytes
 CLAIM_SECONDS = 0.25  # how long a consumer that took messages from a queue claims it
-SLEEPERS_READ = 32  # registrations a waker looks at (from a random point) to wake one
+SLEEPERS_READ = 32  # registrations a waker looks at (from one end, at random) to wake one
 STALE_SECONDS = 4 * LOST_WAKEUP_RECHECK  # a registration not renewed that long: its consumer died
 ERROR_SUFFIX = ".error"  # the default error queues' names (config.error_queue_name)
 
@@ -222,11 +222,11 @@ def wake_one(tr: Transaction, wk: WorkKeys, name: str) -> bool:
     fires), if one is among the :data:`SLEEPERS_READ` registrations read from a random
     point; True when one was woken. Snapshot reads: producers never conflict over who is
     asleep; a read conflict on the one cleared, so two wakers never wake the same."""
+    # One read, from either end at random: a waker pays one round trip, found or not (a
+    # read from a random point would take a second to wrap around when few sleep), and two
+    # wakers at once still pick apart (the random pick below).
     begin, end = wk.sleepers_range()
-    start = wk.sleeper(new_rand())
-    kvs = tr.snapshot.get_range(start, end, SLEEPERS_READ)
-    if len(kvs) < SLEEPERS_READ:
-        kvs += tr.snapshot.get_range(begin, start, SLEEPERS_READ - len(kvs))
+    kvs = tr.snapshot.get_range(begin, end, SLEEPERS_READ, reverse=new_rand()[0] & 1 == 1)
     if not kvs:
         return False
     stale = db_now(tr) - versions(STALE_SECONDS)

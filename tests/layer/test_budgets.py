@@ -194,7 +194,12 @@ def op_round_trips(db: Database, expired: int, n: int) -> dict[str, int]:
 # settings cache; one in a running process), a probe of the TTL index for messages expired
 # and not yet swept (every view counts by database time: docs/api.md), and one range read
 # from a key selector (or, with expired messages ahead, one page of the walk in dequeue order).
-ROUND_TRIPS = {"dequeue, caller's transaction": 14, "dequeue": 14, "lease": 14, "ack": 3, "nth": 5}
+# The dequeue in a caller's transaction moves the first expired message into an error queue
+# not yet in the work index: marking it there reads the idle consumers' registrations to wake
+# one (workindex.wake_one: one round trip) where an atomic add on one global key, written by
+# most enqueues of the database, used to do (issue 28: a hot key on one storage team). One
+# round trip once, when a queue comes to have work, for no key every producer writes.
+ROUND_TRIPS = {"dequeue, caller's transaction": 15, "dequeue": 14, "lease": 14, "ack": 3, "nth": 5}
 
 
 def test_round_trips_do_not_grow_with_expired_messages_or_with_n(db: Database) -> None:
