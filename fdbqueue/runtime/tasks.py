@@ -25,7 +25,13 @@ from typing import Any
 
 from fdbqueue.api.admin import create_queue, queue_config
 from fdbqueue.api.task_results import encode_value, failure_of, sweep_results, write_result
-from fdbqueue.api.tasks import Task, TaskRegistry, enqueue_signature, signature_from_json
+from fdbqueue.api.tasks import (
+    Task,
+    TaskRegistry,
+    bind_arguments,
+    enqueue_signature,
+    signature_from_json,
+)
 from fdbqueue.engines.contract import Database, Transaction
 from fdbqueue.errors import (
     Discard,
@@ -67,8 +73,8 @@ class TaskDone(AfterAck):
 
 def _decode(app: TaskRegistry, m: Message) -> tuple[dict[str, Any], Task]:
     """The message's call and its task; Discard (the error queue, with the reason) when it is
-    not a task message, names a task this app does not know, or is past its task's
-    ``max_deliveries``."""
+    not a task message, names a task this app does not know, carries arguments that do not
+    bind to its function's signature, or is past its task's ``max_deliveries``."""
     data, task = _decode_call(app, m)
     if task.max_deliveries is not None and m.deliveries > task.max_deliveries:
         # Its last run failed where the runner could not see it (past the worker's time limit,
@@ -98,9 +104,16 @@ def _decode_call(app: TaskRegistry, m: Message) -> tuple[dict[str, Any], Task]:
     except (ValueError, KeyError, TypeError) as exc:
         raise Discard(f"not a task message ({type(exc).__name__}: {exc})") from None
     try:
-        return data, app.get(name)
-    except UnknownTaskError as exc:
+        task = app.get(name)
+        # Arguments that do not bind (a hand-made message, a task whose signature changed) fail
+        # the same way at every delivery: to the error queue now, not max_deliveries runs later.
+        args, kwargs = tuple(data.get("args", ())), data.get("kwargs", {})
+        bind_arguments(
+            task.name, task.signature, args, kwargs, check_json=False, leading=int(task.exactly_once)
+        )
+    except (UnknownTaskError, TaskArgumentsError) as exc:
         raise Discard(failure_text(exc)) from None
+    return data, task
 
 
 class TaskRunner:
