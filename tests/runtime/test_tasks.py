@@ -608,3 +608,28 @@ def test_a_task_message_whose_arguments_do_not_bind_is_dead_lettered_at_once(
     with pytest.raises(fdbqueue.TaskFailedError) as err:
         app.result(db, extra, timeout=5.0)
     assert err.value.type == "TaskArgumentsError"
+
+
+@pytest.mark.parametrize("linger", [0.005, 0.0], ids=["batched", "one-by-one"])
+def test_the_async_worker_dead_letters_a_chain_it_cannot_enqueue_and_runs_on(
+    db: fdbqueue.Database, linger: float
+) -> None:
+    app = fdbqueue.Tasks(db)
+
+    @app.task(store_result=True)
+    async def twice(n: int) -> int:
+        return 2 * n
+
+    fdbqueue.create_queue(db, "vault", owner="ops")
+    then = {"task": "elsewhere", "queue": "vault", "args": []}
+    denied = fdbqueue.Queue("tasks").enqueue(
+        db, {"task": twice.name, "args": [1], "result": 60.0, "then": [then]}
+    )
+    fine = twice.defer(db, 2)
+    stats = app.worker(concurrency=2, settle_linger=linger).run(until_empty=True)
+    assert app.result(db, fine, timeout=5.0) == 4 and (stats.processed, stats.failed) == (1, 1)
+    m = fdbqueue.Queue("tasks.error").get(db, denied)
+    assert m is not None and (m.reason or "").startswith("AccessDeniedError: "), m
+    with pytest.raises(fdbqueue.TaskFailedError) as err:
+        app.result(db, denied, timeout=5.0)
+    assert err.value.type == "AccessDeniedError"
