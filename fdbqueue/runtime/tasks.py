@@ -101,7 +101,19 @@ def _decode_call(app: TaskRegistry, m: Message) -> tuple[dict[str, Any], Task]:
             raise ValueError("bad fields")
         if not isinstance(data.get("kwargs", {}), dict):
             raise ValueError("bad kwargs")
-    except (ValueError, KeyError, TypeError) as exc:
+        ttl = data.get("result")
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0):
+            raise ValueError(f"result must be a number of seconds above 0, got {ttl!r}")
+        # What is written with the ack is decoded now: a malformed chain fails here, at once,
+        # not in the batched ack (where it would take the other acks of the batch with it).
+        if not isinstance(data.get("then", []), list):
+            raise ValueError("then must be a list of signatures")
+        todo = [signature_from_json(sig) for sig in data.get("then", [])]
+        while todo:
+            sig = todo.pop()
+            hash((sig.queue, sig.root))  # a handle is cached by them
+            todo.extend(sig.options.then)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise Discard(f"not a task message ({type(exc).__name__}: {exc})") from None
     try:
         task = app.get(name)

@@ -633,3 +633,25 @@ def test_the_async_worker_dead_letters_a_chain_it_cannot_enqueue_and_runs_on(
     with pytest.raises(fdbqueue.TaskFailedError) as err:
         app.result(db, denied, timeout=5.0)
     assert err.value.type == "AccessDeniedError"
+
+
+def test_a_hand_made_message_with_a_malformed_chain_is_dead_lettered_not_a_crash(
+    db: fdbqueue.Database,
+) -> None:
+    app, t = make_app(db)
+    tasks = fdbqueue.Queue("tasks")
+    bad = [
+        tasks.enqueue(db, {"task": t["add"].name, "args": [1, 2], "then": [{"task": "x"}]}),  # no queue
+        tasks.enqueue(db, {"task": t["add"].name, "args": [1, 2], "then": "next"}),
+        tasks.enqueue(
+            db,
+            {"task": t["add"].name, "args": [1, 2], "then": [{"task": "x", "queue": "q", "priority": "hi"}]},
+        ),
+        tasks.enqueue(db, {"task": t["add"].name, "args": [1, 2], "result": "long"}),
+    ]
+    fine = t["add"].defer(db, 2, 2)
+    stats = run(app)
+    assert app.result(db, fine, timeout=5.0) == 4 and stats.failed == len(bad)
+    for mid in bad:
+        m = fdbqueue.Queue("tasks.error").get(db, mid)
+        assert m is not None and "not a task message" in (m.reason or ""), m
