@@ -441,7 +441,9 @@ class AsyncWorker:
         self._registry = self._registration()
         await _off(self._registry.start)
         settler = (
-            None if self.settle_linger == 0 else Settler(self.db, self.settle_linger, 256, self._settled)
+            None
+            if self.settle_linger == 0
+            else Settler(self.db, self.settle_linger, 256, self._settled, self._on_dead, self._after_refused)
         )
         tasks: dict[asyncio.Task[None], tuple[Queue, Message]] = {}
         installed = []
@@ -598,9 +600,12 @@ class AsyncWorker:
             self._at_limit(settler)
             return
         try:
-            await _off(ack_after, self.db, q, m, after)
+            refused = await _off(ack_after, self.db, q, m, after, self._on_dead)
         except QueueError as err:
             log.warning("could not ack %s: %s", m.id, err)
+            return
+        if refused is not None:
+            self._after_refused(q, m, refused)
             return
         self._settled(q, 1, [])
 
@@ -651,6 +656,19 @@ class AsyncWorker:
         handled += 0 if settler is None else settler.unsettled()
         if handled >= self._limit:
             self.stop()
+
+    def _after_refused(self, q: Queue, m: Message, reason: str) -> None:
+        """What ``m``'s handler asked to commit with its ack was refused: dead-lettered."""
+        log.error(
+            "message %s on %r dead-lettered: the writes its handler asked for with the ack were refused: %s",
+            m.id,
+            q.name,
+            reason,
+            extra={"queue": q.name, "message_id": m.id, "deliveries": m.deliveries},
+        )
+        with self._lock:
+            self.stats.failed += 1
+            self.stats.discarded += 1
 
     def _settled(self, q: Queue, acked: int, lost: list[Message]) -> None:
         with self._lock:  # from the settler's thread, the pool's, or the loop's

@@ -315,6 +315,18 @@ class ChildDied(Exception):
     of memory): the message's delivery failed."""
 
 
+class AfterAckRefused(Exception):
+    """The writes a handler asked to commit with its ack (``fdbqueue.ops.settling.AfterAck``)
+    were refused for a reason no retry changes (the next task's queue is not the worker's
+    principal's to enqueue on, is paused, full...): the attempt is abandoned, and the message
+    is dead-lettered with ``reason`` instead of acked, so that it does not come back to fail
+    the same way (a worker never stops on it)."""
+
+    def __init__(self, message_id: str, reason: str) -> None:
+        super().__init__(reason)
+        self.message_id, self.reason = message_id, reason
+
+
 class PoolStartError(QueueError):
     """A worker's child process (``processes=N``) could not start or could not load the
     handler: raised by ``Worker.run`` before it leases anything."""

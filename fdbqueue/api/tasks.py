@@ -35,6 +35,7 @@ from fdbqueue.errors import (
     TaskArgumentsError,
     UnknownTaskError,
 )
+from fdbqueue.ops.privileges import check
 from fdbqueue.ops.receipts import run_once_confirmed
 from fdbqueue.ops.txn import as_database
 from fdbqueue.store.layout import DEFAULT_ROOT, validate_queue_name
@@ -166,10 +167,13 @@ def _queue(name: str, root: tuple[Any, ...]) -> Queue:
 def enqueue_signature(tr: Transaction | Database, sig: Signature) -> str:
     """Enqueue ``sig``'s call; returns the message id. In a transaction it composes with the
     caller's writes; given a Database, one transaction of its own, exactly once across
-    commit_unknown_result. With a result to keep, a "pending" record is written with it."""
+    commit_unknown_result. With a result to keep, a "pending" record is written with it.
+    A chain (``then``) into a queue the principal may not enqueue on is refused here
+    (AccessDeniedError, nothing written), not left to fail when this call's message is acked."""
     q = _queue(sig.queue, sig.root)
     payload = task_payload(sig)
     o = sig.options
+    chained = _chained_queues(o.then)
 
     def enqueue(t: Transaction | Database) -> str:
         try:
@@ -177,15 +181,29 @@ def enqueue_signature(tr: Transaction | Database, sig: Signature) -> str:
         except InvalidPayloadError as exc:
             raise TaskArgumentsError(f"task {sig.task!r}: {exc}") from None
 
-    if sig.result_ttl is None:
+    if sig.result_ttl is None and not chained:
         return enqueue(tr)
 
     def body(t: Transaction) -> str:
+        for cq in chained:  # the guard keys only, before anything is written
+            check(t, cq.keys, "enqueue")
         mid = enqueue(t)
-        write_pending(t, sig.root, mid, sig.queue, sig.task, sig.options.delay)
+        if sig.result_ttl is not None:
+            write_pending(t, sig.root, mid, sig.queue, sig.task, sig.options.delay)
         return mid
 
     return run_once_confirmed(tr, q.keys, body)  # the caller's transaction, or one of its own
+
+
+def _chained_queues(then: Sequence[Signature]) -> list[Queue]:
+    """The queues of a chain's tasks, at every depth, each once."""
+    out: dict[tuple[str, tuple[Any, ...]], Queue] = {}
+    todo = list(then)
+    while todo:
+        s = todo.pop()
+        out.setdefault((s.queue, tuple(s.root)), _queue(s.queue, tuple(s.root)))
+        todo.extend(s.options.then)
+    return list(out.values())
 
 
 def signature_from_json(data: Mapping[str, Any]) -> Signature:

@@ -90,8 +90,13 @@ _S = {"metavar": "S"}
 
 
 def _rate(text: str) -> str | None:
-    """A ``--rate-limit``: '' or none clears it; create_queue checks the rest (exit 2 if bad)."""
-    return None if text.strip().lower() in ("", "none") else text
+    """A ``--rate-limit``: none clears it; nothing at all is an error (a blank variable in a
+    script must not lift a limit unseen); create_queue checks the rest (exit 2 if bad)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "expected a rate such as 50/s or 1000/m, or none to clear it; got ''"
+        )
+    return None if text.strip().lower() == "none" else text
 
 
 _CREATE_OPTIONS: list[tuple[str, dict[str, Any], str]] = [
@@ -113,7 +118,7 @@ _CREATE_OPTIONS: list[tuple[str, dict[str, Any], str]] = [
     ("--journal", {"action": argparse.BooleanOptionalAction}, "keep a journal of every operation"),
     ("--journal-retention", {"type": _seconds, **_S}, "how long journal entries are kept"),
     ("--rate-limit", {"type": _rate, "metavar": "N/U"},
-     "at most N leased a second, minute, hour or day by every worker together: 50/s, 1000/m ('': none)"),
+     "at most N leased a second, minute, hour or day by all workers together: 50/s, 1000/m (none: no limit)"),
     ("--owner", {"metavar": "P"}, "owning principal: every right, others only what is granted ('': none)"),
 ]  # fmt: skip
 _SETTINGS = [flag[2:].replace("-", "_") for flag, _, _ in _CREATE_OPTIONS]

@@ -200,8 +200,9 @@ def _run_task_worker(
         shutdown_timeout=args.shutdown_timeout,
         **options,
     )
+    n = len(app.tasks)
     print(
-        f"fdbqueue worker: {len(app.tasks)} tasks of {args.tasks} on {', '.join(app.queues)}, "
+        f"fdbqueue worker: {n} task{'' if n == 1 else 's'} of {args.tasks} on {', '.join(app.queues)}, "
         f"{_where(args)}; stop with SIGTERM or Ctrl-C",
         file=sys.stderr,
     )

@@ -23,7 +23,15 @@ from collections.abc import Callable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 from fdbqueue.engines.contract import Database, Transaction
-from fdbqueue.errors import LeaseError, QueueError
+from fdbqueue.errors import (
+    AfterAckRefused,
+    ClusterUnavailableError,
+    CommitUnknownError,
+    EngineError,
+    LeaseError,
+    QueueError,
+    StoreError,
+)
 from fdbqueue.ops import workindex
 from fdbqueue.ops.delivery import ack_many_in, nack_in
 from fdbqueue.ops.leasing import lease_batch
@@ -48,6 +56,7 @@ class Handle(Protocol):
 
 
 Q = TypeVar("Q", bound=Handle)
+T = TypeVar("T")
 
 
 class AfterAck:
@@ -63,6 +72,19 @@ class AfterAck:
 
 
 Pending = tuple[Q, Message, AfterAck | None]
+DeadHook = Callable[[Transaction, Message, str], None]
+
+
+def write_after(t: Transaction, m: Message, after: AfterAck) -> None:
+    """``after.write(t)``; a refusal (a QueueError that is not the engine failing, which is
+    retried or backed off as ever) raises :class:`AfterAckRefused` for ``m``."""
+    try:
+        after.write(t)
+    except (EngineError, StoreError, ClusterUnavailableError, CommitUnknownError):
+        raise
+    except QueueError as exc:
+        raise AfterAckRefused(m.id, f"{type(exc).__name__}: {exc}") from exc
+
 
 log = logging.getLogger("fdbqueue.runtime.worker")
 
@@ -140,8 +162,12 @@ class Settler(Generic[Q]):
         linger: float,
         batch: int,
         done: Callable[[Q, int, list[Message]], None],
+        on_dead: DeadHook | None = None,
+        refused: Callable[[Q, Message, str], None] | None = None,
     ) -> None:
         self.db, self.linger, self.batch, self.done = db, linger, batch, done
+        self.on_dead, self.refused = on_dead, refused
+        self._refused: dict[str, str] = {}  # message id -> why its AfterAck was refused
         self._pending: list[Pending[Q]] = []
         self._first = 0.0
         self._cond = threading.Condition()
@@ -175,24 +201,58 @@ class Settler(Generic[Q]):
 
     def settle(self, t: Transaction, got: list[Pending[Q]]) -> list[Any]:
         """Ack ``got`` in ``t``, with the writes each acked message's handler asked for; what
-        :meth:`report` needs once ``t`` commits."""
-        out = []
-        for q, msgs in _by_queue(got).items():
+        :meth:`report` needs once ``t`` commits. A message whose writes were refused at an
+        earlier attempt (:class:`AfterAckRefused`, see :meth:`confirmed`) is dead-lettered
+        in ``t`` instead, with the handler's ``on_dead``."""
+        out: list[Any] = []
+        refused = [(q, m) for q, m, _ in got if m.id in self._refused]
+        rest = [p for p in got if p[1].id not in self._refused] if refused else got
+        for q, msgs in _by_queue(rest).items():
             acked = ack_in_batch(t, q.keys, msgs)
-            out.append((q, msgs, acked))
-        afters = {m.id: after for _, m, after in got if after is not None}
+            out.append((q, msgs, acked, []))
+        afters = {m.id: after for _, m, after in rest if after is not None}
         if afters:  # only for messages whose ack is in this transaction: a lost lease writes nothing
-            for _, _, acked in out:
+            for _, _, acked, _ in out:
                 for m in acked:
                     after = afters.get(m.id)
                     if after is not None:
-                        after.write(t)
+                        write_after(t, m, after)
+        now = db_now(t) if refused else 0
+        for q, m in refused:
+            reason = self._refused[m.id]
+            try:
+                nack_in(q.keys, t, config_or_create(t, q.keys), m, None, reason, now, True)
+            except LeaseError:
+                out.append((q, [m], [], []))  # its lease is gone: back in the queue already
+                continue
+            if self.on_dead is not None:
+                self.on_dead(t, m, reason)
+            out.append((q, [m], [], [(m, reason)]))
         return out
 
+    def confirmed(self, keys: QueueKeys, body: Callable[[Transaction], T]) -> T:
+        """``run_once_confirmed(self.db, keys, body)``, where ``body`` settles: an attempt whose
+        AfterAck was refused is abandoned (nothing of it commits) and run again with that
+        message dead-lettered rather than acked (each message refused once at most)."""
+        while True:
+            try:
+                return run_once_confirmed(self.db, keys, body)
+            except AfterAckRefused as exc:
+                if exc.message_id in self._refused:
+                    raise QueueError(f"message {exc.message_id} refused twice: {exc.reason}") from exc
+                self._refused[exc.message_id] = exc.reason
+
     def report(self, results: list[Any]) -> None:
-        for q, msgs, acked in results:
-            ids = {m.id for m in acked}
+        for q, msgs, acked, dead in results:
+            ids = {m.id for m in acked} | {m.id for m, _ in dead}
             self.done(q, len(acked), [m for m in msgs if m.id not in ids])
+            for m, reason in dead:
+                self._refused.pop(m.id, None)
+                if self.refused is not None:
+                    self.refused(q, m, reason)
+            for m in msgs:
+                if m.id not in ids:
+                    self._refused.pop(m.id, None)
             with self._cond:
                 self._unsettled -= len(msgs)
 
@@ -206,12 +266,14 @@ class Settler(Generic[Q]):
             return
         try:
             # One transaction for every queue's acks: settled on the first queue's receipts.
-            results = run_once_confirmed(self.db, got[0][0].keys, lambda t: self.settle(t, got))
+            results = self.confirmed(got[0][0].keys, lambda t: self.settle(t, got))
         except QueueError as exc:
             # Not acked: their leases run out and they are delivered again (at least once).
             log.warning("could not ack %d messages: %s; they will be delivered again", len(got), exc)
             with self._cond:
                 self._unsettled -= len(got)
+                for _, m, _ in got:
+                    self._refused.pop(m.id, None)
             return
         self.report(results)
 
@@ -306,7 +368,10 @@ def lease_settling(
         return results, leased
 
     try:
-        results, leased = run_once_confirmed(db, q.keys, body)
+        if settler is not None and got:
+            results, leased = settler.confirmed(q.keys, body)
+        else:
+            results, leased = run_once_confirmed(db, q.keys, body)
     except QueueError:
         if settler is not None and got:
             settler.settle_now(got)  # the lease failed (a paused queue, a failing engine): acks alone

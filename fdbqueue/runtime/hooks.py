@@ -9,8 +9,9 @@ from collections.abc import Callable
 
 from fdbqueue.api.queue import Queue
 from fdbqueue.engines.contract import Database, Transaction
+from fdbqueue.errors import AfterAckRefused
 from fdbqueue.ops.receipts import run_once_confirmed
-from fdbqueue.ops.settling import AfterAck
+from fdbqueue.ops.settling import AfterAck, write_after
 from fdbqueue.types import Message
 
 DeadHook = Callable[[Transaction, Message, str], None]
@@ -47,15 +48,25 @@ def nack_noting(
     return run_once_confirmed(db, q.keys, body)
 
 
-def ack_after(db: Database, q: Queue, m: Message, after: AfterAck | None) -> None:
+def ack_after(
+    db: Database, q: Queue, m: Message, after: AfterAck | None, on_dead: DeadHook | None = None
+) -> str | None:
     """Ack the leased ``m`` with the writes its handler asked for (:class:`AfterAck`), in one
-    transaction, exactly once across commit_unknown_result."""
+    transaction, exactly once across commit_unknown_result. Those writes refused
+    (:class:`AfterAckRefused`: the next task's queue not the principal's to enqueue on,
+    paused...): nothing of that attempt commits, ``m`` is dead-lettered with the reason
+    (``on_dead`` in that transaction) and the reason returned; else None."""
     if after is None:
         q.ack(db, m)
-        return
+        return None
 
     def body(t: Transaction) -> None:
         q.ack(t, m)
-        after.write(t)
+        write_after(t, m, after)
 
-    run_once_confirmed(db, q.keys, body)
+    try:
+        run_once_confirmed(db, q.keys, body)
+    except AfterAckRefused as exc:
+        nack_noting(db, q, m, reason=exc.reason, discard=True, on_dead=on_dead)
+        return exc.reason
+    return None

@@ -25,7 +25,13 @@ from typing import Any
 
 from fdbqueue.api.admin import create_queue, queue_config
 from fdbqueue.api.task_results import encode_value, failure_of, sweep_results, write_result
-from fdbqueue.api.tasks import Task, TaskRegistry, enqueue_signature, signature_from_json
+from fdbqueue.api.tasks import (
+    Task,
+    TaskRegistry,
+    bind_arguments,
+    enqueue_signature,
+    signature_from_json,
+)
 from fdbqueue.engines.contract import Database, Transaction
 from fdbqueue.errors import (
     Discard,
@@ -67,8 +73,8 @@ class TaskDone(AfterAck):
 
 def _decode(app: TaskRegistry, m: Message) -> tuple[dict[str, Any], Task]:
     """The message's call and its task; Discard (the error queue, with the reason) when it is
-    not a task message, names a task this app does not know, or is past its task's
-    ``max_deliveries``."""
+    not a task message, names a task this app does not know, carries arguments that do not
+    bind to its function's signature, or is past its task's ``max_deliveries``."""
     data, task = _decode_call(app, m)
     if task.max_deliveries is not None and m.deliveries > task.max_deliveries:
         # Its last run failed where the runner could not see it (past the worker's time limit,
@@ -95,12 +101,31 @@ def _decode_call(app: TaskRegistry, m: Message) -> tuple[dict[str, Any], Task]:
             raise ValueError("bad fields")
         if not isinstance(data.get("kwargs", {}), dict):
             raise ValueError("bad kwargs")
-    except (ValueError, KeyError, TypeError) as exc:
+        ttl = data.get("result")
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0):
+            raise ValueError(f"result must be a number of seconds above 0, got {ttl!r}")
+        # What is written with the ack is decoded now: a malformed chain fails here, at once,
+        # not in the batched ack (where it would take the other acks of the batch with it).
+        if not isinstance(data.get("then", []), list):
+            raise ValueError("then must be a list of signatures")
+        todo = [signature_from_json(sig) for sig in data.get("then", [])]
+        while todo:
+            sig = todo.pop()
+            hash((sig.queue, sig.root))  # a handle is cached by them
+            todo.extend(sig.options.then)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise Discard(f"not a task message ({type(exc).__name__}: {exc})") from None
     try:
-        return data, app.get(name)
-    except UnknownTaskError as exc:
+        task = app.get(name)
+        # Arguments that do not bind (a hand-made message, a task whose signature changed) fail
+        # the same way at every delivery: to the error queue now, not max_deliveries runs later.
+        args, kwargs = tuple(data.get("args", ())), data.get("kwargs", {})
+        bind_arguments(
+            task.name, task.signature, args, kwargs, check_json=False, leading=int(task.exactly_once)
+        )
+    except (UnknownTaskError, TaskArgumentsError) as exc:
         raise Discard(failure_text(exc)) from None
+    return data, task
 
 
 class TaskRunner:

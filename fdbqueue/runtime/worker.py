@@ -206,7 +206,14 @@ class Worker(ExactlyOnce):
                 self._run_threads(lambda: self._exactly_once_loop(until_empty))
             else:
                 if self.settle_linger > 0:
-                    self._settler = Settler(self.db, self.settle_linger, SETTLE_BATCH, self._settled)
+                    self._settler = Settler(
+                        self.db,
+                        self.settle_linger,
+                        SETTLE_BATCH,
+                        self._settled,
+                        self._on_dead,
+                        self._after_refused,
+                    )
                 if self._pool_settings is not None:  # before any lease: a handler that
                     self._pool = ProcessPool(  # cannot load in a child is an error here
                         self._pool_settings, time_limit=self.time_limit, logger=log
@@ -284,6 +291,19 @@ class Worker(ExactlyOnce):
             log.warning(
                 "could not ack %s on %r: its lease had gone; it will be delivered again", m.id, q.name
             )
+
+    def _after_refused(self, q: Queue, m: Message, reason: str) -> None:
+        """``m``'s handler returned, but what it asked to commit with the ack was refused (a
+        chain into a queue not this worker's to enqueue on...): dead-lettered, a failure."""
+        log.error(
+            "message %s on %r dead-lettered: the writes its handler asked for with the ack were refused: %s",
+            m.id,
+            q.name,
+            reason,
+            extra={"queue": q.name, "message_id": m.id, "deliveries": m.deliveries},
+        )
+        self._tally("discarded")
+        self._count(q, False)
 
     def _run_threads(self, loop: Callable[[], None]) -> None:
         threads = [threading.Thread(target=loop, daemon=True) for _ in range(self.concurrency - 1)]
@@ -568,11 +588,14 @@ class Worker(ExactlyOnce):
             self._stop_at_limit()
             return
         try:
-            ack_after(self.db, q, m, after)
+            refused = ack_after(self.db, q, m, after, self._on_dead)
         except QueueError as err:
             if engine_failure(err):  # the lease runs out and the message comes back
                 self.backoff.wait(f"ack of {m.id} on {q.name!r}", err, self._stop)
             else:
                 log.warning("could not ack %s: %s", m.id, err)
+            return
+        if refused is not None:
+            self._after_refused(q, m, refused)
             return
         self._count(q, True)

@@ -22,12 +22,14 @@ _TEXT = re.compile(r"([0-9]+(?:\.[0-9]+)?)/([smhd])")
 # token at least, so this bounds each key's write rate (FoundationDB's developer guide keeps
 # a key's updates to "tens to hundreds" a second before it is a hot key).
 PER_SHARD_RATE = 25.0
-MAX_SHARDS = 1024  # up to 25,600/s; beyond, each shard takes more than PER_SHARD_RATE (a take
-# reads PROBE shards whatever their number, so more shards cost a take nothing)
+MAX_SHARDS = 1024  # up to 25,600/s (a take reads PROBE shards whatever their number, so more
+# shards cost a take nothing)
 # The burst: what the bucket holds when full, in seconds of its rate. At most rate + burst
 # messages start in any one-second window (110 for a 100/s limit).
 BURST_SECONDS = 0.1
-MAX_RATE = 1_000_000.0  # tokens a second (a limit above it limits nothing a queue can do)
+# The highest limit the design bears: every shard at PER_SHARD_RATE. Above it each shard's key
+# would be written more often than that, so such a limit is refused rather than stretched.
+MAX_RATE = PER_SHARD_RATE * MAX_SHARDS  # 25,600 tokens a second
 
 _STATE = struct.Struct("<dq")  # tokens left, the database version they were counted at
 
@@ -66,7 +68,8 @@ class Rate:
 
 def parse_rate(text: object, what: str = "rate_limit") -> Rate:
     """``"<count>/<unit>"``, unit ``s``, ``m``, ``h`` or ``d`` and count a number above 0
-    (``"50/s"``, ``"1000/m"``, ``"0.5/s"``); a clear :class:`QueueError` for anything else."""
+    (``"50/s"``, ``"1000/m"``, ``"0.5/s"``), at most :data:`MAX_RATE` (25,600) a second; a
+    clear :class:`QueueError` for anything else."""
     if isinstance(text, Rate):
         return text
     if not isinstance(text, str):
@@ -82,7 +85,10 @@ def parse_rate(text: object, what: str = "rate_limit") -> Rate:
     if not count > 0:
         raise QueueError(f"{what} {text!r}: the count must be above 0")
     if count / period > MAX_RATE:
-        raise QueueError(f"{what} {text!r}: at most {MAX_RATE:,.0f} a second")
+        raise QueueError(
+            f"{what} {text!r}: at most {MAX_RATE:,.0f} a second ({MAX_SHARDS:,} shards of "
+            f"{PER_SHARD_RATE:g} a second each, the most the token bucket spreads its writes over)"
+        )
     return Rate(count, period, text)
 
 

@@ -132,3 +132,16 @@ def test_worker_tasks_acts_as_the_principal_given(tmp_path: Path) -> None:
         assert app.result(db, mid, timeout=1.0) == 42
     finally:
         db.close()
+
+
+def test_the_workers_first_line_counts_its_tasks_in_good_english(tmp_path: Path) -> None:
+    r = cli(
+        "worker",
+        "--tasks",
+        "tests.support.task_app:app",
+        "--until-empty",
+        url=f"sqlite://{tmp_path / 'one.db'}",
+    )
+    assert r.returncode == 0, r.stderr
+    first = r.stderr.splitlines()[0]
+    assert first.startswith("fdbqueue worker: 1 task of tests.support.task_app:app on "), first

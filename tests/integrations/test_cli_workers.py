@@ -58,6 +58,22 @@ def test_a_malformed_rate_limit_is_one_line_and_exit_2(run: Run, db: fdbqueue.Da
     assert fdbqueue.queue_config(db, "emails").rate_limit == "10/h"  # unchanged
 
 
+@pytest.mark.parametrize("text", ["", "  "])
+def test_an_empty_rate_limit_is_an_error_not_a_clear(run: Run, db: fdbqueue.Database, text: str) -> None:
+    fdbqueue.create_queue(db, "emails", rate_limit="10/h")
+    code, _, err = run("create", "emails", "--rate-limit", text)
+    assert code == 2 and err.startswith("fdbqueue create: error: ") and err.count("\n") == 1, err
+    assert "none" in err and "50/s" in err, err
+    assert fdbqueue.queue_config(db, "emails").rate_limit == "10/h"  # unchanged
+
+
+def test_a_rate_limit_above_the_designs_bound_is_refused_saying_it(run: Run, db: fdbqueue.Database) -> None:
+    code, _, err = run("create", "emails", "--rate-limit", "1000000/s")
+    assert code == 2 and "25,600" in err and err.count("\n") == 1, err
+    code, _, _ = run("create", "emails", "--rate-limit", "25600/s")
+    assert code == 0 and fdbqueue.queue_config(db, "emails").rate_limit == "25600/s"
+
+
 def busy_worker(db: Any) -> tuple[fdbqueue.Worker, threading.Thread, threading.Event, str]:
     release = threading.Event()
     mid = fdbqueue.Queue("jobs").enqueue(db, b"x")

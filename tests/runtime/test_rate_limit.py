@@ -60,7 +60,15 @@ def test_shards_keep_each_key_within_its_write_rate() -> None:
         assert rate.shard_rate <= PER_SHARD_RATE, text
         assert rate.shard_capacity >= 1
     assert parse_rate("100/s").shards == 4
-    assert parse_rate("1000000/s").shards == MAX_SHARDS
+    assert parse_rate("25600/s").shards == MAX_SHARDS
+
+
+@pytest.mark.parametrize("text", ["25601/s", "1000000/s", "1536001/m", "100000000/h"])
+def test_a_rate_above_what_the_shards_bear_is_refused_saying_the_bound(text: str) -> None:
+    # MAX_SHARDS shards at PER_SHARD_RATE each: beyond, a shard's key is written more often
+    # than the design bounds it (ops/ratelimit.py), so such a limit is refused, not stretched.
+    with pytest.raises(QueueError, match=r"at most 25,600 a second"):
+        parse_rate(text)
 
 
 def test_the_setting_is_set_changed_and_cleared_like_the_others(db: Any) -> None:

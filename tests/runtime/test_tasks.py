@@ -546,3 +546,112 @@ def test_a_tasks_max_deliveries_bounds_its_runs_past_its_time_limit(db: fdbqueue
         app.result(db, mid, timeout=5.0)
     assert err.value.type == "time_limit"
     assert [m.id for m in fdbqueue.Queue("slow.error").browse(db)] == [mid]
+
+
+def _chained_into(t: dict[str, Any], queue: str, a: int) -> dict[str, Any]:
+    """A task message as another principal deferred it: add(a, 1), then notify in ``queue``."""
+    then = {"task": t["notify"].name, "queue": queue, "args": [], "kwargs": {"user": a}}
+    return {"task": t["add"].name, "args": [a, 1], "result": 60.0, "then": [then]}
+
+
+@pytest.mark.parametrize("options", [{}, {"settle_linger": 0.0}], ids=["batched", "one-by-one"])
+def test_a_chain_the_worker_cannot_enqueue_is_dead_lettered_and_the_worker_runs_on(
+    db: fdbqueue.Database, options: dict[str, Any]
+) -> None:
+    app, t = make_app(db)
+    app.tasks.pop(t["notify"].name)  # its queues are not this worker's to prepare
+    fdbqueue.create_queue(db, "vault", owner="ops")  # the worker (anonymous) may not enqueue there
+    fdbqueue.create_queue(db, "closed")
+    fdbqueue.stop_queue(db, "closed")
+    tasks = fdbqueue.Queue("tasks")
+    denied = tasks.enqueue(db, _chained_into(t, "vault", 1))
+    paused = tasks.enqueue(db, _chained_into(t, "closed", 2))
+    fine = t["add"].configure(then=t["notify"].s(user=3)).defer(db, 3, 1)
+    stats = app.worker(concurrency=2, **options).run(until_empty=True)
+    assert app.result(db, fine, timeout=5.0) == 4 and fdbqueue.Queue("notes").size(db) == 1
+    dead = fdbqueue.Queue("tasks.error")
+    for mid, kind in ((denied, "AccessDeniedError"), (paused, "QueueStoppedError")):
+        m = dead.get(db, mid)
+        assert m is not None and (m.reason or "").startswith(f"{kind}: "), (m, kind)
+        with pytest.raises(fdbqueue.TaskFailedError) as err:
+            app.result(db, mid, timeout=5.0)
+        assert err.value.type == kind
+    assert tasks.size(db) == 0 and fdbqueue.queue_stats(db, "tasks").inflight == 0
+    assert (stats.processed, stats.failed) == (1, 2)
+    assert [c[0] for c in CALLS].count("add") == 3  # each ran once: none retried
+
+
+def test_defer_refuses_a_chain_into_a_queue_the_caller_cannot_enqueue_on(db: fdbqueue.Database) -> None:
+    _, t = make_app(db)
+    fdbqueue.create_queue(db, "vault", owner="ops")
+    vaulted = fdbqueue.Tasks(db).task(queue="vault", name="vaulted")(lambda: None)
+    with pytest.raises(fdbqueue.AccessDeniedError):
+        t["add"].configure(then=vaulted.s()).defer(db, 1, 2)
+    with pytest.raises(fdbqueue.AccessDeniedError):
+        t["send"].configure(then=t["add"].configure(then=vaulted.s()).s(1, 2)).defer(db, "x")
+    assert fdbqueue.Queue("tasks").size(db) == 0 and fdbqueue.Queue("emails").size(db) == 0
+
+
+def test_a_task_message_whose_arguments_do_not_bind_is_dead_lettered_at_once(
+    db: fdbqueue.Database,
+) -> None:
+    app, t = make_app(db)
+    tasks = fdbqueue.Queue("tasks")
+    extra = tasks.enqueue(db, {"task": t["add"].name, "args": [1, 2, 3], "result": 60.0})
+    unknown = tasks.enqueue(db, {"task": t["add"].name, "args": [1], "kwargs": {"c": 2}})
+    stats = run(app)
+    assert not [c for c in CALLS if c[0] == "add"] and stats.failed == 2
+    for mid in (extra, unknown):
+        m = fdbqueue.Queue("tasks.error").get(db, mid)
+        assert m is not None and m.extra.get("deliveries") == 1, m  # not retried
+        assert (m.reason or "").startswith("TaskArgumentsError: task "), m.reason
+    with pytest.raises(fdbqueue.TaskFailedError) as err:
+        app.result(db, extra, timeout=5.0)
+    assert err.value.type == "TaskArgumentsError"
+
+
+@pytest.mark.parametrize("linger", [0.005, 0.0], ids=["batched", "one-by-one"])
+def test_the_async_worker_dead_letters_a_chain_it_cannot_enqueue_and_runs_on(
+    db: fdbqueue.Database, linger: float
+) -> None:
+    app = fdbqueue.Tasks(db)
+
+    @app.task(store_result=True)
+    async def twice(n: int) -> int:
+        return 2 * n
+
+    fdbqueue.create_queue(db, "vault", owner="ops")
+    then = {"task": "elsewhere", "queue": "vault", "args": []}
+    denied = fdbqueue.Queue("tasks").enqueue(
+        db, {"task": twice.name, "args": [1], "result": 60.0, "then": [then]}
+    )
+    fine = twice.defer(db, 2)
+    stats = app.worker(concurrency=2, settle_linger=linger).run(until_empty=True)
+    assert app.result(db, fine, timeout=5.0) == 4 and (stats.processed, stats.failed) == (1, 1)
+    m = fdbqueue.Queue("tasks.error").get(db, denied)
+    assert m is not None and (m.reason or "").startswith("AccessDeniedError: "), m
+    with pytest.raises(fdbqueue.TaskFailedError) as err:
+        app.result(db, denied, timeout=5.0)
+    assert err.value.type == "AccessDeniedError"
+
+
+def test_a_hand_made_message_with_a_malformed_chain_is_dead_lettered_not_a_crash(
+    db: fdbqueue.Database,
+) -> None:
+    app, t = make_app(db)
+    tasks = fdbqueue.Queue("tasks")
+    bad = [
+        tasks.enqueue(db, {"task": t["add"].name, "args": [1, 2], "then": [{"task": "x"}]}),  # no queue
+        tasks.enqueue(db, {"task": t["add"].name, "args": [1, 2], "then": "next"}),
+        tasks.enqueue(
+            db,
+            {"task": t["add"].name, "args": [1, 2], "then": [{"task": "x", "queue": "q", "priority": "hi"}]},
+        ),
+        tasks.enqueue(db, {"task": t["add"].name, "args": [1, 2], "result": "long"}),
+    ]
+    fine = t["add"].defer(db, 2, 2)
+    stats = run(app)
+    assert app.result(db, fine, timeout=5.0) == 4 and stats.failed == len(bad)
+    for mid in bad:
+        m = fdbqueue.Queue("tasks.error").get(db, mid)
+        assert m is not None and "not a task message" in (m.reason or ""), m
