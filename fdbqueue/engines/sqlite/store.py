@@ -17,7 +17,7 @@ import sqlite3
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from fdbqueue.engines.local.watches import EventWatch, park_at_exit
 from fdbqueue.engines.sqlite import files as _files
@@ -32,14 +32,15 @@ from fdbqueue.errors import NestedTransactionError, QueueError, StoreError
 class Clock(Protocol):
     """The store's version clock (database time): see :class:`~.transaction.VersionClock`."""
 
-    def read_version(self, reserved: Callable[[], int], nested: bool) -> int:
-        """A read version: below every later commit's. ``reserved`` reads meta's reservation."""
+    def read_version(self, reserved: Callable[[], int], nested: bool) -> tuple[int, Any]:
+        """A read version: below every later commit's. ``reserved`` reads meta's reservation.
+        With it, what the clock read, for :meth:`next_version` (or None)."""
 
     def next_version(
-        self, conn: sqlite3.Cursor, reserved: Callable[[], int], read: int | None
+        self, conn: sqlite3.Cursor, reserved: Callable[[], int], read: int | None, held: Any
     ) -> tuple[int, bool]:
         """The commit version of the write transaction open on ``conn``'s connection (above ``read``), and
-        whether it raised meta's reservation."""
+        whether it raised meta's reservation; ``held``: what :meth:`read_version` returned with ``read``."""
 
 
 class Store(ABC):
