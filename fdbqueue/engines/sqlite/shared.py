@@ -17,6 +17,7 @@ import sqlite3
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from fdbqueue.engines.local import watches
@@ -42,6 +43,10 @@ class SharedStore:
         # this process moves no one's database time (transaction.VersionClock).
         self.clock_base: int | None = None
         self._lock = StoreLock(fd, self.page)
+        #: Before a commit: False when another process took the store lock over from this
+        #: holder (see acquire); else it is this holder's until release. The lock's own
+        #: method, bound here: it runs at every commit.
+        self.pin: Callable[[], bool] = self._lock.pin
         self._reader: sqlite3.Connection | None = None
         self._reader_lock = threading.Lock()
         self.hub = WatchHub(notify_dir_for(real), self._read_values, self.page, (real + "-lock", ident))
@@ -59,12 +64,15 @@ class SharedStore:
                 f"this thread already holds a transaction on {path}: finish it before opening another "
                 "(the embedded engine has a single writer; waiting here would deadlock)"
             )
-        start = time.monotonic()
-        if not self.mutex.acquire(True, timeout):
-            held = "another thread of this process holds it"
-            raise StoreLockedError(self._held_too_long(path, timeout, held))
+        left = timeout
+        if not self.mutex.acquire(False):  # the clock is read only when another thread holds it
+            start = time.monotonic()
+            if not self.mutex.acquire(True, timeout):
+                held = "another thread of this process holds it"
+                raise StoreLockedError(self._held_too_long(path, timeout, held))
+            left = timeout - (time.monotonic() - start)
         try:
-            who = self._lock.acquire(timeout - (time.monotonic() - start), stealable)
+            who = self._lock.acquire(left, stealable)
         except BaseException:
             self.mutex.release()
             raise
@@ -72,11 +80,6 @@ class SharedStore:
             self.mutex.release()
             raise StoreLockedError(self._held_too_long(path, timeout, self._lock.holder))
         self.owner = me
-
-    def pin(self) -> bool:
-        """Before a commit: False when another process took the store lock over from this
-        holder (see acquire); else it is this holder's until release."""
-        return self._lock.pin()
 
     @staticmethod
     def _held_too_long(path: str, timeout: float, who: str) -> str:

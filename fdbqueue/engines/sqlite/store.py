@@ -145,9 +145,12 @@ class Store(ABC):
     def refuse(self, changed: list[tuple[str, str]]) -> StoreError:
         """The files guard failed: refuse this handle's commits from now on (the error to raise)."""
 
-    @abstractmethod
-    def pin(self) -> bool:
-        """The guard of the lease: False when the store lock is no longer this holder's."""
+    #: The guard of the lease: False when the store lock is no longer this holder's. An
+    #: attribute, so that a writable store binds the lock's own method (one call, not three).
+    pin: Callable[[], bool]
+    #: After COMMIT or ROLLBACK on a connection :meth:`begin` returned with ``nested`` False:
+    #: the store lock released (bound like :attr:`pin`).
+    release: Callable[[], None]
 
     @abstractmethod
     def after_writes(self, version: int, bumped: bool) -> int | None:
@@ -208,6 +211,12 @@ class WritableStore(Store):
         self.generation = _shared.fork_generation
         shared = _shared.attach(self.real, self.path)
         self.shared, self.page, self.hub = shared, shared.page, shared.hub
+        # The store lock's guard and release, bound straight to the lock's own methods: a
+        # commit calls them without passing through this store and the shared one.
+        # pin: False when another process took the store lock over from this holder (past
+        # the 5-second window); else nobody may until the release.
+        self.pin = shared.pin
+        self.release = shared.release
         _shared.close_at_exit(self)  # the last process to leave leaves only the store's files
         try:
             # Refuses a store whose WAL lost acknowledged commits (walcheck).
@@ -378,11 +387,6 @@ class WritableStore(Store):
         if busy == 0 and log == done:
             _walcheck.all_copied(self.page)  # an empty WAL is no longer a loss
         return bool(busy == 0 and log == done)
-
-    def pin(self) -> bool:
-        """The guard of the lease: False when another process took the store lock over from
-        this holder (past the 5-second window); else nobody may until :meth:`end`."""
-        return self.shared.pin()
 
     # -- what a commit leaves ----------------------------------------------------------------
 

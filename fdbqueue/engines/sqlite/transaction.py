@@ -677,8 +677,11 @@ class SqliteTransaction(LocalTransaction):
 
     def _end(self) -> None:
         self._locked = False
-        nested, self._nested = self._nested, False
-        self._store.end(self._conn, nested)
+        if self._nested:
+            self._nested = False
+            self._store.end(self._conn, True)
+        else:
+            self._store.release()  # the store lock's own release (Store.release)
 
 
 _I64 = struct.Struct("<q")
