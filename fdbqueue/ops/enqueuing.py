@@ -23,6 +23,7 @@ from fdbqueue.engines.contract import (
     check_room,
     engine_traits,
     is_transaction,
+    retry_loop,
 )
 from fdbqueue.engines.limits import TRANSACTION_SIZE_LIMIT
 from fdbqueue.errors import (
@@ -102,6 +103,8 @@ def unreserved(
 ) -> Mapping[str, Any] | None:
     """A caller's ``headers``, refused (QueueError) when a name has the reserved prefix, with
     the layer's own ``layer`` headers added."""
+    if headers is None:  # the common case, without the ABC's isinstance (Python code)
+        return {**layer} if layer else None
     if isinstance(headers, Mapping):
         for k in headers:
             if isinstance(k, str) and k.lower().startswith(RESERVED_HEADER_PREFIX):
@@ -182,18 +185,25 @@ def enqueue_items(
     # A receipt settles a commit_unknown_result of our own transaction (none to settle
     # in a caller's, nor on an engine whose commits are never unknown).
     tr = adopt(tr)
-    own = not is_transaction(tr) and engine_traits(tr)[1]
+    if is_transaction(tr):
+        if timeout is not None:
+            check_duration("timeout", timeout)
+        # A caller's transaction cannot wait (it must commit to see room), nor settle a receipt.
+        return enqueue_in(keys, tr, items, False, None)  # type: ignore[arg-type]
+    db: Database = tr  # type: ignore[assignment]
+    own = engine_traits(db)[1]
 
     def body() -> list[str]:
         # The receipt is made in the first attempt (from its read version) and kept by
         # that call's retries; a new call after a refusal (a full queue) makes its own.
+        # (run_once's loop, on the database adopted above.)
         receipt: list[bytes] | None = [] if own else None
-        return run_once(tr, lambda t, unknown: enqueue_in(keys, t, items, unknown, receipt))
+        return retry_loop(db, lambda t, a: enqueue_in(keys, t, items, a.unknown, receipt), None, True)
 
     if timeout is not None:
         timeout = check_duration("timeout", timeout)
-    if timeout == 0 or is_transaction(tr):
-        return body()  # a caller's transaction cannot wait: it must commit to see room
+    if timeout == 0:
+        return body()
     start = time.monotonic()
     try:
         return body()  # there is room: no retry machinery built (most calls)
@@ -357,7 +367,7 @@ def _write_new(
         chunks = math.ceil(len(payload) / CHUNK_SIZE)
         payload = b""
     at_us = t_us if it.enqueued_us is None else it.enqueued_us  # a forwarded message keeps its own
-    rec = Record(msg_id, at_us, it.content_type.value, it.headers, 0, expires, chunks, {}, payload)
+    rec = Record(msg_id, at_us, it.content_type._value_, it.headers, 0, expires, chunks, {}, payload)
     if it.delay > 0:
         key = keys.delayed_key(now + versions(it.delay), msg_id)
         rec = rec.with_(extra={"priority": it.priority})

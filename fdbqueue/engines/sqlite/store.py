@@ -137,9 +137,9 @@ class Store(ABC):
 
     # -- the commit's steps (a transaction that wrote nothing: only the durability) -----------
 
-    @abstractmethod
-    def changed_files(self) -> list[tuple[str, str]]:
-        """The guard of the files: those removed or replaced since the open, each with how."""
+    #: The guard of the files: those removed or replaced since the open, each with how (an
+    #: attribute, bound by a writable store to its files' own method: every commit asks).
+    changed_files: Callable[[], list[tuple[str, str]]]
 
     @abstractmethod
     def refuse(self, changed: list[tuple[str, str]]) -> StoreError:
@@ -156,9 +156,9 @@ class Store(ABC):
     def after_writes(self, version: int, bumped: bool) -> int | None:
         """After the COMMIT of ``version``, under the store lock: the marks it leaves."""
 
-    @abstractmethod
-    def publish(self, keys: list[bytes] | None) -> None:
-        """After the store lock is released: wake the watches of ``keys`` (None: every key)."""
+    #: After the store lock is released: wake the watches of ``keys`` (None: every key), in
+    #: every process (bound like :attr:`changed_files`, to the watch hub's own method).
+    publish: Callable[[list[bytes] | None], None]
 
     def after_reads(self) -> int | None:
         """After a COMMIT that wrote nothing, before :meth:`end`: the last version it may have seen."""
@@ -217,6 +217,7 @@ class WritableStore(Store):
         # the 5-second window); else nobody may until the release.
         self.pin = shared.pin
         self.release = shared.release
+        self.publish = shared.hub.publish
         _shared.close_at_exit(self)  # the last process to leave leaves only the store's files
         try:
             # Refuses a store whose WAL lost acknowledged commits (walcheck).
@@ -224,6 +225,7 @@ class WritableStore(Store):
                 self.conn = self._connect()
             self._walheld = held
             self.files = _files.FileIdentities(self.real, self.path, shared.ident)
+            self.changed_files = self.files.changed
         except BaseException:
             _shared.detach(shared)
             raise
@@ -346,9 +348,6 @@ class WritableStore(Store):
 
     # -- the commit's guards -----------------------------------------------------------------
 
-    def changed_files(self) -> list[tuple[str, str]]:
-        return self.files.changed()
-
     def refuse(self, changed: list[tuple[str, str]]) -> StoreError:
         """The guard of the files failed (``changed``: see :class:`.files.FileIdentities`):
         refuse this handle's commits from now on. Call under the store lock, after ROLLBACK.
@@ -404,10 +403,6 @@ class WritableStore(Store):
     def after_reads(self) -> int | None:
         wal = self.wal
         return wal.committed(self.page, self.clock_tag, -1) if wal else None
-
-    def publish(self, keys: list[bytes] | None) -> None:
-        """After :meth:`end`: wake the watches of ``keys`` (None: every key), in every process."""
-        self.hub.publish(keys)
 
     def make_durable(self, seen: int | None, wait: bool) -> None:
         wal = self.wal

@@ -304,10 +304,9 @@ class StoreLock:
             page = self._page
             gen = page.generation()[0]
             if gen not in self._waiters:
+                request = FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, LEASE_BYTES + gen, 1, 0)  # _byte_lock's
                 try:
-                    fcntl.fcntl(
-                        self._fd, fcntl.F_OFD_SETLK, FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, LEASE_BYTES + gen, 1, 0)
-                    )
+                    fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK, request)
                 except (BlockingIOError, PermissionError):  # held by another description: wait below
                     pass
                 else:
@@ -447,7 +446,8 @@ class StoreLock:
         if claimed == gen and pid == _pid:
             page.set_slot[gen & 1](gen, 0, _pid, claims)
         # _byte_lock's unlock, inline (an unlock neither waits nor is refused): every transaction.
-        fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK, FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, LEASE_BYTES + gen, 1, 0))
+        request = FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, LEASE_BYTES + gen, 1, 0)
+        fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK, request)
 
     def close(self) -> None:
         for waiter in self._waiters.values():

@@ -217,6 +217,7 @@ class SqliteTransaction(LocalTransaction):
         "_conn",
         "_cur",
         "_dirty",
+        "_held",
         "_keys",
         "_locked",
         "_nested",
@@ -224,7 +225,6 @@ class SqliteTransaction(LocalTransaction):
         "_seen",
         "_stamped",
         "_store",
-        "_held",
         "_wm",
     )
 
