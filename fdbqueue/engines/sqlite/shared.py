@@ -17,7 +17,6 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 from fdbqueue.engines.local import watches
@@ -43,10 +42,6 @@ class SharedStore:
         # this process moves no one's database time (transaction.VersionClock).
         self.clock_base: int | None = None
         self._lock = StoreLock(fd, self.page)
-        #: Before a commit: False when another process took the store lock over from this
-        #: holder (see acquire); else it is this holder's until release. The lock's own
-        #: method, bound here: it runs at every commit.
-        self.pin: Callable[[], bool] = self._lock.pin
         self._reader: sqlite3.Connection | None = None
         self._reader_lock = threading.Lock()
         self.hub = WatchHub(notify_dir_for(real), self._read_values, self.page, (real + "-lock", ident))
@@ -88,6 +83,12 @@ class SharedStore:
             "holder is taken over once the page has not moved for 5 s, unless it stopped while "
             "opening the store or committing: resume it (kill -CONT) or end it, or raise lock_timeout"
         )
+
+    def pin(self) -> bool:
+        """Before a commit: False when another process took the store lock over from this
+        holder (see acquire); else it is this holder's until release. (The lock's method is
+        looked up at each call, not bound at open: a test may stop a process inside it.)"""
+        return self._lock.pin()
 
     def release(self) -> None:
         self.owner = None

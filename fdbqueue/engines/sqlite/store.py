@@ -211,8 +211,8 @@ class WritableStore(Store):
         self.generation = _shared.fork_generation
         shared = _shared.attach(self.real, self.path)
         self.shared, self.page, self.hub = shared, shared.page, shared.hub
-        # The store lock's guard and release, bound straight to the lock's own methods: a
-        # commit calls them without passing through this store and the shared one.
+        # The store lock's guard and release, bound to the shared store's methods: a commit
+        # calls them without passing through this store.
         # pin: False when another process took the store lock over from this holder (past
         # the 5-second window); else nobody may until the release.
         self.pin = shared.pin
