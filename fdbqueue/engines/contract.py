@@ -556,13 +556,19 @@ def run_transaction(db: Database, body: Callable[[Transaction], T]) -> T:
     once. A raw ``fdb.Database`` of the bindings is wrapped (see :func:`adopt`).
     """
 
+    return retry_loop(_own_database(db, "run_transaction"), _body_step(body), None, False)
+
+
+def _body_step(body: Callable[[Transaction], T]) -> Callable[[Transaction, Attempt], T]:
+    """``body`` as a step of :func:`retry_loop` (a generator returned is refused)."""
+
     def step(tr: Transaction, attempt: Attempt) -> T:
         result = body(tr)
         if inspect.isgenerator(result):
             raise ValueError("a transactional function must not return a generator")
         return result
 
-    return retry_loop(_own_database(db, "run_transaction"), step, None, False)
+    return step
 
 
 def check_room(db: object) -> None:
@@ -704,6 +710,7 @@ def transactional(func: F) -> F:
             raise QueueError(f"{func.__qualname__}(), as 'tr': {exc}") from None
         if is_transaction(own):
             return call(own)
-        return run_transaction(own, call)  # type: ignore[arg-type]
+        # run_transaction's loop on the database adopted and checked here.
+        return retry_loop(own, _body_step(call), None, False)  # type: ignore[arg-type]
 
     return wrapper  # type: ignore[return-value]

@@ -620,8 +620,9 @@ class SqliteTransaction(LocalTransaction):
         wm = self._wm
         try:
             if wm.values or self._all:
-                for begin, end in wm.cleared_ranges:
-                    conn.execute(_DEL_RANGE, (begin, end))
+                if self._all:  # ranges are cleared only through _clear_range, which sets it
+                    for begin, end in wm.cleared_ranges:
+                        conn.execute(_DEL_RANGE, (begin, end))
                 puts: list[bytes] = []
                 dels: list[bytes] = []
                 for k, v in wm.values.items():
