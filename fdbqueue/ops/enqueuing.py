@@ -237,7 +237,9 @@ def enqueue_in(
     """One attempt of :func:`enqueue_items` in ``tr``: the queue's checks (right, state, payload
     size, room), dedup matches, then the writes. ``receipt``: this call's receipt key, made in
     the first attempt; after a commit_unknown_result (``unknown``) it finds the ids written."""
-    admitted = all(it.admitted for it in items)  # an autonomous enqueue's deferred write
+    # A single message (most calls) without the generators' frames.
+    one = items[0] if len(items) == 1 else None
+    admitted = one.admitted if one is not None else all(it.admitted for it in items)  # an autonomous write
     if not admitted:
         # Below the embedded engine's free-space reserve a producer is refused before it
         # writes, so that consumers can still drain the disk (engines/sqlite/diskroom.py). An
@@ -270,7 +272,7 @@ def enqueue_in(
     now = db_now(tr)  # database time: due times, expiry, the dedup window
     every = items
     known: dict[str, str] = {}  # dedup key -> the id its first message has
-    if any(it.dedup_key is not None for it in items):
+    if (one.dedup_key is not None) if one is not None else any(it.dedup_key is not None for it in items):
         known = _seen(keys, tr, cfg, items, now)
         fresh: dict[str, None] = {}
         items = []
@@ -305,7 +307,7 @@ def enqueue_in(
     for i, it in enumerate(items):
         ids.append(_write_new(keys, tr, cfg, it, base + 1 + i, t_us, now))
         priorities.add(it.priority)
-    ready = sum(1 for it in items if it.delay <= 0)
+    ready = sum(1 for it in items if it.delay <= 0) if one is None else int(one.delay <= 0)
     for it, msg_id in zip(items, ids, strict=True):
         if it.dedup_key is not None:
             tr.set(keys.dedup_key(it.dedup_key), f"{msg_id}|{now}".encode())
