@@ -29,6 +29,7 @@ from fdbqueue.engines.contract import (
     engine_traits,
     is_transaction,
     retry,
+    retry_loop,
 )
 from fdbqueue.errors import (
     CorruptMessageError,
@@ -249,7 +250,7 @@ class Queue:
                 raise QueueError("a blocking lease cannot join a caller's transaction; pass a Database")
             receipt = random_bytes(16).hex()
             return lease_batch(self.keys, tr, secs, receipt, n, None, where)  # type: ignore[arg-type]
-        return drive(self.lease_steps(as_database(tr), n, lease_seconds, timeout, where)) or []
+        return drive(self.lease_steps(cast("Database", tr), n, lease_seconds, timeout, where)) or []
 
     def lease_steps(
         self,
@@ -280,11 +281,15 @@ class Queue:
             taken[:] = lease_batch(self.keys, t, secs, receipt, n, budget, where)
             return list(taken)
 
+        def step(t: Transaction, at: Attempt) -> list[Message]:
+            return body(t, at.unknown)
+
         def attempt(want_watch: bool) -> tuple[list[Message] | None, Watch | None]:
             ratelimit.throttled()  # forget an earlier lease's: this one says
-            got = run_once(db, body)
+            # run_once's loop on ``db`` (a Database, adopted by every caller): no second look.
+            got = retry_loop(db, step, None, True)
             while not got and budget.more:  # expired messages moved aside: go on in another
-                got = run_once(db, body)
+                got = retry_loop(db, step, None, True)
             if got or not want_watch:
                 return got, None
             held = ratelimit.throttled()

@@ -485,7 +485,7 @@ def retry(
     (``attempt.unknown``, or the predicate given), raise :class:`CommitUnknownError` instead of
     the bare error, so that the caller does not take it for a failure and do it again.
     """
-    return _retry(_own_database(db, "retry"), step, on_error, unknown_outcome)
+    return retry_loop(_own_database(db, "retry"), step, on_error, unknown_outcome)
 
 
 def _own_database(db: object, caller: str) -> Database:
@@ -498,12 +498,14 @@ def _own_database(db: object, caller: str) -> Database:
     return own  # type: ignore[return-value]
 
 
-def _retry(
+def retry_loop(
     db: Database,
     step: Callable[[Transaction, Attempt], T | Again | Done[T]],
     on_error: Callable[[EngineError, Attempt], T | Verdict] | None,
     unknown_outcome: bool | Callable[[Attempt], bool],
 ) -> T:
+    """:func:`retry`'s loop itself, on a ``db`` already adopted and known to be a Database (a
+    caller that checked it saves the second look on every operation)."""
     tr = db.create_transaction()
     attempt = Attempt()
     try:
@@ -554,13 +556,19 @@ def run_transaction(db: Database, body: Callable[[Transaction], T]) -> T:
     once. A raw ``fdb.Database`` of the bindings is wrapped (see :func:`adopt`).
     """
 
+    return retry_loop(_own_database(db, "run_transaction"), _body_step(body), None, False)
+
+
+def _body_step(body: Callable[[Transaction], T]) -> Callable[[Transaction, Attempt], T]:
+    """``body`` as a step of :func:`retry_loop` (a generator returned is refused)."""
+
     def step(tr: Transaction, attempt: Attempt) -> T:
         result = body(tr)
         if inspect.isgenerator(result):
             raise ValueError("a transactional function must not return a generator")
         return result
 
-    return _retry(_own_database(db, "run_transaction"), step, None, False)
+    return step
 
 
 def check_room(db: object) -> None:
@@ -702,6 +710,7 @@ def transactional(func: F) -> F:
             raise QueueError(f"{func.__qualname__}(), as 'tr': {exc}") from None
         if is_transaction(own):
             return call(own)
-        return run_transaction(own, call)  # type: ignore[arg-type]
+        # run_transaction's loop on the database adopted and checked here.
+        return retry_loop(own, _body_step(call), None, False)  # type: ignore[arg-type]
 
     return wrapper  # type: ignore[return-value]

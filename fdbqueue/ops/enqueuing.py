@@ -23,6 +23,7 @@ from fdbqueue.engines.contract import (
     check_room,
     engine_traits,
     is_transaction,
+    retry_loop,
 )
 from fdbqueue.engines.limits import TRANSACTION_SIZE_LIMIT
 from fdbqueue.errors import (
@@ -102,6 +103,8 @@ def unreserved(
 ) -> Mapping[str, Any] | None:
     """A caller's ``headers``, refused (QueueError) when a name has the reserved prefix, with
     the layer's own ``layer`` headers added."""
+    if headers is None:  # the common case, without the ABC's isinstance (Python code)
+        return {**layer} if layer else None
     if isinstance(headers, Mapping):
         for k in headers:
             if isinstance(k, str) and k.lower().startswith(RESERVED_HEADER_PREFIX):
@@ -182,18 +185,25 @@ def enqueue_items(
     # A receipt settles a commit_unknown_result of our own transaction (none to settle
     # in a caller's, nor on an engine whose commits are never unknown).
     tr = adopt(tr)
-    own = not is_transaction(tr) and engine_traits(tr)[1]
+    if is_transaction(tr):
+        if timeout is not None:
+            check_duration("timeout", timeout)
+        # A caller's transaction cannot wait (it must commit to see room), nor settle a receipt.
+        return enqueue_in(keys, tr, items, False, None)  # type: ignore[arg-type]
+    db: Database = tr  # type: ignore[assignment]
+    own = engine_traits(db)[1]
 
     def body() -> list[str]:
         # The receipt is made in the first attempt (from its read version) and kept by
         # that call's retries; a new call after a refusal (a full queue) makes its own.
+        # (run_once's loop, on the database adopted above.)
         receipt: list[bytes] | None = [] if own else None
-        return run_once(tr, lambda t, unknown: enqueue_in(keys, t, items, unknown, receipt))
+        return retry_loop(db, lambda t, a: enqueue_in(keys, t, items, a.unknown, receipt), None, True)
 
     if timeout is not None:
         timeout = check_duration("timeout", timeout)
-    if timeout == 0 or is_transaction(tr):
-        return body()  # a caller's transaction cannot wait: it must commit to see room
+    if timeout == 0:
+        return body()
     start = time.monotonic()
     try:
         return body()  # there is room: no retry machinery built (most calls)
@@ -227,7 +237,9 @@ def enqueue_in(
     """One attempt of :func:`enqueue_items` in ``tr``: the queue's checks (right, state, payload
     size, room), dedup matches, then the writes. ``receipt``: this call's receipt key, made in
     the first attempt; after a commit_unknown_result (``unknown``) it finds the ids written."""
-    admitted = all(it.admitted for it in items)  # an autonomous enqueue's deferred write
+    # A single message (most calls) without the generators' frames.
+    one = items[0] if len(items) == 1 else None
+    admitted = one.admitted if one is not None else all(it.admitted for it in items)  # an autonomous write
     if not admitted:
         # Below the embedded engine's free-space reserve a producer is refused before it
         # writes, so that consumers can still drain the disk (engines/sqlite/diskroom.py). An
@@ -260,7 +272,7 @@ def enqueue_in(
     now = db_now(tr)  # database time: due times, expiry, the dedup window
     every = items
     known: dict[str, str] = {}  # dedup key -> the id its first message has
-    if any(it.dedup_key is not None for it in items):
+    if (one.dedup_key is not None) if one is not None else any(it.dedup_key is not None for it in items):
         known = _seen(keys, tr, cfg, items, now)
         fresh: dict[str, None] = {}
         items = []
@@ -295,7 +307,7 @@ def enqueue_in(
     for i, it in enumerate(items):
         ids.append(_write_new(keys, tr, cfg, it, base + 1 + i, t_us, now))
         priorities.add(it.priority)
-    ready = sum(1 for it in items if it.delay <= 0)
+    ready = sum(1 for it in items if it.delay <= 0) if one is None else int(one.delay <= 0)
     for it, msg_id in zip(items, ids, strict=True):
         if it.dedup_key is not None:
             tr.set(keys.dedup_key(it.dedup_key), f"{msg_id}|{now}".encode())
@@ -357,7 +369,7 @@ def _write_new(
         chunks = math.ceil(len(payload) / CHUNK_SIZE)
         payload = b""
     at_us = t_us if it.enqueued_us is None else it.enqueued_us  # a forwarded message keeps its own
-    rec = Record(msg_id, at_us, it.content_type.value, it.headers, 0, expires, chunks, {}, payload)
+    rec = Record(msg_id, at_us, it.content_type._value_, it.headers, 0, expires, chunks, {}, payload)
     if it.delay > 0:
         key = keys.delayed_key(now + versions(it.delay), msg_id)
         rec = rec.with_(extra={"priority": it.priority})

@@ -13,7 +13,7 @@ import struct
 from collections.abc import Callable
 from typing import TypeVar
 
-from fdbqueue.engines.contract import Database, Transaction, adopt, engine_traits, is_transaction
+from fdbqueue.engines.contract import Database, Transaction, adopt, engine_traits, is_transaction, retry_loop
 from fdbqueue.errors import CommitUnknownError
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.clock import db_now, versions
@@ -101,8 +101,11 @@ def run_once_confirmed(tr: Transaction | Database, keys: QueueKeys, body: Callab
     settles its transaction.
     """
     tr = adopt(tr)
-    if is_transaction(tr) or not engine_traits(tr)[1]:
-        return run_once(tr, lambda t, _: body(t))
+    if is_transaction(tr):
+        return body(tr)  # type: ignore[arg-type]
+    if not engine_traits(tr)[1]:
+        # run_once's loop, on the database adopted above (no second look at it).
+        return retry_loop(tr, lambda t, _: body(t), None, True)  # type: ignore[arg-type]
     rand = random_bytes(8)
     receipt: list[bytes] = []  # made in the first attempt, kept by its retries
     result: list[T] = []  # what the last attempt that reached its commit computed

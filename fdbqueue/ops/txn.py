@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from fdbqueue.engines.contract import Database, Transaction, adopt, is_transaction, retry
+from fdbqueue.engines.contract import Database, Transaction, adopt, is_transaction, retry_loop
 from fdbqueue.errors import QueueError
 
 __all__ = ["as_database", "run_once"]
@@ -25,7 +25,8 @@ def run_once(tr: Transaction | Database, body: Callable[[Transaction, bool], T])
     tr = adopt(tr)  # a raw fdb.Database is wrapped, a raw fdb.Transaction joined
     if is_transaction(tr):
         return body(tr, False)  # type: ignore[arg-type]
-    return retry(tr, lambda t, attempt: body(t, attempt.unknown), unknown_outcome=True)  # type: ignore[arg-type]
+    # Adopted and checked above: the loop itself, without retry's second look at ``tr``.
+    return retry_loop(tr, lambda t, attempt: body(t, attempt.unknown), None, True)  # type: ignore[arg-type]
 
 
 def as_database(tr: object) -> Database:

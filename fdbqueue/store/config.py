@@ -391,7 +391,7 @@ def read_meta(tr: Transaction, keys: QueueKeys) -> Meta:
         values = tr.snapshot.get_many(wanted)
     version = values[0]
     counters = {
-        name: _COUNT(raw)[0] if raw is not None and len(raw) == 8 else unpack_count(raw)
+        name: 0 if raw is None else _COUNT(raw)[0] if len(raw) == 8 else unpack_count(raw)
         for name, raw in zip(HOT_COUNTERS, values[1:-1], strict=True)
     }
     if cluster:  # pointless where nothing conflicts (the embedded engine)
@@ -479,7 +479,7 @@ def _cached(db: Any, keys: QueueKeys) -> _Settings | None:
     try:
         with _settings_lock:
             per_db = _settings.get(db)
-            return None if per_db is None else per_db.get(keys.q.key())
+            return None if per_db is None else per_db.get(keys.packed)
     except TypeError:  # a database that cannot be weakly referenced: no cache
         return None
 
@@ -492,7 +492,7 @@ def _remember(db: Any, keys: QueueKeys, settings: _Settings) -> None:
                 per_db = _settings[db] = {}
             if len(per_db) > 4096:  # a process touching very many queues: start again
                 per_db.clear()
-            per_db[keys.q.key()] = settings
+            per_db[keys.packed] = settings
     except TypeError:  # a database that cannot be weakly referenced: no cache
         pass
 

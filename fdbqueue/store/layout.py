@@ -162,6 +162,7 @@ class QueueKeys:
         "_r",
         "_x",
         "name",
+        "packed",
         "q",
         "root",
     )
@@ -170,6 +171,8 @@ class QueueKeys:
         self.name = name
         self.root = root
         self.q = q
+        #: ``q.key()``, packed once: the queue's identity (equality, hashing, caches keyed by it).
+        self.packed: bytes = q.key()
         self._r = _pack(q, ("r",))
         self._id = _pack(q, ("id",))
         self._f = _pack(q, ("f",))
@@ -191,10 +194,12 @@ class QueueKeys:
         return QueueKeys(validate_queue_name(name), self.root, self.root["q"][name])
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, QueueKeys) and other.q.key() == self.q.key()
+        return isinstance(other, QueueKeys) and other.packed == self.packed
 
     def __hash__(self) -> int:
-        return hash(self.q.key())
+        # Every operation looks its queue's keys up (config.read_meta); a bytes object keeps its
+        # hash, and none is stored here, so that a pickled QueueKeys hashes right in another process.
+        return hash(self.packed)
 
     # -- the queue's metadata: one contiguous range, read in one go ---------------------------
     def meta_range(self) -> tuple[bytes, bytes]:

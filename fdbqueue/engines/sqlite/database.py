@@ -226,7 +226,7 @@ class ReadOnlyClock:
         self._last = 0
         self._lock = threading.Lock()
 
-    def read_version(self, reserved: Callable[[], int], nested: bool) -> int:
+    def read_version(self, reserved: Callable[[], int], nested: bool) -> tuple[int, None]:
         store = self._store
         now: int | None = None
         mono = monotonic_us()
@@ -241,7 +241,9 @@ class ReadOnlyClock:
             now = self._base + mono
         with self._lock:
             self._last = max(self._last, now)
-            return self._last
+            return self._last, None
 
-    def next_version(self, conn: object, reserved: Callable[[], int], read: int | None) -> tuple[int, bool]:
+    def next_version(
+        self, conn: object, reserved: Callable[[], int], read: int | None, held: object
+    ) -> tuple[int, bool]:
         raise self._store.no_writes()

@@ -107,6 +107,9 @@ class ReadOnlyStore(Store):
     def pin(self) -> bool:
         raise self.no_writes()
 
+    def release(self) -> None:
+        raise self.no_writes()  # never called: a transaction here is always nested
+
     def after_writes(self, version: int, bumped: bool) -> int | None:
         raise self.no_writes()
 

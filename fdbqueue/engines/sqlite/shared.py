@@ -59,12 +59,15 @@ class SharedStore:
                 f"this thread already holds a transaction on {path}: finish it before opening another "
                 "(the embedded engine has a single writer; waiting here would deadlock)"
             )
-        start = time.monotonic()
-        if not self.mutex.acquire(True, timeout):
-            held = "another thread of this process holds it"
-            raise StoreLockedError(self._held_too_long(path, timeout, held))
+        left = timeout
+        if not self.mutex.acquire(False):  # the clock is read only when another thread holds it
+            start = time.monotonic()
+            if not self.mutex.acquire(True, timeout):
+                held = "another thread of this process holds it"
+                raise StoreLockedError(self._held_too_long(path, timeout, held))
+            left = timeout - (time.monotonic() - start)
         try:
-            who = self._lock.acquire(timeout - (time.monotonic() - start), stealable)
+            who = self._lock.acquire(left, stealable)
         except BaseException:
             self.mutex.release()
             raise
@@ -73,11 +76,6 @@ class SharedStore:
             raise StoreLockedError(self._held_too_long(path, timeout, self._lock.holder))
         self.owner = me
 
-    def pin(self) -> bool:
-        """Before a commit: False when another process took the store lock over from this
-        holder (see acquire); else it is this holder's until release."""
-        return self._lock.pin()
-
     @staticmethod
     def _held_too_long(path: str, timeout: float, who: str) -> str:
         return (
@@ -85,6 +83,12 @@ class SharedStore:
             "holder is taken over once the page has not moved for 5 s, unless it stopped while "
             "opening the store or committing: resume it (kill -CONT) or end it, or raise lock_timeout"
         )
+
+    def pin(self) -> bool:
+        """Before a commit: False when another process took the store lock over from this
+        holder (see acquire); else it is this holder's until release. (The lock's method is
+        looked up at each call, not bound at open: a test may stop a process inside it.)"""
+        return self._lock.pin()
 
     def release(self) -> None:
         self.owner = None

@@ -17,7 +17,7 @@ import sqlite3
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from fdbqueue.engines.local.watches import EventWatch, park_at_exit
 from fdbqueue.engines.sqlite import files as _files
@@ -32,14 +32,15 @@ from fdbqueue.errors import NestedTransactionError, QueueError, StoreError
 class Clock(Protocol):
     """The store's version clock (database time): see :class:`~.transaction.VersionClock`."""
 
-    def read_version(self, reserved: Callable[[], int], nested: bool) -> int:
-        """A read version: below every later commit's. ``reserved`` reads meta's reservation."""
+    def read_version(self, reserved: Callable[[], int], nested: bool) -> tuple[int, Any]:
+        """A read version: below every later commit's. ``reserved`` reads meta's reservation.
+        With it, what the clock read, for :meth:`next_version` (or None)."""
 
     def next_version(
-        self, conn: sqlite3.Cursor, reserved: Callable[[], int], read: int | None
+        self, conn: sqlite3.Cursor, reserved: Callable[[], int], read: int | None, held: Any
     ) -> tuple[int, bool]:
         """The commit version of the write transaction open on ``conn``'s connection (above ``read``), and
-        whether it raised meta's reservation."""
+        whether it raised meta's reservation; ``held``: what :meth:`read_version` returned with ``read``."""
 
 
 class Store(ABC):
@@ -136,25 +137,28 @@ class Store(ABC):
 
     # -- the commit's steps (a transaction that wrote nothing: only the durability) -----------
 
-    @abstractmethod
-    def changed_files(self) -> list[tuple[str, str]]:
-        """The guard of the files: those removed or replaced since the open, each with how."""
+    #: The guard of the files: those removed or replaced since the open, each with how (an
+    #: attribute, bound by a writable store to its files' own method: every commit asks).
+    changed_files: Callable[[], list[tuple[str, str]]]
 
     @abstractmethod
     def refuse(self, changed: list[tuple[str, str]]) -> StoreError:
         """The files guard failed: refuse this handle's commits from now on (the error to raise)."""
 
-    @abstractmethod
-    def pin(self) -> bool:
-        """The guard of the lease: False when the store lock is no longer this holder's."""
+    #: The guard of the lease: False when the store lock is no longer this holder's. An
+    #: attribute, so that a writable store binds the lock's own method (one call, not three).
+    pin: Callable[[], bool]
+    #: After COMMIT or ROLLBACK on a connection :meth:`begin` returned with ``nested`` False:
+    #: the store lock released (bound like :attr:`pin`).
+    release: Callable[[], None]
 
     @abstractmethod
     def after_writes(self, version: int, bumped: bool) -> int | None:
         """After the COMMIT of ``version``, under the store lock: the marks it leaves."""
 
-    @abstractmethod
-    def publish(self, keys: list[bytes] | None) -> None:
-        """After the store lock is released: wake the watches of ``keys`` (None: every key)."""
+    #: After the store lock is released: wake the watches of ``keys`` (None: every key), in
+    #: every process (bound like :attr:`changed_files`, to the watch hub's own method).
+    publish: Callable[[list[bytes] | None], None]
 
     def after_reads(self) -> int | None:
         """After a COMMIT that wrote nothing, before :meth:`end`: the last version it may have seen."""
@@ -207,6 +211,13 @@ class WritableStore(Store):
         self.generation = _shared.fork_generation
         shared = _shared.attach(self.real, self.path)
         self.shared, self.page, self.hub = shared, shared.page, shared.hub
+        # The store lock's guard and release, bound to the shared store's methods: a commit
+        # calls them without passing through this store.
+        # pin: False when another process took the store lock over from this holder (past
+        # the 5-second window); else nobody may until the release.
+        self.pin = shared.pin
+        self.release = shared.release
+        self.publish = shared.hub.publish
         _shared.close_at_exit(self)  # the last process to leave leaves only the store's files
         try:
             # Refuses a store whose WAL lost acknowledged commits (walcheck).
@@ -214,6 +225,7 @@ class WritableStore(Store):
                 self.conn = self._connect()
             self._walheld = held
             self.files = _files.FileIdentities(self.real, self.path, shared.ident)
+            self.changed_files = self.files.changed
         except BaseException:
             _shared.detach(shared)
             raise
@@ -336,9 +348,6 @@ class WritableStore(Store):
 
     # -- the commit's guards -----------------------------------------------------------------
 
-    def changed_files(self) -> list[tuple[str, str]]:
-        return self.files.changed()
-
     def refuse(self, changed: list[tuple[str, str]]) -> StoreError:
         """The guard of the files failed (``changed``: see :class:`.files.FileIdentities`):
         refuse this handle's commits from now on. Call under the store lock, after ROLLBACK.
@@ -378,11 +387,6 @@ class WritableStore(Store):
             _walcheck.all_copied(self.page)  # an empty WAL is no longer a loss
         return bool(busy == 0 and log == done)
 
-    def pin(self) -> bool:
-        """The guard of the lease: False when another process took the store lock over from
-        this holder (past the 5-second window); else nobody may until :meth:`end`."""
-        return self.shared.pin()
-
     # -- what a commit leaves ----------------------------------------------------------------
 
     def after_writes(self, version: int, bumped: bool) -> int | None:
@@ -399,10 +403,6 @@ class WritableStore(Store):
     def after_reads(self) -> int | None:
         wal = self.wal
         return wal.committed(self.page, self.clock_tag, -1) if wal else None
-
-    def publish(self, keys: list[bytes] | None) -> None:
-        """After :meth:`end`: wake the watches of ``keys`` (None: every key), in every process."""
-        self.hub.publish(keys)
 
     def make_durable(self, seen: int | None, wait: bool) -> None:
         wal = self.wal

@@ -162,6 +162,11 @@ def byte_request(kind: int, at: int) -> bytes:
     return FLOCK.pack(kind, os.SEEK_SET, at, 1, 0)
 
 
+# The page mutex's requests, packed once: a commit takes and drops it (StoreLock.pin).
+_MUTEX_LOCK = byte_request(fcntl.F_WRLCK, MUTEX_BYTE)
+_MUTEX_UNLOCK = byte_request(fcntl.F_UNLCK, MUTEX_BYTE)
+
+
 def _byte_lock(fd: int, at: int, kind: int, wait: bool) -> bool:
     """An OFD lock of one byte; False when it is held elsewhere (``wait`` False)."""
     cmd = fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK
@@ -293,6 +298,21 @@ class StoreLock:
         """
         if not OFD:
             return self._acquire_flock(timeout)
+        if stealable:
+            # The common case first, in one call: no waiter of this process on the current
+            # generation and its byte free (the loop below does the same, and everything else).
+            page = self._page
+            gen = page.generation()[0]
+            if gen not in self._waiters:
+                request = FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, LEASE_BYTES + gen, 1, 0)  # _byte_lock's
+                try:
+                    fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK, request)
+                except (BlockingIOError, PermissionError):  # held by another description: wait below
+                    pass
+                else:
+                    if self._claim(gen, True):
+                        self._seen = None
+                        return None
         deadline = time.monotonic() + timeout
         while True:
             state = self._page.lease()
@@ -338,9 +358,13 @@ class StoreLock:
         compares the generation under the mutex. A holder that is never taken over
         (opening, recovery: it does not pin) claims under the mutex.
         """
+        page = self._page
         if stealable:
-            self._write(gen, time.monotonic_ns() // 1000)  # _now_us(), on every acquire
-            current = self._page.generation()[0]
+            # _write(gen, _now_us()) inline: this runs at every acquire.
+            page.set_slot[gen & 1](
+                gen, time.monotonic_ns() // 1000, _pid, (page.slot[gen & 1]()[3] + 1) & 0xFFFFFFFF
+            )
+            current = page.generation()[0]
         else:
             with self._locked_page():
                 current = self._page.generation()[0]
@@ -398,13 +422,14 @@ class StoreLock:
         if gen is None:
             return False
         fd, page = self._fd, self._page
-        _byte_lock(fd, MUTEX_BYTE, fcntl.F_WRLCK, True)  # the page mutex (as _PageMutex: once a commit)
+        # The page mutex (as _PageMutex), its requests packed once: this runs at every commit.
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLKW, _MUTEX_LOCK)
         try:
             if page.generation()[0] != gen:
                 return False
             page.set_slot[gen & 1](gen, _PINNED, _pid, page.slot[gen & 1]()[3])
         finally:
-            _byte_lock(fd, MUTEX_BYTE, fcntl.F_UNLCK, False)
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _MUTEX_UNLOCK)
         return True
 
     def release(self) -> None:
@@ -420,7 +445,9 @@ class StoreLock:
         claimed, _, pid, claims = page.slot[gen & 1]()
         if claimed == gen and pid == _pid:
             page.set_slot[gen & 1](gen, 0, _pid, claims)
-        _byte_lock(self._fd, LEASE_BYTES + gen, fcntl.F_UNLCK, False)
+        # _byte_lock's unlock, inline (an unlock neither waits nor is refused): every transaction.
+        request = FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, LEASE_BYTES + gen, 1, 0)
+        fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK, request)
 
     def close(self) -> None:
         for waiter in self._waiters.values():
@@ -456,7 +483,7 @@ class _PageMutex:
         self._fd = fd
 
     def __enter__(self) -> None:
-        _byte_lock(self._fd, MUTEX_BYTE, fcntl.F_WRLCK, True)
+        fcntl.fcntl(self._fd, fcntl.F_OFD_SETLKW, _MUTEX_LOCK)
 
     def __exit__(self, *exc: object) -> None:
-        _byte_lock(self._fd, MUTEX_BYTE, fcntl.F_UNLCK, False)
+        fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK, _MUTEX_UNLOCK)

@@ -97,6 +97,11 @@ def _calibrated(page: SharedPage, base: int, mono: int) -> int:
     return base
 
 
+#: What the version clock read: (last commit version, reservation, the page's base, the clock
+#: then, this process's base).
+Held = tuple[int, int, int, int, int]
+
+
 class VersionClock:
     """The version clock of a writable store: database time, shared by its processes.
 
@@ -117,16 +122,21 @@ class VersionClock:
     def __init__(self, store: WritableStore) -> None:
         self._store = store
 
-    def read_version(self, reserved: Callable[[], int], nested: bool) -> int:
-        last, _, _, now = self._now(reserved, nested)
+    def read_version(self, reserved: Callable[[], int], nested: bool) -> tuple[int, Held | None]:
+        """A read version, and what the clock read then for :meth:`next_version` to reuse (None
+        when nested or without a trusted page: the commit reads the clock again)."""
+        state = self._now(reserved, nested)
+        last, _, _, now, _ = state
         # One below the clock: every later commit (at least the clock) is above it.
         version = max(last, now - 1)
-        if not nested and self._store.clock_tag is not None:
-            self._store.page.set_stamp(version, wall_us())
-        return version
+        if nested or self._store.clock_tag is None:
+            return version, None
+        self._store.page.set_stamp(version, wall_us())
+        return version, state
 
-    def _now(self, reserved: Callable[[], int], nested: bool) -> tuple[int, int, int, int]:
-        """(last commit version, reservation, the page's base, the version clock now).
+    def _now(self, reserved: Callable[[], int], nested: bool) -> Held:
+        """(last commit version, reservation, the page's base, the version clock now, this
+        process's base: the clock is that plus ``monotonic_us()``).
 
         From the lock file when it names this boot and this store; its last version and
         reservation only when no commit died half-way (flag pending), else meta's
@@ -145,7 +155,7 @@ class VersionClock:
         tag = store.clock_tag
         if tag is None:  # not Linux: no boot id to trust a monotonic base by
             last = reserved()
-            return last, last, 0, max(last, time.time_ns() // 1000)
+            return last, last, 0, max(last, time.time_ns() // 1000), 0
         page = store.page
         found, last, meta, pending, base = page.clock()
         mono = monotonic_us()
@@ -163,16 +173,25 @@ class VersionClock:
         if own + mono + VERSIONS_PER_SECOND < last:
             own = last - mono
         shared.clock_base = own
-        return last, meta, base, own + mono
+        return last, meta, base, own + mono, own
 
     def next_version(
-        self, conn: sqlite3.Cursor, reserved: Callable[[], int], read: int | None
+        self, conn: sqlite3.Cursor, reserved: Callable[[], int], read: int | None, held: Held | None
     ) -> tuple[int, bool]:
         """(max(last + 1, the version clock, read version + 1), whether it raised meta's
         reservation), in the write transaction open on ``conn``: the reservation is raised
         there when the version passes it, and the page is marked pending until that commit
-        is done (``WritableStore.after_writes``); a version that never commits is a gap."""
-        last, meta, base, now = self._now(reserved, False)
+        is done (``WritableStore.after_writes``); a version that never commits is a gap.
+
+        ``held``: what :meth:`read_version` read in this transaction, under the store lock
+        it still holds (the lease pinned: no other process committed or touched the clock
+        since), so the page's last version, reservation and base stand; only the monotonic
+        clock is read again. The clock is then read once a write transaction, not twice."""
+        if held is None:
+            last, meta, base, now, _ = self._now(reserved, False)
+        else:
+            last, meta, base, _, own = held
+            now = own + monotonic_us()
         version = max(last + 1, now, -1 if read is None else read + 1)
         bumped = version > meta
         tag = self._store.clock_tag
@@ -198,6 +217,7 @@ class SqliteTransaction(LocalTransaction):
         "_conn",
         "_cur",
         "_dirty",
+        "_held",
         "_keys",
         "_locked",
         "_nested",
@@ -228,6 +248,7 @@ class SqliteTransaction(LocalTransaction):
         self._seen: dict[bytes, bytes | None] = {}
         self._stamped: list[tuple[str, bytes, bytes]] = []
         self._rv: int | None = None
+        self._held: Held | None = None  # what the clock read at the read version (VersionClock)
 
     def _begin(self) -> None:
         self._conn, self._nested = self._store.begin()
@@ -487,7 +508,7 @@ class SqliteTransaction(LocalTransaction):
 
     def _read_version(self) -> int:
         if self._rv is None:
-            self._rv = self._store.clock.read_version(self._reserved, self._nested)
+            self._rv, self._held = self._store.clock.read_version(self._reserved, self._nested)
         return self._rv
 
     def _reserved(self) -> int:
@@ -572,7 +593,7 @@ class SqliteTransaction(LocalTransaction):
         conn = self._cur
         try:
             self._apply_writes(conn)
-            version, bumped = self._store.clock.next_version(conn, self._reserved, self._rv)
+            version, bumped = self._store.clock.next_version(conn, self._reserved, self._rv, self._held)
             if self._stamped:
                 self._apply_stamped(conn, make_versionstamp(version))
             conn.execute("COMMIT")
@@ -599,8 +620,9 @@ class SqliteTransaction(LocalTransaction):
         wm = self._wm
         try:
             if wm.values or self._all:
-                for begin, end in wm.cleared_ranges:
-                    conn.execute(_DEL_RANGE, (begin, end))
+                if self._all:  # ranges are cleared only through _clear_range, which sets it
+                    for begin, end in wm.cleared_ranges:
+                        conn.execute(_DEL_RANGE, (begin, end))
                 puts: list[bytes] = []
                 dels: list[bytes] = []
                 for k, v in wm.values.items():
@@ -656,8 +678,11 @@ class SqliteTransaction(LocalTransaction):
 
     def _end(self) -> None:
         self._locked = False
-        nested, self._nested = self._nested, False
-        self._store.end(self._conn, nested)
+        if self._nested:
+            self._nested = False
+            self._store.end(self._conn, True)
+        else:
+            self._store.release()  # the store lock's own release (Store.release)
 
 
 _I64 = struct.Struct("<q")
