@@ -58,6 +58,7 @@ def test_the_core_needs_no_extra() -> None:
         ("fdbqueue.web.app", "starlette", "web"),
         ("fdbqueue.runtime.metrics", "prometheus_client", "metrics"),
         ("fdbqueue.spark", "pyspark", "spark"),
+        ("fdbqueue.engines.sim.cluster", "greenlet", "model"),
     ],
 )
 def test_an_integration_without_its_extra_says_what_to_install(module: str, missing: str, extra: str) -> None:

@@ -24,9 +24,13 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-import greenlet
-
 from fdbqueue.engines.sim.store import ManualClock
+from fdbqueue.errors import MissingExtraError
+
+try:
+    import greenlet
+except ImportError as exc:  # the model extra: a clear error, not a bare ImportError
+    raise MissingExtraError("fdbqueue.engines.sim.cluster", "model", exc.name) from exc
 
 __all__ = ["Client", "VirtualTime"]
 
