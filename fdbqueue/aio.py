@@ -53,7 +53,7 @@ from fdbqueue.runtime.handling import (
     until_empty_wait,
     work_set_of,
 )
-from fdbqueue.runtime.hooks import ack_after, dead_hook, nack_noting
+from fdbqueue.runtime.hooks import ack_after, dead_hook, log_refused, nack_noting
 from fdbqueue.runtime.registry import DEFAULT_INTERVAL, Registration, worker_counts
 from fdbqueue.store.layout import DEFAULT_ROOT
 from fdbqueue.types import Item, JournalEntry, Message, SweepStats, check_duration, check_flag
@@ -659,13 +659,7 @@ class AsyncWorker:
 
     def _after_refused(self, q: Queue, m: Message, reason: str) -> None:
         """What ``m``'s handler asked to commit with its ack was refused: dead-lettered."""
-        log.error(
-            "message %s on %r dead-lettered: the writes its handler asked for with the ack were refused: %s",
-            m.id,
-            q.name,
-            reason,
-            extra={"queue": q.name, "message_id": m.id, "deliveries": m.deliveries},
-        )
+        log_refused(log, q, m, reason)
         with self._lock:
             self.stats.failed += 1
             self.stats.discarded += 1

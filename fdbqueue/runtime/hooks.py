@@ -5,6 +5,7 @@ dead letter (the handler's ``on_dead``). Tasks keep their results and chains so
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from fdbqueue.api.queue import Queue
@@ -70,3 +71,16 @@ def ack_after(
         nack_noting(db, q, m, reason=exc.reason, discard=True, on_dead=on_dead)
         return exc.reason
     return None
+
+
+def log_refused(log: logging.Logger, q: Queue, m: Message, reason: str) -> None:
+    """Log that what ``m``'s handler asked to commit with its ack was refused (a chain into a
+    queue not the worker's to enqueue on...), so ``m`` was dead-lettered: the Worker's and the
+    AsyncWorker's one line."""
+    log.error(
+        "message %s on %r dead-lettered: the writes its handler asked for with the ack were refused: %s",
+        m.id,
+        q.name,
+        reason,
+        extra={"queue": q.name, "message_id": m.id, "deliveries": m.deliveries},
+    )

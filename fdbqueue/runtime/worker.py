@@ -73,7 +73,7 @@ from fdbqueue.runtime.handling import (
     until_empty_wait,
     work_set_of,
 )
-from fdbqueue.runtime.hooks import ack_after, dead_hook
+from fdbqueue.runtime.hooks import ack_after, dead_hook, log_refused
 from fdbqueue.runtime.pool import OK, TIMED_OUT, UNAVAILABLE, ProcessPool, check_processes, pool_settings
 from fdbqueue.runtime.registry import DEFAULT_INTERVAL
 from fdbqueue.runtime.worker_base import log, rate_limits
@@ -295,13 +295,7 @@ class Worker(ExactlyOnce):
     def _after_refused(self, q: Queue, m: Message, reason: str) -> None:
         """``m``'s handler returned, but what it asked to commit with the ack was refused (a
         chain into a queue not this worker's to enqueue on...): dead-lettered, a failure."""
-        log.error(
-            "message %s on %r dead-lettered: the writes its handler asked for with the ack were refused: %s",
-            m.id,
-            q.name,
-            reason,
-            extra={"queue": q.name, "message_id": m.id, "deliveries": m.deliveries},
-        )
+        log_refused(log, q, m, reason)
         self._tally("discarded")
         self._count(q, False)
 

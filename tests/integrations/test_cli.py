@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
@@ -10,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,33 +21,6 @@ from tests.support import ROOT
 
 BIN = Path(sys.executable).parent
 Run = Callable[..., tuple[int, str, str]]
-
-
-@pytest.fixture
-def url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.delenv("FDBQUEUE_URL", raising=False)
-    return f"sqlite://{tmp_path / 'q.db'}?sync=normal"
-
-
-@pytest.fixture
-def db(url: str) -> Iterator[fdbqueue.Database]:
-    database = fdbqueue.open(url)
-    yield database
-    database.close()
-
-
-@pytest.fixture
-def run(url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Run:
-    """``run(*argv, stdin=None)`` -> (exit code, stdout, stderr), in this process."""
-
-    def call(*argv: str, stdin: bytes | None = None) -> tuple[int, str, str]:
-        if stdin is not None:
-            monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
-        code = main(["--url", url, *argv])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return call
 
 
 def one_line_error(err: str, *fragments: str) -> None:

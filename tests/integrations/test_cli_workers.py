@@ -5,39 +5,14 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 import fdbqueue
-from fdbqueue.cli import main
 
 Run = Callable[..., tuple[int, str, str]]
-
-
-@pytest.fixture
-def url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.delenv("FDBQUEUE_URL", raising=False)
-    return f"sqlite://{tmp_path / 'q.db'}?sync=normal"
-
-
-@pytest.fixture
-def db(url: str) -> Iterator[fdbqueue.Database]:
-    database = fdbqueue.open(url)
-    yield database
-    database.close()
-
-
-@pytest.fixture
-def run(url: str, capsys: pytest.CaptureFixture[str]) -> Run:
-    def call(*argv: str) -> tuple[int, str, str]:
-        code = main(["--url", url, *argv])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return call
 
 
 def test_create_sets_changes_and_clears_a_rate_limit(run: Run, db: fdbqueue.Database) -> None:
