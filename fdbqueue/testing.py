@@ -192,7 +192,10 @@ def recovery(db: object, jump: float = 100.0) -> None:
     sim = _sim(db, "recovery")
     if isinstance(jump, bool) or not isinstance(jump, (int, float)) or not math.isfinite(jump) or jump < 0:
         raise FaultScriptError(f"recovery's jump must be a finite number of seconds >= 0, not {jump!r}")
-    sim.recover(float(jump))  # the cluster model's own recovery too (engines/sim/cluster.py)
+    try:
+        sim.recover(float(jump))  # the cluster model's own recovery too (engines/sim/cluster.py)
+    except ValueError as e:  # past FoundationDB's version range (an int64)
+        raise FaultScriptError(f"recovery's jump of {jump!r} s is too large: {e}") from None
 
 
 @contextmanager

@@ -26,6 +26,8 @@ from fdbqueue.engines.sim.traffic import TrafficCounter
 from fdbqueue.engines.versions import VERSIONS_PER_SECOND, monotonic, monotonic_us
 from fdbqueue.errors import EngineError
 
+MAX_VERSION = 2**63 - 1  # FoundationDB's Version: int64_t
+
 # Registrations of read versions older than the window plus this margin are dropped, so a
 # forgotten transaction cannot pin old versions forever; its next read or commit gets 1007.
 WINDOW_MARGIN_SECONDS = 1.0
@@ -157,9 +159,14 @@ class SimStore:
         forced recovery), so every read version taken before the recovery is too old from then
         on: its transaction's next read or commit gets 1007.
         """
+        extra = MAX_VERSIONS_IN_FLIGHT if jump is None else round(jump * VERSIONS_PER_SECOND)
         with self._lock:
+            if self._now_version() + extra > MAX_VERSION:
+                # FoundationDB's Version is an int64_t (fdbclient/include/fdbclient/FDBTypes.h):
+                # past it no commit could make its versionstamp.
+                raise ValueError(f"a jump of {jump} s takes the versions past {MAX_VERSION}")
             self._drop_released_locked()
-            self._jumped += MAX_VERSIONS_IN_FLIGHT if jump is None else round(jump * VERSIONS_PER_SECOND)
+            self._jumped += extra
             self._version = max(self._version, self._now_version() - 1)
             self._live.clear()
             self._pruned_through = self._version

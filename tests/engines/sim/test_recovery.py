@@ -89,3 +89,16 @@ def test_bad_jumps_are_refused(db: SimDatabase, jump: object) -> None:
     with pytest.raises(FaultScriptError, match="jump"):
         recovery(db, jump=jump)  # type: ignore[arg-type]
     assert read_version(db) - before < 50_000_000
+
+
+@pytest.mark.parametrize("jump", [1e13, 1e30, 10**30])
+def test_a_jump_past_the_version_range_is_refused_and_the_database_still_works(
+    db: SimDatabase, jump: float
+) -> None:
+    # FoundationDB's Version is an int64_t (fdbclient/include/fdbclient/FDBTypes.h); a jump that
+    # takes the versions past it would leave every later commit unable to make its versionstamp.
+    with pytest.raises(FaultScriptError, match="jump"):
+        recovery(db, jump=jump)
+    jobs = fdbqueue.Queue("jobs")
+    jobs.enqueue(db, b"x")
+    assert jobs.dequeue(db) is not None
