@@ -50,7 +50,7 @@ from fdbqueue.engines.local.mutations import make_versionstamp
 from fdbqueue.engines.local.watches import StampFuture
 from fdbqueue.engines.sim.database import SimDatabase, SimTransaction
 from fdbqueue.engines.sim.ratekeeper import Ratekeeper, TeamLoad, shard_of
-from fdbqueue.engines.sim.store import _UNDER
+from fdbqueue.engines.sim.store import _UNDER, MAX_VERSION
 from fdbqueue.engines.sim.virtual import VirtualTime
 from fdbqueue.engines.versions import VERSIONS_PER_SECOND
 from fdbqueue.errors import EngineError
@@ -103,6 +103,9 @@ class ClusterKnobs:
                 raise ValueError(f"{name} must be a non-negative number of seconds")
         if not 0 <= self.jitter < 1:
             raise ValueError("jitter must be in [0, 1)")
+        if not (math.isfinite(self.drift) and self.drift > -1):
+            # versions run (1 + drift) times as fast as time: forward, at a finite rate
+            raise ValueError("drift must be a finite number > -1")
         if self.commit_batch_interval <= 0 or self.idle_batch_interval <= 0:
             raise ValueError("batch intervals must be > 0")
         if not 0 < self.ratekeeper_spring <= self.ratekeeper_target:
@@ -393,6 +396,8 @@ class ClusterDatabase(SimDatabase):
         if not (math.isfinite(jump) and jump >= 0 and math.isfinite(downtime) and downtime >= 0):
             raise ValueError("jump and downtime must be non-negative numbers of seconds")
         with self._lock:
+            if self._now_version() + round(jump * VERSIONS_PER_SECOND) > MAX_VERSION:
+                raise ValueError(f"a jump of {jump} s takes the versions past {MAX_VERSION} (an int64)")
             self._offset += round(jump * VERSIONS_PER_SECOND)
             self._version = max(self._version, self._now_version())
             self._live.clear()

@@ -347,3 +347,33 @@ def test_the_layer_on_the_model_delivers_every_message_across_a_recovery() -> No
     assert len(enqueued) > 500
     assert enqueued == delivered
     assert sum(q.size(db) for q in queues) == 0
+
+
+@pytest.mark.parametrize("drift", [float("nan"), float("inf"), -1.0, -2.0])
+def test_a_drift_that_stops_or_breaks_the_versions_is_refused(drift: float) -> None:
+    # versions run (1 + drift) times as fast as time: they must move forward, at a finite rate
+    with pytest.raises(ValueError, match="drift"):
+        ClusterKnobs(drift=drift)
+
+
+def test_a_recovery_jump_past_the_version_range_is_refused() -> None:
+    # FoundationDB's Version is an int64_t (fdbclient/include/fdbclient/FDBTypes.h)
+    from fdbqueue import testing
+    from fdbqueue.testing import FaultScriptError
+
+    vt, db = cluster(1)
+    with pytest.raises(ValueError, match="jump"):
+        db.recover(jump=1e13)
+    with pytest.raises(FaultScriptError, match="jump"):
+        testing.recovery(db, jump=1e30)
+    got: list[bytes | None] = []
+
+    def client() -> None:
+        tr = db.create_transaction()
+        tr[b"k"] = b"v"
+        tr.commit()
+        got.append(db.create_transaction()[b"k"])
+
+    vt.spawn(client)
+    vt.run()
+    assert got == [b"v"]
