@@ -81,6 +81,7 @@ class SimTransaction(LocalTransaction):
         self._rv: int | None = None
         self._rv_time = 0.0
         self._token: int | None = None
+        self._empty_commit = False  # a commit that begins the attempt: nothing read or written
         self._reset_attempt()
         super().__init__(db)
 
@@ -97,11 +98,22 @@ class SimTransaction(LocalTransaction):
     # -- attempt life cycle ----------------------------------------------------------------------
 
     def _begin(self) -> None:
-        # The attempt's first read, write or conflict range (LocalTransaction._touch).
+        # The attempt's first read, write or conflict range (LocalTransaction._touch), or a
+        # commit of nothing: FoundationDB's commit of a transaction that read and wrote nothing
+        # returns at once, without a request (Transaction::commitMutations,
+        # fdbclient/NativeAPI.actor.cpp), so traffic() does not count it as an attempt.
         self._release()
         self._reset_attempt()
-        for c in self._sim.counters:
-            c.began()
+        if not self._empty_commit:
+            for c in self._sim.counters:
+                c.began()
+
+    def _commit_attempt(self) -> None:
+        self._empty_commit = self._started is None and self._state == "open"
+        try:
+            super()._commit_attempt()
+        finally:
+            self._empty_commit = False
 
     def _rollback(self) -> None:
         # Lock-free on purpose: __del__ calls this from the garbage collector, which may run

@@ -195,3 +195,18 @@ def test_other_engines_are_refused(url: str, tmp_path: Path) -> None:
     db = fdbqueue.open(f"sqlite:///{tmp_path / 'q.db'}" if url == "sqlite" else url)
     with pytest.raises(FaultScriptError, match="sim://"), testing.traffic(db):
         pass
+
+
+def test_a_commit_of_nothing_is_not_an_attempt() -> None:
+    # FoundationDB's commit of a transaction that read and wrote nothing returns at once, with
+    # no read version and no request to the cluster (Transaction::commitMutations,
+    # fdbclient/NativeAPI.actor.cpp): "every attempt that read or wrote anything" leaves it out.
+    db = sim()
+    with testing.traffic(db) as t:
+        tr = db.create_transaction()
+        tr.commit()
+        tr = db.create_transaction()
+        tr.get(b"a")
+        tr.commit()
+    assert t.transactions == 1
+    assert t.commits == 0
