@@ -56,10 +56,14 @@ class TrafficCounter:
 
     def hottest(self, n: int = 10) -> list[tuple[bytes, int]]:
         """The ``n`` most written keys, most written first (ties: in key order)."""
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"hottest(n) takes a number of keys (an int), not {n!r}")
+        if n < 0:
+            raise ValueError(f"hottest(n) takes a number of keys >= 0, not {n}")
         with self._lock:
             items = list(self._writes.items())
         items.sort(key=lambda kv: (-kv[1], kv[0]))
-        return items[: max(0, n)]
+        return items[:n]
 
     def __repr__(self) -> str:
         return (

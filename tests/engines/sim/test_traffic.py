@@ -210,3 +210,15 @@ def test_a_commit_of_nothing_is_not_an_attempt() -> None:
         tr.commit()
     assert t.transactions == 1
     assert t.commits == 0
+
+
+@pytest.mark.parametrize("n", [None, "3", 1.5, True, -1])
+def test_hottest_refuses_what_is_not_a_count(n: object) -> None:
+    db = sim()
+    with testing.traffic(db) as t:
+        tr = db.create_transaction()
+        tr[b"a"] = b"1"
+        tr.commit()
+    with pytest.raises((TypeError, ValueError), match="hottest"):
+        t.hottest(n)  # type: ignore[arg-type]
+    assert t.hottest(1) == [(b"a", 1)]
