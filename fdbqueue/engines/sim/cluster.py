@@ -96,18 +96,46 @@ class ClusterKnobs:
     future_version_retry_delay: float = 0.01  # FUTURE_VERSION_RETRY_DELAY
 
     def __post_init__(self) -> None:
-        if self.teams < 1 or self.team_writes_per_second <= 0 or self.shard_depth < 1:
-            raise ValueError("teams and shard_depth must be >= 1, team_writes_per_second > 0")
-        for name in ("grv_latency", "read_latency", "commit_latency", "recovery_downtime"):
+        # Each knob in its range, by name: one out of it would end a run later (a division by
+        # zero in ratekeeper, versions going back at a recovery).
+        for name in ("teams", "shard_depth"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, not {value!r}")
+        positive = (
+            "team_writes_per_second",
+            "commit_batch_interval",
+            "idle_batch_interval",
+            "ratekeeper_interval",
+            "ratekeeper_target",
+            "ratekeeper_smoothing",
+        )
+        for name in positive:
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
+                raise ValueError(f"{name} must be a finite number > 0, not {getattr(self, name)!r}")
+        non_negative = (
+            "grv_latency",
+            "read_latency",
+            "commit_latency",
+            "recovery_downtime",
+            "recovery_jump",
+            "backoff_initial",
+            "backoff_max",
+            "backoff_resource_max",
+            "future_version_retry_delay",
+        )
+        for name in non_negative:
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
-                raise ValueError(f"{name} must be a non-negative number of seconds")
+                raise ValueError(
+                    f"{name} must be a non-negative number of seconds, not {getattr(self, name)!r}"
+                )
         if not 0 <= self.jitter < 1:
             raise ValueError("jitter must be in [0, 1)")
         if not (math.isfinite(self.drift) and self.drift > -1):
             # versions run (1 + drift) times as fast as time: forward, at a finite rate
             raise ValueError("drift must be a finite number > -1")
-        if self.commit_batch_interval <= 0 or self.idle_batch_interval <= 0:
-            raise ValueError("batch intervals must be > 0")
+        if not (math.isfinite(self.backoff_growth) and self.backoff_growth >= 1):
+            raise ValueError(f"backoff_growth must be a finite number >= 1, not {self.backoff_growth!r}")
         if not 0 < self.ratekeeper_spring <= self.ratekeeper_target:
             raise ValueError("ratekeeper_spring must be in (0, ratekeeper_target]")
 

@@ -377,3 +377,33 @@ def test_a_recovery_jump_past_the_version_range_is_refused() -> None:
     vt.spawn(client)
     vt.run()
     assert got == [b"v"]
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("teams", float("nan")),
+        ("teams", 2.5),
+        ("shard_depth", float("nan")),
+        ("team_writes_per_second", float("nan")),
+        ("commit_batch_interval", float("nan")),
+        ("idle_batch_interval", float("inf")),
+        ("ratekeeper_interval", 0.0),
+        ("ratekeeper_interval", -1.0),
+        ("ratekeeper_smoothing", 0.0),
+        ("ratekeeper_target", float("nan")),
+        ("recovery_jump", -1.0),
+        ("recovery_jump", float("nan")),
+        ("backoff_initial", -1.0),
+        ("backoff_max", float("nan")),
+        ("backoff_growth", 0.5),
+        ("backoff_growth", float("nan")),
+        ("backoff_resource_max", -1.0),
+        ("future_version_retry_delay", float("inf")),
+    ],
+)
+def test_every_knob_out_of_its_range_is_refused_by_name(name: str, value: float) -> None:
+    # a knob out of range used to be accepted and end a run later (a division by zero in
+    # ratekeeper, versions going back at a recovery): refused at once, naming the knob
+    with pytest.raises(ValueError, match=name):
+        ClusterKnobs(**{name: value})
