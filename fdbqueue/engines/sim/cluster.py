@@ -50,7 +50,7 @@ from fdbqueue.engines.local.mutations import make_versionstamp
 from fdbqueue.engines.local.watches import StampFuture
 from fdbqueue.engines.sim.database import SimDatabase, SimTransaction
 from fdbqueue.engines.sim.ratekeeper import Ratekeeper, TeamLoad, shard_of
-from fdbqueue.engines.sim.store import _UNDER, MAX_VERSION
+from fdbqueue.engines.sim.store import _UNDER
 from fdbqueue.engines.sim.virtual import VirtualTime
 from fdbqueue.engines.versions import VERSIONS_PER_SECOND
 from fdbqueue.errors import EngineError
@@ -315,7 +315,6 @@ class ClusterDatabase(SimDatabase):
     ) -> None:
         self.knobs = knobs or ClusterKnobs()
         self.vt = clock or VirtualTime()
-        self._offset = 0  # versions added by recoveries
         super().__init__(seed=seed, clock=self.vt)
         self.engine = "sim"
         self.url = f"sim://?seed={seed}"  # the model has no URL: ClusterDatabase(...) makes it
@@ -343,10 +342,10 @@ class ClusterDatabase(SimDatabase):
 
     def _now_version(self) -> int:
         now = self._manual.now() if self._manual is not None else 0.0
-        return int(now * VERSIONS_PER_SECOND * (1.0 + self.knobs.drift)) + self._offset
+        return int(now * VERSIONS_PER_SECOND * (1.0 + self.knobs.drift)) + self._jumped
 
     def _version_at(self, t: float) -> int:
-        return int(t * VERSIONS_PER_SECOND * (1.0 + self.knobs.drift)) + self._offset
+        return int(t * VERSIONS_PER_SECOND * (1.0 + self.knobs.drift)) + self._jumped
 
     def _read_version_locked(self) -> int:
         """The last committed version (the batch being applied at this instant excluded), or
@@ -424,9 +423,7 @@ class ClusterDatabase(SimDatabase):
         if not (math.isfinite(jump) and jump >= 0 and math.isfinite(downtime) and downtime >= 0):
             raise ValueError("jump and downtime must be non-negative numbers of seconds")
         with self._lock:
-            if self._now_version() + round(jump * VERSIONS_PER_SECOND) > MAX_VERSION:
-                raise ValueError(f"a jump of {jump} s takes the versions past {MAX_VERSION} (an int64)")
-            self._offset += round(jump * VERSIONS_PER_SECOND)
+            self._jump_locked(round(jump * VERSIONS_PER_SECOND))
             self._version = max(self._version, self._now_version())
             self._live.clear()
             self._epoch += 1

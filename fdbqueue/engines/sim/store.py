@@ -149,6 +149,16 @@ class SimStore:
             return int(self._manual.now() * VERSIONS_PER_SECOND) + self._jumped
         return monotonic_us() + self._jumped
 
+    def _jump_locked(self, versions: int) -> None:
+        """Versions jump ``versions`` ahead from now on (a recovery, here or in the cluster
+        model); refused past FoundationDB's Version, an int64_t
+        (fdbclient/include/fdbclient/FDBTypes.h): past it no commit could make its versionstamp."""
+        if self._now_version() + versions > MAX_VERSION:
+            raise ValueError(
+                f"a jump of {versions / VERSIONS_PER_SECOND:g} s takes the versions past {MAX_VERSION}"
+            )
+        self._jumped += versions
+
     def recover(self, jump: float | None = None, downtime: float | None = None) -> None:
         """Versions jump ``jump`` seconds' worth ahead (default 100 s), as at a recovery, while
         no time passes (``downtime``: the cluster model's; here the store is back at once).
@@ -159,14 +169,9 @@ class SimStore:
         forced recovery), so every read version taken before the recovery is too old from then
         on: its transaction's next read or commit gets 1007.
         """
-        extra = MAX_VERSIONS_IN_FLIGHT if jump is None else round(jump * VERSIONS_PER_SECOND)
         with self._lock:
-            if self._now_version() + extra > MAX_VERSION:
-                # FoundationDB's Version is an int64_t (fdbclient/include/fdbclient/FDBTypes.h):
-                # past it no commit could make its versionstamp.
-                raise ValueError(f"a jump of {jump} s takes the versions past {MAX_VERSION}")
+            self._jump_locked(MAX_VERSIONS_IN_FLIGHT if jump is None else round(jump * VERSIONS_PER_SECOND))
             self._drop_released_locked()
-            self._jumped += extra
             self._version = max(self._version, self._now_version() - 1)
             self._live.clear()
             self._pruned_through = self._version
