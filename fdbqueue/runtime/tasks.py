@@ -21,7 +21,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from fdbqueue.api.admin import create_queue, queue_config
 from fdbqueue.api.task_results import encode_value, failure_of, sweep_results, write_result
@@ -157,10 +157,7 @@ class TaskRunner:
             else:
                 value = task.fn(*data.get("args", ()), **data.get("kwargs", {}))
         except Exception as exc:
-            failure = self._failed(task, m, exc)
-            if failure is exc:
-                raise
-            raise failure from exc
+            self._fail(task, m, exc)
         return self._done(task, m, data, value, began)
 
     def on_dead(self, tr: Transaction, m: Message, reason: str) -> None:
@@ -172,6 +169,14 @@ class TaskRunner:
         ttl = data.get("result") if isinstance(data, dict) else None
         if isinstance(ttl, (int, float)) and not isinstance(ttl, bool):
             write_result(tr, self.app.root, m.id, m.queue, float(ttl), failure=failure_of(reason))
+
+    def _fail(self, task: Task, m: Message, exc: Exception) -> NoReturn:
+        """Raise what a run that raised ``exc`` fails with (:meth:`_failed`): ``exc`` itself, or
+        its replacement with ``exc`` as the cause."""
+        failure = self._failed(task, m, exc)
+        if failure is exc:
+            raise exc
+        raise failure from exc
 
     def _failed(self, task: Task, m: Message, exc: Exception) -> BaseException:
         """The exception to raise for a failed run: the task's own ``max_deliveries`` reached
@@ -253,10 +258,7 @@ class ExactlyOnceTaskRunner(TaskRunner):
         try:
             value = task.fn(tr, *data.get("args", ()), **data.get("kwargs", {}))
         except Exception as exc:
-            failure = self._failed(task, m, exc)
-            if failure is exc:
-                raise
-            raise failure from exc
+            self._fail(task, m, exc)
         done = self._done(task, m, data, value, began)
         if done is not None:
             done.write(tr)
@@ -280,10 +282,7 @@ class AsyncTaskRunner(TaskRunner):
             else:
                 value = await asyncio.to_thread(task.fn, *args, **kwargs)
         except Exception as exc:
-            failure = self._failed(task, m, exc)
-            if failure is exc:
-                raise
-            raise failure from exc
+            self._fail(task, m, exc)
         return self._done(task, m, data, value, began)
 
 
