@@ -26,6 +26,7 @@ EXPECTED = {
     "bench_aio.py": r"/ limit",
     "bench_cluster_model.py": r"delivered twice",
     "bench_cluster_sim.py": r"conflicts \(1020\) per message",
+    "bench_contention.py": r"fdbqueue ÷ huey",
     "bench_depth.py": r"ratio vs depth 0",
     "bench_engine.py": r"raw sqlite3 commits/s.*ratio",
     "bench_fairness.py": r"every small queue served by message",
