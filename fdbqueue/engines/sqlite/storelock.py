@@ -310,9 +310,16 @@ class StoreLock:
                 except (BlockingIOError, PermissionError):  # held by another description: wait below
                     pass
                 else:
-                    if self._claim(gen, True):
+                    # _claim(gen, True) inline: this runs at every transaction.
+                    slot = gen & 1
+                    page.set_slot[slot](
+                        gen, time.monotonic_ns() // 1000, _pid, (page.slot[slot]()[3] + 1) & 0xFFFFFFFF
+                    )
+                    if page.generation()[0] == gen:
+                        self._gen = gen
                         self._seen = None
                         return None
+                    _byte_lock(self._fd, LEASE_BYTES + gen, fcntl.F_UNLCK, False)  # moved on: the loop
         deadline = time.monotonic() + timeout
         while True:
             state = self._page.lease()
@@ -381,7 +388,11 @@ class StoreLock:
         stalled inside its transaction, or a process stopped between taking the byte and
         recording (or clearing) its claim. Move the lock to the next generation."""
         gen = seen[0]
-        with self._locked_page():
+        # Tried, not waited for: a holder that pinned since we looked keeps the mutex through
+        # its commit (pin), and may be stopped there; the loop then looks at the page again.
+        if not _byte_lock(self._fd, MUTEX_BYTE, fcntl.F_WRLCK, False):
+            return False
+        try:
             if self._page.lease() != seen:
                 return False  # claimed, released or taken over meanwhile
             if not _byte_lock(self._fd, LEASE_BYTES + gen + 1, fcntl.F_WRLCK, False):
@@ -389,6 +400,8 @@ class StoreLock:
             self._write(gen + 1, _now_us() if stealable else _PINNED)  # the slot first, then
             self._page.set_generation(gen + 1)  # the generation that points at it
             self._gen = gen + 1
+        finally:
+            fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK, _MUTEX_UNLOCK)
         self._forget_old(gen + 1)
         return True
 
@@ -415,6 +428,13 @@ class StoreLock:
         Checking alone would leave a window between the check and COMMIT in which a takeover
         lets both commit, and the page's marks written after COMMIT (the version clock's
         pending flag, the durable version) go out of order.
+
+        A pin that succeeds keeps the page mutex until :meth:`release`, which drops it with
+        the lease's byte in one call: three system calls a writing transaction (take the
+        byte, the mutex; drop both), not four. Nothing else waits on the mutex meanwhile: a
+        takeover only tries it (:meth:`_take_over`, and never of a pinned holder, which the
+        slot already says), and a claim that is never taken over (opening, recovery) holds
+        the lease's byte first, which a pinned holder has.
         """
         if not OFD:
             return True
@@ -422,14 +442,12 @@ class StoreLock:
         if gen is None:
             return False
         fd, page = self._fd, self._page
-        # The page mutex (as _PageMutex), its requests packed once: this runs at every commit.
+        # The page mutex (as _PageMutex), its request packed once: this runs at every commit.
         fcntl.fcntl(fd, fcntl.F_OFD_SETLKW, _MUTEX_LOCK)
-        try:
-            if page.generation()[0] != gen:
-                return False
-            page.set_slot[gen & 1](gen, _PINNED, _pid, page.slot[gen & 1]()[3])
-        finally:
+        if page.generation()[0] != gen:
             fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _MUTEX_UNLOCK)
+            return False
+        page.set_slot[gen & 1](gen, _PINNED, _pid, page.slot[gen & 1]()[3])
         return True
 
     def release(self) -> None:
@@ -445,8 +463,12 @@ class StoreLock:
         claimed, _, pid, claims = page.slot[gen & 1]()
         if claimed == gen and pid == _pid:
             page.set_slot[gen & 1](gen, 0, _pid, claims)
-        # _byte_lock's unlock, inline (an unlock neither waits nor is refused): every transaction.
-        request = FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, LEASE_BYTES + gen, 1, 0)
+        # One unlock from the page mutex (held since pin, if this holder committed) to the
+        # lease's byte: an unlock neither waits nor is refused, and drops only this open file
+        # description's locks in the range. The only others it can hold there are older
+        # generations' bytes that a waiter thread got late and is handing back anyway
+        # (_Waiter): a later unlock of a byte not held is a no-op.
+        request = FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, MUTEX_BYTE, LEASE_BYTES + gen - MUTEX_BYTE + 1, 0)
         fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK, request)
 
     def close(self) -> None:
