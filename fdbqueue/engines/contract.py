@@ -595,7 +595,24 @@ def engine_traits(db: object) -> tuple[bool, bool]:
     unknown commit result (1021): the layer then skips the staged dequeue path and the
     receipts that settle a 1021, which would be pure cost there.
     """
-    return bool(getattr(db, "may_conflict", True)), bool(getattr(db, "may_commit_unknown", True))
+    kind = type(db)
+    found = _traits.get(kind)
+    if found is not None:  # every operation asks: once per class, when the class decides
+        return found
+    traits = bool(getattr(db, "may_conflict", True)), bool(getattr(db, "may_commit_unknown", True))
+    # Kept for the class only when both are plain class attributes (or absent) and the
+    # instance does not override them: a property (the sim engine's may_commit_unknown
+    # follows its fault script) is read at every call.
+    own = getattr(db, "__dict__", {})
+    if all(
+        type(inspect.getattr_static(kind, name, True)) is bool and name not in own
+        for name in ("may_conflict", "may_commit_unknown")
+    ):
+        _traits[kind] = traits
+    return traits
+
+
+_traits: dict[type, tuple[bool, bool]] = {}
 
 
 def is_transaction(obj: object) -> bool:

@@ -180,7 +180,9 @@ class LocalTransaction(ABC):
             # Begin first: if it fails (the sqlite lock), the next operation begins again;
             # the clock starts once it succeeded, so lock waits do not eat the 5 s window.
             self._begin()
-            self._started = self.db.clock()
+            # Begun: only whether it is None is ever asked (the window counts from the read
+            # version, the timeout from creation), so no clock is read here.
+            self._started = 0.0
             self._live = not self.options.timeout_ms
             if self._live:
                 return

@@ -85,13 +85,13 @@ class ReadOnlyStore(Store):
             self._target(), uri=True, timeout=self.lock_timeout, isolation_level=None, check_same_thread=False
         )
 
-    def begin(self) -> tuple[sqlite3.Connection, bool]:
+    def begin(self) -> tuple[sqlite3.Cursor, bool]:
         if self.generation != _shared.fork_generation:
             _shared.inherited.extend((self.conn, self._readers))
             self._readers = []
             self._open()
         self.usable()
-        return self.snapshot(), True
+        return self.cursor(self.snapshot()), True
 
     def no_writes(self) -> QueueError:
         return StoreError(f"{self.path} is open read-only ({self.why}): this handle can read but not write")

@@ -71,9 +71,10 @@ class Store(ABC):
     # -- a transaction's beginning and end ---------------------------------------------------
 
     @abstractmethod
-    def begin(self) -> tuple[sqlite3.Connection, bool]:
-        """Begin a transaction: its connection, and whether it reads a snapshot of its own
-        (``nested``: it may not write) instead of holding the store lock."""
+    def begin(self) -> tuple[sqlite3.Cursor, bool]:
+        """Begin a transaction: the cursor of its connection (see :meth:`cursor`), and whether
+        it reads a snapshot of its own (``nested``: it may not write) instead of holding the
+        store lock."""
 
     def end(self, conn: sqlite3.Connection, nested: bool) -> None:
         """After COMMIT or ROLLBACK on what :meth:`begin` returned."""
@@ -310,7 +311,7 @@ class WritableStore(Store):
 
     # -- a transaction's beginning and end ---------------------------------------------------
 
-    def begin(self) -> tuple[sqlite3.Connection, bool]:
+    def begin(self) -> tuple[sqlite3.Cursor, bool]:
         """The store lock, then a deferred BEGIN on the handle's connection; or, when this
         thread holds the lock in another transaction, which cannot end while we wait, a
         snapshot of the last committed state on a connection of its own (nested: it may read,
@@ -321,17 +322,19 @@ class WritableStore(Store):
             self.usable()
         shared = self.shared
         if shared.owner == threading.get_ident():
-            return self.snapshot(), True
-        conn = self.conn
+            return self.cursor(self.snapshot()), True
+        cur = self._cursor
+        if cur is None or cur.connection is not self.conn:
+            cur = self.cursor(self.conn)
         shared.acquire(self.lock_timeout, self.path, stealable=True)
         try:
             # Deferred: the read snapshot starts at the first read, SQLite's write lock is
             # taken only at commit (writes are buffered until then).
-            self.cursor(conn).execute("BEGIN")
+            cur.execute("BEGIN")
         except sqlite3.Error as exc:
             shared.release()
             raise _files.translate(exc, self.path, self.real) from exc
-        return conn, False
+        return cur, False
 
     def end(self, conn: sqlite3.Connection, nested: bool) -> None:
         if nested:

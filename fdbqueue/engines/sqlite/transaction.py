@@ -228,12 +228,14 @@ class SqliteTransaction(LocalTransaction):
         "_wm",
     )
 
+    _cur: sqlite3.Cursor  # the cursor of the connection begun on (see _begin)
+
     def __init__(self, db: LocalDatabase, store: Store) -> None:
         self._store = store
         self._locked = False
         self._nested = False  # reading a snapshot of its own: may not write (Store.begin)
         self._conn: sqlite3.Connection = store.conn  # replaced at _begin (a fork may reopen it)
-        self._cur: sqlite3.Cursor = store.cursor(store.conn)  # _conn's (replaced at _begin)
+        # _cur, the cursor the statements run on, is set at _begin: nothing runs one before.
         super().__init__(db)
 
     def _clear_state(self) -> None:
@@ -251,8 +253,8 @@ class SqliteTransaction(LocalTransaction):
         self._held: Held | None = None  # what the clock read at the read version (VersionClock)
 
     def _begin(self) -> None:
-        self._conn, self._nested = self._store.begin()
-        self._cur = self._store.cursor(self._conn)
+        self._cur, self._nested = cur, _ = self._store.begin()
+        self._conn = cur.connection
         self._locked = True
 
     def _fail(self, exc: sqlite3.Error) -> QueueError:

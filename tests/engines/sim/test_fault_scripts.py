@@ -18,7 +18,7 @@ import pytest
 import fdbqueue
 from fdbqueue import ClusterUnavailableError, EngineError, QueueError
 from fdbqueue.api.queue import Queue
-from fdbqueue.engines.contract import run_transaction
+from fdbqueue.engines.contract import engine_traits, run_transaction
 from fdbqueue.engines.sim.database import SimDatabase
 from fdbqueue.testing import FaultScript, FaultScriptError, on_backoff, outage
 
@@ -245,6 +245,15 @@ def test_a_scripted_database_may_commit_unknown(db: SimDatabase) -> None:
     assert db.may_commit_unknown
     script.detach()
     assert not db.may_commit_unknown
+
+
+def test_engine_traits_follow_a_property_at_every_call(db: SimDatabase) -> None:
+    """engine_traits keeps a class's plain attributes, never a property's answer (issue 30)."""
+    assert engine_traits(db) == (True, False)
+    script = FaultScript(db)
+    assert engine_traits(db) == (True, True)
+    script.detach()
+    assert engine_traits(db) == (True, False)
 
 
 @pytest.mark.parametrize(
