@@ -167,6 +167,16 @@ _MUTEX_LOCK = byte_request(fcntl.F_WRLCK, MUTEX_BYTE)
 _MUTEX_UNLOCK = byte_request(fcntl.F_UNLCK, MUTEX_BYTE)
 
 
+def _requests(gen: int) -> tuple[int, bytes, bytes]:
+    """What a transaction asks of generation ``gen``'s lock: (gen, lock its byte, unlock the
+    page mutex through its byte: see StoreLock.release)."""
+    return (
+        gen,
+        FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, LEASE_BYTES + gen, 1, 0),
+        FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, MUTEX_BYTE, LEASE_BYTES + gen - MUTEX_BYTE + 1, 0),
+    )
+
+
 def _byte_lock(fd: int, at: int, kind: int, wait: bool) -> bool:
     """An OFD lock of one byte; False when it is held elsewhere (``wait`` False)."""
     cmd = fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK
@@ -271,6 +281,9 @@ class StoreLock:
         # that waits shorter than the window (lock_timeout, retried) still add up to it.
         self._seen: tuple[int, int, int, int, int] | None = None
         self._seen_at = self._looked = 0.0
+        # The requests of the fast acquire and of release, packed once per generation (it
+        # moves only at a takeover): (generation, lock its byte, unlock the mutex to its byte).
+        self._requests: tuple[int, bytes, bytes] = (-1, b"", b"")
 
     # -- the page ----------------------------------------------------------------------------
 
@@ -304,9 +317,11 @@ class StoreLock:
             page = self._page
             gen = page.generation()[0]
             if gen not in self._waiters:
-                request = FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, LEASE_BYTES + gen, 1, 0)  # _byte_lock's
+                requests = self._requests
+                if requests[0] != gen:
+                    requests = self._requests = _requests(gen)
                 try:
-                    fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK, request)
+                    fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK, requests[1])  # _byte_lock's
                 except (BlockingIOError, PermissionError):  # held by another description: wait below
                     pass
                 else:
@@ -463,8 +478,10 @@ class StoreLock:
         # description's locks in the range. The only others it can hold there are older
         # generations' bytes that a waiter thread got late and is handing back anyway
         # (_Waiter): a later unlock of a byte not held is a no-op.
-        request = FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, MUTEX_BYTE, LEASE_BYTES + gen - MUTEX_BYTE + 1, 0)
-        fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK, request)
+        requests = self._requests
+        if requests[0] != gen:
+            requests = self._requests = _requests(gen)
+        fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK, requests[2])
 
     def close(self) -> None:
         for waiter in self._waiters.values():

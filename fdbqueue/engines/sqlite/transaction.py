@@ -14,7 +14,7 @@ import sqlite3
 import struct
 import time
 from collections.abc import Callable
-from itertools import repeat
+from itertools import chain, repeat
 
 from fdbqueue.engines.contract import (
     KEY_RANGE_REF_BYTES,
@@ -307,14 +307,12 @@ class SqliteTransaction(LocalTransaction):
     def _select(self, ask: list[bytes]) -> None:
         """Read the stored values of ``ask`` (distinct keys) into :attr:`_seen` (None: absent)."""
         seen = self._seen
-        for key in ask:
-            seen[key] = None
+        seen.update(dict.fromkeys(ask))  # None: absent, unless a row says otherwise
         try:
             for lo in range(0, len(ask), _IN_BATCH):
                 part = ask[lo : lo + _IN_BATCH]
                 sql = _GET_IN.get(len(part)) or _GET_IN.setdefault(len(part), _get_in(len(part)))
-                for k, v in self._cur.execute(sql, part):
-                    seen[k] = v
+                seen.update(self._cur.execute(sql, part))  # (k, v) rows
         except sqlite3.Error as exc:
             raise self._fail(exc) from exc
 
@@ -328,23 +326,30 @@ class SqliteTransaction(LocalTransaction):
     # general path, which raises the precise errors.
 
     def _read_many(self, keys: list[bytes], snapshot: bool) -> list[bytes | None]:
-        if len(keys) < 2:
+        # The checks of every key in C loops (set, max, map), not a Python loop over the keys:
+        # all plain bytes, none a system key, none too long.
+        if (
+            len(keys) < 2
+            or set(map(type, keys)) != _BYTES_ONLY
+            or max(keys) >= SYSTEM_KEYS
+            or max(map(len, keys)) > KEY_SIZE_LIMIT
+        ):
             return super()._read_many(keys, snapshot)
-        for key in keys:
-            if type(key) is not bytes or key >= SYSTEM_KEYS or len(key) > KEY_SIZE_LIMIT:
-                return super()._read_many(keys, snapshot)
         if not self._live or self.options.timeout_ms:
             self._touch()  # the first operation begins the transaction (an operation's first read)
         if self._wm.values or self._all:
             return super()._read_many(keys, snapshot)
         self._reading()
         if not snapshot:
-            self._size += sum(_POINT_RANGE_BYTES + 2 * len(k) for k in keys)
+            self._size += len(keys) * _POINT_RANGE_BYTES + 2 * sum(map(len, keys))
         seen = self._seen
-        ask = [k for k in dict.fromkeys(keys) if k not in seen]
-        if ask:
-            self._select(ask)
-        return [seen[k] for k in keys]
+        if seen:
+            ask = [k for k in dict.fromkeys(keys) if k not in seen]
+            if ask:
+                self._select(ask)
+        else:  # the transaction's first read (an operation's metadata and counters): all asked
+            self._select(list(dict.fromkeys(keys)))
+        return list(map(seen.__getitem__, keys))
 
     def set(self, key: bytes, value: bytes) -> None:
         """Write ``value`` at ``key`` (blind: adds a write conflict only)."""
@@ -625,13 +630,17 @@ class SqliteTransaction(LocalTransaction):
                 if self._all:  # ranges are cleared only through _clear_range, which sets it
                     for begin, end in wm.cleared_ranges:
                         conn.execute(_DEL_RANGE, (begin, end))
+                values = wm.values
                 puts: list[bytes] = []
                 dels: list[bytes] = []
-                for k, v in wm.values.items():
-                    if v is None:
-                        dels.append(k)
-                    else:
-                        puts += (k, v)
+                if None in values.values():
+                    for k, v in values.items():
+                        if v is None:
+                            dels.append(k)
+                        else:
+                            puts += (k, v)
+                else:  # sets only (an enqueue): the pairs flattened in C
+                    puts = list(chain.from_iterable(values.items()))
                 # One statement for all the rows (up to the variable bound), not one stepped
                 # per row: fewer instructions per enqueue (scripts/count_instructions.py).
                 for lo in range(0, len(puts), _IN_BATCH):
@@ -693,6 +702,7 @@ _I64_PACK, _I64_UNPACK = _I64.pack, _I64.unpack
 # LocalTransaction): a mutation and a write conflict range [key, keyAfter(key)).
 _SET_BYTES = MUTATION_REF_BYTES + KEY_RANGE_REF_BYTES + 1
 _POINT_RANGE_BYTES = KEY_RANGE_REF_BYTES + 1
+_BYTES_ONLY = {bytes}
 _UNION_UP_TO = 16  # keys read by one compound SELECT; more by one "k IN (...)"
 
 
