@@ -640,7 +640,8 @@ class SqliteTransaction(LocalTransaction):
                         else:
                             puts += (k, v)
                 else:  # sets only (an enqueue): the pairs flattened in C
-                    puts = list(chain.from_iterable(values.items()))
+                    # (values None only where "None in values" said; mypy cannot know)
+                    puts = list(chain.from_iterable(values.items()))  # type: ignore[arg-type]
                 # One statement for all the rows (up to the variable bound), not one stepped
                 # per row: fewer instructions per enqueue (scripts/count_instructions.py).
                 for lo in range(0, len(puts), _IN_BATCH):
