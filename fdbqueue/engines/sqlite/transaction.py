@@ -365,7 +365,11 @@ class SqliteTransaction(LocalTransaction):
         ):
             self._size += _SET_BYTES + 3 * len(key) + len(value)
             self._has_writes = self._dirty = True
-            self._wm.set(key, value)
+            wm = self._wm
+            if wm._sorted is None:  # WriteMap.set without the call: no sorted keys to keep yet
+                wm.values[key] = value
+            else:
+                wm.set(key, value)
             self._keys.append(key)
             return
         super().set(key, value)
@@ -400,7 +404,10 @@ class SqliteTransaction(LocalTransaction):
                 value = _I64_PACK((_I64_UNPACK(existing)[0] + _I64_UNPACK(param)[0] + 2**63) % 2**64 - 2**63)
             else:
                 value = apply_atomic("add", existing, param)
-            wm.set(key, value)
+            if wm._sorted is None:  # WriteMap.set without the call, as in set
+                values[key] = value
+            else:
+                wm.set(key, value)
             self._keys.append(key)
             return
         super().add(key, param)
@@ -417,7 +424,11 @@ class SqliteTransaction(LocalTransaction):
             # A clear is the mutation ClearRange(key, keyAfter(key)) and that write conflict range.
             self._size += _SET_BYTES + 4 * len(key) + 1
             self._has_writes = self._dirty = True
-            self._wm.set(key, None)
+            wm = self._wm
+            if wm._sorted is None:  # WriteMap.set without the call, as in set
+                wm.values[key] = None
+            else:
+                wm.set(key, None)
             self._keys.append(key)
             return
         super().clear(key)
