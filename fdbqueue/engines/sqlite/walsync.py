@@ -110,20 +110,23 @@ class WalSync:
         StoreError if the fsync fails: the commit was written (and may be seen) but may not
         survive a power loss.
         """
-        if tag is not None and version is not None and _synced(page, tag) >= version:
-            return
+        if tag is not None and version is not None:
+            found, synced, _ = page.sync_mark()
+            if found == tag and synced >= version:
+                return
         try:
             with self._mutex:  # threads of this process share one descriptor (and flock)
-                fd = self._wal()
+                fd = self._fd if self._fd is not None else self._wal()
                 locked = wait and self._lock(fd)
                 try:
                     if tag is None or version is None:
                         os.fdatasync(fd)
                         return
-                    if locked and _synced(page, tag) >= version:
+                    # One read: whether the fsync we waited for covered us, and what the mark
+                    # may say after this fsync (read before it begins).
+                    found, synced, target = page.sync_mark()
+                    if locked and found == tag and synced >= version:
                         return  # the fsync we waited for began after our commit
-                    # What the mark may say after this fsync: read before it begins.
-                    found, _, target = page.sync_mark()
                     os.fdatasync(fd)
                     # Two processes may race here and leave the lower value: that only costs
                     # a later commit an fsync it could have skipped.
