@@ -229,7 +229,8 @@ class LocalTransaction(ABC):
         transaction with writes a read conflict range, the resolver's 5-second window on
         its read version (1007) when it took one before commit.
         """
-        self._touch()
+        if not self._live or self.options.timeout_ms:  # else _touch would find nothing to do
+            self._touch()
         if self._has_writes:
             size = self._size
             if size > TRANSACTION_SIZE_LIMIT:
