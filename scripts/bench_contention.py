@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import multiprocessing as mp
 import os
 import shutil
@@ -246,6 +247,9 @@ def main(argv: list[str] | None = None) -> None:
     args = benchlib.parse_args(ap, argv, n=200, rounds=1, seconds=0.5)
     systems = args.systems.split(",")
     rows = args.rows.split(",")
+    if "huey" in systems and importlib.util.find_spec("huey") is None:
+        print("huey is not installed (pip install huey, or the bench extra): fdbqueue only")
+        systems.remove("huey")
     print(f"machine: {benchlib.machine(filesystem=benchlib.filesystem_of(tempfile.gettempdir()))}")
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
     folder = tempfile.mkdtemp(prefix="bench-contention-")
