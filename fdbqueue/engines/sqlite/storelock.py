@@ -38,10 +38,11 @@ transactions"); here the bound is enforced on the lock itself:
 
 What is not bounded: a holder stopped *during* its commit (pinned, holding SQLite's write
 lock for those microseconds) or while opening the store blocks the others until it runs;
-so does a process stopped while holding the page mutex (a pin or a takeover: a few
-microseconds), or while SQLite's last close holds SQLite's own lock on the store file
-(:func:`sqlite_holder` names it). A waiter that gives up says who holds the lock (:attr:`StoreLock.holder`:
-the pid, whether it is stopped). A waiter thread blocked on the byte of a generation taken
+so does a process stopped while holding the page mutex (a committing holder keeps it from its
+pin to its release, the commit's microseconds; a takeover a few microseconds), or while
+SQLite's last close holds SQLite's own lock on the store file (:func:`sqlite_holder` names
+it). A waiter that gives up says who holds the lock (:attr:`StoreLock.holder`: the pid,
+whether it is stopped). A waiter thread blocked on the byte of a generation taken
 over from a stopped process stays in the kernel, with its descriptor, until that process
 resumes or dies.
 
@@ -162,7 +163,7 @@ def byte_request(kind: int, at: int) -> bytes:
     return FLOCK.pack(kind, os.SEEK_SET, at, 1, 0)
 
 
-# The page mutex's requests, packed once: a commit takes and drops it (StoreLock.pin).
+# The page mutex's requests, packed once: a commit takes it at its pin (StoreLock.pin), a takeover tries it.
 _MUTEX_LOCK = byte_request(fcntl.F_WRLCK, MUTEX_BYTE)
 _MUTEX_UNLOCK = byte_request(fcntl.F_UNLCK, MUTEX_BYTE)
 
