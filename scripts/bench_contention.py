@@ -64,7 +64,8 @@ FDB_ONLY = {"c_lease", "l_lease", "l_deq"}
 
 
 def spec(system: str, folder: str, tag: str) -> dict[str, Any]:
-    path = os.path.join(folder, f"{system}-{tag}.db")
+    # A short name: the store's notify socket lives beside it, and AF_UNIX paths are short.
+    path = os.path.join(folder, f"{system[0]}{tag}.db")
     if system == "fdbqueue":
         return {"system": system, "url": f"sqlite://{path}?sync=full", "queue": "bench", "files": [path]}
     return {"system": system, "path": path, "queue": "bench", "sync": "default", "files": [path]}
@@ -171,22 +172,26 @@ def _consumer(sp: dict[str, Any], kind: str, ready: Any, out: Any, hard: float) 
     c = client(sp)
     q, db = c.q, c.db
     lat: list[float] = []
+    error = ""
     ready.set()
-    while time.monotonic() < hard:
-        if kind == "l_lease":
-            m = q.lease(db, timeout=0.5)
-            if m is not None:
-                q.ack(db, m)
-        else:
-            m = q.dequeue(db, timeout=0.5)
-        now = time.monotonic()
-        if m is None:
-            continue
-        seq, stamp = unpack(m.payload)
-        if seq == SENTINEL:
-            break
-        lat.append(now - stamp)
-    out.put(lat)
+    try:
+        while time.monotonic() < hard:
+            if kind == "l_lease":
+                m = q.lease(db, timeout=0.5)
+                if m is not None:
+                    q.ack(db, m)
+            else:
+                m = q.dequeue(db, timeout=0.5)
+            now = time.monotonic()
+            if m is None:
+                continue
+            seq, stamp = unpack(m.payload)
+            if seq == SENTINEL:
+                break
+            lat.append(now - stamp)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    out.put((lat, error))
     c.close()
 
 
@@ -205,14 +210,15 @@ def run_latency(sp: dict[str, Any], kind: str, rate: float, seconds: float) -> d
         c.enqueue(payload(sent, time.monotonic()))
         sent += 1
     c.enqueue(payload(SENTINEL))
-    lat = sorted(out.get(timeout=120))
+    got, error = out.get(timeout=120)
+    lat = sorted(got)
     proc.join()
     c.close()
 
     def pct(p: float) -> float:
         return lat[min(len(lat) - 1, int(len(lat) * p / 100))] * 1e3 if lat else float("nan")
 
-    return {"p50_ms": pct(50), "p99_ms": pct(99), "received": len(lat), "sent": sent}
+    return {"p50_ms": pct(50), "p99_ms": pct(99), "received": len(lat), "sent": sent, "error": error}
 
 
 # -- a round, the tables -------------------------------------------------------------------------
@@ -252,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
         systems.remove("huey")
     print(f"machine: {benchlib.machine(filesystem=benchlib.filesystem_of(tempfile.gettempdir()))}")
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    folder = tempfile.mkdtemp(prefix="bench-contention-")
+    folder = tempfile.mkdtemp(prefix="bc")
     try:
         for r in range(args.rounds):
             order = systems if r % 2 == 0 else systems[::-1]
@@ -260,7 +266,7 @@ def main(argv: list[str] | None = None) -> None:
                 for system in order:
                     if system != "fdbqueue" and row in FDB_ONLY:
                         continue
-                    res = run_row(row, spec(system, folder, f"{r}-{row}"), args)
+                    res = run_row(row, spec(system, folder, f"{r}{rows.index(row)}"), args)
                     drop(folder)
                     results.setdefault((row, system), []).append(res)
                     print(f"round {r + 1} {row:8} {system:9} {res}", file=sys.stderr, flush=True)
@@ -304,7 +310,10 @@ def main(argv: list[str] | None = None) -> None:
         p99 = [x["p99_ms"] for x in got]
         recv = sum(x["received"] for x in got)
         sent = sum(x["sent"] for x in got)
-        lat_rows.append([label, f"{med(p50):.2f}", f"{med(p99):.2f}", f"{max(p99):.2f}", f"{recv}/{sent}"])
+        errors = sorted({x["error"] for x in got if x.get("error")})
+        note = f" ({'; '.join(errors)[:80]})" if errors else ""
+        cells = [f"{med(p50):.2f}", f"{med(p99):.2f}", f"{max(p99):.2f}", f"{recv}/{sent}{note}"]
+        lat_rows.append([label, *cells])
     if lat_rows:
         benchlib.show_table(
             f"latency at {args.rate:g} msg/s offered for {args.seconds:g} s, ms (fdbqueue, sync=full, "
