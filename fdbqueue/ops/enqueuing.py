@@ -21,7 +21,6 @@ from fdbqueue.engines.contract import (
     Transaction,
     adopt,
     check_room,
-    engine_traits,
     is_transaction,
     retry_loop,
 )
@@ -34,7 +33,7 @@ from fdbqueue.errors import (
     QueueStoppedError,
 )
 from fdbqueue.ops.moves import CHUNK_SIZE, count_new, write_new
-from fdbqueue.ops.privileges import check, check_create, checked
+from fdbqueue.ops.privileges import check, check_create
 from fdbqueue.ops.receipts import maybe_clear_old_receipts, new_receipt, read_receipt
 from fdbqueue.ops.tracing import inject
 from fdbqueue.ops.txn import run_once
@@ -45,7 +44,7 @@ from fdbqueue.store.budget import (
     set_cost,
 )
 from fdbqueue.store.clock import db_now, now_us, versions
-from fdbqueue.store.config import QueueConfig, read_meta, write_config
+from fdbqueue.store.config import Meta, QueueConfig, read_meta, write_config
 from fdbqueue.store.entropy import new_id, new_rand
 from fdbqueue.store.layout import QueueKeys
 from fdbqueue.store.record import (
@@ -54,9 +53,12 @@ from fdbqueue.store.record import (
     check_dedup_key,
     check_headers,
     coerce_payload,
+    encode_plain,
     payload_list,
 )
-from fdbqueue.types import Item, NewMessage, check_duration
+from fdbqueue.types import ContentType, Item, NewMessage, check_duration
+
+_BYTES = ContentType.BYTES
 
 
 def new_item(
@@ -71,6 +73,23 @@ def new_item(
     """An enqueue's arguments checked and encoded (nothing read or written). ``layer``: the
     headers the layer itself sets (a schedule's name, a RemoteQueue's dedup key), added after
     ``headers`` are checked for names it reserves."""
+    if (
+        payload.__class__ is bytes
+        and priority.__class__ is int
+        and -(2**31) <= priority < 2**31
+        and delay.__class__ is float
+        and delay == 0.0
+        and ttl is None
+        and dedup_key is None
+        and headers is None
+        and layer is None
+    ):
+        # The common call (bytes, no options): what the checks below conclude, without their
+        # calls (a plain int and a float 0.0 are what they pass through unchanged). The
+        # current trace's context is added as below (tracing.inject).
+        traced = inject(None)
+        hdrs = {} if traced is None else check_headers(traced)
+        return Item("", new_rand(), payload, _BYTES, priority, hdrs, 0.0, None, None)
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise QueueError(f"priority must be an int, not {type(priority).__name__}")
     if not -(2**31) <= priority < 2**31:
@@ -191,7 +210,7 @@ def enqueue_items(
         # A caller's transaction cannot wait (it must commit to see room), nor settle a receipt.
         return enqueue_in(keys, tr, items, False, None)  # type: ignore[arg-type]
     db: Database = tr  # type: ignore[assignment]
-    own = engine_traits(db)[1]
+    own = getattr(db, "may_commit_unknown", True)  # engine_traits' second, without the call
 
     def body() -> list[str]:
         # The receipt is made in the first attempt (from its read version) and kept by
@@ -200,11 +219,12 @@ def enqueue_items(
         receipt: list[bytes] | None = [] if own else None
         return retry_loop(db, lambda t, a: enqueue_in(keys, t, items, a.unknown, receipt), None, True)
 
+    start = 0.0
     if timeout is not None:
         timeout = check_duration("timeout", timeout)
-    if timeout == 0:
-        return body()
-    start = time.monotonic()
+        if timeout == 0:
+            return body()
+        start = time.monotonic()  # (no clock read where nothing is timed: most calls)
     try:
         return body()  # there is room: no retry machinery built (most calls)
     except QueueFullError as exc:
@@ -251,7 +271,9 @@ def enqueue_in(
         landed = read_receipt(tr, keys, receipt[0])
         if landed is not None:  # the attempt that ended in commit_unknown_result committed
             return landed.decode().split(",")
-    meta = checked(tr, keys, "enqueue")
+    meta = read_meta(tr, keys)
+    if meta.owner is not None:  # privileges.checked, inline: an open queue admits every principal
+        check(tr, keys, "enqueue", meta)
     cfg = meta.config
     if cfg is None:
         check_create(tr, keys)  # an owned queue's error queue is its owner's to make
@@ -269,6 +291,21 @@ def enqueue_in(
                 f"{keys.name!r} ({limit} bytes)"
             )
     t_us = now_us()  # the wall clock: enqueued_at, for people only
+    if one is not None and one.dedup_key is None:
+        # One message without a dedup key (most calls): the steps below for it alone, and
+        # database time read only where it decides something (a due time, an expiry); a
+        # ready message's key is ordered by the index, not by time.
+        now = db_now(tr) if one.delay > 0 or one.ttl is not None or cfg.ttl is not None else 0
+        if cfg.max_size is not None and not admitted:
+            _check_fits(keys, meta, cfg, 1)
+        msg_id = _write_new(keys, tr, cfg, one, meta.made_ready + 1, t_us, now)
+        if receipt:
+            tr.set(receipt[0], msg_id.encode())  # ids are made here: a retry reads them back
+            maybe_clear_old_receipts(tr, keys)
+        is_ready = one.delay <= 0
+        fresh_p = _NO_PRIORITIES if one.priority in meta.priorities else {one.priority}
+        count_new(tr, keys, int(is_ready), int(not is_ready), fresh_p, meta.work, conflicts=meta.cluster)
+        return [msg_id]
     now = db_now(tr)  # database time: due times, expiry, the dedup window
     every = items
     known: dict[str, str] = {}  # dedup key -> the id its first message has
@@ -284,23 +321,7 @@ def enqueue_in(
         if not items:
             return [known[it.dedup_key] for it in every if it.dedup_key is not None]
     if cfg.max_size is not None and not admitted:
-        # A batch is atomic: all of it fits, or none of it is written.
-        held = meta.count("ready") + meta.count("inflight") + meta.count("delayed")
-        n = len(items)
-        if n > cfg.max_size:
-            raise QueueFullError(  # no wait can help: refused at once, whatever the policy
-                f"a batch of {n} messages can never fit in queue {keys.name!r} (max_size "
-                f"{cfg.max_size}); nothing was enqueued: split it"
-            )
-        if held + n > cfg.max_size:
-            room = (
-                f"is full ({held}" if held >= cfg.max_size else f"has room for {cfg.max_size - held} ({held}"
-            )
-            batch = f": a batch of {n} does not fit" if n > 1 else ""
-            raise QueueFullError(
-                f"queue {keys.name!r} {room} of max_size {cfg.max_size} held){batch}; nothing was enqueued",
-                block=cfg.overflow == "block",
-            )
+        _check_fits(keys, meta, cfg, len(items))
     base = meta.made_ready
     priorities: set[int] = set()
     ids: list[str] = []
@@ -319,8 +340,31 @@ def enqueue_in(
     if receipt:
         tr.set(receipt[0], ",".join(ids).encode())  # ids are made here: a retry reads them back
         maybe_clear_old_receipts(tr, keys)
-    count_new(tr, keys, ready, len(items) - ready, priorities - meta.priorities, meta.work)
+    fresh_ps = priorities - meta.priorities
+    count_new(tr, keys, ready, len(items) - ready, fresh_ps, meta.work, conflicts=meta.cluster)
     return ids
+
+
+_NO_PRIORITIES: frozenset[int] = frozenset()
+
+
+def _check_fits(keys: QueueKeys, meta: Meta, cfg: QueueConfig, n: int) -> None:
+    """QueueFullError unless ``n`` more messages fit the queue's max_size: a batch is atomic,
+    all of it fits or none of it is written."""
+    assert cfg.max_size is not None
+    held = meta.count("ready") + meta.count("inflight") + meta.count("delayed")
+    if n > cfg.max_size:
+        raise QueueFullError(  # no wait can help: refused at once, whatever the policy
+            f"a batch of {n} messages can never fit in queue {keys.name!r} (max_size "
+            f"{cfg.max_size}); nothing was enqueued: split it"
+        )
+    if held + n > cfg.max_size:
+        room = f"is full ({held}" if held >= cfg.max_size else f"has room for {cfg.max_size - held} ({held}"
+        batch = f": a batch of {n} does not fit" if n > 1 else ""
+        raise QueueFullError(
+            f"queue {keys.name!r} {room} of max_size {cfg.max_size} held){batch}; nothing was enqueued",
+            block=cfg.overflow == "block",
+        )
 
 
 def _seen(keys: QueueKeys, tr: Transaction, cfg: QueueConfig, items: list[Item], now: int) -> dict[str, str]:
@@ -359,6 +403,22 @@ def _write_new(
     A ready message's id names its home key (no id entry); a delayed one, or one whose
     id had to be known before its place (``fixed_id``), keeps the id made for it.
     """
+    if (
+        it.delay <= 0
+        and not it.fixed_id
+        and it.ttl is None
+        and cfg.ttl is None
+        and not cfg.journal
+        and not it.headers
+        and len(it.payload) <= CHUNK_SIZE
+    ):
+        # The common message (ready, its id its home key's, no TTL, headers, chunks nor
+        # journal): write_new's one write, its record encoded directly (record.encode_plain).
+        key = keys.ready_key(it.priority, index, it.rand)
+        msg_id = keys.id_of_home(key)
+        at = t_us if it.enqueued_us is None else int(it.enqueued_us)
+        tr.set(key, encode_plain(msg_id, at, it.content_type._value_, it.payload))
+        return msg_id
     home = it.delay <= 0 and not it.fixed_id
     ready_key = keys.ready_key(it.priority, index, it.rand) if it.delay <= 0 else b""
     msg_id = keys.id_of_home(ready_key) if home else it.id

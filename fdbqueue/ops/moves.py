@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -386,23 +387,28 @@ def count_new(
     keys: QueueKeys,
     ready: int,
     delayed: int,
-    new_priorities: set[int],
+    new_priorities: AbstractSet[int],
     work: bytes | object | None = workindex.UNREAD,
+    *,
+    conflicts: bool = True,
 ) -> None:
     """Count a batch of new messages: one atomic add per counter (no conflicts between
     producers), the wake key for blocked consumers, and a marker per new priority.
-    ``work``: the queue's work-index entry when the caller read it (``Meta.work``)."""
-    for p in new_priorities:
-        tr.set(keys.priority_marker(p), b"")
+    ``work``: the queue's work-index entry when the caller read it (``Meta.work``);
+    ``conflicts``: False where the engine never conflicts (``Meta.cluster``)."""
     if new_priorities:
+        for p in new_priorities:
+            tr.set(keys.priority_marker(p), b"")
         bump_metadata_version(tr, keys)  # cached marker sets elsewhere are out of date
+    read = keys.meta_read()  # the counters' keys, packed once: [1] ready, [3] delayed, [4] wake
     if ready:
-        tr.add(keys.counter("ready"), pack_count(ready))
-        tr.add(keys.wake, pack_count(ready))
+        n = ONE if ready == 1 else pack_count(ready)
+        tr.add(read[1], n)
+        tr.add(read[4], n)
     if delayed:
-        tr.add(keys.counter("delayed"), pack_count(delayed))
+        tr.add(read[3], ONE if delayed == 1 else pack_count(delayed))
     if ready or delayed:
-        workindex.mark(tr, keys, work)
+        workindex.mark(tr, keys, work, conflicts=conflicts)
 
 
 def take(tr: Transaction, keys: QueueKeys, key: bytes, rec: Record, *, journaled: bool = False) -> None:

@@ -312,18 +312,57 @@ def read_state(tr: ReadView, keys: QueueKeys) -> QueueState:
 _NO_ACL: Mapping[str, int] = MappingProxyType({})
 
 
-@dataclass
 class Meta:
-    """A queue's small keys: settings, state and priority markers (cached), hot counters (read)."""
+    """A queue's small keys: settings, state and priority markers (cached), hot counters (read).
+
+    ``counters`` (ready, inflight, delayed, wake) are decoded when first asked for: an
+    enqueue into a queue without a max_size needs only ``made_ready``."""
+
+    __slots__ = (
+        "_counters",
+        "_raw",
+        "acl",
+        "cluster",
+        "config",
+        "made_ready",
+        "owner",
+        "priorities",
+        "state",
+        "work",
+    )
 
     config: QueueConfig | None
     state: QueueState
-    counters: dict[str, int]
     made_ready: int  # the wake counter: also the index high-water mark
     priorities: frozenset[int]
     owner: str | None  # None: open to every principal
     acl: Mapping[str, int]  # principal -> rights mask (privileges.py)
     work: bytes | None  # the queue's work-index entry, read at snapshot isolation (workindex.py)
+    cluster: bool  # the engine may conflict (engine_traits' first): read conflicts matter
+
+    def __init__(self, settings: _Settings, values: list[bytes | None], cluster: bool) -> None:
+        """``values``: what :func:`read_meta` read, in the order of ``QueueKeys.meta_read``."""
+        self.config = settings.config
+        self.state = settings.state
+        self.priorities = settings.priorities
+        self.owner = settings.owner
+        self.acl = settings.acl
+        self.cluster = cluster
+        self._raw = values
+        self._counters: dict[str, int] | None = None
+        wake = values[4]
+        self.made_ready = 0 if wake is None else _COUNT(wake)[0] if len(wake) == 8 else unpack_count(wake)
+        self.work = values[5]
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """The hot counters by name (``HOT_COUNTERS``)."""
+        found = self._counters
+        if found is None:
+            found = self._counters = {
+                name: _count(raw) for name, raw in zip(HOT_COUNTERS, self._raw[1:5], strict=True)
+            }
+        return found
 
     def count(self, name: str) -> int:
         return max(0, self.counters.get(name, 0))
@@ -344,8 +383,9 @@ _settings: weakref.WeakKeyDictionary[Any, dict[bytes, _Settings]] = weakref.Weak
 _settings_lock = threading.Lock()
 
 
-# The keys read_meta reads, per queue: built once (6 keys packed by a dozen calls otherwise).
-_read_keys: dict[QueueKeys, list[bytes]] = {}
+# The settings each queue's last read_meta found, with the database they were read from: one
+# dict lookup for the common case of one database, before the per-database cache above.
+_hot: dict[bytes, tuple[weakref.ref[Any], _Settings]] = {}
 
 
 def bump_metadata_version(tr: Transaction, keys: QueueKeys) -> None:
@@ -374,50 +414,43 @@ def read_meta(tr: Transaction, keys: QueueKeys) -> Meta:
     serializable reads would), so a concurrent pause or reconfiguration conflicts and the
     cached values are as good as read; the hot counters get none.
     """
-    wanted = _read_keys.get(keys)
-    if wanted is None:
-        # The work-index entry too: an enqueue marks it (workindex.mark), in the same round trip.
-        wanted = [keys.metadata_version, *keys.hot_counters(), keys.work_entry]
-        if len(_read_keys) > 4096:  # a process touching very many queues: start again
-            _read_keys.clear()
-        _read_keys[keys] = wanted
+    wanted = keys.meta_read()
+    db = tr.db
     # Where transactions may conflict (FoundationDB, sim: the engines whose versions may
     # jump), the database's time correction (clock.note_time) in the same round trip.
-    cluster = getattr(tr.db, "may_conflict", True)  # engine_traits' first
+    cluster = getattr(db, "may_conflict", True)  # engine_traits' first
     if cluster:
         values = tr.snapshot.get_many([*wanted, TIME_KEY])
         note_time(tr, values.pop())
-    else:
-        values = tr.snapshot.get_many(wanted)
-    version = values[0]
-    counters = {
-        name: 0 if raw is None else _COUNT(raw)[0] if len(raw) == 8 else unpack_count(raw)
-        for name, raw in zip(HOT_COUNTERS, values[1:-1], strict=True)
-    }
-    if cluster:  # pointless where nothing conflicts (the embedded engine)
         tr.add_read_conflict_key(keys.config)
         tr.add_read_conflict_key(keys.state)
-    db = tr.db
-    cached = None
-    if version is not None:
-        cached = _cached(db, keys)
-        if cached is not None and cached.version != version:
-            cached = None
-    if cached is None:
-        cached = _read_settings(tr, keys, version or b"")
+    else:  # read conflicts are pointless where nothing conflicts (the embedded engine)
+        values = tr.snapshot.get_many(wanted)
+    version = values[0]
+    hot = _hot.get(keys.packed)
+    if hot is not None and version is not None and hot[1].version == version and hot[0]() is db:
+        cached = hot[1]  # the common case: one lookup, no lock
+    else:
+        found = None if version is None else _cached(db, keys)
+        if found is not None and found.version == version:
+            cached = found
+        else:
+            cached = _read_settings(tr, keys, version or b"")
+            if version is not None:
+                _remember(db, keys, cached)
         if version is not None:
-            _remember(db, keys, cached)
-    _volatile(tr, keys, cached.config)
-    return Meta(
-        cached.config,
-        cached.state,
-        counters,
-        counters["wake"],
-        cached.priorities,
-        cached.owner,
-        cached.acl,
-        values[-1],
-    )
+            try:
+                ref = weakref.ref(db)
+            except TypeError:  # a database that cannot be weakly referenced: no cache
+                pass
+            else:
+                if len(_hot) > 4096:  # a process touching very many queues: start again
+                    _hot.clear()
+                _hot[keys.packed] = (ref, cached)
+    cfg = cached.config
+    if cfg is not None and cfg.volatile:  # (_volatile, inline)
+        tr.options.set_volatile_prefix(keys.q.key())
+    return Meta(cached, values, cluster)
 
 
 def decode_guard(raw: bytes | None) -> tuple[str | None, Mapping[str, int]]:

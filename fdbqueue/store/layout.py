@@ -135,6 +135,8 @@ def validate_queue_name(name: object) -> str:
 
 
 _PRI = b"\x02pri\x00"  # enc_str("pri")
+_BIG = (1 << 64) - 1  # enc_int's bound of the short codes
+_INT_CODES = [bytes((0x14 + size,)) for size in range(9)]  # a positive int of size bytes
 
 
 # The tags under a queue's subspace that hold messages or their indexes (a purge clears them):
@@ -154,10 +156,12 @@ class QueueKeys:
         "_cache",
         "_d",
         "_f",
+        "_heads",
         "_id",
         "_l",
         "_m",
         "_markers",
+        "_meta_read",
         "_names",
         "_r",
         "_x",
@@ -183,6 +187,8 @@ class QueueKeys:
         self._cache: dict[str, bytes] = {}
         self._names: dict[bytes, str] | None = None
         self._markers: dict[bytes, int] = {}
+        self._heads: dict[int, bytes] = {}  # priority -> the ready keys' prefix
+        self._meta_read: list[bytes] | None = None
 
     @classmethod
     def make(cls, name: str, root: tuple[Any, ...] = DEFAULT_ROOT) -> QueueKeys:
@@ -237,6 +243,15 @@ class QueueKeys:
         if key is None:
             key = self._cache["wk"] = bytes(self.root.pack(("wk", self.name)))
         return key
+
+    def meta_read(self) -> list[bytes]:
+        """What ``config.read_meta`` reads, built once (a dozen calls otherwise): the metadata
+        version, the hot counters (``HOT_COUNTERS``, in order) and the work-index entry (an
+        enqueue marks it: ``workindex.mark``). Not to be changed by the caller."""
+        found = self._meta_read
+        if found is None:
+            found = self._meta_read = [self.metadata_version, *self.hot_counters(), self.work_entry]
+        return found
 
     def hot_counters(self) -> list[bytes]:
         """The counters every operation reads: ready, inflight, delayed, wake (see ``HOT_COUNTERS``)."""
@@ -309,7 +324,15 @@ class QueueKeys:
 
     # -- ready items ---------------------------------------------------------------------------
     def ready_key(self, priority: int, index: int, rand: bytes) -> bytes:
-        return self._r + enc_int(-priority) + enc_int(index) + enc_bytes(rand)
+        head = self._heads.get(priority)
+        if head is None:
+            head = self._r + enc_int(-priority)
+            if len(self._heads) < 64:  # a few priorities in use: each prefix packed once
+                self._heads[priority] = head
+        if 0 < index < _BIG:  # enc_int's case for an index, inline (one made per message)
+            size = (index.bit_length() + 7) >> 3
+            return head + _INT_CODES[size] + index.to_bytes(size, "big") + enc_bytes(rand)
+        return head + enc_int(index) + enc_bytes(rand)
 
     def ready_range(self) -> tuple[bytes, bytes]:
         return self._r + b"\x00", self._r + b"\xff"
