@@ -36,7 +36,7 @@ from fdbqueue.store.codec import MINUS_ONE, ONE, pack_count, unpack_count
 from fdbqueue.store.config import QueueConfig, bump_metadata_version
 from fdbqueue.store.entropy import new_id, new_rand
 from fdbqueue.store.layout import QueueKeys
-from fdbqueue.store.record import Record, decode_record, fit_reason, seal_chunk
+from fdbqueue.store.record import Record, decode_record, encode_plain, fit_reason, seal_chunk
 
 log = logging.getLogger("fdbqueue")
 
@@ -382,6 +382,15 @@ def write_new(
             after(tr, keys, True, Note("enqueue", None, details), rec)
 
 
+def write_plain(
+    tr: Transaction, key: bytes, msg_id: str, enqueued_us: int, content_type: str, payload: bytes
+) -> None:
+    """:func:`write_new` of the common new message (ready at the key its id names, no TTL,
+    headers, chunks nor journal): its one write, the record encoded directly
+    (``record.encode_plain``). The caller counts it (:func:`count_new`)."""
+    tr.set(key, encode_plain(msg_id, enqueued_us, content_type, payload))
+
+
 def count_new(
     tr: Transaction,
     keys: QueueKeys,
@@ -407,7 +416,7 @@ def count_new(
         tr.add(read[4], n)
     if delayed:
         tr.add(read[3], ONE if delayed == 1 else pack_count(delayed))
-    if ready or delayed:
+    if (ready or delayed) and (conflicts or work != b""):  # (marked, and nothing conflicts: no call)
         workindex.mark(tr, keys, work, conflicts=conflicts)
 
 

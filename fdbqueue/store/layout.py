@@ -89,7 +89,6 @@ from fdb.subspace_impl import Subspace
 from fdbqueue.errors import QueueError
 from fdbqueue.store.codec import (
     dec_int,
-    enc_bytes,
     enc_int,
     enc_str,
     incomplete_stamp,
@@ -323,6 +322,17 @@ class QueueKeys:
         return _pack(self.root, ("format",))
 
     # -- ready items ---------------------------------------------------------------------------
+    def home(self, priority: int, index: int, rand: bytes) -> tuple[bytes, str]:
+        """A new ready message's key and the id that names it (:meth:`id_of_home`), together."""
+        head = self._heads.get(priority)
+        if head is None or not 0 < index < _BIG:
+            key = self.ready_key(priority, index, rand)
+        else:  # ready_key's common case, inline (one made per message)
+            size = (index.bit_length() + 7) >> 3
+            key = head + _INT_CODES[size] + index.to_bytes(size, "big") + b"\x01"
+            key += rand.replace(b"\x00", b"\x00\xff") + b"\x00"
+        return key, "r" + key[len(self._r) :].hex()
+
     def ready_key(self, priority: int, index: int, rand: bytes) -> bytes:
         head = self._heads.get(priority)
         if head is None:
@@ -331,8 +341,10 @@ class QueueKeys:
                 self._heads[priority] = head
         if 0 < index < _BIG:  # enc_int's case for an index, inline (one made per message)
             size = (index.bit_length() + 7) >> 3
-            return head + _INT_CODES[size] + index.to_bytes(size, "big") + enc_bytes(rand)
-        return head + enc_int(index) + enc_bytes(rand)
+            tail = _INT_CODES[size] + index.to_bytes(size, "big")
+        else:
+            tail = enc_int(index)
+        return head + tail + b"\x01" + rand.replace(b"\x00", b"\x00\xff") + b"\x00"  # enc_bytes, inline
 
     def ready_range(self) -> tuple[bytes, bytes]:
         return self._r + b"\x00", self._r + b"\xff"

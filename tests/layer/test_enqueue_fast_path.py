@@ -196,3 +196,41 @@ def test_a_queue_ttl_applies_to_a_message_enqueued_without_reading_database_time
         q.enqueue(db, b"also")
         clock.advance(10)
         assert q.dequeue(db) is None
+
+
+def test_a_plain_batch_mixed_with_other_payloads_keeps_each_ones_fields(db: Database) -> None:
+    q = Queue("jobs")
+    ids = q.enqueue_many(db, [b"a", "b", fdbqueue.NewMessage(b"c", priority=5, headers={"k": "v"}), b"d"])
+    got = [q.dequeue(db) for _ in range(4)]
+    assert [(m.payload, m.priority, m.headers) for m in got if m is not None] == [
+        (b"c", 5, {"k": "v"}),
+        (b"a", 0, {}),
+        (b"b", 0, {}),
+        (b"d", 0, {}),
+    ]
+    assert [m.id for m in got if m is not None] == [ids[2], ids[0], ids[1], ids[3]]
+    assert q.enqueue_many(db, (p for p in [b"e", b"f"])) and q.dequeue(db) is not None  # a generator
+
+
+def test_a_plain_batch_costs_what_write_cost_says_each_message_costs() -> None:
+    from fdbqueue.ops.enqueuing import batch_items, check_batch_size, write_cost
+    from fdbqueue.store.budget import USER_TXN_LIMIT
+    from fdbqueue.store.layout import QueueKeys
+
+    keys = QueueKeys.make("jobs")
+    payloads = [b"x" * n for n in (0, 1, 200, 9_999, 10_000, 10_001)]
+    items = batch_items(keys, payloads, 0, None, 0.0, None)
+    each = sum(write_cost(keys, it) for it in items)
+    # Just within the limit, and just past it: refused exactly where the general count refuses.
+    fill = USER_TXN_LIMIT - each
+    filler = batch_items(keys, [b"y" * 9_000], 0, None, 0.0, None)
+    n_fill = fill // write_cost(keys, filler[0])
+    ok = items + filler * n_fill
+    check_batch_size(keys, ok, journaled=False)
+    room = USER_TXN_LIMIT - sum(write_cost(keys, it) for it in ok)
+    base = write_cost(keys, batch_items(keys, [b""], 0, None, 0.0, None)[0])
+    last = batch_items(keys, [b"z" * (room - base)], 0, None, 0.0, None)
+    check_batch_size(keys, ok + last, journaled=False)  # exactly at the limit
+    over = batch_items(keys, [b"z" * (room - base + 1)], 0, None, 0.0, None)
+    with pytest.raises(fdbqueue.BudgetExceededError):
+        check_batch_size(keys, ok + over, journaled=False)
