@@ -346,7 +346,7 @@ def _attempt(
         landed = read_receipt(tr, keys, receipt[0])
         if landed is not None:  # the attempt that ended in commit_unknown_result committed
             return landed.decode().split(",")
-    meta = read_meta(tr, keys)
+    meta = read_meta(tr, keys, enqueue=True)
     if meta.owner is not None:  # privileges.checked, inline: an open queue admits every principal
         check(tr, keys, "enqueue", meta)
     cfg = meta.config

@@ -399,7 +399,7 @@ def bump_metadata_version(tr: Transaction, keys: QueueKeys) -> None:
     tr.set(keys.metadata_version, os.urandom(16))
 
 
-def read_meta(tr: Transaction, keys: QueueKeys) -> Meta:
+def read_meta(tr: Transaction, keys: QueueKeys, *, enqueue: bool = False) -> Meta:
     """Settings, state, priority markers and the hot counters, in one round trip when cached.
 
     One ``get_many`` reads the queue's metadata version with the counters an operation
@@ -413,9 +413,16 @@ def read_meta(tr: Transaction, keys: QueueKeys) -> Meta:
     Every read is a snapshot read; settings and state get read conflicts of their own (as
     serializable reads would), so a concurrent pause or reconfiguration conflicts and the
     cached values are as good as read; the hot counters get none.
+
+    ``enqueue``: an enqueue's read, which needs the inflight and delayed counters only to
+    check a max_size: they are left out (their ``counters`` read 0) unless the queue's
+    settings set one - those last seen in this process say so before the read, or a second
+    read fetches them when the settings found with it say so.
     """
-    wanted = keys.meta_read()
     db = tr.db
+    hot = _hot.get(keys.packed)
+    short = enqueue and (hot is None or hot[1].config is None or hot[1].config.max_size is None)
+    wanted = keys.meta_read_short() if short else keys.meta_read()
     # Where transactions may conflict (FoundationDB, sim: the engines whose versions may
     # jump), the database's time correction (clock.note_time) in the same round trip.
     cluster = getattr(db, "may_conflict", True)  # engine_traits' first
@@ -426,8 +433,9 @@ def read_meta(tr: Transaction, keys: QueueKeys) -> Meta:
         tr.add_read_conflict_key(keys.state)
     else:  # read conflicts are pointless where nothing conflicts (the embedded engine)
         values = tr.snapshot.get_many(wanted)
+    if short:  # in the order of the full read (meta_read), the two left out as absent
+        values = [values[0], values[1], None, None, values[2], values[3]]
     version = values[0]
-    hot = _hot.get(keys.packed)
     if hot is not None and version is not None and hot[1].version == version and hot[0]() is db:
         cached = hot[1]  # the common case: one lookup, no lock
     else:
@@ -448,8 +456,11 @@ def read_meta(tr: Transaction, keys: QueueKeys) -> Meta:
                     _hot.clear()
                 _hot[keys.packed] = (ref, cached)
     cfg = cached.config
-    if cfg is not None and cfg.volatile:  # (_volatile, inline)
-        tr.options.set_volatile_prefix(keys.q.key())
+    if cfg is not None:
+        if cfg.volatile:  # (_volatile, inline)
+            tr.options.set_volatile_prefix(keys.q.key())
+        if short and cfg.max_size is not None:  # a bound since the last look: its counters too
+            values[2:4] = tr.snapshot.get_many(keys.meta_read()[2:4])
     return Meta(cached, values, cluster)
 
 

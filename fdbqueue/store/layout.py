@@ -161,6 +161,7 @@ class QueueKeys:
         "_m",
         "_markers",
         "_meta_read",
+        "_meta_short",
         "_names",
         "_r",
         "_x",
@@ -188,6 +189,7 @@ class QueueKeys:
         self._markers: dict[bytes, int] = {}
         self._heads: dict[int, bytes] = {}  # priority -> the ready keys' prefix
         self._meta_read: list[bytes] | None = None
+        self._meta_short: list[bytes] | None = None
 
     @classmethod
     def make(cls, name: str, root: tuple[Any, ...] = DEFAULT_ROOT) -> QueueKeys:
@@ -250,6 +252,15 @@ class QueueKeys:
         found = self._meta_read
         if found is None:
             found = self._meta_read = [self.metadata_version, *self.hot_counters(), self.work_entry]
+        return found
+
+    def meta_read_short(self) -> list[bytes]:
+        """:meth:`meta_read` less the inflight and delayed counters (an enqueue into a queue
+        without a max_size needs neither): the version, ready, wake and the work entry."""
+        found = self._meta_short
+        if found is None:
+            full = self.meta_read()
+            found = self._meta_short = [full[0], full[1], full[4], full[5]]
         return found
 
     def hot_counters(self) -> list[bytes]:

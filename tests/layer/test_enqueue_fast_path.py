@@ -41,7 +41,7 @@ OTHER = textwrap.dedent(
     elif what == "small":
         create_queue(db, "jobs", max_payload=10)
     elif what == "bounded":
-        create_queue(db, "jobs", max_payload=10, max_size=3)
+        create_queue(db, "jobs", max_payload=10, max_size=4)
     db.close()
     """
 )
@@ -78,18 +78,24 @@ def test_a_change_made_by_another_process_is_seen_by_the_next_enqueue(tmp_path: 
 
 
 def test_a_bound_set_by_another_process_counts_what_the_queue_holds(tmp_path: Path) -> None:
+    """An enqueue into a queue without a max_size reads neither the inflight nor the delayed
+    counter; a bound set meanwhile by another process is seen with the settings, and both read."""
     url = f"sqlite://{tmp_path / 'q.db'}?sync=normal"
     db = fdbqueue.open(url)
     try:
         q = Queue("jobs")
         warm(q, db, 2)
-        other_process(url, "bounded")  # max_size 3: room for one more
-        q.enqueue(db, b"third")
-        with pytest.raises(QueueFullError, match=r"is full \(3 of max_size 3"):
-            q.enqueue(db, b"fourth")
+        assert q.lease(db) is not None  # one in flight
+        q.enqueue(db, b"later", delay=3600.0)  # one delayed
+        q.enqueue(db, b"ready")  # held: 2 ready, 1 in flight, 1 delayed
+        other_process(url, "bounded")  # max_size 4: full
+        with pytest.raises(QueueFullError, match=r"is full \(4 of max_size 4"):
+            q.enqueue(db, b"fifth")  # (the bound seen with the settings: the counters read then)
+        with pytest.raises(QueueFullError, match=r"is full \(4 of max_size 4"):
+            q.enqueue(db, b"fifth")  # (the bound known before the read)
         m = q.dequeue(db)
         assert m is not None and m.payload == b"warm"
-        q.enqueue(db, b"fourth")  # the counters are read again by each enqueue, not cached
+        q.enqueue(db, b"fifth")  # the counters are read again by each enqueue, not cached
     finally:
         db.close()
 
@@ -112,6 +118,29 @@ def test_the_settings_of_one_store_never_answer_for_another(tmp_path: Path) -> N
         q.enqueue(a, b"short")
         with pytest.raises(QueueStoppedError):
             q.enqueue(b, b"short")
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_cached_entry_answers_only_for_the_database_it_was_read_from(tmp_path: Path) -> None:
+    """Two stores whose queue shows the same metadata version value (a copied file, here made
+    by hand): the cache keyed by the version alone would answer for both."""
+    a = fdbqueue.open(f"sqlite://{tmp_path / 'a.db'}?sync=normal")
+    b = fdbqueue.open(f"sqlite://{tmp_path / 'b.db'}?sync=normal")
+    try:
+        q = Queue("jobs")
+        create_queue(a, "jobs", max_payload=10)
+        create_queue(b, "jobs", max_payload=1000)
+        warm(q, a)
+        warm(q, b)
+        version = run_transaction(a, lambda tr: tr.get(q.keys.metadata_version))  # type: ignore[attr-defined]
+        run_transaction(b, lambda tr: tr.set(q.keys.metadata_version, version))  # type: ignore[attr-defined]
+        with pytest.raises(PayloadTooLargeError):
+            q.enqueue(a, b"longer than ten bytes")  # a's settings cached, at that version
+        q.enqueue(b, b"longer than ten bytes")  # b's own, read from b
+        with pytest.raises(PayloadTooLargeError):
+            q.enqueue(a, b"longer than ten bytes")
     finally:
         a.close()
         b.close()
