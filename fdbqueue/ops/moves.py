@@ -409,13 +409,13 @@ def count_new(
         for p in new_priorities:
             tr.set(keys.priority_marker(p), b"")
         bump_metadata_version(tr, keys)  # cached marker sets elsewhere are out of date
-    read = keys.meta_read()  # the counters' keys, packed once: [1] ready, [3] delayed, [4] wake
+    read = keys.meta_read()  # the counters' keys, packed once: [1] ready, [2] wake, [5] delayed
     if ready:
         n = ONE if ready == 1 else pack_count(ready)
         tr.add(read[1], n)
-        tr.add(read[4], n)
+        tr.add(read[2], n)
     if delayed:
-        tr.add(read[3], ONE if delayed == 1 else pack_count(delayed))
+        tr.add(read[5], ONE if delayed == 1 else pack_count(delayed))
     if (ready or delayed) and (conflicts or work != b""):  # (marked, and nothing conflicts: no call)
         workindex.mark(tr, keys, work, conflicts=conflicts)
 

@@ -21,7 +21,6 @@ from fdbqueue.store.budget import DEFAULT_MAX_PAYLOAD, MAX_PAYLOAD_BYTES
 from fdbqueue.store.clock import note_time
 from fdbqueue.store.codec import unpack_count
 from fdbqueue.store.layout import (
-    HOT_COUNTERS,
     LAYER_FORMAT,
     MAX_NAME_LENGTH,
     TIME_KEY,
@@ -350,17 +349,21 @@ class Meta:
         self.cluster = cluster
         self._raw = values
         self._counters: dict[str, int] | None = None
-        wake = values[4]
+        wake = values[2]
         self.made_ready = 0 if wake is None else _COUNT(wake)[0] if len(wake) == 8 else unpack_count(wake)
-        self.work = values[5]
+        self.work = values[3]
 
     @property
     def counters(self) -> dict[str, int]:
-        """The hot counters by name (``HOT_COUNTERS``)."""
+        """The hot counters by name (``layout.HOT_COUNTERS``)."""
         found = self._counters
         if found is None:
+            raw = self._raw  # in the order of QueueKeys.meta_read (inflight, delayed: maybe left out)
             found = self._counters = {
-                name: _count(raw) for name, raw in zip(HOT_COUNTERS, self._raw[1:5], strict=True)
+                "ready": _count(raw[1]),
+                "inflight": _count(raw[4]) if len(raw) > 4 else 0,
+                "delayed": _count(raw[5]) if len(raw) > 5 else 0,
+                "wake": self.made_ready,
             }
         return found
 
@@ -385,7 +388,8 @@ _settings_lock = threading.Lock()
 
 # The settings each queue's last read_meta found, with the database they were read from: one
 # dict lookup for the common case of one database, before the per-database cache above.
-_hot: dict[bytes, tuple[weakref.ref[Any], _Settings]] = {}
+# (the database, its settings, whether they set a max_size)
+_hot: dict[bytes, tuple[weakref.ref[Any], _Settings, bool]] = {}
 
 
 def bump_metadata_version(tr: Transaction, keys: QueueKeys) -> None:
@@ -421,7 +425,7 @@ def read_meta(tr: Transaction, keys: QueueKeys, *, enqueue: bool = False) -> Met
     """
     db = tr.db
     hot = _hot.get(keys.packed)
-    short = enqueue and (hot is None or hot[1].config is None or hot[1].config.max_size is None)
+    short = enqueue and (hot is None or not hot[2])
     wanted = keys.meta_read_short() if short else keys.meta_read()
     # Where transactions may conflict (FoundationDB, sim: the engines whose versions may
     # jump), the database's time correction (clock.note_time) in the same round trip.
@@ -433,8 +437,6 @@ def read_meta(tr: Transaction, keys: QueueKeys, *, enqueue: bool = False) -> Met
         tr.add_read_conflict_key(keys.state)
     else:  # read conflicts are pointless where nothing conflicts (the embedded engine)
         values = tr.snapshot.get_many(wanted)
-    if short:  # in the order of the full read (meta_read), the two left out as absent
-        values = [values[0], values[1], None, None, values[2], values[3]]
     version = values[0]
     if hot is not None and version is not None and hot[1].version == version and hot[0]() is db:
         cached = hot[1]  # the common case: one lookup, no lock
@@ -454,13 +456,14 @@ def read_meta(tr: Transaction, keys: QueueKeys, *, enqueue: bool = False) -> Met
             else:
                 if len(_hot) > 4096:  # a process touching very many queues: start again
                     _hot.clear()
-                _hot[keys.packed] = (ref, cached)
+                bounded = cached.config is not None and cached.config.max_size is not None
+                _hot[keys.packed] = (ref, cached, bounded)
     cfg = cached.config
     if cfg is not None:
         if cfg.volatile:  # (_volatile, inline)
             tr.options.set_volatile_prefix(keys.q.key())
         if short and cfg.max_size is not None:  # a bound since the last look: its counters too
-            values[2:4] = tr.snapshot.get_many(keys.meta_read()[2:4])
+            values = values + tr.snapshot.get_many(keys.meta_read()[4:])
     return Meta(cached, values, cluster)
 
 

@@ -246,21 +246,30 @@ class QueueKeys:
         return key
 
     def meta_read(self) -> list[bytes]:
-        """What ``config.read_meta`` reads, built once (a dozen calls otherwise): the metadata
-        version, the hot counters (``HOT_COUNTERS``, in order) and the work-index entry (an
-        enqueue marks it: ``workindex.mark``). Not to be changed by the caller."""
+        """What ``config.read_meta`` reads, built once (a dozen calls otherwise), in this order:
+        the metadata version, the ready and wake counters, the work-index entry (an enqueue
+        marks it: ``workindex.mark``), then the inflight and delayed counters (which an
+        enqueue into a queue without a max_size leaves out: :meth:`meta_read_short`). Not to
+        be changed by the caller."""
         found = self._meta_read
         if found is None:
-            found = self._meta_read = [self.metadata_version, *self.hot_counters(), self.work_entry]
+            c = self.counter
+            found = [
+                self.metadata_version,
+                c("ready"),
+                c("wake"),
+                self.work_entry,
+                c("inflight"),
+                c("delayed"),
+            ]
+            self._meta_read = found
         return found
 
     def meta_read_short(self) -> list[bytes]:
-        """:meth:`meta_read` less the inflight and delayed counters (an enqueue into a queue
-        without a max_size needs neither): the version, ready, wake and the work entry."""
+        """The first four of :meth:`meta_read`: all but the inflight and delayed counters."""
         found = self._meta_short
         if found is None:
-            full = self.meta_read()
-            found = self._meta_short = [full[0], full[1], full[4], full[5]]
+            found = self._meta_short = self.meta_read()[:4]
         return found
 
     def hot_counters(self) -> list[bytes]:
