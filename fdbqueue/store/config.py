@@ -311,64 +311,39 @@ def read_state(tr: ReadView, keys: QueueKeys) -> QueueState:
 _NO_ACL: Mapping[str, int] = MappingProxyType({})
 
 
-class Meta:
+class Meta(NamedTuple):
     """A queue's small keys: settings, state and priority markers (cached), hot counters (read).
 
-    ``counters`` (ready, inflight, delayed, wake) are decoded when first asked for: an
-    enqueue into a queue without a max_size needs only ``made_ready``."""
-
-    __slots__ = (
-        "_counters",
-        "_raw",
-        "acl",
-        "cluster",
-        "config",
-        "made_ready",
-        "owner",
-        "priorities",
-        "state",
-        "work",
-    )
+    A named tuple made by tuple's own constructor (:func:`read_meta`): one is made by every
+    operation. The counters are decoded when asked for (:meth:`count`): an enqueue into a
+    queue without a max_size needs only ``made_ready``."""
 
     config: QueueConfig | None
     state: QueueState
-    made_ready: int  # the wake counter: also the index high-water mark
     priorities: frozenset[int]
     owner: str | None  # None: open to every principal
     acl: Mapping[str, int]  # principal -> rights mask (privileges.py)
+    made_ready: int  # the wake counter: also the index high-water mark
     work: bytes | None  # the queue's work-index entry, read at snapshot isolation (workindex.py)
     cluster: bool  # the engine may conflict (engine_traits' first): read conflicts matter
-
-    def __init__(self, settings: _Settings, values: list[bytes | None], cluster: bool) -> None:
-        """``values``: what :func:`read_meta` read, in the order of ``QueueKeys.meta_read``."""
-        self.config = settings.config
-        self.state = settings.state
-        self.priorities = settings.priorities
-        self.owner = settings.owner
-        self.acl = settings.acl
-        self.cluster = cluster
-        self._raw = values
-        self._counters: dict[str, int] | None = None
-        wake = values[2]
-        self.made_ready = 0 if wake is None else _COUNT(wake)[0] if len(wake) == 8 else unpack_count(wake)
-        self.work = values[3]
+    raw: list[bytes | None]  # what read_meta read, in the order of QueueKeys.meta_read
 
     @property
     def counters(self) -> dict[str, int]:
         """The hot counters by name (``layout.HOT_COUNTERS``)."""
-        found = self._counters
-        if found is None:
-            raw = self._raw  # in the order of QueueKeys.meta_read (inflight, delayed: maybe left out)
-            found = self._counters = {
-                "ready": _count(raw[1]),
-                "inflight": _count(raw[4]) if len(raw) > 4 else 0,
-                "delayed": _count(raw[5]) if len(raw) > 5 else 0,
-                "wake": self.made_ready,
-            }
-        return found
+        return {name: self._counter(name) for name in _RAW_AT}
 
     def count(self, name: str) -> int:
-        return max(0, self.counters.get(name, 0))
+        return max(0, self._counter(name)) if name in _RAW_AT else 0
+
+    def _counter(self, name: str) -> int:
+        at, raw = _RAW_AT[name], self.raw  # inflight and delayed: maybe left out (read_meta)
+        return _count(raw[at]) if at < len(raw) else 0
+
+
+# Where each hot counter is in Meta.raw (QueueKeys.meta_read's order).
+_RAW_AT = {"ready": 1, "inflight": 4, "delayed": 5, "wake": 2}
+_new_meta = tuple.__new__
 
 
 class _Settings(NamedTuple):
@@ -379,6 +354,8 @@ class _Settings(NamedTuple):
     owner: str | None
     acl: Mapping[str, int]
 
+
+assert Meta._fields[:5] == _Settings._fields[1:]  # read_meta makes a Meta from a _Settings' fields
 
 # Settings per database and queue, each valid while the queue's metadata version is unchanged.
 # Keyed by the database object, so that two stores never share an entry.
@@ -464,7 +441,10 @@ def read_meta(tr: Transaction, keys: QueueKeys, *, enqueue: bool = False) -> Met
             tr.options.set_volatile_prefix(keys.q.key())
         if short and cfg.max_size is not None:  # a bound since the last look: its counters too
             values = values + tr.snapshot.get_many(keys.meta_read()[4:])
-    return Meta(cached, values, cluster)
+    wake = values[2]
+    made_ready = 0 if wake is None else _COUNT(wake)[0] if len(wake) == 8 else unpack_count(wake)
+    # (config, state, priorities, owner, acl) from the settings, then what was read
+    return _new_meta(Meta, (*cached[1:], made_ready, values[3], cluster, values))
 
 
 def decode_guard(raw: bytes | None) -> tuple[str | None, Mapping[str, int]]:
