@@ -15,6 +15,9 @@ dequeue; the tables of scripts/bench_queue.py). A second table times, in raw ``s
 with no layer at all, the statements an enqueue runs beside the floor's: what SQLite alone
 costs for the layer's transaction.
 
+``enqueue_many`` is a message of ``enqueue_many`` in calls of 100 (one transaction each): its
+figures are per message, against the floor's one-row transactions.
+
 ``worker`` is a lease-mode Worker's message (a no-op handler, batched settlement): one
 ``Worker.run(max_messages=n)`` handles n messages, so its start and stop cancel out too.
 
@@ -23,8 +26,9 @@ counted with ``sys.settrace``'s opcode events; callgrind cannot see Python funct
 call, the transaction begun (store lock, BEGIN), the queue's metadata read, database time,
 the message written, its counters, the commit, and the glue between them.
 
-Usage: .venv/bin/python scripts/count_instructions.py [--n 300] [--ops enqueue,dequeue,lease_ack,worker]
-       [--markdown] [--steps]   (needs valgrind for the instruction column: apt install valgrind)
+Usage: .venv/bin/python scripts/count_instructions.py [--n 300]
+       [--ops enqueue,enqueue_many,dequeue,lease_ack,worker] [--markdown] [--steps]
+       (needs valgrind for the instruction column: apt install valgrind)
 """
 
 from __future__ import annotations
@@ -49,9 +53,11 @@ from benchlib import machine, show_table
 import fdbqueue
 
 PAYLOAD = b"x" * 200
-OPS = ("enqueue", "dequeue", "lease_ack", "worker", "raw_enqueue", "raw_dequeue")
+OPS = ("enqueue", "enqueue_many", "dequeue", "lease_ack", "worker", "raw_enqueue", "raw_dequeue")
+BATCH = 100  # enqueue_many's messages a call
 FLOOR = {
     "enqueue": "raw_enqueue",
+    "enqueue_many": "raw_enqueue",
     "dequeue": "raw_dequeue",
     "lease_ack": "raw_dequeue",
     "worker": "raw_dequeue",
@@ -116,6 +122,18 @@ def _setup_one(op: str, folder: str, stock: int) -> tuple[Callable[[], object], 
             return q.dequeue(tr)
 
         return (lambda: take(db)), conns
+
+    if op == "enqueue_many":
+
+        def batch() -> None:
+            raise AssertionError("enqueue_many runs n messages in calls of BATCH")
+
+        def many(n: int) -> None:
+            for lo in range(0, n, BATCH):
+                q.enqueue_many(db, [PAYLOAD] * min(BATCH, n - lo))
+
+        batch.times = many  # type: ignore[attr-defined]
+        return batch, conns
 
     if op == "worker":
 
@@ -245,7 +263,7 @@ STEPS = (
     ("the transaction made", "create_transaction"),
     ("begun: the store lock, BEGIN", "_begin"),
     ("the metadata and counters read (one statement)", "read_meta"),
-    ("database time (the read version)", "db_now"),
+    ("database time (the read version; only for a delay, TTL or dedup key)", "db_now"),
     ("the message encoded and written", "_write_new"),
     ("its counters, the work index", "count_new"),
     ("the commit: guards, INSERT, version, COMMIT, release", "commit"),

@@ -127,10 +127,11 @@ class Queue:
         S up to S seconds, 0 not at all (waiting needs a Database; interruptible).
         """
         item = new_item(payload, priority, headers, delay, ttl, dedup_key)
-        tr = adopt(tr)  # a raw fdb.Database is wrapped, a raw fdb.Transaction joined
-        if autonomous and is_transaction(tr):
-            return self._autonomous(tr, item)  # type: ignore[arg-type]
-        return enqueue_items(self.keys, tr, [item], timeout)[0]
+        if autonomous:
+            tr = adopt(tr)  # a raw fdb.Database is wrapped, a raw fdb.Transaction joined
+            if is_transaction(tr):
+                return self._autonomous(tr, item)  # type: ignore[arg-type]
+        return enqueue_items(self.keys, tr, [item], timeout)[0]  # which adopts ``tr``
 
     def enqueue_many(
         self,

@@ -12,16 +12,18 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Mapping
+from functools import partial
+from operator import attrgetter
 from typing import Any
 
 import tenacity
 
 from fdbqueue.engines.contract import (
+    Attempt,
     Database,
     Transaction,
     adopt,
     check_room,
-    engine_traits,
     is_transaction,
     retry_loop,
 )
@@ -33,8 +35,8 @@ from fdbqueue.errors import (
     QueueFullError,
     QueueStoppedError,
 )
-from fdbqueue.ops.moves import CHUNK_SIZE, count_new, write_new
-from fdbqueue.ops.privileges import check, check_create, checked
+from fdbqueue.ops.moves import CHUNK_SIZE, count_new, write_new, write_plain
+from fdbqueue.ops.privileges import check, check_create
 from fdbqueue.ops.receipts import maybe_clear_old_receipts, new_receipt, read_receipt
 from fdbqueue.ops.tracing import inject
 from fdbqueue.ops.txn import run_once
@@ -45,8 +47,8 @@ from fdbqueue.store.budget import (
     set_cost,
 )
 from fdbqueue.store.clock import db_now, now_us, versions
-from fdbqueue.store.config import QueueConfig, read_meta, write_config
-from fdbqueue.store.entropy import new_id, new_rand
+from fdbqueue.store.config import Meta, QueueConfig, read_meta, write_config
+from fdbqueue.store.entropy import new_id, new_rand, random_bytes
 from fdbqueue.store.layout import QueueKeys
 from fdbqueue.store.record import (
     CRC_BYTES,
@@ -56,7 +58,14 @@ from fdbqueue.store.record import (
     coerce_payload,
     payload_list,
 )
-from fdbqueue.types import Item, NewMessage, check_duration
+from fdbqueue.types import ContentType, Item, NewMessage, check_duration
+
+_BYTES = ContentType.BYTES
+# An Item made by tuple's own constructor: every field given (the named tuple's __new__ is
+# Python code that fills in the defaults); delay, ttl, dedup_key and the defaults after them.
+_new_item = tuple.__new__
+_PLAIN_TAIL = (0.0, None, None, *Item._field_defaults.values())
+assert Item._fields[-len(_PLAIN_TAIL) :] == ("delay", "ttl", "dedup_key", *Item._field_defaults)
 
 
 def new_item(
@@ -71,6 +80,23 @@ def new_item(
     """An enqueue's arguments checked and encoded (nothing read or written). ``layer``: the
     headers the layer itself sets (a schedule's name, a RemoteQueue's dedup key), added after
     ``headers`` are checked for names it reserves."""
+    if (
+        payload.__class__ is bytes
+        and priority.__class__ is int
+        and -(2**31) <= priority < 2**31
+        and delay.__class__ is float
+        and delay == 0.0
+        and ttl is None
+        and dedup_key is None
+        and headers is None
+        and layer is None
+    ):
+        # The common call (bytes, no options): what the checks below conclude, without their
+        # calls (a plain int and a float 0.0 are what they pass through unchanged). The
+        # current trace's context is added as below (tracing.inject).
+        traced = inject(None)
+        hdrs = {} if traced is None else check_headers(traced)
+        return _new_item(Item, ("", new_rand(), payload, _BYTES, priority, hdrs, *_PLAIN_TAIL))
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise QueueError(f"priority must be an int, not {type(priority).__name__}")
     if not -(2**31) <= priority < 2**31:
@@ -130,28 +156,76 @@ def batch_items(
     A batch past what FoundationDB accepts in one transaction (``USER_TXN_LIMIT``,
     docs/budgets.md) is refused with BudgetExceededError before anything is written.
     """
-    items = [
-        new_item(p, priority, headers, delay, ttl, None)
-        if not isinstance(p, NewMessage)
-        else new_item(
-            p.payload,
-            priority if p.priority is None else p.priority,
-            headers if p.headers is None else p.headers,
-            delay if p.delay is None else p.delay,
-            ttl if p.ttl is None else p.ttl,
-            p.dedup_key,
-        )
-        for p in payload_list(payloads)
-    ]
+    if (
+        payloads.__class__ in (list, tuple)  # (no caller's code runs while it is read)
+        and headers is None
+        and priority.__class__ is int
+        and -(2**31) <= priority < 2**31
+        and delay.__class__ is float
+        and delay == 0.0
+        and ttl is None
+    ):
+        # The common batch (no options): new_item's short way, the trace context asked once
+        # for the batch and the random parts drawn in one go; NewMessages and payloads not of
+        # bytes take the long way.
+        payloads = list(payload_list(payloads))
+        traced = inject(None)
+        pool = random_bytes(8 * len(payloads))
+        items = [
+            _new_item(
+                Item,
+                (
+                    "",
+                    pool[8 * i : 8 * i + 8],
+                    p,
+                    _BYTES,
+                    priority,
+                    {} if traced is None else check_headers(traced),
+                    *_PLAIN_TAIL,
+                ),
+            )
+            if p.__class__ is bytes
+            else _item_of(p, priority, headers, delay, ttl)
+            for i, p in enumerate(payloads)
+        ]
+        check_batch_size(keys, items, journaled=False)
+        return items
+    items = [_item_of(p, priority, headers, delay, ttl) for p in payload_list(payloads)]
     check_batch_size(keys, items, journaled=False)
     return items
+
+
+def _item_of(
+    p: object, priority: int, headers: Mapping[str, Any] | None, delay: float, ttl: float | None
+) -> Item:
+    """One of ``enqueue_many``'s payloads as an Item: a :class:`NewMessage`'s fields left None
+    take the call's."""
+    if not isinstance(p, NewMessage):
+        return new_item(p, priority, headers, delay, ttl, None)
+    return new_item(
+        p.payload,
+        priority if p.priority is None else p.priority,
+        headers if p.headers is None else p.headers,
+        delay if p.delay is None else p.delay,
+        ttl if p.ttl is None else p.ttl,
+        p.dedup_key,
+    )
 
 
 def check_batch_size(keys: QueueKeys, items: list[Item], *, journaled: bool) -> None:
     """Refuse (BudgetExceededError, nothing written) a batch FoundationDB would refuse as
     one transaction: over ``TRANSACTION_SIZE_LIMIT`` less the layer's margin (budget.py).
     ``journaled``: each message also writes its journal entries."""
-    cost = sum(write_cost(keys, it, journaled=journaled) for it in items)
+    # write_cost of the common message (no headers, delay, TTL nor dedup key, inline): a
+    # set of the record, whose cost grows with the payload's length byte for byte.
+    plain = set_cost(len(keys.packed) + 40, _PLAIN_RECORD + 32)
+    cost = 0
+    for it in items:
+        n = len(it.payload)
+        if journaled or it.headers or n > CHUNK_SIZE or it.delay > 0 or it.ttl is not None or it.dedup_key:
+            cost += write_cost(keys, it, journaled=journaled)
+        else:
+            cost += plain + n
     if cost > USER_TXN_LIMIT:
         raise BudgetExceededError(
             f"enqueue_many of {len(items):,} messages would write about {cost:,} bytes in one "
@@ -160,9 +234,15 @@ def check_batch_size(keys: QueueKeys, items: list[Item], *, journaled: bool) -> 
         )
 
 
+# The encoded length of write_cost's record for a message without headers whose payload is
+# inline, less the payload's (the same for every content type: each is one letter).
+_PLAIN_RECORD = len(Record("r" * 80, 0, "b", {}, 0, 0, 0, {}, b"").encode())
+assert all(len(ct.value) == 1 for ct in ContentType)
+
+
 def write_cost(keys: QueueKeys, it: Item, *, journaled: bool = False) -> int:
     """An upper bound of the bytes one new message adds to its transaction (budget.py)."""
-    k = len(keys.q.key()) + 40  # a ready key: the prefix, then at most 38 bytes
+    k = len(keys.packed) + 40  # a ready key: the prefix, then at most 38 bytes
     chunks = math.ceil(len(it.payload) / CHUNK_SIZE) if len(it.payload) > CHUNK_SIZE else 0
     inline = b"" if chunks else it.payload
     raw = Record("r" * 80, 0, it.content_type.value, it.headers, 0, 0, chunks, {}, inline).encode()
@@ -191,20 +271,21 @@ def enqueue_items(
         # A caller's transaction cannot wait (it must commit to see room), nor settle a receipt.
         return enqueue_in(keys, tr, items, False, None)  # type: ignore[arg-type]
     db: Database = tr  # type: ignore[assignment]
-    own = engine_traits(db)[1]
+    own = getattr(db, "may_commit_unknown", True)  # engine_traits' second, without the call
 
     def body() -> list[str]:
         # The receipt is made in the first attempt (from its read version) and kept by
         # that call's retries; a new call after a refusal (a full queue) makes its own.
         # (run_once's loop, on the database adopted above.)
         receipt: list[bytes] | None = [] if own else None
-        return retry_loop(db, lambda t, a: enqueue_in(keys, t, items, a.unknown, receipt), None, True)
+        return retry_loop(db, partial(_attempt, keys, items, receipt), None, True)
 
+    start = 0.0
     if timeout is not None:
         timeout = check_duration("timeout", timeout)
-    if timeout == 0:
-        return body()
-    start = time.monotonic()
+        if timeout == 0:
+            return body()
+        start = time.monotonic()  # (no clock read where nothing is timed: most calls)
     try:
         return body()  # there is room: no retry machinery built (most calls)
     except QueueFullError as exc:
@@ -237,9 +318,23 @@ def enqueue_in(
     """One attempt of :func:`enqueue_items` in ``tr``: the queue's checks (right, state, payload
     size, room), dedup matches, then the writes. ``receipt``: this call's receipt key, made in
     the first attempt; after a commit_unknown_result (``unknown``) it finds the ids written."""
+    if not unknown:
+        return _attempt(keys, items, receipt, tr, _FIRST)
+    at = Attempt()
+    at.unknown = True
+    return _attempt(keys, items, receipt, tr, at)
+
+
+_FIRST = Attempt()  # a first attempt's (read only)
+
+
+def _attempt(
+    keys: QueueKeys, items: list[Item], receipt: list[bytes] | None, tr: Transaction, at: Attempt
+) -> list[str]:
+    """:func:`enqueue_in` as the step of :func:`enqueue_items`' retry loop (no frame between)."""
     # A single message (most calls) without the generators' frames.
     one = items[0] if len(items) == 1 else None
-    admitted = one.admitted if one is not None else all(it.admitted for it in items)  # an autonomous write
+    admitted = one.admitted if one is not None else all(map(_ADMITTED, items))  # an autonomous write
     if not admitted:
         # Below the embedded engine's free-space reserve a producer is refused before it
         # writes, so that consumers can still drain the disk (engines/sqlite/diskroom.py). An
@@ -247,11 +342,13 @@ def enqueue_in(
         check_room(tr.db)
     if receipt is not None and not receipt:
         receipt.append(new_receipt(tr, keys, items[0].rand))
-    if unknown and receipt:
+    if receipt and at.unknown:
         landed = read_receipt(tr, keys, receipt[0])
         if landed is not None:  # the attempt that ended in commit_unknown_result committed
             return landed.decode().split(",")
-    meta = checked(tr, keys, "enqueue")
+    meta = read_meta(tr, keys, enqueue=True)
+    if meta.owner is not None:  # privileges.checked, inline: an open queue admits every principal
+        check(tr, keys, "enqueue", meta)
     cfg = meta.config
     if cfg is None:
         check_create(tr, keys)  # an owned queue's error queue is its owner's to make
@@ -262,17 +359,32 @@ def enqueue_in(
     if cfg.journal and len(items) > 1:
         check_batch_size(keys, items, journaled=True)
     limit = min(cfg.max_payload, MAX_PAYLOAD_BYTES)  # what one transaction can move (budget.py)
-    for it in items:
-        if len(it.payload) > limit:
-            raise PayloadTooLargeError(
-                f"payload of {len(it.payload)} bytes exceeds the max_payload of queue "
-                f"{keys.name!r} ({limit} bytes)"
-            )
+    longest = len(one.payload) if one is not None else max(map(len, map(_PAYLOAD, items)))
+    if longest > limit:
+        raise PayloadTooLargeError(
+            f"payload of {longest} bytes exceeds the max_payload of queue {keys.name!r} ({limit} bytes)"
+        )
     t_us = now_us()  # the wall clock: enqueued_at, for people only
+    if one is not None and one.dedup_key is None:
+        # One message without a dedup key (most calls): the steps below for it alone, and
+        # database time read only where it decides something (a due time, an expiry); a
+        # ready message's key is ordered by the index, not by time.
+        now = db_now(tr) if one.delay > 0 or one.ttl is not None or cfg.ttl is not None else 0
+        if cfg.max_size is not None and not admitted:
+            _check_fits(keys, meta, cfg, 1)
+        msg_id = _write_new(keys, tr, cfg, one, meta.made_ready + 1, t_us, now)
+        if receipt:
+            tr.set(receipt[0], msg_id.encode())  # ids are made here: a retry reads them back
+            maybe_clear_old_receipts(tr, keys)
+        is_ready = one.delay <= 0
+        fresh_p = _NO_PRIORITIES if one.priority in meta.priorities else {one.priority}
+        count_new(tr, keys, int(is_ready), int(not is_ready), fresh_p, meta.work, conflicts=meta.cluster)
+        return [msg_id]
     now = db_now(tr)  # database time: due times, expiry, the dedup window
     every = items
     known: dict[str, str] = {}  # dedup key -> the id its first message has
-    if (one.dedup_key is not None) if one is not None else any(it.dedup_key is not None for it in items):
+    deduped = (one.dedup_key is not None) if one is not None else any(map(_DEDUP_KEY, items))  # never ""
+    if deduped:
         known = _seen(keys, tr, cfg, items, now)
         fresh: dict[str, None] = {}
         items = []
@@ -284,43 +396,55 @@ def enqueue_in(
         if not items:
             return [known[it.dedup_key] for it in every if it.dedup_key is not None]
     if cfg.max_size is not None and not admitted:
-        # A batch is atomic: all of it fits, or none of it is written.
-        held = meta.count("ready") + meta.count("inflight") + meta.count("delayed")
-        n = len(items)
-        if n > cfg.max_size:
-            raise QueueFullError(  # no wait can help: refused at once, whatever the policy
-                f"a batch of {n} messages can never fit in queue {keys.name!r} (max_size "
-                f"{cfg.max_size}); nothing was enqueued: split it"
-            )
-        if held + n > cfg.max_size:
-            room = (
-                f"is full ({held}" if held >= cfg.max_size else f"has room for {cfg.max_size - held} ({held}"
-            )
-            batch = f": a batch of {n} does not fit" if n > 1 else ""
-            raise QueueFullError(
-                f"queue {keys.name!r} {room} of max_size {cfg.max_size} held){batch}; nothing was enqueued",
-                block=cfg.overflow == "block",
-            )
-    base = meta.made_ready
-    priorities: set[int] = set()
-    ids: list[str] = []
-    for i, it in enumerate(items):
-        ids.append(_write_new(keys, tr, cfg, it, base + 1 + i, t_us, now))
-        priorities.add(it.priority)
-    ready = sum(1 for it in items if it.delay <= 0) if one is None else int(one.delay <= 0)
-    for it, msg_id in zip(items, ids, strict=True):
-        if it.dedup_key is not None:
-            tr.set(keys.dedup_key(it.dedup_key), f"{msg_id}|{now}".encode())
-            tr.set(keys.dedup_time_key(now, it.dedup_key), b"")
-            known[it.dedup_key] = msg_id
+        _check_fits(keys, meta, cfg, len(items))
+    base = meta.made_ready + 1
+    ids = [_write_new(keys, tr, cfg, it, base + i, t_us, now) for i, it in enumerate(items)]
+    priorities = set(map(_PRIORITY, items))
+    ready = len(items) - sum(map(_POSITIVE, map(_DELAY, items)))  # those with no delay (delay <= 0)
+    if deduped:
+        for it, msg_id in zip(items, ids, strict=True):
+            if it.dedup_key is not None:
+                tr.set(keys.dedup_key(it.dedup_key), f"{msg_id}|{now}".encode())
+                tr.set(keys.dedup_time_key(now, it.dedup_key), b"")
+                known[it.dedup_key] = msg_id
     if len(every) > len(items):  # the ids of the whole batch, in order
         written, kept = iter(ids), {id(it) for it in items}
         ids = [next(written) if id(it) in kept else known[str(it.dedup_key)] for it in every]
     if receipt:
         tr.set(receipt[0], ",".join(ids).encode())  # ids are made here: a retry reads them back
         maybe_clear_old_receipts(tr, keys)
-    count_new(tr, keys, ready, len(items) - ready, priorities - meta.priorities, meta.work)
+    fresh_ps = priorities - meta.priorities
+    count_new(tr, keys, ready, len(items) - ready, fresh_ps, meta.work, conflicts=meta.cluster)
     return ids
+
+
+_NO_PRIORITIES: frozenset[int] = frozenset()
+# The fields of a batch's items, read by C code (map) instead of a generator's frame per item.
+_ADMITTED = attrgetter("admitted")
+_PAYLOAD = attrgetter("payload")
+_DEDUP_KEY = attrgetter("dedup_key")
+_PRIORITY = attrgetter("priority")
+_DELAY = attrgetter("delay")
+_POSITIVE = (0.0).__lt__  # 0.0 < delay: a delayed item (delays are checked numbers, never NaN)
+
+
+def _check_fits(keys: QueueKeys, meta: Meta, cfg: QueueConfig, n: int) -> None:
+    """QueueFullError unless ``n`` more messages fit the queue's max_size: a batch is atomic,
+    all of it fits or none of it is written."""
+    assert cfg.max_size is not None
+    held = meta.count("ready") + meta.count("inflight") + meta.count("delayed")
+    if n > cfg.max_size:
+        raise QueueFullError(  # no wait can help: refused at once, whatever the policy
+            f"a batch of {n} messages can never fit in queue {keys.name!r} (max_size "
+            f"{cfg.max_size}); nothing was enqueued: split it"
+        )
+    if held + n > cfg.max_size:
+        room = f"is full ({held}" if held >= cfg.max_size else f"has room for {cfg.max_size - held} ({held}"
+        batch = f": a batch of {n} does not fit" if n > 1 else ""
+        raise QueueFullError(
+            f"queue {keys.name!r} {room} of max_size {cfg.max_size} held){batch}; nothing was enqueued",
+            block=cfg.overflow == "block",
+        )
 
 
 def _seen(keys: QueueKeys, tr: Transaction, cfg: QueueConfig, items: list[Item], now: int) -> dict[str, str]:
@@ -359,6 +483,21 @@ def _write_new(
     A ready message's id names its home key (no id entry); a delayed one, or one whose
     id had to be known before its place (``fixed_id``), keeps the id made for it.
     """
+    if (
+        it.delay <= 0
+        and not it.fixed_id
+        and it.ttl is None
+        and cfg.ttl is None
+        and not cfg.journal
+        and not it.headers
+        and len(it.payload) <= CHUNK_SIZE
+    ):
+        # The common message (ready, its id its home key's, no TTL, headers, chunks nor
+        # journal): write_new's one write, its record encoded directly (record.encode_plain).
+        key, msg_id = keys.home(it.priority, index, it.rand)
+        at = t_us if it.enqueued_us is None else int(it.enqueued_us)
+        write_plain(tr, key, msg_id, at, it.content_type._value_, it.payload)
+        return msg_id
     home = it.delay <= 0 and not it.fixed_id
     ready_key = keys.ready_key(it.priority, index, it.rand) if it.delay <= 0 else b""
     msg_id = keys.id_of_home(ready_key) if home else it.id

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +36,7 @@ from fdbqueue.store.codec import MINUS_ONE, ONE, pack_count, unpack_count
 from fdbqueue.store.config import QueueConfig, bump_metadata_version
 from fdbqueue.store.entropy import new_id, new_rand
 from fdbqueue.store.layout import QueueKeys
-from fdbqueue.store.record import Record, decode_record, fit_reason, seal_chunk
+from fdbqueue.store.record import Record, decode_record, encode_plain, fit_reason, seal_chunk
 
 log = logging.getLogger("fdbqueue")
 
@@ -381,28 +382,42 @@ def write_new(
             after(tr, keys, True, Note("enqueue", None, details), rec)
 
 
+def write_plain(
+    tr: Transaction, key: bytes, msg_id: str, enqueued_us: int, content_type: str, payload: bytes
+) -> None:
+    """:func:`write_new` of the common new message (ready at the key its id names, no TTL,
+    headers, chunks nor journal): its one write, the record encoded directly
+    (``record.encode_plain``). The caller counts it (:func:`count_new`)."""
+    tr.set(key, encode_plain(msg_id, enqueued_us, content_type, payload))
+
+
 def count_new(
     tr: Transaction,
     keys: QueueKeys,
     ready: int,
     delayed: int,
-    new_priorities: set[int],
+    new_priorities: AbstractSet[int],
     work: bytes | object | None = workindex.UNREAD,
+    *,
+    conflicts: bool = True,
 ) -> None:
     """Count a batch of new messages: one atomic add per counter (no conflicts between
     producers), the wake key for blocked consumers, and a marker per new priority.
-    ``work``: the queue's work-index entry when the caller read it (``Meta.work``)."""
-    for p in new_priorities:
-        tr.set(keys.priority_marker(p), b"")
+    ``work``: the queue's work-index entry when the caller read it (``Meta.work``);
+    ``conflicts``: False where the engine never conflicts (``Meta.cluster``)."""
     if new_priorities:
+        for p in new_priorities:
+            tr.set(keys.priority_marker(p), b"")
         bump_metadata_version(tr, keys)  # cached marker sets elsewhere are out of date
+    read = keys.meta_read()  # the counters' keys, packed once: [1] ready, [2] wake, [5] delayed
     if ready:
-        tr.add(keys.counter("ready"), pack_count(ready))
-        tr.add(keys.wake, pack_count(ready))
+        n = ONE if ready == 1 else pack_count(ready)
+        tr.add(read[1], n)
+        tr.add(read[2], n)
     if delayed:
-        tr.add(keys.counter("delayed"), pack_count(delayed))
-    if ready or delayed:
-        workindex.mark(tr, keys, work)
+        tr.add(read[5], ONE if delayed == 1 else pack_count(delayed))
+    if (ready or delayed) and (conflicts or work != b""):  # (marked, and nothing conflicts: no call)
+        workindex.mark(tr, keys, work, conflicts=conflicts)
 
 
 def take(tr: Transaction, keys: QueueKeys, key: bytes, rec: Record, *, journaled: bool = False) -> None:

@@ -97,16 +97,23 @@ STALE_SECONDS = 4 * LOST_WAKEUP_RECHECK  # a registration not renewed that long:
 ERROR_SUFFIX = ".error"  # the default error queues' names (config.error_queue_name)
 
 
-def mark(tr: Transaction, keys: QueueKeys, seen: bytes | object | None = UNREAD) -> None:
+def mark(
+    tr: Transaction, keys: QueueKeys, seen: bytes | object | None = UNREAD, *, conflicts: bool = True
+) -> None:
     """Queue ``keys`` may have a deliverable message now (see the module docstring).
-    ``seen``: the entry's value, when the caller read it at snapshot isolation already."""
-    wk = _keys_of(keys)
+    ``seen``: the entry's value, when the caller read it at snapshot isolation already;
+    ``conflicts``: False where the engine never conflicts (``engine_traits``' first)."""
     entry = keys.work_entry
     if seen is UNREAD:
         seen = tr.snapshot.get(entry)
     if seen == b"":
-        tr.add_read_conflict_key(entry)  # a retire committed meanwhile conflicts: marked again
+        # A retire committed meanwhile conflicts: marked again. Where transactions never
+        # conflict (the embedded engine: one writer at a time, its reads under the store
+        # lock), no retire can commit between the read and this commit: nothing to add.
+        if conflicts:
+            tr.add_read_conflict_key(entry)
         return
+    wk = _keys_of(keys)
     if keys.q.key() in getattr(tr.options, "volatile", ()):
         # A volatile queue's commit skips the fsync (the embedded engine): its entry with it,
         # and the wake-up of a sleeper.

@@ -21,7 +21,6 @@ from fdbqueue.store.budget import DEFAULT_MAX_PAYLOAD, MAX_PAYLOAD_BYTES
 from fdbqueue.store.clock import note_time
 from fdbqueue.store.codec import unpack_count
 from fdbqueue.store.layout import (
-    HOT_COUNTERS,
     LAYER_FORMAT,
     MAX_NAME_LENGTH,
     TIME_KEY,
@@ -312,21 +311,39 @@ def read_state(tr: ReadView, keys: QueueKeys) -> QueueState:
 _NO_ACL: Mapping[str, int] = MappingProxyType({})
 
 
-@dataclass
-class Meta:
-    """A queue's small keys: settings, state and priority markers (cached), hot counters (read)."""
+class Meta(NamedTuple):
+    """A queue's small keys: settings, state and priority markers (cached), hot counters (read).
+
+    A named tuple made by tuple's own constructor (:func:`read_meta`): one is made by every
+    operation. The counters are decoded when asked for (:meth:`count`): an enqueue into a
+    queue without a max_size needs only ``made_ready``."""
 
     config: QueueConfig | None
     state: QueueState
-    counters: dict[str, int]
-    made_ready: int  # the wake counter: also the index high-water mark
     priorities: frozenset[int]
     owner: str | None  # None: open to every principal
     acl: Mapping[str, int]  # principal -> rights mask (privileges.py)
+    made_ready: int  # the wake counter: also the index high-water mark
     work: bytes | None  # the queue's work-index entry, read at snapshot isolation (workindex.py)
+    cluster: bool  # the engine may conflict (engine_traits' first): read conflicts matter
+    raw: list[bytes | None]  # what read_meta read, in the order of QueueKeys.meta_read
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """The hot counters by name (``layout.HOT_COUNTERS``)."""
+        return {name: self._counter(name) for name in _RAW_AT}
 
     def count(self, name: str) -> int:
-        return max(0, self.counters.get(name, 0))
+        return max(0, self._counter(name)) if name in _RAW_AT else 0
+
+    def _counter(self, name: str) -> int:
+        at, raw = _RAW_AT[name], self.raw  # inflight and delayed: maybe left out (read_meta)
+        return _count(raw[at]) if at < len(raw) else 0
+
+
+# Where each hot counter is in Meta.raw (QueueKeys.meta_read's order).
+_RAW_AT = {"ready": 1, "inflight": 4, "delayed": 5, "wake": 2}
+_new_meta = tuple.__new__
 
 
 class _Settings(NamedTuple):
@@ -338,14 +355,18 @@ class _Settings(NamedTuple):
     acl: Mapping[str, int]
 
 
+assert Meta._fields[:5] == _Settings._fields[1:]  # read_meta makes a Meta from a _Settings' fields
+
 # Settings per database and queue, each valid while the queue's metadata version is unchanged.
 # Keyed by the database object, so that two stores never share an entry.
 _settings: weakref.WeakKeyDictionary[Any, dict[bytes, _Settings]] = weakref.WeakKeyDictionary()
 _settings_lock = threading.Lock()
 
 
-# The keys read_meta reads, per queue: built once (6 keys packed by a dozen calls otherwise).
-_read_keys: dict[QueueKeys, list[bytes]] = {}
+# The settings each queue's last read_meta found, with the database they were read from: one
+# dict lookup for the common case of one database, before the per-database cache above.
+# (the database, its settings, whether they set a max_size)
+_hot: dict[bytes, tuple[weakref.ref[Any], _Settings, bool]] = {}
 
 
 def bump_metadata_version(tr: Transaction, keys: QueueKeys) -> None:
@@ -359,7 +380,7 @@ def bump_metadata_version(tr: Transaction, keys: QueueKeys) -> None:
     tr.set(keys.metadata_version, os.urandom(16))
 
 
-def read_meta(tr: Transaction, keys: QueueKeys) -> Meta:
+def read_meta(tr: Transaction, keys: QueueKeys, *, enqueue: bool = False) -> Meta:
     """Settings, state, priority markers and the hot counters, in one round trip when cached.
 
     One ``get_many`` reads the queue's metadata version with the counters an operation
@@ -373,51 +394,57 @@ def read_meta(tr: Transaction, keys: QueueKeys) -> Meta:
     Every read is a snapshot read; settings and state get read conflicts of their own (as
     serializable reads would), so a concurrent pause or reconfiguration conflicts and the
     cached values are as good as read; the hot counters get none.
+
+    ``enqueue``: an enqueue's read, which needs the inflight and delayed counters only to
+    check a max_size: they are left out (their ``counters`` read 0) unless the queue's
+    settings set one - those last seen in this process say so before the read, or a second
+    read fetches them when the settings found with it say so.
     """
-    wanted = _read_keys.get(keys)
-    if wanted is None:
-        # The work-index entry too: an enqueue marks it (workindex.mark), in the same round trip.
-        wanted = [keys.metadata_version, *keys.hot_counters(), keys.work_entry]
-        if len(_read_keys) > 4096:  # a process touching very many queues: start again
-            _read_keys.clear()
-        _read_keys[keys] = wanted
+    db = tr.db
+    hot = _hot.get(keys.packed)
+    short = enqueue and (hot is None or not hot[2])
+    wanted = keys.meta_read_short() if short else keys.meta_read()
     # Where transactions may conflict (FoundationDB, sim: the engines whose versions may
     # jump), the database's time correction (clock.note_time) in the same round trip.
-    cluster = getattr(tr.db, "may_conflict", True)  # engine_traits' first
+    cluster = getattr(db, "may_conflict", True)  # engine_traits' first
     if cluster:
         values = tr.snapshot.get_many([*wanted, TIME_KEY])
         note_time(tr, values.pop())
-    else:
-        values = tr.snapshot.get_many(wanted)
-    version = values[0]
-    counters = {
-        name: 0 if raw is None else _COUNT(raw)[0] if len(raw) == 8 else unpack_count(raw)
-        for name, raw in zip(HOT_COUNTERS, values[1:-1], strict=True)
-    }
-    if cluster:  # pointless where nothing conflicts (the embedded engine)
         tr.add_read_conflict_key(keys.config)
         tr.add_read_conflict_key(keys.state)
-    db = tr.db
-    cached = None
-    if version is not None:
-        cached = _cached(db, keys)
-        if cached is not None and cached.version != version:
-            cached = None
-    if cached is None:
-        cached = _read_settings(tr, keys, version or b"")
+    else:  # read conflicts are pointless where nothing conflicts (the embedded engine)
+        values = tr.snapshot.get_many(wanted)
+    version = values[0]
+    if hot is not None and version is not None and hot[1].version == version and hot[0]() is db:
+        cached = hot[1]  # the common case: one lookup, no lock
+    else:
+        found = None if version is None else _cached(db, keys)
+        if found is not None and found.version == version:
+            cached = found
+        else:
+            cached = _read_settings(tr, keys, version or b"")
+            if version is not None:
+                _remember(db, keys, cached)
         if version is not None:
-            _remember(db, keys, cached)
-    _volatile(tr, keys, cached.config)
-    return Meta(
-        cached.config,
-        cached.state,
-        counters,
-        counters["wake"],
-        cached.priorities,
-        cached.owner,
-        cached.acl,
-        values[-1],
-    )
+            try:
+                ref = weakref.ref(db)
+            except TypeError:  # a database that cannot be weakly referenced: no cache
+                pass
+            else:
+                if len(_hot) > 4096:  # a process touching very many queues: start again
+                    _hot.clear()
+                bounded = cached.config is not None and cached.config.max_size is not None
+                _hot[keys.packed] = (ref, cached, bounded)
+    cfg = cached.config
+    if cfg is not None:
+        if cfg.volatile:  # (_volatile, inline)
+            tr.options.set_volatile_prefix(keys.q.key())
+        if short and cfg.max_size is not None:  # a bound since the last look: its counters too
+            values = values + tr.snapshot.get_many(keys.meta_read()[4:])
+    wake = values[2]
+    made_ready = 0 if wake is None else _COUNT(wake)[0] if len(wake) == 8 else unpack_count(wake)
+    # (config, state, priorities, owner, acl) from the settings, then what was read
+    return _new_meta(Meta, (*cached[1:], made_ready, values[3], cluster, values))
 
 
 def decode_guard(raw: bytes | None) -> tuple[str | None, Mapping[str, int]]:

@@ -89,7 +89,6 @@ from fdb.subspace_impl import Subspace
 from fdbqueue.errors import QueueError
 from fdbqueue.store.codec import (
     dec_int,
-    enc_bytes,
     enc_int,
     enc_str,
     incomplete_stamp,
@@ -135,6 +134,8 @@ def validate_queue_name(name: object) -> str:
 
 
 _PRI = b"\x02pri\x00"  # enc_str("pri")
+_BIG = (1 << 64) - 1  # enc_int's bound of the short codes
+_INT_CODES = [bytes((0x14 + size,)) for size in range(9)]  # a positive int of size bytes
 
 
 # The tags under a queue's subspace that hold messages or their indexes (a purge clears them):
@@ -154,10 +155,13 @@ class QueueKeys:
         "_cache",
         "_d",
         "_f",
+        "_heads",
         "_id",
         "_l",
         "_m",
         "_markers",
+        "_meta_read",
+        "_meta_short",
         "_names",
         "_r",
         "_x",
@@ -183,6 +187,9 @@ class QueueKeys:
         self._cache: dict[str, bytes] = {}
         self._names: dict[bytes, str] | None = None
         self._markers: dict[bytes, int] = {}
+        self._heads: dict[int, bytes] = {}  # priority -> the ready keys' prefix
+        self._meta_read: list[bytes] | None = None
+        self._meta_short: list[bytes] | None = None
 
     @classmethod
     def make(cls, name: str, root: tuple[Any, ...] = DEFAULT_ROOT) -> QueueKeys:
@@ -237,6 +244,33 @@ class QueueKeys:
         if key is None:
             key = self._cache["wk"] = bytes(self.root.pack(("wk", self.name)))
         return key
+
+    def meta_read(self) -> list[bytes]:
+        """What ``config.read_meta`` reads, built once (a dozen calls otherwise), in this order:
+        the metadata version, the ready and wake counters, the work-index entry (an enqueue
+        marks it: ``workindex.mark``), then the inflight and delayed counters (which an
+        enqueue into a queue without a max_size leaves out: :meth:`meta_read_short`). Not to
+        be changed by the caller."""
+        found = self._meta_read
+        if found is None:
+            c = self.counter
+            found = [
+                self.metadata_version,
+                c("ready"),
+                c("wake"),
+                self.work_entry,
+                c("inflight"),
+                c("delayed"),
+            ]
+            self._meta_read = found
+        return found
+
+    def meta_read_short(self) -> list[bytes]:
+        """The first four of :meth:`meta_read`: all but the inflight and delayed counters."""
+        found = self._meta_short
+        if found is None:
+            found = self._meta_short = self.meta_read()[:4]
+        return found
 
     def hot_counters(self) -> list[bytes]:
         """The counters every operation reads: ready, inflight, delayed, wake (see ``HOT_COUNTERS``)."""
@@ -308,8 +342,29 @@ class QueueKeys:
         return _pack(self.root, ("format",))
 
     # -- ready items ---------------------------------------------------------------------------
+    def home(self, priority: int, index: int, rand: bytes) -> tuple[bytes, str]:
+        """A new ready message's key and the id that names it (:meth:`id_of_home`), together."""
+        head = self._heads.get(priority)
+        if head is None or not 0 < index < _BIG:
+            key = self.ready_key(priority, index, rand)
+        else:  # ready_key's common case, inline (one made per message)
+            size = (index.bit_length() + 7) >> 3
+            key = head + _INT_CODES[size] + index.to_bytes(size, "big") + b"\x01"
+            key += rand.replace(b"\x00", b"\x00\xff") + b"\x00"
+        return key, "r" + key[len(self._r) :].hex()
+
     def ready_key(self, priority: int, index: int, rand: bytes) -> bytes:
-        return self._r + enc_int(-priority) + enc_int(index) + enc_bytes(rand)
+        head = self._heads.get(priority)
+        if head is None:
+            head = self._r + enc_int(-priority)
+            if len(self._heads) < 64:  # a few priorities in use: each prefix packed once
+                self._heads[priority] = head
+        if 0 < index < _BIG:  # enc_int's case for an index, inline (one made per message)
+            size = (index.bit_length() + 7) >> 3
+            tail = _INT_CODES[size] + index.to_bytes(size, "big")
+        else:
+            tail = enc_int(index)
+        return head + tail + b"\x01" + rand.replace(b"\x00", b"\x00\xff") + b"\x00"  # enc_bytes, inline
 
     def ready_range(self) -> tuple[bytes, bytes]:
         return self._r + b"\x00", self._r + b"\xff"
