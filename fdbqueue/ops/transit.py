@@ -102,17 +102,20 @@ def probe_key(keys: QueueKeys, nonce: str) -> bytes:
 def pending_key(dst: QueueKeys, source: str, mid: str, receipt: str) -> bytes:
     # fdb.tuple.pack's bytes, from the queue's prefix and encoded elements: a forward packs
     # several of these keys a message, and the tuple layer's general packer is the slow part.
-    return dst.q.key() + _FP + enc_str(source) + enc_str(mid) + enc_str(receipt)
+    prefix: bytes = dst.q.key()
+    return prefix + _FP + enc_str(source) + enc_str(mid) + enc_str(receipt)
 
 
 def pending_range(dst: QueueKeys, source: str, *rest: str) -> tuple[bytes, bytes]:
     """``dst.q.range(("fp", source, *rest))``: the keys under that tuple (not its own)."""
-    prefix = dst.q.key() + _FP + enc_str(source) + b"".join(enc_str(x) for x in rest)
+    prefix: bytes = dst.q.key()
+    prefix += _FP + enc_str(source) + b"".join(enc_str(x) for x in rest)
     return prefix + b"\x00", prefix + b"\xff"
 
 
 def tomb_key(src: QueueKeys, dest: str, mid: str) -> bytes:
-    return src.q.key() + _FT + enc_str(dest) + enc_str(mid)
+    prefix: bytes = src.q.key()
+    return prefix + _FT + enc_str(dest) + enc_str(mid)
 
 
 _FP, _FT = enc_str("fp"), enc_str("ft")

@@ -180,7 +180,8 @@ class Forwarder(Outbox):
         batch = self.src.lease_many(t, n, self.lease_seconds, where=self.where)
         if self.name is None or not batch:
             return batch, None
-        return batch, transit.record_hand(t, self.src.keys, self._token_pair()[1], self.name, batch, db_now(t))
+        dest = self._token_pair()[1]
+        return batch, transit.record_hand(t, self.src.keys, dest, self.name, batch, db_now(t))
 
     def _take_over(self) -> _Hand | None:
         """A named forwarder's first steps: the oldest batch its namesakes left recorded, taken
@@ -254,8 +255,8 @@ class Forwarder(Outbox):
             for record in records:  # named: batches published, nothing left to take over
                 transit.clear_record(t, record)
             removed = earlier | {m.id for m in done}
-            nxt, record = self._lease_in(t, ahead) if ahead else ([], None)
-            return [m for m in batch if m.id in removed], nxt, record
+            nxt, hand = self._lease_in(t, ahead) if ahead else ([], None)
+            return [m for m in batch if m.id in removed], nxt, hand
 
         out = run_once_confirmed(self.src_db, skeys, body)
         self._published = self._published[len(published) :]

@@ -392,7 +392,7 @@ def test_following_every_queue_wakes_for_any_queue_and_for_a_new_one() -> None:
     "mid, principal, deliveries, reason, details",
     [
         ("01J0ABCDEF", "anonymous", 0, None, None),
-        (None, "svc-\"quoted\"\\é\x00", 3, "too large: 5 bytes\n", {"to": "other", "n": [1, 2.5, None]}),
+        (None, 'svc-"quoted"\\é\x00', 3, "too large: 5 bytes\n", {"to": "other", "n": [1, 2.5, None]}),
         ("id with ü and \u2028", "", 1, "", {}),
     ],
 )
@@ -405,7 +405,9 @@ def test_an_entry_is_encoded_as_json_dumps_would(
 
     from fdbqueue.ops import journaling
 
-    raw = journaling.encode_entry("enqueue", mid, principal, deliveries, reason, details, 1_700_000_000_123_456)
+    raw = journaling.encode_entry(
+        "enqueue", mid, principal, deliveries, reason, details, 1_700_000_000_123_456
+    )
     want = [1, "enqueue", mid, principal, deliveries, reason, dict(details or {}), 1_700_000_000_123_456]
     assert raw == json.dumps(want, separators=(",", ":")).encode()
     e = journaling.decode_entry("jobs", b"\x00" * 12, raw)
