@@ -109,3 +109,47 @@ def test_transit_keys_are_the_tuple_layers(mid: str) -> None:
     for rest in [(), (mid,), (mid, "r.1")]:
         r = keys.q.range(("fp", "src", *rest))
         assert transit.pending_range(keys, "src", *rest) == (r.start, r.stop)
+
+
+@pytest.mark.parametrize(("where", "nth"), [("_remove", 2), ("_publish", 1)])
+def test_a_batch_leased_ahead_and_lost_to_a_stall_doubles_nothing(where: str, nth: int) -> None:
+    """A run held, past its leases, at its second removal (the batch leased ahead by the
+    first is installed, pending) or its first publication (that batch leased, not installed
+    yet; the first removed, not published): a consumer of the source takes some of the batch
+    leased ahead meanwhile; none is both consumed and forwarded, none is lost, and the
+    stalled run withdraws its copies."""
+    import threading
+    import time
+
+    src, dst = _pair(98)
+    sent = Queue("jobs").enqueue_many(src, [b"m%d" % i for i in range(10)])
+    a = Forwarder(src, "jobs", dst, "jobs", batch=5, lease_seconds=0.2)
+    inner, calls = getattr(a, where), []
+    at, go = threading.Event(), threading.Event()
+
+    def held(*args: object) -> object:
+        calls.append(1)
+        if len(calls) == nth:
+            at.set()
+            go.wait(30)
+        return inner(*args)
+
+    setattr(a, where, held)
+    out: list[object] = []
+    thread = threading.Thread(target=lambda: out.append(a.run()))
+    thread.start()
+    assert at.wait(30)
+    time.sleep(0.3)  # past the lease of the batch leased ahead
+    Queue("jobs").sweep(src)
+    consumed = [m.id for m in (Queue("jobs").dequeue(src) for _ in range(3)) if m is not None]
+    assert len(consumed) == 3  # a consumer of the source takes part of it back
+    go.set()
+    thread.join(30)
+    assert not thread.is_alive() and not isinstance(out[0], BaseException)
+    a.run()
+    arrived = _ids_at(dst, "jobs")
+    assert not set(arrived) & set(consumed)  # none both consumed and forwarded
+    assert Counter(arrived + consumed) == Counter(sent)  # and none lost
+    left = fdbqueue.queue_stats(src, "jobs")
+    assert (left.ready, left.inflight) == (0, 0)
+    assert _in_transit(src, dst) == 0
