@@ -116,10 +116,7 @@ def record(
     if op not in OPS:
         raise QueueError(f"unknown journal operation {op!r}")
     jk = JournalKeys.of(keys.root)
-    value = json.dumps(
-        [_FORMAT, op, message_id, principal_of(tr), deliveries, reason, dict(details or {}), now_us()],
-        separators=(",", ":"),
-    ).encode()
+    value = encode_entry(op, message_id, principal_of(tr), deliveries, reason, details, now_us())
     order, first_here = _next_order(tr, keys.name)
     # Spread over shards where many writers share a cluster; one range on an engine of one
     # writer at a time, where appending to one range dirties the fewest pages.
@@ -133,6 +130,29 @@ def record(
     # queue and transaction.
     if first_here:
         tr.set_versionstamped_value(jk.bell(keys.name), _BELL)
+
+
+def encode_entry(
+    op: str,
+    message_id: str | None,
+    principal: str,
+    deliveries: int,
+    reason: str | None,
+    details: Mapping[str, Any] | None,
+    at_us: int,
+) -> bytes:
+    """An entry's value: exactly ``json.dumps([_FORMAT, op, message_id, principal, deliveries,
+    reason, details, at_us], separators=(",", ":"))``, built by formatting with the json
+    module's own C string quoting (``json.dumps`` with separators makes a JSONEncoder each
+    call); a non-empty ``details`` goes through one shared encoder. ``op`` is one of OPS."""
+    mid = "null" if message_id is None else _quote(message_id)
+    why = "null" if reason is None else _quote(reason)
+    more = _ENCODER.encode(dict(details)) if details else "{}"
+    return f'[{_FORMAT},"{op}",{mid},{_quote(principal)},{int(deliveries)},{why},{more},{at_us}]'.encode()
+
+
+_quote = json.encoder.encode_basestring_ascii  # json.dumps' own quoting (ensure_ascii)
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
 def register(tr: Transaction, keys: QueueKeys) -> None:

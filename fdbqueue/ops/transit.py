@@ -40,6 +40,7 @@ from fdbqueue.ops.remotededup import DEDUP_HEADER, header_key
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.budget import MAX_PAYLOAD_BYTES
 from fdbqueue.store.clock import db_now, versions
+from fdbqueue.store.codec import enc_str
 from fdbqueue.store.config import Meta, QueueConfig, read_config, read_meta
 from fdbqueue.store.entropy import new_rand
 from fdbqueue.store.layout import QueueKeys
@@ -99,16 +100,25 @@ def probe_key(keys: QueueKeys, nonce: str) -> bytes:
 
 
 def pending_key(dst: QueueKeys, source: str, mid: str, receipt: str) -> bytes:
-    return bytes(dst.q.pack(("fp", source, mid, receipt)))
+    # fdb.tuple.pack's bytes, from the queue's prefix and encoded elements: a forward packs
+    # several of these keys a message, and the tuple layer's general packer is the slow part.
+    prefix: bytes = dst.q.key()
+    return prefix + _FP + enc_str(source) + enc_str(mid) + enc_str(receipt)
 
 
-def _pending_range(dst: QueueKeys, source: str, *rest: str) -> tuple[bytes, bytes]:
-    r = dst.q.range(("fp", source, *rest))
-    return r.start, r.stop
+def pending_range(dst: QueueKeys, source: str, *rest: str) -> tuple[bytes, bytes]:
+    """``dst.q.range(("fp", source, *rest))``: the keys under that tuple (not its own)."""
+    prefix: bytes = dst.q.key()
+    prefix += _FP + enc_str(source) + b"".join(enc_str(x) for x in rest)
+    return prefix + b"\x00", prefix + b"\xff"
 
 
 def tomb_key(src: QueueKeys, dest: str, mid: str) -> bytes:
-    return bytes(src.q.pack(("ft", dest, mid)))
+    prefix: bytes = src.q.key()
+    return prefix + _FT + enc_str(dest) + enc_str(mid)
+
+
+_FP, _FT = enc_str("fp"), enc_str("ft")
 
 
 def tomb_receipt(raw: bytes | None) -> str | None:
@@ -211,7 +221,7 @@ def read_pending(t: Transaction, dst: QueueKeys, source: str, entries: list[Entr
     for (mid, receipt), key, raw in zip(entries, keys, t.get_many(keys), strict=True):
         rec = None if raw is None else decode_record(raw, dst, key, mid)
         if rec is not None and rec.chunks:
-            end = _pending_range(dst, source, mid, receipt)[1]
+            end = pending_range(dst, source, mid, receipt)[1]
             parts = [kv.value for kv in t.get_range(key + b"\x00", end, rec.chunks + 1)]
             rec = rec._replace(payload=join_chunks(parts, rec.chunks, dst.name, mid), chunks=0)
         out.append(rec)
@@ -237,17 +247,17 @@ def enqueued_us(m: Message) -> int:
 def drop_pending(t: Transaction, dst: QueueKeys, source: str, mid: str, receipt: str | None = None) -> None:
     """Clear the pending copy of ``mid`` under ``receipt`` (None: under every receipt)."""
     if receipt is None:
-        t.clear_range(*_pending_range(dst, source, mid))
+        t.clear_range(*pending_range(dst, source, mid))
         return
     key = pending_key(dst, source, mid, receipt)
     t.clear(key)  # a tuple's range holds the keys under it, not its own key
-    t.clear_range(key + b"\x00", _pending_range(dst, source, mid, receipt)[1])
+    t.clear_range(key + b"\x00", pending_range(dst, source, mid, receipt)[1])
 
 
 def pendings(t: Transaction, dst: QueueKeys, source: str, limit: int, before: int) -> list[Entry]:
     """Up to ``limit`` pending copies from ``source`` written before version ``before``."""
     out = []
-    for kv in t.snapshot.get_range(*_pending_range(dst, source), limit * 4):
+    for kv in t.snapshot.get_range(*pending_range(dst, source), limit * 4):
         parts = dst.q.unpack(kv.key)
         if len(parts) != 4:
             continue  # a chunk

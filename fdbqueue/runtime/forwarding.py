@@ -66,7 +66,7 @@ from fdbqueue.ops.remotededup import carry, layer_keys, there_named
 from fdbqueue.ops.txn import run_once
 from fdbqueue.runtime.outbox import Outbox
 from fdbqueue.store.clock import db_now, versions
-from fdbqueue.store.config import read_meta
+from fdbqueue.store.config import Meta, read_meta
 from fdbqueue.store.layout import DEFAULT_ROOT, forward_marker
 from fdbqueue.types import ForwardStats, Item, Message, check_duration, check_flag, check_where
 
@@ -173,13 +173,15 @@ class Forwarder(Outbox):
         """Step 1; named: the batch recorded under the name in the leasing transaction."""
         if self.name is None:
             return self.src.lease_many(self.src_db, n, self.lease_seconds, where=self.where), None
-        skeys, (_, dest), name = self.src.keys, self._token_pair(), self.name
+        return run_once_confirmed(self.src_db, self.src.keys, lambda t: self._lease_in(t, n))
 
-        def body(t: Transaction) -> tuple[list[Message], transit.Record_ | None]:
-            batch = self.src.lease_many(t, n, self.lease_seconds, where=self.where)
-            return batch, (transit.record_hand(t, skeys, dest, name, batch, db_now(t)) if batch else None)
-
-        return run_once_confirmed(self.src_db, skeys, body)
+    def _lease_in(self, t: Transaction, n: int) -> tuple[list[Message], transit.Record_ | None]:
+        """Step 1 in the source's transaction ``t``."""
+        batch = self.src.lease_many(t, n, self.lease_seconds, where=self.where)
+        if self.name is None or not batch:
+            return batch, None
+        dest = self._token_pair()[1]
+        return batch, transit.record_hand(t, self.src.keys, dest, self.name, batch, db_now(t))
 
     def _take_over(self) -> _Hand | None:
         """A named forwarder's first steps: the oldest batch its namesakes left recorded, taken
@@ -201,31 +203,43 @@ class Forwarder(Outbox):
         exclusive path: installs the messages themselves, see ``_install_marked``)."""
         if self.exclusive:
             return self._install_marked(batch)[1]
-        dkeys, (source, _) = self.dst.keys, self._token_pair()
+        dkeys = self.dst.keys
         layer = layer_keys(self._src_db, self.src.keys, batch)  # dedup keys the source confirms
+        big = run_once_confirmed(self.dst_db, dkeys, lambda t: self._install_in(t, batch, layer, None))
+        return self._dead_letter(batch, big)
 
-        def body(t: Transaction) -> dict[str, str]:
+    def _install_in(
+        self, t: Transaction, batch: list[Message], layer: Mapping[str, str], meta: Meta | None
+    ) -> dict[str, str]:
+        """Step 2 in the destination's transaction ``t`` (``meta``: its settings, when read
+        already); returns the messages too large for it, by id (their reasons)."""
+        dkeys, (source, _) = self.dst.keys, self._token_pair()
+        if meta is None:
             meta = read_meta(t, dkeys)
             check(t, dkeys, "enqueue", meta)
-            big = transit.admissible(dkeys, meta, batch)  # too large for it: dead letters
-            transit.install(t, dkeys, source, [m for m in batch if m.id not in big], db_now(t), layer)
-            return big
+        big = transit.admissible(dkeys, meta, batch)  # too large for it: dead letters
+        transit.install(t, dkeys, source, [m for m in batch if m.id not in big], db_now(t), layer)
+        return big
 
-        big = run_once_confirmed(self.dst_db, dkeys, body)
+    def _dead_letter(self, batch: list[Message], big: dict[str, str]) -> int:
         if big:  # their leases end there: step 3 finds them gone (lost), with no copy to withdraw
             transit.dead_letter_leased(self._src_db, self.src.keys, batch, big)
         return len(batch) - len(big)
 
-    def _remove(self, batch: list[Message]) -> list[Message]:
+    def _remove(
+        self, batch: list[Message], ahead: int = 0
+    ) -> tuple[list[Message], list[Message], transit.Record_ | None]:
         """Step 3: one source transaction removes each message whose lease is still ours, with
         its tombstone and acknowledgement; returns those removed, by this call or an earlier
         one that failed without an answer (their tombstones say so). Clears the tombstones of
-        the messages published since the last removal."""
+        the messages published since the last removal. ``ahead``: the same transaction leases
+        up to that many more, the next batch (step 1 of it; named: recorded), returned with
+        its record: a run's steady state is one source transaction a batch."""
         skeys, (_, dest) = self.src.keys, self._token_pair()
         note = Note("forward_out", None, {"to": self.dst.name})
         published, records = list(self._published), list(self._records)
 
-        def body(t: Transaction) -> list[Message]:
+        def body(t: Transaction) -> tuple[list[Message], list[Message], transit.Record_ | None]:
             now = db_now(t)
             tombs = t.get_many([transit.tomb_key(skeys, dest, m.id) for m in batch])
             earlier = {
@@ -241,12 +255,13 @@ class Forwarder(Outbox):
             for record in records:  # named: batches published, nothing left to take over
                 transit.clear_record(t, record)
             removed = earlier | {m.id for m in done}
-            return [m for m in batch if m.id in removed]
+            nxt, hand = self._lease_in(t, ahead) if ahead else ([], None)
+            return [m for m in batch if m.id in removed], nxt, hand
 
-        done = run_once_confirmed(self.src_db, skeys, body)
+        out = run_once_confirmed(self.src_db, skeys, body)
         self._published = self._published[len(published) :]
         self._records = self._records[len(records) :]
-        return done
+        return out
 
     def _withdraw(self, entries: list[transit.Entry]) -> None:
         """Clear pending copies whose lease ended without a removal: never to be published."""
@@ -258,15 +273,21 @@ class Forwarder(Outbox):
 
         run_once(self.dst_db, body)
 
-    def _publish(self, entries: list[transit.Entry]) -> tuple[int, list[transit.Entry]]:
+    def _publish(
+        self, entries: list[transit.Entry], ahead: _Hand | None = None
+    ) -> tuple[int, list[transit.Entry]]:
         """Step 4: one destination transaction makes the pending copies of ``entries`` (removed
         from the source) messages, in order, as many as the queue's ``max_size`` has room for;
         returns how many it wrote, and the entries left waiting for room. A copy no longer
         there was published already (by ``recover``); one the destination holds already (an
-        exclusive forwarder's marker, a RemoteQueue's enqueue that landed) is dropped."""
+        exclusive forwarder's marker, a RemoteQueue's enqueue that landed) is dropped.
+        ``ahead``: the next batch, leased with this one's removal, installed (step 2) in the
+        same transaction while the queue takes enqueues (else by a step of its own, which
+        raises why not): a run's steady state is one destination transaction a batch."""
         dkeys, (source, _) = self.dst.keys, self._token_pair()
+        layer_ahead = {} if ahead is None else layer_keys(self._src_db, self.src.keys, ahead.batch)
 
-        def body(t: Transaction) -> tuple[int, list[transit.Entry], int | None]:
+        def body(t: Transaction) -> tuple[int, list[transit.Entry], int | None, dict[str, str] | None]:
             meta = read_meta(t, dkeys)
             check(t, dkeys, "enqueue", meta)
             now = db_now(t)
@@ -299,20 +320,29 @@ class Forwarder(Outbox):
                     carry(t, dkeys, layer[it.id], it.id, now)
             for mid in handled:
                 transit.drop_pending(t, dkeys, source, mid)  # and any stale copy of another lease
-            return len(items), left, room
+            big = None
+            if ahead is not None and meta.state.enqueue:
+                big = self._install_in(t, ahead.batch, layer_ahead, meta)
+            return len(items), left, room, big
 
-        wrote, left, self._room = run_once_confirmed(self.dst_db, dkeys, body)
+        wrote, left, self._room, big = run_once_confirmed(self.dst_db, dkeys, body)
+        if ahead is not None and big is not None:
+            ahead.installed = True
+            self._dead_letter(ahead.batch, big)
         done = {mid for mid, _ in left}
         self._published += [mid for mid, _ in entries if mid not in done]
         return wrote, left
 
-    def _publish_all(self, entries: list[transit.Entry], *, wait: bool = True) -> tuple[int, int]:
+    def _publish_all(
+        self, entries: list[transit.Entry], *, wait: bool = True, ahead: _Hand | None = None
+    ) -> tuple[int, int]:
         """Publish ``entries``, waiting for room (a backoff up to 1 s; ``stop()`` ends the
-        wait: what is left stays pending, for ``recover`` to publish). Returns how many it
-        wrote, and how many are left."""
+        wait: what is left stays pending, for ``recover`` to publish); the first transaction
+        installs ``ahead`` (see ``_publish``). Returns how many it wrote, and how many are left."""
         wrote, pause = 0, 0.01
-        while entries:
-            n, entries = self._publish(entries)
+        while entries or (ahead is not None and not ahead.installed):
+            n, entries = self._publish(entries, ahead)
+            ahead = None
             wrote += n
             if entries and (not wait or self._stop.wait(pause)):
                 break
@@ -366,6 +396,12 @@ class Forwarder(Outbox):
     def step(self) -> int:
         """Forward one batch through the three steps; returns how many messages it moved
         (0: nothing ready). Exceptions of either side propagate (``run`` retries them)."""
+        return self._step(False)
+
+    def _step(self, ahead: bool) -> int:
+        """``step``; ``ahead`` (a run): the removal of a batch leases the next one, and its
+        publication installs it, so that each side commits once a batch (the next batch is
+        then in hand between two calls; finished before a ``stop()`` returns)."""
         if self._tokens is None:
             self._prepare()
         if self.exclusive:
@@ -374,6 +410,7 @@ class Forwarder(Outbox):
             except BaseException:
                 self._pending = None  # read again by the next step: it may be out of date
                 raise
+        moved = 0
         while not self._stop.is_set() or self._hand is not None:
             if self._hand is None and not self._resumed:
                 self._hand = self._take_over()  # a namesake's batch first
@@ -382,7 +419,7 @@ class Forwarder(Outbox):
                 want = self._wait_for_room()
                 batch, record = self._lease(want) if want else ([], None)
                 if not batch:
-                    return 0
+                    return moved
                 self._hand = _Hand(batch, record=record)
             h = self._hand  # resumed where it stopped when a step is retried (run)
             if not h.installed:
@@ -390,15 +427,18 @@ class Forwarder(Outbox):
                     self._install(h.batch)
                 h.installed = True
             if h.done is None:
-                h.done = self._remove(h.batch) if h.batch else []
+                want = self._want_ahead(len(h.batch)) if ahead and h.batch else 0
+                h.done, nxt, record = self._remove(h.batch, want) if h.batch else ([], [], None)
+                if nxt:
+                    h.ahead = _Hand(nxt, record=record)
                 kept = {m.id for m in h.done}
                 h.lost += [(m.id, str(m.receipt)) for m in h.batch if m.id not in kept]
             if h.lost:  # leases lost to a stall: another forwarder or a consumer has them
                 self._withdraw(h.lost)
                 h.lost = []
             entries = h.removed + [(m.id, str(m.receipt)) for m in h.done]
-            wrote, left = self._publish_all(entries)
-            self._hand = None
+            wrote, left = self._publish_all(entries, ahead=h.ahead)
+            self._hand = h.ahead  # leased and (unless the destination refused it) installed
             if h.record is not None and not left:
                 self._records.append(h.record)  # cleared by the next removal, or at the end
             self.stats.forwarded += wrote
@@ -406,9 +446,19 @@ class Forwarder(Outbox):
             self._took(len(entries))
             if h.done:
                 self.stats.lag = max(0.0, time.time() - h.done[-1].enqueued_at)
-            if entries:
-                return len(entries)
-        return 0
+            moved += len(entries)
+            if moved and not (self._hand is not None and self._stop.is_set()):
+                return moved
+        return moved
+
+    def _want_ahead(self, in_hand: int) -> int:
+        """How many to lease ahead with the removal of a batch of ``in_hand``: a batch, within
+        the room the destination has left once that batch is in and what is left of ``run``'s
+        limit; none once stopping (the run ends with nothing in hand)."""
+        if self._stop.is_set():
+            return 0
+        want = self.batch if self._room is None else min(self.batch, self._room - in_hand)
+        return max(0, want if self._cap is None else min(want, self._cap - in_hand))
 
     def run(
         self,
@@ -440,7 +490,7 @@ class Forwarder(Outbox):
                 ):
                     with contextlib.suppress(EngineError, QueueError):  # what crashes and stalls left
                         self.recover()
-                n = self._retrying(self.step)
+                n = self._retrying(lambda: self._step(True))
                 if n:
                     if progress is not None:
                         progress(self.stats)
@@ -454,6 +504,10 @@ class Forwarder(Outbox):
                 woke = self._retrying(lambda: self.src.wait(self._src_db, idle_timeout or 1.0))
                 if not woke and idle_timeout is not None:
                     break
+            if self._hand is not None:  # the batch leased ahead when stop() came: finished
+                self._retrying(lambda: self._step(False))
+                if progress is not None:
+                    progress(self.stats)
         finally:
             if restore is not None:
                 restore()
@@ -511,6 +565,7 @@ class _Hand:
     lost: list[transit.Entry] = field(default_factory=list)
     removed: list[transit.Entry] = field(default_factory=list)
     record: transit.Record_ | None = None
+    ahead: _Hand | None = None  # a run's next batch, leased with this one's removal
 
 
 def _check_name(name: object, exclusive: bool) -> str | None:

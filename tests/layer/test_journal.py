@@ -386,3 +386,36 @@ def test_following_every_queue_wakes_for_any_queue_and_for_a_new_one() -> None:
     assert not t.is_alive()
     assert [(e.op, e.queue) for e in got] == [("enqueue", "b"), ("create", "c"), ("enqueue", "c")]
     assert time.monotonic() - t0 < 2.0  # woken by the commits, not by the timeout
+
+
+@pytest.mark.parametrize(
+    "mid, principal, deliveries, reason, details",
+    [
+        ("01J0ABCDEF", "anonymous", 0, None, None),
+        (None, 'svc-"quoted"\\é\x00', 3, "too large: 5 bytes\n", {"to": "other", "n": [1, 2.5, None]}),
+        ("id with ü and \u2028", "", 1, "", {}),
+    ],
+)
+def test_an_entry_is_encoded_as_json_dumps_would(
+    mid: str | None, principal: str, deliveries: int, reason: str | None, details: dict[str, Any] | None
+) -> None:
+    """The entry's value, built without a JSONEncoder per entry, is byte for byte what
+    ``json.dumps`` gave (entries written before read the same, and decode alike)."""
+    import json
+
+    from fdbqueue.ops import journaling
+
+    raw = journaling.encode_entry(
+        "enqueue", mid, principal, deliveries, reason, details, 1_700_000_000_123_456
+    )
+    want = [1, "enqueue", mid, principal, deliveries, reason, dict(details or {}), 1_700_000_000_123_456]
+    assert raw == json.dumps(want, separators=(",", ":")).encode()
+    e = journaling.decode_entry("jobs", b"\x00" * 12, raw)
+    assert (e.op, e.message_id, e.principal, e.deliveries, e.reason, e.details) == (
+        "enqueue",
+        mid,
+        principal,
+        deliveries,
+        reason,
+        dict(details or {}),
+    )

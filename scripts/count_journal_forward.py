@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Instructions a journaled operation and a forwarded message cost, counted by valgrind's
+callgrind as ``scripts/count_instructions.py`` counts them: (I(2n) - I(n)) / n of one process
+on ``sqlite://...?sync=normal`` (the fsync is not an instruction), ``PYTHONHASHSEED=0``.
+
+- **journal**: enqueue, ``dequeue(tr)`` and lease + ack on a journaled queue beside the same on
+  a plain queue of the same store (issue 30: journal on >= 0.85 of off);
+- **forward**: a message forwarded between two embedded stores (batch 100) by the leased and
+  by the exclusive forwarder, beside ``enqueue_many`` of batches of 100 into the destination
+  (issue 30: the leased forwarder >= 0.5 of ``enqueue_many``).
+
+Usage: .venv/bin/python scripts/count_journal_forward.py [--n 200] [--what journal,forward]
+       (needs valgrind: apt install valgrind)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import fdbqueue
+from fdbqueue import Queue
+
+PAYLOAD = b"x" * 200
+JOURNAL_OPS = ("enqueue", "dequeue", "lease_ack")
+FORWARDS = ("enqueue_many", "leased", "exclusive")
+
+
+def child(what: str, op: str, n: int) -> None:
+    """Run ``n`` of ``op`` (valgrind counts the whole process; the parent subtracts)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        if what == "forward":
+            src = fdbqueue.open(f"sqlite:///{tmp}/src.db?sync=normal")
+            dst = fdbqueue.open(f"sqlite:///{tmp}/dst.db?sync=normal")
+            into = dst if op == "enqueue_many" else src
+            for lo in range(0, n, 100):
+                Queue("a").enqueue_many(into, [PAYLOAD] * min(100, n - lo))
+            if op != "enqueue_many":
+                fdbqueue.forward(src, "a", dst, "a", batch=100, exclusive=op == "exclusive")
+            return
+        kind, _, journaled = op.partition(":")
+        db = fdbqueue.open(f"sqlite:///{tmp}/q.db?sync=normal")
+        fdbqueue.create_queue(db, "jobs", journal=journaled == "1")
+        q = Queue("jobs")
+        for lo in range(0, n + 10, 500):
+            q.enqueue_many(db, [PAYLOAD] * min(500, n + 10 - lo))
+        for _ in range(3):  # settings cached, pages warm
+            q.enqueue(db, PAYLOAD)
+            q.dequeue(db)
+
+        @fdbqueue.transactional
+        def take(tr: fdbqueue.Transaction) -> fdbqueue.Message | None:
+            return q.dequeue(tr)
+
+        for _ in range(n):
+            if kind == "enqueue":
+                q.enqueue(db, PAYLOAD)
+            elif kind == "dequeue":
+                take(db)
+            else:
+                m = q.lease(db)
+                assert m is not None
+                q.ack(db, m)
+
+
+def instructions(what: str, op: str, n: int) -> float:
+    counts = []
+    for k in (n, 2 * n):
+        out = subprocess.run(
+            ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+             os.path.abspath(__file__), "--child", what, op, str(k)],
+            capture_output=True, text=True, check=True, env={**os.environ, "PYTHONHASHSEED": "0"},
+        )  # fmt: skip
+        found = re.search(r"Collected : (\d+)", out.stderr)
+        if found is None:
+            raise RuntimeError(f"no instruction count from callgrind: {out.stderr[-500:]}")
+        counts.append(int(found.group(1)))
+    return (counts[1] - counts[0]) / n
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=200, help="operations (messages) of the shorter run")
+    ap.add_argument("--what", default="journal,forward")
+    ap.add_argument("--child", nargs=3, metavar=("WHAT", "OP", "N"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        child(args.child[0], args.child[1], int(args.child[2]))
+        return 0
+    if shutil.which("valgrind") is None:
+        print("valgrind not found: apt install valgrind", file=sys.stderr)
+        return 1
+    whats = args.what.split(",")
+    if "journal" in whats:
+        for op in JOURNAL_OPS:
+            plain, journaled = (instructions("journal", f"{op}:{j}", args.n) for j in (0, 1))
+            print(f"{op:12} plain {plain:11,.0f}  journaled {journaled:11,.0f}  "
+                  f"+{journaled - plain:9,.0f}  ratio {plain / journaled:.2f}", flush=True)  # fmt: skip
+    if "forward" in whats:
+        direct, leased, exclusive = (instructions("forward", op, args.n) for op in FORWARDS)
+        # A forward's run also filled the source with enqueue_many: the same cost as ``direct``.
+        leased, exclusive = leased - direct, exclusive - direct
+        print(f"a message: enqueue_many {direct:,.0f}  leased forwarder {leased:,.0f} "
+              f"({direct / leased:.2f})  exclusive {exclusive:,.0f} ({direct / exclusive:.2f})")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
