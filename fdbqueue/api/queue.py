@@ -66,7 +66,7 @@ from fdbqueue.ops.views import due_unswept, ready_count
 from fdbqueue.ops.waiting import blocking_steps, strict_of, wait_ready_steps, watch_queue
 from fdbqueue.store.budget import Budget
 from fdbqueue.store.clock import db_now
-from fdbqueue.store.config import Meta, config_or_create, read_meta
+from fdbqueue.store.config import Meta, config_or_create, read_meta_adding
 from fdbqueue.store.entropy import new_id, random_bytes
 from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys
 from fdbqueue.store.record import Record, check_reason, decode_record
@@ -430,7 +430,7 @@ class Queue:
                 # The attempt with the unknown result did commit. Read-only, this check
                 # cannot itself end unknown; the receipt is swept later.
                 return Done((taken, False))
-            meta = read_meta(t, keys)
+            meta = read_meta_adding(t, keys)
             strict = meta.config is not None and meta.config.strict_order
             staged_ok = may_conflict and where is None and not strict
             if staged_ok and contention.waiting_requests(t, keys):
@@ -480,7 +480,8 @@ class Queue:
         budget: Budget | None = None,
     ) -> Message | None:
         keys = self.keys
-        opened = open_for_dequeue(tr, self.keys, meta)
+        # With the done counter the take adds to (read_meta_adding): one statement less.
+        opened = open_for_dequeue(tr, keys, read_meta_adding(tr, keys) if meta is None else meta)
         if opened is None:
             return None
         cfg, meta = opened

@@ -23,7 +23,7 @@ client's wall clock decides when a lease, a delay or a TTL ends.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -183,15 +183,31 @@ def lease_in(
 
 
 def _leased(
-    keys: QueueKeys, tr: Transaction, m: Message, now: int | None, *, allow_expired: bool = False
+    keys: QueueKeys,
+    tr: Transaction,
+    m: Message,
+    now: int | None,
+    *,
+    allow_expired: bool = False,
+    peek: Sequence[bytes] = (),
 ) -> Record:
     """The leased record of ``m``, once ``tr``'s principal is known to hold ``dequeue`` (the
     check reads the queue's guard with the record: one round trip; ``now`` None: database
-    time after it, whose correction came with it)."""
+    time after it, whose correction came with it). ``peek``: counters the caller adds to,
+    read in that round trip (see :func:`settled_counters`)."""
     if not isinstance(m, Message) or not m.receipt:
         raise LeaseError("ack, nack and extend take a Message returned by lease()")
-    (raw,) = check(tr, keys, "dequeue", also=[keys.inflight_key(m.id)])
+    raw = check(tr, keys, "dequeue", also=[keys.inflight_key(m.id)], peek=peek)[0]
     return _lease_of(keys, tr, m, raw, db_now(tr) if now is None else now, allow_expired)
+
+
+def settled_counters(keys: QueueKeys) -> tuple[bytes, bytes]:
+    """The counters an ack adds to (in flight, done), for the ack's one read to bring along at
+    snapshot isolation (no read conflict: acks and leases add to them side by side). Where
+    atomic ops are resolved when made (the embedded engine, under its store lock) the adds
+    then ask the store nothing more; FoundationDB applies them at the storage servers, and
+    the two small values ride in a round trip the ack makes anyway."""
+    return keys.counter("inflight"), keys.counter("done")
 
 
 def ack_many_in(
@@ -202,12 +218,14 @@ def ack_many_in(
     Returns the ones acked (an expired or lost lease is skipped)."""
     if not all(isinstance(m, Message) and m.receipt for m in msgs):
         raise LeaseError("ack takes Messages returned by lease()")
-    raws = check(tr, keys, "dequeue", also=[keys.inflight_key(m.id) for m in msgs])
+    raws = check(
+        tr, keys, "dequeue", also=[keys.inflight_key(m.id) for m in msgs], peek=settled_counters(keys)
+    )
     if now is None:
         now = db_now(tr)
     done = []
     strict = False
-    for m, raw in zip(msgs, raws, strict=True):
+    for m, raw in zip(msgs, raws[: len(msgs)], strict=True):  # the counters after them
         try:
             rec = _lease_of(keys, tr, m, raw, now, False)
         except LeaseError:
@@ -236,7 +254,7 @@ def _lease_of(
 
 
 def ack_in(keys: QueueKeys, tr: Transaction, m: Message, now: int | None, note: Note | None = None) -> Record:
-    rec = _leased(keys, tr, m, now)
+    rec = _leased(keys, tr, m, now, peek=settled_counters(keys))
     finish_lease(tr, keys, rec, note)
     return rec
 

@@ -420,6 +420,51 @@ def read_meta(tr: Transaction, keys: QueueKeys) -> Meta:
     )
 
 
+# The keys read_meta_adding reads, per queue: read_meta's, then the done counter.
+_take_keys: dict[QueueKeys, list[bytes]] = {}
+
+
+def read_meta_adding(tr: Transaction, keys: QueueKeys) -> Meta:
+    """:func:`read_meta` for a dequeue: with the ``done`` counter it adds to in the same round
+    trip, at snapshot isolation (in ``Meta.counters``). Where atomic ops are resolved when
+    made (the embedded engine, under its store lock) the dequeue's add then asks the store
+    nothing more (one statement less); elsewhere it is one small value more in that read."""
+    wanted = _take_keys.get(keys)
+    if wanted is None:
+        wanted = [keys.metadata_version, *keys.hot_counters(), keys.work_entry, keys.counter("done")]
+        if len(_take_keys) > 4096:  # a process touching very many queues: start again
+            _take_keys.clear()
+        _take_keys[keys] = wanted
+    cluster = getattr(tr.db, "may_conflict", True)  # as read_meta
+    if cluster:
+        values = tr.snapshot.get_many([*wanted, TIME_KEY])
+        note_time(tr, values.pop())
+        tr.add_read_conflict_key(keys.config)
+        tr.add_read_conflict_key(keys.state)
+    else:
+        values = tr.snapshot.get_many(wanted)
+    version = values[0]
+    counters = {name: _count(raw) for name, raw in zip(HOT_COUNTERS, values[1:-2], strict=True)}
+    counters["done"] = _count(values[-1])
+    db = tr.db
+    cached = None if version is None else _cached(db, keys)
+    if cached is None or cached.version != version:
+        cached = _read_settings(tr, keys, version or b"")
+        if version is not None:
+            _remember(db, keys, cached)
+    _volatile(tr, keys, cached.config)
+    return Meta(
+        cached.config,
+        cached.state,
+        counters,
+        counters["wake"],
+        cached.priorities,
+        cached.owner,
+        cached.acl,
+        values[-2],
+    )
+
+
 def decode_guard(raw: bytes | None) -> tuple[str | None, Mapping[str, int]]:
     """A queue's owner and ACL (principal -> rights mask) from its guard key's value."""
     if not raw:
