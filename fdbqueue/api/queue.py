@@ -211,6 +211,9 @@ class Queue:
                     "wait); pass a Database, or use timeout=None"
                 )
             return self._take(tr, where, fallback, in_caller=True)  # type: ignore[arg-type]
+        if timeout is None:  # non-blocking: the one attempt the steps would run, without them
+            _check_mapping(where)
+            return self._dequeue_own(as_database(tr), where, fallback, False)[0]
         return drive(self.dequeue_steps(as_database(tr), timeout, where, fallback))
 
     def dequeue_steps(
@@ -250,6 +253,9 @@ class Queue:
                 raise QueueError("a blocking lease cannot join a caller's transaction; pass a Database")
             receipt = random_bytes(16).hex()
             return lease_batch(self.keys, tr, secs, receipt, n, None, where)  # type: ignore[arg-type]
+        if timeout is None:  # non-blocking: the one attempt the steps would run, without them
+            secs, where = _lease_args(n, lease_seconds, where)
+            return self._lease_attempt(cast("Database", tr), n, secs, where)(False)[0] or []
         return drive(self.lease_steps(cast("Database", tr), n, lease_seconds, timeout, where)) or []
 
     def lease_steps(
@@ -262,6 +268,13 @@ class Queue:
     ) -> Steps[list[Message] | None]:
         """:meth:`lease_many` in a Database, as steps: see :meth:`dequeue_steps`."""
         secs, where = _lease_args(n, lease_seconds, where)
+        return _blocking_steps(db, self.keys, timeout, self._lease_attempt(db, n, secs, where))
+
+    def _lease_attempt(
+        self, db: Database, n: int, secs: float | None, where: Mapping[str, Any] | None
+    ) -> Callable[[bool], tuple[list[Message] | None, Watch | None]]:
+        """One attempt of a lease of up to ``n`` (its arguments checked): ``attempt(want_watch)``
+        gives what it leased, or None and the watch to wait on (``want_watch``)."""
         receipt = random_bytes(16).hex()  # made outside the retry loop: settles a 1021
         taken: list[Message] = []
         budget = Budget(TAKE_RESERVE)
@@ -297,7 +310,7 @@ class Queue:
                 return None, ratelimit.timer_watch(self.keys.wake, held)
             return None, watch_queue(db, self.keys, strict_of(db, self.keys))
 
-        return _blocking_steps(db, self.keys, timeout, attempt)
+        return attempt
 
     def ack(self, tr: Transaction | Database, m: Message) -> None:
         """Settle a leased message: it is done and removed. LeaseError if the lease is gone.

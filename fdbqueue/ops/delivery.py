@@ -27,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from fdbqueue.engines.contract import Database, ReadView, Transaction
+from fdbqueue.engines.contract import Database, ReadView, Transaction, engine_traits
 from fdbqueue.errors import CorruptMessageError, EngineError, LeaseError, LeaseExpiredError, QueueStoppedError
 from fdbqueue.ops.moves import (
     CORRUPT_REASON,
@@ -201,12 +201,14 @@ def _leased(
     return _lease_of(keys, tr, m, raw, db_now(tr) if now is None else now, allow_expired)
 
 
-def settled_counters(keys: QueueKeys) -> tuple[bytes, bytes]:
+def settled_counters(tr: Transaction, keys: QueueKeys) -> tuple[bytes, ...]:
     """The counters an ack adds to (in flight, done), for the ack's one read to bring along at
-    snapshot isolation (no read conflict: acks and leases add to them side by side). Where
-    atomic ops are resolved when made (the embedded engine, under its store lock) the adds
-    then ask the store nothing more; FoundationDB applies them at the storage servers, and
-    the two small values ride in a round trip the ack makes anyway."""
+    snapshot isolation (no read conflict: acks and leases add to them side by side), where
+    transactions cannot conflict: the in-process engines, one writer at a time, resolve an
+    atomic op when it is made, and then ask the store nothing more for it. Where they may
+    (FoundationDB, sim) an add never reads: none."""
+    if engine_traits(tr.db)[0]:
+        return ()
     return keys.counter("inflight"), keys.counter("done")
 
 
@@ -219,7 +221,7 @@ def ack_many_in(
     if not all(isinstance(m, Message) and m.receipt for m in msgs):
         raise LeaseError("ack takes Messages returned by lease()")
     raws = check(
-        tr, keys, "dequeue", also=[keys.inflight_key(m.id) for m in msgs], peek=settled_counters(keys)
+        tr, keys, "dequeue", also=[keys.inflight_key(m.id) for m in msgs], peek=settled_counters(tr, keys)
     )
     if now is None:
         now = db_now(tr)
@@ -254,7 +256,7 @@ def _lease_of(
 
 
 def ack_in(keys: QueueKeys, tr: Transaction, m: Message, now: int | None, note: Note | None = None) -> Record:
-    rec = _leased(keys, tr, m, now, peek=settled_counters(keys))
+    rec = _leased(keys, tr, m, now, peek=settled_counters(tr, keys))
     finish_lease(tr, keys, rec, note)
     return rec
 

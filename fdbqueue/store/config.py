@@ -425,24 +425,20 @@ _take_keys: dict[QueueKeys, list[bytes]] = {}
 
 
 def read_meta_adding(tr: Transaction, keys: QueueKeys) -> Meta:
-    """:func:`read_meta` for a dequeue: with the ``done`` counter it adds to in the same round
-    trip, at snapshot isolation (in ``Meta.counters``). Where atomic ops are resolved when
-    made (the embedded engine, under its store lock) the dequeue's add then asks the store
-    nothing more (one statement less); elsewhere it is one small value more in that read."""
+    """:func:`read_meta` for a dequeue: where transactions cannot conflict (the in-process
+    engines, one writer at a time, which resolve an atomic op when it is made), with the
+    ``done`` counter the dequeue adds to in the same round trip, at snapshot isolation (in
+    ``Meta.counters``): the add then asks the store nothing more, one statement less. Where
+    they may (FoundationDB, sim) an add never reads: :func:`read_meta` as it is."""
+    if getattr(tr.db, "may_conflict", True):  # engine_traits' first, as in read_meta
+        return read_meta(tr, keys)
     wanted = _take_keys.get(keys)
     if wanted is None:
         wanted = [keys.metadata_version, *keys.hot_counters(), keys.work_entry, keys.counter("done")]
         if len(_take_keys) > 4096:  # a process touching very many queues: start again
             _take_keys.clear()
         _take_keys[keys] = wanted
-    cluster = getattr(tr.db, "may_conflict", True)  # as read_meta
-    if cluster:
-        values = tr.snapshot.get_many([*wanted, TIME_KEY])
-        note_time(tr, values.pop())
-        tr.add_read_conflict_key(keys.config)
-        tr.add_read_conflict_key(keys.state)
-    else:
-        values = tr.snapshot.get_many(wanted)
+    values = tr.snapshot.get_many(wanted)
     version = values[0]
     counters = {name: _count(raw) for name, raw in zip(HOT_COUNTERS, values[1:-2], strict=True)}
     counters["done"] = _count(values[-1])
