@@ -66,7 +66,7 @@ from fdbqueue.ops.views import due_unswept, ready_count
 from fdbqueue.ops.waiting import blocking_steps, strict_of, wait_ready_steps, watch_queue
 from fdbqueue.store.budget import Budget
 from fdbqueue.store.clock import db_now
-from fdbqueue.store.config import Meta, config_or_create, read_meta_adding
+from fdbqueue.store.config import TAKE_COUNTERS, Meta, config_or_create, read_meta_for
 from fdbqueue.store.entropy import new_id, random_bytes
 from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys
 from fdbqueue.store.record import Record, check_reason, decode_record
@@ -443,7 +443,7 @@ class Queue:
                 # The attempt with the unknown result did commit. Read-only, this check
                 # cannot itself end unknown; the receipt is swept later.
                 return Done((taken, False))
-            meta = read_meta_adding(t, keys)
+            meta = read_meta_for(t, keys, TAKE_COUNTERS)
             strict = meta.config is not None and meta.config.strict_order
             staged_ok = may_conflict and where is None and not strict
             if staged_ok and contention.waiting_requests(t, keys):
@@ -493,8 +493,8 @@ class Queue:
         budget: Budget | None = None,
     ) -> Message | None:
         keys = self.keys
-        # With the done counter the take adds to (read_meta_adding): one statement less.
-        opened = open_for_dequeue(tr, keys, read_meta_adding(tr, keys) if meta is None else meta)
+        # The counters it looks at and adds to, no more (read_meta_for).
+        opened = open_for_dequeue(tr, keys, read_meta_for(tr, keys, TAKE_COUNTERS) if meta is None else meta)
         if opened is None:
             return None
         cfg, meta = opened

@@ -167,7 +167,11 @@ def lease_in(
     if strict:
         extra["strict"] = True  # its ack must wake whoever waits for the next delivery
     leased = rec.with_(deliveries=rec.deliveries + 1, extra=extra)
-    put_leased(tr, keys, key, leased, deadline, receipt, count=count)
+    raw = leased.encode()
+    put_leased(tr, keys, key, leased, deadline, receipt, count=count, raw=raw)
+    if len(_held) >= HELD_LEASES:  # leases never settled here (expired, dropped): start again
+        _held.clear()
+    _held[receipt] = raw, leased
     if payload is None:
         payload = read_payload(tr, keys, rec)
     return Message.from_record(
@@ -240,10 +244,25 @@ def ack_many_in(
     return done
 
 
+# The leases this process took, by receipt: the record's bytes as written and the record
+# they encode. A settlement that reads those very bytes back takes the record from here, not
+# from decoding them again (equal bytes decode to an equal record, whoever wrote them and
+# whether or not that attempt committed); any other bytes are decoded and checked as ever.
+# Bounded: emptied past HELD_LEASES (leases that expired or were never settled here).
+_held: dict[str, tuple[bytes, Record]] = {}
+HELD_LEASES = 4096
+
+
 def _lease_of(
     keys: QueueKeys, tr: Transaction, m: Message, raw: bytes | None, now: int, allow_expired: bool
 ) -> Record:
-    rec = None if raw is None else decode_record(raw, keys, keys.inflight_key(m.id), m.id)
+    held = _held.pop(m.receipt, None)  # type: ignore[arg-type]  # a receipt: checked by the caller
+    if raw is None:
+        rec = None
+    elif held is not None and held[0] == raw:
+        rec = held[1]
+    else:
+        rec = decode_record(raw, keys, keys.inflight_key(m.id), m.id)
     if rec is None or rec.extra.get("receipt") != m.receipt:
         raise LeaseError(
             f"message {m.id} is not leased under this receipt (already acked, nacked or expired)"

@@ -289,10 +289,12 @@ def put_leased(
     *,
     count: bool,
     note: Note | None = None,
+    raw: bytes | None = None,
 ) -> None:
     """Put a message taken from the ready ``key`` (cleared by the caller) in flight until
-    ``deadline`` under ``receipt``; ``count=False``: the caller counts a batch at once."""
-    tr.set(keys.inflight_key(leased.id), leased.encode())
+    ``deadline`` under ``receipt``; ``count=False``: the caller counts a batch at once.
+    ``raw``: ``leased.encode()``, when the caller made it."""
+    tr.set(keys.inflight_key(leased.id), leased.encode() if raw is None else raw)
     tr.set(keys.lease_key(deadline, leased.id), receipt.encode())
     if key != keys.home_key(leased.id):
         tr.clear(keys.id_key(leased.id))  # it pointed at the ready key; ("f", id) is found by id

@@ -420,28 +420,43 @@ def read_meta(tr: Transaction, keys: QueueKeys) -> Meta:
     )
 
 
-# The keys read_meta_adding reads, per queue: read_meta's, then the done counter.
-_take_keys: dict[QueueKeys, list[bytes]] = {}
+# The keys read_meta_for reads, per queue and counters.
+_for_keys: dict[tuple[QueueKeys, tuple[str, ...]], list[bytes]] = {}
+
+#: What a dequeue reads with the metadata version: the counters its due check looks at
+#: (inflight, delayed) and those it adds to (ready, done).
+TAKE_COUNTERS = ("ready", "inflight", "delayed", "done")
+#: What a lease reads: the same but ``done``, which it does not add to.
+LEASE_COUNTERS = ("ready", "inflight", "delayed")
 
 
-def read_meta_adding(tr: Transaction, keys: QueueKeys) -> Meta:
-    """:func:`read_meta` for a dequeue: where transactions cannot conflict (the in-process
-    engines, one writer at a time, which resolve an atomic op when it is made), with the
-    ``done`` counter the dequeue adds to in the same round trip, at snapshot isolation (in
-    ``Meta.counters``): the add then asks the store nothing more, one statement less. Where
-    they may (FoundationDB, sim) an add never reads: :func:`read_meta` as it is."""
-    if getattr(tr.db, "may_conflict", True):  # engine_traits' first, as in read_meta
-        return read_meta(tr, keys)
-    wanted = _take_keys.get(keys)
+def read_meta_for(tr: Transaction, keys: QueueKeys, counters: tuple[str, ...]) -> Meta:
+    """:func:`read_meta` for an operation that needs only the counters ``counters`` (a dequeue:
+    :data:`TAKE_COUNTERS`; a lease: :data:`LEASE_COUNTERS`), read with the metadata version
+    in one round trip and cached settings as there, but neither the wake counter nor the
+    work-index entry, which only an enqueue uses: ``Meta.made_ready`` is then 0 and
+    ``Meta.work`` None. Every key a read costs (on the embedded engine a B-tree seek each,
+    about as much as a statement of its own), and a counter an operation adds to is read
+    here so that an engine resolving the add when it is made asks for it no more."""
+    wanted = _for_keys.get((keys, counters))
     if wanted is None:
-        wanted = [keys.metadata_version, *keys.hot_counters(), keys.work_entry, keys.counter("done")]
-        if len(_take_keys) > 4096:  # a process touching very many queues: start again
-            _take_keys.clear()
-        _take_keys[keys] = wanted
-    values = tr.snapshot.get_many(wanted)
+        wanted = [keys.metadata_version, *(keys.counter(c) for c in counters)]
+        if len(_for_keys) > 4096:  # a process touching very many queues: start again
+            _for_keys.clear()
+        _for_keys[keys, counters] = wanted
+    cluster = getattr(tr.db, "may_conflict", True)  # engine_traits' first, as in read_meta
+    if cluster:
+        values = tr.snapshot.get_many([*wanted, TIME_KEY])
+        note_time(tr, values.pop())
+        tr.add_read_conflict_key(keys.config)
+        tr.add_read_conflict_key(keys.state)
+    else:
+        values = tr.snapshot.get_many(wanted)
     version = values[0]
-    counters = {name: _count(raw) for name, raw in zip(HOT_COUNTERS, values[1:-2], strict=True)}
-    counters["done"] = _count(values[-1])
+    found = {
+        name: 0 if raw is None else _COUNT(raw)[0] if len(raw) == 8 else unpack_count(raw)
+        for name, raw in zip(counters, values[1:], strict=True)
+    }
     db = tr.db
     cached = None if version is None else _cached(db, keys)
     if cached is None or cached.version != version:
@@ -449,16 +464,7 @@ def read_meta_adding(tr: Transaction, keys: QueueKeys) -> Meta:
         if version is not None:
             _remember(db, keys, cached)
     _volatile(tr, keys, cached.config)
-    return Meta(
-        cached.config,
-        cached.state,
-        counters,
-        counters["wake"],
-        cached.priorities,
-        cached.owner,
-        cached.acl,
-        values[-2],
-    )
+    return Meta(cached.config, cached.state, found, 0, cached.priorities, cached.owner, cached.acl, None)
 
 
 def decode_guard(raw: bytes | None) -> tuple[str | None, Mapping[str, int]]:

@@ -19,7 +19,7 @@ import pytest
 import fdbqueue
 from fdbqueue import Queue
 from fdbqueue.engines.contract import Database, Transaction
-from fdbqueue.errors import LeaseError, LeaseExpiredError
+from fdbqueue.errors import CorruptMessageError, LeaseError, LeaseExpiredError
 from fdbqueue.ops.settling import Settler, lease_settling
 
 
@@ -151,3 +151,19 @@ def test_a_workers_batch_settles_and_leases_without_reading_a_counter_on_its_own
     assert {m.id for m in first}.isdisjoint(m.id for m in second)
     st = fdbqueue.queue_stats(embedded, "jobs")
     assert (st.ready, st.inflight, st.done) == (13, 4, 4)
+
+
+def test_an_ack_of_a_record_damaged_since_it_was_leased_is_refused(embedded: Database) -> None:
+    """The ack takes the record it wrote at the lease from memory only when the very same
+    bytes are read back: a record changed since (a flipped bit here) is decoded, and found
+    damaged, as ever; the message is not counted done."""
+    q = warmed(embedded)
+    m = q.lease(embedded)
+    assert m is not None
+    fkey = q.keys.inflight_key(m.id)
+    raw = bytearray(embedded[fkey])  # type: ignore[index]
+    raw[len(raw) // 2] ^= 0x01
+    embedded[fkey] = bytes(raw)  # type: ignore[index]
+    with pytest.raises(CorruptMessageError):
+        q.ack(embedded, m)
+    assert fdbqueue.queue_stats(embedded, "jobs").done == 0
