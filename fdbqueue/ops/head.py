@@ -85,26 +85,36 @@ def _head(
     """
     scan_from = begin
     want = 1
+    # The first batch (one record) is a serializable read: the read conflict it takes,
+    # [begin, its key] or [begin, end) when there is none, is the very one the scan adds
+    # when it stops there, as it does in the common case (a live head, or none): one call
+    # less. Later batches are snapshot reads, their conflict added where the scan stops.
+    first = True
     while True:
         limit = budget.batch(want)
-        kvs = tr.snapshot.get_range(begin, end, limit)
+        kvs = tr.get_range(begin, end, limit) if first else tr.snapshot.get_range(begin, end, limit)
         budget.read(kvs)
         for key, raw in kvs:
             try:
                 rec = decode_record(raw, keys, key)
             except CorruptMessageError as exc:
                 move_corrupt(keys, tr, cfg, key, raw, exc, budget)
+                first = False
                 continue
             if rec.expired(now):
                 expire_within(keys, tr, cfg, key, raw, rec, budget)
+                first = False
                 continue
-            tr.add_read_conflict_range(scan_from, key + b"\x00")
+            if not first:
+                tr.add_read_conflict_range(scan_from, key + b"\x00")
             if rec.extra and int(rec.extra.get("not_before", 0)) > now:  # extra: mostly empty
                 return None  # strict order: the head waits out its retry delay
             return key, rec
         if len(kvs) < limit:
-            tr.add_read_conflict_range(scan_from, end)  # saw the end, as a serializable read would
+            if not first:
+                tr.add_read_conflict_range(scan_from, end)  # saw the end, as a serializable read would
             return None
+        first = False
         begin = kvs[-1].key + b"\x00"
         if budget.scan_exhausted():
             tr.add_read_conflict_range(scan_from, begin)
