@@ -35,6 +35,7 @@ from fdbqueue.ops.moves import (
     LEASE_FIELDS,
     VOLATILE,
     Note,
+    count_settled,
     dead_letter,
     drop_stale_entry,
     end_lease,
@@ -236,9 +237,10 @@ def ack_many_in(
             rec = _lease_of(keys, tr, m, raw, now, False)
         except LeaseError:
             continue
-        finish_lease(tr, keys, rec, note)
+        finish_lease(tr, keys, rec, note, count=False)
         strict = strict or bool(rec.extra.get("strict"))
         done.append(m)
+    count_settled(tr, keys, len(done))  # one add per counter for the batch
     if strict:
         wake(tr, keys)  # strict order: the next delivery may go ahead now
     return done

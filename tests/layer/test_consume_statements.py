@@ -21,6 +21,7 @@ from fdbqueue import Queue
 from fdbqueue.engines.contract import Database, Transaction
 from fdbqueue.errors import CorruptMessageError, LeaseError, LeaseExpiredError
 from fdbqueue.ops.settling import Settler, lease_settling
+from scripts.txncost import CountingDatabase
 
 
 @pytest.fixture
@@ -167,3 +168,23 @@ def test_an_ack_of_a_record_damaged_since_it_was_leased_is_refused(embedded: Dat
     with pytest.raises(CorruptMessageError):
         q.ack(embedded, m)
     assert fdbqueue.queue_stats(embedded, "jobs").done == 0
+
+
+def test_ack_many_adds_to_each_counter_once_for_the_batch() -> None:
+    """A Worker's settlement acks a batch: one atomic add to the in-flight and done counters
+    for the whole batch (as a lease batch counts its leases), not one per message."""
+    sim = fdbqueue.open("sim://?seed=5&faults=0")
+    try:
+        q = Queue("jobs")
+        q.enqueue_many(sim, [f"m{i}".encode() for i in range(20)])
+        msgs = q.lease_many(sim, 20)
+        db = CountingDatabase(sim)
+        acked = q.ack_many(db, msgs)
+        assert len(acked) == 20
+        (cost,) = [c for c in db.take() if c.committed]
+        for name in ("inflight", "done"):
+            assert sum(b == q.keys.counter(name) for b, _ in cost.write_ranges) == 1, name
+        st = fdbqueue.queue_stats(sim, "jobs")
+        assert (st.ready, st.inflight, st.done) == (0, 0, 20)
+    finally:
+        sim.close()
