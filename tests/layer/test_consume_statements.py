@@ -188,3 +188,25 @@ def test_ack_many_adds_to_each_counter_once_for_the_batch() -> None:
         assert (st.ready, st.inflight, st.done) == (0, 0, 20)
     finally:
         sim.close()
+
+
+def test_a_dequeue_in_a_callers_transaction_moves_expired_and_damaged_heads_aside(embedded: Database) -> None:
+    """Past its first record the head scan keeps its budget as before: expired messages to
+    the error queue, a damaged record moved aside, the first live message taken."""
+    q = Queue("jobs")
+    for i in range(3):
+        q.enqueue(embedded, f"old{i}".encode(), ttl=0.01)
+    q.enqueue(embedded, b"live")
+    time.sleep(0.05)
+    head = next(iter(embedded.get_range(*q.keys.ready_range(), limit=1)))  # type: ignore[attr-defined]
+    embedded[head.key] = head.value[:-1] + bytes([head.value[-1] ^ 1])  # type: ignore[index]
+
+    @fdbqueue.transactional
+    def take(tr: Transaction) -> fdbqueue.Message | None:
+        return q.dequeue(tr)
+
+    m = take(embedded)
+    assert m is not None and m.payload == b"live"
+    st = fdbqueue.queue_stats(embedded, "jobs")
+    assert (st.ready, st.done, st.expired, st.corrupt) == (0, 1, 2, 1)
+    assert take(embedded) is None
