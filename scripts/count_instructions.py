@@ -20,6 +20,9 @@ figures are per message, against the floor's one-row transactions.
 
 ``worker`` is a lease-mode Worker's message (a no-op handler, batched settlement): one
 ``Worker.run(max_messages=n)`` handles n messages, so its start and stop cancel out too.
+Its prefetch grows with rates measured in wall-clock time, so how many messages share a
+transaction varies between runs; ``worker64`` fixes the prefetch at 64 (``prefetch=(64,
+64)``) for a figure that compares across revisions.
 
 ``--steps``: what each step of an enqueue costs, in Python bytecodes executed (deterministic,
 counted with ``sys.settrace``'s opcode events; callgrind cannot see Python functions) - the
@@ -27,7 +30,7 @@ call, the transaction begun (store lock, BEGIN), the queue's metadata read, data
 the message written, its counters, the commit, and the glue between them.
 
 Usage: .venv/bin/python scripts/count_instructions.py [--n 300]
-       [--ops enqueue,enqueue_many,dequeue,lease_ack,worker] [--markdown] [--steps]
+       [--ops enqueue,enqueue_many,dequeue,lease_ack,worker,worker64] [--markdown] [--steps]
        (needs valgrind for the instruction column: apt install valgrind)
 """
 
@@ -53,7 +56,7 @@ from benchlib import machine, show_table
 import fdbqueue
 
 PAYLOAD = b"x" * 200
-OPS = ("enqueue", "enqueue_many", "dequeue", "lease_ack", "worker", "raw_enqueue", "raw_dequeue")
+OPS = ("enqueue", "enqueue_many", "dequeue", "lease_ack", "worker", "worker64", "raw_enqueue", "raw_dequeue")
 BATCH = 100  # enqueue_many's messages a call
 FLOOR = {
     "enqueue": "raw_enqueue",
@@ -61,6 +64,7 @@ FLOOR = {
     "dequeue": "raw_dequeue",
     "lease_ack": "raw_dequeue",
     "worker": "raw_dequeue",
+    "worker64": "raw_dequeue",
 }
 
 
@@ -135,7 +139,8 @@ def _setup_one(op: str, folder: str, stock: int) -> tuple[Callable[[], object], 
         batch.times = many  # type: ignore[attr-defined]
         return batch, conns
 
-    if op == "worker":
+    if op in ("worker", "worker64"):
+        prefetch = (64, 64) if op == "worker64" else (1, 256)  # the second: Worker's default
 
         def noop(m: fdbqueue.Message) -> None:
             pass
@@ -144,7 +149,7 @@ def _setup_one(op: str, folder: str, stock: int) -> tuple[Callable[[], object], 
             raise AssertionError("a Worker runs n messages at once")
 
         def times(n: int) -> None:
-            stats = fdbqueue.Worker(db, "jobs", noop, mode="lease").run(max_messages=n)
+            stats = fdbqueue.Worker(db, "jobs", noop, mode="lease", prefetch=prefetch).run(max_messages=n)
             assert stats.processed >= n, stats
 
         worker.times = times  # type: ignore[attr-defined]

@@ -66,7 +66,7 @@ from fdbqueue.ops.views import due_unswept, ready_count
 from fdbqueue.ops.waiting import blocking_steps, strict_of, wait_ready_steps, watch_queue
 from fdbqueue.store.budget import Budget
 from fdbqueue.store.clock import db_now
-from fdbqueue.store.config import Meta, config_or_create, read_meta
+from fdbqueue.store.config import TAKE_COUNTERS, Meta, config_or_create, read_meta_for
 from fdbqueue.store.entropy import new_id, random_bytes
 from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys
 from fdbqueue.store.record import Record, check_reason, decode_record
@@ -212,6 +212,9 @@ class Queue:
                     "wait); pass a Database, or use timeout=None"
                 )
             return self._take(tr, where, fallback, in_caller=True)  # type: ignore[arg-type]
+        if timeout is None:  # non-blocking: the one attempt the steps would run, without them
+            _check_mapping(where)
+            return self._dequeue_own(as_database(tr), where, fallback, False)[0]
         return drive(self.dequeue_steps(as_database(tr), timeout, where, fallback))
 
     def dequeue_steps(
@@ -251,6 +254,9 @@ class Queue:
                 raise QueueError("a blocking lease cannot join a caller's transaction; pass a Database")
             receipt = random_bytes(16).hex()
             return lease_batch(self.keys, tr, secs, receipt, n, None, where)  # type: ignore[arg-type]
+        if timeout is None:  # non-blocking: the one attempt the steps would run, without them
+            secs, where = _lease_args(n, lease_seconds, where)
+            return self._lease_attempt(cast("Database", tr), n, secs, where)(False)[0] or []
         return drive(self.lease_steps(cast("Database", tr), n, lease_seconds, timeout, where)) or []
 
     def lease_steps(
@@ -263,6 +269,13 @@ class Queue:
     ) -> Steps[list[Message] | None]:
         """:meth:`lease_many` in a Database, as steps: see :meth:`dequeue_steps`."""
         secs, where = _lease_args(n, lease_seconds, where)
+        return _blocking_steps(db, self.keys, timeout, self._lease_attempt(db, n, secs, where))
+
+    def _lease_attempt(
+        self, db: Database, n: int, secs: float | None, where: Mapping[str, Any] | None
+    ) -> Callable[[bool], tuple[list[Message] | None, Watch | None]]:
+        """One attempt of a lease of up to ``n`` (its arguments checked): ``attempt(want_watch)``
+        gives what it leased, or None and the watch to wait on (``want_watch``)."""
         receipt = random_bytes(16).hex()  # made outside the retry loop: settles a 1021
         taken: list[Message] = []
         budget = Budget(TAKE_RESERVE)
@@ -298,7 +311,7 @@ class Queue:
                 return None, ratelimit.timer_watch(self.keys.wake, held)
             return None, watch_queue(db, self.keys, strict_of(db, self.keys))
 
-        return _blocking_steps(db, self.keys, timeout, attempt)
+        return attempt
 
     def ack(self, tr: Transaction | Database, m: Message) -> None:
         """Settle a leased message: it is done and removed. LeaseError if the lease is gone.
@@ -431,7 +444,7 @@ class Queue:
                 # The attempt with the unknown result did commit. Read-only, this check
                 # cannot itself end unknown; the receipt is swept later.
                 return Done((taken, False))
-            meta = read_meta(t, keys)
+            meta = read_meta_for(t, keys, TAKE_COUNTERS)
             strict = meta.config is not None and meta.config.strict_order
             staged_ok = may_conflict and where is None and not strict
             if staged_ok and contention.waiting_requests(t, keys):
@@ -481,7 +494,8 @@ class Queue:
         budget: Budget | None = None,
     ) -> Message | None:
         keys = self.keys
-        opened = open_for_dequeue(tr, self.keys, meta)
+        # The counters it looks at and adds to, no more (read_meta_for).
+        opened = open_for_dequeue(tr, keys, read_meta_for(tr, keys, TAKE_COUNTERS) if meta is None else meta)
         if opened is None:
             return None
         cfg, meta = opened

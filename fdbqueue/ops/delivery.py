@@ -23,11 +23,11 @@ client's wall clock decides when a lease, a delay or a TTL ends.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from fdbqueue.engines.contract import Database, ReadView, Transaction
+from fdbqueue.engines.contract import Database, ReadView, Transaction, engine_traits
 from fdbqueue.errors import CorruptMessageError, EngineError, LeaseError, LeaseExpiredError, QueueStoppedError
 from fdbqueue.ops.moves import (
     CORRUPT_REASON,
@@ -35,6 +35,7 @@ from fdbqueue.ops.moves import (
     LEASE_FIELDS,
     VOLATILE,
     Note,
+    count_settled,
     dead_letter,
     drop_stale_entry,
     end_lease,
@@ -167,7 +168,11 @@ def lease_in(
     if strict:
         extra["strict"] = True  # its ack must wake whoever waits for the next delivery
     leased = rec.with_(deliveries=rec.deliveries + 1, extra=extra)
-    put_leased(tr, keys, key, leased, deadline, receipt, count=count)
+    raw = leased.encode()
+    put_leased(tr, keys, key, leased, deadline, receipt, count=count, raw=raw)
+    if len(_held) >= HELD_LEASES:  # leases never settled here (expired, dropped): start again
+        _held.clear()
+    _held[receipt] = raw, leased
     if payload is None:
         payload = read_payload(tr, keys, rec)
     return Message.from_record(
@@ -183,15 +188,33 @@ def lease_in(
 
 
 def _leased(
-    keys: QueueKeys, tr: Transaction, m: Message, now: int | None, *, allow_expired: bool = False
+    keys: QueueKeys,
+    tr: Transaction,
+    m: Message,
+    now: int | None,
+    *,
+    allow_expired: bool = False,
+    peek: Sequence[bytes] = (),
 ) -> Record:
     """The leased record of ``m``, once ``tr``'s principal is known to hold ``dequeue`` (the
     check reads the queue's guard with the record: one round trip; ``now`` None: database
-    time after it, whose correction came with it)."""
+    time after it, whose correction came with it). ``peek``: counters the caller adds to,
+    read in that round trip (see :func:`settled_counters`)."""
     if not isinstance(m, Message) or not m.receipt:
         raise LeaseError("ack, nack and extend take a Message returned by lease()")
-    (raw,) = check(tr, keys, "dequeue", also=[keys.inflight_key(m.id)])
+    raw = check(tr, keys, "dequeue", also=[keys.inflight_key(m.id)], peek=peek)[0]
     return _lease_of(keys, tr, m, raw, db_now(tr) if now is None else now, allow_expired)
+
+
+def settled_counters(tr: Transaction, keys: QueueKeys) -> tuple[bytes, ...]:
+    """The counters an ack adds to (in flight, done), for the ack's one read to bring along at
+    snapshot isolation (no read conflict: acks and leases add to them side by side), where
+    transactions cannot conflict: the in-process engines, one writer at a time, resolve an
+    atomic op when it is made, and then ask the store nothing more for it. Where they may
+    (FoundationDB, sim) an add never reads: none."""
+    if engine_traits(tr.db)[0]:
+        return ()
+    return keys.counter("inflight"), keys.counter("done")
 
 
 def ack_many_in(
@@ -202,28 +225,46 @@ def ack_many_in(
     Returns the ones acked (an expired or lost lease is skipped)."""
     if not all(isinstance(m, Message) and m.receipt for m in msgs):
         raise LeaseError("ack takes Messages returned by lease()")
-    raws = check(tr, keys, "dequeue", also=[keys.inflight_key(m.id) for m in msgs])
+    raws = check(
+        tr, keys, "dequeue", also=[keys.inflight_key(m.id) for m in msgs], peek=settled_counters(tr, keys)
+    )
     if now is None:
         now = db_now(tr)
     done = []
     strict = False
-    for m, raw in zip(msgs, raws, strict=True):
+    for m, raw in zip(msgs, raws[: len(msgs)], strict=True):  # the counters after them
         try:
             rec = _lease_of(keys, tr, m, raw, now, False)
         except LeaseError:
             continue
-        finish_lease(tr, keys, rec, note)
+        finish_lease(tr, keys, rec, note, count=False)
         strict = strict or bool(rec.extra.get("strict"))
         done.append(m)
+    count_settled(tr, keys, len(done))  # one add per counter for the batch
     if strict:
         wake(tr, keys)  # strict order: the next delivery may go ahead now
     return done
 
 
+# The leases this process took, by receipt: the record's bytes as written and the record
+# they encode. A settlement that reads those very bytes back takes the record from here, not
+# from decoding them again (equal bytes decode to an equal record, whoever wrote them and
+# whether or not that attempt committed); any other bytes are decoded and checked as ever.
+# Bounded: emptied past HELD_LEASES (leases that expired or were never settled here).
+_held: dict[str, tuple[bytes, Record]] = {}
+HELD_LEASES = 4096
+
+
 def _lease_of(
     keys: QueueKeys, tr: Transaction, m: Message, raw: bytes | None, now: int, allow_expired: bool
 ) -> Record:
-    rec = None if raw is None else decode_record(raw, keys, keys.inflight_key(m.id), m.id)
+    held = _held.pop(m.receipt, None)  # type: ignore[arg-type]  # a receipt: checked by the caller
+    if raw is None:
+        rec = None
+    elif held is not None and held[0] == raw:
+        rec = held[1]
+    else:
+        rec = decode_record(raw, keys, keys.inflight_key(m.id), m.id)
     if rec is None or rec.extra.get("receipt") != m.receipt:
         raise LeaseError(
             f"message {m.id} is not leased under this receipt (already acked, nacked or expired)"
@@ -236,7 +277,7 @@ def _lease_of(
 
 
 def ack_in(keys: QueueKeys, tr: Transaction, m: Message, now: int | None, note: Note | None = None) -> Record:
-    rec = _leased(keys, tr, m, now)
+    rec = _leased(keys, tr, m, now, peek=settled_counters(tr, keys))
     finish_lease(tr, keys, rec, note)
     return rec
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from fdbqueue.engines.contract import Transaction
+from fdbqueue.engines.contract import KeyValue, Transaction
 from fdbqueue.errors import CorruptMessageError, QueueError
 from fdbqueue.ops.moves import move_corrupt
 from fdbqueue.ops.scan import KEYS, ReadyScan, expire_within
@@ -54,8 +54,8 @@ def deliverable_head(
     """
     if where is not None and not all(isinstance(name, str) for name in where):
         raise QueueError(f"header names in a filter must be str (as stored), got {list(where)!r}")
-    budget = Budget(TAKE_RESERVE) if budget is None else budget
     if check_due and next_due(tr, keys, now) is not None:
+        budget = Budget(TAKE_RESERVE) if budget is None else budget
         sweep_step(keys, tr, cfg, now, 16, budget)  # due delays and expired leases first
     if cfg.strict_order:
         if where is not None:
@@ -64,12 +64,29 @@ def deliverable_head(
             return None  # strict order: one delivery in flight at a time
     begin, end = keys.ready_range()
     if where is not None:
+        budget = Budget(TAKE_RESERVE) if budget is None else budget
         return _find(keys, tr, cfg, begin, end, dict(where), fallback, now, budget)
     return _head(keys, tr, cfg, start or begin, end, now, budget)
 
 
+def _begun(budget: Budget | None, kvs: list[KeyValue]) -> Budget:
+    """``budget``, or one begun now for a head scan that goes past its first record, with
+    that record's read counted (a live head, the common case, needs none)."""
+    if budget is not None:
+        return budget
+    fresh = Budget(TAKE_RESERVE)
+    fresh.read(kvs)
+    return fresh
+
+
 def _head(
-    keys: QueueKeys, tr: Transaction, cfg: QueueConfig, begin: bytes, end: bytes, now: int, budget: Budget
+    keys: QueueKeys,
+    tr: Transaction,
+    cfg: QueueConfig,
+    begin: bytes,
+    end: bytes,
+    now: int,
+    budget: Budget | None,
 ) -> tuple[bytes, Record] | None:
     """The first live ready message from ``begin``, moving expired ones aside within ``budget``.
 
@@ -85,26 +102,47 @@ def _head(
     """
     scan_from = begin
     want = 1
+    # The first batch (one record) is a serializable read: the read conflict it takes,
+    # [begin, its key] or [begin, end) when there is none, is the very one the scan adds
+    # when it stops there, as it does in the common case (a live head, or none): one call
+    # less. Later batches are snapshot reads, their conflict added where the scan stops.
+    # ``budget`` None (a dequeue in a caller's transaction): one is begun (_begun) only when
+    # the scan goes past its first record, which a live head never does.
+    first = True
     while True:
-        limit = budget.batch(want)
-        kvs = tr.snapshot.get_range(begin, end, limit)
-        budget.read(kvs)
+        limit = 1 if budget is None else budget.batch(want)  # a first batch: 1 either way
+        if first:
+            kvs = tr.get_range(begin, end, limit)
+            if budget is not None:
+                budget.read(kvs)
+        else:
+            kvs = tr.snapshot.get_range(begin, end, limit)
+            budget = _begun(budget, [])  # begun by now (past the first record): for the type
+            budget.read(kvs)
         for key, raw in kvs:
             try:
                 rec = decode_record(raw, keys, key)
             except CorruptMessageError as exc:
+                budget = _begun(budget, kvs)
                 move_corrupt(keys, tr, cfg, key, raw, exc, budget)
+                first = False
                 continue
             if rec.expired(now):
+                budget = _begun(budget, kvs)
                 expire_within(keys, tr, cfg, key, raw, rec, budget)
+                first = False
                 continue
-            tr.add_read_conflict_range(scan_from, key + b"\x00")
+            if not first:
+                tr.add_read_conflict_range(scan_from, key + b"\x00")
             if rec.extra and int(rec.extra.get("not_before", 0)) > now:  # extra: mostly empty
                 return None  # strict order: the head waits out its retry delay
             return key, rec
         if len(kvs) < limit:
-            tr.add_read_conflict_range(scan_from, end)  # saw the end, as a serializable read would
+            if not first:
+                tr.add_read_conflict_range(scan_from, end)  # saw the end, as a serializable read would
             return None
+        first = False
+        budget = _begun(budget, kvs)  # begun already: every record of this batch was moved aside
         begin = kvs[-1].key + b"\x00"
         if budget.scan_exhausted():
             tr.add_read_conflict_range(scan_from, begin)

@@ -24,7 +24,7 @@ from fdbqueue.ops.scan import expire_within
 from fdbqueue.ops.sweep import sweep_step
 from fdbqueue.store.budget import BATCH_PAYLOAD_BYTES, CHUNK_BYTES, Budget, encoded_len, grown_record
 from fdbqueue.store.clock import db_now
-from fdbqueue.store.config import Meta, QueueConfig, due_entries
+from fdbqueue.store.config import LEASE_COUNTERS, Meta, QueueConfig, due_entries, read_meta_for
 from fdbqueue.store.layout import QueueKeys
 from fdbqueue.store.record import Record, decode_record
 from fdbqueue.types import Message, headers_match
@@ -45,7 +45,7 @@ def lease_batch(
     deliverable messages first, unclaimed: consumers of one queue at the same moment then
     part ways instead of taking the same head and conflicting (QuiCK's consumers pick at
     random among the first ready items). Strict order never skips."""
-    opened = open_for_dequeue(tr, keys, None)
+    opened = open_for_dequeue(tr, keys, read_meta_for(tr, keys, LEASE_COUNTERS))  # what a lease needs
     if opened is None:
         return []
     cfg, meta = opened

@@ -290,10 +290,12 @@ def put_leased(
     *,
     count: bool,
     note: Note | None = None,
+    raw: bytes | None = None,
 ) -> None:
     """Put a message taken from the ready ``key`` (cleared by the caller) in flight until
-    ``deadline`` under ``receipt``; ``count=False``: the caller counts a batch at once."""
-    tr.set(keys.inflight_key(leased.id), leased.encode())
+    ``deadline`` under ``receipt``; ``count=False``: the caller counts a batch at once.
+    ``raw``: ``leased.encode()``, when the caller made it."""
+    tr.set(keys.inflight_key(leased.id), leased.encode() if raw is None else raw)
     tr.set(keys.lease_key(deadline, leased.id), receipt.encode())
     if key != keys.home_key(leased.id):
         tr.clear(keys.id_key(leased.id))  # it pointed at the ready key; ("f", id) is found by id
@@ -303,20 +305,26 @@ def put_leased(
         after(tr, keys, True, note or Note("lease"), leased)
 
 
-def end_lease(tr: Transaction, keys: QueueKeys, rec: Record) -> None:
-    """Take a leased message out of flight (its lease entry with it); the caller puts it somewhere."""
+def end_lease(tr: Transaction, keys: QueueKeys, rec: Record, *, count: bool = True) -> None:
+    """Take a leased message out of flight (its lease entry with it); the caller puts it
+    somewhere. ``count=False``: the caller counts a batch at once (:func:`count_settled`)."""
     tr.clear(keys.inflight_key(rec.id))
     tr.clear(keys.lease_key(int(rec.extra["deadline"]), rec.id))
-    tr.add(keys.counter("inflight"), MINUS_ONE)
+    if count:
+        tr.add(keys.counter("inflight"), MINUS_ONE)
 
 
-def finish_lease(tr: Transaction, keys: QueueKeys, rec: Record, note: Note | None = None) -> None:
+def finish_lease(
+    tr: Transaction, keys: QueueKeys, rec: Record, note: Note | None = None, *, count: bool = True
+) -> None:
     """An acked message: out of flight and gone, with its chunks and TTL entry; counted done.
-    Journaled ``ack``, or as ``note`` says (a forwarder's ``forward_out``)."""
-    end_lease(tr, keys, rec)
+    Journaled ``ack``, or as ``note`` says (a forwarder's ``forward_out``). ``count=False``:
+    the caller counts a batch of acks at once (:func:`count_settled`)."""
+    end_lease(tr, keys, rec, count=count)
     if JOURNALED in rec.extra:
         after(tr, keys, True, note or Note("ack"), rec)
-    tr.add(keys.counter("done"), ONE)
+    if count:
+        tr.add(keys.counter("done"), ONE)
     if rec.chunks:
         tr.clear_range(*keys.chunk_range(rec.id))
     if rec.expires_us is not None:
@@ -441,6 +449,14 @@ def count_leased(tr: Transaction, keys: QueueKeys, n: int) -> None:
     if n:
         tr.add(keys.counter("ready"), pack_count(-n))
         tr.add(keys.counter("inflight"), pack_count(n))
+
+
+def count_settled(tr: Transaction, keys: QueueKeys, n: int) -> None:
+    """A batch of ``n`` acks (:func:`finish_lease` with ``count=False``): one atomic add per
+    counter, not one per message."""
+    if n:
+        tr.add(keys.counter("inflight"), pack_count(-n))
+        tr.add(keys.counter("done"), pack_count(n))
 
 
 def take_for_lease(tr: Transaction, keys: QueueKeys, key: bytes, rec: Record) -> None:

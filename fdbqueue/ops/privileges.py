@@ -69,13 +69,23 @@ def allowed(owner: str | None, acl: Mapping[str, int], principal: str, right: st
 
 
 def check(
-    tr: Transaction, keys: QueueKeys, right: str, meta: Meta | None = None, also: Sequence[bytes] = ()
+    tr: Transaction,
+    keys: QueueKeys,
+    right: str,
+    meta: Meta | None = None,
+    also: Sequence[bytes] = (),
+    *,
+    peek: Sequence[bytes] = (),
 ) -> list[bytes | None]:
     """Raise AccessDeniedError unless ``tr``'s principal holds ``right`` on the queue; call it
     before anything is written. Uses ``meta`` when the caller read it (no read); else reads
     the guard key with ``also``, the keys the caller reads next, in one round trip (snapshot
     reads, with the read conflicts a serializable read of ``also`` takes), and returns their
-    values."""
+    values. ``peek``: keys read in the same round trip at snapshot isolation and without a
+    read conflict (counters the caller adds to), their values after those of ``also``."""
+    conflicted = also
+    if peek:
+        also = [*also, *peek]
     if meta is not None:
         owner, acl = meta.owner, meta.acl
         values: list[bytes | None] = []
@@ -83,13 +93,13 @@ def check(
         # Where versions may jump, the database's time correction too (clock.note_time).
         found = tr.snapshot.get_many([keys.guard, *also, TIME_KEY])
         note_time(tr, found.pop())
-        for key in also:
+        for key in conflicted:
             tr.add_read_conflict_key(key)
         owner, acl = decode_guard(found[0])
         values = found[1:]
     else:
         found = tr.snapshot.get_many([keys.guard, *also])
-        for key in also:
+        for key in conflicted:
             tr.add_read_conflict_key(key)
         owner, acl = decode_guard(found[0])
         values = found[1:]

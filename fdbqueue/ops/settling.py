@@ -338,9 +338,19 @@ def lease_settling(
     attempts = [0] if tries is None else tries  # how many attempts it took, for the caller
 
     def body(t: Transaction) -> tuple[list[Any], list[Message]]:
+        # The lease first, the acks after it: the lease's reads then meet no write of this
+        # transaction, which an engine that reads through its writes (the embedded one's
+        # write map) would otherwise have to overlay on every read and order every later
+        # write for; its due check may read the lease index once more (the acked leases are
+        # still counted in flight), once a batch. Neither reads what the other writes: the
+        # acked messages are in flight, the lease takes ready ones.
+        leased = lease(t)
         results = settler.settle(t, got) if settler is not None and got else []
+        return results, leased
+
+    def lease(t: Transaction) -> list[Message]:
         if claim is not None and not contended and workindex.taken_by_other(t, q.keys, claim):
-            return results, []  # claimed since this consumer's scan: its claimer's to serve
+            return []  # claimed since this consumer's scan: its claimer's to serve
         # A work set's consumer picks at random among the first ready messages (one of
         # many consumers of many queues: no head to keep to), wider when another consumer
         # claims the queue.
@@ -352,7 +362,7 @@ def lease_settling(
                 # often as not: this one moves on (its turn goes on with other queues), and
                 # commits only the acks it carries.
                 attempts[0] += 1
-                return results, []
+                return []
             spread = HEAD_SPREAD if contended else FIRST_SPREAD
         attempts[0] += 1
         leased = lease_batch(q.keys, t, lease_seconds, receipt, n, spread=spread)
@@ -365,7 +375,7 @@ def lease_settling(
             # Empty for now, and nobody else's: what comes next is this consumer's, the
             # others skip the queue meanwhile instead of all probing it (QuiCK's pointer lease).
             workindex.claim(t, q.keys, claim, False)
-        return results, leased
+        return leased
 
     try:
         if settler is not None and got:

@@ -447,6 +447,53 @@ def read_meta(tr: Transaction, keys: QueueKeys, *, enqueue: bool = False) -> Met
     return _new_meta(Meta, (*cached[1:], made_ready, values[3], cluster, values))
 
 
+# The keys read_meta_for reads, per queue and counters.
+_for_keys: dict[tuple[QueueKeys, tuple[str, ...]], list[bytes]] = {}
+
+#: What a dequeue reads with the metadata version: the counters its due check looks at
+#: (inflight, delayed) and those it adds to (ready, done).
+TAKE_COUNTERS = ("ready", "inflight", "delayed", "done")
+#: What a lease reads: the same but ``done``, which it does not add to.
+LEASE_COUNTERS = ("ready", "inflight", "delayed")
+
+
+def read_meta_for(tr: Transaction, keys: QueueKeys, counters: tuple[str, ...]) -> Meta:
+    """:func:`read_meta` for an operation that needs only the counters ``counters`` (a dequeue:
+    :data:`TAKE_COUNTERS`; a lease: :data:`LEASE_COUNTERS`), read with the metadata version
+    in one round trip and cached settings as there, but neither the wake counter nor the
+    work-index entry, which only an enqueue uses: ``Meta.made_ready`` is then 0 and
+    ``Meta.work`` None. Every key a read costs (on the embedded engine a B-tree seek each,
+    about as much as a statement of its own), and a counter an operation adds to is read
+    here so that an engine resolving the add when it is made asks for it no more."""
+    wanted = _for_keys.get((keys, counters))
+    if wanted is None:
+        wanted = [keys.metadata_version, *(keys.counter(c) for c in counters)]
+        if len(_for_keys) > 4096:  # a process touching very many queues: start again
+            _for_keys.clear()
+        _for_keys[keys, counters] = wanted
+    cluster = getattr(tr.db, "may_conflict", True)  # engine_traits' first, as in read_meta
+    if cluster:
+        values = tr.snapshot.get_many([*wanted, TIME_KEY])
+        note_time(tr, values.pop())
+        tr.add_read_conflict_key(keys.config)
+        tr.add_read_conflict_key(keys.state)
+    else:
+        values = tr.snapshot.get_many(wanted)
+    version = values[0]
+    got = dict(zip(counters, values[1:], strict=True))
+    # In Meta.raw's order (QueueKeys.meta_read): no wake counter, no work-index entry.
+    raw = [version, got.get("ready"), None, None, got.get("inflight"), got.get("delayed")]
+    db = tr.db
+    cached = None if version is None else _cached(db, keys)
+    if cached is None or cached.version != version:
+        cached = _read_settings(tr, keys, version or b"")
+        if version is not None:
+            _remember(db, keys, cached)
+    _volatile(tr, keys, cached.config)
+    # (config, state, priorities, owner, acl) from the settings, as read_meta makes them
+    return _new_meta(Meta, (*cached[1:], 0, None, cluster, raw))
+
+
 def decode_guard(raw: bytes | None) -> tuple[str | None, Mapping[str, int]]:
     """A queue's owner and ACL (principal -> rights mask) from its guard key's value."""
     if not raw:

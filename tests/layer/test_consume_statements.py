@@ -1,0 +1,212 @@
+"""What consuming a message asks of the embedded engine, statement by statement.
+
+An operation pays for its statements, not its rows (``scripts/count_instructions.py``): the
+counters an ack or a dequeue adds to are read at snapshot isolation in the round trip the
+operation makes anyway, so that the engine, which resolves an atomic add under its store
+lock when it is made, asks SQLite nothing more for them; and every guarantee still holds
+(the counters stay exact, a foreign or expired lease is still refused).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import fdbqueue
+from fdbqueue import Queue
+from fdbqueue.engines.contract import Database, Transaction
+from fdbqueue.errors import CorruptMessageError, LeaseError, LeaseExpiredError
+from fdbqueue.ops.settling import Settler, lease_settling
+from scripts.txncost import CountingDatabase
+
+
+@pytest.fixture
+def embedded(tmp_path: Path) -> Iterator[Database]:
+    database = fdbqueue.open(f"sqlite://{tmp_path / 'q.db'}?sync=normal")
+    yield database
+    database.close()
+
+
+def verbs_of(db: Database, call: Callable[[], Any]) -> tuple[list[str], Any]:
+    """The SQL verbs ``call()`` runs on ``db``'s connection (each DELETE stepped counts)."""
+    conn = db._store.conn  # type: ignore[attr-defined]
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    try:
+        got = call()
+    finally:
+        conn.set_trace_callback(None)
+    return [s.split()[0] for s in statements], got
+
+
+def warmed(db: Database, n: int = 5) -> Queue:
+    q = Queue("jobs")
+    q.enqueue_many(db, [f"m{i}".encode() for i in range(n)])
+    q.enqueue(db, b"warm")  # the settings cached at the metadata version the batch wrote
+    return q
+
+
+def test_a_dequeue_in_a_callers_transaction_reads_its_counters_with_its_metadata(embedded: Database) -> None:
+    """BEGIN, the metadata with every counter it adds to, the head, one INSERT for the
+    counters, the DELETE of the message, COMMIT (the done counter was a SELECT of its own)."""
+    q = warmed(embedded)
+    before = fdbqueue.queue_stats(embedded, "jobs")
+
+    @fdbqueue.transactional
+    def take(tr: Transaction) -> fdbqueue.Message | None:
+        return q.dequeue(tr)
+
+    verbs, m = verbs_of(embedded, lambda: take(embedded))
+    assert verbs == ["BEGIN", "SELECT", "SELECT", "INSERT", "DELETE", "COMMIT"], verbs
+    assert m is not None and m.payload == b"m0" and m.deliveries == 1
+    after = fdbqueue.queue_stats(embedded, "jobs")
+    assert (after.ready, after.done) == (before.ready - 1, before.done + 1)
+
+
+def test_a_lease_runs_six_statements(embedded: Database) -> None:
+    q = warmed(embedded)
+    verbs, m = verbs_of(embedded, lambda: q.lease(embedded))
+    assert verbs == ["BEGIN", "SELECT", "SELECT", "INSERT", "DELETE", "COMMIT"], verbs
+    assert m is not None and m.payload == b"m0"
+    st = fdbqueue.queue_stats(embedded, "jobs")
+    assert (st.ready, st.inflight) == (5, 1)
+
+
+def test_an_ack_reads_its_lease_the_guard_and_its_counters_in_one_statement(embedded: Database) -> None:
+    """BEGIN, one SELECT (the queue's guard, the leased record, the in-flight and done
+    counters), the counters written, the record and its lease entry cleared, COMMIT."""
+    q = warmed(embedded)
+    m = q.lease(embedded)
+    assert m is not None
+    verbs, _ = verbs_of(embedded, lambda: q.ack(embedded, m))
+    assert verbs == ["BEGIN", "SELECT", "INSERT", "DELETE", "DELETE", "COMMIT"], verbs
+    st = fdbqueue.queue_stats(embedded, "jobs")
+    assert (st.ready, st.inflight, st.done) == (5, 0, 1)
+    with pytest.raises(LeaseError):
+        q.ack(embedded, m)  # acked already: its receipt is gone
+    assert fdbqueue.queue_stats(embedded, "jobs").done == 1
+
+
+def test_ack_many_reads_every_lease_and_the_counters_in_one_statement(embedded: Database) -> None:
+    q = warmed(embedded)
+    msgs = q.lease_many(embedded, 3)
+    verbs, acked = verbs_of(embedded, lambda: q.ack_many(embedded, msgs))
+    assert verbs.count("SELECT") == 1, verbs
+    assert [m.id for m in acked] == [m.id for m in msgs]
+    st = fdbqueue.queue_stats(embedded, "jobs")
+    assert (st.ready, st.inflight, st.done) == (3, 0, 3)
+
+
+def test_an_ack_of_an_expired_lease_is_refused_and_counts_nothing(embedded: Database) -> None:
+    q = warmed(embedded)
+    m = q.lease(embedded, lease_seconds=0.05)
+    assert m is not None
+    time.sleep(0.1)
+    with pytest.raises(LeaseExpiredError):
+        q.ack(embedded, m)
+    assert fdbqueue.queue_stats(embedded, "jobs").done == 0
+    again = q.lease(embedded)  # the expired lease is taken back first: delivered again
+    assert again is not None and (again.id, again.deliveries) == (m.id, 2)
+
+
+def test_an_ack_of_a_lease_taken_over_by_another_consumer_is_refused(embedded: Database) -> None:
+    """Its lease expired and the message was leased again: the first holder's receipt is
+    stale, whatever the bytes of its record were when it leased it."""
+    q = Queue("jobs")
+    q.enqueue(embedded, b"only")
+    first = q.lease(embedded, lease_seconds=0.05)
+    assert first is not None
+    time.sleep(0.1)
+    second = q.lease(embedded)
+    assert second is not None and second.id == first.id and second.receipt != first.receipt
+    with pytest.raises(LeaseError):
+        q.ack(embedded, first)
+    q.ack(embedded, second)
+    st = fdbqueue.queue_stats(embedded, "jobs")
+    assert (st.inflight, st.done) == (0, 1)
+
+
+def test_a_workers_batch_settles_and_leases_without_reading_a_counter_on_its_own(embedded: Database) -> None:
+    """One transaction acks the batch handled and leases the next: the counters it adds to
+    come with the reads it makes anyway (no ``SELECT v FROM kv WHERE k = ?`` of one key)."""
+    q = warmed(embedded, 20)
+    settled: list[int] = []
+    settler: Settler[Queue] = Settler(embedded, 10.0, 256, lambda _q, acked, _lost: settled.append(acked))
+    first = lease_settling(embedded, settler, q, 4, None)
+    for m in first:
+        settler.add(q, m)
+    conn = embedded._store.conn  # type: ignore[attr-defined]
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    try:
+        second = lease_settling(embedded, settler, q, 4, None)
+    finally:
+        conn.set_trace_callback(None)
+    settler.close()
+    assert not [s for s in statements if s.startswith("SELECT v FROM")], statements
+    assert settled == [4] and len(second) == 4
+    assert {m.id for m in first}.isdisjoint(m.id for m in second)
+    st = fdbqueue.queue_stats(embedded, "jobs")
+    assert (st.ready, st.inflight, st.done) == (13, 4, 4)
+
+
+def test_an_ack_of_a_record_damaged_since_it_was_leased_is_refused(embedded: Database) -> None:
+    """The ack takes the record it wrote at the lease from memory only when the very same
+    bytes are read back: a record changed since (a flipped bit here) is decoded, and found
+    damaged, as ever; the message is not counted done."""
+    q = warmed(embedded)
+    m = q.lease(embedded)
+    assert m is not None
+    fkey = q.keys.inflight_key(m.id)
+    raw = bytearray(embedded[fkey])  # type: ignore[index]
+    raw[len(raw) // 2] ^= 0x01
+    embedded[fkey] = bytes(raw)  # type: ignore[index]
+    with pytest.raises(CorruptMessageError):
+        q.ack(embedded, m)
+    assert fdbqueue.queue_stats(embedded, "jobs").done == 0
+
+
+def test_ack_many_adds_to_each_counter_once_for_the_batch() -> None:
+    """A Worker's settlement acks a batch: one atomic add to the in-flight and done counters
+    for the whole batch (as a lease batch counts its leases), not one per message."""
+    sim = fdbqueue.open("sim://?seed=5&faults=0")
+    try:
+        q = Queue("jobs")
+        q.enqueue_many(sim, [f"m{i}".encode() for i in range(20)])
+        msgs = q.lease_many(sim, 20)
+        db = CountingDatabase(sim)
+        acked = q.ack_many(db, msgs)
+        assert len(acked) == 20
+        (cost,) = [c for c in db.take() if c.committed]
+        for name in ("inflight", "done"):
+            assert sum(b == q.keys.counter(name) for b, _ in cost.write_ranges) == 1, name
+        st = fdbqueue.queue_stats(sim, "jobs")
+        assert (st.ready, st.inflight, st.done) == (0, 0, 20)
+    finally:
+        sim.close()
+
+
+def test_a_dequeue_in_a_callers_transaction_moves_expired_and_damaged_heads_aside(embedded: Database) -> None:
+    """Past its first record the head scan keeps its budget as before: expired messages to
+    the error queue, a damaged record moved aside, the first live message taken."""
+    q = Queue("jobs")
+    for i in range(3):
+        q.enqueue(embedded, f"old{i}".encode(), ttl=0.01)
+    q.enqueue(embedded, b"live")
+    time.sleep(0.05)
+    head = next(iter(embedded.get_range(*q.keys.ready_range(), limit=1)))  # type: ignore[attr-defined]
+    embedded[head.key] = head.value[:-1] + bytes([head.value[-1] ^ 1])  # type: ignore[index]
+
+    @fdbqueue.transactional
+    def take(tr: Transaction) -> fdbqueue.Message | None:
+        return q.dequeue(tr)
+
+    m = take(embedded)
+    assert m is not None and m.payload == b"live"
+    st = fdbqueue.queue_stats(embedded, "jobs")
+    assert (st.ready, st.done, st.expired, st.corrupt) == (0, 1, 2, 1)
+    assert take(embedded) is None
