@@ -131,18 +131,24 @@ class LocalTransaction(ABC):
         "_watches",
         "db",
         "options",
-        "snapshot",
     )
 
     def __init__(self, db: LocalDatabase) -> None:
         self.db = db
         self.options = TransactionOptions()
-        self.snapshot = _Snapshot(self)
         self._retries = 0
         # The timeout counts from creation or reset, across on_error's retries (RYW's
         # timebomb(timeoutInSeconds + creationTime); resetRyow keeps creationTime).
         self._created = db.clock()
         self._clear_state()
+
+    @property
+    def snapshot(self) -> _Snapshot:
+        """The same reads without read conflicts (a view made at each use: a view kept by the
+        transaction would make the two a reference cycle, which only the cyclic garbage
+        collector frees, with everything the transaction holds; a transaction is made for
+        every operation)."""
+        return _Snapshot(self)
 
     # -- life cycle ----------------------------------------------------------------------------
 

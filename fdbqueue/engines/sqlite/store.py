@@ -67,6 +67,33 @@ class Store(ABC):
         # Connections for transactions that read a snapshot of their own (rare).
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
+        # What this handle's last commit read, with the values it left, and that commit's
+        # version (see :meth:`keep`); None when there is nothing to trust.
+        self.kept: tuple[int, dict[bytes, bytes | None]] | None = None
+
+    def keep(self, version: int, seen: dict[bytes, bytes | None]) -> None:
+        """After the COMMIT of ``version``, under the store lock: ``seen``, the stored values
+        its transaction read with its own writes applied, is what the store holds for those
+        keys until the next commit (:meth:`take_kept`)."""
+        self.kept = (version, seen)
+
+    def take_kept(self) -> dict[bytes, bytes | None] | None:
+        """Under the store lock, at a transaction's begin: what :meth:`keep` kept, while the
+        store's last commit is still the one that kept it (taken once: the transaction reads
+        into it), else None.
+
+        Every commit of every process sets the version clock's last version in the lock
+        file's page before its COMMIT (``VersionClock.next_version``), and versions only
+        grow: while the page still names this handle's version, trusted (this boot, this
+        store) and with no commit pending, no other commit has changed any key since."""
+        kept, self.kept = self.kept, None
+        if kept is None:
+            return None
+        version, seen = kept
+        tag, last, _, pending, _ = self.page.clock()  # type: ignore[attr-defined]
+        if last != version or pending or tag != self.clock_tag or self.clock_tag is None:
+            return None
+        return seen
 
     # -- a transaction's beginning and end ---------------------------------------------------
 
@@ -300,6 +327,7 @@ class WritableStore(Store):
         # Connections inherited through fork() stay referenced and untouched (see shared).
         _shared.inherited.extend((self.conn, self._readers))
         self._readers = []
+        self.kept = None
         if self.wal:
             self.wal.after_fork()
         self._open()

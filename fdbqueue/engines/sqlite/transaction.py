@@ -253,9 +253,16 @@ class SqliteTransaction(LocalTransaction):
         self._held: Held | None = None  # what the clock read at the read version (VersionClock)
 
     def _begin(self) -> None:
-        self._cur, self._nested = cur, _ = self._store.begin()
+        store = self._store
+        self._cur, self._nested = cur, nested = store.begin()
         self._conn = cur.connection
         self._locked = True
+        if store.kept is not None and not nested:
+            # The store's last commit is this handle's (Store.take_kept): what it read and
+            # wrote is still stored, and is read from here without asking SQLite.
+            kept = store.take_kept()
+            if kept is not None:
+                self._seen = kept
 
     def _fail(self, exc: sqlite3.Error) -> QueueError:
         # SQLite may already have rolled the transaction back (disk full, I/O error):
@@ -344,9 +351,10 @@ class SqliteTransaction(LocalTransaction):
             self._size += len(keys) * _POINT_RANGE_BYTES + 2 * sum(map(len, keys))
         seen = self._seen
         if seen:
-            ask = [k for k in dict.fromkeys(keys) if k not in seen]
-            if ask:
-                self._select(ask)
+            # All of them already read (kept from this handle's own last commit: an enqueue
+            # after an enqueue) is checked in C; else those not read yet are asked.
+            if not seen.keys() >= set(keys):
+                self._select([k for k in dict.fromkeys(keys) if k not in seen])
         else:  # the transaction's first read (an operation's metadata and counters): all asked
             self._select(list(dict.fromkeys(keys)))
         return list(map(seen.__getitem__, keys))
@@ -557,6 +565,18 @@ class SqliteTransaction(LocalTransaction):
             raise self._too_old()
         version, bumped = self._write()
         seen = store.after_writes(version, bumped)  # the clock settled, the WAL record, the sync mark
+        read = self._seen
+        if read and len(read) <= _KEEP_UP_TO and not self._all and not self._stamped:
+            # What this transaction read, with its writes to those keys, is what the store
+            # holds for them until another commit: kept for the next transaction to begin
+            # (Store.take_kept). Keys written but never read are left out (an enqueue's new
+            # message: the next one does not read it); a clear of a range or a versionstamp
+            # (a key known only now) keeps nothing.
+            values = self._wm.values
+            for key in read.keys() & values.keys():
+                read[key] = values[key]
+            store.keep(version, read)
+            self._seen = {}
         self._end()
         store.publish(None if self._all else self._keys)
         if store.syncs and not self._only_volatile():
@@ -716,6 +736,7 @@ _SET_BYTES = MUTATION_REF_BYTES + KEY_RANGE_REF_BYTES + 1
 _POINT_RANGE_BYTES = KEY_RANGE_REF_BYTES + 1
 _BYTES_ONLY = {bytes}
 _UNION_UP_TO = 16  # keys read by one compound SELECT; more by one "k IN (...)"
+_KEEP_UP_TO = 64  # keys a commit keeps for the next transaction at most (Store.keep)
 
 
 def _get_in(n: int) -> str:

@@ -554,22 +554,64 @@ def test_reads_under_the_store_lock_are_asked_of_sqlite_once(tmp_path: Path) -> 
     db.close()
 
 
-def test_an_enqueue_runs_four_statements(tmp_path: Path) -> None:
+def test_an_enqueue_runs_four_statements_and_three_after_its_own_commit(tmp_path: Path) -> None:
     """BEGIN, one SELECT of the queue's small keys (metadata version, counters, work-index
-    entry), one INSERT for every write, COMMIT: statements, not rows, are what it pays for."""
+    entry), one INSERT for every write, COMMIT: statements, not rows, are what it pays for.
+    When the last commit of the store is this handle's own, what that transaction read and
+    wrote is still what the store holds: the next one reads it without asking SQLite."""
     db = fdbqueue.open(f"sqlite://{tmp_path / 'q.db'}")
+    other = fdbqueue.open(f"sqlite://{tmp_path / 'q.db'}")  # another handle: its own connection
+    assert db._store is not other._store  # type: ignore[attr-defined]
     q = fdbqueue.Queue("jobs")
     q.enqueue(db, b"first")  # creates the queue (and its metadata version) ...
     q.enqueue(db, b"second")  # ... which this one reads the settings at, and caches them
+    q.enqueue(other, b"third")  # the last commit is another handle's: db must read again
     conn = db._store.conn  # type: ignore[attr-defined]
     statements: list[str] = []
     conn.set_trace_callback(statements.append)
     try:
-        q.enqueue(db, b"third")
+        q.enqueue(db, b"fourth")
+        verbs = [s.split()[0] for s in statements]
+        assert verbs == ["BEGIN", "SELECT", "INSERT", "COMMIT"], statements
+        statements.clear()
+        q.enqueue(db, b"fifth")  # the last commit is db's own: nothing to ask
+        verbs = [s.split()[0] for s in statements]
+        assert verbs == ["BEGIN", "INSERT", "COMMIT"], statements
     finally:
         conn.set_trace_callback(None)
-    verbs = [s.split()[0] for s in statements]
-    assert verbs == ["BEGIN", "SELECT", "INSERT", "COMMIT"], statements
-    assert [m.payload for m in q.browse(db)] == [b"first", b"second", b"third"]
-    assert q.size(db) == 3
+    assert [m.payload for m in q.browse(db)] == [b"first", b"second", b"third", b"fourth", b"fifth"]
+    assert q.size(db) == q.size(other) == 5
+    other.close()
     db.close()
+
+
+def test_what_a_commit_read_is_asked_again_once_anyone_else_commits(tmp_path: Path) -> None:
+    """A counter read and added to by turns through two handles and another process: each
+    transaction sees every commit before it, whoever made it (the values a handle keeps from
+    its own last commit answer only while no other commit followed it)."""
+    url = f"sqlite://{tmp_path / 'q.db'}"
+    one, two = fdbqueue.open(url), fdbqueue.open(url)
+    ONE = struct.pack("<q", 1)
+
+    @fdbqueue.transactional
+    def bump(tr: fdbqueue.Transaction) -> int:
+        seen = tr[b"atomic"]
+        tr.add(b"atomic", ONE)
+        tr[b"rmw"] = str(int(tr[b"rmw"] or b"0") + 1).encode()
+        return 0 if seen is None else struct.unpack("<q", seen)[0]
+
+    assert [bump(one), bump(one), bump(two), bump(one), bump(two), bump(two), bump(one)] == list(range(7))
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD, "counters", url, "5"], capture_output=True, text=True, timeout=120
+    )
+    assert child.returncode == 0, child.stderr
+    assert bump(one) == 7 + 5 and bump(two) == 13 and bump(one) == 14
+    # A transaction that does not commit leaves nothing for the next to trust.
+    tr = one.create_transaction()
+    tr.add(b"atomic", ONE)
+    tr[b"rmw"] = b"not committed"
+    tr.cancel()
+    assert bump(one) == 15 and one[b"rmw"] == b"16"
+    assert struct.unpack("<q", two[b"atomic"])[0] == 16
+    one.close()
+    two.close()
