@@ -524,14 +524,18 @@ class JournalKeys:
     then the stamp's offset, four bytes little-endian, for ``set_versionstamped_key``): every
     journaled operation writes two, and ``fdb.tuple.pack`` would cost more than the rest."""
 
-    __slots__ = ("_bells", "_h", "_prefixes", "root")
+    __slots__ = ("_bells", "_entries", "_hs", "_prefixes", "root")
     _made: dict[bytes, JournalKeys] = {}
 
     def __init__(self, root: Subspace) -> None:
         self.root = root
         self._prefixes: dict[tuple[str, object], bytes] = {}
         self._bells: dict[str | None, bytes] = {}
-        self._h = root.key() + enc_str("h")
+        # A new entry's whole key by (queue, shard, order): an entry is most often its
+        # transaction's first (order 0), so the few of a queue serve every operation.
+        self._entries: dict[tuple[str, int, int], bytes] = {}
+        h = root.key() + enc_str("h")
+        self._hs = tuple(h + enc_int(hs) for hs in range(HISTORY_SHARDS))  # ("h", hshard)
 
     @classmethod
     def make(cls, root: tuple[Any, ...] = DEFAULT_ROOT) -> JournalKeys:
@@ -560,12 +564,18 @@ class JournalKeys:
                     self._prefixes.clear()
                 self._prefixes[(a, b)] = found
             else:
-                found = self._h + enc_int(int(b)) + enc_str(a)  # type: ignore[call-overload]
+                found = self._hs[int(b)] + enc_str(a)  # type: ignore[call-overload]
         return found
 
     def entry_to_stamp(self, queue: str, shard: int, order: int) -> bytes:
         """The key of a new entry in ``shard``, for ``set_versionstamped_key``."""
-        return incomplete_stamp(self._prefix("j", queue, shard), order)
+        found = self._entries.get((queue, shard, order))
+        if found is None:
+            if len(self._entries) > 4096:
+                self._entries.clear()
+            found = incomplete_stamp(self._prefix("j", queue, shard), order)
+            self._entries[(queue, shard, order)] = found
+        return found
 
     def entry_key(self, queue: str, shard: int, version: bytes) -> bytes:
         return bytes(self.root.pack(("j", queue, shard, versionstamp(version))))
@@ -579,8 +589,10 @@ class JournalKeys:
         return version_of(self.root.unpack(key)[-1])
 
     def history_to_stamp(self, message_id: str, order: int) -> bytes:
+        """The key of a new history pointer, for ``set_versionstamped_key`` (the shard's
+        prefix kept; the message's id is new every time)."""
         hs = zlib.crc32(message_id.encode()) % HISTORY_SHARDS
-        return incomplete_stamp(self._prefix("h", message_id, hs), order)
+        return incomplete_stamp(self._hs[hs] + enc_str(message_id), order)
 
     def history_key(self, message_id: str, version: bytes) -> bytes:
         hs = zlib.crc32(message_id.encode()) % HISTORY_SHARDS

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import zlib
+
 import fdb.tuple
+from fdb.subspace_impl import Subspace
 from hypothesis import given
 from hypothesis import strategies as st
 
 from fdbqueue.errors import QueueError
 from fdbqueue.store.codec import dec_int, enc_bytes, enc_int, enc_str
-from fdbqueue.store.layout import QueueKeys, WorkKeys
+from fdbqueue.store.layout import HISTORY_SHARDS, JOURNAL_SHARDS, JournalKeys, QueueKeys, WorkKeys
 
 INTS = st.one_of(
     st.integers(min_value=-(2**70), max_value=2**70),
@@ -79,3 +82,27 @@ def test_a_queues_work_entry_is_the_work_index_entry_for_its_name(name: str) -> 
     assert k.work_entry == wk.entry(name) == k.root.pack(("wk", name))
     begin, end = wk.range()
     assert begin <= k.work_entry < end and wk.name(k.work_entry) == name
+
+
+@given(
+    st.text(min_size=1, max_size=20),
+    st.integers(min_value=0, max_value=JOURNAL_SHARDS - 1),
+    st.text(min_size=1, max_size=40),
+    st.integers(min_value=0, max_value=0xFFFF),
+    st.sampled_from([("fdbq",), ("app", 7, b"\x00x")]),
+)
+def test_journal_stamp_keys_match_the_tuple_layer(
+    queue: str, shard: int, message_id: str, order: int, root: tuple[object, ...]
+) -> None:
+    """A new entry's key and its history pointer's, as ``set_versionstamped_key`` takes them:
+    ``fdb.tuple``'s incomplete versionstamp of ``order``, its offset in the last four bytes;
+    asked twice (the builders keep what they can)."""
+    jk, sub = JournalKeys.make(root), Subspace(root)
+    hs = zlib.crc32(message_id.encode()) % HISTORY_SHARDS
+    for _ in range(2):
+        assert jk.entry_to_stamp(queue, shard, order) == sub.pack_with_versionstamp(
+            ("j", queue, shard, fdb.tuple.Versionstamp(user_version=order))
+        )
+        assert jk.history_to_stamp(message_id, order) == sub.pack_with_versionstamp(
+            ("h", hs, message_id, fdb.tuple.Versionstamp(user_version=order))
+        )

@@ -15,6 +15,7 @@ import struct
 import time
 from collections.abc import Callable
 from itertools import chain, repeat
+from operator import itemgetter
 
 from fdbqueue.engines.contract import (
     KEY_RANGE_REF_BYTES,
@@ -24,7 +25,7 @@ from fdbqueue.engines.contract import (
     KeyValue,
 )
 from fdbqueue.engines.limits import KEY_SIZE_LIMIT, VALUE_SIZE_LIMIT
-from fdbqueue.engines.local.mutations import apply_atomic, fill_versionstamp, make_versionstamp
+from fdbqueue.engines.local.mutations import apply_atomic, make_versionstamp
 from fdbqueue.engines.local.transaction import LocalDatabase, LocalTransaction
 from fdbqueue.engines.local.writemap import WriteMap
 from fdbqueue.engines.sqlite.files import translate
@@ -248,7 +249,9 @@ class SqliteTransaction(LocalTransaction):
         # the store lock (a nested reader: its snapshot), so a second read, and an atomic op
         # resolved here, ask SQLite nothing. The write map still decides first.
         self._seen: dict[bytes, bytes | None] = {}
-        self._stamped: list[tuple[str, bytes, bytes]] = []
+        # Stamped writes, applied at commit: (offset, key, value), the stamp's offset in the
+        # key's template, or ~offset in the value's (see _versionstamped).
+        self._stamped: list[tuple[int, bytes, bytes]] = []
         self._rv: int | None = None
         self._held: Held | None = None  # what the clock read at the read version (VersionClock)
 
@@ -516,12 +519,49 @@ class SqliteTransaction(LocalTransaction):
         else:
             self._put(key, apply_atomic(op, existing, param))
 
+    # -- versionstamped writes: the common case without the generic path's calls -----------------
+
+    def set_versionstamped_key(self, key: bytes, value: bytes) -> None:
+        """Write ``value`` at ``key`` with its 10 stamp bytes filled in at commit (their offset
+        in ``key``'s last 4 bytes, little-endian). A journaled operation writes two or three:
+        the checks of ``LocalTransaction``'s (the same limits, codes and size counted, tested
+        against it in tests/engines/sqlite/test_versionstamps.py) done inline; anything they
+        would refuse, or a transaction not yet begun, goes the generic way."""
+        if type(key) is bytes and type(value) is bytes and self._live and not self._nested:
+            n = len(key)
+            # The offset, the stamp, and a key within the limit once its offset is gone; no
+            # system key (as key[:-4] < SYSTEM_KEYS: it keeps the 10 bytes of the stamp).
+            if 14 <= n <= _STAMPED_KEY_MAX and len(value) <= VALUE_SIZE_LIMIT and key < SYSTEM_KEYS:
+                at = _STAMP_AT(key, n - 4)[0]
+                if at + 14 <= n and not self.options.timeout_ms:
+                    self._size += _SET_BYTES + 3 * n - 8 + len(value)  # the mutation and its range
+                    self._has_writes = self._dirty = True
+                    self._stamped.append((at, key, value))
+                    return
+        super().set_versionstamped_key(key, value)
+
+    def set_versionstamped_value(self, key: bytes, value: bytes) -> None:
+        """Write ``value`` (its stamp filled in at commit) at ``key``: as
+        :meth:`set_versionstamped_key`, the common case inline."""
+        if type(key) is bytes and type(value) is bytes and self._live and not self._nested:
+            n = len(value)
+            if 14 <= n <= _STAMPED_VALUE_MAX and len(key) <= KEY_SIZE_LIMIT and key < SYSTEM_KEYS:
+                at = _STAMP_AT(value, n - 4)[0]
+                if at + 14 <= n and not self.options.timeout_ms:
+                    self._size += _SET_BYTES + 3 * len(key) + n
+                    self._has_writes = self._dirty = True
+                    self._stamped.append((~at, key, value))
+                    return
+        super().set_versionstamped_value(key, value)
+
     def _versionstamped(self, kind: str, key: bytes, value: bytes) -> None:
         # Applied at commit, once the version is known. Like FDB (which raises 1036),
         # this transaction cannot read what it wrote here: it simply does not see it.
+        # The caller checked the template: its offset is kept, ~offset for a value's.
         if self._nested:
             raise self._store.no_writes()
-        self._stamped.append((kind, key, value))
+        at = _STAMP_AT(key, len(key) - 4)[0] if kind == "key" else ~_STAMP_AT(value, len(value) - 4)[0]
+        self._stamped.append((at, key, value))
         self._dirty = True
 
     def _conflict_range(self, kind: str, begin: bytes, end: bytes) -> None:
@@ -699,14 +739,15 @@ class SqliteTransaction(LocalTransaction):
             ) from exc
 
     def _apply_stamped(self, conn: sqlite3.Cursor, stamp: bytes) -> None:
-        rows = []
-        for kind, key, value in self._stamped:
-            if kind == "key":
-                key = fill_versionstamp(key, stamp)
-            else:
-                value = fill_versionstamp(value, stamp)
-            rows.append((key, value))
-            self._keys.append(key)
+        """The stamped writes, each template filled with this commit's one stamp at the offset
+        kept when it was written (checked then: inside the template), in one statement."""
+        rows = [
+            (key[:at] + stamp + key[at + 10 : -4], value)
+            if at >= 0
+            else (key, value[:~at] + stamp + value[~at + 10 : -4])
+            for at, key, value in self._stamped
+        ]
+        self._keys += map(_FIRST, rows)
         conn.executemany(_PUT, rows)  # one statement for all (a journaled commit has three or more)
 
     def _rollback(self) -> None:
@@ -729,6 +770,10 @@ class SqliteTransaction(LocalTransaction):
 
 
 _I64 = struct.Struct("<q")
+_STAMP_AT = struct.Struct("<I").unpack_from  # a versionstamp template's offset, its last 4 bytes
+_STAMPED_KEY_MAX = KEY_SIZE_LIMIT + 4  # a key template's length at most (the offset is not written)
+_STAMPED_VALUE_MAX = VALUE_SIZE_LIMIT + 4
+_FIRST = itemgetter(0)
 _I64_PACK, _I64_UNPACK = _I64.pack, _I64.unpack
 # Bytes one write adds to a transaction's size as FoundationDB counts it (as in
 # LocalTransaction): a mutation and a write conflict range [key, keyAfter(key)).
