@@ -12,6 +12,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,21 @@ OTHER = textwrap.dedent(
 
 def other_process(url: str, what: str) -> None:
     subprocess.run([sys.executable, "-c", OTHER, url, what], check=True, timeout=60)
+
+
+Two = tuple[Database, Database]
+
+
+@pytest.fixture
+def two(tmp_path: Path) -> Iterator[Two]:
+    """Two embedded stores, each on its own file, open in this process."""
+    a = fdbqueue.open(f"sqlite://{tmp_path / 'a.db'}?sync=normal")
+    b = fdbqueue.open(f"sqlite://{tmp_path / 'b.db'}?sync=normal")
+    try:
+        yield a, b
+    finally:
+        a.close()
+        b.close()
 
 
 def warm(q: Queue, db: Database, n: int = 3) -> None:
@@ -100,50 +116,40 @@ def test_a_bound_set_by_another_process_counts_what_the_queue_holds(tmp_path: Pa
         db.close()
 
 
-def test_the_settings_of_one_store_never_answer_for_another(tmp_path: Path) -> None:
+def test_the_settings_of_one_store_never_answer_for_another(two: Two) -> None:
     """One Queue object used on two stores in turn: each enqueue gets its own store's settings
     (the one-entry cache is keyed by the database too)."""
-    a = fdbqueue.open(f"sqlite://{tmp_path / 'a.db'}?sync=normal")
-    b = fdbqueue.open(f"sqlite://{tmp_path / 'b.db'}?sync=normal")
-    try:
-        q = Queue("jobs")
-        create_queue(a, "jobs", max_payload=10)
-        warm(q, a)
-        warm(q, b)
-        for _ in range(3):
-            with pytest.raises(PayloadTooLargeError):
-                q.enqueue(a, b"longer than ten bytes")
-            q.enqueue(b, b"longer than ten bytes")
-        set_state(b, "jobs", enqueue=False)
-        q.enqueue(a, b"short")
-        with pytest.raises(QueueStoppedError):
-            q.enqueue(b, b"short")
-    finally:
-        a.close()
-        b.close()
-
-
-def test_a_cached_entry_answers_only_for_the_database_it_was_read_from(tmp_path: Path) -> None:
-    """Two stores whose queue shows the same metadata version value (a copied file, here made
-    by hand): the cache keyed by the version alone would answer for both."""
-    a = fdbqueue.open(f"sqlite://{tmp_path / 'a.db'}?sync=normal")
-    b = fdbqueue.open(f"sqlite://{tmp_path / 'b.db'}?sync=normal")
-    try:
-        q = Queue("jobs")
-        create_queue(a, "jobs", max_payload=10)
-        create_queue(b, "jobs", max_payload=1000)
-        warm(q, a)
-        warm(q, b)
-        version = run_transaction(a, lambda tr: tr.get(q.keys.metadata_version))  # type: ignore[attr-defined]
-        run_transaction(b, lambda tr: tr.set(q.keys.metadata_version, version))  # type: ignore[attr-defined]
-        with pytest.raises(PayloadTooLargeError):
-            q.enqueue(a, b"longer than ten bytes")  # a's settings cached, at that version
-        q.enqueue(b, b"longer than ten bytes")  # b's own, read from b
+    a, b = two
+    q = Queue("jobs")
+    create_queue(a, "jobs", max_payload=10)
+    warm(q, a)
+    warm(q, b)
+    for _ in range(3):
         with pytest.raises(PayloadTooLargeError):
             q.enqueue(a, b"longer than ten bytes")
-    finally:
-        a.close()
-        b.close()
+        q.enqueue(b, b"longer than ten bytes")
+    set_state(b, "jobs", enqueue=False)
+    q.enqueue(a, b"short")
+    with pytest.raises(QueueStoppedError):
+        q.enqueue(b, b"short")
+
+
+def test_a_cached_entry_answers_only_for_the_database_it_was_read_from(two: Two) -> None:
+    """Two stores whose queue shows the same metadata version value (a copied file, here made
+    by hand): the cache keyed by the version alone would answer for both."""
+    a, b = two
+    q = Queue("jobs")
+    create_queue(a, "jobs", max_payload=10)
+    create_queue(b, "jobs", max_payload=1000)
+    warm(q, a)
+    warm(q, b)
+    version = run_transaction(a, lambda tr: tr.get(q.keys.metadata_version))  # type: ignore[attr-defined]
+    run_transaction(b, lambda tr: tr.set(q.keys.metadata_version, version))  # type: ignore[attr-defined]
+    with pytest.raises(PayloadTooLargeError):
+        q.enqueue(a, b"longer than ten bytes")  # a's settings cached, at that version
+    q.enqueue(b, b"longer than ten bytes")  # b's own, read from b
+    with pytest.raises(PayloadTooLargeError):
+        q.enqueue(a, b"longer than ten bytes")
 
 
 def test_a_queue_paused_in_the_same_process_refuses_the_next_enqueue(db: Database) -> None:
