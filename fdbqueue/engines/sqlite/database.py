@@ -62,7 +62,7 @@ Storage: WAL journal, ``PRAGMA synchronous=NORMAL``; table
 ``kv(k BLOB PRIMARY KEY, v BLOB) WITHOUT ROWID`` (BLOBs compare as bytes, as FDB keys do)
 and ``meta(name, value)`` holding ``format``, ``format_version`` (major.minor; a newer major
 is refused), ``store_id`` and ``version`` (a reservation, see
-``transaction.VersionClock``).
+``versionclock.VersionClock``).
 
 Versions: a version clock advances at 1e6 per second, like FoundationDB's, on
 ``CLOCK_MONOTONIC`` (shared by every process of one boot, never moved by a wall-clock
@@ -104,7 +104,8 @@ from fdbqueue.engines.sqlite import shared as _shared
 from fdbqueue.engines.sqlite.page import CLOCK, PENDING, read_page
 from fdbqueue.engines.sqlite.readonly import ReadOnlyStore
 from fdbqueue.engines.sqlite.store import Store, WritableStore
-from fdbqueue.engines.sqlite.transaction import SqliteTransaction, VersionClock
+from fdbqueue.engines.sqlite.transaction import SqliteTransaction
+from fdbqueue.engines.sqlite.versionclock import VersionClock
 from fdbqueue.engines.url import ParsedURL, take_params
 from fdbqueue.engines.versions import VERSIONS_PER_SECOND, monotonic_us
 from fdbqueue.errors import (

@@ -39,7 +39,7 @@ class SharedStore:
         self.owner: int | None = None  # the thread holding the store lock
         # This process's base of the version clock (version = base + its CLOCK_MONOTONIC):
         # calibrated against the store at first use, so that a monotonic clock offset in
-        # this process moves no one's database time (transaction.VersionClock).
+        # this process moves no one's database time (versionclock.VersionClock).
         self.clock_base: int | None = None
         self._lock = StoreLock(fd, self.page)
         self._reader: sqlite3.Connection | None = None

@@ -30,7 +30,7 @@ from fdbqueue.errors import NestedTransactionError, QueueError, StoreError
 
 
 class Clock(Protocol):
-    """The store's version clock (database time): see :class:`~.transaction.VersionClock`."""
+    """The store's version clock (database time): see :class:`~.versionclock.VersionClock`."""
 
     def read_version(self, reserved: Callable[[], int], nested: bool) -> tuple[int, Any]:
         """A read version: below every later commit's. ``reserved`` reads meta's reservation.

@@ -1,6 +1,6 @@
 """The embedded engine's transaction (``sqlite://``): the store lock from its first operation
 to its end, reads through its buffered writes, and a commit that applies them in one SQLite
-write transaction with the next version of the store's clock (:class:`VersionClock`).
+write transaction with the next version of the store's clock (:class:`.versionclock.VersionClock`).
 
 :mod:`fdbqueue.engines.sqlite.database` says how the engine works as a whole (locking, durability,
 versions, nesting); this module is its transaction, which knows the engine only through its
@@ -12,8 +12,6 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import struct
-import time
-from collections.abc import Callable
 from itertools import chain, repeat
 from operator import itemgetter
 
@@ -29,9 +27,8 @@ from fdbqueue.engines.local.mutations import apply_atomic, make_versionstamp
 from fdbqueue.engines.local.transaction import LocalDatabase, LocalTransaction
 from fdbqueue.engines.local.writemap import WriteMap
 from fdbqueue.engines.sqlite.files import translate
-from fdbqueue.engines.sqlite.page import PENDING, SharedPage
-from fdbqueue.engines.sqlite.store import Store, WritableStore
-from fdbqueue.engines.versions import VERSIONS_PER_SECOND, monotonic_us, wall_us
+from fdbqueue.engines.sqlite.store import Store
+from fdbqueue.engines.sqlite.versionclock import Held
 from fdbqueue.errors import (
     EngineError,
     QueueError,
@@ -67,146 +64,6 @@ _BEFORE = (
     "SELECT k FROM kv WHERE k <= ? ORDER BY k DESC LIMIT 1 OFFSET ?",
 )
 _VERSION = "SELECT value FROM meta WHERE name = 'version'"
-_SET_VERSION = "UPDATE meta SET value = ? WHERE name = 'version'"
-
-_RESERVE_US = 1_000_000  # one meta write per second of versions
-# How far a process's clock may run ahead of the stamp's reading plus the wall-clock time
-# since, before its monotonic clock is taken for offset: 1 s, plus 0.1 % of that time (NTP
-# slews a wall clock by 0.05 % at most: ntpd's 500 ppm).
-_AGREE_US = 1_000_000
-
-
-def _calibrated(page: SharedPage, base: int, mono: int) -> int:
-    """This process's base of the version clock, at its first use of the store.
-
-    The page's base, unless the clock it gives (``base + mono``) runs ahead of the stamp's
-    reading plus the wall-clock time since by more than :data:`_AGREE_US` (+0.1 %): then this
-    process's monotonic clock is ahead of the others' (they stamped the page on theirs),
-    and its clock starts from that estimate instead. The lower of the two is taken because
-    a deadline read late is a delay, read early a duplicate; a wall clock stepped back
-    between the stamp and now makes the estimate low, and a process starting then reads
-    the store's time late by at most that step until another process's commit carries
-    it forward (the catch-up in ``VersionClock._now``).
-    """
-    reading, wall = page.stamp()
-    if reading <= 0 or wall <= 0:
-        return base  # no stamp: a page of an older fdbqueue
-    since = max(0, wall_us() - int(wall))
-    estimate = int(reading) + since
-    if base + mono > estimate + _AGREE_US + since // 1000:
-        return estimate - mono
-    return base
-
-
-#: What the version clock read: (last commit version, reservation, the page's base, the clock
-#: then, this process's base).
-Held = tuple[int, int, int, int, int]
-
-
-class VersionClock:
-    """The version clock of a writable store: database time, shared by its processes.
-
-    A read version is ``max(last commit, clock - 1)``; a commit gets ``max(last + 1, clock,
-    read version + 1)``: strictly increasing across processes, and above every read version
-    handed out before. The clock, the last version and meta's reservation live in the lock
-    file's page (:data:`.page.CLOCK`), with the clock's last reading and the wall clock then
-    (:data:`.page.STAMP`): writing the version into meta at every commit would dirty a
-    second page and cost a third of the commit rate. So meta holds a reservation, raised in
-    the commit's own write transaction when a version passes it: every committed version is
-    at most meta's reservation. The page is trusted only when it names this boot and this
-    store and no commit died half-way (its pending flag); otherwise the clock restarts from
-    the reservation.
-    """
-
-    __slots__ = ("_store",)
-
-    def __init__(self, store: WritableStore) -> None:
-        self._store = store
-
-    def read_version(self, reserved: Callable[[], int], nested: bool) -> tuple[int, Held | None]:
-        """A read version, and what the clock read then for :meth:`next_version` to reuse (None
-        when nested or without a trusted page: the commit reads the clock again)."""
-        state = self._now(reserved, nested)
-        last, _, _, now, _ = state
-        # One below the clock: every later commit (at least the clock) is above it.
-        version = max(last, now - 1)
-        if nested or self._store.clock_tag is None:
-            return version, None
-        self._store.page.set_stamp(version, wall_us())
-        return version, state
-
-    def _now(self, reserved: Callable[[], int], nested: bool) -> Held:
-        """(last commit version, reservation, the page's base, the version clock now, this
-        process's base: the clock is that plus ``monotonic_us()``).
-
-        From the lock file when it names this boot and this store; its last version and
-        reservation only when no commit died half-way (flag pending), else meta's
-        reservation stands for both. Without a trusted page (a new boot) the clock restarts
-        from the last version, on this process's ``CLOCK_MONOTONIC``, and the page records
-        that base for the others.
-
-        Each process reads the clock as ``its base + its CLOCK_MONOTONIC``. Its base is the
-        page's, checked at its first use against the page's stamp (the clock's last reading
-        and the wall clock then, :func:`_calibrated`), so a process whose monotonic clock is
-        offset (a time namespace, libfaketime) reads the store's time, not its own: database
-        time never follows one process's clock. A process found behind the last commit
-        catches up with it (its own base only).
-        """
-        store = self._store
-        tag = store.clock_tag
-        if tag is None:  # not Linux: no boot id to trust a monotonic base by
-            last = reserved()
-            return last, last, 0, max(last, time.time_ns() // 1000), 0
-        page = store.page
-        found, last, meta, pending, base = page.clock()
-        mono = monotonic_us()
-        trusted = found == tag
-        if not trusted or pending == PENDING:
-            last = meta = reserved()
-        shared = store.shared
-        own = shared.clock_base
-        if not trusted:
-            own = base = last - mono
-            if not nested:  # under the store lock
-                page.set_clock(tag, last, meta, 0, base, wall_us())
-        elif own is None:
-            own = _calibrated(page, base, mono)
-        if own + mono + VERSIONS_PER_SECOND < last:
-            own = last - mono
-        shared.clock_base = own
-        return last, meta, base, own + mono, own
-
-    def next_version(
-        self, conn: sqlite3.Cursor, reserved: Callable[[], int], read: int | None, held: Held | None
-    ) -> tuple[int, bool]:
-        """(max(last + 1, the version clock, read version + 1), whether it raised meta's
-        reservation), in the write transaction open on ``conn``: the reservation is raised
-        there when the version passes it, and the page is marked pending until that commit
-        is done (``WritableStore.after_writes``); a version that never commits is a gap.
-
-        ``held``: what :meth:`read_version` read in this transaction, under the store lock
-        it still holds (the lease pinned: no other process committed or touched the clock
-        since), so the page's last version, reservation and base stand; only the monotonic
-        clock is read again. The clock is then read once a write transaction, not twice."""
-        if held is None:
-            last, meta, base, now, _ = self._now(reserved, False)
-        else:
-            last, meta, base, _, own = held
-            now = own + monotonic_us()
-        version = max(last + 1, now, -1 if read is None else read + 1)
-        bumped = version > meta
-        tag = self._store.clock_tag
-        if bumped:
-            # Without a trusted lock file (no boot id), meta holds the last version itself.
-            meta = version + (_RESERVE_US if tag is not None else 0)
-            conn.execute(_SET_VERSION, (meta,))
-        if tag is not None:
-            # Pending only while a raised reservation is not committed yet.
-            self._store.page.set_clock(tag, version, meta, PENDING if bumped else 0, base, wall_us())
-        return version, bumped
-
-
-# ---------------------------------------------------------------------------------------------
 
 
 class SqliteTransaction(LocalTransaction):

@@ -27,7 +27,7 @@ import pytest
 import fdbqueue
 from fdbqueue import EngineError, InvalidURLError, NestedTransactionError, StoreError, UnsupportedFormatError
 from fdbqueue.engines.contract import run_transaction
-from fdbqueue.engines.sqlite import transaction as _sqlitetxn
+from fdbqueue.engines.sqlite import versionclock as _versionclock
 from fdbqueue.engines.sqlite.database import SqliteDatabase
 from fdbqueue.engines.sqlite.notify import notify_dir_for
 from tests.support import ROOT
@@ -426,7 +426,7 @@ def test_versions_increase_when_the_clock_steps_back_or_the_lock_file_is_lost(
         return tr.get_committed_version()
 
     versions = [commit_version()]
-    monkeypatch.setattr(_sqlitetxn.time, "time_ns", lambda: 10**18)  # an NTP step back
+    monkeypatch.setattr(_versionclock.time, "time_ns", lambda: 10**18)  # an NTP step back
     versions += [commit_version(), commit_version()]
     with open(db._real + "-lock", "r+b") as f:
         f.write(b"\0" * 64)  # what a machine crash may leave of the unsynced clock page
