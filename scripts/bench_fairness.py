@@ -94,7 +94,7 @@ def idle(db: Any, seconds: float) -> list[list[str]]:
 
 def index_cost(db: Any, rounds: int, n: int) -> list[list[str]]:
     mark = workindex.mark
-    off = lambda tr, keys, seen=None: None  # noqa: E731 - the maintainer switched off
+    off = lambda tr, keys, seen=None, conflicts=True: None  # noqa: E731 - the maintainer switched off
     results: dict[tuple[str, bool], float] = {}
     for _ in range(rounds):
         for on in (True, False):

@@ -305,7 +305,15 @@ def _instrument(tr: Any, counts: dict[str, int]) -> Any:
                 depth[0] -= 1
 
         setattr(tr, name, counted)
-    tr.snapshot = _CountingSnapshot(tr.snapshot, counts)
+    # ``snapshot`` is a property of the engine's transaction (a view made at each use): the
+    # transaction's class is swapped for a subclass whose view counts.
+    cls = type(tr)
+    view = cls.snapshot.fget  # type: ignore[attr-defined]
+    tr.__class__ = type(
+        f"Counting{cls.__name__}",
+        (cls,),
+        {"__slots__": (), "snapshot": property(lambda self: _CountingSnapshot(view(self), counts))},
+    )
     return tr
 
 
