@@ -157,3 +157,36 @@ def test_a_commit_by_a_process_that_died_right_after_its_commit_is_never_hidden_
             tr.commit()
     finally:
         db.close()
+
+
+_SETS_K = r"""
+import sys
+import fdbqueue
+db = fdbqueue.open(sys.argv[1])
+db[b"k"] = sys.argv[2].encode()
+"""
+
+
+def test_a_watch_on_a_kept_key_fires_when_another_process_changes_it(tmp_path: Path) -> None:
+    """A watch armed with a value read from what the handle kept (the same value SQLite holds)
+    fires once another process writes the key, and not before."""
+    url = f"sqlite://{tmp_path / 'q.db'}"
+    db = fdbqueue.open(url)
+    try:
+        tr = db.create_transaction()
+        tr[b"k"] = (tr[b"k"] or b"") + b"mine"
+        tr.commit()
+        tr = db.create_transaction()
+        assert tr[b"k"] == b"mine"  # from what was kept
+        w = tr.watch(b"k")
+        tr[b"other"] = b"1"
+        tr.commit()
+        assert not w.wait(0.2)
+        child = subprocess.run(
+            [sys.executable, "-c", _SETS_K, url, "theirs"], capture_output=True, text=True, timeout=60
+        )
+        assert child.returncode == 0, child.stderr
+        assert w.wait(30.0)
+        assert db[b"k"] == b"theirs"
+    finally:
+        db.close()
