@@ -598,17 +598,17 @@ def engine_traits(db: object) -> tuple[bool, bool]:
     kind = type(db)
     found = _traits.get(kind)
     if found is not None:  # every operation asks: once per class, when the class decides
-        return found
+        own = getattr(db, "__dict__", None)
+        # ... unless this instance sets either itself, which Python reads before the class's
+        if not own or ("may_conflict" not in own and "may_commit_unknown" not in own):
+            return found
     traits = bool(getattr(db, "may_conflict", True)), bool(getattr(db, "may_commit_unknown", True))
-    # Kept for the class only when both are plain class attributes (or absent) and the
-    # instance does not override them: a property (the sim engine's may_commit_unknown
-    # follows its fault script) is read at every call.
-    own = getattr(db, "__dict__", {})
-    if all(
-        type(inspect.getattr_static(kind, name, True)) is bool and name not in own
-        for name in ("may_conflict", "may_commit_unknown")
-    ):
-        _traits[kind] = traits
+    # The class's answer is kept only when both are plain class attributes (or absent): a
+    # property (the sim engine's may_commit_unknown follows its fault script) is read at
+    # every call. An instance's own attribute is looked for at every call (above).
+    static = [inspect.getattr_static(kind, name, True) for name in ("may_conflict", "may_commit_unknown")]
+    if all(type(value) is bool for value in static):
+        _traits[kind] = (static[0], static[1])
     return traits
 
 

@@ -76,6 +76,7 @@ class SqliteTransaction(LocalTransaction):
         "_cur",
         "_dirty",
         "_held",
+        "_kept_at",
         "_keys",
         "_locked",
         "_nested",
@@ -106,6 +107,9 @@ class SqliteTransaction(LocalTransaction):
         # the store lock (a nested reader: its snapshot), so a second read, and an atomic op
         # resolved here, ask SQLite nothing. The write map still decides first.
         self._seen: dict[bytes, bytes | None] = {}
+        # The version whose values _seen started from (Store.take_kept) until a statement has
+        # read the store and found it still the last commit (_check_kept); else None.
+        self._kept_at: int | None = None
         # Stamped writes, applied at commit: (offset, key, value), the stamp's offset in the
         # key's template, or ~offset in the value's (see _versionstamped).
         self._stamped: list[tuple[int, bytes, bytes]] = []
@@ -120,9 +124,29 @@ class SqliteTransaction(LocalTransaction):
         if store.kept is not None and not nested:
             # The store's last commit is this handle's (Store.take_kept): what it read and
             # wrote is still stored, and is read from here without asking SQLite.
+            version = store.kept[0]
             kept = store.take_kept()
             if kept is not None:
                 self._seen = kept
+                self._kept_at = version
+
+    def _check_kept(self) -> None:
+        """After the first statement that read the store, in a transaction that began with kept
+        values: SQLite's snapshot began at that statement, not at BEGIN, so it matches the kept
+        values only while the store's last commit is still theirs. A holder that sat on the
+        store lock past the window can have been taken over and another commit made meanwhile:
+        then the two would mix two versions in one transaction's reads, which a FoundationDB
+        transaction (its reads at one read version) never sees; refused as too old (1007), as
+        its commit's pin would refuse it."""
+        version, self._kept_at = self._kept_at, None
+        _, last, _, pending, _ = self._store.page.clock()  # type: ignore[attr-defined]
+        if last != version or pending:
+            self._abort(1007)
+            raise EngineError(
+                1007,
+                f"transaction_too_old: another transaction committed to {self._store.path} while this one "
+                "held the store lock past the 5-second window",
+            )
 
     def _fail(self, exc: sqlite3.Error) -> QueueError:
         # SQLite may already have rolled the transaction back (disk full, I/O error):
@@ -145,6 +169,8 @@ class SqliteTransaction(LocalTransaction):
             row = self._cur.execute(_GET, (key,)).fetchone()
         except sqlite3.Error as exc:
             raise self._fail(exc) from exc
+        if self._kept_at is not None:
+            self._check_kept()
         value = None if row is None else row[0]
         seen[key] = value
         return value
@@ -182,6 +208,8 @@ class SqliteTransaction(LocalTransaction):
                 seen.update(self._cur.execute(sql, part))  # (k, v) rows
         except sqlite3.Error as exc:
             raise self._fail(exc) from exc
+        if self._kept_at is not None:
+            self._check_kept()
 
     # -- the hot calls on their common case ------------------------------------------------------
     #
@@ -323,10 +351,14 @@ class SqliteTransaction(LocalTransaction):
         try:
             if offset >= 1:
                 row = self._cur.execute(_AFTER[or_equal], (key, offset - 1)).fetchone()
-                return row[0] if row else SYSTEM_KEYS
-            row = self._cur.execute(_BEFORE[or_equal], (key, -offset)).fetchone()
+            else:
+                row = self._cur.execute(_BEFORE[or_equal], (key, -offset)).fetchone()
         except sqlite3.Error as exc:
             raise self._fail(exc) from exc
+        if self._kept_at is not None:
+            self._check_kept()
+        if offset >= 1:
+            return row[0] if row else SYSTEM_KEYS
         return row[0] if row else b""
 
     def _get_range(
@@ -342,6 +374,8 @@ class SqliteTransaction(LocalTransaction):
             rows = self._cur.execute(_RANGE[reverse], (begin, end, limit or -1)).fetchall()
         except sqlite3.Error as exc:
             raise self._fail(exc) from exc
+        if self._kept_at is not None:
+            self._check_kept()
         # tuple.__new__ straight from C: KeyValue._make would run Python code for every row.
         return list(map(tuple.__new__, repeat(KeyValue, len(rows)), rows))
 
