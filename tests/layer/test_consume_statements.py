@@ -91,6 +91,35 @@ def test_an_ack_reads_its_lease_the_guard_and_its_counters_in_one_statement(embe
     assert fdbqueue.queue_stats(embedded, "jobs").done == 1
 
 
+def test_an_ack_after_its_own_lease_and_ack_before_it_asks_sqlite_nothing(embedded: Database) -> None:
+    """A consumer's turn after turn: the leased record the ack reads is what this handle's
+    last commit (the lease) wrote, and the guard and counters what the one before read: no
+    SELECT. Another handle's commit in between, and the ack reads the record again."""
+    q = warmed(embedded)
+    first = q.lease(embedded)
+    assert first is not None
+    q.ack(embedded, first)
+    m = q.lease(embedded)
+    assert m is not None
+    verbs, _ = verbs_of(embedded, lambda: q.ack(embedded, m))
+    assert verbs == ["BEGIN", "INSERT", "DELETE", "DELETE", "COMMIT"], verbs
+    st = fdbqueue.queue_stats(embedded, "jobs")
+    assert (st.ready, st.inflight, st.done) == (4, 0, 2)
+    m = q.lease(embedded)
+    assert m is not None
+    other = fdbqueue.open(embedded.url)  # type: ignore[attr-defined]
+    try:
+        Queue("other").enqueue(other, b"x")
+        verbs, _ = verbs_of(embedded, lambda: q.ack(embedded, m))
+    finally:
+        other.close()
+    assert verbs.count("SELECT") == 1, verbs
+    with pytest.raises(LeaseError):
+        q.ack(embedded, m)  # acked already: its record is gone, and read so
+    st = fdbqueue.queue_stats(embedded, "jobs")
+    assert (st.ready, st.inflight, st.done) == (3, 0, 3)
+
+
 def test_ack_many_reads_every_lease_and_the_counters_in_one_statement(embedded: Database) -> None:
     q = warmed(embedded)
     msgs = q.lease_many(embedded, 3)
