@@ -56,7 +56,7 @@ from fdbqueue.store.budget import Budget, move_cost
 from fdbqueue.store.clock import db_now, now_us, seconds_of, versions
 from fdbqueue.store.config import Meta, QueueConfig, config_or_create
 from fdbqueue.store.layout import QueueKeys
-from fdbqueue.store.record import Record, decode_record, fit_reason, join_chunks
+from fdbqueue.store.record import Record, decode_record, encode_leased, fit_reason, join_chunks
 from fdbqueue.types import Message, check_duration
 
 log = logging.getLogger("fdbqueue")
@@ -158,17 +158,24 @@ def lease_in(
     """
     deadline = now + versions(seconds)
     until = lease_until(seconds)
-    extra = dict(rec.extra)
-    extra.update(key=key.hex(), receipt=receipt, deadline=deadline, until=until)
-    extra.pop("not_before", None)
-    if journaled:
-        extra[JOURNALED] = 1
-    if volatile:
-        extra[VOLATILE] = 1
-    if strict:
-        extra["strict"] = True  # its ack must wake whoever waits for the next delivery
+    key_hex = key.hex()
+    raw: bytes | None = None
+    if rec.extra or journaled or volatile or strict:
+        extra = dict(rec.extra)
+        extra.update(key=key_hex, receipt=receipt, deadline=deadline, until=until)
+        extra.pop("not_before", None)
+        if journaled:
+            extra[JOURNALED] = 1
+        if volatile:
+            extra[VOLATILE] = 1
+        if strict:
+            extra["strict"] = True  # its ack must wake whoever waits for the next delivery
+    else:  # the common shape: written directly when it can be (encode_leased), else encoded
+        extra = {"key": key_hex, "receipt": receipt, "deadline": deadline, "until": until}
+        raw = encode_leased(rec, key_hex, receipt, deadline, until)
     leased = rec.with_(deliveries=rec.deliveries + 1, extra=extra)
-    raw = leased.encode()
+    if raw is None:
+        raw = leased.encode()
     put_leased(tr, keys, key, leased, deadline, receipt, count=count, raw=raw)
     if len(_held) >= HELD_LEASES:  # leases never settled here (expired, dropped): start again
         _held.clear()

@@ -239,3 +239,28 @@ def test_a_dequeue_in_a_callers_transaction_moves_expired_and_damaged_heads_asid
     st = fdbqueue.queue_stats(embedded, "jobs")
     assert (st.ready, st.done, st.expired, st.corrupt) == (0, 1, 2, 1)
     assert take(embedded) is None
+
+
+def test_a_leased_record_in_its_common_shape_is_the_bytes_the_general_encoder_writes() -> None:
+    """``encode_leased``: a ready record of the common shape (no headers, nothing extra, an id
+    of ours) leased, written directly, byte for byte what ``Record.encode`` writes for it;
+    any other shape, or a receipt that JSON would escape, is left to the general path (None)."""
+    from fdbqueue.store.record import Record, encode_leased
+
+    for ct in ("application/octet-stream", "text/plain", "bytes", "json"):
+        for expires in (None, 1_700_000_000_123_456):
+            for deliveries in (0, 1, 41):
+                rec = Record("0123abcdef", 1_699_999_999_000_001, ct, {}, deliveries, expires, 0, {}, b"p7")
+                extra = {"key": "02ff00", "receipt": "9f8e.0", "deadline": 2**40 + 3, "until": 17}
+                general = rec.with_(deliveries=deliveries + 1, extra=extra).encode()
+                got = encode_leased(rec, "02ff00", "9f8e.0", 2**40 + 3, 17)
+                if ct.isascii() and ct.isalnum():
+                    assert got == general
+                    assert Record.decode(got) == rec.with_(deliveries=deliveries + 1, extra=extra)
+                else:
+                    assert got is None or got == general
+    plain = Record("0123abcdef", 1, "bytes", {}, 0, None, 0, {}, b"")
+    assert encode_leased(plain, "00", 'a"b', 1, 1) is None  # JSON would escape it
+    assert encode_leased(plain.with_(headers={"h": 1}), "00", "r.0", 1, 1) is None
+    assert encode_leased(plain.with_(extra={"last_error": "x"}), "00", "r.0", 1, 1) is None
+    assert encode_leased(plain.with_(id="é1"), "00", "r.0", 1, 1) is None
