@@ -264,3 +264,26 @@ def test_a_leased_record_in_its_common_shape_is_the_bytes_the_general_encoder_wr
     assert encode_leased(plain.with_(headers={"h": 1}), "00", "r.0", 1, 1) is None
     assert encode_leased(plain.with_(extra={"last_error": "x"}), "00", "r.0", 1, 1) is None
     assert encode_leased(plain.with_(id="é1"), "00", "r.0", 1, 1) is None
+
+
+def test_an_ack_of_a_message_with_a_receipt_but_another_id_or_queue_acks_nothing(embedded: Database) -> None:
+    """The keys a lease made are handed to its ack only for that very message of that queue:
+    a Message carrying the receipt with another id, or acked through another queue, is refused
+    and the leased message stays in flight."""
+    import dataclasses
+
+    q = warmed(embedded)
+    m = q.lease(embedded)
+    other = q.lease(embedded)
+    assert m is not None and other is not None
+    forged = dataclasses.replace(m, id=other.id)
+    with pytest.raises(LeaseError):
+        q.ack(embedded, forged)
+    with pytest.raises(LeaseError):
+        Queue("elsewhere").ack(embedded, m)
+    st = fdbqueue.queue_stats(embedded, "jobs")
+    assert (st.inflight, st.done) == (2, 0)
+    q.ack(embedded, m)
+    q.ack(embedded, other)
+    st = fdbqueue.queue_stats(embedded, "jobs")
+    assert (st.ready, st.inflight, st.done) == (4, 0, 2)
