@@ -56,7 +56,7 @@ from fdbqueue.store.budget import Budget, move_cost
 from fdbqueue.store.clock import db_now, now_us, seconds_of, versions
 from fdbqueue.store.config import Meta, QueueConfig, config_or_create
 from fdbqueue.store.layout import QueueKeys
-from fdbqueue.store.record import Record, decode_record, fit_reason, join_chunks
+from fdbqueue.store.record import Record, decode_record, encode_leased, fit_reason, join_chunks
 from fdbqueue.types import Message, check_duration
 
 log = logging.getLogger("fdbqueue")
@@ -158,21 +158,29 @@ def lease_in(
     """
     deadline = now + versions(seconds)
     until = lease_until(seconds)
-    extra = dict(rec.extra)
-    extra.update(key=key.hex(), receipt=receipt, deadline=deadline, until=until)
-    extra.pop("not_before", None)
-    if journaled:
-        extra[JOURNALED] = 1
-    if volatile:
-        extra[VOLATILE] = 1
-    if strict:
-        extra["strict"] = True  # its ack must wake whoever waits for the next delivery
+    key_hex = key.hex()
+    raw: bytes | None = None
+    if rec.extra or journaled or volatile or strict:
+        extra = dict(rec.extra)
+        extra.update(key=key_hex, receipt=receipt, deadline=deadline, until=until)
+        extra.pop("not_before", None)
+        if journaled:
+            extra[JOURNALED] = 1
+        if volatile:
+            extra[VOLATILE] = 1
+        if strict:
+            extra["strict"] = True  # its ack must wake whoever waits for the next delivery
+    else:  # the common shape: written directly when it can be (encode_leased), else encoded
+        extra = {"key": key_hex, "receipt": receipt, "deadline": deadline, "until": until}
+        raw = encode_leased(rec, key_hex, receipt, deadline, until)
     leased = rec.with_(deliveries=rec.deliveries + 1, extra=extra)
-    raw = leased.encode()
-    put_leased(tr, keys, key, leased, deadline, receipt, count=count, raw=raw)
+    if raw is None:
+        raw = leased.encode()
+    at = keys.inflight_key(rec.id), keys.lease_key(deadline, rec.id)
+    put_leased(tr, keys, key, leased, deadline, receipt, count=count, raw=raw, at=at)
     if len(_held) >= HELD_LEASES:  # leases never settled here (expired, dropped): start again
         _held.clear()
-    _held[receipt] = raw, leased
+    _held[receipt] = raw, leased, keys, at
     if payload is None:
         payload = read_payload(tr, keys, rec)
     return Message.from_record(
@@ -202,7 +210,12 @@ def _leased(
     read in that round trip (see :func:`settled_counters`)."""
     if not isinstance(m, Message) or not m.receipt:
         raise LeaseError("ack, nack and extend take a Message returned by lease()")
-    raw = check(tr, keys, "dequeue", also=[keys.inflight_key(m.id)], peek=peek)[0]
+    held = _held.get(m.receipt)
+    if held is not None and held[2] is keys and held[1].id == m.id:  # leased here: its key made
+        key = held[3][0]
+    else:
+        key = keys.inflight_key(m.id)
+    raw = check(tr, keys, "dequeue", also=[key], peek=peek)[0]
     return _lease_of(keys, tr, m, raw, db_now(tr) if now is None else now, allow_expired)
 
 
@@ -251,7 +264,7 @@ def ack_many_in(
 # from decoding them again (equal bytes decode to an equal record, whoever wrote them and
 # whether or not that attempt committed); any other bytes are decoded and checked as ever.
 # Bounded: emptied past HELD_LEASES (leases that expired or were never settled here).
-_held: dict[str, tuple[bytes, Record]] = {}
+_held: dict[str, tuple[bytes, Record, QueueKeys, tuple[bytes, bytes]]] = {}
 HELD_LEASES = 4096
 
 
@@ -277,8 +290,13 @@ def _lease_of(
 
 
 def ack_in(keys: QueueKeys, tr: Transaction, m: Message, now: int | None, note: Note | None = None) -> Record:
+    held = _held.get(m.receipt) if isinstance(m, Message) and m.receipt else None
     rec = _leased(keys, tr, m, now, peek=settled_counters(tr, keys))
-    finish_lease(tr, keys, rec, note)
+    # The very record this process leased (the bytes read were the ones it wrote), in this
+    # queue: its keys as the lease made them, not made again.
+    finish_lease(
+        tr, keys, rec, note, at=held[3] if held is not None and rec is held[1] and held[2] is keys else None
+    )
     return rec
 
 

@@ -136,7 +136,9 @@ def _ready_heads(
     begin, end = keys.ready_range()
     out: list[tuple[bytes, Record]] = []
     skipped = passed = read = 0
-    extra = min(8, 1 + n // 8)  # a little more than wanted: expired ones are moved aside
+    # A little more than wanted (expired ones are moved aside), but a lease of one reads one:
+    # a live head, the common case, needs no spare, and past an expired one the reads grow.
+    extra = 0 if n == 1 else min(8, 1 + n // 8)
     while len(out) < n and skipped < HEAD_SKIP_LIMIT:
         if budget.scan_exhausted():
             budget.more = True  # expired messages beyond this transaction's reading: later
@@ -181,7 +183,7 @@ def _ready_heads(
         if len(batch) < want:
             break
         begin = batch[-1].key + b"\x00"
-        extra = min(extra * 8, HEAD_BATCH)  # past a run of expired ones: a few round trips
+        extra = min(max(1, extra) * 8, HEAD_BATCH)  # past a run of expired ones: a few round trips
     return out
 
 

@@ -291,12 +291,15 @@ def put_leased(
     count: bool,
     note: Note | None = None,
     raw: bytes | None = None,
+    at: tuple[bytes, bytes] | None = None,
 ) -> None:
     """Put a message taken from the ready ``key`` (cleared by the caller) in flight until
     ``deadline`` under ``receipt``; ``count=False``: the caller counts a batch at once.
-    ``raw``: ``leased.encode()``, when the caller made it."""
-    tr.set(keys.inflight_key(leased.id), leased.encode() if raw is None else raw)
-    tr.set(keys.lease_key(deadline, leased.id), receipt.encode())
+    ``raw``: ``leased.encode()``, when the caller made it; ``at``: its ``inflight_key`` and
+    ``lease_key``, when the caller made them."""
+    ikey, lkey = (keys.inflight_key(leased.id), keys.lease_key(deadline, leased.id)) if at is None else at
+    tr.set(ikey, leased.encode() if raw is None else raw)
+    tr.set(lkey, receipt.encode())
     if key != keys.home_key(leased.id):
         tr.clear(keys.id_key(leased.id))  # it pointed at the ready key; ("f", id) is found by id
     if count:
@@ -305,22 +308,39 @@ def put_leased(
         after(tr, keys, True, note or Note("lease"), leased)
 
 
-def end_lease(tr: Transaction, keys: QueueKeys, rec: Record, *, count: bool = True) -> None:
+def end_lease(
+    tr: Transaction,
+    keys: QueueKeys,
+    rec: Record,
+    *,
+    count: bool = True,
+    at: tuple[bytes, bytes] | None = None,
+) -> None:
     """Take a leased message out of flight (its lease entry with it); the caller puts it
-    somewhere. ``count=False``: the caller counts a batch at once (:func:`count_settled`)."""
-    tr.clear(keys.inflight_key(rec.id))
-    tr.clear(keys.lease_key(int(rec.extra["deadline"]), rec.id))
+    somewhere. ``count=False``: the caller counts a batch at once (:func:`count_settled`).
+    ``at``: its ``inflight_key`` and ``lease_key``, when the caller has them (made at its lease)."""
+    if at is None:
+        at = keys.inflight_key(rec.id), keys.lease_key(int(rec.extra["deadline"]), rec.id)
+    tr.clear(at[0])
+    tr.clear(at[1])
     if count:
         tr.add(keys.counter("inflight"), MINUS_ONE)
 
 
 def finish_lease(
-    tr: Transaction, keys: QueueKeys, rec: Record, note: Note | None = None, *, count: bool = True
+    tr: Transaction,
+    keys: QueueKeys,
+    rec: Record,
+    note: Note | None = None,
+    *,
+    count: bool = True,
+    at: tuple[bytes, bytes] | None = None,
 ) -> None:
     """An acked message: out of flight and gone, with its chunks and TTL entry; counted done.
     Journaled ``ack``, or as ``note`` says (a forwarder's ``forward_out``). ``count=False``:
-    the caller counts a batch of acks at once (:func:`count_settled`)."""
-    end_lease(tr, keys, rec, count=count)
+    the caller counts a batch of acks at once (:func:`count_settled`). ``at``: as
+    :func:`end_lease`'s."""
+    end_lease(tr, keys, rec, count=count, at=at)
     if JOURNALED in rec.extra:
         after(tr, keys, True, note or Note("ack"), rec)
     if count:

@@ -253,6 +253,33 @@ def encode_plain(msg_id: str, enqueued_us: int, content_type: str, payload: byte
     return body + _CRC.pack(_crc32(body))
 
 
+def encode_leased(rec: Record, key_hex: str, receipt: str, deadline: int, until: int) -> bytes | None:
+    """``rec`` (a ready record) leased: ``rec.with_(deliveries=rec.deliveries + 1,
+    extra={"key": key_hex, "receipt": receipt, "deadline": deadline, "until": until}).encode()``
+    written directly for the common shape (no headers, nothing extra, a plain content type,
+    an id of ours, a receipt of letters, digits and dots): the same bytes at a fraction of the
+    encoder's cost (tests/layer/test_consume_statements.py compares). None for any other
+    shape: the caller encodes the record."""
+    ct = rec.content_type
+    if (
+        rec.headers
+        or rec.extra
+        or type(ct) is not str
+        or not (ct.isascii() and ct.isalnum())
+        or not (rec.id.isascii() and rec.id.isalnum())
+        or not (receipt.isascii() and receipt.replace(".", "").isalnum())
+    ):
+        return None  # key_hex needs no check: bytes.hex() gives hex digits only
+    expires = "null" if rec.expires_us is None else int(rec.expires_us)
+    meta = (
+        f'["{rec.id}",{int(rec.enqueued_us)},"{ct}",{{}},{int(rec.deliveries) + 1},{expires},'
+        f'{int(rec.chunks)},{{"key":"{key_hex}","receipt":"{receipt}","deadline":{int(deadline)},'
+        f'"until":{int(until)}}}]'
+    ).encode()
+    body = _HEAD.pack(RECORD_FORMAT, len(meta)) + meta + rec.payload
+    return body + _CRC.pack(_crc32(body))
+
+
 def decode_record(raw: bytes, keys: QueueKeys, key: bytes, msg_id: str | None = None) -> Record:
     """:meth:`Record.decode` of the record at ``key`` in the queue of ``keys``: every read of
     a stored record goes through here, so a corrupt one is reported with its queue, key and

@@ -91,6 +91,35 @@ def test_an_ack_reads_its_lease_the_guard_and_its_counters_in_one_statement(embe
     assert fdbqueue.queue_stats(embedded, "jobs").done == 1
 
 
+def test_an_ack_after_its_own_lease_and_ack_before_it_asks_sqlite_nothing(embedded: Database) -> None:
+    """A consumer's turn after turn: the leased record the ack reads is what this handle's
+    last commit (the lease) wrote, and the guard and counters what the one before read: no
+    SELECT. Another handle's commit in between, and the ack reads the record again."""
+    q = warmed(embedded)
+    first = q.lease(embedded)
+    assert first is not None
+    q.ack(embedded, first)
+    m = q.lease(embedded)
+    assert m is not None
+    verbs, _ = verbs_of(embedded, lambda: q.ack(embedded, m))
+    assert verbs == ["BEGIN", "INSERT", "DELETE", "DELETE", "COMMIT"], verbs
+    st = fdbqueue.queue_stats(embedded, "jobs")
+    assert (st.ready, st.inflight, st.done) == (4, 0, 2)
+    m = q.lease(embedded)
+    assert m is not None
+    other = fdbqueue.open(embedded.url)  # type: ignore[attr-defined]
+    try:
+        Queue("other").enqueue(other, b"x")
+        verbs, _ = verbs_of(embedded, lambda: q.ack(embedded, m))
+    finally:
+        other.close()
+    assert verbs.count("SELECT") == 1, verbs
+    with pytest.raises(LeaseError):
+        q.ack(embedded, m)  # acked already: its record is gone, and read so
+    st = fdbqueue.queue_stats(embedded, "jobs")
+    assert (st.ready, st.inflight, st.done) == (3, 0, 3)
+
+
 def test_ack_many_reads_every_lease_and_the_counters_in_one_statement(embedded: Database) -> None:
     q = warmed(embedded)
     msgs = q.lease_many(embedded, 3)
@@ -210,3 +239,51 @@ def test_a_dequeue_in_a_callers_transaction_moves_expired_and_damaged_heads_asid
     st = fdbqueue.queue_stats(embedded, "jobs")
     assert (st.ready, st.done, st.expired, st.corrupt) == (0, 1, 2, 1)
     assert take(embedded) is None
+
+
+def test_a_leased_record_in_its_common_shape_is_the_bytes_the_general_encoder_writes() -> None:
+    """``encode_leased``: a ready record of the common shape (no headers, nothing extra, an id
+    of ours) leased, written directly, byte for byte what ``Record.encode`` writes for it;
+    any other shape, or a receipt that JSON would escape, is left to the general path (None)."""
+    from fdbqueue.store.record import Record, encode_leased
+
+    for ct in ("application/octet-stream", "text/plain", "bytes", "json"):
+        for expires in (None, 1_700_000_000_123_456):
+            for deliveries in (0, 1, 41):
+                rec = Record("0123abcdef", 1_699_999_999_000_001, ct, {}, deliveries, expires, 0, {}, b"p7")
+                extra = {"key": "02ff00", "receipt": "9f8e.0", "deadline": 2**40 + 3, "until": 17}
+                general = rec.with_(deliveries=deliveries + 1, extra=extra).encode()
+                got = encode_leased(rec, "02ff00", "9f8e.0", 2**40 + 3, 17)
+                if ct.isascii() and ct.isalnum():
+                    assert got == general
+                    assert Record.decode(got) == rec.with_(deliveries=deliveries + 1, extra=extra)
+                else:
+                    assert got is None or got == general
+    plain = Record("0123abcdef", 1, "bytes", {}, 0, None, 0, {}, b"")
+    assert encode_leased(plain, "00", 'a"b', 1, 1) is None  # JSON would escape it
+    assert encode_leased(plain.with_(headers={"h": 1}), "00", "r.0", 1, 1) is None
+    assert encode_leased(plain.with_(extra={"last_error": "x"}), "00", "r.0", 1, 1) is None
+    assert encode_leased(plain.with_(id="é1"), "00", "r.0", 1, 1) is None
+
+
+def test_an_ack_of_a_message_with_a_receipt_but_another_id_or_queue_acks_nothing(embedded: Database) -> None:
+    """The keys a lease made are handed to its ack only for that very message of that queue:
+    a Message carrying the receipt with another id, or acked through another queue, is refused
+    and the leased message stays in flight."""
+    import dataclasses
+
+    q = warmed(embedded)
+    m = q.lease(embedded)
+    other = q.lease(embedded)
+    assert m is not None and other is not None
+    forged = dataclasses.replace(m, id=other.id)
+    with pytest.raises(LeaseError):
+        q.ack(embedded, forged)
+    with pytest.raises(LeaseError):
+        Queue("elsewhere").ack(embedded, m)
+    st = fdbqueue.queue_stats(embedded, "jobs")
+    assert (st.inflight, st.done) == (2, 0)
+    q.ack(embedded, m)
+    q.ack(embedded, other)
+    st = fdbqueue.queue_stats(embedded, "jobs")
+    assert (st.ready, st.inflight, st.done) == (4, 0, 2)

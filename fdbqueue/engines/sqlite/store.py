@@ -69,15 +69,16 @@ class Store(ABC):
         self._readers_lock = threading.Lock()
         # What this handle's last commit read, with the values it left, and that commit's
         # version (see :meth:`keep`); None when there is nothing to trust.
-        self.kept: tuple[int, dict[bytes, bytes | None]] | None = None
+        self.kept: tuple[int, dict[bytes, bytes | None], dict[bytes, bytes | None]] | None = None
 
-    def keep(self, version: int, seen: dict[bytes, bytes | None]) -> None:
+    def keep(self, version: int, seen: dict[bytes, bytes | None], wrote: dict[bytes, bytes | None]) -> None:
         """After the COMMIT of ``version``, under the store lock: ``seen``, the stored values
-        its transaction read with its own writes applied, is what the store holds for those
-        keys until the next commit (:meth:`take_kept`)."""
-        self.kept = (version, seen)
+        its transaction read with its own writes applied, and ``wrote``, the values it wrote
+        (None: cleared), are what the store holds for those keys until the next commit
+        (:meth:`take_kept`)."""
+        self.kept = (version, seen, wrote)
 
-    def take_kept(self) -> dict[bytes, bytes | None] | None:
+    def take_kept(self) -> tuple[dict[bytes, bytes | None], dict[bytes, bytes | None]] | None:
         """Under the store lock, at a transaction's begin: what :meth:`keep` kept, while the
         store's last commit is still the one that kept it (taken once: the transaction reads
         into it), else None.
@@ -89,11 +90,11 @@ class Store(ABC):
         kept, self.kept = self.kept, None
         if kept is None:
             return None
-        version, seen = kept
+        version, seen, wrote = kept
         tag, last, _, pending, _ = self.page.clock()  # type: ignore[attr-defined]
         if last != version or pending or tag != self.clock_tag or self.clock_tag is None:
             return None
-        return seen
+        return seen, wrote
 
     # -- a transaction's beginning and end ---------------------------------------------------
 

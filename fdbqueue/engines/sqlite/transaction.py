@@ -49,6 +49,7 @@ _IN_BATCH = 500  # keys a statement asks for at most (SQLite's bound on variable
 _PUT = "INSERT OR REPLACE INTO kv (k, v) VALUES (?, ?)"
 _PUT_N: dict[int, str] = {}  # INSERT ... VALUES (?, ?), ... by the number of rows
 _DEL = "DELETE FROM kv WHERE k = ?"
+_NOTHING: dict[bytes, bytes | None] = {}  # no last commit's writes to trust (never written to)
 _DEL_RANGE = "DELETE FROM kv WHERE k >= ? AND k < ?"
 _RANGE = (
     "SELECT k, v FROM kv WHERE k >= ? AND k < ? ORDER BY k LIMIT ?",
@@ -85,6 +86,7 @@ class SqliteTransaction(LocalTransaction):
         "_stamped",
         "_store",
         "_wm",
+        "_wrote",
     )
 
     _cur: sqlite3.Cursor  # the cursor of the connection begun on (see _begin)
@@ -110,6 +112,10 @@ class SqliteTransaction(LocalTransaction):
         # The version whose values _seen started from (Store.take_kept) until a statement has
         # read the store and found it still the last commit (_check_kept); else None.
         self._kept_at: int | None = None
+        # The values this handle's last commit wrote (None: cleared), when the store's last
+        # commit is still that one (Store.take_kept): a key not seen yet is looked up here
+        # before SQLite is asked (a lease's record, read back by its ack).
+        self._wrote: dict[bytes, bytes | None] = _NOTHING
         # Stamped writes, applied at commit: (offset, key, value), the stamp's offset in the
         # key's template, or ~offset in the value's (see _versionstamped).
         self._stamped: list[tuple[int, bytes, bytes]] = []
@@ -127,7 +133,7 @@ class SqliteTransaction(LocalTransaction):
             version = store.kept[0]
             kept = store.take_kept()
             if kept is not None:
-                self._seen = kept
+                self._seen, self._wrote = kept
                 self._kept_at = version
 
     def _check_kept(self) -> None:
@@ -165,6 +171,10 @@ class SqliteTransaction(LocalTransaction):
         seen = self._seen
         if key in seen:
             return seen[key]
+        wrote = self._wrote
+        if key in wrote:  # written by this handle's last commit, the store's last
+            value = seen[key] = wrote[key]
+            return value
         try:
             row = self._cur.execute(_GET, (key,)).fetchone()
         except sqlite3.Error as exc:
@@ -200,6 +210,14 @@ class SqliteTransaction(LocalTransaction):
     def _select(self, ask: list[bytes]) -> None:
         """Read the stored values of ``ask`` (distinct keys) into :attr:`_seen` (None: absent)."""
         seen = self._seen
+        wrote = self._wrote
+        if wrote:  # written by this handle's last commit, the store's last: not asked
+            found = {k: wrote[k] for k in ask if k in wrote}
+            if found:
+                seen.update(found)
+                ask = [k for k in ask if k not in found]
+                if not ask:
+                    return
         seen.update(dict.fromkeys(ask))  # None: absent, unless a row says otherwise
         try:
             for lo in range(0, len(ask), _IN_BATCH):
@@ -500,13 +518,15 @@ class SqliteTransaction(LocalTransaction):
         if read and len(read) <= _KEEP_UP_TO and not self._all and not self._stamped:
             # What this transaction read, with its writes to those keys, is what the store
             # holds for them until another commit: kept for the next transaction to begin
-            # (Store.take_kept). Keys written but never read are left out (an enqueue's new
-            # message: the next one does not read it); a clear of a range or a versionstamp
+            # (Store.take_kept). The keys it wrote are kept beside them, up to as many, but not
+            # merged in: only the next transaction looks at them, for a key it has not seen (a
+            # lease's record, read back by its ack), and what it does not read of them is not
+            # carried further (an enqueue's new message). A clear of a range or a versionstamp
             # (a key known only now) keeps nothing.
             values = self._wm.values
             for key in read.keys() & values.keys():
                 read[key] = values[key]
-            store.keep(version, read)
+            store.keep(version, read, values if len(values) <= _KEEP_UP_TO else _NOTHING)
             self._seen = {}
         self._end()
         store.publish(None if self._all else self._keys)

@@ -615,3 +615,50 @@ def test_what_a_commit_read_is_asked_again_once_anyone_else_commits(tmp_path: Pa
     assert struct.unpack("<q", two[b"atomic"])[0] == 16
     one.close()
     two.close()
+
+
+def test_what_a_commit_wrote_is_read_back_without_asking_until_anyone_else_commits(tmp_path: Path) -> None:
+    """A key one transaction wrote (never read) is what the store holds after its commit: the
+    handle's next transaction reads it back without a SELECT (a lease's record, read by its
+    ack), and asks SQLite again once another handle has committed."""
+    url = f"sqlite://{tmp_path / 'q.db'}"
+    one, two = fdbqueue.open(url), fdbqueue.open(url)
+    one[b"seed"] = b"0"
+    conn = one._store.conn  # type: ignore[attr-defined]
+    statements: list[str] = []
+
+    @fdbqueue.transactional
+    def write(tr: fdbqueue.Transaction, key: bytes, value: bytes | None) -> None:
+        assert tr[b"seed"] is not None  # a read, so that the commit keeps what it saw
+        if value is None:
+            del tr[key]
+        else:
+            tr[key] = value
+
+    @fdbqueue.transactional
+    def read(tr: fdbqueue.Transaction, key: bytes) -> bytes | None:
+        return tr[key]
+
+    conn.set_trace_callback(statements.append)
+    try:
+        write(one, b"k", b"v1")
+        statements.clear()
+        assert read(one, b"k") == b"v1"
+        assert [s.split()[0] for s in statements] == ["BEGIN", "COMMIT"], statements
+        write(one, b"k", None)
+        assert read(one, b"k") is None
+        write(one, b"k", b"v2")
+        write(two, b"k", b"theirs")  # another handle's commit: one must ask again
+        statements.clear()
+        assert read(one, b"k") == b"theirs"
+        assert "SELECT" in [s.split()[0] for s in statements], statements
+    finally:
+        conn.set_trace_callback(None)
+    # A transaction that does not commit leaves nothing to trust.
+    write(one, b"k", b"v3")
+    tr = one.create_transaction()
+    tr[b"k"] = b"not committed"
+    tr.cancel()
+    assert read(one, b"k") == b"v3" and read(two, b"k") == b"v3"
+    one.close()
+    two.close()
