@@ -603,13 +603,19 @@ def engine_traits(db: object) -> tuple[bool, bool]:
         if not own or ("may_conflict" not in own and "may_commit_unknown" not in own):
             return found
     traits = bool(getattr(db, "may_conflict", True)), bool(getattr(db, "may_commit_unknown", True))
-    # The class's answer is kept only when both are plain class attributes (or absent): a
-    # property (the sim engine's may_commit_unknown follows its fault script) is read at
-    # every call. An instance's own attribute is looked for at every call (above).
-    static = [inspect.getattr_static(kind, name, True) for name in ("may_conflict", "may_commit_unknown")]
-    if all(type(value) is bool for value in static):
-        _traits[kind] = (static[0], static[1])
+    # The class's answer is kept only when both are plain class attributes (or absent from a
+    # class that hands no attribute on through __getattr__, as a wrapper does: each of its
+    # instances answers for what it wraps): a property (the sim engine's may_commit_unknown
+    # follows its fault script) is read at every call. An instance's own attribute is looked
+    # for at every call (above).
+    static = [inspect.getattr_static(kind, name, _ABSENT) for name in ("may_conflict", "may_commit_unknown")]
+    hands_on = hasattr(kind, "__getattr__")
+    if all(type(value) is bool or (value is _ABSENT and not hands_on) for value in static):
+        _traits[kind] = (static[0] is not False, static[1] is not False)
     return traits
+
+
+_ABSENT = object()
 
 
 _traits: dict[type, tuple[bool, bool]] = {}

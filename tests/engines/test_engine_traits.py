@@ -35,3 +35,20 @@ def test_an_instance_that_overrides_its_class_is_answered_for_itself() -> None:
 def test_an_engine_that_says_nothing_may_do_both() -> None:
     assert engine_traits(_Unknown()) == (True, True)
     assert engine_traits(_Unknown()) == (True, True)
+
+
+class _Wrapper:
+    """A database that hands every other attribute on to the one it wraps (as a counting or
+    logging wrapper does): its class says nothing, each instance says what its inner one does."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+def test_a_wrapper_that_hands_attributes_on_is_answered_for_what_it_wraps() -> None:
+    assert engine_traits(_Wrapper(_Pessimistic())) == (False, False)
+    assert engine_traits(_Wrapper(_Unknown())) == (True, True)
+    assert engine_traits(_Wrapper(_Pessimistic())) == (False, False)
