@@ -338,15 +338,13 @@ def lease_settling(
     attempts = [0] if tries is None else tries  # how many attempts it took, for the caller
 
     def body(t: Transaction) -> tuple[list[Any], list[Message]]:
-        # The lease first, the acks after it: the lease's reads then meet no write of this
-        # transaction, which an engine that reads through its writes (the embedded one's
-        # write map) would otherwise have to overlay on every read and order every later
-        # write for; its due check may read the lease index once more (the acked leases are
-        # still counted in flight), once a batch. Neither reads what the other writes: the
-        # acked messages are in flight, the lease takes ready ones.
-        leased = lease(t)
+        # The acks first, then the lease: a lease that finds nothing retires the queue from
+        # the work index (workindex.retire), which parks it until its first lease deadline
+        # while lease entries remain - so the acks this transaction carries must be gone from
+        # the lease index before it looks (leasing first parked a queue its own acks emptied:
+        # test_fairness' test_a_pattern_serves_only_its_queues waited out the lease).
         results = settler.settle(t, got) if settler is not None and got else []
-        return results, leased
+        return results, lease(t)
 
     def lease(t: Transaction) -> list[Message]:
         if claim is not None and not contended and workindex.taken_by_other(t, q.keys, claim):
