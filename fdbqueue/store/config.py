@@ -366,7 +366,8 @@ _settings_lock = threading.Lock()
 # The settings each queue's last read_meta found, with the database they were read from: one
 # dict lookup for the common case of one database, before the per-database cache above.
 # (the database, its settings, whether they set a max_size)
-_hot: dict[bytes, tuple[weakref.ref[Any], _Settings, bool]] = {}
+_Hot = tuple[weakref.ref[Any], _Settings, bool]
+_hot: dict[bytes, _Hot] = {}
 
 
 def bump_metadata_version(tr: Transaction, keys: QueueKeys) -> None:
@@ -400,41 +401,10 @@ def read_meta(tr: Transaction, keys: QueueKeys, *, enqueue: bool = False) -> Met
     settings set one - those last seen in this process say so before the read, or a second
     read fetches them when the settings found with it say so.
     """
-    db = tr.db
     hot = _hot.get(keys.packed)
     short = enqueue and (hot is None or not hot[2])
-    wanted = keys.meta_read_short() if short else keys.meta_read()
-    # Where transactions may conflict (FoundationDB, sim: the engines whose versions may
-    # jump), the database's time correction (clock.note_time) in the same round trip.
-    cluster = getattr(db, "may_conflict", True)  # engine_traits' first
-    if cluster:
-        values = tr.snapshot.get_many([*wanted, TIME_KEY])
-        note_time(tr, values.pop())
-        tr.add_read_conflict_key(keys.config)
-        tr.add_read_conflict_key(keys.state)
-    else:  # read conflicts are pointless where nothing conflicts (the embedded engine)
-        values = tr.snapshot.get_many(wanted)
-    version = values[0]
-    if hot is not None and version is not None and hot[1].version == version and hot[0]() is db:
-        cached = hot[1]  # the common case: one lookup, no lock
-    else:
-        found = None if version is None else _cached(db, keys)
-        if found is not None and found.version == version:
-            cached = found
-        else:
-            cached = _read_settings(tr, keys, version or b"")
-            if version is not None:
-                _remember(db, keys, cached)
-        if version is not None:
-            try:
-                ref = weakref.ref(db)
-            except TypeError:  # a database that cannot be weakly referenced: no cache
-                pass
-            else:
-                if len(_hot) > 4096:  # a process touching very many queues: start again
-                    _hot.clear()
-                bounded = cached.config is not None and cached.config.max_size is not None
-                _hot[keys.packed] = (ref, cached, bounded)
+    values, cluster = _read_keys(tr, keys, keys.meta_read_short() if short else keys.meta_read())
+    cached = _settings_at(tr, keys, values[0], hot)
     cfg = cached.config
     if cfg is not None:
         if cfg.volatile:  # (_volatile, inline)
@@ -445,6 +415,48 @@ def read_meta(tr: Transaction, keys: QueueKeys, *, enqueue: bool = False) -> Met
     made_ready = 0 if wake is None else _COUNT(wake)[0] if len(wake) == 8 else unpack_count(wake)
     # (config, state, priorities, owner, acl) from the settings, then what was read
     return _new_meta(Meta, (*cached[1:], made_ready, values[3], cluster, values))
+
+
+def _read_keys(tr: Transaction, keys: QueueKeys, wanted: list[bytes]) -> tuple[list[bytes | None], bool]:
+    """``wanted`` read at snapshot isolation in one round trip, and whether the engine may
+    conflict. Where transactions may conflict (FoundationDB, sim: the engines whose versions
+    may jump), the database's time correction (clock.note_time) is read in the same round
+    trip, and settings and state get read conflicts of their own; where nothing conflicts
+    (the embedded engine) read conflicts are pointless."""
+    cluster = getattr(tr.db, "may_conflict", True)  # engine_traits' first
+    if cluster:
+        values = tr.snapshot.get_many([*wanted, TIME_KEY])
+        note_time(tr, values.pop())
+        tr.add_read_conflict_key(keys.config)
+        tr.add_read_conflict_key(keys.state)
+    else:
+        values = tr.snapshot.get_many(wanted)
+    return values, cluster
+
+
+def _settings_at(tr: Transaction, keys: QueueKeys, version: bytes | None, hot: _Hot | None) -> _Settings:
+    """The queue's settings at metadata ``version``: this process's last look (``hot``, one
+    lookup, no lock), else the per-database cache, else a range read, which refills both."""
+    db = tr.db
+    if hot is not None and version is not None and hot[1].version == version and hot[0]() is db:
+        return hot[1]  # the common case
+    found = None if version is None else _cached(db, keys)
+    if found is not None and found.version == version:
+        cached = found
+    else:
+        cached = _read_settings(tr, keys, version or b"")
+        if version is not None:
+            _remember(db, keys, cached)
+    if version is not None:
+        try:
+            ref = weakref.ref(db)
+        except TypeError:  # a database that cannot be weakly referenced: no cache
+            return cached
+        if len(_hot) > 4096:  # a process touching very many queues: start again
+            _hot.clear()
+        bounded = cached.config is not None and cached.config.max_size is not None
+        _hot[keys.packed] = (ref, cached, bounded)
+    return cached
 
 
 # The keys read_meta_for reads, per queue and counters.
@@ -471,24 +483,11 @@ def read_meta_for(tr: Transaction, keys: QueueKeys, counters: tuple[str, ...]) -
         if len(_for_keys) > 4096:  # a process touching very many queues: start again
             _for_keys.clear()
         _for_keys[keys, counters] = wanted
-    cluster = getattr(tr.db, "may_conflict", True)  # engine_traits' first, as in read_meta
-    if cluster:
-        values = tr.snapshot.get_many([*wanted, TIME_KEY])
-        note_time(tr, values.pop())
-        tr.add_read_conflict_key(keys.config)
-        tr.add_read_conflict_key(keys.state)
-    else:
-        values = tr.snapshot.get_many(wanted)
-    version = values[0]
+    values, cluster = _read_keys(tr, keys, wanted)
     got = dict(zip(counters, values[1:], strict=True))
     # In Meta.raw's order (QueueKeys.meta_read): no wake counter, no work-index entry.
-    raw = [version, got.get("ready"), None, None, got.get("inflight"), got.get("delayed")]
-    db = tr.db
-    cached = None if version is None else _cached(db, keys)
-    if cached is None or cached.version != version:
-        cached = _read_settings(tr, keys, version or b"")
-        if version is not None:
-            _remember(db, keys, cached)
+    raw = [values[0], got.get("ready"), None, None, got.get("inflight"), got.get("delayed")]
+    cached = _settings_at(tr, keys, values[0], _hot.get(keys.packed))
     _volatile(tr, keys, cached.config)
     # (config, state, priorities, owner, acl) from the settings, as read_meta makes them
     return _new_meta(Meta, (*cached[1:], 0, None, cluster, raw))
