@@ -21,6 +21,7 @@ from fdbqueue.store.budget import DEFAULT_MAX_PAYLOAD, MAX_PAYLOAD_BYTES
 from fdbqueue.store.clock import note_time
 from fdbqueue.store.codec import unpack_count
 from fdbqueue.store.layout import (
+    HOT_COUNTERS,
     LAYER_FORMAT,
     MAX_NAME_LENGTH,
     TIME_KEY,
@@ -331,7 +332,7 @@ class Meta(NamedTuple):
     @property
     def counters(self) -> dict[str, int]:
         """The hot counters by name (``layout.HOT_COUNTERS``)."""
-        return {name: self._counter(name) for name in _RAW_AT}
+        return {name: self._counter(name) for name in HOT_COUNTERS}
 
     def count(self, name: str) -> int:
         return max(0, self._counter(name)) if name in _RAW_AT else 0
@@ -343,6 +344,7 @@ class Meta(NamedTuple):
 
 # Where each hot counter is in Meta.raw (QueueKeys.meta_read's order).
 _RAW_AT = {"ready": 1, "inflight": 4, "delayed": 5, "wake": 2}
+assert set(_RAW_AT) == set(HOT_COUNTERS)
 _new_meta = tuple.__new__
 
 

@@ -272,10 +272,6 @@ class QueueKeys:
             found = self._meta_short = self.meta_read()[:4]
         return found
 
-    def hot_counters(self) -> list[bytes]:
-        """The counters every operation reads: ready, inflight, delayed, wake (see ``HOT_COUNTERS``)."""
-        return [self.counter(c) for c in HOT_COUNTERS]
-
     def counter(self, name: str) -> bytes:
         key = self._cache.get("n/" + name)
         if key is None:
