@@ -37,6 +37,24 @@ BATCH = 500  # at most this many messages per enqueue_many transaction when read
 BATCH_BYTES = TXN_BUDGET_BYTES // 2  # and about this many bytes (docs/budgets.md)
 
 
+# Conditions of the store or the queue, not mistakes in the command: exit 1. Every other
+# QueueError is the library refusing an argument (a bad name, number or URL): exit 2.
+RUNTIME_ERRORS: tuple[type[Exception], ...] = (
+    fdbqueue.QueueNotFoundError,
+    fdbqueue.AccessDeniedError,
+    fdbqueue.ForeignQueueError,
+    fdbqueue.QueueStoppedError,
+    fdbqueue.QueueFullError,
+    fdbqueue.EngineError,
+    fdbqueue.ClusterUnavailableError,
+    fdbqueue.StoreError,
+    fdbqueue.UnsupportedLayerFormatError,
+    fdbqueue.LeaseError,
+    fdbqueue.NotJournaledError,
+    fdbqueue.NotAnErrorQueueError,
+)
+
+
 class CommandError(Exception):
     """A one-line error for the user, with the exit code to end on."""
 

@@ -21,7 +21,7 @@ import pytest
 
 import fdbqueue
 from fdbqueue import cli
-from fdbqueue.cli.commands import _cmd_list
+from fdbqueue.cli.queues import _cmd_list
 from fdbqueue.engines.contract import Database
 from fdbqueue.runtime.metrics import QueueCollector
 from fdbqueue.store.clock import FakeClock, fake_clock
