@@ -4,7 +4,8 @@
 Real processes on the embedded engine (two store files). A producer (this process) enqueues
 throughout; a consumer process dequeues at the source, recording each id in the same
 transaction; each stop freezes one forwarder for longer than its lease, so that the other
-forwarder or the consumer takes its batch meanwhile. At the end a forwarder finishes what
+forwarder or the consumer takes its batch meanwhile; the middle stop freezes both, until the
+consumer took a message (its share, however loaded the machine). At the end a forwarder finishes what
 the stopped ones left (resumable), and the counts are printed::
 
     python scripts/forward_stalls.py --stops 30 --stop-seconds 1.5 --lease 1.0 --messages 3000
@@ -92,13 +93,20 @@ def run(
     per_stop = max(1, messages // max(1, stops))
     began = time.monotonic()
     try:
-        for _ in range(stops):
+        for k in range(stops):
             sent += Queue("jobs").enqueue_many(src, [b"m%d" % (len(sent) + i) for i in range(per_stop)])
             time.sleep(rnd.uniform(0.0, 0.2))  # a batch in hand, at a random step
-            victim = rnd.choice(forwarders)
-            victim.send_signal(signal.SIGSTOP)
+            # One stop (the middle one) freezes both forwarders: the consumer alone shares the
+            # source then, and the stop lasts until it took a message (each forwarder leases
+            # the next batch ahead, so on a loaded machine it might otherwise get none).
+            victims = forwarders if k == stops // 2 else [rnd.choice(forwarders)]
+            for victim in victims:
+                victim.send_signal(signal.SIGSTOP)
             time.sleep(stop_seconds)  # past its lease: the other forwarder or the consumer takes it
-            victim.send_signal(signal.SIGCONT)
+            if len(victims) > 1:
+                _await_consumer(src, consumer)
+            for victim in victims:
+                victim.send_signal(signal.SIGCONT)
         if len(sent) < messages:
             sent += Queue("jobs").enqueue_many(src, [b"m%d" % i for i in range(len(sent), messages)])
         deadline = time.monotonic() + 60
@@ -143,6 +151,19 @@ def run(
         "tombstones_left": left[1],
         "seconds": round(time.monotonic() - began, 1),
     }
+
+
+def _await_consumer(src: Any, consumer: subprocess.Popen[str], timeout: float = 120.0) -> None:
+    """Wait until the consumer recorded a message (the forwarders are stopped, so it has the
+    source's ready and expired messages to itself); a consumer that died or took nothing
+    within ``timeout`` seconds is the harness's failure, raised."""
+    from fdbqueue import Queue
+
+    deadline = time.monotonic() + timeout
+    while Queue("consumed").size(src) == 0:
+        if consumer.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("the consumer took no message while it had the source to itself")
+        time.sleep(0.05)
 
 
 def main(argv: list[str] | None = None) -> int:
