@@ -140,7 +140,8 @@ class Forwarder(Leased):
         self._tokens: tuple[str, str] | None = None
         self._room: int | None = None  # None: no max_size
         self._hand = None  # the leased batch in hand, through its steps
-        self._published: list[str] = []  # ids whose tombstones the next removal clears
+        # Published (id, receipt): the tombstones the next removal clears.
+        self._published: list[transit.Entry] = []
         self._recovered_at = 0.0
 
     def stop(self) -> None:
