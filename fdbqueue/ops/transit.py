@@ -106,8 +106,28 @@ def probe_key(keys: QueueKeys, nonce: str) -> bytes:
 def pending_key(dst: QueueKeys, source: str, mid: str, receipt: str) -> bytes:
     # fdb.tuple.pack's bytes, from the queue's prefix and encoded elements: a forward packs
     # several of these keys a message, and the tuple layer's general packer is the slow part.
-    prefix: bytes = dst.q.key()
-    return prefix + _FP + enc_str(source) + enc_str(mid) + enc_str(receipt)
+    return _fp_prefix(dst, source) + enc_str(mid) + enc_str(receipt)
+
+
+def pending_keys(dst: QueueKeys, source: str, entries: list[Entry]) -> list[bytes]:
+    """:func:`pending_key` of each entry (id, receipt): one prefix for them all."""
+    prefix = _fp_prefix(dst, source)
+    return [prefix + enc_str(mid) + enc_str(receipt) for mid, receipt in entries]
+
+
+def _fp_prefix(dst: QueueKeys, source: str) -> bytes:
+    """``dst.q.pack(("fp", source))``, kept by (queue prefix, source token): a forwarder
+    builds keys under one prefix all its run."""
+    at: bytes = dst.q.key()
+    got = _FP_PREFIXES.get((at, source))
+    if got is None:
+        if len(_FP_PREFIXES) > 256:
+            _FP_PREFIXES.clear()
+        got = _FP_PREFIXES[(at, source)] = at + _FP + enc_str(source)
+    return got
+
+
+_FP_PREFIXES: dict[tuple[bytes, str], bytes] = {}
 
 
 def pending_range(dst: QueueKeys, source: str, *rest: str) -> tuple[bytes, bytes]:
@@ -282,7 +302,7 @@ def install(
     a late landing of an earlier attempt conflicts instead of writing one again after it was
     published). A RemoteQueue's dedup key (its header) is kept aside for publication, marked
     as the layer's where the source confirmed it (``layer``: ``remotededup.layer_keys``)."""
-    keys = [pending_key(dst, source, m.id, str(m.receipt)) for m in batch]
+    keys = pending_keys(dst, source, [(m.id, str(m.receipt)) for m in batch])
     for m, key, raw in zip(batch, keys, t.get_many(keys), strict=True):
         if raw is not None:
             continue
@@ -304,15 +324,17 @@ def install(
                 m.payload[n * CHUNK_SIZE : (n + 1) * CHUNK_SIZE]))  # fmt: skip
 
 
-def read_pending(t: Transaction, dst: QueueKeys, source: str, entries: list[Entry]) -> list[Record | None]:
-    """The pending copies of ``entries`` (None: not there), payloads joined."""
-    keys = [pending_key(dst, source, mid, receipt) for mid, receipt in entries]
+def read_pending(
+    t: Transaction, dst: QueueKeys, source: str, entries: list[Entry], keys: list[bytes] | None = None
+) -> list[Record | None]:
+    """The pending copies of ``entries`` (None: not there), payloads joined; ``keys``: their
+    :func:`pending_keys`, when the caller made them already."""
+    keys = pending_keys(dst, source, entries) if keys is None else keys
     out: list[Record | None] = []
-    for (mid, receipt), key, raw in zip(entries, keys, t.get_many(keys), strict=True):
+    for (mid, _), key, raw in zip(entries, keys, t.get_many(keys), strict=True):
         rec = None if raw is None else decode_record(raw, dst, key, mid)
         if rec is not None and rec.chunks:
-            end = pending_range(dst, source, mid, receipt)[1]
-            parts = [kv.value for kv in t.get_range(key + b"\x00", end, rec.chunks + 1)]
+            parts = [kv.value for kv in t.get_range(key + b"\x00", key + b"\xff", rec.chunks + 1)]
             rec = rec._replace(payload=join_chunks(parts, rec.chunks, dst.name, mid), chunks=0)
         out.append(rec)
     return out
@@ -343,10 +365,14 @@ def drop_pending(
     if receipt is None:
         t.clear_range(*pending_range(dst, source, mid))
         return
-    key = pending_key(dst, source, mid, receipt)
+    drop_pending_at(t, pending_key(dst, source, mid, receipt), chunked=chunked)
+
+
+def drop_pending_at(t: Transaction, key: bytes, *, chunked: bool = True) -> None:
+    """:func:`drop_pending` of the copy at ``key`` (a :func:`pending_key`)."""
     t.clear(key)  # a tuple's range holds the keys under it, not its own key
     if chunked:
-        t.clear_range(key + b"\x00", pending_range(dst, source, mid, receipt)[1])
+        t.clear_range(key + b"\x00", key + b"\xff")  # its chunks: pending_range(..., mid, receipt)
 
 
 def is_chunked(rec: Record) -> bool:

@@ -180,7 +180,8 @@ class Leased(Outbox):
             meta = read_meta(t, dkeys)
             check(t, dkeys, "enqueue", meta)
             now = db_now(t)
-            recs = transit.read_pending(t, dkeys, source, entries)
+            pkeys = transit.pending_keys(dkeys, source, entries)
+            recs = transit.read_pending(t, dkeys, source, entries, pkeys)
             marks = t.get_many([forward_marker(dkeys, self.origin, mid) for mid, _ in entries])
             # A RemoteQueue's message that may have reached the destination directly (its
             # enqueue there ended without an answer): skipped only as the stores confirm it.
@@ -211,9 +212,9 @@ class Leased(Outbox):
             # not by a range over every receipt of the id, a statement of its own each. A
             # stale copy of another lease is never published (no tombstone names it): its
             # forwarder withdraws it at its step 3, or ``recover`` once its lease ended.
-            for (mid, receipt), rec in zip(entries[: len(handled)], recs, strict=False):
+            for key, rec in zip(pkeys[: len(handled)], recs, strict=False):
                 if rec is not None:
-                    transit.drop_pending(t, dkeys, source, mid, receipt, chunked=transit.is_chunked(rec))
+                    transit.drop_pending_at(t, key, chunked=transit.is_chunked(rec))
             big = None
             if ahead is not None and meta.state.enqueue:
                 big = self._install_in(t, ahead.batch, layer_ahead, meta)

@@ -110,3 +110,20 @@ def test_a_batch_published_in_parts_keeps_its_tombstone_until_the_last() -> None
     assert any(0 < n < 10 for n in sizes), sizes  # seen rewritten: part of the batch published
     assert _keys(src, "ft") == [] and _keys(dst, "fp") == []
     assert Counter(received) == Counter(sent)
+
+
+def test_a_chunked_copy_is_cleared_with_its_chunks_when_published() -> None:
+    """A published copy is cleared by its exact key, and a chunked one with its chunks: on a
+    run, and on a recover after a crash between the removal and the publication."""
+    src, dst = _pair(146)
+    big, small = b"b" * 25_000, b"s"
+    sent = Queue("jobs").enqueue_many(src, [big, small])
+    _crashed_after_removal(src, dst)
+    assert len(_keys(dst, "fp")) == 2 + 3  # two copies, the big one's three chunks
+    time.sleep(0.3)
+    Forwarder(src, "jobs", dst, "jobs", lease_seconds=0.2).run()
+    sent += Queue("jobs").enqueue_many(src, [small, big])
+    Forwarder(src, "jobs", dst, "jobs", lease_seconds=0.2).run()
+    got = list(Queue("jobs").browse(dst, limit=None))
+    assert [m.id for m in got] == sent and [m.payload for m in got] == [big, small, small, big]
+    assert _keys(src, "ft") == [] and _keys(dst, "fp") == []
