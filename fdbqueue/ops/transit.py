@@ -216,23 +216,32 @@ def write_tombs(
 def clear_tombs(t: Transaction, src: QueueKeys, dest: str, published: list[Entry]) -> None:
     """The tombstones of ``published`` (published on the destination) no longer needed: each
     batch's tombstone rewritten without them, cleared once none of it is left; a tombstone
-    an earlier version wrote for one message, cleared. Read first: a batch another
-    forwarder's ``recover`` published meanwhile is cleared once."""
+    an earlier version wrote for one message (looked for only when its batch's does not
+    name it), cleared. Read first: a batch another forwarder's ``recover`` published
+    meanwhile is cleared once."""
     done = set(published)
     names = list(dict.fromkeys(batch_of(receipt) for _, receipt in published))
-    names += [mid for mid, _ in published if mid not in names]  # an earlier version's
+    named: set[Entry] = set()
     for name, raw in zip(names, t.get_many([tomb_key(src, dest, n) for n in names]), strict=True):
         tomb = decode_tomb(raw, name)
-        if tomb is None:
-            continue
-        left = {mid: r for mid, r in tomb.removed.items() if (mid, r) not in done}
-        if len(left) == len(tomb.removed):
-            continue
-        key = tomb_key(src, dest, name)
-        if left:
-            t.set(key, encode_tomb(left, tomb.at))
-        else:
-            t.clear(key)
+        if tomb is not None:
+            named.update(tomb.removed.items())
+            _rewrite(t, tomb_key(src, dest, name), tomb, done)
+    rest = [mid for mid, receipt in published if (mid, receipt) not in named]
+    for mid, raw in zip(rest, t.get_many([tomb_key(src, dest, mid) for mid in rest]), strict=True):
+        tomb = decode_tomb(raw, mid)
+        if tomb is not None and raw is not None and raw[:1] != b"[":
+            _rewrite(t, tomb_key(src, dest, mid), tomb, done)
+
+
+def _rewrite(t: Transaction, key: bytes, tomb: Tomb, done: set[Entry]) -> None:
+    left = {mid: r for mid, r in tomb.removed.items() if (mid, r) not in done}
+    if len(left) == len(tomb.removed):
+        return
+    if left:
+        t.set(key, encode_tomb(left, tomb.at))
+    else:
+        t.clear(key)
 
 
 # -- the destination --------------------------------------------------------------------------
