@@ -4,8 +4,8 @@
 Real processes on the embedded engine (two store files). A producer (this process) enqueues
 throughout; a consumer process dequeues at the source, recording each id in the same
 transaction; each stop freezes one forwarder for longer than its lease, so that the other
-forwarder or the consumer takes its batch meanwhile; the middle stop freezes both, until the
-consumer took a message (its share, however loaded the machine). At the end a forwarder finishes what
+forwarder or the consumer takes its batch meanwhile. The consumer starts first, alone, until
+it took a message (its share, however loaded the machine). At the end a forwarder finishes what
 the stopped ones left (resumable), and the counts are printed::
 
     python scripts/forward_stalls.py --stops 30 --stop-seconds 1.5 --lease 1.0 --messages 3000
@@ -87,26 +87,26 @@ def run(
         assert p.stdout is not None and p.stdout.readline().strip() == "ready"
         return p
 
-    forwarders = [start(FORWARDER, src_url, dst_url, str(batch), str(lease)) for _ in range(2)]
-    consumer = start(CONSUMER, src_url, str(consumer_pause))
-    sent: list[str] = []
-    per_stop = max(1, messages // max(1, stops))
     began = time.monotonic()
+    per_stop = max(1, messages // max(1, stops))
+    # The consumer first, alone, until it took a message: its share, however loaded the
+    # machine (each forwarder leases the next batch ahead, and could leave it none). Not by
+    # stopping both forwarders: a forwarder stopped inside a commit holds the store's lock.
+    consumer = start(CONSUMER, src_url, str(consumer_pause))
+    forwarders: list[subprocess.Popen[str]] = []
+    sent: list[str] = Queue("jobs").enqueue_many(src, [b"m%d" % i for i in range(min(per_stop, messages))])
     try:
-        for k in range(stops):
-            sent += Queue("jobs").enqueue_many(src, [b"m%d" % (len(sent) + i) for i in range(per_stop)])
+        _await_consumer(src, consumer)
+        forwarders += [start(FORWARDER, src_url, dst_url, str(batch), str(lease)) for _ in range(2)]
+        for _ in range(stops):
+            more = min(per_stop, messages - len(sent))  # the consumer's phase took one share
+            if more:
+                sent += Queue("jobs").enqueue_many(src, [b"m%d" % (len(sent) + i) for i in range(more)])
             time.sleep(rnd.uniform(0.0, 0.2))  # a batch in hand, at a random step
-            # One stop (the middle one) freezes both forwarders: the consumer alone shares the
-            # source then, and the stop lasts until it took a message (each forwarder leases
-            # the next batch ahead, so on a loaded machine it might otherwise get none).
-            victims = forwarders if k == stops // 2 else [rnd.choice(forwarders)]
-            for victim in victims:
-                victim.send_signal(signal.SIGSTOP)
+            victim = rnd.choice(forwarders)
+            victim.send_signal(signal.SIGSTOP)
             time.sleep(stop_seconds)  # past its lease: the other forwarder or the consumer takes it
-            if len(victims) > 1:
-                _await_consumer(src, consumer)
-            for victim in victims:
-                victim.send_signal(signal.SIGCONT)
+            victim.send_signal(signal.SIGCONT)
         if len(sent) < messages:
             sent += Queue("jobs").enqueue_many(src, [b"m%d" % i for i in range(len(sent), messages)])
         deadline = time.monotonic() + 60
@@ -154,9 +154,9 @@ def run(
 
 
 def _await_consumer(src: Any, consumer: subprocess.Popen[str], timeout: float = 120.0) -> None:
-    """Wait until the consumer recorded a message (the forwarders are stopped, so it has the
-    source's ready and expired messages to itself); a consumer that died or took nothing
-    within ``timeout`` seconds is the harness's failure, raised."""
+    """Wait until the consumer recorded a message (no forwarder runs yet: it has the source
+    to itself); a consumer that died or took nothing within ``timeout`` seconds is the
+    harness's failure, raised."""
     from fdbqueue import Queue
 
     deadline = time.monotonic() + timeout
