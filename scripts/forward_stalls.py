@@ -4,7 +4,8 @@
 Real processes on the embedded engine (two store files). A producer (this process) enqueues
 throughout; a consumer process dequeues at the source, recording each id in the same
 transaction; each stop freezes one forwarder for longer than its lease, so that the other
-forwarder or the consumer takes its batch meanwhile. At the end a forwarder finishes what
+forwarder or the consumer takes its batch meanwhile. The consumer starts first, alone, until
+it took a message (its share, however loaded the machine). At the end a forwarder finishes what
 the stopped ones left (resumable), and the counts are printed::
 
     python scripts/forward_stalls.py --stops 30 --stop-seconds 1.5 --lease 1.0 --messages 3000
@@ -86,14 +87,21 @@ def run(
         assert p.stdout is not None and p.stdout.readline().strip() == "ready"
         return p
 
-    forwarders = [start(FORWARDER, src_url, dst_url, str(batch), str(lease)) for _ in range(2)]
-    consumer = start(CONSUMER, src_url, str(consumer_pause))
-    sent: list[str] = []
-    per_stop = max(1, messages // max(1, stops))
     began = time.monotonic()
+    per_stop = max(1, messages // max(1, stops))
+    # The consumer first, alone, until it took a message: its share, however loaded the
+    # machine (each forwarder leases the next batch ahead, and could leave it none). Not by
+    # stopping both forwarders: a forwarder stopped inside a commit holds the store's lock.
+    consumer = start(CONSUMER, src_url, str(consumer_pause))
+    forwarders: list[subprocess.Popen[str]] = []
+    sent: list[str] = Queue("jobs").enqueue_many(src, [b"m%d" % i for i in range(min(per_stop, messages))])
     try:
+        _await_consumer(src, consumer)
+        forwarders += [start(FORWARDER, src_url, dst_url, str(batch), str(lease)) for _ in range(2)]
         for _ in range(stops):
-            sent += Queue("jobs").enqueue_many(src, [b"m%d" % (len(sent) + i) for i in range(per_stop)])
+            more = min(per_stop, messages - len(sent))  # the consumer's phase took one share
+            if more:
+                sent += Queue("jobs").enqueue_many(src, [b"m%d" % (len(sent) + i) for i in range(more)])
             time.sleep(rnd.uniform(0.0, 0.2))  # a batch in hand, at a random step
             victim = rnd.choice(forwarders)
             victim.send_signal(signal.SIGSTOP)
@@ -143,6 +151,19 @@ def run(
         "tombstones_left": left[1],
         "seconds": round(time.monotonic() - began, 1),
     }
+
+
+def _await_consumer(src: Any, consumer: subprocess.Popen[str], timeout: float = 120.0) -> None:
+    """Wait until the consumer recorded a message (no forwarder runs yet: it has the source
+    to itself); a consumer that died or took nothing within ``timeout`` seconds is the
+    harness's failure, raised."""
+    from fdbqueue import Queue
+
+    deadline = time.monotonic() + timeout
+    while Queue("consumed").size(src) == 0:
+        if consumer.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("the consumer took no message while it had the source to itself")
+        time.sleep(0.05)
 
 
 def main(argv: list[str] | None = None) -> int:

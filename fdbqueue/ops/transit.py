@@ -10,8 +10,12 @@ tombstone is known). Keys, under each queue's subspace:
 * destination ``("fp", source token, id, receipt)`` -> the pending copy (a Record, its
   payload inline or in chunks ``("fp", source token, id, receipt, n)``); not a message: not
   counted, never delivered, left alone by purges.
-* source ``("ft", destination token, id)`` -> ``"<receipt>|<version>"``: this message left
-  the source under that lease for that destination, whose pending copy is to be published.
+* source ``("ft", destination token, lease)`` -> ``[version, [[id, receipt], ...]]``: these
+  messages of one leased batch (``lease``: their receipts' common part, :func:`batch_of`)
+  left the source under those receipts for that destination, their pending copies to be
+  published: one key a batch, rewritten as its messages are published, cleared after the
+  last. (An earlier version wrote one a message, ``("ft", destination token, id)`` ->
+  ``"<receipt>|<version>"``: still read, so that a store it left mid-batch is finished.)
 * each queue ``("fk",)`` -> its forwarding token, made on first use (random): which store's
   queue a pending copy or a tombstone belongs to (two stores may hold queues of one name).
 * source ``("fn", nonce)``: a forwarder's probe, read on the destination: the same store.
@@ -102,8 +106,28 @@ def probe_key(keys: QueueKeys, nonce: str) -> bytes:
 def pending_key(dst: QueueKeys, source: str, mid: str, receipt: str) -> bytes:
     # fdb.tuple.pack's bytes, from the queue's prefix and encoded elements: a forward packs
     # several of these keys a message, and the tuple layer's general packer is the slow part.
-    prefix: bytes = dst.q.key()
-    return prefix + _FP + enc_str(source) + enc_str(mid) + enc_str(receipt)
+    return _fp_prefix(dst, source) + enc_str(mid) + enc_str(receipt)
+
+
+def pending_keys(dst: QueueKeys, source: str, entries: list[Entry]) -> list[bytes]:
+    """:func:`pending_key` of each entry (id, receipt): one prefix for them all."""
+    prefix = _fp_prefix(dst, source)
+    return [prefix + enc_str(mid) + enc_str(receipt) for mid, receipt in entries]
+
+
+def _fp_prefix(dst: QueueKeys, source: str) -> bytes:
+    """``dst.q.pack(("fp", source))``, kept by (queue prefix, source token): a forwarder
+    builds keys under one prefix all its run."""
+    at: bytes = dst.q.key()
+    got = _FP_PREFIXES.get((at, source))
+    if got is None:
+        if len(_FP_PREFIXES) > 256:
+            _FP_PREFIXES.clear()
+        got = _FP_PREFIXES[(at, source)] = at + _FP + enc_str(source)
+    return got
+
+
+_FP_PREFIXES: dict[tuple[bytes, str], bytes] = {}
 
 
 def pending_range(dst: QueueKeys, source: str, *rest: str) -> tuple[bytes, bytes]:
@@ -113,16 +137,111 @@ def pending_range(dst: QueueKeys, source: str, *rest: str) -> tuple[bytes, bytes
     return prefix + b"\x00", prefix + b"\xff"
 
 
-def tomb_key(src: QueueKeys, dest: str, mid: str) -> bytes:
+def tomb_key(src: QueueKeys, dest: str, name: str) -> bytes:
+    """``src.q.pack(("ft", dest, name))``: a batch's tombstone (``name``: the batch's lease,
+    :func:`batch_of`), or a message's as an earlier version wrote them (``name``: its id)."""
     prefix: bytes = src.q.key()
-    return prefix + _FT + enc_str(dest) + enc_str(mid)
+    return prefix + _FT + enc_str(dest) + enc_str(name)
 
 
 _FP, _FT = enc_str("fp"), enc_str("ft")
 
 
-def tomb_receipt(raw: bytes | None) -> str | None:
-    return None if raw is None else raw.split(b"|", 1)[0].decode()
+def batch_of(receipt: str) -> str:
+    """The lease a receipt belongs to: ``lease_many`` gives the messages of one call the
+    receipts ``<lease>.<i>`` (a takeover too), so one tombstone names a removed batch."""
+    return receipt.rpartition(".")[0] or receipt
+
+
+class Tomb(NamedTuple):
+    """A batch's tombstone: the messages removed under it (id -> receipt), and when."""
+
+    removed: dict[str, str]
+    at: int
+
+
+def encode_tomb(removed: Mapping[str, str], at: int) -> bytes:
+    return json.dumps([at, list(removed.items())], separators=(",", ":")).encode()
+
+
+def decode_tomb(raw: bytes | None, name: str) -> Tomb | None:
+    """A tombstone's value; one an earlier version wrote for one message (``"<receipt>|<at>"``
+    under its id, ``name``) reads as a batch of it."""
+    if raw is None:
+        return None
+    if raw[:1] == b"[":
+        at, pairs = json.loads(raw)
+        return Tomb({str(mid): str(receipt) for mid, receipt in pairs}, int(at))
+    receipt, at = raw.decode().split("|")
+    return Tomb({name: receipt}, int(at))
+
+
+def read_tombs(t: Transaction, src: QueueKeys, dest: str, entries: list[Entry]) -> set[Entry]:
+    """Of ``entries`` (id, receipt), those a tombstone says left the source under that
+    receipt: one read of each batch's tombstone."""
+    names = list(dict.fromkeys(batch_of(receipt) for _, receipt in entries))
+    found: set[Entry] = set()
+    for name, raw in zip(names, t.get_many([tomb_key(src, dest, n) for n in names]), strict=True):
+        tomb = decode_tomb(raw, name)
+        if tomb is not None:
+            found.update(tomb.removed.items())
+    return found
+
+
+def read_tombs_legacy(t: Transaction, src: QueueKeys, dest: str, entries: list[Entry]) -> set[Entry]:
+    """:func:`read_tombs`, and the one-message tombstones an earlier version wrote (under each
+    id): what ``recover`` and a takeover must see whichever version removed the message."""
+    found = read_tombs(t, src, dest, entries)
+    rest = [e for e in entries if e not in found]
+    raws = t.get_many([tomb_key(src, dest, mid) for mid, _ in rest])
+    for (mid, receipt), raw in zip(rest, raws, strict=True):
+        tomb = decode_tomb(raw, mid)
+        if tomb is not None and tomb.removed.get(mid) == receipt:
+            found.add((mid, receipt))
+    return found
+
+
+def write_tombs(
+    t: Transaction, src: QueueKeys, dest: str, removed: list[Entry], earlier: set[Entry], now: int
+) -> None:
+    """The tombstones of ``removed`` (just removed under those receipts), one a batch, beside
+    what ``earlier`` (read by :func:`read_tombs` in ``t``) says of the same batches."""
+    by: dict[str, dict[str, str]] = {}
+    for mid, receipt in [*earlier, *removed]:
+        by.setdefault(batch_of(receipt), {})[mid] = receipt
+    for name in dict.fromkeys(batch_of(receipt) for _, receipt in removed):
+        t.set(tomb_key(src, dest, name), encode_tomb(by[name], now))
+
+
+def clear_tombs(t: Transaction, src: QueueKeys, dest: str, published: list[Entry]) -> None:
+    """The tombstones of ``published`` (published on the destination) no longer needed: each
+    batch's tombstone rewritten without them, cleared once none of it is left; a tombstone
+    an earlier version wrote for one message (looked for only when its batch's does not
+    name it), cleared. Read first: a batch another forwarder's ``recover`` published
+    meanwhile is cleared once."""
+    done = set(published)
+    names = list(dict.fromkeys(batch_of(receipt) for _, receipt in published))
+    named: set[Entry] = set()
+    for name, raw in zip(names, t.get_many([tomb_key(src, dest, n) for n in names]), strict=True):
+        tomb = decode_tomb(raw, name)
+        if tomb is not None:
+            named.update(tomb.removed.items())
+            _rewrite(t, tomb_key(src, dest, name), tomb, done)
+    rest = [mid for mid, receipt in published if (mid, receipt) not in named]
+    for mid, raw in zip(rest, t.get_many([tomb_key(src, dest, mid) for mid in rest]), strict=True):
+        tomb = decode_tomb(raw, mid)
+        if tomb is not None and raw is not None and raw[:1] != b"[":
+            _rewrite(t, tomb_key(src, dest, mid), tomb, done)
+
+
+def _rewrite(t: Transaction, key: bytes, tomb: Tomb, done: set[Entry]) -> None:
+    left = {mid: r for mid, r in tomb.removed.items() if (mid, r) not in done}
+    if len(left) == len(tomb.removed):
+        return
+    if left:
+        t.set(key, encode_tomb(left, tomb.at))
+    else:
+        t.clear(key)
 
 
 # -- the destination --------------------------------------------------------------------------
@@ -192,7 +311,7 @@ def install(
     a late landing of an earlier attempt conflicts instead of writing one again after it was
     published). A RemoteQueue's dedup key (its header) is kept aside for publication, marked
     as the layer's where the source confirmed it (``layer``: ``remotededup.layer_keys``)."""
-    keys = [pending_key(dst, source, m.id, str(m.receipt)) for m in batch]
+    keys = pending_keys(dst, source, [(m.id, str(m.receipt)) for m in batch])
     for m, key, raw in zip(batch, keys, t.get_many(keys), strict=True):
         if raw is not None:
             continue
@@ -214,15 +333,17 @@ def install(
                 m.payload[n * CHUNK_SIZE : (n + 1) * CHUNK_SIZE]))  # fmt: skip
 
 
-def read_pending(t: Transaction, dst: QueueKeys, source: str, entries: list[Entry]) -> list[Record | None]:
-    """The pending copies of ``entries`` (None: not there), payloads joined."""
-    keys = [pending_key(dst, source, mid, receipt) for mid, receipt in entries]
+def read_pending(
+    t: Transaction, dst: QueueKeys, source: str, entries: list[Entry], keys: list[bytes] | None = None
+) -> list[Record | None]:
+    """The pending copies of ``entries`` (None: not there), payloads joined; ``keys``: their
+    :func:`pending_keys`, when the caller made them already."""
+    keys = pending_keys(dst, source, entries) if keys is None else keys
     out: list[Record | None] = []
-    for (mid, receipt), key, raw in zip(entries, keys, t.get_many(keys), strict=True):
+    for (mid, _), key, raw in zip(entries, keys, t.get_many(keys), strict=True):
         rec = None if raw is None else decode_record(raw, dst, key, mid)
         if rec is not None and rec.chunks:
-            end = pending_range(dst, source, mid, receipt)[1]
-            parts = [kv.value for kv in t.get_range(key + b"\x00", end, rec.chunks + 1)]
+            parts = [kv.value for kv in t.get_range(key + b"\x00", key + b"\xff", rec.chunks + 1)]
             rec = rec._replace(payload=join_chunks(parts, rec.chunks, dst.name, mid), chunks=0)
         out.append(rec)
     return out
@@ -244,14 +365,28 @@ def enqueued_us(m: Message) -> int:
     return round(m.enqueued_at * 1e6)
 
 
-def drop_pending(t: Transaction, dst: QueueKeys, source: str, mid: str, receipt: str | None = None) -> None:
-    """Clear the pending copy of ``mid`` under ``receipt`` (None: under every receipt)."""
+def drop_pending(
+    t: Transaction, dst: QueueKeys, source: str, mid: str, receipt: str | None = None, *, chunked: bool = True
+) -> None:
+    """Clear the pending copy of ``mid`` under ``receipt`` (None: under every receipt);
+    ``chunked=False``: the copy is known to have no chunks (its payload was inline), so its
+    one key is cleared, without a range (a range clear is a statement of its own)."""
     if receipt is None:
         t.clear_range(*pending_range(dst, source, mid))
         return
-    key = pending_key(dst, source, mid, receipt)
+    drop_pending_at(t, pending_key(dst, source, mid, receipt), chunked=chunked)
+
+
+def drop_pending_at(t: Transaction, key: bytes, *, chunked: bool = True) -> None:
+    """:func:`drop_pending` of the copy at ``key`` (a :func:`pending_key`)."""
     t.clear(key)  # a tuple's range holds the keys under it, not its own key
-    t.clear_range(key + b"\x00", pending_range(dst, source, mid, receipt)[1])
+    if chunked:
+        t.clear_range(key + b"\x00", key + b"\xff")  # its chunks: pending_range(..., mid, receipt)
+
+
+def is_chunked(rec: Record) -> bool:
+    """Whether :func:`install` wrote this copy's payload in chunks (read back joined)."""
+    return len(rec.payload) > CHUNK_SIZE
 
 
 def pendings(t: Transaction, dst: QueueKeys, source: str, limit: int, before: int) -> list[Entry]:
@@ -273,13 +408,13 @@ def pendings(t: Transaction, dst: QueueKeys, source: str, limit: int, before: in
 
 
 def tombs(t: Transaction, src: QueueKeys, dest: str, limit: int, before: int) -> list[Entry]:
-    """Up to ``limit`` tombstones for ``dest`` written before version ``before``."""
+    """The messages of up to ``limit`` tombstones for ``dest`` written before version ``before``."""
     r = src.q.range(("ft", dest))
-    out = []
+    out: list[Entry] = []
     for kv in t.snapshot.get_range(r.start, r.stop, limit):
-        receipt, at = kv.value.decode().split("|")
-        if int(at) < before:
-            out.append((str(src.q.unpack(kv.key)[-1]), receipt))
+        tomb = decode_tomb(kv.value, str(src.q.unpack(kv.key)[-1]))
+        if tomb is not None and tomb.at < before:
+            out += tomb.removed.items()
     return out
 
 
@@ -290,16 +425,16 @@ def fates(t: Transaction, src: QueueKeys, dest: str, entries: list[Entry], now: 
 
     A lease past its deadline that nobody released yet is released here (as a sweep would):
     that write makes a removal under it still in flight, read before, conflict."""
-    tkeys = [tomb_key(src, dest, mid) for mid, _ in entries]
+    removed = read_tombs_legacy(t, src, dest, entries)
     fkeys = [src.inflight_key(mid) for mid, _ in entries]
-    found = t.get_many(tkeys + fkeys)
+    found = t.get_many(fkeys)
     out = []
     meta = None
     for i, (mid, receipt) in enumerate(entries):
-        if tomb_receipt(found[i]) == receipt:
+        if (mid, receipt) in removed:
             out.append(REMOVED)
             continue
-        raw = found[len(entries) + i]
+        raw = found[i]
         rec = None if raw is None else decode_record(raw, src, fkeys[i], mid)
         if rec is None or rec.extra.get("receipt") != receipt:
             out.append(DEAD)  # acked, released or leased again under another receipt: for good

@@ -9,9 +9,10 @@ of any length may interrupt (``transit.py`` has the keys; docs/forwarding.md the
 2. **Install** a *pending* copy of each on the destination, named by the message's id and the
    lease's receipt: hidden, not a message yet.
 3. **Remove** them from the source, each only while its lease is still ours (``ack``, journaled
-   ``forward_out``), writing a *tombstone* (id, receipt) and the ``ack_queue`` acknowledgement
-   in the same transaction. A message whose lease was lost meanwhile (a stall: another
-   forwarder or a consumer has it) is not removed, and its pending copy is withdrawn.
+   ``forward_out``), writing the batch's *tombstone* (each id and receipt removed; one key a
+   batch) and the ``ack_queue`` acknowledgement in the same transaction. A message whose
+   lease was lost meanwhile (a stall: another forwarder or a consumer has it) is not
+   removed, and its pending copy is withdrawn.
 4. **Publish** the pending copies of the removed ones on the destination: each becomes a
    message there (journaled ``forward_in``) in the transaction that clears its pending copy.
    The tombstones are cleared by the next batch's step 3, once published.
@@ -140,7 +141,8 @@ class Forwarder(Leased):
         self._tokens: tuple[str, str] | None = None
         self._room: int | None = None  # None: no max_size
         self._hand = None  # the leased batch in hand, through its steps
-        self._published: list[str] = []  # ids whose tombstones the next removal clears
+        # Published (id, receipt): the tombstones the next removal clears.
+        self._published: list[transit.Entry] = []
         self._recovered_at = 0.0
 
     def stop(self) -> None:

@@ -41,7 +41,7 @@ class Leased(Outbox):
     _tokens: tuple[str, str] | None
     _room: int | None
     _hand: _Hand | None
-    _published: list[str]
+    _published: list[transit.Entry]
     _recovered_at: float
 
     # -- before the first step: one store or two, tokens, room -------------------------------------
@@ -131,17 +131,16 @@ class Leased(Outbox):
 
         def body(t: Transaction) -> tuple[list[Message], list[Message], transit.Record_ | None]:
             now = db_now(t)
-            tombs = t.get_many([transit.tomb_key(skeys, dest, m.id) for m in batch])
-            earlier = {
-                m.id for m, raw in zip(batch, tombs, strict=True) if transit.tomb_receipt(raw) == m.receipt
-            }
+            if published:  # before this batch's: a batch is published after its removal
+                transit.clear_tombs(t, skeys, dest, published)
+            mine = [(m.id, str(m.receipt)) for m in batch]
+            found = transit.read_tombs(t, skeys, dest, mine) if batch else set()
+            earlier = {mid for mid, _ in found}
             rest = [m for m in batch if m.id not in earlier]
             done = ack_many_in(skeys, t, rest, now, note) if rest else []
-            for m in done:
-                t.set(transit.tomb_key(skeys, dest, m.id), f"{m.receipt}|{now}".encode())
+            if done:  # one tombstone for the batch, not one a message
+                transit.write_tombs(t, skeys, dest, [(m.id, str(m.receipt)) for m in done], found, now)
             self._acknowledge(t, done)
-            for mid in published:
-                t.clear(transit.tomb_key(skeys, dest, mid))
             for record in records:  # named: batches published, nothing left to take over
                 transit.clear_record(t, record)
             removed = earlier | {m.id for m in done}
@@ -181,7 +180,8 @@ class Leased(Outbox):
             meta = read_meta(t, dkeys)
             check(t, dkeys, "enqueue", meta)
             now = db_now(t)
-            recs = transit.read_pending(t, dkeys, source, entries)
+            pkeys = transit.pending_keys(dkeys, source, entries)
+            recs = transit.read_pending(t, dkeys, source, entries, pkeys)
             marks = t.get_many([forward_marker(dkeys, self.origin, mid) for mid, _ in entries])
             # A RemoteQueue's message that may have reached the destination directly (its
             # enqueue there ended without an answer): skipped only as the stores confirm it.
@@ -208,8 +208,13 @@ class Leased(Outbox):
                     # The producer's key: a direct enqueue with it finds this message, and
                     # the unanswered remote one, landing late, conflicts (it read the key).
                     carry(t, dkeys, layer[it.id], it.id, now)
-            for mid in handled:
-                transit.drop_pending(t, dkeys, source, mid)  # and any stale copy of another lease
+            # Each copy handled is cleared by its exact key (a chunked one with its chunks):
+            # not by a range over every receipt of the id, a statement of its own each. A
+            # stale copy of another lease is never published (no tombstone names it): its
+            # forwarder withdraws it at its step 3, or ``recover`` once its lease ended.
+            for key, rec in zip(pkeys[: len(handled)], recs, strict=False):
+                if rec is not None:
+                    transit.drop_pending_at(t, key, chunked=transit.is_chunked(rec))
             big = None
             if ahead is not None and meta.state.enqueue:
                 big = self._install_in(t, ahead.batch, layer_ahead, meta)
@@ -220,7 +225,7 @@ class Leased(Outbox):
             ahead.installed = True
             self._dead_letter(ahead.batch, big)
         done = {mid for mid, _ in left}
-        self._published += [mid for mid, _ in entries if mid not in done]
+        self._published += [e for e in entries if e[0] not in done]
         return wrote, left
 
     def _publish_all(
