@@ -28,7 +28,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from fdbqueue.engines.contract import Database, ReadView, Transaction, engine_traits
+from fdbqueue.engines.contract import Database, ReadView, Transaction
 from fdbqueue.errors import CorruptMessageError, EngineError, LeaseError, LeaseExpiredError, QueueStoppedError
 from fdbqueue.ops.moves import (
     CORRUPT_REASON,
@@ -226,7 +226,7 @@ def settled_counters(tr: Transaction, keys: QueueKeys) -> tuple[bytes, ...]:
     transactions cannot conflict: the in-process engines, one writer at a time, resolve an
     atomic op when it is made, and then ask the store nothing more for it. Where they may
     (FoundationDB, sim) an add never reads: none."""
-    if engine_traits(tr.db)[0]:
+    if getattr(tr.db, "may_conflict", True):  # engine_traits' first, as config._read_keys reads it
         return ()
     found = _settled.get(keys.packed)
     if found is None:
@@ -247,18 +247,23 @@ def count_known(
     for an engine where transactions cannot conflict (``settled_counters`` read them), where an
     add is resolved against the same value when it is made; a set is the cheaper call (no
     read of the value, no arithmetic in the engine). False, writing nothing, when a value is
-    not a plain 8-byte counter (absent, say): the caller adds."""
+    not a plain 8-byte counter (absent, say) or the sum leaves 64 bits (an add wraps): the
+    caller adds."""
     a, b = values
     if a is None or b is None or len(a) != 8 or len(b) != 8:
         return False
-    tr.set(counters[0], _I64_PACK((_I64_UNPACK(a)[0] + deltas[0] + _WRAP) % _SPAN - _WRAP))
-    tr.set(counters[1], _I64_PACK((_I64_UNPACK(b)[0] + deltas[1] + _WRAP) % _SPAN - _WRAP))
+    try:
+        a = _I64_PACK(_I64_UNPACK(a)[0] + deltas[0])
+        b = _I64_PACK(_I64_UNPACK(b)[0] + deltas[1])
+    except struct.error:
+        return False
+    tr.set(counters[0], a)
+    tr.set(counters[1], b)
     return True
 
 
 _I64 = struct.Struct("<q")
 _I64_PACK, _I64_UNPACK = _I64.pack, _I64.unpack
-_WRAP, _SPAN = 2**63, 2**64  # a wrapping 64-bit add, as FoundationDB's
 
 
 def ack_many_in(
