@@ -269,3 +269,29 @@ def test_an_expired_kept_head_is_moved_aside_not_delivered(embedded: Database) -
     time.sleep(0.4)
     assert payloads([take(embedded, q)]) == [b"m2"]
     assert take(embedded, q) is None
+
+
+def test_counters_written_as_read_stay_exact_in_a_callers_transaction(embedded: Database) -> None:
+    """Acks, leases and dequeues in one transaction each read the counters through the writes
+    before them: the counts after are what adds would have left."""
+    q = filled(embedded, 10)
+    a, b = q.lease(embedded), q.lease(embedded)
+    assert a is not None and b is not None
+
+    @fdbqueue.transactional
+    def mixed(tr: Transaction) -> list[fdbqueue.Message]:
+        q.ack(tr, a)
+        got = [q.dequeue(tr), q.dequeue(tr)]
+        q.ack(tr, b)
+        got += q.lease_many(tr, 2)
+        q.enqueue(tr, b"new")
+        got.append(q.dequeue(tr))
+        return [m for m in got if m is not None]
+
+    got = mixed(embedded)
+    assert [m.payload for m in got] == [b"m2", b"m3", b"m4", b"m5", b"m6"]
+    st = fdbqueue.queue_stats(embedded, "jobs")
+    assert (st.ready, st.inflight, st.done) == (4, 2, 5)
+    assert q.ack_many(embedded, got[2:4]) == got[2:4]
+    st = fdbqueue.queue_stats(embedded, "jobs")
+    assert (st.ready, st.inflight, st.done) == (4, 0, 7)
