@@ -9,6 +9,7 @@ Every function here composes inside the caller's transaction.
 from __future__ import annotations
 
 import struct
+import weakref
 from collections.abc import Mapping
 from operator import itemgetter
 from typing import Any
@@ -268,16 +269,31 @@ def _find(
 
 class _Kept:
     """A kept run: the ready records after the last take's, and the ready and wake counters
-    (as stored: 8 bytes little-endian) its commit left."""
+    (as stored: 8 bytes little-endian) its commit left; in ``_kept`` once that commit landed."""
 
-    __slots__ = ("db", "pause", "ready", "run", "wake")
+    __slots__ = ("db", "pause", "ready", "run", "slot", "wake")
 
-    def __init__(self, db: object, run: list[KeyValue], ready: bytes, wake: bytes | None) -> None:
-        self.db = db  # held: its id names the slot, and is not reused while this lives
+    def __init__(
+        self,
+        db: weakref.ref[Any],
+        slot: tuple[int, bytes],
+        run: list[KeyValue],
+        ready: bytes,
+        wake: bytes | None,
+    ) -> None:
+        self.db = db  # weakly: a closed database is not kept alive (its id may then name another)
+        self.slot = slot
         self.run = run
         self.ready = ready
         self.wake = wake
         self.pause = 0
+
+    def landed(self, error: EngineError | None) -> None:
+        """``Transaction.on_finish``: kept once the take's commit landed."""
+        if error is None:
+            if len(_kept) > 4096:  # a process taking from very many queues: start again
+                _kept.clear()
+            _kept[self.slot] = self
 
 
 _kept: dict[tuple[int, bytes], _Kept] = {}
@@ -304,7 +320,7 @@ def kept_run(keys: QueueKeys, tr: Transaction, raw: list[bytes | None]) -> list[
     counters), else None. Taken out either way: a run serves one take."""
     db = tr.db
     entry = _kept.pop((id(db), keys.packed), None)
-    if entry is None or not entry.run or entry.db is not db:  # (none, or a paused slot's)
+    if entry is None or not entry.run or entry.db() is not db:  # (none, or a paused slot's)
         return None
     if entry.ready != raw[1] or entry.wake != raw[2]:  # the ready set changed: pause keeping
         entry.run = []
@@ -325,15 +341,12 @@ def keep_run(
     if not run or ready is None or len(ready) != 8 or sum(map(len, map(_VALUE, run))) > KEPT_BYTES:
         return
     db = tr.db
-    wake = raw[2]
-
-    def landed(error: EngineError | None) -> None:
-        if error is None:
-            if len(_kept) > 4096:  # a process taking from very many queues: start again
-                _kept.clear()
-            _kept[id(db), keys.packed] = _Kept(db, run, _PACK(_UNPACK(ready)[0] - n), wake)
-
-    tr.on_finish(landed)
+    try:
+        ref = weakref.ref(db)
+    except TypeError:  # a database that cannot be weakly referenced: nothing kept
+        return
+    entry = _Kept(ref, (id(db), keys.packed), run, _PACK(_UNPACK(ready)[0] - n), raw[2])
+    tr.on_finish(entry.landed)
 
 
 _VALUE = itemgetter(1)
