@@ -151,11 +151,11 @@ def _ready_heads(
     ``where``: only messages whose headers match; the others stay (FILTER_SCAN_LIMIT of them
     are passed over at most). ``skip``: the first that many deliverable ones are passed over
     unclaimed (``lease_batch``). ``kept``: the metadata ``tr`` read with the ready and wake
-    counters (``Meta.raw``): the
-    first records may come from the last lease's kept run, and this one keeps the rest of its
-    read for the next (``head.py``, "a head kept between transactions"). With the heads, whether
-    nothing was moved on the way (no due message made ready, nothing expired or damaged moved
-    aside): the counters ``meta`` read are then still current.
+    counters (``Meta.raw``): the first records may come from the last lease's kept run, and
+    this one keeps the rest of its read for the next (``head.py``, "a head kept between
+    transactions"). With the heads, whether nothing was moved on the way (no due message made
+    ready, nothing expired or damaged moved aside): the counters ``meta`` read are then still
+    current.
 
     This is ``ReadyScan(..., need=n, skip_limit=HEAD_SKIP_LIMIT, check_first=True,
     conflict=KEYS)`` (``scan.py``) written out, with the filter applied after the retry-delay
