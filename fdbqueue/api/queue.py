@@ -53,7 +53,7 @@ from fdbqueue.ops.delivery import (
     to_message,
 )
 from fdbqueue.ops.enqueuing import batch_items, deduplicated, enqueue_items, new_item
-from fdbqueue.ops.head import TAKE_RESERVE, deliverable_head
+from fdbqueue.ops.head import TAKE_KEPT, TAKE_RESERVE, deliverable_head, keeps_head, take_counted
 from fdbqueue.ops.leasing import lease_batch
 from fdbqueue.ops.moves import move_corrupt, take, wake
 from fdbqueue.ops.privileges import check, checked
@@ -444,12 +444,13 @@ class Queue:
                 # The attempt with the unknown result did commit. Read-only, this check
                 # cannot itself end unknown; the receipt is swept later.
                 return Done((taken, False))
-            meta = read_meta_for(t, keys, TAKE_COUNTERS)
+            kept = where is None and keeps_head(t, keys)
+            meta = read_meta_for(t, keys, TAKE_KEPT if kept else TAKE_COUNTERS)
             strict = meta.config is not None and meta.config.strict_order
             staged_ok = may_conflict and where is None and not strict
             if staged_ok and contention.waiting_requests(t, keys):
                 return Done(_STAGED)  # others are queued in the staged set: do not jump the line
-            msg = self._take(t, where, fallback, meta=meta, budget=budget)
+            msg = self._take(t, where, fallback, meta=meta, budget=budget, kept=kept)
             if msg is None and budget.more:
                 # This transaction's budget is spent (expired messages moved aside, a
                 # filter scan's share read): keep what it did, go on in the next one.
@@ -492,18 +493,35 @@ class Queue:
         in_caller: bool = False,
         meta: Meta | None = None,
         budget: Budget | None = None,
+        kept: bool = False,
     ) -> Message | None:
         keys = self.keys
-        # The counters it looks at and adds to, no more (read_meta_for).
-        opened = open_for_dequeue(tr, keys, read_meta_for(tr, keys, TAKE_COUNTERS) if meta is None else meta)
+        # The counters it looks at and adds to, no more (read_meta_for); the wake counter too
+        # when it may take a kept head (ops/head.py: keeps_head).
+        if meta is None:
+            kept = where is None and keeps_head(tr, keys)
+            meta = read_meta_for(tr, keys, TAKE_KEPT if kept else TAKE_COUNTERS)
+        opened = open_for_dequeue(tr, keys, meta)
         if opened is None:
             return None
         cfg, meta = opened
         due = bool(meta.count("delayed") or meta.count("inflight"))
+        counts = meta.raw if kept and where is None else None  # with the ready and wake counters
+        clean: list[bool] = []  # deliverable_head: nothing moved, the counters read still current
         while True:
             head = deliverable_head(
-                self.keys, tr, cfg, where, fallback, db_now(tr), check_due=due, budget=budget
+                self.keys,
+                tr,
+                cfg,
+                where,
+                fallback,
+                db_now(tr),
+                check_due=due,
+                budget=budget,
+                kept=counts,
+                clean=clean,
             )
+            counts = None  # once: a damaged message moved aside below changes the counters
             if head is None:
                 return None
             key, rec = head
@@ -512,7 +530,9 @@ class Queue:
                 break
             except CorruptMessageError as exc:  # its payload chunks are damaged
                 move_corrupt(self.keys, tr, cfg, key, rec.encode(), exc, budget)
-        take(tr, keys, key, rec, journaled=cfg.journal)
+                clean.clear()
+        if not (clean and take_counted(tr, keys, key, rec, meta.raw, cfg.journal)):
+            take(tr, keys, key, rec, journaled=cfg.journal)
         if in_caller:
             db = tr.db
 

@@ -23,11 +23,12 @@ client's wall clock decides when a lease, a delay or a TTL ends.
 from __future__ import annotations
 
 import logging
+import struct
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from fdbqueue.engines.contract import Database, ReadView, Transaction, engine_traits
+from fdbqueue.engines.contract import Database, ReadView, Transaction
 from fdbqueue.errors import CorruptMessageError, EngineError, LeaseError, LeaseExpiredError, QueueStoppedError
 from fdbqueue.ops.moves import (
     CORRUPT_REASON,
@@ -225,9 +226,44 @@ def settled_counters(tr: Transaction, keys: QueueKeys) -> tuple[bytes, ...]:
     transactions cannot conflict: the in-process engines, one writer at a time, resolve an
     atomic op when it is made, and then ask the store nothing more for it. Where they may
     (FoundationDB, sim) an add never reads: none."""
-    if engine_traits(tr.db)[0]:
+    if getattr(tr.db, "may_conflict", True):  # engine_traits' first, as config._read_keys reads it
         return ()
-    return keys.counter("inflight"), keys.counter("done")
+    found = _settled.get(keys.packed)
+    if found is None:
+        if len(_settled) > 4096:  # a process settling in very many queues: start again
+            _settled.clear()
+        found = _settled[keys.packed] = (keys.counter("inflight"), keys.counter("done"))
+    return found
+
+
+_settled: dict[bytes, tuple[bytes, ...]] = {}
+
+
+def count_known(
+    tr: Transaction, counters: Sequence[bytes], values: Sequence[bytes | None], deltas: tuple[int, int]
+) -> bool:
+    """Write two counters as their values read in ``tr`` (``values``, through its own writes,
+    with nothing written to them since) plus ``deltas``: what ``tr.add`` of the deltas leaves,
+    for an engine where transactions cannot conflict (``settled_counters`` read them), where an
+    add is resolved against the same value when it is made; a set is the cheaper call (no
+    read of the value, no arithmetic in the engine). False, writing nothing, when a value is
+    not a plain 8-byte counter (absent, say) or the sum leaves 64 bits (an add wraps): the
+    caller adds."""
+    a, b = values
+    if a is None or b is None or len(a) != 8 or len(b) != 8:
+        return False
+    try:
+        a = _I64_PACK(_I64_UNPACK(a)[0] + deltas[0])
+        b = _I64_PACK(_I64_UNPACK(b)[0] + deltas[1])
+    except struct.error:
+        return False
+    tr.set(counters[0], a)
+    tr.set(counters[1], b)
+    return True
+
+
+_I64 = struct.Struct("<q")
+_I64_PACK, _I64_UNPACK = _I64.pack, _I64.unpack
 
 
 def ack_many_in(
@@ -238,9 +274,8 @@ def ack_many_in(
     Returns the ones acked (an expired or lost lease is skipped)."""
     if not all(isinstance(m, Message) and m.receipt for m in msgs):
         raise LeaseError("ack takes Messages returned by lease()")
-    raws = check(
-        tr, keys, "dequeue", also=[keys.inflight_key(m.id) for m in msgs], peek=settled_counters(tr, keys)
-    )
+    peek = settled_counters(tr, keys)
+    raws = check(tr, keys, "dequeue", also=[keys.inflight_key(m.id) for m in msgs], peek=peek)
     if now is None:
         now = db_now(tr)
     done = []
@@ -253,7 +288,9 @@ def ack_many_in(
         finish_lease(tr, keys, rec, note, count=False)
         strict = strict or bool(rec.extra.get("strict"))
         done.append(m)
-    count_settled(tr, keys, len(done))  # one add per counter for the batch
+    # One write per counter for the batch: sets of the values read, where they were (peek).
+    if done and not (peek and count_known(tr, peek, raws[len(msgs) :], (-len(done), len(done)))):
+        count_settled(tr, keys, len(done))
     if strict:
         wake(tr, keys)  # strict order: the next delivery may go ahead now
     return done
@@ -290,13 +327,21 @@ def _lease_of(
 
 
 def ack_in(keys: QueueKeys, tr: Transaction, m: Message, now: int | None, note: Note | None = None) -> Record:
-    held = _held.get(m.receipt) if isinstance(m, Message) and m.receipt else None
-    rec = _leased(keys, tr, m, now, peek=settled_counters(tr, keys))
+    """Ack ``m`` in ``tr`` (:func:`_leased` written out, to keep the counters it reads)."""
+    if not isinstance(m, Message) or not m.receipt:
+        raise LeaseError("ack, nack and extend take a Message returned by lease()")
+    held = _held.get(m.receipt)
+    mine = held is not None and held[2] is keys and held[1].id == m.id  # leased here: its key made
+    peek = settled_counters(tr, keys)
+    values = check(tr, keys, "dequeue", also=[held[3][0] if mine else keys.inflight_key(m.id)], peek=peek)  # type: ignore[index]
+    rec = _lease_of(keys, tr, m, values[0], db_now(tr) if now is None else now, False)
     # The very record this process leased (the bytes read were the ones it wrote), in this
     # queue: its keys as the lease made them, not made again.
-    finish_lease(
-        tr, keys, rec, note, at=held[3] if held is not None and rec is held[1] and held[2] is keys else None
-    )
+    at = held[3] if mine and rec is held[1] else None  # type: ignore[index]
+    known = bool(peek) and JOURNALED not in rec.extra  # (a journal entry written between)
+    finish_lease(tr, keys, rec, note, at=at, count=not known)
+    if known and not count_known(tr, peek, values[1:], (-1, 1)):
+        count_settled(tr, keys, 1)
     return rec
 
 

@@ -8,17 +8,21 @@ Every function here composes inside the caller's transaction.
 
 from __future__ import annotations
 
+import struct
+import weakref
 from collections.abc import Mapping
+from operator import itemgetter
 from typing import Any
 
 from fdbqueue.engines.contract import KeyValue, Transaction
-from fdbqueue.errors import CorruptMessageError, QueueError
-from fdbqueue.ops.moves import move_corrupt
+from fdbqueue.errors import CorruptMessageError, EngineError, QueueError
+from fdbqueue.ops.delivery import count_known
+from fdbqueue.ops.moves import Note, after, move_corrupt, remove_message
 from fdbqueue.ops.scan import KEYS, ReadyScan, expire_within
 from fdbqueue.ops.sweep import sweep_step
 from fdbqueue.ops.waiting import next_due
 from fdbqueue.store.budget import Budget
-from fdbqueue.store.config import QueueConfig
+from fdbqueue.store.config import LEASE_COUNTERS, TAKE_COUNTERS, QueueConfig
 from fdbqueue.store.layout import QueueKeys
 from fdbqueue.store.record import Record, decode_record
 
@@ -29,6 +33,12 @@ FILTER_BATCH = 100
 # Kept back from a dequeue's or lease's budget for the message it takes: the leased record
 # (at most the value limit) and its index entries.
 TAKE_RESERVE = 110_000
+KEPT_RUN = 8  # ready records a head read takes for the takes after it (a kept head, below)
+KEPT_BYTES = 64 * 1024  # of their values at most
+KEPT_PAUSE = 16  # takes that read as before once a kept head was found out of date
+#: What a take that may use a kept head reads with the metadata (:func:`keeps_head`).
+TAKE_KEPT = (*TAKE_COUNTERS, "wake")
+LEASE_KEPT = (*LEASE_COUNTERS, "wake")
 
 
 def deliverable_head(
@@ -42,6 +52,8 @@ def deliverable_head(
     check_due: bool = True,
     budget: Budget | None = None,
     start: bytes | None = None,
+    kept: list[bytes | None] | None = None,
+    clean: list[bool] | None = None,
 ) -> tuple[bytes, Record] | None:
     """The next deliverable ready message; moves aside expired ones it meets.
 
@@ -51,12 +63,19 @@ def deliverable_head(
     messages it cannot afford to move are passed over and left for a later transaction or
     a sweep, so a live message behind them is still found; ``budget.more`` then says that
     work was left. ``start``: a ready key to scan from (a lease_many's next message).
+    ``kept``: the metadata this transaction read (``Meta.raw``) with the ready and wake
+    counters (:func:`keeps_head` said to read the wake counter): the head may come from the
+    last take's kept run, and this take keeps one for the next. ``clean`` (a list): True is
+    put in it when the head was found with nothing moved on the way (nothing made ready by
+    the due check, nothing expired or damaged moved aside), so that the counters ``kept``
+    holds are still current (the kept path's knowledge; the others say nothing).
     """
     if where is not None and not all(isinstance(name, str) for name in where):
         raise QueueError(f"header names in a filter must be str (as stored), got {list(where)!r}")
     if check_due and next_due(tr, keys, now) is not None:
         budget = Budget(TAKE_RESERVE) if budget is None else budget
         sweep_step(keys, tr, cfg, now, 16, budget)  # due delays and expired leases first
+        kept = None  # made ready just now: not what the counters read say
     if cfg.strict_order:
         if where is not None:
             raise QueueError(f"queue {keys.name!r} keeps strict order: dequeue by filter would break it")
@@ -66,6 +85,25 @@ def deliverable_head(
     if where is not None:
         budget = Budget(TAKE_RESERVE) if budget is None else budget
         return _find(keys, tr, cfg, begin, end, dict(where), fallback, now, budget)
+    if kept is not None and start is None and not cfg.strict_order:
+        run = kept_run(keys, tr, kept)
+        if run:
+            key, raw = run[0]
+            rec = _live(keys, raw, key, now)
+            if rec is not None:
+                # No read conflict to add for the range not read: kept heads are used only
+                # where transactions cannot conflict (keeps_head), whose engine records none.
+                keep_run(keys, tr, run, 1, kept, 1)
+                if clean is not None:
+                    clean.append(True)
+                return key, rec
+        read: list[KeyValue] = []
+        found = _head(keys, tr, cfg, begin, end, now, budget, read)
+        if found is not None and read:  # the head was the first record read: the rest is next
+            keep_run(keys, tr, read, 1, kept, 1)
+            if clean is not None:
+                clean.append(True)
+        return found
     return _head(keys, tr, cfg, start or begin, end, now, budget)
 
 
@@ -87,6 +125,7 @@ def _head(
     end: bytes,
     now: int,
     budget: Budget | None,
+    read: list[KeyValue] | None = None,
 ) -> tuple[bytes, Record] | None:
     """The first live ready message from ``begin``, moving expired ones aside within ``budget``.
 
@@ -99,6 +138,9 @@ def _head(
     This is ``ReadyScan(..., sizes=(1, 8, HEAD_BATCH), conflict=RANGE)`` (``scan.py``) written out:
     every dequeue runs it, and the scanner's object and generator cost it instructions
     (``scripts/count_instructions.py``). Change the two together.
+
+    ``read`` (a list): the first read takes KEPT_RUN records, and when the first of them is
+    the head, the records read are put in ``read`` (a kept head's next run).
     """
     scan_from = begin
     want = 1
@@ -112,6 +154,8 @@ def _head(
     while True:
         limit = 1 if budget is None else budget.batch(want)  # a first batch: 1 either way
         if first:
+            if read is not None:
+                limit = KEPT_RUN if budget is None else budget.batch(KEPT_RUN)
             kvs = tr.get_range(begin, end, limit)
             if budget is not None:
                 budget.read(kvs)
@@ -136,6 +180,8 @@ def _head(
                 tr.add_read_conflict_range(scan_from, key + b"\x00")
             if rec.extra and int(rec.extra.get("not_before", 0)) > now:  # extra: mostly empty
                 return None  # strict order: the head waits out its retry delay
+            if first and read is not None:
+                read += kvs
             return key, rec
         if len(kvs) < limit:
             if not first:
@@ -198,3 +244,146 @@ def _find(
     budget.resume = None
     budget.more = False  # the scan is over: what it left is a sweep's
     return _head(keys, tr, cfg, begin, end, now, budget) if fallback else None
+
+
+# -- a head kept between transactions ------------------------------------------------------------
+#
+# A consumer alone on a queue reads the ready range for every take, one record at a time, though
+# the record after the one it took is the next head unless someone changed the ready set. A take
+# on an engine where transactions cannot conflict (the embedded one: one writer at a time) reads
+# KEPT_RUN records instead and keeps those after the one it took; the next take uses them in place
+# of its range read when nothing can have changed the ready set in between, which it tells from
+# two counters it reads with the queue's metadata anyway (one key more, from memory when this
+# handle made the last commit): every message made ready adds to the wake counter (moves.put_ready,
+# moves.count_new), and every message leaving the ready set subtracts from the ready counter
+# (moves.take, count_leased, remove_message). So while both are exactly what the commit that kept
+# the run left, no message was made ready and none left: the run is still the head of the ready
+# set. The run is kept only once that commit landed (Transaction.on_finish), with the counters as
+# the take left them; any other write of the same transaction to the counters (an enqueue or a
+# delete after the dequeue, in the caller's transaction) leaves them different, and so does an
+# abort (the message is back, the ready counter one more). A run is used once (taken out, even by
+# an attempt that fails), and a record of it is handed out only if it is live as a scan would find
+# it (decoded, not expired, no retry delay); else the take scans as before. Where transactions
+# may conflict (FoundationDB, sim) nothing is kept: the counters are not read and the scan runs.
+
+
+class _Kept:
+    """A kept run: the ready records after the last take's, and the ready and wake counters
+    (as stored: 8 bytes little-endian) its commit left; in ``_kept`` once that commit landed."""
+
+    __slots__ = ("db", "pause", "ready", "run", "slot", "wake")
+
+    def __init__(
+        self,
+        db: weakref.ref[Any],
+        slot: tuple[int, bytes],
+        run: list[KeyValue],
+        ready: bytes,
+        wake: bytes | None,
+    ) -> None:
+        self.db = db  # weakly: a closed database is not kept alive (its id may then name another)
+        self.slot = slot
+        self.run = run
+        self.ready = ready
+        self.wake = wake
+        self.pause = 0
+
+    def landed(self, error: EngineError | None) -> None:
+        """``Transaction.on_finish``: kept once the take's commit landed."""
+        if error is None:
+            if len(_kept) > 4096:  # a process taking from very many queues: start again
+                _kept.clear()
+            _kept[self.slot] = self
+
+
+_kept: dict[tuple[int, bytes], _Kept] = {}
+
+
+def keeps_head(tr: Transaction, keys: QueueKeys) -> bool:
+    """Whether a take in ``tr`` tries a kept head, and so reads the wake counter with its
+    metadata: where transactions cannot conflict, unless a kept run of this queue was found out
+    of date in the last KEPT_PAUSE takes (another consumer or producer is at work: the longer
+    read and the wake counter would only cost)."""
+    db = tr.db
+    if getattr(db, "may_conflict", True):  # engine_traits' first, as config._read_keys reads it
+        return False
+    entry = _kept.get((id(db), keys.packed))
+    if entry is None or not entry.pause:
+        return True
+    entry.pause -= 1
+    return False
+
+
+def kept_run(keys: QueueKeys, tr: Transaction, raw: list[bytes | None]) -> list[KeyValue] | None:
+    """The kept run of this queue on ``tr``'s database when it is still the head of the ready
+    set (``raw``: the metadata ``tr`` read, through its own writes, with the ready and wake
+    counters), else None. Taken out either way: a run serves one take."""
+    db = tr.db
+    entry = _kept.pop((id(db), keys.packed), None)
+    if entry is None or not entry.run or entry.db() is not db:  # (none, or a paused slot's)
+        return None
+    if entry.ready != raw[1] or entry.wake != raw[2]:  # the ready set changed: pause keeping
+        entry.run = []
+        entry.pause = KEPT_PAUSE
+        _kept[id(db), keys.packed] = entry
+        return None
+    return entry.run
+
+
+def keep_run(
+    keys: QueueKeys, tr: Transaction, kvs: list[KeyValue], taken: int, raw: list[bytes | None], n: int
+) -> None:
+    """Keep ``kvs[taken:]`` for the next take, once ``tr`` commits, with the counters as this
+    take of ``n`` leaves them (``raw``: as it read them); nothing past KEPT_BYTES of values
+    (large messages are read when they are taken)."""
+    run = kvs[taken:]
+    ready = raw[1]
+    if not run or ready is None or len(ready) != 8 or sum(map(len, map(_VALUE, run))) > KEPT_BYTES:
+        return
+    db = tr.db
+    try:
+        ref = weakref.ref(db)
+    except TypeError:  # a database that cannot be weakly referenced: nothing kept
+        return
+    entry = _Kept(ref, (id(db), keys.packed), run, _PACK(_UNPACK(ready)[0] - n), raw[2])
+    tr.on_finish(entry.landed)
+
+
+_VALUE = itemgetter(1)
+_PACK, _UNPACK = struct.Struct("<q").pack, struct.Struct("<q").unpack
+
+
+def _live(keys: QueueKeys, raw: bytes, key: bytes, now: int) -> Record | None:
+    """The record at ``key`` if a scan would hand it out as it is; None: let the scan decide
+    (damaged, expired, waiting out a retry delay)."""
+    try:
+        rec = decode_record(raw, keys, key)
+    except CorruptMessageError:
+        return None
+    if rec.expired(now) or (rec.extra and int(rec.extra.get("not_before", 0)) > now):
+        return None
+    return rec
+
+
+def take_counted(
+    tr: Transaction, keys: QueueKeys, key: bytes, rec: Record, raw: list[bytes | None], journaled: bool
+) -> bool:
+    """``moves.take`` with the ready and done counters written as the values ``raw`` (the
+    metadata read with them, ``read_meta_for``) holds, less and plus one
+    (``delivery.count_known``): only where the caller knows nothing wrote them since (a kept
+    head's take: ``deliverable_head``'s ``clean``) and transactions cannot conflict. False,
+    having written nothing, when the values are not plain counters: the caller takes."""
+    found = _taken.get(keys.packed)
+    if found is None:
+        if len(_taken) > 4096:  # a process taking from very many queues: start again
+            _taken.clear()
+        found = _taken[keys.packed] = (keys.counter("ready"), keys.counter("done"))
+    if len(raw) < 7 or not count_known(tr, found, (raw[1], raw[6]), (-1, 1)):
+        return False
+    remove_message(tr, keys, key, rec)
+    if journaled:
+        after(tr, keys, True, Note("dequeue"), rec.with_(deliveries=rec.deliveries + 1))
+    return True
+
+
+_taken: dict[bytes, tuple[bytes, bytes]] = {}

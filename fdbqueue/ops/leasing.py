@@ -17,8 +17,19 @@ from typing import Any
 from fdbqueue.engines.contract import Transaction
 from fdbqueue.errors import CorruptMessageError
 from fdbqueue.ops import ratelimit
-from fdbqueue.ops.delivery import lease_in, open_for_dequeue, read_payloads
-from fdbqueue.ops.head import FILTER_SCAN_LIMIT, HEAD_BATCH, HEAD_SKIP_LIMIT, TAKE_RESERVE, deliverable_head
+from fdbqueue.ops.delivery import count_known, lease_in, open_for_dequeue, read_payloads
+from fdbqueue.ops.head import (
+    FILTER_SCAN_LIMIT,
+    HEAD_BATCH,
+    HEAD_SKIP_LIMIT,
+    KEPT_RUN,
+    LEASE_KEPT,
+    TAKE_RESERVE,
+    deliverable_head,
+    keep_run,
+    keeps_head,
+    kept_run,
+)
 from fdbqueue.ops.moves import count_leased, move_corrupt, take_for_lease
 from fdbqueue.ops.scan import expire_within
 from fdbqueue.ops.sweep import sweep_step
@@ -45,7 +56,9 @@ def lease_batch(
     deliverable messages first, unclaimed: consumers of one queue at the same moment then
     part ways instead of taking the same head and conflicting (QuiCK's consumers pick at
     random among the first ready items). Strict order never skips."""
-    opened = open_for_dequeue(tr, keys, read_meta_for(tr, keys, LEASE_COUNTERS))  # what a lease needs
+    # What a lease needs; the wake counter too when it may take a kept head (head.keeps_head).
+    kept = where is None and not spread and keeps_head(tr, keys)
+    opened = open_for_dequeue(tr, keys, read_meta_for(tr, keys, LEASE_KEPT if kept else LEASE_COUNTERS))
     if opened is None:
         return []
     cfg, meta = opened
@@ -60,6 +73,7 @@ def lease_batch(
         due = bool(meta.count("delayed") or meta.count("inflight"))
         head = deliverable_head(keys, tr, cfg, where, False, now, check_due=due, budget=budget)
         heads = [] if head is None else [head]
+        clean = False  # (the due check may have moved messages: the counters read are not current)
         if head is not None:
             budget.charge(lease_cost(len(head[0]), head[1]))  # TAKE_RESERVE was kept for it
     else:
@@ -67,18 +81,29 @@ def lease_batch(
         if spread:  # a work set's consumer (settling.lease_settling): not a plain lease
             room = min(spread, meta.count("ready") - n + 1)
             skip = random.randrange(room) if room > 1 else 0
-        heads = _ready_heads(keys, tr, cfg, meta, n, now, budget, where, skip)
+        counts = meta.raw if kept else None  # with the ready and wake counters
+        heads, clean = _ready_heads(keys, tr, cfg, meta, n, now, budget, where, skip, counts)
         if skip and not heads:  # fewer ready than counted: from the head after all
-            heads = _ready_heads(keys, tr, cfg, meta, n, now, budget, where)
+            heads, clean = _ready_heads(keys, tr, cfg, meta, n, now, budget, where)
     payloads, damaged = read_payloads(tr, keys, [rec for _, rec in heads])
     if damaged:  # a sound record whose payload chunks are damaged: moved aside, not leased
         for key, rec in heads:
             if rec.id in damaged:
                 move_corrupt(keys, tr, cfg, key, rec.encode(), damaged[rec.id], budget)
         heads = [(key, rec) for key, rec in heads if rec.id not in damaged]
+        clean = False
     secs = seconds or cfg.lease_seconds
     out: list[Message] = []
-    count_leased(tr, keys, len(heads))
+    if heads:
+        # The ready and in-flight counters as read, moved on by the batch: written as values
+        # where nothing conflicts and nothing here wrote them since (delivery.count_known).
+        raw = meta.raw
+        if not (
+            clean
+            and not meta.cluster
+            and count_known(tr, _leased_counters(keys), (raw[1], raw[4]), (-len(heads), len(heads)))
+        ):
+            count_leased(tr, keys, len(heads))
     for i, (key, rec) in enumerate(heads):
         take_for_lease(tr, keys, key, rec)
         out.append(
@@ -112,7 +137,8 @@ def _ready_heads(
     budget: Budget,
     where: Mapping[str, Any] | None = None,
     skip: int = 0,
-) -> list[tuple[bytes, Record]]:
+    kept: list[bytes | None] | None = None,
+) -> tuple[list[tuple[bytes, Record]], bool]:
     """Up to ``n`` deliverable ready messages from the head, in one range read (more only
     when expired ones had to be moved aside), instead of one read per message.
 
@@ -124,7 +150,12 @@ def _ready_heads(
     while they fit; expired messages it cannot afford to move are passed over for later.
     ``where``: only messages whose headers match; the others stay (FILTER_SCAN_LIMIT of them
     are passed over at most). ``skip``: the first that many deliverable ones are passed over
-    unclaimed (``lease_batch``).
+    unclaimed (``lease_batch``). ``kept``: the metadata ``tr`` read with the ready and wake
+    counters (``Meta.raw``): the first records may come from the last lease's kept run, and
+    this one keeps the rest of its read for the next (``head.py``, "a head kept between
+    transactions"). With the heads, whether nothing was moved on the way (no due message made
+    ready, nothing expired or damaged moved aside): the counters ``meta`` read are then still
+    current.
 
     This is ``ReadyScan(..., need=n, skip_limit=HEAD_SKIP_LIMIT, check_first=True,
     conflict=KEYS)`` (``scan.py``) written out, with the filter applied after the retry-delay
@@ -133,20 +164,29 @@ def _ready_heads(
     """
     if due_entries(tr, keys, meta, now):
         sweep_step(keys, tr, cfg, now, 16, budget)  # due delays and expired leases first
+        kept = None  # made ready just now: not what the counters read say
+        swept = True
+    else:
+        swept = False
     begin, end = keys.ready_range()
     out: list[tuple[bytes, Record]] = []
     skipped = passed = read = 0
     # A little more than wanted (expired ones are moved aside), but a lease of one reads one:
     # a live head, the common case, needs no spare, and past an expired one the reads grow.
     extra = 0 if n == 1 else min(8, 1 + n // 8)
+    run = None if kept is None else kept_run(keys, tr, kept)
     while len(out) < n and skipped < HEAD_SKIP_LIMIT:
         if budget.scan_exhausted():
             budget.more = True  # expired messages beyond this transaction's reading: later
             break
-        want = budget.batch(n - len(out) + extra)
-        batch = tr.snapshot.get_range(begin, end, want)
-        budget.read(batch)
-        for key, raw in batch:
+        if run:  # the head of the ready set, kept from the last lease: no read
+            batch, run = run, None
+            want = len(batch)
+        else:
+            want = budget.batch(n - len(out) + extra if kept is None else max(n + extra, KEPT_RUN))
+            batch = tr.snapshot.get_range(begin, end, want)
+            budget.read(batch)
+        for i, (key, raw) in enumerate(batch):
             try:
                 rec = decode_record(raw, keys, key)
             except CorruptMessageError as exc:
@@ -159,11 +199,12 @@ def _ready_heads(
                 skipped += 1
                 continue
             if rec.extra and int(rec.extra.get("not_before", 0)) > now:  # extra: mostly empty
-                return out  # a head waiting out its retry delay holds the rest back
+                # A head waiting out its retry delay holds the rest back.
+                return out, not (swept or skipped)
             if where is not None and not headers_match(rec.headers, where):
                 passed += 1
                 if passed >= FILTER_SCAN_LIMIT:
-                    return out
+                    return out, not (swept or skipped)
                 continue
             if skip:
                 skip -= 1  # passed over unclaimed: no conflict, another consumer's
@@ -172,19 +213,21 @@ def _ready_heads(
             if not out:
                 budget.charge(cost)
             elif not budget.take(cost):
-                return out  # the transaction's budget is spent: the rest next call
+                return out, not (swept or skipped)  # the budget is spent: the rest next call
             read += rec.chunks * CHUNK_BYTES
             if out and read > BATCH_PAYLOAD_BYTES:
-                return out  # large payloads: the first alone, the rest next call
+                return out, not (swept or skipped)  # large payloads: the first alone
             tr.add_read_conflict_key(key)
             out.append((key, rec))
             if len(out) == n:
-                return out
+                if kept is not None and not (skipped or passed or skip):
+                    keep_run(keys, tr, batch, i + 1, kept, n)
+                return out, not (swept or skipped)
         if len(batch) < want:
             break
         begin = batch[-1].key + b"\x00"
         extra = min(max(1, extra) * 8, HEAD_BATCH)  # past a run of expired ones: a few round trips
-    return out
+    return out, not (swept or skipped)
 
 
 def lease_cost(key_len: int, rec: Record) -> int:
@@ -197,3 +240,9 @@ def lease_cost(key_len: int, rec: Record) -> int:
     if rec.extra:
         size += encoded_len(rec.extra)
     return 16 * (key_len + 32) + grown_record(key_len, size)
+
+
+def _leased_counters(keys: QueueKeys) -> tuple[bytes, bytes]:
+    """The ready and in-flight counters' keys (``QueueKeys.meta_read``'s, packed once)."""
+    read = keys.meta_read()
+    return read[1], read[4]

@@ -487,8 +487,18 @@ def read_meta_for(tr: Transaction, keys: QueueKeys, counters: tuple[str, ...]) -
         _for_keys[keys, counters] = wanted
     values, cluster = _read_keys(tr, keys, wanted)
     got = dict(zip(counters, values[1:], strict=True))
-    # In Meta.raw's order (QueueKeys.meta_read): no wake counter, no work-index entry.
-    raw = [values[0], got.get("ready"), None, None, got.get("inflight"), got.get("delayed")]
+    # In Meta.raw's order (QueueKeys.meta_read): no work-index entry; the wake counter only
+    # when asked for (a take that may use a kept head: ops/head.py), and still no made_ready;
+    # then the done counter, past meta_read's (a take writes it as read: head.take_counted).
+    raw = [
+        values[0],
+        got.get("ready"),
+        got.get("wake"),
+        None,
+        got.get("inflight"),
+        got.get("delayed"),
+        got.get("done"),
+    ]
     cached = _settings_at(tr, keys, values[0], _hot.get(keys.packed))
     _volatile(tr, keys, cached.config)
     # (config, state, priorities, owner, acl) from the settings, as read_meta makes them
