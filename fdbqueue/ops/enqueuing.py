@@ -35,7 +35,7 @@ from fdbqueue.errors import (
     QueueFullError,
     QueueStoppedError,
 )
-from fdbqueue.ops.moves import CHUNK_SIZE, count_new, write_new, write_plain
+from fdbqueue.ops.moves import CHUNK_SIZE, count_new, write_new, write_plain, write_plain_journaled
 from fdbqueue.ops.privileges import check, check_create
 from fdbqueue.ops.receipts import maybe_clear_old_receipts, new_receipt, read_receipt
 from fdbqueue.ops.tracing import inject
@@ -488,15 +488,20 @@ def _write_new(
         and not it.fixed_id
         and it.ttl is None
         and cfg.ttl is None
-        and not cfg.journal
         and not it.headers
         and len(it.payload) <= CHUNK_SIZE
+        and (not cfg.journal or it.origin is None)
     ):
-        # The common message (ready, its id its home key's, no TTL, headers, chunks nor
-        # journal): write_new's one write, its record encoded directly (record.encode_plain).
+        # The common message (ready, its id its home key's, no TTL, headers nor chunks; not
+        # forwarded into a journaled queue): write_new's one write, its record encoded
+        # directly (record.encode_plain), and on a journaled queue its entry.
         key, msg_id = keys.home(it.priority, index, it.rand)
         at = t_us if it.enqueued_us is None else int(it.enqueued_us)
-        write_plain(tr, key, msg_id, at, it.content_type._value_, it.payload)
+        ctype = it.content_type._value_
+        if cfg.journal:
+            write_plain_journaled(tr, keys, key, msg_id, at, ctype, it.payload, it.priority, t_us)
+        else:
+            write_plain(tr, key, msg_id, at, ctype, it.payload)
         return msg_id
     home = it.delay <= 0 and not it.fixed_id
     ready_key = keys.ready_key(it.priority, index, it.rand) if it.delay <= 0 else b""

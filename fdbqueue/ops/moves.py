@@ -419,6 +419,25 @@ def write_plain(
     tr.set(key, encode_plain(msg_id, enqueued_us, content_type, payload))
 
 
+def write_plain_journaled(
+    tr: Transaction,
+    keys: QueueKeys,
+    key: bytes,
+    msg_id: str,
+    enqueued_us: int,
+    content_type: str,
+    payload: bytes,
+    priority: int,
+    at_us: int,
+) -> None:
+    """:func:`write_plain` on a journaled queue: the same write, then the ``enqueue`` entry
+    :func:`write_new` would journal (details: the priority, when not 0), the writer's wall
+    clock ``at_us`` read by the caller. The caller counts it (:func:`count_new`)."""
+    tr.set(key, encode_plain(msg_id, enqueued_us, content_type, payload))
+    details = {"priority": priority} if priority else None
+    journaling.record(tr, keys, "enqueue", msg_id, details=details, at_us=at_us)
+
+
 def count_new(
     tr: Transaction,
     keys: QueueKeys,
