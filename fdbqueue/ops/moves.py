@@ -59,6 +59,10 @@ class Note:
     details: Mapping[str, Any] | None = None
 
 
+# The notes of the hot moves, made once (a Note is frozen: one instance serves every move).
+_LEASE, _ACK = Note("lease"), Note("ack")
+
+
 def after(tr: Transaction, keys: QueueKeys, journaled: bool, note: Note | None, rec: Record) -> None:
     """What follows a move of ``rec`` in the same transaction besides its counters (which each
     move adds itself, once per batch where it can): the journal entry, when the queue is
@@ -305,7 +309,7 @@ def put_leased(
     if count:
         tr.add(keys.counter("inflight"), ONE)
     if JOURNALED in leased.extra:
-        after(tr, keys, True, note or Note("lease"), leased)
+        after(tr, keys, True, note or _LEASE, leased)
 
 
 def end_lease(
@@ -342,7 +346,7 @@ def finish_lease(
     :func:`end_lease`'s."""
     end_lease(tr, keys, rec, count=count, at=at)
     if JOURNALED in rec.extra:
-        after(tr, keys, True, note or Note("ack"), rec)
+        after(tr, keys, True, note or _ACK, rec)
     if count:
         tr.add(keys.counter("done"), ONE)
     if rec.chunks:
@@ -473,7 +477,8 @@ def take(tr: Transaction, keys: QueueKeys, key: bytes, rec: Record, *, journaled
     tr.add(keys.counter("ready"), MINUS_ONE)
     tr.add(keys.counter("done"), ONE)
     if journaled:
-        after(tr, keys, True, Note("dequeue"), rec.with_(deliveries=rec.deliveries + 1))
+        # after()'s entry, without a Note and a copy of the record for its deliveries
+        journaling.record(tr, keys, "dequeue", rec.id, deliveries=rec.deliveries + 1)
 
 
 def wake(tr: Transaction, keys: QueueKeys, n: int = 1) -> None:
@@ -523,7 +528,8 @@ def hand_over(
     tr.set(res_key, encode_result(now, key, raw))
     remove_message(tr, keys, key, rec, chunks=False)
     if journaled:
-        after(tr, keys, True, Note("dequeue"), rec.with_(deliveries=rec.deliveries + 1))
+        # after()'s entry, without a Note and a copy of the record for its deliveries
+        journaling.record(tr, keys, "dequeue", rec.id, deliveries=rec.deliveries + 1)
 
 
 def count_handed(tr: Transaction, keys: QueueKeys, n: int) -> None:

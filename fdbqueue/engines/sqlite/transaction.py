@@ -599,8 +599,8 @@ class SqliteTransaction(LocalTransaction):
         """After the commit: whether no versionstamped write landed on a key this transaction
         read or wrote otherwise (their keys, known only at commit, are the last of ``_keys``:
         ``_apply_stamped``), so that what :meth:`_commit` keeps is what the store holds."""
-        read, values = self._seen, self._wm.values
-        return not any(k in read or k in values for k in self._keys[-len(self._stamped) :])
+        landed = self._keys[-len(self._stamped) :]
+        return self._seen.keys().isdisjoint(landed) and self._wm.values.keys().isdisjoint(landed)
 
     def _only_volatile(self) -> bool:
         """Whether every key this transaction writes lies under a declared volatile prefix."""
