@@ -287,7 +287,8 @@ def enqueue_items(
             return body()
         start = time.monotonic()  # (no clock read where nothing is timed: most calls)
     try:
-        return body()  # there is room: no retry machinery built (most calls)
+        # body(), without its frame: there is room, no retry machinery built (most calls)
+        return retry_loop(db, partial(_attempt, keys, items, [] if own else None), None, True)
     except QueueFullError as exc:
         if not exc.block:
             raise
