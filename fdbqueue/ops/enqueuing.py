@@ -379,7 +379,16 @@ def _attempt(
             maybe_clear_old_receipts(tr, keys)
         is_ready = one.delay <= 0
         fresh_p = _NO_PRIORITIES if one.priority in meta.priorities else {one.priority}
-        count_new(tr, keys, int(is_ready), int(not is_ready), fresh_p, meta.work, conflicts=meta.cluster)
+        count_new(
+            tr,
+            keys,
+            int(is_ready),
+            int(not is_ready),
+            fresh_p,
+            meta.work,
+            conflicts=meta.cluster,
+            seen=meta.raw,
+        )
         return [msg_id]
     now = db_now(tr)  # database time: due times, expiry, the dedup window
     every = items
@@ -415,7 +424,7 @@ def _attempt(
         tr.set(receipt[0], ",".join(ids).encode())  # ids are made here: a retry reads them back
         maybe_clear_old_receipts(tr, keys)
     fresh_ps = priorities - meta.priorities
-    count_new(tr, keys, ready, len(items) - ready, fresh_ps, meta.work, conflicts=meta.cluster)
+    count_new(tr, keys, ready, len(items) - ready, fresh_ps, meta.work, conflicts=meta.cluster, seen=meta.raw)
     return ids
 
 

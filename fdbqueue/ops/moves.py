@@ -19,6 +19,7 @@ transaction.
 from __future__ import annotations
 
 import logging
+import struct
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ from fdbqueue.store.layout import QueueKeys
 from fdbqueue.store.record import Record, decode_record, encode_plain, fit_reason, seal_chunk
 
 log = logging.getLogger("fdbqueue")
+_I64 = struct.Struct("<q")  # a counter's value (FoundationDB's atomic ADD: little-endian)
+_I64_PACK, _I64_UNPACK = _I64.pack, _I64.unpack
 
 # What a lease adds to a record's extra (and a release takes away again).
 LEASE_FIELDS = ("key", "receipt", "deadline", "until", "strict", "j", "v")
@@ -451,20 +454,38 @@ def count_new(
     work: bytes | object | None = workindex.UNREAD,
     *,
     conflicts: bool = True,
+    seen: list[bytes | None] | None = None,
 ) -> None:
     """Count a batch of new messages: one atomic add per counter (no conflicts between
     producers), the wake key for blocked consumers, and a marker per new priority.
     ``work``: the queue's work-index entry when the caller read it (``Meta.work``);
-    ``conflicts``: False where the engine never conflicts (``Meta.cluster``)."""
+    ``conflicts``: False where the engine never conflicts (``Meta.cluster``); ``seen``: what
+    the caller read of the counters in this transaction, nothing written to them since
+    (``Meta.raw``, in ``QueueKeys.meta_read``'s order)."""
     if new_priorities:
         for p in new_priorities:
             tr.set(keys.priority_marker(p), b"")
         bump_metadata_version(tr, keys)  # cached marker sets elsewhere are out of date
     read = keys.meta_read()  # the counters' keys, packed once: [1] ready, [2] wake, [5] delayed
     if ready:
-        n = ONE if ready == 1 else pack_count(ready)
-        tr.add(read[1], n)
-        tr.add(read[2], n)
+        if seen is not None and not conflicts:
+            # Where nothing conflicts, one writer holds the store from its first read to its
+            # commit: the value read in this transaction plus ``ready`` is what the engine's
+            # add would compute from the same value now (it resolves an add at the call, as
+            # what the transaction sees). Set, then, without the add's second look; 8-byte
+            # counters only (any other length: the add, which zero-extends or truncates).
+            r, w = seen[1], seen[2]
+            if (r is None or len(r) == 8) and (w is None or len(w) == 8):
+                r_n = ready if r is None else _I64_UNPACK(r)[0] + ready
+                w_n = ready if w is None else _I64_UNPACK(w)[0] + ready
+                tr.set(read[1], _I64_PACK((r_n + 2**63) % 2**64 - 2**63))  # wrapping, as an add
+                tr.set(read[2], _I64_PACK((w_n + 2**63) % 2**64 - 2**63))
+            else:
+                seen = None
+        if seen is None or conflicts:
+            n = ONE if ready == 1 else pack_count(ready)
+            tr.add(read[1], n)
+            tr.add(read[2], n)
     if delayed:
         tr.add(read[5], ONE if delayed == 1 else pack_count(delayed))
     if (ready or delayed) and (conflicts or work != b""):  # (marked, and nothing conflicts: no call)
