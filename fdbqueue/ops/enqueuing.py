@@ -35,7 +35,7 @@ from fdbqueue.errors import (
     QueueFullError,
     QueueStoppedError,
 )
-from fdbqueue.ops.moves import CHUNK_SIZE, count_new, write_new, write_plain
+from fdbqueue.ops.moves import CHUNK_SIZE, count_new, write_new, write_plain, write_plain_journaled
 from fdbqueue.ops.privileges import check, check_create
 from fdbqueue.ops.receipts import maybe_clear_old_receipts, new_receipt, read_receipt
 from fdbqueue.ops.tracing import inject
@@ -287,7 +287,8 @@ def enqueue_items(
             return body()
         start = time.monotonic()  # (no clock read where nothing is timed: most calls)
     try:
-        return body()  # there is room: no retry machinery built (most calls)
+        # body(), without its frame: there is room, no retry machinery built (most calls)
+        return retry_loop(db, partial(_attempt, keys, items, [] if own else None), None, True)
     except QueueFullError as exc:
         if not exc.block:
             raise
@@ -378,7 +379,16 @@ def _attempt(
             maybe_clear_old_receipts(tr, keys)
         is_ready = one.delay <= 0
         fresh_p = _NO_PRIORITIES if one.priority in meta.priorities else {one.priority}
-        count_new(tr, keys, int(is_ready), int(not is_ready), fresh_p, meta.work, conflicts=meta.cluster)
+        count_new(
+            tr,
+            keys,
+            int(is_ready),
+            int(not is_ready),
+            fresh_p,
+            meta.work,
+            conflicts=meta.cluster,
+            seen=meta.raw,
+        )
         return [msg_id]
     now = db_now(tr)  # database time: due times, expiry, the dedup window
     every = items
@@ -414,7 +424,7 @@ def _attempt(
         tr.set(receipt[0], ",".join(ids).encode())  # ids are made here: a retry reads them back
         maybe_clear_old_receipts(tr, keys)
     fresh_ps = priorities - meta.priorities
-    count_new(tr, keys, ready, len(items) - ready, fresh_ps, meta.work, conflicts=meta.cluster)
+    count_new(tr, keys, ready, len(items) - ready, fresh_ps, meta.work, conflicts=meta.cluster, seen=meta.raw)
     return ids
 
 
@@ -488,15 +498,20 @@ def _write_new(
         and not it.fixed_id
         and it.ttl is None
         and cfg.ttl is None
-        and not cfg.journal
         and not it.headers
         and len(it.payload) <= CHUNK_SIZE
+        and (not cfg.journal or it.origin is None)
     ):
-        # The common message (ready, its id its home key's, no TTL, headers, chunks nor
-        # journal): write_new's one write, its record encoded directly (record.encode_plain).
+        # The common message (ready, its id its home key's, no TTL, headers nor chunks; not
+        # forwarded into a journaled queue): write_new's one write, its record encoded
+        # directly (record.encode_plain), and on a journaled queue its entry.
         key, msg_id = keys.home(it.priority, index, it.rand)
         at = t_us if it.enqueued_us is None else int(it.enqueued_us)
-        write_plain(tr, key, msg_id, at, it.content_type._value_, it.payload)
+        ctype = it.content_type._value_
+        if cfg.journal:
+            write_plain_journaled(tr, keys, key, msg_id, at, ctype, it.payload, it.priority, t_us)
+        else:
+            write_plain(tr, key, msg_id, at, ctype, it.payload)
         return msg_id
     home = it.delay <= 0 and not it.fixed_id
     ready_key = keys.ready_key(it.priority, index, it.rand) if it.delay <= 0 else b""

@@ -26,16 +26,16 @@ from collections.abc import Iterator, Mapping
 from functools import partial
 from typing import Any
 
-from fdbqueue.engines.contract import Database, Transaction, Watch, adopt, engine_traits, is_transaction
+from fdbqueue.engines.contract import Database, Transaction, Watch, adopt, is_transaction
 from fdbqueue.errors import NotJournaledError, QueueError, QueueNotFoundError
-from fdbqueue.ops.privileges import check, principal_of, readable
+from fdbqueue.ops.privileges import check, readable
 from fdbqueue.ops.steps import Emit, Run, Steps, Wait, iterate
 from fdbqueue.ops.txn import as_database, run_once
 from fdbqueue.store.budget import Budget
 from fdbqueue.store.clock import db_now, now_us, versions
 from fdbqueue.store.config import read_config
 from fdbqueue.store.layout import DEFAULT_ROOT, JOURNAL_SHARDS, JournalKeys, QueueKeys
-from fdbqueue.types import JournalEntry
+from fdbqueue.types import ANONYMOUS, JournalEntry
 
 OPS = frozenset(
     [
@@ -82,25 +82,6 @@ _FORMAT = 1
 _BELL = b"\x00" * 10 + (0).to_bytes(4, "little")  # the stamp at offset 0 (API 520+)
 
 
-def _next_order(tr: Transaction, queue: str) -> tuple[int, bool]:
-    """The next entry's order within ``tr``'s commit (0 first), and whether it is the
-    attempt's first entry in ``queue``.
-
-    The count is the attempt's own (``tr.journal_order()``, dropped by on_error and reset):
-    nothing outside the transaction holds it, so no other transaction, finished or left
-    open, can clear, share or reuse it."""
-    state = tr.journal_order()
-    n = state.entries
-    if n > 0xFFFF:
-        raise QueueError("one transaction can journal at most 65536 operations")
-    state.entries = n + 1
-    queues = state.queues
-    if queue in queues:
-        return n, False
-    queues.add(queue)
-    return n, True
-
-
 def record(
     tr: Transaction,
     keys: QueueKeys,
@@ -110,26 +91,49 @@ def record(
     deliveries: int = 0,
     reason: str | None = None,
     details: Mapping[str, Any] | None = None,
+    at_us: int | None = None,
 ) -> None:
     """Write one journal entry for ``op`` on queue ``keys.name`` in ``tr``; the caller checks
-    that the queue is journaled. Composes inside ``tr``: the entry commits or aborts with it."""
+    that the queue is journaled. Composes inside ``tr``: the entry commits or aborts with it.
+    ``at_us``: the writer's wall clock when the caller read it already (an enqueue's)."""
     if op not in OPS:
         raise QueueError(f"unknown journal operation {op!r}")
-    jk = JournalKeys.of(keys.root)
-    value = encode_entry(op, message_id, principal_of(tr), deliveries, reason, details, now_us())
-    order, first_here = _next_order(tr, keys.name)
-    # Spread over shards where many writers share a cluster; one range on an engine of one
-    # writer at a time, where appending to one range dirties the fewest pages.
-    shard = jk.shard(message_id) if engine_traits(tr.db)[0] else 0
-    tr.set_versionstamped_key(jk.entry_to_stamp(keys.name, shard, order), value)
-    if message_id is not None:  # a pointer: history() finds the entry by the same stamp
-        pointer = keys.name.encode() + b"\x00" + bytes((shard,))
-        tr.set_versionstamped_key(jk.history_to_stamp(message_id, order), pointer)
+    if at_us is None:
+        at_us = now_us()
+    found = getattr(tr.db, "principal", None)  # principal_of, inline
+    principal = found if isinstance(found, str) and found else ANONYMOUS
+    if reason is None and not details and deliveries.__class__ is int:
+        # encode_entry's common case (a move's entry: no reason, no details), formatted here
+        mid = "null" if message_id is None else _quote(message_id)
+        value = f'[{_FORMAT},"{op}",{mid},{_quote(principal)},{deliveries},null,{{}},{at_us}]'.encode()
+    else:
+        value = encode_entry(op, message_id, principal, deliveries, reason, details, at_us)
+    # _next_order, inline: the attempt's own count (tr.journal_order(): on_error and reset
+    # start it afresh), and whether this is its first entry in the queue.
+    state = tr.journal_order()
+    order = state.entries
+    if order > 0xFFFF:
+        raise QueueError("one transaction can journal at most 65536 operations")
+    state.entries = order + 1
+    jk = keys.journal_keys()
+    name = keys.name
+    # Spread over shards where many writers share a cluster (engine_traits' first); one range
+    # on an engine of one writer at a time, where appending to one range dirties the fewest pages.
+    spread = getattr(tr.db, "may_conflict", True)
+    if message_id is None:
+        tr.set_versionstamped_key(jk.entry_to_stamp(name, jk.shard(None) if spread else 0, order), value)
+    else:
+        # The entry, and a pointer: history() finds the entry by the same stamp.
+        entry, pointer_key, pointer = jk.stamped(name, message_id, order, spread)
+        tr.set_versionstamped_key(entry, value)
+        tr.set_versionstamped_key(pointer_key, pointer)
     # The queue's bell, which followers watch, takes the commit's stamp: a blind write, never
     # a conflict, and no read (an atomic add would cost the embedded engine one); once per
     # queue and transaction.
-    if first_here:
-        tr.set_versionstamped_value(jk.bell(keys.name), _BELL)
+    queues = state.queues
+    if name not in queues:
+        queues.add(name)
+        tr.set_versionstamped_value(jk.bell(name), _BELL)
 
 
 def encode_entry(

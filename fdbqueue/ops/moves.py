@@ -19,6 +19,7 @@ transaction.
 from __future__ import annotations
 
 import logging
+import struct
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ from fdbqueue.store.layout import QueueKeys
 from fdbqueue.store.record import Record, decode_record, encode_plain, fit_reason, seal_chunk
 
 log = logging.getLogger("fdbqueue")
+_I64 = struct.Struct("<q")  # a counter's value (FoundationDB's atomic ADD: little-endian)
+_I64_PACK, _I64_UNPACK = _I64.pack, _I64.unpack
 
 # What a lease adds to a record's extra (and a release takes away again).
 LEASE_FIELDS = ("key", "receipt", "deadline", "until", "strict", "j", "v")
@@ -57,6 +60,10 @@ class Note:
     op: str
     reason: str | None = None
     details: Mapping[str, Any] | None = None
+
+
+# The notes of the hot moves, made once (a Note is frozen: one instance serves every move).
+_LEASE, _ACK = Note("lease"), Note("ack")
 
 
 def after(tr: Transaction, keys: QueueKeys, journaled: bool, note: Note | None, rec: Record) -> None:
@@ -305,7 +312,7 @@ def put_leased(
     if count:
         tr.add(keys.counter("inflight"), ONE)
     if JOURNALED in leased.extra:
-        after(tr, keys, True, note or Note("lease"), leased)
+        after(tr, keys, True, note or _LEASE, leased)
 
 
 def end_lease(
@@ -342,7 +349,7 @@ def finish_lease(
     :func:`end_lease`'s."""
     end_lease(tr, keys, rec, count=count, at=at)
     if JOURNALED in rec.extra:
-        after(tr, keys, True, note or Note("ack"), rec)
+        after(tr, keys, True, note or _ACK, rec)
     if count:
         tr.add(keys.counter("done"), ONE)
     if rec.chunks:
@@ -419,6 +426,25 @@ def write_plain(
     tr.set(key, encode_plain(msg_id, enqueued_us, content_type, payload))
 
 
+def write_plain_journaled(
+    tr: Transaction,
+    keys: QueueKeys,
+    key: bytes,
+    msg_id: str,
+    enqueued_us: int,
+    content_type: str,
+    payload: bytes,
+    priority: int,
+    at_us: int,
+) -> None:
+    """:func:`write_plain` on a journaled queue: the same write, then the ``enqueue`` entry
+    :func:`write_new` would journal (details: the priority, when not 0), the writer's wall
+    clock ``at_us`` read by the caller. The caller counts it (:func:`count_new`)."""
+    tr.set(key, encode_plain(msg_id, enqueued_us, content_type, payload))
+    details = {"priority": priority} if priority else None
+    journaling.record(tr, keys, "enqueue", msg_id, details=details, at_us=at_us)
+
+
 def count_new(
     tr: Transaction,
     keys: QueueKeys,
@@ -428,20 +454,38 @@ def count_new(
     work: bytes | object | None = workindex.UNREAD,
     *,
     conflicts: bool = True,
+    seen: list[bytes | None] | None = None,
 ) -> None:
     """Count a batch of new messages: one atomic add per counter (no conflicts between
     producers), the wake key for blocked consumers, and a marker per new priority.
     ``work``: the queue's work-index entry when the caller read it (``Meta.work``);
-    ``conflicts``: False where the engine never conflicts (``Meta.cluster``)."""
+    ``conflicts``: False where the engine never conflicts (``Meta.cluster``); ``seen``: what
+    the caller read of the counters in this transaction, nothing written to them since
+    (``Meta.raw``, in ``QueueKeys.meta_read``'s order)."""
     if new_priorities:
         for p in new_priorities:
             tr.set(keys.priority_marker(p), b"")
         bump_metadata_version(tr, keys)  # cached marker sets elsewhere are out of date
     read = keys.meta_read()  # the counters' keys, packed once: [1] ready, [2] wake, [5] delayed
     if ready:
-        n = ONE if ready == 1 else pack_count(ready)
-        tr.add(read[1], n)
-        tr.add(read[2], n)
+        if seen is not None and not conflicts:
+            # Where nothing conflicts, one writer holds the store from its first read to its
+            # commit: the value read in this transaction plus ``ready`` is what the engine's
+            # add would compute from the same value now (it resolves an add at the call, as
+            # what the transaction sees). Set, then, without the add's second look; 8-byte
+            # counters only (any other length: the add, which zero-extends or truncates).
+            r, w = seen[1], seen[2]
+            if (r is None or len(r) == 8) and (w is None or len(w) == 8):
+                r_n = ready if r is None else _I64_UNPACK(r)[0] + ready
+                w_n = ready if w is None else _I64_UNPACK(w)[0] + ready
+                tr.set(read[1], _I64_PACK((r_n + 2**63) % 2**64 - 2**63))  # wrapping, as an add
+                tr.set(read[2], _I64_PACK((w_n + 2**63) % 2**64 - 2**63))
+            else:
+                seen = None
+        if seen is None or conflicts:
+            n = ONE if ready == 1 else pack_count(ready)
+            tr.add(read[1], n)
+            tr.add(read[2], n)
     if delayed:
         tr.add(read[5], ONE if delayed == 1 else pack_count(delayed))
     if (ready or delayed) and (conflicts or work != b""):  # (marked, and nothing conflicts: no call)
@@ -454,7 +498,8 @@ def take(tr: Transaction, keys: QueueKeys, key: bytes, rec: Record, *, journaled
     tr.add(keys.counter("ready"), MINUS_ONE)
     tr.add(keys.counter("done"), ONE)
     if journaled:
-        after(tr, keys, True, Note("dequeue"), rec.with_(deliveries=rec.deliveries + 1))
+        # after()'s entry, without a Note and a copy of the record for its deliveries
+        journaling.record(tr, keys, "dequeue", rec.id, deliveries=rec.deliveries + 1)
 
 
 def wake(tr: Transaction, keys: QueueKeys, n: int = 1) -> None:
@@ -504,7 +549,8 @@ def hand_over(
     tr.set(res_key, encode_result(now, key, raw))
     remove_message(tr, keys, key, rec, chunks=False)
     if journaled:
-        after(tr, keys, True, Note("dequeue"), rec.with_(deliveries=rec.deliveries + 1))
+        # after()'s entry, without a Note and a copy of the record for its deliveries
+        journaling.record(tr, keys, "dequeue", rec.id, deliveries=rec.deliveries + 1)
 
 
 def count_handed(tr: Transaction, keys: QueueKeys, n: int) -> None:

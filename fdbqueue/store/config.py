@@ -405,7 +405,12 @@ def read_meta(tr: Transaction, keys: QueueKeys, *, enqueue: bool = False) -> Met
     """
     hot = _hot.get(keys.packed)
     short = enqueue and (hot is None or not hot[2])
-    values, cluster = _read_keys(tr, keys, keys.meta_read_short() if short else keys.meta_read())
+    wanted = keys.meta_read_short() if short else keys.meta_read()
+    cluster = getattr(tr.db, "may_conflict", True)  # engine_traits' first
+    if cluster:
+        values, _ = _read_keys(tr, keys, wanted)
+    else:  # _read_keys' case of an engine where nothing conflicts, without its call
+        values = tr.snapshot.get_many(wanted)
     cached = _settings_at(tr, keys, values[0], hot)
     cfg = cached.config
     if cfg is not None:

@@ -80,6 +80,7 @@ queue's settings, state, counters and mark, and their writes dirty one page, not
 
 from __future__ import annotations
 
+import struct
 import zlib
 from typing import Any
 
@@ -157,6 +158,7 @@ class QueueKeys:
         "_f",
         "_heads",
         "_id",
+        "_jk",
         "_l",
         "_m",
         "_markers",
@@ -190,6 +192,14 @@ class QueueKeys:
         self._heads: dict[int, bytes] = {}  # priority -> the ready keys' prefix
         self._meta_read: list[bytes] | None = None
         self._meta_short: list[bytes] | None = None
+        self._jk: JournalKeys | None = None
+
+    def journal_keys(self) -> JournalKeys:
+        """The journal's keys under this queue's root (:class:`JournalKeys`), looked up once."""
+        found = self._jk
+        if found is None:
+            found = self._jk = JournalKeys.of(self.root)
+        return found
 
     @classmethod
     def make(cls, name: str, root: tuple[Any, ...] = DEFAULT_ROOT) -> QueueKeys:
@@ -505,6 +515,9 @@ def queues_prefix_range(root: tuple[Any, ...], prefix: str) -> tuple[bytes, byte
 
 # -- the journal (journaling.py) -------------------------------------------------------------
 
+# incomplete_stamp's bytes after the prefix for order 0, less the offset; the offset's packing
+_FIRST_STAMP = incomplete_stamp(b"", 0)[:-4]
+_STAMP_AT = struct.Struct("<I").pack
 JOURNAL_SHARDS = 8  # ranges a queue's journal is spread over, by message id
 HISTORY_SHARDS = 16  # ranges the per-message history pointers are spread over
 
@@ -520,7 +533,7 @@ class JournalKeys:
     then the stamp's offset, four bytes little-endian, for ``set_versionstamped_key``): every
     journaled operation writes two, and ``fdb.tuple.pack`` would cost more than the rest."""
 
-    __slots__ = ("_bells", "_entries", "_hs", "_prefixes", "root")
+    __slots__ = ("_bells", "_entries", "_hs", "_pointers", "_prefixes", "root")
     _made: dict[bytes, JournalKeys] = {}
 
     def __init__(self, root: Subspace) -> None:
@@ -530,6 +543,7 @@ class JournalKeys:
         # A new entry's whole key by (queue, shard, order): an entry is most often its
         # transaction's first (order 0), so the few of a queue serve every operation.
         self._entries: dict[tuple[str, int, int], bytes] = {}
+        self._pointers: dict[tuple[str, int], bytes] = {}  # a history pointer's value
         h = root.key() + enc_str("h")
         self._hs = tuple(h + enc_int(hs) for hs in range(HISTORY_SHARDS))  # ("h", hshard)
 
@@ -589,6 +603,29 @@ class JournalKeys:
         prefix kept; the message's id is new every time)."""
         hs = zlib.crc32(message_id.encode()) % HISTORY_SHARDS
         return incomplete_stamp(self._hs[hs] + enc_str(message_id), order)
+
+    def stamped(self, queue: str, message_id: str, order: int, spread: bool) -> tuple[bytes, bytes, bytes]:
+        """A message's new entry in ``queue`` at ``order``: the entry's key and its history
+        pointer's key (both for ``set_versionstamped_key``) and the pointer's value (the queue's
+        name, NUL, the entry's shard). ``spread``: over :data:`JOURNAL_SHARDS` by message id
+        (:meth:`shard`), else shard 0. One CRC of the id serves the entry's shard and the
+        pointer's (:meth:`history_to_stamp`); the same bytes as those methods make."""
+        idb = message_id.encode()
+        crc = zlib.crc32(idb)
+        shard = crc % JOURNAL_SHARDS if spread else 0
+        entry = self._entries.get((queue, shard, order))
+        if entry is None:
+            entry = self.entry_to_stamp(queue, shard, order)
+        pointer = self._pointers.get((queue, shard))
+        if pointer is None:
+            if len(self._pointers) > 4096:
+                self._pointers.clear()
+            pointer = self._pointers[(queue, shard)] = queue.encode() + b"\x00" + bytes((shard,))
+        # enc_str(message_id) and incomplete_stamp, inline (one of each per journaled message)
+        prefix = self._hs[crc % HISTORY_SHARDS] + b"\x02" + idb.replace(b"\x00", b"\x00\xff") + b"\x00"
+        if order == 0:  # an operation's first entry (most): the stamp's tail made once
+            return entry, prefix + _FIRST_STAMP + _STAMP_AT(len(prefix) + 1), pointer
+        return entry, incomplete_stamp(prefix, order), pointer
 
     def history_key(self, message_id: str, version: bytes) -> bytes:
         hs = zlib.crc32(message_id.encode()) % HISTORY_SHARDS

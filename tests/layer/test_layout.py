@@ -106,3 +106,12 @@ def test_journal_stamp_keys_match_the_tuple_layer(
         assert jk.history_to_stamp(message_id, order) == sub.pack_with_versionstamp(
             ("h", hs, message_id, fdb.tuple.Versionstamp(user_version=order))
         )
+        # stamped(): the entry's key in its shard (by the id's CRC where spread, else 0), the
+        # pointer's key, and the pointer's value (the queue, NUL, the entry's shard)
+        for spread in (True, False):
+            at = zlib.crc32(message_id.encode()) % JOURNAL_SHARDS if spread else 0
+            assert jk.stamped(queue, message_id, order, spread) == (
+                sub.pack_with_versionstamp(("j", queue, at, fdb.tuple.Versionstamp(user_version=order))),
+                sub.pack_with_versionstamp(("h", hs, message_id, fdb.tuple.Versionstamp(user_version=order))),
+                queue.encode() + b"\x00" + bytes((at,)),
+            )

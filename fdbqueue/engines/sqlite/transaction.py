@@ -515,14 +515,19 @@ class SqliteTransaction(LocalTransaction):
         version, bumped = self._write()
         seen = store.after_writes(version, bumped)  # the clock settled, the WAL record, the sync mark
         read = self._seen
-        if read and len(read) <= _KEEP_UP_TO and not self._all and not self._stamped:
+        if (
+            read
+            and len(read) <= _KEEP_UP_TO
+            and not self._all
+            and (not self._stamped or self._stamped_apart())
+        ):
             # What this transaction read, with its writes to those keys, is what the store
             # holds for them until another commit: kept for the next transaction to begin
             # (Store.take_kept). The keys it wrote are kept beside them, up to as many, but not
             # merged in: only the next transaction looks at them, for a key it has not seen (a
             # lease's record, read back by its ack), and what it does not read of them is not
             # carried further (an enqueue's new message). A clear of a range or a versionstamp
-            # (a key known only now) keeps nothing.
+            # (a key known only now) landing on a key read or written keeps nothing.
             values = self._wm.values
             for key in read.keys() & values.keys():
                 read[key] = values[key]
@@ -589,6 +594,13 @@ class SqliteTransaction(LocalTransaction):
         except sqlite3.Error as exc:
             raise self._fail(exc) from exc
         return version, bumped
+
+    def _stamped_apart(self) -> bool:
+        """After the commit: whether no versionstamped write landed on a key this transaction
+        read or wrote otherwise (their keys, known only at commit, are the last of ``_keys``:
+        ``_apply_stamped``), so that what :meth:`_commit` keeps is what the store holds."""
+        landed = self._keys[-len(self._stamped) :]
+        return self._seen.keys().isdisjoint(landed) and self._wm.values.keys().isdisjoint(landed)
 
     def _only_volatile(self) -> bool:
         """Whether every key this transaction writes lies under a declared volatile prefix."""
