@@ -214,3 +214,179 @@ def test_a_queue_destroyed_and_made_again_in_another_process_drops_the_kept_run(
     st = fdbqueue.queue_stats(db, NAME)
     assert (st.ready, st.inflight, st.done) == (0, 0, 3)
     assert stored_counts(db) == {"ready": 0, "inflight": 0, "delayed": 0}
+
+
+# -- a seeded random walk against a model -----------------------------------------------------------
+
+
+@dataclass
+class Model:
+    """What the queue holds, in the test's terms: payloads, their priority and their place."""
+
+    info: dict[str, tuple[int, int]] = field(default_factory=dict)  # payload -> (priority, place)
+    ready: set[str] = field(default_factory=set)
+    inflight: dict[str, int] = field(default_factory=dict)  # payload -> the process holding it
+    lost: dict[str, int] = field(default_factory=dict)  # leases purged under their holder
+    delayed: set[str] = field(default_factory=set)
+    dedup: dict[str, str] = field(default_factory=dict)  # dedup key -> the id of its message
+    done: int = 0
+    delivered: set[str] = field(default_factory=set)
+    stopped: bool = False
+
+    def head(self) -> str | None:
+        """Highest priority first, then the oldest place (a nacked message keeps its own)."""
+        info = self.info
+        return min(self.ready, key=lambda x: (-info[x][0], info[x][1]), default=None)
+
+    def make_ready(self, payload: str, priority: int) -> None:
+        self.info[payload] = (priority, len(self.info))
+        self.ready.add(payload)
+
+    def deliver(self, payload: str) -> None:
+        assert payload not in self.delivered, f"{payload} delivered twice"
+        self.delivered.add(payload)
+        self.done += 1
+
+    def clear(self) -> None:
+        self.lost.update(self.inflight)
+        self.ready, self.inflight, self.delayed, self.dedup = set(), {}, set(), {}
+
+
+OPS = {
+    "enqueue": 30,
+    "dequeue": 12,
+    "dequeue_tr": 10,
+    "dequeue_abort": 4,
+    "enqueue_dequeue_tr": 4,
+    "lease": 12,
+    "ack": 8,
+    "nack": 5,
+    "purge": 1,
+    "stop": 1,
+    "start": 2,
+    "recreate": 1,
+}
+
+
+def walk(procs: list[Proc], rng: random.Random, steps: int) -> Model:
+    """``steps`` commands, each on a random process and handle, checked against the model."""
+    m = Model()
+    n = 0
+    names, weights = list(OPS), list(OPS.values())
+    i = h = 0
+    for step in range(steps):
+        op = rng.choices(names, weights)[0]
+        if rng.random() < 0.4:  # else the same handle again: a kept run, used or found out of date
+            i, h = rng.randrange(len(procs)), rng.randrange(2)
+        p = procs[i]
+        where = f"step {step}: process {i} handle {h} {op}"
+        if op == "enqueue":
+            n += 1
+            payload = f"m{n}"
+            priority = rng.choice((0, 0, 0, 1, 5))
+            delay = 1000.0 if rng.random() < 0.1 else 0.0  # never due within the test
+            ttl = 3600.0 if rng.random() < 0.2 else None
+            dedup = f"k{rng.randrange(4)}" if rng.random() < 0.2 else None
+            got = ok(p.call("enqueue", h, payload, priority, delay, ttl, dedup))
+            if dedup is not None and dedup in m.dedup:
+                assert got == m.dedup[dedup], where
+                continue
+            if dedup is not None:
+                m.dedup[dedup] = got
+            if delay:
+                m.delayed.add(payload)
+            else:
+                m.make_ready(payload, priority)
+        elif op in ("dequeue", "dequeue_tr", "dequeue_abort", "lease"):
+            status, got = p.call(op, h)
+            if m.stopped:
+                assert status == "error" and "QueueStoppedError" in got, (where, got)
+                continue
+            assert status == "ok", (where, got)
+            assert got == m.head(), (where, got, m.head())
+            if got is None or op == "dequeue_abort":
+                continue
+            m.ready.discard(got)
+            if op == "lease":
+                m.inflight[got] = i
+            else:
+                m.deliver(got)
+        elif op == "enqueue_dequeue_tr":
+            if m.stopped:
+                continue
+            n += 1
+            payload = f"m{n}"
+            priority = rng.choice((0, 1, 5))
+            got = ok(p.call(op, h, payload, priority))
+            m.make_ready(payload, priority)
+            assert got == m.head(), (where, got, m.head())
+            m.ready.discard(got)
+            m.deliver(got)
+        elif op in ("ack", "nack"):
+            mine = sorted(x for x, holder in m.inflight.items() if holder == i)
+            lost = sorted(x for x, holder in m.lost.items() if holder == i)
+            if lost and (not mine or rng.random() < 0.3):  # a lease purged under its holder
+                del m.lost[lost[0]]
+                assert ok(p.call(op, h, lost[0])) is False, where
+                continue
+            if not mine:
+                continue
+            x = rng.choice(mine)
+            assert ok(p.call(op, h, x)) is True, where
+            del m.inflight[x]
+            if op == "ack":
+                m.deliver(x)
+            else:
+                m.ready.add(x)  # back to its own place
+        elif op == "purge":
+            assert ok(p.call(op, h)) == len(m.ready) + len(m.inflight) + len(m.delayed), where
+            m.clear()
+        elif op in ("stop", "start"):
+            ok(p.call(op, h))
+            m.stopped = op == "stop"
+        elif op == "recreate":
+            ok(p.call(op, h))
+            m.clear()
+            m.done, m.stopped = 0, False
+    return m
+
+
+def check_stats(db: Any, m: Model) -> None:
+    """``queue_stats`` as the model says, and as a fresh look at the stored keys says."""
+    st = fdbqueue.queue_stats(db, NAME)
+    want = {"ready": len(m.ready), "inflight": len(m.inflight), "delayed": len(m.delayed)}
+    assert {"ready": st.ready, "inflight": st.inflight, "delayed": st.delayed} == want
+    assert stored_counts(db) == want
+    assert st.done == m.done
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_random_walk_over_three_processes_keeps_every_message_once_in_order(
+    procs: tuple[str, list[Proc], Any], seed: int
+) -> None:
+    """Enqueues (priority, delay, TTL, dedup keys), dequeues on their own and in callers'
+    transactions (some aborted, some after an enqueue of their own), leases, acks and nacks,
+    purges, a dequeue stop and start, the queue destroyed and made again: each from one of
+    three processes on one of its two handles. Every take returns what the model says is the
+    head, nothing is delivered twice, and the counters end exact."""
+    _, children, (db, _) = procs
+    m = walk(children, random.Random(seed), 400)
+    check_stats(db, m)
+    # Drain what is left from every process in turn: the rest, each once, in order.
+    if m.stopped:
+        ok(children[0].call("start", 0))
+        m.stopped = False
+    for x, holder in sorted(m.inflight.items()):
+        assert ok(children[holder].call("ack", 0, x)) is True
+        m.deliver(x)
+    m.inflight.clear()
+    turn = 0
+    while True:
+        got = ok(children[turn % 3].call("dequeue", turn % 2))
+        turn += 1
+        assert got == m.head(), (turn, got, m.head())
+        if got is None:
+            break
+        m.ready.discard(got)
+        m.deliver(got)
+    check_stats(db, m)
