@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import random
 import signal
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ import pytest
 
 import fdbqueue
 from fdbqueue import LeaseError, Queue
+from fdbqueue.engines.sqlite import storelock
 from tests.support.processes import real_clock
 
 pytestmark = pytest.mark.usefixtures(real_clock.__name__)
@@ -123,9 +125,23 @@ def _run(db: Any, q: Queue, held: dict[str, fdbqueue.Message], op: str, args: li
         fdbqueue.destroy_queue(db, NAME)
         fdbqueue.create_queue(db, NAME, max_deliveries=1000)
         return None
-    if op == "crash_dequeue":  # dequeue until killed
-        while True:
-            q.dequeue(db)
+    if op == "window":  # this process, waiting for the store lock, takes it over sooner
+        storelock.WINDOW = args[0]
+        return None
+    if op in ("dequeue_slow", "lease_slow"):  # a caller's transaction that holds the lock long
+        seen: list[str | None] = []
+
+        @fdbqueue.transactional
+        def slow(tr: Any) -> str | None:
+            m = q.dequeue(tr) if op == "dequeue_slow" else q.lease(tr, 600.0)
+            seen.append(_payload(m))
+            if len(seen) == 1:
+                time.sleep(args[0])  # past another process's window: it takes the lock over
+            if m is not None and op == "lease_slow":
+                held[m.payload.decode()] = m
+            return _payload(m)
+
+        return slow(db), seen
     raise AssertionError(op)
 
 
@@ -136,6 +152,10 @@ class Proc:
 
     def call(self, *cmd: Any) -> Any:
         self.conn.send(cmd)
+        return self.answer()
+
+    def answer(self) -> tuple[str, Any]:
+        assert self.conn.poll(60), "a child did not answer within 60 s"
         status, value = self.conn.recv()
         return (status, value)
 
@@ -214,6 +234,52 @@ def test_a_queue_destroyed_and_made_again_in_another_process_drops_the_kept_run(
     st = fdbqueue.queue_stats(db, NAME)
     assert (st.ready, st.inflight, st.done) == (0, 0, 3)
     assert stored_counts(db) == {"ready": 0, "inflight": 0, "delayed": 0}
+
+
+@pytest.mark.parametrize("take", ["dequeue", "lease"])
+def test_a_priority_message_from_another_process_is_served_before_a_kept_run(
+    procs: tuple[str, list[Proc], Any], take: str
+) -> None:
+    """A keeps the records after its head (priority 0); B enqueues at priority 5: A's next take
+    is B's message, then A's run goes on in order (and then C's priority 1 first)."""
+    _, (a, b, c), (db, _) = procs
+    for i in range(6):
+        ok(a.call("enqueue", 0, f"low{i}", 0, 0.0, None, None))
+    assert ok(a.call(take, 0)) == "low0"
+    assert ok(a.call(take, 0)) == "low1"  # from the kept run
+    ok(b.call("enqueue", 1, "high", 5, 0.0, None, None))
+    assert ok(a.call(take, 0)) == "high"
+    assert ok(a.call(take, 0)) == "low2"
+    ok(c.call("enqueue", 0, "mid", 1, 0.0, None, None))
+    assert [ok(a.call(take, 0)) for _ in range(4)] == ["mid", "low3", "low4", "low5"]
+    st = fdbqueue.queue_stats(db, NAME)
+    assert (st.ready, st.inflight, st.done) == ((0, 0, 8) if take == "dequeue" else (0, 8, 0))
+    assert stored_counts(db) == {"ready": 0, "inflight": st.inflight, "delayed": 0}
+
+
+@pytest.mark.parametrize("take", ["dequeue", "lease"])
+def test_a_take_whose_commit_fails_after_a_takeover_leaves_its_kept_head_to_the_other_process(
+    procs: tuple[str, list[Proc], Any], take: str
+) -> None:
+    """A takes its head from its kept run in a caller's transaction and holds the store lock
+    past B's window: B takes the lock over and takes that same message; A's commit fails
+    (transaction_too_old) and its retry takes the next one. Nothing twice, the counters exact
+    (they were written as read by B, and by A's retry, never from A's failed attempt)."""
+    _, (a, b, _c), (db, _) = procs
+    for i in range(6):
+        ok(a.call("enqueue", 0, f"m{i}", 0, 0.0, None, None))
+    assert ok(a.call(take, 0)) == "m0"  # A keeps m1...
+    ok(b.call("window", 0, 0.3))
+    a.conn.send((f"{take}_slow", 0, 2.0))
+    time.sleep(0.5)  # A holds the lock, asleep in its transaction
+    assert ok(b.call(take, 0)) == "m1"  # B waited out its window and took the lock over
+    final, seen = ok(a.answer())
+    assert seen[0] == "m1" and final == "m2", seen  # the first attempt's take did not land
+    assert ok(b.call(take, 1)) == "m3"
+    st = fdbqueue.queue_stats(db, NAME)
+    want = (2, 0, 4) if take == "dequeue" else (2, 4, 0)
+    assert (st.ready, st.inflight, st.done) == want
+    assert stored_counts(db) == {"ready": 2, "inflight": want[1], "delayed": 0}
 
 
 # -- a seeded random walk against a model -----------------------------------------------------------
