@@ -26,7 +26,7 @@ import pytest
 import fdbqueue
 from fdbqueue import LeaseError, Queue
 from fdbqueue.engines.sqlite import storelock
-from tests.support.processes import real_clock
+from tests.support.processes import Children, assert_nothing_left, child_stderr, held, real_clock
 
 pytestmark = pytest.mark.usefixtures(real_clock.__name__)
 
@@ -243,6 +243,9 @@ def test_a_priority_message_from_another_process_is_served_before_a_kept_run(
     """A keeps the records after its head (priority 0); B enqueues at priority 5: A's next take
     is B's message, then A's run goes on in order (and then C's priority 1 first)."""
     _, (a, b, c), (db, _) = procs
+    for p in (5, 1):  # the priorities used before: no new priority marker below
+        ok(a.call("enqueue", 0, f"warm{p}", p, 0.0, None, None))
+        assert ok(a.call("dequeue", 0)) == f"warm{p}"
     for i in range(6):
         ok(a.call("enqueue", 0, f"low{i}", 0, 0.0, None, None))
     assert ok(a.call(take, 0)) == "low0"
@@ -253,7 +256,7 @@ def test_a_priority_message_from_another_process_is_served_before_a_kept_run(
     ok(c.call("enqueue", 0, "mid", 1, 0.0, None, None))
     assert [ok(a.call(take, 0)) for _ in range(4)] == ["mid", "low3", "low4", "low5"]
     st = fdbqueue.queue_stats(db, NAME)
-    assert (st.ready, st.inflight, st.done) == ((0, 0, 8) if take == "dequeue" else (0, 8, 0))
+    assert (st.ready, st.inflight, st.done) == ((0, 0, 10) if take == "dequeue" else (0, 8, 2))
     assert stored_counts(db) == {"ready": 0, "inflight": st.inflight, "delayed": 0}
 
 
@@ -456,3 +459,124 @@ def test_a_random_walk_over_three_processes_keeps_every_message_once_in_order(
         m.ready.discard(got)
         m.deliver(got)
     check_stats(db, m)
+
+
+# -- free-running processes, SIGKILLed mid-stream -----------------------------------------------------
+
+PRODUCED = 1200  # messages, from two producers
+ONE = (1).to_bytes(8, "little")
+
+
+def priority_of(i: int) -> int:
+    """Each message's priority, the same every time it is enqueued again."""
+    return random.Random(i).choice((0, 0, 0, 1, 5))
+
+
+def producer(url: str, errors: str, first: int, count: int) -> None:
+    """Enqueue ``first..first+count``, each with a dedup key of its own: a producer started
+    again after a SIGKILL enqueues every one again, and each is still one message."""
+    child_stderr(errors)
+    db = fdbqueue.open(url)
+    q = Queue(NAME)
+    for i in range(first, first + count):
+        ttl = 3600.0 if i % 5 == 0 else None
+        q.enqueue(db, f"p{i}".encode(), priority=priority_of(i), ttl=ttl, dedup_key=f"p{i}")
+
+
+@fdbqueue.transactional
+def _done(tr: Any, payload: bytes) -> None:
+    """The application's write, in the transaction that consumes the message: a second
+    delivery of one message shows as a count of 2."""
+    tr.add(b"app/" + payload, ONE)
+
+
+def consumer(url: str, errors: str, seed: int) -> None:
+    """Dequeue (alone or in a caller's transaction), or lease then ack or nack, at random, on
+    two handles, until killed; sweeps now and then (the leases of killed consumers come back)."""
+    child_stderr(errors)
+    dbs = [fdbqueue.open(url), fdbqueue.open(url)]
+    q = Queue(NAME)
+    rng = random.Random(seed + os.getpid())
+    swept = 0.0
+
+    @fdbqueue.transactional
+    def deq(tr: Any) -> bool:
+        m = q.dequeue(tr)
+        if m is not None:
+            tr.add(b"app/" + m.payload, ONE)
+        return m is not None
+
+    @fdbqueue.transactional
+    def ack(tr: Any, m: fdbqueue.Message) -> None:
+        q.ack(tr, m)
+        tr.add(b"app/" + m.payload, ONE)
+
+    while True:
+        db = dbs[rng.randrange(2)] if rng.random() < 0.2 else dbs[0]
+        if time.monotonic() - swept > 0.3:
+            q.sweep(db)
+            swept = time.monotonic()
+        if rng.random() < 0.5:
+            got = deq(db)
+        else:
+            m = q.lease(db, lease_seconds=1.0)
+            got = m is not None
+            if m is not None:
+                try:
+                    if rng.random() < 0.15:
+                        q.nack(db, m)
+                    else:
+                        ack(db, m)
+                except LeaseError:  # ran out first (a slow turn): another takes it
+                    pass
+        if not got:
+            time.sleep(0.01)
+
+
+def test_processes_killed_mid_stream_lose_nothing_and_leave_the_counters_exact(tmp_path: Path) -> None:
+    """Two producers and three consumers (dequeue, dequeue in a transaction with the
+    application's write, lease + ack or nack) run free on one store while the test SIGKILLs
+    a random one every 0.2-0.5 s and starts it again. Every message is consumed exactly once
+    (the application's write in the consuming transaction counts 1 for each), and the counters
+    end exact: nothing ready, in flight or delayed, ``done`` the number of messages."""
+    url = f"sqlite://{tmp_path / 'q.db'}?sync=normal"
+    errors = tmp_path / "errors"
+    errors.mkdir()
+    db = fdbqueue.open(url)
+    fdbqueue.create_queue(db, NAME, max_deliveries=1000, lease_seconds=1.0)
+    q = Queue(NAME)
+    kids = Children("spawn", errors)
+    half = PRODUCED // 2
+    try:
+        kids.start("producer", producer, url, str(errors), 0, half, may_finish=True)
+        kids.start("producer", producer, url, str(errors), half, PRODUCED - half, may_finish=True)
+        for seed in range(3):
+            kids.start("consumer", consumer, url, str(errors), seed)
+        rng = random.Random(7)
+        start = time.monotonic()
+        next_kill = start + rng.uniform(0.2, 0.5)
+        while True:
+            kids.check_alive()
+            producing = [c for c in kids.children if c.role == "producer" and c.proc.exitcode != 0]
+            if not producing and held(db, q) == (0, 0, 0):
+                break
+            assert time.monotonic() - start < 120, f"not drained: {held(db, q)}"
+            if time.monotonic() >= next_kill:
+                live = [c for c in kids.children if c.proc.is_alive()]
+                if live:
+                    victim = rng.choice(live)
+                    kids.kill(victim)
+                    kids.restart(victim)
+                next_kill = time.monotonic() + rng.uniform(0.2, 0.5)
+            time.sleep(0.02)
+    finally:
+        kids.stop()
+    assert sum(kids.kills.values()) >= 3, kids.kills
+    counts = {kv.key: kv.value for kv in db.get_range_startswith(b"app/")}
+    assert {k for k, v in counts.items() if v != ONE} == set()  # none consumed twice
+    assert len(counts) == PRODUCED  # none lost
+    st = fdbqueue.queue_stats(db, NAME)
+    assert (st.ready, st.inflight, st.delayed, st.done) == (0, 0, 0, PRODUCED)
+    assert stored_counts(db) == {"ready": 0, "inflight": 0, "delayed": 0}
+    assert_nothing_left(db, NAME)
+    db.close()
