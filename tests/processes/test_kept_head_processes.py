@@ -101,6 +101,12 @@ def _run(db: Any, q: Queue, held: dict[str, fdbqueue.Message], op: str, args: li
         if m is not None:
             held[m.payload.decode()] = m
         return _payload(m)
+    if op == "lease_many":  # a worker's prefetch
+        got = q.lease_many(db, args[0], lease_seconds=600.0)
+        held.update((m.payload.decode(), m) for m in got)
+        return [m.payload.decode() for m in got]
+    if op == "ack_many":  # in one transaction; those whose lease is gone are left out
+        return sorted(m.payload.decode() for m in q.ack_many(db, [held.pop(x) for x in args[0]]))
     if op == "ack":
         try:
             q.ack(db, held.pop(args[0]))
@@ -328,7 +334,9 @@ OPS = {
     "dequeue_abort": 4,
     "enqueue_dequeue_tr": 4,
     "lease": 12,
+    "lease_many": 4,
     "ack": 8,
+    "ack_many": 3,
     "nack": 5,
     "purge": 1,
     "stop": 1,
@@ -380,6 +388,33 @@ def walk(procs: list[Proc], rng: random.Random, steps: int) -> Model:
                 m.inflight[got] = i
             else:
                 m.deliver(got)
+        elif op == "lease_many":
+            k = rng.randrange(2, 6)
+            status, got = p.call(op, h, k)
+            if m.stopped:
+                assert status == "error" and "QueueStoppedError" in got, (where, got)
+                continue
+            assert status == "ok", (where, got)
+            want = []
+            for _ in range(k):
+                x = m.head()
+                if x is None:
+                    break
+                want.append(x)
+                m.ready.discard(x)
+                m.inflight[x] = i
+            assert got == want, (where, got, want)
+        elif op == "ack_many":
+            mine = sorted(x for x, holder in m.inflight.items() if holder == i)
+            lost = sorted(x for x, holder in m.lost.items() if holder == i)
+            if not mine and not lost:
+                continue
+            assert ok(p.call(op, h, mine + lost)) == mine, where  # the purged ones left out
+            for x in mine:
+                del m.inflight[x]
+                m.deliver(x)
+            for x in lost:
+                del m.lost[x]
         elif op == "enqueue_dequeue_tr":
             if m.stopped:
                 continue
@@ -429,7 +464,13 @@ def check_stats(db: Any, m: Model) -> None:
     assert st.done == m.done
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+# FDBQUEUE_WALK_SEEDS=1-200 (a range) walks more seeds; FDBQUEUE_WALK_STEPS, longer walks.
+_SEEDS = os.environ.get("FDBQUEUE_WALK_SEEDS", "1-3").partition("-")
+SEEDS = range(int(_SEEDS[0]), int(_SEEDS[2] or _SEEDS[0]) + 1)
+STEPS = int(os.environ.get("FDBQUEUE_WALK_STEPS", "500"))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
 def test_a_random_walk_over_three_processes_keeps_every_message_once_in_order(
     procs: tuple[str, list[Proc], Any], seed: int
 ) -> None:
@@ -439,7 +480,7 @@ def test_a_random_walk_over_three_processes_keeps_every_message_once_in_order(
     three processes on one of its two handles. Every take returns what the model says is the
     head, nothing is delivered twice, and the counters end exact."""
     _, children, (db, _) = procs
-    m = walk(children, random.Random(seed), 400)
+    m = walk(children, random.Random(seed), STEPS)
     check_stats(db, m)
     # Drain what is left from every process in turn: the rest, each once, in order.
     if m.stopped:
