@@ -97,7 +97,7 @@ def _run(db: Any, q: Queue, held: dict[str, fdbqueue.Message], op: str, args: li
 
         return _payload(both(db))
     if op == "lease":
-        m = q.lease(db, lease_seconds=600.0)
+        m = q.lease(db, lease_seconds=args[0] if args else 600.0)
         if m is not None:
             held[m.payload.decode()] = m
         return _payload(m)
@@ -289,6 +289,26 @@ def test_a_take_whose_commit_fails_after_a_takeover_leaves_its_kept_head_to_the_
     want = (2, 0, 4) if take == "dequeue" else (2, 4, 0)
     assert (st.ready, st.inflight, st.done) == want
     assert stored_counts(db) == {"ready": 2, "inflight": want[1], "delayed": 0}
+
+
+def test_time_moving_under_a_kept_run_in_another_process(procs: tuple[str, list[Proc], Any]) -> None:
+    """While A keeps a run: B's delayed priority message comes due, A's own lease of a kept
+    record runs out, and a kept record's TTL passes, with no commit in between. A's takes: the
+    due message first, the expired lease back at its place, the expired record never."""
+    _, (a, b, _c), (db, _) = procs
+    ok(a.call("enqueue", 0, "warm", 5, 0.0, None, None))  # priority 5's marker made before
+    assert ok(a.call("dequeue", 0)) == "warm"
+    for i in range(6):
+        ok(a.call("enqueue", 0, f"low{i}", 0, 0.0, 2.0 if i == 3 else None, None))
+    assert ok(a.call("dequeue", 0)) == "low0"
+    assert ok(a.call("lease", 0, 1.0)) == "low1"  # from the kept run
+    ok(b.call("enqueue", 1, "late", 5, 1.0, None, None))
+    time.sleep(2.5)
+    got = [ok(a.call("dequeue", 0)) for _ in range(6)]
+    assert got == ["late", "low1", "low2", "low4", "low5", None]
+    st = fdbqueue.queue_stats(db, NAME)
+    assert (st.ready, st.inflight, st.delayed, st.done, st.expired) == (0, 0, 0, 7, 1)
+    assert stored_counts(db) == {"ready": 0, "inflight": 0, "delayed": 0}
 
 
 # -- a seeded random walk against a model -----------------------------------------------------------
