@@ -148,6 +148,19 @@ def _run(db: Any, q: Queue, held: dict[str, fdbqueue.Message], op: str, args: li
             return _payload(m)
 
         return slow(db), seen
+    if op == "ack_slow":  # an ack in a caller's transaction that holds the lock long
+        m = held.pop(args[0])
+        attempts = []
+
+        @fdbqueue.transactional
+        def slow_ack(tr: Any) -> None:
+            q.ack(tr, m)
+            attempts.append(1)
+            if len(attempts) == 1:
+                time.sleep(args[1])
+
+        slow_ack(db)
+        return len(attempts)
     raise AssertionError(op)
 
 
@@ -309,6 +322,25 @@ def test_time_moving_under_a_kept_run_in_another_process(procs: tuple[str, list[
     st = fdbqueue.queue_stats(db, NAME)
     assert (st.ready, st.inflight, st.delayed, st.done, st.expired) == (0, 0, 0, 7, 1)
     assert stored_counts(db) == {"ready": 0, "inflight": 0, "delayed": 0}
+
+
+def test_an_ack_whose_commit_fails_after_a_takeover_writes_no_counter(procs: tuple[str, list[Proc], Any]) -> None:
+    """A acks in a caller's transaction (its counters written as the values read) and holds the
+    store lock past B's window; B takes it over and acks its own lease; A's commit fails and
+    its retry acks again: in flight and done exact, not what A's first attempt read."""
+    _, (a, b, _c), (db, _) = procs
+    for i in range(3):
+        ok(a.call("enqueue", 0, f"m{i}", 0, 0.0, None, None))
+    assert ok(a.call("lease", 0)) == "m0"
+    assert ok(b.call("lease", 0)) == "m1"
+    ok(b.call("window", 0, 0.3))
+    a.conn.send(("ack_slow", 0, "m0", 2.0))
+    time.sleep(0.5)
+    assert ok(b.call("ack", 0, "m1")) is True
+    assert ok(a.answer()) == 2  # the first attempt did not land
+    st = fdbqueue.queue_stats(db, NAME)
+    assert (st.ready, st.inflight, st.done) == (1, 0, 2)
+    assert stored_counts(db) == {"ready": 1, "inflight": 0, "delayed": 0}
 
 
 # -- a seeded random walk against a model -----------------------------------------------------------
