@@ -343,6 +343,30 @@ def test_an_ack_whose_commit_fails_after_a_takeover_writes_no_counter(procs: tup
     assert stored_counts(db) == {"ready": 1, "inflight": 0, "delayed": 0}
 
 
+@pytest.mark.parametrize("take", ["dequeue", "lease"])
+def test_a_process_killed_inside_a_take_from_its_kept_run_leaves_the_counters_exact(
+    procs: tuple[str, list[Proc], Any], take: str
+) -> None:
+    """A takes from its kept run in a caller's transaction and is SIGKILLed before it commits;
+    B takes that message, a new process takes the next: nothing lost or doubled, counters
+    exact."""
+    _, (a, b, _c), (db, start) = procs
+    for i in range(5):
+        ok(a.call("enqueue", 0, f"m{i}", 0, 0.0, None, None))
+    assert ok(a.call(take, 0)) == "m0"
+    a.conn.send((f"{take}_slow", 0, 30.0))
+    time.sleep(0.5)  # inside its transaction, the store lock held, its take not committed
+    os.kill(a.proc.pid, signal.SIGKILL)
+    a.proc.join(10)
+    assert ok(b.call(take, 0)) == "m1"
+    assert ok(start().call(take, 1)) == "m2"
+    assert ok(b.call(take, 0)) == "m3"
+    st = fdbqueue.queue_stats(db, NAME)
+    want = (1, 0, 4) if take == "dequeue" else (1, 4, 0)
+    assert (st.ready, st.inflight, st.done) == want
+    assert stored_counts(db) == {"ready": 1, "inflight": want[1], "delayed": 0}
+
+
 # -- a seeded random walk against a model -----------------------------------------------------------
 
 
