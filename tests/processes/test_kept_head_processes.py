@@ -1,20 +1,19 @@
 """A head kept between transactions (``fdbqueue/ops/head.py``) and counters written as read
 (``delivery.count_known``), against real OS processes sharing one store file.
 
-Each child process runs commands sent over a pipe on two database handles of its own, so the
-test decides the interleaving (seeded: a failure replays) while the processes, their handles
-and their kept runs are real and separate. A plain-Python model of the queue says what every
-command must return: each message delivered (dequeued or acked) exactly once, none lost, the
-head always the highest priority then the oldest, and ``queue_stats`` exact at the end and
-equal to a count of the stored keys. A child is also SIGKILLed mid-stream and replaced.
+The children (``tests/support/kept_children.py``) run commands sent over a pipe on two
+database handles each, so the test decides the interleaving (seeded: a failure replays) while
+the processes, their handles and their kept runs are real and separate. A plain-Python model
+of the queue says what every command must return: each message delivered (dequeued or acked)
+exactly once, none lost, the head always the highest priority then the oldest, and
+``queue_stats`` exact at the end and equal to a count of the stored keys. Free-running
+processes are also SIGKILLed mid-stream and started again.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import random
-import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,221 +24,29 @@ import pytest
 
 import fdbqueue
 from fdbqueue import LeaseError, Queue
-from fdbqueue.engines.sqlite import storelock
+from tests.support.kept_children import NAME, Children_, Proc, command_children, ok, stored_counts
 from tests.support.processes import Children, assert_nothing_left, child_stderr, held, real_clock
 
 pytestmark = pytest.mark.usefixtures(real_clock.__name__)
 
-NAME = "jobs"
-
-
-class _Abort(Exception):
-    """Raised inside a caller's transaction to roll it back."""
-
-
-# -- the child: commands on its own handles (module level: spawned processes import it) ----------
-
-
-def serve(url: str, conn: Any) -> None:
-    dbs = [fdbqueue.open(url), fdbqueue.open(url)]
-    q = Queue(NAME)
-    held: dict[str, fdbqueue.Message] = {}  # leases this process holds, by payload
-    while True:
-        cmd = conn.recv()
-        if cmd is None:
-            break
-        op, h, *args = cmd
-        db = dbs[h]
-        try:
-            conn.send(("ok", _run(db, q, held, op, args)))
-        except Exception as exc:  # sent back: the test decides whether it was due
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
-    for d in dbs:
-        d.close()
-
-
-def _payload(m: fdbqueue.Message | None) -> str | None:
-    return None if m is None else m.payload.decode()
-
-
-def _run(db: Any, q: Queue, held: dict[str, fdbqueue.Message], op: str, args: list[Any]) -> Any:
-    if op == "enqueue":
-        payload, priority, delay, ttl, dedup = args
-        return q.enqueue(db, payload.encode(), priority=priority, delay=delay, ttl=ttl, dedup_key=dedup)
-    if op == "dequeue":
-        return _payload(q.dequeue(db))
-    if op == "dequeue_tr":
-
-        @fdbqueue.transactional
-        def deq(tr: Any) -> fdbqueue.Message | None:
-            return q.dequeue(tr)
-
-        return _payload(deq(db))
-    if op == "dequeue_abort":  # a dequeue in a caller's transaction that then aborts
-
-        @fdbqueue.transactional
-        def deq_abort(tr: Any) -> None:
-            m = q.dequeue(tr)
-            raise _Abort(_payload(m))
-
-        try:
-            deq_abort(db)
-        except _Abort as exc:
-            return exc.args[0]
-        raise AssertionError("not aborted")
-    if op == "enqueue_dequeue_tr":  # an enqueue then a dequeue in one caller's transaction
-        (payload, priority) = args
-
-        @fdbqueue.transactional
-        def both(tr: Any) -> fdbqueue.Message | None:
-            q.enqueue(tr, payload.encode(), priority=priority)
-            return q.dequeue(tr)
-
-        return _payload(both(db))
-    if op == "lease":
-        m = q.lease(db, lease_seconds=args[0] if args else 600.0)
-        if m is not None:
-            held[m.payload.decode()] = m
-        return _payload(m)
-    if op == "lease_many":  # a worker's prefetch
-        got = q.lease_many(db, args[0], lease_seconds=600.0)
-        held.update((m.payload.decode(), m) for m in got)
-        return [m.payload.decode() for m in got]
-    if op == "ack_many":  # in one transaction; those whose lease is gone are left out
-        return sorted(m.payload.decode() for m in q.ack_many(db, [held.pop(x) for x in args[0]]))
-    if op == "ack":
-        try:
-            q.ack(db, held.pop(args[0]))
-            return True
-        except LeaseError:
-            return False
-    if op == "nack":
-        try:
-            q.nack(db, held.pop(args[0]))
-            return True
-        except LeaseError:
-            return False
-    if op == "purge":
-        return fdbqueue.purge_queue(db, NAME)
-    if op == "stop":
-        fdbqueue.set_state(db, NAME, dequeue=False)
-        return None
-    if op == "start":
-        fdbqueue.set_state(db, NAME, dequeue=True)
-        return None
-    if op == "recreate":  # destroyed and made again under the same name
-        fdbqueue.destroy_queue(db, NAME)
-        fdbqueue.create_queue(db, NAME, max_deliveries=1000)
-        return None
-    if op == "window":  # this process, waiting for the store lock, takes it over sooner
-        storelock.WINDOW = args[0]
-        return None
-    if op in ("dequeue_slow", "lease_slow"):  # a caller's transaction that holds the lock long
-        seen: list[str | None] = []
-
-        @fdbqueue.transactional
-        def slow(tr: Any) -> str | None:
-            m = q.dequeue(tr) if op == "dequeue_slow" else q.lease(tr, 600.0)
-            seen.append(_payload(m))
-            if len(seen) == 1:
-                time.sleep(args[0])  # past another process's window: it takes the lock over
-            if m is not None and op == "lease_slow":
-                held[m.payload.decode()] = m
-            return _payload(m)
-
-        return slow(db), seen
-    if op == "ack_slow":  # an ack in a caller's transaction that holds the lock long
-        m = held.pop(args[0])
-        attempts = []
-
-        @fdbqueue.transactional
-        def slow_ack(tr: Any) -> None:
-            q.ack(tr, m)
-            attempts.append(1)
-            if len(attempts) == 1:
-                time.sleep(args[1])
-
-        slow_ack(db)
-        return len(attempts)
-    raise AssertionError(op)
-
-
-@dataclass
-class Proc:
-    proc: Any
-    conn: Any
-
-    def call(self, *cmd: Any) -> Any:
-        self.conn.send(cmd)
-        return self.answer()
-
-    def answer(self) -> tuple[str, Any]:
-        assert self.conn.poll(60), "a child did not answer within 60 s"
-        status, value = self.conn.recv()
-        return (status, value)
-
 
 @pytest.fixture
-def procs(tmp_path: Path) -> Iterator[tuple[str, list[Proc], Any]]:
-    url = f"sqlite://{tmp_path / 'q.db'}?sync=normal"
-    db = fdbqueue.open(url)
-    fdbqueue.create_queue(db, NAME, max_deliveries=1000)
-    ctx = multiprocessing.get_context("spawn")
-    out: list[Proc] = []
-
-    def start() -> Proc:
-        mine, theirs = ctx.Pipe()
-        p = ctx.Process(target=serve, args=(url, theirs), daemon=True)
-        p.start()
-        proc = Proc(p, mine)
-        out.append(proc)
-        return proc
-
-    for _ in range(3):
-        start()
-    try:
-        yield url, out, (db, start)
-    finally:
-        for p in out:
-            if p.proc.is_alive():
-                try:
-                    p.conn.send(None)
-                except OSError:
-                    pass
-                p.proc.join(5)
-                if p.proc.is_alive():
-                    os.kill(p.proc.pid, signal.SIGKILL)
-                    p.proc.join(5)
-        db.close()
-
-
-def ok(reply: tuple[str, Any]) -> Any:
-    status, value = reply
-    assert status == "ok", value
-    return value
-
-
-def stored_counts(db: Any) -> dict[str, int]:
-    """What a fresh look at the keys finds: ready records, leases, delayed records."""
-    keys = Queue(NAME).keys
-    return {
-        "ready": len(db.get_range(*keys.ready_range())),
-        "inflight": len(db.get_range_startswith(keys.q.pack(("f",)))),
-        "delayed": len(db.get_range_startswith(keys.q.pack(("d",)))),
-    }
+def procs(tmp_path: Path) -> Iterator[Children_]:
+    with command_children(tmp_path) as got:
+        yield got
 
 
 # -- found by this review: a queue destroyed and made again under its name ------------------------
 
 
 def test_a_queue_destroyed_and_made_again_in_another_process_drops_the_kept_run(
-    procs: tuple[str, list[Proc], Any],
+    procs: Children_,
 ) -> None:
     """Process A dequeues (and keeps the records after its head); process B destroys the queue,
     makes it again and puts as many messages back, then takes one: the ready and wake counters
     start again from nothing and end where A's kept run expects them. A must not hand out a
     message of the destroyed queue, nor write counters from it."""
-    _, (a, b, _c), (db, _) = procs
+    _, (a, b, _c), db, _ = procs
     for i in range(3):
         ok(a.call("enqueue", 0, f"old{i}", 0, 0.0, None, None))
     assert ok(a.call("dequeue", 0)) == "old0"
@@ -257,11 +64,11 @@ def test_a_queue_destroyed_and_made_again_in_another_process_drops_the_kept_run(
 
 @pytest.mark.parametrize("take", ["dequeue", "lease"])
 def test_a_priority_message_from_another_process_is_served_before_a_kept_run(
-    procs: tuple[str, list[Proc], Any], take: str
+    procs: Children_, take: str
 ) -> None:
     """A keeps the records after its head (priority 0); B enqueues at priority 5: A's next take
     is B's message, then A's run goes on in order (and then C's priority 1 first)."""
-    _, (a, b, c), (db, _) = procs
+    _, (a, b, c), db, _ = procs
     for p in (5, 1):  # the priorities used before: no new priority marker below
         ok(a.call("enqueue", 0, f"warm{p}", p, 0.0, None, None))
         assert ok(a.call("dequeue", 0)) == f"warm{p}"
@@ -277,94 +84,6 @@ def test_a_priority_message_from_another_process_is_served_before_a_kept_run(
     st = fdbqueue.queue_stats(db, NAME)
     assert (st.ready, st.inflight, st.done) == ((0, 0, 10) if take == "dequeue" else (0, 8, 2))
     assert stored_counts(db) == {"ready": 0, "inflight": st.inflight, "delayed": 0}
-
-
-@pytest.mark.parametrize("take", ["dequeue", "lease"])
-def test_a_take_whose_commit_fails_after_a_takeover_leaves_its_kept_head_to_the_other_process(
-    procs: tuple[str, list[Proc], Any], take: str
-) -> None:
-    """A takes its head from its kept run in a caller's transaction and holds the store lock
-    past B's window: B takes the lock over and takes that same message; A's commit fails
-    (transaction_too_old) and its retry takes the next one. Nothing twice, the counters exact
-    (they were written as read by B, and by A's retry, never from A's failed attempt)."""
-    _, (a, b, _c), (db, _) = procs
-    for i in range(6):
-        ok(a.call("enqueue", 0, f"m{i}", 0, 0.0, None, None))
-    assert ok(a.call(take, 0)) == "m0"  # A keeps m1...
-    ok(b.call("window", 0, 0.3))
-    a.conn.send((f"{take}_slow", 0, 2.0))
-    time.sleep(0.5)  # A holds the lock, asleep in its transaction
-    assert ok(b.call(take, 0)) == "m1"  # B waited out its window and took the lock over
-    final, seen = ok(a.answer())
-    assert seen[0] == "m1" and final == "m2", seen  # the first attempt's take did not land
-    assert ok(b.call(take, 1)) == "m3"
-    st = fdbqueue.queue_stats(db, NAME)
-    want = (2, 0, 4) if take == "dequeue" else (2, 4, 0)
-    assert (st.ready, st.inflight, st.done) == want
-    assert stored_counts(db) == {"ready": 2, "inflight": want[1], "delayed": 0}
-
-
-def test_time_moving_under_a_kept_run_in_another_process(procs: tuple[str, list[Proc], Any]) -> None:
-    """While A keeps a run: B's delayed priority message comes due, A's own lease of a kept
-    record runs out, and a kept record's TTL passes, with no commit in between. A's takes: the
-    due message first, the expired lease back at its place, the expired record never."""
-    _, (a, b, _c), (db, _) = procs
-    ok(a.call("enqueue", 0, "warm", 5, 0.0, None, None))  # priority 5's marker made before
-    assert ok(a.call("dequeue", 0)) == "warm"
-    for i in range(6):
-        ok(a.call("enqueue", 0, f"low{i}", 0, 0.0, 2.0 if i == 3 else None, None))
-    assert ok(a.call("dequeue", 0)) == "low0"
-    assert ok(a.call("lease", 0, 1.0)) == "low1"  # from the kept run
-    ok(b.call("enqueue", 1, "late", 5, 1.0, None, None))
-    time.sleep(2.5)
-    got = [ok(a.call("dequeue", 0)) for _ in range(6)]
-    assert got == ["late", "low1", "low2", "low4", "low5", None]
-    st = fdbqueue.queue_stats(db, NAME)
-    assert (st.ready, st.inflight, st.delayed, st.done, st.expired) == (0, 0, 0, 7, 1)
-    assert stored_counts(db) == {"ready": 0, "inflight": 0, "delayed": 0}
-
-
-def test_an_ack_whose_commit_fails_after_a_takeover_writes_no_counter(procs: tuple[str, list[Proc], Any]) -> None:
-    """A acks in a caller's transaction (its counters written as the values read) and holds the
-    store lock past B's window; B takes it over and acks its own lease; A's commit fails and
-    its retry acks again: in flight and done exact, not what A's first attempt read."""
-    _, (a, b, _c), (db, _) = procs
-    for i in range(3):
-        ok(a.call("enqueue", 0, f"m{i}", 0, 0.0, None, None))
-    assert ok(a.call("lease", 0)) == "m0"
-    assert ok(b.call("lease", 0)) == "m1"
-    ok(b.call("window", 0, 0.3))
-    a.conn.send(("ack_slow", 0, "m0", 2.0))
-    time.sleep(0.5)
-    assert ok(b.call("ack", 0, "m1")) is True
-    assert ok(a.answer()) == 2  # the first attempt did not land
-    st = fdbqueue.queue_stats(db, NAME)
-    assert (st.ready, st.inflight, st.done) == (1, 0, 2)
-    assert stored_counts(db) == {"ready": 1, "inflight": 0, "delayed": 0}
-
-
-@pytest.mark.parametrize("take", ["dequeue", "lease"])
-def test_a_process_killed_inside_a_take_from_its_kept_run_leaves_the_counters_exact(
-    procs: tuple[str, list[Proc], Any], take: str
-) -> None:
-    """A takes from its kept run in a caller's transaction and is SIGKILLed before it commits;
-    B takes that message, a new process takes the next: nothing lost or doubled, counters
-    exact."""
-    _, (a, b, _c), (db, start) = procs
-    for i in range(5):
-        ok(a.call("enqueue", 0, f"m{i}", 0, 0.0, None, None))
-    assert ok(a.call(take, 0)) == "m0"
-    a.conn.send((f"{take}_slow", 0, 30.0))
-    time.sleep(0.5)  # inside its transaction, the store lock held, its take not committed
-    os.kill(a.proc.pid, signal.SIGKILL)
-    a.proc.join(10)
-    assert ok(b.call(take, 0)) == "m1"
-    assert ok(start().call(take, 1)) == "m2"
-    assert ok(b.call(take, 0)) == "m3"
-    st = fdbqueue.queue_stats(db, NAME)
-    want = (1, 0, 4) if take == "dequeue" else (1, 4, 0)
-    assert (st.ready, st.inflight, st.done) == want
-    assert stored_counts(db) == {"ready": 1, "inflight": want[1], "delayed": 0}
 
 
 # -- a seeded random walk against a model -----------------------------------------------------------
@@ -548,14 +267,14 @@ STEPS = int(os.environ.get("FDBQUEUE_WALK_STEPS", "500"))
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_a_random_walk_over_three_processes_keeps_every_message_once_in_order(
-    procs: tuple[str, list[Proc], Any], seed: int
+    procs: Children_, seed: int
 ) -> None:
     """Enqueues (priority, delay, TTL, dedup keys), dequeues on their own and in callers'
     transactions (some aborted, some after an enqueue of their own), leases, acks and nacks,
     purges, a dequeue stop and start, the queue destroyed and made again: each from one of
     three processes on one of its two handles. Every take returns what the model says is the
     head, nothing is delivered twice, and the counters end exact."""
-    _, children, (db, _) = procs
+    _, children, db, _ = procs
     m = walk(children, random.Random(seed), STEPS)
     check_stats(db, m)
     # Drain what is left from every process in turn: the rest, each once, in order.
@@ -593,18 +312,11 @@ def producer(url: str, errors: str, first: int, count: int) -> None:
     """Enqueue ``first..first+count``, each with a dedup key of its own: a producer started
     again after a SIGKILL enqueues every one again, and each is still one message."""
     child_stderr(errors)
-    db = fdbqueue.open(url)
+    db: Any = fdbqueue.open(url)
     q = Queue(NAME)
     for i in range(first, first + count):
         ttl = 3600.0 if i % 5 == 0 else None
         q.enqueue(db, f"p{i}".encode(), priority=priority_of(i), ttl=ttl, dedup_key=f"p{i}")
-
-
-@fdbqueue.transactional
-def _done(tr: Any, payload: bytes) -> None:
-    """The application's write, in the transaction that consumes the message: a second
-    delivery of one message shows as a count of 2."""
-    tr.add(b"app/" + payload, ONE)
 
 
 def consumer(url: str, errors: str, seed: int) -> None:
@@ -659,7 +371,7 @@ def test_processes_killed_mid_stream_lose_nothing_and_leave_the_counters_exact(t
     url = f"sqlite://{tmp_path / 'q.db'}?sync=normal"
     errors = tmp_path / "errors"
     errors.mkdir()
-    db = fdbqueue.open(url)
+    db: Any = fdbqueue.open(url)
     fdbqueue.create_queue(db, NAME, max_deliveries=1000, lease_seconds=1.0)
     q = Queue(NAME)
     kids = Children("spawn", errors)
