@@ -32,7 +32,7 @@ class _Abort(Exception):
 # -- the child: commands on its own handles (module level: spawned processes import it) ----------
 
 
-def serve(url: str, conn: Any) -> None:
+def serve(url: str, conn: Any, settings: dict[str, Any]) -> None:
     dbs = [fdbqueue.open(url), fdbqueue.open(url)]
     q = Queue(NAME)
     held: dict[str, fdbqueue.Message] = {}  # leases this process holds, by payload
@@ -43,7 +43,7 @@ def serve(url: str, conn: Any) -> None:
         op, h, *args = cmd
         db = dbs[h]
         try:
-            conn.send(("ok", _run(db, q, held, op, args)))
+            conn.send(("ok", _run(db, q, held, op, args, settings)))
         except Exception as exc:  # sent back: the test decides whether it was due
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
     for d in dbs:
@@ -54,7 +54,9 @@ def _payload(m: fdbqueue.Message | None) -> str | None:
     return None if m is None else m.payload.decode()
 
 
-def _run(db: Any, q: Queue, held: dict[str, fdbqueue.Message], op: str, args: list[Any]) -> Any:
+def _run(
+    db: Any, q: Queue, held: dict[str, fdbqueue.Message], op: str, args: list[Any], settings: dict[str, Any]
+) -> Any:
     if op == "enqueue":
         payload, priority, delay, ttl, dedup = args
         return q.enqueue(db, payload.encode(), priority=priority, delay=delay, ttl=ttl, dedup_key=dedup)
@@ -121,7 +123,7 @@ def _run(db: Any, q: Queue, held: dict[str, fdbqueue.Message], op: str, args: li
         return None
     if op == "recreate":  # destroyed and made again under the same name
         fdbqueue.destroy_queue(db, NAME)
-        fdbqueue.create_queue(db, NAME, max_deliveries=1000)
+        fdbqueue.create_queue(db, NAME, **settings)
         return None
     if op == "window":  # this process, waiting for the store lock, takes it over sooner
         storelock.WINDOW = args[0]
@@ -193,18 +195,20 @@ Children_ = tuple[str, list[Proc], Any, Callable[[], Proc]]
 
 
 @contextmanager
-def command_children(tmp_path: Path, n: int = 3) -> Iterator[Children_]:
-    """``n`` spawned children on a new store ``tmp_path/q.db`` with queue NAME made; stopped
-    (asked, then SIGKILLed) at the end."""
+def command_children(tmp_path: Path, n: int = 3, **settings: Any) -> Iterator[Children_]:
+    """``n`` spawned children on a new store ``tmp_path/q.db`` with queue NAME made (with
+    ``settings``, and max_deliveries=1000 unless they say); stopped (asked, then SIGKILLed)
+    at the end."""
+    settings = {"max_deliveries": 1000, **settings}
     url = f"sqlite://{tmp_path / 'q.db'}?sync=normal"
     db = fdbqueue.open(url)
-    fdbqueue.create_queue(db, NAME, max_deliveries=1000)
+    fdbqueue.create_queue(db, NAME, **settings)
     ctx = multiprocessing.get_context("spawn")
     out: list[Proc] = []
 
     def start() -> Proc:
         mine, theirs = ctx.Pipe()
-        p = ctx.Process(target=serve, args=(url, theirs), daemon=True)
+        p = ctx.Process(target=serve, args=(url, theirs, settings), daemon=True)
         p.start()
         proc = Proc(p, mine)
         out.append(proc)
