@@ -258,7 +258,10 @@ def _find(
 # moves.count_new), and every message leaving the ready set subtracts from the ready counter
 # (moves.take, count_leased, remove_message). So while both are exactly what the commit that kept
 # the run left, no message was made ready and none left: the run is still the head of the ready
-# set. The run is kept only once that commit landed (Transaction.on_finish), with the counters as
+# set. Counters say nothing across a queue destroyed and made again under its name (they start
+# again from nothing, and can come back to what the run expects): the queue's metadata version,
+# read with them, a fresh random value at every creation, must be the one the run was kept at
+# too. The run is kept only once that commit landed (Transaction.on_finish), with the counters as
 # the take left them; any other write of the same transaction to the counters (an enqueue or a
 # delete after the dequeue, in the caller's transaction) leaves them different, and so does an
 # abort (the message is back, the ready counter one more). A run is used once (taken out, even by
