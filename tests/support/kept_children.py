@@ -50,6 +50,12 @@ def serve(url: str, conn: Any, settings: dict[str, Any]) -> None:
         d.close()
 
 
+def header_of(payload: str) -> str:
+    """The header ``k`` of the message whose payload is ``payload`` (``m<n>``): "a" for one in
+    three."""
+    return "a" if int(payload[1:]) % 3 == 0 else "b"
+
+
 def _payload(m: fdbqueue.Message | None) -> str | None:
     return None if m is None else m.payload.decode()
 
@@ -59,7 +65,17 @@ def _run(
 ) -> Any:
     if op == "enqueue":
         payload, priority, delay, ttl, dedup = args
-        return q.enqueue(db, payload.encode(), priority=priority, delay=delay, ttl=ttl, dedup_key=dedup)
+        return q.enqueue(
+            db,
+            payload.encode(),
+            priority=priority,
+            delay=delay,
+            ttl=ttl,
+            dedup_key=dedup,
+            headers={"k": header_of(payload)},
+        )
+    if op == "dequeue_where":  # by a filter: a message from the middle of the ready set
+        return _payload(q.dequeue(db, where={"k": "a"}))
     if op == "dequeue":
         return _payload(q.dequeue(db))
     if op == "dequeue_tr":
@@ -86,7 +102,7 @@ def _run(
 
         @fdbqueue.transactional
         def both(tr: Any) -> fdbqueue.Message | None:
-            q.enqueue(tr, payload.encode(), priority=priority)
+            q.enqueue(tr, payload.encode(), priority=priority, headers={"k": header_of(payload)})
             return q.dequeue(tr)
 
         return _payload(both(db))
