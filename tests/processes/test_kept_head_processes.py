@@ -198,15 +198,15 @@ def walk(procs: list[Proc], rng: random.Random, steps: int) -> Model:
                 assert status == "error" and "QueueStoppedError" in got, (where, got)
                 continue
             assert status == "ok", (where, got)
-            want = []
+            batch: list[str] = []
             for _ in range(k):
                 x = m.head()
                 if x is None:
                     break
-                want.append(x)
+                batch.append(x)
                 m.ready.discard(x)
                 m.inflight[x] = i
-            assert got == want, (where, got, want)
+            assert got == batch, (where, got, batch)
         elif op == "ack_many":
             mine = sorted(x for x, holder in m.inflight.items() if holder == i)
             lost = sorted(x for x, holder in m.lost.items() if holder == i)

@@ -51,9 +51,10 @@ def serve(url: str, conn: Any, settings: dict[str, Any]) -> None:
 
 
 def header_of(payload: str) -> str:
-    """The header ``k`` of the message whose payload is ``payload`` (``m<n>``): "a" for one in
-    three."""
-    return "a" if int(payload[1:]) % 3 == 0 else "b"
+    """The header ``k`` of the message whose payload is ``payload``: "a" for one in three of
+    ``m<n>`` (the number it ends with), "b" for the others."""
+    digits = payload[len(payload.rstrip("0123456789")) :]
+    return "a" if digits and int(digits) % 3 == 0 else "b"
 
 
 def _payload(m: fdbqueue.Message | None) -> str | None:
