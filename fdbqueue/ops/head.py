@@ -258,7 +258,10 @@ def _find(
 # moves.count_new), and every message leaving the ready set subtracts from the ready counter
 # (moves.take, count_leased, remove_message). So while both are exactly what the commit that kept
 # the run left, no message was made ready and none left: the run is still the head of the ready
-# set. The run is kept only once that commit landed (Transaction.on_finish), with the counters as
+# set. Counters say nothing across a queue destroyed and made again under its name (they start
+# again from nothing, and can come back to what the run expects): the queue's metadata version,
+# read with them, a fresh random value at every creation, must be the one the run was kept at
+# too. The run is kept only once that commit landed (Transaction.on_finish), with the counters as
 # the take left them; any other write of the same transaction to the counters (an enqueue or a
 # delete after the dequeue, in the caller's transaction) leaves them different, and so does an
 # abort (the message is back, the ready counter one more). A run is used once (taken out, even by
@@ -271,7 +274,7 @@ class _Kept:
     """A kept run: the ready records after the last take's, and the ready and wake counters
     (as stored: 8 bytes little-endian) its commit left; in ``_kept`` once that commit landed."""
 
-    __slots__ = ("db", "pause", "ready", "run", "slot", "wake")
+    __slots__ = ("db", "pause", "ready", "run", "slot", "version", "wake")
 
     def __init__(
         self,
@@ -280,12 +283,14 @@ class _Kept:
         run: list[KeyValue],
         ready: bytes,
         wake: bytes | None,
+        version: bytes | None,
     ) -> None:
         self.db = db  # weakly: a closed database is not kept alive (its id may then name another)
         self.slot = slot
         self.run = run
         self.ready = ready
         self.wake = wake
+        self.version = version  # the queue's metadata version: a queue destroyed and made again
         self.pause = 0
 
     def landed(self, error: EngineError | None) -> None:
@@ -322,7 +327,11 @@ def kept_run(keys: QueueKeys, tr: Transaction, raw: list[bytes | None]) -> list[
     entry = _kept.pop((id(db), keys.packed), None)
     if entry is None or not entry.run or entry.db() is not db:  # (none, or a paused slot's)
         return None
-    if entry.ready != raw[1] or entry.wake != raw[2]:  # the ready set changed: pause keeping
+    # The counters say whether the ready set changed; the metadata version, whether it is still
+    # the same queue: one destroyed and made again under its name starts its counters from
+    # nothing, and they can come back to what the run expects (write_config writes a fresh
+    # random version at every creation: store/config.py, bump_metadata_version).
+    if entry.ready != raw[1] or entry.wake != raw[2] or entry.version != raw[0]:
         entry.run = []
         entry.pause = KEPT_PAUSE
         _kept[id(db), keys.packed] = entry
@@ -345,7 +354,7 @@ def keep_run(
         ref = weakref.ref(db)
     except TypeError:  # a database that cannot be weakly referenced: nothing kept
         return
-    entry = _Kept(ref, (id(db), keys.packed), run, _PACK(_UNPACK(ready)[0] - n), raw[2])
+    entry = _Kept(ref, (id(db), keys.packed), run, _PACK(_UNPACK(ready)[0] - n), raw[2], raw[0])
     tr.on_finish(entry.landed)
 
 
