@@ -35,6 +35,9 @@ FILTER_BATCH = 100
 TAKE_RESERVE = 110_000
 KEPT_RUN = 8  # ready records a head read takes for the takes after it (a kept head, below)
 KEPT_BYTES = 64 * 1024  # of their values at most
+# Kept runs a process holds, the oldest dropped first: at KEPT_BYTES each, 16 MB at most
+# however many queues one process takes from (a Worker over a pattern of thousands).
+KEPT_QUEUES = 256
 KEPT_PAUSE = 16  # takes that read as before once a kept head was found out of date
 #: What a take that may use a kept head reads with the metadata (:func:`keeps_head`).
 TAKE_KEPT = (*TAKE_COUNTERS, "wake")
@@ -296,8 +299,9 @@ class _Kept:
     def landed(self, error: EngineError | None) -> None:
         """``Transaction.on_finish``: kept once the take's commit landed."""
         if error is None:
-            if len(_kept) > 4096:  # a process taking from very many queues: start again
-                _kept.clear()
+            _kept.pop(self.slot, None)  # put back as the newest
+            if len(_kept) >= KEPT_QUEUES:
+                del _kept[next(iter(_kept))]  # the oldest (dicts keep insertion order)
             _kept[self.slot] = self
 
 

@@ -295,3 +295,20 @@ def test_counters_written_as_read_stay_exact_in_a_callers_transaction(embedded: 
     assert q.ack_many(embedded, got[2:4]) == got[2:4]
     st = fdbqueue.queue_stats(embedded, "jobs")
     assert (st.ready, st.inflight, st.done) == (4, 0, 7)
+
+
+def test_what_a_process_keeps_is_bounded_however_many_queues_it_takes_from(embedded: Database) -> None:
+    # A kept run holds up to KEPT_BYTES of values a (handle, queue): a process taking from
+    # thousands of queues with large messages must not hold thousands of them.
+    from fdbqueue.ops import head
+
+    names = [f"q{i}" for i in range(head.KEPT_QUEUES + 20)]
+    for name in names:
+        fdbqueue.create_queue(embedded, name)
+        Queue(name).enqueue_many(embedded, [b"x" * 1000] * 3)
+    for name in names:
+        assert Queue(name).dequeue(embedded) is not None
+    assert 0 < len(head._kept) <= head.KEPT_QUEUES
+    # the newest are the ones kept: the last queue's next dequeue reads no range
+    reads, got = range_reads(embedded, lambda: Queue(names[-1]).dequeue(embedded))
+    assert got is not None and reads == []
