@@ -19,12 +19,16 @@ from fdbqueue.engines.contract import (
     KEY_RANGE_REF_BYTES,
     MUTATION_REF_BYTES,
     SYSTEM_KEYS,
+    FinishCallback,
+    JournalOrder,
     KeySelector,
     KeyValue,
+    TransactionOptions,
 )
 from fdbqueue.engines.limits import KEY_SIZE_LIMIT, VALUE_SIZE_LIMIT
 from fdbqueue.engines.local.mutations import apply_atomic, make_versionstamp
 from fdbqueue.engines.local.transaction import LocalDatabase, LocalTransaction
+from fdbqueue.engines.local.watches import EventWatch, StampFuture
 from fdbqueue.engines.local.writemap import WriteMap
 from fdbqueue.engines.sqlite.files import translate
 from fdbqueue.engines.sqlite.store import Store
@@ -98,10 +102,30 @@ class SqliteTransaction(LocalTransaction):
         self._nested = False  # reading a snapshot of its own: may not write (Store.begin)
         self._conn: sqlite3.Connection = store.conn  # replaced at _begin (a fork may reopen it)
         # _cur, the cursor the statements run on, is set at _begin: nothing runs one before.
-        super().__init__(db)
+        # LocalTransaction.__init__'s steps, inline (one is made for every operation).
+        self.db = db
+        self.options = TransactionOptions()
+        self._retries = 0
+        self._created = db.clock()
+        self._clear_state()
 
     def _clear_state(self) -> None:
-        super()._clear_state()
+        # LocalTransaction._clear_state's fields, set here rather than through super(): one
+        # call, not two, for every transaction (tests/engines/sqlite/test_lifetime.py checks
+        # that both leave the same state).
+        self._started: float | None = None
+        self._has_reads = False
+        self._read_at: float | None = None
+        self._has_writes = False
+        self._size = 0
+        self._committed_version = -1
+        self._stamp: StampFuture | None = None
+        self._watches: list[EventWatch] | None = None
+        self._finish: list[FinishCallback] | None = None
+        self._journal: JournalOrder | None = None
+        self._state = "open"
+        self._cancel_code = 1025
+        self._live = False
         self._dirty = False  # a commit version is due (FDB: any mutation or write conflict)
         self._all = False  # a clear_range: watchers must re-read every key
         self._keys: list[bytes] = []
@@ -556,7 +580,8 @@ class SqliteTransaction(LocalTransaction):
                 read[key] = values[key]
             store.keep(version, read, values if len(values) <= _KEEP_UP_TO else _NOTHING)
             self._seen = {}
-        self._end()
+        self._locked = False  # _end's, inline: a transaction that wrote is never nested
+        store.release()
         store.publish(None if self._all else self._keys)
         if store.syncs and not self._only_volatile():
             # A commit that writes only volatile queues' keys skips the fsync: it survives a
@@ -622,7 +647,7 @@ class SqliteTransaction(LocalTransaction):
         no other commit of any process can have come since, as the store lock is held from the
         begin and :meth:`Store.pin` (just before, under the page mutex) found it never taken
         over - only the current generation's holder commits - and the clock is asked again
-        here all the same (:meth:`_check_kept_at_commit`). Without a snapshot SQLite has
+        here all the same (:meth:`_kept_overtaken`). Without a snapshot SQLite has
         nothing to refuse (no ``SQLITE_BUSY_SNAPSHOT``): the pin is what refuses a holder
         that was taken over (1007), as it did when the deferred BEGIN began no snapshot
         either. *Atomicity*: one statement is atomic in SQLite (a failed one undoes all its
@@ -642,8 +667,10 @@ class SqliteTransaction(LocalTransaction):
                     self._apply_stamped(conn, make_versionstamp(version))
                 conn.execute("COMMIT")
                 return version, bumped
-            if self._kept_at is not None:
-                self._check_kept_at_commit()
+            kept = self._kept_at
+            # (last commit, pending) on the clock: still the kept values' commit, none pending
+            if kept is not None and self._store.page.clock()[1:4:2] != (kept, 0):  # type: ignore[attr-defined]
+                raise self._kept_overtaken()
             version, bumped = self._store.clock.next_version(
                 conn, self._reserved, self._rv, self._held, self._open_sql
             )
@@ -661,19 +688,17 @@ class SqliteTransaction(LocalTransaction):
             raise self._fail(exc) from exc
         return version, bumped
 
-    def _check_kept_at_commit(self) -> None:
-        """A commit that asked SQLite nothing, after its pin: the clock still names the commit
-        whose values it took (the pin already implies it: a check that costs one read of the
-        page, and would refuse as too old rather than write over a commit it did not see)."""
-        version, self._kept_at = self._kept_at, None
-        _, last, _, pending, _ = self._store.page.clock()  # type: ignore[attr-defined]
-        if last != version or pending:
-            self._rollback()
-            raise EngineError(
-                1007,
-                f"transaction_too_old: another transaction committed to {self._store.path} while this one "
-                "held the store lock",
-            )
+    def _kept_overtaken(self) -> EngineError:
+        """A commit that asked SQLite nothing found, after its pin, that the clock no longer
+        names the commit whose values it took. The pin already implies it does (no holder
+        but the current one commits): a check of one read of the page, which refuses as too
+        old rather than write over a commit this transaction did not see."""
+        self._rollback()
+        return EngineError(
+            1007,
+            f"transaction_too_old: another transaction committed to {self._store.path} while this one "
+            "held the store lock",
+        )
 
     def _only_volatile(self) -> bool:
         """Whether every key this transaction writes lies under a declared volatile prefix."""

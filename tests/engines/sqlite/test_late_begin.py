@@ -112,7 +112,9 @@ def test_a_blind_commit_between_other_handles_and_processes_commits_loses_nothin
         two.close()
 
 
-def test_a_one_statement_commit_that_fails_applies_nothing_and_its_retry_applies_it_once(tmp_path: Path) -> None:
+def test_a_one_statement_commit_that_fails_applies_nothing_and_its_retry_applies_it_once(
+    tmp_path: Path,
+) -> None:
     """A writer outside fdbqueue holds SQLite's write lock: the commit's one statement is
     refused (1020, retryable), applies nothing and leaves nothing kept; the retry loop's next
     attempt, once the writer is gone, applies the add exactly once."""
@@ -255,6 +257,29 @@ def test_a_commit_that_raises_the_version_reservation_writes_it_with_the_rows(tm
         finally:
             raw.close()
         assert version <= reserved
+        assert _count(db[b"n"]) == 2
+    finally:
+        db.close()
+
+
+def test_a_blind_commit_checks_the_clock_still_names_the_commit_its_values_came_from(tmp_path: Path) -> None:
+    """The check after the pin, on its own: the lock file's clock made to name another commit
+    (what no holder but this one could do while it holds the store lock) between the begin
+    and the commit. The commit refuses (1007) and applies nothing; the next one reads
+    SQLite again."""
+    db = fdbqueue.open(f"sqlite://{tmp_path / 'q.db'}?sync=normal")
+    try:
+        _read_and_add(db)
+        tr = db.create_transaction()
+        tr.add(b"n", ONE)  # begun: the kept values taken
+        page = db._store.page  # type: ignore[attr-defined]
+        tag, last, meta, pending, base = page.clock()
+        page.set_clock(tag, last + 1, meta, pending, base, 0)
+        with pytest.raises(EngineError) as caught:
+            tr.commit()
+        assert caught.value.code == 1007
+        assert _count(db[b"n"]) == 1
+        _add(db)
         assert _count(db[b"n"]) == 2
     finally:
         db.close()
