@@ -531,3 +531,36 @@ def test_watch_of_a_cancelled_transaction_fails(db: Database) -> None:
     with pytest.raises(EngineError) as err:
         watch.wait(1.0)
     assert err.value.code == 1025
+
+
+def test_a_versionstamp_future_asked_before_or_after_the_commit(db: Database) -> None:
+    """The future answers the same whenever it is asked for: before the commit (FoundationDB's
+    usual order) or after it; a read-only commit and an uncommitted transaction have no stamp
+    (2021), and a transaction that never committed has none either. (The in-process engines
+    make the future when first asked; FoundationDB's future of an open transaction waits for
+    its commit, and is asked before it.)"""
+    if not isinstance(db, LocalDatabase):
+        pytest.skip("the in-process engines' future, made when first asked")
+    before = db.create_transaction()
+    early = before.get_versionstamp()
+    before[b"vs/a"] = b"1"
+    before.commit()
+    after = db.create_transaction()
+    after[b"vs/b"] = b"2"
+    after.commit()
+    late = after.get_versionstamp()
+    assert len(early.wait()) == len(late.wait()) == 10
+    assert early.wait() < late.wait()
+    assert late.wait()[:8] == struct.pack(">Q", after.get_committed_version())
+    reader = db.create_transaction()
+    assert reader[b"vs/a"] == b"1"
+    reader.commit()
+    with pytest.raises(EngineError) as caught:
+        reader.get_versionstamp().wait()
+    assert caught.value.code == 2021
+    open_one = db.create_transaction()
+    open_one[b"vs/c"] = b"3"
+    with pytest.raises(EngineError) as caught:
+        open_one.get_versionstamp().wait()
+    assert caught.value.code == 2021
+    open_one.cancel()

@@ -162,9 +162,12 @@ class LocalTransaction(ABC):
         # override _transaction_size to count exactly).
         self._size = 0
         self._committed_version = -1
-        self._stamp = StampFuture()
-        self._watches: list[EventWatch] = []
-        self._finish: list[FinishCallback] = []
+        # Made when first asked (get_versionstamp, a failed commit), as are the lists of
+        # watches and callbacks (watch, on_finish): most transactions use none of them, and
+        # one is made for every operation.
+        self._stamp: StampFuture | None = None
+        self._watches: list[EventWatch] | None = None
+        self._finish: list[FinishCallback] | None = None
         self._journal: JournalOrder | None = None  # made by the attempt's first journal entry
         self._state = "open"  # open | committing | committed | failed | cancelled
         # What a cancelled transaction raises until reset: FoundationDB's resetPromise error
@@ -259,24 +262,28 @@ class LocalTransaction(ABC):
                 self._cancel_after(exc.code, exc.code)
             else:
                 self._state = "failed"
-            self._stamp._error = 2020  # FoundationDB: no_commit_version after a failed commit
-            for w in self._watches:
+            stamp = self._stamp
+            if stamp is None:
+                stamp = self._stamp = StampFuture()
+            stamp._error = 2020  # FoundationDB: no_commit_version after a failed commit
+            for w in self._watches or ():
                 w.fail(exc.code, "the watch's transaction did not commit")
             self._run_finish(exc)
             raise
         except BaseException:
             self._state = "failed"
-            for w in self._watches:
+            for w in self._watches or ():
                 w.fail(4100, "the watch's transaction did not commit")
             self._run_finish(EngineError(4100, "commit failed"))
             raise
         self._state = "committed"
         self._committed_version = version
-        if version >= 0:
+        if version >= 0 and self._stamp is not None:  # else get_versionstamp makes it with the version
             self._stamp._version = version
         if self._watches:
             self.db._arm_watches(self._watches)
-        self._run_finish(None)
+        if self._finish is not None:
+            self._run_finish(None)
 
     def on_error(self, error: BaseException) -> None:
         """Back off and reset when ``error`` is retryable; otherwise re-raise it (as ``fdb``).
@@ -323,10 +330,11 @@ class LocalTransaction(ABC):
         if self._state in ("open", "committing", "failed"):
             if self._started is not None:
                 self._rollback()
-            for w in self._watches:
+            for w in self._watches or ():
                 w.fail(code, "the watch's transaction did not commit")
-            self._watches = []
-            self._run_finish(EngineError(code))
+            self._watches = None
+            if self._finish is not None:
+                self._run_finish(EngineError(code))
             self._state = "cancelled" if code == 1025 else "failed"
             self._live = False
 
@@ -338,11 +346,14 @@ class LocalTransaction(ABC):
         An extension of the FoundationDB API: it is how the layer writes what must
         survive the caller's abort without nesting a transaction inside the caller's.
         """
-        self._finish.append(callback)
+        if self._finish is None:
+            self._finish = [callback]
+        else:
+            self._finish.append(callback)
 
     def _run_finish(self, error: EngineError | None) -> None:
-        callbacks, self._finish = self._finish, []
-        for cb in callbacks:
+        callbacks, self._finish = self._finish, None
+        for cb in callbacks or ():
             cb(error)
 
     def journal_order(self) -> JournalOrder:
@@ -617,7 +628,10 @@ class LocalTransaction(ABC):
         k = check_write_key(key)
         seen = self._read_get(k, False)
         w = EventWatch(k, seen)
-        self._watches.append(w)
+        if self._watches is None:
+            self._watches = [w]
+        else:
+            self._watches.append(w)
         return w
 
     def get_read_version(self) -> int:
@@ -630,7 +644,12 @@ class LocalTransaction(ABC):
         return self._committed_version
 
     def get_versionstamp(self) -> VersionstampFuture:
-        return self._stamp
+        stamp = self._stamp
+        if stamp is None:
+            stamp = self._stamp = StampFuture()
+            if self._state == "committed" and self._committed_version >= 0:
+                stamp._version = self._committed_version
+        return stamp
 
     # -- engine primitives ---------------------------------------------------------------------
 

@@ -245,6 +245,11 @@ class ReadOnlyClock:
             return self._last, None
 
     def next_version(
-        self, conn: object, reserved: Callable[[], int], read: int | None, held: object
+        self,
+        conn: object,
+        reserved: Callable[[], int],
+        read: int | None,
+        held: object,
+        begin: Callable[[], object] | None = None,
     ) -> tuple[int, bool]:
         raise self._store.no_writes()

@@ -37,10 +37,16 @@ class Clock(Protocol):
         With it, what the clock read, for :meth:`next_version` (or None)."""
 
     def next_version(
-        self, conn: sqlite3.Cursor, reserved: Callable[[], int], read: int | None, held: Any
+        self,
+        conn: sqlite3.Cursor,
+        reserved: Callable[[], int],
+        read: int | None,
+        held: Any,
+        begin: Callable[[], object] | None = None,
     ) -> tuple[int, bool]:
-        """The commit version of the write transaction open on ``conn``'s connection (above ``read``), and
-        whether it raised meta's reservation; ``held``: what :meth:`read_version` returned with ``read``."""
+        """The commit version of the write transaction on ``conn``'s connection (above ``read``), and
+        whether it raised meta's reservation; ``held``: what :meth:`read_version` returned with ``read``;
+        ``begin``: called before its first statement when no SQLite transaction is open yet."""
 
 
 class Store(ABC):
@@ -341,10 +347,11 @@ class WritableStore(Store):
     # -- a transaction's beginning and end ---------------------------------------------------
 
     def begin(self) -> tuple[sqlite3.Cursor, bool]:
-        """The store lock, then a deferred BEGIN on the handle's connection; or, when this
-        thread holds the lock in another transaction, which cannot end while we wait, a
-        snapshot of the last committed state on a connection of its own (nested: it may read,
-        not write)."""
+        """The store lock, and the handle's connection's cursor, on which the transaction runs
+        BEGIN before its first statement (``SqliteTransaction._open_sql``: one that asks SQLite
+        nothing before its commit runs none); or, when this thread holds the lock in another
+        transaction, which cannot end while we wait, a snapshot of the last committed state on
+        a connection of its own, begun (nested: it may read, not write)."""
         if self.generation != _shared.fork_generation:
             self._reopen_after_fork()
         if self.closed or self.broken is not None:
@@ -355,14 +362,9 @@ class WritableStore(Store):
         cur = self._cursor
         if cur is None or cur.connection is not self.conn:
             cur = self.cursor(self.conn)
+        # The read snapshot starts at the first read, SQLite's write lock is taken only at
+        # commit (writes are buffered until then).
         shared.acquire(self.lock_timeout, self.path, stealable=True)
-        try:
-            # Deferred: the read snapshot starts at the first read, SQLite's write lock is
-            # taken only at commit (writes are buffered until then).
-            cur.execute("BEGIN")
-        except sqlite3.Error as exc:
-            shared.release()
-            raise _files.translate(exc, self.path, self.real) from exc
         return cur, False
 
     def end(self, conn: sqlite3.Connection, nested: bool) -> None:

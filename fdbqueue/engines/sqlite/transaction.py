@@ -19,12 +19,16 @@ from fdbqueue.engines.contract import (
     KEY_RANGE_REF_BYTES,
     MUTATION_REF_BYTES,
     SYSTEM_KEYS,
+    FinishCallback,
+    JournalOrder,
     KeySelector,
     KeyValue,
+    TransactionOptions,
 )
 from fdbqueue.engines.limits import KEY_SIZE_LIMIT, VALUE_SIZE_LIMIT
 from fdbqueue.engines.local.mutations import apply_atomic, make_versionstamp
 from fdbqueue.engines.local.transaction import LocalDatabase, LocalTransaction
+from fdbqueue.engines.local.watches import EventWatch, StampFuture
 from fdbqueue.engines.local.writemap import WriteMap
 from fdbqueue.engines.sqlite.files import translate
 from fdbqueue.engines.sqlite.store import Store
@@ -83,6 +87,7 @@ class SqliteTransaction(LocalTransaction):
         "_nested",
         "_rv",
         "_seen",
+        "_sql",
         "_stamped",
         "_store",
         "_wm",
@@ -97,10 +102,30 @@ class SqliteTransaction(LocalTransaction):
         self._nested = False  # reading a snapshot of its own: may not write (Store.begin)
         self._conn: sqlite3.Connection = store.conn  # replaced at _begin (a fork may reopen it)
         # _cur, the cursor the statements run on, is set at _begin: nothing runs one before.
-        super().__init__(db)
+        # LocalTransaction.__init__'s steps, inline (one is made for every operation).
+        self.db = db
+        self.options = TransactionOptions()
+        self._retries = 0
+        self._created = db.clock()
+        self._clear_state()
 
     def _clear_state(self) -> None:
-        super()._clear_state()
+        # LocalTransaction._clear_state's fields, set here rather than through super(): one
+        # call, not two, for every transaction (tests/engines/sqlite/test_lifetime.py checks
+        # that both leave the same state).
+        self._started: float | None = None
+        self._has_reads = False
+        self._read_at: float | None = None
+        self._has_writes = False
+        self._size = 0
+        self._committed_version = -1
+        self._stamp: StampFuture | None = None
+        self._watches: list[EventWatch] | None = None
+        self._finish: list[FinishCallback] | None = None
+        self._journal: JournalOrder | None = None
+        self._state = "open"
+        self._cancel_code = 1025
+        self._live = False
         self._dirty = False  # a commit version is due (FDB: any mutation or write conflict)
         self._all = False  # a clear_range: watchers must re-read every key
         self._keys: list[bytes] = []
@@ -121,12 +146,16 @@ class SqliteTransaction(LocalTransaction):
         self._stamped: list[tuple[int, bytes, bytes]] = []
         self._rv: int | None = None
         self._held: Held | None = None  # what the clock read at the read version (VersionClock)
+        # Whether a SQLite transaction is open on _cur: BEGIN runs before the first statement,
+        # not when the store lock is taken (see _open_sql).
+        self._sql = False
 
     def _begin(self) -> None:
         store = self._store
         self._cur, self._nested = cur, nested = store.begin()
         self._conn = cur.connection
         self._locked = True
+        self._sql = nested  # a nested reader's snapshot is begun; else BEGIN waits (_open_sql)
         if store.kept is not None and not nested:
             # The store's last commit is this handle's (Store.take_kept): what it read and
             # wrote is still stored, and is read from here without asking SQLite.
@@ -135,6 +164,19 @@ class SqliteTransaction(LocalTransaction):
             if kept is not None:
                 self._seen, self._wrote = kept
                 self._kept_at = version
+
+    def _open_sql(self) -> None:
+        """BEGIN (deferred), before this transaction's first statement: not when the store lock
+        is taken, so that a transaction that asks SQLite nothing before its commit (its reads
+        all answered by what its handle's last commit kept: an enqueue after an enqueue, an
+        ack after its lease; or no reads at all) runs no BEGIN, and commits its writes as one
+        statement when one holds them (:meth:`_write`). A deferred BEGIN does nothing but
+        leave autocommit mode: SQLite's read snapshot begins at the first read either way
+        (https://www.sqlite.org/lang_transaction.html), so a transaction that reads still
+        reads one snapshot, taken where it was before. (Once: a second call does nothing.)"""
+        if not self._sql:
+            self._cur.execute("BEGIN")
+            self._sql = True
 
     def _check_kept(self) -> None:
         """After the first statement that read the store, in a transaction that began with kept
@@ -176,6 +218,8 @@ class SqliteTransaction(LocalTransaction):
             value = seen[key] = wrote[key]
             return value
         try:
+            if not self._sql:
+                self._open_sql()
             row = self._cur.execute(_GET, (key,)).fetchone()
         except sqlite3.Error as exc:
             raise self._fail(exc) from exc
@@ -220,6 +264,8 @@ class SqliteTransaction(LocalTransaction):
                     return
         seen.update(dict.fromkeys(ask))  # None: absent, unless a row says otherwise
         try:
+            if not self._sql:
+                self._open_sql()
             for lo in range(0, len(ask), _IN_BATCH):
                 part = ask[lo : lo + _IN_BATCH]
                 sql = _GET_IN.get(len(part)) or _GET_IN.setdefault(len(part), _get_in(len(part)))
@@ -367,6 +413,8 @@ class SqliteTransaction(LocalTransaction):
             return self._wm.resolve(self._stored, selector)
         key, or_equal, offset = selector
         try:
+            if not self._sql:
+                self._open_sql()
             if offset >= 1:
                 row = self._cur.execute(_AFTER[or_equal], (key, offset - 1)).fetchone()
             else:
@@ -389,6 +437,8 @@ class SqliteTransaction(LocalTransaction):
     def _stored(self, begin: bytes, end: bytes, limit: int, reverse: bool) -> list[KeyValue]:
         """The snapshot's pairs of [begin, end), without this transaction's writes."""
         try:
+            if not self._sql:
+                self._open_sql()
             rows = self._cur.execute(_RANGE[reverse], (begin, end, limit or -1)).fetchall()
         except sqlite3.Error as exc:
             raise self._fail(exc) from exc
@@ -489,6 +539,8 @@ class SqliteTransaction(LocalTransaction):
     def _reserved(self) -> int:
         """meta's version reservation (see :class:`VersionClock`)."""
         try:
+            if not self._sql:
+                self._open_sql()
             return int(self._cur.execute(_VERSION).fetchone()[0])
         except sqlite3.Error as exc:
             raise self._fail(exc) from exc
@@ -533,7 +585,8 @@ class SqliteTransaction(LocalTransaction):
                 read[key] = values[key]
             store.keep(version, read, values if len(values) <= _KEEP_UP_TO else _NOTHING)
             self._seen = {}
-        self._end()
+        self._locked = False  # _end's, inline: a transaction that wrote is never nested
+        store.release()
         store.publish(None if self._all else self._keys)
         if store.syncs and not self._only_volatile():
             # A commit that writes only volatile queues' keys skips the fsync: it survives a
@@ -550,10 +603,11 @@ class SqliteTransaction(LocalTransaction):
             changed = store.changed_files()
             if changed:
                 raise self._refuse(changed)
-        try:
-            self._cur.execute("COMMIT")
-        except sqlite3.Error as exc:
-            raise self._fail(exc) from exc
+        if self._sql:  # else it read nothing of SQLite's (all from kept values): nothing to end
+            try:
+                self._cur.execute("COMMIT")
+            except sqlite3.Error as exc:
+                raise self._fail(exc) from exc
         seen = store.after_reads()  # under the store lock: what it may have read
         self._end()
         store.make_durable(seen, False)  # never queues behind another's fsync
@@ -562,8 +616,10 @@ class SqliteTransaction(LocalTransaction):
     def _refuse(self, changed: list[tuple[str, str]]) -> QueueError:
         """End this transaction uncommitted: the store's files changed under it
         (``Store.refuse`` says what the handle does about it)."""
-        with contextlib.suppress(sqlite3.Error):  # SQLite may have rolled back already
-            self._cur.execute("ROLLBACK")
+        if self._sql:
+            with contextlib.suppress(sqlite3.Error):  # SQLite may have rolled back already
+                self._cur.execute("ROLLBACK")
+            self._sql = False
         error = self._store.refuse(changed)  # still under the store lock
         self._end()
         self._state = "failed"
@@ -583,14 +639,56 @@ class SqliteTransaction(LocalTransaction):
     def _write(self) -> tuple[int, bool]:
         """The writes, the commit version (and whether it raised meta's reservation), the
         versionstamps, COMMIT: one SQLite write transaction. A failure applies nothing and
-        leaves the clock pending: the next commit re-reads meta."""
+        leaves the clock pending: the next commit re-reads meta.
+
+        A transaction that asked SQLite nothing (no BEGIN yet: :meth:`_open_sql`) takes its
+        version first, then writes: in one statement, SQLite's own transaction, when one
+        holds its writes (sets only, up to a statement's rows, no versionstamp, no
+        reservation to raise: an enqueue, an ack); else BEGIN, the statements, COMMIT.
+
+        Why this keeps every guarantee. *Serializability*: its reads came from what its
+        handle's last commit kept, taken at its begin only while the lock file's version clock
+        still named that commit as the store's last (``Store.take_kept``), or it read nothing;
+        no other commit of any process can have come since, as the store lock is held from the
+        begin and :meth:`Store.pin` (just before, under the page mutex) found it never taken
+        over - only the current generation's holder commits - and the clock is asked again
+        here all the same (:meth:`_kept_overtaken`). Without a snapshot SQLite has
+        nothing to refuse (no ``SQLITE_BUSY_SNAPSHOT``): the pin is what refuses a holder
+        that was taken over (1007), as it did when the deferred BEGIN began no snapshot
+        either. *Atomicity*: one statement is atomic in SQLite (a failed one undoes all its
+        rows: https://www.sqlite.org/lang_transaction.html, "autocommit"), and the version's
+        reservation, when it must rise, goes in the same SQLite transaction as the rows
+        (``begin`` below). *Durability*: the same WAL commit at ``synchronous=NORMAL``, then
+        the same fsync after release (sync=full). *The store lock, file identity, the WAL
+        record*: the same guards before (files, pin) and marks after (``after_writes``).
+        A version taken before writes that then fail is a gap, as a failed COMMIT leaves:
+        the page names a version no commit has, so no handle trusts kept values over it."""
         conn = self._cur
         try:
-            self._apply_writes(conn)
-            version, bumped = self._store.clock.next_version(conn, self._reserved, self._rv, self._held)
-            if self._stamped:
-                self._apply_stamped(conn, make_versionstamp(version))
-            conn.execute("COMMIT")
+            if self._sql:
+                self._apply_writes(conn)
+                version, bumped = self._store.clock.next_version(conn, self._reserved, self._rv, self._held)
+                if self._stamped:
+                    self._apply_stamped(conn, make_versionstamp(version))
+                conn.execute("COMMIT")
+                return version, bumped
+            kept = self._kept_at
+            # (last commit, pending) on the clock: still the kept values' commit, none pending
+            if kept is not None and self._store.page.clock()[1:4:2] != (kept, 0):  # type: ignore[attr-defined]
+                raise self._kept_overtaken()
+            version, bumped = self._store.clock.next_version(
+                conn, self._reserved, self._rv, self._held, self._open_sql
+            )
+            values = self._wm.values
+            if self._sql or self._stamped or self._all or len(values) > _ONE_UP_TO or None in values.values():
+                if not self._sql:
+                    self._open_sql()
+                self._apply_writes(conn)
+                if self._stamped:
+                    self._apply_stamped(conn, make_versionstamp(version))
+                conn.execute("COMMIT")
+            else:
+                self._apply_writes(conn)  # one statement: SQLite's own transaction
         except sqlite3.Error as exc:
             raise self._fail(exc) from exc
         return version, bumped
@@ -601,6 +699,18 @@ class SqliteTransaction(LocalTransaction):
         ``_apply_stamped``), so that what :meth:`_commit` keeps is what the store holds."""
         landed = self._keys[-len(self._stamped) :]
         return self._seen.keys().isdisjoint(landed) and self._wm.values.keys().isdisjoint(landed)
+
+    def _kept_overtaken(self) -> EngineError:
+        """A commit that asked SQLite nothing found, after its pin, that the clock no longer
+        names the commit whose values it took. The pin already implies it does (no holder
+        but the current one commits): a check of one read of the page, which refuses as too
+        old rather than write over a commit this transaction did not see."""
+        self._rollback()
+        return EngineError(
+            1007,
+            f"transaction_too_old: another transaction committed to {self._store.path} while this one "
+            "held the store lock",
+        )
 
     def _only_volatile(self) -> bool:
         """Whether every key this transaction writes lies under a declared volatile prefix."""
@@ -677,7 +787,9 @@ class SqliteTransaction(LocalTransaction):
         if not self._locked:
             return
         try:
-            self._cur.execute("ROLLBACK")
+            if self._sql:  # else nothing is open: a one-statement commit undoes itself on failure
+                self._sql = False
+                self._cur.execute("ROLLBACK")
         except sqlite3.Error:
             pass  # SQLite already rolled back (after a failed statement): nothing left to undo
         finally:
@@ -705,6 +817,7 @@ _POINT_RANGE_BYTES = KEY_RANGE_REF_BYTES + 1
 _BYTES_ONLY = {bytes}
 _UNION_UP_TO = 16  # keys read by one compound SELECT; more by one "k IN (...)"
 _KEEP_UP_TO = 64  # keys a commit keeps for the next transaction at most (Store.keep)
+_ONE_UP_TO = _IN_BATCH // 2  # rows one INSERT writes at most (two variables a row)
 
 
 def _get_in(n: int) -> str:

@@ -125,7 +125,12 @@ class VersionClock:
         return last, meta, base, own + mono, own
 
     def next_version(
-        self, conn: sqlite3.Cursor, reserved: Callable[[], int], read: int | None, held: Held | None
+        self,
+        conn: sqlite3.Cursor,
+        reserved: Callable[[], int],
+        read: int | None,
+        held: Held | None,
+        begin: Callable[[], object] | None = None,
     ) -> tuple[int, bool]:
         """(max(last + 1, the version clock, read version + 1), whether it raised meta's
         reservation), in the write transaction open on ``conn``: the reservation is raised
@@ -135,7 +140,10 @@ class VersionClock:
         ``held``: what :meth:`read_version` read in this transaction, under the store lock
         it still holds (the lease pinned: no other process committed or touched the clock
         since), so the page's last version, reservation and base stand; only the monotonic
-        clock is read again. The clock is then read once a write transaction, not twice."""
+        clock is read again. The clock is then read once a write transaction, not twice.
+
+        ``begin``: for a transaction with no SQLite transaction open yet, called before the
+        reservation is raised, so that the raise and the rows commit together."""
         if held is None:
             last, meta, base, now, _ = self._now(reserved, False)
         else:
@@ -147,6 +155,8 @@ class VersionClock:
         if bumped:
             # Without a trusted lock file (no boot id), meta holds the last version itself.
             meta = version + (_RESERVE_US if tag is not None else 0)
+            if begin is not None:
+                begin()
             conn.execute(_SET_VERSION, (meta,))
         if tag is not None:
             # Pending only while a raised reservation is not committed yet.
