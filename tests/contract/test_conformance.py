@@ -431,6 +431,19 @@ def test_transaction_timeout(db: Database) -> None:
     assert tr.get(b"k") is None
 
 
+def test_a_timeout_set_after_the_first_read_stops_get_read_version(db: Database) -> None:
+    """A transaction begun without a timeout takes the short way through its calls (nothing
+    to check); a timeout set afterwards must still stop every call, ``get_read_version``
+    (which the queue layer asks at every operation) too, and the commit."""
+    tr = db.create_transaction()
+    tr.get(b"k")  # begun, no timeout: the calls after take their short way
+    assert tr.get_read_version() >= 0
+    tr.options.set_timeout(50)
+    time.sleep(0.12)
+    assert code_of(tr.get_read_version) == 1031
+    assert code_of(tr.commit) == 1031
+
+
 def test_transaction_timeout_counts_from_creation_across_retries(db: Database) -> None:
     """RYW's timeout is timebomb(timeoutInSeconds + creationTime): creationTime is set when the
     transaction is created or reset, not by on_error (ReadYourWritesTransaction::resetTimeout,

@@ -635,8 +635,13 @@ class LocalTransaction(ABC):
         return w
 
     def get_read_version(self) -> int:
-        self._touch()
-        self._reading()
+        if not self._live or self.options.timeout_ms:  # else _touch would find nothing to do
+            self._touch()
+        if self._has_reads:  # _reading's, inline: the layer asks at every operation (db_now)
+            self._check_window()
+        else:
+            self._has_reads = True
+            self._read_at = self.db.clock()
         return self._read_version()
 
     def get_committed_version(self) -> int:

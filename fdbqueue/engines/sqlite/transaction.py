@@ -266,10 +266,14 @@ class SqliteTransaction(LocalTransaction):
         try:
             if not self._sql:
                 self._open_sql()
-            for lo in range(0, len(ask), _IN_BATCH):
-                part = ask[lo : lo + _IN_BATCH]
-                sql = _GET_IN.get(len(part)) or _GET_IN.setdefault(len(part), _get_in(len(part)))
-                seen.update(self._cur.execute(sql, part))  # (k, v) rows
+            if len(ask) <= _IN_BATCH:  # the common case: one statement, no slices
+                n = len(ask)
+                seen.update(self._cur.execute(_GET_IN.get(n) or _GET_IN.setdefault(n, _get_in(n)), ask))
+            else:
+                for lo in range(0, len(ask), _IN_BATCH):
+                    part = ask[lo : lo + _IN_BATCH]
+                    sql = _GET_IN.get(len(part)) or _GET_IN.setdefault(len(part), _get_in(len(part)))
+                    seen.update(self._cur.execute(sql, part))  # (k, v) rows
         except sqlite3.Error as exc:
             raise self._fail(exc) from exc
         if self._kept_at is not None:
@@ -736,11 +740,11 @@ class SqliteTransaction(LocalTransaction):
                         conn.execute(_DEL_RANGE, (begin, end))
                 values = wm.values
                 puts: list[bytes] = []
-                dels: list[bytes] = []
+                dels: list[tuple[bytes]] = []
                 if None in values.values():
                     for k, v in values.items():
                         if v is None:
-                            dels.append(k)
+                            dels.append((k,))  # executemany's rows, made here: no second pass
                         else:
                             puts += (k, v)
                 else:  # sets only (an enqueue): the pairs flattened in C
@@ -748,17 +752,22 @@ class SqliteTransaction(LocalTransaction):
                     puts = list(chain.from_iterable(values.items()))  # type: ignore[arg-type]
                 # One statement for all the rows (up to the variable bound), not one stepped
                 # per row: fewer instructions per enqueue (scripts/count_instructions.py).
-                for lo in range(0, len(puts), _IN_BATCH):
-                    part = puts[lo : lo + _IN_BATCH]
-                    n = len(part) // 2
-                    sql = _PUT_N.get(n) or _PUT_N.setdefault(
-                        n, "INSERT OR REPLACE INTO kv (k, v) VALUES " + ",".join(["(?,?)"] * n)
-                    )
-                    conn.execute(sql, part)
+                if len(puts) <= _IN_BATCH:  # the common case: one INSERT, no slices
+                    if puts:
+                        n = len(puts) // 2
+                        conn.execute(_PUT_N.get(n) or _put_n(n), puts)
+                else:
+                    for lo in range(0, len(puts), _IN_BATCH):
+                        part = puts[lo : lo + _IN_BATCH]
+                        conn.execute(_put_n(len(part) // 2), part)
                 if dels:
                     # One statement stepped per key: "k IN (...)" would build SQLite a
-                    # temporary index of the list first (more instructions, measured).
-                    conn.executemany(_DEL, [(k,) for k in dels])
+                    # temporary index of the list first (more instructions, measured), and
+                    # so does "k = ? OR k = ?" (SQLite makes it an IN); one statement that
+                    # both writes and deletes (an INSTEAD OF trigger on a view) costs more
+                    # than BEGIN and COMMIT around the two (docs/performance.md, issue 30
+                    # fourth pass, "lease + ack to 700k").
+                    conn.executemany(_DEL, dels)
             else:  # a write conflict range or versionstamps only: the version still needs the write lock
                 conn.execute("UPDATE meta SET value = value WHERE name = 'version'")
         except sqlite3.OperationalError as exc:
@@ -818,6 +827,14 @@ _BYTES_ONLY = {bytes}
 _UNION_UP_TO = 16  # keys read by one compound SELECT; more by one "k IN (...)"
 _KEEP_UP_TO = 64  # keys a commit keeps for the next transaction at most (Store.keep)
 _ONE_UP_TO = _IN_BATCH // 2  # rows one INSERT writes at most (two variables a row)
+
+
+def _put_n(n: int) -> str:
+    """The statement that writes ``n`` rows (made once for each ``n``)."""
+    sql = _PUT_N.get(n)
+    if sql is None:
+        sql = _PUT_N[n] = "INSERT OR REPLACE INTO kv (k, v) VALUES " + ",".join(["(?,?)"] * n)
+    return sql
 
 
 def _get_in(n: int) -> str:

@@ -283,3 +283,53 @@ def test_a_blind_commit_checks_the_clock_still_names_the_commit_its_values_came_
         assert _count(db[b"n"]) == 2
     finally:
         db.close()
+
+
+def test_commits_of_sets_and_clears_land_whole_in_one_statement_or_in_batches(tmp_path: Path) -> None:
+    """An ack's shape (a few sets and clears, after this handle's own commit: BEGIN, one
+    INSERT, the DELETEs, COMMIT) and a commit of more rows than one INSERT holds (written in
+    batches) with clears among them: every set lands, every clear removes, nothing else moves;
+    another handle's commit between the two is seen."""
+    url = f"sqlite://{tmp_path / 'q.db'}?sync=normal"
+    db = fdbqueue.open(url)
+    other = fdbqueue.open(url)
+
+    @fdbqueue.transactional
+    def fill(tr: fdbqueue.Transaction) -> None:
+        for i in range(10):
+            tr[b"k%03d" % i] = b"v"
+
+    @fdbqueue.transactional
+    def ack_shape(tr: fdbqueue.Transaction) -> None:
+        tr[b"c1"] = b"x"
+        tr[b"c2"] = b"y"
+        del tr[b"k001"]
+        del tr[b"k002"]
+
+    fill(db)
+    statements, conn = _statements(db)
+    try:
+        ack_shape(db)
+        assert [s.split()[0] for s in statements] == ["BEGIN", "INSERT", "DELETE", "DELETE", "COMMIT"], (
+            statements
+        )
+    finally:
+        conn.set_trace_callback(None)
+    other[b"k003"] = b"theirs"  # another handle commits between
+
+    @fdbqueue.transactional
+    def many(tr: fdbqueue.Transaction) -> None:
+        for i in range(700):  # past one INSERT's rows (250): several statements
+            tr[b"m%04d" % i] = b"%d" % i
+        del tr[b"k004"]
+        del tr[b"m0005"]  # a key set earlier in this transaction, then cleared
+
+    many(db)
+    rows = dict(db.get_range(b"", b"\xff"))  # type: ignore[attr-defined]
+    assert rows[b"c1"] == b"x" and rows[b"c2"] == b"y" and rows[b"k003"] == b"theirs"
+    assert not {b"k001", b"k002", b"k004", b"m0005"} & rows.keys()
+    assert {k for k in rows if k.startswith(b"m")} == {b"m%04d" % i for i in range(700)} - {b"m0005"}
+    assert all(rows[b"m%04d" % i] == b"%d" % i for i in range(700) if i != 5)
+    assert len(rows) == 2 + 7 + 699
+    db.close()
+    other.close()
