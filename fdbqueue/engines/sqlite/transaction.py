@@ -806,14 +806,14 @@ class SqliteTransaction(LocalTransaction):
                 # The clears first: a stamped key that fills to a key cleared wins, as when
                 # the stamped rows are applied after every other write.
                 conn.executemany(_DEL, [(k,) for k, v in sets.items() if v is None])
-                puts = [x for kv in sets.items() if kv[1] is not None for x in kv]
+                puts: list[bytes | None] = [x for kv in sets.items() if kv[1] is not None for x in kv]
                 puts += chain.from_iterable(rows)
                 self._put_rows(conn, puts)
                 conn.execute("COMMIT")
             else:  # sets only (an enqueue): one statement, SQLite's own transaction
-                self._put_rows(
-                    conn, list(chain(chain.from_iterable(sets.items()), chain.from_iterable(rows)))
-                )
+                puts = list(chain.from_iterable(sets.items()))
+                puts += chain.from_iterable(rows)
+                self._put_rows(conn, puts)
         except sqlite3.OperationalError as exc:
             if getattr(exc, "sqlite_errorcode", 0) & 0xFF != 5:  # as _apply_writes: SQLITE_BUSY is 1020
                 raise
@@ -825,8 +825,9 @@ class SqliteTransaction(LocalTransaction):
             ) from exc
 
     @staticmethod
-    def _put_rows(conn: sqlite3.Cursor, puts: list[bytes]) -> None:
-        """``puts`` (key, value, key, value, ...: at most _ONE_UP_TO rows) in one INSERT."""
+    def _put_rows(conn: sqlite3.Cursor, puts: list[bytes | None]) -> None:
+        """``puts`` (key, value, key, value, ...: at most _ONE_UP_TO rows, no value None) in
+        one INSERT."""
         n = len(puts) // 2
         sql = _PUT_N.get(n) or _PUT_N.setdefault(
             n, "INSERT OR REPLACE INTO kv (k, v) VALUES " + ",".join(["(?,?)"] * n)

@@ -101,7 +101,7 @@ def test_a_journaled_dequeue_lease_and_ack_put_their_stamped_rows_in_the_one_ins
 
 @pytest.mark.usefixtures("fixed_stamp")
 @pytest.mark.parametrize("first", ["set", "clear"])
-def test_a_stamped_key_filling_to_a_key_set_or_cleared_wins_in_the_one_insert(tmp_path: Path, first: str) -> None:
+def test_a_stamped_key_filling_to_a_key_set_or_cleared_wins_in_one_insert(tmp_path: Path, first: str) -> None:
     """No read before (so no BEGIN): the set or clear and the stamped row share the one commit;
     the stamped row comes last, as when it had a statement of its own."""
     path = tmp_path / "q.db"
