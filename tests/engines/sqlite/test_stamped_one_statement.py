@@ -237,3 +237,41 @@ def test_more_rows_than_one_insert_holds_all_land(tmp_path: Path) -> None:
             assert all(_stored(path, p + stamp) == b"%d" % sets for p in (b"x", b"y", b"z"))
     finally:
         db.close()
+
+
+def test_dequeues_from_a_kept_head_journal_each_delivery(tmp_path: Path) -> None:
+    """``dequeue(tr)`` after ``dequeue(tr)`` of one handle (its head kept between them, no
+    SELECT): each entry says ``dequeue`` with the message's deliveries counted, one nacked
+    before included, and the raw entry is json.dumps of its fields."""
+    import json
+
+    db = fdbqueue.open(f"sqlite://{tmp_path / 'q.db'}")
+    fdbqueue.create_queue(db, "jobs", journal=True, retry_delay=0.0)
+    q = fdbqueue.Queue("jobs")
+    ids = q.enqueue_many(db, [b"a", b"b", b"c", b"d", b"e"])
+    m = q.lease(db, 30)
+    assert m is not None and m.id == ids[0]
+    q.nack(db, m)  # back at the head, delivered once
+
+    @fdbqueue.transactional
+    def take(tr: fdbqueue.Transaction) -> fdbqueue.Message | None:
+        return q.dequeue(tr)
+
+    got = [take(db), take(db)]
+    verbs = _verbs(db, lambda: got.append(take(db)))
+    assert "SELECT" not in verbs, verbs
+    got += [take(db), take(db)]
+    assert sorted(g.id for g in got if g is not None) == sorted(ids)
+    entries = [e for e in fdbqueue.journal(db, "jobs") if e.op == "dequeue"]
+    assert {e.message_id: e.deliveries for e in entries} == {i: 2 if i == ids[0] else 1 for i in ids}
+    assert [e.message_id for e in entries] == [g.id for g in got if g is not None]
+    conn = sqlite3.connect(tmp_path / "q.db")
+    try:
+        raws = [bytes(v) for (v,) in conn.execute("SELECT v FROM kv") if bytes(v).startswith(b'[1,"dequeue"')]
+    finally:
+        conn.close()
+    assert len(raws) == 5
+    for raw in raws:
+        fields = json.loads(raw)
+        assert raw == json.dumps(fields, separators=(",", ":")).encode()
+    db.close()
