@@ -16,8 +16,9 @@ from typing import Any
 
 from fdbqueue.engines.contract import KeyValue, Transaction
 from fdbqueue.errors import CorruptMessageError, EngineError, QueueError
+from fdbqueue.ops import journaling
 from fdbqueue.ops.delivery import count_known
-from fdbqueue.ops.moves import Note, after, move_corrupt, remove_message
+from fdbqueue.ops.moves import move_corrupt, remove_message
 from fdbqueue.ops.scan import KEYS, ReadyScan, expire_within
 from fdbqueue.ops.sweep import sweep_step
 from fdbqueue.ops.waiting import next_due
@@ -395,7 +396,8 @@ def take_counted(
         return False
     remove_message(tr, keys, key, rec)
     if journaled:
-        after(tr, keys, True, Note("dequeue"), rec.with_(deliveries=rec.deliveries + 1))
+        # moves.take's entry: no Note, no copy of the record for its deliveries
+        journaling.record(tr, keys, "dequeue", rec.id, deliveries=rec.deliveries + 1)
     return True
 
 

@@ -647,7 +647,7 @@ class SqliteTransaction(LocalTransaction):
 
         A transaction that asked SQLite nothing (no BEGIN yet: :meth:`_open_sql`) takes its
         version first, then writes: in one statement, SQLite's own transaction, when one
-        holds its writes (sets only, up to a statement's rows, no versionstamp, no
+        holds its writes (sets only, up to a statement's rows, stamped rows among them, no
         reservation to raise: an enqueue, an ack); else BEGIN, the statements, COMMIT.
 
         Why this keeps every guarantee. *Serializability*: its reads came from what its
@@ -684,11 +684,15 @@ class SqliteTransaction(LocalTransaction):
                 conn, self._reserved, self._rv, self._held, self._open_sql
             )
             values = self._wm.values
-            if self._sql or self._stamped or self._all or len(values) > _ONE_UP_TO or None in values.values():
+            stamped = self._stamped
+            if stamped and not (self._sql or self._all) and len(values) + len(stamped) <= _ONE_UP_TO:
+                # The sets and the stamped rows in one INSERT (a journaled operation's)
+                self._apply_stamped(conn, make_versionstamp(version), values)
+            elif self._sql or stamped or self._all or len(values) > _ONE_UP_TO or None in values.values():
                 if not self._sql:
                     self._open_sql()
                 self._apply_writes(conn)
-                if self._stamped:
+                if stamped:
                     self._apply_stamped(conn, make_versionstamp(version))
                 conn.execute("COMMIT")
             else:
@@ -780,9 +784,21 @@ class SqliteTransaction(LocalTransaction):
                 1020, f"{self._store.path}: another connection committed since this transaction read ({exc})"
             ) from exc
 
-    def _apply_stamped(self, conn: sqlite3.Cursor, stamp: bytes) -> None:
+    def _apply_stamped(
+        self, conn: sqlite3.Cursor, stamp: bytes, sets: dict[bytes, bytes | None] | None = None
+    ) -> None:
         """The stamped writes, each template filled with this commit's one stamp at the offset
-        kept when it was written (checked then: inside the template), in one statement."""
+        kept when it was written (checked then: inside the template), in one statement.
+
+        With ``sets`` (the write map's values, no range cleared, the rows of both within one
+        statement's bound; from :meth:`_write` when it took its version before any statement):
+        the sets and the stamped rows in one multi-row ``INSERT``. Sets only (a journaled
+        enqueue after its handle's own commit) is that one statement, SQLite's own transaction,
+        which applies all its rows or none (https://www.sqlite.org/lang_transaction.html,
+        "autocommit"); with clears (a dequeue, a lease, an ack) BEGIN, the clears, the INSERT,
+        COMMIT. The stamped rows come after every other write, as when they had a statement of
+        their own: ``INSERT OR REPLACE`` takes its rows in order, so a stamped key that fills
+        to a key set or cleared in the transaction wins."""
         rows = [
             (key[:at] + stamp + key[at + 10 : -4], value)
             if at >= 0
@@ -790,7 +806,42 @@ class SqliteTransaction(LocalTransaction):
             for at, key, value in self._stamped
         ]
         self._keys += map(_FIRST, rows)
-        conn.executemany(_PUT, rows)  # one statement for all (a journaled commit has three or more)
+        if sets is None:
+            conn.executemany(_PUT, rows)  # one statement for all (a journaled commit has three or more)
+            return
+        try:
+            if None in sets.values():  # clears too (a dequeue, a lease, an ack): BEGIN .. COMMIT
+                self._open_sql()
+                # The clears first: a stamped key that fills to a key cleared wins, as when
+                # the stamped rows are applied after every other write.
+                conn.executemany(_DEL, [(k,) for k, v in sets.items() if v is None])
+                puts: list[bytes | None] = [x for kv in sets.items() if kv[1] is not None for x in kv]
+                puts += chain.from_iterable(rows)
+                self._put_rows(conn, puts)
+                conn.execute("COMMIT")
+            else:  # sets only (an enqueue): one statement, SQLite's own transaction
+                puts = list(chain.from_iterable(sets.items()))
+                puts += chain.from_iterable(rows)
+                self._put_rows(conn, puts)
+        except sqlite3.OperationalError as exc:
+            if getattr(exc, "sqlite_errorcode", 0) & 0xFF != 5:  # as _apply_writes: SQLITE_BUSY is 1020
+                raise
+            self._rollback()
+            self._state = "failed"
+            self._live = False
+            raise EngineError(
+                1020, f"{self._store.path}: another connection committed since this transaction read ({exc})"
+            ) from exc
+
+    @staticmethod
+    def _put_rows(conn: sqlite3.Cursor, puts: list[bytes | None]) -> None:
+        """``puts`` (key, value, key, value, ...: at most _ONE_UP_TO rows, no value None) in
+        one INSERT."""
+        n = len(puts) // 2
+        sql = _PUT_N.get(n) or _PUT_N.setdefault(
+            n, "INSERT OR REPLACE INTO kv (k, v) VALUES " + ",".join(["(?,?)"] * n)
+        )
+        conn.execute(sql, puts)
 
     def _rollback(self) -> None:
         if not self._locked:
