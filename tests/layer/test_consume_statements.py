@@ -22,6 +22,7 @@ from fdbqueue.engines.contract import Database, Transaction
 from fdbqueue.errors import CorruptMessageError, LeaseError, LeaseExpiredError
 from fdbqueue.ops.settling import Settler, lease_settling
 from scripts.txncost import CountingDatabase
+from tests.support.sqlite_files import traced
 
 
 @pytest.fixture
@@ -33,13 +34,7 @@ def embedded(tmp_path: Path) -> Iterator[Database]:
 
 def verbs_of(db: Database, call: Callable[[], Any]) -> tuple[list[str], Any]:
     """The SQL verbs ``call()`` runs on ``db``'s connection (each DELETE stepped counts)."""
-    conn = db._store.conn  # type: ignore[attr-defined]
-    statements: list[str] = []
-    conn.set_trace_callback(statements.append)
-    try:
-        got = call()
-    finally:
-        conn.set_trace_callback(None)
+    statements, got = traced(db, call)
     return [s.split()[0] for s in statements], got
 
 

@@ -21,6 +21,7 @@ import pytest
 import fdbqueue
 from fdbqueue import Queue
 from fdbqueue.engines.contract import Database, Transaction
+from tests.support.sqlite_files import traced
 
 
 @pytest.fixture
@@ -32,13 +33,7 @@ def embedded(tmp_path: Path) -> Iterator[Database]:
 
 def range_reads(db: Database, call: Callable[[], Any]) -> tuple[list[str], Any]:
     """The range SELECTs ``call()`` runs on ``db``'s connection (a head read is one)."""
-    conn = db._store.conn  # type: ignore[attr-defined]
-    statements: list[str] = []
-    conn.set_trace_callback(statements.append)
-    try:
-        got = call()
-    finally:
-        conn.set_trace_callback(None)
+    statements, got = traced(db, call)
     return [s for s in statements if s.startswith("SELECT") and "ORDER BY k" in s], got
 
 

@@ -777,12 +777,7 @@ class SqliteTransaction(LocalTransaction):
         except sqlite3.OperationalError as exc:
             if getattr(exc, "sqlite_errorcode", 0) & 0xFF != 5:  # SQLITE_BUSY and its extended codes
                 raise
-            self._rollback()
-            self._state = "failed"
-            self._live = False
-            raise EngineError(
-                1020, f"{self._store.path}: another connection committed since this transaction read ({exc})"
-            ) from exc
+            raise self._busy(exc) from exc
 
     def _apply_stamped(
         self, conn: sqlite3.Cursor, stamp: bytes, sets: dict[bytes, bytes | None] | None = None
@@ -826,22 +821,24 @@ class SqliteTransaction(LocalTransaction):
         except sqlite3.OperationalError as exc:
             if getattr(exc, "sqlite_errorcode", 0) & 0xFF != 5:  # as _apply_writes: SQLITE_BUSY is 1020
                 raise
-            self._rollback()
-            self._state = "failed"
-            self._live = False
-            raise EngineError(
-                1020, f"{self._store.path}: another connection committed since this transaction read ({exc})"
-            ) from exc
+            raise self._busy(exc) from exc
 
     @staticmethod
     def _put_rows(conn: sqlite3.Cursor, puts: list[bytes | None]) -> None:
         """``puts`` (key, value, key, value, ...: at most _ONE_UP_TO rows, no value None) in
         one INSERT."""
         n = len(puts) // 2
-        sql = _PUT_N.get(n) or _PUT_N.setdefault(
-            n, "INSERT OR REPLACE INTO kv (k, v) VALUES " + ",".join(["(?,?)"] * n)
+        conn.execute(_PUT_N.get(n) or _put_n(n), puts)
+
+    def _busy(self, exc: sqlite3.OperationalError) -> EngineError:
+        """A write SQLite refused as SQLITE_BUSY (another connection, outside the store lock,
+        committed since this transaction read): rolled back, 1020 as FoundationDB's conflict."""
+        self._rollback()
+        self._state = "failed"
+        self._live = False
+        return EngineError(
+            1020, f"{self._store.path}: another connection committed since this transaction read ({exc})"
         )
-        conn.execute(sql, puts)
 
     def _rollback(self) -> None:
         if not self._locked:

@@ -4,7 +4,6 @@ read from memory with a value the store no longer holds."""
 
 from __future__ import annotations
 
-import sqlite3
 import struct
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import fdbqueue
 from fdbqueue import EngineError
+from tests.support.sqlite_files import stored as _stored
 
 # Another process, with the store lock's takeover window shortened to 0.3 s, that takes the
 # lock over from a holder that sits on it and commits new values of both keys.
@@ -59,16 +59,6 @@ def test_a_transaction_whose_lock_was_taken_over_never_mixes_kept_values_with_ne
         assert (k, j) in ((b"old", b"old"), (b"new", b"new")), (k, j)
     finally:
         db.close()
-
-
-def _stored(path: Path, key: bytes) -> bytes | None:
-    """The value the store file holds, read by a connection of its own."""
-    conn = sqlite3.connect(path)
-    try:
-        row = conn.execute("SELECT v FROM kv WHERE k = ?", (key,)).fetchone()
-    finally:
-        conn.close()
-    return None if row is None else bytes(row[0])
 
 
 def test_every_kind_of_write_to_a_kept_key_leaves_what_the_store_holds(tmp_path: Path) -> None:

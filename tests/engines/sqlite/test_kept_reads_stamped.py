@@ -5,7 +5,6 @@ holds; and a journaled enqueue then reads nothing of SQLite, as a plain one does
 
 from __future__ import annotations
 
-import sqlite3
 import struct
 from pathlib import Path
 
@@ -13,30 +12,14 @@ import pytest
 
 import fdbqueue
 from fdbqueue.engines.sqlite import transaction as sqlite_transaction
-
-# A stamp every commit of these tests fills in (the engine's own is the commit's version,
-# not known before the commit): so that a template can be made to land on a chosen key.
-_STAMP = b"S" * 10
-
-
-def _stored(path: Path, key: bytes) -> bytes | None:
-    """The value the store file holds, read by a connection of its own."""
-    conn = sqlite3.connect(path)
-    try:
-        row = conn.execute("SELECT v FROM kv WHERE k = ?", (key,)).fetchone()
-    finally:
-        conn.close()
-    return None if row is None else bytes(row[0])
+from tests.support.sqlite_files import STAMP as _STAMP
+from tests.support.sqlite_files import stored as _stored
+from tests.support.sqlite_files import template as _template
 
 
 @pytest.fixture
 def fixed_stamp(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sqlite_transaction, "make_versionstamp", lambda version, batch=0: _STAMP)
-
-
-def _template(prefix: bytes) -> bytes:
-    """A key template that ``set_versionstamped_key`` fills to ``prefix + _STAMP``."""
-    return prefix + b"\0" * 10 + struct.pack("<I", len(prefix))
 
 
 @pytest.mark.usefixtures("fixed_stamp")

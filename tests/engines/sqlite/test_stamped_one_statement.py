@@ -16,23 +16,9 @@ import pytest
 import fdbqueue
 from fdbqueue.engines.sqlite import transaction as sqlite_transaction
 from fdbqueue.errors import QueueError
-
-_STAMP = b"S" * 10
-
-
-def _stored(path: Path, key: bytes) -> bytes | None:
-    conn = sqlite3.connect(path)
-    try:
-        row = conn.execute("SELECT v FROM kv WHERE k = ?", (key,)).fetchone()
-    finally:
-        conn.close()
-    return None if row is None else bytes(row[0])
-
-
-def _template(prefix: bytes) -> bytes:
-    """A key template that ``set_versionstamped_key`` fills to ``prefix + stamp``."""
-    return prefix + b"\0" * 10 + struct.pack("<I", len(prefix))
-
+from tests.support.sqlite_files import STAMP as _STAMP
+from tests.support.sqlite_files import stored as _stored
+from tests.support.sqlite_files import template as _template
 
 _VALUE_TEMPLATE = b"\0" * 10 + struct.pack("<I", 0)  # a value that is the stamp
 
