@@ -23,7 +23,6 @@ client's wall clock decides when a lease, a delay or a TTL ends.
 from __future__ import annotations
 
 import logging
-import struct
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -36,6 +35,7 @@ from fdbqueue.ops.moves import (
     LEASE_FIELDS,
     VOLATILE,
     Note,
+    count_known,
     count_settled,
     dead_letter,
     drop_stale_entry,
@@ -211,11 +211,8 @@ def _leased(
     read in that round trip (see :func:`settled_counters`)."""
     if not isinstance(m, Message) or not m.receipt:
         raise LeaseError("ack, nack and extend take a Message returned by lease()")
-    held = _held.get(m.receipt)
-    if held is not None and held[2] is keys and held[1].id == m.id:  # leased here: its key made
-        key = held[3][0]
-    else:
-        key = keys.inflight_key(m.id)
+    held = _held_for(keys, m)
+    key = keys.inflight_key(m.id) if held is None else held[3][0]
     raw = check(tr, keys, "dequeue", also=[key], peek=peek)[0]
     return _lease_of(keys, tr, m, raw, db_now(tr) if now is None else now, allow_expired)
 
@@ -237,33 +234,6 @@ def settled_counters(tr: Transaction, keys: QueueKeys) -> tuple[bytes, ...]:
 
 
 _settled: dict[bytes, tuple[bytes, ...]] = {}
-
-
-def count_known(
-    tr: Transaction, counters: Sequence[bytes], values: Sequence[bytes | None], deltas: tuple[int, int]
-) -> bool:
-    """Write two counters as their values read in ``tr`` (``values``, through its own writes,
-    with nothing written to them since) plus ``deltas``: what ``tr.add`` of the deltas leaves,
-    for an engine where transactions cannot conflict (``settled_counters`` read them), where an
-    add is resolved against the same value when it is made; a set is the cheaper call (no
-    read of the value, no arithmetic in the engine). False, writing nothing, when a value is
-    not a plain 8-byte counter (absent, say) or the sum leaves 64 bits (an add wraps): the
-    caller adds."""
-    a, b = values
-    if a is None or b is None or len(a) != 8 or len(b) != 8:
-        return False
-    try:
-        a = _I64_PACK(_I64_UNPACK(a)[0] + deltas[0])
-        b = _I64_PACK(_I64_UNPACK(b)[0] + deltas[1])
-    except struct.error:
-        return False
-    tr.set(counters[0], a)
-    tr.set(counters[1], b)
-    return True
-
-
-_I64 = struct.Struct("<q")
-_I64_PACK, _I64_UNPACK = _I64.pack, _I64.unpack
 
 
 def ack_many_in(
@@ -305,6 +275,13 @@ _held: dict[str, tuple[bytes, Record, QueueKeys, tuple[bytes, bytes]]] = {}
 HELD_LEASES = 4096
 
 
+def _held_for(keys: QueueKeys, m: Message) -> tuple[bytes, Record, QueueKeys, tuple[bytes, bytes]] | None:
+    """What this process's lease of ``m`` in this queue kept (its record's bytes, the record,
+    its keys as the lease made them), or None: leased elsewhere, or no longer held."""
+    held = _held.get(m.receipt)  # type: ignore[arg-type]
+    return held if held is not None and held[2] is keys and held[1].id == m.id else None
+
+
 def _lease_of(
     keys: QueueKeys, tr: Transaction, m: Message, raw: bytes | None, now: int, allow_expired: bool
 ) -> Record:
@@ -330,14 +307,14 @@ def ack_in(keys: QueueKeys, tr: Transaction, m: Message, now: int | None, note: 
     """Ack ``m`` in ``tr`` (:func:`_leased` written out, to keep the counters it reads)."""
     if not isinstance(m, Message) or not m.receipt:
         raise LeaseError("ack, nack and extend take a Message returned by lease()")
-    held = _held.get(m.receipt)
-    mine = held is not None and held[2] is keys and held[1].id == m.id  # leased here: its key made
+    held = _held_for(keys, m)
     peek = settled_counters(tr, keys)
-    values = check(tr, keys, "dequeue", also=[held[3][0] if mine else keys.inflight_key(m.id)], peek=peek)  # type: ignore[index]
+    key = keys.inflight_key(m.id) if held is None else held[3][0]
+    values = check(tr, keys, "dequeue", also=[key], peek=peek)
     rec = _lease_of(keys, tr, m, values[0], db_now(tr) if now is None else now, False)
     # The very record this process leased (the bytes read were the ones it wrote), in this
     # queue: its keys as the lease made them, not made again.
-    at = held[3] if mine and rec is held[1] else None  # type: ignore[index]
+    at = held[3] if held is not None and rec is held[1] else None
     known = bool(peek) and JOURNALED not in rec.extra  # (a journal entry written between)
     finish_lease(tr, keys, rec, note, at=at, count=not known)
     if known and not count_known(tr, peek, values[1:], (-1, 1)):

@@ -17,8 +17,7 @@ from typing import Any
 from fdbqueue.engines.contract import KeyValue, Transaction
 from fdbqueue.errors import CorruptMessageError, EngineError, QueueError
 from fdbqueue.ops import journaling
-from fdbqueue.ops.delivery import count_known
-from fdbqueue.ops.moves import move_corrupt, remove_message
+from fdbqueue.ops.moves import count_known, move_corrupt, remove_message
 from fdbqueue.ops.scan import KEYS, ReadyScan, expire_within
 from fdbqueue.ops.sweep import sweep_step
 from fdbqueue.ops.waiting import next_due
@@ -384,7 +383,7 @@ def take_counted(
 ) -> bool:
     """``moves.take`` with the ready and done counters written as the values ``raw`` (the
     metadata read with them, ``read_meta_for``) holds, less and plus one
-    (``delivery.count_known``): only where the caller knows nothing wrote them since (a kept
+    (``moves.count_known``): only where the caller knows nothing wrote them since (a kept
     head's take: ``deliverable_head``'s ``clean``) and transactions cannot conflict. False,
     having written nothing, when the values are not plain counters: the caller takes."""
     found = _taken.get(keys.packed)

@@ -17,7 +17,7 @@ from typing import Any
 from fdbqueue.engines.contract import Transaction
 from fdbqueue.errors import CorruptMessageError
 from fdbqueue.ops import ratelimit
-from fdbqueue.ops.delivery import count_known, lease_in, open_for_dequeue, read_payloads
+from fdbqueue.ops.delivery import lease_in, open_for_dequeue, read_payloads
 from fdbqueue.ops.head import (
     FILTER_SCAN_LIMIT,
     HEAD_BATCH,
@@ -30,7 +30,7 @@ from fdbqueue.ops.head import (
     keeps_head,
     kept_run,
 )
-from fdbqueue.ops.moves import count_leased, move_corrupt, take_for_lease
+from fdbqueue.ops.moves import count_known, count_leased, move_corrupt, take_for_lease
 from fdbqueue.ops.scan import expire_within
 from fdbqueue.ops.sweep import sweep_step
 from fdbqueue.store.budget import BATCH_PAYLOAD_BYTES, CHUNK_BYTES, Budget, encoded_len, grown_record
@@ -96,7 +96,7 @@ def lease_batch(
     out: list[Message] = []
     if heads:
         # The ready and in-flight counters as read, moved on by the batch: written as values
-        # where nothing conflicts and nothing here wrote them since (delivery.count_known).
+        # where nothing conflicts and nothing here wrote them since (moves.count_known).
         raw = meta.raw
         if not (
             clean

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
@@ -445,6 +445,31 @@ def write_plain_journaled(
     journaling.record(tr, keys, "enqueue", msg_id, details=details, at_us=at_us)
 
 
+def count_known(
+    tr: Transaction, counters: Sequence[bytes], values: Sequence[bytes | None], deltas: tuple[int, int]
+) -> bool:
+    """Write two counters as their values read in ``tr`` (``values``, through its own writes,
+    with nothing written to them since) plus ``deltas``: what ``tr.add`` of the deltas leaves.
+    Only where transactions cannot conflict (``Meta.cluster`` false): one writer holds the
+    store from its first read to its commit and the engine resolves an add at the call
+    against the same value, so a set is the cheaper call (no read of the value, no
+    arithmetic in the engine). As the add: an absent counter counts from 0 and a sum wraps at
+    64 bits. False, writing nothing, when a value is not an 8-byte counter (the add
+    zero-extends or truncates it): the caller adds."""
+    a, b = values
+    if (a is not None and len(a) != 8) or (b is not None and len(b) != 8):
+        return False
+    x = deltas[0] if a is None else _I64_UNPACK(a)[0] + deltas[0]
+    y = deltas[1] if b is None else _I64_UNPACK(b)[0] + deltas[1]
+    try:
+        a, b = _I64_PACK(x), _I64_PACK(y)
+    except struct.error:  # past 64 bits: wrapped, as FoundationDB's ADD
+        a, b = _I64_PACK((x + 2**63) % 2**64 - 2**63), _I64_PACK((y + 2**63) % 2**64 - 2**63)
+    tr.set(counters[0], a)
+    tr.set(counters[1], b)
+    return True
+
+
 def count_new(
     tr: Transaction,
     keys: QueueKeys,
@@ -467,25 +492,11 @@ def count_new(
             tr.set(keys.priority_marker(p), b"")
         bump_metadata_version(tr, keys)  # cached marker sets elsewhere are out of date
     read = keys.meta_read()  # the counters' keys, packed once: [1] ready, [2] wake, [5] delayed
-    if ready:
-        if seen is not None and not conflicts:
-            # Where nothing conflicts, one writer holds the store from its first read to its
-            # commit: the value read in this transaction plus ``ready`` is what the engine's
-            # add would compute from the same value now (it resolves an add at the call, as
-            # what the transaction sees). Set, then, without the add's second look; 8-byte
-            # counters only (any other length: the add, which zero-extends or truncates).
-            r, w = seen[1], seen[2]
-            if (r is None or len(r) == 8) and (w is None or len(w) == 8):
-                r_n = ready if r is None else _I64_UNPACK(r)[0] + ready
-                w_n = ready if w is None else _I64_UNPACK(w)[0] + ready
-                tr.set(read[1], _I64_PACK((r_n + 2**63) % 2**64 - 2**63))  # wrapping, as an add
-                tr.set(read[2], _I64_PACK((w_n + 2**63) % 2**64 - 2**63))
-            else:
-                seen = None
-        if seen is None or conflicts:
-            n = ONE if ready == 1 else pack_count(ready)
-            tr.add(read[1], n)
-            tr.add(read[2], n)
+    # Where nothing conflicts, the ready and wake counters as read, moved on (count_known).
+    if ready and (conflicts or seen is None or not count_known(tr, read[1:3], seen[1:3], (ready, ready))):
+        n = ONE if ready == 1 else pack_count(ready)
+        tr.add(read[1], n)
+        tr.add(read[2], n)
     if delayed:
         tr.add(read[5], ONE if delayed == 1 else pack_count(delayed))
     if (ready or delayed) and (conflicts or work != b""):  # (marked, and nothing conflicts: no call)
