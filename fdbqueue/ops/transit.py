@@ -32,7 +32,7 @@ import contextlib
 import dataclasses
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
 from fdbqueue.engines.contract import Database, Transaction
@@ -179,13 +179,22 @@ def decode_tomb(raw: bytes | None, name: str) -> Tomb | None:
 def read_tombs(t: Transaction, src: QueueKeys, dest: str, entries: list[Entry]) -> set[Entry]:
     """Of ``entries`` (id, receipt), those a tombstone says left the source under that
     receipt: one read of each batch's tombstone."""
-    names = list(dict.fromkeys(batch_of(receipt) for _, receipt in entries))
     found: set[Entry] = set()
+    for _, tomb in _batch_tombs(t, src, dest, entries):
+        found.update(tomb.removed.items())
+    return found
+
+
+def _batch_tombs(
+    t: Transaction, src: QueueKeys, dest: str, entries: list[Entry]
+) -> Iterator[tuple[str, Tomb]]:
+    """The tombstones of the batches ``entries`` (id, receipt) belong to, each batch's read
+    once (in one ``get_many``), with its batch's name: those there are."""
+    names = list(dict.fromkeys(batch_of(receipt) for _, receipt in entries))
     for name, raw in zip(names, t.get_many([tomb_key(src, dest, n) for n in names]), strict=True):
         tomb = decode_tomb(raw, name)
         if tomb is not None:
-            found.update(tomb.removed.items())
-    return found
+            yield name, tomb
 
 
 def read_tombs_legacy(t: Transaction, src: QueueKeys, dest: str, entries: list[Entry]) -> set[Entry]:
@@ -220,18 +229,15 @@ def clear_tombs(t: Transaction, src: QueueKeys, dest: str, published: list[Entry
     name it), cleared. Read first: a batch another forwarder's ``recover`` published
     meanwhile is cleared once."""
     done = set(published)
-    names = list(dict.fromkeys(batch_of(receipt) for _, receipt in published))
     named: set[Entry] = set()
-    for name, raw in zip(names, t.get_many([tomb_key(src, dest, n) for n in names]), strict=True):
-        tomb = decode_tomb(raw, name)
-        if tomb is not None:
-            named.update(tomb.removed.items())
-            _rewrite(t, tomb_key(src, dest, name), tomb, done)
+    for name, tomb in _batch_tombs(t, src, dest, published):
+        named.update(tomb.removed.items())
+        _rewrite(t, tomb_key(src, dest, name), tomb, done)
     rest = [mid for mid, receipt in published if (mid, receipt) not in named]
     for mid, raw in zip(rest, t.get_many([tomb_key(src, dest, mid) for mid in rest]), strict=True):
-        tomb = decode_tomb(raw, mid)
-        if tomb is not None and raw is not None and raw[:1] != b"[":
-            _rewrite(t, tomb_key(src, dest, mid), tomb, done)
+        one = decode_tomb(raw, mid)
+        if one is not None and raw is not None and raw[:1] != b"[":
+            _rewrite(t, tomb_key(src, dest, mid), one, done)
 
 
 def _rewrite(t: Transaction, key: bytes, tomb: Tomb, done: set[Entry]) -> None:
