@@ -32,6 +32,8 @@ the message written, its counters, the commit, and the glue between them.
 Usage: .venv/bin/python scripts/count_instructions.py [--n 300]
        [--ops enqueue,enqueue_many,dequeue,lease_ack,worker,worker64] [--markdown] [--steps]
        (needs valgrind for the instruction column: apt install valgrind)
+       --smoke: every operation at the smallest settings, callgrind left out, then the steps
+       (so that CI runs every path of the script; its figures mean nothing)
 """
 
 from __future__ import annotations
@@ -318,11 +320,14 @@ def main() -> None:
     ap.add_argument("--ops", default="enqueue,dequeue,lease_ack")
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--steps", action="store_true", help="bytecodes per step of an enqueue, then exit")
+    ap.add_argument("--smoke", action="store_true", help="every operation, smallest settings, no callgrind")
     ap.add_argument("--child", nargs=3, metavar=("OP", "N", "STOCK"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(args.child[0], int(args.child[1]), int(args.child[2]))
         return
+    if args.smoke:
+        args.ops, args.timed = ",".join(FLOOR), 20
     if args.steps:
         show_table(
             "an enqueue, step by step: Python bytecodes",
@@ -338,7 +343,7 @@ def main() -> None:
     measured: dict[str, tuple[float, float, float | None]] = {}
     for op in dict.fromkeys([*ops, *(FLOOR[o] for o in ops)]):
         stmts, seconds = statements_and_time(op, args.timed)
-        measured[op] = (stmts, seconds, instructions(op, args.n))
+        measured[op] = (stmts, seconds, None if args.smoke else instructions(op, args.n))
     print(machine(sync="normal", payload=len(PAYLOAD), n=args.n, timed=args.timed))
     rows = []
     for op in ops:
@@ -361,9 +366,12 @@ def main() -> None:
     show_table(
         "SQLite alone, µs per statement (raw sqlite3, sync=normal)",
         ["statements", "BEGIN", "SELECT", "INSERT", "COMMIT", "total"],
-        sql_alone(),
+        sql_alone(200 if args.smoke else 5000),
         markdown=args.markdown,
     )
+    if args.smoke:
+        title = "an enqueue, step by step: Python bytecodes"
+        show_table(title, ["step", "bytecodes"], steps(2), markdown=args.markdown)
 
 
 if __name__ == "__main__":

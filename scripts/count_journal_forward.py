@@ -11,6 +11,8 @@ on ``sqlite://...?sync=normal`` (the fsync is not an instruction), ``PYTHONHASHS
 
 Usage: .venv/bin/python scripts/count_journal_forward.py [--n 200] [--what journal,forward]
        (needs valgrind: apt install valgrind)
+       --smoke: every operation at n=10 and timed in this process instead of counted (so that
+       CI runs every path of the script without valgrind; its figures mean nothing)
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -85,30 +88,51 @@ def instructions(what: str, op: str, n: int) -> float:
     return (counts[1] - counts[0]) / n
 
 
+def seconds(what: str, op: str, n: int) -> float:
+    """(T(2n) - T(n)) / n in µs in this process, as ``instructions`` counts (for ``--smoke``)."""
+    times = []
+    for k in (n, 2 * n):
+        start = time.perf_counter()
+        child(what, op, k)
+        times.append(time.perf_counter() - start)
+    return (times[1] - times[0]) * 1e6 / n
+
+
+def ratio(a: float, b: float) -> str:
+    """``a / b`` to two places; "-" where a short noisy run left either at or below 0."""
+    return f"{a / b:.2f}" if a > 0 and b > 0 else "-"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=200, help="operations (messages) of the shorter run")
     ap.add_argument("--what", default="journal,forward")
+    ap.add_argument("--smoke", action="store_true", help="n=10, timed instead of counted")
     ap.add_argument("--child", nargs=3, metavar=("WHAT", "OP", "N"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         child(args.child[0], args.child[1], int(args.child[2]))
         return 0
-    if shutil.which("valgrind") is None:
+    measure, n = instructions, args.n
+    if args.smoke:
+        measure, n = seconds, 10
+        print("smoke run: µs in this process, not instructions")
+    elif shutil.which("valgrind") is None:
         print("valgrind not found: apt install valgrind", file=sys.stderr)
         return 1
     whats = args.what.split(",")
     if "journal" in whats:
         for op in JOURNAL_OPS:
-            plain, journaled = (instructions("journal", f"{op}:{j}", args.n) for j in (0, 1))
+            plain, journaled = (measure("journal", f"{op}:{j}", n) for j in (0, 1))
             print(f"{op:12} plain {plain:11,.0f}  journaled {journaled:11,.0f}  "
-                  f"+{journaled - plain:9,.0f}  ratio {plain / journaled:.2f}", flush=True)  # fmt: skip
+                  f"+{journaled - plain:9,.0f}  ratio {ratio(plain, journaled)}", flush=True)  # fmt: skip
     if "forward" in whats:
-        direct, leased, exclusive = (instructions("forward", op, args.n) for op in FORWARDS)
+        direct, leased, exclusive = (measure("forward", op, n) for op in FORWARDS)
         # A forward's run also filled the source with enqueue_many: the same cost as ``direct``.
         leased, exclusive = leased - direct, exclusive - direct
         print(f"a message: enqueue_many {direct:,.0f}  leased forwarder {leased:,.0f} "
-              f"({direct / leased:.2f})  exclusive {exclusive:,.0f} ({direct / exclusive:.2f})")  # fmt: skip
+              f"({ratio(direct, leased)})  exclusive {exclusive:,.0f} "
+              f"({ratio(direct, exclusive)})")  # fmt: skip
     return 0
 
 

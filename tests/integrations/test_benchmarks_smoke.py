@@ -1,4 +1,5 @@
-"""Every benchmark in scripts/ runs with ``--smoke`` (its smallest settings), exits 0 and prints
+"""Every benchmark in scripts/ (``bench_*.py``, and the instruction counters ``count_*.py``
+whose commands issue 30's measures name) runs with ``--smoke`` (its smallest settings), exits 0 and prints
 its figures: the ratio lines or tables a reader compares (no timed assertion: the figures of a
 smoke run mean nothing). So that no benchmark breaks unseen between the performance passes.
 
@@ -43,11 +44,15 @@ EXPECTED = {
     "bench_tasks.py": r"ratio|/ raw",
     "bench_web.py": r"ratios: ",
     "bench_workers.py": r"on / off",
+    # Without callgrind in a smoke run: the statements and µs columns, SQLite alone, the steps.
+    "count_instructions.py": r"lease_ack .*worker64 .*the commit: guards.* total",
+    # Timed in-process in a smoke run (valgrind may be absent): every journal row, the forward line.
+    "count_journal_forward.py": r"enqueue plain .*dequeue plain .*lease_ack plain .*leased forwarder",
 }
 
 
 def test_every_benchmark_has_a_smoke_run() -> None:
-    found = sorted(p.name for p in SCRIPTS.glob("bench_*.py"))
+    found = sorted(p.name for pattern in ("bench_*.py", "count_*.py") for p in SCRIPTS.glob(pattern))
     assert found == sorted(EXPECTED), "a benchmark without an entry here (or an entry without its script)"
 
 
