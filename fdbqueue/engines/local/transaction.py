@@ -257,7 +257,23 @@ class LocalTransaction(ABC):
         self._live = False
         try:
             version = self._commit()
-        except EngineError as exc:
+        except BaseException as exc:
+            self._commit_failed(exc)
+            raise
+        self._state = "committed"
+        self._committed_version = version
+        if version >= 0 and self._stamp is not None:  # else get_versionstamp makes it with the version
+            self._stamp._version = version
+        if self._watches:
+            self.db._arm_watches(self._watches)
+        if self._finish is not None:
+            self._run_finish(None)
+
+    def _commit_failed(self, exc: BaseException) -> None:
+        """What a commit that raised ``exc`` from :meth:`_commit` leaves: the transaction failed
+        (cancelled for 1025 and 1031), no versionstamp (2020), its watches and ``on_finish``
+        callbacks told. (An engine's own commit path calls it too: one place for the rule.)"""
+        if isinstance(exc, EngineError):
             if exc.code in (1025, 1031):  # cancelled or timed out during commit
                 self._cancel_after(exc.code, exc.code)
             else:
@@ -269,21 +285,11 @@ class LocalTransaction(ABC):
             for w in self._watches or ():
                 w.fail(exc.code, "the watch's transaction did not commit")
             self._run_finish(exc)
-            raise
-        except BaseException:
+        else:
             self._state = "failed"
             for w in self._watches or ():
                 w.fail(4100, "the watch's transaction did not commit")
             self._run_finish(EngineError(4100, "commit failed"))
-            raise
-        self._state = "committed"
-        self._committed_version = version
-        if version >= 0 and self._stamp is not None:  # else get_versionstamp makes it with the version
-            self._stamp._version = version
-        if self._watches:
-            self.db._arm_watches(self._watches)
-        if self._finish is not None:
-            self._run_finish(None)
 
     def on_error(self, error: BaseException) -> None:
         """Back off and reset when ``error`` is retryable; otherwise re-raise it (as ``fdb``).

@@ -25,7 +25,12 @@ from fdbqueue.engines.contract import (
     KeyValue,
     TransactionOptions,
 )
-from fdbqueue.engines.limits import KEY_SIZE_LIMIT, VALUE_SIZE_LIMIT
+from fdbqueue.engines.limits import (
+    KEY_SIZE_LIMIT,
+    TRANSACTION_SIZE_LIMIT,
+    TRANSACTION_WINDOW_SECONDS,
+    VALUE_SIZE_LIMIT,
+)
 from fdbqueue.engines.local.mutations import apply_atomic, make_versionstamp
 from fdbqueue.engines.local.transaction import LocalDatabase, LocalTransaction
 from fdbqueue.engines.local.watches import EventWatch, StampFuture
@@ -551,6 +556,43 @@ class SqliteTransaction(LocalTransaction):
 
     # -- the commit: a pipeline of steps, in this order ------------------------------------------
 
+    def commit(self) -> None:
+        """Atomically apply every write (``LocalTransaction.commit``). The common case - begun,
+        no timeout, writes within the size limit, a read version inside the 5-second window -
+        goes straight to :meth:`_commit`: the checks ``_commit_attempt`` makes, in one
+        condition, and the same states, errors (marked ``during_commit``) and callbacks
+        after. Anything else (a read-only commit, a timeout set, a used or cancelled
+        transaction, too big or too old) takes the general path, which raises the precise
+        error (tests/engines/sqlite/test_flat_commit.py compares the two)."""
+        if (
+            self._live
+            and self._dirty
+            and self._has_writes
+            and self._size <= TRANSACTION_SIZE_LIMIT
+            and not self.options.timeout_ms
+        ):
+            read_at = self._read_at
+            if read_at is None or self.db.clock() - read_at <= TRANSACTION_WINDOW_SECONDS:
+                self._state = "committing"
+                self._live = False
+                try:
+                    version = self._commit()
+                except BaseException as exc:
+                    self._commit_failed(exc)
+                    if isinstance(exc, EngineError):
+                        exc.during_commit = True
+                    raise
+                self._state = "committed"
+                self._committed_version = version
+                if self._stamp is not None:
+                    self._stamp._version = version
+                if self._watches:
+                    self.db._arm_watches(self._watches)
+                if self._finish is not None:
+                    self._run_finish(None)
+                return
+        LocalTransaction.commit(self)
+
     def _commit(self) -> int:
         """Commit, as a pipeline of steps in this order: the guards (the store's files are the
         ones opened; the lease is still this holder's, pinned), the writes with their version
@@ -587,7 +629,7 @@ class SqliteTransaction(LocalTransaction):
             values = self._wm.values
             for key in read.keys() & values.keys():
                 read[key] = values[key]
-            store.keep(version, read, values if len(values) <= _KEEP_UP_TO else _NOTHING)
+            store.kept = (version, read, values if len(values) <= _KEEP_UP_TO else _NOTHING)  # Store.keep's
             self._seen = {}
         self._locked = False  # _end's, inline: a transaction that wrote is never nested
         store.release()
@@ -685,7 +727,21 @@ class SqliteTransaction(LocalTransaction):
             )
             values = self._wm.values
             stamped = self._stamped
-            if stamped and not (self._sql or self._all) and len(values) + len(stamped) <= _ONE_UP_TO:
+            if (
+                not (stamped or self._sql or self._all)
+                and 0 < len(values) <= _ONE_UP_TO
+                and None not in values.values()
+            ):
+                # Sets only (an enqueue): one INSERT, SQLite's own transaction (_apply_writes'
+                # common case, without its second look at the write map)
+                n = len(values)
+                try:
+                    conn.execute(_PUT_N.get(n) or _put_n(n), list(chain.from_iterable(values.items())))
+                except sqlite3.OperationalError as exc:
+                    if getattr(exc, "sqlite_errorcode", 0) & 0xFF != 5:  # as _apply_writes
+                        raise
+                    raise self._busy(exc) from exc
+            elif stamped and not (self._sql or self._all) and len(values) + len(stamped) <= _ONE_UP_TO:
                 # The sets and the stamped rows in one INSERT (a journaled operation's)
                 self._apply_stamped(conn, make_versionstamp(version), values)
             elif self._sql or stamped or self._all or len(values) > _ONE_UP_TO or None in values.values():
