@@ -173,3 +173,38 @@ def test_the_clock_read_inline_reads_meta_when_the_page_is_pending(db: SqliteDat
     version = tr.get_committed_version()
     assert version > last and version > reserved  # from meta's reservation, not the page's 0
     assert page.clock()[3] == 0  # settled again
+
+
+def test_a_timeout_set_after_the_first_operation_is_checked_by_the_next_write(db: SqliteDatabase) -> None:
+    """The hot calls look at one flag (``_live``): setting a timeout must clear it, so that the
+    next set, clear or add checks the timeout again."""
+    with fake_clock() as clock:
+        tr = db.create_transaction()
+        tr[b"a"] = b"1"
+        tr.options.set_timeout(100)
+        clock.advance(0.2)
+        for write in (lambda: tr.set(b"b", b"2"), lambda: tr.clear(b"b"), lambda: tr.add(b"n", b"\x01" * 8)):
+            with pytest.raises(EngineError) as err:
+                write()
+            assert err.value.code == 1031
+        tr.reset()
+
+
+def test_a_nested_transaction_is_never_live_and_may_not_write(db: SqliteDatabase) -> None:
+    """A transaction begun while this thread holds the store lock reads a snapshot of its own
+    (nested): not live, so its writes take the general path, which refuses them."""
+    outer = db.create_transaction()
+    outer[b"k"] = b"outer"
+    inner = db.create_transaction()
+    assert inner.get(b"k") is None  # the last committed state
+    assert not inner._live  # type: ignore[attr-defined]
+    for write in (
+        lambda: inner.set(b"k", b"x"),
+        lambda: inner.clear(b"k"),
+        lambda: inner.add(b"n", b"\x01" * 8),
+        lambda: inner.set_versionstamped_value(b"s", b"\x00" * 10 + b"\x00" * 4),
+    ):
+        with pytest.raises(fdbqueue.NestedTransactionError):
+            write()
+    inner.cancel()
+    outer.commit()
