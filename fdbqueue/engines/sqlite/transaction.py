@@ -159,11 +159,9 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
         if store.kept is not None and not nested:
             # The store's last commit is this handle's (Store.take_kept): what it read and
             # wrote is still stored, and is read from here without asking SQLite.
-            version = store.kept[0]
             kept = store.take_kept()
             if kept is not None:
-                self._seen, self._wrote = kept
-                self._kept_at = version
+                self._kept_at, self._seen, self._wrote = kept
 
     def _open_sql(self) -> None:
         """BEGIN (deferred), before this transaction's first statement: not when the store lock

@@ -101,6 +101,7 @@ def test_a_commit_refused_at_its_guard_fails_as_the_general_path_fails(db: Sqlit
     """The lease taken over (the pin refuses): 1007, nothing applied, the store lock released,
     the callbacks told, no versionstamp; the same through both paths."""
     store = db._store
+    own_pin = store.pin
     outcomes = []
     for commit in (lambda tr: tr.commit(), LocalTransaction.commit):
         store.pin = lambda: False  # type: ignore[method-assign]
@@ -113,7 +114,7 @@ def test_a_commit_refused_at_its_guard_fails_as_the_general_path_fails(db: Sqlit
             with pytest.raises(EngineError) as err:
                 commit(tr)  # type: ignore[operator]
         finally:
-            del store.pin  # the store's own again (bound at open)
+            store.pin = own_pin  # type: ignore[method-assign]  # the store's own again
         with pytest.raises(EngineError) as no_stamp:
             stamp.wait()
         outcomes.append(
@@ -130,6 +131,10 @@ def test_a_commit_refused_at_its_guard_fails_as_the_general_path_fails(db: Sqlit
         assert probe.get(b"k") is None  # nothing applied, and the lock was released
         probe.cancel()
     assert outcomes[0] == outcomes[1] == (1007, True, "failed", [1007], 2020, False)
+    tr = db.create_transaction()  # and the next commit, pinned again, lands
+    tr[b"k"] = b"v"
+    tr.commit()
+    assert db.get(b"k") == b"v"
 
 
 def test_a_committed_transaction_refuses_a_second_commit(db: SqliteDatabase) -> None:
@@ -208,3 +213,29 @@ def test_a_nested_transaction_is_never_live_and_may_not_write(db: SqliteDatabase
             write()
     inner.cancel()
     outer.commit()
+
+
+def test_a_read_version_read_inline_is_never_below_the_last_commit(db: SqliteDatabase) -> None:
+    """``read_version``'s inline read of the clock: with this process's base left far behind
+    (its monotonic clock behind the others'), or the page pending, the read version is still
+    at least the last commit's version, and the commit after it above both."""
+    tr = db.create_transaction()
+    tr[b"k"] = b"1"
+    tr.commit()
+    last = tr.get_committed_version()
+    shared = db._store.shared  # type: ignore[attr-defined]
+    shared.clock_base -= 10**12
+    tr = db.create_transaction()
+    rv = tr.get_read_version()
+    assert rv >= last
+    tr[b"k"] = b"2"
+    tr.commit()
+    assert tr.get_committed_version() > rv
+    last = tr.get_committed_version()
+    page = db._store.page  # type: ignore[attr-defined]
+    tag, _, reserved, _, base = page.clock()
+    page.pack_clock(tag, 0, 0, PENDING, base)  # the page lost its last version, pending
+    tr = db.create_transaction()
+    rv = tr.get_read_version()
+    assert rv >= reserved > last  # from meta's reservation, not the page's 0
+    tr.cancel()
