@@ -286,7 +286,9 @@ class WatchHub:
         """
         if self._watches:
             self.check(keys)
-        targets = self._targets()
+        cached, targets = self._cache
+        if self._page.token() != cached:  # _targets' own test, inline: every commit asks
+            targets = self._targets()
         if not targets:
             return
         if keys is None:
