@@ -16,7 +16,7 @@ import secrets
 import sqlite3
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, ClassVar, Protocol
 
 from fdbqueue.engines.local.watches import EventWatch, park_at_exit
@@ -192,7 +192,7 @@ class Store(ABC):
 
     #: After the store lock is released: wake the watches of ``keys`` (None: every key), in
     #: every process (bound like :attr:`changed_files`, to the watch hub's own method).
-    publish: Callable[[list[bytes] | None], None]
+    publish: Callable[[Collection[bytes] | None], None]
 
     def after_reads(self) -> int | None:
         """After a COMMIT that wrote nothing, before :meth:`end`: the last version it may have seen."""

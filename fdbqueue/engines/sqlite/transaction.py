@@ -599,7 +599,10 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
             self._seen = {}
         self._locked = False  # _end's, inline: a transaction that wrote is never nested
         store.release()
-        store.publish(None if self._all else [*self._wm.values, *self._keys])
+        # The keys written: the write map's (its keys view, made no list of), and the stamped
+        # rows' landed keys when there are any. Nothing mutates the write map after its commit.
+        values = self._wm.values
+        store.publish(None if self._all else [*values, *self._keys] if self._keys else values.keys())
         if store.syncs and not self._only_volatile():
             # A commit that writes only volatile queues' keys skips the fsync: it survives a
             # process crash (its WAL frames are in the page cache), not a power loss, until the
