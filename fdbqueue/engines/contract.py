@@ -595,13 +595,13 @@ def engine_traits(db: object) -> tuple[bool, bool]:
     unknown commit result (1021): the layer then skips the staged dequeue path and the
     receipts that settle a 1021, which would be pure cost there.
     """
-    kind = type(db)
-    found = _traits.get(kind)
+    found = _traits.get(type(db))
     if found is not None:  # every operation asks: once per class, when the class decides
-        own = getattr(db, "__dict__", None)
+        own = getattr(db, "__dict__", _NO_DICT)
         # ... unless this instance sets either itself, which Python reads before the class's
-        if not own or ("may_conflict" not in own and "may_commit_unknown" not in own):
+        if "may_conflict" not in own and "may_commit_unknown" not in own:
             return found
+    kind = type(db)
     traits = bool(getattr(db, "may_conflict", True)), bool(getattr(db, "may_commit_unknown", True))
     # The class's answer is kept only when both are plain class attributes (or absent from a
     # class that hands no attribute on through __getattr__, as a wrapper does: each of its
@@ -616,6 +616,7 @@ def engine_traits(db: object) -> tuple[bool, bool]:
 
 
 _ABSENT = object()
+_NO_DICT: dict[str, object] = {}  # an instance without a __dict__ sets nothing of its own
 
 
 _traits: dict[type, tuple[bool, bool]] = {}

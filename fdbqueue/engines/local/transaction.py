@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import time
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
@@ -100,6 +101,28 @@ class _Snapshot:
         return self._tr._read_many(keys, True)
 
 
+class LiveOptions(TransactionOptions):
+    """A local transaction's options: setting a timeout clears the transaction's ``_live``
+    flag, so that its operations check the timeout again (``_touch``) and the hot paths
+    need to look at one flag only. The transaction is held weakly: no reference cycle (a
+    transaction is freed by its reference count: tests/engines/sqlite/test_lifetime.py)."""
+
+    __slots__ = ("_owner",)
+
+    def __init__(self, owner: LocalTransaction) -> None:
+        self.timeout_ms = 0
+        self.retry_limit = -1
+        self.max_retry_delay_ms = 1000
+        self.volatile: tuple[bytes, ...] = ()
+        self._owner = weakref.ref(owner)
+
+    def set_timeout(self, ms: int) -> None:
+        super().set_timeout(ms)
+        owner = self._owner()
+        if owner is not None:
+            owner._live = False
+
+
 class LocalTransaction(ABC):
     """The shared half of the sim and sqlite transactions.
 
@@ -133,9 +156,14 @@ class LocalTransaction(ABC):
         "options",
     )
 
+    #: Reading a snapshot of its own, not holding the engine's lock (the sqlite engine's
+    #: nested transaction, a slot there): never live, so that its writes take the general
+    #: path, which refuses them.
+    _nested = False
+
     def __init__(self, db: LocalDatabase) -> None:
         self.db = db
-        self.options = TransactionOptions()
+        self.options = LiveOptions(self)
         self._retries = 0
         # The timeout counts from creation or reset, across on_error's retries (RYW's
         # timebomb(timeoutInSeconds + creationTime); resetRyow keeps creationTime).
@@ -192,7 +220,10 @@ class LocalTransaction(ABC):
             # Begun: only whether it is None is ever asked (the window counts from the read
             # version, the timeout from creation), so no clock is read here.
             self._started = 0.0
-            self._live = not self.options.timeout_ms
+            # Live: every operation may skip this call, until the state changes or a timeout
+            # is set (LiveOptions.set_timeout clears it); never for a transaction that reads a
+            # snapshot of its own (an engine's nested one: its writes take the general path).
+            self._live = not (self.options.timeout_ms or self._nested)
             if self._live:
                 return
         # The clock is read only when a timeout is set: this runs before every operation.
@@ -238,7 +269,7 @@ class LocalTransaction(ABC):
         transaction with writes a read conflict range, the resolver's 5-second window on
         its read version (1007) when it took one before commit.
         """
-        if not self._live or self.options.timeout_ms:  # else _touch would find nothing to do
+        if not self._live:  # else _touch would find nothing to do
             self._touch()
         if self._has_writes:
             size = self._size
@@ -257,7 +288,23 @@ class LocalTransaction(ABC):
         self._live = False
         try:
             version = self._commit()
-        except EngineError as exc:
+        except BaseException as exc:
+            self._commit_failed(exc)
+            raise
+        self._state = "committed"
+        self._committed_version = version
+        if version >= 0 and self._stamp is not None:  # else get_versionstamp makes it with the version
+            self._stamp._version = version
+        if self._watches:
+            self.db._arm_watches(self._watches)
+        if self._finish is not None:
+            self._run_finish(None)
+
+    def _commit_failed(self, exc: BaseException) -> None:
+        """What a commit that raised ``exc`` from :meth:`_commit` leaves: the transaction failed
+        (cancelled for 1025 and 1031), no versionstamp (2020), its watches and ``on_finish``
+        callbacks told. (An engine's own commit path calls it too: one place for the rule.)"""
+        if isinstance(exc, EngineError):
             if exc.code in (1025, 1031):  # cancelled or timed out during commit
                 self._cancel_after(exc.code, exc.code)
             else:
@@ -269,21 +316,11 @@ class LocalTransaction(ABC):
             for w in self._watches or ():
                 w.fail(exc.code, "the watch's transaction did not commit")
             self._run_finish(exc)
-            raise
-        except BaseException:
+        else:
             self._state = "failed"
             for w in self._watches or ():
                 w.fail(4100, "the watch's transaction did not commit")
             self._run_finish(EngineError(4100, "commit failed"))
-            raise
-        self._state = "committed"
-        self._committed_version = version
-        if version >= 0 and self._stamp is not None:  # else get_versionstamp makes it with the version
-            self._stamp._version = version
-        if self._watches:
-            self.db._arm_watches(self._watches)
-        if self._finish is not None:
-            self._run_finish(None)
 
     def on_error(self, error: BaseException) -> None:
         """Back off and reset when ``error`` is retryable; otherwise re-raise it (as ``fdb``).
@@ -317,7 +354,7 @@ class LocalTransaction(ABC):
     def reset(self) -> None:
         """Drop every read, write and watch; options too (FoundationDB's reset)."""
         self._abort(1025)
-        self.options = TransactionOptions()
+        self.options = LiveOptions(self)
         self._retries = 0
         self._created = self.db.clock()
         self._clear_state()
@@ -410,7 +447,7 @@ class LocalTransaction(ABC):
         for key in keys:
             if type(key) is not bytes or key >= SYSTEM_KEYS:
                 check_get_key(key)
-        if not self._live or self.options.timeout_ms:
+        if not self._live:
             self._touch()
         self._reading()
         # No stored key is longer than the limit: FoundationDB answers "absent" unread.
@@ -428,7 +465,7 @@ class LocalTransaction(ABC):
     def _read_get(self, key: bytes, snapshot: bool) -> bytes | None:
         if type(key) is not bytes or key >= SYSTEM_KEYS:
             check_get_key(key)
-        if not self._live or self.options.timeout_ms:
+        if not self._live:
             self._touch()
         if len(key) > KEY_SIZE_LIMIT:
             # No stored key is that long: FoundationDB answers "absent" without a read
@@ -460,7 +497,7 @@ class LocalTransaction(ABC):
     ) -> list[KeyValue]:
         if not isinstance(limit, int) or limit < 0:
             raise EngineError(2006, f"limit must be a non-negative int, got {limit!r}")
-        if not self._live or self.options.timeout_ms:
+        if not self._live:
             self._touch()
         self._reading()
         if type(begin) is bytes and type(end) is bytes and begin <= SYSTEM_KEYS >= end:
@@ -493,7 +530,7 @@ class LocalTransaction(ABC):
         """Write ``value`` at ``key`` (blind: adds a write conflict only)."""
         if not _plain_write(key, value):  # the hot path: two type checks and three comparisons
             key, value = check_write_key(key), check_value(value)
-        if not self._live or self.options.timeout_ms:
+        if not self._live:
             self._touch()
         self._size += _SET_BYTES + 3 * len(key) + len(value)
         self._has_writes = True
@@ -504,7 +541,7 @@ class LocalTransaction(ABC):
     def clear(self, key: bytes) -> None:
         if not _plain_write(key, b""):
             key = check_write_key(key)
-        if not self._live or self.options.timeout_ms:
+        if not self._live:
             self._touch()
         # A clear is the mutation ClearRange(key, keyAfter(key)) and that write conflict range.
         self._size += _SET_BYTES + 4 * len(key) + 1
@@ -529,7 +566,7 @@ class LocalTransaction(ABC):
     def _atomic_op(self, op: str, key: bytes, param: bytes) -> None:
         if not _plain_write(key, param):
             key, param = check_write_key(key), check_value(param)
-        if not self._live or self.options.timeout_ms:
+        if not self._live:
             self._touch()
         self._size += _SET_BYTES + 3 * len(key) + len(param)
         self._has_writes = True
@@ -635,7 +672,7 @@ class LocalTransaction(ABC):
         return w
 
     def get_read_version(self) -> int:
-        if not self._live or self.options.timeout_ms:  # else _touch would find nothing to do
+        if not self._live:  # else _touch would find nothing to do
             self._touch()
         if self._has_reads:  # _reading's, inline: the layer asks at every operation (db_now)
             self._check_window()

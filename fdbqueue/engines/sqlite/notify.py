@@ -37,7 +37,7 @@ import select
 import socket
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from fdbqueue.engines.local.watches import EventWatch
 from fdbqueue.engines.sqlite.page import SharedPage
@@ -123,7 +123,7 @@ class WatchHub:
                 if not keys:
                     del self._by_hash[h]
 
-    def check(self, keys: list[bytes] | None) -> None:
+    def check(self, keys: Collection[bytes] | None) -> None:
         """Re-read ``keys`` (None: every watched key) and fire the watches they no longer match."""
         with self._lock:
             wanted = list(self._watches) if keys is None else [k for k in set(keys) if k in self._watches]
@@ -279,14 +279,16 @@ class WatchHub:
 
     # -- sending -------------------------------------------------------------------------------
 
-    def publish(self, keys: list[bytes] | None) -> None:
+    def publish(self, keys: Collection[bytes] | None) -> None:
         """After a commit: wake the watches of ``keys`` (None: any key) in every process.
 
         Never raises: the commit it reports has already happened.
         """
         if self._watches:
             self.check(keys)
-        targets = self._targets()
+        cached, targets = self._cache
+        if self._page.token() != cached:  # _targets' own test, inline: every commit asks
+            targets = self._targets()
         if not targets:
             return
         if keys is None:

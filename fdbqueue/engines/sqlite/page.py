@@ -140,6 +140,7 @@ class SharedPage:
         "clear_pending",
         "clock",
         "generation",
+        "pack_clock",
         "set_committed",
         "set_on_disk",
         "set_slot",
@@ -158,6 +159,11 @@ class SharedPage:
         self.buffer = buffer
         #: The version clock: (tag, last commit version, reservation, pending flag, base).
         self.clock: Callable[[], ClockState] = partial(_CLOCK.unpack_from, buffer, CLOCK.offset)
+        #: The version clock written (``set_clock`` without the stamp): tag, last, reserved,
+        #: pending, base.
+        self.pack_clock: Callable[[bytes, int, int, int, int], None] = partial(
+            _CLOCK.pack_into, buffer, CLOCK.offset
+        )
         #: The raised reservation is committed: the page's last version is trusted again.
         self.clear_pending: Callable[[], None] = partial(operator.setitem, buffer, _PENDING_AT, 0)
         #: The clock's stamp: (its last reading handed out, the wall clock in µs then).

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Collection
 from urllib.parse import quote
 
 from fdbqueue.engines.local.watches import EventWatch
@@ -113,7 +114,7 @@ class ReadOnlyStore(Store):
     def after_writes(self, version: int, bumped: bool) -> int | None:
         raise self.no_writes()
 
-    def publish(self, keys: list[bytes] | None) -> None:
+    def publish(self, keys: Collection[bytes] | None) -> None:
         raise self.no_writes()
 
     def arm_watches(self, watches: list[EventWatch]) -> None:

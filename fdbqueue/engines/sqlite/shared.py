@@ -46,19 +46,22 @@ class SharedStore:
         self._reader_lock = threading.Lock()
         self.hub = WatchHub(notify_dir_for(real), self._read_values, self.page, (real + "-lock", ident))
 
-    def acquire(self, timeout: float, path: str, stealable: bool = False) -> None:
+    def acquire(self, timeout: float, path: str, stealable: bool = False, me: int | None = None) -> None:
         """Take the store lock: this process's threads one at a time, then the processes'.
 
         ``stealable``: for a transaction, which another process may take the lock from once
         it outlived the 5-second window (:mod:`.storelock`); the holder's commit then fails
         (:meth:`pin`). Anything else (opening, saving a removed WAL) keeps it to the end.
+        ``me``: this thread's id, from a caller that found it is not the owner already (a
+        transaction's begin: ``WritableStore.begin``).
         """
-        me = threading.get_ident()
-        if self.owner == me:
-            raise NestedTransactionError(
-                f"this thread already holds a transaction on {path}: finish it before opening another "
-                "(the embedded engine has a single writer; waiting here would deadlock)"
-            )
+        if me is None:
+            me = threading.get_ident()
+            if self.owner == me:
+                raise NestedTransactionError(
+                    f"this thread already holds a transaction on {path}: finish it before opening another "
+                    "(the embedded engine has a single writer; waiting here would deadlock)"
+                )
         left = timeout
         if not self.mutex.acquire(False):  # the clock is read only when another thread holds it
             start = time.monotonic()

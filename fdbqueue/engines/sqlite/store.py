@@ -16,7 +16,7 @@ import secrets
 import sqlite3
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, ClassVar, Protocol
 
 from fdbqueue.engines.local.watches import EventWatch, park_at_exit
@@ -84,10 +84,10 @@ class Store(ABC):
         (:meth:`take_kept`)."""
         self.kept = (version, seen, wrote)
 
-    def take_kept(self) -> tuple[dict[bytes, bytes | None], dict[bytes, bytes | None]] | None:
-        """Under the store lock, at a transaction's begin: what :meth:`keep` kept, while the
-        store's last commit is still the one that kept it (taken once: the transaction reads
-        into it), else None.
+    def take_kept(self) -> tuple[int, dict[bytes, bytes | None], dict[bytes, bytes | None]] | None:
+        """Under the store lock, at a transaction's begin: what :meth:`keep` kept (its version,
+        the values read, the values written), while the store's last commit is still the one
+        that kept it (taken once: the transaction reads into it), else None.
 
         Every commit of every process sets the version clock's last version in the lock
         file's page before its COMMIT (``VersionClock.next_version``), and versions only
@@ -96,11 +96,10 @@ class Store(ABC):
         kept, self.kept = self.kept, None
         if kept is None:
             return None
-        version, seen, wrote = kept
         tag, last, _, pending, _ = self.page.clock()  # type: ignore[attr-defined]
-        if last != version or pending or tag != self.clock_tag or self.clock_tag is None:
+        if last != kept[0] or pending or tag != self.clock_tag or tag is None:
             return None
-        return seen, wrote
+        return kept
 
     # -- a transaction's beginning and end ---------------------------------------------------
 
@@ -193,7 +192,7 @@ class Store(ABC):
 
     #: After the store lock is released: wake the watches of ``keys`` (None: every key), in
     #: every process (bound like :attr:`changed_files`, to the watch hub's own method).
-    publish: Callable[[list[bytes] | None], None]
+    publish: Callable[[Collection[bytes] | None], None]
 
     def after_reads(self) -> int | None:
         """After a COMMIT that wrote nothing, before :meth:`end`: the last version it may have seen."""
@@ -357,14 +356,15 @@ class WritableStore(Store):
         if self.closed or self.broken is not None:
             self.usable()
         shared = self.shared
-        if shared.owner == threading.get_ident():
+        me = threading.get_ident()
+        if shared.owner == me:
             return self.cursor(self.snapshot()), True
         cur = self._cursor
         if cur is None or cur.connection is not self.conn:
             cur = self.cursor(self.conn)
         # The read snapshot starts at the first read, SQLite's write lock is taken only at
         # commit (writes are buffered until then).
-        shared.acquire(self.lock_timeout, self.path, stealable=True)
+        shared.acquire(self.lock_timeout, self.path, True, me)
         return cur, False
 
     def end(self, conn: sqlite3.Connection, nested: bool) -> None:
@@ -428,11 +428,12 @@ class WritableStore(Store):
         the commit raised meta's reservation), the WAL record, the sync mark; returns the
         version to make durable (for :meth:`make_durable`)."""
         tag = self.clock_tag
+        page = self.page
         if bumped and tag is not None:
-            self.page.clear_pending()  # the raised reservation is committed
-        self._walheld.record(self.page, tag)  # what the WAL holds now (walcheck)
+            page.clear_pending()  # the raised reservation is committed
+        self._walheld.record(page, tag)  # what the WAL holds now (walcheck)
         wal = self.wal
-        return wal.committed(self.page, tag, version) if wal else None
+        return wal.committed(page, tag, version) if wal is not None else None
 
     def after_reads(self) -> int | None:
         wal = self.wal

@@ -164,6 +164,11 @@ def byte_request(kind: int, at: int) -> bytes:
 
 
 # The page mutex's requests, packed once: a commit takes it at its pin (StoreLock.pin), a takeover tries it.
+# fcntl(2) and the OFD commands, looked up once: the hot calls (acquire, pin, release) run
+# at every transaction. (Without OFD locks those paths are never taken: 0 stands in.)
+_fcntl = fcntl.fcntl
+_SETLK = getattr(fcntl, "F_OFD_SETLK", 0)
+_SETLKW = getattr(fcntl, "F_OFD_SETLKW", 0)
 _MUTEX_LOCK = byte_request(fcntl.F_WRLCK, MUTEX_BYTE)
 _MUTEX_UNLOCK = byte_request(fcntl.F_UNLCK, MUTEX_BYTE)
 
@@ -322,7 +327,7 @@ class StoreLock:
                 if requests[0] != gen:
                     requests = self._requests = _requests(gen)
                 try:
-                    fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK, requests[1])  # _byte_lock's
+                    _fcntl(self._fd, _SETLK, requests[1])  # _byte_lock's
                 except (BlockingIOError, PermissionError):  # held by another description: wait below
                     pass
                 else:
@@ -454,9 +459,9 @@ class StoreLock:
             return False
         fd, page = self._fd, self._page
         # The page mutex (as _PageMutex), its request packed once: this runs at every commit.
-        fcntl.fcntl(fd, fcntl.F_OFD_SETLKW, _MUTEX_LOCK)
+        _fcntl(fd, _SETLKW, _MUTEX_LOCK)
         if page.generation()[0] != gen:
-            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _MUTEX_UNLOCK)
+            _fcntl(fd, _SETLK, _MUTEX_UNLOCK)
             return False
         page.set_slot[gen & 1](gen, _PINNED, _pid, page.slot[gen & 1]()[3])
         return True
@@ -470,10 +475,10 @@ class StoreLock:
             return
         # The slot only, without the mutex: a takeover writes the next generation's slot and
         # the generation, never this slot, so nothing here can undo one.
-        page = self._page
-        claimed, _, pid, claims = page.slot[gen & 1]()
+        slot = self._page.slot[gen & 1]
+        claimed, _, pid, claims = slot()
         if claimed == gen and pid == _pid:
-            page.set_slot[gen & 1](gen, 0, _pid, claims)
+            self._page.set_slot[gen & 1](gen, 0, _pid, claims)
         # One unlock from the page mutex (held since pin, if this holder committed) to the
         # lease's byte: an unlock neither waits nor is refused, and drops only this open file
         # description's locks in the range. The only others it can hold there are older
@@ -482,7 +487,7 @@ class StoreLock:
         requests = self._requests
         if requests[0] != gen:
             requests = self._requests = _requests(gen)
-        fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK, requests[2])
+        _fcntl(self._fd, _SETLK, requests[2])
 
     def close(self) -> None:
         for waiter in self._waiters.values():

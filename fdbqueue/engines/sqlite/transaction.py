@@ -12,8 +12,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import struct
-from itertools import chain, repeat
-from operator import itemgetter
+from itertools import repeat
 
 from fdbqueue.engines.contract import (
     KEY_RANGE_REF_BYTES,
@@ -23,16 +22,21 @@ from fdbqueue.engines.contract import (
     JournalOrder,
     KeySelector,
     KeyValue,
-    TransactionOptions,
 )
-from fdbqueue.engines.limits import KEY_SIZE_LIMIT, VALUE_SIZE_LIMIT
-from fdbqueue.engines.local.mutations import apply_atomic, make_versionstamp
-from fdbqueue.engines.local.transaction import LocalDatabase, LocalTransaction
+from fdbqueue.engines.limits import (
+    KEY_SIZE_LIMIT,
+    TRANSACTION_SIZE_LIMIT,
+    TRANSACTION_WINDOW_SECONDS,
+    VALUE_SIZE_LIMIT,
+)
+from fdbqueue.engines.local.mutations import apply_atomic
+from fdbqueue.engines.local.transaction import LiveOptions, LocalDatabase, LocalTransaction
 from fdbqueue.engines.local.watches import EventWatch, StampFuture
 from fdbqueue.engines.local.writemap import WriteMap
 from fdbqueue.engines.sqlite.files import translate
 from fdbqueue.engines.sqlite.store import Store
 from fdbqueue.engines.sqlite.versionclock import Held
+from fdbqueue.engines.sqlite.writes import GET_IN, IN_BATCH, WriteApplication, get_in
 from fdbqueue.errors import (
     EngineError,
     QueueError,
@@ -48,13 +52,7 @@ from fdbqueue.errors import (
 sqlite3.register_adapter(bytes, getattr(bytes, "__bytes__", bytes))
 
 _GET = "SELECT v FROM kv WHERE k = ?"
-_GET_IN: dict[int, str] = {}  # SELECT ... WHERE k IN (?, ...), by the number of keys
-_IN_BATCH = 500  # keys a statement asks for at most (SQLite's bound on variables is 999 on old builds)
-_PUT = "INSERT OR REPLACE INTO kv (k, v) VALUES (?, ?)"
-_PUT_N: dict[int, str] = {}  # INSERT ... VALUES (?, ?), ... by the number of rows
-_DEL = "DELETE FROM kv WHERE k = ?"
 _NOTHING: dict[bytes, bytes | None] = {}  # no last commit's writes to trust (never written to)
-_DEL_RANGE = "DELETE FROM kv WHERE k >= ? AND k < ?"
 _RANGE = (
     "SELECT k, v FROM kv WHERE k >= ? AND k < ? ORDER BY k LIMIT ?",
     "SELECT k, v FROM kv WHERE k >= ? AND k < ? ORDER BY k DESC LIMIT ?",
@@ -71,7 +69,7 @@ _BEFORE = (
 _VERSION = "SELECT value FROM meta WHERE name = 'version'"
 
 
-class SqliteTransaction(LocalTransaction):
+class SqliteTransaction(WriteApplication, LocalTransaction):
     """A transaction holding the store lock from its first operation to its end (or, nested,
     reading a snapshot of its own: see ``Store.begin``)."""
 
@@ -104,7 +102,7 @@ class SqliteTransaction(LocalTransaction):
         # _cur, the cursor the statements run on, is set at _begin: nothing runs one before.
         # LocalTransaction.__init__'s steps, inline (one is made for every operation).
         self.db = db
-        self.options = TransactionOptions()
+        self.options = LiveOptions(self)
         self._retries = 0
         self._created = db.clock()
         self._clear_state()
@@ -128,6 +126,8 @@ class SqliteTransaction(LocalTransaction):
         self._live = False
         self._dirty = False  # a commit version is due (FDB: any mutation or write conflict)
         self._all = False  # a clear_range: watchers must re-read every key
+        # The keys the stamped writes landed on (known at commit: _apply_stamped); the others
+        # written are the write map's (publish, at commit).
         self._keys: list[bytes] = []
         self._wm = WriteMap()  # writes, applied at commit
         # Stored values this transaction has read: they stay the committed ones while it holds
@@ -159,11 +159,9 @@ class SqliteTransaction(LocalTransaction):
         if store.kept is not None and not nested:
             # The store's last commit is this handle's (Store.take_kept): what it read and
             # wrote is still stored, and is read from here without asking SQLite.
-            version = store.kept[0]
             kept = store.take_kept()
             if kept is not None:
-                self._seen, self._wrote = kept
-                self._kept_at = version
+                self._kept_at, self._seen, self._wrote = kept
 
     def _open_sql(self) -> None:
         """BEGIN (deferred), before this transaction's first statement: not when the store lock
@@ -266,13 +264,13 @@ class SqliteTransaction(LocalTransaction):
         try:
             if not self._sql:
                 self._open_sql()
-            if len(ask) <= _IN_BATCH:  # the common case: one statement, no slices
+            if len(ask) <= IN_BATCH:  # the common case: one statement, no slices
                 n = len(ask)
-                seen.update(self._cur.execute(_GET_IN.get(n) or _GET_IN.setdefault(n, _get_in(n)), ask))
+                seen.update(self._cur.execute(GET_IN.get(n) or GET_IN.setdefault(n, get_in(n)), ask))
             else:
-                for lo in range(0, len(ask), _IN_BATCH):
-                    part = ask[lo : lo + _IN_BATCH]
-                    sql = _GET_IN.get(len(part)) or _GET_IN.setdefault(len(part), _get_in(len(part)))
+                for lo in range(0, len(ask), IN_BATCH):
+                    part = ask[lo : lo + IN_BATCH]
+                    sql = GET_IN.get(len(part)) or GET_IN.setdefault(len(part), get_in(len(part)))
                     seen.update(self._cur.execute(sql, part))  # (k, v) rows
         except sqlite3.Error as exc:
             raise self._fail(exc) from exc
@@ -298,7 +296,7 @@ class SqliteTransaction(LocalTransaction):
             or max(map(len, keys)) > KEY_SIZE_LIMIT
         ):
             return super()._read_many(keys, snapshot)
-        if not self._live or self.options.timeout_ms:
+        if not self._live:
             self._touch()  # the first operation begins the transaction (an operation's first read)
         if self._wm.values or self._all:
             return super()._read_many(keys, snapshot)
@@ -319,13 +317,11 @@ class SqliteTransaction(LocalTransaction):
         """Write ``value`` at ``key`` (blind: adds a write conflict only)."""
         if (
             self._live
-            and not self._nested
             and type(key) is bytes
             and type(value) is bytes
             and len(key) <= KEY_SIZE_LIMIT
             and key < SYSTEM_KEYS
             and len(value) <= VALUE_SIZE_LIMIT
-            and not self.options.timeout_ms
         ):
             self._size += _SET_BYTES + 3 * len(key) + len(value)
             self._has_writes = self._dirty = True
@@ -334,7 +330,6 @@ class SqliteTransaction(LocalTransaction):
                 wm.values[key] = value
             else:
                 wm.set(key, value)
-            self._keys.append(key)
             return
         super().set(key, value)
 
@@ -344,14 +339,12 @@ class SqliteTransaction(LocalTransaction):
         """Little-endian add; never a read conflict, so hot counters do not conflict."""
         if (
             self._live
-            and not self._nested
             and not self._all
             and type(key) is bytes
             and type(param) is bytes
             and len(key) <= KEY_SIZE_LIMIT
             and key < SYSTEM_KEYS
             and len(param) <= VALUE_SIZE_LIMIT
-            and not self.options.timeout_ms
         ):
             wm = self._wm
             values = wm.values
@@ -372,19 +365,11 @@ class SqliteTransaction(LocalTransaction):
                 values[key] = value
             else:
                 wm.set(key, value)
-            self._keys.append(key)
             return
         super().add(key, param)
 
     def clear(self, key: bytes) -> None:
-        if (
-            self._live
-            and not self._nested
-            and type(key) is bytes
-            and len(key) <= KEY_SIZE_LIMIT
-            and key < SYSTEM_KEYS
-            and not self.options.timeout_ms
-        ):
+        if self._live and type(key) is bytes and len(key) <= KEY_SIZE_LIMIT and key < SYSTEM_KEYS:
             # A clear is the mutation ClearRange(key, keyAfter(key)) and that write conflict range.
             self._size += _SET_BYTES + 4 * len(key) + 1
             self._has_writes = self._dirty = True
@@ -393,7 +378,6 @@ class SqliteTransaction(LocalTransaction):
                 wm.values[key] = None
             else:
                 wm.set(key, None)
-            self._keys.append(key)
             return
         super().clear(key)
 
@@ -401,13 +385,7 @@ class SqliteTransaction(LocalTransaction):
 
     def add_read_conflict_key(self, key: bytes) -> None:
         # Nothing to record (see _conflict_range): the checks and the size accounting only.
-        if (
-            self._live
-            and type(key) is bytes
-            and len(key) <= KEY_SIZE_LIMIT
-            and key < SYSTEM_KEYS
-            and not self.options.timeout_ms
-        ):
+        if self._live and type(key) is bytes and len(key) <= KEY_SIZE_LIMIT and key < SYSTEM_KEYS:
             self._size += KEY_RANGE_REF_BYTES + 2 * len(key) + 1
             return
         super().add_read_conflict_key(key)
@@ -456,7 +434,6 @@ class SqliteTransaction(LocalTransaction):
         if self._nested:
             raise self._store.no_writes()
         self._wm.set(key, value)
-        self._keys.append(key)
         self._dirty = True
 
     def _set(self, key: bytes, value: bytes) -> None:
@@ -490,13 +467,13 @@ class SqliteTransaction(LocalTransaction):
         the checks of ``LocalTransaction``'s (the same limits, codes and size counted, tested
         against it in tests/engines/sqlite/test_versionstamps.py) done inline; anything they
         would refuse, or a transaction not yet begun, goes the generic way."""
-        if type(key) is bytes and type(value) is bytes and self._live and not self._nested:
+        if type(key) is bytes and type(value) is bytes and self._live:
             n = len(key)
             # The offset, the stamp, and a key within the limit once its offset is gone; no
             # system key (as key[:-4] < SYSTEM_KEYS: it keeps the 10 bytes of the stamp).
             if 14 <= n <= _STAMPED_KEY_MAX and len(value) <= VALUE_SIZE_LIMIT and key < SYSTEM_KEYS:
                 at = _STAMP_AT(key, n - 4)[0]
-                if at + 14 <= n and not self.options.timeout_ms:
+                if at + 14 <= n:
                     self._size += _SET_BYTES + 3 * n - 8 + len(value)  # the mutation and its range
                     self._has_writes = self._dirty = True
                     self._stamped.append((at, key, value))
@@ -506,11 +483,11 @@ class SqliteTransaction(LocalTransaction):
     def set_versionstamped_value(self, key: bytes, value: bytes) -> None:
         """Write ``value`` (its stamp filled in at commit) at ``key``: as
         :meth:`set_versionstamped_key`, the common case inline."""
-        if type(key) is bytes and type(value) is bytes and self._live and not self._nested:
+        if type(key) is bytes and type(value) is bytes and self._live:
             n = len(value)
             if 14 <= n <= _STAMPED_VALUE_MAX and len(key) <= KEY_SIZE_LIMIT and key < SYSTEM_KEYS:
                 at = _STAMP_AT(value, n - 4)[0]
-                if at + 14 <= n and not self.options.timeout_ms:
+                if at + 14 <= n:
                     self._size += _SET_BYTES + 3 * len(key) + n
                     self._has_writes = self._dirty = True
                     self._stamped.append((~at, key, value))
@@ -551,6 +528,37 @@ class SqliteTransaction(LocalTransaction):
 
     # -- the commit: a pipeline of steps, in this order ------------------------------------------
 
+    def commit(self) -> None:
+        """Atomically apply every write (``LocalTransaction.commit``). The common case - begun,
+        no timeout, writes within the size limit, a read version inside the 5-second window -
+        goes straight to :meth:`_commit`: the checks ``_commit_attempt`` makes, in one
+        condition, and the same states, errors (marked ``during_commit``) and callbacks
+        after. Anything else (a read-only commit, a timeout set, a used or cancelled
+        transaction, too big or too old) takes the general path, which raises the precise
+        error (tests/engines/sqlite/test_flat_commit.py compares the two)."""
+        if self._live and self._dirty and self._has_writes and self._size <= TRANSACTION_SIZE_LIMIT:
+            read_at = self._read_at
+            if read_at is None or self.db.clock() - read_at <= TRANSACTION_WINDOW_SECONDS:
+                self._state = "committing"
+                self._live = False
+                try:
+                    version = self._commit()
+                except BaseException as exc:
+                    self._commit_failed(exc)
+                    if isinstance(exc, EngineError):
+                        exc.during_commit = True
+                    raise
+                self._state = "committed"
+                self._committed_version = version
+                if self._stamp is not None:
+                    self._stamp._version = version
+                if self._watches:
+                    self.db._arm_watches(self._watches)
+                if self._finish is not None:
+                    self._run_finish(None)
+                return
+        LocalTransaction.commit(self)
+
     def _commit(self) -> int:
         """Commit, as a pipeline of steps in this order: the guards (the store's files are the
         ones opened; the lease is still this holder's, pinned), the writes with their version
@@ -587,11 +595,14 @@ class SqliteTransaction(LocalTransaction):
             values = self._wm.values
             for key in read.keys() & values.keys():
                 read[key] = values[key]
-            store.keep(version, read, values if len(values) <= _KEEP_UP_TO else _NOTHING)
+            store.kept = (version, read, values if len(values) <= _KEEP_UP_TO else _NOTHING)  # Store.keep's
             self._seen = {}
         self._locked = False  # _end's, inline: a transaction that wrote is never nested
         store.release()
-        store.publish(None if self._all else self._keys)
+        # The keys written: the write map's (its keys view, made no list of), and the stamped
+        # rows' landed keys when there are any. Nothing mutates the write map after its commit.
+        values = self._wm.values
+        store.publish(None if self._all else [*values, *self._keys] if self._keys else values.keys())
         if store.syncs and not self._only_volatile():
             # A commit that writes only volatile queues' keys skips the fsync: it survives a
             # process crash (its WAL frames are in the page cache), not a power loss, until the
@@ -640,86 +651,6 @@ class SqliteTransaction(LocalTransaction):
             "5-second window and another transaction took it over; nothing was committed",
         )
 
-    def _write(self) -> tuple[int, bool]:
-        """The writes, the commit version (and whether it raised meta's reservation), the
-        versionstamps, COMMIT: one SQLite write transaction. A failure applies nothing and
-        leaves the clock pending: the next commit re-reads meta.
-
-        A transaction that asked SQLite nothing (no BEGIN yet: :meth:`_open_sql`) takes its
-        version first, then writes: in one statement, SQLite's own transaction, when one
-        holds its writes (sets only, up to a statement's rows, stamped rows among them, no
-        reservation to raise: an enqueue, an ack); else BEGIN, the statements, COMMIT.
-
-        Why this keeps every guarantee. *Serializability*: its reads came from what its
-        handle's last commit kept, taken at its begin only while the lock file's version clock
-        still named that commit as the store's last (``Store.take_kept``), or it read nothing;
-        no other commit of any process can have come since, as the store lock is held from the
-        begin and :meth:`Store.pin` (just before, under the page mutex) found it never taken
-        over - only the current generation's holder commits - and the clock is asked again
-        here all the same (:meth:`_kept_overtaken`). Without a snapshot SQLite has
-        nothing to refuse (no ``SQLITE_BUSY_SNAPSHOT``): the pin is what refuses a holder
-        that was taken over (1007), as it did when the deferred BEGIN began no snapshot
-        either. *Atomicity*: one statement is atomic in SQLite (a failed one undoes all its
-        rows: https://www.sqlite.org/lang_transaction.html, "autocommit"), and the version's
-        reservation, when it must rise, goes in the same SQLite transaction as the rows
-        (``begin`` below). *Durability*: the same WAL commit at ``synchronous=NORMAL``, then
-        the same fsync after release (sync=full). *The store lock, file identity, the WAL
-        record*: the same guards before (files, pin) and marks after (``after_writes``).
-        A version taken before writes that then fail is a gap, as a failed COMMIT leaves:
-        the page names a version no commit has, so no handle trusts kept values over it."""
-        conn = self._cur
-        try:
-            if self._sql:
-                self._apply_writes(conn)
-                version, bumped = self._store.clock.next_version(conn, self._reserved, self._rv, self._held)
-                if self._stamped:
-                    self._apply_stamped(conn, make_versionstamp(version))
-                conn.execute("COMMIT")
-                return version, bumped
-            kept = self._kept_at
-            # (last commit, pending) on the clock: still the kept values' commit, none pending
-            if kept is not None and self._store.page.clock()[1:4:2] != (kept, 0):  # type: ignore[attr-defined]
-                raise self._kept_overtaken()
-            version, bumped = self._store.clock.next_version(
-                conn, self._reserved, self._rv, self._held, self._open_sql
-            )
-            values = self._wm.values
-            stamped = self._stamped
-            if stamped and not (self._sql or self._all) and len(values) + len(stamped) <= _ONE_UP_TO:
-                # The sets and the stamped rows in one INSERT (a journaled operation's)
-                self._apply_stamped(conn, make_versionstamp(version), values)
-            elif self._sql or stamped or self._all or len(values) > _ONE_UP_TO or None in values.values():
-                if not self._sql:
-                    self._open_sql()
-                self._apply_writes(conn)
-                if stamped:
-                    self._apply_stamped(conn, make_versionstamp(version))
-                conn.execute("COMMIT")
-            else:
-                self._apply_writes(conn)  # one statement: SQLite's own transaction
-        except sqlite3.Error as exc:
-            raise self._fail(exc) from exc
-        return version, bumped
-
-    def _stamped_apart(self) -> bool:
-        """After the commit: whether no versionstamped write landed on a key this transaction
-        read or wrote otherwise (their keys, known only at commit, are the last of ``_keys``:
-        ``_apply_stamped``), so that what :meth:`_commit` keeps is what the store holds."""
-        landed = self._keys[-len(self._stamped) :]
-        return self._seen.keys().isdisjoint(landed) and self._wm.values.keys().isdisjoint(landed)
-
-    def _kept_overtaken(self) -> EngineError:
-        """A commit that asked SQLite nothing found, after its pin, that the clock no longer
-        names the commit whose values it took. The pin already implies it does (no holder
-        but the current one commits): a check of one read of the page, which refuses as too
-        old rather than write over a commit this transaction did not see."""
-        self._rollback()
-        return EngineError(
-            1007,
-            f"transaction_too_old: another transaction committed to {self._store.path} while this one "
-            "held the store lock",
-        )
-
     def _only_volatile(self) -> bool:
         """Whether every key this transaction writes lies under a declared volatile prefix."""
         prefixes = self.options.volatile
@@ -730,105 +661,6 @@ class SqliteTransaction(LocalTransaction):
         if not all(k.startswith(prefixes) for k in inside):
             return False
         return all(any(p <= b and e <= _end_of(p) for p in prefixes) for b, e in wm.cleared_ranges)
-
-    def _apply_writes(self, conn: sqlite3.Cursor) -> None:
-        """Apply the buffered writes: the first one turns the read snapshot into a write
-        transaction, which SQLite refuses (SQLITE_BUSY_SNAPSHOT) when another connection
-        committed since the snapshot began (https://www.sqlite.org/rescode.html#busy_snapshot):
-        then nothing was applied, and the commit fails with 1020 not_committed."""
-        wm = self._wm
-        try:
-            if wm.values or self._all:
-                if self._all:  # ranges are cleared only through _clear_range, which sets it
-                    for begin, end in wm.cleared_ranges:
-                        conn.execute(_DEL_RANGE, (begin, end))
-                values = wm.values
-                puts: list[bytes] = []
-                dels: list[tuple[bytes]] = []
-                if None in values.values():
-                    for k, v in values.items():
-                        if v is None:
-                            dels.append((k,))  # executemany's rows, made here: no second pass
-                        else:
-                            puts += (k, v)
-                else:  # sets only (an enqueue): the pairs flattened in C
-                    # (values None only where "None in values" said; mypy cannot know)
-                    puts = list(chain.from_iterable(values.items()))  # type: ignore[arg-type]
-                # One statement for all the rows (up to the variable bound), not one stepped
-                # per row: fewer instructions per enqueue (scripts/count_instructions.py).
-                if len(puts) <= _IN_BATCH:  # the common case: one INSERT, no slices
-                    if puts:
-                        n = len(puts) // 2
-                        conn.execute(_PUT_N.get(n) or _put_n(n), puts)
-                else:
-                    for lo in range(0, len(puts), _IN_BATCH):
-                        part = puts[lo : lo + _IN_BATCH]
-                        conn.execute(_put_n(len(part) // 2), part)
-                if dels:
-                    # One statement stepped per key: "k IN (...)" would build SQLite a
-                    # temporary index of the list first (more instructions, measured), and
-                    # so does "k = ? OR k = ?" (SQLite makes it an IN); one statement that
-                    # both writes and deletes (an INSTEAD OF trigger on a view) costs more
-                    # than BEGIN and COMMIT around the two (docs/performance.md, issue 30
-                    # fourth pass, "lease + ack to 700k").
-                    conn.executemany(_DEL, dels)
-            else:  # a write conflict range or versionstamps only: the version still needs the write lock
-                conn.execute("UPDATE meta SET value = value WHERE name = 'version'")
-        except sqlite3.OperationalError as exc:
-            if getattr(exc, "sqlite_errorcode", 0) & 0xFF != 5:  # SQLITE_BUSY and its extended codes
-                raise
-            raise self._busy(exc) from exc
-
-    def _apply_stamped(
-        self, conn: sqlite3.Cursor, stamp: bytes, sets: dict[bytes, bytes | None] | None = None
-    ) -> None:
-        """The stamped writes, each template filled with this commit's one stamp at the offset
-        kept when it was written (checked then: inside the template), in one statement.
-
-        With ``sets`` (the write map's values, no range cleared, the rows of both within one
-        statement's bound; from :meth:`_write` when it took its version before any statement):
-        the sets and the stamped rows in one multi-row ``INSERT``. Sets only (a journaled
-        enqueue after its handle's own commit) is that one statement, SQLite's own transaction,
-        which applies all its rows or none (https://www.sqlite.org/lang_transaction.html,
-        "autocommit"); with clears (a dequeue, a lease, an ack) BEGIN, the clears, the INSERT,
-        COMMIT. The stamped rows come after every other write, as when they had a statement of
-        their own: ``INSERT OR REPLACE`` takes its rows in order, so a stamped key that fills
-        to a key set or cleared in the transaction wins."""
-        rows = [
-            (key[:at] + stamp + key[at + 10 : -4], value)
-            if at >= 0
-            else (key, value[:~at] + stamp + value[~at + 10 : -4])
-            for at, key, value in self._stamped
-        ]
-        self._keys += map(_FIRST, rows)
-        if sets is None:
-            conn.executemany(_PUT, rows)  # one statement for all (a journaled commit has three or more)
-            return
-        try:
-            if None in sets.values():  # clears too (a dequeue, a lease, an ack): BEGIN .. COMMIT
-                self._open_sql()
-                # The clears first: a stamped key that fills to a key cleared wins, as when
-                # the stamped rows are applied after every other write.
-                conn.executemany(_DEL, [(k,) for k, v in sets.items() if v is None])
-                puts: list[bytes | None] = [x for kv in sets.items() if kv[1] is not None for x in kv]
-                puts += chain.from_iterable(rows)
-                self._put_rows(conn, puts)
-                conn.execute("COMMIT")
-            else:  # sets only (an enqueue): one statement, SQLite's own transaction
-                puts = list(chain.from_iterable(sets.items()))
-                puts += chain.from_iterable(rows)
-                self._put_rows(conn, puts)
-        except sqlite3.OperationalError as exc:
-            if getattr(exc, "sqlite_errorcode", 0) & 0xFF != 5:  # as _apply_writes: SQLITE_BUSY is 1020
-                raise
-            raise self._busy(exc) from exc
-
-    @staticmethod
-    def _put_rows(conn: sqlite3.Cursor, puts: list[bytes | None]) -> None:
-        """``puts`` (key, value, key, value, ...: at most _ONE_UP_TO rows, no value None) in
-        one INSERT."""
-        n = len(puts) // 2
-        conn.execute(_PUT_N.get(n) or _put_n(n), puts)
 
     def _busy(self, exc: sqlite3.OperationalError) -> EngineError:
         """A write SQLite refused as SQLITE_BUSY (another connection, outside the store lock,
@@ -865,34 +697,13 @@ _I64 = struct.Struct("<q")
 _STAMP_AT = struct.Struct("<I").unpack_from  # a versionstamp template's offset, its last 4 bytes
 _STAMPED_KEY_MAX = KEY_SIZE_LIMIT + 4  # a key template's length at most (the offset is not written)
 _STAMPED_VALUE_MAX = VALUE_SIZE_LIMIT + 4
-_FIRST = itemgetter(0)
 _I64_PACK, _I64_UNPACK = _I64.pack, _I64.unpack
 # Bytes one write adds to a transaction's size as FoundationDB counts it (as in
 # LocalTransaction): a mutation and a write conflict range [key, keyAfter(key)).
 _SET_BYTES = MUTATION_REF_BYTES + KEY_RANGE_REF_BYTES + 1
 _POINT_RANGE_BYTES = KEY_RANGE_REF_BYTES + 1
 _BYTES_ONLY = {bytes}
-_UNION_UP_TO = 16  # keys read by one compound SELECT; more by one "k IN (...)"
 _KEEP_UP_TO = 64  # keys a commit keeps for the next transaction at most (Store.keep)
-_ONE_UP_TO = _IN_BATCH // 2  # rows one INSERT writes at most (two variables a row)
-
-
-def _put_n(n: int) -> str:
-    """The statement that writes ``n`` rows (made once for each ``n``)."""
-    sql = _PUT_N.get(n)
-    if sql is None:
-        sql = _PUT_N[n] = "INSERT OR REPLACE INTO kv (k, v) VALUES " + ",".join(["(?,?)"] * n)
-    return sql
-
-
-def _get_in(n: int) -> str:
-    """The statement that reads ``n`` keys' rows: for a few keys (an operation's metadata and
-    counters), one point lookup each joined by UNION ALL, since "k IN (...)" first builds
-    SQLite a temporary index of the list (about 40 % more instructions for six keys,
-    measured); for more, "k IN (...)", whose index then pays for itself."""
-    if n <= _UNION_UP_TO:
-        return " UNION ALL ".join(["SELECT k, v FROM kv WHERE k = ?"] * n)
-    return f"SELECT k, v FROM kv WHERE k IN ({','.join('?' * n)})"
 
 
 def _sql_add(existing: bytes, param: bytes) -> bytes | None:

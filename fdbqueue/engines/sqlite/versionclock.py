@@ -12,6 +12,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 
+from fdbqueue.engines import versions as _versions
 from fdbqueue.engines.sqlite.page import PENDING, SharedPage
 from fdbqueue.engines.sqlite.store import WritableStore
 from fdbqueue.engines.versions import VERSIONS_PER_SECOND, monotonic_us, wall_us
@@ -74,6 +75,24 @@ class VersionClock:
     def read_version(self, reserved: Callable[[], int], nested: bool) -> tuple[int, Held | None]:
         """A read version, and what the clock read then for :meth:`next_version` to reuse (None
         when nested or without a trusted page: the commit reads the clock again)."""
+        store = self._store
+        tag = store.clock_tag
+        if not nested and tag is not None:
+            # _now's common case inline, as in next_version: the page trusted, no commit died
+            # half-way, this process's base known and not behind the last commit.
+            page = store.page
+            found, last, meta, pending, base = page.clock()
+            own = store.shared.clock_base
+            if found == tag and pending != PENDING and own is not None:
+                now = own + (
+                    time.monotonic_ns() // 1000 + _versions._ahead_us
+                    if _versions._frozen_us is None
+                    else monotonic_us()
+                )
+                if now + VERSIONS_PER_SECOND >= last:
+                    version = max(last, now - 1)
+                    page.set_stamp(version, int(_versions._wall() * 1e6))
+                    return version, (last, meta, base, now, own)
         state = self._now(reserved, nested)
         last, _, _, now, _ = state
         # One below the clock: every later commit (at least the clock) is above it.
@@ -144,14 +163,31 @@ class VersionClock:
 
         ``begin``: for a transaction with no SQLite transaction open yet, called before the
         reservation is raised, so that the raise and the rows commit together."""
-        if held is None:
-            last, meta, base, now, _ = self._now(reserved, False)
-        else:
+        store = self._store
+        tag = store.clock_tag
+        page = store.page
+        own = None
+        if held is not None:
             last, meta, base, _, own = held
-            now = own + monotonic_us()
+        elif tag is not None:
+            # _now's common case inline: the page trusted (this boot, this store), no commit
+            # died half-way, this process's base known (checked below: not behind the last).
+            found, last, meta, pending, base = page.clock()
+            if found == tag and pending != PENDING:
+                own = store.shared.clock_base
+        if own is not None:
+            # The monotonic clock read once, as monotonic_us() reads it (inline: every commit).
+            now = own + (
+                time.monotonic_ns() // 1000 + _versions._ahead_us
+                if _versions._frozen_us is None
+                else monotonic_us()
+            )
+            if held is None and now + VERSIONS_PER_SECOND < last:
+                own = None  # behind the last commit: _now catches this process's base up
+        if own is None:
+            last, meta, base, now, _ = self._now(reserved, False)
         version = max(last + 1, now, -1 if read is None else read + 1)
         bumped = version > meta
-        tag = self._store.clock_tag
         if bumped:
             # Without a trusted lock file (no boot id), meta holds the last version itself.
             meta = version + (_RESERVE_US if tag is not None else 0)
@@ -159,8 +195,10 @@ class VersionClock:
                 begin()
             conn.execute(_SET_VERSION, (meta,))
         if tag is not None:
-            # Pending only while a raised reservation is not committed yet.
-            self._store.page.set_clock(tag, version, meta, PENDING if bumped else 0, base, wall_us())
+            # page.set_clock's two writes: pending only while a raised reservation is not
+            # committed yet; the stamp, the version read at this process's wall clock (wall_us).
+            page.pack_clock(tag, version, meta, PENDING if bumped else 0, base)
+            page.set_stamp(version, int(_versions._wall() * 1e6))
         return version, bumped
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import fdbqueue
-from fdbqueue.engines.sqlite import transaction as sqlite_transaction
+from fdbqueue.engines.sqlite import writes as sqlite_writes
 from tests.support.sqlite_files import STAMP as _STAMP
 from tests.support.sqlite_files import stored as _stored
 from tests.support.sqlite_files import template as _template
@@ -19,7 +19,7 @@ from tests.support.sqlite_files import template as _template
 
 @pytest.fixture
 def fixed_stamp(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sqlite_transaction, "make_versionstamp", lambda version, batch=0: _STAMP)
+    monkeypatch.setattr(sqlite_writes, "make_versionstamp", lambda version, batch=0: _STAMP)
 
 
 @pytest.mark.usefixtures("fixed_stamp")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import fdbqueue
-from fdbqueue.engines.sqlite import transaction as sqlite_transaction
+from fdbqueue.engines.sqlite import writes as sqlite_writes
 from fdbqueue.errors import QueueError
 from tests.support.sqlite_files import STAMP as _STAMP
 from tests.support.sqlite_files import stored as _stored
@@ -36,7 +36,7 @@ def _verbs(db: fdbqueue.Database, body: object) -> list[str]:
 
 @pytest.fixture
 def fixed_stamp(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sqlite_transaction, "make_versionstamp", lambda version, batch=0: _STAMP)
+    monkeypatch.setattr(sqlite_writes, "make_versionstamp", lambda version, batch=0: _STAMP)
 
 
 def test_a_journaled_enqueue_after_its_own_commit_is_one_insert(tmp_path: Path) -> None:
@@ -210,7 +210,7 @@ def test_more_rows_than_one_insert_holds_all_land(tmp_path: Path) -> None:
     path = tmp_path / "q.db"
     db = fdbqueue.open(f"sqlite://{path}")
     try:
-        bound = sqlite_transaction._ONE_UP_TO
+        bound = sqlite_writes.ONE_UP_TO
         for sets in (bound - 3, bound - 2, bound + 5):
             tr = db.create_transaction()
             for i in range(sets):

@@ -1,0 +1,271 @@
+"""The embedded engine's write application: how a commit turns a transaction's buffered
+writes into SQLite statements (:class:`WriteApplication`, a part of
+:class:`~.transaction.SqliteTransaction`), and the statements it runs.
+
+A commit takes its version and writes in one SQLite transaction (:meth:`WriteApplication._write`):
+the sets of an enqueue in one multi-row ``INSERT``, SQLite's own transaction; clears, ranges and
+versionstamped rows between ``BEGIN`` and ``COMMIT``. The transaction's guards, its marks and
+the store lock stay in :mod:`.transaction`; this module only applies what it buffered.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from itertools import chain
+from operator import itemgetter
+from typing import TYPE_CHECKING
+
+from fdbqueue.engines.local.mutations import make_versionstamp
+from fdbqueue.engines.local.writemap import WriteMap
+from fdbqueue.errors import EngineError
+
+if TYPE_CHECKING:
+    from fdbqueue.engines.sqlite.store import Store
+    from fdbqueue.engines.sqlite.versionclock import Held
+
+IN_BATCH = 500  # keys a statement asks for at most (SQLite's bound on variables is 999 on old builds)
+ONE_UP_TO = IN_BATCH // 2  # rows one INSERT writes at most (two variables a row)
+UNION_UP_TO = 16  # keys read by one compound SELECT; more by one "k IN (...)"
+GET_IN: dict[int, str] = {}  # SELECT ... WHERE k IN (?, ...), by the number of keys
+_PUT = "INSERT OR REPLACE INTO kv (k, v) VALUES (?, ?)"
+PUT_N: dict[int, str] = {}  # INSERT ... VALUES (?, ?), ... by the number of rows
+_DEL = "DELETE FROM kv WHERE k = ?"
+_DEL_RANGE = "DELETE FROM kv WHERE k >= ? AND k < ?"
+_FIRST = itemgetter(0)
+
+
+class WriteApplication:
+    """The commit's write steps of :class:`~.transaction.SqliteTransaction` (a base of it: the
+    fields and methods declared below are the transaction's)."""
+
+    __slots__ = ()
+
+    if TYPE_CHECKING:
+        _store: Store
+        _cur: sqlite3.Cursor
+        _sql: bool
+        _all: bool
+        _kept_at: int | None
+        _rv: int | None
+        _held: Held | None
+        _wm: WriteMap[bytes | None]
+        _stamped: list[tuple[int, bytes, bytes]]
+        _keys: list[bytes]
+        _seen: dict[bytes, bytes | None]
+
+        def _open_sql(self) -> None: ...
+        def _reserved(self) -> int: ...
+        def _fail(self, exc: sqlite3.Error) -> Exception: ...
+        def _rollback(self) -> None: ...
+        def _busy(self, exc: sqlite3.OperationalError) -> EngineError: ...
+
+    def _write(self) -> tuple[int, bool]:
+        """The writes, the commit version (and whether it raised meta's reservation), the
+        versionstamps, COMMIT: one SQLite write transaction. A failure applies nothing and
+        leaves the clock pending: the next commit re-reads meta.
+
+        A transaction that asked SQLite nothing (no BEGIN yet: :meth:`_open_sql`) takes its
+        version first, then writes: in one statement, SQLite's own transaction, when one
+        holds its writes (sets only, up to a statement's rows, stamped rows among them, no
+        reservation to raise: an enqueue, an ack); else BEGIN, the statements, COMMIT.
+
+        Why this keeps every guarantee. *Serializability*: its reads came from what its
+        handle's last commit kept, taken at its begin only while the lock file's version clock
+        still named that commit as the store's last (``Store.take_kept``), or it read nothing;
+        no other commit of any process can have come since, as the store lock is held from the
+        begin and :meth:`Store.pin` (just before, under the page mutex) found it never taken
+        over - only the current generation's holder commits - and the clock is asked again
+        here all the same (:meth:`_kept_overtaken`). Without a snapshot SQLite has
+        nothing to refuse (no ``SQLITE_BUSY_SNAPSHOT``): the pin is what refuses a holder
+        that was taken over (1007), as it did when the deferred BEGIN began no snapshot
+        either. *Atomicity*: one statement is atomic in SQLite (a failed one undoes all its
+        rows: https://www.sqlite.org/lang_transaction.html, "autocommit"), and the version's
+        reservation, when it must rise, goes in the same SQLite transaction as the rows
+        (``begin`` below). *Durability*: the same WAL commit at ``synchronous=NORMAL``, then
+        the same fsync after release (sync=full). *The store lock, file identity, the WAL
+        record*: the same guards before (files, pin) and marks after (``after_writes``).
+        A version taken before writes that then fail is a gap, as a failed COMMIT leaves:
+        the page names a version no commit has, so no handle trusts kept values over it."""
+        conn = self._cur
+        try:
+            if self._sql:
+                self._apply_writes(conn)
+                version, bumped = self._store.clock.next_version(conn, self._reserved, self._rv, self._held)
+                if self._stamped:
+                    self._apply_stamped(conn, make_versionstamp(version))
+                conn.execute("COMMIT")
+                return version, bumped
+            kept = self._kept_at
+            # (last commit, pending) on the clock: still the kept values' commit, none pending
+            if kept is not None and self._store.page.clock()[1:4:2] != (kept, 0):  # type: ignore[attr-defined]
+                raise self._kept_overtaken()
+            version, bumped = self._store.clock.next_version(
+                conn, self._reserved, self._rv, self._held, self._open_sql
+            )
+            values = self._wm.values
+            stamped = self._stamped
+            if (
+                not (stamped or self._sql or self._all)
+                and 0 < len(values) <= ONE_UP_TO
+                and None not in values.values()
+            ):
+                # Sets only (an enqueue): one INSERT, SQLite's own transaction (_apply_writes'
+                # common case, without its second look at the write map)
+                n = len(values)
+                try:
+                    conn.execute(PUT_N.get(n) or put_n(n), list(chain.from_iterable(values.items())))
+                except sqlite3.OperationalError as exc:
+                    if getattr(exc, "sqlite_errorcode", 0) & 0xFF != 5:  # as _apply_writes
+                        raise
+                    raise self._busy(exc) from exc
+            elif stamped and not (self._sql or self._all) and len(values) + len(stamped) <= ONE_UP_TO:
+                # The sets and the stamped rows in one INSERT (a journaled operation's)
+                self._apply_stamped(conn, make_versionstamp(version), values)
+            elif self._sql or stamped or self._all or len(values) > ONE_UP_TO or None in values.values():
+                if not self._sql:
+                    self._open_sql()
+                self._apply_writes(conn)
+                if stamped:
+                    self._apply_stamped(conn, make_versionstamp(version))
+                conn.execute("COMMIT")
+            else:
+                self._apply_writes(conn)  # one statement: SQLite's own transaction
+        except sqlite3.Error as exc:
+            raise self._fail(exc) from exc
+        return version, bumped
+
+    def _stamped_apart(self) -> bool:
+        """After the commit: whether no versionstamped write landed on a key this transaction
+        read or wrote otherwise (their keys, known only at commit, are ``_keys``:
+        ``_apply_stamped``), so that what :meth:`_commit` keeps is what the store holds."""
+        landed = self._keys
+        return self._seen.keys().isdisjoint(landed) and self._wm.values.keys().isdisjoint(landed)
+
+    def _kept_overtaken(self) -> EngineError:
+        """A commit that asked SQLite nothing found, after its pin, that the clock no longer
+        names the commit whose values it took. The pin already implies it does (no holder
+        but the current one commits): a check of one read of the page, which refuses as too
+        old rather than write over a commit this transaction did not see."""
+        self._rollback()
+        return EngineError(
+            1007,
+            f"transaction_too_old: another transaction committed to {self._store.path} while this one "
+            "held the store lock",
+        )
+
+    def _apply_writes(self, conn: sqlite3.Cursor) -> None:
+        """Apply the buffered writes: the first one turns the read snapshot into a write
+        transaction, which SQLite refuses (SQLITE_BUSY_SNAPSHOT) when another connection
+        committed since the snapshot began (https://www.sqlite.org/rescode.html#busy_snapshot):
+        then nothing was applied, and the commit fails with 1020 not_committed."""
+        wm = self._wm
+        try:
+            if wm.values or self._all:
+                if self._all:  # ranges are cleared only through _clear_range, which sets it
+                    for begin, end in wm.cleared_ranges:
+                        conn.execute(_DEL_RANGE, (begin, end))
+                values = wm.values
+                puts: list[bytes] = []
+                dels: list[tuple[bytes]] = []
+                if None in values.values():
+                    for k, v in values.items():
+                        if v is None:
+                            dels.append((k,))  # executemany's rows, made here: no second pass
+                        else:
+                            puts += (k, v)
+                else:  # sets only (an enqueue): the pairs flattened in C
+                    # (values None only where "None in values" said; mypy cannot know)
+                    puts = list(chain.from_iterable(values.items()))  # type: ignore[arg-type]
+                # One statement for all the rows (up to the variable bound), not one stepped
+                # per row: fewer instructions per enqueue (scripts/count_instructions.py).
+                if len(puts) <= IN_BATCH:  # the common case: one INSERT, no slices
+                    if puts:
+                        n = len(puts) // 2
+                        conn.execute(PUT_N.get(n) or put_n(n), puts)
+                else:
+                    for lo in range(0, len(puts), IN_BATCH):
+                        part = puts[lo : lo + IN_BATCH]
+                        conn.execute(put_n(len(part) // 2), part)
+                if dels:
+                    # One statement stepped per key: "k IN (...)" would build SQLite a
+                    # temporary index of the list first (more instructions, measured), and
+                    # so does "k = ? OR k = ?" (SQLite makes it an IN); one statement that
+                    # both writes and deletes (an INSTEAD OF trigger on a view) costs more
+                    # than BEGIN and COMMIT around the two (docs/performance.md, issue 30
+                    # fourth pass, "lease + ack to 700k").
+                    conn.executemany(_DEL, dels)
+            else:  # a write conflict range or versionstamps only: the version still needs the write lock
+                conn.execute("UPDATE meta SET value = value WHERE name = 'version'")
+        except sqlite3.OperationalError as exc:
+            if getattr(exc, "sqlite_errorcode", 0) & 0xFF != 5:  # SQLITE_BUSY and its extended codes
+                raise
+            raise self._busy(exc) from exc
+
+    def _apply_stamped(
+        self, conn: sqlite3.Cursor, stamp: bytes, sets: dict[bytes, bytes | None] | None = None
+    ) -> None:
+        """The stamped writes, each template filled with this commit's one stamp at the offset
+        kept when it was written (checked then: inside the template), in one statement.
+
+        With ``sets`` (the write map's values, no range cleared, the rows of both within one
+        statement's bound; from :meth:`_write` when it took its version before any statement):
+        the sets and the stamped rows in one multi-row ``INSERT``. Sets only (a journaled
+        enqueue after its handle's own commit) is that one statement, SQLite's own transaction,
+        which applies all its rows or none (https://www.sqlite.org/lang_transaction.html,
+        "autocommit"); with clears (a dequeue, a lease, an ack) BEGIN, the clears, the INSERT,
+        COMMIT. The stamped rows come after every other write, as when they had a statement of
+        their own: ``INSERT OR REPLACE`` takes its rows in order, so a stamped key that fills
+        to a key set or cleared in the transaction wins."""
+        rows = [
+            (key[:at] + stamp + key[at + 10 : -4], value)
+            if at >= 0
+            else (key, value[:~at] + stamp + value[~at + 10 : -4])
+            for at, key, value in self._stamped
+        ]
+        self._keys += map(_FIRST, rows)
+        if sets is None:
+            conn.executemany(_PUT, rows)  # one statement for all (a journaled commit has three or more)
+            return
+        try:
+            if None in sets.values():  # clears too (a dequeue, a lease, an ack): BEGIN .. COMMIT
+                self._open_sql()
+                # The clears first: a stamped key that fills to a key cleared wins, as when
+                # the stamped rows are applied after every other write.
+                conn.executemany(_DEL, [(k,) for k, v in sets.items() if v is None])
+                puts: list[bytes | None] = [x for kv in sets.items() if kv[1] is not None for x in kv]
+                puts += chain.from_iterable(rows)
+                self._put_rows(conn, puts)
+                conn.execute("COMMIT")
+            else:  # sets only (an enqueue): one statement, SQLite's own transaction
+                puts = list(chain.from_iterable(sets.items()))
+                puts += chain.from_iterable(rows)
+                self._put_rows(conn, puts)
+        except sqlite3.OperationalError as exc:
+            if getattr(exc, "sqlite_errorcode", 0) & 0xFF != 5:  # as _apply_writes: SQLITE_BUSY is 1020
+                raise
+            raise self._busy(exc) from exc
+
+    @staticmethod
+    def _put_rows(conn: sqlite3.Cursor, puts: list[bytes | None]) -> None:
+        """``puts`` (key, value, key, value, ...: at most ONE_UP_TO rows, no value None) in
+        one INSERT."""
+        n = len(puts) // 2
+        conn.execute(PUT_N.get(n) or put_n(n), puts)
+
+
+def put_n(n: int) -> str:
+    """The statement that writes ``n`` rows (made once for each ``n``)."""
+    sql = PUT_N.get(n)
+    if sql is None:
+        sql = PUT_N[n] = "INSERT OR REPLACE INTO kv (k, v) VALUES " + ",".join(["(?,?)"] * n)
+    return sql
+
+
+def get_in(n: int) -> str:
+    """The statement that reads ``n`` keys' rows: for a few keys (an operation's metadata and
+    counters), one point lookup each joined by UNION ALL, since "k IN (...)" first builds
+    SQLite a temporary index of the list (about 40 % more instructions for six keys,
+    measured); for more, "k IN (...)", whose index then pays for itself."""
+    if n <= UNION_UP_TO:
+        return " UNION ALL ".join(["SELECT k, v FROM kv WHERE k = ?"] * n)
+    return f"SELECT k, v FROM kv WHERE k IN ({','.join('?' * n)})"
