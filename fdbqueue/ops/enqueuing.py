@@ -10,6 +10,7 @@ a receipt made in the first attempt records the ids, and a retry reads them back
 from __future__ import annotations
 
 import math
+import struct
 import time
 from collections.abc import Iterable, Mapping
 from functools import partial
@@ -35,6 +36,7 @@ from fdbqueue.errors import (
     QueueFullError,
     QueueStoppedError,
 )
+from fdbqueue.ops import workindex
 from fdbqueue.ops.moves import CHUNK_SIZE, count_new, write_new, write_plain, write_plain_journaled
 from fdbqueue.ops.privileges import check, check_create
 from fdbqueue.ops.receipts import maybe_clear_old_receipts, new_receipt, read_receipt
@@ -47,7 +49,8 @@ from fdbqueue.store.budget import (
     set_cost,
 )
 from fdbqueue.store.clock import db_now, now_us, versions
-from fdbqueue.store.config import Meta, QueueConfig, read_meta, write_config
+from fdbqueue.store.codec import unpack_count
+from fdbqueue.store.config import Meta, QueueConfig, read_meta, read_plain, write_config
 from fdbqueue.store.entropy import new_id, new_rand, random_bytes
 from fdbqueue.store.layout import QueueKeys
 from fdbqueue.store.record import (
@@ -56,6 +59,7 @@ from fdbqueue.store.record import (
     check_dedup_key,
     check_headers,
     coerce_payload,
+    encode_plain,
     payload_list,
 )
 from fdbqueue.types import ContentType, Item, NewMessage, check_duration
@@ -311,6 +315,93 @@ def enqueue_items(
             raise  # refused without waiting ("reject", or a batch that can never fit)
         raise QueueFullError(f"{exc}; waited {timeout} s for room", block=exc.block) from None
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def enqueue_one(keys: QueueKeys, tr: Transaction | Database, payload: bytes, priority: int) -> str:
+    """:meth:`fdbqueue.Queue.enqueue` of the common call: ``payload`` bytes, ``priority`` an int
+    of 32 bits (the caller checked both), no other option. Its id; what
+    ``enqueue_items(keys, tr, [new_item(payload, priority, None, 0.0, None, None)], None)``
+    does, which it is where the short way below does not apply.
+
+    The short way: given a Database of an engine where nothing conflicts and no commit is
+    unknown (``engine_traits`` both false: the embedded engine) and no trace to carry, its own
+    retried transaction runs :func:`_plain_step` - no Item, no receipt (none to settle), the
+    steps of ``_attempt`` this message needs and no more."""
+    short = _short_kinds.get(tr.__class__)
+    if short is None:
+        short = _short_kinds[tr.__class__] = _short_kind(tr)
+    if short and not tr.may_conflict and not tr.may_commit_unknown and inject(None) is None:  # type: ignore[union-attr]
+        step = partial(_plain_step, keys, payload, priority, new_rand())
+        return retry_loop(tr, step, None, True)  # type: ignore[arg-type]
+    return enqueue_items(keys, tr, [new_item(payload, priority, None, 0.0, None, None)], None)[0]
+
+
+# Per type: whether it is an engine's Database (adopt's and is_transaction's answer, asked once).
+_short_kinds: dict[type, bool] = {}
+
+
+def _short_kind(obj: object) -> bool:
+    try:
+        return adopt(obj) is obj and not is_transaction(obj) and hasattr(obj, "may_conflict")
+    except QueueError:  # not a database at all: the long way says so
+        return False
+
+
+_I64 = struct.Struct("<q")
+_I64_PACK, _I64_UNPACK = _I64.pack, _I64.unpack
+_I64_END = 2**63
+_BYTES_VALUE = _BYTES._value_
+
+
+def _plain_step(
+    keys: QueueKeys, payload: bytes, priority: int, rand: bytes, tr: Transaction, at: Attempt
+) -> str:
+    """One attempt of :func:`enqueue_one`'s short way, as the step of its retry loop.
+
+    The settings come from ``read_plain`` (those this process last found, when still the
+    queue's at the metadata version read and needing none of the enqueue's checks: the queue
+    exists, is open to every principal and admits enqueues, no max_size, TTL nor volatile
+    flag); else the attempt is ``_attempt``'s, which checks and refreshes them. Then the
+    steps of ``_attempt`` for this message: the room check, ``_write_new``'s short way (and on
+    a journaled queue its entry), and ``count_new``: the ready and wake counters set to what
+    was read of them plus one (``count_known``: nothing conflicts, so an ``add`` would
+    resolve against the same values), the work index marked unless its entry says marked.
+    A new priority, a counter not of 8 bytes or one about to wrap past 64 bits go through
+    ``count_new`` itself."""
+    found = read_plain(tr, keys, len(payload)) if len(payload) <= CHUNK_SIZE else None
+    if found is None:
+        item = _new_item(Item, ("", rand, payload, _BYTES, priority, {}, *_PLAIN_TAIL))
+        return _attempt(keys, [item], None, tr, at)[0]
+    check_room(tr.db)
+    values, settings = found
+    ready, wake = values[1], values[2]
+    # read_meta's made_ready + 1
+    index = 1 if wake is None else _I64_UNPACK(wake)[0] + 1 if len(wake) == 8 else unpack_count(wake) + 1
+    key, msg_id = keys.home(priority, index, rand)
+    t_us = now_us()  # the wall clock: enqueued_at, for people only
+    if settings.config.journal:  # type: ignore[union-attr]  # (read_plain: never None)
+        write_plain_journaled(tr, keys, key, msg_id, t_us, _BYTES_VALUE, payload, priority, t_us)
+    else:
+        tr.set(key, encode_plain(msg_id, t_us, _BYTES_VALUE, payload))
+    if (
+        ready is not None
+        and len(ready) == 8
+        and wake is not None
+        and len(wake) == 8
+        and index < _I64_END
+        and priority in settings.priorities
+    ):
+        n = _I64_UNPACK(ready)[0] + 1
+        if n < _I64_END:
+            read = keys.meta_read()  # [1] the ready counter, [2] the wake counter
+            tr.set(read[1], _I64_PACK(n))
+            tr.set(read[2], _I64_PACK(index))
+            if values[3] != b"":  # (marked already, and nothing conflicts: nothing to do)
+                workindex.mark(tr, keys, values[3], conflicts=False)
+            return msg_id
+    fresh = _NO_PRIORITIES if priority in settings.priorities else {priority}
+    count_new(tr, keys, 1, 0, fresh, values[3], conflicts=False, seen=values)
+    return msg_id
 
 
 def enqueue_in(

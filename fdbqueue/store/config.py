@@ -335,7 +335,17 @@ class Meta(NamedTuple):
         return {name: self._counter(name) for name in HOT_COUNTERS}
 
     def count(self, name: str) -> int:
-        return max(0, self._counter(name)) if name in _RAW_AT else 0
+        # Asked of every dequeue and lease (inflight, delayed): an absent counter or an
+        # 8-byte zero (most of them) answers without decoding; the rest as _counter.
+        at = _RAW_AT.get(name)
+        raw = self.raw
+        if at is None or at >= len(raw):
+            return 0
+        value = raw[at]
+        if value is None or value == _ZERO:
+            return 0
+        n = int(_COUNT(value)[0]) if len(value) == 8 else unpack_count(value)
+        return n if n > 0 else 0
 
     def _counter(self, name: str) -> int:
         at, raw = _RAW_AT[name], self.raw  # inflight and delayed: maybe left out (read_meta)
@@ -367,8 +377,9 @@ _settings_lock = threading.Lock()
 
 # The settings each queue's last read_meta found, with the database they were read from: one
 # dict lookup for the common case of one database, before the per-database cache above.
-# (the database, its settings, whether they set a max_size)
-_Hot = tuple[weakref.ref[Any], _Settings, bool]
+# (the database, its settings, whether they set a max_size, the longest payload a plain
+# enqueue may take read_plain's way with them: -1 when none may, _plain_limit)
+_Hot = tuple[weakref.ref[Any], _Settings, bool, int]
 _hot: dict[bytes, _Hot] = {}
 
 
@@ -462,8 +473,49 @@ def _settings_at(tr: Transaction, keys: QueueKeys, version: bytes | None, hot: _
         if len(_hot) > 4096:  # a process touching very many queues: start again
             _hot.clear()
         bounded = cached.config is not None and cached.config.max_size is not None
-        _hot[keys.packed] = (ref, cached, bounded)
+        _hot[keys.packed] = (ref, cached, bounded, _plain_limit(cached))
     return cached
+
+
+def _plain_limit(settings: _Settings) -> int:
+    """The longest payload an enqueue of one plain message may take :func:`read_plain`'s way
+    under ``settings``, or -1 when none may: each condition is one the enqueue's long way
+    (ops/enqueuing.py ``_attempt``) would act on - a queue to create, an owner whose rights
+    to check, enqueues disabled, a max_size to count against, a TTL to stamp, a volatile
+    prefix to declare."""
+    cfg = settings.config
+    if (
+        cfg is None
+        or settings.owner is not None
+        or not settings.state.enqueue
+        or cfg.max_size is not None
+        or cfg.ttl is not None
+        or cfg.volatile
+    ):
+        return -1
+    return min(cfg.max_payload, MAX_PAYLOAD_BYTES)
+
+
+def read_plain(tr: Transaction, keys: QueueKeys, size: int) -> tuple[list[bytes | None], _Settings] | None:
+    """:func:`read_meta` of an enqueue of one plain message of ``size`` bytes, in a
+    transaction where nothing conflicts (the caller asks ``engine_traits``' first), when the
+    settings this process last found for the queue are those at the metadata version read and
+    need none of the enqueue's checks (:func:`_plain_limit`). Then what it read
+    (``QueueKeys.meta_read_short``'s keys, snapshot reads as ``read_meta``'s) and those
+    settings; else None, read or not, and the caller takes ``read_meta``'s way, which
+    refreshes them.
+
+    As safe as ``read_meta``'s cache: every change of settings, state or markers writes a new
+    metadata version in its transaction (:func:`bump_metadata_version`, random: never one
+    written before), so settings found at the version read are the settings now."""
+    hot = _hot.get(keys.packed)
+    if hot is None or size > hot[3]:
+        return None
+    values = tr.snapshot.get_many(keys.meta_read_short())
+    settings = hot[1]
+    if values[0] != settings.version or hot[0]() is not tr.db:
+        return None
+    return values, settings
 
 
 # The keys read_meta_for reads, per queue and counters.
@@ -595,6 +647,7 @@ def _count(raw: bytes | None) -> int:
 
 _OPEN = QueueState()
 _COUNT = struct.Struct("<q").unpack
+_ZERO = bytes(8)
 _state_cache: dict[bytes, QueueState] = {}
 _guard_cache: dict[bytes, tuple[str | None, Mapping[str, int]]] = {}
 
