@@ -332,7 +332,12 @@ def enqueue_one(keys: QueueKeys, tr: Transaction | Database, payload: bytes, pri
         short = _short_kinds[tr.__class__] = _short_kind(tr)
     if short and not tr.may_conflict and not tr.may_commit_unknown and inject(None) is None:  # type: ignore[union-attr]
         step = partial(_plain_step, keys, payload, priority, new_rand())
-        return retry_loop(tr, step, None, True)  # type: ignore[arg-type]
+        try:
+            return retry_loop(tr, step, None, True)  # type: ignore[arg-type]
+        except QueueFullError as exc:
+            if not exc.block:
+                raise
+            # overflow="block": enqueue_items' wait for room (no timeout: until there is room)
     return enqueue_items(keys, tr, [new_item(payload, priority, None, 0.0, None, None)], None)[0]
 
 
