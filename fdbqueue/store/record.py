@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -264,6 +265,12 @@ def encode_plain(msg_id: str, enqueued_us: int, content_type: str, payload: byte
     return body + _CRC.pack(_crc32(body))
 
 
+# ASCII letters and digits, at least one (str.isascii() and str.isalnum() in one C call); a
+# receipt's may have dots too. What encode_leased writes between quotes unescaped.
+_ALNUM = re.compile("[0-9A-Za-z]+").fullmatch
+_RECEIPT_CHARS = re.compile("[0-9A-Za-z.]*[0-9A-Za-z][0-9A-Za-z.]*").fullmatch
+
+
 def encode_leased(rec: Record, key_hex: str, receipt: str, deadline: int, until: int) -> bytes | None:
     """``rec`` (a ready record) leased: ``rec.with_(deliveries=rec.deliveries + 1,
     extra={"key": key_hex, "receipt": receipt, "deadline": deadline, "until": until}).encode()``
@@ -276,9 +283,9 @@ def encode_leased(rec: Record, key_hex: str, receipt: str, deadline: int, until:
         rec.headers
         or rec.extra
         or type(ct) is not str
-        or not (ct.isascii() and ct.isalnum())
-        or not (rec.id.isascii() and rec.id.isalnum())
-        or not (receipt.isascii() and receipt.replace(".", "").isalnum())
+        or not _ALNUM(ct)
+        or not _ALNUM(rec.id)
+        or not _RECEIPT_CHARS(receipt)
     ):
         return None  # key_hex needs no check: bytes.hex() gives hex digits only
     expires = "null" if rec.expires_us is None else int(rec.expires_us)
