@@ -441,8 +441,7 @@ def write_plain_journaled(
     :func:`write_new` would journal (details: the priority, when not 0), the writer's wall
     clock ``at_us`` read by the caller. The caller counts it (:func:`count_new`)."""
     tr.set(key, encode_plain(msg_id, enqueued_us, content_type, payload))
-    details = {"priority": priority} if priority else None
-    journaling.record(tr, keys, "enqueue", msg_id, details=details, at_us=at_us)
+    journaling.record_enqueue(tr, keys, msg_id, priority, at_us)
 
 
 def count_known(

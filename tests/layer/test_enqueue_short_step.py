@@ -256,3 +256,30 @@ def test_the_short_way_stores_the_long_ways_record_and_counters(tmp_path: Path) 
     )
     a.close()
     b.close()
+
+
+def test_a_journaled_short_enqueue_writes_records_entry_byte_for_byte(tmp_path: Path) -> None:
+    """journaling.record_enqueue (the short step's entry) against record's: a named principal
+    with characters JSON escapes, priorities 0, negative and positive; each value is
+    ``json.dumps`` of its fields, with its history pointer, and the bell rung."""
+    import json
+
+    from fdbqueue.store.layout import DEFAULT_ROOT, JournalKeys
+
+    db = fdbqueue.open(url_of(tmp_path), principal='svc "a" é')
+    fdbqueue.create_queue(db, "jobs", journal=True)
+    q = Queue("jobs")
+    warm(q, db, 2)
+    ids = [q.enqueue(db, b"x", priority=p) for p in (0, -5, 2**31 - 1)]
+    entries = {e.message_id: e for e in fdbqueue.journal(db, "jobs") if e.op == "enqueue"}
+    jk = JournalKeys.make(DEFAULT_ROOT)
+    tr = db.create_transaction()
+    for mid, details in zip(ids, ({}, {"priority": -5}, {"priority": 2**31 - 1}), strict=True):
+        e = entries[mid]
+        assert (e.principal, e.details) == ('svc "a" é', details)
+        raw = tr.get(jk.entry_key("jobs", 0, e.version))
+        want = [1, "enqueue", mid, 'svc "a" é', 0, None, details, round(e.at * 1e6)]
+        assert raw == json.dumps(want, separators=(",", ":")).encode()
+        assert [h.version for h in fdbqueue.history(tr, mid)] == [e.version]
+    tr.cancel()
+    db.close()
