@@ -52,8 +52,9 @@ from fdbqueue.ops.delivery import (
     release_in,
     to_message,
 )
-from fdbqueue.ops.enqueuing import batch_items, deduplicated, enqueue_items, enqueue_one, new_item
+from fdbqueue.ops.enqueuing import deduplicated, enqueue_items, enqueue_one
 from fdbqueue.ops.head import TAKE_KEPT, TAKE_RESERVE, deliverable_head, keeps_head, take_counted
+from fdbqueue.ops.items import batch_items, new_item
 from fdbqueue.ops.leasing import lease_batch
 from fdbqueue.ops.moves import move_corrupt, take, wake
 from fdbqueue.ops.privileges import check, checked
