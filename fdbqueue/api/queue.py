@@ -52,8 +52,9 @@ from fdbqueue.ops.delivery import (
     release_in,
     to_message,
 )
-from fdbqueue.ops.enqueuing import batch_items, deduplicated, enqueue_items, new_item
+from fdbqueue.ops.enqueuing import deduplicated, enqueue_items, enqueue_one
 from fdbqueue.ops.head import TAKE_KEPT, TAKE_RESERVE, deliverable_head, keeps_head, take_counted
+from fdbqueue.ops.items import batch_items, new_item
 from fdbqueue.ops.leasing import lease_batch
 from fdbqueue.ops.moves import move_corrupt, take, wake
 from fdbqueue.ops.privileges import check, checked
@@ -126,6 +127,19 @@ class Queue:
         overflow policy ``block`` waits for room: ``timeout`` None until there is room,
         S up to S seconds, 0 not at all (waiting needs a Database; interruptible).
         """
+        if (
+            payload.__class__ is bytes
+            and priority.__class__ is int
+            and -(2**31) <= priority < 2**31
+            and delay.__class__ is float
+            and delay == 0.0
+            and ttl is None
+            and headers is None
+            and dedup_key is None
+            and not autonomous
+            and timeout is None
+        ):  # the common call: new_item's checks conclude so (enqueuing.enqueue_one)
+            return enqueue_one(self.keys, tr, payload, priority)
         item = new_item(payload, priority, headers, delay, ttl, dedup_key)
         if autonomous:
             tr = adopt(tr)  # a raw fdb.Database is wrapped, a raw fdb.Transaction joined

@@ -33,7 +33,8 @@ from cronsim import CronSim, CronSimError
 from fdbqueue.api.queue import Queue
 from fdbqueue.engines.contract import Database, Transaction, adopt
 from fdbqueue.errors import QueueError
-from fdbqueue.ops.enqueuing import enqueue_items, new_item
+from fdbqueue.ops.enqueuing import enqueue_items
+from fdbqueue.ops.items import new_item
 from fdbqueue.ops.privileges import allowed, check, principal_of
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.clock import now_us

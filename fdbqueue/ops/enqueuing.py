@@ -10,8 +10,8 @@ a receipt made in the first attempt records the ids, and a retry reads them back
 from __future__ import annotations
 
 import math
+import struct
 import time
-from collections.abc import Iterable, Mapping
 from functools import partial
 from operator import attrgetter
 from typing import Any
@@ -27,233 +27,32 @@ from fdbqueue.engines.contract import (
     is_transaction,
     retry_loop,
 )
-from fdbqueue.engines.limits import TRANSACTION_SIZE_LIMIT
 from fdbqueue.errors import (
-    BudgetExceededError,
     PayloadTooLargeError,
     QueueError,
     QueueFullError,
     QueueStoppedError,
 )
+from fdbqueue.ops import workindex
+from fdbqueue.ops.items import check_batch_size, new_item, plain_item
 from fdbqueue.ops.moves import CHUNK_SIZE, count_new, write_new, write_plain, write_plain_journaled
 from fdbqueue.ops.privileges import check, check_create
 from fdbqueue.ops.receipts import maybe_clear_old_receipts, new_receipt, read_receipt
 from fdbqueue.ops.tracing import inject
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.budget import (
-    LAYER_MARGIN_BYTES,
     MAX_PAYLOAD_BYTES,
-    USER_TXN_LIMIT,
-    set_cost,
 )
 from fdbqueue.store.clock import db_now, now_us, versions
-from fdbqueue.store.config import Meta, QueueConfig, read_meta, write_config
-from fdbqueue.store.entropy import new_id, new_rand, random_bytes
+from fdbqueue.store.codec import unpack_count
+from fdbqueue.store.config import Meta, QueueConfig, read_meta, read_plain, write_config
+from fdbqueue.store.entropy import new_rand
 from fdbqueue.store.layout import QueueKeys
 from fdbqueue.store.record import (
-    CRC_BYTES,
     Record,
-    check_dedup_key,
-    check_headers,
-    coerce_payload,
-    payload_list,
+    encode_plain,
 )
-from fdbqueue.types import ContentType, Item, NewMessage, check_duration
-
-_BYTES = ContentType.BYTES
-# An Item made by tuple's own constructor: every field given (the named tuple's __new__ is
-# Python code that fills in the defaults); delay, ttl, dedup_key and the defaults after them.
-_new_item = tuple.__new__
-_PLAIN_TAIL = (0.0, None, None, *Item._field_defaults.values())
-assert Item._fields[-len(_PLAIN_TAIL) :] == ("delay", "ttl", "dedup_key", *Item._field_defaults)
-
-
-def new_item(
-    payload: object,
-    priority: int,
-    headers: Mapping[str, Any] | None,
-    delay: float,
-    ttl: float | None,
-    dedup_key: str | None,
-    layer: Mapping[str, str] | None = None,
-) -> Item:
-    """An enqueue's arguments checked and encoded (nothing read or written). ``layer``: the
-    headers the layer itself sets (a schedule's name, a RemoteQueue's dedup key), added after
-    ``headers`` are checked for names it reserves."""
-    if (
-        payload.__class__ is bytes
-        and priority.__class__ is int
-        and -(2**31) <= priority < 2**31
-        and delay.__class__ is float
-        and delay == 0.0
-        and ttl is None
-        and dedup_key is None
-        and headers is None
-        and layer is None
-    ):
-        # The common call (bytes, no options): what the checks below conclude, without their
-        # calls (a plain int and a float 0.0 are what they pass through unchanged). The
-        # current trace's context is added as below (tracing.inject).
-        traced = inject(None)
-        hdrs = {} if traced is None else check_headers(traced)
-        return _new_item(Item, ("", new_rand(), payload, _BYTES, priority, hdrs, *_PLAIN_TAIL))
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise QueueError(f"priority must be an int, not {type(priority).__name__}")
-    if not -(2**31) <= priority < 2**31:
-        raise QueueError(f"priority must fit in 32 bits, got {priority}")
-    delay = check_duration("delay", delay)
-    if ttl is not None:
-        ttl = check_duration("ttl", ttl)
-        if ttl == 0:
-            raise QueueError("ttl must be > 0 (None: never expires)")
-    if dedup_key is not None and (not isinstance(dedup_key, str) or not dedup_key):
-        raise QueueError("dedup_key must be a non-empty str")
-    if dedup_key is not None:
-        check_dedup_key(dedup_key)
-    data, ctype = coerce_payload(payload)
-    # Reserved names refused, then the layer's headers and the current trace's context added.
-    hdrs = check_headers(inject(unreserved(headers, layer)))
-    # A ready message's id names its home key (see _write_new): none to make here.
-    msg_id = new_id() if delay > 0 else ""
-    return Item(msg_id, new_rand(), data, ctype, priority, hdrs, delay, ttl, dedup_key)
-
-
-# Header names the layer writes itself (``fdbqueue-remote-dedup``, which the forwarder acts on,
-# ``fdbqueue-schedule``, ``fdbqueue-tick``): a caller's headers may not use the prefix, in any case.
-# (``traceparent`` is not reserved: W3C Trace Context lets a caller set its own, tracing.py.)
-RESERVED_HEADER_PREFIX = "fdbqueue-"
-
-
-def unreserved(
-    headers: Mapping[str, Any] | None, layer: Mapping[str, str] | None = None
-) -> Mapping[str, Any] | None:
-    """A caller's ``headers``, refused (QueueError) when a name has the reserved prefix, with
-    the layer's own ``layer`` headers added."""
-    if headers is None:  # the common case, without the ABC's isinstance (Python code)
-        return {**layer} if layer else None
-    if isinstance(headers, Mapping):
-        for k in headers:
-            if isinstance(k, str) and k.lower().startswith(RESERVED_HEADER_PREFIX):
-                raise QueueError(
-                    f"header {k!r}: names beginning {RESERVED_HEADER_PREFIX!r} are reserved for "
-                    "fdbqueue's own use"
-                )
-    if not layer or not (headers is None or isinstance(headers, Mapping)):
-        return headers  # (headers of the wrong type: check_headers says so)
-    return {**(headers or {}), **layer}
-
-
-def batch_items(
-    keys: QueueKeys,
-    payloads: Iterable[object],
-    priority: int,
-    headers: Mapping[str, Any] | None,
-    delay: float,
-    ttl: float | None,
-) -> list[Item]:
-    """``enqueue_many``'s items: a :class:`NewMessage`'s fields left None take the call's.
-
-    A batch past what FoundationDB accepts in one transaction (``USER_TXN_LIMIT``,
-    docs/budgets.md) is refused with BudgetExceededError before anything is written.
-    """
-    if (
-        payloads.__class__ in (list, tuple)  # (no caller's code runs while it is read)
-        and headers is None
-        and priority.__class__ is int
-        and -(2**31) <= priority < 2**31
-        and delay.__class__ is float
-        and delay == 0.0
-        and ttl is None
-    ):
-        # The common batch (no options): new_item's short way, the trace context asked once
-        # for the batch and the random parts drawn in one go; NewMessages and payloads not of
-        # bytes take the long way.
-        payloads = list(payload_list(payloads))
-        traced = inject(None)
-        pool = random_bytes(8 * len(payloads))
-        items = [
-            _new_item(
-                Item,
-                (
-                    "",
-                    pool[8 * i : 8 * i + 8],
-                    p,
-                    _BYTES,
-                    priority,
-                    {} if traced is None else check_headers(traced),
-                    *_PLAIN_TAIL,
-                ),
-            )
-            if p.__class__ is bytes
-            else _item_of(p, priority, headers, delay, ttl)
-            for i, p in enumerate(payloads)
-        ]
-        check_batch_size(keys, items, journaled=False)
-        return items
-    items = [_item_of(p, priority, headers, delay, ttl) for p in payload_list(payloads)]
-    check_batch_size(keys, items, journaled=False)
-    return items
-
-
-def _item_of(
-    p: object, priority: int, headers: Mapping[str, Any] | None, delay: float, ttl: float | None
-) -> Item:
-    """One of ``enqueue_many``'s payloads as an Item: a :class:`NewMessage`'s fields left None
-    take the call's."""
-    if not isinstance(p, NewMessage):
-        return new_item(p, priority, headers, delay, ttl, None)
-    return new_item(
-        p.payload,
-        priority if p.priority is None else p.priority,
-        headers if p.headers is None else p.headers,
-        delay if p.delay is None else p.delay,
-        ttl if p.ttl is None else p.ttl,
-        p.dedup_key,
-    )
-
-
-def check_batch_size(keys: QueueKeys, items: list[Item], *, journaled: bool) -> None:
-    """Refuse (BudgetExceededError, nothing written) a batch FoundationDB would refuse as
-    one transaction: over ``TRANSACTION_SIZE_LIMIT`` less the layer's margin (budget.py).
-    ``journaled``: each message also writes its journal entries."""
-    # write_cost of the common message (no headers, delay, TTL nor dedup key, inline): a
-    # set of the record, whose cost grows with the payload's length byte for byte.
-    plain = set_cost(len(keys.packed) + 40, _PLAIN_RECORD + 32)
-    cost = 0
-    for it in items:
-        n = len(it.payload)
-        if journaled or it.headers or n > CHUNK_SIZE or it.delay > 0 or it.ttl is not None or it.dedup_key:
-            cost += write_cost(keys, it, journaled=journaled)
-        else:
-            cost += plain + n
-    if cost > USER_TXN_LIMIT:
-        raise BudgetExceededError(
-            f"enqueue_many of {len(items):,} messages would write about {cost:,} bytes in one "
-            f"transaction, past what FoundationDB accepts ({TRANSACTION_SIZE_LIMIT:,} bytes, less "
-            f"{LAYER_MARGIN_BYTES:,} for the layer's own keys): split it"
-        )
-
-
-# The encoded length of write_cost's record for a message without headers whose payload is
-# inline, less the payload's (the same for every content type: each is one letter).
-_PLAIN_RECORD = len(Record("r" * 80, 0, "b", {}, 0, 0, 0, {}, b"").encode())
-assert all(len(ct.value) == 1 for ct in ContentType)
-
-
-def write_cost(keys: QueueKeys, it: Item, *, journaled: bool = False) -> int:
-    """An upper bound of the bytes one new message adds to its transaction (budget.py)."""
-    k = len(keys.packed) + 40  # a ready key: the prefix, then at most 38 bytes
-    chunks = math.ceil(len(it.payload) / CHUNK_SIZE) if len(it.payload) > CHUNK_SIZE else 0
-    inline = b"" if chunks else it.payload
-    raw = Record("r" * 80, 0, it.content_type.value, it.headers, 0, 0, chunks, {}, inline).encode()
-    cost = set_cost(k, len(raw) + 32)
-    if it.delay > 0 or it.ttl is not None:
-        cost += 2 * set_cost(k, k)  # its id and expiry entries
-    if it.dedup_key is not None:  # its two dedup keys (the key packed up to twice as long)
-        cost += 2 * set_cost(k + 2 * len(it.dedup_key.encode()), 64)
-    if journaled:  # an entry and a history pointer (journaling.record)
-        cost += 2 * set_cost(k + len(keys.name.encode()) + 24, 160)
-    return cost + chunks * set_cost(k + 32, CHUNK_SIZE + CRC_BYTES)
+from fdbqueue.types import ContentType, Item, check_duration
 
 
 def enqueue_items(
@@ -311,6 +110,97 @@ def enqueue_items(
             raise  # refused without waiting ("reject", or a batch that can never fit)
         raise QueueFullError(f"{exc}; waited {timeout} s for room", block=exc.block) from None
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def enqueue_one(keys: QueueKeys, tr: Transaction | Database, payload: bytes, priority: int) -> str:
+    """:meth:`fdbqueue.Queue.enqueue` of the common call: ``payload`` bytes, ``priority`` an int
+    of 32 bits (the caller checked both), no other option. Its id; what
+    ``enqueue_items(keys, tr, [new_item(payload, priority, None, 0.0, None, None)], None)``
+    does, which it is where the short way below does not apply.
+
+    The short way: given a Database of an engine where nothing conflicts and no commit is
+    unknown (``engine_traits`` both false: the embedded engine) and no trace to carry, its own
+    retried transaction runs :func:`_plain_step` - no Item, no receipt (none to settle), the
+    steps of ``_attempt`` this message needs and no more."""
+    short = _short_kinds.get(tr.__class__)
+    if short is None:
+        short = _short_kinds[tr.__class__] = _short_kind(tr)
+    if short and not tr.may_conflict and not tr.may_commit_unknown and inject(None) is None:  # type: ignore[union-attr]
+        step = partial(_plain_step, keys, payload, priority, new_rand())
+        try:
+            return retry_loop(tr, step, None, True)  # type: ignore[arg-type]
+        except QueueFullError as exc:
+            if not exc.block:
+                raise
+            # overflow="block": enqueue_items' wait for room (no timeout: until there is room)
+    return enqueue_items(keys, tr, [new_item(payload, priority, None, 0.0, None, None)], None)[0]
+
+
+# Per type: whether it is an engine's Database (adopt's and is_transaction's answer, asked once).
+_short_kinds: dict[type, bool] = {}
+
+
+def _short_kind(obj: object) -> bool:
+    try:
+        return adopt(obj) is obj and not is_transaction(obj) and hasattr(obj, "may_conflict")
+    except QueueError:  # not a database at all: the long way says so
+        return False
+
+
+_I64 = struct.Struct("<q")
+_I64_PACK, _I64_UNPACK = _I64.pack, _I64.unpack
+_I64_END = 2**63
+_BYTES_VALUE = ContentType.BYTES._value_
+
+
+def _plain_step(
+    keys: QueueKeys, payload: bytes, priority: int, rand: bytes, tr: Transaction, at: Attempt
+) -> str:
+    """One attempt of :func:`enqueue_one`'s short way, as the step of its retry loop.
+
+    The settings come from ``read_plain`` (those this process last found, when still the
+    queue's at the metadata version read and needing none of the enqueue's checks: the queue
+    exists, is open to every principal and admits enqueues, no max_size, TTL nor volatile
+    flag); else the attempt is ``_attempt``'s, which checks and refreshes them. Then the
+    steps of ``_attempt`` for this message: the room check, ``_write_new``'s short way (and on
+    a journaled queue its entry), and ``count_new``: the ready and wake counters set to what
+    was read of them plus one (``count_known``: nothing conflicts, so an ``add`` would
+    resolve against the same values), the work index marked unless its entry says marked.
+    A new priority, a counter not of 8 bytes or one about to wrap past 64 bits go through
+    ``count_new`` itself."""
+    found = read_plain(tr, keys, len(payload)) if len(payload) <= CHUNK_SIZE else None
+    if found is None:
+        return _attempt(keys, [plain_item(payload, priority, rand)], None, tr, at)[0]
+    check_room(tr.db)
+    values, settings = found
+    ready, wake = values[1], values[2]
+    # read_meta's made_ready + 1
+    index = 1 if wake is None else _I64_UNPACK(wake)[0] + 1 if len(wake) == 8 else unpack_count(wake) + 1
+    key, msg_id = keys.home(priority, index, rand)
+    t_us = now_us()  # the wall clock: enqueued_at, for people only
+    if settings.config.journal:  # type: ignore[union-attr]  # (read_plain: never None)
+        write_plain_journaled(tr, keys, key, msg_id, t_us, _BYTES_VALUE, payload, priority, t_us)
+    else:
+        tr.set(key, encode_plain(msg_id, t_us, _BYTES_VALUE, payload))
+    if (
+        ready is not None
+        and len(ready) == 8
+        and wake is not None
+        and len(wake) == 8
+        and index < _I64_END
+        and priority in settings.priorities
+    ):
+        n = _I64_UNPACK(ready)[0] + 1
+        if n < _I64_END:
+            read = keys.meta_read()  # [1] the ready counter, [2] the wake counter
+            tr.set(read[1], _I64_PACK(n))
+            tr.set(read[2], _I64_PACK(index))
+            if values[3] != b"":  # (marked already, and nothing conflicts: nothing to do)
+                workindex.mark(tr, keys, values[3], conflicts=False)
+            return msg_id
+    fresh = _NO_PRIORITIES if priority in settings.priorities else {priority}
+    count_new(tr, keys, 1, 0, fresh, values[3], conflicts=False, seen=values)
+    return msg_id
 
 
 def enqueue_in(

@@ -136,6 +136,34 @@ def record(
         tr.set_versionstamped_value(jk.bell(name), _BELL)
 
 
+def record_enqueue(tr: Transaction, keys: QueueKeys, message_id: str, priority: int, at_us: int) -> None:
+    """``record(tr, keys, "enqueue", message_id, details={"priority": priority} if priority
+    else None, at_us=at_us)``: a new message's entry, the same rows and bytes, without what
+    :func:`record` decides for every operation (which one, whose clock, a reason, details of
+    any shape). The caller checks that the queue is journaled."""
+    db = tr.db
+    found = getattr(db, "principal", None)  # principal_of, inline
+    more = f'{{"priority":{int(priority)}}}' if priority else "{}"  # _ENCODER's bytes for it
+    value = (
+        f'[{_FORMAT},"enqueue",{_quote(message_id)},'
+        f"{_quote(found if isinstance(found, str) and found else ANONYMOUS)},0,null,{more},{at_us}]"
+    ).encode()
+    state = tr.journal_order()  # (record's _next_order, inline)
+    order = state.entries
+    if order > 0xFFFF:
+        raise QueueError("one transaction can journal at most 65536 operations")
+    state.entries = order + 1
+    jk = keys.journal_keys()
+    name = keys.name
+    entry, pointer_key, pointer = jk.stamped(name, message_id, order, getattr(db, "may_conflict", True))
+    tr.set_versionstamped_key(entry, value)
+    tr.set_versionstamped_key(pointer_key, pointer)
+    queues = state.queues
+    if name not in queues:  # the queue's bell, once per queue and transaction (record's)
+        queues.add(name)
+        tr.set_versionstamped_value(jk.bell(name), _BELL)
+
+
 def encode_entry(
     op: str,
     message_id: str | None,

@@ -441,8 +441,7 @@ def write_plain_journaled(
     :func:`write_new` would journal (details: the priority, when not 0), the writer's wall
     clock ``at_us`` read by the caller. The caller counts it (:func:`count_new`)."""
     tr.set(key, encode_plain(msg_id, enqueued_us, content_type, payload))
-    details = {"priority": priority} if priority else None
-    journaling.record(tr, keys, "enqueue", msg_id, details=details, at_us=at_us)
+    journaling.record_enqueue(tr, keys, msg_id, priority, at_us)
 
 
 def count_known(
@@ -457,13 +456,17 @@ def count_known(
     64 bits. False, writing nothing, when a value is not an 8-byte counter (the add
     zero-extends or truncates it): the caller adds."""
     a, b = values
-    if (a is not None and len(a) != 8) or (b is not None and len(b) != 8):
-        return False
-    x = deltas[0] if a is None else _I64_UNPACK(a)[0] + deltas[0]
-    y = deltas[1] if b is None else _I64_UNPACK(b)[0] + deltas[1]
-    try:
+    dx, dy = deltas
+    try:  # (the common case: two 8-byte counters, no wrap; struct.error says which is not)
+        x = dx if a is None else _I64_UNPACK(a)[0] + dx
+        y = dy if b is None else _I64_UNPACK(b)[0] + dy
         a, b = _I64_PACK(x), _I64_PACK(y)
-    except struct.error:  # past 64 bits: wrapped, as FoundationDB's ADD
+    except struct.error:
+        if (a is not None and len(a) != 8) or (b is not None and len(b) != 8):
+            return False
+        # past 64 bits: wrapped, as FoundationDB's ADD
+        x = dx if a is None else _I64_UNPACK(a)[0] + dx
+        y = dy if b is None else _I64_UNPACK(b)[0] + dy
         a, b = _I64_PACK((x + 2**63) % 2**64 - 2**63), _I64_PACK((y + 2**63) % 2**64 - 2**63)
     tr.set(counters[0], a)
     tr.set(counters[1], b)

@@ -4,7 +4,7 @@ skip a message for it.
 A ``RemoteQueue`` keeps a message locally (its remote enqueue ended without an answer, the
 remote was down, or the call was inside a local transaction) under the id and dedup key of its
 remote attempt, with the key in the header ``fdbqueue-remote-dedup`` (DEDUP_HEADER). A header
-proves nothing by itself: a caller's is refused at enqueue (enqueuing.unreserved), but one may
+proves nothing by itself: a caller's is refused at enqueue (items.unreserved), but one may
 reach a store otherwise (an older version, a raw write). So the forwarder acts on it only as
 far as the two stores confirm it, and a header alone never makes a message vanish:
 

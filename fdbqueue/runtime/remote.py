@@ -41,7 +41,8 @@ from fdbqueue.api.admin import queue_stats
 from fdbqueue.api.queue import Queue
 from fdbqueue.engines.contract import Database, Transaction, adopt, is_transaction
 from fdbqueue.errors import ClusterUnavailableError, EngineError, QueueError, QueueNotFoundError, StoreError
-from fdbqueue.ops.enqueuing import enqueue_items, first_of, new_item
+from fdbqueue.ops.enqueuing import enqueue_items, first_of
+from fdbqueue.ops.items import new_item
 from fdbqueue.ops.privileges import checked
 from fdbqueue.ops.remotededup import DEDUP_HEADER
 from fdbqueue.ops.txn import run_once

@@ -12,6 +12,7 @@ import threading
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from operator import itemgetter
 from types import MappingProxyType
 from typing import Any, NamedTuple, TypeVar
 
@@ -334,8 +335,30 @@ class Meta(NamedTuple):
         """The hot counters by name (``layout.HOT_COUNTERS``)."""
         return {name: self._counter(name) for name in HOT_COUNTERS}
 
+    def waiting(self) -> bool:
+        """Whether the inflight or the delayed counter is above 0 (``count`` of each): a lease
+        may have ended, a delayed message may be due. Asked by every dequeue and lease; an
+        absent counter or an 8-byte zero answers without a call."""
+        raw = self.raw
+        if len(raw) < 6:
+            return False
+        inflight, delayed = raw[4], raw[5]
+        if (inflight is None or inflight == _ZERO) and (delayed is None or delayed == _ZERO):
+            return False
+        return self.count("inflight") > 0 or self.count("delayed") > 0
+
     def count(self, name: str) -> int:
-        return max(0, self._counter(name)) if name in _RAW_AT else 0
+        # Asked of every dequeue and lease (inflight, delayed): an absent counter or an
+        # 8-byte zero (most of them) answers without decoding; the rest as _counter.
+        at = _RAW_AT.get(name)
+        raw = self.raw
+        if at is None or at >= len(raw):
+            return 0
+        value = raw[at]
+        if value is None or value == _ZERO:
+            return 0
+        n = int(_COUNT(value)[0]) if len(value) == 8 else unpack_count(value)
+        return n if n > 0 else 0
 
     def _counter(self, name: str) -> int:
         at, raw = _RAW_AT[name], self.raw  # inflight and delayed: maybe left out (read_meta)
@@ -367,8 +390,9 @@ _settings_lock = threading.Lock()
 
 # The settings each queue's last read_meta found, with the database they were read from: one
 # dict lookup for the common case of one database, before the per-database cache above.
-# (the database, its settings, whether they set a max_size)
-_Hot = tuple[weakref.ref[Any], _Settings, bool]
+# (the database, its settings, whether they set a max_size, the longest payload a plain
+# enqueue may take read_plain's way with them: -1 when none may, _plain_limit)
+_Hot = tuple[weakref.ref[Any], _Settings, bool, int]
 _hot: dict[bytes, _Hot] = {}
 
 
@@ -462,18 +486,64 @@ def _settings_at(tr: Transaction, keys: QueueKeys, version: bytes | None, hot: _
         if len(_hot) > 4096:  # a process touching very many queues: start again
             _hot.clear()
         bounded = cached.config is not None and cached.config.max_size is not None
-        _hot[keys.packed] = (ref, cached, bounded)
+        _hot[keys.packed] = (ref, cached, bounded, _plain_limit(cached))
     return cached
 
 
-# The keys read_meta_for reads, per queue and counters.
-_for_keys: dict[tuple[QueueKeys, tuple[str, ...]], list[bytes]] = {}
+def _plain_limit(settings: _Settings) -> int:
+    """The longest payload an enqueue of one plain message may take :func:`read_plain`'s way
+    under ``settings``, or -1 when none may: each condition is one the enqueue's long way
+    (ops/enqueuing.py ``_attempt``) would act on - a queue to create, an owner whose rights
+    to check, enqueues disabled, a max_size to count against, a TTL to stamp, a volatile
+    prefix to declare."""
+    cfg = settings.config
+    if (
+        cfg is None
+        or settings.owner is not None
+        or not settings.state.enqueue
+        or cfg.max_size is not None
+        or cfg.ttl is not None
+        or cfg.volatile
+    ):
+        return -1
+    return min(cfg.max_payload, MAX_PAYLOAD_BYTES)
+
+
+def read_plain(tr: Transaction, keys: QueueKeys, size: int) -> tuple[list[bytes | None], _Settings] | None:
+    """:func:`read_meta` of an enqueue of one plain message of ``size`` bytes, in a
+    transaction where nothing conflicts (the caller asks ``engine_traits``' first), when the
+    settings this process last found for the queue are those at the metadata version read and
+    need none of the enqueue's checks (:func:`_plain_limit`). Then what it read
+    (``QueueKeys.meta_read_short``'s keys, snapshot reads as ``read_meta``'s) and those
+    settings; else None, read or not, and the caller takes ``read_meta``'s way, which
+    refreshes them.
+
+    As safe as ``read_meta``'s cache: every change of settings, state or markers writes a new
+    metadata version in its transaction (:func:`bump_metadata_version`, random: never one
+    written before), so settings found at the version read are the settings now."""
+    hot = _hot.get(keys.packed)
+    if hot is None or size > hot[3]:
+        return None
+    values = tr.snapshot.get_many(keys.meta_read_short())
+    settings = hot[1]
+    if values[0] != settings.version or hot[0]() is not tr.db:
+        return None
+    return values, settings
+
+
+# What read_meta_for reads, per queue and counters: the keys, and the getter that puts what
+# was read (with a None after it) in Meta.raw's order.
+_for_plans: dict[tuple[bytes, tuple[str, ...]], tuple[list[bytes], Callable[[list[bytes | None]], Any]]] = {}
 
 #: What a dequeue reads with the metadata version: the counters its due check looks at
 #: (inflight, delayed) and those it adds to (ready, done).
 TAKE_COUNTERS = ("ready", "inflight", "delayed", "done")
 #: What a lease reads: the same but ``done``, which it does not add to.
 LEASE_COUNTERS = ("ready", "inflight", "delayed")
+
+# Meta.raw's slots (QueueKeys.meta_read's order, then the done counter): a counter's name, or
+# None for what read_meta_for never reads (the work-index entry).
+_RAW_SLOTS = (None, "ready", "wake", None, "inflight", "delayed", "done")
 
 
 def read_meta_for(tr: Transaction, keys: QueueKeys, counters: tuple[str, ...]) -> Meta:
@@ -483,31 +553,47 @@ def read_meta_for(tr: Transaction, keys: QueueKeys, counters: tuple[str, ...]) -
     work-index entry, which only an enqueue uses: ``Meta.made_ready`` is then 0 and
     ``Meta.work`` None. Every key a read costs (on the embedded engine a B-tree seek each,
     about as much as a statement of its own), and a counter an operation adds to is read
-    here so that an engine resolving the add when it is made asks for it no more."""
-    wanted = _for_keys.get((keys, counters))
-    if wanted is None:
-        wanted = [keys.metadata_version, *(keys.counter(c) for c in counters)]
-        if len(_for_keys) > 4096:  # a process touching very many queues: start again
-            _for_keys.clear()
-        _for_keys[keys, counters] = wanted
-    values, cluster = _read_keys(tr, keys, wanted)
-    got = dict(zip(counters, values[1:], strict=True))
-    # In Meta.raw's order (QueueKeys.meta_read): no work-index entry; the wake counter only
-    # when asked for (a take that may use a kept head: ops/head.py), and still no made_ready;
-    # then the done counter, past meta_read's (a take writes it as read: head.take_counted).
-    raw = [
-        values[0],
-        got.get("ready"),
-        got.get("wake"),
-        None,
-        got.get("inflight"),
-        got.get("delayed"),
-        got.get("done"),
-    ]
-    cached = _settings_at(tr, keys, values[0], _hot.get(keys.packed))
-    _volatile(tr, keys, cached.config)
+    here so that an engine resolving the add when it is made asks for it no more.
+
+    ``Meta.raw`` is in ``QueueKeys.meta_read``'s order: no work-index entry; the wake counter
+    only when asked for (a take that may use a kept head: ops/head.py), and still no
+    made_ready; then the done counter, past meta_read's (a take writes it as read:
+    head.take_counted). Counters not asked for are None there."""
+    plan = _for_plans.get((keys.packed, counters))
+    if plan is None:
+        plan = _plan_for(keys, counters)
+    wanted, order = plan
+    db = tr.db
+    if getattr(db, "may_conflict", True):  # engine_traits' first
+        values, cluster = _read_keys(tr, keys, wanted)
+    else:  # _read_keys' case of an engine where nothing conflicts, without its call
+        values, cluster = tr.snapshot.get_many(wanted), False
+    version = values[0]
+    hot = _hot.get(keys.packed)
+    if hot is not None and version is not None and hot[1].version == version and hot[0]() is db:
+        cached = hot[1]  # (_settings_at's common case, without its call)
+    else:
+        cached = _settings_at(tr, keys, version, hot)
+    cfg = cached.config
+    if cfg is not None and cfg.volatile:  # (_volatile, inline)
+        tr.options.set_volatile_prefix(keys.q.key())
+    values.append(None)  # (what order takes for a slot not read)
     # (config, state, priorities, owner, acl) from the settings, as read_meta makes them
-    return _new_meta(Meta, (*cached[1:], 0, None, cluster, raw))
+    return _new_meta(Meta, (*cached[1:], 0, None, cluster, [*order(values)]))
+
+
+def _plan_for(
+    keys: QueueKeys, counters: tuple[str, ...]
+) -> tuple[list[bytes], Callable[[list[bytes | None]], Any]]:
+    """read_meta_for's keys for ``counters`` and the getter of Meta.raw from what was read."""
+    wanted = [keys.metadata_version, *(keys.counter(c) for c in counters)]
+    absent = len(wanted)  # the None appended after what was read
+    at = [0] + [counters.index(slot) + 1 if slot in counters else absent for slot in _RAW_SLOTS[1:]]
+    plan = (wanted, itemgetter(*at))
+    if len(_for_plans) > 4096:  # a process touching very many queues: start again
+        _for_plans.clear()
+    _for_plans[keys.packed, counters] = plan
+    return plan
 
 
 def decode_guard(raw: bytes | None) -> tuple[str | None, Mapping[str, int]]:
@@ -595,6 +681,7 @@ def _count(raw: bytes | None) -> int:
 
 _OPEN = QueueState()
 _COUNT = struct.Struct("<q").unpack
+_ZERO = bytes(8)
 _state_cache: dict[bytes, QueueState] = {}
 _guard_cache: dict[bytes, tuple[str | None, Mapping[str, int]]] = {}
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from fdbqueue.errors import (
@@ -170,6 +171,11 @@ def check_reason(reason: str) -> None:
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"))  # one encoder: json.dumps makes one a call
 _DECODE = json.JSONDecoder().decode
+# The decoder's scanner itself (C where the json module has its speedups): decode() and
+# raw_decode() are two Python frames around it, which every record read paid. A record's
+# fields as the layer writes them (no whitespace around) are scanned whole; anything else
+# takes decode(), which says what is wrong.
+_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 class Record(NamedTuple):
@@ -222,7 +228,13 @@ class Record(NamedTuple):
             raise QueueError(f"message record of unknown format {fmt}: written by a newer fdbqueue?")
         end = _HEAD.size + n
         try:
-            fields = _DECODE(raw[_HEAD.size : end].decode())
+            text = raw[_HEAD.size : end].decode()
+            try:
+                fields, at = _SCAN(text, 0)
+            except StopIteration:
+                at = -1
+            if at != len(text):
+                fields = _DECODE(text)
             fields.append(raw[end:body_end])
             return _make_record(fields)
         except (
@@ -253,6 +265,12 @@ def encode_plain(msg_id: str, enqueued_us: int, content_type: str, payload: byte
     return body + _CRC.pack(_crc32(body))
 
 
+# ASCII letters and digits, at least one (str.isascii() and str.isalnum() in one C call); a
+# receipt's may have dots too. What encode_leased writes between quotes unescaped.
+_ALNUM = re.compile("[0-9A-Za-z]+").fullmatch
+_RECEIPT_CHARS = re.compile("[0-9A-Za-z.]*[0-9A-Za-z][0-9A-Za-z.]*").fullmatch
+
+
 def encode_leased(rec: Record, key_hex: str, receipt: str, deadline: int, until: int) -> bytes | None:
     """``rec`` (a ready record) leased: ``rec.with_(deliveries=rec.deliveries + 1,
     extra={"key": key_hex, "receipt": receipt, "deadline": deadline, "until": until}).encode()``
@@ -265,9 +283,9 @@ def encode_leased(rec: Record, key_hex: str, receipt: str, deadline: int, until:
         rec.headers
         or rec.extra
         or type(ct) is not str
-        or not (ct.isascii() and ct.isalnum())
-        or not (rec.id.isascii() and rec.id.isalnum())
-        or not (receipt.isascii() and receipt.replace(".", "").isalnum())
+        or not _ALNUM(ct)
+        or not _ALNUM(rec.id)
+        or not _RECEIPT_CHARS(receipt)
     ):
         return None  # key_hex needs no check: bytes.hex() gives hex digits only
     expires = "null" if rec.expires_us is None else int(rec.expires_us)

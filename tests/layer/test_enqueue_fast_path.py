@@ -22,7 +22,7 @@ from fdbqueue import Queue
 from fdbqueue.api.admin import create_queue, queue_stats, set_state
 from fdbqueue.engines.contract import Database, run_transaction
 from fdbqueue.errors import PayloadTooLargeError, QueueError, QueueFullError, QueueStoppedError
-from fdbqueue.ops.enqueuing import new_item
+from fdbqueue.ops.items import new_item
 from fdbqueue.store.clock import fake_clock
 from fdbqueue.store.record import Record, decode_record, encode_plain
 from fdbqueue.types import ContentType
@@ -248,7 +248,7 @@ def test_a_plain_batch_mixed_with_other_payloads_keeps_each_ones_fields(db: Data
 
 
 def test_a_plain_batch_costs_what_write_cost_says_each_message_costs() -> None:
-    from fdbqueue.ops.enqueuing import batch_items, check_batch_size, write_cost
+    from fdbqueue.ops.items import batch_items, check_batch_size, write_cost
     from fdbqueue.store.budget import USER_TXN_LIMIT
     from fdbqueue.store.layout import QueueKeys
 

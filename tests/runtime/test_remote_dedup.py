@@ -14,7 +14,8 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Database, NewMessage, PartitionedQueue, Queue, QueueError, RemoteQueue, aio, testing
-from fdbqueue.ops.enqueuing import enqueue_items, new_item
+from fdbqueue.ops.enqueuing import enqueue_items
+from fdbqueue.ops.items import new_item
 from fdbqueue.ops.remotededup import DEDUP_HEADER
 from fdbqueue.runtime.forwarding import Forwarder
 
