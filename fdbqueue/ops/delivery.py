@@ -161,7 +161,7 @@ def lease_in(
     until = lease_until(seconds)
     key_hex = key.hex()
     raw: bytes | None = None
-    if rec.extra or journaled or volatile or strict:
+    if rec.extra or volatile or strict:
         extra = dict(rec.extra)
         extra.update(key=key_hex, receipt=receipt, deadline=deadline, until=until)
         extra.pop("not_before", None)
@@ -173,7 +173,9 @@ def lease_in(
             extra["strict"] = True  # its ack must wake whoever waits for the next delivery
     else:  # the common shape: written directly when it can be (encode_leased), else encoded
         extra = {"key": key_hex, "receipt": receipt, "deadline": deadline, "until": until}
-        raw = encode_leased(rec, key_hex, receipt, deadline, until)
+        if journaled:
+            extra[JOURNALED] = 1  # last, as the general path puts it (the same bytes)
+        raw = encode_leased(rec, key_hex, receipt, deadline, until, journaled)
     leased = rec.with_(deliveries=rec.deliveries + 1, extra=extra)
     if raw is None:
         raw = leased.encode()
@@ -315,7 +317,9 @@ def ack_in(keys: QueueKeys, tr: Transaction, m: Message, now: int | None, note: 
     # The very record this process leased (the bytes read were the ones it wrote), in this
     # queue: its keys as the lease made them, not made again.
     at = held[3] if held is not None and rec is held[1] else None
-    known = bool(peek) and JOURNALED not in rec.extra  # (a journal entry written between)
+    # The journal's entry (finish_lease) writes stamped keys under the journal's own prefix,
+    # never a counter: the counters read are still what the set below writes over.
+    known = bool(peek)
     finish_lease(tr, keys, rec, note, at=at, count=not known)
     if known and not count_known(tr, peek, values[1:], (-1, 1)):
         count_settled(tr, keys, 1)

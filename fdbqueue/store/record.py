@@ -253,13 +253,16 @@ def encode_plain(msg_id: str, enqueued_us: int, content_type: str, payload: byte
     return body + _CRC.pack(_crc32(body))
 
 
-def encode_leased(rec: Record, key_hex: str, receipt: str, deadline: int, until: int) -> bytes | None:
+def encode_leased(
+    rec: Record, key_hex: str, receipt: str, deadline: int, until: int, journaled: bool = False
+) -> bytes | None:
     """``rec`` (a ready record) leased: ``rec.with_(deliveries=rec.deliveries + 1,
     extra={"key": key_hex, "receipt": receipt, "deadline": deadline, "until": until}).encode()``
     written directly for the common shape (no headers, nothing extra, a plain content type,
     an id of ours, a receipt of letters, digits and dots): the same bytes at a fraction of the
-    encoder's cost (tests/layer/test_consume_statements.py compares). None for any other
-    shape: the caller encodes the record."""
+    encoder's cost (tests/layer/test_consume_statements.py compares). ``journaled``: the extra
+    ends with the journal's mark too (``"j": 1``, ``ops/moves.py`` JOURNALED), as the lease
+    of a journaled queue writes it. None for any other shape: the caller encodes the record."""
     ct = rec.content_type
     if (
         rec.headers
@@ -274,10 +277,13 @@ def encode_leased(rec: Record, key_hex: str, receipt: str, deadline: int, until:
     meta = (
         f'["{rec.id}",{int(rec.enqueued_us)},"{ct}",{{}},{int(rec.deliveries) + 1},{expires},'
         f'{int(rec.chunks)},{{"key":"{key_hex}","receipt":"{receipt}","deadline":{int(deadline)},'
-        f'"until":{int(until)}}}]'
+        f'"until":{int(until)}{_JOURNAL_MARK if journaled else ""}}}]'
     ).encode()
     body = _HEAD.pack(RECORD_FORMAT, len(meta)) + meta + rec.payload
     return body + _CRC.pack(_crc32(body))
+
+
+_JOURNAL_MARK = ',"j":1'  # encode_leased's journaled extra: ops/moves.py's JOURNALED, set to 1
 
 
 def decode_record(raw: bytes, keys: QueueKeys, key: bytes, msg_id: str | None = None) -> Record:
