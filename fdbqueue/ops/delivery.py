@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
 
 from fdbqueue.engines.contract import Database, ReadView, Transaction
 from fdbqueue.errors import CorruptMessageError, EngineError, LeaseError, LeaseExpiredError, QueueStoppedError
@@ -486,12 +485,13 @@ def to_message(
     tr: Transaction, keys: QueueKeys, key: bytes, rec: Record, *, delivered: bool = False
 ) -> Message:
     """The ready message ``rec`` at ``key`` as a :class:`Message` (its payload read)."""
-    payload = read_payload(tr, keys, rec)
+    payload = rec.payload if not rec.chunks else read_payload(tr, keys, rec)
     priority = keys.priority_of(key)
     if rec.expires_us is None:
         return Message.from_record(rec, keys.name, priority, key, payload, delivered=delivered)
-    more = {"expires_at": expires_at(tr, rec)}
-    return Message.from_record(rec, keys.name, priority, key, payload, delivered=delivered, **more)
+    return Message.from_record(
+        rec, keys.name, priority, key, payload, delivered=delivered, expires_at=expires_at(tr, rec)
+    )
 
 
 def open_for_dequeue(tr: Transaction, keys: QueueKeys, meta: Meta | None) -> tuple[QueueConfig, Meta] | None:
@@ -513,18 +513,19 @@ def message_elsewhere(keys: QueueKeys, tr: Transaction, key: bytes, raw: bytes) 
     tag = keys.unpack_tail(key)[0]
     rec = decode_record(raw, keys, key)
     payload = read_payload(tr, keys, rec)
-    more: dict[str, Any] = {}
+    deadline = None
     if tag == "f":
         ready_key = bytes.fromhex(rec.extra["key"])
-        more = {"receipt": None, "lease_deadline": int(rec.extra["until"]) / 1e6}
+        deadline = int(rec.extra["until"]) / 1e6
         priority = keys.parse_ready(ready_key)[0]
     elif tag == "d":
         ready_key = bytes.fromhex(rec.extra["key"]) if "key" in rec.extra else b""
         priority = int(rec.extra.get("priority", 0))
     else:
         return None
-    more["expires_at"] = expires_at(tr, rec)
-    return Message.from_record(rec, keys.name, priority, ready_key, payload, **more)
+    return Message.from_record(
+        rec, keys.name, priority, ready_key, payload, lease_deadline=deadline, expires_at=expires_at(tr, rec)
+    )
 
 
 def check_lease_seconds(seconds: object) -> float:

@@ -174,15 +174,16 @@ def _ready_heads(
     # A little more than wanted (expired ones are moved aside), but a lease of one reads one:
     # a live head, the common case, needs no spare, and past an expired one the reads grow.
     extra = 0 if n == 1 else min(8, 1 + n // 8)
-    run = None if kept is None else kept_run(keys, tr, kept)
+    entry = first = None if kept is None else kept_run(keys, tr, kept)
     while len(out) < n and skipped < HEAD_SKIP_LIMIT:
         if budget.scan_exhausted():
             budget.more = True  # expired messages beyond this transaction's reading: later
             break
-        if run:  # the head of the ready set, kept from the last lease: no read
-            batch, run = run, None
+        if first is not None:  # the head of the ready set, kept from the last lease: no read
+            batch, first = first.run, None
             want = len(batch)
         else:
+            entry = None  # the batch is read: no kept run
             want = budget.batch(n - len(out) + extra if kept is None else max(n + extra, KEPT_RUN))
             batch = tr.snapshot.get_range(begin, end, want)
             budget.read(batch)
@@ -221,7 +222,7 @@ def _ready_heads(
             out.append((key, rec))
             if len(out) == n:
                 if kept is not None and not (skipped or passed or skip):
-                    keep_run(keys, tr, batch, i + 1, kept, n)
+                    keep_run(keys, tr, batch, i + 1, kept, n, entry)
                 return out, not (swept or skipped)
         if len(batch) < want:
             break

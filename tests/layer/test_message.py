@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import zlib
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -61,3 +62,30 @@ def test_message_from_record_is_a_complete_message() -> None:
     )
     assert m == direct and m.text() == "hi" and m.reason == "x"
     assert list(vars(m)) == list(vars(direct))  # every field, in the declared order
+
+
+def test_a_message_without_headers_or_extra_is_complete_and_read_only() -> None:
+    """``from_record`` hands every message without headers (or extra fields) one read-only
+    empty view: equal to an empty dict, unchangeable, and a field the same as ``Message(...)``
+    builds; the TTL as stored when the caller gives no estimate, the caller's when it does."""
+    rec = Record("r0b", 3_000_000, "b", {}, 0, 9_000_000, 0, {}, b"p")
+    a = Message.from_record(rec, "jobs", 0, b"k", b"p")
+    b = Message.from_record(rec, "jobs", 0, b"k", b"p", expires_at=None, delivered=True)
+    direct = Message(
+        id="r0b",
+        payload=b"p",
+        queue="jobs",
+        priority=0,
+        enqueued_at=3.0,
+        deliveries=0,
+        headers={},
+        content_type=ContentType.BYTES,
+        expires_at=9.0,
+        key=b"k",
+    )
+    assert a == direct and list(vars(a)) == list(vars(direct))
+    assert b.expires_at is None and b.deliveries == 1 and b.headers == {} and b.extra == {}
+    for view in (a.headers, a.extra):
+        with pytest.raises(TypeError):
+            view["x"] = 1  # type: ignore[index]
+    assert a.headers == {} and b.headers == {}
