@@ -53,7 +53,7 @@ from fdbqueue.ops.delivery import (
     to_message,
 )
 from fdbqueue.ops.enqueuing import batch_items, deduplicated, enqueue_items, new_item
-from fdbqueue.ops.head import TAKE_KEPT, TAKE_RESERVE, deliverable_head, keeps_head, take_counted
+from fdbqueue.ops.head import TAKE_KEPT, TAKE_RESERVE, deliverable_head, keeps_head, take_counted, take_kept
 from fdbqueue.ops.leasing import lease_batch
 from fdbqueue.ops.moves import move_corrupt, take, wake
 from fdbqueue.ops.privileges import check, checked
@@ -506,32 +506,44 @@ class Queue:
             return None
         cfg, meta = opened
         due = bool(meta.count("delayed") or meta.count("inflight"))
-        counts = meta.raw if kept and where is None else None  # with the ready and wake counters
+        raw = meta.raw
+        now = db_now(tr)
+        # The common case first: a kept head (ops/head.py), without the scan's arguments.
+        head = (
+            take_kept(keys, tr, raw, now)
+            if kept and not due and where is None and not cfg.strict_order
+            else None
+        )
+        counts = raw if kept and where is None and head is None else None  # with the ready and wake counters
         clean: list[bool] = []  # deliverable_head: nothing moved, the counters read still current
+        if head is not None:
+            clean.append(True)
         while True:
-            head = deliverable_head(
-                self.keys,
-                tr,
-                cfg,
-                where,
-                fallback,
-                db_now(tr),
-                check_due=due,
-                budget=budget,
-                kept=counts,
-                clean=clean,
-            )
-            counts = None  # once: a damaged message moved aside below changes the counters
             if head is None:
-                return None
+                head = deliverable_head(
+                    keys,
+                    tr,
+                    cfg,
+                    where,
+                    fallback,
+                    now,
+                    check_due=due,
+                    budget=budget,
+                    kept=counts,
+                    clean=clean,
+                )
+                counts = None  # once: a damaged message moved aside below changes the counters
+                if head is None:
+                    return None
             key, rec = head
             try:
-                msg = self._to_message(tr, key, rec, delivered=True)
+                msg = to_message(tr, keys, key, rec, delivered=True)
                 break
             except CorruptMessageError as exc:  # its payload chunks are damaged
-                move_corrupt(self.keys, tr, cfg, key, rec.encode(), exc, budget)
+                move_corrupt(keys, tr, cfg, key, rec.encode(), exc, budget)
                 clean.clear()
-        if not (clean and take_counted(tr, keys, key, rec, meta.raw, cfg.journal)):
+                head = None
+        if not (clean and take_counted(tr, keys, key, rec, raw, cfg.journal)):
             take(tr, keys, key, rec, journaled=cfg.journal)
         if in_caller:
             db = tr.db

@@ -175,7 +175,7 @@ def lease_in(
         if journaled:
             extra[JOURNALED] = 1  # last, as the general path puts it (the same bytes)
         raw = encode_leased(rec, key_hex, receipt, deadline, until, journaled)
-    leased = rec.with_(deliveries=rec.deliveries + 1, extra=extra)
+    leased = rec._replace(deliveries=rec.deliveries + 1, extra=extra)
     if raw is None:
         raw = leased.encode()
     at = keys.inflight_key(rec.id), keys.lease_key(deadline, rec.id)

@@ -89,17 +89,11 @@ def deliverable_head(
         budget = Budget(TAKE_RESERVE) if budget is None else budget
         return _find(keys, tr, cfg, begin, end, dict(where), fallback, now, budget)
     if kept is not None and start is None and not cfg.strict_order:
-        entry = kept_run(keys, tr, kept)
-        if entry is not None:
-            key, raw = entry.run[0]
-            rec = _live(keys, raw, key, now)
-            if rec is not None:
-                # No read conflict to add for the range not read: kept heads are used only
-                # where transactions cannot conflict (keeps_head), whose engine records none.
-                keep_run(keys, tr, entry.run, 1, kept, 1, entry)
-                if clean is not None:
-                    clean.append(True)
-                return key, rec
+        found = take_kept(keys, tr, kept, now)
+        if found is not None:
+            if clean is not None:
+                clean.append(True)
+            return found
         read: list[KeyValue] = []
         found = _head(keys, tr, cfg, begin, end, now, budget, read)
         if found is not None and read:  # the head was the first record read: the rest is next
@@ -342,6 +336,41 @@ def kept_run(keys: QueueKeys, tr: Transaction, raw: list[bytes | None]) -> _Kept
         _kept[id(db), keys.packed] = entry
         return None
     return entry
+
+
+def take_kept(
+    keys: QueueKeys, tr: Transaction, raw: list[bytes | None], now: int
+) -> tuple[bytes, Record] | None:
+    """:func:`deliverable_head`'s kept head alone, for a take that knows it applies (no filter,
+    no start, not strict order, nothing due: the caller checked): the head of the kept run
+    when it is still the head of the ready set (``raw``: as :func:`kept_run`) and a scan would
+    hand it out as it is, its rest kept for the next take once ``tr`` commits. None: the take
+    scans (the run is used up either way), with nothing moved."""
+    # kept_run and keep_run written out for the one record taken (every kept take runs this):
+    # the entry, out of _kept and this transaction's alone, is kept again with its rest.
+    db = tr.db
+    slot = (id(db), keys.packed)
+    entry = _kept.pop(slot, None)
+    if entry is None or not entry.run or entry.db() is not db:
+        return None
+    ready = raw[1]
+    if entry.ready != ready or entry.wake != raw[2] or entry.version != raw[0]:
+        entry.run = []
+        entry.pause = KEPT_PAUSE
+        _kept[slot] = entry
+        return None
+    run = entry.run
+    key, value = run[0]
+    rec = _live(keys, value, key, now)
+    if rec is None:
+        return None
+    # No read conflict to add for the range not read: kept heads are used only where
+    # transactions cannot conflict (keeps_head), whose engine records none.
+    if len(run) > 1:
+        entry.run = run[1:]
+        entry.ready = _PACK(_UNPACK(ready)[0] - 1)  # (ready: 8 bytes, as keep_run kept it)
+        tr.on_finish(entry.landed)  # the wake counter and metadata version: as read, unchanged
+    return key, rec
 
 
 def keep_run(

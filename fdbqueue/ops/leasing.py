@@ -29,6 +29,7 @@ from fdbqueue.ops.head import (
     keep_run,
     keeps_head,
     kept_run,
+    take_kept,
 )
 from fdbqueue.ops.moves import count_known, count_leased, move_corrupt, take_for_lease
 from fdbqueue.ops.scan import expire_within
@@ -85,7 +86,12 @@ def lease_batch(
         heads, clean = _ready_heads(keys, tr, cfg, meta, n, now, budget, where, skip, counts)
         if skip and not heads:  # fewer ready than counted: from the head after all
             heads, clean = _ready_heads(keys, tr, cfg, meta, n, now, budget, where)
-    payloads, damaged = read_payloads(tr, keys, [rec for _, rec in heads])
+    payloads: dict[str, bytes] = _NO_PAYLOADS
+    damaged: dict[str, CorruptMessageError] | None = None
+    for _, rec in heads:
+        if rec.chunks:  # a chunked message among them: every chunk read at once
+            payloads, damaged = read_payloads(tr, keys, [rec for _, rec in heads])
+            break
     if damaged:  # a sound record whose payload chunks are damaged: moved aside, not leased
         for key, rec in heads:
             if rec.id in damaged:
@@ -174,6 +180,13 @@ def _ready_heads(
     # A little more than wanted (expired ones are moved aside), but a lease of one reads one:
     # a live head, the common case, needs no spare, and past an expired one the reads grow.
     extra = 0 if n == 1 else min(8, 1 + n // 8)
+    if kept is not None and n == 1 and not budget.scan_exhausted():
+        # The common lease: the head of the run the last take kept (head.take_kept), no read.
+        found = take_kept(keys, tr, kept, now)
+        if found is not None:
+            budget.charge(lease_cost(len(found[0]), found[1]))  # TAKE_RESERVE was kept for it
+            tr.add_read_conflict_key(found[0])
+            return [found], True  # nothing swept (kept), nothing skipped
     entry = first = None if kept is None else kept_run(keys, tr, kept)
     while len(out) < n and skipped < HEAD_SKIP_LIMIT:
         if budget.scan_exhausted():
@@ -247,3 +260,6 @@ def _leased_counters(keys: QueueKeys) -> tuple[bytes, bytes]:
     """The ready and in-flight counters' keys (``QueueKeys.meta_read``'s, packed once)."""
     read = keys.meta_read()
     return read[1], read[4]
+
+
+_NO_PAYLOADS: dict[str, bytes] = {}  # (read only: lease_batch's when no message is chunked)
