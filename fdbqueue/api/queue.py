@@ -508,13 +508,22 @@ class Queue:
         due = bool(meta.count("delayed") or meta.count("inflight"))
         raw = meta.raw
         now = db_now(tr)
-        # The common case first: a kept head (ops/head.py), without the scan's arguments.
-        head = (
-            take_kept(keys, tr, raw, now)
-            if kept and not due and where is None and not cfg.strict_order
-            else None
-        )
-        counts = raw if kept and where is None and head is None else None  # with the ready and wake counters
+        head = None
+        if kept and not due and not cfg.strict_order:  # (kept: no filter)
+            # The common case: a kept head (ops/head.py), without the scan's arguments; its
+            # counters written as read (take_counted: nothing was moved on the way).
+            head = take_kept(keys, tr, raw, now)
+            if head is not None and not head[1].chunks and head[1].expires_us is None:
+                key, rec = head  # no payload chunks to read, no TTL to estimate: the Message here
+                msg = Message.from_record(
+                    rec, keys.name, keys.priority_of(key), key, rec.payload, delivered=True
+                )
+                if not take_counted(tr, keys, key, rec, raw, cfg.journal):
+                    take(tr, keys, key, rec, journaled=cfg.journal)
+                if in_caller:
+                    tr.on_finish(partial(_failed, keys, tr.db, msg))
+                return msg
+        counts = raw if kept and head is None else None  # with the ready and wake counters
         clean: list[bool] = []  # deliverable_head: nothing moved, the counters read still current
         if head is not None:
             clean.append(True)
@@ -546,13 +555,7 @@ class Queue:
         if not (clean and take_counted(tr, keys, key, rec, raw, cfg.journal)):
             take(tr, keys, key, rec, journaled=cfg.journal)
         if in_caller:
-            db = tr.db
-
-            def finished(error: EngineError | None) -> None:
-                if error is not None:
-                    count_failed_attempt(self.keys, db, msg, error)
-
-            tr.on_finish(finished)
+            tr.on_finish(partial(_failed, keys, tr.db, msg))
         return msg
 
     # -- examining without consuming ----------------------------------------------------------
@@ -629,6 +632,13 @@ class Queue:
         delayed one is shown where a dequeue would make it ready, before any sweep.
         """
         return browse(self.keys, tr, limit=limit, batch=batch)
+
+
+def _failed(keys: QueueKeys, db: Any, msg: Message, error: EngineError | None) -> None:
+    """A dequeue in a caller's transaction (``Transaction.on_finish``): the delivery counts as
+    failed when that transaction does not commit."""
+    if error is not None:
+        count_failed_attempt(keys, db, msg, error)
 
 
 def _check_mapping(where: object) -> None:

@@ -343,6 +343,9 @@ def test_a_run_kept_again_take_after_take_survives_aborts_and_retries_between(em
 
     got += [take(embedded, q), retried(embedded), take(embedded, q)]
     assert attempts == [b"m4", b"m4"]
+    # The aborted take counted as a failed delivery (poison handling); the attempt the
+    # decorator ran again (1020): not (as before).
+    assert [m.deliveries for m in got[3:5] if m is not None] == [2, 1]
 
     @fdbqueue.transactional
     def lease_then_fail(tr: Transaction) -> None:
