@@ -7,7 +7,7 @@ import json
 import math
 import struct
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from fdbqueue.errors import (
@@ -169,7 +169,12 @@ def check_reason(reason: str) -> None:
 
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"))  # one encoder: json.dumps makes one a call
-_DECODE = json.JSONDecoder().decode
+_DECODER = json.JSONDecoder()
+_DECODE = _DECODER.decode
+# The decoder's scanner itself (``json.decoder.JSONDecoder.raw_decode`` calls it): a record's
+# fields as written (no whitespace around them) without decode's two Python frames; any other
+# text (or none that scans) goes to decode, which answers or raises as ever.
+_SCAN: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
 
 
 class Record(NamedTuple):
@@ -222,7 +227,13 @@ class Record(NamedTuple):
             raise QueueError(f"message record of unknown format {fmt}: written by a newer fdbqueue?")
         end = _HEAD.size + n
         try:
-            fields = _DECODE(raw[_HEAD.size : end].decode())
+            text = raw[_HEAD.size : end].decode()
+            try:
+                fields, stop = _SCAN(text, 0)
+            except StopIteration:
+                stop = -1
+            if stop != len(text) or type(fields) is not list:
+                fields = _DECODE(text)
             fields.append(raw[end:body_end])
             return _make_record(fields)
         except (

@@ -89,3 +89,32 @@ def test_a_message_without_headers_or_extra_is_complete_and_read_only() -> None:
         with pytest.raises(TypeError):
             view["x"] = 1  # type: ignore[index]
     assert a.headers == {} and b.headers == {}
+
+
+def test_a_record_decodes_as_the_json_decoder_reads_it_whatever_its_spacing() -> None:
+    """``Record.decode`` scans the fields as written (no spaces) without the decoder's frames;
+    any other text goes to the decoder: spaces around and inside decode the same, and text
+    that is not one JSON list of the fields (trailing data, an object, bad JSON) is damaged."""
+    from fdbqueue.errors import CorruptMessageError
+    from fdbqueue.store.record import _CRC, _HEAD, RECORD_FORMAT
+
+    def stored(meta: str, payload: bytes = b"pl") -> bytes:
+        body = _HEAD.pack(RECORD_FORMAT, len(meta.encode())) + meta.encode() + payload
+        return body + _CRC.pack(zlib.crc32(body))
+
+    rec = Record("r0c", 5, "b", {"h": [1, 2]}, 3, None, 0, {"k": "v"}, b"pl")
+    for meta in (
+        '["r0c",5,"b",{"h":[1,2]},3,null,0,{"k":"v"}]',
+        ' ["r0c", 5, "b", {"h": [1, 2]}, 3, null, 0, {"k": "v"}] ',
+        '["r0c",5,"b",{"h":[1,2]},3,null,0,{"k":"v"}]\n',
+    ):
+        assert Record.decode(stored(meta)) == rec, meta
+    for meta in (
+        '["r0c",5,"b",{},3,null,0,{}]x',
+        '["r0c",5,"b",{},3,null,0,{}][]',
+        '{"id":"r0c"}',
+        '["r0c",5,"b",{},3,nul,0,{}]',
+        "",
+    ):
+        with pytest.raises(CorruptMessageError):
+            Record.decode(stored(meta))
