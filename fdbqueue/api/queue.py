@@ -280,8 +280,8 @@ class Queue:
         taken: list[Message] = []
         budget = Budget(TAKE_RESERVE)
 
-        def body(t: Transaction, unknown: bool) -> list[Message]:
-            if unknown and taken:
+        def step(t: Transaction, at: Attempt) -> list[Message]:
+            if at.unknown and taken:
                 raw = t.get(self.keys.inflight_key(taken[0].id))
                 if (
                     raw is not None
@@ -292,11 +292,9 @@ class Queue:
                 ):
                     return list(taken)  # the attempt that ended in commit_unknown_result committed
             budget.next_transaction()
-            taken[:] = lease_batch(self.keys, t, secs, receipt, n, budget, where)
-            return list(taken)
-
-        def step(t: Transaction, at: Attempt) -> list[Message]:
-            return body(t, at.unknown)
+            got = lease_batch(self.keys, t, secs, receipt, n, budget, where)
+            taken[:] = got  # what this attempt leased, kept for a retry to recognise
+            return got
 
         def attempt(want_watch: bool) -> tuple[list[Message] | None, Watch | None]:
             ratelimit.throttled()  # forget an earlier lease's: this one says
