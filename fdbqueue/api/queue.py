@@ -503,7 +503,7 @@ class Queue:
         if opened is None:
             return None
         cfg, meta = opened
-        due = bool(meta.count("delayed") or meta.count("inflight"))
+        due = meta.waiting()
         raw = meta.raw
         now = db_now(tr)
         head = None

@@ -71,7 +71,7 @@ def lease_batch(
             return []  # held back: ratelimit.throttled() says how long
     budget = Budget(TAKE_RESERVE) if budget is None else budget
     if cfg.strict_order:  # one delivery in flight at a time: at most one head
-        due = bool(meta.count("delayed") or meta.count("inflight"))
+        due = meta.waiting()
         head = deliverable_head(keys, tr, cfg, where, False, now, check_due=due, budget=budget)
         heads = [] if head is None else [head]
         clean = False  # (the due check may have moved messages: the counters read are not current)

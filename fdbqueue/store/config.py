@@ -341,9 +341,18 @@ class Meta(NamedTuple):
         at, raw = _RAW_AT[name], self.raw  # inflight and delayed: maybe left out (read_meta)
         return _count(raw[at]) if at < len(raw) else 0
 
+    def waiting(self) -> bool:
+        """``count("delayed") or count("inflight")`` in one call: whether delayed or leased
+        messages may exist, that a take first makes ready when they came due."""
+        raw = self.raw
+        n = len(raw)
+        d, f = _DUE_AT
+        return (n > d and _count(raw[d]) > 0) or (n > f and _count(raw[f]) > 0)
+
 
 # Where each hot counter is in Meta.raw (QueueKeys.meta_read's order).
 _RAW_AT = {"ready": 1, "inflight": 4, "delayed": 5, "wake": 2}
+_DUE_AT = (_RAW_AT["delayed"], _RAW_AT["inflight"])  # Meta.waiting's
 assert set(_RAW_AT) == set(HOT_COUNTERS)
 _new_meta = tuple.__new__
 
@@ -535,6 +544,8 @@ def due_entries(tr: Transaction, keys: QueueKeys, meta: Meta, now: int) -> bool:
     Only the indexes whose counters say they hold entries are read: a queue with leases
     in flight but nothing delayed costs one read here, an idle one none.
     """
+    if not meta.waiting():  # (nothing in flight, nothing delayed: no index to read)
+        return False
     for tag, counter in (("l", "inflight"), ("d", "delayed")):
         if meta.count(counter) and tr.snapshot.get_range(*keys.index_range(tag, now + 1), 1):
             return True

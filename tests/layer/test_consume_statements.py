@@ -369,3 +369,47 @@ def test_a_journaled_lease_and_ack_write_what_the_general_path_writes_and_count_
     assert [e.op for e in history(embedded, n.id)] == ["enqueue", "lease", "nack", "lease", "ack"]
     ops = [e.op for e in history(embedded, short.id)]
     assert ops == ["enqueue", "lease", "lease_expired", "lease", "ack"]
+
+
+def test_meta_waiting_is_count_of_delayed_or_inflight_for_every_read_and_value(embedded: Database) -> None:
+    """``Meta.waiting()`` (whether a take must first look for due messages) says what
+    ``count("delayed") or count("inflight")`` says: for each read of the metadata, with the
+    counters absent, zero, positive, negative and of odd lengths (an ADD zero-extends)."""
+    from fdbqueue.store.config import LEASE_COUNTERS, TAKE_COUNTERS, read_meta, read_meta_for
+    from fdbqueue.store.layout import HOT_COUNTERS
+
+    q = warmed(embedded)
+    q.enqueue(embedded, b"later", delay=60)
+    m = q.lease(embedded)
+    assert m is not None
+    values: list[bytes | None] = [
+        None,
+        b"\x00" * 8,
+        (1).to_bytes(8, "little"),
+        (-3).to_bytes(8, "little", signed=True),
+        b"\x02",
+        b"\x00\x01\x00",
+    ]
+    seen = set()
+    for delayed in values:
+        for inflight in values:
+            for name, value in (("delayed", delayed), ("inflight", inflight)):
+                if value is None:
+                    del embedded[q.keys.counter(name)]  # type: ignore[attr-defined]
+                else:
+                    embedded[q.keys.counter(name)] = value  # type: ignore[index]
+
+            @fdbqueue.transactional
+            def check(tr: Transaction) -> None:
+                for meta in (
+                    read_meta(tr, q.keys),
+                    read_meta_for(tr, q.keys, TAKE_COUNTERS),
+                    read_meta_for(tr, q.keys, LEASE_COUNTERS),
+                    read_meta_for(tr, q.keys, ("ready",)),
+                ):
+                    want = bool(meta.count("delayed") or meta.count("inflight"))
+                    assert meta.waiting() is want, meta.raw
+                    seen.add(want)
+
+            check(embedded)
+    assert seen == {True, False} and "delayed" in HOT_COUNTERS
