@@ -228,6 +228,10 @@ class StoredFields(Protocol):
     def extra(self) -> dict[str, Any]: ...
 
 
+_FROM_RECORD = object()  # Message.from_record's expires_at: not given
+_NOTHING: Mapping[str, Any] = MappingProxyType({})
+
+
 @dataclass(frozen=True)
 class Message:
     """A message handed out by a queue. ``payload`` is always bytes."""
@@ -276,32 +280,40 @@ class Message:
         payload: bytes,
         *,
         delivered: bool = False,
-        **more: Any,
+        receipt: str | None = None,
+        lease_deadline: float | None = None,
+        expires_at: float | object | None = _FROM_RECORD,
     ) -> Message:
-        """The Message for ``rec``; ``delivered`` counts the delivery it is handed out in."""
-        fields = {
-            "id": rec.id,
-            "payload": payload,
-            "queue": queue,
-            "priority": priority,
-            "enqueued_at": rec.enqueued_us / 1e6,
-            "deliveries": rec.deliveries + delivered,
-            "headers": MappingProxyType(dict(rec.headers)),
-            "content_type": _CONTENT_TYPES[rec.content_type],
-            "expires_at": None if rec.expires_us is None else rec.expires_us / 1e6,
-            "key": key,
-            "receipt": None,
-            "lease_deadline": None,
-            "extra": MappingProxyType(dict(rec.extra)),
-        }
-        if more:
-            if not more.keys() <= fields.keys():
-                raise TypeError(f"unknown Message fields: {sorted(more.keys() - fields.keys())}")
-            fields.update(more)
+        """The Message for ``rec``; ``delivered`` counts the delivery it is handed out in.
+        ``expires_at`` (a wall-clock estimate) when the caller made one; else the record's
+        TTL in seconds, as stored."""
+        expires = rec.expires_us
+        if expires_at is _FROM_RECORD:
+            expires_at = None if expires is None else expires / 1e6
+        headers = rec.headers
+        extra = rec.extra
         # Every field is given, so the frozen dataclass's __init__ (13 checked setattr calls,
-        # on the path of every message handed out) is skipped: the instance is the same.
+        # on the path of every message handed out) is skipped: the instance is the same. An
+        # empty mapping is the one read-only empty view, not a copy each time (read-only:
+        # nothing can change it; equal to any empty mapping).
         m = object.__new__(cls)
-        m.__dict__.update(fields)
+        m.__dict__.update(
+            {
+                "id": rec.id,
+                "payload": payload,
+                "queue": queue,
+                "priority": priority,
+                "enqueued_at": rec.enqueued_us / 1e6,
+                "deliveries": rec.deliveries + delivered,
+                "headers": MappingProxyType(dict(headers)) if headers else _NOTHING,
+                "content_type": _CONTENT_TYPES[rec.content_type],
+                "expires_at": expires_at,
+                "key": key,
+                "receipt": receipt,
+                "lease_deadline": lease_deadline,
+                "extra": MappingProxyType(dict(extra)) if extra else _NOTHING,
+            }
+        )
         return m
 
 

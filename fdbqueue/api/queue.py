@@ -53,7 +53,7 @@ from fdbqueue.ops.delivery import (
     to_message,
 )
 from fdbqueue.ops.enqueuing import deduplicated, enqueue_items, enqueue_one
-from fdbqueue.ops.head import TAKE_KEPT, TAKE_RESERVE, deliverable_head, keeps_head, take_counted
+from fdbqueue.ops.head import TAKE_KEPT, TAKE_RESERVE, deliverable_head, keeps_head, take_counted, take_kept
 from fdbqueue.ops.items import batch_items, new_item
 from fdbqueue.ops.leasing import lease_batch
 from fdbqueue.ops.moves import move_corrupt, take, wake
@@ -294,8 +294,8 @@ class Queue:
         taken: list[Message] = []
         budget = Budget(TAKE_RESERVE)
 
-        def body(t: Transaction, unknown: bool) -> list[Message]:
-            if unknown and taken:
+        def step(t: Transaction, at: Attempt) -> list[Message]:
+            if at.unknown and taken:
                 raw = t.get(self.keys.inflight_key(taken[0].id))
                 if (
                     raw is not None
@@ -306,11 +306,9 @@ class Queue:
                 ):
                     return list(taken)  # the attempt that ended in commit_unknown_result committed
             budget.next_transaction()
-            taken[:] = lease_batch(self.keys, t, secs, receipt, n, budget, where)
-            return list(taken)
-
-        def step(t: Transaction, at: Attempt) -> list[Message]:
-            return body(t, at.unknown)
+            got = lease_batch(self.keys, t, secs, receipt, n, budget, where)
+            taken[:] = got  # what this attempt leased, kept for a retry to recognise
+            return got
 
         def attempt(want_watch: bool) -> tuple[list[Message] | None, Watch | None]:
             ratelimit.throttled()  # forget an earlier lease's: this one says
@@ -519,42 +517,57 @@ class Queue:
         if opened is None:
             return None
         cfg, meta = opened
-        due = bool(meta.count("delayed") or meta.count("inflight"))
-        counts = meta.raw if kept and where is None else None  # with the ready and wake counters
+        due = meta.waiting()
+        raw = meta.raw
+        now = db_now(tr)
+        head = None
+        if kept and not due and not cfg.strict_order:  # (kept: no filter)
+            # The common case: a kept head (ops/head.py), without the scan's arguments; its
+            # counters written as read (take_counted: nothing was moved on the way).
+            head = take_kept(keys, tr, raw, now)
+            if head is not None and not head[1].chunks and head[1].expires_us is None:
+                key, rec = head  # no payload chunks to read, no TTL to estimate: the Message here
+                msg = Message.from_record(
+                    rec, keys.name, keys.priority_of(key), key, rec.payload, delivered=True
+                )
+                if not take_counted(tr, keys, key, rec, raw, cfg.journal):
+                    take(tr, keys, key, rec, journaled=cfg.journal)
+                if in_caller:
+                    tr.on_finish(partial(_failed, keys, tr.db, msg))
+                return msg
+        counts = raw if kept and head is None else None  # with the ready and wake counters
         clean: list[bool] = []  # deliverable_head: nothing moved, the counters read still current
+        if head is not None:
+            clean.append(True)
         while True:
-            head = deliverable_head(
-                self.keys,
-                tr,
-                cfg,
-                where,
-                fallback,
-                db_now(tr),
-                check_due=due,
-                budget=budget,
-                kept=counts,
-                clean=clean,
-            )
-            counts = None  # once: a damaged message moved aside below changes the counters
             if head is None:
-                return None
+                head = deliverable_head(
+                    keys,
+                    tr,
+                    cfg,
+                    where,
+                    fallback,
+                    now,
+                    check_due=due,
+                    budget=budget,
+                    kept=counts,
+                    clean=clean,
+                )
+                counts = None  # once: a damaged message moved aside below changes the counters
+                if head is None:
+                    return None
             key, rec = head
             try:
-                msg = self._to_message(tr, key, rec, delivered=True)
+                msg = to_message(tr, keys, key, rec, delivered=True)
                 break
             except CorruptMessageError as exc:  # its payload chunks are damaged
-                move_corrupt(self.keys, tr, cfg, key, rec.encode(), exc, budget)
+                move_corrupt(keys, tr, cfg, key, rec.encode(), exc, budget)
                 clean.clear()
-        if not (clean and take_counted(tr, keys, key, rec, meta.raw, cfg.journal)):
+                head = None
+        if not (clean and take_counted(tr, keys, key, rec, raw, cfg.journal)):
             take(tr, keys, key, rec, journaled=cfg.journal)
         if in_caller:
-            db = tr.db
-
-            def finished(error: EngineError | None) -> None:
-                if error is not None:
-                    count_failed_attempt(self.keys, db, msg, error)
-
-            tr.on_finish(finished)
+            tr.on_finish(partial(_failed, keys, tr.db, msg))
         return msg
 
     # -- examining without consuming ----------------------------------------------------------
@@ -631,6 +644,13 @@ class Queue:
         delayed one is shown where a dequeue would make it ready, before any sweep.
         """
         return browse(self.keys, tr, limit=limit, batch=batch)
+
+
+def _failed(keys: QueueKeys, db: Any, msg: Message, error: EngineError | None) -> None:
+    """A dequeue in a caller's transaction (``Transaction.on_finish``): the delivery counts as
+    failed when that transaction does not commit."""
+    if error is not None:
+        count_failed_attempt(keys, db, msg, error)
 
 
 def _check_mapping(where: object) -> None:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
 
 from fdbqueue.engines.contract import Database, ReadView, Transaction
 from fdbqueue.errors import CorruptMessageError, EngineError, LeaseError, LeaseExpiredError, QueueStoppedError
@@ -161,7 +160,7 @@ def lease_in(
     until = lease_until(seconds)
     key_hex = key.hex()
     raw: bytes | None = None
-    if rec.extra or journaled or volatile or strict:
+    if rec.extra or volatile or strict:
         extra = dict(rec.extra)
         extra.update(key=key_hex, receipt=receipt, deadline=deadline, until=until)
         extra.pop("not_before", None)
@@ -173,8 +172,10 @@ def lease_in(
             extra["strict"] = True  # its ack must wake whoever waits for the next delivery
     else:  # the common shape: written directly when it can be (encode_leased), else encoded
         extra = {"key": key_hex, "receipt": receipt, "deadline": deadline, "until": until}
-        raw = encode_leased(rec, key_hex, receipt, deadline, until)
-    leased = rec.with_(deliveries=rec.deliveries + 1, extra=extra)
+        if journaled:
+            extra[JOURNALED] = 1  # last, as the general path puts it (the same bytes)
+        raw = encode_leased(rec, key_hex, receipt, deadline, until, journaled)
+    leased = rec._replace(deliveries=rec.deliveries + 1, extra=extra)
     if raw is None:
         raw = leased.encode()
     at = keys.inflight_key(rec.id), keys.lease_key(deadline, rec.id)
@@ -315,7 +316,9 @@ def ack_in(keys: QueueKeys, tr: Transaction, m: Message, now: int | None, note: 
     # The very record this process leased (the bytes read were the ones it wrote), in this
     # queue: its keys as the lease made them, not made again.
     at = held[3] if held is not None and rec is held[1] else None
-    known = bool(peek) and JOURNALED not in rec.extra  # (a journal entry written between)
+    # The journal's entry (finish_lease) writes stamped keys under the journal's own prefix,
+    # never a counter: the counters read are still what the set below writes over.
+    known = bool(peek)
     finish_lease(tr, keys, rec, note, at=at, count=not known)
     if known and not count_known(tr, peek, values[1:], (-1, 1)):
         count_settled(tr, keys, 1)
@@ -482,12 +485,13 @@ def to_message(
     tr: Transaction, keys: QueueKeys, key: bytes, rec: Record, *, delivered: bool = False
 ) -> Message:
     """The ready message ``rec`` at ``key`` as a :class:`Message` (its payload read)."""
-    payload = read_payload(tr, keys, rec)
+    payload = rec.payload if not rec.chunks else read_payload(tr, keys, rec)
     priority = keys.priority_of(key)
     if rec.expires_us is None:
         return Message.from_record(rec, keys.name, priority, key, payload, delivered=delivered)
-    more = {"expires_at": expires_at(tr, rec)}
-    return Message.from_record(rec, keys.name, priority, key, payload, delivered=delivered, **more)
+    return Message.from_record(
+        rec, keys.name, priority, key, payload, delivered=delivered, expires_at=expires_at(tr, rec)
+    )
 
 
 def open_for_dequeue(tr: Transaction, keys: QueueKeys, meta: Meta | None) -> tuple[QueueConfig, Meta] | None:
@@ -509,18 +513,19 @@ def message_elsewhere(keys: QueueKeys, tr: Transaction, key: bytes, raw: bytes) 
     tag = keys.unpack_tail(key)[0]
     rec = decode_record(raw, keys, key)
     payload = read_payload(tr, keys, rec)
-    more: dict[str, Any] = {}
+    deadline = None
     if tag == "f":
         ready_key = bytes.fromhex(rec.extra["key"])
-        more = {"receipt": None, "lease_deadline": int(rec.extra["until"]) / 1e6}
+        deadline = int(rec.extra["until"]) / 1e6
         priority = keys.parse_ready(ready_key)[0]
     elif tag == "d":
         ready_key = bytes.fromhex(rec.extra["key"]) if "key" in rec.extra else b""
         priority = int(rec.extra.get("priority", 0))
     else:
         return None
-    more["expires_at"] = expires_at(tr, rec)
-    return Message.from_record(rec, keys.name, priority, ready_key, payload, **more)
+    return Message.from_record(
+        rec, keys.name, priority, ready_key, payload, lease_deadline=deadline, expires_at=expires_at(tr, rec)
+    )
 
 
 def check_lease_seconds(seconds: object) -> float:

@@ -89,17 +89,11 @@ def deliverable_head(
         budget = Budget(TAKE_RESERVE) if budget is None else budget
         return _find(keys, tr, cfg, begin, end, dict(where), fallback, now, budget)
     if kept is not None and start is None and not cfg.strict_order:
-        run = kept_run(keys, tr, kept)
-        if run:
-            key, raw = run[0]
-            rec = _live(keys, raw, key, now)
-            if rec is not None:
-                # No read conflict to add for the range not read: kept heads are used only
-                # where transactions cannot conflict (keeps_head), whose engine records none.
-                keep_run(keys, tr, run, 1, kept, 1)
-                if clean is not None:
-                    clean.append(True)
-                return key, rec
+        found = take_kept(keys, tr, kept, now)
+        if found is not None:
+            if clean is not None:
+                clean.append(True)
+            return found
         read: list[KeyValue] = []
         found = _head(keys, tr, cfg, begin, end, now, budget, read)
         if found is not None and read:  # the head was the first record read: the rest is next
@@ -323,10 +317,11 @@ def keeps_head(tr: Transaction, keys: QueueKeys) -> bool:
     return False
 
 
-def kept_run(keys: QueueKeys, tr: Transaction, raw: list[bytes | None]) -> list[KeyValue] | None:
-    """The kept run of this queue on ``tr``'s database when it is still the head of the ready
-    set (``raw``: the metadata ``tr`` read, through its own writes, with the ready and wake
-    counters), else None. Taken out either way: a run serves one take."""
+def kept_run(keys: QueueKeys, tr: Transaction, raw: list[bytes | None]) -> _Kept | None:
+    """The kept run of this queue on ``tr``'s database (its ``run``: not empty) when it is
+    still the head of the ready set (``raw``: the metadata ``tr`` read, through its own writes,
+    with the ready and wake counters), else None. Taken out either way: a run serves one take
+    (:func:`keep_run` may keep the same entry again for the next, once this take commits)."""
     db = tr.db
     entry = _kept.pop((id(db), keys.packed), None)
     if entry is None or not entry.run or entry.db() is not db:  # (none, or a paused slot's)
@@ -340,25 +335,77 @@ def kept_run(keys: QueueKeys, tr: Transaction, raw: list[bytes | None]) -> list[
         entry.pause = KEPT_PAUSE
         _kept[id(db), keys.packed] = entry
         return None
-    return entry.run
+    return entry
+
+
+def take_kept(
+    keys: QueueKeys, tr: Transaction, raw: list[bytes | None], now: int
+) -> tuple[bytes, Record] | None:
+    """:func:`deliverable_head`'s kept head alone, for a take that knows it applies (no filter,
+    no start, not strict order, nothing due: the caller checked): the head of the kept run
+    when it is still the head of the ready set (``raw``: as :func:`kept_run`) and a scan would
+    hand it out as it is, its rest kept for the next take once ``tr`` commits. None: the take
+    scans (the run is used up either way), with nothing moved."""
+    # kept_run and keep_run written out for the one record taken (every kept take runs this):
+    # the entry, out of _kept and this transaction's alone, is kept again with its rest.
+    db = tr.db
+    slot = (id(db), keys.packed)
+    entry = _kept.pop(slot, None)
+    if entry is None or not entry.run or entry.db() is not db:
+        return None
+    ready = raw[1]
+    if entry.ready != ready or entry.wake != raw[2] or entry.version != raw[0]:
+        entry.run = []
+        entry.pause = KEPT_PAUSE
+        _kept[slot] = entry
+        return None
+    run = entry.run
+    key, value = run[0]
+    rec = _live(keys, value, key, now)
+    if rec is None:
+        return None
+    # No read conflict to add for the range not read: kept heads are used only where
+    # transactions cannot conflict (keeps_head), whose engine records none.
+    if len(run) > 1:
+        entry.run = run[1:]
+        entry.ready = _PACK(_UNPACK(ready)[0] - 1)  # (ready: 8 bytes, as keep_run kept it)
+        tr.on_finish(entry.landed)  # the wake counter and metadata version: as read, unchanged
+    return key, rec
 
 
 def keep_run(
-    keys: QueueKeys, tr: Transaction, kvs: list[KeyValue], taken: int, raw: list[bytes | None], n: int
+    keys: QueueKeys,
+    tr: Transaction,
+    kvs: list[KeyValue],
+    taken: int,
+    raw: list[bytes | None],
+    n: int,
+    entry: _Kept | None = None,
 ) -> None:
     """Keep ``kvs[taken:]`` for the next take, once ``tr`` commits, with the counters as this
     take of ``n`` leaves them (``raw``: as it read them); nothing past KEPT_BYTES of values
-    (large messages are read when they are taken)."""
+    (large messages are read when they are taken). ``entry``: the kept run ``kvs`` is (from
+    :func:`kept_run`, so out of ``_kept`` and this transaction's alone): kept again with its
+    rest, without another object, weak reference or count of its bytes (a tail of a run
+    within KEPT_BYTES is within it)."""
     run = kvs[taken:]
     ready = raw[1]
-    if not run or ready is None or len(ready) != 8 or sum(map(len, map(_VALUE, run))) > KEPT_BYTES:
+    if not run or ready is None or len(ready) != 8:
         return
-    db = tr.db
-    try:
-        ref = weakref.ref(db)
-    except TypeError:  # a database that cannot be weakly referenced: nothing kept
-        return
-    entry = _Kept(ref, (id(db), keys.packed), run, _PACK(_UNPACK(ready)[0] - n), raw[2], raw[0])
+    if entry is None:
+        if sum(map(len, map(_VALUE, run))) > KEPT_BYTES:
+            return
+        db = tr.db
+        try:
+            ref = weakref.ref(db)
+        except TypeError:  # a database that cannot be weakly referenced: nothing kept
+            return
+        entry = _Kept(ref, (id(db), keys.packed), run, _PACK(_UNPACK(ready)[0] - n), raw[2], raw[0])
+    else:
+        entry.run = run
+        entry.ready = _PACK(_UNPACK(ready)[0] - n)
+        entry.wake = raw[2]
+        entry.version = raw[0]
     tr.on_finish(entry.landed)
 
 

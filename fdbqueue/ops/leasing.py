@@ -29,6 +29,7 @@ from fdbqueue.ops.head import (
     keep_run,
     keeps_head,
     kept_run,
+    take_kept,
 )
 from fdbqueue.ops.moves import count_known, count_leased, move_corrupt, take_for_lease
 from fdbqueue.ops.scan import expire_within
@@ -70,7 +71,7 @@ def lease_batch(
             return []  # held back: ratelimit.throttled() says how long
     budget = Budget(TAKE_RESERVE) if budget is None else budget
     if cfg.strict_order:  # one delivery in flight at a time: at most one head
-        due = bool(meta.count("delayed") or meta.count("inflight"))
+        due = meta.waiting()
         head = deliverable_head(keys, tr, cfg, where, False, now, check_due=due, budget=budget)
         heads = [] if head is None else [head]
         clean = False  # (the due check may have moved messages: the counters read are not current)
@@ -85,7 +86,12 @@ def lease_batch(
         heads, clean = _ready_heads(keys, tr, cfg, meta, n, now, budget, where, skip, counts)
         if skip and not heads:  # fewer ready than counted: from the head after all
             heads, clean = _ready_heads(keys, tr, cfg, meta, n, now, budget, where)
-    payloads, damaged = read_payloads(tr, keys, [rec for _, rec in heads])
+    payloads: dict[str, bytes] = _NO_PAYLOADS
+    damaged: dict[str, CorruptMessageError] | None = None
+    for _, rec in heads:
+        if rec.chunks:  # a chunked message among them: every chunk read at once
+            payloads, damaged = read_payloads(tr, keys, [rec for _, rec in heads])
+            break
     if damaged:  # a sound record whose payload chunks are damaged: moved aside, not leased
         for key, rec in heads:
             if rec.id in damaged:
@@ -174,15 +180,23 @@ def _ready_heads(
     # A little more than wanted (expired ones are moved aside), but a lease of one reads one:
     # a live head, the common case, needs no spare, and past an expired one the reads grow.
     extra = 0 if n == 1 else min(8, 1 + n // 8)
-    run = None if kept is None else kept_run(keys, tr, kept)
+    if kept is not None and n == 1 and not budget.scan_exhausted():
+        # The common lease: the head of the run the last take kept (head.take_kept), no read.
+        found = take_kept(keys, tr, kept, now)
+        if found is not None:
+            budget.charge(lease_cost(len(found[0]), found[1]))  # TAKE_RESERVE was kept for it
+            tr.add_read_conflict_key(found[0])
+            return [found], True  # nothing swept (kept), nothing skipped
+    entry = first = None if kept is None else kept_run(keys, tr, kept)
     while len(out) < n and skipped < HEAD_SKIP_LIMIT:
         if budget.scan_exhausted():
             budget.more = True  # expired messages beyond this transaction's reading: later
             break
-        if run:  # the head of the ready set, kept from the last lease: no read
-            batch, run = run, None
+        if first is not None:  # the head of the ready set, kept from the last lease: no read
+            batch, first = first.run, None
             want = len(batch)
         else:
+            entry = None  # the batch is read: no kept run
             want = budget.batch(n - len(out) + extra if kept is None else max(n + extra, KEPT_RUN))
             batch = tr.snapshot.get_range(begin, end, want)
             budget.read(batch)
@@ -221,7 +235,7 @@ def _ready_heads(
             out.append((key, rec))
             if len(out) == n:
                 if kept is not None and not (skipped or passed or skip):
-                    keep_run(keys, tr, batch, i + 1, kept, n)
+                    keep_run(keys, tr, batch, i + 1, kept, n, entry)
                 return out, not (swept or skipped)
         if len(batch) < want:
             break
@@ -246,3 +260,6 @@ def _leased_counters(keys: QueueKeys) -> tuple[bytes, bytes]:
     """The ready and in-flight counters' keys (``QueueKeys.meta_read``'s, packed once)."""
     read = keys.meta_read()
     return read[1], read[4]
+
+
+_NO_PAYLOADS: dict[str, bytes] = {}  # (read only: lease_batch's when no message is chunked)

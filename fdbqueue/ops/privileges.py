@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from fdbqueue.engines.contract import Transaction, engine_traits
+from fdbqueue.engines.contract import Transaction
 from fdbqueue.errors import AccessDeniedError, ForeignQueueError, QueueError
 from fdbqueue.store.clock import note_time
 from fdbqueue.store.config import (
@@ -89,7 +89,7 @@ def check(
     if meta is not None:
         owner, acl = meta.owner, meta.acl
         values: list[bytes | None] = []
-    elif engine_traits(tr.db)[0] and tr.journal_order().time is None:
+    elif getattr(tr.db, "may_conflict", True) and tr.journal_order().time is None:  # engine_traits' first
         # Where versions may jump, the database's time correction too (clock.note_time).
         found = tr.snapshot.get_many([keys.guard, *also, TIME_KEY])
         note_time(tr, found.pop())

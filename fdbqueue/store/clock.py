@@ -57,7 +57,6 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from fdbqueue.engines import versions as _versions
-from fdbqueue.engines.contract import engine_traits
 from fdbqueue.engines.versions import VERSIONS_PER_SECOND
 from fdbqueue.store.layout import TIME_KEY
 
@@ -187,7 +186,8 @@ def db_now(tr: Transaction) -> int:
     a baseline saw before it was recorded: the correction takes it back).
     """
     rv = int(tr.get_read_version())
-    if not engine_traits(tr.db)[0]:  # the embedded engine: its versions are its clock
+    # engine_traits' first, read as it reads it: the embedded engine, whose versions are its clock
+    if not getattr(tr.db, "may_conflict", True):
         return rv
     offset = tr.journal_order().time
     if offset is None:

@@ -335,18 +335,6 @@ class Meta(NamedTuple):
         """The hot counters by name (``layout.HOT_COUNTERS``)."""
         return {name: self._counter(name) for name in HOT_COUNTERS}
 
-    def waiting(self) -> bool:
-        """Whether the inflight or the delayed counter is above 0 (``count`` of each): a lease
-        may have ended, a delayed message may be due. Asked by every dequeue and lease; an
-        absent counter or an 8-byte zero answers without a call."""
-        raw = self.raw
-        if len(raw) < 6:
-            return False
-        inflight, delayed = raw[4], raw[5]
-        if (inflight is None or inflight == _ZERO) and (delayed is None or delayed == _ZERO):
-            return False
-        return self.count("inflight") > 0 or self.count("delayed") > 0
-
     def count(self, name: str) -> int:
         # Asked of every dequeue and lease (inflight, delayed): an absent counter or an
         # 8-byte zero (most of them) answers without decoding; the rest as _counter.
@@ -364,9 +352,22 @@ class Meta(NamedTuple):
         at, raw = _RAW_AT[name], self.raw  # inflight and delayed: maybe left out (read_meta)
         return _count(raw[at]) if at < len(raw) else 0
 
+    def waiting(self) -> bool:
+        """``count("delayed") or count("inflight")`` in one call: whether delayed or leased
+        messages may exist, that a take first makes ready when they came due. Asked by every
+        dequeue and lease: an absent counter (or one read_meta left out) or an 8-byte zero, most
+        of them, answers without decoding."""
+        raw = self.raw
+        n = len(raw)
+        d, f = _DUE_AT
+        if n > d and (v := raw[d]) is not None and v != _ZERO and _count(v) > 0:
+            return True
+        return n > f and (v := raw[f]) is not None and v != _ZERO and _count(v) > 0
+
 
 # Where each hot counter is in Meta.raw (QueueKeys.meta_read's order).
 _RAW_AT = {"ready": 1, "inflight": 4, "delayed": 5, "wake": 2}
+_DUE_AT = (_RAW_AT["delayed"], _RAW_AT["inflight"])  # Meta.waiting's
 assert set(_RAW_AT) == set(HOT_COUNTERS)
 _new_meta = tuple.__new__
 
@@ -621,6 +622,8 @@ def due_entries(tr: Transaction, keys: QueueKeys, meta: Meta, now: int) -> bool:
     Only the indexes whose counters say they hold entries are read: a queue with leases
     in flight but nothing delayed costs one read here, an idle one none.
     """
+    if not meta.waiting():  # (nothing in flight, nothing delayed: no index to read)
+        return False
     for tag, counter in (("l", "inflight"), ("d", "delayed")):
         if meta.count(counter) and tr.snapshot.get_range(*keys.index_range(tag, now + 1), 1):
             return True

@@ -170,12 +170,12 @@ def check_reason(reason: str) -> None:
 
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"))  # one encoder: json.dumps makes one a call
-_DECODE = json.JSONDecoder().decode
-# The decoder's scanner itself (C where the json module has its speedups): decode() and
-# raw_decode() are two Python frames around it, which every record read paid. A record's
-# fields as the layer writes them (no whitespace around) are scanned whole; anything else
-# takes decode(), which says what is wrong.
-_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+_DECODER = json.JSONDecoder()
+_DECODE = _DECODER.decode
+# The decoder's scanner itself (``json.decoder.JSONDecoder.raw_decode`` calls it): a record's
+# fields as written (no whitespace around them) without decode's two Python frames; any other
+# text (or none that scans) goes to decode, which answers or raises as ever.
+_SCAN: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
 
 
 class Record(NamedTuple):
@@ -230,10 +230,10 @@ class Record(NamedTuple):
         try:
             text = raw[_HEAD.size : end].decode()
             try:
-                fields, at = _SCAN(text, 0)
+                fields, stop = _SCAN(text, 0)
             except StopIteration:
-                at = -1
-            if at != len(text):
+                stop = -1
+            if stop != len(text) or type(fields) is not list:
                 fields = _DECODE(text)
             fields.append(raw[end:body_end])
             return _make_record(fields)
@@ -271,13 +271,16 @@ _ALNUM = re.compile("[0-9A-Za-z]+").fullmatch
 _RECEIPT_CHARS = re.compile("[0-9A-Za-z.]*[0-9A-Za-z][0-9A-Za-z.]*").fullmatch
 
 
-def encode_leased(rec: Record, key_hex: str, receipt: str, deadline: int, until: int) -> bytes | None:
+def encode_leased(
+    rec: Record, key_hex: str, receipt: str, deadline: int, until: int, journaled: bool = False
+) -> bytes | None:
     """``rec`` (a ready record) leased: ``rec.with_(deliveries=rec.deliveries + 1,
     extra={"key": key_hex, "receipt": receipt, "deadline": deadline, "until": until}).encode()``
     written directly for the common shape (no headers, nothing extra, a plain content type,
     an id of ours, a receipt of letters, digits and dots): the same bytes at a fraction of the
-    encoder's cost (tests/layer/test_consume_statements.py compares). None for any other
-    shape: the caller encodes the record."""
+    encoder's cost (tests/layer/test_consume_statements.py compares). ``journaled``: the extra
+    ends with the journal's mark too (``"j": 1``, ``ops/moves.py`` JOURNALED), as the lease
+    of a journaled queue writes it. None for any other shape: the caller encodes the record."""
     ct = rec.content_type
     if (
         rec.headers
@@ -292,10 +295,13 @@ def encode_leased(rec: Record, key_hex: str, receipt: str, deadline: int, until:
     meta = (
         f'["{rec.id}",{int(rec.enqueued_us)},"{ct}",{{}},{int(rec.deliveries) + 1},{expires},'
         f'{int(rec.chunks)},{{"key":"{key_hex}","receipt":"{receipt}","deadline":{int(deadline)},'
-        f'"until":{int(until)}}}]'
+        f'"until":{int(until)}{_JOURNAL_MARK if journaled else ""}}}]'
     ).encode()
     body = _HEAD.pack(RECORD_FORMAT, len(meta)) + meta + rec.payload
     return body + _CRC.pack(_crc32(body))
+
+
+_JOURNAL_MARK = ',"j":1'  # encode_leased's journaled extra: ops/moves.py's JOURNALED, set to 1
 
 
 def decode_record(raw: bytes, keys: QueueKeys, key: bytes, msg_id: str | None = None) -> Record:

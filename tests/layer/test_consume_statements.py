@@ -254,6 +254,14 @@ def test_a_leased_record_in_its_common_shape_is_the_bytes_the_general_encoder_wr
                     assert Record.decode(got) == rec.with_(deliveries=deliveries + 1, extra=extra)
                 else:
                     assert got is None or got == general
+                # A journaled queue's lease: the journal's mark ends the extra, as lease_in puts it.
+                marked = rec.with_(deliveries=deliveries + 1, extra={**extra, "j": 1})
+                got = encode_leased(rec, "02ff00", "9f8e.0", 2**40 + 3, 17, True)
+                if ct.isascii() and ct.isalnum():
+                    assert got == marked.encode()
+                    assert Record.decode(got) == marked
+                else:
+                    assert got is None
     plain = Record("0123abcdef", 1, "bytes", {}, 0, None, 0, {}, b"")
     assert encode_leased(plain, "00", 'a"b', 1, 1) is None  # JSON would escape it
     assert encode_leased(plain.with_(headers={"h": 1}), "00", "r.0", 1, 1) is None
@@ -282,3 +290,126 @@ def test_an_ack_of_a_message_with_a_receipt_but_another_id_or_queue_acks_nothing
     q.ack(embedded, other)
     st = fdbqueue.queue_stats(embedded, "jobs")
     assert (st.ready, st.inflight, st.done) == (4, 0, 2)
+
+
+class _AddsCounted(CountingDatabase):
+    """The embedded database, with the counter keys its transactions add to noted."""
+
+    added: list[bytes]
+
+    def create_transaction(self) -> Any:
+        tr = super().create_transaction()
+        added = self.added
+        add = tr.add
+
+        def counted(key: bytes, param: bytes) -> None:
+            added.append(key)
+            add(key, param)
+
+        tr.add = counted  # type: ignore[method-assign]
+        return tr
+
+
+def test_a_journaled_lease_and_ack_write_what_the_general_path_writes_and_count_exactly(
+    embedded: Database,
+) -> None:
+    """A journaled queue's lease writes its record directly (``encode_leased`` with the
+    journal's mark: the bytes the general encoder writes), and its ack writes the in-flight
+    and done counters as the values read (no atomic add), as an unjournaled ack and a
+    journaled ``ack_many`` do: the journal's entry is no counter. Counters exact, every entry
+    in the journal, through a nack, a lease taken over by another handle, and an ack refused."""
+    from fdbqueue.ops.journaling import history
+    from fdbqueue.store.record import Record
+
+    fdbqueue.create_queue(embedded, "jobs", journal=True, retry_delay=0.0)
+    q = warmed(embedded, 6)
+    db = _AddsCounted(embedded)
+    db.added = []
+    m = q.lease(db)
+    assert m is not None and m.payload == b"m0"
+    stored = embedded[q.keys.inflight_key(m.id)]  # type: ignore[index]
+    rec = Record.decode(stored)
+    assert rec.extra == {
+        "key": m.key.hex(),
+        "receipt": m.receipt,
+        "deadline": rec.extra["deadline"],
+        "until": rec.extra["until"],
+        "j": 1,
+    }
+    assert stored == rec.encode()
+    db.added.clear()
+    q.ack(db, m)
+    counters = {q.keys.counter("inflight"), q.keys.counter("done")}
+    assert not counters & set(db.added), db.added
+    st = fdbqueue.queue_stats(embedded, "jobs")
+    assert (st.ready, st.inflight, st.done) == (6, 0, 1)
+    assert [e.op for e in history(embedded, m.id)] == ["enqueue", "lease", "ack"]
+    # A nack back to the ready set, the lease again and its ack; then a lease taken over by
+    # another handle once expired: the first ack refused, counting nothing.
+    n = q.lease(db)
+    assert n is not None
+    assert q.nack(db, n) == "ready"
+    again = q.lease(db)
+    assert again is not None and again.id == n.id and again.deliveries == 2
+    q.ack(db, again)
+    short = q.lease(db, lease_seconds=0.05)
+    assert short is not None
+    time.sleep(0.1)
+    other = fdbqueue.open(embedded.url)  # type: ignore[attr-defined]
+    try:
+        taken = q.lease(other)
+        assert taken is not None and taken.id == short.id
+        with pytest.raises(LeaseError):
+            q.ack(db, short)
+        q.ack(other, taken)
+    finally:
+        other.close()
+    st = fdbqueue.queue_stats(embedded, "jobs")
+    assert (st.ready, st.inflight, st.done) == (4, 0, 3)
+    assert [e.op for e in history(embedded, n.id)] == ["enqueue", "lease", "nack", "lease", "ack"]
+    ops = [e.op for e in history(embedded, short.id)]
+    assert ops == ["enqueue", "lease", "lease_expired", "lease", "ack"]
+
+
+def test_meta_waiting_is_count_of_delayed_or_inflight_for_every_read_and_value(embedded: Database) -> None:
+    """``Meta.waiting()`` (whether a take must first look for due messages) says what
+    ``count("delayed") or count("inflight")`` says: for each read of the metadata, with the
+    counters absent, zero, positive, negative and of odd lengths (an ADD zero-extends)."""
+    from fdbqueue.store.config import LEASE_COUNTERS, TAKE_COUNTERS, read_meta, read_meta_for
+    from fdbqueue.store.layout import HOT_COUNTERS
+
+    q = warmed(embedded)
+    q.enqueue(embedded, b"later", delay=60)
+    m = q.lease(embedded)
+    assert m is not None
+    values: list[bytes | None] = [
+        None,
+        b"\x00" * 8,
+        (1).to_bytes(8, "little"),
+        (-3).to_bytes(8, "little", signed=True),
+        b"\x02",
+        b"\x00\x01\x00",
+    ]
+    seen = set()
+    for delayed in values:
+        for inflight in values:
+            for name, value in (("delayed", delayed), ("inflight", inflight)):
+                if value is None:
+                    del embedded[q.keys.counter(name)]  # type: ignore[attr-defined]
+                else:
+                    embedded[q.keys.counter(name)] = value  # type: ignore[index]
+
+            @fdbqueue.transactional
+            def check(tr: Transaction) -> None:
+                for meta in (
+                    read_meta(tr, q.keys),
+                    read_meta_for(tr, q.keys, TAKE_COUNTERS),
+                    read_meta_for(tr, q.keys, LEASE_COUNTERS),
+                    read_meta_for(tr, q.keys, ("ready",)),
+                ):
+                    want = bool(meta.count("delayed") or meta.count("inflight"))
+                    assert meta.waiting() is want, meta.raw
+                    seen.add(want)
+
+            check(embedded)
+    assert seen == {True, False} and "delayed" in HOT_COUNTERS

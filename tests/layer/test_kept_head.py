@@ -307,3 +307,58 @@ def test_what_a_process_keeps_is_bounded_however_many_queues_it_takes_from(embed
     # the newest are the ones kept: the last queue's next dequeue reads no range
     reads, got = range_reads(embedded, lambda: Queue(names[-1]).dequeue(embedded))
     assert got is not None and reads == []
+
+
+def test_a_run_kept_again_take_after_take_survives_aborts_and_retries_between(embedded: Database) -> None:
+    """A run read once serves take after take (its entry kept again with its rest each time):
+    a take from it whose transaction aborts, one whose first attempt fails with a retryable
+    error and runs again, and a lease from it that aborts each give their message to the next
+    take, and the run is read afresh after them; every message once, in order, counts exact."""
+    from fdbqueue.errors import EngineError
+
+    q = filled(embedded, 20)
+    got = [take(embedded, q) for _ in range(3)]  # m0 read with m1..m7; m1, m2 from the kept run
+
+    class Boom(Exception):
+        pass
+
+    @fdbqueue.transactional
+    def failing(tr: Transaction) -> None:
+        m = q.dequeue(tr)
+        assert m is not None and m.payload == b"m3"
+        raise Boom
+
+    with pytest.raises(Boom):
+        failing(embedded)
+    attempts: list[bytes] = []
+
+    @fdbqueue.transactional
+    def retried(tr: Transaction) -> fdbqueue.Message | None:
+        m = q.dequeue(tr)
+        assert m is not None
+        attempts.append(m.payload)
+        if len(attempts) == 1:
+            raise EngineError(1020)  # not_committed: the decorator runs it again
+        return m
+
+    got += [take(embedded, q), retried(embedded), take(embedded, q)]
+    assert attempts == [b"m4", b"m4"]
+    # The aborted take counted as a failed delivery (poison handling); the attempt the
+    # decorator ran again (1020): not (as before).
+    assert [m.deliveries for m in got[3:5] if m is not None] == [2, 1]
+
+    @fdbqueue.transactional
+    def lease_then_fail(tr: Transaction) -> None:
+        m = q.lease(tr)
+        assert m is not None and m.payload == b"m6"
+        raise Boom
+
+    with pytest.raises(Boom):
+        lease_then_fail(embedded)
+    m = q.lease(embedded)
+    assert m is not None and m.payload == b"m6" and m.deliveries == 1
+    q.ack(embedded, m)
+    got += [take(embedded, q) for _ in range(4)]
+    assert payloads(got) == [f"m{i}".encode() for i in (0, 1, 2, 3, 4, 5, 7, 8, 9, 10)]
+    st = fdbqueue.queue_stats(embedded, "jobs")
+    assert (st.ready, st.inflight, st.done) == (9, 0, 11)

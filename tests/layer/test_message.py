@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import zlib
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -109,3 +110,59 @@ def test_encode_leased_writes_the_encoders_bytes_or_leaves_the_shape_to_it(
     if got is not None:
         extra = {"key": "ab12", "receipt": receipt, "deadline": 5, "until": 9}
         assert got == rec.with_(deliveries=2, extra=extra).encode()
+
+
+def test_a_message_without_headers_or_extra_is_complete_and_read_only() -> None:
+    """``from_record`` hands every message without headers (or extra fields) one read-only
+    empty view: equal to an empty dict, unchangeable, and a field the same as ``Message(...)``
+    builds; the TTL as stored when the caller gives no estimate, the caller's when it does."""
+    rec = Record("r0b", 3_000_000, "b", {}, 0, 9_000_000, 0, {}, b"p")
+    a = Message.from_record(rec, "jobs", 0, b"k", b"p")
+    b = Message.from_record(rec, "jobs", 0, b"k", b"p", expires_at=None, delivered=True)
+    direct = Message(
+        id="r0b",
+        payload=b"p",
+        queue="jobs",
+        priority=0,
+        enqueued_at=3.0,
+        deliveries=0,
+        headers={},
+        content_type=ContentType.BYTES,
+        expires_at=9.0,
+        key=b"k",
+    )
+    assert a == direct and list(vars(a)) == list(vars(direct))
+    assert b.expires_at is None and b.deliveries == 1 and b.headers == {} and b.extra == {}
+    for view in (a.headers, a.extra):
+        with pytest.raises(TypeError):
+            view["x"] = 1  # type: ignore[index]
+    assert a.headers == {} and b.headers == {}
+
+
+def test_a_record_decodes_as_the_json_decoder_reads_it_whatever_its_spacing() -> None:
+    """``Record.decode`` scans the fields as written (no spaces) without the decoder's frames;
+    any other text goes to the decoder: spaces around and inside decode the same, and text
+    that is not one JSON list of the fields (trailing data, an object, bad JSON) is damaged."""
+    from fdbqueue.errors import CorruptMessageError
+    from fdbqueue.store.record import _CRC, _HEAD, RECORD_FORMAT
+
+    def stored(meta: str, payload: bytes = b"pl") -> bytes:
+        body = _HEAD.pack(RECORD_FORMAT, len(meta.encode())) + meta.encode() + payload
+        return body + _CRC.pack(zlib.crc32(body))
+
+    rec = Record("r0c", 5, "b", {"h": [1, 2]}, 3, None, 0, {"k": "v"}, b"pl")
+    for meta in (
+        '["r0c",5,"b",{"h":[1,2]},3,null,0,{"k":"v"}]',
+        ' ["r0c", 5, "b", {"h": [1, 2]}, 3, null, 0, {"k": "v"}] ',
+        '["r0c",5,"b",{"h":[1,2]},3,null,0,{"k":"v"}]\n',
+    ):
+        assert Record.decode(stored(meta)) == rec, meta
+    for meta in (
+        '["r0c",5,"b",{},3,null,0,{}]x',
+        '["r0c",5,"b",{},3,null,0,{}][]',
+        '{"id":"r0c"}',
+        '["r0c",5,"b",{},3,nul,0,{}]',
+        "",
+    ):
+        with pytest.raises(CorruptMessageError):
+            Record.decode(stored(meta))
