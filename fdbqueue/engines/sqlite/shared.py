@@ -41,7 +41,8 @@ class SharedStore:
         # calibrated against the store at first use, so that a monotonic clock offset in
         # this process moves no one's database time (versionclock.VersionClock).
         self.clock_base: int | None = None
-        self._lock = StoreLock(fd, self.page)
+        # The inter-process half (a transaction's begin takes it inline: WritableStore.begin).
+        self.lock = StoreLock(fd, self.page)
         self._reader: sqlite3.Connection | None = None
         self._reader_lock = threading.Lock()
         self.hub = WatchHub(notify_dir_for(real), self._read_values, self.page, (real + "-lock", ident))
@@ -70,14 +71,19 @@ class SharedStore:
                 raise StoreLockedError(self._held_too_long(path, timeout, held))
             left = timeout - (time.monotonic() - start)
         try:
-            who = self._lock.acquire(left, stealable)
+            who = self.lock.acquire(left, stealable)
         except BaseException:
             self.mutex.release()
             raise
         if who is not None:
             self.mutex.release()
-            raise StoreLockedError(self._held_too_long(path, timeout, self._lock.holder))
+            raise self.locked_error(path, timeout)
         self.owner = me
+
+    def locked_error(self, path: str, timeout: float) -> StoreLockedError:
+        """What a wait for the other processes' store lock that ran out raises (the thread
+        mutex released already): who holds it, as :attr:`StoreLock.holder` says."""
+        return StoreLockedError(self._held_too_long(path, timeout, self.lock.holder))
 
     @staticmethod
     def _held_too_long(path: str, timeout: float, who: str) -> str:
@@ -91,12 +97,12 @@ class SharedStore:
         """Before a commit: False when another process took the store lock over from this
         holder (see acquire); else it is this holder's until release. (The lock's method is
         looked up at each call, not bound at open: a test may stop a process inside it.)"""
-        return self._lock.pin()
+        return self.lock.pin()
 
     def release(self) -> None:
         self.owner = None
         try:
-            self._lock.release()
+            self.lock.release()
         finally:
             self.mutex.release()
 
@@ -119,7 +125,7 @@ class SharedStore:
             if self._reader is not None:
                 self._reader.close()
                 self._reader = None
-        self._lock.close()
+        self.lock.close()
         os.close(self.fd)
 
 

@@ -364,7 +364,22 @@ class WritableStore(Store):
             cur = self.cursor(self.conn)
         # The read snapshot starts at the first read, SQLite's write lock is taken only at
         # commit (writes are buffered until then).
-        shared.acquire(self.lock_timeout, self.path, True, me)
+        mutex = shared.mutex
+        if mutex.acquire(False):
+            # SharedStore.acquire's common case, inline (one call fewer at every begin): no
+            # other thread of this process holds the store, so no wait on the mutex and no
+            # clock read; the other processes' lock and the errors as there.
+            try:
+                who = shared.lock.acquire(self.lock_timeout, True)
+            except BaseException:
+                mutex.release()
+                raise
+            if who is not None:
+                mutex.release()
+                raise shared.locked_error(self.path, self.lock_timeout)
+            shared.owner = me
+        else:
+            shared.acquire(self.lock_timeout, self.path, True, me)
         return cur, False
 
     def end(self, conn: sqlite3.Connection, nested: bool) -> None:
