@@ -250,7 +250,7 @@ class WritableStore(Store):
         # pin: False when another process took the store lock over from this holder (past
         # the 5-second window); else nobody may until the release.
         self.pin = shared.pin
-        self.release = shared.release
+        self.release = shared.lock.release  # both halves, in one call (StoreLock.release)
         self.publish = shared.hub.publish
         _shared.close_at_exit(self)  # the last process to leave leaves only the store's files
         try:
@@ -357,27 +357,28 @@ class WritableStore(Store):
             self.usable()
         shared = self.shared
         me = threading.get_ident()
-        if shared.owner == me:
+        lock = shared.lock
+        if lock.owner == me:
             return self.cursor(self.snapshot()), True
         cur = self._cursor
         if cur is None or cur.connection is not self.conn:
             cur = self.cursor(self.conn)
         # The read snapshot starts at the first read, SQLite's write lock is taken only at
         # commit (writes are buffered until then).
-        mutex = shared.mutex
+        mutex = lock.mutex
         if mutex.acquire(False):
             # SharedStore.acquire's common case, inline (one call fewer at every begin): no
             # other thread of this process holds the store, so no wait on the mutex and no
             # clock read; the other processes' lock and the errors as there.
             try:
-                who = shared.lock.acquire(self.lock_timeout, True)
+                who = lock.acquire(self.lock_timeout, True)
             except BaseException:
                 mutex.release()
                 raise
             if who is not None:
                 mutex.release()
                 raise shared.locked_error(self.path, self.lock_timeout)
-            shared.owner = me
+            lock.owner = me
         else:
             shared.acquire(self.lock_timeout, self.path, True, me)
         return cur, False

@@ -65,6 +65,7 @@ def test_a_lock_held_elsewhere_times_out_and_leaves_the_thread_mutex_free(
         assert shared.owner is None and not shared.mutex.locked()
         other.release()
         _commit(db, b"a")  # the next begin takes it: nothing was left held
+        assert shared.owner is None and not shared.mutex.locked()  # the commit released both halves
         assert _read(db, b"a") == b"v"
     finally:
         other.close()
