@@ -1,7 +1,10 @@
-"""A transaction's begin takes the store lock inline (``WritableStore.begin``: the thread mutex
-without waiting, then the other processes' lock), else through ``SharedStore.acquire``. These
-tests try to break the shortcut: the lock held by another open file description (as another
-process holds it), the lock's acquire failing inside, another thread holding the store.
+"""A transaction's begin in fewer calls: ``SqliteTransaction._touch`` begins an open
+transaction itself, and ``WritableStore.begin`` takes the store lock inline (the thread mutex
+without waiting, then the other processes' lock), else through ``SharedStore.acquire``; a
+commit releases both halves in one call (``StoreLock.release``). These tests try to break the
+shortcuts: the lock held by another open file description (as another process holds it), the
+lock's acquire failing inside, another thread holding the store, a begin that failed, a
+timeout set before the first operation.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from fdbqueue.engines.sqlite import storelock as _storelock
 from fdbqueue.engines.sqlite.database import SqliteDatabase
 from fdbqueue.engines.sqlite.page import map_page
 from fdbqueue.engines.sqlite.storelock import StoreLock
-from fdbqueue.errors import StoreLockedError
+from fdbqueue.errors import EngineError, StoreLockedError
+from fdbqueue.store.clock import fake_clock
 
 
 @pytest.fixture
@@ -118,3 +122,40 @@ def test_another_thread_holding_the_store_is_waited_for(db: SqliteDatabase) -> N
     t.join(10)
     assert not errors
     assert _read(db, b"c") == b"first" and _read(db, b"d") == b"v"
+
+
+def test_a_begin_that_failed_is_made_again_by_the_next_operation(db: SqliteDatabase, path: str) -> None:
+    fd = os.open(path + "-lock", os.O_RDWR)
+    mapped, page = map_page(fd)
+    other = StoreLock(fd, page)
+    try:
+        assert other.acquire(1.0, True) is None
+        tr = db.create_transaction()
+        with pytest.raises(StoreLockedError):
+            tr.get(b"e")  # its first operation: the begin waits, then gives up
+        other.release()
+        assert tr.get(b"e") is None  # begun now, by this operation
+        tr[b"e"] = b"v"
+        tr.commit()
+        assert _read(db, b"e") == b"v"
+    finally:
+        other.close()
+        mapped.close()
+        os.close(fd)
+
+
+def test_a_timeout_set_before_the_first_operation_is_checked_at_the_begin(db: SqliteDatabase) -> None:
+    with fake_clock() as clock:
+        tr = db.create_transaction()
+        tr.options.set_timeout(100)
+        clock.advance(0.2)
+        with pytest.raises(EngineError) as err:
+            tr.get(b"f")  # begins (not live: a timeout is set), then finds it past
+        assert err.value.code == 1031
+        shared = db._store.shared  # type: ignore[attr-defined]
+        assert shared.owner is None and not shared.mutex.locked()  # the lock it took, released
+        with pytest.raises(EngineError) as again:
+            tr.set(b"f", b"v")
+        assert again.value.code == 1031
+    _commit(db, b"f")
+    assert _read(db, b"f") == b"v"
