@@ -445,9 +445,20 @@ class WritableStore(Store):
         version to make durable (for :meth:`make_durable`)."""
         tag = self.clock_tag
         page = self.page
-        if bumped and tag is not None:
-            page.clear_pending()  # the raised reservation is committed
-        self._walheld.record(page, tag)  # what the WAL holds now (walcheck)
+        if tag is not None:
+            if bumped:
+                page.clear_pending()  # the raised reservation is committed
+            # The WAL record (walcheck): what the WAL index says the WAL holds now, read from
+            # -shm at every commit with writes (here, not in a call of its own).
+            shm = self._walheld.shm
+            if shm is not None:
+                try:
+                    hdr = os.pread(shm, _walcheck.HEADER_BYTES, 0)
+                except OSError:
+                    hdr = b""
+                if len(hdr) == _walcheck.HEADER_BYTES:
+                    mx_frame, salts, backfilled = _walcheck.HEADER.unpack(hdr)
+                    page.set_wal_record(tag, mx_frame, backfilled, salts)
         wal = self.wal
         return wal.committed(page, tag, version) if wal is not None else None
 
