@@ -15,6 +15,7 @@ import enum
 import functools
 import inspect
 from collections.abc import Callable
+from types import GeneratorType
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from fdbqueue.engines.limits import KEY_SIZE_LIMIT, VALUE_SIZE_LIMIT
@@ -714,27 +715,45 @@ def transactional(func: F) -> F:
         raise ValueError(f"{func.__qualname__} needs a parameter named 'tr'")
     index = params.index("tr")
 
+    # Every operation of the layer comes through here: ``call`` is both the joined call and
+    # the retry loop's step (``attempt`` given: :func:`_body_step`'s, with its generator
+    # check), and an adopted kind already known (:func:`adopt`, :func:`is_transaction`) is
+    # looked up inline. (GeneratorType cannot be subclassed: ``type() is`` is isinstance.)
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if "tr" in kwargs:
             target = kwargs["tr"]
 
-            def call(tr: Any) -> Any:
-                return func(*args, **{**kwargs, "tr": tr})
+            def call(tr: Any, attempt: Attempt | None = None) -> Any:
+                result = func(*args, **{**kwargs, "tr": tr})
+                if attempt is not None and type(result) is GeneratorType:
+                    raise ValueError("a transactional function must not return a generator")
+                return result
         elif index < len(args):
             target = args[index]
 
-            def call(tr: Any) -> Any:
-                return func(*args[:index], tr, *args[index + 1 :], **kwargs)
+            def call(tr: Any, attempt: Attempt | None = None) -> Any:
+                result = func(*args[:index], tr, *args[index + 1 :], **kwargs)
+                if attempt is not None and type(result) is GeneratorType:
+                    raise ValueError("a transactional function must not return a generator")
+                return result
         else:
             raise TypeError(f"{func.__qualname__}() missing the transaction or database 'tr'")
-        try:
-            own = adopt(target)
-        except QueueError as exc:
-            raise QueueError(f"{func.__qualname__}(), as 'tr': {exc}") from None
-        if is_transaction(own):
+        kind = type(target)
+        if kind in _adopted:
+            own = target
+        else:
+            try:
+                own = adopt(target)
+            except QueueError as exc:
+                raise QueueError(f"{func.__qualname__}(), as 'tr': {exc}") from None
+            kind = type(own)
+        joined = _transaction_kinds.get(kind)
+        if joined is None:
+            joined = is_transaction(own)
+        if joined:
             return call(own)
         # run_transaction's loop on the database adopted and checked here.
-        return retry_loop(own, _body_step(call), None, False)  # type: ignore[arg-type]
+        return retry_loop(own, call, None, False)
 
     return wrapper  # type: ignore[return-value]

@@ -50,6 +50,25 @@ def monotonic() -> float:
     return monotonic_us() / 1e6
 
 
+# The classes whose ``clock`` (a static alias read several times a transaction) is this
+# module's clock: while it is neither frozen nor moved on - every process but a test's - the
+# alias is ``time.monotonic`` itself, which gives the same reading without a Python call;
+# else :func:`monotonic`. freeze(), thaw() and advance() switch it.
+_clock_holders: list[type] = []
+
+
+def keep_clock(cls: type) -> None:
+    """Keep ``cls.clock`` this module's clock from now on (see :data:`_clock_holders`)."""
+    _clock_holders.append(cls)
+    _switch_clock()
+
+
+def _switch_clock() -> None:
+    read = time.monotonic if _frozen_us is None and _ahead_us == 0 else monotonic
+    for cls in _clock_holders:
+        cls.clock = staticmethod(read)  # type: ignore[attr-defined]
+
+
 def wall_us() -> int:
     """The process's wall clock in microseconds (no thread's skew): what the embedded engine
     stamps beside a version so that another process can check its own monotonic clock."""
@@ -67,12 +86,14 @@ def freeze() -> None:
     global _frozen_us
     if _frozen_us is None:
         _frozen_us = time.monotonic_ns() // 1000
+        _switch_clock()
 
 
 def thaw() -> None:
     """Let the clock run again from CLOCK_MONOTONIC, keeping what :func:`advance` added."""
     global _frozen_us
     _frozen_us = None
+    _switch_clock()
 
 
 def frozen() -> bool:
@@ -83,3 +104,4 @@ def advance(us: int) -> None:
     """Move the clock ``us`` microseconds on (frozen or not)."""
     global _ahead_us
     _ahead_us += us
+    _switch_clock()

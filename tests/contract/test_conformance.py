@@ -376,6 +376,38 @@ def test_function_returning_generator_refused(db: Database) -> None:
         lazy(db)
 
 
+def test_a_joined_function_returning_a_generator_is_the_callers(db: Database) -> None:
+    """Only a function the decorator commits may not return a generator (its body may run
+    again after the generator was handed out); joined, the caller's transaction reads it."""
+
+    @fdbqueue.transactional
+    def lazy(tr: Any) -> Any:
+        return (n for n in (1, 2))
+
+    tr = db.create_transaction()
+    assert list(lazy(tr)) == [1, 2]
+    assert list(lazy(tr=tr)) == [1, 2]
+    tr.cancel()
+    with pytest.raises(ValueError):
+        lazy(tr=db)
+
+
+def test_a_wrong_tr_is_named_after_right_ones(db: Database) -> None:
+    @fdbqueue.transactional
+    def write(tr: Any) -> None:
+        tr[b"w"] = b"v"
+
+    write(db)  # the kinds known now (adopt's cache): a wrong one must still be refused
+    tr = db.create_transaction()
+    write(tr)
+    tr.commit()
+    for wrong in (42, object(), b"tr"):
+        with pytest.raises(fdbqueue.QueueError, match=r"write\(\), as 'tr': expected a Database"):
+            write(wrong)
+        with pytest.raises(fdbqueue.QueueError, match=r"write\(\), as 'tr'"):
+            write(tr=wrong)
+
+
 def test_retryable_errors_rerun_the_body(db: Database) -> None:
     attempts: list[int] = []
 

@@ -46,7 +46,7 @@ from fdbqueue.engines.limits import (
 )
 from fdbqueue.engines.local.mutations import check_versionstamp_offset
 from fdbqueue.engines.local.watches import EventWatch, StampFuture
-from fdbqueue.engines.versions import monotonic
+from fdbqueue.engines.versions import keep_clock, monotonic
 from fdbqueue.errors import RETRYABLE, EngineError
 
 # Bytes one write or conflict range adds to a transaction's size as FoundationDB counts it
@@ -759,7 +759,8 @@ class LocalDatabase(DatabaseConveniences, ABC):
 
     # Seconds on the engine's clock: CLOCK_MONOTONIC, which tests freeze and move
     # (fdbqueue.engines.versions; the sim engine's can also be a ManualClock). A static
-    # alias, not a method: transactions read it before every read.
+    # alias, not a method: transactions read it before every read. versions.keep_clock makes
+    # it time.monotonic itself while no test froze or moved the clock.
     clock: Callable[[], float] = staticmethod(monotonic)
 
     def sleep(self, seconds: float) -> None:
@@ -788,3 +789,4 @@ class LocalDatabase(DatabaseConveniences, ABC):
 
 
 register_transaction_type(LocalTransaction)
+keep_clock(LocalDatabase)

@@ -35,13 +35,15 @@ class SharedStore:
         self.fd = fd
         self._mapped, self.page = map_page(fd)  # the lock file's page (SharedPage)
         self.refs = 0
-        self.mutex = threading.Lock()
-        self.owner: int | None = None  # the thread holding the store lock
         # This process's base of the version clock (version = base + its CLOCK_MONOTONIC):
         # calibrated against the store at first use, so that a monotonic clock offset in
         # this process moves no one's database time (versionclock.VersionClock).
         self.clock_base: int | None = None
-        self._lock = StoreLock(fd, self.page)
+        # The store lock, both halves: this process's threads one at a time (its mutex and
+        # owner), then the processes' (a transaction's begin takes it inline:
+        # WritableStore.begin; its commit releases both in one call: StoreLock.release).
+        self.lock = StoreLock(fd, self.page)
+        self.mutex = self.lock.mutex
         self._reader: sqlite3.Connection | None = None
         self._reader_lock = threading.Lock()
         self.hub = WatchHub(notify_dir_for(real), self._read_values, self.page, (real + "-lock", ident))
@@ -57,7 +59,7 @@ class SharedStore:
         """
         if me is None:
             me = threading.get_ident()
-            if self.owner == me:
+            if self.lock.owner == me:
                 raise NestedTransactionError(
                     f"this thread already holds a transaction on {path}: finish it before opening another "
                     "(the embedded engine has a single writer; waiting here would deadlock)"
@@ -70,14 +72,19 @@ class SharedStore:
                 raise StoreLockedError(self._held_too_long(path, timeout, held))
             left = timeout - (time.monotonic() - start)
         try:
-            who = self._lock.acquire(left, stealable)
+            who = self.lock.acquire(left, stealable)
         except BaseException:
             self.mutex.release()
             raise
         if who is not None:
             self.mutex.release()
-            raise StoreLockedError(self._held_too_long(path, timeout, self._lock.holder))
-        self.owner = me
+            raise self.locked_error(path, timeout)
+        self.lock.owner = me
+
+    def locked_error(self, path: str, timeout: float) -> StoreLockedError:
+        """What a wait for the other processes' store lock that ran out raises (the thread
+        mutex released already): who holds it, as :attr:`StoreLock.holder` says."""
+        return StoreLockedError(self._held_too_long(path, timeout, self.lock.holder))
 
     @staticmethod
     def _held_too_long(path: str, timeout: float, who: str) -> str:
@@ -91,14 +98,16 @@ class SharedStore:
         """Before a commit: False when another process took the store lock over from this
         holder (see acquire); else it is this holder's until release. (The lock's method is
         looked up at each call, not bound at open: a test may stop a process inside it.)"""
-        return self._lock.pin()
+        return self.lock.pin()
+
+    @property
+    def owner(self) -> int | None:
+        """The thread holding the store lock (:attr:`StoreLock.owner`), or None."""
+        return self.lock.owner
 
     def release(self) -> None:
-        self.owner = None
-        try:
-            self._lock.release()
-        finally:
-            self.mutex.release()
+        """Release both halves (:meth:`StoreLock.release`; a commit calls that directly)."""
+        self.lock.release()
 
     def _read_values(self, keys: list[bytes]) -> dict[bytes, bytes | None]:
         # A connection of its own, used without the store lock: under WAL a reader
@@ -119,7 +128,7 @@ class SharedStore:
             if self._reader is not None:
                 self._reader.close()
                 self._reader = None
-        self._lock.close()
+        self.lock.close()
         os.close(self.fd)
 
 

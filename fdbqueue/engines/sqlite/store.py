@@ -250,7 +250,7 @@ class WritableStore(Store):
         # pin: False when another process took the store lock over from this holder (past
         # the 5-second window); else nobody may until the release.
         self.pin = shared.pin
-        self.release = shared.release
+        self.release = shared.lock.release  # both halves, in one call (StoreLock.release)
         self.publish = shared.hub.publish
         _shared.close_at_exit(self)  # the last process to leave leaves only the store's files
         try:
@@ -357,14 +357,30 @@ class WritableStore(Store):
             self.usable()
         shared = self.shared
         me = threading.get_ident()
-        if shared.owner == me:
+        lock = shared.lock
+        if lock.owner == me:
             return self.cursor(self.snapshot()), True
         cur = self._cursor
         if cur is None or cur.connection is not self.conn:
             cur = self.cursor(self.conn)
         # The read snapshot starts at the first read, SQLite's write lock is taken only at
         # commit (writes are buffered until then).
-        shared.acquire(self.lock_timeout, self.path, True, me)
+        mutex = lock.mutex
+        if mutex.acquire(False):
+            # SharedStore.acquire's common case, inline (one call fewer at every begin): no
+            # other thread of this process holds the store, so no wait on the mutex and no
+            # clock read; the other processes' lock and the errors as there.
+            try:
+                who = lock.acquire(self.lock_timeout, True)
+            except BaseException:
+                mutex.release()
+                raise
+            if who is not None:
+                mutex.release()
+                raise shared.locked_error(self.path, self.lock_timeout)
+            lock.owner = me
+        else:
+            shared.acquire(self.lock_timeout, self.path, True, me)
         return cur, False
 
     def end(self, conn: sqlite3.Connection, nested: bool) -> None:
@@ -429,9 +445,20 @@ class WritableStore(Store):
         version to make durable (for :meth:`make_durable`)."""
         tag = self.clock_tag
         page = self.page
-        if bumped and tag is not None:
-            page.clear_pending()  # the raised reservation is committed
-        self._walheld.record(page, tag)  # what the WAL holds now (walcheck)
+        if tag is not None:
+            if bumped:
+                page.clear_pending()  # the raised reservation is committed
+            # The WAL record (walcheck): what the WAL index says the WAL holds now, read from
+            # -shm at every commit with writes (here, not in a call of its own).
+            shm = self._walheld.shm
+            if shm is not None:
+                try:
+                    hdr = os.pread(shm, _walcheck.HEADER_BYTES, 0)
+                except OSError:
+                    hdr = b""
+                if len(hdr) == _walcheck.HEADER_BYTES:
+                    mx_frame, salts, backfilled = _walcheck.HEADER.unpack(hdr)
+                    page.set_wal_record(tag, mx_frame, backfilled, salts)
         wal = self.wal
         return wal.committed(page, tag, version) if wal is not None else None
 

@@ -270,13 +270,18 @@ class _Waiter:
 
 
 class StoreLock:
-    """The inter-process half of the store lock, for one process and one store file.
+    """The store lock of one process on one store file: its threads' half (:attr:`mutex`, held
+    with :attr:`owner` set from the acquire to :meth:`release`) and the processes' half.
 
-    Callers serialise their own threads (one acquire at a time per process, then release),
-    as :class:`~fdbqueue.engines.sqlite.shared.SharedStore` does.
+    :meth:`acquire` is the processes' half only: callers take :attr:`mutex` first (one acquire
+    at a time per process), as :class:`~fdbqueue.engines.sqlite.shared.SharedStore` does, and
+    set :attr:`owner`; :meth:`release` releases both (a commit's one call). Used alone (no
+    owner set), it is the processes' half only.
     """
 
     def __init__(self, fd: int, page: SharedPage) -> None:
+        self.mutex = threading.Lock()
+        self.owner: int | None = None  # the thread holding the store lock
         self._fd = fd
         self._page = page
         self._gen: int | None = None  # the generation this process holds
@@ -467,27 +472,34 @@ class StoreLock:
         return True
 
     def release(self) -> None:
-        if not OFD:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            return
-        gen, self._gen = self._gen, None
-        if gen is None:
-            return
-        # The slot only, without the mutex: a takeover writes the next generation's slot and
-        # the generation, never this slot, so nothing here can undo one.
-        slot = self._page.slot[gen & 1]
-        claimed, _, pid, claims = slot()
-        if claimed == gen and pid == _pid:
-            self._page.set_slot[gen & 1](gen, 0, _pid, claims)
-        # One unlock from the page mutex (held since pin, if this holder committed) to the
-        # lease's byte: an unlock neither waits nor is refused, and drops only this open file
-        # description's locks in the range. The only others it can hold there are older
-        # generations' bytes that a waiter thread got late and is handing back anyway
-        # (_Waiter): a later unlock of a byte not held is a no-op.
-        requests = self._requests
-        if requests[0] != gen:
-            requests = self._requests = _requests(gen)
-        _fcntl(self._fd, _SETLK, requests[2])
+        """Release the processes' half, then the threads' when it was taken (:attr:`owner` set:
+        :attr:`mutex` held since the acquire): one call at a commit's end."""
+        owner, self.owner = self.owner, None
+        try:
+            if not OFD:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+                return
+            gen, self._gen = self._gen, None
+            if gen is None:
+                return
+            # The slot only, without the mutex: a takeover writes the next generation's slot and
+            # the generation, never this slot, so nothing here can undo one.
+            slot = self._page.slot[gen & 1]
+            claimed, _, pid, claims = slot()
+            if claimed == gen and pid == _pid:
+                self._page.set_slot[gen & 1](gen, 0, _pid, claims)
+            # One unlock from the page mutex (held since pin, if this holder committed) to the
+            # lease's byte: an unlock neither waits nor is refused, and drops only this open file
+            # description's locks in the range. The only others it can hold there are older
+            # generations' bytes that a waiter thread got late and is handing back anyway
+            # (_Waiter): a later unlock of a byte not held is a no-op.
+            requests = self._requests
+            if requests[0] != gen:
+                requests = self._requests = _requests(gen)
+            _fcntl(self._fd, _SETLK, requests[2])
+        finally:
+            if owner is not None:
+                self.mutex.release()
 
     def close(self) -> None:
         for waiter in self._waiters.values():

@@ -92,14 +92,14 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
         "_wrote",
     )
 
-    _cur: sqlite3.Cursor  # the cursor of the connection begun on (see _begin)
+    _cur: sqlite3.Cursor  # the cursor of the connection begun on (see _touch)
 
     def __init__(self, db: LocalDatabase, store: Store) -> None:
         self._store = store
         self._locked = False
         self._nested = False  # reading a snapshot of its own: may not write (Store.begin)
-        self._conn: sqlite3.Connection = store.conn  # replaced at _begin (a fork may reopen it)
-        # _cur, the cursor the statements run on, is set at _begin: nothing runs one before.
+        self._conn: sqlite3.Connection = store.conn  # replaced at the begin, _touch (a fork may reopen it)
+        # _cur, the cursor the statements run on, is set at the begin (_touch): nothing runs one before.
         # LocalTransaction.__init__'s steps, inline (one is made for every operation).
         self.db = db
         self.options = LiveOptions(self)
@@ -150,7 +150,15 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
         # not when the store lock is taken (see _open_sql).
         self._sql = False
 
-    def _begin(self) -> None:
+    def _touch(self) -> None:
+        """``LocalTransaction._touch`` with this engine's begin in it: an open transaction's
+        first operation takes the store lock here (one call, not two); every other case - a
+        used, cancelled or timed-out transaction, a timeout to check - is the general one's."""
+        if self._state != "open" or self._started is not None:
+            LocalTransaction._touch(self)
+            return
+        # The begin (LocalTransaction._begin's hook): if it fails (the store lock), _started
+        # stays None and the next operation begins again.
         store = self._store
         self._cur, self._nested = cur, nested = store.begin()
         self._conn = cur.connection
@@ -162,6 +170,10 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
             kept = store.take_kept()
             if kept is not None:
                 self._kept_at, self._seen, self._wrote = kept
+        self._started = 0.0  # begun (LocalTransaction._touch's: no clock read here)
+        self._live = not (self.options.timeout_ms or nested)
+        if not self._live:
+            LocalTransaction._touch(self)  # begun: only the timeout is left to check
 
     def _open_sql(self) -> None:
         """BEGIN (deferred), before this transaction's first statement: not when the store lock

@@ -54,8 +54,10 @@ from fdbqueue.errors import StoreError
 
 # WalIndexHdr (https://www.sqlite.org/walformat.html): mxFrame at 16, aSalt at 32; the
 # checkpoint info follows both copies of the header, its nBackfill at 96.
-_HEADER = struct.Struct("=16xI12x8s56xI")  # mxFrame, aSalt, nBackfill
-_HEADER_BYTES = _HEADER.size
+# The WAL index header's fields a commit records (WritableStore.after_writes, under the store
+# lock, reads them from ``-shm`` through Held.shm): mxFrame, aSalt, nBackfill.
+HEADER = struct.Struct("=16xI12x8s56xI")
+HEADER_BYTES = HEADER.size
 _WAL_HEADER = 32  # bytes before the first frame (https://www.sqlite.org/fileformat.html)
 DAMAGED = "-wal.damaged"
 AT_OPEN = "-wal.at-open"
@@ -93,18 +95,6 @@ class Held:
         self.shm: int | None = None
         self.spare: list[int] = []  # descriptors of threads that opened the store at once
         self.refs = 0
-
-    def record(self, page: SharedPage, tag: bytes | None) -> None:
-        """After a commit with writes, under the store lock: note what the WAL index says."""
-        if self.shm is None or tag is None:
-            return
-        try:
-            hdr = os.pread(self.shm, _HEADER_BYTES, 0)
-        except OSError:
-            return
-        if len(hdr) == _HEADER_BYTES:
-            mx_frame, salts, backfilled = _HEADER.unpack(hdr)
-            page.set_wal_record(tag, mx_frame, backfilled, salts)
 
     def _open_shm(self, real: str) -> None:
         if self.shm is None:
@@ -294,8 +284,8 @@ def _check(
 
 def _recovered(shm: int) -> tuple[int, bytes]:
     """mxFrame and salts of the WAL index header as recovery left them."""
-    hdr = os.pread(shm, _HEADER_BYTES, 0)
-    if len(hdr) < _HEADER_BYTES:
+    hdr = os.pread(shm, HEADER_BYTES, 0)
+    if len(hdr) < HEADER_BYTES:
         return 0, b""
-    mx_frame, salts, _ = _HEADER.unpack(hdr)
+    mx_frame, salts, _ = HEADER.unpack(hdr)
     return int(mx_frame), bytes(salts)
