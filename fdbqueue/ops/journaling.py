@@ -108,6 +108,27 @@ def record(
         value = f'[{_FORMAT},"{op}",{mid},{_quote(principal)},{deliveries},null,{{}},{at_us}]'.encode()
     else:
         value = encode_entry(op, message_id, principal, deliveries, reason, details, at_us)
+    _append(tr, keys, message_id, value)
+
+
+def record_enqueue(tr: Transaction, keys: QueueKeys, message_id: str, priority: int, at_us: int) -> None:
+    """``record(tr, keys, "enqueue", message_id, details={"priority": priority} if priority
+    else None, at_us=at_us)``: a new message's entry, the same rows and bytes, without what
+    :func:`record` decides for every operation (which one, whose clock, a reason, details of
+    any shape). The caller checks that the queue is journaled."""
+    found = getattr(tr.db, "principal", None)  # principal_of, inline
+    more = f'{{"priority":{int(priority)}}}' if priority else "{}"  # _ENCODER's bytes for it
+    value = (
+        f'[{_FORMAT},"enqueue",{_quote(message_id)},'
+        f"{_quote(found if isinstance(found, str) and found else ANONYMOUS)},0,null,{more},{at_us}]"
+    ).encode()
+    _append(tr, keys, message_id, value)
+
+
+def _append(tr: Transaction, keys: QueueKeys, message_id: str | None, value: bytes) -> None:
+    """Write the entry ``value`` (about ``message_id``, None for the queue itself) under the
+    next order of ``tr``'s attempt, and the queue's bell once per queue and transaction: the
+    rows of :func:`record` and :func:`record_enqueue` alike."""
     # _next_order, inline: the attempt's own count (tr.journal_order(): on_error and reset
     # start it afresh), and whether this is its first entry in the queue.
     state = tr.journal_order()
@@ -132,34 +153,6 @@ def record(
     # queue and transaction.
     queues = state.queues
     if name not in queues:
-        queues.add(name)
-        tr.set_versionstamped_value(jk.bell(name), _BELL)
-
-
-def record_enqueue(tr: Transaction, keys: QueueKeys, message_id: str, priority: int, at_us: int) -> None:
-    """``record(tr, keys, "enqueue", message_id, details={"priority": priority} if priority
-    else None, at_us=at_us)``: a new message's entry, the same rows and bytes, without what
-    :func:`record` decides for every operation (which one, whose clock, a reason, details of
-    any shape). The caller checks that the queue is journaled."""
-    db = tr.db
-    found = getattr(db, "principal", None)  # principal_of, inline
-    more = f'{{"priority":{int(priority)}}}' if priority else "{}"  # _ENCODER's bytes for it
-    value = (
-        f'[{_FORMAT},"enqueue",{_quote(message_id)},'
-        f"{_quote(found if isinstance(found, str) and found else ANONYMOUS)},0,null,{more},{at_us}]"
-    ).encode()
-    state = tr.journal_order()  # (record's _next_order, inline)
-    order = state.entries
-    if order > 0xFFFF:
-        raise QueueError("one transaction can journal at most 65536 operations")
-    state.entries = order + 1
-    jk = keys.journal_keys()
-    name = keys.name
-    entry, pointer_key, pointer = jk.stamped(name, message_id, order, getattr(db, "may_conflict", True))
-    tr.set_versionstamped_key(entry, value)
-    tr.set_versionstamped_key(pointer_key, pointer)
-    queues = state.queues
-    if name not in queues:  # the queue's bell, once per queue and transaction (record's)
         queues.add(name)
         tr.set_versionstamped_value(jk.bell(name), _BELL)
 
