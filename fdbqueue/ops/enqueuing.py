@@ -33,7 +33,6 @@ from fdbqueue.errors import (
     QueueFullError,
     QueueStoppedError,
 )
-from fdbqueue.ops import workindex
 from fdbqueue.ops.items import check_batch_size, new_item, plain_item
 from fdbqueue.ops.moves import CHUNK_SIZE, count_new, write_new, write_plain, write_plain_journaled
 from fdbqueue.ops.privileges import check, check_create
@@ -147,9 +146,7 @@ def _short_kind(obj: object) -> bool:
         return False
 
 
-_I64 = struct.Struct("<q")
-_I64_PACK, _I64_UNPACK = _I64.pack, _I64.unpack
-_I64_END = 2**63
+_I64_UNPACK = struct.Struct("<q").unpack
 _BYTES_VALUE = ContentType.BYTES._value_
 
 
@@ -163,18 +160,16 @@ def _plain_step(
     exists, is open to every principal and admits enqueues, no max_size, TTL nor volatile
     flag); else the attempt is ``_attempt``'s, which checks and refreshes them. Then the
     steps of ``_attempt`` for this message: the room check, ``_write_new``'s short way (and on
-    a journaled queue its entry), and ``count_new``: the ready and wake counters set to what
-    was read of them plus one (``count_known``: nothing conflicts, so an ``add`` would
-    resolve against the same values), the work index marked unless its entry says marked.
-    A new priority, a counter not of 8 bytes or one about to wrap past 64 bits go through
-    ``count_new`` itself."""
+    a journaled queue its entry), and ``count_new`` given what was read: the ready and wake
+    counters set to what was read of them plus one (``count_known``: nothing conflicts, so an
+    ``add`` would resolve against the same values), the work index marked unless its entry
+    says marked, a new priority's marker."""
     found = read_plain(tr, keys, len(payload)) if len(payload) <= CHUNK_SIZE else None
     if found is None:
         return _attempt(keys, [plain_item(payload, priority, rand)], None, tr, at)[0]
     check_room(tr.db)
     values, settings = found
-    ready, wake = values[1], values[2]
-    # read_meta's made_ready + 1
+    wake = values[2]  # read_meta's made_ready, + 1
     index = 1 if wake is None else _I64_UNPACK(wake)[0] + 1 if len(wake) == 8 else unpack_count(wake) + 1
     key, msg_id = keys.home(priority, index, rand)
     t_us = now_us()  # the wall clock: enqueued_at, for people only
@@ -182,22 +177,6 @@ def _plain_step(
         write_plain_journaled(tr, keys, key, msg_id, t_us, _BYTES_VALUE, payload, priority, t_us)
     else:
         tr.set(key, encode_plain(msg_id, t_us, _BYTES_VALUE, payload))
-    if (
-        ready is not None
-        and len(ready) == 8
-        and wake is not None
-        and len(wake) == 8
-        and index < _I64_END
-        and priority in settings.priorities
-    ):
-        n = _I64_UNPACK(ready)[0] + 1
-        if n < _I64_END:
-            read = keys.meta_read()  # [1] the ready counter, [2] the wake counter
-            tr.set(read[1], _I64_PACK(n))
-            tr.set(read[2], _I64_PACK(index))
-            if values[3] != b"":  # (marked already, and nothing conflicts: nothing to do)
-                workindex.mark(tr, keys, values[3], conflicts=False)
-            return msg_id
     fresh = _NO_PRIORITIES if priority in settings.priorities else {priority}
     count_new(tr, keys, 1, 0, fresh, values[3], conflicts=False, seen=values)
     return msg_id
