@@ -346,30 +346,16 @@ def take_kept(
     when it is still the head of the ready set (``raw``: as :func:`kept_run`) and a scan would
     hand it out as it is, its rest kept for the next take once ``tr`` commits. None: the take
     scans (the run is used up either way), with nothing moved."""
-    # kept_run and keep_run written out for the one record taken (every kept take runs this):
-    # the entry, out of _kept and this transaction's alone, is kept again with its rest.
-    db = tr.db
-    slot = (id(db), keys.packed)
-    entry = _kept.pop(slot, None)
-    if entry is None or not entry.run or entry.db() is not db:
+    entry = kept_run(keys, tr, raw)
+    if entry is None:
         return None
-    ready = raw[1]
-    if entry.ready != ready or entry.wake != raw[2] or entry.version != raw[0]:
-        entry.run = []
-        entry.pause = KEPT_PAUSE
-        _kept[slot] = entry
-        return None
-    run = entry.run
-    key, value = run[0]
+    key, value = entry.run[0]
     rec = _live(keys, value, key, now)
     if rec is None:
         return None
     # No read conflict to add for the range not read: kept heads are used only where
     # transactions cannot conflict (keeps_head), whose engine records none.
-    if len(run) > 1:
-        entry.run = run[1:]
-        entry.ready = _PACK(_UNPACK(ready)[0] - 1)  # (ready: 8 bytes, as keep_run kept it)
-        tr.on_finish(entry.landed)  # the wake counter and metadata version: as read, unchanged
+    keep_run(keys, tr, entry.run, 1, raw, 1, entry)  # its rest, in the same entry
     return key, rec
 
 
