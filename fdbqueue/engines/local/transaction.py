@@ -284,6 +284,11 @@ class LocalTransaction(ABC):
                 except EngineError:
                     self._abort(1007)
                     raise
+        self._apply_commit()
+
+    def _apply_commit(self) -> None:
+        """The commit past its checks: :meth:`_commit`, then what it leaves, committed or
+        failed. (An engine's own flat commit, its checks made, calls it too: one place.)"""
         self._state = "committing"
         self._live = False
         try:

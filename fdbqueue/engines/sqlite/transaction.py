@@ -543,31 +543,19 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
     def commit(self) -> None:
         """Atomically apply every write (``LocalTransaction.commit``). The common case - begun,
         no timeout, writes within the size limit, a read version inside the 5-second window -
-        goes straight to :meth:`_commit`: the checks ``_commit_attempt`` makes, in one
-        condition, and the same states, errors (marked ``during_commit``) and callbacks
-        after. Anything else (a read-only commit, a timeout set, a used or cancelled
-        transaction, too big or too old) takes the general path, which raises the precise
-        error (tests/engines/sqlite/test_flat_commit.py compares the two)."""
+        makes the checks ``_commit_attempt`` makes in one condition, then the same
+        ``_apply_commit`` (its errors marked ``during_commit``). Anything else (a read-only
+        commit, a timeout set, a used or cancelled transaction, too big or too old) takes the
+        general path, which raises the precise error (tests/engines/sqlite/test_flat_commit.py
+        compares the two)."""
         if self._live and self._dirty and self._has_writes and self._size <= TRANSACTION_SIZE_LIMIT:
             read_at = self._read_at
             if read_at is None or self.db.clock() - read_at <= TRANSACTION_WINDOW_SECONDS:
-                self._state = "committing"
-                self._live = False
                 try:
-                    version = self._commit()
-                except BaseException as exc:
-                    self._commit_failed(exc)
-                    if isinstance(exc, EngineError):
-                        exc.during_commit = True
+                    self._apply_commit()
+                except EngineError as exc:
+                    exc.during_commit = True
                     raise
-                self._state = "committed"
-                self._committed_version = version
-                if self._stamp is not None:
-                    self._stamp._version = version
-                if self._watches:
-                    self.db._arm_watches(self._watches)
-                if self._finish is not None:
-                    self._run_finish(None)
                 return
         LocalTransaction.commit(self)
 
