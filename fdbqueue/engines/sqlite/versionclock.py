@@ -75,24 +75,13 @@ class VersionClock:
     def read_version(self, reserved: Callable[[], int], nested: bool) -> tuple[int, Held | None]:
         """A read version, and what the clock read then for :meth:`next_version` to reuse (None
         when nested or without a trusted page: the commit reads the clock again)."""
-        store = self._store
-        tag = store.clock_tag
-        if not nested and tag is not None:
-            # _now's common case inline, as in next_version: the page trusted, no commit died
-            # half-way, this process's base known and not behind the last commit.
-            page = store.page
-            found, last, meta, pending, base = page.clock()
-            own = store.shared.clock_base
-            if found == tag and pending != PENDING and own is not None:
-                now = own + (
-                    time.monotonic_ns() // 1000 + _versions._ahead_us
-                    if _versions._frozen_us is None
-                    else monotonic_us()
-                )
-                if now + VERSIONS_PER_SECOND >= last:
-                    version = max(last, now - 1)
-                    page.set_stamp(version, int(_versions._wall() * 1e6))
-                    return version, (last, meta, base, now, own)
+        if not nested:
+            held = self._trusted_now()
+            if held is not None:
+                last, now = held[0], held[3]
+                version = max(last, now - 1)  # (as below)
+                self._store.page.set_stamp(version, int(_versions._wall() * 1e6))
+                return version, held
         state = self._now(reserved, nested)
         last, _, _, now, _ = state
         # One below the clock: every later commit (at least the clock) is above it.
@@ -101,6 +90,27 @@ class VersionClock:
             return version, None
         self._store.page.set_stamp(version, wall_us())
         return version, state
+
+    def _trusted_now(self) -> Held | None:
+        """:meth:`_now`'s common case without its calls (every read version and commit): the
+        page trusted (this boot, this store), no commit died half-way, this process's base
+        known and not behind the last commit. None in every other case: :meth:`_now`."""
+        store = self._store
+        tag = store.clock_tag
+        if tag is None:
+            return None
+        found, last, meta, pending, base = store.page.clock()
+        own = store.shared.clock_base
+        if found != tag or pending == PENDING or own is None:
+            return None
+        # The monotonic clock read once, as monotonic_us() reads it (inline: its call saved).
+        if _versions._frozen_us is None:
+            now = own + time.monotonic_ns() // 1000 + _versions._ahead_us
+        else:
+            now = own + monotonic_us()
+        if now + VERSIONS_PER_SECOND < last:
+            return None  # behind the last commit: _now catches this process's base up
+        return last, meta, base, now, own
 
     def _now(self, reserved: Callable[[], int], nested: bool) -> Held:
         """(last commit version, reservation, the page's base, the version clock now, this
@@ -166,26 +176,11 @@ class VersionClock:
         store = self._store
         tag = store.clock_tag
         page = store.page
-        own = None
         if held is not None:
             last, meta, base, _, own = held
-        elif tag is not None:
-            # _now's common case inline: the page trusted (this boot, this store), no commit
-            # died half-way, this process's base known (checked below: not behind the last).
-            found, last, meta, pending, base = page.clock()
-            if found == tag and pending != PENDING:
-                own = store.shared.clock_base
-        if own is not None:
-            # The monotonic clock read once, as monotonic_us() reads it (inline: every commit).
-            now = own + (
-                time.monotonic_ns() // 1000 + _versions._ahead_us
-                if _versions._frozen_us is None
-                else monotonic_us()
-            )
-            if held is None and now + VERSIONS_PER_SECOND < last:
-                own = None  # behind the last commit: _now catches this process's base up
-        if own is None:
-            last, meta, base, now, _ = self._now(reserved, False)
+            now = own + monotonic_us()
+        else:
+            last, meta, base, now, _ = self._trusted_now() or self._now(reserved, False)
         version = max(last + 1, now, -1 if read is None else read + 1)
         bumped = version > meta
         if bumped:
