@@ -78,13 +78,8 @@ class SharedStore:
             raise
         if who is not None:
             self.mutex.release()
-            raise self.locked_error(path, timeout)
+            raise StoreLockedError(self._held_too_long(path, timeout, self.lock.holder))
         self.lock.owner = me
-
-    def locked_error(self, path: str, timeout: float) -> StoreLockedError:
-        """What a wait for the other processes' store lock that ran out raises (the thread
-        mutex released already): who holds it, as :attr:`StoreLock.holder` says."""
-        return StoreLockedError(self._held_too_long(path, timeout, self.lock.holder))
 
     @staticmethod
     def _held_too_long(path: str, timeout: float, who: str) -> str:

@@ -357,30 +357,14 @@ class WritableStore(Store):
             self.usable()
         shared = self.shared
         me = threading.get_ident()
-        lock = shared.lock
-        if lock.owner == me:
+        if shared.lock.owner == me:
             return self.cursor(self.snapshot()), True
         cur = self._cursor
         if cur is None or cur.connection is not self.conn:
             cur = self.cursor(self.conn)
         # The read snapshot starts at the first read, SQLite's write lock is taken only at
         # commit (writes are buffered until then).
-        mutex = lock.mutex
-        if mutex.acquire(False):
-            # SharedStore.acquire's common case, inline (one call fewer at every begin): no
-            # other thread of this process holds the store, so no wait on the mutex and no
-            # clock read; the other processes' lock and the errors as there.
-            try:
-                who = lock.acquire(self.lock_timeout, True)
-            except BaseException:
-                mutex.release()
-                raise
-            if who is not None:
-                mutex.release()
-                raise shared.locked_error(self.path, self.lock_timeout)
-            lock.owner = me
-        else:
-            shared.acquire(self.lock_timeout, self.path, True, me)
+        shared.acquire(self.lock_timeout, self.path, True, me)  # (me: not nested, checked above)
         return cur, False
 
     def end(self, conn: sqlite3.Connection, nested: bool) -> None:
