@@ -286,6 +286,16 @@ def _refused_ids(out: Path) -> set[str]:
     return ids
 
 
+def _unnamed_ack_failures(out: Path) -> list[str]:
+    """The Worker's batched acks that failed outright (``could not ack <n> messages``, the
+    Settler's log line): their messages come back unnamed, charged to their holder."""
+    found = []
+    for f in (out / "err").glob("*.err"):
+        text = f.read_text(errors="replace")
+        found += [f"{f.stem}: {line}" for line in re.findall(r"could not ack \d+ messages.*", text)]
+    return found
+
+
 @pytest.mark.parametrize("sync", ["full", "normal"])
 def test_sigkill_storm_loses_duplicates_and_corrupts_nothing(sync: str, tmp_path: Path) -> None:
     out = tmp_path / "out"
@@ -403,7 +413,8 @@ def test_sigkill_storm_loses_duplicates_and_corrupts_nothing(sync: str, tmp_path
     over = {h: n for h, n in charged.items() if n > sc.UNACKED_AT_MOST.get(h.split(":")[0], 0)}
     assert not over, (
         f"lease queue: processes redelivered more than they could hold unacked ({sc.UNACKED_AT_MOST}), "
-        f"with no ack refused: {over}"
+        f"with no ack refused: {over}; settlements that failed outright, their messages unnamed: "
+        f"{_unnamed_ack_failures(out)}"
     )
     assert len(charged) <= lease_kills, f"{len(charged)} lease consumers lost acks, {lease_kills} were killed"
 
