@@ -296,6 +296,29 @@ def _unnamed_ack_failures(out: Path) -> list[str]:
     return found
 
 
+def test_the_checks_hold_with_leases_out_and_retries_delayed(tmp_path: Path) -> None:
+    """The storm's counter and stats checks on what its final SIGKILL leaves in the lease
+    queue: a lease out (its holder dead) and a retry waiting in the delay index. The final
+    sweep sends the expired lease to the delay index too (the queue's retry_delay); the stats
+    show a due delayed message as ready, so they meet the keys only once nothing is delayed
+    (the old final sweep stopped when nothing was in flight: this failed every time)."""
+    db = fdbqueue.open(f"sqlite://{tmp_path / 'q.db'}?sync=normal")
+    fdbqueue.create_queue(db, "l", lease_seconds=0.3, retry_delay=0.2, max_deliveries=1000)
+    q = Queue("l")
+    q.enqueue_many(db, [{"n": n} for n in range(4)])
+    _held, nacked = q.lease_many(db, 2, 0.3)  # the first one's holder is dead
+    q.nack(db, nacked)  # delayed for the retry delay
+    _assert_counters_match_keys(db, "l")
+    _assert_views_match_keys(db, "l")
+    time.sleep(0.5)  # the lease has ended, the retry has come due: nothing swept yet
+    _assert_views_match_keys(db, "l")
+    _final_sweep(db, "l")
+    assert _assert_counters_match_keys(db, "l") == (4, 0, 0)
+    st = fdbqueue.queue_stats(db, "l")
+    assert (st.ready, st.inflight, st.delayed) == (4, 0, 0)
+    db.close()
+
+
 @pytest.mark.parametrize("sync", ["full", "normal"])
 def test_sigkill_storm_loses_duplicates_and_corrupts_nothing(sync: str, tmp_path: Path) -> None:
     out = tmp_path / "out"
