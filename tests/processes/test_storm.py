@@ -48,8 +48,10 @@ Size: the default is CI-sized: 4 producers x 750 numbers = 6,000 messages and at
 kills per store (kills go on while the producers send), 35-65 s for both stores on the
 2-core machine shared with other work. ``FDBQUEUE_STORM_SCALE=10`` runs by hand a storm
 about ten times larger (8 producers, 120,000 messages and at least 400 kills per store);
-any factor works. ``-s`` prints each storm's time, kills by role, what was in flight at the
-last kill, re-sends and redeliveries.
+any factor works. ``FDBQUEUE_STORM_SEED=<seed>`` makes the test's choices (whom to kill,
+when) those of a printed seed again; the children's timing stays the OS's. ``-s`` prints the
+seed and where the store and the children's logs are kept, then each storm's time, kills by
+role, what was in flight at the last kill, re-sends and redeliveries.
 """
 
 from __future__ import annotations
@@ -331,7 +333,8 @@ def test_sigkill_storm_loses_duplicates_and_corrupts_nothing(sync: str, tmp_path
     fdbqueue.create_queue(db, sc.EO, max_deliveries=1000)
     # The lease queue's retries wait a little: nacked messages pass through the delayed index.
     fdbqueue.create_queue(db, sc.LEASE, lease_seconds=sc.LEASE_SECONDS, retry_delay=0.2, max_deliveries=1000)
-    seed = random.randrange(2**32)  # the test's choices; the children's timing is the OS's
+    # The test's choices (FDBQUEUE_STORM_SEED replays a printed seed's); the children's timing is the OS's.
+    seed = int(os.environ.get("FDBQUEUE_STORM_SEED") or random.randrange(2**32))
     rng = random.Random(seed)
     # Said first, so a storm that fails still names its seed and where its store and the
     # children's logs (prod-*, refused-*, admin-*, err/<pid>.err) are kept.
