@@ -32,6 +32,7 @@ from __future__ import annotations
 import copy
 import math
 import random
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -73,6 +74,18 @@ if TYPE_CHECKING:
 __all__ = ["SimDatabase", "SimTransaction", "open_sim"]
 
 
+def _weak_decide(ref: weakref.ref[SimTransaction]) -> Callable[[bytes, _Write], bytes | None]:
+    """``SimTransaction._decide`` of the transaction behind ``ref``, holding it weakly (a
+    write map is read only through its live transaction)."""
+
+    def decide(key: bytes, w: _Write) -> bytes | None:
+        tr = ref()
+        assert tr is not None
+        return tr._decide(key, w)
+
+    return decide
+
+
 class SimTransaction(LocalTransaction):
     """One attempt's reads, conflict ranges and buffered writes; the store sees them only at commit."""
 
@@ -82,12 +95,17 @@ class SimTransaction(LocalTransaction):
         self._rv_time = 0.0
         self._token: int | None = None
         self._empty_commit = False  # a commit that begins the attempt: nothing read or written
+        # The write map's hook reaches this transaction through a weak reference: a bound
+        # method would make a reference cycle (transaction -> write map -> method ->
+        # transaction), and a transaction freed only by the cyclic collector keeps its store
+        # and writes until a collection (tests/engines/sqlite/test_lifetime.py).
+        self._decider = _weak_decide(weakref.ref(self))
         self._reset_attempt()
         super().__init__(db)
 
     def _reset_attempt(self) -> None:
         # Buffered writes by key, and the cleared ranges (read through: read-your-writes).
-        self._wm: WriteMap[_Write] = WriteMap(self._decide)
+        self._wm: WriteMap[_Write] = WriteMap(self._decider)
         self._clears: list[tuple[int, bytes, bytes]] = []  # (sequence, begin, end) in call order
         self._vs_keys: list[tuple[int, bytes, bytes]] = []  # (sequence, key template, value)
         self._unreadable: list[Range] = []  # where versionstamped keys may land

@@ -3,7 +3,7 @@
 An operation makes a transaction each time: one that only the cyclic garbage collector could
 free (a reference cycle through it) would keep it and all it holds - its write map, its
 reads - until the next collection, and make every collection walk them. (The sim engine's
-write map still holds a method of its transaction: a cycle, on an engine made for tests.)
+are freed so too: tests/engines/sim/test_lifetime.py.)
 """
 
 from __future__ import annotations
