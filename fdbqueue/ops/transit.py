@@ -198,7 +198,7 @@ def _batch_tombs(
 ) -> Iterator[tuple[str, Tomb]]:
     """The tombstones of the batches ``entries`` (id, receipt) belong to, each batch's read
     once (in one ``get_many``), with its batch's name: those there are."""
-    names = list(dict.fromkeys(batch_of(receipt) for _, receipt in entries))
+    names = list({r.rpartition(".")[0] or r: None for _, r in entries})  # batch_of, inline
     for name, raw in zip(names, t.get_many([tomb_key(src, dest, n) for n in names]), strict=True):
         tomb = decode_tomb(raw, name)
         if tomb is not None:
@@ -225,8 +225,8 @@ def write_tombs(
     what ``earlier`` (read by :func:`read_tombs` in ``t``) says of the same batches."""
     by: dict[str, dict[str, str]] = {}
     for mid, receipt in [*earlier, *removed]:
-        by.setdefault(batch_of(receipt), {})[mid] = receipt
-    for name in dict.fromkeys(batch_of(receipt) for _, receipt in removed):
+        by.setdefault(receipt.rpartition(".")[0] or receipt, {})[mid] = receipt  # batch_of, inline
+    for name in {r.rpartition(".")[0] or r: None for _, r in removed}:
         t.set(tomb_key(src, dest, name), encode_tomb(by[name], now))
 
 
@@ -361,7 +361,8 @@ def install_parts(
     by a transaction of its own, one key a message (:func:`install`)."""
     by: dict[str, list[Message]] = {}
     for m in batch:
-        by.setdefault(batch_of(str(m.receipt)), []).append(m)
+        r = str(m.receipt)
+        by.setdefault(r.rpartition(".")[0] or r, []).append(m)  # batch_of, inline
     for lease, msgs in by.items():
         have: set[Entry] = set()
         part = 0
@@ -384,15 +385,16 @@ def install_parts(
             payload = m.payload
             chunks = -(-len(payload) // CHUNK_SIZE) if len(payload) > CHUNK_SIZE else 0
             inline = b"" if chunks else payload
-            ct = m.content_type.value
+            ct = m.content_type._value_  # not .value: the enum's property is a Python-level call
             cost = _ROW_BYTES + len(inline) + len(m.id) + len(receipt) + len(ct) + len(dk or "")
             if headers:
                 cost += len(json.dumps(headers))
             if rows and size + cost > PART_BYTES:
                 t.set(part_key(dst, source, lease, part), _encode_rows(rows, payloads))
                 part, rows, payloads, size = part + 1, [], [], 0
-            rows.append([m.id, receipt, enqueued_us(m), ct, headers, m.priority, m.expires_at, dk, dkl,
-                         chunks, len(inline), now])  # fmt: skip
+            # (round(...): enqueued_us(m), without the call)
+            rows.append([m.id, receipt, round(m.enqueued_at * 1e6), ct, headers, m.priority,
+                         m.expires_at, dk, dkl, chunks, len(inline), now])  # fmt: skip
             payloads.append(inline)
             size += cost
             for n in range(chunks):
@@ -519,7 +521,7 @@ def read_pending(
     payloads joined (``payloads=False``: chunked ones left unread)."""
     found: dict[Entry, Copy] = {}
     parts: dict[bytes, list[Copy]] = {}
-    for lease in dict.fromkeys(batch_of(receipt) for _, receipt in entries):
+    for lease in {r.rpartition(".")[0] or r: None for _, r in entries}:  # batch_of, inline
         for kv in t.get_range(*part_range(dst, source, lease), 10_000):
             copies = parts[kv.key] = decode_part(kv.value, dst, kv.key)
             for c in copies:
@@ -558,10 +560,15 @@ def copy_of(rec: Record, receipt: str) -> Copy:
 def as_item(c: Copy, origin: str) -> Item:
     """A pending copy as the message to write: its id, headers, priority and the TTL left."""
     ttl = None if c.until is None else max(0.001, float(c.until) - time.time())
+    ct = _CONTENT_TYPES.get(c.content_type) or ContentType(c.content_type)
     return Item(
-        c.id, new_rand(), c.payload, ContentType(c.content_type), c.priority, c.headers, 0.0, ttl,
-        None, fixed_id=True, origin=origin, enqueued_us=c.enqueued_us,
+        c.id, new_rand(), c.payload, ct, c.priority, c.headers, 0.0, ttl, None, fixed_id=True,
+        origin=origin, enqueued_us=c.enqueued_us,
     )  # fmt: skip
+
+
+# ContentType by its value, without the enum's call (a Python-level lookup each time).
+_CONTENT_TYPES = {c.value: c for c in ContentType}
 
 
 def enqueued_us(m: Message) -> int:

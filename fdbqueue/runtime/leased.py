@@ -23,7 +23,7 @@ from fdbqueue.ops.txn import run_once
 from fdbqueue.runtime.outbox import Outbox
 from fdbqueue.store.clock import db_now, versions
 from fdbqueue.store.config import Meta, read_meta
-from fdbqueue.store.layout import forward_marker
+from fdbqueue.store.layout import QueueKeys, forward_marker, forward_marker_range
 from fdbqueue.types import Item, Message
 
 
@@ -186,7 +186,7 @@ class Leased(Outbox):
             now = db_now(t)
             pending = transit.read_pending(t, dkeys, source, entries)
             recs = pending.copies
-            marks = t.get_many([forward_marker(dkeys, self.origin, mid) for mid, _ in entries])
+            marks = _marks(t, dkeys, self.origin, entries)
             # A RemoteQueue's message that may have reached the destination directly (its
             # enqueue there ended without an answer): skipped only as the stores confirm it.
             named = [(rec.id, rec.dk) for rec in recs if rec is not None and rec.dk is not None]
@@ -342,6 +342,17 @@ class Leased(Outbox):
             return 0
         want = self.batch if self._room is None else min(self.batch, self._room - in_hand)
         return max(0, want if self._cap is None else min(want, self._cap - in_hand))
+
+
+def _marks(t: Transaction, dkeys: QueueKeys, origin: str, entries: list[transit.Entry]) -> list[bytes | None]:
+    """The exclusive forwarder's markers of ``entries`` in the destination (one there: the
+    message was installed already). One range read of this source's markers first: when it
+    holds none (a leased forwarder's common case: an exclusive forwarder clears its markers
+    as it goes), none of these is there, and a marker written meanwhile conflicts with this
+    read (not a snapshot) as it would with the point reads; else each is read."""
+    if not t.get_range(*forward_marker_range(dkeys, origin), 1):
+        return [None] * len(entries)
+    return t.get_many([forward_marker(dkeys, origin, mid) for mid, _ in entries])
 
 
 _ITSELF = "forwarding queue {!r} into itself (one store, one queue): it would delete every message"

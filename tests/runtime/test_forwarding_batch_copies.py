@@ -144,3 +144,23 @@ def test_withdrawing_part_of_a_batch_copy_leaves_the_rest_publishable_once() -> 
     assert _keys(dst, "fp") == []
     assert f._publish(entries)[0] == 0  # and a second publication finds nothing: none doubled
     assert _ids_at(dst) == sent[:10] + sent[14:20]
+
+
+def test_messages_an_exclusive_forwarder_installed_are_not_published_again() -> None:
+    """An exclusive forwarder that installed its batch (marked) and died before removing it
+    from the source: a leased forwarder then forwards the same messages and publishes none
+    of them twice (the markers it reads, however few there are)."""
+    src, dst = _pair(168)
+    sent = Queue("jobs").enqueue_many(src, [b"m%d" % i for i in range(25)])
+    x = Forwarder(src, "jobs", dst, "jobs", batch=5, exclusive=True)
+
+    def crash(*args: object) -> object:
+        raise Crash
+
+    setattr(x, "_send_away", crash)  # noqa: B010 (as above)
+    with pytest.raises(Crash):
+        x.run()
+    assert _ids_at(dst) == sent[:5]  # installed and marked, still on the source
+    Forwarder(src, "jobs", dst, "jobs", batch=10).run()
+    assert _ids_at(dst) == sent  # each once
+    assert _keys(dst, "fp") == [] and _keys(src, "ft") == []
