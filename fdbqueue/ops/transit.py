@@ -376,19 +376,20 @@ def install_parts(
             receipt = str(m.receipt)
             if have and (m.id, receipt) in have:
                 continue  # an earlier attempt's
+            payload = m.payload
+            inline, chunks = payload, 0
+            cost = _ROW_BYTES + len(payload) + len(m.id) + len(receipt)  # a content type: 1 byte
+            if len(payload) > CHUNK_SIZE:
+                inline, chunks = b"", -(-len(payload) // CHUNK_SIZE)
+                cost -= len(payload)
             headers: dict[str, Any] = {}
             dk, dkl = None, False
             if m.headers:
                 dk = header_key(m)
                 dkl = dk is not None and m.id in layer
                 headers = {k: v for k, v in m.headers.items() if k != DEDUP_HEADER}
-            payload = m.payload
-            chunks = -(-len(payload) // CHUNK_SIZE) if len(payload) > CHUNK_SIZE else 0
-            inline = b"" if chunks else payload
+                cost += len(json.dumps(headers)) + len(dk or "")
             ct = m.content_type._value_  # not .value: the enum's property is a Python-level call
-            cost = _ROW_BYTES + len(inline) + len(m.id) + len(receipt) + len(ct) + len(dk or "")
-            if headers:
-                cost += len(json.dumps(headers))
             if rows and size + cost > PART_BYTES:
                 t.set(part_key(dst, source, lease, part), _encode_rows(rows, payloads))
                 part, rows, payloads, size = part + 1, [], [], 0
