@@ -44,6 +44,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
 from fdbqueue.engines.contract import Database, Transaction
+from fdbqueue.engines.limits import VALUE_SIZE_LIMIT
 from fdbqueue.errors import CorruptMessageError, EngineError, LeaseError, QueueError, QueueStoppedError
 from fdbqueue.ops.delivery import expire_lease, lease_until, message_elsewhere, nack_in
 from fdbqueue.ops.moves import CHUNK_SIZE, dead_letter, remove_message, renew_lease
@@ -388,11 +389,11 @@ def install_parts(
                 dk = header_key(m)
                 dkl = dk is not None and m.id in layer
                 headers = {k: v for k, v in m.headers.items() if k != DEDUP_HEADER}
-                cost += len(json.dumps(headers)) + len(dk or "")
+                cost += len(json.dumps(headers)) + len(json.dumps(dk))
             ct = m.content_type._value_  # not .value: the enum's property is a Python-level call
             if rows and size + cost > PART_BYTES:
-                t.set(part_key(dst, source, lease, part), _encode_rows(rows, payloads))
-                part, rows, payloads, size = part + 1, [], [], 0
+                part = _put_part(t, dst, source, lease, part, rows, payloads)
+                rows, payloads, size = [], [], 0
             # (round(...): enqueued_us(m), without the call)
             rows.append([m.id, receipt, round(m.enqueued_at * 1e6), ct, headers, m.priority,
                          m.expires_at, dk, dkl, chunks, len(inline), now])  # fmt: skip
@@ -402,7 +403,28 @@ def install_parts(
                 t.set(dst.q.pack(("fp", source, m.id, receipt, n)), seal_chunk(
                     payload[n * CHUNK_SIZE : (n + 1) * CHUNK_SIZE]))  # fmt: skip
         if rows:
-            t.set(part_key(dst, source, lease, part), _encode_rows(rows, payloads))
+            _put_part(t, dst, source, lease, part, rows, payloads)
+
+
+def _put_part(
+    t: Transaction,
+    dst: QueueKeys,
+    source: str,
+    lease: str,
+    part: int,
+    rows: list[list[Any]],
+    payloads: list[bytes],
+) -> int:
+    """Write ``rows`` as part ``part`` of the batch ``lease``'s copies, in two halves (and so
+    on) when their encoding passes the value limit after all (the estimate counted a copy's
+    fields short: strings the JSON escapes); returns the next part's number."""
+    raw = _encode_rows(rows, payloads)
+    if len(raw) <= VALUE_SIZE_LIMIT or len(rows) == 1:
+        t.set(part_key(dst, source, lease, part), raw)
+        return part + 1
+    half = len(rows) // 2
+    part = _put_part(t, dst, source, lease, part, rows[:half], payloads[:half])
+    return _put_part(t, dst, source, lease, part, rows[half:], payloads[half:])
 
 
 class Copy(NamedTuple):
