@@ -445,8 +445,6 @@ class Copy(NamedTuple):
     at: int  # the version it was installed at
 
 
-_make_copy = Copy._make
-
 # A batch's part: under FoundationDB's value limit (engines/limits.py, VALUE_SIZE_LIMIT
 # 100,000) with room to spare; a copy's fields beside its payload are counted as
 # _ROW_BYTES more than its strings (ints, nulls and the JSON's punctuation).
@@ -485,11 +483,17 @@ def decode_part(raw: bytes, keys: QueueKeys, key: bytes) -> list[Copy]:
     at = _PART_HEAD.size + n
     out = []
     for row in json.loads(raw[_PART_HEAD.size : at]):
+        if len(row) != _COPY_FIELDS:
+            raise QueueError(f"a pending copy of {len(row)} fields: written by a newer fdbqueue?")
         size = row[10]
         row[10] = raw[at : at + size]
         at += size
-        out.append(_make_copy(row))
+        out.append(_new_copy(Copy, row))  # Copy._make, less its Python frame: the length is known
     return out
+
+
+_new_copy = tuple.__new__
+_COPY_FIELDS = len(Copy._fields)
 
 
 def part_key(dst: QueueKeys, source: str, lease: str, part: int) -> bytes:

@@ -187,3 +187,18 @@ def test_a_batch_of_many_small_messages_goes_in_parts_each_under_the_value_limit
     entries = [(m.id, str(m.receipt)) for m in ms]
     got = run_once(dst, lambda t, _: transit.read_pending(t, keys, "s", entries).copies)
     assert [None if c is None else (c.id, c.receipt) for c in got] == entries
+
+
+def test_a_damaged_part_is_reported_with_its_key_and_nothing_is_published() -> None:
+    src, dst = _pair(172)
+    sent = Queue("jobs").enqueue_many(src, [b"m%d" % i for i in range(20)])
+    _crashed_at_second_publication(src, dst, 10)
+    [(key, raw)] = _keys(dst, "fp")
+    run_once(dst, lambda t, _: t.set(key, raw[:40] + bytes([raw[40] ^ 1]) + raw[41:]))
+    time.sleep(0.3)
+    f = Forwarder(src, "jobs", dst, "jobs", batch=10, lease_seconds=0.2)
+    with pytest.raises(fdbqueue.CorruptMessageError) as got:
+        f.recover()
+    assert got.value.key == key
+    assert _ids_at(dst) == sent[:10]  # none of the damaged batch published
+    assert _keys(dst, "fp") == [(key, raw[:40] + bytes([raw[40] ^ 1]) + raw[41:])]  # nor cleared
