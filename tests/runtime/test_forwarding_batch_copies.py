@@ -202,3 +202,34 @@ def test_a_damaged_part_is_reported_with_its_key_and_nothing_is_published() -> N
     assert got.value.key == key
     assert _ids_at(dst) == sent[:10]  # none of the damaged batch published
     assert _keys(dst, "fp") == [(key, raw[:40] + bytes([raw[40] ^ 1]) + raw[41:])]  # nor cleared
+
+
+@pytest.mark.parametrize("name", [None, "outbox-1"])
+def test_a_batch_copy_whose_batch_was_never_removed_is_withdrawn_whole(name: str | None) -> None:
+    """A run that died at its second removal: the second batch's copies are pending in one
+    part under a lease that ends without a removal. Another forwarder's recover (or, named,
+    the namesake's takeover, which leases the batch again under receipts of its own) withdraws
+    the part, and every message arrives once, in order."""
+    src, dst = _pair(174)
+    sent = Queue("jobs").enqueue_many(src, [b"m%d" % i for i in range(30)])
+    a = Forwarder(src, "jobs", dst, "jobs", batch=10, lease_seconds=0.2, name=name)
+    inner, calls = a._remove, []
+
+    def crash(*args: object) -> object:
+        calls.append(1)
+        if len(calls) == 2:
+            raise Crash
+        return inner(*args)  # type: ignore[arg-type]
+
+    setattr(a, "_remove", crash)  # noqa: B010 (as above)
+    with pytest.raises(Crash):
+        a.run()
+    assert _ids_at(dst) == sent[:10]
+    [part] = _parts(dst)
+    assert [c.id for c in part] == sent[10:20]
+    time.sleep(0.3)  # past the lease
+    Forwarder(src, "jobs", dst, "jobs", batch=10, lease_seconds=0.2, name=name).run()
+    assert _ids_at(dst) == sent  # each once, in order
+    assert _in_transit(src, dst) == 0
+    left = fdbqueue.queue_stats(src, "jobs")
+    assert (left.ready, left.inflight) == (0, 0)
