@@ -7,7 +7,9 @@ on ``sqlite://...?sync=normal`` (the fsync is not an instruction), ``PYTHONHASHS
   a plain queue of the same store (issue 30: journal on >= 0.85 of off);
 - **forward**: a message forwarded between two embedded stores (batch 100) by the leased and
   by the exclusive forwarder, beside ``enqueue_many`` of batches of 100 into the destination
-  (issue 30: the leased forwarder >= 0.5 of ``enqueue_many``).
+  (issue 30: the leased forwarder >= 0.5 of ``enqueue_many``); and the share of a leased
+  forward that is the source's lease and ack alone (``lease_many`` of 100, then ``ack_many``
+  of them with the next ``lease_many`` in one transaction, as the forwarder's removal does).
 
 Usage: .venv/bin/python scripts/count_journal_forward.py [--n 200] [--what journal,forward]
        (needs valgrind: apt install valgrind)
@@ -29,11 +31,11 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import fdbqueue
-from fdbqueue import Queue
+from fdbqueue import Message, Queue
 
 PAYLOAD = b"x" * 200
 JOURNAL_OPS = ("enqueue", "dequeue", "lease_ack")
-FORWARDS = ("enqueue_many", "leased", "exclusive")
+FORWARDS = ("enqueue_many", "leased", "exclusive", "source")
 
 
 def child(what: str, op: str, n: int) -> None:
@@ -45,7 +47,18 @@ def child(what: str, op: str, n: int) -> None:
             into = dst if op == "enqueue_many" else src
             for lo in range(0, n, 100):
                 Queue("a").enqueue_many(into, [PAYLOAD] * min(100, n - lo))
-            if op != "enqueue_many":
+            if op == "source":  # the source's share of a leased forward: its lease and ack
+                q = Queue("a")
+
+                @fdbqueue.transactional
+                def settle(tr: fdbqueue.Transaction, done: list[Message]) -> list[Message]:
+                    q.ack_many(tr, done)  # the last batch acked, the next leased: as the removal
+                    return q.lease_many(tr, 100, 60)
+
+                batch = q.lease_many(src, 100, 60)
+                while batch:
+                    batch = settle(src, batch)
+            elif op != "enqueue_many":
                 fdbqueue.forward(src, "a", dst, "a", batch=100, exclusive=op == "exclusive")
             return
         kind, _, journaled = op.partition(":")
@@ -127,12 +140,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{op:12} plain {plain:11,.0f}  journaled {journaled:11,.0f}  "
                   f"+{journaled - plain:9,.0f}  ratio {ratio(plain, journaled)}", flush=True)  # fmt: skip
     if "forward" in whats:
-        direct, leased, exclusive = (measure("forward", op, n) for op in FORWARDS)
+        direct, leased, exclusive, source = (measure("forward", op, n) for op in FORWARDS)
         # A forward's run also filled the source with enqueue_many: the same cost as ``direct``.
-        leased, exclusive = leased - direct, exclusive - direct
+        leased, exclusive, source = leased - direct, exclusive - direct, source - direct
         print(f"a message: enqueue_many {direct:,.0f}  leased forwarder {leased:,.0f} "
               f"({ratio(direct, leased)})  exclusive {exclusive:,.0f} "
-              f"({ratio(direct, exclusive)})")  # fmt: skip
+              f"({ratio(direct, exclusive)})  of the leased, the source's lease_many + ack_many "
+              f"{source:,.0f}")  # fmt: skip
     return 0
 
 

@@ -246,17 +246,22 @@ def ack_many_in(
     if not all(isinstance(m, Message) and m.receipt for m in msgs):
         raise LeaseError("ack takes Messages returned by lease()")
     peek = settled_counters(tr, keys)
-    raws = check(tr, keys, "dequeue", also=[keys.inflight_key(m.id) for m in msgs], peek=peek)
+    # What this process's lease of each kept (its keys as the lease made them), as ack_in.
+    helds = [_held_for(keys, m) for m in msgs]
+    also = [keys.inflight_key(m.id) if h is None else h[3][0] for m, h in zip(msgs, helds, strict=True)]
+    raws = check(tr, keys, "dequeue", also=also, peek=peek)
     if now is None:
         now = db_now(tr)
     done = []
     strict = False
-    for m, raw in zip(msgs, raws[: len(msgs)], strict=True):  # the counters after them
+    for m, h, raw in zip(msgs, helds, raws[: len(msgs)], strict=True):  # the counters after them
         try:
             rec = _lease_of(keys, tr, m, raw, now, False)
         except LeaseError:
             continue
-        finish_lease(tr, keys, rec, note, count=False)
+        # The very record this process leased (the bytes read were the ones it wrote): its
+        # keys as the lease made them, not made again (as ack_in).
+        finish_lease(tr, keys, rec, note, count=False, at=h[3] if h is not None and rec is h[1] else None)
         strict = strict or bool(rec.extra.get("strict"))
         done.append(m)
     # One write per counter for the batch: sets of the values read, where they were (peek).

@@ -57,7 +57,7 @@ def _named(entry: bytes) -> str:
 def layer_keys(src_db: Database, skeys: QueueKeys, batch: list[Message]) -> dict[str, str]:
     """The dedup keys of ``batch``'s headers that the source's own entries confirm, by message
     id: one read-only transaction of the source, none when no message names a key."""
-    named = {m.id: k for m in batch if (k := header_key(m)) is not None}
+    named = {m.id: k for m in batch if m.headers and (k := header_key(m)) is not None}
     if not named:
         return {}
 

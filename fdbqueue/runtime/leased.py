@@ -23,7 +23,7 @@ from fdbqueue.ops.txn import run_once
 from fdbqueue.runtime.outbox import Outbox
 from fdbqueue.store.clock import db_now, versions
 from fdbqueue.store.config import Meta, read_meta
-from fdbqueue.store.layout import forward_marker
+from fdbqueue.store.layout import QueueKeys, forward_marker, forward_marker_range
 from fdbqueue.types import Item, Message
 
 
@@ -102,13 +102,17 @@ class Leased(Outbox):
         self, t: Transaction, batch: list[Message], layer: Mapping[str, str], meta: Meta | None
     ) -> dict[str, str]:
         """Step 2 in the destination's transaction ``t`` (``meta``: its settings, when read
-        already); returns the messages too large for it, by id (their reasons)."""
+        already: the publication's transaction, which writes the batch's copies one key a
+        batch, ``transit.install_parts``; else one a message); returns the messages too large
+        for it, by id (their reasons)."""
         dkeys, (source, _) = self.dst.keys, self._token_pair()
+        write = transit.install_parts
         if meta is None:
             meta = read_meta(t, dkeys)
             check(t, dkeys, "enqueue", meta)
+            write = transit.install
         big = transit.admissible(dkeys, meta, batch)  # too large for it: dead letters
-        transit.install(t, dkeys, source, [m for m in batch if m.id not in big], db_now(t), layer)
+        write(t, dkeys, source, [m for m in batch if m.id not in big] if big else batch, db_now(t), layer)
         return big
 
     def _dead_letter(self, batch: list[Message], big: dict[str, str]) -> int:
@@ -157,8 +161,8 @@ class Leased(Outbox):
         dkeys, (source, _) = self.dst.keys, self._token_pair()
 
         def body(t: Transaction, _: bool) -> None:
-            for mid, receipt in entries:
-                transit.drop_pending(t, dkeys, source, mid, receipt)
+            found = transit.read_pending(t, dkeys, source, entries, payloads=False)
+            found.drop(t, dkeys, source, set(entries))
 
         run_once(self.dst_db, body)
 
@@ -180,13 +184,13 @@ class Leased(Outbox):
             meta = read_meta(t, dkeys)
             check(t, dkeys, "enqueue", meta)
             now = db_now(t)
-            pkeys = transit.pending_keys(dkeys, source, entries)
-            recs = transit.read_pending(t, dkeys, source, entries, pkeys)
-            marks = t.get_many([forward_marker(dkeys, self.origin, mid) for mid, _ in entries])
+            pending = transit.read_pending(t, dkeys, source, entries)
+            recs = pending.copies
+            marks = _marks(t, dkeys, self.origin, entries)
             # A RemoteQueue's message that may have reached the destination directly (its
             # enqueue there ended without an answer): skipped only as the stores confirm it.
-            named = [(rec.id, str(rec.extra["dk"])) for rec in recs if rec is not None and "dk" in rec.extra]
-            layer = {rec.id: str(rec.extra["dk"]) for rec in recs if rec is not None and rec.extra.get("dkl")}
+            named = [(rec.id, rec.dk) for rec in recs if rec is not None and rec.dk is not None]
+            layer = {rec.id: rec.dk for rec in recs if rec is not None and rec.dk is not None and rec.dkl}
             there = there_named(t, dkeys, named, layer, now)
             room = transit.room_of(meta)
             items: list[Item] = []
@@ -208,13 +212,12 @@ class Leased(Outbox):
                     # The producer's key: a direct enqueue with it finds this message, and
                     # the unanswered remote one, landing late, conflicts (it read the key).
                     carry(t, dkeys, layer[it.id], it.id, now)
-            # Each copy handled is cleared by its exact key (a chunked one with its chunks):
-            # not by a range over every receipt of the id, a statement of its own each. A
-            # stale copy of another lease is never published (no tombstone names it): its
-            # forwarder withdraws it at its step 3, or ``recover`` once its lease ended.
-            for key, rec in zip(pkeys[: len(handled)], recs, strict=False):
-                if rec is not None:
-                    transit.drop_pending_at(t, key, chunked=transit.is_chunked(rec))
+            # Each copy handled is cleared by its exact key (a chunked one with its chunks),
+            # or taken out of its batch's part: not by a range over every receipt of the id,
+            # a statement of its own each. A stale copy of another lease is never published
+            # (no tombstone names it): its forwarder withdraws it at its step 3, or
+            # ``recover`` once its lease ended.
+            pending.drop(t, dkeys, source, set(entries[: len(handled)]))
             big = None
             if ahead is not None and meta.state.enqueue:
                 big = self._install_in(t, ahead.batch, layer_ahead, meta)
@@ -339,6 +342,17 @@ class Leased(Outbox):
             return 0
         want = self.batch if self._room is None else min(self.batch, self._room - in_hand)
         return max(0, want if self._cap is None else min(want, self._cap - in_hand))
+
+
+def _marks(t: Transaction, dkeys: QueueKeys, origin: str, entries: list[transit.Entry]) -> list[bytes | None]:
+    """The exclusive forwarder's markers of ``entries`` in the destination (one there: the
+    message was installed already). One range read of this source's markers first: when it
+    holds none (a leased forwarder's common case: an exclusive forwarder clears its markers
+    as it goes), none of these is there, and a marker written meanwhile conflicts with this
+    read (not a snapshot) as it would with the point reads; else each is read."""
+    if not t.get_range(*forward_marker_range(dkeys, origin), 1):
+        return [None] * len(entries)
+    return t.get_many([forward_marker(dkeys, origin, mid) for mid, _ in entries])
 
 
 _ITSELF = "forwarding queue {!r} into itself (one store, one queue): it would delete every message"
