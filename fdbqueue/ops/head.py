@@ -36,7 +36,7 @@ FILTER_BATCH = 100
 # Kept back from a dequeue's or lease's budget for the message it takes: the leased record
 # (at most the value limit) and its index entries.
 TAKE_RESERVE = 110_000
-KEPT_RUN = 8  # ready records a head read takes for the takes after it (a kept head, below)
+KEPT_RUN = 32  # ready records a head read takes for the takes after it (a kept head, below)
 KEPT_BYTES = 64 * 1024  # of their values at most
 # Kept runs a process holds, the oldest dropped first: at KEPT_BYTES each, 16 MB at most
 # however many queues one process takes from (a Worker over a pattern of thousands).
@@ -470,7 +470,7 @@ def take_short(keys: QueueKeys, tr: Transaction) -> Message | None:
     found = read_take(tr, keys)
     if found is None:
         return None
-    values, settings = found  # version, ready, wake, inflight, delayed, done
+    values, settings, read = found  # version, ready, wake, inflight, delayed, done (and their keys)
     version, ready, wake, inflight, delayed, done = values
     if (inflight is not None and inflight != _ZERO) or (delayed is not None and delayed != _ZERO):
         return None  # delayed or leased messages may have come due: the long way's due check
@@ -492,18 +492,17 @@ def take_short(keys: QueueKeys, tr: Transaction) -> Message | None:
     msg = Message.handed_out(
         keys.name, keys.priority_of(key), key, msg_id, enqueued_us, content_type, headers, deliveries, payload
     )
+    # Taken out (kept_run: a run serves one take), unless another thread's take of this queue
+    # on this handle took it since the lookup above (its transaction ended before this one
+    # read: the engine's one writer) and has not yet put it back: the long way then.
+    if _kept.pop((id(db), keys.packed), None) is not entry:
+        return None
     # Decided: from here on as the long way writes (remove_message, count_known, take_counted).
-    del _kept[id(db), keys.packed]  # (kept_run: a run serves one take)
     tr.clear(key)
     if key != keys.home_key(msg_id):  # at home it has no id entry
         tr.clear(keys.id_key(msg_id))
-    counters = _taken.get(keys.packed)
-    if counters is None:
-        if len(_taken) > 4096:
-            _taken.clear()
-        counters = _taken[keys.packed] = (keys.counter("ready"), keys.counter("done"))
-    tr.set(counters[0], ready)
-    tr.set(counters[1], done)
+    tr.set(read[1], ready)
+    tr.set(read[5], done)
     if settings.config.journal:  # type: ignore[union-attr]  # (read_take: never None)
         journaling.record(tr, keys, "dequeue", msg_id, deliveries=deliveries + 1)
     if len(run) > 1:  # keep_run's, in the same entry: its wake and version are as read

@@ -530,13 +530,14 @@ def _take_keys(keys: QueueKeys, settings: _Settings) -> list[bytes] | None:
     return [keys.metadata_version, c("ready"), c("wake"), c("inflight"), c("delayed"), c("done")]
 
 
-def read_take(tr: Transaction, keys: QueueKeys) -> tuple[list[bytes | None], _Settings] | None:
+def read_take(tr: Transaction, keys: QueueKeys) -> tuple[list[bytes | None], _Settings, list[bytes]] | None:
     """:func:`read_meta_for` of a dequeue of the head (``TAKE_KEPT``'s counters), in a
     transaction where nothing conflicts (the caller asks ``engine_traits``' first), when the
     settings this process last found for the queue are those at the metadata version read and
     need none of the dequeue's checks (:func:`_take_keys`). Then what it read - the metadata
     version, the ready, wake, inflight, delayed and done counters, in that order, snapshot
-    reads as ``read_meta_for``'s - and those settings; else None, read or not, and the caller
+    reads as ``read_meta_for``'s -, those settings and the keys read (not to be changed by
+    the caller); else None, read or not, and the caller
     takes ``read_meta_for``'s way, which refreshes them. As safe as :func:`read_plain`: every
     change of settings, state or markers writes a new random metadata version in its
     transaction (:func:`bump_metadata_version`), so settings found at the version read are
@@ -548,7 +549,7 @@ def read_take(tr: Transaction, keys: QueueKeys) -> tuple[list[bytes | None], _Se
     settings = hot[1]
     if values[0] != settings.version or hot[0]() is not tr.db:
         return None
-    return values, settings
+    return values, settings, wanted
 
 
 def read_plain(tr: Transaction, keys: QueueKeys, size: int) -> tuple[list[bytes | None], _Settings] | None:

@@ -386,3 +386,29 @@ def test_a_message_away_from_home_leaves_no_id_entry_behind(db: Database) -> Non
     assert [m.id for m in got if m is not None] == ids
     assert [run_transaction(db, lambda tr, i=i: tr.get(q.keys.id_key(i))) for i in ids] == [None] * 4  # type: ignore[misc]
     assert q.get(db, ids[3]) is None
+
+
+def test_threads_taking_from_one_handle_take_every_message_once(db: Database) -> None:
+    """Threads share a handle and its kept run: a take that finds the run taken by another
+    thread's take (whose transaction ended, its callback not yet run) goes the long way."""
+    import threading
+
+    q = filled(db, 400)
+    got: list[bytes] = []
+    errors: list[BaseException] = []
+
+    def drain() -> None:
+        try:
+            while (m := take(db, q)) is not None:
+                got.append(m.payload)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=drain) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == []
+    assert sorted(got) == sorted(f"m{i}".encode() for i in range(400))
+    assert counts(db) == (0, 0, 400)
