@@ -412,3 +412,43 @@ def test_threads_taking_from_one_handle_take_every_message_once(db: Database) ->
     assert errors == []
     assert sorted(got) == sorted(f"m{i}".encode() for i in range(400))
     assert counts(db) == (0, 0, 400)
+
+
+def test_decode_fields_is_record_decode_or_none_for_every_shape() -> None:
+    """The step's decode answers with Record.decode's fields or not at all (the long way then
+    decodes or reports the damage): plain, headers, extra, TTL, chunks; a flipped byte, another
+    spacing, a list of seven fields, an object, bad text, too short."""
+    import json
+    import zlib
+
+    from fdbqueue.errors import CorruptMessageError
+    from fdbqueue.store.record import Record, decode_fields
+
+    def sealed(meta: bytes, payload: bytes = b"p") -> bytes:
+        body = struct.pack("<BI", 2, len(meta)) + meta + payload
+        return body + struct.pack("<I", zlib.crc32(body))
+
+    good = [
+        Record("rab12", 1, "b", {}, 0, None, 0, {}, b"x" * 200).encode(),
+        Record("rab12", 1, "t", {"h": [1, {"a": None}]}, 3, None, 0, {}, b"text").encode(),
+        Record("rab12", 1, "j", {}, 0, 10**15, 2, {"origin": "q"}, b"").encode(),
+    ]
+    for raw in good:
+        assert decode_fields(raw) == list(Record.decode(raw))
+    spaced = sealed(json.dumps(["r1", 1, "b", {}, 0, None, 0, {}]).encode())  # ", " between fields
+    assert decode_fields(spaced) == list(Record.decode(spaced))
+    trailing = sealed(b'["r1",1,"b",{},0,null,0,{}] ')  # Record.decode's decode() answers
+    assert decode_fields(trailing) is None and Record.decode(trailing).id == "r1"
+    flipped = bytearray(good[0])
+    flipped[10] ^= 1
+    damaged = [
+        bytes(flipped),
+        sealed(b'["r1",1,"b",{},0,null,0]'),
+        sealed(b'{"id":"r1"}'),
+        sealed(b"\xff\xfe"),
+        b"\x02\x00",
+    ]
+    for raw in damaged:
+        assert decode_fields(raw) is None
+        with pytest.raises(CorruptMessageError):
+            Record.decode(raw)
