@@ -460,6 +460,9 @@ class Queue:
         staged_ok = False
         budget = Budget(TAKE_RESERVE)
         resume: bytes | None = None  # where a filtered scan goes on, after a committed transaction
+        # Where nothing conflicts and no commit is unknown (no staged set, no receipt) a take
+        # without a filter may be take_short's.
+        short = where is None and not may_conflict and not may_unknown
 
         def resumed() -> None:
             nonlocal resume
@@ -467,6 +470,11 @@ class Queue:
 
         def step(t: Transaction, attempt: Attempt) -> _Taken | _Staged | Again | Done[_Taken | _Staged]:
             nonlocal receipt, taken, staged_ok
+            if short:  # the common take's own step (ops/head.py), else the long way below
+                msg = take_short(keys, t, False)
+                if msg is not None:
+                    taken = msg
+                    return msg, False
             budget.next_transaction()
             budget.resume = resume
             if may_unknown and receipt is None:

@@ -454,14 +454,15 @@ _taken: dict[bytes, tuple[bytes, bytes]] = {}
 # choices made (take_kept, take_counted, failed_take), not another rule.
 
 
-def take_short(keys: QueueKeys, tr: Transaction) -> Message | None:
-    """The next message of a dequeue in ``tr`` (a caller's transaction) in the common case
-    above, taken and counted as ``Queue._take``'s kept-head take does; None, having written and
-    kept nothing, when the case is another: the caller takes the long way in the same ``tr``.
+def take_short(keys: QueueKeys, tr: Transaction, in_caller: bool = True) -> Message | None:
+    """The next message of a dequeue in ``tr`` in the common case above, taken and counted as
+    ``Queue._take``'s kept-head take does; None, having written and kept nothing, when the case
+    is another: the caller takes the long way in the same ``tr``.
 
     Composes inside the caller's transaction: the message is gone when it commits (the rest of
-    the kept run kept for the next take then), and back, with the delivery counted as failed
-    (``delivery.count_failed_attempt``), when it does not."""
+    the kept run kept for the next take then), and back when it does not, the delivery then
+    counted as failed (``delivery.count_failed_attempt``) when ``in_caller`` (a caller's
+    transaction; a dequeue's own retried one counts none, as ``Queue._take``)."""
     db = tr.db
     entry = _kept.get((id(db), keys.packed))
     # (the long way's keeps_head and kept_run: a run to use, not paused; nothing conflicts)
@@ -508,8 +509,8 @@ def take_short(keys: QueueKeys, tr: Transaction) -> Message | None:
     if len(run) > 1:  # keep_run's, in the same entry: its wake and version are as read
         entry.run = run[1:]
         entry.ready = ready
-        tr.on_finish(partial(_landed_or_failed, entry, keys, db, msg))
-    else:
+        tr.on_finish(partial(_landed_or_failed, entry, keys, db, msg) if in_caller else entry.landed)
+    elif in_caller:
         tr.on_finish(partial(failed_take, keys, db, msg))
     return msg
 

@@ -452,3 +452,42 @@ def test_decode_fields_is_record_decode_or_none_for_every_shape() -> None:
         assert decode_fields(raw) is None
         with pytest.raises(CorruptMessageError):
             Record.decode(raw)
+
+
+def test_a_dequeue_in_its_own_transaction_takes_the_short_step_and_survives_a_refused_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``dequeue(db)`` on the embedded engine (no staged set, no receipt) tries the step too. A
+    commit SQLite refuses (a trigger on the store file) takes nothing and keeps no run: the
+    next dequeue hands out the same message, its delivery not counted (the engine's failure,
+    not the message's), and every message once, the counts exact."""
+    import sqlite3
+
+    from fdbqueue.errors import StoreError
+
+    d = fdbqueue.open(f"sqlite://{tmp_path / 'q.db'}?sync=normal")
+    try:
+        q = filled(d, 10)
+        assert payloads([q.dequeue(d)]) == [b"m0"]
+        with monkeypatch.context() as m:
+            long_way_refused(m)
+            assert payloads([q.dequeue(d), q.dequeue(d)]) == [b"m1", b"m2"]
+        head = next(iter(q.browse(d)))
+        assert head.payload == b"m3"
+        conn = sqlite3.connect(tmp_path / "q.db")
+        conn.execute(
+            f"CREATE TRIGGER refuse BEFORE DELETE ON kv WHEN OLD.k = x'{head.key.hex()}' "
+            "BEGIN SELECT RAISE(ABORT, 'refused'); END"
+        )
+        conn.commit()
+        with pytest.raises(StoreError):
+            q.dequeue(d)
+        conn.execute("DROP TRIGGER refuse")
+        conn.commit()
+        conn.close()
+        again = q.dequeue(d)
+        assert again is not None and again.payload == b"m3" and again.deliveries == 1
+        assert payloads([q.dequeue(d) for _ in range(7)]) == [f"m{i}".encode() for i in range(4, 10)]
+        assert counts(d) == (0, 0, 10)
+    finally:
+        d.close()
