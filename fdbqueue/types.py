@@ -316,6 +316,42 @@ class Message:
         )
         return m
 
+    @classmethod
+    def handed_out(
+        cls,
+        queue: str,
+        priority: int,
+        key: bytes,
+        msg_id: str,
+        enqueued_us: int,
+        content_type: str,
+        headers: Mapping[str, Any],
+        deliveries: int,
+        payload: bytes,
+    ) -> Message:
+        """``from_record(rec, queue, priority, key, payload, delivered=True)`` of a record with
+        no TTL and nothing extra (a dequeue of the head: ``ops/head.py`` ``take_short``), given
+        its fields as decoded, without a record: the same Message."""
+        m = object.__new__(cls)
+        m.__dict__.update(
+            {
+                "id": msg_id,
+                "payload": payload,
+                "queue": queue,
+                "priority": priority,
+                "enqueued_at": enqueued_us / 1e6,
+                "deliveries": deliveries + True,
+                "headers": MappingProxyType(dict(headers)) if headers else _NOTHING,
+                "content_type": _CONTENT_TYPES[content_type],
+                "expires_at": None,
+                "key": key,
+                "receipt": None,
+                "lease_deadline": None,
+                "extra": _NOTHING,
+            }
+        )
+        return m
+
 
 _CONTENT_TYPES = {ct.value: ct for ct in ContentType}
 

@@ -43,7 +43,6 @@ from fdbqueue.ops.browse import browse, nth_in_order
 from fdbqueue.ops.delivery import (
     ack_in,
     check_lease_seconds,
-    count_failed_attempt,
     extend_in,
     locate,
     message_elsewhere,
@@ -53,7 +52,16 @@ from fdbqueue.ops.delivery import (
     to_message,
 )
 from fdbqueue.ops.enqueuing import deduplicated, enqueue_items, enqueue_one
-from fdbqueue.ops.head import TAKE_KEPT, TAKE_RESERVE, deliverable_head, keeps_head, take_counted, take_kept
+from fdbqueue.ops.head import (
+    TAKE_KEPT,
+    TAKE_RESERVE,
+    deliverable_head,
+    failed_take,
+    keeps_head,
+    take_counted,
+    take_kept,
+    take_short,
+)
 from fdbqueue.ops.items import batch_items, new_item
 from fdbqueue.ops.leasing import lease_batch
 from fdbqueue.ops.moves import move_corrupt, take, wake
@@ -75,6 +83,11 @@ from fdbqueue.types import AutonomousId, Item, Message, SweepStats, check_durati
 
 log = logging.getLogger("fdbqueue")
 R = TypeVar("R")
+
+
+# The classes of the transactions adopt gives back as they are (an engine's own): Queue.dequeue
+# asks it once per class.
+_joined: set[type] = set()
 
 
 class _Staged:
@@ -217,8 +230,14 @@ class Queue:
         ``where`` takes the oldest message whose headers match; with ``fallback`` the
         oldest message when none matches.
         """
+        if where is None and not timeout and tr.__class__ in _joined:
+            # The common call in a caller's transaction: its own step (ops/head.py take_short),
+            # else the long way in the same transaction.
+            msg = take_short(self.keys, tr)  # type: ignore[arg-type]
+            return msg if msg is not None else self._take(tr, None, False, in_caller=True)  # type: ignore[arg-type]
         tr = adopt(tr)
         if is_transaction(tr):
+            _joined.add(tr.__class__)  # (adopt gave it back as it is: an engine's transaction)
             _check_mapping(where)
             if timeout:
                 raise QueueError(
@@ -441,6 +460,9 @@ class Queue:
         staged_ok = False
         budget = Budget(TAKE_RESERVE)
         resume: bytes | None = None  # where a filtered scan goes on, after a committed transaction
+        # Where nothing conflicts and no commit is unknown (no staged set, no receipt) a take
+        # without a filter may be take_short's.
+        short = where is None and not may_conflict and not may_unknown
 
         def resumed() -> None:
             nonlocal resume
@@ -448,6 +470,11 @@ class Queue:
 
         def step(t: Transaction, attempt: Attempt) -> _Taken | _Staged | Again | Done[_Taken | _Staged]:
             nonlocal receipt, taken, staged_ok
+            if short:  # the common take's own step (ops/head.py), else the long way below
+                msg = take_short(keys, t, False)
+                if msg is not None:
+                    taken = msg
+                    return msg, False
             budget.next_transaction()
             budget.resume = resume
             if may_unknown and receipt is None:
@@ -533,7 +560,7 @@ class Queue:
                 if not take_counted(tr, keys, key, rec, raw, cfg.journal):
                     take(tr, keys, key, rec, journaled=cfg.journal)
                 if in_caller:
-                    tr.on_finish(partial(_failed, keys, tr.db, msg))
+                    tr.on_finish(partial(failed_take, keys, tr.db, msg))
                 return msg
         counts = raw if kept and head is None else None  # with the ready and wake counters
         clean: list[bool] = []  # deliverable_head: nothing moved, the counters read still current
@@ -567,7 +594,7 @@ class Queue:
         if not (clean and take_counted(tr, keys, key, rec, raw, cfg.journal)):
             take(tr, keys, key, rec, journaled=cfg.journal)
         if in_caller:
-            tr.on_finish(partial(_failed, keys, tr.db, msg))
+            tr.on_finish(partial(failed_take, keys, tr.db, msg))
         return msg
 
     # -- examining without consuming ----------------------------------------------------------
@@ -644,13 +671,6 @@ class Queue:
         delayed one is shown where a dequeue would make it ready, before any sweep.
         """
         return browse(self.keys, tr, limit=limit, batch=batch)
-
-
-def _failed(keys: QueueKeys, db: Any, msg: Message, error: EngineError | None) -> None:
-    """A dequeue in a caller's transaction (``Transaction.on_finish``): the delivery counts as
-    failed when that transaction does not commit."""
-    if error is not None:
-        count_failed_attempt(keys, db, msg, error)
 
 
 def _check_mapping(where: object) -> None:

@@ -11,20 +11,23 @@ from __future__ import annotations
 import struct
 import weakref
 from collections.abc import Mapping
+from functools import partial
 from operator import itemgetter
 from typing import Any
 
 from fdbqueue.engines.contract import KeyValue, Transaction
 from fdbqueue.errors import CorruptMessageError, EngineError, QueueError
 from fdbqueue.ops import journaling
+from fdbqueue.ops.delivery import count_failed_attempt
 from fdbqueue.ops.moves import count_known, move_corrupt, remove_message
 from fdbqueue.ops.scan import KEYS, ReadyScan, expire_within
 from fdbqueue.ops.sweep import sweep_step
 from fdbqueue.ops.waiting import next_due
 from fdbqueue.store.budget import Budget
-from fdbqueue.store.config import LEASE_COUNTERS, TAKE_COUNTERS, QueueConfig
+from fdbqueue.store.config import LEASE_COUNTERS, TAKE_COUNTERS, QueueConfig, read_take
 from fdbqueue.store.layout import QueueKeys
-from fdbqueue.store.record import Record, decode_record
+from fdbqueue.store.record import Record, decode_fields, decode_record
+from fdbqueue.types import Message
 
 HEAD_SKIP_LIMIT = 100  # expired messages the staged dequeue looks past per pairing batch
 HEAD_BATCH = 64  # the head scan reads 1, then 8, then up to this many records at a time
@@ -33,7 +36,7 @@ FILTER_BATCH = 100
 # Kept back from a dequeue's or lease's budget for the message it takes: the leased record
 # (at most the value limit) and its index entries.
 TAKE_RESERVE = 110_000
-KEPT_RUN = 8  # ready records a head read takes for the takes after it (a kept head, below)
+KEPT_RUN = 32  # ready records a head read takes for the takes after it (a kept head, below)
 KEPT_BYTES = 64 * 1024  # of their values at most
 # Kept runs a process holds, the oldest dropped first: at KEPT_BYTES each, 16 MB at most
 # however many queues one process takes from (a Worker over a pattern of thousands).
@@ -434,3 +437,101 @@ def take_counted(
 
 
 _taken: dict[bytes, tuple[bytes, bytes]] = {}
+
+
+# -- the common dequeue's own step ----------------------------------------------------------------
+#
+# Most dequeues in a caller's transaction on the embedded engine are the same: a queue with no
+# owner, open, without strict order or a volatile prefix; nothing delayed or leased; the head
+# the kept run's first record, without TTL, chunks or extra fields. take_short does that one
+# case straight from what it reads: the metadata version and the counters in one read, the
+# settings this process last found for the queue (config.read_take: only while they are the
+# queue's at that version), the record's fields (record.decode_fields: no Record), the Message
+# from them (Message.handed_out), three writes (the record cleared, the ready and done counters
+# set to what was read less and plus one) and one callback for the end of the transaction. Any
+# other case, found before anything is written or kept, takes the long way (Queue._take), which
+# reads again and acts as it always did: the step is the long way's kept-head take with its
+# choices made (take_kept, take_counted, failed_take), not another rule.
+
+
+def take_short(keys: QueueKeys, tr: Transaction, in_caller: bool = True) -> Message | None:
+    """The next message of a dequeue in ``tr`` in the common case above, taken and counted as
+    ``Queue._take``'s kept-head take does; None, having written and kept nothing, when the case
+    is another: the caller takes the long way in the same ``tr``.
+
+    Composes inside the caller's transaction: the message is gone when it commits (the rest of
+    the kept run kept for the next take then), and back when it does not, the delivery then
+    counted as failed (``delivery.count_failed_attempt``) when ``in_caller`` (a caller's
+    transaction; a dequeue's own retried one counts none, as ``Queue._take``)."""
+    db = tr.db
+    entry = _kept.get((id(db), keys.packed))
+    # (the long way's keeps_head and kept_run: a run to use, not paused; nothing conflicts)
+    if entry is None or entry.pause or not entry.run or getattr(db, "may_conflict", True):
+        return None
+    found = read_take(tr, keys)
+    if found is None:
+        return None
+    values, settings, read = found  # version, ready, wake, inflight, delayed, done (and their keys)
+    version, ready, wake, inflight, delayed, done = values
+    if (inflight is not None and inflight != _ZERO) or (delayed is not None and delayed != _ZERO):
+        return None  # delayed or leased messages may have come due: the long way's due check
+    if entry.ready != ready or entry.wake != wake or entry.version != version or entry.db() is not db:
+        return None  # the ready set changed, or another queue under the name: kept_run says so
+    run = entry.run
+    key, raw = run[0]
+    fields = decode_fields(raw)
+    if fields is None:
+        return None
+    msg_id, enqueued_us, content_type, headers, deliveries, expires_us, chunks, extra, payload = fields
+    if expires_us is not None or chunks or extra:
+        return None  # a TTL to check, chunks to read, a retry delay (not_before) or more
+    try:  # count_known's arithmetic (ready is 8 bytes: entry.ready is); past 64 bits: the long way
+        ready = _PACK(_UNPACK(ready)[0] - 1)
+        done = _ONE if done is None else _PACK(_UNPACK(done)[0] + 1)
+    except struct.error:
+        return None
+    msg = Message.handed_out(
+        keys.name, keys.priority_of(key), key, msg_id, enqueued_us, content_type, headers, deliveries, payload
+    )
+    # Taken out (kept_run: a run serves one take), unless another thread's take of this queue
+    # on this handle took it since the lookup above (its transaction ended before this one
+    # read: the engine's one writer) and has not yet put it back: the long way then.
+    if _kept.pop((id(db), keys.packed), None) is not entry:
+        return None
+    # Decided: from here on as the long way writes (remove_message, count_known, take_counted).
+    tr.clear(key)
+    if key != keys.home_key(msg_id):  # at home it has no id entry
+        tr.clear(keys.id_key(msg_id))
+    tr.set(read[1], ready)
+    tr.set(read[5], done)
+    if settings.config.journal:  # type: ignore[union-attr]  # (read_take: never None)
+        journaling.record(tr, keys, "dequeue", msg_id, deliveries=deliveries + 1)
+    if len(run) > 1:  # keep_run's, in the same entry: its wake and version are as read
+        entry.run = run[1:]
+        entry.ready = ready
+        tr.on_finish(partial(_landed_or_failed, entry, keys, db, msg) if in_caller else entry.landed)
+    elif in_caller:
+        tr.on_finish(partial(failed_take, keys, db, msg))
+    return msg
+
+
+def _landed_or_failed(
+    entry: _Kept, keys: QueueKeys, db: Any, msg: Message, error: EngineError | None
+) -> None:
+    """take_short's ``on_finish``: the rest of the run kept once the take's commit landed
+    (``_Kept.landed``), the delivery counted as failed when it did not (:func:`failed_take`)."""
+    if error is None:
+        entry.landed(None)
+    else:
+        count_failed_attempt(keys, db, msg, error)
+
+
+def failed_take(keys: QueueKeys, db: Any, msg: Message, error: EngineError | None) -> None:
+    """A dequeue in a caller's transaction (``Transaction.on_finish``): the delivery counts as
+    failed when that transaction does not commit."""
+    if error is not None:
+        count_failed_attempt(keys, db, msg, error)
+
+
+_ZERO = bytes(8)
+_ONE = _PACK(1)

@@ -392,8 +392,9 @@ _settings_lock = threading.Lock()
 # The settings each queue's last read_meta found, with the database they were read from: one
 # dict lookup for the common case of one database, before the per-database cache above.
 # (the database, its settings, whether they set a max_size, the longest payload a plain
-# enqueue may take read_plain's way with them: -1 when none may, _plain_limit)
-_Hot = tuple[weakref.ref[Any], _Settings, bool, int]
+# enqueue may take read_plain's way with them: -1 when none may, _plain_limit; the keys a
+# plain take reads read_take's way with them: None when none may, _take_keys)
+_Hot = tuple[weakref.ref[Any], _Settings, bool, int, "list[bytes] | None"]
 _hot: dict[bytes, _Hot] = {}
 
 
@@ -487,7 +488,7 @@ def _settings_at(tr: Transaction, keys: QueueKeys, version: bytes | None, hot: _
         if len(_hot) > 4096:  # a process touching very many queues: start again
             _hot.clear()
         bounded = cached.config is not None and cached.config.max_size is not None
-        _hot[keys.packed] = (ref, cached, bounded, _plain_limit(cached))
+        _hot[keys.packed] = (ref, cached, bounded, _plain_limit(cached), _take_keys(keys, cached))
     return cached
 
 
@@ -508,6 +509,47 @@ def _plain_limit(settings: _Settings) -> int:
     ):
         return -1
     return min(cfg.max_payload, MAX_PAYLOAD_BYTES)
+
+
+def _take_keys(keys: QueueKeys, settings: _Settings) -> list[bytes] | None:
+    """What a dequeue of the head reads :func:`read_take`'s way under ``settings``, or None when
+    it may not: each condition is one the dequeue's long way (api/queue.py ``Queue._take``)
+    would act on - no queue (nothing to hand out), an owner whose rights to check, dequeues
+    disabled, strict order (one delivery in flight at a time), a volatile prefix to declare.
+    The keys: the metadata version and the ready, wake, inflight, delayed and done counters."""
+    cfg = settings.config
+    if (
+        cfg is None
+        or settings.owner is not None
+        or not settings.state.dequeue
+        or cfg.strict_order
+        or cfg.volatile
+    ):
+        return None
+    c = keys.counter
+    return [keys.metadata_version, c("ready"), c("wake"), c("inflight"), c("delayed"), c("done")]
+
+
+def read_take(tr: Transaction, keys: QueueKeys) -> tuple[list[bytes | None], _Settings, list[bytes]] | None:
+    """:func:`read_meta_for` of a dequeue of the head (``TAKE_KEPT``'s counters), in a
+    transaction where nothing conflicts (the caller asks ``engine_traits``' first), when the
+    settings this process last found for the queue are those at the metadata version read and
+    need none of the dequeue's checks (:func:`_take_keys`). Then what it read - the metadata
+    version, the ready, wake, inflight, delayed and done counters, in that order, snapshot
+    reads as ``read_meta_for``'s -, those settings and the keys read (not to be changed by
+    the caller); else None, read or not, and the caller
+    takes ``read_meta_for``'s way, which refreshes them. As safe as :func:`read_plain`: every
+    change of settings, state or markers writes a new random metadata version in its
+    transaction (:func:`bump_metadata_version`), so settings found at the version read are
+    the settings now."""
+    hot = _hot.get(keys.packed)
+    if hot is None or (wanted := hot[4]) is None:
+        return None
+    values = tr.snapshot.get_many(wanted)
+    settings = hot[1]
+    if values[0] != settings.version or hot[0]() is not tr.db:
+        return None
+    return values, settings, wanted
 
 
 def read_plain(tr: Transaction, keys: QueueKeys, size: int) -> tuple[list[bytes | None], _Settings] | None:

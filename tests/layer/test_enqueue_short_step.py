@@ -283,3 +283,48 @@ def test_a_journaled_short_enqueue_writes_records_entry_byte_for_byte(tmp_path: 
         assert [h.version for h in fdbqueue.history(tr, mid)] == [e.version]
     tr.cancel()
     db.close()
+
+
+def test_a_new_priority_gets_its_marker_and_a_new_metadata_version(tmp_path: Path) -> None:
+    """The short step counts a message of a priority the queue has a marker for; one of a new
+    priority goes through count_new, which writes the marker and a new metadata version."""
+    db = fdbqueue.open(url_of(tmp_path))
+    q = Queue("jobs")
+    warm(q, db)
+
+    def marker_and_version(p: int) -> tuple[object, object]:
+        return run_transaction(
+            db, lambda tr: (tr.get(q.keys.priority_marker(p)), tr.get(q.keys.metadata_version))
+        )
+
+    before = marker_and_version(7)
+    assert before[0] is None
+    q.enqueue(db, b"high", priority=7)
+    after = marker_and_version(7)
+    assert after[0] == b"" and after[1] != before[1]
+    q.enqueue(db, b"high 2", priority=7)
+    assert marker_and_version(7) == after  # known now: no new version
+    db.close()
+
+
+def test_counters_at_their_limit_or_of_another_length_are_counted_as_an_add_would(tmp_path: Path) -> None:
+    """The short step sets the ready and wake counters to what it read plus one; a ready counter
+    at 2**63 - 1 wraps as FoundationDB's ADD does, and one of four bytes is widened as the add's
+    operand: both are left to count_new, which counts as an add."""
+    import struct
+
+    db = fdbqueue.open(url_of(tmp_path))
+    q = Queue("jobs")
+    warm(q, db)
+    ready = q.keys.counter("ready")
+
+    def set_ready(value: bytes) -> None:
+        run_transaction(db, lambda tr: tr.set(ready, value))
+
+    set_ready(struct.pack("<q", 2**63 - 1))
+    q.enqueue(db, b"wraps")
+    assert run_transaction(db, lambda tr: tr.get(ready)) == struct.pack("<q", -(2**63))
+    set_ready(b"\x05\x00\x00\x00")
+    q.enqueue(db, b"widens")
+    assert run_transaction(db, lambda tr: tr.get(ready)) == struct.pack("<q", 6)
+    db.close()
