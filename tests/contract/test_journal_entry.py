@@ -47,9 +47,13 @@ def test_one_call_writes_what_its_templates_write(db: Database) -> None:
         for order, entry, value, pointer, pointer_value, bell in CALLS:
             if not through_templates:
                 tr.set_journal_entry(
-                    order, prefix + entry, value, None if pointer is None else prefix + pointer, pointer_value,
+                    order,
+                    prefix + entry,
+                    value,
+                    None if pointer is None else prefix + pointer,
+                    pointer_value,
                     None if bell is None else prefix + bell,
-                )  # fmt: skip
+                )
                 continue
             tr.set_versionstamped_key(template(prefix + entry, order), value)
             if pointer is not None:
@@ -89,7 +93,9 @@ def test_entries_of_two_commits_order_by_commit_then_by_order(db: Database) -> N
     a, b = stamps
     assert a < b
     entries = db.get_range_startswith(b"e/")  # type: ignore[attr-defined]
-    assert [(k, v) for k, v in entries] == [(b"e/" + s + bytes((0, o)), b"%d" % o) for s in (a, b) for o in (0, 1)]
+    assert [(k, v) for k, v in entries] == [
+        (b"e/" + s + bytes((0, o)), b"%d" % o) for s in (a, b) for o in (0, 1)
+    ]
     assert db[b"bell"] == b  # type: ignore[index]
 
 
@@ -137,4 +143,8 @@ def test_the_longest_prefixes_and_values_are_written(db: Database) -> None:
     tr.commit()
     s = stamp.wait()
     got = {kv.key: len(kv.value) for kv in db.get_range(b"", b"\xff")}  # type: ignore[attr-defined]
-    assert got == {b"b" * 10_000: 10, b"e" * 9_988 + s + b"\x00\x07": 100_000, b"p" * 9_988 + s + b"\x00\x07": 100_000}
+    assert got == {
+        b"b" * 10_000: 10,
+        b"e" * 9_988 + s + b"\x00\x07": 100_000,
+        b"p" * 9_988 + s + b"\x00\x07": 100_000,
+    }

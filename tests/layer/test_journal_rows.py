@@ -43,7 +43,9 @@ def _journal_rows(db: Database) -> dict[bytes, bytes]:
     return got
 
 
-def _check(db: Database, stamp: bytes, entries: list[fdbqueue.JournalEntry], rows: dict[bytes, bytes]) -> None:
+def _check(
+    db: Database, stamp: bytes, entries: list[fdbqueue.JournalEntry], rows: dict[bytes, bytes]
+) -> None:
     """``rows`` (what one commit added or changed) are the rows the templates name for
     ``entries`` (its entries, in their order) and its bell, each entry's value ``json.dumps``
     of its fields."""
