@@ -172,17 +172,17 @@ class WriteApplication:
             and type(pointer_value) is bytes
             and type(order) is int
             and 0 <= order <= 0xFFFF
-            and len(entry) <= _PREFIX_MAX
-            and len(pointer) <= _PREFIX_MAX
-            and len(value) <= VALUE_SIZE_LIMIT
-            and len(pointer_value) <= VALUE_SIZE_LIMIT
+            # the two prefixes and the two values within one's limit: each is (or the generic
+            # way decides)
+            and (keys := len(entry) + len(pointer)) <= _PREFIX_MAX
+            and (values := len(value) + len(pointer_value)) <= VALUE_SIZE_LIMIT
             and entry < SYSTEM_KEYS
             and pointer < SYSTEM_KEYS
         ):
             # Each key's size as set_versionstamped_key counts its template (the prefix, 12
             # bytes of stamp and order, 4 of offset: 3 * len - 8), the bell's as
             # set_versionstamped_value counts its 14-byte template.
-            size = 2 * _SET_BYTES + 3 * (len(entry) + len(pointer)) + 80 + len(value) + len(pointer_value)
+            size = 2 * _SET_BYTES + 80 + 3 * keys + values
             at = _ENTRY - order
             if bell is None:
                 self._stamped += ((at, entry, value), (at, pointer, pointer_value))
@@ -298,10 +298,16 @@ class WriteApplication:
         try:
             if None in sets.values():  # clears too (a dequeue, a lease, an ack): BEGIN .. COMMIT
                 self._open_sql()
+                dels: list[tuple[bytes]] = []
+                puts: list[bytes | None] = []
+                for k, v in sets.items():  # one pass: the clears' rows and the sets' pairs
+                    if v is None:
+                        dels.append((k,))
+                    else:
+                        puts += (k, v)
                 # The clears first: a stamped key that fills to a key cleared wins, as when
                 # the stamped rows are applied after every other write.
-                conn.executemany(_DEL, [(k,) for k, v in sets.items() if v is None])
-                puts: list[bytes | None] = [x for kv in sets.items() if kv[1] is not None for x in kv]
+                conn.executemany(_DEL, dels)
                 puts += chain.from_iterable(rows)
                 self._put_rows(conn, puts)
                 conn.execute("COMMIT")
