@@ -356,7 +356,9 @@ def check_value(value: object) -> bytes:
 
 # set_versionstamped_value's template of a value that is the commit's 10-byte stamp (a bell's)
 BELL_TEMPLATE = b"\x00" * 10 + (0).to_bytes(4, "little")
-_NO_STAMP = b"\x00" * 10
+# An incomplete versionstamp's 10 bytes in a key template, as fdb.tuple writes them (the
+# commit writes the stamp over them): journal_templates' are byte for byte fdb.tuple's.
+_NO_STAMP = b"\xff" * 10
 
 
 def journal_templates(
@@ -376,9 +378,10 @@ def journal_templates(
         check_bytes("key", prefix)
         if len(prefix) + 12 > KEY_SIZE_LIMIT:
             raise EngineError(2102, f"key of {len(prefix) + 12} bytes exceeds {KEY_SIZE_LIMIT}")
-        if prefix >= SYSTEM_KEYS:
+        key = prefix + tail
+        if key >= SYSTEM_KEYS:  # as the template is checked: an empty prefix is all 0xff
             raise EngineError(2004, "keys at or after b'\\xff' are reserved")
-        keys.append(prefix + tail + len(prefix).to_bytes(4, "little"))
+        keys.append(key + len(prefix).to_bytes(4, "little"))
     check_value(value)
     if pointer is not None:
         check_value(pointer_value)

@@ -111,6 +111,8 @@ BAD: list[tuple[tuple[Any, ...], type[Exception], int | None]] = [
     ((-1, b"e/", b"v", b"p/", b"", None), EngineError, 2006),
     ((65_536, b"e/", b"v", b"p/", b"", None), EngineError, 2006),
     ((0, b"\xff/e/", b"v", b"p/", b"", None), EngineError, 2004),
+    ((0, b"", b"v", b"p/", b"", None), EngineError, 2004),  # the template: all 0xff up to the order
+    ((0, b"e/", b"v", b"", b"", None), EngineError, 2004),
     ((0, b"e/", b"v", b"\xff", b"", None), EngineError, 2004),
     ((0, b"e/", b"v", b"p/", b"", b"\xff\x01"), EngineError, 2004),
     ((0, b"k" * 9_989, b"v", b"p/", b"", None), EngineError, 2102),  # one byte too long once stamped

@@ -176,8 +176,9 @@ class WriteApplication:
             # way decides)
             and (keys := len(entry) + len(pointer)) <= _PREFIX_MAX
             and (values := len(value) + len(pointer_value)) <= VALUE_SIZE_LIMIT
-            and entry < SYSTEM_KEYS
-            and pointer < SYSTEM_KEYS
+            # below the system keys once their templates' 0xff stamp bytes follow
+            and b"" < entry < SYSTEM_KEYS
+            and b"" < pointer < SYSTEM_KEYS
         ):
             # Each key's size as set_versionstamped_key counts its template (the prefix, 12
             # bytes of stamp and order, 4 of offset: 3 * len - 8), the bell's as
