@@ -263,6 +263,7 @@ _WRITES = (
     "append_if_fits",
     "set_versionstamped_key",
     "set_versionstamped_value",
+    "set_journal_entry",
     "watch",
 )
 _CONFLICTS = (

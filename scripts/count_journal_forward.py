@@ -4,7 +4,11 @@ callgrind as ``scripts/count_instructions.py`` counts them: (I(2n) - I(n)) / n o
 on ``sqlite://...?sync=normal`` (the fsync is not an instruction), ``PYTHONHASHSEED=0``.
 
 - **journal**: enqueue, ``dequeue(tr)`` and lease + ack on a journaled queue beside the same on
-  a plain queue of the same store (issue 30: journal on >= 0.85 of off);
+  a plain queue (issue 30: journal on >= 0.85 of off). Both runs of an operation (n and 2n)
+  start from the same store: ``enqueue_many`` of 2n + 10 messages, so that the difference is
+  the operations' alone (until issue 30's sixth pass each run filled n + 10, and the journaled
+  figures carried a journaled ``enqueue_many``'s message, about 100k instructions more than a
+  plain one's); then the WAL frames (pages) a commit writes, read from the WAL index;
 - **forward**: a message forwarded between two embedded stores (batch 100) by the leased and
   by the exclusive forwarder, beside ``enqueue_many`` of batches of 100 into the destination
   (issue 30: the leased forwarder >= 0.5 of ``enqueue_many``); and the share of a leased
@@ -23,6 +27,7 @@ import argparse
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -38,8 +43,9 @@ JOURNAL_OPS = ("enqueue", "dequeue", "lease_ack")
 FORWARDS = ("enqueue_many", "leased", "exclusive", "source")
 
 
-def child(what: str, op: str, n: int) -> None:
-    """Run ``n`` of ``op`` (valgrind counts the whole process; the parent subtracts)."""
+def child(what: str, op: str, n: int, fill: int = 0) -> None:
+    """Run ``n`` of ``op`` (valgrind counts the whole process; the parent subtracts) on a
+    journal store of ``fill`` messages (at least ``n + 10``)."""
     with tempfile.TemporaryDirectory() as tmp:
         if what == "forward":
             src = fdbqueue.open(f"sqlite:///{tmp}/src.db?sync=normal")
@@ -65,8 +71,9 @@ def child(what: str, op: str, n: int) -> None:
         db = fdbqueue.open(f"sqlite:///{tmp}/q.db?sync=normal")
         fdbqueue.create_queue(db, "jobs", journal=journaled == "1")
         q = Queue("jobs")
-        for lo in range(0, n + 10, 500):
-            q.enqueue_many(db, [PAYLOAD] * min(500, n + 10 - lo))
+        fill = max(fill, n + 10)
+        for lo in range(0, fill, 500):
+            q.enqueue_many(db, [PAYLOAD] * min(500, fill - lo))
         for _ in range(3):  # settings cached, pages warm
             q.enqueue(db, PAYLOAD)
             q.dequeue(db)
@@ -86,12 +93,61 @@ def child(what: str, op: str, n: int) -> None:
                 q.ack(db, m)
 
 
+# The WAL index header at the start of ``-shm`` (https://www.sqlite.org/walformat.html, 2.1,
+# native byte order): mxFrame, the frames the WAL holds, at 16; the salts at 32, which change
+# when a checkpoint lets the next writer start the WAL again.
+_WAL_INDEX = struct.Struct("=16xI12x8s")
+
+
+def _wal(path: str) -> tuple[int, bytes]:
+    with open(path + "-shm", "rb") as f:
+        frames, salts = _WAL_INDEX.unpack(f.read(_WAL_INDEX.size))
+    return int(frames), bytes(salts)
+
+
+def pages(op: str, n: int) -> float:
+    """WAL frames (pages written: 4 KiB each, and a 24-byte header) ``op`` appends an operation,
+    on the embedded engine after :func:`child`'s fill, counted op by op from the WAL index
+    (an operation during which the WAL started again is not counted). Not instructions: at
+    ``sync=full`` each is written and made durable by the commit's fsync."""
+    kind, _, journaled = op.partition(":")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/q.db"
+        db = fdbqueue.open(f"sqlite:///{path}?sync=normal")
+        fdbqueue.create_queue(db, "jobs", journal=journaled == "1")
+        q = Queue("jobs")
+        for lo in range(0, 2 * n + 10, 500):
+            q.enqueue_many(db, [PAYLOAD] * min(500, 2 * n + 10 - lo))
+
+        @fdbqueue.transactional
+        def take(tr: fdbqueue.Transaction) -> fdbqueue.Message | None:
+            return q.dequeue(tr)
+
+        written = counted = 0
+        for i in range(n + 3):
+            before = _wal(path)
+            if kind == "enqueue":
+                q.enqueue(db, PAYLOAD)
+            elif kind == "dequeue":
+                take(db)
+            else:
+                m = q.lease(db)
+                assert m is not None
+                q.ack(db, m)
+            after = _wal(path)
+            if i >= 3 and after[1] == before[1] and after[0] >= before[0]:  # the first 3 warm up
+                written += after[0] - before[0]
+                counted += 1
+        db.close()
+    return written / max(counted, 1)
+
+
 def instructions(what: str, op: str, n: int) -> float:
     counts = []
     for k in (n, 2 * n):
         out = subprocess.run(
             ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
-             os.path.abspath(__file__), "--child", what, op, str(k)],
+             os.path.abspath(__file__), "--child", what, op, str(k), str(2 * n + 10)],
             capture_output=True, text=True, check=True, env={**os.environ, "PYTHONHASHSEED": "0"},
         )  # fmt: skip
         found = re.search(r"Collected : (\d+)", out.stderr)
@@ -106,7 +162,7 @@ def seconds(what: str, op: str, n: int) -> float:
     times = []
     for k in (n, 2 * n):
         start = time.perf_counter()
-        child(what, op, k)
+        child(what, op, k, 2 * n + 10)
         times.append(time.perf_counter() - start)
     return (times[1] - times[0]) * 1e6 / n
 
@@ -121,10 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=200, help="operations (messages) of the shorter run")
     ap.add_argument("--what", default="journal,forward")
     ap.add_argument("--smoke", action="store_true", help="n=10, timed instead of counted")
-    ap.add_argument("--child", nargs=3, metavar=("WHAT", "OP", "N"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=4, metavar=("WHAT", "OP", "N", "FILL"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        child(args.child[0], args.child[1], int(args.child[2]))
+        child(args.child[0], args.child[1], int(args.child[2]), int(args.child[3]))
         return 0
     measure, n = instructions, args.n
     if args.smoke:
@@ -139,6 +195,10 @@ def main(argv: list[str] | None = None) -> int:
             plain, journaled = (measure("journal", f"{op}:{j}", n) for j in (0, 1))
             print(f"{op:12} plain {plain:11,.0f}  journaled {journaled:11,.0f}  "
                   f"+{journaled - plain:9,.0f}  ratio {ratio(plain, journaled)}", flush=True)  # fmt: skip
+        for op in JOURNAL_OPS:
+            plain, journaled = (pages(f"{op}:{j}", n) for j in (0, 1))
+            print(f"{op:12} WAL pages an operation: plain {plain:.2f}  journaled {journaled:.2f}  "
+                  f"+{journaled - plain:.2f}", flush=True)  # fmt: skip
     if "forward" in whats:
         direct, leased, exclusive, source = (measure("forward", op, n) for op in FORWARDS)
         # A forward's run also filled the source with enqueue_many: the same cost as ``direct``.

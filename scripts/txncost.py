@@ -184,6 +184,26 @@ class CountingTransaction(_CountingReads):
 
         self.clear_range(prefix, strinc(prefix) if prefix else b"\xff")
 
+    def set_journal_entry(
+        self,
+        order: int,
+        entry: bytes,
+        value: bytes,
+        pointer: bytes | None = None,
+        pointer_value: bytes = b"",
+        bell: bytes | None = None,
+    ) -> None:
+        """The mutations FoundationDB gets for a journal entry: its templates' (the engine's
+        ``set_journal_entry`` writes the same rows), each measured as its own call."""
+        from fdbqueue.engines.contract import BELL_TEMPLATE, journal_templates
+
+        key, pointer_key = journal_templates(order, entry, value, pointer, pointer_value, bell)
+        self.set_versionstamped_key(key, value)
+        if pointer_key is not None:
+            self.set_versionstamped_key(pointer_key, pointer_value)
+        if bell is not None:
+            self.set_versionstamped_value(bell, BELL_TEMPLATE)
+
     def __getattr__(self, name: str) -> Any:
         # Atomic ops and versionstamped writes: one mutation of key + param each.
         atomic = getattr(self._inner, name)

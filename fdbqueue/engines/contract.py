@@ -208,6 +208,27 @@ class Transaction(ReadView, Protocol):
     def append_if_fits(self, key: bytes, param: bytes) -> None: ...
     def set_versionstamped_key(self, key: bytes, value: bytes) -> None: ...
     def set_versionstamped_value(self, key: bytes, value: bytes) -> None: ...
+    def set_journal_entry(
+        self,
+        order: int,
+        entry: bytes,
+        value: bytes,
+        pointer: bytes | None = None,
+        pointer_value: bytes = b"",
+        bell: bytes | None = None,
+    ) -> None:
+        """A journal entry's rows (``fdbqueue.ops.journaling``) in one call: ``value`` at
+        ``entry`` + S and ``pointer_value`` at ``pointer`` + S (no pointer when None), S the
+        commit's 10-byte versionstamp then ``order`` as two bytes big-endian (a tuple-encoded
+        incomplete Versionstamp's 12 bytes, whose code byte the prefixes end with); and, when
+        ``bell`` is given, the commit's 10-byte versionstamp as ``bell``'s value. The same
+        writes as ``set_versionstamped_key`` of each key's template
+        (:func:`journal_templates`) and ``set_versionstamped_value(bell, BELL_TEMPLATE)``, in
+        that order; refused whole (nothing written) for what any of them would be refused
+        for, or an ``order`` outside 0..65535 (2006). An extension of the FoundationDB API, as
+        :meth:`journal_order` is: one call where a journaled operation made three."""
+        ...
+
     def add_read_conflict_range(self, begin: bytes, end: bytes) -> None: ...
     def add_read_conflict_key(self, key: bytes) -> None: ...
     def add_write_conflict_range(self, begin: bytes, end: bytes) -> None: ...
@@ -331,6 +352,42 @@ def check_value(value: object) -> bytes:
     if len(v) > VALUE_SIZE_LIMIT:
         raise EngineError(2103, f"value of {len(v)} bytes exceeds {VALUE_SIZE_LIMIT}")
     return v
+
+
+# set_versionstamped_value's template of a value that is the commit's 10-byte stamp (a bell's)
+BELL_TEMPLATE = b"\x00" * 10 + (0).to_bytes(4, "little")
+# An incomplete versionstamp's 10 bytes in a key template, as fdb.tuple writes them (the
+# commit writes the stamp over them): journal_templates' are byte for byte fdb.tuple's.
+_NO_STAMP = b"\xff" * 10
+
+
+def journal_templates(
+    order: int, entry: bytes, value: bytes, pointer: bytes | None, pointer_value: bytes, bell: bytes | None
+) -> tuple[bytes, bytes | None]:
+    """:meth:`Transaction.set_journal_entry`'s arguments checked, every one before any row is
+    written (a refused call writes none), as its templates would be checked: the entry's and
+    the pointer's key templates (``set_versionstamped_key``'s: the stamp's offset in the last
+    four bytes, little-endian)."""
+    if type(order) is not int:
+        raise TypeError(f"order must be an int, not {type(order).__name__}")
+    if not 0 <= order <= 0xFFFF:
+        raise EngineError(2006, f"a journal entry's order must be 0 to 65535, got {order}")
+    tail = _NO_STAMP + order.to_bytes(2, "big")
+    keys = []
+    for prefix in (entry,) if pointer is None else (entry, pointer):
+        check_bytes("key", prefix)
+        if len(prefix) + 12 > KEY_SIZE_LIMIT:
+            raise EngineError(2102, f"key of {len(prefix) + 12} bytes exceeds {KEY_SIZE_LIMIT}")
+        key = prefix + tail
+        if key >= SYSTEM_KEYS:  # as the template is checked: an empty prefix is all 0xff
+            raise EngineError(2004, "keys at or after b'\\xff' are reserved")
+        keys.append(key + len(prefix).to_bytes(4, "little"))
+    check_value(value)
+    if pointer is not None:
+        check_value(pointer_value)
+    if bell is not None:
+        check_write_key(bell)
+    return keys[0], keys[1] if pointer is not None else None
 
 
 def check_write_range(begin: object, end: object) -> tuple[bytes, bytes]:

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import fdb
 
 from fdbqueue.engines.contract import (
+    BELL_TEMPLATE,
     SYSTEM_KEYS,
     DatabaseConveniences,
     FinishCallback,
@@ -41,6 +42,7 @@ from fdbqueue.engines.contract import (
     check_write_key,
     check_write_range,
     clamp_end,
+    journal_templates,
     register_bindings_adapter,
     register_transaction_type,
     strinc,
@@ -371,6 +373,25 @@ class FDBTransaction(_FDBReads):
     def set_versionstamped_value(self, key: bytes, value: bytes) -> None:
         """Write ``value`` (stamped at commit at its trailing LE offset) at ``key``."""
         _call(self._writable().set_versionstamped_value, check_write_key(key), check_bytes("value", value))
+
+    def set_journal_entry(
+        self,
+        order: int,
+        entry: bytes,
+        value: bytes,
+        pointer: bytes | None = None,
+        pointer_value: bytes = b"",
+        bell: bytes | None = None,
+    ) -> None:
+        """A journal entry's rows (``contract.Transaction.set_journal_entry``): its templates,
+        every argument checked before the first mutation, as the binding's own calls."""
+        key, pointer_key = journal_templates(order, entry, value, pointer, pointer_value, bell)
+        tr = self._writable()
+        _call(tr.set_versionstamped_key, key, value)
+        if pointer_key is not None:
+            _call(tr.set_versionstamped_key, pointer_key, pointer_value)
+        if bell is not None:
+            _call(tr.set_versionstamped_value, bell, BELL_TEMPLATE)
 
     # -- conflicts, versions, watches --------------------------------------------------------
 

@@ -26,7 +26,7 @@ from collections.abc import Iterator, Mapping
 from functools import partial
 from typing import Any
 
-from fdbqueue.engines.contract import Database, Transaction, Watch, adopt, is_transaction
+from fdbqueue.engines.contract import BELL_TEMPLATE, Database, Transaction, Watch, adopt, is_transaction
 from fdbqueue.errors import NotJournaledError, QueueError, QueueNotFoundError
 from fdbqueue.ops.privileges import check, readable
 from fdbqueue.ops.steps import Emit, Run, Steps, Wait, iterate
@@ -79,7 +79,6 @@ BELLS_PER_TRANSACTION = 2_000
 POLL_SECONDS = 1.0
 TRIM_BATCH = 200  # entries one trimming transaction removes at most
 _FORMAT = 1
-_BELL = b"\x00" * 10 + (0).to_bytes(4, "little")  # the stamp at offset 0 (API 520+)
 
 
 def record(
@@ -127,8 +126,9 @@ def record_enqueue(tr: Transaction, keys: QueueKeys, message_id: str, priority: 
 
 def _append(tr: Transaction, keys: QueueKeys, message_id: str | None, value: bytes) -> None:
     """Write the entry ``value`` (about ``message_id``, None for the queue itself) under the
-    next order of ``tr``'s attempt, and the queue's bell once per queue and transaction: the
-    rows of :func:`record` and :func:`record_enqueue` alike."""
+    next order of ``tr``'s attempt, with its history pointer, and the queue's bell once per
+    queue and transaction: the rows of :func:`record` and :func:`record_enqueue` alike, in one
+    call of the engine (``Transaction.set_journal_entry``)."""
     # _next_order, inline: the attempt's own count (tr.journal_order(): on_error and reset
     # start it afresh), and whether this is its first entry in the queue.
     state = tr.journal_order()
@@ -138,23 +138,26 @@ def _append(tr: Transaction, keys: QueueKeys, message_id: str | None, value: byt
     state.entries = order + 1
     jk = keys.journal_keys()
     name = keys.name
-    # Spread over shards where many writers share a cluster (engine_traits' first); one range
-    # on an engine of one writer at a time, where appending to one range dirties the fewest pages.
-    spread = getattr(tr.db, "may_conflict", True)
-    if message_id is None:
-        tr.set_versionstamped_key(jk.entry_to_stamp(name, jk.shard(None) if spread else 0, order), value)
-    else:
-        # The entry, and a pointer: history() finds the entry by the same stamp.
-        entry, pointer_key, pointer = jk.stamped(name, message_id, order, spread)
-        tr.set_versionstamped_key(entry, value)
-        tr.set_versionstamped_key(pointer_key, pointer)
     # The queue's bell, which followers watch, takes the commit's stamp: a blind write, never
     # a conflict, and no read (an atomic add would cost the embedded engine one); once per
     # queue and transaction.
     queues = state.queues
-    if name not in queues:
+    if name in queues:
+        bell = None
+    else:
         queues.add(name)
-        tr.set_versionstamped_value(jk.bell(name), _BELL)
+        bell = jk.bell(name)
+    # Spread over shards where many writers share a cluster (engine_traits' first); one range
+    # on an engine of one writer at a time, where appending to one range dirties the fewest pages.
+    spread = getattr(tr.db, "may_conflict", True)
+    if message_id is None:
+        tr.set_journal_entry(
+            order, jk.entry_prefix(name, jk.shard(None) if spread else 0), value, None, b"", bell
+        )
+    else:
+        # The entry, and a pointer: history() finds the entry by the same stamp.
+        entry, pointer, pointer_value = jk.prefixes(name, message_id, spread)
+        tr.set_journal_entry(order, entry, value, pointer, pointer_value, bell)
 
 
 def encode_entry(
@@ -185,7 +188,7 @@ def register(tr: Transaction, keys: QueueKeys) -> None:
     called when a queue's journal is turned on. Idempotent, a blind write."""
     jk = JournalKeys.of(keys.root)
     tr.set(jk.registry(keys.name), b"")
-    tr.set_versionstamped_value(jk.bell(None), _BELL)  # wakes journal(None, follow=True)
+    tr.set_versionstamped_value(jk.bell(None), BELL_TEMPLATE)  # wakes journal(None, follow=True)
 
 
 def decode_entry(queue: str, version: bytes, raw: bytes) -> JournalEntry:

@@ -80,7 +80,6 @@ queue's settings, state, counters and mark, and their writes dirty one page, not
 
 from __future__ import annotations
 
-import struct
 import zlib
 from typing import Any
 
@@ -515,9 +514,8 @@ def queues_prefix_range(root: tuple[Any, ...], prefix: str) -> tuple[bytes, byte
 
 # -- the journal (journaling.py) -------------------------------------------------------------
 
-# incomplete_stamp's bytes after the prefix for order 0, less the offset; the offset's packing
-_FIRST_STAMP = incomplete_stamp(b"", 0)[:-4]
-_STAMP_AT = struct.Struct("<I").pack
+# fdb.tuple's code of a Versionstamp: its 12 bytes (the commit's 10, the order's 2) follow it
+_VS_CODE = b"\x33"
 JOURNAL_SHARDS = 8  # ranges a queue's journal is spread over, by message id
 HISTORY_SHARDS = 16  # ranges the per-message history pointers are spread over
 
@@ -528,22 +526,23 @@ class JournalKeys:
     ``("jq", queue)`` and the bells a follower watches: ``("jn", queue)`` per queue, ``("jn",)``
     when a queue starts journaling.
 
-    New entries' keys are built from cached, tuple-encoded prefixes plus the incomplete
-    versionstamp (``fdb.tuple``'s encoding: code 0x33, ten stamp bytes, the two-byte order,
-    then the stamp's offset, four bytes little-endian, for ``set_versionstamped_key``): every
-    journaled operation writes two, and ``fdb.tuple.pack`` would cost more than the rest."""
+    A new entry's keys are ``fdb.tuple``-encoded up to the versionstamp's code (0x33), from
+    cached prefixes: the engine writes the commit's stamp and the entry's order after them
+    (``Transaction.set_journal_entry``), one call an entry; ``fdb.tuple.pack`` would cost more
+    than the rest. :meth:`entry_to_stamp` and :meth:`history_to_stamp` give the same keys as
+    ``set_versionstamped_key``'s templates (the incomplete versionstamp, then its offset)."""
 
-    __slots__ = ("_bells", "_entries", "_hs", "_pointers", "_prefixes", "root")
+    __slots__ = ("_bells", "_entries", "_hs", "_prefixes", "_rows", "root")
     _made: dict[bytes, JournalKeys] = {}
 
     def __init__(self, root: Subspace) -> None:
         self.root = root
         self._prefixes: dict[tuple[str, object], bytes] = {}
         self._bells: dict[str | None, bytes] = {}
-        # A new entry's whole key by (queue, shard, order): an entry is most often its
-        # transaction's first (order 0), so the few of a queue serve every operation.
+        # A new entry's template by (queue, shard, order), for a queue's own entries.
         self._entries: dict[tuple[str, int, int], bytes] = {}
-        self._pointers: dict[tuple[str, int], bytes] = {}  # a history pointer's value
+        # By queue, for each shard: a message's entry's key prefix and its pointer's value.
+        self._rows: dict[str, tuple[tuple[bytes, bytes], ...]] = {}
         h = root.key() + enc_str("h")
         self._hs = tuple(h + enc_int(hs) for hs in range(HISTORY_SHARDS))  # ("h", hshard)
 
@@ -604,28 +603,31 @@ class JournalKeys:
         hs = zlib.crc32(message_id.encode()) % HISTORY_SHARDS
         return incomplete_stamp(self._hs[hs] + enc_str(message_id), order)
 
-    def stamped(self, queue: str, message_id: str, order: int, spread: bool) -> tuple[bytes, bytes, bytes]:
-        """A message's new entry in ``queue`` at ``order``: the entry's key and its history
-        pointer's key (both for ``set_versionstamped_key``) and the pointer's value (the queue's
-        name, NUL, the entry's shard). ``spread``: over :data:`JOURNAL_SHARDS` by message id
-        (:meth:`shard`), else shard 0. One CRC of the id serves the entry's shard and the
-        pointer's (:meth:`history_to_stamp`); the same bytes as those methods make."""
+    def entry_prefix(self, queue: str, shard: int) -> bytes:
+        """A new entry's key in ``shard`` up to its versionstamp (``set_journal_entry``'s
+        ``entry``): :meth:`entry_to_stamp`'s key without the stamp, the order and the offset."""
+        return self._prefix("j", queue, shard) + _VS_CODE
+
+    def prefixes(self, queue: str, message_id: str, spread: bool) -> tuple[bytes, bytes, bytes]:
+        """A message's new entry in ``queue``, for ``set_journal_entry``: the entry's key prefix
+        (:meth:`entry_prefix`), its history pointer's (:meth:`history_to_stamp`'s key up to
+        the stamp) and the pointer's value (the queue's name, NUL, the entry's shard).
+        ``spread``: over :data:`JOURNAL_SHARDS` by message id (:meth:`shard`), else shard 0.
+        One CRC of the id serves the entry's shard and the pointer's."""
         idb = message_id.encode()
         crc = zlib.crc32(idb)
-        shard = crc % JOURNAL_SHARDS if spread else 0
-        entry = self._entries.get((queue, shard, order))
-        if entry is None:
-            entry = self.entry_to_stamp(queue, shard, order)
-        pointer = self._pointers.get((queue, shard))
-        if pointer is None:
-            if len(self._pointers) > 4096:
-                self._pointers.clear()
-            pointer = self._pointers[(queue, shard)] = queue.encode() + b"\x00" + bytes((shard,))
-        # enc_str(message_id) and incomplete_stamp, inline (one of each per journaled message)
-        prefix = self._hs[crc % HISTORY_SHARDS] + b"\x02" + idb.replace(b"\x00", b"\x00\xff") + b"\x00"
-        if order == 0:  # an operation's first entry (most): the stamp's tail made once
-            return entry, prefix + _FIRST_STAMP + _STAMP_AT(len(prefix) + 1), pointer
-        return entry, incomplete_stamp(prefix, order), pointer
+        rows = self._rows.get(queue)
+        if rows is None:
+            if len(self._rows) > 4096:
+                self._rows.clear()
+            name = queue.encode() + b"\x00"
+            rows = self._rows[queue] = tuple(
+                (self.entry_prefix(queue, shard), name + bytes((shard,))) for shard in range(JOURNAL_SHARDS)
+            )
+        entry, pointer_value = rows[crc % JOURNAL_SHARDS if spread else 0]
+        # enc_str(message_id), inline, then the versionstamp's code
+        pointer = self._hs[crc % HISTORY_SHARDS] + b"\x02" + idb.replace(b"\x00", b"\x00\xff") + b"\x00\x33"
+        return entry, pointer, pointer_value
 
     def history_key(self, message_id: str, version: bytes) -> bytes:
         hs = zlib.crc32(message_id.encode()) % HISTORY_SHARDS

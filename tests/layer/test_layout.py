@@ -9,6 +9,7 @@ from fdb.subspace_impl import Subspace
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fdbqueue.engines.contract import journal_templates
 from fdbqueue.errors import QueueError
 from fdbqueue.store.codec import dec_int, enc_bytes, enc_int, enc_str
 from fdbqueue.store.layout import HISTORY_SHARDS, JOURNAL_SHARDS, JournalKeys, QueueKeys, WorkKeys
@@ -106,12 +107,23 @@ def test_journal_stamp_keys_match_the_tuple_layer(
         assert jk.history_to_stamp(message_id, order) == sub.pack_with_versionstamp(
             ("h", hs, message_id, fdb.tuple.Versionstamp(user_version=order))
         )
-        # stamped(): the entry's key in its shard (by the id's CRC where spread, else 0), the
-        # pointer's key, and the pointer's value (the queue, NUL, the entry's shard)
+        # prefixes(): the entry's key in its shard (by the id's CRC where spread, else 0) and
+        # the pointer's key up to the stamp (set_journal_entry's: the stamp, the order follow),
+        # and the pointer's value (the queue, NUL, the entry's shard)
         for spread in (True, False):
             at = zlib.crc32(message_id.encode()) % JOURNAL_SHARDS if spread else 0
-            assert jk.stamped(queue, message_id, order, spread) == (
-                sub.pack_with_versionstamp(("j", queue, at, fdb.tuple.Versionstamp(user_version=order))),
-                sub.pack_with_versionstamp(("h", hs, message_id, fdb.tuple.Versionstamp(user_version=order))),
-                queue.encode() + b"\x00" + bytes((at,)),
+            entry, pointer, pointer_value = jk.prefixes(queue, message_id, spread)
+            tail = b"\xff" * 10 + order.to_bytes(2, "big")  # fdb.tuple's incomplete stamp
+            assert entry + tail + len(entry).to_bytes(4, "little") == sub.pack_with_versionstamp(
+                ("j", queue, at, fdb.tuple.Versionstamp(user_version=order))
+            )
+            assert pointer + tail + len(pointer).to_bytes(4, "little") == sub.pack_with_versionstamp(
+                ("h", hs, message_id, fdb.tuple.Versionstamp(user_version=order))
+            )
+            assert pointer_value == queue.encode() + b"\x00" + bytes((at,))
+            assert jk.entry_prefix(queue, at) == entry
+            # what the engines take them for: journal_templates (set_journal_entry's)
+            assert journal_templates(order, entry, b"", pointer, b"", None) == (
+                jk.entry_to_stamp(queue, at, order),
+                jk.history_to_stamp(message_id, order),
             )

@@ -15,6 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 from fdbqueue.engines.contract import (
+    BELL_TEMPLATE,
     KEY_RANGE_REF_BYTES,
     MUTATION_REF_BYTES,
     SYSTEM_KEYS,
@@ -34,6 +35,7 @@ from fdbqueue.engines.contract import (
     check_value,
     check_write_key,
     check_write_range,
+    journal_templates,
     key_after,
     register_transaction_type,
     strinc,
@@ -635,6 +637,24 @@ class LocalTransaction(ABC):
         self._size += _SET_BYTES + 3 * len(k) + len(v)
         self._has_writes = True
         self._versionstamped("value", k, v)
+
+    def set_journal_entry(
+        self,
+        order: int,
+        entry: bytes,
+        value: bytes,
+        pointer: bytes | None = None,
+        pointer_value: bytes = b"",
+        bell: bytes | None = None,
+    ) -> None:
+        """A journal entry's rows in one call (``contract.Transaction.set_journal_entry``): its
+        templates, every argument checked first, through the two calls above."""
+        key, pointer_key = journal_templates(order, entry, value, pointer, pointer_value, bell)
+        self.set_versionstamped_key(key, value)
+        if pointer_key is not None:
+            self.set_versionstamped_key(pointer_key, pointer_value)
+        if bell is not None:
+            self.set_versionstamped_value(bell, BELL_TEMPLATE)
 
     # -- conflicts, versions, watches ----------------------------------------------------------
 

@@ -15,6 +15,8 @@ from itertools import chain
 from operator import itemgetter
 from typing import TYPE_CHECKING
 
+from fdbqueue.engines.contract import KEY_RANGE_REF_BYTES, MUTATION_REF_BYTES, SYSTEM_KEYS
+from fdbqueue.engines.limits import KEY_SIZE_LIMIT, VALUE_SIZE_LIMIT
 from fdbqueue.engines.local.mutations import make_versionstamp
 from fdbqueue.engines.local.writemap import WriteMap
 from fdbqueue.errors import EngineError
@@ -32,6 +34,15 @@ PUT_N: dict[int, str] = {}  # INSERT ... VALUES (?, ?), ... by the number of row
 _DEL = "DELETE FROM kv WHERE k = ?"
 _DEL_RANGE = "DELETE FROM kv WHERE k >= ? AND k < ?"
 _FIRST = itemgetter(0)
+# How a stamped write is kept (``_stamped``: (at, key, value), filled at commit by
+# _apply_stamped): ``at`` >= 0, a key template with the stamp at offset ``at``; ``~at`` for a
+# value template's; ``_ENTRY - order`` (at most _ENTRY) a journal row's key prefix, which the
+# stamp and the two bytes of ``order`` follow (set_journal_entry); _BELL a key whose value is
+# the stamp. Templates' offsets lie within a key or value, far above both.
+_ENTRY = -(1 << 40)
+_BELL = -(1 << 39)
+_SET_BYTES = MUTATION_REF_BYTES + KEY_RANGE_REF_BYTES + 1  # as LocalTransaction counts a set
+_PREFIX_MAX = KEY_SIZE_LIMIT - 12  # a journal row's prefix at most: the stamp and order follow
 
 
 class WriteApplication:
@@ -52,6 +63,10 @@ class WriteApplication:
         _stamped: list[tuple[int, bytes, bytes]]
         _keys: list[bytes]
         _seen: dict[bytes, bytes | None]
+        _live: bool
+        _size: int
+        _has_writes: bool
+        _dirty: bool
 
         def _open_sql(self) -> None: ...
         def _reserved(self) -> int: ...
@@ -133,6 +148,56 @@ class WriteApplication:
         except sqlite3.Error as exc:
             raise self._fail(exc) from exc
         return version, bumped
+
+    def set_journal_entry(
+        self,
+        order: int,
+        entry: bytes,
+        value: bytes,
+        pointer: bytes | None = None,
+        pointer_value: bytes = b"",
+        bell: bytes | None = None,
+    ) -> None:
+        """A journal entry's rows (``contract.Transaction.set_journal_entry``), kept as their
+        key prefixes and filled at commit (:meth:`_apply_stamped`): the checks of
+        ``LocalTransaction``'s (the same limits and codes, the same size counted as its
+        templates', tested against it in tests/engines/sqlite/test_journal_entry.py) done
+        inline for an entry with a pointer; anything they would refuse, a queue's own entry
+        (no pointer) or a transaction not yet begun goes the generic way."""
+        if (
+            self._live
+            and type(entry) is bytes
+            and type(pointer) is bytes
+            and type(value) is bytes
+            and type(pointer_value) is bytes
+            and type(order) is int
+            and 0 <= order <= 0xFFFF
+            # the two prefixes and the two values within one's limit: each is (or the generic
+            # way decides)
+            and (keys := len(entry) + len(pointer)) <= _PREFIX_MAX
+            and (values := len(value) + len(pointer_value)) <= VALUE_SIZE_LIMIT
+            # below the system keys once their templates' 0xff stamp bytes follow
+            and b"" < entry < SYSTEM_KEYS
+            and b"" < pointer < SYSTEM_KEYS
+        ):
+            # Each key's size as set_versionstamped_key counts its template (the prefix, 12
+            # bytes of stamp and order, 4 of offset: 3 * len - 8), the bell's as
+            # set_versionstamped_value counts its 14-byte template.
+            size = 2 * _SET_BYTES + 80 + 3 * keys + values
+            at = _ENTRY - order
+            if bell is None:
+                self._stamped += ((at, entry, value), (at, pointer, pointer_value))
+            elif type(bell) is bytes and len(bell) <= KEY_SIZE_LIMIT and bell < SYSTEM_KEYS:
+                self._stamped += ((at, entry, value), (at, pointer, pointer_value), (_BELL, bell, b""))
+                size += _SET_BYTES + 3 * len(bell) + 14
+            else:
+                super().set_journal_entry(order, entry, value, pointer, pointer_value, bell)  # type: ignore[misc]
+                return
+            # (the transaction's fields: this base declares no slots of its own)
+            self._size += size  # type: ignore[misc]
+            self._has_writes = self._dirty = True  # type: ignore[misc]
+            return
+        super().set_journal_entry(order, entry, value, pointer, pointer_value, bell)  # type: ignore[misc]
 
     def _stamped_apart(self) -> bool:
         """After the commit: whether no versionstamped write landed on a key this transaction
@@ -216,8 +281,13 @@ class WriteApplication:
         COMMIT. The stamped rows come after every other write, as when they had a statement of
         their own: ``INSERT OR REPLACE`` takes its rows in order, so a stamped key that fills
         to a key set or cleared in the transaction wins."""
+        tail = stamp + b"\x00\x00"  # a journal row's of order 0 (most)
         rows = [
-            (key[:at] + stamp + key[at + 10 : -4], value)
+            (key + tail if at == _ENTRY else key + stamp + (_ENTRY - at).to_bytes(2, "big"), value)
+            if at <= _ENTRY
+            else (key, stamp)
+            if at == _BELL
+            else (key[:at] + stamp + key[at + 10 : -4], value)
             if at >= 0
             else (key, value[:~at] + stamp + value[~at + 10 : -4])
             for at, key, value in self._stamped
@@ -229,10 +299,16 @@ class WriteApplication:
         try:
             if None in sets.values():  # clears too (a dequeue, a lease, an ack): BEGIN .. COMMIT
                 self._open_sql()
+                dels: list[tuple[bytes]] = []
+                puts: list[bytes | None] = []
+                for k, v in sets.items():  # one pass: the clears' rows and the sets' pairs
+                    if v is None:
+                        dels.append((k,))
+                    else:
+                        puts += (k, v)
                 # The clears first: a stamped key that fills to a key cleared wins, as when
                 # the stamped rows are applied after every other write.
-                conn.executemany(_DEL, [(k,) for k, v in sets.items() if v is None])
-                puts: list[bytes | None] = [x for kv in sets.items() if kv[1] is not None for x in kv]
+                conn.executemany(_DEL, dels)
                 puts += chain.from_iterable(rows)
                 self._put_rows(conn, puts)
                 conn.execute("COMMIT")
