@@ -118,6 +118,7 @@ class SharedStore:
 
     def close(self) -> None:
         self.hub.close()
+        self.page.release()
         self._mapped.close()
         with self._reader_lock:
             if self._reader is not None:
