@@ -180,8 +180,12 @@ class SharedPage:
         #: The page as native 8-byte signed words and 4-byte unsigned halves (see GEN_WORD):
         #: ``words[GEN_WORD]`` is the lease's generation. Views of the buffer: a mapping is
         #: closed only after :meth:`release`.
-        self.words: memoryview = memoryview(buffer).cast("q")
-        self.halves: memoryview = memoryview(buffer).cast("I")
+        #: (A page read for reading only may be shorter: whole words only.)
+        view = memoryview(buffer)
+        whole = len(view) // 8 * 8
+        self.words: memoryview = view[:whole].cast("q")
+        self.halves: memoryview = view[:whole].cast("I")
+        view.release()  # the two casts keep the buffer exported until release()
         #: The version clock: (tag, last commit version, reservation, pending flag, base).
         self.clock: Callable[[], ClockState] = partial(_CLOCK.unpack_from, buffer, CLOCK.offset)
         #: The version clock written (``set_clock`` without the stamp): tag, last, reserved,

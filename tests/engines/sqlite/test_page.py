@@ -108,3 +108,5 @@ def test_the_native_words_are_the_regions_fields() -> None:
     assert words[_page.TOKEN_WORD].to_bytes(8, sys.byteorder, signed=True) == b"12345678"
     page.release()  # the views released, the mapping can close
     buffer.close()
+    short = SharedPage(bytes(_page.CLOCK.size))  # a page read for reading only may be shorter
+    assert short.clock()[1] == 0 and len(short.words) == _page.CLOCK.size // 8
