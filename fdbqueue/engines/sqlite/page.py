@@ -279,10 +279,26 @@ def clock_tag(store_id: bytes) -> bytes | None:
     return None if BOOT_ID is None else BOOT_ID + store_id[:16].ljust(16, b"\0")
 
 
-def map_page(fd: int) -> tuple[mmap.mmap, SharedPage]:
+class Mapping:
+    """The lock file's page mapped (:func:`map_page`); :meth:`close` releases the page's views
+    of it (:meth:`SharedPage.release`) and unmaps it."""
+
+    __slots__ = ("_mapped", "_page")
+
+    def __init__(self, mapped: mmap.mmap, page: SharedPage) -> None:
+        self._mapped = mapped
+        self._page = page
+
+    def close(self) -> None:
+        self._page.release()
+        self._mapped.close()
+
+
+def map_page(fd: int) -> tuple[Mapping, SharedPage]:
     """Map the lock file's page shared (allocate it first: :func:`allocate_page`)."""
     mapped = mmap.mmap(fd, PAGE)
-    return mapped, SharedPage(mapped)
+    page = SharedPage(mapped)
+    return Mapping(mapped, page), page
 
 
 def allocate_page(fd: int) -> None:
