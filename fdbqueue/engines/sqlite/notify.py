@@ -40,7 +40,7 @@ import threading
 from collections.abc import Callable, Collection
 
 from fdbqueue.engines.local.watches import EventWatch
-from fdbqueue.engines.sqlite.page import SharedPage
+from fdbqueue.engines.sqlite.page import TOKEN_WORD, SharedPage
 
 Reader = Callable[[list[bytes]], dict[bytes, bytes | None]]
 
@@ -89,7 +89,9 @@ class WatchHub:
         self._closing = False
         self._out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._out.setblocking(False)  # a full receiver must never stall a committer
-        self._cache: tuple[bytes, tuple[str, ...]] = (b"", ())  # token, sockets of other processes
+        # The token (its 8 bytes as the page's word: page.TOKEN_WORD; None: never listed) and
+        # the sockets of other processes.
+        self._cache: tuple[int | None, tuple[str, ...]] = (None, ())
 
     # -- watching ------------------------------------------------------------------------------
 
@@ -287,7 +289,7 @@ class WatchHub:
         if self._watches:
             self.check(keys)
         cached, targets = self._cache
-        if self._page.token() != cached:  # _targets' own test, inline: every commit asks
+        if self._page.words[TOKEN_WORD] != cached:  # _targets' own test, inline: every commit asks
             targets = self._targets()
         if not targets:
             return
@@ -307,7 +309,7 @@ class WatchHub:
                 pass  # e.g. another user's socket we may not write to: it cannot be woken by us
 
     def _targets(self) -> tuple[str, ...]:
-        token = self._page.token()
+        token = self._page.words[TOKEN_WORD]
         cached, listing = self._cache
         if token == cached:
             return listing

@@ -123,6 +123,24 @@ _SLOT = LEASE_SLOTS[0].layout
 _SLOTS = tuple(r.offset for r in LEASE_SLOTS)
 _RECORD = WAL_RECORD.layout
 
+# The native-order fields that every transaction reads or writes (the lease's generation and
+# its slots, the clock's stamp), as indexes into the page seen as 8-byte signed words and as
+# 4-byte unsigned halves (SharedPage.words, SharedPage.halves): an item of a memoryview is one
+# C call, where a region's struct function bound with partial also parses its arguments and
+# builds a tuple (a transaction's begin, pin and release make about ten such accesses).
+GEN_WORD = LEASE.at("generation") // 8
+#: Per slot (by a generation's parity): the word of its generation (its ``since`` follows) ...
+SLOT_WORDS = tuple(r.at("generation") // 8 for r in LEASE_SLOTS)
+#: ... and the half of its pid (its claims counter follows).
+SLOT_HALVES = tuple(r.at("pid") // 4 for r in LEASE_SLOTS)
+STAMP_WORD = STAMP.at("reading") // 8  # the wall clock's follows
+TOKEN_WORD = TOKEN.offset // 8  # the watchers' token, its 8 bytes as one word
+assert all(r.order == "=" for r in (LEASE, STAMP, TOKEN, *LEASE_SLOTS)) and TOKEN.size == 8
+assert LEASE.offset % 8 == STAMP.offset % 8 == TOKEN.offset % 8 == 0 and all(
+    r.offset % 8 == 0 for r in LEASE_SLOTS
+)
+assert all(r.at("since") == r.offset + 8 and r.at("claims") == r.at("pid") + 4 for r in LEASE_SLOTS)
+
 ClockState = tuple[bytes, int, int, int, int]  # tag, last, reserved, pending, base
 Slot = tuple[int, int, int, int]  # generation, since, pid, claims
 
@@ -140,6 +158,7 @@ class SharedPage:
         "clear_pending",
         "clock",
         "generation",
+        "halves",
         "pack_clock",
         "set_committed",
         "set_on_disk",
@@ -153,10 +172,20 @@ class SharedPage:
         "sync_mark",
         "token",
         "wal_record",
+        "words",
     )
 
     def __init__(self, buffer: Any) -> None:
         self.buffer = buffer
+        #: The page as native 8-byte signed words and 4-byte unsigned halves (see GEN_WORD):
+        #: ``words[GEN_WORD]`` is the lease's generation. Views of the buffer: a mapping is
+        #: closed only after :meth:`release`.
+        #: (A page read for reading only may be shorter: whole words only.)
+        view = memoryview(buffer)
+        whole = len(view) // 8 * 8
+        self.words: memoryview = view[:whole].cast("q")
+        self.halves: memoryview = view[:whole].cast("I")
+        view.release()  # the two casts keep the buffer exported until release()
         #: The version clock: (tag, last commit version, reservation, pending flag, base).
         self.clock: Callable[[], ClockState] = partial(_CLOCK.unpack_from, buffer, CLOCK.offset)
         #: The version clock written (``set_clock`` without the stamp): tag, last, reserved,
@@ -194,6 +223,12 @@ class SharedPage:
         #: The watchers' token (8 bytes).
         self.token = cast("Callable[[], bytes]", partial(operator.getitem, buffer, _TOKEN))
         self.set_token: Callable[[bytes], None] = partial(operator.setitem, buffer, _TOKEN)
+
+    def release(self) -> None:
+        """Release the views of the buffer (:attr:`words`, :attr:`halves`), so that a mapping
+        can be closed; the page is not used afterwards."""
+        self.words.release()
+        self.halves.release()
 
     # -- the version clock -------------------------------------------------------------------
 
@@ -244,10 +279,26 @@ def clock_tag(store_id: bytes) -> bytes | None:
     return None if BOOT_ID is None else BOOT_ID + store_id[:16].ljust(16, b"\0")
 
 
-def map_page(fd: int) -> tuple[mmap.mmap, SharedPage]:
+class Mapping:
+    """The lock file's page mapped (:func:`map_page`); :meth:`close` releases the page's views
+    of it (:meth:`SharedPage.release`) and unmaps it."""
+
+    __slots__ = ("_mapped", "_page")
+
+    def __init__(self, mapped: mmap.mmap, page: SharedPage) -> None:
+        self._mapped = mapped
+        self._page = page
+
+    def close(self) -> None:
+        self._page.release()
+        self._mapped.close()
+
+
+def map_page(fd: int) -> tuple[Mapping, SharedPage]:
     """Map the lock file's page shared (allocate it first: :func:`allocate_page`)."""
     mapped = mmap.mmap(fd, PAGE)
-    return mapped, SharedPage(mapped)
+    page = SharedPage(mapped)
+    return Mapping(mapped, page), page
 
 
 def allocate_page(fd: int) -> None:

@@ -118,7 +118,7 @@ class SharedStore:
 
     def close(self) -> None:
         self.hub.close()
-        self._mapped.close()
+        self._mapped.close()  # the page's views, then the mapping (page.Mapping)
         with self._reader_lock:
             if self._reader is not None:
                 self._reader.close()

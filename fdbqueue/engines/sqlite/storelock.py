@@ -62,7 +62,14 @@ import time
 from collections.abc import Callable
 
 from fdbqueue.engines.limits import TRANSACTION_WINDOW_SECONDS
-from fdbqueue.engines.sqlite.page import LEASE_BYTES, MUTEX_BYTE, SharedPage
+from fdbqueue.engines.sqlite.page import (
+    GEN_WORD,
+    LEASE_BYTES,
+    MUTEX_BYTE,
+    SLOT_HALVES,
+    SLOT_WORDS,
+    SharedPage,
+)
 
 #: ``struct flock`` on Linux: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks).
 FLOCK = struct.Struct("hhqqi4x")
@@ -284,6 +291,10 @@ class StoreLock:
         self.owner: int | None = None  # the thread holding the store lock
         self._fd = fd
         self._page = page
+        # The page's native words and halves (SharedPage.words): the lease's fields that the
+        # acquire, the pin and the release read and write, one item each (page.GEN_WORD).
+        self._words = page.words
+        self._halves = page.halves
         self._gen: int | None = None  # the generation this process holds
         self._waiters: dict[int, _Waiter] = {}
         self.holder = "another process holds it"  # who, after an acquire that timed out
@@ -325,8 +336,7 @@ class StoreLock:
         if stealable:
             # The common case first, in one call: no waiter of this process on the current
             # generation and its byte free (the loop below does the same, and everything else).
-            page = self._page
-            gen = page.generation()[0]
+            gen = self._words[GEN_WORD]
             if gen not in self._waiters:
                 requests = self._requests
                 if requests[0] != gen:
@@ -386,13 +396,16 @@ class StoreLock:
         compares the generation under the mutex. A holder that is never taken over
         (opening, recovery: it does not pin) claims under the mutex.
         """
-        page = self._page
         if stealable:
-            # _write(gen, _now_us()) inline: this runs at every acquire.
-            page.set_slot[gen & 1](
-                gen, time.monotonic_ns() // 1000, _pid, (page.slot[gen & 1]()[3] + 1) & 0xFFFFFFFF
-            )
-            current = page.generation()[0]
+            # _write(gen, _now_us()) inline, field by field in the slot's order (generation,
+            # since, pid, claims moved on): this runs at every acquire.
+            words, halves = self._words, self._halves
+            at, half = SLOT_WORDS[gen & 1], SLOT_HALVES[gen & 1]
+            words[at] = gen
+            words[at + 1] = time.monotonic_ns() // 1000
+            halves[half] = _pid
+            halves[half + 1] = (halves[half + 1] + 1) & 0xFFFFFFFF
+            current = words[GEN_WORD]
         else:
             with self._locked_page():
                 current = self._page.generation()[0]
@@ -462,13 +475,17 @@ class StoreLock:
         gen = self._gen
         if gen is None:
             return False
-        fd, page = self._fd, self._page
+        fd, words = self._fd, self._words
         # The page mutex (as _PageMutex), its request packed once: this runs at every commit.
         _fcntl(fd, _SETLKW, _MUTEX_LOCK)
-        if page.generation()[0] != gen:
+        if words[GEN_WORD] != gen:
             _fcntl(fd, _SETLK, _MUTEX_UNLOCK)
             return False
-        page.set_slot[gen & 1](gen, _PINNED, _pid, page.slot[gen & 1]()[3])
+        # The slot as this holder's pinned claim (its claims counter left as it is).
+        at = SLOT_WORDS[gen & 1]
+        words[at] = gen
+        words[at + 1] = _PINNED
+        self._halves[SLOT_HALVES[gen & 1]] = _pid
         return True
 
     def release(self) -> None:
@@ -484,10 +501,10 @@ class StoreLock:
                 return
             # The slot only, without the mutex: a takeover writes the next generation's slot and
             # the generation, never this slot, so nothing here can undo one.
-            slot = self._page.slot[gen & 1]
-            claimed, _, pid, claims = slot()
-            if claimed == gen and pid == _pid:
-                self._page.set_slot[gen & 1](gen, 0, _pid, claims)
+            at = SLOT_WORDS[gen & 1]
+            words = self._words
+            if words[at] == gen and self._halves[SLOT_HALVES[gen & 1]] == _pid:
+                words[at + 1] = 0  # since: released (the rest of the slot stays this claim's)
             # One unlock from the page mutex (held since pin, if this holder committed) to the
             # lease's byte: an unlock neither waits nor is refused, and drops only this open file
             # description's locks in the range. The only others it can hold there are older

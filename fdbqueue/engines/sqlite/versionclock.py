@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 
 from fdbqueue.engines import versions as _versions
-from fdbqueue.engines.sqlite.page import PENDING, SharedPage
+from fdbqueue.engines.sqlite.page import PENDING, STAMP_WORD, SharedPage
 from fdbqueue.engines.sqlite.store import WritableStore
 from fdbqueue.engines.versions import VERSIONS_PER_SECOND, monotonic_us, wall_us
 
@@ -80,7 +80,10 @@ class VersionClock:
             if held is not None:
                 last, now = held[0], held[3]
                 version = max(last, now - 1)  # (as below)
-                self._store.page.set_stamp(version, int(_versions._wall() * 1e6))
+                # page.set_stamp's two fields, one word each (page.STAMP_WORD)
+                words = self._store.page.words
+                words[STAMP_WORD] = version
+                words[STAMP_WORD + 1] = int(_versions._wall() * 1e6)
                 return version, held
         state = self._now(reserved, nested)
         last, _, _, now, _ = state
@@ -193,7 +196,9 @@ class VersionClock:
             # page.set_clock's two writes: pending only while a raised reservation is not
             # committed yet; the stamp, the version read at this process's wall clock (wall_us).
             page.pack_clock(tag, version, meta, PENDING if bumped else 0, base)
-            page.set_stamp(version, int(_versions._wall() * 1e6))
+            words = page.words  # page.set_stamp's two fields, one word each (page.STAMP_WORD)
+            words[STAMP_WORD] = version
+            words[STAMP_WORD + 1] = int(_versions._wall() * 1e6)
         return version, bumped
 
 

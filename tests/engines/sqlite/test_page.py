@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import mmap
+import sys
 
 from fdbqueue.engines.sqlite import page as _page
 from fdbqueue.engines.sqlite.page import PAGE, REGIONS, SharedPage
@@ -77,3 +78,35 @@ def test_each_accessor_writes_its_own_region_only() -> None:
     assert page.wal_record() == (b"w" * 32, 7, 6, b"saltsalt")
     changed("WAL record")
     assert len(written) == len(REGIONS)
+
+
+def test_the_native_words_are_the_regions_fields() -> None:
+    """The lease, the stamp and the token read and written as the page's native words and
+    halves (SharedPage.words, .halves: what the store lock's begin, pin and release use) are
+    the very bytes the regions' struct layouts read and write."""
+    buffer = mmap.mmap(-1, PAGE)
+    page = SharedPage(buffer)
+    words, halves = page.words, page.halves
+    page.set_generation(7)
+    assert words[_page.GEN_WORD] == 7
+    for parity in (0, 1):
+        at, half = _page.SLOT_WORDS[parity], _page.SLOT_HALVES[parity]
+        page.set_slot[parity](5 + parity, 2**62, 4242, 2**32 - 1)
+        assert (words[at], words[at + 1], halves[half], halves[half + 1]) == (
+            5 + parity,
+            2**62,
+            4242,
+            2**32 - 1,
+        )
+        words[at], words[at + 1], halves[half], halves[half + 1] = 9, -3, 17, 18
+        assert page.slot[parity]() == (9, -3, 17, 18)
+    page.set_stamp(-11, 12)
+    assert (words[_page.STAMP_WORD], words[_page.STAMP_WORD + 1]) == (-11, 12)
+    words[_page.STAMP_WORD] = 13
+    assert page.stamp() == (13, 12)
+    page.set_token(b"12345678")
+    assert words[_page.TOKEN_WORD].to_bytes(8, sys.byteorder, signed=True) == b"12345678"
+    page.release()  # the views released, the mapping can close
+    buffer.close()
+    short = SharedPage(bytes(_page.CLOCK.size))  # a page read for reading only may be shorter
+    assert short.clock()[1] == 0 and len(short.words) == _page.CLOCK.size // 8

@@ -29,6 +29,7 @@ def locks(tmp_path: Path) -> Iterator[list[StoreLock]]:
     yield made
     for lock in made:
         lock.close()
+        lock._page.release()  # its views of the mapping, before the mapping is closed
     for page, fd in zip(pages, fds, strict=True):
         page.close()
         os.close(fd)
