@@ -579,12 +579,6 @@ def retry_loop(
                         result.then()
                     tr.reset()
                     continue
-                recycle = getattr(db, "recycle", None)
-                if recycle is not None:
-                    # An engine may keep the transaction it made for its next operation, when
-                    # nothing else refers to it (SqliteDatabase.recycle: it counts this
-                    # frame's reference and its argument's, and no more).
-                    recycle(tr)
                 return result  # type: ignore[return-value]
             except EngineError as exc:
                 if exc.maybe_committed:

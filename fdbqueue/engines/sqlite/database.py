@@ -93,12 +93,10 @@ at open, :mod:`.walcheck` (no acknowledged commit lost from the WAL), with :mod:
 from __future__ import annotations
 
 import os
-import sys
 import threading
 from collections.abc import Callable
-from weakref import getweakrefcount
 
-from fdbqueue.engines.local.transaction import LiveOptions, LocalDatabase
+from fdbqueue.engines.local.transaction import LocalDatabase
 from fdbqueue.engines.local.watches import EventWatch
 from fdbqueue.engines.sqlite import diskroom as _diskroom
 from fdbqueue.engines.sqlite import files as _files
@@ -192,9 +190,6 @@ class SqliteDatabase(LocalDatabase):
         #: True when this handle only reads: opened with ``mode=ro``, or its file or folder
         #: cannot be written (a read-only mount, no permission).
         self.read_only = self._store.read_only
-        # Transactions that committed and that nothing else refers to, made new again for the
-        # next create_transaction (see recycle); each parked without its database (no cycle).
-        self._spares: list[SqliteTransaction] = []
 
     def check_room(self) -> None:
         """Raise StoreFullError while the disk is below the reserve (the engine contract's hook)."""
@@ -204,111 +199,18 @@ class SqliteDatabase(LocalDatabase):
         store = self._store
         if store.closed or store.broken is not None:
             store.usable()  # raises (closed at interpreter exit under a daemon thread: parks there)
-        if self._spares:
-            try:
-                tr = self._spares.pop()  # one C call: atomic between threads
-            except IndexError:  # another thread took the last one
-                return SqliteTransaction(self, store)
-            tr.db = self
-            tr._created = self.clock()  # the timeout counts from creation (LocalTransaction)
-            return tr
         return SqliteTransaction(self, store)
-
-    def recycle(self, tr: object) -> None:
-        """Keep ``tr``, which the retry loop (``engines.contract.retry_loop``) made with
-        :meth:`create_transaction` and committed, for the next :meth:`create_transaction`,
-        made new - when nothing but that loop refers to it, so that no one can tell: its
-        reference count is the loop's and this call's own (:data:`_PASSED_REFS`, measured at
-        import on this interpreter: where it differs nothing is kept), no weak reference but
-        its options' own, nothing set on it beyond its fields, its options unreferenced
-        elsewhere. Making a transaction and freeing it (the object, its options and their
-        weak reference, its write map) is about 15,000 instructions of an operation's 200,000
-        to 300,000 (docs/performance.md, issue 30 sixth pass); making one new is its
-        ``_clear_state``. The retry loop calls this after a commit only, never after an error
-        (a traceback holds the frames that refer to it)."""
-        if (
-            sys.getrefcount(tr) != _PASSED_REFS
-            or type(tr) is not SqliteTransaction
-            or tr._state != "committed"
-            or getweakrefcount(tr) != 1
-            or tr.db is not self
-            or len(self._spares) >= _SPARES
-        ):
-            return
-        if tr.__dict__:  # something set on it (an engine's or a test's own addition)
-            return
-        options = tr.options
-        # The one weak reference is its options' own, and only they hold it: CPython hands
-        # the same plain weak reference (no callback) to everyone who asks for one.
-        if type(options) is not LiveOptions or sys.getrefcount(options._owner) != _ATTR_REFS:
-            return
-        if (
-            sys.getrefcount(options) != _HELD_REFS
-            or options.timeout_ms
-            or options.retry_limit != -1
-            or options.max_retry_delay_ms != 1000
-            or options.volatile
-        ):
-            tr.options = LiveOptions(tr)  # FoundationDB's reset: the options too
-        del options
-        tr._retries = 0
-        tr._renew()  # _clear_state's fields, its empty objects kept
-        tr.db = None  # type: ignore[assignment]  # parked: set again when handed out
-        self._spares.append(tr)
 
     def _arm_watches(self, watches: list[EventWatch]) -> None:
         self._store.arm_watches(watches)
 
     def close(self) -> None:
         """Close the connection; the last Database of this process on the file stops its watches."""
-        self._spares.clear()
         self._store.close()
 
 
 def _no_check() -> None:
     pass
-
-
-class _Probe:
-    __slots__ = ("held",)
-
-    held: object
-
-    def count(self, tr: object) -> int:
-        return sys.getrefcount(tr)
-
-
-def _passed_refs() -> int:
-    """The reference count :meth:`SqliteDatabase.recycle` sees of an object that only its
-    caller's local variable and its own argument refer to (the retry loop's shape: a local,
-    passed to a bound method kept in a local). Measured, not assumed: an interpreter that
-    counts the references of a call differently gives another number here too."""
-    tr = _Probe()
-    count = _Probe().count
-    return count(tr)
-
-
-def _held_refs() -> int:
-    """The reference count ``recycle`` sees of an object held by one attribute and read into
-    a local variable (the options)."""
-    holder = _Probe()
-    holder.held = _Probe()
-    options = holder.held
-    return sys.getrefcount(options)
-
-
-def _attr_refs() -> int:
-    """The reference count ``recycle`` sees of an object held by one attribute only, read
-    straight into ``getrefcount`` (the options' weak reference)."""
-    holder = _Probe()
-    holder.held = _Probe()
-    return sys.getrefcount(holder.held)
-
-
-_PASSED_REFS = _passed_refs() if hasattr(sys, "getrefcount") else -1
-_ATTR_REFS = _attr_refs() if hasattr(sys, "getrefcount") else -1
-_HELD_REFS = _held_refs() if hasattr(sys, "getrefcount") else -1
-_SPARES = 2  # transactions kept at most (one per thread running operations at once, mostly)
 
 
 class ReadOnlyClock:

@@ -150,44 +150,6 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
         # not when the store lock is taken (see _open_sql).
         self._sql = False
 
-    def _renew(self) -> None:
-        """:meth:`_clear_state` for a committed transaction that its database keeps for the
-        next operation (``SqliteDatabase.recycle``): the same fields, its empty write map and
-        lists kept rather than made again; whatever its commit handed on (its write map's
-        values and its reads, kept by the store for the next transaction) replaced, never
-        emptied in place. tests/engines/sqlite/test_recycle.py compares it with a new one."""
-        self._started = None
-        self._has_reads = False
-        self._read_at = None
-        self._has_writes = False
-        self._size = 0
-        self._committed_version = -1
-        self._stamp = None
-        self._watches = None
-        self._finish = None
-        self._journal = None
-        self._state = "open"
-        self._cancel_code = 1025
-        self._live = False
-        self._dirty = False
-        self._all = False
-        if self._keys:
-            self._keys = []
-        wm = self._wm
-        if wm._cb or wm._sorted is not None:
-            self._wm = WriteMap()
-        elif wm.values:
-            wm.values = {}
-        if self._seen:
-            self._seen = {}
-        self._kept_at = None
-        self._wrote = _NOTHING
-        if self._stamped:
-            self._stamped = []
-        self._rv = None
-        self._held = None
-        self._sql = False
-
     def _touch(self) -> None:
         """``LocalTransaction._touch`` with this engine's begin in it: an open transaction's
         first operation takes the store lock here (one call, not two); every other case - a
