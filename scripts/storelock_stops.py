@@ -102,7 +102,14 @@ def run(seconds: float, writers: int = 8, long_stops: bool = False, seed: int | 
         intervals: dict[int, list[tuple[float, float]]] = {p.pid or 0: [] for p in procs}
         in_commit: list[tuple[float, float]] = []
         began: dict[int, tuple[float, bool]] = {}
-        time.sleep(1.0)  # let them open the store
+        # Each writer makes its two files once its store is open: wait for all of them, not
+        # a fixed second (on a loaded machine a spawned writer may take longer to import and
+        # open, and one killed before it made its files left nothing for the counts below).
+        opened = time.monotonic() + 120.0
+        while not all(Path(tmp, f"w{i}.slow").exists() for i in range(writers)):
+            if time.monotonic() > opened or any(p.exitcode is not None for p in procs):
+                raise RuntimeError(f"a writer did not open the store (seed {seed})")
+            time.sleep(0.05)
         end = time.monotonic() + seconds
         next_stop = time.monotonic()
         while time.monotonic() < end:
