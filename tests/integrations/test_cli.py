@@ -267,6 +267,21 @@ def test_enqueue_splits_large_input_within_the_transaction_budget(run: Run, db: 
     assert fdbqueue.Queue("big").size(db) == 400
 
 
+def _has_open(pid: int, path: str) -> bool:
+    """Whether process ``pid`` has ``path`` open (Linux's /proc; elsewhere: after a second)."""
+    fds = Path(f"/proc/{pid}/fd")
+    if not fds.is_dir():
+        time.sleep(1.0)
+        return True
+    for fd in fds.iterdir():
+        try:
+            if os.readlink(fd) == path:
+                return True
+        except OSError:  # closed meanwhile
+            continue
+    return False
+
+
 def test_enqueue_blocks_without_timeout_and_is_interruptible(tmp_path: Path) -> None:
     url = f"sqlite://{tmp_path / 'q.db'}?sync=normal"
     db = fdbqueue.open(url)
@@ -284,7 +299,14 @@ def test_enqueue_blocks_without_timeout_and_is_interruptible(tmp_path: Path) -> 
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
-        time.sleep(1.5)
+        # Ctrl-C once the command runs (it has the store open), not while the interpreter is
+        # still importing: a SIGINT there is Python's own KeyboardInterrupt traceback, before
+        # the CLI's handler exists (seen on a loaded machine with a fixed wait).
+        store = str(tmp_path / "q.db")
+        deadline = time.monotonic() + 60
+        while p.poll() is None and time.monotonic() < deadline and not _has_open(p.pid, store):
+            time.sleep(0.05)
+        time.sleep(0.5)
         assert p.poll() is None, p.communicate()  # still waiting for room
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=10)
