@@ -427,6 +427,16 @@ class QueueKeys:
     def lease_key(self, deadline: int, msg_id: str) -> bytes:
         return self._l + enc_int(deadline) + enc_str(msg_id)
 
+    def leased_at(self, deadline: int, msg_ids: list[str]) -> list[tuple[bytes, bytes]]:
+        """``(inflight_key(id), lease_key(deadline, id))`` of each id: a batch leased until one
+        ``deadline`` encodes it and each id once."""
+        f, lease = self._f, self._l + enc_int(deadline)
+        out = []
+        for msg_id in msg_ids:
+            tail = enc_str(msg_id)
+            out.append((f + tail, lease + tail))
+        return out
+
     def delayed_key(self, due: int, msg_id: str) -> bytes:
         return self._d + enc_int(due) + enc_str(msg_id)
 
