@@ -163,7 +163,8 @@ def lease_heads(
     out: list[Message] = []
     writes: list[tuple[bytes, Record, bytes, tuple[bytes, bytes], str]] = []
     ats = keys.leased_at(deadline, [r.id for _, r in heads])
-    for i, ((key, rec), at) in enumerate(zip(heads, ats, strict=True)):
+    priorities = keys.priorities_of([key for key, _ in heads])
+    for i, ((key, rec), at, priority) in enumerate(zip(heads, ats, priorities, strict=True)):
         key_hex = key.hex()
         rcpt = f"{receipt}.{i}"
         raw: bytes | None = None
@@ -206,7 +207,7 @@ def lease_heads(
             Message.from_record(
                 leased,
                 name,
-                keys.priority_of(key),
+                priority,
                 key,
                 payload,
                 receipt=rcpt,

@@ -387,6 +387,21 @@ class QueueKeys:
     def priority_of(self, key: bytes) -> int:
         return -dec_int(key, len(self._r))[0]
 
+    def priorities_of(self, keys: list[bytes]) -> list[int]:
+        """:meth:`priority_of` of each ready key, decoded once a run of one priority: keys
+        that start with the same encoded priority have it (the tuple encoding of an int is
+        prefix-free: its first byte says its length)."""
+        start = len(self._r)
+        out = []
+        prefix: bytes | None = None
+        priority = 0
+        for key in keys:
+            if prefix is None or not key.startswith(prefix):
+                value, end = dec_int(key, start)
+                priority, prefix = -value, key[:end]
+            out.append(priority)
+        return out
+
     # -- message ids -------------------------------------------------------------------------------
     def home_id(self, priority: int, index: int, rand: bytes) -> str:
         """The id of a message enqueued ready: "r" + its ready key's tail, in hex.

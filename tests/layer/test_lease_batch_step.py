@@ -21,6 +21,7 @@ import fdbqueue
 from fdbqueue import Database, Queue, create_queue, queue_stats
 from fdbqueue.engines.contract import Transaction, run_transaction
 from fdbqueue.ops.txn import run_once
+from fdbqueue.store.budget import Budget
 
 
 def _left(db: Database, tag: str, queue: str = "jobs") -> int:
@@ -201,3 +202,23 @@ def test_a_lease_settled_by_another_process_is_left_out_of_the_batch(tmp_path: P
             assert q.ack_many(db, [m]) == [m]
     finally:
         db.close()
+
+
+def test_a_batch_over_several_priorities_gives_each_message_its_own(db: Database) -> None:
+    """The priorities of a batch are decoded once a run of one priority (``priorities_of``)."""
+    q = Queue("jobs")
+    wanted = [300, 300, 7, 0, 0, -1, -255, -256, -70000]
+    for i, p in enumerate(wanted):
+        q.enqueue(db, f"p{i}".encode(), priority=p)
+    ms = q.lease_many(db, len(wanted), 30)
+    assert [(m.payload, m.priority) for m in ms] == [(f"p{i}".encode(), p) for i, p in enumerate(wanted)]
+    keys = Queue("jobs").keys
+    assert keys.priorities_of([m.key for m in ms]) == [keys.priority_of(m.key) for m in ms] == wanted
+
+
+def test_a_budgets_read_counts_every_rows_bytes_from_a_list_or_an_iterator() -> None:
+    rows = [(b"k1", b"value"), (b"key2", b""), (b"", b"v")]
+    for given in (rows, iter(rows)):
+        budget = Budget(0)
+        budget.read(given)
+        assert (budget.read_bytes, budget.read_rows) == (2 + 5 + 4 + 0 + 0 + 1, 3)
