@@ -23,7 +23,7 @@ client's wall clock decides when a lease, a delay or a TTL ends.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from fdbqueue.engines.contract import Database, ReadView, Transaction
@@ -39,11 +39,12 @@ from fdbqueue.ops.moves import (
     dead_letter,
     drop_stale_entry,
     end_lease,
+    end_leases,
     expire_unready,
     finish_lease,
     move_corrupt,
     put_delayed,
-    put_leased,
+    put_leased_batch,
     put_ready,
     remove_message,
     renew_lease,
@@ -134,67 +135,88 @@ def expires_at(tr: Transaction, rec: Record) -> float | None:
     return now_us() / 1e6 + seconds_of(rec.expires_us - db_now(tr))
 
 
-def lease_in(
+def lease_heads(
     keys: QueueKeys,
     tr: Transaction,
-    key: bytes,
-    rec: Record,
+    heads: list[tuple[bytes, Record]],
     seconds: float,
     receipt: str,
     now: int,
-    *,
-    strict: bool = False,
-    payload: bytes | None = None,
-    count: bool = True,
-    journaled: bool = False,
-    volatile: bool = False,
-) -> Message:
-    """Move the ready message at ``key`` (just removed by the caller) into flight under ``receipt``.
-
-    ``payload``: a chunked message's payload when the caller has read it already.
-    ``count=False``: the caller adds to the in-flight counter itself (once for a batch).
-    ``journaled``: the queue keeps a journal (the leased record carries the mark, so that its
-    ack, release and extend know without reading the queue's settings).
-    """
+    cfg: QueueConfig,
+    payloads: Mapping[str, bytes],
+) -> list[Message]:
+    """Move each ready message of ``heads`` (key, record) into flight under ``receipt.i``:
+    taken out of the ready set here (with its TTL entry, as ``moves.take_for_lease``), the
+    caller counting the batch (``moves.count_leased``). What every lease of one batch shares
+    is made once: the deadline (a version), the wall-clock ``until``, the lease entries'
+    prefix, the queue's settings. The leased record carries the journal's mark on a journaled
+    queue (its ack, release and extend know without reading the settings). ``payloads``: the
+    chunked messages' payloads read already (``read_payloads``)."""
     deadline = now + versions(seconds)
     until = lease_until(seconds)
-    key_hex = key.hex()
-    raw: bytes | None = None
-    if rec.extra or volatile or strict:
-        extra = dict(rec.extra)
-        extra.update(key=key_hex, receipt=receipt, deadline=deadline, until=until)
-        extra.pop("not_before", None)
-        if journaled:
-            extra[JOURNALED] = 1
-        if volatile:
-            extra[VOLATILE] = 1
-        if strict:
-            extra["strict"] = True  # its ack must wake whoever waits for the next delivery
-    else:  # the common shape: written directly when it can be (encode_leased), else encoded
-        extra = {"key": key_hex, "receipt": receipt, "deadline": deadline, "until": until}
-        if journaled:
-            extra[JOURNALED] = 1  # last, as the general path puts it (the same bytes)
-        raw = encode_leased(rec, key_hex, receipt, deadline, until, journaled)
-    leased = rec._replace(deliveries=rec.deliveries + 1, extra=extra)
-    if raw is None:
-        raw = leased.encode()
-    at = keys.inflight_key(rec.id), keys.lease_key(deadline, rec.id)
-    put_leased(tr, keys, key, leased, deadline, receipt, count=count, raw=raw, at=at)
-    if len(_held) >= HELD_LEASES:  # leases never settled here (expired, dropped): start again
+    shown = until / 1e6
+    strict, journaled, volatile = cfg.strict_order, cfg.journal, cfg.volatile
+    general = strict or volatile
+    if len(_held) + len(heads) > HELD_LEASES:  # leases never settled here: start again
         _held.clear()
-    _held[receipt] = raw, leased, keys, at
-    if payload is None:
-        payload = read_payload(tr, keys, rec)
-    return Message.from_record(
-        leased,
-        keys.name,
-        keys.priority_of(key),
-        key,
-        payload,
-        receipt=receipt,
-        lease_deadline=until / 1e6,
-        expires_at=expires_at(tr, rec),
-    )
+    name = keys.name
+    out: list[Message] = []
+    writes: list[tuple[bytes, Record, bytes, tuple[bytes, bytes], str]] = []
+    ats = keys.leased_at(deadline, [r.id for _, r in heads])
+    priorities = keys.priorities_of([key for key, _ in heads])
+    for i, ((key, rec), at, priority) in enumerate(zip(heads, ats, priorities, strict=True)):
+        key_hex = key.hex()
+        rcpt = f"{receipt}.{i}"
+        raw: bytes | None = None
+        if rec.extra or general:
+            extra = dict(rec.extra)
+            extra.update(key=key_hex, receipt=rcpt, deadline=deadline, until=until)
+            extra.pop("not_before", None)
+            if journaled:
+                extra[JOURNALED] = 1
+            if volatile:
+                extra[VOLATILE] = 1
+            if strict:
+                extra["strict"] = True
+        else:  # the common shape: written directly when it can be (encode_leased), else encoded
+            extra = {"key": key_hex, "receipt": rcpt, "deadline": deadline, "until": until}
+            if journaled:
+                extra[JOURNALED] = 1
+            raw = encode_leased(rec, key_hex, rcpt, deadline, until, journaled)
+        leased = Record(
+            rec.id,
+            rec.enqueued_us,
+            rec.content_type,
+            rec.headers,
+            rec.deliveries + 1,
+            rec.expires_us,
+            rec.chunks,
+            extra,
+            rec.payload,
+        )
+        if raw is None:
+            raw = leased.encode()
+        writes.append((key, leased, raw, at, rcpt))
+        _held[rcpt] = raw, leased, keys, at
+        if not rec.chunks:
+            payload = rec.payload
+        else:
+            found = payloads.get(rec.id)
+            payload = read_payload(tr, keys, rec) if found is None else found
+        out.append(
+            Message.from_record(
+                leased,
+                name,
+                priority,
+                key,
+                payload,
+                receipt=rcpt,
+                lease_deadline=shown,
+                expires_at=None if rec.expires_us is None else expires_at(tr, rec),
+            )
+        )
+    put_leased_batch(tr, keys, deadline, writes)
+    return out
 
 
 def _leased(
@@ -243,18 +265,45 @@ def ack_many_in(
     """Ack every message of ``msgs`` whose lease is still ours: their records and the queue's
     guard in one round trip (``now`` None: database time after it, with its correction).
     Returns the ones acked (an expired or lost lease is skipped)."""
-    if not all(isinstance(m, Message) and m.receipt for m in msgs):
-        raise LeaseError("ack takes Messages returned by lease()")
+    # What this process's lease of each kept (its keys as the lease made them), as ack_in;
+    # every message checked before anything is read.
+    helds: list[tuple[bytes, Record, QueueKeys, tuple[bytes, bytes]] | None] = []
+    also: list[bytes] = []
+    for m in msgs:
+        if not isinstance(m, Message) or not m.receipt:
+            raise LeaseError("ack takes Messages returned by lease()")
+        h = _held.get(m.receipt)
+        if h is not None and h[2] is keys and h[1].id == m.id:
+            helds.append(h)
+            also.append(h[3][0])
+        else:
+            helds.append(None)
+            also.append(keys.inflight_key(m.id))
     peek = settled_counters(tr, keys)
-    # What this process's lease of each kept (its keys as the lease made them), as ack_in.
-    helds = [_held_for(keys, m) for m in msgs]
-    also = [keys.inflight_key(m.id) if h is None else h[3][0] for m, h in zip(msgs, helds, strict=True)]
     raws = check(tr, keys, "dequeue", also=also, peek=peek)
     if now is None:
         now = db_now(tr)
     done = []
+    plain: list[tuple[bytes, bytes]] = []
     strict = False
     for m, h, raw in zip(msgs, helds, raws[: len(msgs)], strict=True):  # the counters after them
+        if h is not None and h[0] == raw:
+            # The very bytes this process's lease wrote, in this queue: the record it leased
+            # under this receipt (as _lease_of takes it), its keys as the lease made them.
+            del _held[m.receipt]  # type: ignore[arg-type]  # a receipt: checked above
+            rec = h[1]
+            extra = rec.extra
+            if int(extra["deadline"]) <= now:
+                continue  # expired (_lease_of's LeaseExpiredError): skipped
+            if VOLATILE in extra:
+                tr.options.set_volatile_prefix(keys.q.key())
+            if rec.chunks or rec.expires_us is not None or JOURNALED in extra or "strict" in extra:
+                finish_lease(tr, keys, rec, note, count=False, at=h[3])
+                strict = strict or bool(extra.get("strict"))
+            else:  # finish_lease's common case: its two clears, for the batch at once
+                plain.append(h[3])
+            done.append(m)
+            continue
         try:
             rec = _lease_of(keys, tr, m, raw, now, False)
         except LeaseError:
@@ -264,6 +313,8 @@ def ack_many_in(
         finish_lease(tr, keys, rec, note, count=False, at=h[3] if h is not None and rec is h[1] else None)
         strict = strict or bool(rec.extra.get("strict"))
         done.append(m)
+    if plain:
+        end_leases(tr, plain)
     # One write per counter for the batch: sets of the values read, where they were (peek).
     if done and not (peek and count_known(tr, peek, raws[len(msgs) :], (-len(done), len(done)))):
         count_settled(tr, keys, len(done))

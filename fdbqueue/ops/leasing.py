@@ -17,7 +17,7 @@ from typing import Any
 from fdbqueue.engines.contract import Transaction
 from fdbqueue.errors import CorruptMessageError
 from fdbqueue.ops import ratelimit
-from fdbqueue.ops.delivery import lease_in, open_for_dequeue, read_payloads
+from fdbqueue.ops.delivery import lease_heads, open_for_dequeue, read_payloads
 from fdbqueue.ops.head import (
     FILTER_SCAN_LIMIT,
     HEAD_BATCH,
@@ -31,7 +31,7 @@ from fdbqueue.ops.head import (
     kept_run,
     take_kept,
 )
-from fdbqueue.ops.moves import count_known, count_leased, move_corrupt, take_for_lease
+from fdbqueue.ops.moves import count_known, count_leased, move_corrupt
 from fdbqueue.ops.scan import expire_within
 from fdbqueue.ops.sweep import sweep_step
 from fdbqueue.store.budget import BATCH_PAYLOAD_BYTES, CHUNK_BYTES, Budget, encoded_len, grown_record
@@ -99,7 +99,6 @@ def lease_batch(
         heads = [(key, rec) for key, rec in heads if rec.id not in damaged]
         clean = False
     secs = seconds or cfg.lease_seconds
-    out: list[Message] = []
     if heads:
         # The ready and in-flight counters as read, moved on by the batch: written as values
         # where nothing conflicts and nothing here wrote them since (moves.count_known).
@@ -110,24 +109,7 @@ def lease_batch(
             and count_known(tr, _leased_counters(keys), (raw[1], raw[4]), (-len(heads), len(heads)))
         ):
             count_leased(tr, keys, len(heads))
-    for i, (key, rec) in enumerate(heads):
-        take_for_lease(tr, keys, key, rec)
-        out.append(
-            lease_in(
-                keys,
-                tr,
-                key,
-                rec,
-                secs,
-                f"{receipt}.{i}",
-                now,
-                strict=cfg.strict_order,
-                payload=payloads.get(rec.id),
-                count=False,
-                journaled=cfg.journal,
-                volatile=cfg.volatile,
-            )
-        )
+    out = lease_heads(keys, tr, heads, secs, receipt, now, cfg, payloads) if heads else []
     if limited is not None:
         limited.spend(tr, len(out))
     return out

@@ -315,6 +315,27 @@ def put_leased(
         after(tr, keys, True, note or _LEASE, leased)
 
 
+def put_leased_batch(
+    tr: Transaction,
+    keys: QueueKeys,
+    deadline: int,
+    leases: list[tuple[bytes, Record, bytes, tuple[bytes, bytes], str]],
+) -> None:
+    """:func:`take_for_lease` and :func:`put_leased` (``count=False``) of each of ``leases``
+    (ready key, leased record, its bytes, its ``inflight_key`` and ``lease_key``, receipt),
+    leased until ``deadline``: a batch's in one call. The caller counts them
+    (:func:`count_leased`)."""
+    for key, leased, raw, at, receipt in leases:
+        tr.clear(key)
+        if leased.expires_us is not None:
+            tr.clear(keys.expiry_key(leased.expires_us, leased.id))
+        if JOURNALED in leased.extra or key != keys.home_key(leased.id):
+            put_leased(tr, keys, key, leased, deadline, receipt, count=False, raw=raw, at=at)
+        else:  # at home (no id entry), no journal: put_leased's two writes
+            tr.set(at[0], raw)
+            tr.set(at[1], receipt.encode())
+
+
 def end_lease(
     tr: Transaction,
     keys: QueueKeys,
@@ -332,6 +353,16 @@ def end_lease(
     tr.clear(at[1])
     if count:
         tr.add(keys.counter("inflight"), MINUS_ONE)
+
+
+def end_leases(tr: Transaction, ats: list[tuple[bytes, bytes]]) -> None:
+    """A batch of acked messages with nothing more to clear (no chunks, no TTL entry, no
+    journal, not strict order): :func:`finish_lease`'s two clears of each, ``ats`` their
+    ``inflight_key`` and ``lease_key`` as their leases made them. The caller counts them
+    (:func:`count_settled`)."""
+    for ikey, lkey in ats:
+        tr.clear(ikey)
+        tr.clear(lkey)
 
 
 def finish_lease(

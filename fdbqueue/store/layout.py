@@ -387,6 +387,21 @@ class QueueKeys:
     def priority_of(self, key: bytes) -> int:
         return -dec_int(key, len(self._r))[0]
 
+    def priorities_of(self, keys: list[bytes]) -> list[int]:
+        """:meth:`priority_of` of each ready key, decoded once a run of one priority: keys
+        that start with the same encoded priority have it (the tuple encoding of an int is
+        prefix-free: its first byte says its length)."""
+        start = len(self._r)
+        out = []
+        prefix: bytes | None = None
+        priority = 0
+        for key in keys:
+            if prefix is None or not key.startswith(prefix):
+                value, end = dec_int(key, start)
+                priority, prefix = -value, key[:end]
+            out.append(priority)
+        return out
+
     # -- message ids -------------------------------------------------------------------------------
     def home_id(self, priority: int, index: int, rand: bytes) -> str:
         """The id of a message enqueued ready: "r" + its ready key's tail, in hex.
@@ -426,6 +441,16 @@ class QueueKeys:
 
     def lease_key(self, deadline: int, msg_id: str) -> bytes:
         return self._l + enc_int(deadline) + enc_str(msg_id)
+
+    def leased_at(self, deadline: int, msg_ids: list[str]) -> list[tuple[bytes, bytes]]:
+        """``(inflight_key(id), lease_key(deadline, id))`` of each id: a batch leased until one
+        ``deadline`` encodes it and each id once."""
+        f, lease = self._f, self._l + enc_int(deadline)
+        out = []
+        for msg_id in msg_ids:
+            tail = enc_str(msg_id)
+            out.append((f + tail, lease + tail))
+        return out
 
     def delayed_key(self, due: int, msg_id: str) -> bytes:
         return self._d + enc_int(due) + enc_str(msg_id)
