@@ -146,7 +146,7 @@ def lease_heads(
     payloads: Mapping[str, bytes],
 ) -> list[Message]:
     """Move each ready message of ``heads`` (key, record) into flight under ``receipt.i``:
-    taken out of the ready set here (with its TTL entry, as ``moves.take_for_lease``), the
+    taken out of the ready set here (with its TTL entry, as ``moves.put_leased_batch`` does), the
     caller counting the batch (``moves.count_leased``). What every lease of one batch shares
     is made once: the deadline (a version), the wall-clock ``until``, the lease entries'
     prefix, the queue's settings. The leased record carries the journal's mark on a journaled

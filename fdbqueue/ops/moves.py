@@ -321,7 +321,8 @@ def put_leased_batch(
     deadline: int,
     leases: list[tuple[bytes, Record, bytes, tuple[bytes, bytes], str]],
 ) -> None:
-    """:func:`take_for_lease` and :func:`put_leased` (``count=False``) of each of ``leases``
+    """Each of ``leases`` taken out of the ready set, its TTL entry cleared (a lease ends
+    before it matters: a release sets it again), and :func:`put_leased` (``count=False``) of it
     (ready key, leased record, its bytes, its ``inflight_key`` and ``lease_key``, receipt),
     leased until ``deadline``: a batch's in one call. The caller counts them
     (:func:`count_leased`)."""
@@ -567,14 +568,6 @@ def count_settled(tr: Transaction, keys: QueueKeys, n: int) -> None:
     if n:
         tr.add(keys.counter("inflight"), pack_count(-n))
         tr.add(keys.counter("done"), pack_count(n))
-
-
-def take_for_lease(tr: Transaction, keys: QueueKeys, key: bytes, rec: Record) -> None:
-    """Take a ready message out of the ready set for a lease (counted by :func:`count_leased`);
-    its TTL entry goes (a lease ends before it matters: a release sets it again)."""
-    tr.clear(key)
-    if rec.expires_us is not None:
-        tr.clear(keys.expiry_key(rec.expires_us, rec.id))
 
 
 def hand_over(

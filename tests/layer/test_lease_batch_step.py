@@ -57,7 +57,7 @@ def test_a_ttl_messages_lease_clears_its_ttl_entry_and_shows_when_it_expires(db:
     assert [m.payload for m in ms] == [b"plain", b"ttl"]
     assert ms[0].expires_at is None
     assert ms[1].expires_at is not None and ms[1].expires_at > time.time() + 30
-    assert _left(db, "x") == 0  # a lease ends before the TTL matters (take_for_lease)
+    assert _left(db, "x") == 0  # a lease ends before the TTL matters (put_leased_batch)
     assert q.ack_many(db, ms) == ms
     assert (_left(db, "f"), _left(db, "l"), _left(db, "x")) == (0, 0, 0)
 
