@@ -43,6 +43,23 @@ JOURNAL_OPS = ("enqueue", "dequeue", "lease_ack")
 FORWARDS = ("enqueue_many", "leased", "exclusive", "source")
 
 
+@fdbqueue.transactional
+def _take(tr: fdbqueue.Transaction, q: Queue) -> Message | None:
+    return q.dequeue(tr)
+
+
+def _one(kind: str, q: Queue, db: fdbqueue.Database) -> None:
+    """One of the journal's operations: an enqueue, a ``dequeue(tr)``, or a lease + ack."""
+    if kind == "enqueue":
+        q.enqueue(db, PAYLOAD)
+    elif kind == "dequeue":
+        _take(db, q)
+    else:
+        m = q.lease(db)
+        assert m is not None
+        q.ack(db, m)
+
+
 def child(what: str, op: str, n: int, fill: int = 0) -> None:
     """Run ``n`` of ``op`` (valgrind counts the whole process; the parent subtracts) on a
     journal store of ``fill`` messages (at least ``n + 10``)."""
@@ -77,20 +94,8 @@ def child(what: str, op: str, n: int, fill: int = 0) -> None:
         for _ in range(3):  # settings cached, pages warm
             q.enqueue(db, PAYLOAD)
             q.dequeue(db)
-
-        @fdbqueue.transactional
-        def take(tr: fdbqueue.Transaction) -> fdbqueue.Message | None:
-            return q.dequeue(tr)
-
         for _ in range(n):
-            if kind == "enqueue":
-                q.enqueue(db, PAYLOAD)
-            elif kind == "dequeue":
-                take(db)
-            else:
-                m = q.lease(db)
-                assert m is not None
-                q.ack(db, m)
+            _one(kind, q, db)
 
 
 # The WAL index header at the start of ``-shm`` (https://www.sqlite.org/walformat.html, 2.1,
@@ -119,21 +124,10 @@ def pages(op: str, n: int) -> float:
         for lo in range(0, 2 * n + 10, 500):
             q.enqueue_many(db, [PAYLOAD] * min(500, 2 * n + 10 - lo))
 
-        @fdbqueue.transactional
-        def take(tr: fdbqueue.Transaction) -> fdbqueue.Message | None:
-            return q.dequeue(tr)
-
         written = counted = 0
         for i in range(n + 3):
             before = _wal(path)
-            if kind == "enqueue":
-                q.enqueue(db, PAYLOAD)
-            elif kind == "dequeue":
-                take(db)
-            else:
-                m = q.lease(db)
-                assert m is not None
-                q.ack(db, m)
+            _one(kind, q, db)
             after = _wal(path)
             if i >= 3 and after[1] == before[1] and after[0] >= before[0]:  # the first 3 warm up
                 written += after[0] - before[0]
