@@ -272,13 +272,9 @@ def ack_many_in(
     for m in msgs:
         if not isinstance(m, Message) or not m.receipt:
             raise LeaseError("ack takes Messages returned by lease()")
-        h = _held.get(m.receipt)
-        if h is not None and h[2] is keys and h[1].id == m.id:
-            helds.append(h)
-            also.append(h[3][0])
-        else:
-            helds.append(None)
-            also.append(keys.inflight_key(m.id))
+        h = _held_for(keys, m)
+        helds.append(h)
+        also.append(keys.inflight_key(m.id) if h is None else h[3][0])
     peek = settled_counters(tr, keys)
     raws = check(tr, keys, "dequeue", also=also, peek=peek)
     if now is None:
@@ -287,32 +283,21 @@ def ack_many_in(
     plain: list[tuple[bytes, bytes]] = []
     strict = False
     for m, h, raw in zip(msgs, helds, raws[: len(msgs)], strict=True):  # the counters after them
-        if h is not None and h[0] == raw:
-            # The very bytes this process's lease wrote, in this queue: the record it leased
-            # under this receipt (as _lease_of takes it), its keys as the lease made them.
-            del _held[m.receipt]  # type: ignore[arg-type]  # a receipt: checked above
-            rec = h[1]
-            extra = rec.extra
-            if int(extra["deadline"]) <= now:
-                continue  # expired (_lease_of's LeaseExpiredError): skipped
-            if VOLATILE in extra:
-                tr.options.set_volatile_prefix(keys.q.key())
-            if rec.chunks or rec.expires_us is not None or JOURNALED in extra or "strict" in extra:
-                finish_lease(tr, keys, rec, note, count=False, at=h[3])
-                strict = strict or bool(extra.get("strict"))
-            else:  # finish_lease's common case: its two clears, for the batch at once
-                plain.append(h[3])
-            done.append(m)
-            continue
         try:
             rec = _lease_of(keys, tr, m, raw, now, False)
         except LeaseError:
             continue
+        done.append(m)
         # The very record this process leased (the bytes read were the ones it wrote): its
         # keys as the lease made them, not made again (as ack_in).
-        finish_lease(tr, keys, rec, note, count=False, at=h[3] if h is not None and rec is h[1] else None)
-        strict = strict or bool(rec.extra.get("strict"))
-        done.append(m)
+        at = h[3] if h is not None and rec is h[1] else None
+        extra = rec.extra
+        fuller = rec.chunks or rec.expires_us is not None or JOURNALED in extra or "strict" in extra
+        if at is not None and not fuller:
+            plain.append(at)  # finish_lease's common case: its two clears, for the batch at once
+            continue
+        finish_lease(tr, keys, rec, note, count=False, at=at)
+        strict = strict or bool(extra.get("strict"))
     if plain:
         end_leases(tr, plain)
     # One write per counter for the batch: sets of the values read, where they were (peek).

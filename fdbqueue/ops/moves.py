@@ -330,11 +330,7 @@ def put_leased_batch(
         tr.clear(key)
         if leased.expires_us is not None:
             tr.clear(keys.expiry_key(leased.expires_us, leased.id))
-        if JOURNALED in leased.extra or key != keys.home_key(leased.id):
-            put_leased(tr, keys, key, leased, deadline, receipt, count=False, raw=raw, at=at)
-        else:  # at home (no id entry), no journal: put_leased's two writes
-            tr.set(at[0], raw)
-            tr.set(at[1], receipt.encode())
+        put_leased(tr, keys, key, leased, deadline, receipt, count=False, raw=raw, at=at)
 
 
 def end_lease(
