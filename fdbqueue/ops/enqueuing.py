@@ -169,7 +169,7 @@ def _plain_step(
     if found is None:
         return _attempt(keys, [plain_item(payload, priority, rand)], None, tr, at)[0]
     check_room(tr.db)
-    values, settings = found
+    values, settings, read = found
     wake = values[2]  # read_meta's made_ready, + 1
     index = 1 if wake is None else _I64_UNPACK(wake)[0] + 1 if len(wake) == 8 else unpack_count(wake) + 1
     key, msg_id = keys.home(priority, index, rand)
@@ -189,7 +189,6 @@ def _plain_step(
         except struct.error:
             pass
         else:
-            read = keys.meta_read_short()
             tr.set(read[1], counted[0])
             tr.set(read[2], counted[1])
             return msg_id

@@ -274,7 +274,7 @@ class _Kept:
     """A kept run: the ready records after the last take's, and the ready and wake counters
     (as stored: 8 bytes little-endian) its commit left; in ``_kept`` once that commit landed."""
 
-    __slots__ = ("db", "pause", "ready", "run", "slot", "version", "wake")
+    __slots__ = ("db", "pause", "prio", "ready", "run", "slot", "version", "wake")
 
     def __init__(
         self,
@@ -292,6 +292,7 @@ class _Kept:
         self.wake = wake
         self.version = version  # the queue's metadata version: a queue destroyed and made again
         self.pause = 0
+        self.prio: tuple[bytes, int] | None = None  # take_short's: a priority's prefix, the priority
 
     def landed(self, error: EngineError | None) -> None:
         """``Transaction.on_finish``: kept once the take's commit landed."""
@@ -456,48 +457,61 @@ _taken: dict[bytes, tuple[bytes, bytes]] = {}
 
 def take_short(keys: QueueKeys, tr: Transaction, in_caller: bool = True) -> Message | None:
     """The next message of a dequeue in ``tr`` in the common case above, taken and counted as
-    ``Queue._take``'s kept-head take does; None, having written and kept nothing, when the case
-    is another: the caller takes the long way in the same ``tr``.
+    ``Queue._take``'s kept-head take does; None, having written nothing and with the kept run
+    as it was, when the case is another: the caller takes the long way in the same ``tr``.
 
     Composes inside the caller's transaction: the message is gone when it commits (the rest of
     the kept run kept for the next take then), and back when it does not, the delivery then
     counted as failed (``delivery.count_failed_attempt``) when ``in_caller`` (a caller's
     transaction; a dequeue's own retried one counts none, as ``Queue._take``)."""
     db = tr.db
-    entry = _kept.get((id(db), keys.packed))
-    # (the long way's keeps_head and kept_run: a run to use, not paused; nothing conflicts)
-    if entry is None or entry.pause or not entry.run or getattr(db, "may_conflict", True):
+    slot = (id(db), keys.packed)
+    # Taken out first (kept_run's: a run serves one take, and another thread's take on this
+    # handle then finds none and scans), put back by _back when the case is another. An entry
+    # of this database (entry.db) was kept by a take where nothing conflicts (keeps_head).
+    entry = _kept.pop(slot, None)
+    if entry is None:
         return None
+    if not entry.run or entry.pause or entry.db() is not db:
+        return _back(slot, entry)  # (a paused slot's, or another database's under a reused id)
     found = read_take(tr, keys)
     if found is None:
-        return None
+        return _back(slot, entry)
     values, settings, read = found  # version, ready, wake, inflight, delayed, done (and their keys)
     version, ready, wake, inflight, delayed, done = values
-    if (inflight is not None and inflight != _ZERO) or (delayed is not None and delayed != _ZERO):
-        return None  # delayed or leased messages may have come due: the long way's due check
-    if entry.ready != ready or entry.wake != wake or entry.version != version or entry.db() is not db:
-        return None  # the ready set changed, or another queue under the name: kept_run says so
+    if (
+        (inflight is not None and inflight != _ZERO)
+        or (delayed is not None and delayed != _ZERO)
+        # the ready set changed, or another queue under the name: kept_run says so
+        or entry.ready != ready
+        or entry.wake != wake
+        or entry.version != version
+    ):
+        return _back(slot, entry)  # (delayed or leased messages may be due: the due check)
     run = entry.run
     key, raw = run[0]
     fields = decode_fields(raw)
     if fields is None:
-        return None
+        return _back(slot, entry)
     msg_id, enqueued_us, content_type, headers, deliveries, expires_us, chunks, extra, payload = fields
     if expires_us is not None or chunks or extra:
-        return None  # a TTL to check, chunks to read, a retry delay (not_before) or more
+        return _back(slot, entry)  # a TTL to check, chunks to read, a retry delay (not_before) or more
     try:  # count_known's arithmetic (ready is 8 bytes: entry.ready is); past 64 bits: the long way
         ready = _PACK(_UNPACK(ready)[0] - 1)
         done = _ONE if done is None else _PACK(_UNPACK(done)[0] + 1)
     except struct.error:
-        return None
+        return _back(slot, entry)
+    # The priority: the run's last one, while the key starts with its encoding (a tuple-encoded
+    # int is prefix-free), else decoded from the key.
+    known = entry.prio
+    if known is not None and key.startswith(known[0]):
+        priority = known[1]
+    else:
+        entry.prio = known = keys.priority_prefix(key)
+        priority = known[1]
     msg = Message.handed_out(
-        keys.name, keys.priority_of(key), key, msg_id, enqueued_us, content_type, headers, deliveries, payload
+        keys.name, priority, key, msg_id, enqueued_us, content_type, headers, deliveries, payload
     )
-    # Taken out (kept_run: a run serves one take), unless another thread's take of this queue
-    # on this handle took it since the lookup above (its transaction ended before this one
-    # read: the engine's one writer) and has not yet put it back: the long way then.
-    if _kept.pop((id(db), keys.packed), None) is not entry:
-        return None
     # Decided: from here on as the long way writes (remove_message, count_known, take_counted).
     tr.clear(key)
     if key != keys.home_key(msg_id):  # at home it has no id entry
@@ -513,6 +527,14 @@ def take_short(keys: QueueKeys, tr: Transaction, in_caller: bool = True) -> Mess
     elif in_caller:
         tr.on_finish(partial(failed_take, keys, db, msg))
     return msg
+
+
+def _back(slot: tuple[int, bytes], entry: _Kept) -> Message | None:
+    """take_short's way out when the case is another (its None): the kept run put back as it
+    was (unless another thread's take kept one since), for the long way to use or find out of
+    date."""
+    _kept.setdefault(slot, entry)
+    return None
 
 
 def _landed_or_failed(

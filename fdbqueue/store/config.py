@@ -552,14 +552,16 @@ def read_take(tr: Transaction, keys: QueueKeys) -> tuple[list[bytes | None], _Se
     return values, settings, wanted
 
 
-def read_plain(tr: Transaction, keys: QueueKeys, size: int) -> tuple[list[bytes | None], _Settings] | None:
+def read_plain(
+    tr: Transaction, keys: QueueKeys, size: int
+) -> tuple[list[bytes | None], _Settings, list[bytes]] | None:
     """:func:`read_meta` of an enqueue of one plain message of ``size`` bytes, in a
     transaction where nothing conflicts (the caller asks ``engine_traits``' first), when the
     settings this process last found for the queue are those at the metadata version read and
     need none of the enqueue's checks (:func:`_plain_limit`). Then what it read
     (``QueueKeys.meta_read_short``'s keys, snapshot reads as ``read_meta``'s) and those
     settings; else None, read or not, and the caller takes ``read_meta``'s way, which
-    refreshes them.
+    refreshes them; and the keys read (not to be changed by the caller).
 
     As safe as ``read_meta``'s cache: every change of settings, state or markers writes a new
     metadata version in its transaction (:func:`bump_metadata_version`, random: never one
@@ -567,11 +569,12 @@ def read_plain(tr: Transaction, keys: QueueKeys, size: int) -> tuple[list[bytes 
     hot = _hot.get(keys.packed)
     if hot is None or size > hot[3]:
         return None
-    values = tr.snapshot.get_many(keys.meta_read_short())
+    read = keys.meta_read_short()
+    values = tr.snapshot.get_many(read)
     settings = hot[1]
     if values[0] != settings.version or hot[0]() is not tr.db:
         return None
-    return values, settings
+    return values, settings, read
 
 
 # What read_meta_for reads, per queue and counters: the keys, and the getter that puts what

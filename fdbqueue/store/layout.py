@@ -387,6 +387,13 @@ class QueueKeys:
     def priority_of(self, key: bytes) -> int:
         return -dec_int(key, len(self._r))[0]
 
+    def priority_prefix(self, key: bytes) -> tuple[bytes, int]:
+        """(the start of the ready key ``key`` that encodes its priority, the priority): every
+        ready key that starts with that prefix has that priority (a tuple-encoded int is
+        prefix-free: its first byte says its length)."""
+        value, end = dec_int(key, len(self._r))
+        return key[:end], -value
+
     def priorities_of(self, keys: list[bytes]) -> list[int]:
         """:meth:`priority_of` of each ready key, decoded once a run of one priority: keys
         that start with the same encoded priority have it (the tuple encoding of an int is

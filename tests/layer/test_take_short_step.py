@@ -491,3 +491,118 @@ def test_a_dequeue_in_its_own_transaction_takes_the_short_step_and_survives_a_re
         assert counts(d) == (0, 0, 10)
     finally:
         d.close()
+
+
+# -- issue 30, seventh pass: the step's own lookups, each tried against the long way ------------
+
+
+def test_a_take_the_step_leaves_finds_the_kept_run_as_it_was(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step takes the kept run out first and puts it back when the case is another (a
+    delayed message waiting, a TTL at the head): the long way then takes from the run without
+    reading the ready range, as when the step never looked (failed with the put-back removed)."""
+    from fdbqueue.ops import head
+
+    q = filled(db, 6)
+    assert take(db, q) is not None  # the long way: reads the head, keeps the run
+    q.enqueue(db, b"later", delay=600.0)  # the delayed counter: the step's case no more
+    with monkeypatch.context() as m:
+
+        def no_scan(*args: Any, **kwargs: Any) -> None:
+            raise AssertionError("the ready range was read")
+
+        m.setattr(head, "_head", no_scan)
+        got = [take(db, q) for _ in range(2)]
+    assert payloads(got) == [b"m1", b"m2"]
+    assert counts(db)[2] == 3
+
+
+def test_a_head_with_a_ttl_is_the_long_ways_from_the_kept_run(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fdbqueue.ops import head
+
+    q = Queue("jobs")
+    q.enqueue(db, b"m0")
+    q.enqueue(db, b"ttl", ttl=600.0)
+    q.enqueue(db, b"m2")
+    assert take(db, q) is not None
+    with monkeypatch.context() as m:
+
+        def no_scan(*args: Any, **kwargs: Any) -> None:
+            raise AssertionError("the ready range was read")
+
+        m.setattr(head, "_head", no_scan)
+        got = [take(db, q) for _ in range(2)]
+    assert payloads(got) == [b"ttl", b"m2"]
+    assert got[0] is not None and got[0].expires_at is not None
+
+
+def test_a_run_across_priorities_names_each_messages_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step keeps the last priority it decoded with its key prefix; a run that crosses
+    priorities (the highest, 0, negative, the 32-bit edges) gives each message the priority
+    the long way gives it, and the same Message field for field."""
+    from fdbqueue.ops import head
+
+    prios = [2**31 - 1, 2**31 - 1, 5, 5, 0, 0, 1, -7, -(2**31), -(2**31)]
+
+    def drained(name: str, short: bool) -> list[fdbqueue.Message]:
+        database = fdbqueue.open(f"sqlite://{tmp_path / name}?sync=normal")
+        try:
+            q = Queue("jobs")
+            for i, p in enumerate(prios):
+                q.enqueue(database, f"m{i}".encode(), priority=p)
+            with monkeypatch.context() as m:
+                if not short:
+                    m.setattr("fdbqueue.api.queue.take_short", lambda *a, **k: None)
+                out = [take(database, q) for _ in prios]
+            assert take(database, q) is None
+            return [x for x in out if x is not None]
+        finally:
+            database.close()
+
+    calls: list[int] = []
+    real = head.take_short
+
+    def counted(*args: Any, **kwargs: Any) -> fdbqueue.Message | None:
+        got = real(*args, **kwargs)
+        calls.append(got is not None)
+        return got
+
+    monkeypatch.setattr("fdbqueue.api.queue.take_short", counted)
+    short = drained("short.db", True)
+    assert sum(calls) == len(prios) - 1  # every take but the first was the step's
+    monkeypatch.setattr("fdbqueue.api.queue.take_short", real)
+    long = drained("long.db", False)
+    assert [m.priority for m in short] == sorted(prios, reverse=True)
+    fields = ("priority", "payload", "deliveries", "headers", "content_type", "expires_at", "extra")
+    assert [[getattr(m, f) for f in fields] for m in short] == [[getattr(m, f) for f in fields] for m in long]
+
+
+def test_the_checksum_refuses_every_damaged_byte_and_length() -> None:
+    """A record is whole when the CRC-32 of all its bytes is CRC-32's residue (record.py
+    _RESIDUE): every flipped bit anywhere (the checksum's own bytes too), every shorter record,
+    the checksum stored big-endian, and another body's checksum are refused by both decoders;
+    the record itself is accepted."""
+    import zlib
+
+    from fdbqueue.errors import CorruptMessageError
+    from fdbqueue.store.record import Record, decode_fields
+
+    raw = Record("rab12", 1, "b", {"h": "v"}, 0, None, 0, {}, bytes(range(256))).encode()
+    assert decode_fields(raw) == list(Record.decode(raw))
+    body, crc = raw[:-4], raw[-4:]
+    wrong = [body + crc[::-1], body + struct.pack("<I", zlib.crc32(body + b"x"))]
+    for i in range(len(raw)):
+        for bit in range(8):
+            flipped = bytearray(raw)
+            flipped[i] ^= 1 << bit
+            wrong.append(bytes(flipped))
+    wrong += [raw[:n] for n in range(len(raw))]
+    for bad in wrong:
+        assert decode_fields(bad) is None
+        with pytest.raises(CorruptMessageError):
+            Record.decode(bad)
