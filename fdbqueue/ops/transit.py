@@ -40,7 +40,9 @@ import json
 import struct
 import time
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from itertools import accumulate, repeat
+from operator import attrgetter, itemgetter, setitem
 from typing import Any, NamedTuple
 
 from fdbqueue.engines.contract import Database, Transaction
@@ -162,6 +164,26 @@ def batch_of(receipt: str) -> str:
     return receipt.rpartition(".")[0] or receipt
 
 
+def leases_of(receipts: Iterable[str]) -> list[str]:
+    """:func:`batch_of` of each receipt, each lease once, in order of first appearance: loops
+    in C (a forward names a batch's hundred receipts in several of its steps)."""
+    rs = receipts if isinstance(receipts, list) else list(receipts)
+    heads = dict.fromkeys(map(_first, map(str.rpartition, rs, repeat("."))))
+    if "" in heads:  # a receipt without a dot is a lease of its own
+        return list(dict.fromkeys(batch_of(r) for r in rs))
+    return list(heads)
+
+
+def entries_of(batch: list[Message]) -> list[Entry]:
+    """(id, receipt) of each leased message of ``batch``, in order (loops in C)."""
+    return list(zip(map(_ID, batch), map(str, map(_RECEIPT, batch)), strict=True))
+
+
+_first, _second = itemgetter(0), itemgetter(1)
+_ID, _RECEIPT = attrgetter("id"), attrgetter("receipt")
+_PAYLOAD, _HEADERS = attrgetter("payload"), attrgetter("headers")
+
+
 class Tomb(NamedTuple):
     """A batch's tombstone: the messages removed under it (id -> receipt), and when."""
 
@@ -199,7 +221,7 @@ def _batch_tombs(
 ) -> Iterator[tuple[str, Tomb]]:
     """The tombstones of the batches ``entries`` (id, receipt) belong to, each batch's read
     once (in one ``get_many``), with its batch's name: those there are."""
-    names = list({r.rpartition(".")[0] or r: None for _, r in entries})  # batch_of, inline
+    names = leases_of(map(_second, entries))
     for name, raw in zip(names, t.get_many([tomb_key(src, dest, n) for n in names]), strict=True):
         tomb = decode_tomb(raw, name)
         if tomb is not None:
@@ -224,10 +246,14 @@ def write_tombs(
 ) -> None:
     """The tombstones of ``removed`` (just removed under those receipts), one a batch, beside
     what ``earlier`` (read by :func:`read_tombs` in ``t``) says of the same batches."""
+    names = leases_of(map(_second, removed))
+    if len(names) == 1 and not earlier:  # the common case: one batch, removed in one go
+        t.set(tomb_key(src, dest, names[0]), encode_tomb(dict(removed), now))
+        return
     by: dict[str, dict[str, str]] = {}
     for mid, receipt in [*earlier, *removed]:
         by.setdefault(receipt.rpartition(".")[0] or receipt, {})[mid] = receipt  # batch_of, inline
-    for name in {r.rpartition(".")[0] or r: None for _, r in removed}:
+    for name in names:
         t.set(tomb_key(src, dest, name), encode_tomb(by[name], now))
 
 
@@ -242,7 +268,7 @@ def clear_tombs(t: Transaction, src: QueueKeys, dest: str, published: list[Entry
     for name, tomb in _batch_tombs(t, src, dest, published):
         named.update(tomb.removed.items())
         _rewrite(t, tomb_key(src, dest, name), tomb, done)
-    rest = [mid for mid, receipt in published if (mid, receipt) not in named]
+    rest = [] if named.issuperset(published) else [mid for mid, r in published if (mid, r) not in named]
     for mid, raw in zip(rest, t.get_many([tomb_key(src, dest, mid) for mid in rest]), strict=True):
         one = decode_tomb(raw, mid)
         if one is not None and raw is not None and raw[:1] != b"[":
@@ -250,6 +276,9 @@ def clear_tombs(t: Transaction, src: QueueKeys, dest: str, published: list[Entry
 
 
 def _rewrite(t: Transaction, key: bytes, tomb: Tomb, done: set[Entry]) -> None:
+    if done.issuperset(tomb.removed.items()):  # all of it published (compared in C)
+        t.clear(key)
+        return
     left = {mid: r for mid, r in tomb.removed.items() if (mid, r) not in done}
     if len(left) == len(tomb.removed):
         return
@@ -285,6 +314,8 @@ def too_large(keys: QueueKeys, meta: Meta, batch: list[Message]) -> dict[str, st
     them, so they are not left leased (each forward would pass them by, for good)."""
     cfg = meta.config or QueueConfig()
     limit = min(cfg.max_payload, MAX_PAYLOAD_BYTES)
+    if not batch or max(map(len, map(_PAYLOAD, batch))) <= limit:  # the common case, in C
+        return {}
     return {
         m.id: f"too large for destination {keys.name!r} (max_payload {limit}): {len(m.payload)} bytes"
         for m in batch
@@ -361,15 +392,21 @@ def install_parts(
     a run's batch installed in the publication of the one before it, in parts; one installed
     by a transaction of its own, one key a message (:func:`install`)."""
     by: dict[str, list[Message]] = {}
-    for m in batch:
-        r = str(m.receipt)
-        by.setdefault(r.rpartition(".")[0] or r, []).append(m)  # batch_of, inline
+    receipts = list(map(str, map(_RECEIPT, batch)))
+    names = leases_of(receipts)
+    if len(names) == 1:  # a run's batch: one lease
+        by[names[0]] = batch
+    else:
+        for m, r in zip(batch, receipts, strict=True):
+            by.setdefault(batch_of(r), []).append(m)
     for lease, msgs in by.items():
         have: set[Entry] = set()
         part = 0
         for kv in t.get_range(*part_range(dst, source, lease), 10_000):
             have.update((c.id, c.receipt) for c in decode_part(kv.value, dst, kv.key))
             part = int(dst.q.unpack(kv.key)[-1]) + 1
+        if not have and _put_plain(t, dst, source, lease, part, msgs, now):
+            continue
         rows: list[list[Any]] = []
         payloads: list[bytes] = []
         size = 0
@@ -404,6 +441,29 @@ def install_parts(
                     payload[n * CHUNK_SIZE : (n + 1) * CHUNK_SIZE]))  # fmt: skip
         if rows:
             _put_part(t, dst, source, lease, part, rows, payloads)
+
+
+def _put_plain(
+    t: Transaction, dst: QueueKeys, source: str, lease: str, part: int, msgs: list[Message], now: int
+) -> bool:
+    """:func:`install_parts`' common case, written at once: copies none of which is there yet,
+    without headers, each payload inline, all in one part by the estimate (the rows are those
+    the general loop writes). False, writing nothing, when the batch is not that case."""
+    payloads = list(map(_PAYLOAD, msgs))
+    sizes = list(map(len, payloads))
+    if any(map(_HEADERS, msgs)) or max(sizes) > CHUNK_SIZE:
+        return False
+    ids, receipts = list(map(_ID, msgs)), list(map(str, map(_RECEIPT, msgs)))
+    cost = _ROW_BYTES * len(msgs) + sum(sizes) + sum(map(len, ids)) + sum(map(len, receipts))
+    if cost > PART_BYTES:
+        return False
+    # (round(...): enqueued_us(m), without the call; ._value_: the enum's value, without its
+    # property's Python-level call)
+    rows = [[mid, r, round(m.enqueued_at * 1e6), m.content_type._value_, {}, m.priority, m.expires_at,
+             None, False, 0, size, now]
+            for mid, r, m, size in zip(ids, receipts, msgs, sizes, strict=True)]  # fmt: skip
+    _put_part(t, dst, source, lease, part, rows, payloads)
+    return True
 
 
 def _put_part(
@@ -481,18 +541,21 @@ def decode_part(raw: bytes, keys: QueueKeys, key: bytes) -> list[Copy]:
     if fmt != PART_FORMAT:
         raise QueueError(f"pending copies of unknown format {fmt}: written by a newer fdbqueue?")
     at = _PART_HEAD.size + n
-    out = []
-    for row in json.loads(raw[_PART_HEAD.size : at]):
-        if len(row) != _COPY_FIELDS:
-            raise QueueError(f"a pending copy of {len(row)} fields: written by a newer fdbqueue?")
-        size = row[10]
-        row[10] = raw[at : at + size]
-        at += size
-        out.append(_new_copy(Copy, row))  # Copy._make, less its Python frame: the length is known
-    return out
+    rows = json.loads(raw[_PART_HEAD.size : at])
+    odd = set(map(len, rows)) - {_COPY_FIELDS}
+    if odd:
+        raise QueueError(f"a pending copy of {min(odd)} fields: written by a newer fdbqueue?")
+    # Each row's payload (its size in field 10) cut from after the rows, in order; then each
+    # row made a Copy (Copy._make, less its Python frame: the length is known). Loops in C.
+    ends = list(accumulate(map(_SIZE, rows), initial=at))
+    cuts = map(raw.__getitem__, map(slice, ends, ends[1:]))
+    for _ in map(setitem, rows, repeat(10), cuts):
+        pass
+    return list(map(_new_copy, repeat(Copy), rows))
 
 
 _new_copy = tuple.__new__
+_SIZE, _CHUNKS = itemgetter(10), itemgetter(9)
 _COPY_FIELDS = len(Copy._fields)
 
 
@@ -523,11 +586,17 @@ class Pending:
         """Clear the copies of ``done`` (published or withdrawn), in ``t``: a copy of its own
         by its key (and its chunks); a part rewritten without them, or cleared when none of
         it is left, and their chunks cleared."""
-        for entry in done:
-            own = self._own.get(entry)
-            if own is not None:
-                drop_pending_at(t, own[0], chunked=own[1])
+        if self._own:
+            for entry in done:
+                own = self._own.get(entry)
+                if own is not None:
+                    drop_pending_at(t, own[0], chunked=own[1])
         for key, copies in self._parts.items():
+            if done.issuperset(zip(map(_first, copies), map(_second, copies), strict=True)):  # all of it
+                for c in filter(_CHUNKS, copies):
+                    t.clear_range(*pending_range(dst, source, c.id, c.receipt))
+                t.clear(key)
+                continue
             left = [c for c in copies if (c.id, c.receipt) not in done]
             if len(left) == len(copies):
                 continue
@@ -548,13 +617,15 @@ def read_pending(
     payloads joined (``payloads=False``: chunked ones left unread)."""
     found: dict[Entry, Copy] = {}
     parts: dict[bytes, list[Copy]] = {}
-    for lease in {r.rpartition(".")[0] or r: None for _, r in entries}:  # batch_of, inline
+    for lease in leases_of(map(_second, entries)):
         for kv in t.get_range(*part_range(dst, source, lease), 10_000):
             copies = parts[kv.key] = decode_part(kv.value, dst, kv.key)
             for c in copies:
                 found[(c.id, c.receipt)] = c
     own: dict[Entry, tuple[bytes, bool]] = {}
-    rest = [e for e in entries if e not in found] if found else entries
+    rest = entries
+    if found:
+        rest = [] if all(map(found.__contains__, entries)) else [e for e in entries if e not in found]
     if rest:
         keys = pending_keys(dst, source, rest)
         for (mid, receipt), key, raw in zip(rest, keys, t.get_many(keys), strict=True):
@@ -562,14 +633,13 @@ def read_pending(
                 rec = decode_record(raw, dst, key, mid)
                 found[(mid, receipt)] = copy_of(rec, receipt)
                 own[(mid, receipt)] = key, rec.chunks > 0
-    out: list[Copy | None] = []
-    for mid, receipt in entries:
-        got = found.get((mid, receipt))
-        if got is not None and got.chunks and payloads:
-            at = pending_key(dst, source, mid, receipt)
-            vals = [kv.value for kv in t.get_range(at + b"\x00", at + b"\xff", got.chunks + 1)]
-            got = got._replace(payload=join_chunks(vals, got.chunks, dst.name, mid))
-        out.append(got)
+    out: list[Copy | None] = list(map(found.get, entries))
+    if payloads and any(map(_CHUNKS, filter(None, out))):  # chunked payloads: joined
+        for i, ((mid, receipt), got) in enumerate(zip(entries, out, strict=True)):
+            if got is not None and got.chunks:
+                at = pending_key(dst, source, mid, receipt)
+                vals = [kv.value for kv in t.get_range(at + b"\x00", at + b"\xff", got.chunks + 1)]
+                out[i] = got._replace(payload=join_chunks(vals, got.chunks, dst.name, mid))
     return Pending(out, parts, own)
 
 

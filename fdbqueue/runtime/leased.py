@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from fdbqueue.engines.contract import Database, Transaction
 from fdbqueue.errors import QueueError
@@ -137,18 +138,21 @@ class Leased(Outbox):
             now = db_now(t)
             if published:  # before this batch's: a batch is published after its removal
                 transit.clear_tombs(t, skeys, dest, published)
-            mine = [(m.id, str(m.receipt)) for m in batch]
+            mine = transit.entries_of(batch)
             found = transit.read_tombs(t, skeys, dest, mine) if batch else set()
             earlier = {mid for mid, _ in found}
-            rest = [m for m in batch if m.id not in earlier]
+            rest = [m for m in batch if m.id not in earlier] if earlier else batch
             done = ack_many_in(skeys, t, rest, now, note) if rest else []
+            whole = not earlier and len(done) == len(batch)  # the common case: all of it, now
             if done:  # one tombstone for the batch, not one a message
-                transit.write_tombs(t, skeys, dest, [(m.id, str(m.receipt)) for m in done], found, now)
+                transit.write_tombs(t, skeys, dest, mine if whole else transit.entries_of(done), found, now)
             self._acknowledge(t, done)
             for record in records:  # named: batches published, nothing left to take over
                 transit.clear_record(t, record)
-            removed = earlier | {m.id for m in done}
             nxt, hand = self._lease_in(t, ahead) if ahead else ([], None)
+            if whole:
+                return list(batch), nxt, hand
+            removed = earlier | {m.id for m in done}
             return [m for m in batch if m.id in removed], nxt, hand
 
         out = run_once_confirmed(self.src_db, skeys, body)
@@ -195,16 +199,22 @@ class Leased(Outbox):
             room = transit.room_of(meta)
             items: list[Item] = []
             left: list[transit.Entry] = []
-            handled: list[str] = []
-            for entry, rec, mark in zip(entries, recs, marks, strict=True):
-                if left or (rec is not None and mark is None and rec.id not in there and room == 0):
-                    left.append(entry)  # waits for room, and so do those after it (order)
-                    continue
-                handled.append(entry[0])
-                if rec is None or mark is not None or rec.id in there:
-                    continue
-                items.append(transit.as_item(rec, self.origin))
-                room = None if room is None else room - 1
+            handled = 0
+            if marks is None and not there and (room is None or room >= len(recs)) and all(recs):
+                # The common case: every copy there, none installed already, room for all.
+                items = list(map(transit.as_item, recs, repeat(self.origin)))  # type: ignore[arg-type]
+                handled = len(entries)
+                room = None if room is None else room - len(items)
+            else:
+                for entry, rec, mark in zip(entries, recs, marks or repeat(None), strict=False):
+                    if left or (rec is not None and mark is None and rec.id not in there and room == 0):
+                        left.append(entry)  # waits for room, and so do those after it (order)
+                        continue
+                    handled += 1
+                    if rec is None or mark is not None or rec.id in there:
+                        continue
+                    items.append(transit.as_item(rec, self.origin))
+                    room = None if room is None else room - 1
             if items:
                 enqueue_in(dkeys, t, items, False, None)
             for it in items:
@@ -217,7 +227,7 @@ class Leased(Outbox):
             # a statement of its own each. A stale copy of another lease is never published
             # (no tombstone names it): its forwarder withdraws it at its step 3, or
             # ``recover`` once its lease ended.
-            pending.drop(t, dkeys, source, set(entries[: len(handled)]))
+            pending.drop(t, dkeys, source, set(entries[:handled]))
             big = None
             if ahead is not None and meta.state.enqueue:
                 big = self._install_in(t, ahead.batch, layer_ahead, meta)
@@ -227,8 +237,11 @@ class Leased(Outbox):
         if ahead is not None and big is not None:
             ahead.installed = True
             self._dead_letter(ahead.batch, big)
-        done = {mid for mid, _ in left}
-        self._published += [e for e in entries if e[0] not in done]
+        if not left:
+            self._published += entries
+        else:
+            done = {mid for mid, _ in left}
+            self._published += [e for e in entries if e[0] not in done]
         return wrote, left
 
     def _publish_all(
@@ -314,12 +327,13 @@ class Leased(Outbox):
                 h.done, nxt, record = self._remove(h.batch, want) if h.batch else ([], [], None)
                 if nxt:
                     h.ahead = _Hand(nxt, record=record)
-                kept = {m.id for m in h.done}
-                h.lost += [(m.id, str(m.receipt)) for m in h.batch if m.id not in kept]
+                if len(h.done) < len(h.batch):  # (done: a part of batch, in its order)
+                    kept = {m.id for m in h.done}
+                    h.lost += [(m.id, str(m.receipt)) for m in h.batch if m.id not in kept]
             if h.lost:  # leases lost to a stall: another forwarder or a consumer has them
                 self._withdraw(h.lost)
                 h.lost = []
-            entries = h.removed + [(m.id, str(m.receipt)) for m in h.done]
+            entries = h.removed + transit.entries_of(h.done)
             wrote, left = self._publish_all(entries, ahead=h.ahead)
             self._hand = h.ahead  # leased and (unless the destination refused it) installed
             if h.record is not None and not left:
@@ -344,14 +358,17 @@ class Leased(Outbox):
         return max(0, want if self._cap is None else min(want, self._cap - in_hand))
 
 
-def _marks(t: Transaction, dkeys: QueueKeys, origin: str, entries: list[transit.Entry]) -> list[bytes | None]:
+def _marks(
+    t: Transaction, dkeys: QueueKeys, origin: str, entries: list[transit.Entry]
+) -> list[bytes | None] | None:
     """The exclusive forwarder's markers of ``entries`` in the destination (one there: the
-    message was installed already). One range read of this source's markers first: when it
-    holds none (a leased forwarder's common case: an exclusive forwarder clears its markers
-    as it goes), none of these is there, and a marker written meanwhile conflicts with this
-    read (not a snapshot) as it would with the point reads; else each is read."""
+    message was installed already; None: none of them is). One range read of this source's
+    markers first: when it holds none (a leased forwarder's common case: an exclusive
+    forwarder clears its markers as it goes), none of these is there, and a marker written
+    meanwhile conflicts with this read (not a snapshot) as it would with the point reads;
+    else each is read."""
     if not t.get_range(*forward_marker_range(dkeys, origin), 1):
-        return [None] * len(entries)
+        return None
     return t.get_many([forward_marker(dkeys, origin, mid) for mid, _ in entries])
 
 
