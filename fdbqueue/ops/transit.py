@@ -554,7 +554,7 @@ def decode_part(raw: bytes, keys: QueueKeys, key: bytes) -> list[Copy]:
     return list(map(_new_copy, repeat(Copy), rows))
 
 
-_new_copy = tuple.__new__
+_new_copy = _new_item = tuple.__new__
 _SIZE, _CHUNKS = itemgetter(10), itemgetter(9)
 _COPY_FIELDS = len(Copy._fields)
 
@@ -658,10 +658,11 @@ def as_item(c: Copy, origin: str) -> Item:
     """A pending copy as the message to write: its id, headers, priority and the TTL left."""
     ttl = None if c.until is None else max(0.001, float(c.until) - time.time())
     ct = _CONTENT_TYPES.get(c.content_type) or ContentType(c.content_type)
-    return Item(
-        c.id, new_rand(), c.payload, ct, c.priority, c.headers, 0.0, ttl, None, fixed_id=True,
-        origin=origin, enqueued_us=c.enqueued_us,
-    )  # fmt: skip
+    # Item(id, rand, payload, content_type, priority, headers, delay, ttl, dedup_key,
+    # fixed_id=True, admitted=False, origin=, enqueued_us=), every field given: without the
+    # NamedTuple's Python-level __new__ (a publication makes one a message)
+    return _new_item(Item, (c.id, new_rand(), c.payload, ct, c.priority, c.headers, 0.0, ttl, None,
+                            True, False, origin, c.enqueued_us))  # fmt: skip
 
 
 # ContentType by its value, without the enum's call (a Python-level lookup each time).
