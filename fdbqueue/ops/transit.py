@@ -5,17 +5,18 @@ turn: leased on the source; **pending** on the destination (a hidden copy, named
 source's lease receipt); removed from the source with a **tombstone** naming that receipt
 (one source transaction: the lease must still be ours); **published** on the destination
 (one destination transaction: the pending copy becomes a message, only while the source's
-tombstone is known). Keys, under each queue's subspace:
+tombstone is known). Keys, under each queue's subspace (built in ``store/layout.py``'s transit
+section; the pending copies are ``pending.py``'s):
 
 * destination ``("fp", source token, None, lease, part)`` -> the pending copies of one leased
   batch (``lease``: :func:`batch_of` their receipts), in parts each under the value limit
-  (:func:`encode_part`: each copy's id, receipt, fields and payload; a payload over
+  (``pending.encode_part``: each copy's id, receipt, fields and payload; a payload over
   ``CHUNK_SIZE`` in chunks ``("fp", source token, id, receipt, n)``, as before), written where
   a run installs a batch in the transaction that publishes the one before it; or
   ``("fp", source token, id, receipt)`` -> one message's pending copy (a Record, its chunks
   under it), as a batch installed by a transaction of its own writes them (and as an earlier
   version wrote them all). Either is not a message: not counted, never delivered, left alone
-  by purges; every reader reads both (:func:`read_pending`, :func:`pendings`).
+  by purges; every reader reads both (``pending.read_pending``, ``pending.pendings``).
 * source ``("ft", destination token, lease)`` -> ``[version, [[id, receipt], ...]]``: these
   messages of one leased batch (``lease``: their receipts' common part, :func:`batch_of`)
   left the source under those receipts for that destination, their pending copies to be
@@ -37,30 +38,33 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import struct
-import time
-import zlib
 from collections.abc import Iterable, Iterator, Mapping
-from itertools import accumulate, repeat
-from operator import attrgetter, itemgetter, setitem
-from typing import Any, NamedTuple
+from itertools import repeat
+from operator import attrgetter, itemgetter
+from typing import NamedTuple
 
 from fdbqueue.engines.contract import Database, Transaction
-from fdbqueue.engines.limits import VALUE_SIZE_LIMIT
-from fdbqueue.errors import CorruptMessageError, EngineError, LeaseError, QueueError, QueueStoppedError
+from fdbqueue.errors import EngineError, LeaseError, QueueError, QueueStoppedError
 from fdbqueue.ops.delivery import expire_lease, lease_until, message_elsewhere, nack_in
-from fdbqueue.ops.moves import CHUNK_SIZE, dead_letter, remove_message, renew_lease
+from fdbqueue.ops.moves import dead_letter, remove_message, renew_lease
 from fdbqueue.ops.privileges import check
-from fdbqueue.ops.remotededup import DEDUP_HEADER, header_key
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.budget import MAX_PAYLOAD_BYTES
 from fdbqueue.store.clock import db_now, versions
-from fdbqueue.store.codec import enc_str
 from fdbqueue.store.config import Meta, QueueConfig, read_config, read_meta
 from fdbqueue.store.entropy import new_rand
-from fdbqueue.store.layout import QueueKeys
-from fdbqueue.store.record import Record, decode_record, fit_reason, join_chunks, seal_chunk
-from fdbqueue.types import ContentType, Item, Message
+from fdbqueue.store.layout import (
+    QueueKeys,
+    forward_probe_key,
+    forward_token_key,
+    hand_key,
+    hands_range,
+    tomb_key,
+    tomb_name,
+    tombs_range,
+)
+from fdbqueue.store.record import Record, decode_record, fit_reason
+from fdbqueue.types import Message
 
 # What the source says of a pending copy (:func:`fates`).
 REMOVED, LIVE, DEAD = "removed", "live", "dead"
@@ -69,7 +73,7 @@ Entry = tuple[str, str]  # (message id, lease receipt)
 
 def token(t: Transaction, keys: QueueKeys) -> str:
     """The queue's forwarding token, made (and written) the first time it is asked for."""
-    key = keys.q.pack(("fk",))
+    key = forward_token_key(keys)
     raw = t.get(key)
     if raw is None:
         raw = new_rand().hex().encode()
@@ -88,18 +92,18 @@ def prepare(
 
     def probe(t: Transaction, _: bool) -> str:
         check(t, skeys, "admin")  # forwarding out is the source's admin's: nothing written before
-        t.set(probe_key(skeys, nonce), b"")
+        t.set(forward_probe_key(skeys, nonce), b"")
         return token(t, skeys)
 
     def look(t: Transaction, _: bool) -> tuple[str, int | None] | None:
-        if t.get(probe_key(dkeys, nonce)) is not None:
+        if t.get(forward_probe_key(dkeys, nonce)) is not None:
             return None
         meta = read_meta(t, dkeys)
         check(t, dkeys, "enqueue", meta)  # before the destination's token is written
         return token(t, dkeys), room_of(meta)
 
     def unprobe(t: Transaction, _: bool) -> None:
-        t.clear(probe_key(skeys, nonce))
+        t.clear(forward_probe_key(skeys, nonce))
 
     source = run_once(src_db, probe)
     try:
@@ -108,54 +112,6 @@ def prepare(
         with contextlib.suppress(EngineError, QueueError):
             run_once(src_db, unprobe)
     return (None, None) if seen is None else ((source, seen[0]), seen[1])
-
-
-def probe_key(keys: QueueKeys, nonce: str) -> bytes:
-    return bytes(keys.q.pack(("fn", nonce)))
-
-
-def pending_key(dst: QueueKeys, source: str, mid: str, receipt: str) -> bytes:
-    # fdb.tuple.pack's bytes, from the queue's prefix and encoded elements: a forward packs
-    # several of these keys a message, and the tuple layer's general packer is the slow part.
-    return _fp_prefix(dst, source) + enc_str(mid) + enc_str(receipt)
-
-
-def pending_keys(dst: QueueKeys, source: str, entries: list[Entry]) -> list[bytes]:
-    """:func:`pending_key` of each entry (id, receipt): one prefix for them all."""
-    prefix = _fp_prefix(dst, source)
-    return [prefix + enc_str(mid) + enc_str(receipt) for mid, receipt in entries]
-
-
-def _fp_prefix(dst: QueueKeys, source: str) -> bytes:
-    """``dst.q.pack(("fp", source))``, kept by (queue prefix, source token): a forwarder
-    builds keys under one prefix all its run."""
-    at: bytes = dst.q.key()
-    got = _FP_PREFIXES.get((at, source))
-    if got is None:
-        if len(_FP_PREFIXES) > 256:
-            _FP_PREFIXES.clear()
-        got = _FP_PREFIXES[(at, source)] = at + _FP + enc_str(source)
-    return got
-
-
-_FP_PREFIXES: dict[tuple[bytes, str], bytes] = {}
-
-
-def pending_range(dst: QueueKeys, source: str, *rest: str) -> tuple[bytes, bytes]:
-    """``dst.q.range(("fp", source, *rest))``: the keys under that tuple (not its own)."""
-    prefix: bytes = dst.q.key()
-    prefix += _FP + enc_str(source) + b"".join(enc_str(x) for x in rest)
-    return prefix + b"\x00", prefix + b"\xff"
-
-
-def tomb_key(src: QueueKeys, dest: str, name: str) -> bytes:
-    """``src.q.pack(("ft", dest, name))``: a batch's tombstone (``name``: the batch's lease,
-    :func:`batch_of`), or a message's as an earlier version wrote them (``name``: its id)."""
-    prefix: bytes = src.q.key()
-    return prefix + _FT + enc_str(dest) + enc_str(name)
-
-
-_FP, _FT = enc_str("fp"), enc_str("ft")
 
 
 def batch_of(receipt: str) -> str:
@@ -181,7 +137,7 @@ def entries_of(batch: list[Message]) -> list[Entry]:
 
 _first, _second = itemgetter(0), itemgetter(1)
 _ID, _RECEIPT = attrgetter("id"), attrgetter("receipt")
-_PAYLOAD, _HEADERS = attrgetter("payload"), attrgetter("headers")
+_PAYLOAD = attrgetter("payload")
 
 
 class Tomb(NamedTuple):
@@ -350,355 +306,10 @@ def dead_letter_ready(
     dead_letter(src, t, cfg, rec, fit_reason(reason))
 
 
-def install(
-    t: Transaction, dst: QueueKeys, source: str, batch: list[Message], now: int, layer: Mapping[str, str]
-) -> None:
-    """Write a pending copy of each message of ``batch`` not written yet (each is read first:
-    a late landing of an earlier attempt conflicts instead of writing one again after it was
-    published). A RemoteQueue's dedup key (its header) is kept aside for publication, marked
-    as the layer's where the source confirmed it (``layer``: ``remotededup.layer_keys``)."""
-    keys = pending_keys(dst, source, [(m.id, str(m.receipt)) for m in batch])
-    for m, key, raw in zip(batch, keys, t.get_many(keys), strict=True):
-        if raw is not None:
-            continue
-        extra: dict[str, Any] = {"p": m.priority, "at": now}
-        if m.expires_at is not None:
-            extra["until"] = m.expires_at  # wall clock: the TTL left is taken at publication
-        dedup_key = header_key(m)
-        if dedup_key is not None:
-            extra["dk"] = dedup_key
-            if m.id in layer:
-                extra["dkl"] = True
-        headers = {k: v for k, v in m.headers.items() if k != DEDUP_HEADER}
-        chunks = -(-len(m.payload) // CHUNK_SIZE) if len(m.payload) > CHUNK_SIZE else 0
-        inline = b"" if chunks else m.payload
-        rec = Record(m.id, enqueued_us(m), m.content_type.value, headers, 0, None, chunks, extra, inline)
-        t.set(key, rec.encode())
-        for n in range(chunks):
-            t.set(dst.q.pack(("fp", source, m.id, str(m.receipt), n)), seal_chunk(
-                m.payload[n * CHUNK_SIZE : (n + 1) * CHUNK_SIZE]))  # fmt: skip
-
-
-def install_parts(
-    t: Transaction, dst: QueueKeys, source: str, batch: list[Message], now: int, layer: Mapping[str, str]
-) -> None:
-    """:func:`install`, one key a leased batch instead of one a message: the copies of the
-    messages of one lease (:func:`batch_of` their receipts) in parts under
-    ``("fp", source, None, lease, n)``, each under the value limit (:data:`PART_BYTES`); a
-    payload over ``CHUNK_SIZE`` in chunks as :func:`install` writes them. The batch's parts
-    are read first (a range read: a late landing of an earlier attempt conflicts instead of
-    writing them again after they were published), and a copy they hold already is not
-    written again. A batch is installed in one form by one transaction (retried as it is):
-    a run's batch installed in the publication of the one before it, in parts; one installed
-    by a transaction of its own, one key a message (:func:`install`)."""
-    by: dict[str, list[Message]] = {}
-    receipts = list(map(str, map(_RECEIPT, batch)))
-    names = leases_of(receipts)
-    if len(names) == 1:  # a run's batch: one lease
-        by[names[0]] = batch
-    else:
-        for m, r in zip(batch, receipts, strict=True):
-            by.setdefault(batch_of(r), []).append(m)
-    for lease, msgs in by.items():
-        have: set[Entry] = set()
-        part = 0
-        for kv in t.get_range(*part_range(dst, source, lease), 10_000):
-            have.update((c.id, c.receipt) for c in decode_part(kv.value, dst, kv.key))
-            part = int(dst.q.unpack(kv.key)[-1]) + 1
-        if not have and _put_plain(t, dst, source, lease, part, msgs, now):
-            continue
-        rows: list[list[Any]] = []
-        payloads: list[bytes] = []
-        size = 0
-        for m in msgs:
-            receipt = str(m.receipt)
-            if have and (m.id, receipt) in have:
-                continue  # an earlier attempt's
-            payload = m.payload
-            inline, chunks = payload, 0
-            cost = _ROW_BYTES + len(payload) + len(m.id) + len(receipt)  # a content type: 1 byte
-            if len(payload) > CHUNK_SIZE:
-                inline, chunks = b"", -(-len(payload) // CHUNK_SIZE)
-                cost -= len(payload)
-            headers: dict[str, Any] = {}
-            dk, dkl = None, False
-            if m.headers:
-                dk = header_key(m)
-                dkl = dk is not None and m.id in layer
-                headers = {k: v for k, v in m.headers.items() if k != DEDUP_HEADER}
-                cost += len(json.dumps(headers)) + len(json.dumps(dk))
-            ct = m.content_type._value_  # not .value: the enum's property is a Python-level call
-            if rows and size + cost > PART_BYTES:
-                part = _put_part(t, dst, source, lease, part, rows, payloads)
-                rows, payloads, size = [], [], 0
-            # (round(...): enqueued_us(m), without the call)
-            rows.append([m.id, receipt, round(m.enqueued_at * 1e6), ct, headers, m.priority,
-                         m.expires_at, dk, dkl, chunks, len(inline), now])  # fmt: skip
-            payloads.append(inline)
-            size += cost
-            for n in range(chunks):
-                t.set(dst.q.pack(("fp", source, m.id, receipt, n)), seal_chunk(
-                    payload[n * CHUNK_SIZE : (n + 1) * CHUNK_SIZE]))  # fmt: skip
-        if rows:
-            _put_part(t, dst, source, lease, part, rows, payloads)
-
-
-def _put_plain(
-    t: Transaction, dst: QueueKeys, source: str, lease: str, part: int, msgs: list[Message], now: int
-) -> bool:
-    """:func:`install_parts`' common case, written at once: copies none of which is there yet,
-    without headers, each payload inline, all in one part by the estimate (the rows are those
-    the general loop writes). False, writing nothing, when the batch is not that case."""
-    payloads = list(map(_PAYLOAD, msgs))
-    sizes = list(map(len, payloads))
-    if any(map(_HEADERS, msgs)) or max(sizes) > CHUNK_SIZE:
-        return False
-    ids, receipts = list(map(_ID, msgs)), list(map(str, map(_RECEIPT, msgs)))
-    cost = _ROW_BYTES * len(msgs) + sum(sizes) + sum(map(len, ids)) + sum(map(len, receipts))
-    if cost > PART_BYTES:
-        return False
-    # (round(...): enqueued_us(m), without the call; ._value_: the enum's value, without its
-    # property's Python-level call)
-    rows = [[mid, r, round(m.enqueued_at * 1e6), m.content_type._value_, {}, m.priority, m.expires_at,
-             None, False, 0, size, now]
-            for mid, r, m, size in zip(ids, receipts, msgs, sizes, strict=True)]  # fmt: skip
-    _put_part(t, dst, source, lease, part, rows, payloads)
-    return True
-
-
-def _put_part(
-    t: Transaction,
-    dst: QueueKeys,
-    source: str,
-    lease: str,
-    part: int,
-    rows: list[list[Any]],
-    payloads: list[bytes],
-) -> int:
-    """Write ``rows`` as part ``part`` of the batch ``lease``'s copies, in two halves (and so
-    on) when their encoding passes the value limit after all (the estimate counted a copy's
-    fields short: strings the JSON escapes); returns the next part's number."""
-    raw = _encode_rows(rows, payloads)
-    if len(raw) <= VALUE_SIZE_LIMIT or len(rows) == 1:
-        t.set(part_key(dst, source, lease, part), raw)
-        return part + 1
-    half = len(rows) // 2
-    part = _put_part(t, dst, source, lease, part, rows[:half], payloads[:half])
-    return _put_part(t, dst, source, lease, part, rows[half:], payloads[half:])
-
-
-class Copy(NamedTuple):
-    """A pending copy as read (from a batch's part or a key of its own): what its
-    publication writes. ``payload``: inline, or joined from its ``chunks`` once read."""
-
-    id: str
-    receipt: str
-    enqueued_us: int
-    content_type: str
-    headers: dict[str, Any]
-    priority: int
-    until: float | None  # wall clock: when its TTL ends (the TTL left is taken at publication)
-    dk: str | None  # a RemoteQueue's dedup key, kept aside from its headers
-    dkl: bool  # that key confirmed as the layer's by the source
-    chunks: int
-    payload: bytes
-    at: int  # the version it was installed at
-
-
-# A batch's part: under FoundationDB's value limit (engines/limits.py, VALUE_SIZE_LIMIT
-# 100,000) with room to spare; a copy's fields beside its payload are counted as
-# _ROW_BYTES more than its strings (ints, nulls and the JSON's punctuation).
-PART_BYTES = 90_000
-_ROW_BYTES = 128
-PART_FORMAT = 1
-_PART_HEAD = struct.Struct("<BI")
-_CRC = struct.Struct("<I")
-
-
-def _encode_rows(rows: list[list[Any]], payloads: list[bytes]) -> bytes:
-    meta = json.dumps(rows, separators=(",", ":")).encode()
-    body = _PART_HEAD.pack(PART_FORMAT, len(meta)) + meta + b"".join(payloads)
-    return body + _CRC.pack(zlib.crc32(body))
-
-
-def encode_part(copies: list[Copy]) -> bytes:
-    """A part's value: its copies' fields (JSON), their inline payloads, a CRC-32 of it all."""
-    rows, payloads = [], []
-    for c in copies:
-        inline = b"" if c.chunks else c.payload
-        rows.append([*c[:10], len(inline), c.at])
-        payloads.append(inline)
-    return _encode_rows(rows, payloads)
-
-
-def decode_part(raw: bytes, keys: QueueKeys, key: bytes) -> list[Copy]:
-    """The copies a part at ``key`` holds (a chunked one's payload not read: b"");
-    :class:`CorruptMessageError` naming where it is when its checksum does not match."""
-    end = len(raw) - _CRC.size
-    if end < _PART_HEAD.size or _CRC.unpack_from(raw, end)[0] != zlib.crc32(memoryview(raw)[:end]):
-        raise CorruptMessageError("pending copies: checksum mismatch", queue=keys.name, key=key)
-    fmt, n = _PART_HEAD.unpack_from(raw)
-    if fmt != PART_FORMAT:
-        raise QueueError(f"pending copies of unknown format {fmt}: written by a newer fdbqueue?")
-    at = _PART_HEAD.size + n
-    rows = json.loads(raw[_PART_HEAD.size : at])
-    odd = set(map(len, rows)) - {_COPY_FIELDS}
-    if odd:
-        raise QueueError(f"a pending copy of {min(odd)} fields: written by a newer fdbqueue?")
-    # Each row's payload (its size in field 10) cut from after the rows, in order; then each
-    # row made a Copy (Copy._make, less its Python frame: the length is known). Loops in C.
-    ends = list(accumulate(map(_SIZE, rows), initial=at))
-    cuts = map(raw.__getitem__, map(slice, ends, ends[1:]))
-    for _ in map(setitem, rows, repeat(10), cuts):
-        pass
-    return list(map(_new_copy, repeat(Copy), rows))
-
-
-_new_copy = _new_item = tuple.__new__
-_SIZE, _CHUNKS = itemgetter(10), itemgetter(9)
-_COPY_FIELDS = len(Copy._fields)
-
-
-def part_key(dst: QueueKeys, source: str, lease: str, part: int) -> bytes:
-    return bytes(dst.q.pack(("fp", source, None, lease, part)))
-
-
-def part_range(dst: QueueKeys, source: str, lease: str) -> tuple[bytes, bytes]:
-    """The keys of the parts of the batch ``lease``'s copies."""
-    r = dst.q.range(("fp", source, None, lease))
-    return r.start, r.stop
-
-
-class Pending:
-    """The pending copies of some entries as one transaction read them (:func:`read_pending`):
-    ``copies``, one an entry (None: not there, published or withdrawn already)."""
-
-    __slots__ = ("_own", "_parts", "copies")
-
-    def __init__(
-        self, copies: list[Copy | None], parts: dict[bytes, list[Copy]], own: dict[Entry, tuple[bytes, bool]]
-    ) -> None:
-        self.copies = copies
-        self._parts = parts  # each batch part read: its key -> its copies
-        self._own = own  # each copy of a key of its own: (id, receipt) -> (key, chunked)
-
-    def drop(self, t: Transaction, dst: QueueKeys, source: str, done: set[Entry]) -> None:
-        """Clear the copies of ``done`` (published or withdrawn), in ``t``: a copy of its own
-        by its key (and its chunks); a part rewritten without them, or cleared when none of
-        it is left, and their chunks cleared."""
-        if self._own:
-            for entry in done:
-                own = self._own.get(entry)
-                if own is not None:
-                    drop_pending_at(t, own[0], chunked=own[1])
-        for key, copies in self._parts.items():
-            if done.issuperset(zip(map(_first, copies), map(_second, copies), strict=True)):  # all of it
-                for c in filter(_CHUNKS, copies):
-                    t.clear_range(*pending_range(dst, source, c.id, c.receipt))
-                t.clear(key)
-                continue
-            left = [c for c in copies if (c.id, c.receipt) not in done]
-            if len(left) == len(copies):
-                continue
-            for c in copies:
-                if c.chunks and (c.id, c.receipt) in done:
-                    t.clear_range(*pending_range(dst, source, c.id, c.receipt))
-            if left:
-                t.set(key, encode_part(left))
-            else:
-                t.clear(key)
-
-
-def read_pending(
-    t: Transaction, dst: QueueKeys, source: str, entries: list[Entry], *, payloads: bool = True
-) -> Pending:
-    """The pending copies of ``entries`` (id, receipt), in a batch's parts (one range read a
-    batch) or each under a key of its own (one ``get_many`` for those the parts do not hold):
-    payloads joined (``payloads=False``: chunked ones left unread)."""
-    found: dict[Entry, Copy] = {}
-    parts: dict[bytes, list[Copy]] = {}
-    for lease in leases_of(map(_second, entries)):
-        for kv in t.get_range(*part_range(dst, source, lease), 10_000):
-            copies = parts[kv.key] = decode_part(kv.value, dst, kv.key)
-            for c in copies:
-                found[(c.id, c.receipt)] = c
-    own: dict[Entry, tuple[bytes, bool]] = {}
-    rest = entries
-    if found:
-        rest = [] if all(map(found.__contains__, entries)) else [e for e in entries if e not in found]
-    if rest:
-        keys = pending_keys(dst, source, rest)
-        for (mid, receipt), key, raw in zip(rest, keys, t.get_many(keys), strict=True):
-            if raw is not None:
-                rec = decode_record(raw, dst, key, mid)
-                found[(mid, receipt)] = copy_of(rec, receipt)
-                own[(mid, receipt)] = key, rec.chunks > 0
-    out: list[Copy | None] = list(map(found.get, entries))
-    if payloads and any(map(_CHUNKS, filter(None, out))):  # chunked payloads: joined
-        for i, ((mid, receipt), got) in enumerate(zip(entries, out, strict=True)):
-            if got is not None and got.chunks:
-                at = pending_key(dst, source, mid, receipt)
-                vals = [kv.value for kv in t.get_range(at + b"\x00", at + b"\xff", got.chunks + 1)]
-                out[i] = got._replace(payload=join_chunks(vals, got.chunks, dst.name, mid))
-    return Pending(out, parts, own)
-
-
-def copy_of(rec: Record, receipt: str) -> Copy:
-    """A pending copy written under a key of its own (:func:`install`), as a :class:`Copy`."""
-    extra = rec.extra
-    dk = extra.get("dk")
-    return Copy(
-        rec.id, receipt, rec.enqueued_us, rec.content_type, rec.headers, int(extra.get("p", 0)),
-        extra.get("until"), None if dk is None else str(dk), bool(extra.get("dkl")), rec.chunks,
-        rec.payload, int(extra.get("at", 0)),
-    )  # fmt: skip
-
-
-def as_item(c: Copy, origin: str) -> Item:
-    """A pending copy as the message to write: its id, headers, priority and the TTL left."""
-    ttl = None if c.until is None else max(0.001, float(c.until) - time.time())
-    ct = _CONTENT_TYPES.get(c.content_type) or ContentType(c.content_type)
-    # Item(id, rand, payload, content_type, priority, headers, delay, ttl, dedup_key,
-    # fixed_id=True, admitted=False, origin=, enqueued_us=), every field given: without the
-    # NamedTuple's Python-level __new__ (a publication makes one a message)
-    return _new_item(Item, (c.id, new_rand(), c.payload, ct, c.priority, c.headers, 0.0, ttl, None,
-                            True, False, origin, c.enqueued_us))  # fmt: skip
-
-
-# ContentType by its value, without the enum's call (a Python-level lookup each time).
-_CONTENT_TYPES = {c.value: c for c in ContentType}
-
-
 def enqueued_us(m: Message) -> int:
     """The message's enqueue time as stored (``Message.enqueued_at`` is it divided by 1e6:
     rounding gives it back exactly), kept by a forward as by a move."""
     return round(m.enqueued_at * 1e6)
-
-
-def drop_pending_at(t: Transaction, key: bytes, *, chunked: bool = True) -> None:
-    """Clear the copy at ``key`` (a :func:`pending_key`); ``chunked=False``: the copy is known
-    to have no chunks (its payload was inline), so its one key is cleared, without a range (a
-    range clear is a statement of its own)."""
-    t.clear(key)  # a tuple's range holds the keys under it, not its own key
-    if chunked:
-        t.clear_range(key + b"\x00", key + b"\xff")  # its chunks: pending_range(..., mid, receipt)
-
-
-def pendings(t: Transaction, dst: QueueKeys, source: str, limit: int, before: int) -> list[Entry]:
-    """Up to ``limit`` pending copies from ``source`` written before version ``before``: in a
-    batch's parts, or each under a key of its own."""
-    out: list[Entry] = []
-    for kv in t.snapshot.get_range(*pending_range(dst, source), limit * 4):
-        parts = dst.q.unpack(kv.key)
-        if len(parts) == 5 and parts[2] is None:  # a batch's part
-            out += [(c.id, c.receipt) for c in decode_part(kv.value, dst, kv.key) if c.at < before]
-        elif len(parts) == 4:  # a copy of its own (else a chunk)
-            rec = decode_record(kv.value, dst, kv.key, str(parts[2]))
-            if int(rec.extra.get("at", 0)) < before:
-                out.append((str(parts[2]), str(parts[3])))
-        if len(out) >= limit:
-            return out[:limit]
-    return out
 
 
 # -- the source ---------------------------------------------------------------------------------
@@ -706,10 +317,9 @@ def pendings(t: Transaction, dst: QueueKeys, source: str, limit: int, before: in
 
 def tombs(t: Transaction, src: QueueKeys, dest: str, limit: int, before: int) -> list[Entry]:
     """The messages of up to ``limit`` tombstones for ``dest`` written before version ``before``."""
-    r = src.q.range(("ft", dest))
     out: list[Entry] = []
-    for kv in t.snapshot.get_range(r.start, r.stop, limit):
-        tomb = decode_tomb(kv.value, str(src.q.unpack(kv.key)[-1]))
+    for kv in t.snapshot.get_range(*tombs_range(src, dest), limit):
+        tomb = decode_tomb(kv.value, tomb_name(src, kv.key))
         if tomb is not None and tomb.at < before:
             out += tomb.removed.items()
     return out
@@ -755,7 +365,7 @@ def record_hand(
 ) -> Record_:
     """Record the batch a forwarder named ``name`` has just leased in ``t`` (the ids and
     receipts a successor of that name takes over); returns the record (key, value)."""
-    key = bytes(src.q.pack(("fh", dest, name, now, str(batch[0].receipt))))
+    key = hand_key(src, dest, name, now, str(batch[0].receipt))
     value = json.dumps([[m.id, m.receipt] for m in batch]).encode()
     t.set(key, value)
     return key, value
@@ -794,9 +404,9 @@ def take_over(
     receipt are dead, and each receipt keeps a single owner - the reason a namesake still at
     work cannot double what is taken over. The record then names the new receipts (and the
     removed ones, until published)."""
-    r = src.q.range(("fh", dest, name))
-    begin = r.start if after is None else max(r.start, after + b"\x00")
-    found = t.get_range(begin, r.stop, 1)  # read, not snapshot: a namesake's lease conflicts
+    start, stop = hands_range(src, dest, name)
+    begin = start if after is None else max(start, after + b"\x00")
+    found = t.get_range(begin, stop, 1)  # read, not snapshot: a namesake's lease conflicts
     if not found:
         return None
     key, raw = found[0]

@@ -1,5 +1,6 @@
 """The leased forwarder (``forwarding.py``): the source's messages leased, pending copies on the
-destination, tombstones on the source (the keys are ``ops/transit.py``). Its steps, as the
+destination, tombstones on the source (``ops/transit.py``, ``ops/pending.py``; their keys in
+``store/layout.py``). Its steps, as the
 :class:`Leased` part of ``Forwarder`` (on top of :class:`Outbox`, the exclusive path and what
 both share): lease, install, remove, publish, and ``recover`` for what a crash or a stall left.
 ``forwarding.py``'s docstring walks through the steps; docs/forwarding.md has the reasoning."""
@@ -17,6 +18,7 @@ from fdbqueue.ops import transit
 from fdbqueue.ops.delivery import ack_many_in
 from fdbqueue.ops.enqueuing import enqueue_in
 from fdbqueue.ops.moves import Note
+from fdbqueue.ops.pending import as_item, install, install_parts, pendings, read_pending
 from fdbqueue.ops.privileges import check
 from fdbqueue.ops.receipts import run_once_confirmed
 from fdbqueue.ops.remotededup import carry, layer_keys, there_named
@@ -104,14 +106,14 @@ class Leased(Outbox):
     ) -> dict[str, str]:
         """Step 2 in the destination's transaction ``t`` (``meta``: its settings, when read
         already: the publication's transaction, which writes the batch's copies one key a
-        batch, ``transit.install_parts``; else one a message); returns the messages too large
+        batch, ``pending.install_parts``; else one a message); returns the messages too large
         for it, by id (their reasons)."""
         dkeys, (source, _) = self.dst.keys, self._token_pair()
-        write = transit.install_parts
+        write = install_parts
         if meta is None:
             meta = read_meta(t, dkeys)
             check(t, dkeys, "enqueue", meta)
-            write = transit.install
+            write = install
         big = transit.admissible(dkeys, meta, batch)  # too large for it: dead letters
         write(t, dkeys, source, [m for m in batch if m.id not in big] if big else batch, db_now(t), layer)
         return big
@@ -165,7 +167,7 @@ class Leased(Outbox):
         dkeys, (source, _) = self.dst.keys, self._token_pair()
 
         def body(t: Transaction, _: bool) -> None:
-            found = transit.read_pending(t, dkeys, source, entries, payloads=False)
+            found = read_pending(t, dkeys, source, entries, payloads=False)
             found.drop(t, dkeys, source, set(entries))
 
         run_once(self.dst_db, body)
@@ -188,7 +190,7 @@ class Leased(Outbox):
             meta = read_meta(t, dkeys)
             check(t, dkeys, "enqueue", meta)
             now = db_now(t)
-            pending = transit.read_pending(t, dkeys, source, entries)
+            pending = read_pending(t, dkeys, source, entries)
             recs = pending.copies
             marks = _marks(t, dkeys, self.origin, entries)
             # A RemoteQueue's message that may have reached the destination directly (its
@@ -202,7 +204,7 @@ class Leased(Outbox):
             handled = 0
             if marks is None and not there and (room is None or room >= len(recs)) and all(recs):
                 # The common case: every copy there, none installed already, room for all.
-                items = list(map(transit.as_item, recs, repeat(self.origin)))  # type: ignore[arg-type]
+                items = list(map(as_item, recs, repeat(self.origin)))  # type: ignore[arg-type]
                 handled = len(entries)
                 room = None if room is None else room - len(items)
             else:
@@ -213,7 +215,7 @@ class Leased(Outbox):
                     handled += 1
                     if rec is None or mark is not None or rec.id in there:
                         continue
-                    items.append(transit.as_item(rec, self.origin))
+                    items.append(as_item(rec, self.origin))
                     room = None if room is None else room - 1
             if items:
                 enqueue_in(dkeys, t, items, False, None)
@@ -286,7 +288,7 @@ class Leased(Outbox):
         (source, dest), skeys, dkeys = self._token_pair(), self.src.keys, self.dst.keys
         age = versions(self.lease_seconds)
         found = run_once(self.src_db, lambda t, _: transit.tombs(t, skeys, dest, limit, db_now(t) - age))
-        pend = run_once(self.dst_db, lambda t, _: transit.pendings(t, dkeys, source, limit, db_now(t) - age))
+        pend = run_once(self.dst_db, lambda t, _: pendings(t, dkeys, source, limit, db_now(t) - age))
 
         def fates(t: Transaction) -> list[str]:
             check(t, skeys, "dequeue", read_meta(t, skeys))

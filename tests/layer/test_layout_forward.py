@@ -27,21 +27,21 @@ from fdbqueue.store.layout import (
     unpack_pending,
 )
 
-
 # A leased forward's keys, byte for byte as the stores written so far hold them (main 0478719
 # built them in ops/transit.py): a store a forward left mid-batch is finished by this code.
 Q = b"\x02app\x00\x15\x01\x02q\x00\x02jobs\x00"  # QueueKeys.make("jobs", ("app", 1)).q
+S = Q + b"\x02fp\x00\x02src\x00"  # ("fp", "src")
 FORWARD_KEYS: dict[str, object] = {
     "token": Q + b"\x02fk\x00",
     "probe": Q + b"\x02fn\x00\x02n0\x00",
-    "pending": Q + b"\x02fp\x00\x02src\x00\x02m1\x00\x02l.3\x00",
-    "pending_keys": [Q + b"\x02fp\x00\x02src\x00\x02m1\x00\x02l.3\x00", Q + b"\x02fp\x00\x02src\x00\x02m2\x00\x02l\x00"],
-    "chunk": Q + b"\x02fp\x00\x02src\x00\x02m1\x00\x02l.3\x00\x15\x02",
-    "pending_range": (Q + b"\x02fp\x00\x02src\x00\x02m1\x00\x02l.3\x00\x00", Q + b"\x02fp\x00\x02src\x00\x02m1\x00\x02l.3\x00\xff"),
-    "pending_range_src": (Q + b"\x02fp\x00\x02src\x00\x00", Q + b"\x02fp\x00\x02src\x00\xff"),
+    "pending": S + b"\x02m1\x00\x02l.3\x00",
+    "pending_keys": [S + b"\x02m1\x00\x02l.3\x00", S + b"\x02m2\x00\x02l\x00"],
+    "chunk": S + b"\x02m1\x00\x02l.3\x00\x15\x02",
+    "pending_range": (S + b"\x02m1\x00\x02l.3\x00\x00", S + b"\x02m1\x00\x02l.3\x00\xff"),
+    "pending_range_src": (S + b"\x00", S + b"\xff"),
     "pending_range_all": (Q + b"\x02fp\x00\x00", Q + b"\x02fp\x00\xff"),
-    "part": Q + b"\x02fp\x00\x02src\x00\x00\x02l\x00\x15\x04",
-    "part_range": (Q + b"\x02fp\x00\x02src\x00\x00\x02l\x00\x00", Q + b"\x02fp\x00\x02src\x00\x00\x02l\x00\xff"),
+    "part": S + b"\x00\x02l\x00\x15\x04",
+    "part_range": (S + b"\x00\x02l\x00\x00", S + b"\x00\x02l\x00\xff"),
     "tomb": Q + b"\x02ft\x00\x02dst\x00\x02l\x00",
     "tombs_range": (Q + b"\x02ft\x00\x02dst\x00\x00", Q + b"\x02ft\x00\x02dst\x00\xff"),
     "tombs_range_all": (Q + b"\x02ft\x00\x00", Q + b"\x02ft\x00\xff"),
@@ -49,7 +49,7 @@ FORWARD_KEYS: dict[str, object] = {
     "hands_range": (Q + b"\x02fh\x00\x02dst\x00\x02w\x00\x00", Q + b"\x02fh\x00\x02dst\x00\x02w\x00\xff"),
     "marker": Q + b"\x02fw\x00\x02src\x00\x02m1\x00",
     "marker_range": (Q + b"\x02fw\x00\x02src\x00\x00", Q + b"\x02fw\x00\x02src\x00\xff"),
-}  # fmt: skip
+}
 
 
 def test_forward_keys_are_the_bytes_earlier_versions_wrote() -> None:

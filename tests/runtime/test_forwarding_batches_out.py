@@ -131,13 +131,13 @@ def test_a_namesake_finishes_a_run_killed_at_each_step_each_message_once(
 
 
 def test_a_copy_becomes_the_item_the_named_tuple_makes() -> None:
-    """``transit.as_item`` makes its Item without the NamedTuple's constructor: every field,
+    """``pending.as_item`` makes its Item without the NamedTuple's constructor: every field,
     in order (a field added to Item fails here, not in a publication)."""
-    from fdbqueue.ops import transit
+    from fdbqueue.ops import pending
     from fdbqueue.types import ContentType, Item
 
-    c = transit.Copy("m1", "ab.0", 123, ContentType.JSON.value, {"h": 1}, 7, None, None, False, 0, b"x", 5)
-    it = transit.as_item(c, "src")
+    c = pending.Copy("m1", "ab.0", 123, ContentType.JSON.value, {"h": 1}, 7, None, None, False, 0, b"x", 5)
+    it = pending.as_item(c, "src")
     want = Item("m1", it.rand, b"x", ContentType.JSON, 7, {"h": 1}, 0.0, None, None, fixed_id=True,
                 origin="src", enqueued_us=123)  # fmt: skip
     assert it == want and type(it) is Item and len(it) == len(Item._fields)
