@@ -74,6 +74,7 @@ def run(
     import fdbqueue
     from fdbqueue import Forwarder, Queue
     from fdbqueue.ops.txn import run_once
+    from fdbqueue.store.layout import pending_range, tombs_range
 
     rnd = random.Random(seed)
     tmp = Path(workdir or tempfile.mkdtemp(prefix="fwd-stalls-"))
@@ -132,10 +133,10 @@ def run(
     forwarded = [m.id for m in Queue("jobs").browse(dst, limit=None)]
     seen = Counter(consumed) + Counter(forwarded)
     in_transit = (  # pending copies on the destination, tombstones on the source: none left
-        (dst, Queue("jobs").keys.q.range(("fp",))),
-        (src, Queue("jobs").keys.q.range(("ft",))),
+        (dst, pending_range(Queue("jobs").keys)),
+        (src, tombs_range(Queue("jobs").keys)),
     )
-    left = [run_once(db, lambda t, _, r=r: len(t.get_range(r.start, r.stop, 10_000))) for db, r in in_transit]
+    left = [run_once(db, lambda t, _, r=r: len(t.get_range(r[0], r[1], 10_000))) for db, r in in_transit]
     return {
         "messages": len(sent),
         "stops": stops,

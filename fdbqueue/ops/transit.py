@@ -5,17 +5,18 @@ turn: leased on the source; **pending** on the destination (a hidden copy, named
 source's lease receipt); removed from the source with a **tombstone** naming that receipt
 (one source transaction: the lease must still be ours); **published** on the destination
 (one destination transaction: the pending copy becomes a message, only while the source's
-tombstone is known). Keys, under each queue's subspace:
+tombstone is known). Keys, under each queue's subspace (built in ``store/layout.py``'s transit
+section; the pending copies are ``pending.py``'s):
 
 * destination ``("fp", source token, None, lease, part)`` -> the pending copies of one leased
   batch (``lease``: :func:`batch_of` their receipts), in parts each under the value limit
-  (:func:`encode_part`: each copy's id, receipt, fields and payload; a payload over
+  (``pending.encode_part``: each copy's id, receipt, fields and payload; a payload over
   ``CHUNK_SIZE`` in chunks ``("fp", source token, id, receipt, n)``, as before), written where
   a run installs a batch in the transaction that publishes the one before it; or
   ``("fp", source token, id, receipt)`` -> one message's pending copy (a Record, its chunks
   under it), as a batch installed by a transaction of its own writes them (and as an earlier
   version wrote them all). Either is not a message: not counted, never delivered, left alone
-  by purges; every reader reads both (:func:`read_pending`, :func:`pendings`).
+  by purges; every reader reads both (``pending.read_pending``, ``pending.pendings``).
 * source ``("ft", destination token, lease)`` -> ``[version, [[id, receipt], ...]]``: these
   messages of one leased batch (``lease``: their receipts' common part, :func:`batch_of`)
   left the source under those receipts for that destination, their pending copies to be
@@ -37,28 +38,33 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import struct
-import time
-import zlib
-from collections.abc import Iterator, Mapping
-from typing import Any, NamedTuple
+from collections.abc import Iterable, Iterator, Mapping
+from itertools import repeat
+from operator import attrgetter, itemgetter
+from typing import NamedTuple
 
 from fdbqueue.engines.contract import Database, Transaction
-from fdbqueue.engines.limits import VALUE_SIZE_LIMIT
-from fdbqueue.errors import CorruptMessageError, EngineError, LeaseError, QueueError, QueueStoppedError
+from fdbqueue.errors import EngineError, LeaseError, QueueError, QueueStoppedError
 from fdbqueue.ops.delivery import expire_lease, lease_until, message_elsewhere, nack_in
-from fdbqueue.ops.moves import CHUNK_SIZE, dead_letter, remove_message, renew_lease
+from fdbqueue.ops.moves import dead_letter, remove_message, renew_lease
 from fdbqueue.ops.privileges import check
-from fdbqueue.ops.remotededup import DEDUP_HEADER, header_key
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.budget import MAX_PAYLOAD_BYTES
 from fdbqueue.store.clock import db_now, versions
-from fdbqueue.store.codec import enc_str
 from fdbqueue.store.config import Meta, QueueConfig, read_config, read_meta
 from fdbqueue.store.entropy import new_rand
-from fdbqueue.store.layout import QueueKeys
-from fdbqueue.store.record import Record, decode_record, fit_reason, join_chunks, seal_chunk
-from fdbqueue.types import ContentType, Item, Message
+from fdbqueue.store.layout import (
+    QueueKeys,
+    forward_probe_key,
+    forward_token_key,
+    hand_key,
+    hands_range,
+    tomb_key,
+    tomb_name,
+    tombs_range,
+)
+from fdbqueue.store.record import Record, decode_record, fit_reason
+from fdbqueue.types import Message
 
 # What the source says of a pending copy (:func:`fates`).
 REMOVED, LIVE, DEAD = "removed", "live", "dead"
@@ -67,7 +73,7 @@ Entry = tuple[str, str]  # (message id, lease receipt)
 
 def token(t: Transaction, keys: QueueKeys) -> str:
     """The queue's forwarding token, made (and written) the first time it is asked for."""
-    key = keys.q.pack(("fk",))
+    key = forward_token_key(keys)
     raw = t.get(key)
     if raw is None:
         raw = new_rand().hex().encode()
@@ -86,18 +92,18 @@ def prepare(
 
     def probe(t: Transaction, _: bool) -> str:
         check(t, skeys, "admin")  # forwarding out is the source's admin's: nothing written before
-        t.set(probe_key(skeys, nonce), b"")
+        t.set(forward_probe_key(skeys, nonce), b"")
         return token(t, skeys)
 
     def look(t: Transaction, _: bool) -> tuple[str, int | None] | None:
-        if t.get(probe_key(dkeys, nonce)) is not None:
+        if t.get(forward_probe_key(dkeys, nonce)) is not None:
             return None
         meta = read_meta(t, dkeys)
         check(t, dkeys, "enqueue", meta)  # before the destination's token is written
         return token(t, dkeys), room_of(meta)
 
     def unprobe(t: Transaction, _: bool) -> None:
-        t.clear(probe_key(skeys, nonce))
+        t.clear(forward_probe_key(skeys, nonce))
 
     source = run_once(src_db, probe)
     try:
@@ -108,58 +114,30 @@ def prepare(
     return (None, None) if seen is None else ((source, seen[0]), seen[1])
 
 
-def probe_key(keys: QueueKeys, nonce: str) -> bytes:
-    return bytes(keys.q.pack(("fn", nonce)))
-
-
-def pending_key(dst: QueueKeys, source: str, mid: str, receipt: str) -> bytes:
-    # fdb.tuple.pack's bytes, from the queue's prefix and encoded elements: a forward packs
-    # several of these keys a message, and the tuple layer's general packer is the slow part.
-    return _fp_prefix(dst, source) + enc_str(mid) + enc_str(receipt)
-
-
-def pending_keys(dst: QueueKeys, source: str, entries: list[Entry]) -> list[bytes]:
-    """:func:`pending_key` of each entry (id, receipt): one prefix for them all."""
-    prefix = _fp_prefix(dst, source)
-    return [prefix + enc_str(mid) + enc_str(receipt) for mid, receipt in entries]
-
-
-def _fp_prefix(dst: QueueKeys, source: str) -> bytes:
-    """``dst.q.pack(("fp", source))``, kept by (queue prefix, source token): a forwarder
-    builds keys under one prefix all its run."""
-    at: bytes = dst.q.key()
-    got = _FP_PREFIXES.get((at, source))
-    if got is None:
-        if len(_FP_PREFIXES) > 256:
-            _FP_PREFIXES.clear()
-        got = _FP_PREFIXES[(at, source)] = at + _FP + enc_str(source)
-    return got
-
-
-_FP_PREFIXES: dict[tuple[bytes, str], bytes] = {}
-
-
-def pending_range(dst: QueueKeys, source: str, *rest: str) -> tuple[bytes, bytes]:
-    """``dst.q.range(("fp", source, *rest))``: the keys under that tuple (not its own)."""
-    prefix: bytes = dst.q.key()
-    prefix += _FP + enc_str(source) + b"".join(enc_str(x) for x in rest)
-    return prefix + b"\x00", prefix + b"\xff"
-
-
-def tomb_key(src: QueueKeys, dest: str, name: str) -> bytes:
-    """``src.q.pack(("ft", dest, name))``: a batch's tombstone (``name``: the batch's lease,
-    :func:`batch_of`), or a message's as an earlier version wrote them (``name``: its id)."""
-    prefix: bytes = src.q.key()
-    return prefix + _FT + enc_str(dest) + enc_str(name)
-
-
-_FP, _FT = enc_str("fp"), enc_str("ft")
-
-
 def batch_of(receipt: str) -> str:
     """The lease a receipt belongs to: ``lease_many`` gives the messages of one call the
     receipts ``<lease>.<i>`` (a takeover too), so one tombstone names a removed batch."""
     return receipt.rpartition(".")[0] or receipt
+
+
+def leases_of(receipts: Iterable[str]) -> list[str]:
+    """:func:`batch_of` of each receipt, each lease once, in order of first appearance: loops
+    in C (a forward names a batch's hundred receipts in several of its steps)."""
+    rs = receipts if isinstance(receipts, list) else list(receipts)
+    heads = dict.fromkeys(map(_first, map(str.rpartition, rs, repeat("."))))
+    if "" in heads:  # a receipt without a dot is a lease of its own
+        return list(dict.fromkeys(batch_of(r) for r in rs))
+    return list(heads)
+
+
+def entries_of(batch: list[Message]) -> list[Entry]:
+    """(id, receipt) of each leased message of ``batch``, in order (loops in C)."""
+    return list(zip(map(_ID, batch), map(str, map(_RECEIPT, batch)), strict=True))
+
+
+_first, _second = itemgetter(0), itemgetter(1)
+_ID, _RECEIPT = attrgetter("id"), attrgetter("receipt")
+_PAYLOAD = attrgetter("payload")
 
 
 class Tomb(NamedTuple):
@@ -199,7 +177,7 @@ def _batch_tombs(
 ) -> Iterator[tuple[str, Tomb]]:
     """The tombstones of the batches ``entries`` (id, receipt) belong to, each batch's read
     once (in one ``get_many``), with its batch's name: those there are."""
-    names = list({r.rpartition(".")[0] or r: None for _, r in entries})  # batch_of, inline
+    names = leases_of(map(_second, entries))
     for name, raw in zip(names, t.get_many([tomb_key(src, dest, n) for n in names]), strict=True):
         tomb = decode_tomb(raw, name)
         if tomb is not None:
@@ -224,10 +202,14 @@ def write_tombs(
 ) -> None:
     """The tombstones of ``removed`` (just removed under those receipts), one a batch, beside
     what ``earlier`` (read by :func:`read_tombs` in ``t``) says of the same batches."""
+    names = leases_of(map(_second, removed))
+    if len(names) == 1 and not earlier:  # the common case: one batch, removed in one go
+        t.set(tomb_key(src, dest, names[0]), encode_tomb(dict(removed), now))
+        return
     by: dict[str, dict[str, str]] = {}
     for mid, receipt in [*earlier, *removed]:
         by.setdefault(receipt.rpartition(".")[0] or receipt, {})[mid] = receipt  # batch_of, inline
-    for name in {r.rpartition(".")[0] or r: None for _, r in removed}:
+    for name in names:
         t.set(tomb_key(src, dest, name), encode_tomb(by[name], now))
 
 
@@ -242,7 +224,7 @@ def clear_tombs(t: Transaction, src: QueueKeys, dest: str, published: list[Entry
     for name, tomb in _batch_tombs(t, src, dest, published):
         named.update(tomb.removed.items())
         _rewrite(t, tomb_key(src, dest, name), tomb, done)
-    rest = [mid for mid, receipt in published if (mid, receipt) not in named]
+    rest = [] if named.issuperset(published) else [mid for mid, r in published if (mid, r) not in named]
     for mid, raw in zip(rest, t.get_many([tomb_key(src, dest, mid) for mid in rest]), strict=True):
         one = decode_tomb(raw, mid)
         if one is not None and raw is not None and raw[:1] != b"[":
@@ -250,6 +232,9 @@ def clear_tombs(t: Transaction, src: QueueKeys, dest: str, published: list[Entry
 
 
 def _rewrite(t: Transaction, key: bytes, tomb: Tomb, done: set[Entry]) -> None:
+    if done.issuperset(tomb.removed.items()):  # all of it published (compared in C)
+        t.clear(key)
+        return
     left = {mid: r for mid, r in tomb.removed.items() if (mid, r) not in done}
     if len(left) == len(tomb.removed):
         return
@@ -285,6 +270,8 @@ def too_large(keys: QueueKeys, meta: Meta, batch: list[Message]) -> dict[str, st
     them, so they are not left leased (each forward would pass them by, for good)."""
     cfg = meta.config or QueueConfig()
     limit = min(cfg.max_payload, MAX_PAYLOAD_BYTES)
+    if not batch or max(map(len, map(_PAYLOAD, batch))) <= limit:  # the common case, in C
+        return {}
     return {
         m.id: f"too large for destination {keys.name!r} (max_payload {limit}): {len(m.payload)} bytes"
         for m in batch
@@ -319,315 +306,10 @@ def dead_letter_ready(
     dead_letter(src, t, cfg, rec, fit_reason(reason))
 
 
-def install(
-    t: Transaction, dst: QueueKeys, source: str, batch: list[Message], now: int, layer: Mapping[str, str]
-) -> None:
-    """Write a pending copy of each message of ``batch`` not written yet (each is read first:
-    a late landing of an earlier attempt conflicts instead of writing one again after it was
-    published). A RemoteQueue's dedup key (its header) is kept aside for publication, marked
-    as the layer's where the source confirmed it (``layer``: ``remotededup.layer_keys``)."""
-    keys = pending_keys(dst, source, [(m.id, str(m.receipt)) for m in batch])
-    for m, key, raw in zip(batch, keys, t.get_many(keys), strict=True):
-        if raw is not None:
-            continue
-        extra: dict[str, Any] = {"p": m.priority, "at": now}
-        if m.expires_at is not None:
-            extra["until"] = m.expires_at  # wall clock: the TTL left is taken at publication
-        dedup_key = header_key(m)
-        if dedup_key is not None:
-            extra["dk"] = dedup_key
-            if m.id in layer:
-                extra["dkl"] = True
-        headers = {k: v for k, v in m.headers.items() if k != DEDUP_HEADER}
-        chunks = -(-len(m.payload) // CHUNK_SIZE) if len(m.payload) > CHUNK_SIZE else 0
-        inline = b"" if chunks else m.payload
-        rec = Record(m.id, enqueued_us(m), m.content_type.value, headers, 0, None, chunks, extra, inline)
-        t.set(key, rec.encode())
-        for n in range(chunks):
-            t.set(dst.q.pack(("fp", source, m.id, str(m.receipt), n)), seal_chunk(
-                m.payload[n * CHUNK_SIZE : (n + 1) * CHUNK_SIZE]))  # fmt: skip
-
-
-def install_parts(
-    t: Transaction, dst: QueueKeys, source: str, batch: list[Message], now: int, layer: Mapping[str, str]
-) -> None:
-    """:func:`install`, one key a leased batch instead of one a message: the copies of the
-    messages of one lease (:func:`batch_of` their receipts) in parts under
-    ``("fp", source, None, lease, n)``, each under the value limit (:data:`PART_BYTES`); a
-    payload over ``CHUNK_SIZE`` in chunks as :func:`install` writes them. The batch's parts
-    are read first (a range read: a late landing of an earlier attempt conflicts instead of
-    writing them again after they were published), and a copy they hold already is not
-    written again. A batch is installed in one form by one transaction (retried as it is):
-    a run's batch installed in the publication of the one before it, in parts; one installed
-    by a transaction of its own, one key a message (:func:`install`)."""
-    by: dict[str, list[Message]] = {}
-    for m in batch:
-        r = str(m.receipt)
-        by.setdefault(r.rpartition(".")[0] or r, []).append(m)  # batch_of, inline
-    for lease, msgs in by.items():
-        have: set[Entry] = set()
-        part = 0
-        for kv in t.get_range(*part_range(dst, source, lease), 10_000):
-            have.update((c.id, c.receipt) for c in decode_part(kv.value, dst, kv.key))
-            part = int(dst.q.unpack(kv.key)[-1]) + 1
-        rows: list[list[Any]] = []
-        payloads: list[bytes] = []
-        size = 0
-        for m in msgs:
-            receipt = str(m.receipt)
-            if have and (m.id, receipt) in have:
-                continue  # an earlier attempt's
-            payload = m.payload
-            inline, chunks = payload, 0
-            cost = _ROW_BYTES + len(payload) + len(m.id) + len(receipt)  # a content type: 1 byte
-            if len(payload) > CHUNK_SIZE:
-                inline, chunks = b"", -(-len(payload) // CHUNK_SIZE)
-                cost -= len(payload)
-            headers: dict[str, Any] = {}
-            dk, dkl = None, False
-            if m.headers:
-                dk = header_key(m)
-                dkl = dk is not None and m.id in layer
-                headers = {k: v for k, v in m.headers.items() if k != DEDUP_HEADER}
-                cost += len(json.dumps(headers)) + len(json.dumps(dk))
-            ct = m.content_type._value_  # not .value: the enum's property is a Python-level call
-            if rows and size + cost > PART_BYTES:
-                part = _put_part(t, dst, source, lease, part, rows, payloads)
-                rows, payloads, size = [], [], 0
-            # (round(...): enqueued_us(m), without the call)
-            rows.append([m.id, receipt, round(m.enqueued_at * 1e6), ct, headers, m.priority,
-                         m.expires_at, dk, dkl, chunks, len(inline), now])  # fmt: skip
-            payloads.append(inline)
-            size += cost
-            for n in range(chunks):
-                t.set(dst.q.pack(("fp", source, m.id, receipt, n)), seal_chunk(
-                    payload[n * CHUNK_SIZE : (n + 1) * CHUNK_SIZE]))  # fmt: skip
-        if rows:
-            _put_part(t, dst, source, lease, part, rows, payloads)
-
-
-def _put_part(
-    t: Transaction,
-    dst: QueueKeys,
-    source: str,
-    lease: str,
-    part: int,
-    rows: list[list[Any]],
-    payloads: list[bytes],
-) -> int:
-    """Write ``rows`` as part ``part`` of the batch ``lease``'s copies, in two halves (and so
-    on) when their encoding passes the value limit after all (the estimate counted a copy's
-    fields short: strings the JSON escapes); returns the next part's number."""
-    raw = _encode_rows(rows, payloads)
-    if len(raw) <= VALUE_SIZE_LIMIT or len(rows) == 1:
-        t.set(part_key(dst, source, lease, part), raw)
-        return part + 1
-    half = len(rows) // 2
-    part = _put_part(t, dst, source, lease, part, rows[:half], payloads[:half])
-    return _put_part(t, dst, source, lease, part, rows[half:], payloads[half:])
-
-
-class Copy(NamedTuple):
-    """A pending copy as read (from a batch's part or a key of its own): what its
-    publication writes. ``payload``: inline, or joined from its ``chunks`` once read."""
-
-    id: str
-    receipt: str
-    enqueued_us: int
-    content_type: str
-    headers: dict[str, Any]
-    priority: int
-    until: float | None  # wall clock: when its TTL ends (the TTL left is taken at publication)
-    dk: str | None  # a RemoteQueue's dedup key, kept aside from its headers
-    dkl: bool  # that key confirmed as the layer's by the source
-    chunks: int
-    payload: bytes
-    at: int  # the version it was installed at
-
-
-# A batch's part: under FoundationDB's value limit (engines/limits.py, VALUE_SIZE_LIMIT
-# 100,000) with room to spare; a copy's fields beside its payload are counted as
-# _ROW_BYTES more than its strings (ints, nulls and the JSON's punctuation).
-PART_BYTES = 90_000
-_ROW_BYTES = 128
-PART_FORMAT = 1
-_PART_HEAD = struct.Struct("<BI")
-_CRC = struct.Struct("<I")
-
-
-def _encode_rows(rows: list[list[Any]], payloads: list[bytes]) -> bytes:
-    meta = json.dumps(rows, separators=(",", ":")).encode()
-    body = _PART_HEAD.pack(PART_FORMAT, len(meta)) + meta + b"".join(payloads)
-    return body + _CRC.pack(zlib.crc32(body))
-
-
-def encode_part(copies: list[Copy]) -> bytes:
-    """A part's value: its copies' fields (JSON), their inline payloads, a CRC-32 of it all."""
-    rows, payloads = [], []
-    for c in copies:
-        inline = b"" if c.chunks else c.payload
-        rows.append([*c[:10], len(inline), c.at])
-        payloads.append(inline)
-    return _encode_rows(rows, payloads)
-
-
-def decode_part(raw: bytes, keys: QueueKeys, key: bytes) -> list[Copy]:
-    """The copies a part at ``key`` holds (a chunked one's payload not read: b"");
-    :class:`CorruptMessageError` naming where it is when its checksum does not match."""
-    end = len(raw) - _CRC.size
-    if end < _PART_HEAD.size or _CRC.unpack_from(raw, end)[0] != zlib.crc32(memoryview(raw)[:end]):
-        raise CorruptMessageError("pending copies: checksum mismatch", queue=keys.name, key=key)
-    fmt, n = _PART_HEAD.unpack_from(raw)
-    if fmt != PART_FORMAT:
-        raise QueueError(f"pending copies of unknown format {fmt}: written by a newer fdbqueue?")
-    at = _PART_HEAD.size + n
-    out = []
-    for row in json.loads(raw[_PART_HEAD.size : at]):
-        if len(row) != _COPY_FIELDS:
-            raise QueueError(f"a pending copy of {len(row)} fields: written by a newer fdbqueue?")
-        size = row[10]
-        row[10] = raw[at : at + size]
-        at += size
-        out.append(_new_copy(Copy, row))  # Copy._make, less its Python frame: the length is known
-    return out
-
-
-_new_copy = tuple.__new__
-_COPY_FIELDS = len(Copy._fields)
-
-
-def part_key(dst: QueueKeys, source: str, lease: str, part: int) -> bytes:
-    return bytes(dst.q.pack(("fp", source, None, lease, part)))
-
-
-def part_range(dst: QueueKeys, source: str, lease: str) -> tuple[bytes, bytes]:
-    """The keys of the parts of the batch ``lease``'s copies."""
-    r = dst.q.range(("fp", source, None, lease))
-    return r.start, r.stop
-
-
-class Pending:
-    """The pending copies of some entries as one transaction read them (:func:`read_pending`):
-    ``copies``, one an entry (None: not there, published or withdrawn already)."""
-
-    __slots__ = ("_own", "_parts", "copies")
-
-    def __init__(
-        self, copies: list[Copy | None], parts: dict[bytes, list[Copy]], own: dict[Entry, tuple[bytes, bool]]
-    ) -> None:
-        self.copies = copies
-        self._parts = parts  # each batch part read: its key -> its copies
-        self._own = own  # each copy of a key of its own: (id, receipt) -> (key, chunked)
-
-    def drop(self, t: Transaction, dst: QueueKeys, source: str, done: set[Entry]) -> None:
-        """Clear the copies of ``done`` (published or withdrawn), in ``t``: a copy of its own
-        by its key (and its chunks); a part rewritten without them, or cleared when none of
-        it is left, and their chunks cleared."""
-        for entry in done:
-            own = self._own.get(entry)
-            if own is not None:
-                drop_pending_at(t, own[0], chunked=own[1])
-        for key, copies in self._parts.items():
-            left = [c for c in copies if (c.id, c.receipt) not in done]
-            if len(left) == len(copies):
-                continue
-            for c in copies:
-                if c.chunks and (c.id, c.receipt) in done:
-                    t.clear_range(*pending_range(dst, source, c.id, c.receipt))
-            if left:
-                t.set(key, encode_part(left))
-            else:
-                t.clear(key)
-
-
-def read_pending(
-    t: Transaction, dst: QueueKeys, source: str, entries: list[Entry], *, payloads: bool = True
-) -> Pending:
-    """The pending copies of ``entries`` (id, receipt), in a batch's parts (one range read a
-    batch) or each under a key of its own (one ``get_many`` for those the parts do not hold):
-    payloads joined (``payloads=False``: chunked ones left unread)."""
-    found: dict[Entry, Copy] = {}
-    parts: dict[bytes, list[Copy]] = {}
-    for lease in {r.rpartition(".")[0] or r: None for _, r in entries}:  # batch_of, inline
-        for kv in t.get_range(*part_range(dst, source, lease), 10_000):
-            copies = parts[kv.key] = decode_part(kv.value, dst, kv.key)
-            for c in copies:
-                found[(c.id, c.receipt)] = c
-    own: dict[Entry, tuple[bytes, bool]] = {}
-    rest = [e for e in entries if e not in found] if found else entries
-    if rest:
-        keys = pending_keys(dst, source, rest)
-        for (mid, receipt), key, raw in zip(rest, keys, t.get_many(keys), strict=True):
-            if raw is not None:
-                rec = decode_record(raw, dst, key, mid)
-                found[(mid, receipt)] = copy_of(rec, receipt)
-                own[(mid, receipt)] = key, rec.chunks > 0
-    out: list[Copy | None] = []
-    for mid, receipt in entries:
-        got = found.get((mid, receipt))
-        if got is not None and got.chunks and payloads:
-            at = pending_key(dst, source, mid, receipt)
-            vals = [kv.value for kv in t.get_range(at + b"\x00", at + b"\xff", got.chunks + 1)]
-            got = got._replace(payload=join_chunks(vals, got.chunks, dst.name, mid))
-        out.append(got)
-    return Pending(out, parts, own)
-
-
-def copy_of(rec: Record, receipt: str) -> Copy:
-    """A pending copy written under a key of its own (:func:`install`), as a :class:`Copy`."""
-    extra = rec.extra
-    dk = extra.get("dk")
-    return Copy(
-        rec.id, receipt, rec.enqueued_us, rec.content_type, rec.headers, int(extra.get("p", 0)),
-        extra.get("until"), None if dk is None else str(dk), bool(extra.get("dkl")), rec.chunks,
-        rec.payload, int(extra.get("at", 0)),
-    )  # fmt: skip
-
-
-def as_item(c: Copy, origin: str) -> Item:
-    """A pending copy as the message to write: its id, headers, priority and the TTL left."""
-    ttl = None if c.until is None else max(0.001, float(c.until) - time.time())
-    ct = _CONTENT_TYPES.get(c.content_type) or ContentType(c.content_type)
-    return Item(
-        c.id, new_rand(), c.payload, ct, c.priority, c.headers, 0.0, ttl, None, fixed_id=True,
-        origin=origin, enqueued_us=c.enqueued_us,
-    )  # fmt: skip
-
-
-# ContentType by its value, without the enum's call (a Python-level lookup each time).
-_CONTENT_TYPES = {c.value: c for c in ContentType}
-
-
 def enqueued_us(m: Message) -> int:
     """The message's enqueue time as stored (``Message.enqueued_at`` is it divided by 1e6:
     rounding gives it back exactly), kept by a forward as by a move."""
     return round(m.enqueued_at * 1e6)
-
-
-def drop_pending_at(t: Transaction, key: bytes, *, chunked: bool = True) -> None:
-    """Clear the copy at ``key`` (a :func:`pending_key`); ``chunked=False``: the copy is known
-    to have no chunks (its payload was inline), so its one key is cleared, without a range (a
-    range clear is a statement of its own)."""
-    t.clear(key)  # a tuple's range holds the keys under it, not its own key
-    if chunked:
-        t.clear_range(key + b"\x00", key + b"\xff")  # its chunks: pending_range(..., mid, receipt)
-
-
-def pendings(t: Transaction, dst: QueueKeys, source: str, limit: int, before: int) -> list[Entry]:
-    """Up to ``limit`` pending copies from ``source`` written before version ``before``: in a
-    batch's parts, or each under a key of its own."""
-    out: list[Entry] = []
-    for kv in t.snapshot.get_range(*pending_range(dst, source), limit * 4):
-        parts = dst.q.unpack(kv.key)
-        if len(parts) == 5 and parts[2] is None:  # a batch's part
-            out += [(c.id, c.receipt) for c in decode_part(kv.value, dst, kv.key) if c.at < before]
-        elif len(parts) == 4:  # a copy of its own (else a chunk)
-            rec = decode_record(kv.value, dst, kv.key, str(parts[2]))
-            if int(rec.extra.get("at", 0)) < before:
-                out.append((str(parts[2]), str(parts[3])))
-        if len(out) >= limit:
-            return out[:limit]
-    return out
 
 
 # -- the source ---------------------------------------------------------------------------------
@@ -635,10 +317,9 @@ def pendings(t: Transaction, dst: QueueKeys, source: str, limit: int, before: in
 
 def tombs(t: Transaction, src: QueueKeys, dest: str, limit: int, before: int) -> list[Entry]:
     """The messages of up to ``limit`` tombstones for ``dest`` written before version ``before``."""
-    r = src.q.range(("ft", dest))
     out: list[Entry] = []
-    for kv in t.snapshot.get_range(r.start, r.stop, limit):
-        tomb = decode_tomb(kv.value, str(src.q.unpack(kv.key)[-1]))
+    for kv in t.snapshot.get_range(*tombs_range(src, dest), limit):
+        tomb = decode_tomb(kv.value, tomb_name(src, kv.key))
         if tomb is not None and tomb.at < before:
             out += tomb.removed.items()
     return out
@@ -684,7 +365,7 @@ def record_hand(
 ) -> Record_:
     """Record the batch a forwarder named ``name`` has just leased in ``t`` (the ids and
     receipts a successor of that name takes over); returns the record (key, value)."""
-    key = bytes(src.q.pack(("fh", dest, name, now, str(batch[0].receipt))))
+    key = hand_key(src, dest, name, now, str(batch[0].receipt))
     value = json.dumps([[m.id, m.receipt] for m in batch]).encode()
     t.set(key, value)
     return key, value
@@ -723,9 +404,9 @@ def take_over(
     receipt are dead, and each receipt keeps a single owner - the reason a namesake still at
     work cannot double what is taken over. The record then names the new receipts (and the
     removed ones, until published)."""
-    r = src.q.range(("fh", dest, name))
-    begin = r.start if after is None else max(r.start, after + b"\x00")
-    found = t.get_range(begin, r.stop, 1)  # read, not snapshot: a namesake's lease conflicts
+    start, stop = hands_range(src, dest, name)
+    begin = start if after is None else max(start, after + b"\x00")
+    found = t.get_range(begin, stop, 1)  # read, not snapshot: a namesake's lease conflicts
     if not found:
         return None
     key, raw = found[0]

@@ -2,7 +2,8 @@
 
 Between two systems no transaction spans both, so the queue manager's forwarding (Bernstein &
 Newcomer) is done in steps, each one transaction of one side, any of which a crash or a stall
-of any length may interrupt (``transit.py`` has the keys; docs/forwarding.md the reasoning):
+of any length may interrupt (``ops/transit.py`` and ``ops/pending.py`` keep what is between
+them, their keys in ``store/layout.py``; docs/forwarding.md the reasoning):
 
 1. **Lease** a batch on the source (``lease_many``): hidden from others while the forwarder
    works; back by themselves if it dies or stalls past the lease.

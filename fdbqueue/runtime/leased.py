@@ -1,5 +1,6 @@
 """The leased forwarder (``forwarding.py``): the source's messages leased, pending copies on the
-destination, tombstones on the source (the keys are ``ops/transit.py``). Its steps, as the
+destination, tombstones on the source (``ops/transit.py``, ``ops/pending.py``; their keys in
+``store/layout.py``). Its steps, as the
 :class:`Leased` part of ``Forwarder`` (on top of :class:`Outbox`, the exclusive path and what
 both share): lease, install, remove, publish, and ``recover`` for what a crash or a stall left.
 ``forwarding.py``'s docstring walks through the steps; docs/forwarding.md has the reasoning."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from fdbqueue.engines.contract import Database, Transaction
 from fdbqueue.errors import QueueError
@@ -16,6 +18,7 @@ from fdbqueue.ops import transit
 from fdbqueue.ops.delivery import ack_many_in
 from fdbqueue.ops.enqueuing import enqueue_in
 from fdbqueue.ops.moves import Note
+from fdbqueue.ops.pending import as_item, install, install_parts, pendings, read_pending
 from fdbqueue.ops.privileges import check
 from fdbqueue.ops.receipts import run_once_confirmed
 from fdbqueue.ops.remotededup import carry, layer_keys, there_named
@@ -103,14 +106,14 @@ class Leased(Outbox):
     ) -> dict[str, str]:
         """Step 2 in the destination's transaction ``t`` (``meta``: its settings, when read
         already: the publication's transaction, which writes the batch's copies one key a
-        batch, ``transit.install_parts``; else one a message); returns the messages too large
+        batch, ``pending.install_parts``; else one a message); returns the messages too large
         for it, by id (their reasons)."""
         dkeys, (source, _) = self.dst.keys, self._token_pair()
-        write = transit.install_parts
+        write = install_parts
         if meta is None:
             meta = read_meta(t, dkeys)
             check(t, dkeys, "enqueue", meta)
-            write = transit.install
+            write = install
         big = transit.admissible(dkeys, meta, batch)  # too large for it: dead letters
         write(t, dkeys, source, [m for m in batch if m.id not in big] if big else batch, db_now(t), layer)
         return big
@@ -137,18 +140,21 @@ class Leased(Outbox):
             now = db_now(t)
             if published:  # before this batch's: a batch is published after its removal
                 transit.clear_tombs(t, skeys, dest, published)
-            mine = [(m.id, str(m.receipt)) for m in batch]
+            mine = transit.entries_of(batch)
             found = transit.read_tombs(t, skeys, dest, mine) if batch else set()
             earlier = {mid for mid, _ in found}
-            rest = [m for m in batch if m.id not in earlier]
+            rest = [m for m in batch if m.id not in earlier] if earlier else batch
             done = ack_many_in(skeys, t, rest, now, note) if rest else []
+            whole = not earlier and len(done) == len(batch)  # the common case: all of it, now
             if done:  # one tombstone for the batch, not one a message
-                transit.write_tombs(t, skeys, dest, [(m.id, str(m.receipt)) for m in done], found, now)
+                transit.write_tombs(t, skeys, dest, mine if whole else transit.entries_of(done), found, now)
             self._acknowledge(t, done)
             for record in records:  # named: batches published, nothing left to take over
                 transit.clear_record(t, record)
-            removed = earlier | {m.id for m in done}
             nxt, hand = self._lease_in(t, ahead) if ahead else ([], None)
+            if whole:
+                return list(batch), nxt, hand
+            removed = earlier | {m.id for m in done}
             return [m for m in batch if m.id in removed], nxt, hand
 
         out = run_once_confirmed(self.src_db, skeys, body)
@@ -161,7 +167,7 @@ class Leased(Outbox):
         dkeys, (source, _) = self.dst.keys, self._token_pair()
 
         def body(t: Transaction, _: bool) -> None:
-            found = transit.read_pending(t, dkeys, source, entries, payloads=False)
+            found = read_pending(t, dkeys, source, entries, payloads=False)
             found.drop(t, dkeys, source, set(entries))
 
         run_once(self.dst_db, body)
@@ -184,7 +190,7 @@ class Leased(Outbox):
             meta = read_meta(t, dkeys)
             check(t, dkeys, "enqueue", meta)
             now = db_now(t)
-            pending = transit.read_pending(t, dkeys, source, entries)
+            pending = read_pending(t, dkeys, source, entries)
             recs = pending.copies
             marks = _marks(t, dkeys, self.origin, entries)
             # A RemoteQueue's message that may have reached the destination directly (its
@@ -195,16 +201,22 @@ class Leased(Outbox):
             room = transit.room_of(meta)
             items: list[Item] = []
             left: list[transit.Entry] = []
-            handled: list[str] = []
-            for entry, rec, mark in zip(entries, recs, marks, strict=True):
-                if left or (rec is not None and mark is None and rec.id not in there and room == 0):
-                    left.append(entry)  # waits for room, and so do those after it (order)
-                    continue
-                handled.append(entry[0])
-                if rec is None or mark is not None or rec.id in there:
-                    continue
-                items.append(transit.as_item(rec, self.origin))
-                room = None if room is None else room - 1
+            handled = 0
+            if marks is None and not there and (room is None or room >= len(recs)) and all(recs):
+                # The common case: every copy there, none installed already, room for all.
+                items = list(map(as_item, recs, repeat(self.origin)))  # type: ignore[arg-type]
+                handled = len(entries)
+                room = None if room is None else room - len(items)
+            else:
+                for entry, rec, mark in zip(entries, recs, marks or repeat(None), strict=False):
+                    if left or (rec is not None and mark is None and rec.id not in there and room == 0):
+                        left.append(entry)  # waits for room, and so do those after it (order)
+                        continue
+                    handled += 1
+                    if rec is None or mark is not None or rec.id in there:
+                        continue
+                    items.append(as_item(rec, self.origin))
+                    room = None if room is None else room - 1
             if items:
                 enqueue_in(dkeys, t, items, False, None)
             for it in items:
@@ -217,7 +229,7 @@ class Leased(Outbox):
             # a statement of its own each. A stale copy of another lease is never published
             # (no tombstone names it): its forwarder withdraws it at its step 3, or
             # ``recover`` once its lease ended.
-            pending.drop(t, dkeys, source, set(entries[: len(handled)]))
+            pending.drop(t, dkeys, source, set(entries[:handled]))
             big = None
             if ahead is not None and meta.state.enqueue:
                 big = self._install_in(t, ahead.batch, layer_ahead, meta)
@@ -227,8 +239,11 @@ class Leased(Outbox):
         if ahead is not None and big is not None:
             ahead.installed = True
             self._dead_letter(ahead.batch, big)
-        done = {mid for mid, _ in left}
-        self._published += [e for e in entries if e[0] not in done]
+        if not left:
+            self._published += entries
+        else:
+            done = {mid for mid, _ in left}
+            self._published += [e for e in entries if e[0] not in done]
         return wrote, left
 
     def _publish_all(
@@ -273,7 +288,7 @@ class Leased(Outbox):
         (source, dest), skeys, dkeys = self._token_pair(), self.src.keys, self.dst.keys
         age = versions(self.lease_seconds)
         found = run_once(self.src_db, lambda t, _: transit.tombs(t, skeys, dest, limit, db_now(t) - age))
-        pend = run_once(self.dst_db, lambda t, _: transit.pendings(t, dkeys, source, limit, db_now(t) - age))
+        pend = run_once(self.dst_db, lambda t, _: pendings(t, dkeys, source, limit, db_now(t) - age))
 
         def fates(t: Transaction) -> list[str]:
             check(t, skeys, "dequeue", read_meta(t, skeys))
@@ -314,12 +329,13 @@ class Leased(Outbox):
                 h.done, nxt, record = self._remove(h.batch, want) if h.batch else ([], [], None)
                 if nxt:
                     h.ahead = _Hand(nxt, record=record)
-                kept = {m.id for m in h.done}
-                h.lost += [(m.id, str(m.receipt)) for m in h.batch if m.id not in kept]
+                if len(h.done) < len(h.batch):  # (done: a part of batch, in its order)
+                    kept = {m.id for m in h.done}
+                    h.lost += [(m.id, str(m.receipt)) for m in h.batch if m.id not in kept]
             if h.lost:  # leases lost to a stall: another forwarder or a consumer has them
                 self._withdraw(h.lost)
                 h.lost = []
-            entries = h.removed + [(m.id, str(m.receipt)) for m in h.done]
+            entries = h.removed + transit.entries_of(h.done)
             wrote, left = self._publish_all(entries, ahead=h.ahead)
             self._hand = h.ahead  # leased and (unless the destination refused it) installed
             if h.record is not None and not left:
@@ -344,14 +360,17 @@ class Leased(Outbox):
         return max(0, want if self._cap is None else min(want, self._cap - in_hand))
 
 
-def _marks(t: Transaction, dkeys: QueueKeys, origin: str, entries: list[transit.Entry]) -> list[bytes | None]:
+def _marks(
+    t: Transaction, dkeys: QueueKeys, origin: str, entries: list[transit.Entry]
+) -> list[bytes | None] | None:
     """The exclusive forwarder's markers of ``entries`` in the destination (one there: the
-    message was installed already). One range read of this source's markers first: when it
-    holds none (a leased forwarder's common case: an exclusive forwarder clears its markers
-    as it goes), none of these is there, and a marker written meanwhile conflicts with this
-    read (not a snapshot) as it would with the point reads; else each is read."""
+    message was installed already; None: none of them is). One range read of this source's
+    markers first: when it holds none (a leased forwarder's common case: an exclusive
+    forwarder clears its markers as it goes), none of these is there, and a marker written
+    meanwhile conflicts with this read (not a snapshot) as it would with the point reads;
+    else each is read."""
     if not t.get_range(*forward_marker_range(dkeys, origin), 1):
-        return [None] * len(entries)
+        return None
     return t.get_many([forward_marker(dkeys, origin, mid) for mid, _ in entries])
 
 

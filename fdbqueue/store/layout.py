@@ -743,6 +743,127 @@ def forward_marker_range(dst: QueueKeys, origin: str) -> tuple[bytes, bytes]:
     return bytes(r.start), bytes(r.stop)
 
 
+# -- a leased forward's transit (ops/transit.py, ops/pending.py) --------------------------------
+#
+# Under each queue's subspace (docs/forwarding.md, ops/transit.py's docstring):
+#   ("fk",)                                  the queue's forwarding token
+#   ("fn", nonce)                            a forwarder's probe (the same store?)
+#   ("fp", source, id, receipt)              a pending copy of one message (a Record) ...
+#   ("fp", source, id, receipt, n)           ... and its payload's chunks
+#   ("fp", source, None, lease, part)        a part of a leased batch's pending copies
+#   ("ft", destination, lease or id)         a removed batch's tombstone (or one message's)
+#   ("fh", destination, name, version, receipt)  a named forwarder's batch in hand
+# Built from the queue's prefix and encoded elements, byte for byte fdb.tuple.pack's (a
+# forward builds several a message, and the tuple layer's general packer is the slow part);
+# tests/layer/test_layout.py pins the bytes.
+
+
+def forward_token_key(keys: QueueKeys) -> bytes:
+    """``("fk",)``: the queue's forwarding token (which store's queue a copy belongs to)."""
+    prefix: bytes = keys.q.key()
+    return prefix + _FK
+
+
+def forward_probe_key(keys: QueueKeys, nonce: str) -> bytes:
+    """``("fn", nonce)``: a forwarder's probe, looked for on the destination."""
+    prefix: bytes = keys.q.key()
+    return prefix + _FN + enc_str(nonce)
+
+
+def pending_key(dst: QueueKeys, source: str, mid: str, receipt: str) -> bytes:
+    """``("fp", source, id, receipt)``: one message's pending copy, under a key of its own."""
+    return _fp_prefix(dst, source) + enc_str(mid) + enc_str(receipt)
+
+
+def pending_keys(dst: QueueKeys, source: str, entries: list[tuple[str, str]]) -> list[bytes]:
+    """:func:`pending_key` of each entry (id, receipt): one prefix for them all."""
+    prefix = _fp_prefix(dst, source)
+    return [prefix + enc_str(mid) + enc_str(receipt) for mid, receipt in entries]
+
+
+def pending_chunk_key(dst: QueueKeys, source: str, mid: str, receipt: str, n: int) -> bytes:
+    """``("fp", source, id, receipt, n)``: chunk ``n`` of a pending copy's payload."""
+    return _fp_prefix(dst, source) + enc_str(mid) + enc_str(receipt) + enc_int(n)
+
+
+def pending_range(dst: QueueKeys, *tail: str) -> tuple[bytes, bytes]:
+    """``dst.q.range(("fp", *tail))``: the keys under that tuple (not its own); ``tail``:
+    (source, id, receipt) or a prefix of it (nothing: every pending key of the queue)."""
+    prefix: bytes = dst.q.key()
+    prefix += _FP + b"".join(enc_str(x) for x in tail)
+    return prefix + b"\x00", prefix + b"\xff"
+
+
+def unpack_pending(dst: QueueKeys, key: bytes) -> tuple[Any, ...]:
+    """A key under ``("fp",)`` as its tuple: ("fp", source, id, receipt[, n]) or
+    ("fp", source, None, lease, part)."""
+    return tuple(dst.q.unpack(key))
+
+
+def part_key(dst: QueueKeys, source: str, lease: str, part: int) -> bytes:
+    """``("fp", source, None, lease, part)``: part ``part`` of the batch ``lease``'s copies."""
+    return _pack(dst.q, ("fp", source, None, lease, part))
+
+
+def part_range(dst: QueueKeys, source: str, lease: str) -> tuple[bytes, bytes]:
+    """The keys of the parts of the batch ``lease``'s copies."""
+    r = dst.q.range(("fp", source, None, lease))
+    return bytes(r.start), bytes(r.stop)
+
+
+def part_number(dst: QueueKeys, key: bytes) -> int:
+    """The part number a :func:`part_key` names."""
+    return int(dst.q.unpack(key)[-1])
+
+
+def tomb_key(src: QueueKeys, dest: str, name: str) -> bytes:
+    """``("ft", dest, name)``: a batch's tombstone (``name``: the batch's lease), or a
+    message's as an earlier version wrote them (``name``: its id)."""
+    prefix: bytes = src.q.key()
+    return prefix + _FT + enc_str(dest) + enc_str(name)
+
+
+def tombs_range(src: QueueKeys, *tail: str) -> tuple[bytes, bytes]:
+    """``src.q.range(("ft", *tail))``: the tombstones for destination ``tail[0]`` (nothing:
+    for every destination)."""
+    r = src.q.range(("ft", *tail))
+    return bytes(r.start), bytes(r.stop)
+
+
+def tomb_name(src: QueueKeys, key: bytes) -> str:
+    """The name (lease, or an earlier version's message id) a :func:`tomb_key` ends with."""
+    return str(src.q.unpack(key)[-1])
+
+
+def hand_key(src: QueueKeys, dest: str, name: str, at: int, receipt: str) -> bytes:
+    """``("fh", dest, name, at, receipt)``: a batch forwarder ``name`` has in hand (leased at
+    version ``at``; ``receipt``: its first message's)."""
+    return _pack(src.q, ("fh", dest, name, at, receipt))
+
+
+def hands_range(src: QueueKeys, *tail: str) -> tuple[bytes, bytes]:
+    """``src.q.range(("fh", *tail))``: the batches in hand for (destination, forwarder name)
+    ``tail`` (or a prefix of it)."""
+    r = src.q.range(("fh", *tail))
+    return bytes(r.start), bytes(r.stop)
+
+
+def _fp_prefix(dst: QueueKeys, source: str) -> bytes:
+    """``dst.q.pack(("fp", source))``, kept by (queue prefix, source token): a forwarder
+    builds keys under one prefix all its run."""
+    at: bytes = dst.q.key()
+    got = _FP_PREFIXES.get((at, source))
+    if got is None:
+        if len(_FP_PREFIXES) > 256:
+            _FP_PREFIXES.clear()
+        got = _FP_PREFIXES[(at, source)] = at + _FP + enc_str(source)
+    return got
+
+
+_FP_PREFIXES: dict[tuple[bytes, str], bytes] = {}
+_FK, _FN, _FP, _FT = enc_str("fk"), enc_str("fn"), enc_str("fp"), enc_str("ft")
+
+
 # -- the work index (workindex.py) -------------------------------------------------------------
 
 

@@ -12,7 +12,7 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Forwarder, Queue
-from fdbqueue.ops import transit
+from fdbqueue.ops import pending
 from fdbqueue.ops.txn import run_once
 
 
@@ -29,11 +29,11 @@ def _keys(db: fdbqueue.Database, tag: str) -> list[tuple[bytes, bytes]]:
     return run_once(db, lambda t, _: [(kv.key, kv.value) for kv in t.get_range(r.start, r.stop, 10_000)])
 
 
-def _parts(db: fdbqueue.Database) -> list[list[transit.Copy]]:
+def _parts(db: fdbqueue.Database) -> list[list[pending.Copy]]:
     """The batch copies' parts under ``("fp",)``: each one's copies."""
     keys = Queue("jobs").keys
     return [
-        transit.decode_part(raw, keys, key)
+        pending.decode_part(raw, keys, key)
         for key, raw in _keys(db, "fp")
         if len(keys.q.unpack(key)) == 5 and keys.q.unpack(key)[2] is None
     ]
@@ -138,7 +138,7 @@ def test_withdrawing_part_of_a_batch_copy_leaves_the_rest_publishable_once() -> 
     [part] = _parts(dst)
     assert [(c.id, c.receipt) for c in part] == entries[4:]
     keys, source = Queue("jobs").keys, f._token_pair()[0]
-    listed = run_once(dst, lambda t, _: transit.pendings(t, keys, source, 100, 2**62))
+    listed = run_once(dst, lambda t, _: pending.pendings(t, keys, source, 100, 2**62))
     assert listed == entries[4:]
     assert f._publish(entries)[0] == 6  # the withdrawn ones are not there to publish
     assert _ids_at(dst) == sent[:10] + sent[14:20]
@@ -167,14 +167,14 @@ def test_messages_an_exclusive_forwarder_installed_are_not_published_again() -> 
     assert _keys(dst, "fp") == [] and _keys(src, "ft") == []
 
 
-@pytest.mark.parametrize("estimate", [transit.PART_BYTES, 10**9])
+@pytest.mark.parametrize("estimate", [pending.PART_BYTES, 10**9])
 def test_a_batch_of_many_small_messages_goes_in_parts_each_under_the_value_limit(
     estimate: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Empty payloads: a part is all the copies' fields. Every part stays under FoundationDB's
     value limit (100,000 bytes), by the estimate or, where it falls short (here: none made),
     by halving a part whose encoding passes it; every copy is read back once."""
-    monkeypatch.setattr(transit, "PART_BYTES", estimate)
+    monkeypatch.setattr(pending, "PART_BYTES", estimate)
     src, dst = _pair(170)
     Queue("jobs").enqueue_many(src, [b""] * 1000)
     ms: list[fdbqueue.Message] = []
@@ -182,10 +182,10 @@ def test_a_batch_of_many_small_messages_goes_in_parts_each_under_the_value_limit
         ms += Queue("jobs").lease_many(src, 1000 - len(ms), 60)
     ms = [dataclasses.replace(m, receipt=f"{'ab' * 16}.{i}") for i, m in enumerate(ms)]  # one lease
     keys = Queue("jobs").keys
-    run_once(dst, lambda t, _: transit.install_parts(t, keys, "s", ms, 1, {}))
+    run_once(dst, lambda t, _: pending.install_parts(t, keys, "s", ms, 1, {}))
     assert len(_parts(dst)) >= 2 and all(len(raw) <= 100_000 for _, raw in _keys(dst, "fp"))
     entries = [(m.id, str(m.receipt)) for m in ms]
-    got = run_once(dst, lambda t, _: transit.read_pending(t, keys, "s", entries).copies)
+    got = run_once(dst, lambda t, _: pending.read_pending(t, keys, "s", entries).copies)
     assert [None if c is None else (c.id, c.receipt) for c in got] == entries
 
 

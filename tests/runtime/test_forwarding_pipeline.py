@@ -101,14 +101,14 @@ def test_a_run_into_a_small_queue_leases_ahead_only_what_fits() -> None:
 def test_transit_keys_are_the_tuple_layers(mid: str) -> None:
     """Built from cached prefixes and encoded elements, byte for byte what ``fdb.tuple``
     packs: a store written by an earlier version is read and cleared alike."""
-    from fdbqueue.ops import transit
+    from fdbqueue.store import layout
 
     keys = Queue("jobs", root=("r\x00", 7)).keys
-    assert transit.tomb_key(keys, "t\x00k", mid) == keys.q.pack(("ft", "t\x00k", mid))
-    assert transit.pending_key(keys, "src", mid, "r.1") == keys.q.pack(("fp", "src", mid, "r.1"))
+    assert layout.tomb_key(keys, "t\x00k", mid) == keys.q.pack(("ft", "t\x00k", mid))
+    assert layout.pending_key(keys, "src", mid, "r.1") == keys.q.pack(("fp", "src", mid, "r.1"))
     for rest in [(), (mid,), (mid, "r.1")]:
         r = keys.q.range(("fp", "src", *rest))
-        assert transit.pending_range(keys, "src", *rest) == (r.start, r.stop)
+        assert layout.pending_range(keys, "src", *rest) == (r.start, r.stop)
 
 
 @pytest.mark.parametrize(("where", "nth"), [("_remove", 2), ("_publish", 1)])
