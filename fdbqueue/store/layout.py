@@ -39,6 +39,9 @@ default. ``Q`` below is ``root + ("q", queue_name)``::
                                                 delayed, or ready away from the home key
                                                 their id names (below)
     Q + ("b", msg_id, chunk)                    payload chunks of a large message
+    Q + ("eh", msg_id, stamp)                   the journal's history pointer of a consuming
+                                                operation on the embedded engine: the entry's
+                                                shard (JournalKeys; a destroy keeps them)
     Q + ("f", msg_id)                           in-flight (leased) message record: found by its id,
                                                 so a leased message has no id entry
     Q + ("l", deadline, msg_id)                 lease deadlines (sweep order)
@@ -541,13 +544,15 @@ def queues_prefix_range(root: tuple[Any, ...], prefix: str) -> tuple[bytes, byte
 
 # fdb.tuple's code of a Versionstamp: its 12 bytes (the commit's 10, the order's 2) follow it
 _VS_CODE = b"\x33"
+_EH = enc_str("eh")  # the tag of a queue's own history pointers (JournalKeys.queue_pointer_prefix)
 JOURNAL_SHARDS = 8  # ranges a queue's journal is spread over, by message id
 HISTORY_SHARDS = 16  # ranges the per-message history pointers are spread over
 
 
 class JournalKeys:
     """The journal's keys under a root: entries ``("j", queue, shard, stamp)``, history
-    pointers ``("h", hshard, message_id, stamp)``, the registry of journaled queues
+    pointers ``("h", hshard, message_id, stamp)`` (on the embedded engine a consuming
+    operation's in its queue instead, ``Q + ("eh", message_id, stamp)``), the registry of journaled queues
     ``("jq", queue)`` and the bells a follower watches: ``("jn", queue)`` per queue, ``("jn",)``
     when a queue starts journaling.
 
@@ -653,6 +658,27 @@ class JournalKeys:
         # enc_str(message_id), inline, then the versionstamp's code
         pointer = self._hs[crc % HISTORY_SHARDS] + b"\x02" + idb.replace(b"\x00", b"\x00\xff") + b"\x00\x33"
         return entry, pointer, pointer_value
+
+    def queue_pointer_prefix(self, keys: QueueKeys, message_id: str) -> bytes:
+        """A message's new history pointer inside its queue's own keys, up to the versionstamp
+        (``set_journal_entry``'s ``pointer``): ``Q + ("eh", message_id, stamp)``, its value the
+        entry's shard as one byte. Where one writer at a time appends (the embedded engine), a
+        consuming operation's pointer goes here. ``"eh"`` sorts just before ``"f"``: after it
+        come the queue's leased records, lease deadlines, counters (``"m"``) and the ready
+        range's head, what a dequeue, lease or ack writes anyway; and a ready id is its ready
+        key in hex, so the newest consumed message's pointers sit at the range's end, beside
+        them. One leaf page (usually) where a pointer under ``("h", ...)``, beside the
+        message's enqueue pointer, dirtied a leaf of its own and often split it."""
+        return keys.packed + _EH + b"\x02" + message_id.encode().replace(b"\x00", b"\x00\xff") + b"\x00\x33"
+
+    def queue_history_key(self, queue: str, message_id: str, version: bytes) -> bytes:
+        return bytes(self.root.pack(("q", queue, "eh", message_id, versionstamp(version))))
+
+    def queue_history_range(self, queue: str, message_id: str | None = None) -> tuple[bytes, bytes]:
+        """A message's pointers inside ``queue`` (None: every message's: what a queue's destroy
+        keeps, with the journal it points into)."""
+        r = self.root.range(("q", queue, "eh") if message_id is None else ("q", queue, "eh", message_id))
+        return bytes(r.start), bytes(r.stop)
 
     def history_key(self, message_id: str, version: bytes) -> bytes:
         hs = zlib.crc32(message_id.encode()) % HISTORY_SHARDS
