@@ -160,16 +160,15 @@ def _append(tr: Transaction, keys: QueueKeys, message_id: str | None, value: byt
             order, jk.entry_prefix(name, jk.shard(None) if spread else 0), value, None, b"", bell
         )
     else:
-        # The entry, and a pointer: history() finds the entry by the same stamp.
-        entry, pointer, pointer_value = jk.prefixes(name, message_id, spread)
+        # The entry, and a pointer: history() finds the entry by the same stamp. At sync=full
+        # a commit's cost is its pages (each written to the WAL and synced): a pointer under
+        # ("h", ...) for a consumed message lands beside its enqueue's, a leaf of its own
+        # (often a full one, split), where one in the queue's own keys shares the leaf of the
+        # counters and the ready head the commit writes anyway (JournalKeys.queue_prefixes).
         if local and not spread:
-            # At sync=full a commit's cost is its pages (each written to the WAL and synced):
-            # a pointer under ("h", ...) for a consumed message lands beside its enqueue's, a
-            # leaf of its own (often a full one, split), where one in the queue's own keys
-            # shares the leaf of the counters and the ready head this commit writes anyway
-            # (layout.JournalKeys.queue_pointer_prefix). The entry's shard is 0 here (not
-            # spread): the pointer's value.
-            pointer, pointer_value = jk.queue_pointer_prefix(keys, message_id), b"\x00"
+            entry, pointer, pointer_value = jk.queue_prefixes(keys, message_id)
+        else:
+            entry, pointer, pointer_value = jk.prefixes(name, message_id, spread)
         tr.set_journal_entry(order, entry, value, pointer, pointer_value, bell)
 
 

@@ -562,7 +562,7 @@ class JournalKeys:
     than the rest. :meth:`entry_to_stamp` and :meth:`history_to_stamp` give the same keys as
     ``set_versionstamped_key``'s templates (the incomplete versionstamp, then its offset)."""
 
-    __slots__ = ("_bells", "_entries", "_hs", "_prefixes", "_rows", "root")
+    __slots__ = ("_bells", "_entries", "_hs", "_local", "_prefixes", "_rows", "root")
     _made: dict[bytes, JournalKeys] = {}
 
     def __init__(self, root: Subspace) -> None:
@@ -573,6 +573,8 @@ class JournalKeys:
         self._entries: dict[tuple[str, int, int], bytes] = {}
         # By queue, for each shard: a message's entry's key prefix and its pointer's value.
         self._rows: dict[str, tuple[tuple[bytes, bytes], ...]] = {}
+        # By queue: its entry's key prefix in shard 0 and its own pointers' up to the id.
+        self._local: dict[str, tuple[bytes, bytes]] = {}
         h = root.key() + enc_str("h")
         self._hs = tuple(h + enc_int(hs) for hs in range(HISTORY_SHARDS))  # ("h", hshard)
 
@@ -659,17 +661,24 @@ class JournalKeys:
         pointer = self._hs[crc % HISTORY_SHARDS] + b"\x02" + idb.replace(b"\x00", b"\x00\xff") + b"\x00\x33"
         return entry, pointer, pointer_value
 
-    def queue_pointer_prefix(self, keys: QueueKeys, message_id: str) -> bytes:
-        """A message's new history pointer inside its queue's own keys, up to the versionstamp
-        (``set_journal_entry``'s ``pointer``): ``Q + ("eh", message_id, stamp)``, its value the
-        entry's shard as one byte. Where one writer at a time appends (the embedded engine), a
-        consuming operation's pointer goes here. ``"eh"`` sorts just before ``"f"``: after it
-        come the queue's leased records, lease deadlines, counters (``"m"``) and the ready
-        range's head, what a dequeue, lease or ack writes anyway; and a ready id is its ready
-        key in hex, so the newest consumed message's pointers sit at the range's end, beside
-        them. One leaf page (usually) where a pointer under ``("h", ...)``, beside the
-        message's enqueue pointer, dirtied a leaf of its own and often split it."""
-        return keys.packed + _EH + b"\x02" + message_id.encode().replace(b"\x00", b"\x00\xff") + b"\x00\x33"
+    def queue_prefixes(self, keys: QueueKeys, message_id: str) -> tuple[bytes, bytes, bytes]:
+        """:meth:`prefixes` (not spread: shard 0) with the pointer inside the queue's own keys,
+        ``Q + ("eh", message_id, stamp)``, its value the entry's shard as one byte. Where one
+        writer at a time appends (the embedded engine), a consuming operation's pointer goes
+        here. ``"eh"`` sorts just before ``"f"``: after it come the queue's leased records,
+        lease deadlines, counters (``"m"``) and the ready range's head, what a dequeue, lease
+        or ack writes anyway; and a ready id is its ready key in hex, so the newest consumed
+        message's pointers sit at the range's end, beside them: usually the same leaf page,
+        where a pointer under ``("h", ...)``, beside the message's enqueue pointer, dirtied a
+        leaf of its own (and often split it)."""
+        found = self._local.get(keys.name)
+        if found is None:
+            if len(self._local) > 4096:
+                self._local.clear()
+            found = self._local[keys.name] = (self.entry_prefix(keys.name, 0), keys.packed + _EH + b"\x02")
+        entry, head = found
+        # enc_str(message_id) after its tag, inline, then the versionstamp's code
+        return entry, head + message_id.encode().replace(b"\x00", b"\x00\xff") + b"\x00\x33", b"\x00"
 
     def queue_history_key(self, queue: str, message_id: str, version: bytes) -> bytes:
         return bytes(self.root.pack(("q", queue, "eh", message_id, versionstamp(version))))
