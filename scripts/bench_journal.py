@@ -11,13 +11,20 @@ Both sides live in one embedded store; they run in alternating rounds of ``--n``
 so that drift in the machine's speed falls on both. Each operation is its own transaction, as
 a user's call given the database is.
 
-Usage: .venv/bin/python scripts/bench_journal.py [--n 300] [--rounds 6] [--markdown]
+With ``--pages``, instead: the WAL pages (frames) an operation writes on either side of the
+first table, in the same sequence of rounds (``sync=normal``: the same frames, not synced), read
+from the WAL index operation by operation. At ``sync=full`` they, not the instructions, set the
+first table's ratios (issue 30's sixth and seventh passes); unlike its times they do not depend
+on the machine's load.
+
+Usage: .venv/bin/python scripts/bench_journal.py [--n 300] [--rounds 6] [--markdown] [--pages]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import struct
 import sys
 import tempfile
 import time
@@ -93,13 +100,60 @@ def measure(
     return rows
 
 
+# The WAL index header at the start of ``-shm`` (https://www.sqlite.org/walformat.html, 2.1,
+# native byte order): mxFrame at 16, the salts at 32 (they change when the WAL starts again).
+_WAL_INDEX = struct.Struct("=16xI12x8s")
+
+
+def _wal(path: str) -> tuple[int, bytes]:
+    with open(path + "-shm", "rb") as f:
+        frames, salts = _WAL_INDEX.unpack(f.read(_WAL_INDEX.size))
+    return int(frames), bytes(salts)
+
+
+def pages(path: str, n: int, rounds: int) -> list[list[str]]:
+    """WAL frames an operation writes, plain and journaled, in :func:`measure`'s sequence of
+    rounds on one embedded store at ``path`` (an operation during which the WAL started
+    again is not counted)."""
+    db = fdbqueue.open(f"sqlite:///{path}?sync=normal")
+    plain, special = Queue("plain"), Queue("special")
+    fdbqueue.create_queue(db, "plain")
+    fdbqueue.create_queue(db, "special", journal=True)
+    rows = []
+    for name, op in [("enqueue", _enqueue), ("dequeue", _dequeue), ("lease + ack", _lease_ack)]:
+        frames = {"plain": 0, "special": 0}
+        counted = {"plain": 0, "special": 0}
+        for r in range(rounds):
+            for q in [plain, special] if r % 2 == 0 else [special, plain]:
+                if op is not _enqueue:
+                    q.enqueue_many(db, [PAYLOAD] * n)
+                for _ in range(n):
+                    before = _wal(path)
+                    op(db, q, 1)
+                    after = _wal(path)
+                    if after[1] == before[1] and after[0] >= before[0]:
+                        frames[q.name] += after[0] - before[0]
+                        counted[q.name] += 1
+        a, b = (frames[k] / max(counted[k], 1) for k in ("plain", "special"))
+        rows.append([name, f"{a:.2f}", f"{b:.2f}", f"+{b - a:.2f}"])
+    db.close()
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=300, help="operations per round (default 300)")
     ap.add_argument("--rounds", type=int, default=6, help="alternating rounds per side (default 6)")
     ap.add_argument("--markdown", action="store_true", help="print Markdown tables")
+    ap.add_argument("--pages", action="store_true", help="WAL pages an operation, not times")
     args = benchlib.parse_args(ap, argv, n=30, rounds=2)
     print(benchlib.machine(n=args.n, rounds=args.rounds))
+    if args.pages:
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = pages(os.path.join(tmp, "p.db"), args.n, args.rounds)
+        title = "WAL pages an operation, journal=True against journal=False (the first table's sequence)"
+        benchlib.show_table(title, ["operation", "without", "with", "added"], rows, markdown=args.markdown)
+        return 0
     header = ["operation", "without", "with", "ratio", "target"]
     with tempfile.TemporaryDirectory() as tmp:
         runs: list[tuple[str, str, dict[str, Any], float | None, str]] = []

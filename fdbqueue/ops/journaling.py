@@ -64,6 +64,10 @@ OPS = frozenset(
         "revoke",
     ]
 )
+# A message's arrival in a queue: its history pointer goes under ("h", ...) on every engine (the
+# id is new there: those ranges grow at their ends). Every other operation's pointer goes, on an
+# engine of one writer at a time, into its queue beside the ready range's head (_append).
+ARRIVALS = frozenset(["enqueue", "move_in", "forward_in", "redrive"])
 PAGE = 500  # entries per shard per read of a page: well inside a transaction's budget
 # journal(db, None) reads the queues' journals in transactions of at most this many queues
 # (JOURNAL_SHARDS range reads each, with the queue's guard and settings): about 200 reads,
@@ -107,7 +111,7 @@ def record(
         value = f'[{_FORMAT},"{op}",{mid},{_quote(principal)},{deliveries},null,{{}},{at_us}]'.encode()
     else:
         value = encode_entry(op, message_id, principal, deliveries, reason, details, at_us)
-    _append(tr, keys, message_id, value)
+    _append(tr, keys, message_id, value, op not in ARRIVALS)
 
 
 def record_enqueue(tr: Transaction, keys: QueueKeys, message_id: str, priority: int, at_us: int) -> None:
@@ -121,14 +125,15 @@ def record_enqueue(tr: Transaction, keys: QueueKeys, message_id: str, priority: 
         f'[{_FORMAT},"enqueue",{_quote(message_id)},'
         f"{_quote(found if isinstance(found, str) and found else ANONYMOUS)},0,null,{more},{at_us}]"
     ).encode()
-    _append(tr, keys, message_id, value)
+    _append(tr, keys, message_id, value, False)
 
 
-def _append(tr: Transaction, keys: QueueKeys, message_id: str | None, value: bytes) -> None:
+def _append(tr: Transaction, keys: QueueKeys, message_id: str | None, value: bytes, local: bool) -> None:
     """Write the entry ``value`` (about ``message_id``, None for the queue itself) under the
     next order of ``tr``'s attempt, with its history pointer, and the queue's bell once per
     queue and transaction: the rows of :func:`record` and :func:`record_enqueue` alike, in one
-    call of the engine (``Transaction.set_journal_entry``)."""
+    call of the engine (``Transaction.set_journal_entry``). ``local``: not an arrival (the
+    pointer may go into the queue's own keys, :func:`history` reads both places)."""
     # _next_order, inline: the attempt's own count (tr.journal_order(): on_error and reset
     # start it afresh), and whether this is its first entry in the queue.
     state = tr.journal_order()
@@ -155,8 +160,15 @@ def _append(tr: Transaction, keys: QueueKeys, message_id: str | None, value: byt
             order, jk.entry_prefix(name, jk.shard(None) if spread else 0), value, None, b"", bell
         )
     else:
-        # The entry, and a pointer: history() finds the entry by the same stamp.
-        entry, pointer, pointer_value = jk.prefixes(name, message_id, spread)
+        # The entry, and a pointer: history() finds the entry by the same stamp. At sync=full
+        # a commit's cost is its pages (each written to the WAL and synced): a pointer under
+        # ("h", ...) for a consumed message lands beside its enqueue's, a leaf of its own
+        # (often a full one, split), where one in the queue's own keys shares the leaf of the
+        # counters and the ready head the commit writes anyway (JournalKeys.queue_prefixes).
+        if local and not spread:
+            entry, pointer, pointer_value = jk.queue_prefixes(keys, message_id)
+        else:
+            entry, pointer, pointer_value = jk.prefixes(name, message_id, spread)
         tr.set_journal_entry(order, entry, value, pointer, pointer_value, bell)
 
 
@@ -499,7 +511,9 @@ def history(
     tr: Transaction | Database, message_id: str, *, root: tuple[Any, ...] = DEFAULT_ROOT
 ) -> list[JournalEntry]:
     """Every journal entry of message ``message_id``, across the queues of this database it
-    passed through, in commit order: one range read of its history pointers."""
+    passed through, in commit order: one range read of its history pointers (on an engine of
+    one writer at a time, also one in each journaled queue: a consuming operation's pointer
+    lives there, ``_append``)."""
     if not isinstance(message_id, str) or not message_id:
         raise QueueError(f"message_id must be a non-empty str, got {message_id!r}")
     jk = JournalKeys.make(root)
@@ -509,6 +523,14 @@ def history(
         for kv in t.get_range(*jk.history_range(message_id)):
             # queue name, NUL, the shard's byte
             found.append((kv.value[:-2].decode(), kv.value[-1], jk.history_version(kv.key)))
+        if not getattr(t.db, "may_conflict", True):
+            # Every journaled queue's (the registry keeps destroyed ones too): a queue the
+            # message reached unjournaled has no pointer of its arrival under ("h", ...).
+            for reg in t.get_range(*jk.registry_range()):
+                q = jk.registry_name(reg.key)
+                for kv in t.get_range(*jk.queue_history_range(q, message_id)):
+                    found.append((q, kv.value[0], jk.history_version(kv.key)))  # the shard's byte
+            found.sort(key=lambda f: f[2])  # commit order over both places
         mine = {q: readable(t, QueueKeys.make(q, root)) for q, _, _ in found}
         found = [f for f in found if mine[f[0]]]
         values = t.get_many([jk.entry_key(q, shard, v) for q, shard, v in found])
@@ -566,10 +588,14 @@ def trim_some(t: Transaction, jk: JournalKeys, queue: str, before: bytes, limit:
         begin, _ = jk.entry_range(queue, shard, None)
         end = jk.entry_key(queue, shard, before)
         kvs = t.get_range(begin, end, limit - n)
+        local = not getattr(t.db, "may_conflict", True)  # pointers in the queue too (_append)
         for kv in kvs:
             mid = json.loads(kv.value)[2]
             if mid is not None:
-                t.clear(jk.history_key(mid, jk.entry_version(kv.key)))
+                version = jk.entry_version(kv.key)
+                t.clear(jk.history_key(mid, version))
+                if local:
+                    t.clear(jk.queue_history_key(queue, mid, version))
             t.clear(kv.key)
         n += len(kvs)
         if n >= limit:

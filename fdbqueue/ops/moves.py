@@ -619,10 +619,13 @@ def reclaim_result(
 
 def destroy(tr: Transaction, keys: QueueKeys, *, journaled: bool = False) -> None:
     """Remove the queue and every key it has: messages, indexes, counters, settings (its
-    journal stays, until trimmed)."""
+    journal stays, until trimmed, with the history pointers kept in the queue's keys)."""
     if journaled:
         journaling.record(tr, keys, "destroy")
-    tr.clear_range(*keys.all_range())
+    begin, end = keys.all_range()
+    kept, after = keys.journal_keys().queue_history_range(keys.name)
+    tr.clear_range(begin, kept)
+    tr.clear_range(after, end)
     tr.clear(keys.listing)
     workindex.unmark(tr, keys)
 

@@ -39,6 +39,9 @@ default. ``Q`` below is ``root + ("q", queue_name)``::
                                                 delayed, or ready away from the home key
                                                 their id names (below)
     Q + ("b", msg_id, chunk)                    payload chunks of a large message
+    Q + ("eh", msg_id, stamp)                   the journal's history pointer of a consuming
+                                                operation on the embedded engine: the entry's
+                                                shard (JournalKeys; a destroy keeps them)
     Q + ("f", msg_id)                           in-flight (leased) message record: found by its id,
                                                 so a leased message has no id entry
     Q + ("l", deadline, msg_id)                 lease deadlines (sweep order)
@@ -548,13 +551,15 @@ def queues_prefix_range(root: tuple[Any, ...], prefix: str) -> tuple[bytes, byte
 
 # fdb.tuple's code of a Versionstamp: its 12 bytes (the commit's 10, the order's 2) follow it
 _VS_CODE = b"\x33"
+_EH = enc_str("eh")  # the tag of a queue's own history pointers (JournalKeys.queue_pointer_prefix)
 JOURNAL_SHARDS = 8  # ranges a queue's journal is spread over, by message id
 HISTORY_SHARDS = 16  # ranges the per-message history pointers are spread over
 
 
 class JournalKeys:
     """The journal's keys under a root: entries ``("j", queue, shard, stamp)``, history
-    pointers ``("h", hshard, message_id, stamp)``, the registry of journaled queues
+    pointers ``("h", hshard, message_id, stamp)`` (on the embedded engine a consuming
+    operation's in its queue instead, ``Q + ("eh", message_id, stamp)``), the registry of journaled queues
     ``("jq", queue)`` and the bells a follower watches: ``("jn", queue)`` per queue, ``("jn",)``
     when a queue starts journaling.
 
@@ -564,7 +569,7 @@ class JournalKeys:
     than the rest. :meth:`entry_to_stamp` and :meth:`history_to_stamp` give the same keys as
     ``set_versionstamped_key``'s templates (the incomplete versionstamp, then its offset)."""
 
-    __slots__ = ("_bells", "_entries", "_hs", "_prefixes", "_rows", "root")
+    __slots__ = ("_bells", "_entries", "_hs", "_local", "_prefixes", "_rows", "root")
     _made: dict[bytes, JournalKeys] = {}
 
     def __init__(self, root: Subspace) -> None:
@@ -575,6 +580,8 @@ class JournalKeys:
         self._entries: dict[tuple[str, int, int], bytes] = {}
         # By queue, for each shard: a message's entry's key prefix and its pointer's value.
         self._rows: dict[str, tuple[tuple[bytes, bytes], ...]] = {}
+        # By queue: its entry's key prefix in shard 0 and its own pointers' up to the id.
+        self._local: dict[str, tuple[bytes, bytes]] = {}
         h = root.key() + enc_str("h")
         self._hs = tuple(h + enc_int(hs) for hs in range(HISTORY_SHARDS))  # ("h", hshard)
 
@@ -660,6 +667,34 @@ class JournalKeys:
         # enc_str(message_id), inline, then the versionstamp's code
         pointer = self._hs[crc % HISTORY_SHARDS] + b"\x02" + idb.replace(b"\x00", b"\x00\xff") + b"\x00\x33"
         return entry, pointer, pointer_value
+
+    def queue_prefixes(self, keys: QueueKeys, message_id: str) -> tuple[bytes, bytes, bytes]:
+        """:meth:`prefixes` (not spread: shard 0) with the pointer inside the queue's own keys,
+        ``Q + ("eh", message_id, stamp)``, its value the entry's shard as one byte. Where one
+        writer at a time appends (the embedded engine), a consuming operation's pointer goes
+        here. ``"eh"`` sorts just before ``"f"``: after it come the queue's leased records,
+        lease deadlines, counters (``"m"``) and the ready range's head, what a dequeue, lease
+        or ack writes anyway; and a ready id is its ready key in hex, so the newest consumed
+        message's pointers sit at the range's end, beside them: usually the same leaf page,
+        where a pointer under ``("h", ...)``, beside the message's enqueue pointer, dirtied a
+        leaf of its own (and often split it)."""
+        found = self._local.get(keys.name)
+        if found is None:
+            if len(self._local) > 4096:
+                self._local.clear()
+            found = self._local[keys.name] = (self.entry_prefix(keys.name, 0), keys.packed + _EH + b"\x02")
+        entry, head = found
+        # enc_str(message_id) after its tag, inline, then the versionstamp's code
+        return entry, head + message_id.encode().replace(b"\x00", b"\x00\xff") + b"\x00\x33", b"\x00"
+
+    def queue_history_key(self, queue: str, message_id: str, version: bytes) -> bytes:
+        return bytes(self.root.pack(("q", queue, "eh", message_id, versionstamp(version))))
+
+    def queue_history_range(self, queue: str, message_id: str | None = None) -> tuple[bytes, bytes]:
+        """A message's pointers inside ``queue`` (None: every message's: what a queue's destroy
+        keeps, with the journal it points into)."""
+        r = self.root.range(("q", queue, "eh") if message_id is None else ("q", queue, "eh", message_id))
+        return bytes(r.start), bytes(r.stop)
 
     def history_key(self, message_id: str, version: bytes) -> bytes:
         hs = zlib.crc32(message_id.encode()) % HISTORY_SHARDS

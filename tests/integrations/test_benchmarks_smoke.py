@@ -79,3 +79,21 @@ def test_smoke(script: str, tmp_path: Path) -> None:
     assert done.returncode == 0, f"{script} --smoke exited {done.returncode}:\n{done.stderr[-3000:]}"
     out = re.sub(r"\s+", " ", done.stdout)  # a rich table may wrap a header over lines
     assert re.search(EXPECTED[script], out), f"{script} --smoke printed no figures:\n{done.stdout[-3000:]}"
+
+
+def test_bench_journal_counts_pages(tmp_path: Path) -> None:
+    """``bench_journal.py --pages``: the WAL pages an operation on either side, in its rounds."""
+    env = dict(os.environ, TMPDIR=str(tmp_path), COLUMNS="200")
+    env["PYTHONPATH"] = os.pathsep.join([str(SCRIPTS.parent), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench_journal.py"), "--smoke", "--pages", "--markdown"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = re.findall(r"^\| (enqueue|dequeue|lease \+ ack) \| ([\d.]+) \| ([\d.]+) \| \+", done.stdout, re.M)
+    assert [r[0] for r in rows] == ["enqueue", "dequeue", "lease + ack"], done.stdout
+    assert all(0 < float(plain) < float(journaled) for _, plain, journaled in rows), done.stdout

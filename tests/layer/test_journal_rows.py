@@ -1,8 +1,10 @@
 """A journaled operation's rows: whatever the way the journal hands them to the engine (one
 ``set_journal_entry`` call since issue 30's sixth pass, three versionstamped templates
 before), each operation leaves exactly the rows the templates name - the entry at
-``JournalKeys.entry_to_stamp``'s key, its history pointer at ``history_to_stamp``'s, the
-queue's bell - with the commit's own stamp, on every engine; the journal, a message's history
+``JournalKeys.entry_to_stamp``'s key, its history pointer at ``history_to_stamp``'s (on the
+embedded engine, since issue 30's seventh pass, a pointer of an operation other than an
+arrival in its queue's keys, ``queue_history_key``), the queue's bell - with the commit's own
+stamp, on every engine; the journal, a message's history
 and a follower in another process read them as before; a failed commit and its retry leave
 one entry."""
 
@@ -24,6 +26,7 @@ from fdbqueue import Queue
 from fdbqueue.engines.contract import Database
 from fdbqueue.engines.local.mutations import fill_versionstamp
 from fdbqueue.errors import QueueError
+from fdbqueue.ops.journaling import ARRIVALS
 from fdbqueue.store.layout import DEFAULT_ROOT, JournalKeys
 from fdbqueue.testing import FaultScript
 
@@ -31,7 +34,8 @@ JK = JournalKeys.make(DEFAULT_ROOT)
 
 
 def _journal_rows(db: Database) -> dict[bytes, bytes]:
-    """Every row of the journal's keyspace: entries, history pointers, bells, the registry."""
+    """Every row of the journal's keyspace: entries, history pointers (those in the journaled
+    queues' keys too), bells, the registry."""
     root = JK.root.key()
     tr: Any = db.create_transaction()
     got = {}
@@ -39,6 +43,10 @@ def _journal_rows(db: Database) -> dict[bytes, bytes]:
         r = JK.root.range((kind,))
         got.update({kv.key: kv.value for kv in tr.get_range(r.start, r.stop)})
     got.update({kv.key: kv.value for kv in tr.get_range(root + b"\x02jn\x00", root + b"\x02jn\x01")})
+    for reg in tr.get_range(*JK.registry_range()):
+        got.update(
+            {kv.key: kv.value for kv in tr.get_range(*JK.queue_history_range(JK.registry_name(reg.key)))}
+        )
     tr.cancel()
     return got
 
@@ -61,10 +69,12 @@ def _check(
         assert fields[7] / 1e6 == e.at
         assert raw == json.dumps(fields, separators=(",", ":")).encode()
         want[key] = raw
-        if e.message_id is not None:
+        if e.message_id is not None and (spread or e.op in ARRIVALS):
             want[fill_versionstamp(JK.history_to_stamp(e.message_id, order), stamp)] = (
                 e.queue.encode() + b"\x00" + bytes((shard,))
             )
+        elif e.message_id is not None:  # one writer at a time: in the queue, beside its head
+            want[JK.queue_history_key(e.queue, e.message_id, e.version)] = bytes((shard,))
     for q in {e.queue for e in entries}:
         want[JK.bell(q)] = stamp
     assert rows == want
@@ -182,8 +192,8 @@ def test_a_failed_or_unknown_commit_of_a_consuming_operation_leaves_one_entry(fa
 
 def test_a_commit_sqlite_refuses_leaves_no_row_and_its_retry_one_each(tmp_path: Path) -> None:
     """The embedded engine's statement refused (a trigger refusing a history pointer's row,
-    once): neither the dequeue nor any of its journal rows lands; the retried dequeue writes
-    its entry, pointer and bell once."""
+    once: the dequeue's, in the queue's keys): neither the dequeue nor any of its journal rows
+    lands; the retried dequeue writes its entry, pointer and bell once."""
     path = tmp_path / "q.db"
     db = fdbqueue.open(f"sqlite://{path}")
     fdbqueue.create_queue(db, "jobs", journal=True)
@@ -191,8 +201,10 @@ def test_a_commit_sqlite_refuses_leaves_no_row_and_its_retry_one_each(tmp_path: 
     mid = q.enqueue(db, b"a")
     rows = _journal_rows(db)
     conn = sqlite3.connect(path)
+    pointers = JK.queue_history_range("jobs", mid)[0][:-1]  # the range begins with a NUL after it
     conn.execute(
-        "CREATE TRIGGER refuse BEFORE INSERT ON kv WHEN NEW.v = x'6a6f62730000' "  # b"jobs\\0\\0"
+        "CREATE TRIGGER refuse BEFORE INSERT ON kv "
+        f"WHEN substr(NEW.k, 1, {len(pointers)}) = x'{pointers.hex()}' "
         "BEGIN SELECT RAISE(ABORT, 'refused'); END"
     )
     conn.commit()

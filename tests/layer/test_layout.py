@@ -127,3 +127,37 @@ def test_journal_stamp_keys_match_the_tuple_layer(
                 jk.entry_to_stamp(queue, at, order),
                 jk.history_to_stamp(message_id, order),
             )
+
+
+@given(
+    st.text(min_size=1, max_size=20).filter(lambda s: all(ord(c) >= 32 and c != "\x7f" for c in s)),
+    st.text(min_size=1, max_size=40),
+    st.integers(min_value=0, max_value=0xFFFF),
+    st.sampled_from([("fdbq",), ("app", 7, b"\x00x")]),
+)
+def test_a_consuming_operations_pointer_in_its_queue_matches_the_tuple_layer(
+    queue: str, message_id: str, order: int, root: tuple[object, ...]
+) -> None:
+    """``queue_prefixes``: the entry's key in shard 0, the pointer's key inside the queue's own
+    keys (``Q + ("eh", message_id, stamp)``) up to the stamp, its value shard 0; the key a
+    reader builds (``queue_history_key``) and the range it reads (``queue_history_range``)
+    agree with them; asked twice (the builder keeps the queue's part)."""
+    jk, sub = JournalKeys.make(root), Subspace(root)
+    keys = QueueKeys.make(queue, root)
+    stamp = bytes(range(10)) + order.to_bytes(2, "big")
+    for _ in range(2):
+        entry, pointer, value = jk.queue_prefixes(keys, message_id)
+        assert entry == jk.entry_prefix(queue, 0) and value == b"\x00"
+        tail = b"\xff" * 10 + order.to_bytes(2, "big")
+        assert pointer + tail + len(pointer).to_bytes(4, "little") == sub.pack_with_versionstamp(
+            ("q", queue, "eh", message_id, fdb.tuple.Versionstamp(user_version=order))
+        )
+        key = pointer + stamp
+        assert key == jk.queue_history_key(queue, message_id, stamp)
+        assert jk.history_version(key) == stamp
+        begin, end = jk.queue_history_range(queue, message_id)
+        assert begin <= key < end
+        every = jk.queue_history_range(queue)
+        assert every[0] <= begin and end <= every[1]
+        # inside the queue's keys, after its delayed range and before its leased records
+        assert keys.q.range(("d",)).stop <= every[0] and every[1] <= keys.q.range(("f",)).start
