@@ -757,6 +757,30 @@ def adopt(obj: object) -> Transaction | Database:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def _step(
+    func: Callable[..., Any], index: int, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Callable[..., Any]:
+    """``func``'s call with ``tr`` in place of the transaction or database it was given: a
+    joined call, or (``attempt`` given) the retry loop's step, which refuses a generator."""
+    if "tr" in kwargs:
+
+        def call(tr: Any, attempt: Attempt | None = None) -> Any:
+            result = func(*args, **{**kwargs, "tr": tr})
+            if attempt is not None and type(result) is GeneratorType:
+                raise ValueError("a transactional function must not return a generator")
+            return result
+
+        return call
+
+    def call_at(tr: Any, attempt: Attempt | None = None) -> Any:
+        result = func(*args[:index], tr, *args[index + 1 :], **kwargs)
+        if attempt is not None and type(result) is GeneratorType:
+            raise ValueError("a transactional function must not return a generator")
+        return result
+
+    return call_at
+
+
 def transactional(func: F) -> F:
     """Run ``func`` inside a transaction: the argument ``tr`` (by position or keyword).
 
@@ -772,28 +796,19 @@ def transactional(func: F) -> F:
         raise ValueError(f"{func.__qualname__} needs a parameter named 'tr'")
     index = params.index("tr")
 
-    # Every operation of the layer comes through here: ``call`` is both the joined call and
-    # the retry loop's step (``attempt`` given: :func:`_body_step`'s, with its generator
-    # check), and an adopted kind already known (:func:`adopt`, :func:`is_transaction`) is
-    # looked up inline. (GeneratorType cannot be subclassed: ``type() is`` is isinstance.)
+    # Every operation of the layer comes through here. A joined call (``tr`` a transaction of
+    # a kind already known: :func:`adopt`, :func:`is_transaction`, looked up inline) calls
+    # ``func`` with the arguments as given; otherwise :func:`_step` makes the call with the
+    # adopted ``tr`` in its place, which is both the joined call and the retry loop's step
+    # (``attempt`` given: :func:`_body_step`'s, with its generator check). The closure is made
+    # only there: a wrapper that held it would make its cells at every call.
+    # (GeneratorType cannot be subclassed: ``type() is`` is isinstance.)
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if "tr" in kwargs:
             target = kwargs["tr"]
-
-            def call(tr: Any, attempt: Attempt | None = None) -> Any:
-                result = func(*args, **{**kwargs, "tr": tr})
-                if attempt is not None and type(result) is GeneratorType:
-                    raise ValueError("a transactional function must not return a generator")
-                return result
         elif index < len(args):
             target = args[index]
-
-            def call(tr: Any, attempt: Attempt | None = None) -> Any:
-                result = func(*args[:index], tr, *args[index + 1 :], **kwargs)
-                if attempt is not None and type(result) is GeneratorType:
-                    raise ValueError("a transactional function must not return a generator")
-                return result
         else:
             raise TypeError(f"{func.__qualname__}() missing the transaction or database 'tr'")
         kind = type(target)
@@ -809,8 +824,10 @@ def transactional(func: F) -> F:
         if joined is None:
             joined = is_transaction(own)
         if joined:
-            return call(own)
+            if own is target:
+                return func(*args, **kwargs)  # _step's call, with the same tr
+            return _step(func, index, args, kwargs)(own)
         # run_transaction's loop on the database adopted and checked here.
-        return retry_loop(own, call, None, False)
+        return retry_loop(own, _step(func, index, args, kwargs), None, False)
 
     return wrapper  # type: ignore[return-value]

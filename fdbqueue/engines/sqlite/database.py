@@ -251,5 +251,6 @@ class ReadOnlyClock:
         read: int | None,
         held: object,
         begin: Callable[[], object] | None = None,
+        state: object = None,
     ) -> tuple[int, bool]:
         raise self._store.no_writes()

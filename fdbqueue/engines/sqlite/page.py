@@ -112,6 +112,7 @@ LEASE_BYTES = 4 * PAGE
 # The layouts, made once (the accessors below run on every commit).
 _CLOCK = CLOCK.layout
 _PENDING_AT = CLOCK.at("pending")
+_LAST = CLOCK.at("last")
 _TOKEN = slice(TOKEN.offset, TOKEN.end)
 _SYNC = SYNC.layout
 _ON_DISK = SYNC.at("on_disk")
@@ -161,6 +162,7 @@ class SharedPage:
         "halves",
         "pack_clock",
         "set_committed",
+        "set_last",
         "set_on_disk",
         "set_slot",
         "set_stamp",
@@ -193,6 +195,8 @@ class SharedPage:
         self.pack_clock: Callable[[bytes, int, int, int, int], None] = partial(
             _CLOCK.pack_into, buffer, CLOCK.offset
         )
+        #: The version clock's last commit version alone (a commit that changes nothing else).
+        self.set_last: Callable[[int], None] = partial(_U64.pack_into, buffer, _LAST)
         #: The raised reservation is committed: the page's last version is trusted again.
         self.clear_pending: Callable[[], None] = partial(operator.setitem, buffer, _PENDING_AT, 0)
         #: The clock's stamp: (its last reading handed out, the wall clock in µs then).

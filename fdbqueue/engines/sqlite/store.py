@@ -43,10 +43,12 @@ class Clock(Protocol):
         read: int | None,
         held: Any,
         begin: Callable[[], object] | None = None,
+        state: Any = None,
     ) -> tuple[int, bool]:
         """The commit version of the write transaction on ``conn``'s connection (above ``read``), and
         whether it raised meta's reservation; ``held``: what :meth:`read_version` returned with ``read``;
-        ``begin``: called before its first statement when no SQLite transaction is open yet."""
+        ``begin``: called before its first statement when no SQLite transaction is open yet;
+        ``state``: the page's clock as the caller read it under the pin (or None)."""
 
 
 class Store(ABC):

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 
 from fdbqueue.engines import versions as _versions
-from fdbqueue.engines.sqlite.page import PENDING, STAMP_WORD, SharedPage
+from fdbqueue.engines.sqlite.page import PENDING, STAMP_WORD, ClockState, SharedPage
 from fdbqueue.engines.sqlite.store import WritableStore
 from fdbqueue.engines.versions import VERSIONS_PER_SECOND, monotonic_us, wall_us
 
@@ -94,15 +94,16 @@ class VersionClock:
         self._store.page.set_stamp(version, wall_us())
         return version, state
 
-    def _trusted_now(self) -> Held | None:
+    def _trusted_now(self, state: ClockState | None = None) -> Held | None:
         """:meth:`_now`'s common case without its calls (every read version and commit): the
         page trusted (this boot, this store), no commit died half-way, this process's base
-        known and not behind the last commit. None in every other case: :meth:`_now`."""
+        known and not behind the last commit. None in every other case: :meth:`_now`.
+        ``state``: the page's clock as the caller just read it, under the store lock."""
         store = self._store
         tag = store.clock_tag
         if tag is None:
             return None
-        found, last, meta, pending, base = store.page.clock()
+        found, last, meta, pending, base = store.page.clock() if state is None else state
         own = store.shared.clock_base
         if found != tag or pending == PENDING or own is None:
             return None
@@ -163,6 +164,7 @@ class VersionClock:
         read: int | None,
         held: Held | None,
         begin: Callable[[], object] | None = None,
+        state: ClockState | None = None,
     ) -> tuple[int, bool]:
         """(max(last + 1, the version clock, read version + 1), whether it raised meta's
         reservation), in the write transaction open on ``conn``: the reservation is raised
@@ -175,15 +177,24 @@ class VersionClock:
         clock is read again. The clock is then read once a write transaction, not twice.
 
         ``begin``: for a transaction with no SQLite transaction open yet, called before the
-        reservation is raised, so that the raise and the rows commit together."""
+        reservation is raised, so that the raise and the rows commit together.
+
+        ``state``: the page's clock as the caller read it under the pin (or None: read here).
+
+        When the page was trusted as it stands (:meth:`_trusted_now`: this tag, nothing
+        pending, read under the pin, so nobody else writes it until the release) and the
+        reservation is not raised, the commit writes only the last version: the tag, the
+        reservation, the flag and the base would be written with the bytes they hold."""
         store = self._store
         tag = store.clock_tag
         page = store.page
+        trusted = None
         if held is not None:
             last, meta, base, _, own = held
             now = own + monotonic_us()
         else:
-            last, meta, base, now, _ = self._trusted_now() or self._now(reserved, False)
+            trusted = self._trusted_now(state)
+            last, meta, base, now, _ = trusted or self._now(reserved, False)
         version = max(last + 1, now, -1 if read is None else read + 1)
         bumped = version > meta
         if bumped:
@@ -195,7 +206,10 @@ class VersionClock:
         if tag is not None:
             # page.set_clock's two writes: pending only while a raised reservation is not
             # committed yet; the stamp, the version read at this process's wall clock (wall_us).
-            page.pack_clock(tag, version, meta, PENDING if bumped else 0, base)
+            if trusted is not None and not bumped:
+                page.set_last(version)  # the rest of the clock holds these bytes already
+            else:
+                page.pack_clock(tag, version, meta, PENDING if bumped else 0, base)
             words = page.words  # page.set_stamp's two fields, one word each (page.STAMP_WORD)
             words[STAMP_WORD] = version
             words[STAMP_WORD + 1] = int(_versions._wall() * 1e6)

@@ -111,11 +111,16 @@ class WriteApplication:
                 conn.execute("COMMIT")
                 return version, bumped
             kept = self._kept_at
-            # (last commit, pending) on the clock: still the kept values' commit, none pending
-            if kept is not None and self._store.page.clock()[1:4:2] != (kept, 0):  # type: ignore[attr-defined]
-                raise self._kept_overtaken()
+            state = None
+            if kept is not None:
+                # (last commit, pending) on the clock: still the kept values' commit, none
+                # pending. The same reading of the page gives the version (next_version's
+                # ``state``: under the pin, nobody else writes the clock).
+                state = self._store.page.clock()  # type: ignore[attr-defined]
+                if state[1] != kept or state[3]:
+                    raise self._kept_overtaken()
             version, bumped = self._store.clock.next_version(
-                conn, self._reserved, self._rv, self._held, self._open_sql
+                conn, self._reserved, self._rv, self._held, self._open_sql, state
             )
             values = self._wm.values
             stamped = self._stamped
