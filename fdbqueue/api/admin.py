@@ -39,7 +39,7 @@ from fdbqueue.store.config import (
     read_state,
     write_config,
 )
-from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys, queues_range, root_subspace
+from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys, done_count, queues_range, root_subspace
 from fdbqueue.store.record import decode_record
 from fdbqueue.types import QueueState, QueueStats, check_principal
 
@@ -332,7 +332,7 @@ def _stats(t: Transaction, keys: QueueKeys, cfg: QueueConfig, meta: Meta | None 
         delayed=c.delayed,
         errors=errors_ready,
         made_ready=meta.made_ready,
-        done=count("done"),
+        done=done_count(snap.get(keys.counter("done")), snap.get(keys.counter("taken"))),
         dead=count("dead"),
         expired=c.expired,
         corrupt=count("corrupt"),

@@ -271,10 +271,11 @@ def _find(
 
 
 class _Kept:
-    """A kept run: the ready records after the last take's, and the ready and wake counters
-    (as stored: 8 bytes little-endian) its commit left; in ``_kept`` once that commit landed."""
+    """A kept run: the ready records after the last take's, and the ready, taken and wake
+    counters (as stored: 8 bytes little-endian, or None) its commit left; in ``_kept`` once
+    that commit landed."""
 
-    __slots__ = ("db", "pause", "prio", "ready", "run", "slot", "version", "wake")
+    __slots__ = ("db", "pause", "prio", "ready", "run", "slot", "taken", "version", "wake")
 
     def __init__(
         self,
@@ -284,11 +285,13 @@ class _Kept:
         ready: bytes,
         wake: bytes | None,
         version: bytes | None,
+        taken: bytes | None,
     ) -> None:
         self.db = db  # weakly: a closed database is not kept alive (its id may then name another)
         self.slot = slot
         self.run = run
         self.ready = ready
+        self.taken = taken  # another handle's or process's take_short counts there alone
         self.wake = wake
         self.version = version  # the queue's metadata version: a queue destroyed and made again
         self.pause = 0
@@ -334,7 +337,7 @@ def kept_run(keys: QueueKeys, tr: Transaction, raw: list[bytes | None]) -> _Kept
     # the same queue: one destroyed and made again under its name starts its counters from
     # nothing, and they can come back to what the run expects (write_config writes a fresh
     # random version at every creation: store/config.py, bump_metadata_version).
-    if entry.ready != raw[1] or entry.wake != raw[2] or entry.version != raw[0]:
+    if entry.ready != raw[1] or entry.taken != raw[6] or entry.wake != raw[2] or entry.version != raw[0]:
         entry.run = []
         entry.pause = KEPT_PAUSE
         _kept[id(db), keys.packed] = entry
@@ -390,10 +393,11 @@ def keep_run(
             ref = weakref.ref(db)
         except TypeError:  # a database that cannot be weakly referenced: nothing kept
             return
-        entry = _Kept(ref, (id(db), keys.packed), run, _PACK(_UNPACK(ready)[0] - n), raw[2], raw[0])
+        entry = _Kept(ref, (id(db), keys.packed), run, _PACK(_UNPACK(ready)[0] - n), raw[2], raw[0], raw[6])
     else:
         entry.run = run
         entry.ready = _PACK(_UNPACK(ready)[0] - n)
+        entry.taken = raw[6]
         entry.wake = raw[2]
         entry.version = raw[0]
     tr.on_finish(entry.landed)
@@ -428,7 +432,7 @@ def take_counted(
         if len(_taken) > 4096:  # a process taking from very many queues: start again
             _taken.clear()
         found = _taken[keys.packed] = (keys.counter("ready"), keys.counter("done"))
-    if len(raw) < 7 or not count_known(tr, found, (raw[1], raw[6]), (-1, 1)):
+    if len(raw) < 8 or not count_known(tr, found, (raw[1], raw[7]), (-1, 1)):
         return False
     remove_message(tr, keys, key, rec)
     if journaled:
@@ -448,8 +452,10 @@ _taken: dict[bytes, tuple[bytes, bytes]] = {}
 # case straight from what it reads: the metadata version and the counters in one read, the
 # settings this process last found for the queue (config.read_take: only while they are the
 # queue's at that version), the record's fields (record.decode_fields: no Record), the Message
-# from them (Message.handed_out), three writes (the record cleared, the ready and done counters
-# set to what was read less and plus one) and one callback for the end of the transaction. Any
+# from them (Message.handed_out), two writes (the record cleared, the taken counter set to what
+# was read plus one: one counter row, not the ready and done counters' two; every reader takes
+# ready as ready - taken and done as done + taken, store/layout.py) and one callback for the
+# end of the transaction. Any
 # other case, found before anything is written or kept, takes the long way (Queue._take), which
 # reads again and acts as it always did: the step is the long way's kept-head take with its
 # choices made (take_kept, take_counted, failed_take), not another rule.
@@ -477,13 +483,14 @@ def take_short(keys: QueueKeys, tr: Transaction, in_caller: bool = True) -> Mess
     found = read_take(tr, keys)
     if found is None:
         return _back(slot, entry)
-    values, settings, read = found  # version, ready, wake, inflight, delayed, done (and their keys)
-    version, ready, wake, inflight, delayed, done = values
+    values, settings, read = found  # version, ready, wake, inflight, delayed, taken (and their keys)
+    version, ready, wake, inflight, delayed, taken = values
     if (
         (inflight is not None and inflight != _ZERO)
         or (delayed is not None and delayed != _ZERO)
         # the ready set changed, or another queue under the name: kept_run says so
         or entry.ready != ready
+        or entry.taken != taken
         or entry.wake != wake
         or entry.version != version
     ):
@@ -496,9 +503,8 @@ def take_short(keys: QueueKeys, tr: Transaction, in_caller: bool = True) -> Mess
     msg_id, enqueued_us, content_type, headers, deliveries, expires_us, chunks, extra, payload = fields
     if expires_us is not None or chunks or extra:
         return _back(slot, entry)  # a TTL to check, chunks to read, a retry delay (not_before) or more
-    try:  # count_known's arithmetic (ready is 8 bytes: entry.ready is); past 64 bits: the long way
-        ready = _PACK(_UNPACK(ready)[0] - 1)
-        done = _ONE if done is None else _PACK(_UNPACK(done)[0] + 1)
+    try:  # count_known's arithmetic; not 8 bytes, or past 64 bits: the long way
+        taken = _ONE if taken is None else _PACK(_UNPACK(taken)[0] + 1)
     except struct.error:
         return _back(slot, entry)
     # The priority: the run's last one, while the key starts with its encoding (a tuple-encoded
@@ -516,13 +522,12 @@ def take_short(keys: QueueKeys, tr: Transaction, in_caller: bool = True) -> Mess
     tr.clear(key)
     if key != keys.home_key(msg_id):  # at home it has no id entry
         tr.clear(keys.id_key(msg_id))
-    tr.set(read[1], ready)
-    tr.set(read[5], done)
+    tr.set(read[5], taken)  # counted taken: ready - 1 and done + 1 to every reader (layout.py)
     if settings.config.journal:  # type: ignore[union-attr]  # (read_take: never None)
         journaling.record(tr, keys, "dequeue", msg_id, deliveries=deliveries + 1)
     if len(run) > 1:  # keep_run's, in the same entry: its wake and version are as read
         entry.run = run[1:]
-        entry.ready = ready
+        entry.taken = taken
         tr.on_finish(partial(_landed_or_failed, entry, keys, db, msg) if in_caller else entry.landed)
     elif in_caller:
         tr.on_finish(partial(failed_take, keys, db, msg))

@@ -639,12 +639,19 @@ def purge(tr: Transaction, keys: QueueKeys) -> int:
     counters are read at snapshot isolation: every enqueue and dequeue adds to them
     atomically, and a serializable read would make each of those adds conflict with the
     purge, which then never commits on a busy queue. Setting them to zero stays right
-    whatever was added meanwhile: the same commit clears every message they count.
+    whatever was added meanwhile: the same commit clears every message they count. The taken
+    counter (layout.py: ready less it, done plus it) is folded into done and zeroed, so that
+    the ready count starts from zero again; only the embedded engine writes it, where nothing
+    conflicts (head.take_short), so what is read of it is what is there.
     """
     removed = 0
+    taken = unpack_count(tr.snapshot.get(keys.counter("taken")))
     for tag in ("ready", "inflight", "delayed"):
-        removed += max(0, unpack_count(tr.snapshot.get(keys.counter(tag))))
+        removed += max(0, unpack_count(tr.snapshot.get(keys.counter(tag))) - (taken if tag == "ready" else 0))
         tr.set(keys.counter(tag), pack_count(0))
+    if taken:
+        tr.add(keys.counter("done"), pack_count(taken))
+        tr.set(keys.counter("taken"), pack_count(0))
     for begin, end in keys.message_ranges():
         tr.clear_range(begin, end)
     tr.clear_range(*keys.priority_marker_range())

@@ -37,10 +37,9 @@ from fdbqueue.ops.delivery import ack_many_in, nack_in
 from fdbqueue.ops.leasing import lease_batch
 from fdbqueue.ops.receipts import run_once_confirmed
 from fdbqueue.store.clock import db_now
-from fdbqueue.store.codec import unpack_count
 from fdbqueue.store.config import config_or_create
 from fdbqueue.store.entropy import random_bytes
-from fdbqueue.store.layout import QueueKeys
+from fdbqueue.store.layout import QueueKeys, ready_count
 from fdbqueue.store.record import check_reason
 from fdbqueue.types import Message, check_duration
 
@@ -367,7 +366,8 @@ def lease_settling(
         if retire and not leased:
             workindex.retire(t, q.keys, db_now(t))
         elif claim is not None and leased:
-            left = unpack_count(t.snapshot.get(q.keys.counter("ready")))  # read by the lease
+            # read by the lease; the ready count is ready - taken (store/layout.py)
+            left = ready_count(*t.snapshot.get_many([q.keys.counter("ready"), q.keys.counter("taken")]))
             workindex.claim(t, q.keys, claim, left > 0)
         elif claim is not None and not contended:
             # Empty for now, and nobody else's: what comes next is this consumer's, the

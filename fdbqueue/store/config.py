@@ -332,8 +332,10 @@ class Meta(NamedTuple):
 
     @property
     def counters(self) -> dict[str, int]:
-        """The hot counters by name (``layout.HOT_COUNTERS``)."""
-        return {name: self._counter(name) for name in HOT_COUNTERS}
+        """The hot counters by name (``layout.HOT_COUNTERS``; ready less taken)."""
+        found = {name: self._counter(name) for name in HOT_COUNTERS}
+        found["ready"] -= self._counter("taken")
+        return found
 
     def count(self, name: str) -> int:
         # Asked of every dequeue and lease (inflight, delayed): an absent counter or an
@@ -346,6 +348,8 @@ class Meta(NamedTuple):
         if value is None or value == _ZERO:
             return 0
         n = int(_COUNT(value)[0]) if len(value) == 8 else unpack_count(value)
+        if at == 1 and len(raw) > 6 and (taken := raw[6]) is not None and taken != _ZERO:
+            n -= _count(taken)  # the ready count: ready - taken (layout.ready_count)
         return n if n > 0 else 0
 
     def _counter(self, name: str) -> int:
@@ -366,9 +370,9 @@ class Meta(NamedTuple):
 
 
 # Where each hot counter is in Meta.raw (QueueKeys.meta_read's order).
-_RAW_AT = {"ready": 1, "inflight": 4, "delayed": 5, "wake": 2}
+_RAW_AT = {"ready": 1, "inflight": 4, "delayed": 5, "wake": 2, "taken": 6}
 _DUE_AT = (_RAW_AT["delayed"], _RAW_AT["inflight"])  # Meta.waiting's
-assert set(_RAW_AT) == set(HOT_COUNTERS)
+assert set(_RAW_AT) == {*HOT_COUNTERS, "taken"}
 _new_meta = tuple.__new__
 
 
@@ -516,7 +520,8 @@ def _take_keys(keys: QueueKeys, settings: _Settings) -> list[bytes] | None:
     it may not: each condition is one the dequeue's long way (api/queue.py ``Queue._take``)
     would act on - no queue (nothing to hand out), an owner whose rights to check, dequeues
     disabled, strict order (one delivery in flight at a time), a volatile prefix to declare.
-    The keys: the metadata version and the ready, wake, inflight, delayed and done counters."""
+    The keys: the metadata version and the ready, wake, inflight, delayed and taken counters
+    (the take counts itself in taken alone: head.take_short)."""
     cfg = settings.config
     if (
         cfg is None
@@ -527,7 +532,7 @@ def _take_keys(keys: QueueKeys, settings: _Settings) -> list[bytes] | None:
     ):
         return None
     c = keys.counter
-    return [keys.metadata_version, c("ready"), c("wake"), c("inflight"), c("delayed"), c("done")]
+    return [keys.metadata_version, c("ready"), c("wake"), c("inflight"), c("delayed"), c("taken")]
 
 
 def read_take(tr: Transaction, keys: QueueKeys) -> tuple[list[bytes | None], _Settings, list[bytes]] | None:
@@ -535,7 +540,7 @@ def read_take(tr: Transaction, keys: QueueKeys) -> tuple[list[bytes | None], _Se
     transaction where nothing conflicts (the caller asks ``engine_traits``' first), when the
     settings this process last found for the queue are those at the metadata version read and
     need none of the dequeue's checks (:func:`_take_keys`). Then what it read - the metadata
-    version, the ready, wake, inflight, delayed and done counters, in that order, snapshot
+    version, the ready, wake, inflight, delayed and taken counters, in that order, snapshot
     reads as ``read_meta_for``'s -, those settings and the keys read (not to be changed by
     the caller); else None, read or not, and the caller
     takes ``read_meta_for``'s way, which refreshes them. As safe as :func:`read_plain`: every
@@ -582,14 +587,15 @@ def read_plain(
 _for_plans: dict[tuple[bytes, tuple[str, ...]], tuple[list[bytes], Callable[[list[bytes | None]], Any]]] = {}
 
 #: What a dequeue reads with the metadata version: the counters its due check looks at
-#: (inflight, delayed) and those it adds to (ready, done).
-TAKE_COUNTERS = ("ready", "inflight", "delayed", "done")
+#: (inflight, delayed), those it adds to (ready, done) and taken (the ready count is ready -
+#: taken, and a kept run is out of date when another take counted there: ops/head.py).
+TAKE_COUNTERS = ("ready", "inflight", "delayed", "taken", "done")
 #: What a lease reads: the same but ``done``, which it does not add to.
-LEASE_COUNTERS = ("ready", "inflight", "delayed")
+LEASE_COUNTERS = ("ready", "inflight", "delayed", "taken")
 
-# Meta.raw's slots (QueueKeys.meta_read's order, then the done counter): a counter's name, or
-# None for what read_meta_for never reads (the work-index entry).
-_RAW_SLOTS = (None, "ready", "wake", None, "inflight", "delayed", "done")
+# Meta.raw's slots (QueueKeys.meta_read's order, taken its last, then the done counter): a
+# counter's name, or None for what read_meta_for never reads (the work-index entry).
+_RAW_SLOTS = (None, "ready", "wake", None, "inflight", "delayed", "taken", "done")
 
 
 def read_meta_for(tr: Transaction, keys: QueueKeys, counters: tuple[str, ...]) -> Meta:
@@ -603,8 +609,8 @@ def read_meta_for(tr: Transaction, keys: QueueKeys, counters: tuple[str, ...]) -
 
     ``Meta.raw`` is in ``QueueKeys.meta_read``'s order: no work-index entry; the wake counter
     only when asked for (a take that may use a kept head: ops/head.py), and still no
-    made_ready; then the done counter, past meta_read's (a take writes it as read:
-    head.take_counted). Counters not asked for are None there."""
+    made_ready; the taken counter, meta_read's last; then the done counter, past meta_read's
+    (a take writes it as read: head.take_counted). Counters not asked for are None there."""
     plan = _for_plans.get((keys.packed, counters))
     if plan is None:
         plan = _plan_for(keys, counters)

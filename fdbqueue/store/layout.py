@@ -54,6 +54,12 @@ default. ``Q`` below is ``root + ("q", queue_name)``::
     Q + ("m", "n", "wake")                      grows by one for every message made ready (and when
                                                 dequeue is re-enabled): the index high-water mark,
                                                 and the key blocking dequeues watch
+    Q + ("m", "n", "taken")                     ready messages taken by the embedded engine's
+                                                common dequeue (head.take_short), counted in this
+                                                one key instead of ready and done: the queue's
+                                                ready is ready - taken, its done done + taken
+                                                (absent, as in every store made before it and on
+                                                FoundationDB: 0); a purge folds it into done
     Q + ("rc", version, rand)                   enqueue/dequeue receipts: settle a commit_unknown_result
     Q + ("rl", shard)                           the queue's rate limit's token bucket (rates.py)
 
@@ -96,6 +102,7 @@ from fdbqueue.store.codec import (
     enc_str,
     incomplete_stamp,
     pack_one,
+    unpack_count,
     utf8,
     version_of,
     versionstamp,
@@ -109,9 +116,21 @@ TIME_KEY: bytes = bytes(fdb.tuple.pack((*DEFAULT_ROOT, "time")))
 
 # ready/inflight/delayed: messages in each state now; done/dead/expired: totals ever (rates
 # come from two samples); wake: messages ever made ready (enqueues, retries, promotions);
-# corrupt: damaged records moved to the error queue (delivery.move_corrupt).
-COUNTERS = ("ready", "inflight", "delayed", "done", "dead", "expired", "wake", "corrupt")
+# corrupt: damaged records moved to the error queue (delivery.move_corrupt); taken: ready
+# messages dequeued that the ready and done counters do not show yet (ready_count, done_count).
+COUNTERS = ("ready", "inflight", "delayed", "done", "dead", "expired", "wake", "corrupt", "taken")
 HOT_COUNTERS = ("ready", "inflight", "delayed", "wake")  # what an enqueue or dequeue needs to know
+
+
+def ready_count(ready: bytes | None, taken: bytes | None) -> int:
+    """A queue's ready messages from its ready and taken counters as stored (never below 0)."""
+    return max(0, unpack_count(ready) - unpack_count(taken))
+
+
+def done_count(done: bytes | None, taken: bytes | None) -> int:
+    """A queue's done total from its done and taken counters as stored (never below 0)."""
+    return max(0, unpack_count(done) + unpack_count(taken))
+
 
 # ---------------------------------------------------------------------------------------------
 
@@ -261,8 +280,9 @@ class QueueKeys:
         """What ``config.read_meta`` reads, built once (a dozen calls otherwise), in this order:
         the metadata version, the ready and wake counters, the work-index entry (an enqueue
         marks it: ``workindex.mark``), then the inflight and delayed counters (which an
-        enqueue into a queue without a max_size leaves out: :meth:`meta_read_short`). Not to
-        be changed by the caller."""
+        enqueue into a queue without a max_size leaves out: :meth:`meta_read_short`) and the
+        taken counter (the ready count is ready - taken: :func:`ready_count`). Not to be
+        changed by the caller."""
         found = self._meta_read
         if found is None:
             c = self.counter
@@ -273,12 +293,13 @@ class QueueKeys:
                 self.work_entry,
                 c("inflight"),
                 c("delayed"),
+                c("taken"),
             ]
             self._meta_read = found
         return found
 
     def meta_read_short(self) -> list[bytes]:
-        """The first four of :meth:`meta_read`: all but the inflight and delayed counters."""
+        """The first four of :meth:`meta_read`: all but the inflight, delayed and taken counters."""
         found = self._meta_short
         if found is None:
             found = self._meta_short = self.meta_read()[:4]

@@ -28,6 +28,7 @@ import fdbqueue
 from fdbqueue import AccessDeniedError, Queue
 from fdbqueue.engines.contract import Database, Transaction, run_transaction
 from fdbqueue.errors import QueueStoppedError
+from fdbqueue.store.codec import unpack_count
 from fdbqueue.store.config import read_take
 
 OTHER = textwrap.dedent(
@@ -248,22 +249,32 @@ def test_an_owned_queue_checks_the_principal_of_every_take(db: Database) -> None
 
 
 def test_a_counter_at_its_limit_or_not_of_eight_bytes_is_counted_as_an_add_would(db: Database) -> None:
-    """The done counter is written as read plus one: at 2**63 - 1 that wraps (FoundationDB's
-    ADD), and a value of another length is zero-extended by the add; the step leaves both to the
-    long way, whose counts are those of an add."""
+    """The step counts a take in the taken counter alone, written as read plus one; at 2**63 - 1
+    (an add would wrap) or at a value of another length (an add would zero-extend it) it leaves
+    the take to the long way, which counts it in the ready and done counters as adds do and
+    leaves taken as it is."""
     q = filled(db, 10)
     assert payloads([take(db, q), take(db, q)]) == [b"m0", b"m1"]
-    done = q.keys.counter("done")
+    ready, done, taken = (q.keys.counter(c) for c in ("ready", "done", "taken"))
+
+    def stored() -> tuple[int, int, bytes | None]:
+        got = run_transaction(db, lambda tr: (tr.get(ready), tr.get(done), tr.get(taken)))
+        return unpack_count(got[0]), unpack_count(got[1]), got[2]
+
+    before = stored()
+    assert payloads([take(db, q)]) == [b"m2"]  # the step: taken + 1, ready and done as they were
+    assert stored() == (before[0], before[1], struct.pack("<q", unpack_count(before[2]) + 1))
 
     @fdbqueue.transactional
-    def set_done_then_take(tr: Transaction, value: bytes) -> fdbqueue.Message | None:
-        tr.set(done, value)
+    def set_taken_then_take(tr: Transaction, value: bytes) -> fdbqueue.Message | None:
+        tr.set(taken, value)
         return q.dequeue(tr)
 
-    assert payloads([set_done_then_take(db, struct.pack("<q", 2**63 - 1))]) == [b"m2"]
-    assert run_transaction(db, lambda tr: tr.get(done)) == struct.pack("<q", -(2**63))
-    assert payloads([set_done_then_take(db, b"\x05\x00\x00\x00")]) == [b"m3"]
-    assert run_transaction(db, lambda tr: tr.get(done)) == struct.pack("<q", 6)  # (an add's width)
+    before = stored()
+    assert payloads([set_taken_then_take(db, struct.pack("<q", 2**63 - 1))]) == [b"m3"]
+    assert stored() == (before[0] - 1, before[1] + 1, struct.pack("<q", 2**63 - 1))
+    assert payloads([set_taken_then_take(db, b"\x05\x00\x00\x00")]) == [b"m4"]
+    assert stored() == (before[0] - 2, before[1] + 2, b"\x05\x00\x00\x00")
 
 
 def test_an_aborted_short_take_counts_the_failed_delivery_and_keeps_no_run(db: Database) -> None:

@@ -24,6 +24,7 @@ import fdbqueue
 from fdbqueue import Queue
 from fdbqueue.engines import versions
 from fdbqueue.store.codec import unpack_count
+from fdbqueue.store.layout import ready_count
 
 # Every key tag a message can leave behind (fdbqueue/store/layout.py): none may remain once drained.
 MESSAGE_TAGS = ("r", "id", "b", "f", "l", "d", "pop", "res")
@@ -158,11 +159,17 @@ def child_stderr(errors: str) -> None:
 
 
 def held(db: Any, q: Queue) -> tuple[int, int, int]:
-    """The queue's ready, in-flight and delayed counters, read in one transaction."""
+    """The queue's ready (less taken: store/layout.py), in-flight and delayed counters, read in
+    one transaction."""
 
     @fdbqueue.transactional
     def read(tr: Any) -> tuple[int, int, int]:
-        return tuple(unpack_count(tr.get(q.keys.counter(c))) for c in ("ready", "inflight", "delayed"))  # type: ignore[return-value]
+        ready = ready_count(tr.get(q.keys.counter("ready")), tr.get(q.keys.counter("taken")))
+        return (
+            ready,
+            unpack_count(tr.get(q.keys.counter("inflight"))),
+            unpack_count(tr.get(q.keys.counter("delayed"))),
+        )
 
     return read(db)  # type: ignore[no-any-return]
 
