@@ -23,6 +23,7 @@ client's wall clock decides when a lease, a delay or a TTL ends.
 from __future__ import annotations
 
 import logging
+import struct
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
@@ -39,6 +40,7 @@ from fdbqueue.ops.moves import (
     dead_letter,
     drop_stale_entry,
     end_lease,
+    end_lease_one,
     end_leases,
     expire_unready,
     finish_lease,
@@ -61,6 +63,8 @@ from fdbqueue.store.record import Record, decode_record, encode_leased, fit_reas
 from fdbqueue.types import Message, check_duration
 
 log = logging.getLogger("fdbqueue")
+_PACK, _UNPACK = struct.Struct("<q").pack, struct.Struct("<q").unpack
+_ONE, _MINUS_ONE = _PACK(1), _PACK(-1)
 
 
 def release(
@@ -317,6 +321,14 @@ _held: dict[str, tuple[bytes, Record, QueueKeys, tuple[bytes, bytes]]] = {}
 HELD_LEASES = 4096
 
 
+def hold(receipt: str, raw: bytes, leased: Record, keys: QueueKeys, at: tuple[bytes, bytes]) -> None:
+    """Keep what a lease of one message (``leasing.lease_short``) wrote, as :func:`lease_heads`
+    keeps each of its batch's: its record's bytes, the record, its keys."""
+    if len(_held) >= HELD_LEASES:  # leases never settled here: start again
+        _held.clear()
+    _held[receipt] = raw, leased, keys, at
+
+
 def _held_for(keys: QueueKeys, m: Message) -> tuple[bytes, Record, QueueKeys, tuple[bytes, bytes]] | None:
     """What this process's lease of ``m`` in this queue kept (its record's bytes, the record,
     its keys as the lease made them), or None: leased elsewhere, or no longer held."""
@@ -364,6 +376,54 @@ def ack_in(keys: QueueKeys, tr: Transaction, m: Message, now: int | None, note: 
     if known and not count_known(tr, peek, values[1:], (-1, 1)):
         count_settled(tr, keys, 1)
     return rec
+
+
+def ack_short(keys: QueueKeys, tr: Transaction, m: Message) -> bool:
+    """:func:`ack_in` of ``m`` in its common case, where nothing conflicts: this process's own
+    lease of it in this queue (its bytes, record and keys kept: ``_held``), read back as the
+    very bytes that lease wrote, not expired, on a queue with no owner, its record without
+    chunks, TTL, journal, strict order or volatile prefix. Then its two keys cleared and the
+    in-flight and done counters set to what was read less and plus one (``ack_in``'s writes,
+    ``moves.end_lease_one``), and True. False, having written nothing (the reads are
+    snapshot reads the long way makes again, from the transaction's own cache), for any
+    other case: the caller acks the long way (``ack_in``), which raises or acts as ever.
+    Composes inside the caller's transaction."""
+    if not isinstance(m, Message) or not m.receipt:
+        return False  # (ack_in says why)
+    held = _held.get(m.receipt)
+    if held is None:
+        return False
+    written, rec, at_keys, at = held
+    extra = rec.extra
+    if (
+        at_keys is not keys
+        or rec.id != m.id
+        or rec.chunks
+        or rec.expires_us is not None
+        or JOURNALED in extra
+        or VOLATILE in extra
+        or "strict" in extra
+    ):
+        return False
+    peek = settled_counters(tr, keys)  # () where transactions may conflict
+    if not peek:
+        return False
+    # privileges.check's one round trip: the guard, the leased record, the two counters
+    guard, raw, inflight, done = tr.snapshot.get_many([keys.guard, at[0], *peek])
+    if guard is not None or raw != written:  # an owner or grants to check; another lease's record
+        return False
+    if int(extra["deadline"]) <= int(tr.get_read_version()):  # db_now where nothing conflicts
+        return False  # expired: the long way says so
+    try:  # count_known's arithmetic; a counter of another length or past 64 bits: the long way
+        counts = (
+            _MINUS_ONE if inflight is None else _PACK(_UNPACK(inflight)[0] - 1),
+            _ONE if done is None else _PACK(_UNPACK(done)[0] + 1),
+        )
+    except struct.error:
+        return False
+    del _held[m.receipt]  # (_lease_of's pop: the lease is settled)
+    end_lease_one(tr, at, peek, counts)
+    return True
 
 
 def nack_in(

@@ -11,13 +11,14 @@ the caller's transaction.
 from __future__ import annotations
 
 import random
+import struct
 from collections.abc import Mapping
 from typing import Any
 
-from fdbqueue.engines.contract import Transaction
+from fdbqueue.engines.contract import Attempt, Transaction, adopt, is_transaction, retry_loop
 from fdbqueue.errors import CorruptMessageError
 from fdbqueue.ops import ratelimit
-from fdbqueue.ops.delivery import lease_heads, open_for_dequeue, read_payloads
+from fdbqueue.ops.delivery import hold, lease_heads, lease_until, open_for_dequeue, read_payloads
 from fdbqueue.ops.head import (
     FILTER_SCAN_LIMIT,
     HEAD_BATCH,
@@ -25,20 +26,23 @@ from fdbqueue.ops.head import (
     KEPT_RUN,
     LEASE_KEPT,
     TAKE_RESERVE,
+    claim_kept,
     deliverable_head,
     keep_run,
     keeps_head,
+    kept_entry,
     kept_run,
     take_kept,
 )
-from fdbqueue.ops.moves import count_known, count_leased, move_corrupt
+from fdbqueue.ops.moves import count_known, count_leased, move_corrupt, put_leased_one
 from fdbqueue.ops.scan import expire_within
 from fdbqueue.ops.sweep import sweep_step
 from fdbqueue.store.budget import BATCH_PAYLOAD_BYTES, CHUNK_BYTES, Budget, encoded_len, grown_record
-from fdbqueue.store.clock import db_now
-from fdbqueue.store.config import LEASE_COUNTERS, Meta, QueueConfig, due_entries, read_meta_for
+from fdbqueue.store.clock import db_now, versions
+from fdbqueue.store.config import LEASE_COUNTERS, Meta, QueueConfig, due_entries, read_meta_for, read_take
+from fdbqueue.store.entropy import random_bytes
 from fdbqueue.store.layout import QueueKeys
-from fdbqueue.store.record import Record, decode_record
+from fdbqueue.store.record import Record, decode_fields, decode_record, encode_leased
 from fdbqueue.types import Message, headers_match
 
 
@@ -245,3 +249,165 @@ def _leased_counters(keys: QueueKeys) -> tuple[bytes, bytes]:
 
 
 _NO_PAYLOADS: dict[str, bytes] = {}  # (read only: lease_batch's when no message is chunked)
+
+
+# -- the common lease's own step ------------------------------------------------------------------
+#
+# Most leases of one message on the embedded engine are the same, as most dequeues are
+# (ops/head.py, "the common dequeue's own step"): a queue with no owner, open for dequeues,
+# without strict order, a volatile prefix, a journal or a rate limit; nothing delayed, and
+# no lease due to expire; the head the kept run's first record, without headers, TTL,
+# chunks or extra fields. lease_short does that one case straight from what it reads: the
+# metadata version and the counters in one read (config.read_take, the settings this process
+# last found for the queue while they are the queue's at that version), the record's fields
+# (record.decode_fields), the leased record's bytes (record.encode_leased), five writes in one
+# call (moves.put_leased_one) and the kept run's rest kept for the next take. Any other case,
+# found before anything is written or kept, takes the long way (lease_batch), which reads again
+# and acts as it always did: the step is the long way's kept-head lease of one with its
+# choices made (_ready_heads' take_kept, count_known, lease_heads), not another rule.
+
+
+def lease_short(keys: QueueKeys, tr: Transaction, seconds: float | None, receipt: str) -> Message | None:
+    """A lease of one message in ``tr`` under ``receipt + ".0"`` for ``seconds`` (None: the
+    queue's lease_seconds) in the common case above, leased and counted as
+    ``lease_batch(keys, tr, seconds, receipt, 1)`` leases it; None, having written and kept
+    nothing, when the case is another: the caller takes the long way in the same ``tr``.
+    Composes inside the caller's transaction (the kept run's rest is kept once it commits)."""
+    db = tr.db
+    if getattr(db, "may_conflict", True):  # engine_traits' first: only where nothing conflicts
+        return None
+    entry = kept_entry(db, keys)
+    if entry is None:
+        return None
+    found = read_take(tr, keys)  # (no owner, open, not strict, not volatile: _take_keys)
+    if found is None:
+        return None
+    values, settings, read = found  # version, ready, wake, inflight, delayed, done (and their keys)
+    version, ready, wake, inflight, _delayed, _ = values
+    cfg = settings.config
+    if (
+        (_delayed is not None and _delayed != _ZERO)
+        or cfg is None
+        or cfg.journal
+        or ratelimit.limited(cfg)
+        or entry.ready != ready
+        or entry.wake != wake
+        or entry.version != version
+        or entry.db() is not db
+    ):
+        # A delayed message may be due (the long way's due check); a journal's entry or a
+        # rate limit's tokens to take; the ready set changed, or another queue under the name
+        # (head.kept_run says so).
+        return None
+    now = int(tr.get_read_version())  # db_now where nothing conflicts: the read version
+    try:  # count_known's arithmetic; a counter of another length or past 64 bits: the long way
+        left = _PACK(_UNPACK(ready)[0] - 1)  # (ready is 8 bytes: entry.ready is)
+        if inflight is None:
+            held = _ONE
+        else:
+            leases = _UNPACK(inflight)[0]
+            held = _PACK(leases + 1)
+            # Leases in flight may have expired (config.due_entries' read of the lease index):
+            # the long way's due check releases them first.
+            if leases > 0 and tr.snapshot.get_range(*keys.index_range("l", now + 1), 1):
+                return None
+    except struct.error:
+        return None
+    run = entry.run
+    key, raw = run[0]
+    fields = decode_fields(raw)
+    if fields is None:
+        return None
+    if fields[3] or fields[5] is not None or fields[6] or fields[7]:
+        return None  # headers to copy, a TTL to check, chunks to read, a retry delay or more
+    rec: Record = _RECORD(Record, fields)
+    secs = seconds or cfg.lease_seconds
+    deadline = now + versions(secs)
+    until = lease_until(secs)
+    key_hex = key.hex()
+    rcpt = receipt + ".0"
+    leased_raw = encode_leased(rec, key_hex, rcpt, deadline, until)
+    if leased_raw is None:
+        return None  # an id, content type or receipt encode_leased does not write directly
+    msg_id = rec.id
+    # Taken out (head.kept_run: a run serves one take), unless another thread's take of this
+    # queue on this handle took it since the lookup above: the long way then.
+    if not claim_kept(db, keys, entry):
+        return None
+    # Decided: from here on as the long way writes (lease_heads, put_leased_batch, count_known).
+    at = keys.leased_at(deadline, [msg_id])[0]
+    put_leased_one(
+        tr,
+        key,
+        None if key == keys.home_key(msg_id) else keys.id_key(msg_id),  # at home: no id entry
+        at,
+        leased_raw,
+        rcpt.encode(),
+        (read[1], read[3]),
+        (left, held),
+    )
+    extra = {"key": key_hex, "receipt": rcpt, "deadline": deadline, "until": until}
+    leased = _RECORD(
+        Record,
+        (
+            msg_id,
+            rec.enqueued_us,
+            rec.content_type,
+            rec.headers,
+            rec.deliveries + 1,
+            None,
+            0,
+            extra,
+            rec.payload,
+        ),
+    )
+    hold(rcpt, leased_raw, leased, keys, at)
+    if len(run) > 1:  # head.keep_run's, in the same entry: its wake and version are as read
+        entry.run = run[1:]
+        entry.ready = left
+        tr.on_finish(entry.landed)
+    return Message.from_record(
+        leased,
+        keys.name,
+        keys.priority_of(key),
+        key,
+        rec.payload,
+        receipt=rcpt,
+        lease_deadline=until / 1e6,
+        expires_at=None,
+    )
+
+
+def lease_own(db: object, keys: QueueKeys, seconds: float | None) -> list[Message] | None:
+    """``Queue.lease(db)`` (non-blocking, ``seconds`` checked) where its own retried transaction
+    needs no receipt: on an engine where nothing conflicts and no commit ends unknown (the
+    embedded one), one transaction whose step is :func:`lease_short`, and the long way
+    (:func:`lease_batch`) in the same transaction when the case is another. What it leased
+    (at most one); None, having committed nothing of a lease, where it does not apply, or
+    when the long way moved expired messages aside and found none yet (``Budget.more``): the
+    caller then leases as ever (``Queue.lease_many``), which goes on from there."""
+    db = adopt(db)
+    if is_transaction(db) or getattr(db, "may_conflict", True) or getattr(db, "may_commit_unknown", True):
+        return None
+    receipt = random_bytes(16).hex()  # made outside the retry loop, as Queue._lease_attempt's
+    budgets: list[Budget] = []  # the long way's, begun when it is first taken
+
+    def step(t: Transaction, _: Attempt) -> list[Message]:
+        one = lease_short(keys, t, seconds, receipt)
+        if one is not None:
+            return [one]
+        if budgets:
+            budgets[0].next_transaction()
+        else:
+            budgets.append(Budget(TAKE_RESERVE))
+        return lease_batch(keys, t, seconds, receipt, 1, budgets[0])
+
+    ratelimit.throttled()  # forget an earlier lease's: this one says (Queue._lease_attempt's)
+    got = retry_loop(db, step, None, True)  # type: ignore[arg-type]  # (a Database: adopt)
+    return None if not got and budgets and budgets[0].more else got
+
+
+_RECORD = tuple.__new__
+_PACK, _UNPACK = struct.Struct("<q").pack, struct.Struct("<q").unpack
+_ZERO = bytes(8)
+_ONE = _PACK(1)
