@@ -42,6 +42,7 @@ from fdbqueue.ops.autonomous import enqueue_autonomous
 from fdbqueue.ops.browse import browse, nth_in_order
 from fdbqueue.ops.delivery import (
     ack_in,
+    ack_own,
     ack_short,
     check_lease_seconds,
     extend_in,
@@ -361,6 +362,8 @@ class Queue:
 
         Given a Database, exactly once across commit_unknown_result (a receipt: see
         ``fdbqueue.ops.receipts.run_once_confirmed``): it returns only if its own commit landed."""
+        if ack_own(tr, self.keys, m):  # its own transaction, the common ack its own step (ops/delivery.py)
+            return
 
         def body(t: Transaction) -> None:
             if ack_short(self.keys, t, m):  # the common ack: its own step (ops/delivery.py)

@@ -27,7 +27,15 @@ import struct
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
-from fdbqueue.engines.contract import Database, ReadView, Transaction
+from fdbqueue.engines.contract import (
+    Attempt,
+    Database,
+    ReadView,
+    Transaction,
+    adopt,
+    is_transaction,
+    retry_loop,
+)
 from fdbqueue.errors import CorruptMessageError, EngineError, LeaseError, LeaseExpiredError, QueueStoppedError
 from fdbqueue.ops.moves import (
     CORRUPT_REASON,
@@ -405,11 +413,16 @@ def ack_short(keys: QueueKeys, tr: Transaction, m: Message) -> bool:
         or "strict" in extra
     ):
         return False
-    peek = settled_counters(tr, keys)  # () where transactions may conflict
-    if not peek:
+    if getattr(tr.db, "may_conflict", True):  # (settled_counters' condition)
         return False
+    read = _ack_reads.get(keys.packed)
+    if read is None:
+        if len(_ack_reads) > 4096:  # a process settling in very many queues: start again
+            _ack_reads.clear()
+        read = _ack_reads[keys.packed] = (keys.guard, *settled_counters(tr, keys))
+    guard_key, inflight_key, done_key = read
     # privileges.check's one round trip: the guard, the leased record, the two counters
-    guard, raw, inflight, done = tr.snapshot.get_many([keys.guard, at[0], *peek])
+    guard, raw, inflight, done = tr.snapshot.get_many([guard_key, at[0], inflight_key, done_key])
     if guard is not None or raw != written:  # an owner or grants to check; another lease's record
         return False
     if int(extra["deadline"]) <= int(tr.get_read_version()):  # db_now where nothing conflicts
@@ -422,8 +435,48 @@ def ack_short(keys: QueueKeys, tr: Transaction, m: Message) -> bool:
     except struct.error:
         return False
     del _held[m.receipt]  # (_lease_of's pop: the lease is settled)
-    end_lease_one(tr, at, peek, counts)
+    end_lease_one(tr, at, (inflight_key, done_key), counts)
     return True
+
+
+_ack_reads: dict[bytes, tuple[bytes, ...]] = {}  # ack_short's keys: the guard and its two counters
+
+
+def ack_own(db: object, keys: QueueKeys, m: Message) -> bool:
+    """``Queue.ack(db, m)`` where its own retried transaction needs no receipt (nothing
+    conflicts, no commit ends unknown: the embedded engine): one transaction whose step is
+    :func:`ack_short`, and the long way (:func:`ack_in`, a strict queue's wake) in the same
+    transaction when the case is another; True once it committed. False, having run nothing,
+    on any other engine or in a caller's transaction: the caller acks as ever
+    (``receipts.run_once_confirmed``)."""
+    own = own_database(db)
+    if own is None:
+        return False
+
+    def step(t: Transaction, _: Attempt) -> None:
+        if not ack_short(keys, t, m) and ack_in(keys, t, m, None).extra.get("strict"):
+            wake(t, keys)  # strict order: the next delivery may go ahead now
+
+    retry_loop(own, step, None, True)
+    return True
+
+
+def own_database(db: object) -> Database | None:
+    """``db`` when it is a Database (as ``adopt`` returns it) whose own transactions need no
+    receipt: nothing conflicts and no commit ends unknown (``engine_traits``: the embedded
+    engine); else None (a transaction, another engine, a wrapped one)."""
+    kind = type(db)
+    if kind not in _own_kinds:  # adopt and is_transaction asked once per type
+        if adopt(db) is not db or is_transaction(db):
+            return None
+        _own_kinds.add(kind)
+    # engine_traits' own reading, on the instance (it may set either itself)
+    if getattr(db, "may_conflict", True) or getattr(db, "may_commit_unknown", True):
+        return None
+    return db  # type: ignore[return-value]  # (adopt returned it as it is: a Database)
+
+
+_own_kinds: set[type] = set()
 
 
 def nack_in(

@@ -15,10 +15,17 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
-from fdbqueue.engines.contract import Attempt, Transaction, adopt, is_transaction, retry_loop
+from fdbqueue.engines.contract import Attempt, Transaction, retry_loop
 from fdbqueue.errors import CorruptMessageError
 from fdbqueue.ops import ratelimit
-from fdbqueue.ops.delivery import hold, lease_heads, lease_until, open_for_dequeue, read_payloads
+from fdbqueue.ops.delivery import (
+    hold,
+    lease_heads,
+    lease_until,
+    open_for_dequeue,
+    own_database,
+    read_payloads,
+)
 from fdbqueue.ops.head import (
     FILTER_SCAN_LIMIT,
     HEAD_BATCH,
@@ -42,7 +49,7 @@ from fdbqueue.store.clock import db_now, versions
 from fdbqueue.store.config import LEASE_COUNTERS, Meta, QueueConfig, due_entries, read_meta_for, read_take
 from fdbqueue.store.entropy import random_bytes
 from fdbqueue.store.layout import QueueKeys
-from fdbqueue.store.record import Record, decode_fields, decode_record, encode_leased
+from fdbqueue.store.record import Record, decode_record, lease_plain
 from fdbqueue.types import Message, headers_match
 
 
@@ -315,21 +322,18 @@ def lease_short(keys: QueueKeys, tr: Transaction, seconds: float | None, receipt
         return None
     run = entry.run
     key, raw = run[0]
-    fields = decode_fields(raw)
-    if fields is None:
-        return None
-    if fields[3] or fields[5] is not None or fields[6] or fields[7]:
-        return None  # headers to copy, a TTL to check, chunks to read, a retry delay or more
-    rec: Record = _RECORD(Record, fields)
     secs = seconds or cfg.lease_seconds
     deadline = now + versions(secs)
     until = lease_until(secs)
     key_hex = key.hex()
     rcpt = receipt + ".0"
-    leased_raw = encode_leased(rec, key_hex, rcpt, deadline, until)
-    if leased_raw is None:
-        return None  # an id, content type or receipt encode_leased does not write directly
-    msg_id = rec.id
+    # The record read and its leased bytes written in one pass (record.lease_plain: the
+    # checks of decode_fields, the bytes of encode_leased); None for headers to copy, a TTL to
+    # check, chunks to read, a retry delay or more, or damage: the long way.
+    found_plain = lease_plain(raw, key_hex, rcpt, deadline, until)
+    if found_plain is None:
+        return None
+    msg_id, enqueued_us, content_type, deliveries, payload, leased_raw = found_plain
     # Taken out (head.kept_run: a run serves one take), unless another thread's take of this
     # queue on this handle took it since the lookup above: the long way then.
     if not claim_kept(db, keys, entry):
@@ -347,20 +351,7 @@ def lease_short(keys: QueueKeys, tr: Transaction, seconds: float | None, receipt
         (left, held),
     )
     extra = {"key": key_hex, "receipt": rcpt, "deadline": deadline, "until": until}
-    leased = _RECORD(
-        Record,
-        (
-            msg_id,
-            rec.enqueued_us,
-            rec.content_type,
-            rec.headers,
-            rec.deliveries + 1,
-            None,
-            0,
-            extra,
-            rec.payload,
-        ),
-    )
+    leased = _RECORD(Record, (msg_id, enqueued_us, content_type, {}, deliveries + 1, None, 0, extra, payload))
     hold(rcpt, leased_raw, leased, keys, at)
     if len(run) > 1:  # head.keep_run's, in the same entry: its wake and version are as read
         entry.run = run[1:]
@@ -371,7 +362,7 @@ def lease_short(keys: QueueKeys, tr: Transaction, seconds: float | None, receipt
         keys.name,
         keys.priority_of(key),
         key,
-        rec.payload,
+        payload,
         receipt=rcpt,
         lease_deadline=until / 1e6,
         expires_at=None,
@@ -386,8 +377,8 @@ def lease_own(db: object, keys: QueueKeys, seconds: float | None) -> list[Messag
     (at most one); None, having committed nothing of a lease, where it does not apply, or
     when the long way moved expired messages aside and found none yet (``Budget.more``): the
     caller then leases as ever (``Queue.lease_many``), which goes on from there."""
-    db = adopt(db)
-    if is_transaction(db) or getattr(db, "may_conflict", True) or getattr(db, "may_commit_unknown", True):
+    own = own_database(db)
+    if own is None:
         return None
     receipt = random_bytes(16).hex()  # made outside the retry loop, as Queue._lease_attempt's
     budgets: list[Budget] = []  # the long way's, begun when it is first taken
@@ -403,7 +394,7 @@ def lease_own(db: object, keys: QueueKeys, seconds: float | None) -> list[Messag
         return lease_batch(keys, t, seconds, receipt, 1, budgets[0])
 
     ratelimit.throttled()  # forget an earlier lease's: this one says (Queue._lease_attempt's)
-    got = retry_loop(db, step, None, True)  # type: ignore[arg-type]  # (a Database: adopt)
+    got = retry_loop(own, step, None, True)
     return None if not got and budgets and budgets[0].more else got
 
 
