@@ -449,8 +449,14 @@ def ack_own(db: object, keys: QueueKeys, m: Message) -> bool:
     transaction when the case is another; True once it committed. False, having run nothing,
     on any other engine or in a caller's transaction: the caller acks as ever
     (``receipts.run_once_confirmed``)."""
-    own = own_database(db)
-    if own is None:
+    # own_database's common case inline (a kind seen before), else own_database
+    if type(db) in OWN_KINDS and not (
+        getattr(db, "may_conflict", True) or getattr(db, "may_commit_unknown", True)
+    ):
+        own: Database = db  # type: ignore[assignment]
+    elif (found := own_database(db)) is not None:
+        own = found
+    else:
         return False
 
     def step(t: Transaction, _: Attempt) -> None:
@@ -466,17 +472,19 @@ def own_database(db: object) -> Database | None:
     receipt: nothing conflicts and no commit ends unknown (``engine_traits``: the embedded
     engine); else None (a transaction, another engine, a wrapped one)."""
     kind = type(db)
-    if kind not in _own_kinds:  # adopt and is_transaction asked once per type
+    if kind not in OWN_KINDS:  # adopt and is_transaction asked once per type (below)
         if adopt(db) is not db or is_transaction(db):
             return None
-        _own_kinds.add(kind)
+        OWN_KINDS.add(kind)
     # engine_traits' own reading, on the instance (it may set either itself)
     if getattr(db, "may_conflict", True) or getattr(db, "may_commit_unknown", True):
         return None
     return db  # type: ignore[return-value]  # (adopt returned it as it is: a Database)
 
 
-_own_kinds: set[type] = set()
+#: The kinds of Database :func:`own_database` has seen ``adopt`` return as they are (whose
+#: callers then ask only the instance's traits).
+OWN_KINDS: set[type] = set()
 
 
 def nack_in(

@@ -15,13 +15,14 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
-from fdbqueue.engines.contract import Attempt, Transaction, retry_loop
+from fdbqueue.engines.contract import Attempt, Database, Transaction, retry_loop
+from fdbqueue.engines.versions import VERSIONS_PER_SECOND
 from fdbqueue.errors import CorruptMessageError
 from fdbqueue.ops import ratelimit
 from fdbqueue.ops.delivery import (
+    OWN_KINDS,
     hold,
     lease_heads,
-    lease_until,
     open_for_dequeue,
     own_database,
     read_payloads,
@@ -45,9 +46,9 @@ from fdbqueue.ops.moves import count_known, count_leased, move_corrupt, put_leas
 from fdbqueue.ops.scan import expire_within
 from fdbqueue.ops.sweep import sweep_step
 from fdbqueue.store.budget import BATCH_PAYLOAD_BYTES, CHUNK_BYTES, Budget, encoded_len, grown_record
-from fdbqueue.store.clock import db_now, versions
+from fdbqueue.store.clock import db_now, now_us
 from fdbqueue.store.config import LEASE_COUNTERS, Meta, QueueConfig, due_entries, read_meta_for, read_take
-from fdbqueue.store.entropy import random_bytes
+from fdbqueue.store.entropy import new_rand
 from fdbqueue.store.layout import QueueKeys
 from fdbqueue.store.record import Record, decode_record, lease_plain
 from fdbqueue.types import Message, headers_match
@@ -323,14 +324,15 @@ def lease_short(keys: QueueKeys, tr: Transaction, seconds: float | None, receipt
     run = entry.run
     key, raw = run[0]
     secs = seconds or cfg.lease_seconds
-    deadline = now + versions(secs)
-    until = lease_until(secs)
+    deadline = now + round(secs * VERSIONS_PER_SECOND)  # (clock.versions)
+    until = now_us() + int(secs * 1e6)  # (delivery.lease_until)
     key_hex = key.hex()
-    rcpt = receipt + ".0"
+    rcpt = receipt + ".0"  # (receipt: hex digits, made by the callers with bytes.hex())
+    rcpt_bytes = rcpt.encode()
     # The record read and its leased bytes written in one pass (record.lease_plain: the
     # checks of decode_fields, the bytes of encode_leased); None for headers to copy, a TTL to
     # check, chunks to read, a retry delay or more, or damage: the long way.
-    found_plain = lease_plain(raw, key_hex, rcpt, deadline, until)
+    found_plain = lease_plain(raw, key_hex.encode(), rcpt_bytes, deadline, until)
     if found_plain is None:
         return None
     msg_id, enqueued_us, content_type, deliveries, payload, leased_raw = found_plain
@@ -339,14 +341,15 @@ def lease_short(keys: QueueKeys, tr: Transaction, seconds: float | None, receipt
     if not claim_kept(db, keys, entry):
         return None
     # Decided: from here on as the long way writes (lease_heads, put_leased_batch, count_known).
-    at = keys.leased_at(deadline, [msg_id])[0]
+    ikey, lkey, id_key = keys.lease_keys(deadline, msg_id, key)  # (no id entry at home)
+    at = ikey, lkey
     put_leased_one(
         tr,
         key,
-        None if key == keys.home_key(msg_id) else keys.id_key(msg_id),  # at home: no id entry
+        id_key,
         at,
         leased_raw,
-        rcpt.encode(),
+        rcpt_bytes,
         (read[1], read[3]),
         (left, held),
     )
@@ -377,10 +380,18 @@ def lease_own(db: object, keys: QueueKeys, seconds: float | None) -> list[Messag
     (at most one); None, having committed nothing of a lease, where it does not apply, or
     when the long way moved expired messages aside and found none yet (``Budget.more``): the
     caller then leases as ever (``Queue.lease_many``), which goes on from there."""
-    own = own_database(db)
-    if own is None:
+    # own_database's common case inline (a kind seen before), else own_database
+    if type(db) in OWN_KINDS and not (
+        getattr(db, "may_conflict", True) or getattr(db, "may_commit_unknown", True)
+    ):
+        own: Database = db  # type: ignore[assignment]
+    elif (found := own_database(db)) is not None:
+        own = found
+    else:
         return None
-    receipt = random_bytes(16).hex()  # made outside the retry loop, as Queue._lease_attempt's
+    # Made outside the retry loop, as Queue._lease_attempt's: 16 random bytes as its, drawn
+    # as two of new_rand's pieces (no lock, no slice).
+    receipt = (new_rand() + new_rand()).hex()
     budgets: list[Budget] = []  # the long way's, begun when it is first taken
 
     def step(t: Transaction, _: Attempt) -> list[Message]:
