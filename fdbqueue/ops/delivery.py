@@ -327,14 +327,9 @@ def ack_many_in(
 # Bounded: emptied past HELD_LEASES (leases that expired or were never settled here).
 _held: dict[str, tuple[bytes, Record, QueueKeys, tuple[bytes, bytes]]] = {}
 HELD_LEASES = 4096
-
-
-def hold(receipt: str, raw: bytes, leased: Record, keys: QueueKeys, at: tuple[bytes, bytes]) -> None:
-    """Keep what a lease of one message (``leasing.lease_short``) wrote, as :func:`lease_heads`
-    keeps each of its batch's: its record's bytes, the record, its keys."""
-    if len(_held) >= HELD_LEASES:  # leases never settled here: start again
-        _held.clear()
-    _held[receipt] = raw, leased, keys, at
+#: ``_held`` for a lease of one message (``leasing.lease_short``), which keeps what it wrote
+#: there as :func:`lease_heads` does, bounded alike (emptied past HELD_LEASES).
+HELD = _held
 
 
 def _held_for(keys: QueueKeys, m: Message) -> tuple[bytes, Record, QueueKeys, tuple[bytes, bytes]] | None:

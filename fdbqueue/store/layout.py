@@ -456,7 +456,7 @@ class QueueKeys:
         """A lease of one message until ``deadline``: its ``inflight_key`` and ``lease_key`` (the
         id encoded once, as :meth:`leased_at`), and its ``id_key`` when ``ready_key``, the
         place it leaves, is not its :meth:`home_key` (an id entry points at it), else None."""
-        tail = enc_str(msg_id)
+        tail = b"\x02" + msg_id.encode("utf-8").replace(b"\x00", b"\x00\xff") + b"\x00"  # (enc_str, inline)
         try:  # (home_key's)
             home = self._r + bytes.fromhex(msg_id[1:]) if msg_id[:1] == "r" else None
         except ValueError:
