@@ -368,12 +368,17 @@ def test_a_journal_set_by_another_process_is_written_by_the_next_lease_and_ack(
     assert lease_ack(db, q, 2) == [b"m0", b"m1"]
     other_process(url, "journal")
     ways = Ways(monkeypatch)
-    m = q.lease(db)
-    assert m is not None and m.payload == b"m2"
-    q.ack(db, m)
-    assert ways.leases == 1 and ways.acks == 1  # a journaled lease and ack: the long way
-    ops = [(e.op, e.message_id) for e in fdbqueue.journal(db, "jobs") if e.message_id == m.id]
-    assert ops == [("lease", m.id), ("ack", m.id)]
+    got = []
+    for _ in range(4):  # the first reads the new settings; the others find them cached
+        m = q.lease(db)
+        assert m is not None
+        q.ack(db, m)
+        got.append(m)
+    assert [m.payload for m in got] == [b"m2", b"m3", b"m4", b"m5"]
+    assert ways.leases == 4 and ways.acks == 4  # a journaled lease and ack: the long way
+    for m in got:
+        ops = [(e.op, e.message_id) for e in fdbqueue.journal(db, "jobs") if e.message_id == m.id]
+        assert ops == [("lease", m.id), ("ack", m.id)]
 
 
 def test_a_delay_enqueued_by_another_process_comes_first_once_due(url: str, db: Database) -> None:
@@ -412,6 +417,22 @@ def test_a_strict_queue_leases_one_at_a_time(db: Database) -> None:
     assert q.lease(db) is None
     q.ack(db, m)
     assert lease_ack(db, q, 2) == [b"m3", b"m4"]
+
+
+def test_a_strict_queues_ack_wakes_a_lease_waiting_for_it(db: Database) -> None:
+    """Strict order: the ack of the message in flight wakes a consumer blocked on the queue
+    (its lease record carries the strict mark, which sends the ack the long way)."""
+    fdbqueue.create_queue(db, "jobs", strict_order=True)
+    q = filled(db, 3)
+    m = q.lease(db)
+    assert m is not None and m.payload == b"m0"
+    got: list[fdbqueue.Message | None] = []
+    waiter = threading.Thread(target=lambda: got.append(q.lease(db, timeout=20)))
+    waiter.start()
+    time.sleep(0.3)  # (blocked on the queue's wake key by now, or it finds m1 when it looks)
+    q.ack(db, m)
+    waiter.join(30)
+    assert len(got) == 1 and got[0] is not None and got[0].payload == b"m1"
 
 
 def test_a_volatile_queues_leases_and_acks_skip_the_fsync(
@@ -559,3 +580,90 @@ def test_on_sim_the_steps_stand_aside_and_a_conflicting_lease_retries() -> None:
         assert counts(d) == (0, 0, 4)
     finally:
         d.close()
+
+
+def test_a_message_away_from_home_leaves_no_id_entry_behind(db: Database) -> None:
+    """An autonomous enqueue's id is made before its place (an id entry points at it): its lease
+    clears that entry, as the long way's put_leased does, and its ack finds it by id."""
+    q = Queue("jobs")
+
+    @fdbqueue.transactional
+    def autonomous(tr: Transaction, payload: bytes) -> str:
+        return q.enqueue(tr, payload, autonomous=True)
+
+    ids = [autonomous(db, f"a{i}".encode()) for i in range(4)]
+    got = []
+    for _ in range(4):
+        m = q.lease(db)
+        assert m is not None
+        assert run_transaction(db, lambda tr, m=m: tr.get(q.keys.id_key(m.id))) is None  # type: ignore[misc]
+        got.append(m.id)
+        q.ack(db, m)
+    assert got == ids
+    assert counts(db) == (0, 0, 4)
+
+
+def test_a_lease_aborted_then_leased_again_is_not_acked_through_the_old_receipt(db: Database) -> None:
+    """A lease in a caller's transaction that aborts kept what it would have written (this
+    process's held lease); the same message leased again under another receipt is not acked
+    through the old one: the bytes read back are not those the old lease wrote."""
+    q = filled(db, 10)
+    assert lease_ack(db, q, 2) == [b"m0", b"m1"]
+
+    class Boom(Exception):
+        pass
+
+    old: list[fdbqueue.Message] = []
+
+    @fdbqueue.transactional
+    def failing(tr: Transaction) -> None:
+        m = q.lease(tr, 60)
+        assert m is not None
+        old.append(m)
+        raise Boom
+
+    with pytest.raises(Boom):
+        failing(db)
+    again = q.lease(db, 60)
+    assert again is not None and again.id == old[0].id and again.receipt != old[0].receipt
+    with pytest.raises(LeaseError):
+        q.ack(db, old[0])
+    assert counts(db) == (7, 1, 2)
+    q.ack(db, again)
+    assert counts(db) == (7, 0, 3)
+
+
+def test_a_lease_nacked_by_another_process_and_leased_again_is_not_acked_through_the_old_receipt(
+    url: str, db: Database
+) -> None:
+    """The holder's lease is nacked by another process (given the message) and leased again
+    there before it expires: this process still holds what its lease wrote, but the bytes it
+    reads back are the new lease's."""
+    q = filled(db, 10)
+    assert lease_ack(db, q, 2) == [b"m0", b"m1"]
+    m = q.lease(db, 60)
+    assert m is not None and m.receipt is not None
+    script = textwrap.dedent(
+        """
+        import dataclasses, sys
+        import fdbqueue
+        db = fdbqueue.open(sys.argv[1])
+        q = fdbqueue.Queue("jobs")
+        m = dataclasses.replace(q.get(db, sys.argv[2]), receipt=sys.argv[3])  # the holder's message
+        q.nack(db, m, delay=0)
+        again = q.lease(db, 60)
+        print(again.id == m.id)
+        db.close()
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, url, m.id, m.receipt],
+        check=True,
+        timeout=60,
+        capture_output=True,
+        text=True,
+    )
+    assert done.stdout.strip() == "True"
+    with pytest.raises(LeaseError):
+        q.ack(db, m)
+    assert counts(db) == (7, 1, 2)
