@@ -187,9 +187,9 @@ def test_an_expired_lease_taken_by_another_process_refuses_the_old_holders_ack(
 ) -> None:
     q = filled(db, 10)
     assert lease_ack(db, q, 2) == [b"m0", b"m1"]
-    held = q.lease(db, 0.3)
+    held = q.lease(db, 0.5)
     assert held is not None and held.payload == b"m2"
-    time.sleep(0.4)
+    time.sleep(1.0)
     assert other_process(url, "lease") == "m2"  # released by its lease's due check, leased again
     with pytest.raises(LeaseError):
         q.ack(db, held)
@@ -202,9 +202,9 @@ def test_an_expired_lease_taken_by_another_process_refuses_the_old_holders_ack(
 def test_an_expired_lease_taken_by_another_handle_refuses_the_old_holders_ack(url: str, db: Database) -> None:
     q = filled(db, 10)
     assert lease_ack(db, q, 2) == [b"m0", b"m1"]
-    held = q.lease(db, 0.3)
+    held = q.lease(db, 0.5)
     assert held is not None
-    time.sleep(0.4)
+    time.sleep(1.0)
     other = fdbqueue.open(url)
     try:
         again = q.lease(other)
@@ -220,9 +220,9 @@ def test_an_expired_lease_taken_by_another_handle_refuses_the_old_holders_ack(ur
 def test_an_expired_lease_not_taken_yet_is_not_acked(db: Database) -> None:
     q = filled(db, 10)
     assert lease_ack(db, q, 1) == [b"m0"]
-    held = q.lease(db, 0.2)
+    held = q.lease(db, 0.3)
     assert held is not None
-    time.sleep(0.3)
+    time.sleep(0.8)
     with pytest.raises(LeaseExpiredError):
         q.ack(db, held)
     back = q.lease(db)
@@ -310,10 +310,10 @@ def test_an_extended_lease_is_acked_after_its_first_deadline(db: Database) -> No
     lease wrote and takes the long way, which finds the lease still held."""
     q = filled(db, 5)
     assert lease_ack(db, q, 1) == [b"m0"]
-    m = q.lease(db, 0.3)
+    m = q.lease(db, 0.5)
     assert m is not None
     m2 = q.extend(db, m, 30)
-    time.sleep(0.4)
+    time.sleep(0.8)
     q.ack(db, m2)
     assert counts(db) == (3, 0, 2)
 
@@ -339,13 +339,13 @@ def test_an_expired_lease_comes_back_before_the_kept_run_and_dead_letters(db: Da
     fdbqueue.create_queue(db, "jobs", max_deliveries=2, retry_delay=0)
     q = filled(db, 10)
     assert lease_ack(db, q, 1) == [b"m0"]
-    held = q.lease(db, 0.3)
+    held = q.lease(db, 1.0)
     assert held is not None and held.payload == b"m1"
     assert lease_ack(db, q, 2) == [b"m2", b"m3"]
-    time.sleep(0.4)
-    back = q.lease(db, 0.3)
+    time.sleep(1.2)
+    back = q.lease(db, 1.0)
     assert back is not None and back.payload == b"m1" and back.deliveries == 2
-    time.sleep(0.4)
+    time.sleep(1.2)
     assert lease_ack(db, q, 1) == [b"m4"]  # m1's second expiry: dead-lettered on the way
     assert counts(db) == (5, 0, 4)
     dead = Queue(error_queue_name("jobs")).lease(db)
