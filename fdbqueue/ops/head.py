@@ -550,3 +550,10 @@ def claim_kept(db: Any, keys: QueueKeys, entry: _Kept) -> bool:
     False when another thread's take on this handle took it since (the caller then takes the
     long way, as :func:`take_short`)."""
     return _kept.pop((id(db), keys.packed), None) is entry
+
+
+def kept_paused(db: Any, keys: QueueKeys) -> bool:
+    """Whether this queue's kept run on ``db`` is paused (:func:`kept_run` found it out of date
+    in the last KEPT_PAUSE takes): a take that found it so reads as one that keeps nothing."""
+    entry = _kept.get((id(db), keys.packed))
+    return entry is not None and entry.pause > 0

@@ -40,6 +40,7 @@ from fdbqueue.ops.head import (
     keep_run,
     keeps_head,
     kept_entry,
+    kept_paused,
     kept_run,
     take_kept,
 )
@@ -182,6 +183,11 @@ def _ready_heads(
             budget.charge(lease_cost(len(found[0]), found[1]))  # TAKE_RESERVE was kept for it
             tr.add_read_conflict_key(found[0])
             return [found], True  # nothing swept (kept), nothing skipped
+        if kept_paused(tr.db, keys):
+            # Found out of date just now (another consumer or producer is at work): read as a
+            # lease that keeps nothing, as the next KEPT_PAUSE leases will (head.keeps_head),
+            # rather than read KEPT_RUN records and keep them over the pause.
+            kept = None
     entry = first = None if kept is None else kept_run(keys, tr, kept)
     while len(out) < n and skipped < HEAD_SKIP_LIMIT:
         if budget.scan_exhausted():

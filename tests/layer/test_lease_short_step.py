@@ -696,3 +696,28 @@ def test_a_lease_nacked_by_another_process_and_leased_again_is_not_acked_through
     with pytest.raises(LeaseError):
         q.ack(db, m)
     assert counts(db) == (7, 1, 2)
+
+
+def test_a_lease_that_finds_its_kept_run_out_of_date_keeps_nothing_through_the_pause(
+    url: str, db: Database
+) -> None:
+    """Another handle leases between this handle's leases (contention): the lease that finds
+    the kept run out of date pauses keeping (head.KEPT_PAUSE takes), reads the head alone and
+    keeps no new run over the pause - every message once, in order."""
+    from fdbqueue.ops.head import KEPT_PAUSE, kept_paused
+
+    q = filled(db, 40)
+    assert lease_ack(db, q, 2) == [b"m0", b"m1"]  # a run kept (m2 ...)
+    other = fdbqueue.open(url)
+    try:
+        assert lease_ack(other, q, 1) == [b"m2"]
+        assert lease_ack(db, q, 1) == [b"m3"]  # the run was out of date: the head read afresh
+        assert kept_paused(db, q.keys)
+        got = lease_ack(db, q, KEPT_PAUSE - 2)
+        assert got == [f"m{i}".encode() for i in range(4, 4 + KEPT_PAUSE - 2)]
+        assert kept_paused(db, q.keys)  # still paused: no run kept over it
+    finally:
+        other.close()
+    rest = lease_ack(db, q, 40 - 4 - (KEPT_PAUSE - 2))
+    assert rest == [f"m{i}".encode() for i in range(4 + KEPT_PAUSE - 2, 40)]
+    assert counts(db) == (0, 0, 40)
