@@ -24,6 +24,11 @@ Its prefetch grows with rates measured in wall-clock time, so how many messages 
 transaction varies between runs; ``worker64`` fixes the prefetch at 64 (``prefetch=(64,
 64)``) for a figure that compares across revisions.
 
+``lease_ack4`` is a message of four processes draining one store with lease + ack, as
+``bench_contention.py``'s row, in one process: four handles of the store take turns (four
+leases, then their four acks), so that every transaction follows another handle's commit, as
+it does under contention - no kept head, nothing kept from the handle's last commit.
+
 ``--steps``: what each step of an enqueue costs, in Python bytecodes executed (deterministic,
 counted with ``sys.settrace``'s opcode events; callgrind cannot see Python functions) - the
 call, the transaction begun (store lock, BEGIN), the queue's metadata read, database time,
@@ -58,13 +63,24 @@ from benchlib import machine, show_table
 import fdbqueue
 
 PAYLOAD = b"x" * 200
-OPS = ("enqueue", "enqueue_many", "dequeue", "lease_ack", "worker", "worker64", "raw_enqueue", "raw_dequeue")
+OPS = (
+    "enqueue",
+    "enqueue_many",
+    "dequeue",
+    "lease_ack",
+    "lease_ack4",
+    "worker",
+    "worker64",
+    "raw_enqueue",
+    "raw_dequeue",
+)
 BATCH = 100  # enqueue_many's messages a call
 FLOOR = {
     "enqueue": "raw_enqueue",
     "enqueue_many": "raw_enqueue",
     "dequeue": "raw_dequeue",
     "lease_ack": "raw_dequeue",
+    "lease_ack4": "raw_dequeue",
     "worker": "raw_dequeue",
     "worker64": "raw_dequeue",
 }
@@ -156,6 +172,23 @@ def _setup_one(op: str, folder: str, stock: int) -> tuple[Callable[[], object], 
 
         worker.times = times  # type: ignore[attr-defined]
         return worker, conns
+
+    if op == "lease_ack4":
+        url = f"sqlite://{os.path.join(folder, 'q.db')}?sync=normal"
+        handles = [db, *(fdbqueue.open(url) for _ in range(3))]
+
+        def four() -> None:
+            raise AssertionError("lease_ack4 runs n messages in turns of four handles")
+
+        def turns(n: int) -> None:
+            for lo in range(0, n, 4):
+                taken = [(h, q.lease(h)) for h in handles[: min(4, n - lo)]]
+                for h, m in taken:
+                    assert m is not None
+                    q.ack(h, m)
+
+        four.times = turns  # type: ignore[attr-defined]
+        return four, [h._store.conn for h in handles]  # type: ignore[attr-defined]
 
     def lease_ack() -> None:
         m = q.lease(db)

@@ -42,6 +42,8 @@ from fdbqueue.ops.autonomous import enqueue_autonomous
 from fdbqueue.ops.browse import browse, nth_in_order
 from fdbqueue.ops.delivery import (
     ack_in,
+    ack_own,
+    ack_short,
     check_lease_seconds,
     extend_in,
     locate,
@@ -63,7 +65,7 @@ from fdbqueue.ops.head import (
     take_short,
 )
 from fdbqueue.ops.items import batch_items, new_item
-from fdbqueue.ops.leasing import lease_batch
+from fdbqueue.ops.leasing import lease_batch, lease_own, lease_short
 from fdbqueue.ops.moves import move_corrupt, take, wake
 from fdbqueue.ops.privileges import check, checked
 from fdbqueue.ops.receipts import maybe_clear_old_receipts, new_receipt, read_receipt, run_once_confirmed
@@ -266,6 +268,11 @@ class Queue:
         Every lease counts a delivery. Composes inside a caller's transaction; ``timeout``
         (blocking) needs a Database. ``lease_seconds`` defaults to the queue's setting.
         """
+        if timeout is None:  # the common lease: its own transaction and step (ops/leasing.py), there first
+            secs = None if lease_seconds is None else check_lease_seconds(lease_seconds)
+            one = lease_own(tr, self.keys, secs)
+            if one is not None:
+                return one[0] if one else None
         got = self.lease_many(tr, 1, lease_seconds, timeout=timeout)
         return got[0] if got else None
 
@@ -312,6 +319,7 @@ class Queue:
         receipt = random_bytes(16).hex()  # made outside the retry loop: settles a 1021
         taken: list[Message] = []
         budget = Budget(TAKE_RESERVE)
+        short = n == 1 and where is None
 
         def step(t: Transaction, at: Attempt) -> list[Message]:
             if at.unknown and taken:
@@ -324,6 +332,11 @@ class Queue:
                     == taken[0].receipt
                 ):
                     return list(taken)  # the attempt that ended in commit_unknown_result committed
+            if short:  # the common lease of one: its own step (ops/leasing.py lease_short), there first
+                one = lease_short(self.keys, t, secs, receipt)
+                if one is not None:
+                    taken[:] = got = [one]
+                    return got
             budget.next_transaction()
             got = lease_batch(self.keys, t, secs, receipt, n, budget, where)
             taken[:] = got  # what this attempt leased, kept for a retry to recognise
@@ -349,8 +362,12 @@ class Queue:
 
         Given a Database, exactly once across commit_unknown_result (a receipt: see
         ``fdbqueue.ops.receipts.run_once_confirmed``): it returns only if its own commit landed."""
+        if ack_own(tr, self.keys, m):  # its own transaction, the common ack its own step (ops/delivery.py)
+            return
 
         def body(t: Transaction) -> None:
+            if ack_short(self.keys, t, m):  # the common ack: its own step (ops/delivery.py)
+                return
             if ack_in(self.keys, t, m, None).extra.get("strict"):
                 wake(t, self.keys)  # strict order: the next delivery may go ahead now
 

@@ -23,10 +23,19 @@ client's wall clock decides when a lease, a delay or a TTL ends.
 from __future__ import annotations
 
 import logging
+import struct
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
-from fdbqueue.engines.contract import Database, ReadView, Transaction
+from fdbqueue.engines.contract import (
+    Attempt,
+    Database,
+    ReadView,
+    Transaction,
+    adopt,
+    is_transaction,
+    retry_loop,
+)
 from fdbqueue.errors import CorruptMessageError, EngineError, LeaseError, LeaseExpiredError, QueueStoppedError
 from fdbqueue.ops.moves import (
     CORRUPT_REASON,
@@ -39,6 +48,7 @@ from fdbqueue.ops.moves import (
     dead_letter,
     drop_stale_entry,
     end_lease,
+    end_lease_one,
     end_leases,
     expire_unready,
     finish_lease,
@@ -61,6 +71,8 @@ from fdbqueue.store.record import Record, decode_record, encode_leased, fit_reas
 from fdbqueue.types import Message, check_duration
 
 log = logging.getLogger("fdbqueue")
+_PACK, _UNPACK = struct.Struct("<q").pack, struct.Struct("<q").unpack
+_ONE, _MINUS_ONE = _PACK(1), _PACK(-1)
 
 
 def release(
@@ -315,6 +327,9 @@ def ack_many_in(
 # Bounded: emptied past HELD_LEASES (leases that expired or were never settled here).
 _held: dict[str, tuple[bytes, Record, QueueKeys, tuple[bytes, bytes]]] = {}
 HELD_LEASES = 4096
+#: ``_held`` for a lease of one message (``leasing.lease_short``), which keeps what it wrote
+#: there as :func:`lease_heads` does, bounded alike (emptied past HELD_LEASES).
+HELD = _held
 
 
 def _held_for(keys: QueueKeys, m: Message) -> tuple[bytes, Record, QueueKeys, tuple[bytes, bytes]] | None:
@@ -364,6 +379,107 @@ def ack_in(keys: QueueKeys, tr: Transaction, m: Message, now: int | None, note: 
     if known and not count_known(tr, peek, values[1:], (-1, 1)):
         count_settled(tr, keys, 1)
     return rec
+
+
+def ack_short(keys: QueueKeys, tr: Transaction, m: Message) -> bool:
+    """:func:`ack_in` of ``m`` in its common case, where nothing conflicts: this process's own
+    lease of it in this queue (its bytes, record and keys kept: ``_held``), read back as the
+    very bytes that lease wrote, not expired, on a queue with no owner, its record without
+    chunks, TTL, journal, strict order or volatile prefix. Then its two keys cleared and the
+    in-flight and done counters set to what was read less and plus one (``ack_in``'s writes,
+    ``moves.end_lease_one``), and True. False, having written nothing (the reads are
+    snapshot reads the long way makes again, from the transaction's own cache), for any
+    other case: the caller acks the long way (``ack_in``), which raises or acts as ever.
+    Composes inside the caller's transaction."""
+    if not isinstance(m, Message) or not m.receipt:
+        return False  # (ack_in says why)
+    held = _held.get(m.receipt)
+    if held is None:
+        return False
+    written, rec, at_keys, at = held
+    extra = rec.extra
+    if (
+        at_keys is not keys
+        or rec.id != m.id
+        or rec.chunks
+        or rec.expires_us is not None
+        or JOURNALED in extra
+        or VOLATILE in extra
+        or "strict" in extra
+    ):
+        return False
+    if getattr(tr.db, "may_conflict", True):  # (settled_counters' condition)
+        return False
+    read = _ack_reads.get(keys.packed)
+    if read is None:
+        if len(_ack_reads) > 4096:  # a process settling in very many queues: start again
+            _ack_reads.clear()
+        read = _ack_reads[keys.packed] = (keys.guard, *settled_counters(tr, keys))
+    guard_key, inflight_key, done_key = read
+    # privileges.check's one round trip: the guard, the leased record, the two counters
+    guard, raw, inflight, done = tr.snapshot.get_many([guard_key, at[0], inflight_key, done_key])
+    if guard is not None or raw != written:  # an owner or grants to check; another lease's record
+        return False
+    if int(extra["deadline"]) <= int(tr.get_read_version()):  # db_now where nothing conflicts
+        return False  # expired: the long way says so
+    try:  # count_known's arithmetic; a counter of another length or past 64 bits: the long way
+        counts = (
+            _MINUS_ONE if inflight is None else _PACK(_UNPACK(inflight)[0] - 1),
+            _ONE if done is None else _PACK(_UNPACK(done)[0] + 1),
+        )
+    except struct.error:
+        return False
+    del _held[m.receipt]  # (_lease_of's pop: the lease is settled)
+    end_lease_one(tr, at, (inflight_key, done_key), counts)
+    return True
+
+
+_ack_reads: dict[bytes, tuple[bytes, ...]] = {}  # ack_short's keys: the guard and its two counters
+
+
+def ack_own(db: object, keys: QueueKeys, m: Message) -> bool:
+    """``Queue.ack(db, m)`` where its own retried transaction needs no receipt (nothing
+    conflicts, no commit ends unknown: the embedded engine): one transaction whose step is
+    :func:`ack_short`, and the long way (:func:`ack_in`, a strict queue's wake) in the same
+    transaction when the case is another; True once it committed. False, having run nothing,
+    on any other engine or in a caller's transaction: the caller acks as ever
+    (``receipts.run_once_confirmed``)."""
+    # own_database's common case inline (a kind seen before), else own_database
+    if type(db) in OWN_KINDS and not (
+        getattr(db, "may_conflict", True) or getattr(db, "may_commit_unknown", True)
+    ):
+        own: Database = db  # type: ignore[assignment]
+    elif (found := own_database(db)) is not None:
+        own = found
+    else:
+        return False
+
+    def step(t: Transaction, _: Attempt) -> None:
+        if not ack_short(keys, t, m) and ack_in(keys, t, m, None).extra.get("strict"):
+            wake(t, keys)  # strict order: the next delivery may go ahead now
+
+    retry_loop(own, step, None, True)
+    return True
+
+
+def own_database(db: object) -> Database | None:
+    """``db`` when it is a Database (as ``adopt`` returns it) whose own transactions need no
+    receipt: nothing conflicts and no commit ends unknown (``engine_traits``: the embedded
+    engine); else None (a transaction, another engine, a wrapped one)."""
+    kind = type(db)
+    if kind not in OWN_KINDS:  # adopt and is_transaction asked once per type (below)
+        if adopt(db) is not db or is_transaction(db):
+            return None
+        OWN_KINDS.add(kind)
+    # engine_traits' own reading, on the instance (it may set either itself)
+    if getattr(db, "may_conflict", True) or getattr(db, "may_commit_unknown", True):
+        return None
+    return db  # type: ignore[return-value]  # (adopt returned it as it is: a Database)
+
+
+#: The kinds of Database :func:`own_database` has seen ``adopt`` return as they are (whose
+#: callers then ask only the instance's traits).
+OWN_KINDS: set[type] = set()
 
 
 def nack_in(

@@ -562,3 +562,25 @@ def failed_take(keys: QueueKeys, db: Any, msg: Message, error: EngineError | Non
 
 _ZERO = bytes(8)
 _ONE = _PACK(1)
+
+
+def kept_entry(db: Any, keys: QueueKeys) -> _Kept | None:
+    """The kept run of this queue on ``db`` when there is one to use (not empty, not paused),
+    left in place, for a step of its own that checks it as :func:`kept_run` does
+    (``leasing.lease_short``, as :func:`take_short` here); None otherwise."""
+    entry = _kept.get((id(db), keys.packed))
+    return None if entry is None or entry.pause or not entry.run else entry
+
+
+def claim_kept(db: Any, keys: QueueKeys, entry: _Kept) -> bool:
+    """Take ``entry`` (from :func:`kept_entry`) out, as :func:`kept_run` does once it is used;
+    False when another thread's take on this handle took it since (the caller then takes the
+    long way, as :func:`take_short`)."""
+    return _kept.pop((id(db), keys.packed), None) is entry
+
+
+def kept_paused(db: Any, keys: QueueKeys) -> bool:
+    """Whether this queue's kept run on ``db`` is paused (:func:`kept_run` found it out of date
+    in the last KEPT_PAUSE takes): a take that found it so reads as one that keeps nothing."""
+    entry = _kept.get((id(db), keys.packed))
+    return entry is not None and entry.pause > 0

@@ -11,13 +11,23 @@ the caller's transaction.
 from __future__ import annotations
 
 import random
+import struct
 from collections.abc import Mapping
 from typing import Any
 
-from fdbqueue.engines.contract import Transaction
+from fdbqueue.engines.contract import Attempt, Database, Transaction, retry_loop
+from fdbqueue.engines.versions import VERSIONS_PER_SECOND
 from fdbqueue.errors import CorruptMessageError
 from fdbqueue.ops import ratelimit
-from fdbqueue.ops.delivery import lease_heads, open_for_dequeue, read_payloads
+from fdbqueue.ops.delivery import (
+    HELD,
+    HELD_LEASES,
+    OWN_KINDS,
+    lease_heads,
+    open_for_dequeue,
+    own_database,
+    read_payloads,
+)
 from fdbqueue.ops.head import (
     FILTER_SCAN_LIMIT,
     HEAD_BATCH,
@@ -25,20 +35,24 @@ from fdbqueue.ops.head import (
     KEPT_RUN,
     LEASE_KEPT,
     TAKE_RESERVE,
+    claim_kept,
     deliverable_head,
     keep_run,
     keeps_head,
+    kept_entry,
+    kept_paused,
     kept_run,
     take_kept,
 )
-from fdbqueue.ops.moves import count_known, count_leased, move_corrupt
+from fdbqueue.ops.moves import count_known, count_leased, move_corrupt, put_leased_one
 from fdbqueue.ops.scan import expire_within
 from fdbqueue.ops.sweep import sweep_step
 from fdbqueue.store.budget import BATCH_PAYLOAD_BYTES, CHUNK_BYTES, Budget, encoded_len, grown_record
-from fdbqueue.store.clock import db_now
-from fdbqueue.store.config import LEASE_COUNTERS, Meta, QueueConfig, due_entries, read_meta_for
+from fdbqueue.store.clock import db_now, now_us
+from fdbqueue.store.config import LEASE_COUNTERS, Meta, QueueConfig, due_entries, read_meta_for, read_take
+from fdbqueue.store.entropy import new_rand
 from fdbqueue.store.layout import QueueKeys
-from fdbqueue.store.record import Record, decode_record
+from fdbqueue.store.record import Record, decode_record, lease_plain
 from fdbqueue.types import Message, headers_match
 
 
@@ -169,6 +183,11 @@ def _ready_heads(
             budget.charge(lease_cost(len(found[0]), found[1]))  # TAKE_RESERVE was kept for it
             tr.add_read_conflict_key(found[0])
             return [found], True  # nothing swept (kept), nothing skipped
+        if kept_paused(tr.db, keys):
+            # Found out of date just now (another consumer or producer is at work): read as a
+            # lease that keeps nothing, as the next KEPT_PAUSE leases will (head.keeps_head),
+            # rather than read KEPT_RUN records and keep them over the pause.
+            kept = None
     entry = first = None if kept is None else kept_run(keys, tr, kept)
     while len(out) < n and skipped < HEAD_SKIP_LIMIT:
         if budget.scan_exhausted():
@@ -245,3 +264,161 @@ def _leased_counters(keys: QueueKeys) -> tuple[bytes, bytes]:
 
 
 _NO_PAYLOADS: dict[str, bytes] = {}  # (read only: lease_batch's when no message is chunked)
+
+
+# -- the common lease's own step ------------------------------------------------------------------
+#
+# Most leases of one message on the embedded engine are the same, as most dequeues are
+# (ops/head.py, "the common dequeue's own step"): a queue with no owner, open for dequeues,
+# without strict order, a volatile prefix, a journal or a rate limit; nothing delayed, and
+# no lease due to expire; the head the kept run's first record, without headers, TTL,
+# chunks or extra fields. lease_short does that one case straight from what it reads: the
+# metadata version and the counters in one read (config.read_take, the settings this process
+# last found for the queue while they are the queue's at that version), the record's fields
+# (record.decode_fields), the leased record's bytes (record.encode_leased), five writes in one
+# call (moves.put_leased_one) and the kept run's rest kept for the next take. Any other case,
+# found before anything is written or kept, takes the long way (lease_batch), which reads again
+# and acts as it always did: the step is the long way's kept-head lease of one with its
+# choices made (_ready_heads' take_kept, count_known, lease_heads), not another rule.
+
+
+def lease_short(keys: QueueKeys, tr: Transaction, seconds: float | None, receipt: str) -> Message | None:
+    """A lease of one message in ``tr`` under ``receipt + ".0"`` for ``seconds`` (None: the
+    queue's lease_seconds) in the common case above, leased and counted as
+    ``lease_batch(keys, tr, seconds, receipt, 1)`` leases it; None, having written and kept
+    nothing, when the case is another: the caller takes the long way in the same ``tr``.
+    Composes inside the caller's transaction (the kept run's rest is kept once it commits)."""
+    db = tr.db
+    if getattr(db, "may_conflict", True):  # engine_traits' first: only where nothing conflicts
+        return None
+    entry = kept_entry(db, keys)
+    if entry is None:
+        return None
+    found = read_take(tr, keys)  # (no owner, open, not strict, not volatile: _take_keys)
+    if found is None:
+        return None
+    values, settings, read = found  # version, ready, wake, inflight, delayed, done (and their keys)
+    version, ready, wake, inflight, _delayed, _ = values
+    cfg = settings.config
+    if (
+        (_delayed is not None and _delayed != _ZERO)
+        or cfg is None
+        or cfg.journal
+        or ratelimit.limited(cfg)
+        or entry.ready != ready
+        or entry.wake != wake
+        or entry.version != version
+        or entry.db() is not db
+    ):
+        # A delayed message may be due (the long way's due check); a journal's entry or a
+        # rate limit's tokens to take; the ready set changed, or another queue under the name
+        # (head.kept_run says so).
+        return None
+    now = int(tr.get_read_version())  # db_now where nothing conflicts: the read version
+    try:  # count_known's arithmetic; a counter of another length or past 64 bits: the long way
+        left = _PACK(_UNPACK(ready)[0] - 1)  # (ready is 8 bytes: entry.ready is)
+        if inflight is None:
+            held = _ONE
+        else:
+            leases = _UNPACK(inflight)[0]
+            held = _PACK(leases + 1)
+            # Leases in flight may have expired (config.due_entries' read of the lease index):
+            # the long way's due check releases them first.
+            if leases > 0 and tr.snapshot.get_range(*keys.index_range("l", now + 1), 1):
+                return None
+    except struct.error:
+        return None
+    run = entry.run
+    key, raw = run[0]
+    secs = seconds or cfg.lease_seconds
+    deadline = now + round(secs * VERSIONS_PER_SECOND)  # (clock.versions)
+    until = now_us() + int(secs * 1e6)  # (delivery.lease_until)
+    key_hex = key.hex()
+    rcpt = receipt + ".0"  # (receipt: hex digits, made by the callers with bytes.hex())
+    rcpt_bytes = rcpt.encode()
+    # The record read and its leased bytes written in one pass (record.lease_plain: the
+    # checks of decode_fields, the bytes of encode_leased); None for headers to copy, a TTL to
+    # check, chunks to read, a retry delay or more, or damage: the long way.
+    found_plain = lease_plain(raw, key_hex.encode(), rcpt_bytes, deadline, until)
+    if found_plain is None:
+        return None
+    msg_id, enqueued_us, content_type, deliveries, payload, leased_raw = found_plain
+    # Taken out (head.kept_run: a run serves one take), unless another thread's take of this
+    # queue on this handle took it since the lookup above: the long way then.
+    if not claim_kept(db, keys, entry):
+        return None
+    # Decided: from here on as the long way writes (lease_heads, put_leased_batch, count_known).
+    ikey, lkey, id_key = keys.lease_keys(deadline, msg_id, key)  # (no id entry at home)
+    at = ikey, lkey
+    put_leased_one(
+        tr,
+        key,
+        id_key,
+        at,
+        leased_raw,
+        rcpt_bytes,
+        (read[1], read[3]),
+        (left, held),
+    )
+    extra = {"key": key_hex, "receipt": rcpt, "deadline": deadline, "until": until}
+    leased = _RECORD(Record, (msg_id, enqueued_us, content_type, {}, deliveries + 1, None, 0, extra, payload))
+    if len(HELD) >= HELD_LEASES:  # (as lease_heads keeps its batch's: for the ack, nack, extend)
+        HELD.clear()
+    HELD[rcpt] = leased_raw, leased, keys, at
+    if len(run) > 1:  # head.keep_run's, in the same entry: its wake and version are as read
+        entry.run = run[1:]
+        entry.ready = left
+        tr.on_finish(entry.landed)
+    return Message.from_record(
+        leased,
+        keys.name,
+        keys.priority_of(key),
+        key,
+        payload,
+        receipt=rcpt,
+        lease_deadline=until / 1e6,
+        expires_at=None,
+    )
+
+
+def lease_own(db: object, keys: QueueKeys, seconds: float | None) -> list[Message] | None:
+    """``Queue.lease(db)`` (non-blocking, ``seconds`` checked) where its own retried transaction
+    needs no receipt: on an engine where nothing conflicts and no commit ends unknown (the
+    embedded one), one transaction whose step is :func:`lease_short`, and the long way
+    (:func:`lease_batch`) in the same transaction when the case is another. What it leased
+    (at most one); None, having committed nothing of a lease, where it does not apply, or
+    when the long way moved expired messages aside and found none yet (``Budget.more``): the
+    caller then leases as ever (``Queue.lease_many``), which goes on from there."""
+    # own_database's common case inline (a kind seen before), else own_database
+    if type(db) in OWN_KINDS and not (
+        getattr(db, "may_conflict", True) or getattr(db, "may_commit_unknown", True)
+    ):
+        own: Database = db  # type: ignore[assignment]
+    elif (found := own_database(db)) is not None:
+        own = found
+    else:
+        return None
+    # Made outside the retry loop, as Queue._lease_attempt's: 16 random bytes as its, drawn
+    # as two of new_rand's pieces (no lock, no slice).
+    receipt = (new_rand() + new_rand()).hex()
+    budgets: list[Budget] = []  # the long way's, begun when it is first taken
+
+    def step(t: Transaction, _: Attempt) -> list[Message]:
+        one = lease_short(keys, t, seconds, receipt)
+        if one is not None:
+            return [one]
+        if budgets:
+            budgets[0].next_transaction()
+        else:
+            budgets.append(Budget(TAKE_RESERVE))
+        return lease_batch(keys, t, seconds, receipt, 1, budgets[0])
+
+    ratelimit.throttled()  # forget an earlier lease's: this one says (Queue._lease_attempt's)
+    got = retry_loop(own, step, None, True)
+    return None if not got and budgets and budgets[0].more else got
+
+
+_RECORD = tuple.__new__
+_PACK, _UNPACK = struct.Struct("<q").pack, struct.Struct("<q").unpack
+_ZERO = bytes(8)
+_ONE = _PACK(1)

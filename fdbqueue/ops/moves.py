@@ -333,6 +333,41 @@ def put_leased_batch(
         put_leased(tr, keys, key, leased, deadline, receipt, count=False, raw=raw, at=at)
 
 
+def put_leased_one(
+    tr: Transaction,
+    key: bytes,
+    id_key: bytes | None,
+    at: tuple[bytes, bytes],
+    raw: bytes,
+    receipt: bytes,
+    counters: tuple[bytes, bytes],
+    counts: tuple[bytes, bytes],
+) -> None:
+    """The common lease of one message (``leasing.lease_short``): :func:`put_leased_batch`'s
+    writes for a record without a TTL entry on a queue without a journal, and the ready and
+    in-flight ``counters`` set to ``counts`` (:func:`count_known`'s values, made by the caller
+    from what it read). ``id_key``: the message's id entry, for one away from home."""
+    tr.clear(key)
+    if id_key is not None:
+        tr.clear(id_key)  # it pointed at the ready key; ("f", id) is found by id
+    tr.set(at[0], raw)
+    tr.set(at[1], receipt)
+    tr.set(counters[0], counts[0])
+    tr.set(counters[1], counts[1])
+
+
+def end_lease_one(
+    tr: Transaction, at: tuple[bytes, bytes], counters: Sequence[bytes], counts: tuple[bytes, bytes]
+) -> None:
+    """The common ack of one message (``delivery.ack_short``): :func:`finish_lease`'s two
+    clears for a record without chunks, TTL or journal, and the in-flight and done
+    ``counters`` set to ``counts`` (:func:`count_known`'s values, made by the caller)."""
+    tr.clear(at[0])
+    tr.clear(at[1])
+    tr.set(counters[0], counts[0])
+    tr.set(counters[1], counts[1])
+
+
 def end_lease(
     tr: Transaction,
     keys: QueueKeys,

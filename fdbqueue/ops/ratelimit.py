@@ -94,6 +94,12 @@ def extra(rate: Rate, name: str | None = None) -> Iterator[None]:
             _extra_users -= 1
 
 
+def limited(cfg: QueueConfig) -> bool:
+    """Whether a lease of the queue of ``cfg`` may take tokens (:func:`gate` would not answer
+    None at once): its own rate limit, or a thread inside :func:`extra`."""
+    return cfg.rate_limit is not None or bool(_extra_users)
+
+
 def throttled() -> float | None:
     """Seconds until a token comes, when this thread's last lease was refused one (then
     cleared); None when it was not held back by a rate limit."""

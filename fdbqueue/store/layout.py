@@ -483,6 +483,21 @@ class QueueKeys:
             out.append((f + tail, lease + tail))
         return out
 
+    def lease_keys(self, deadline: int, msg_id: str, ready_key: bytes) -> tuple[bytes, bytes, bytes | None]:
+        """A lease of one message until ``deadline``: its ``inflight_key`` and ``lease_key`` (the
+        id encoded once, as :meth:`leased_at`), and its ``id_key`` when ``ready_key``, the
+        place it leaves, is not its :meth:`home_key` (an id entry points at it), else None."""
+        tail = b"\x02" + msg_id.encode("utf-8").replace(b"\x00", b"\x00\xff") + b"\x00"  # (enc_str, inline)
+        try:  # (home_key's)
+            home = self._r + bytes.fromhex(msg_id[1:]) if msg_id[:1] == "r" else None
+        except ValueError:
+            home = None
+        return (
+            self._f + tail,
+            self._l + enc_int(deadline) + tail,
+            None if ready_key == home else self._id + tail,
+        )
+
     def delayed_key(self, due: int, msg_id: str) -> bytes:
         return self._d + enc_int(due) + enc_str(msg_id)
 

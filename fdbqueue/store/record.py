@@ -338,6 +338,55 @@ def encode_leased(
 
 _JOURNAL_MARK = ',"j":1'  # encode_leased's journaled extra: ops/moves.py's JOURNALED, set to 1
 
+# The fields of a ready record in the common shape, as encode_plain (and the general encoder,
+# for the same record) writes them: an id of ours, JSON integers as json.dumps writes them, no
+# headers, TTL, chunks nor extra fields.
+_PLAIN_FIELDS = re.compile(
+    rb'\["([0-9A-Za-z]+)",(0|-?[1-9][0-9]*),"([0-9A-Za-z]+)",\{\},(0|[1-9][0-9]*),null,0,\{\}\]'
+)
+
+
+def lease_plain(
+    raw: bytes, key_hex: bytes, receipt: bytes, deadline: int, until: int
+) -> tuple[str, int, str, int, bytes, bytes] | None:
+    """A ready record in the common shape (no headers, TTL, chunks nor extra fields; an id of
+    ours, a plain content type) read and leased in one pass, for a lease of one message
+    (``ops/leasing.py`` ``lease_short``): its id, enqueued time, content type, deliveries (as
+    stored), payload, and the leased record's bytes - ``encode_leased``'s for the record
+    :meth:`Record.decode` reads from ``raw`` (tests/layer/test_lease_short_step.py compares). The
+    same checksum and format checks as :func:`decode_fields`; None for any record it does not
+    match: the caller goes the long way, which decodes and encodes (or reports the damage) as
+    ever. ``key_hex`` (the ready key's hex digits) and ``receipt`` as ASCII bytes; the receipt
+    is the caller's own, letters, digits and dots (``bytes.hex()`` and ``.0``: what
+    ``encode_leased`` checks with ``_RECEIPT_CHARS``), written as it is."""
+    body_end = len(raw) - CRC_BYTES
+    # (a copy of a few hundred bytes costs less than a memoryview and its slice)
+    if body_end < _HEAD.size or _CRC.unpack_from(raw, body_end)[0] != _crc32(raw[:body_end]):
+        return None
+    fmt, n = _HEAD.unpack_from(raw)
+    end = _HEAD.size + n
+    if fmt != RECORD_FORMAT or end > body_end:
+        return None
+    found = _PLAIN_FIELDS.fullmatch(raw, _HEAD.size, end)
+    if found is None:
+        return None
+    msg_id, enqueued, ct, delivered = found.groups()
+    deliveries = int(delivered)
+    meta = b'["%s",%s,"%s",{},%d,null,0,{"key":"%s","receipt":"%s","deadline":%d,"until":%d}]' % (
+        msg_id,
+        enqueued,
+        ct,
+        deliveries + 1,
+        key_hex,
+        receipt,
+        deadline,
+        until,
+    )
+    payload = raw[end:body_end]
+    head = _HEAD.pack(RECORD_FORMAT, len(meta)) + meta
+    crc = _CRC.pack(_crc32(payload, _crc32(head)))
+    return msg_id.decode(), int(enqueued), ct.decode(), deliveries, payload, b"".join((head, payload, crc))
+
 
 def decode_record(raw: bytes, keys: QueueKeys, key: bytes, msg_id: str | None = None) -> Record:
     """:meth:`Record.decode` of the record at ``key`` in the queue of ``keys``: every read of
