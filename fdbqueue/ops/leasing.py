@@ -297,8 +297,8 @@ def lease_short(keys: QueueKeys, tr: Transaction, seconds: float | None, receipt
     found = read_take(tr, keys)  # (no owner, open, not strict, not volatile: _take_keys)
     if found is None:
         return None
-    values, settings, read = found  # version, ready, wake, inflight, delayed, done (and their keys)
-    version, ready, wake, inflight, _delayed, _ = values
+    values, settings, read = found  # version, ready, wake, inflight, delayed, taken (and their keys)
+    version, ready, wake, inflight, _delayed, taken = values
     cfg = settings.config
     if (
         (_delayed is not None and _delayed != _ZERO)
@@ -307,6 +307,7 @@ def lease_short(keys: QueueKeys, tr: Transaction, seconds: float | None, receipt
         or ratelimit.limited(cfg)
         or entry.ready != ready
         or entry.wake != wake
+        or entry.taken != taken
         or entry.version != version
         or entry.db() is not db
     ):
