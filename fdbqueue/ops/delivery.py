@@ -444,14 +444,8 @@ def ack_own(db: object, keys: QueueKeys, m: Message) -> bool:
     transaction when the case is another; True once it committed. False, having run nothing,
     on any other engine or in a caller's transaction: the caller acks as ever
     (``receipts.run_once_confirmed``)."""
-    # own_database's common case inline (a kind seen before), else own_database
-    if type(db) in OWN_KINDS and not (
-        getattr(db, "may_conflict", True) or getattr(db, "may_commit_unknown", True)
-    ):
-        own: Database = db  # type: ignore[assignment]
-    elif (found := own_database(db)) is not None:
-        own = found
-    else:
+    own = own_database(db)
+    if own is None:
         return False
 
     def step(t: Transaction, _: Attempt) -> None:

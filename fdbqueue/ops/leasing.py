@@ -15,14 +15,13 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
-from fdbqueue.engines.contract import Attempt, Database, Transaction, retry_loop
+from fdbqueue.engines.contract import Attempt, Transaction, retry_loop
 from fdbqueue.engines.versions import VERSIONS_PER_SECOND
 from fdbqueue.errors import CorruptMessageError
 from fdbqueue.ops import ratelimit
 from fdbqueue.ops.delivery import (
     HELD,
     HELD_LEASES,
-    OWN_KINDS,
     lease_heads,
     open_for_dequeue,
     own_database,
@@ -390,14 +389,8 @@ def lease_own(db: object, keys: QueueKeys, seconds: float | None) -> list[Messag
     (at most one); None, having committed nothing of a lease, where it does not apply, or
     when the long way moved expired messages aside and found none yet (``Budget.more``): the
     caller then leases as ever (``Queue.lease_many``), which goes on from there."""
-    # own_database's common case inline (a kind seen before), else own_database
-    if type(db) in OWN_KINDS and not (
-        getattr(db, "may_conflict", True) or getattr(db, "may_commit_unknown", True)
-    ):
-        own: Database = db  # type: ignore[assignment]
-    elif (found := own_database(db)) is not None:
-        own = found
-    else:
+    own = own_database(db)
+    if own is None:
         return None
     # Made outside the retry loop, as Queue._lease_attempt's: 16 random bytes as its, drawn
     # as two of new_rand's pieces (no lock, no slice).
