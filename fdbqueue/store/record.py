@@ -359,10 +359,9 @@ def lease_plain(
     ever. ``key_hex`` (the ready key's hex digits) and ``receipt`` as ASCII bytes; the receipt
     is the caller's own, letters, digits and dots (``bytes.hex()`` and ``.0``: what
     ``encode_leased`` checks with ``_RECEIPT_CHARS``), written as it is."""
-    body_end = len(raw) - CRC_BYTES
-    # (a copy of a few hundred bytes costs less than a memoryview and its slice)
-    if body_end < _HEAD.size or _CRC.unpack_from(raw, body_end)[0] != _crc32(raw[:body_end]):
+    if len(raw) < _MIN_RECORD or _crc32(raw) != _RESIDUE:  # decode_fields' checksum check
         return None
+    body_end = len(raw) - CRC_BYTES
     fmt, n = _HEAD.unpack_from(raw)
     end = _HEAD.size + n
     if fmt != RECORD_FORMAT or end > body_end:

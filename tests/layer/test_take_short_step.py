@@ -617,3 +617,22 @@ def test_the_checksum_refuses_every_damaged_byte_and_length() -> None:
         assert decode_fields(bad) is None
         with pytest.raises(CorruptMessageError):
             Record.decode(bad)
+
+
+def test_the_lease_step_refuses_every_damaged_byte_and_length_as_the_decoders_do() -> None:
+    """record.lease_plain checks a record as decode_fields does (CRC-32's residue over all its
+    bytes): a plain record is leased; every flipped bit, every shorter record and the checksum
+    stored big-endian are refused (the lease then goes the long way, which reports the damage)."""
+    from fdbqueue.store.record import Record, lease_plain
+
+    raw = Record("rab12", 1, "b", {}, 0, None, 0, {}, bytes(range(64))).encode()
+    assert lease_plain(raw, b"0a", b"ab.0", 7, 9) is not None
+    wrong = [raw[:-4] + raw[-4:][::-1]]
+    for i in range(len(raw)):
+        for bit in range(8):
+            flipped = bytearray(raw)
+            flipped[i] ^= 1 << bit
+            wrong.append(bytes(flipped))
+    wrong += [raw[:n] for n in range(len(raw))]
+    for bad in wrong:
+        assert lease_plain(bad, b"0a", b"ab.0", 7, 9) is None
