@@ -327,9 +327,14 @@ def ack_many_in(
 # Bounded: emptied past HELD_LEASES (leases that expired or were never settled here).
 _held: dict[str, tuple[bytes, Record, QueueKeys, tuple[bytes, bytes]]] = {}
 HELD_LEASES = 4096
-#: ``_held`` for a lease of one message (``leasing.lease_short``), which keeps what it wrote
-#: there as :func:`lease_heads` does, bounded alike (emptied past HELD_LEASES).
-HELD = _held
+
+
+def hold(receipt: str, held: tuple[bytes, Record, QueueKeys, tuple[bytes, bytes]]) -> None:
+    """Keep a lease of one message this process wrote (``leasing.lease_short``) for its ack,
+    nack and extend, as :func:`lease_heads` keeps its batch's, bounded alike."""
+    if len(_held) >= HELD_LEASES:
+        _held.clear()
+    _held[receipt] = held
 
 
 def _held_for(keys: QueueKeys, m: Message) -> tuple[bytes, Record, QueueKeys, tuple[bytes, bytes]] | None:

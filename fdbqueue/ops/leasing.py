@@ -20,8 +20,7 @@ from fdbqueue.engines.versions import VERSIONS_PER_SECOND
 from fdbqueue.errors import CorruptMessageError
 from fdbqueue.ops import ratelimit
 from fdbqueue.ops.delivery import (
-    HELD,
-    HELD_LEASES,
+    hold,
     lease_heads,
     open_for_dequeue,
     own_database,
@@ -362,9 +361,7 @@ def lease_short(keys: QueueKeys, tr: Transaction, seconds: float | None, receipt
     )
     extra = {"key": key_hex, "receipt": rcpt, "deadline": deadline, "until": until}
     leased = _RECORD(Record, (msg_id, enqueued_us, content_type, {}, deliveries + 1, None, 0, extra, payload))
-    if len(HELD) >= HELD_LEASES:  # (as lease_heads keeps its batch's: for the ack, nack, extend)
-        HELD.clear()
-    HELD[rcpt] = leased_raw, leased, keys, at
+    hold(rcpt, (leased_raw, leased, keys, at))  # for the ack, nack, extend (as lease_heads')
     if len(run) > 1:  # head.keep_run's, in the same entry: its wake and version are as read
         entry.run = run[1:]
         entry.ready = left
