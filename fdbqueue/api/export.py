@@ -33,12 +33,11 @@ from fdbqueue.ops.privileges import check
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.budget import CHUNK_BYTES, SCAN_READ_BYTES
 from fdbqueue.store.config import read_config
-from fdbqueue.store.layout import DEFAULT_ROOT, JOURNAL_SHARDS, JournalKeys, QueueKeys
+from fdbqueue.store.layout import DEFAULT_ROOT, JOURNAL_SHARDS, STATE_TAGS, JournalKeys, QueueKeys
 from fdbqueue.store.record import Record, decode_record
 
 PAGE = 500  # records a read transaction returns at most
 SPLIT = 20_000  # messages a piece holds at most
-STATES = {"r": "ready", "f": "leased", "d": "delayed"}
 COLUMNS = (
     "queue string, id string, state string, priority int, enqueued_at timestamp, deliveries int, "
     "headers map<string,string>, payload binary, content_type string, reason string, origin string, "
@@ -126,11 +125,10 @@ def plan(
     for name in names:
         keys = QueueKeys.make(name, root)
         _may_browse(db, keys)  # its ranges' sizes are its figures
-        for tag, state in STATES.items():
-            if tag == "r" and name in errors:
+        for state in STATE_TAGS:
+            begin, end = keys.state_range(state)
+            if state == "ready" and name in errors:
                 state = "dead"
-            r = keys.q.range((tag,))
-            begin, end = bytes(r.start), bytes(r.stop)
             for lo, hi in _cuts(db, begin, end, split):
                 pieces.append(Piece(name, state, lo, hi))
     return pieces
@@ -177,11 +175,10 @@ def read_piece(db: Database, piece: Piece, *, root: tuple[Any, ...] = DEFAULT_RO
     The piece's range must lie inside its queue's range for its state (QueueError): the right
     checked is the named queue's, so the range may not reach into another's."""
     keys = QueueKeys.make(piece.queue, root)
-    tag = _TAGS.get(piece.state) if isinstance(piece.state, str) else None
-    if tag is None:
-        raise QueueError(f"a piece's state is one of {sorted(_TAGS)}, got {piece.state!r}")
-    r = keys.q.range((tag,))
-    _inside(piece, bytes(r.start), bytes(r.stop))
+    state = _PIECE_STATES.get(piece.state) if isinstance(piece.state, str) else None
+    if state is None:
+        raise QueueError(f"a piece's state is one of {sorted(_PIECE_STATES)}, got {piece.state!r}")
+    _inside(piece, *keys.state_range(state))
     cursor = piece.begin
     while True:
 
@@ -220,8 +217,8 @@ def read_piece(db: Database, piece: Piece, *, root: tuple[Any, ...] = DEFAULT_RO
         cursor = nxt
 
 
-# A piece's state -> the tag of its queue's range (layout.py); "dead": an error queue's ready.
-_TAGS = {**{state: tag for tag, state in STATES.items()}, "dead": "r"}
+# A piece's states: layout.py's message states, and "dead" (an error queue's ready range).
+_PIECE_STATES = {**{state: state for state in STATE_TAGS}, "dead": "ready"}
 
 
 def _inside(piece: Piece, lo: bytes, hi: bytes) -> None:

@@ -742,7 +742,7 @@ def copy_chunks(tr: Transaction, src: QueueKeys, dst: QueueKeys, rec: Record) ->
     """Copy ``rec``'s payload chunks (if it has any) from queue ``src`` to queue ``dst``."""
     if rec.chunks:
         for kv in tr.get_range(*src.chunk_range(rec.id)):
-            tr.set(dst.q.pack(("b", rec.id, src.q.unpack(kv.key)[2])), kv.value)
+            tr.set(dst.chunk_key(rec.id, src.unpack_tail(kv.key)[2]), kv.value)
 
 
 def move_message(

@@ -164,6 +164,10 @@ _INT_CODES = [bytes((0x14 + size,)) for size in range(9)]  # a positive int of s
 # ready, id entries, chunks, leased, lease entries, delayed, TTL entries, dedup entries and
 # their times, dequeue receipts, staged results and requests' receipts.
 _MESSAGE_TAGS = ("r", "id", "b", "f", "l", "d", "x", "k", "kt", "pop", "res", "rc")
+# A message's state -> the tag of the records that hold messages in it (the dashboard's and the
+# export's states; a dead message is a ready one of an error queue).
+STATE_TAGS = {"ready": "r", "leased": "f", "delayed": "d"}
+_TAG_STATES = {tag: state for state, tag in STATE_TAGS.items()}
 
 
 class QueueKeys:
@@ -545,6 +549,15 @@ class QueueKeys:
     def all_range(self) -> tuple[bytes, bytes]:
         r = self.q.range()
         return r.start, r.stop
+
+    def state_range(self, state: str) -> tuple[bytes, bytes]:
+        """The records of this queue's messages in ``state`` (a key of :data:`STATE_TAGS`)."""
+        r = self.q.range((STATE_TAGS[state],))
+        return r.start, r.stop
+
+    def state_of(self, key: bytes) -> str | None:
+        """The state (a key of :data:`STATE_TAGS`) whose records ``key`` is one of, or None."""
+        return _TAG_STATES.get(self.unpack_tail(key)[0])
 
     def unpack_tail(self, key: bytes) -> tuple[Any, ...]:
         return tuple(self.q.unpack(key))

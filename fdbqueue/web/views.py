@@ -27,11 +27,10 @@ from fdbqueue.ops.privileges import check, may
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.clock import now_us
 from fdbqueue.store.config import read_meta, read_state
-from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys, validate_queue_name
+from fdbqueue.store.layout import DEFAULT_ROOT, STATE_TAGS, QueueKeys, validate_queue_name
 from fdbqueue.store.record import Record, decode_record
 from fdbqueue.types import QueueStats
 
-STATES = {"ready": "r", "leased": "f", "delayed": "d"}
 SCAN_LIMIT = 2_000  # records one page of a queue's messages reads at most, matching or not
 PAGE_LIMIT = 200  # messages one page returns at most
 PREVIEW = 2_048  # payload bytes a listed message shows
@@ -105,13 +104,12 @@ def messages(
     """One page of a queue's messages in ``state`` (ready in dequeue order; leased; delayed by
     due time) that match ``filter``, from cursor ``after``: ``{"messages", "next", "scanned"}``;
     ``next`` is None at the end. At most SCAN_LIMIT records are read a page."""
-    if state not in STATES:
-        raise QueueError(f"state must be one of {', '.join(STATES)}, got {state!r}")
+    if state not in STATE_TAGS:
+        raise QueueError(f"state must be one of {', '.join(STATE_TAGS)}, got {state!r}")
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= PAGE_LIMIT:
         raise QueueError(f"limit must be an int from 1 to {PAGE_LIMIT}, got {limit!r}")
     keys = QueueKeys.make(_name(name), root)
-    r = keys.q.range((STATES[state],))
-    begin, end = bytes(r.start), bytes(r.stop)
+    begin, end = keys.state_range(state)
     if after:
         try:
             cursor = bytes.fromhex(after)
@@ -232,9 +230,9 @@ def message(db: Database, name: str, msg_id: str, *, root: tuple[Any, ...] = DEF
         out: dict[str, Any] = {"id": msg_id, "queue": name, "state": None, "journal": meta.config.journal}
         where = locate(t, keys, msg_id)
         raw = None if where is None else t.snapshot.get(where)
-        if where is None or raw is None:
+        state = None if where is None else keys.state_of(where)  # locate names a record's key
+        if where is None or raw is None or state is None:
             return out
-        state = {v: k for k, v in STATES.items()}[keys.unpack_tail(where)[0]]
         try:
             rec = decode_record(raw, keys, where, msg_id)
             payload = read_payload(t.snapshot, keys, rec)
