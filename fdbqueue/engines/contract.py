@@ -479,12 +479,12 @@ class Attempt:
     step commits and goes :class:`Again`: they describe the whole operation.
     """
 
-    __slots__ = ("conflicts", "tries", "unknown")
-
-    def __init__(self) -> None:
-        self.tries = 0
-        self.unknown = False
-        self.conflicts = 0
+    # Class attributes, no ``__init__``: every operation makes one, and most never change
+    # it; an instance gets a dict of its own only at the first retry (about 1.5k instructions
+    # an operation less than a Python ``__init__`` setting three slots).
+    tries: int = 0
+    unknown: bool = False
+    conflicts: int = 0
 
 
 class Again:
@@ -781,6 +781,40 @@ def _step(
     return call_at
 
 
+def _call_loop(
+    db: Database, func: Callable[..., Any], before: tuple[Any, ...], after: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """:func:`retry_loop` running ``func(*before, tr, *after, **kwargs)`` as its step with no
+    ``on_error`` hook and no unknown outcome to report (``transactional``'s call on a
+    Database, the common one): the same commits, resets and retries, without the step's
+    closure, its frame and the :class:`Attempt` that nothing here reads. A returned
+    :class:`Done` or :class:`Again` is taken as :func:`retry_loop` takes it; a generator is
+    refused as :func:`_step`'s step refuses it."""
+    tr = db.create_transaction()
+    try:
+        while True:
+            try:
+                result = func(*before, tr, *after, **kwargs)
+                kind = type(result)
+                if kind is GeneratorType:
+                    raise ValueError("a transactional function must not return a generator")
+                if kind is Done:
+                    tr.cancel()
+                    return result.value
+                tr.commit()
+                if kind is Again:
+                    if result.then is not None:
+                        result.then()
+                    tr.reset()
+                    continue
+                return result
+            except EngineError as exc:
+                tr.on_error(exc)  # backs off, or raises what is not retryable (retry_loop's, unhooked)
+    except BaseException:
+        tr.cancel()
+        raise
+
+
 def transactional(func: F) -> F:
     """Run ``func`` inside a transaction: the argument ``tr`` (by position or keyword).
 
@@ -827,7 +861,8 @@ def transactional(func: F) -> F:
             if own is target:
                 return func(*args, **kwargs)  # _step's call, with the same tr
             return _step(func, index, args, kwargs)(own)
-        # run_transaction's loop on the database adopted and checked here.
-        return retry_loop(own, _step(func, index, args, kwargs), None, False)
+        if "tr" in kwargs:  # run_transaction's loop on the database adopted and checked here
+            return retry_loop(own, _step(func, index, args, kwargs), None, False)
+        return _call_loop(own, func, args[:index], args[index + 1 :], kwargs)
 
     return wrapper  # type: ignore[return-value]

@@ -147,6 +147,7 @@ class LocalTransaction(ABC):
         "_has_writes",
         "_journal",
         "_live",
+        "_options",
         "_read_at",
         "_retries",
         "_size",
@@ -155,7 +156,6 @@ class LocalTransaction(ABC):
         "_state",
         "_watches",
         "db",
-        "options",
     )
 
     #: Reading a snapshot of its own, not holding the engine's lock (the sqlite engine's
@@ -165,12 +165,23 @@ class LocalTransaction(ABC):
 
     def __init__(self, db: LocalDatabase) -> None:
         self.db = db
-        self.options = LiveOptions(self)
+        self._options: LiveOptions | None = None  # made when first asked (options)
         self._retries = 0
         # The timeout counts from creation or reset, across on_error's retries (RYW's
         # timebomb(timeoutInSeconds + creationTime); resetRyow keeps creationTime).
         self._created = db.clock()
         self._clear_state()
+
+    @property
+    def options(self) -> LiveOptions:
+        """This transaction's options, made when first asked: most transactions set none, and
+        one is made for every operation (its object and its weak reference, about 2.8k
+        instructions). Until then every option has its default (``_options`` None: no
+        timeout, no volatile prefix, the default retry limit and delay)."""
+        found = self._options
+        if found is None:
+            found = self._options = LiveOptions(self)
+        return found
 
     @property
     def snapshot(self) -> _Snapshot:
@@ -225,15 +236,21 @@ class LocalTransaction(ABC):
             # Live: every operation may skip this call, until the state changes or a timeout
             # is set (LiveOptions.set_timeout clears it); never for a transaction that reads a
             # snapshot of its own (an engine's nested one: its writes take the general path).
-            self._live = not (self.options.timeout_ms or self._nested)
+            options = self._options
+            self._live = not ((options is not None and options.timeout_ms) or self._nested)
             if self._live:
                 return
         # The clock is read only when a timeout is set: this runs before every operation.
-        if self.options.timeout_ms and (self.db.clock() - self._created) * 1000.0 >= self.options.timeout_ms:
+        options = self._options
+        if (
+            options is not None
+            and options.timeout_ms
+            and (self.db.clock() - self._created) * 1000.0 >= options.timeout_ms
+        ):
             # Every later call (on_error too) raises 1031 until reset: the timeout sets RYW's
             # resetPromise (ReadYourWritesTransaction::setTimeout, fdbclient/ReadYourWrites.cpp).
             self._cancel_after(1031, 1031)
-            raise EngineError(1031, f"transaction timed out after {self.options.timeout_ms} ms")
+            raise EngineError(1031, f"transaction timed out after {options.timeout_ms} ms")
 
     def _check_window(self) -> None:
         # From the read version (the first read), not the first operation, as FoundationDB:
@@ -361,7 +378,7 @@ class LocalTransaction(ABC):
     def reset(self) -> None:
         """Drop every read, write and watch; options too (FoundationDB's reset)."""
         self._abort(1025)
-        self.options = LiveOptions(self)
+        self._options = None  # the defaults (made again when asked)
         self._retries = 0
         self._created = self.db.clock()
         self._clear_state()

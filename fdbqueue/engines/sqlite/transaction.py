@@ -30,7 +30,7 @@ from fdbqueue.engines.limits import (
     VALUE_SIZE_LIMIT,
 )
 from fdbqueue.engines.local.mutations import apply_atomic
-from fdbqueue.engines.local.transaction import LiveOptions, LocalDatabase, LocalTransaction
+from fdbqueue.engines.local.transaction import LocalDatabase, LocalTransaction
 from fdbqueue.engines.local.watches import EventWatch, StampFuture
 from fdbqueue.engines.local.writemap import WriteMap
 from fdbqueue.engines.sqlite.files import translate
@@ -88,6 +88,7 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
         "_sql",
         "_stamped",
         "_store",
+        "_values",
         "_wm",
         "_wrote",
     )
@@ -102,7 +103,7 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
         # _cur, the cursor the statements run on, is set at the begin (_touch): nothing runs one before.
         # LocalTransaction.__init__'s steps, inline (one is made for every operation).
         self.db = db
-        self.options = LiveOptions(self)
+        self._options = None  # made when first asked (LocalTransaction.options)
         self._retries = 0
         self._created = db.clock()
         self._clear_state()
@@ -129,7 +130,11 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
         # The keys the stamped writes landed on (known at commit: _apply_stamped); the others
         # written are the write map's (publish, at commit).
         self._keys: list[bytes] = []
-        self._wm = WriteMap()  # writes, applied at commit
+        # Writes, applied at commit: key -> value (None: cleared), the write map's values. The
+        # WriteMap itself (sorted keys, cleared ranges) is made when first needed (_map): a
+        # range cleared, or read over this transaction's writes; most transactions need none.
+        self._values: dict[bytes, bytes | None] = {}
+        self._wm: WriteMap[bytes | None] | None = None
         # Stored values this transaction has read: they stay the committed ones while it holds
         # the store lock (a nested reader: its snapshot), so a second read, and an atomic op
         # resolved here, ask SQLite nothing. The write map still decides first.
@@ -149,6 +154,14 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
         # Whether a SQLite transaction is open on _cur: BEGIN runs before the first statement,
         # not when the store lock is taken (see _open_sql).
         self._sql = False
+
+    def _map(self) -> WriteMap[bytes | None]:
+        """The write map over :attr:`_values` (made at the first need: see _clear_state)."""
+        wm = self._wm
+        if wm is None:
+            wm = self._wm = WriteMap()
+            wm.values = self._values  # the same dict: a write to either is the other's
+        return wm
 
     def _touch(self) -> None:
         """``LocalTransaction._touch`` with this engine's begin in it: an open transaction's
@@ -171,7 +184,8 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
             if kept is not None:
                 self._kept_at, self._seen, self._wrote = kept
         self._started = 0.0  # begun (LocalTransaction._touch's: no clock read here)
-        self._live = not (self.options.timeout_ms or nested)
+        options = self._options
+        self._live = not ((options is not None and options.timeout_ms) or nested)
         if not self._live:
             LocalTransaction._touch(self)  # begun: only the timeout is left to check
 
@@ -216,10 +230,11 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
         return translate(exc, self._store.path, self._store.real)
 
     def _get(self, key: bytes, snapshot: bool) -> bytes | None:
-        if self._wm.values or self._all:  # the write map's __bool__, without a Python call
-            decided, value = self._wm.get(key)
-            if decided:
-                return value
+        values = self._values
+        if key in values:  # WriteMap.get's steps: this transaction's writes decide first
+            return values[key]
+        if self._all and self._map().cleared(key):
+            return None
         seen = self._seen
         if key in seen:
             return seen[key]
@@ -244,13 +259,15 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
         statements of an operation's reads, not their rows, are what it pays for."""
         out: dict[bytes, bytes | None] = {}
         ask: list[bytes] = []
-        wm, seen = self._wm, self._seen
+        values, seen = self._values, self._seen
+        cleared = self._map().cleared if self._all else None
         for key in dict.fromkeys(keys):
-            if wm:
-                decided, value = wm.get(key)
-                if decided:
-                    out[key] = value
-                    continue
+            if key in values:  # WriteMap.get's steps, as in _get
+                out[key] = values[key]
+                continue
+            if cleared is not None and cleared(key):
+                out[key] = None
+                continue
             if key in seen:
                 out[key] = seen[key]
                 continue
@@ -310,7 +327,7 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
             return super()._read_many(keys, snapshot)
         if not self._live:
             self._touch()  # the first operation begins the transaction (an operation's first read)
-        if self._wm.values or self._all:
+        if self._values or self._all:
             return super()._read_many(keys, snapshot)
         self._reading()
         if not snapshot:
@@ -338,8 +355,8 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
             self._size += _SET_BYTES + 3 * len(key) + len(value)
             self._has_writes = self._dirty = True
             wm = self._wm
-            if wm._sorted is None:  # WriteMap.set without the call: no sorted keys to keep yet
-                wm.values[key] = value
+            if wm is None:  # WriteMap.set without the map: no sorted keys to keep
+                self._values[key] = value
             else:
                 wm.set(key, value)
             return
@@ -358,8 +375,7 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
             and key < SYSTEM_KEYS
             and len(param) <= VALUE_SIZE_LIMIT
         ):
-            wm = self._wm
-            values = wm.values
+            values = self._values
             if key in values:
                 existing = values[key]
             else:
@@ -373,7 +389,8 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
                 value = _I64_PACK((_I64_UNPACK(existing)[0] + _I64_UNPACK(param)[0] + 2**63) % 2**64 - 2**63)
             else:
                 value = apply_atomic("add", existing, param)
-            if wm._sorted is None:  # WriteMap.set without the call, as in set
+            wm = self._wm
+            if wm is None:  # WriteMap.set without the map, as in set
                 values[key] = value
             else:
                 wm.set(key, value)
@@ -386,8 +403,8 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
             self._size += _SET_BYTES + 4 * len(key) + 1
             self._has_writes = self._dirty = True
             wm = self._wm
-            if wm._sorted is None:  # WriteMap.set without the call, as in set
-                wm.values[key] = None
+            if wm is None:  # WriteMap.set without the map, as in set
+                self._values[key] = None
             else:
                 wm.set(key, None)
             return
@@ -403,8 +420,8 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
         super().add_read_conflict_key(key)
 
     def _resolve(self, selector: KeySelector, snapshot: bool) -> bytes:
-        if self._wm.values or self._all:  # the write map's __bool__, without a Python call
-            return self._wm.resolve(self._stored, selector)
+        if self._values or self._all:  # the write map's __bool__, without a Python call
+            return self._map().resolve(self._stored, selector)
         key, or_equal, offset = selector
         try:
             if not self._sql:
@@ -424,8 +441,8 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
     def _get_range(
         self, begin: bytes, end: bytes, limit: int, reverse: bool, snapshot: bool
     ) -> list[KeyValue]:
-        if self._wm.values or self._all:  # the write map's __bool__, without a Python call
-            return self._wm.get_range(self._stored, begin, end, limit, reverse)
+        if self._values or self._all:  # the write map's __bool__, without a Python call
+            return self._map().get_range(self._stored, begin, end, limit, reverse)
         return self._stored(begin, end, limit, reverse)
 
     def _stored(self, begin: bytes, end: bytes, limit: int, reverse: bool) -> list[KeyValue]:
@@ -445,7 +462,11 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
         """Buffer a write of ``key`` (None clears it): refused in a nested transaction."""
         if self._nested:
             raise self._store.no_writes()
-        self._wm.set(key, value)
+        wm = self._wm
+        if wm is None:
+            self._values[key] = value
+        else:
+            wm.set(key, value)
         self._dirty = True
 
     def _set(self, key: bytes, value: bytes) -> None:
@@ -457,7 +478,7 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
     def _clear_range(self, begin: bytes, end: bytes) -> None:
         if self._nested:
             raise self._store.no_writes()
-        self._wm.clear_range(begin, end)
+        self._map().clear_range(begin, end)
         self._all = self._dirty = True
 
     def _atomic(self, op: str, key: bytes, param: bytes) -> None:
@@ -592,7 +613,7 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
             # lease's record, read back by its ack), and what it does not read of them is not
             # carried further (an enqueue's new message). A clear of a range or a versionstamp
             # (a key known only now) landing on a key read or written keeps nothing.
-            values = self._wm.values
+            values = self._values
             for key in read.keys() & values.keys():
                 read[key] = values[key]
             store.kept = (version, read, values if len(values) <= _KEEP_UP_TO else _NOTHING)  # Store.keep's
@@ -601,7 +622,7 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
         store.release()
         # The keys written: the write map's (its keys view, made no list of), and the stamped
         # rows' landed keys when there are any. Nothing mutates the write map after its commit.
-        values = self._wm.values
+        values = self._values
         store.publish(None if self._all else [*values, *self._keys] if self._keys else values.keys())
         if store.syncs and not self._only_volatile():
             # A commit that writes only volatile queues' keys skips the fsync: it survives a
@@ -653,14 +674,15 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
 
     def _only_volatile(self) -> bool:
         """Whether every key this transaction writes lies under a declared volatile prefix."""
-        prefixes = self.options.volatile
-        if not prefixes:
+        options = self._options
+        if options is None or not options.volatile:
             return False
-        wm = self._wm
-        inside = [*wm.values, *(key for _, key, _ in self._stamped)] if wm or self._stamped else []
+        prefixes = options.volatile
+        inside = [*self._values, *(key for _, key, _ in self._stamped)]
         if not all(k.startswith(prefixes) for k in inside):
             return False
-        return all(any(p <= b and e <= _end_of(p) for p in prefixes) for b, e in wm.cleared_ranges)
+        ranges = self._wm.cleared_ranges if self._wm is not None else []
+        return all(any(p <= b and e <= _end_of(p) for p in prefixes) for b, e in ranges)
 
     def _busy(self, exc: sqlite3.OperationalError) -> EngineError:
         """A write SQLite refused as SQLITE_BUSY (another connection, outside the store lock,

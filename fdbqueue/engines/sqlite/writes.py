@@ -59,7 +59,8 @@ class WriteApplication:
         _kept_at: int | None
         _rv: int | None
         _held: Held | None
-        _wm: WriteMap[bytes | None]
+        _values: dict[bytes, bytes | None]
+        _wm: WriteMap[bytes | None] | None
         _stamped: list[tuple[int, bytes, bytes]]
         _keys: list[bytes]
         _seen: dict[bytes, bytes | None]
@@ -122,7 +123,7 @@ class WriteApplication:
             version, bumped = self._store.clock.next_version(
                 conn, self._reserved, self._rv, self._held, self._open_sql, state
             )
-            values = self._wm.values
+            values = self._values
             stamped = self._stamped
             if (
                 not (stamped or self._sql or self._all)
@@ -209,7 +210,7 @@ class WriteApplication:
         read or wrote otherwise (their keys, known only at commit, are ``_keys``:
         ``_apply_stamped``), so that what :meth:`_commit` keeps is what the store holds."""
         landed = self._keys
-        return self._seen.keys().isdisjoint(landed) and self._wm.values.keys().isdisjoint(landed)
+        return self._seen.keys().isdisjoint(landed) and self._values.keys().isdisjoint(landed)
 
     def _kept_overtaken(self) -> EngineError:
         """A commit that asked SQLite nothing found, after its pin, that the clock no longer
@@ -228,13 +229,12 @@ class WriteApplication:
         transaction, which SQLite refuses (SQLITE_BUSY_SNAPSHOT) when another connection
         committed since the snapshot began (https://www.sqlite.org/rescode.html#busy_snapshot):
         then nothing was applied, and the commit fails with 1020 not_committed."""
-        wm = self._wm
+        values = self._values
         try:
-            if wm.values or self._all:
-                if self._all:  # ranges are cleared only through _clear_range, which sets it
-                    for begin, end in wm.cleared_ranges:
+            if values or self._all:
+                if self._all:  # ranges are cleared only through _clear_range, which sets it (and the map)
+                    for begin, end in self._wm.cleared_ranges:  # type: ignore[union-attr]
                         conn.execute(_DEL_RANGE, (begin, end))
-                values = wm.values
                 puts: list[bytes] = []
                 dels: list[tuple[bytes]] = []
                 if None in values.values():
