@@ -782,7 +782,11 @@ def _step(
 
 
 def _call_loop(
-    db: Database, func: Callable[..., Any], before: tuple[Any, ...], after: tuple[Any, ...], kwargs: dict[str, Any]
+    db: Database,
+    func: Callable[..., Any],
+    before: tuple[Any, ...],
+    after: tuple[Any, ...],
+    kwargs: dict[str, Any],
 ) -> Any:
     """:func:`retry_loop` running ``func(*before, tr, *after, **kwargs)`` as its step with no
     ``on_error`` hook and no unknown outcome to report (``transactional``'s call on a

@@ -307,7 +307,8 @@ class LocalTransaction(ABC):
 
     def _apply_commit(self) -> None:
         """The commit past its checks: :meth:`_commit`, then what it leaves, committed or
-        failed. (An engine's own flat commit, its checks made, calls it too: one place.)"""
+        failed. (The embedded engine's flat commit, its checks made, runs these steps inline:
+        tests/engines/sqlite/test_flat_commit.py holds the two to the same state.)"""
         self._state = "committing"
         self._live = False
         try:

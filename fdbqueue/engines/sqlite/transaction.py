@@ -75,7 +75,6 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
 
     __slots__ = (
         "_all",
-        "_conn",
         "_cur",
         "_dirty",
         "_held",
@@ -99,7 +98,6 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
         self._store = store
         self._locked = False
         self._nested = False  # reading a snapshot of its own: may not write (Store.begin)
-        self._conn: sqlite3.Connection = store.conn  # replaced at the begin, _touch (a fork may reopen it)
         # _cur, the cursor the statements run on, is set at the begin (_touch): nothing runs one before.
         # LocalTransaction.__init__'s steps, inline (one is made for every operation).
         self.db = db
@@ -173,8 +171,8 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
         # The begin (LocalTransaction._begin's hook): if it fails (the store lock), _started
         # stays None and the next operation begins again.
         store = self._store
-        self._cur, self._nested = cur, nested = store.begin()
-        self._conn = cur.connection
+        self._cur, nested = store.begin()
+        self._nested = nested
         self._locked = True
         self._sql = nested  # a nested reader's snapshot is begun; else BEGIN waits (_open_sql)
         if store.kept is not None and not nested:
@@ -329,7 +327,11 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
             self._touch()  # the first operation begins the transaction (an operation's first read)
         if self._values or self._all:
             return super()._read_many(keys, snapshot)
-        self._reading()
+        if self._has_reads:  # _reading's, inline
+            self._check_window()
+        else:
+            self._has_reads = True
+            self._read_at = self.db.clock()
         if not snapshot:
             self._size += len(keys) * _POINT_RANGE_BYTES + 2 * sum(map(len, keys))
         seen = self._seen
@@ -572,11 +574,27 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
         if self._live and self._dirty and self._has_writes and self._size <= TRANSACTION_SIZE_LIMIT:
             read_at = self._read_at
             if read_at is None or self.db.clock() - read_at <= TRANSACTION_WINDOW_SECONDS:
+                # LocalTransaction._apply_commit's steps, inline (one call fewer a commit)
+                self._state = "committing"
+                self._live = False
                 try:
-                    self._apply_commit()
-                except EngineError as exc:
-                    exc.during_commit = True
+                    version = self._commit()
+                except BaseException as exc:
+                    self._commit_failed(exc)
+                    if isinstance(exc, EngineError):
+                        exc.during_commit = True
                     raise
+                self._state = "committed"
+                self._committed_version = version
+                if version >= 0 and self._stamp is not None:
+                    self._stamp._version = version
+                if self._watches:
+                    self.db._arm_watches(self._watches)
+                finish = self._finish
+                if finish is not None:  # _run_finish's, inline
+                    self._finish = None
+                    for cb in finish:
+                        cb(None)
                 return
         LocalTransaction.commit(self)
 
@@ -706,11 +724,21 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
         finally:
             self._end()
 
+    def __del__(self) -> None:
+        # LocalTransaction.__del__'s rule (an open, begun transaction dropped unfinished is
+        # rolled back: its store lock released) on this engine's one flag for it: _locked is
+        # set at the begin and cleared by every end (_end, the commit's release).
+        try:
+            if self._locked:
+                self._rollback()
+        except Exception:
+            pass
+
     def _end(self) -> None:
         self._locked = False
         if self._nested:
             self._nested = False
-            self._store.end(self._conn, True)
+            self._store.end(self._cur.connection, True)
         else:
             self._store.release()  # the store lock's own release (Store.release)
 

@@ -139,6 +139,29 @@ class WriteApplication:
                     if getattr(exc, "sqlite_errorcode", 0) & 0xFF != 5:  # as _apply_writes
                         raise
                     raise self._busy(exc) from exc
+            elif not (stamped or self._sql or self._all) and 0 < len(values) <= ONE_UP_TO:
+                # Sets and clears (a dequeue: its record cleared, its counter set): BEGIN, one
+                # INSERT, the clears, COMMIT (_apply_writes' steps, without its second look
+                # at the write map and _open_sql's call)
+                puts: list[bytes] = []
+                dels: list[tuple[bytes]] = []
+                for k, v in values.items():
+                    if v is None:
+                        dels.append((k,))
+                    else:
+                        puts += (k, v)
+                conn.execute("BEGIN")
+                self._sql = True  # type: ignore[misc]  # (as _open_sql: a failure from here on rolls back)
+                try:
+                    if puts:
+                        n = len(puts) // 2
+                        conn.execute(PUT_N.get(n) or put_n(n), puts)
+                    conn.executemany(_DEL, dels)
+                except sqlite3.OperationalError as exc:
+                    if getattr(exc, "sqlite_errorcode", 0) & 0xFF != 5:  # as _apply_writes
+                        raise
+                    raise self._busy(exc) from exc
+                conn.execute("COMMIT")
             elif stamped and not (self._sql or self._all) and len(values) + len(stamped) <= ONE_UP_TO:
                 # The sets and the stamped rows in one INSERT (a journaled operation's)
                 self._apply_stamped(conn, make_versionstamp(version), values)
