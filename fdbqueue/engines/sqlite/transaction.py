@@ -13,6 +13,7 @@ import contextlib
 import sqlite3
 import struct
 from itertools import repeat
+from types import MappingProxyType
 
 from fdbqueue.engines.contract import (
     KEY_RANGE_REF_BYTES,
@@ -53,6 +54,9 @@ sqlite3.register_adapter(bytes, getattr(bytes, "__bytes__", bytes))
 
 _GET = "SELECT v FROM kv WHERE k = ?"
 _NOTHING: dict[bytes, bytes | None] = {}  # no last commit's writes to trust (never written to)
+# A transaction's reads before its begin and after its commit: none, and none may be added
+# (a write raises TypeError rather than reach another transaction's reads).
+_READ_NOTHING: dict[bytes, bytes | None] = MappingProxyType({})  # type: ignore[assignment]
 _RANGE = (
     "SELECT k, v FROM kv WHERE k >= ? AND k < ? ORDER BY k LIMIT ?",
     "SELECT k, v FROM kv WHERE k >= ? AND k < ? ORDER BY k DESC LIMIT ?",
@@ -135,8 +139,11 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
         self._wm: WriteMap[bytes | None] | None = None
         # Stored values this transaction has read: they stay the committed ones while it holds
         # the store lock (a nested reader: its snapshot), so a second read, and an atomic op
-        # resolved here, ask SQLite nothing. The write map still decides first.
-        self._seen: dict[bytes, bytes | None] = {}
+        # resolved here, ask SQLite nothing. The write map still decides first. Made at the
+        # begin (_touch), where the kept values often stand in for it; until then, and once
+        # committed, an empty mapping that refuses writes (nothing reads or writes it then:
+        # every read and write begins the transaction first, or refuses a committed one).
+        self._seen: dict[bytes, bytes | None] = _READ_NOTHING
         # The version whose values _seen started from (Store.take_kept) until a statement has
         # read the store and found it still the last commit (_check_kept); else None.
         self._kept_at: int | None = None
@@ -152,6 +159,15 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
         # Whether a SQLite transaction is open on _cur: BEGIN runs before the first statement,
         # not when the store lock is taken (see _open_sql).
         self._sql = False
+
+    @property
+    def _conn(self) -> sqlite3.Connection:
+        """The connection this transaction runs on: its cursor's once begun, else the handle's
+        (not kept in a field: only a nested transaction's end and tests ask)."""
+        try:
+            return self._cur.connection
+        except AttributeError:  # not begun: no cursor yet
+            return self._store.conn
 
     def _map(self) -> WriteMap[bytes | None]:
         """The write map over :attr:`_values` (made at the first need: see _clear_state)."""
@@ -181,6 +197,10 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
             kept = store.take_kept()
             if kept is not None:
                 self._kept_at, self._seen, self._wrote = kept
+            else:
+                self._seen = {}
+        else:
+            self._seen = {}
         self._started = 0.0  # begun (LocalTransaction._touch's: no clock read here)
         options = self._options
         self._live = not ((options is not None and options.timeout_ms) or nested)
@@ -350,11 +370,11 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
             self._live
             and type(key) is bytes
             and type(value) is bytes
-            and len(key) <= KEY_SIZE_LIMIT
+            and (n := len(key)) <= KEY_SIZE_LIMIT
             and key < SYSTEM_KEYS
-            and len(value) <= VALUE_SIZE_LIMIT
+            and (m := len(value)) <= VALUE_SIZE_LIMIT
         ):
-            self._size += _SET_BYTES + 3 * len(key) + len(value)
+            self._size += _SET_BYTES + 3 * n + m
             self._has_writes = self._dirty = True
             wm = self._wm
             if wm is None:  # WriteMap.set without the map: no sorted keys to keep
@@ -400,9 +420,9 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
         super().add(key, param)
 
     def clear(self, key: bytes) -> None:
-        if self._live and type(key) is bytes and len(key) <= KEY_SIZE_LIMIT and key < SYSTEM_KEYS:
+        if self._live and type(key) is bytes and (n := len(key)) <= KEY_SIZE_LIMIT and key < SYSTEM_KEYS:
             # A clear is the mutation ClearRange(key, keyAfter(key)) and that write conflict range.
-            self._size += _SET_BYTES + 4 * len(key) + 1
+            self._size += _SET_BYTES + 4 * n + 1
             self._has_writes = self._dirty = True
             wm = self._wm
             if wm is None:  # WriteMap.set without the map, as in set
@@ -635,7 +655,7 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
             for key in read.keys() & values.keys():
                 read[key] = values[key]
             store.kept = (version, read, values if len(values) <= _KEEP_UP_TO else _NOTHING)  # Store.keep's
-            self._seen = {}
+            self._seen = _READ_NOTHING  # handed on: committed, this transaction reads no more
         self._locked = False  # _end's, inline: a transaction that wrote is never nested
         store.release()
         # The keys written: the write map's (its keys view, made no list of), and the stamped
@@ -738,7 +758,7 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
         self._locked = False
         if self._nested:
             self._nested = False
-            self._store.end(self._cur.connection, True)
+            self._store.end(self._conn, True)
         else:
             self._store.release()  # the store lock's own release (Store.release)
 
