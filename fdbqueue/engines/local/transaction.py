@@ -73,6 +73,9 @@ def _plain_write(key: object, value: object) -> bool:
 # ---------------------------------------------------------------------------------------------
 
 
+_new_object = object.__new__
+
+
 class _Snapshot:
     """``tr.snapshot``: the same reads without read conflicts; still sees the transaction's writes."""
 
@@ -188,8 +191,11 @@ class LocalTransaction(ABC):
         """The same reads without read conflicts (a view made at each use: a view kept by the
         transaction would make the two a reference cycle, which only the cyclic garbage
         collector frees, with everything the transaction holds; a transaction is made for
-        every operation)."""
-        return _Snapshot(self)
+        every operation). Made without a Python ``__init__``: the layer asks for one in about
+        every operation."""
+        snap = _new_object(_Snapshot)
+        snap._tr = self
+        return snap
 
     # -- life cycle ----------------------------------------------------------------------------
 
