@@ -334,13 +334,18 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
     # general path, which raises the precise errors.
 
     def _read_many(self, keys: list[bytes], snapshot: bool) -> list[bytes | None]:
-        # The checks of every key in C loops (set, max, map), not a Python loop over the keys:
-        # all plain bytes, none a system key, none too long.
-        if (
-            len(keys) < 2
-            or set(map(type, keys)) != _BYTES_ONLY
-            or max(keys) >= SYSTEM_KEYS
-            or max(map(len, keys)) > KEY_SIZE_LIMIT
+        # The checks of every key in C loops, not a Python loop over the keys: all plain
+        # bytes, none a system key, none too long. The keys joined answer the last two for the
+        # common case in two cheap steps: no 0xff byte anywhere means no key from b"\xff" on,
+        # and all of them within one key's limit means each is; only otherwise is ``max``
+        # asked (a call of about 1k instructions each in CPython 3.11: its arguments go
+        # through a tuple), and the joined length is the size's sum of the keys' lengths.
+        if len(keys) < 2 or set(map(type, keys)) != _BYTES_ONLY:
+            return super()._read_many(keys, snapshot)
+        together = b"".join(keys)
+        joined = len(together)
+        if (b"\xff" in together and max(keys) >= SYSTEM_KEYS) or (
+            joined > KEY_SIZE_LIMIT and max(map(len, keys)) > KEY_SIZE_LIMIT
         ):
             return super()._read_many(keys, snapshot)
         if not self._live:
@@ -353,7 +358,7 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
             self._has_reads = True
             self._read_at = self.db.clock()
         if not snapshot:
-            self._size += len(keys) * _POINT_RANGE_BYTES + 2 * sum(map(len, keys))
+            self._size += len(keys) * _POINT_RANGE_BYTES + 2 * joined
         seen = self._seen
         if seen:
             # All of them already read (kept from this handle's own last commit: an enqueue

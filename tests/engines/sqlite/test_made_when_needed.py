@@ -141,3 +141,32 @@ def test_an_attempt_counts_from_its_class_defaults_and_each_is_its_own() -> None
     assert (first.tries, first.unknown, first.conflicts) == (1, True, 2)
     assert (second.tries, second.unknown, second.conflicts) == (0, False, 0)
     assert (Attempt.tries, Attempt.unknown, Attempt.conflicts) == (0, False, 0)
+
+
+def test_get_many_checks_its_keys_as_the_general_path_does(db: Any) -> None:
+    """``_read_many``'s common case checks the keys joined (no 0xff byte, within one key's
+    limit) and asks ``max`` only otherwise: keys with 0xff inside, a system key, a key past
+    the limit and many keys adding up past it each answer, and count, as the general path."""
+    from fdbqueue.engines.local.transaction import LocalTransaction
+
+    inside = [b"a\xffb", b"c\xff", b"d"]
+    long_ones = [b"k%05d" % i + b"x" * 200 for i in range(60)]  # 12k bytes together, each short
+    db[b"a\xffb"], db[long_ones[7]] = b"1", b"2"
+    for keys in (inside, long_ones, [b"a", b"x" * 20_000, b"a\xffb"]):
+        fast, general = db.create_transaction(), db.create_transaction()
+        try:
+            got = fast.get_many(keys)
+            fast_size = fast._size
+            fast.cancel()
+            assert got == LocalTransaction._read_many(general, keys, False)
+            assert fast_size == general._size
+        finally:
+            general.cancel()
+    for bad in ([b"a", b"\xff"], [b"\xff\x00", b"b"], [b"a", "b"]):
+        for read in (lambda tr, keys: tr.get_many(keys), lambda tr, keys: [tr.get(k) for k in keys]):
+            tr = db.create_transaction()
+            with pytest.raises((EngineError, TypeError)) as caught:
+                read(tr, bad)
+            tr.cancel()
+            kind = (type(caught.value), getattr(caught.value, "code", None))
+            assert kind == ((TypeError, None) if "b" in bad else (EngineError, 2004))
