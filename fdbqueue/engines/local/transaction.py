@@ -19,7 +19,6 @@ from fdbqueue.engines.contract import (
     KEY_RANGE_REF_BYTES,
     MUTATION_REF_BYTES,
     SYSTEM_KEYS,
-    DatabaseConveniences,
     FinishCallback,
     JournalOrder,
     KeyOrSelector,
@@ -40,6 +39,7 @@ from fdbqueue.engines.contract import (
     register_transaction_type,
     strinc,
 )
+from fdbqueue.engines.conveniences import DatabaseConveniences
 from fdbqueue.engines.limits import (
     KEY_SIZE_LIMIT,
     TRANSACTION_SIZE_LIMIT,
@@ -47,6 +47,7 @@ from fdbqueue.engines.limits import (
     VALUE_SIZE_LIMIT,
 )
 from fdbqueue.engines.local.mutations import check_versionstamp_offset
+from fdbqueue.engines.local.snapshot import Snapshot
 from fdbqueue.engines.local.watches import EventWatch, StampFuture
 from fdbqueue.engines.versions import keep_clock, monotonic
 from fdbqueue.errors import RETRYABLE, EngineError
@@ -70,40 +71,7 @@ def _plain_write(key: object, value: object) -> bool:
     )
 
 
-# ---------------------------------------------------------------------------------------------
-
-
-_new_object = object.__new__
-
-
-class _Snapshot:
-    """``tr.snapshot``: the same reads without read conflicts; still sees the transaction's writes."""
-
-    __slots__ = ("_tr",)
-
-    def __init__(self, tr: LocalTransaction) -> None:
-        self._tr = tr
-
-    def get(self, key: bytes) -> bytes | None:
-        return self._tr._read_get(key, True)
-
-    def __getitem__(self, key: bytes) -> bytes | None:
-        return self._tr._read_get(key, True)
-
-    def get_key(self, selector: KeySelector) -> bytes:
-        return self._tr._read_key(selector, True)
-
-    def get_range(
-        self, begin: KeyOrSelector, end: KeyOrSelector, limit: int = 0, reverse: bool = False
-    ) -> list[KeyValue]:
-        return self._tr._read_range(begin, end, limit, reverse, True)
-
-    def get_range_startswith(self, prefix: bytes, limit: int = 0, reverse: bool = False) -> list[KeyValue]:
-        p = check_bytes("prefix", prefix)
-        return self._tr._read_range(p, strinc(p) if p else SYSTEM_KEYS, limit, reverse, True)
-
-    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
-        return self._tr._read_many(keys, True)
+_new_object = object.__new__  # tr.snapshot's view, made without a Python __init__
 
 
 class LiveOptions(TransactionOptions):
@@ -187,13 +155,13 @@ class LocalTransaction(ABC):
         return found
 
     @property
-    def snapshot(self) -> _Snapshot:
+    def snapshot(self) -> Snapshot:
         """The same reads without read conflicts (a view made at each use: a view kept by the
         transaction would make the two a reference cycle, which only the cyclic garbage
         collector frees, with everything the transaction holds; a transaction is made for
         every operation). Made without a Python ``__init__``: the layer asks for one in about
         every operation."""
-        snap = _new_object(_Snapshot)
+        snap = _new_object(Snapshot)
         snap._tr = self
         return snap
 

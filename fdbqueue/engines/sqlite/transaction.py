@@ -519,51 +519,6 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
         else:
             self._put(key, apply_atomic(op, existing, param))
 
-    # -- versionstamped writes: the common case without the generic path's calls -----------------
-
-    def set_versionstamped_key(self, key: bytes, value: bytes) -> None:
-        """Write ``value`` at ``key`` with its 10 stamp bytes filled in at commit (their offset
-        in ``key``'s last 4 bytes, little-endian). A journaled operation writes two or three:
-        the checks of ``LocalTransaction``'s (the same limits, codes and size counted, tested
-        against it in tests/engines/sqlite/test_versionstamps.py) done inline; anything they
-        would refuse, or a transaction not yet begun, goes the generic way."""
-        if type(key) is bytes and type(value) is bytes and self._live:
-            n = len(key)
-            # The offset, the stamp, and a key within the limit once its offset is gone; no
-            # system key (as key[:-4] < SYSTEM_KEYS: it keeps the 10 bytes of the stamp).
-            if 14 <= n <= _STAMPED_KEY_MAX and len(value) <= VALUE_SIZE_LIMIT and key < SYSTEM_KEYS:
-                at = _STAMP_AT(key, n - 4)[0]
-                if at + 14 <= n:
-                    self._size += _SET_BYTES + 3 * n - 8 + len(value)  # the mutation and its range
-                    self._has_writes = self._dirty = True
-                    self._stamped.append((at, key, value))
-                    return
-        super().set_versionstamped_key(key, value)
-
-    def set_versionstamped_value(self, key: bytes, value: bytes) -> None:
-        """Write ``value`` (its stamp filled in at commit) at ``key``: as
-        :meth:`set_versionstamped_key`, the common case inline."""
-        if type(key) is bytes and type(value) is bytes and self._live:
-            n = len(value)
-            if 14 <= n <= _STAMPED_VALUE_MAX and len(key) <= KEY_SIZE_LIMIT and key < SYSTEM_KEYS:
-                at = _STAMP_AT(value, n - 4)[0]
-                if at + 14 <= n:
-                    self._size += _SET_BYTES + 3 * len(key) + n
-                    self._has_writes = self._dirty = True
-                    self._stamped.append((~at, key, value))
-                    return
-        super().set_versionstamped_value(key, value)
-
-    def _versionstamped(self, kind: str, key: bytes, value: bytes) -> None:
-        # Applied at commit, once the version is known. Like FDB (which raises 1036),
-        # this transaction cannot read what it wrote here: it simply does not see it.
-        # The caller checked the template: its offset is kept, ~offset for a value's.
-        if self._nested:
-            raise self._store.no_writes()
-        at = _STAMP_AT(key, len(key) - 4)[0] if kind == "key" else ~_STAMP_AT(value, len(value) - 4)[0]
-        self._stamped.append((at, key, value))
-        self._dirty = True
-
     def _conflict_range(self, kind: str, begin: bytes, end: bytes) -> None:
         # Nothing to record: under the lock nothing can conflict. A write conflict
         # range still earns a commit version, as on FoundationDB.
@@ -715,18 +670,6 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
             "5-second window and another transaction took it over; nothing was committed",
         )
 
-    def _only_volatile(self) -> bool:
-        """Whether every key this transaction writes lies under a declared volatile prefix."""
-        options = self._options
-        if options is None or not options.volatile:
-            return False
-        prefixes = options.volatile
-        inside = [*self._values, *(key for _, key, _ in self._stamped)]
-        if not all(k.startswith(prefixes) for k in inside):
-            return False
-        ranges = self._wm.cleared_ranges if self._wm is not None else []
-        return all(any(p <= b and e <= _end_of(p) for p in prefixes) for b, e in ranges)
-
     def _busy(self, exc: sqlite3.OperationalError) -> EngineError:
         """A write SQLite refused as SQLITE_BUSY (another connection, outside the store lock,
         committed since this transaction read): rolled back, 1020 as FoundationDB's conflict."""
@@ -769,9 +712,6 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
 
 
 _I64 = struct.Struct("<q")
-_STAMP_AT = struct.Struct("<I").unpack_from  # a versionstamp template's offset, its last 4 bytes
-_STAMPED_KEY_MAX = KEY_SIZE_LIMIT + 4  # a key template's length at most (the offset is not written)
-_STAMPED_VALUE_MAX = VALUE_SIZE_LIMIT + 4
 _I64_PACK, _I64_UNPACK = _I64.pack, _I64.unpack
 # Bytes one write adds to a transaction's size as FoundationDB counts it (as in
 # LocalTransaction): a mutation and a write conflict range [key, keyAfter(key)).
@@ -786,9 +726,3 @@ def _sql_add(existing: bytes, param: bytes) -> bytes | None:
         total = _I64.unpack(existing)[0] + _I64.unpack(param)[0]
         return _I64.pack((total + 2**63) % 2**64 - 2**63)
     return apply_atomic("add", existing, param)
-
-
-def _end_of(prefix: bytes) -> bytes:
-    """The end of the range of keys starting with ``prefix`` (FoundationDB's strinc)."""
-    stripped = prefix.rstrip(b"\xff")
-    return stripped[:-1] + bytes((stripped[-1] + 1,)) if stripped else b"\xff"
