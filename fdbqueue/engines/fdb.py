@@ -30,7 +30,6 @@ import fdb
 from fdbqueue.engines.contract import (
     BELL_TEMPLATE,
     SYSTEM_KEYS,
-    DatabaseConveniences,
     FinishCallback,
     JournalOrder,
     KeyOrSelector,
@@ -47,6 +46,7 @@ from fdbqueue.engines.contract import (
     register_transaction_type,
     strinc,
 )
+from fdbqueue.engines.conveniences import DatabaseConveniences
 from fdbqueue.engines.fdb_support import (
     JOURNAL_ORDER,
     MIN_API_VERSION,

@@ -19,7 +19,6 @@ from fdbqueue.engines.contract import (
     KEY_RANGE_REF_BYTES,
     MUTATION_REF_BYTES,
     SYSTEM_KEYS,
-    DatabaseConveniences,
     FinishCallback,
     JournalOrder,
     KeyOrSelector,
@@ -40,6 +39,7 @@ from fdbqueue.engines.contract import (
     register_transaction_type,
     strinc,
 )
+from fdbqueue.engines.conveniences import DatabaseConveniences
 from fdbqueue.engines.limits import (
     KEY_SIZE_LIMIT,
     TRANSACTION_SIZE_LIMIT,
@@ -47,6 +47,7 @@ from fdbqueue.engines.limits import (
     VALUE_SIZE_LIMIT,
 )
 from fdbqueue.engines.local.mutations import check_versionstamp_offset
+from fdbqueue.engines.local.snapshot import Snapshot
 from fdbqueue.engines.local.watches import EventWatch, StampFuture
 from fdbqueue.engines.versions import keep_clock, monotonic
 from fdbqueue.errors import RETRYABLE, EngineError
@@ -70,37 +71,7 @@ def _plain_write(key: object, value: object) -> bool:
     )
 
 
-# ---------------------------------------------------------------------------------------------
-
-
-class _Snapshot:
-    """``tr.snapshot``: the same reads without read conflicts; still sees the transaction's writes."""
-
-    __slots__ = ("_tr",)
-
-    def __init__(self, tr: LocalTransaction) -> None:
-        self._tr = tr
-
-    def get(self, key: bytes) -> bytes | None:
-        return self._tr._read_get(key, True)
-
-    def __getitem__(self, key: bytes) -> bytes | None:
-        return self._tr._read_get(key, True)
-
-    def get_key(self, selector: KeySelector) -> bytes:
-        return self._tr._read_key(selector, True)
-
-    def get_range(
-        self, begin: KeyOrSelector, end: KeyOrSelector, limit: int = 0, reverse: bool = False
-    ) -> list[KeyValue]:
-        return self._tr._read_range(begin, end, limit, reverse, True)
-
-    def get_range_startswith(self, prefix: bytes, limit: int = 0, reverse: bool = False) -> list[KeyValue]:
-        p = check_bytes("prefix", prefix)
-        return self._tr._read_range(p, strinc(p) if p else SYSTEM_KEYS, limit, reverse, True)
-
-    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
-        return self._tr._read_many(keys, True)
+_new_object = object.__new__  # tr.snapshot's view, made without a Python __init__
 
 
 class LiveOptions(TransactionOptions):
@@ -147,6 +118,7 @@ class LocalTransaction(ABC):
         "_has_writes",
         "_journal",
         "_live",
+        "_options",
         "_read_at",
         "_retries",
         "_size",
@@ -155,7 +127,6 @@ class LocalTransaction(ABC):
         "_state",
         "_watches",
         "db",
-        "options",
     )
 
     #: Reading a snapshot of its own, not holding the engine's lock (the sqlite engine's
@@ -165,7 +136,7 @@ class LocalTransaction(ABC):
 
     def __init__(self, db: LocalDatabase) -> None:
         self.db = db
-        self.options = LiveOptions(self)
+        self._options: LiveOptions | None = None  # made when first asked (options)
         self._retries = 0
         # The timeout counts from creation or reset, across on_error's retries (RYW's
         # timebomb(timeoutInSeconds + creationTime); resetRyow keeps creationTime).
@@ -173,12 +144,26 @@ class LocalTransaction(ABC):
         self._clear_state()
 
     @property
-    def snapshot(self) -> _Snapshot:
+    def options(self) -> LiveOptions:
+        """This transaction's options, made when first asked: most transactions set none, and
+        one is made for every operation (its object and its weak reference, about 2.8k
+        instructions). Until then every option has its default (``_options`` None: no
+        timeout, no volatile prefix, the default retry limit and delay)."""
+        found = self._options
+        if found is None:
+            found = self._options = LiveOptions(self)
+        return found
+
+    @property
+    def snapshot(self) -> Snapshot:
         """The same reads without read conflicts (a view made at each use: a view kept by the
         transaction would make the two a reference cycle, which only the cyclic garbage
         collector frees, with everything the transaction holds; a transaction is made for
-        every operation)."""
-        return _Snapshot(self)
+        every operation). Made without a Python ``__init__``: the layer asks for one in about
+        every operation."""
+        snap = _new_object(Snapshot)
+        snap._tr = self
+        return snap
 
     # -- life cycle ----------------------------------------------------------------------------
 
@@ -225,15 +210,21 @@ class LocalTransaction(ABC):
             # Live: every operation may skip this call, until the state changes or a timeout
             # is set (LiveOptions.set_timeout clears it); never for a transaction that reads a
             # snapshot of its own (an engine's nested one: its writes take the general path).
-            self._live = not (self.options.timeout_ms or self._nested)
+            options = self._options
+            self._live = not ((options is not None and options.timeout_ms) or self._nested)
             if self._live:
                 return
         # The clock is read only when a timeout is set: this runs before every operation.
-        if self.options.timeout_ms and (self.db.clock() - self._created) * 1000.0 >= self.options.timeout_ms:
+        options = self._options
+        if (
+            options is not None
+            and options.timeout_ms
+            and (self.db.clock() - self._created) * 1000.0 >= options.timeout_ms
+        ):
             # Every later call (on_error too) raises 1031 until reset: the timeout sets RYW's
             # resetPromise (ReadYourWritesTransaction::setTimeout, fdbclient/ReadYourWrites.cpp).
             self._cancel_after(1031, 1031)
-            raise EngineError(1031, f"transaction timed out after {self.options.timeout_ms} ms")
+            raise EngineError(1031, f"transaction timed out after {options.timeout_ms} ms")
 
     def _check_window(self) -> None:
         # From the read version (the first read), not the first operation, as FoundationDB:
@@ -290,7 +281,8 @@ class LocalTransaction(ABC):
 
     def _apply_commit(self) -> None:
         """The commit past its checks: :meth:`_commit`, then what it leaves, committed or
-        failed. (An engine's own flat commit, its checks made, calls it too: one place.)"""
+        failed. (The embedded engine's flat commit, its checks made, runs these steps inline:
+        tests/engines/sqlite/test_flat_commit.py holds the two to the same state.)"""
         self._state = "committing"
         self._live = False
         try:
@@ -361,7 +353,7 @@ class LocalTransaction(ABC):
     def reset(self) -> None:
         """Drop every read, write and watch; options too (FoundationDB's reset)."""
         self._abort(1025)
-        self.options = LiveOptions(self)
+        self._options = None  # the defaults (made again when asked)
         self._retries = 0
         self._created = self.db.clock()
         self._clear_state()

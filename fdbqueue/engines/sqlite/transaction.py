@@ -13,6 +13,7 @@ import contextlib
 import sqlite3
 import struct
 from itertools import repeat
+from types import MappingProxyType
 
 from fdbqueue.engines.contract import (
     KEY_RANGE_REF_BYTES,
@@ -30,7 +31,7 @@ from fdbqueue.engines.limits import (
     VALUE_SIZE_LIMIT,
 )
 from fdbqueue.engines.local.mutations import apply_atomic
-from fdbqueue.engines.local.transaction import LiveOptions, LocalDatabase, LocalTransaction
+from fdbqueue.engines.local.transaction import LocalDatabase, LocalTransaction
 from fdbqueue.engines.local.watches import EventWatch, StampFuture
 from fdbqueue.engines.local.writemap import WriteMap
 from fdbqueue.engines.sqlite.files import translate
@@ -53,6 +54,9 @@ sqlite3.register_adapter(bytes, getattr(bytes, "__bytes__", bytes))
 
 _GET = "SELECT v FROM kv WHERE k = ?"
 _NOTHING: dict[bytes, bytes | None] = {}  # no last commit's writes to trust (never written to)
+# A transaction's reads before its begin and after its commit: none, and none may be added
+# (a write raises TypeError rather than reach another transaction's reads).
+_READ_NOTHING: dict[bytes, bytes | None] = MappingProxyType({})  # type: ignore[assignment]
 _RANGE = (
     "SELECT k, v FROM kv WHERE k >= ? AND k < ? ORDER BY k LIMIT ?",
     "SELECT k, v FROM kv WHERE k >= ? AND k < ? ORDER BY k DESC LIMIT ?",
@@ -75,7 +79,6 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
 
     __slots__ = (
         "_all",
-        "_conn",
         "_cur",
         "_dirty",
         "_held",
@@ -88,6 +91,7 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
         "_sql",
         "_stamped",
         "_store",
+        "_values",
         "_wm",
         "_wrote",
     )
@@ -98,11 +102,10 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
         self._store = store
         self._locked = False
         self._nested = False  # reading a snapshot of its own: may not write (Store.begin)
-        self._conn: sqlite3.Connection = store.conn  # replaced at the begin, _touch (a fork may reopen it)
         # _cur, the cursor the statements run on, is set at the begin (_touch): nothing runs one before.
         # LocalTransaction.__init__'s steps, inline (one is made for every operation).
         self.db = db
-        self.options = LiveOptions(self)
+        self._options = None  # made when first asked (LocalTransaction.options)
         self._retries = 0
         self._created = db.clock()
         self._clear_state()
@@ -129,11 +132,18 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
         # The keys the stamped writes landed on (known at commit: _apply_stamped); the others
         # written are the write map's (publish, at commit).
         self._keys: list[bytes] = []
-        self._wm = WriteMap()  # writes, applied at commit
+        # Writes, applied at commit: key -> value (None: cleared), the write map's values. The
+        # WriteMap itself (sorted keys, cleared ranges) is made when first needed (_map): a
+        # range cleared, or read over this transaction's writes; most transactions need none.
+        self._values: dict[bytes, bytes | None] = {}
+        self._wm: WriteMap[bytes | None] | None = None
         # Stored values this transaction has read: they stay the committed ones while it holds
         # the store lock (a nested reader: its snapshot), so a second read, and an atomic op
-        # resolved here, ask SQLite nothing. The write map still decides first.
-        self._seen: dict[bytes, bytes | None] = {}
+        # resolved here, ask SQLite nothing. The write map still decides first. Made at the
+        # begin (_touch), where the kept values often stand in for it; until then, and once
+        # committed, an empty mapping that refuses writes (nothing reads or writes it then:
+        # every read and write begins the transaction first, or refuses a committed one).
+        self._seen: dict[bytes, bytes | None] = _READ_NOTHING
         # The version whose values _seen started from (Store.take_kept) until a statement has
         # read the store and found it still the last commit (_check_kept); else None.
         self._kept_at: int | None = None
@@ -150,6 +160,23 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
         # not when the store lock is taken (see _open_sql).
         self._sql = False
 
+    @property
+    def _conn(self) -> sqlite3.Connection:
+        """The connection this transaction runs on: its cursor's once begun, else the handle's
+        (not kept in a field: only a nested transaction's end and tests ask)."""
+        try:
+            return self._cur.connection
+        except AttributeError:  # not begun: no cursor yet
+            return self._store.conn
+
+    def _map(self) -> WriteMap[bytes | None]:
+        """The write map over :attr:`_values` (made at the first need: see _clear_state)."""
+        wm = self._wm
+        if wm is None:
+            wm = self._wm = WriteMap()
+            wm.values = self._values  # the same dict: a write to either is the other's
+        return wm
+
     def _touch(self) -> None:
         """``LocalTransaction._touch`` with this engine's begin in it: an open transaction's
         first operation takes the store lock here (one call, not two); every other case - a
@@ -160,8 +187,8 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
         # The begin (LocalTransaction._begin's hook): if it fails (the store lock), _started
         # stays None and the next operation begins again.
         store = self._store
-        self._cur, self._nested = cur, nested = store.begin()
-        self._conn = cur.connection
+        self._cur, nested = store.begin()
+        self._nested = nested
         self._locked = True
         self._sql = nested  # a nested reader's snapshot is begun; else BEGIN waits (_open_sql)
         if store.kept is not None and not nested:
@@ -170,8 +197,13 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
             kept = store.take_kept()
             if kept is not None:
                 self._kept_at, self._seen, self._wrote = kept
+            else:
+                self._seen = {}
+        else:
+            self._seen = {}
         self._started = 0.0  # begun (LocalTransaction._touch's: no clock read here)
-        self._live = not (self.options.timeout_ms or nested)
+        options = self._options
+        self._live = not ((options is not None and options.timeout_ms) or nested)
         if not self._live:
             LocalTransaction._touch(self)  # begun: only the timeout is left to check
 
@@ -216,10 +248,11 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
         return translate(exc, self._store.path, self._store.real)
 
     def _get(self, key: bytes, snapshot: bool) -> bytes | None:
-        if self._wm.values or self._all:  # the write map's __bool__, without a Python call
-            decided, value = self._wm.get(key)
-            if decided:
-                return value
+        values = self._values
+        if key in values:  # WriteMap.get's steps: this transaction's writes decide first
+            return values[key]
+        if self._all and self._map().cleared(key):
+            return None
         seen = self._seen
         if key in seen:
             return seen[key]
@@ -244,13 +277,15 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
         statements of an operation's reads, not their rows, are what it pays for."""
         out: dict[bytes, bytes | None] = {}
         ask: list[bytes] = []
-        wm, seen = self._wm, self._seen
+        values, seen = self._values, self._seen
+        cleared = self._map().cleared if self._all else None
         for key in dict.fromkeys(keys):
-            if wm:
-                decided, value = wm.get(key)
-                if decided:
-                    out[key] = value
-                    continue
+            if key in values:  # WriteMap.get's steps, as in _get
+                out[key] = values[key]
+                continue
+            if cleared is not None and cleared(key):
+                out[key] = None
+                continue
             if key in seen:
                 out[key] = seen[key]
                 continue
@@ -299,22 +334,31 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
     # general path, which raises the precise errors.
 
     def _read_many(self, keys: list[bytes], snapshot: bool) -> list[bytes | None]:
-        # The checks of every key in C loops (set, max, map), not a Python loop over the keys:
-        # all plain bytes, none a system key, none too long.
-        if (
-            len(keys) < 2
-            or set(map(type, keys)) != _BYTES_ONLY
-            or max(keys) >= SYSTEM_KEYS
-            or max(map(len, keys)) > KEY_SIZE_LIMIT
+        # The checks of every key in C loops, not a Python loop over the keys: all plain
+        # bytes, none a system key, none too long. The keys joined answer the last two for the
+        # common case in two cheap steps: no 0xff byte anywhere means no key from b"\xff" on,
+        # and all of them within one key's limit means each is; only otherwise is ``max``
+        # asked (a call of about 1k instructions each in CPython 3.11: its arguments go
+        # through a tuple), and the joined length is the size's sum of the keys' lengths.
+        if len(keys) < 2 or set(map(type, keys)) != _BYTES_ONLY:
+            return super()._read_many(keys, snapshot)
+        together = b"".join(keys)
+        joined = len(together)
+        if (b"\xff" in together and max(keys) >= SYSTEM_KEYS) or (
+            joined > KEY_SIZE_LIMIT and max(map(len, keys)) > KEY_SIZE_LIMIT
         ):
             return super()._read_many(keys, snapshot)
         if not self._live:
             self._touch()  # the first operation begins the transaction (an operation's first read)
-        if self._wm.values or self._all:
+        if self._values or self._all:
             return super()._read_many(keys, snapshot)
-        self._reading()
+        if self._has_reads:  # _reading's, inline
+            self._check_window()
+        else:
+            self._has_reads = True
+            self._read_at = self.db.clock()
         if not snapshot:
-            self._size += len(keys) * _POINT_RANGE_BYTES + 2 * sum(map(len, keys))
+            self._size += len(keys) * _POINT_RANGE_BYTES + 2 * joined
         seen = self._seen
         if seen:
             # All of them already read (kept from this handle's own last commit: an enqueue
@@ -331,15 +375,15 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
             self._live
             and type(key) is bytes
             and type(value) is bytes
-            and len(key) <= KEY_SIZE_LIMIT
+            and (n := len(key)) <= KEY_SIZE_LIMIT
             and key < SYSTEM_KEYS
-            and len(value) <= VALUE_SIZE_LIMIT
+            and (m := len(value)) <= VALUE_SIZE_LIMIT
         ):
-            self._size += _SET_BYTES + 3 * len(key) + len(value)
+            self._size += _SET_BYTES + 3 * n + m
             self._has_writes = self._dirty = True
             wm = self._wm
-            if wm._sorted is None:  # WriteMap.set without the call: no sorted keys to keep yet
-                wm.values[key] = value
+            if wm is None:  # WriteMap.set without the map: no sorted keys to keep
+                self._values[key] = value
             else:
                 wm.set(key, value)
             return
@@ -358,8 +402,7 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
             and key < SYSTEM_KEYS
             and len(param) <= VALUE_SIZE_LIMIT
         ):
-            wm = self._wm
-            values = wm.values
+            values = self._values
             if key in values:
                 existing = values[key]
             else:
@@ -373,7 +416,8 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
                 value = _I64_PACK((_I64_UNPACK(existing)[0] + _I64_UNPACK(param)[0] + 2**63) % 2**64 - 2**63)
             else:
                 value = apply_atomic("add", existing, param)
-            if wm._sorted is None:  # WriteMap.set without the call, as in set
+            wm = self._wm
+            if wm is None:  # WriteMap.set without the map, as in set
                 values[key] = value
             else:
                 wm.set(key, value)
@@ -381,13 +425,13 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
         super().add(key, param)
 
     def clear(self, key: bytes) -> None:
-        if self._live and type(key) is bytes and len(key) <= KEY_SIZE_LIMIT and key < SYSTEM_KEYS:
+        if self._live and type(key) is bytes and (n := len(key)) <= KEY_SIZE_LIMIT and key < SYSTEM_KEYS:
             # A clear is the mutation ClearRange(key, keyAfter(key)) and that write conflict range.
-            self._size += _SET_BYTES + 4 * len(key) + 1
+            self._size += _SET_BYTES + 4 * n + 1
             self._has_writes = self._dirty = True
             wm = self._wm
-            if wm._sorted is None:  # WriteMap.set without the call, as in set
-                wm.values[key] = None
+            if wm is None:  # WriteMap.set without the map, as in set
+                self._values[key] = None
             else:
                 wm.set(key, None)
             return
@@ -403,8 +447,8 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
         super().add_read_conflict_key(key)
 
     def _resolve(self, selector: KeySelector, snapshot: bool) -> bytes:
-        if self._wm.values or self._all:  # the write map's __bool__, without a Python call
-            return self._wm.resolve(self._stored, selector)
+        if self._values or self._all:  # the write map's __bool__, without a Python call
+            return self._map().resolve(self._stored, selector)
         key, or_equal, offset = selector
         try:
             if not self._sql:
@@ -424,8 +468,8 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
     def _get_range(
         self, begin: bytes, end: bytes, limit: int, reverse: bool, snapshot: bool
     ) -> list[KeyValue]:
-        if self._wm.values or self._all:  # the write map's __bool__, without a Python call
-            return self._wm.get_range(self._stored, begin, end, limit, reverse)
+        if self._values or self._all:  # the write map's __bool__, without a Python call
+            return self._map().get_range(self._stored, begin, end, limit, reverse)
         return self._stored(begin, end, limit, reverse)
 
     def _stored(self, begin: bytes, end: bytes, limit: int, reverse: bool) -> list[KeyValue]:
@@ -445,7 +489,11 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
         """Buffer a write of ``key`` (None clears it): refused in a nested transaction."""
         if self._nested:
             raise self._store.no_writes()
-        self._wm.set(key, value)
+        wm = self._wm
+        if wm is None:
+            self._values[key] = value
+        else:
+            wm.set(key, value)
         self._dirty = True
 
     def _set(self, key: bytes, value: bytes) -> None:
@@ -457,7 +505,7 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
     def _clear_range(self, begin: bytes, end: bytes) -> None:
         if self._nested:
             raise self._store.no_writes()
-        self._wm.clear_range(begin, end)
+        self._map().clear_range(begin, end)
         self._all = self._dirty = True
 
     def _atomic(self, op: str, key: bytes, param: bytes) -> None:
@@ -470,51 +518,6 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
             self._put(key, _sql_add(existing, param))
         else:
             self._put(key, apply_atomic(op, existing, param))
-
-    # -- versionstamped writes: the common case without the generic path's calls -----------------
-
-    def set_versionstamped_key(self, key: bytes, value: bytes) -> None:
-        """Write ``value`` at ``key`` with its 10 stamp bytes filled in at commit (their offset
-        in ``key``'s last 4 bytes, little-endian). A journaled operation writes two or three:
-        the checks of ``LocalTransaction``'s (the same limits, codes and size counted, tested
-        against it in tests/engines/sqlite/test_versionstamps.py) done inline; anything they
-        would refuse, or a transaction not yet begun, goes the generic way."""
-        if type(key) is bytes and type(value) is bytes and self._live:
-            n = len(key)
-            # The offset, the stamp, and a key within the limit once its offset is gone; no
-            # system key (as key[:-4] < SYSTEM_KEYS: it keeps the 10 bytes of the stamp).
-            if 14 <= n <= _STAMPED_KEY_MAX and len(value) <= VALUE_SIZE_LIMIT and key < SYSTEM_KEYS:
-                at = _STAMP_AT(key, n - 4)[0]
-                if at + 14 <= n:
-                    self._size += _SET_BYTES + 3 * n - 8 + len(value)  # the mutation and its range
-                    self._has_writes = self._dirty = True
-                    self._stamped.append((at, key, value))
-                    return
-        super().set_versionstamped_key(key, value)
-
-    def set_versionstamped_value(self, key: bytes, value: bytes) -> None:
-        """Write ``value`` (its stamp filled in at commit) at ``key``: as
-        :meth:`set_versionstamped_key`, the common case inline."""
-        if type(key) is bytes and type(value) is bytes and self._live:
-            n = len(value)
-            if 14 <= n <= _STAMPED_VALUE_MAX and len(key) <= KEY_SIZE_LIMIT and key < SYSTEM_KEYS:
-                at = _STAMP_AT(value, n - 4)[0]
-                if at + 14 <= n:
-                    self._size += _SET_BYTES + 3 * len(key) + n
-                    self._has_writes = self._dirty = True
-                    self._stamped.append((~at, key, value))
-                    return
-        super().set_versionstamped_value(key, value)
-
-    def _versionstamped(self, kind: str, key: bytes, value: bytes) -> None:
-        # Applied at commit, once the version is known. Like FDB (which raises 1036),
-        # this transaction cannot read what it wrote here: it simply does not see it.
-        # The caller checked the template: its offset is kept, ~offset for a value's.
-        if self._nested:
-            raise self._store.no_writes()
-        at = _STAMP_AT(key, len(key) - 4)[0] if kind == "key" else ~_STAMP_AT(value, len(value) - 4)[0]
-        self._stamped.append((at, key, value))
-        self._dirty = True
 
     def _conflict_range(self, kind: str, begin: bytes, end: bytes) -> None:
         # Nothing to record: under the lock nothing can conflict. A write conflict
@@ -551,11 +554,27 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
         if self._live and self._dirty and self._has_writes and self._size <= TRANSACTION_SIZE_LIMIT:
             read_at = self._read_at
             if read_at is None or self.db.clock() - read_at <= TRANSACTION_WINDOW_SECONDS:
+                # LocalTransaction._apply_commit's steps, inline (one call fewer a commit)
+                self._state = "committing"
+                self._live = False
                 try:
-                    self._apply_commit()
-                except EngineError as exc:
-                    exc.during_commit = True
+                    version = self._commit()
+                except BaseException as exc:
+                    self._commit_failed(exc)
+                    if isinstance(exc, EngineError):
+                        exc.during_commit = True
                     raise
+                self._state = "committed"
+                self._committed_version = version
+                if version >= 0 and self._stamp is not None:
+                    self._stamp._version = version
+                if self._watches:
+                    self.db._arm_watches(self._watches)
+                finish = self._finish
+                if finish is not None:  # _run_finish's, inline
+                    self._finish = None
+                    for cb in finish:
+                        cb(None)
                 return
         LocalTransaction.commit(self)
 
@@ -592,16 +611,16 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
             # lease's record, read back by its ack), and what it does not read of them is not
             # carried further (an enqueue's new message). A clear of a range or a versionstamp
             # (a key known only now) landing on a key read or written keeps nothing.
-            values = self._wm.values
+            values = self._values
             for key in read.keys() & values.keys():
                 read[key] = values[key]
             store.kept = (version, read, values if len(values) <= _KEEP_UP_TO else _NOTHING)  # Store.keep's
-            self._seen = {}
+            self._seen = _READ_NOTHING  # handed on: committed, this transaction reads no more
         self._locked = False  # _end's, inline: a transaction that wrote is never nested
         store.release()
         # The keys written: the write map's (its keys view, made no list of), and the stamped
         # rows' landed keys when there are any. Nothing mutates the write map after its commit.
-        values = self._wm.values
+        values = self._values
         store.publish(None if self._all else [*values, *self._keys] if self._keys else values.keys())
         if store.syncs and not self._only_volatile():
             # A commit that writes only volatile queues' keys skips the fsync: it survives a
@@ -651,17 +670,6 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
             "5-second window and another transaction took it over; nothing was committed",
         )
 
-    def _only_volatile(self) -> bool:
-        """Whether every key this transaction writes lies under a declared volatile prefix."""
-        prefixes = self.options.volatile
-        if not prefixes:
-            return False
-        wm = self._wm
-        inside = [*wm.values, *(key for _, key, _ in self._stamped)] if wm or self._stamped else []
-        if not all(k.startswith(prefixes) for k in inside):
-            return False
-        return all(any(p <= b and e <= _end_of(p) for p in prefixes) for b, e in wm.cleared_ranges)
-
     def _busy(self, exc: sqlite3.OperationalError) -> EngineError:
         """A write SQLite refused as SQLITE_BUSY (another connection, outside the store lock,
         committed since this transaction read): rolled back, 1020 as FoundationDB's conflict."""
@@ -684,6 +692,16 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
         finally:
             self._end()
 
+    def __del__(self) -> None:
+        # LocalTransaction.__del__'s rule (an open, begun transaction dropped unfinished is
+        # rolled back: its store lock released) on this engine's one flag for it: _locked is
+        # set at the begin and cleared by every end (_end, the commit's release).
+        try:
+            if self._locked:
+                self._rollback()
+        except Exception:
+            pass
+
     def _end(self) -> None:
         self._locked = False
         if self._nested:
@@ -694,9 +712,6 @@ class SqliteTransaction(WriteApplication, LocalTransaction):
 
 
 _I64 = struct.Struct("<q")
-_STAMP_AT = struct.Struct("<I").unpack_from  # a versionstamp template's offset, its last 4 bytes
-_STAMPED_KEY_MAX = KEY_SIZE_LIMIT + 4  # a key template's length at most (the offset is not written)
-_STAMPED_VALUE_MAX = VALUE_SIZE_LIMIT + 4
 _I64_PACK, _I64_UNPACK = _I64.pack, _I64.unpack
 # Bytes one write adds to a transaction's size as FoundationDB counts it (as in
 # LocalTransaction): a mutation and a write conflict range [key, keyAfter(key)).
@@ -711,9 +726,3 @@ def _sql_add(existing: bytes, param: bytes) -> bytes | None:
         total = _I64.unpack(existing)[0] + _I64.unpack(param)[0]
         return _I64.pack((total + 2**63) % 2**64 - 2**63)
     return apply_atomic("add", existing, param)
-
-
-def _end_of(prefix: bytes) -> bytes:
-    """The end of the range of keys starting with ``prefix`` (FoundationDB's strinc)."""
-    stripped = prefix.rstrip(b"\xff")
-    return stripped[:-1] + bytes((stripped[-1] + 1,)) if stripped else b"\xff"

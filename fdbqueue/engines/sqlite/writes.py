@@ -11,6 +11,7 @@ the store lock stay in :mod:`.transaction`; this module only applies what it buf
 from __future__ import annotations
 
 import sqlite3
+import struct
 from itertools import chain
 from operator import itemgetter
 from typing import TYPE_CHECKING
@@ -22,6 +23,7 @@ from fdbqueue.engines.local.writemap import WriteMap
 from fdbqueue.errors import EngineError
 
 if TYPE_CHECKING:
+    from fdbqueue.engines.local.transaction import LiveOptions
     from fdbqueue.engines.sqlite.store import Store
     from fdbqueue.engines.sqlite.versionclock import Held
 
@@ -43,6 +45,9 @@ _ENTRY = -(1 << 40)
 _BELL = -(1 << 39)
 _SET_BYTES = MUTATION_REF_BYTES + KEY_RANGE_REF_BYTES + 1  # as LocalTransaction counts a set
 _PREFIX_MAX = KEY_SIZE_LIMIT - 12  # a journal row's prefix at most: the stamp and order follow
+_STAMP_AT = struct.Struct("<I").unpack_from  # a versionstamp template's offset, its last 4 bytes
+_STAMPED_KEY_MAX = KEY_SIZE_LIMIT + 4  # a key template's length at most (the offset is not written)
+_STAMPED_VALUE_MAX = VALUE_SIZE_LIMIT + 4
 
 
 class WriteApplication:
@@ -59,7 +64,8 @@ class WriteApplication:
         _kept_at: int | None
         _rv: int | None
         _held: Held | None
-        _wm: WriteMap[bytes | None]
+        _values: dict[bytes, bytes | None]
+        _wm: WriteMap[bytes | None] | None
         _stamped: list[tuple[int, bytes, bytes]]
         _keys: list[bytes]
         _seen: dict[bytes, bytes | None]
@@ -67,6 +73,8 @@ class WriteApplication:
         _size: int
         _has_writes: bool
         _dirty: bool
+        _nested: bool
+        _options: LiveOptions | None
 
         def _open_sql(self) -> None: ...
         def _reserved(self) -> int: ...
@@ -122,7 +130,7 @@ class WriteApplication:
             version, bumped = self._store.clock.next_version(
                 conn, self._reserved, self._rv, self._held, self._open_sql, state
             )
-            values = self._wm.values
+            values = self._values
             stamped = self._stamped
             if (
                 not (stamped or self._sql or self._all)
@@ -138,6 +146,29 @@ class WriteApplication:
                     if getattr(exc, "sqlite_errorcode", 0) & 0xFF != 5:  # as _apply_writes
                         raise
                     raise self._busy(exc) from exc
+            elif not (stamped or self._sql or self._all) and 0 < len(values) <= ONE_UP_TO:
+                # Sets and clears (a dequeue: its record cleared, its counter set): BEGIN, one
+                # INSERT, the clears, COMMIT (_apply_writes' steps, without its second look
+                # at the write map and _open_sql's call)
+                puts: list[bytes] = []
+                dels: list[tuple[bytes]] = []
+                for k, v in values.items():
+                    if v is None:
+                        dels.append((k,))
+                    else:
+                        puts += (k, v)
+                conn.execute("BEGIN")
+                self._sql = True  # type: ignore[misc]  # (as _open_sql: a failure from here on rolls back)
+                try:
+                    if puts:
+                        n = len(puts) // 2
+                        conn.execute(PUT_N.get(n) or put_n(n), puts)
+                    conn.executemany(_DEL, dels)
+                except sqlite3.OperationalError as exc:
+                    if getattr(exc, "sqlite_errorcode", 0) & 0xFF != 5:  # as _apply_writes
+                        raise
+                    raise self._busy(exc) from exc
+                conn.execute("COMMIT")
             elif stamped and not (self._sql or self._all) and len(values) + len(stamped) <= ONE_UP_TO:
                 # The sets and the stamped rows in one INSERT (a journaled operation's)
                 self._apply_stamped(conn, make_versionstamp(version), values)
@@ -209,7 +240,7 @@ class WriteApplication:
         read or wrote otherwise (their keys, known only at commit, are ``_keys``:
         ``_apply_stamped``), so that what :meth:`_commit` keeps is what the store holds."""
         landed = self._keys
-        return self._seen.keys().isdisjoint(landed) and self._wm.values.keys().isdisjoint(landed)
+        return self._seen.keys().isdisjoint(landed) and self._values.keys().isdisjoint(landed)
 
     def _kept_overtaken(self) -> EngineError:
         """A commit that asked SQLite nothing found, after its pin, that the clock no longer
@@ -223,18 +254,74 @@ class WriteApplication:
             "held the store lock",
         )
 
+    # -- versionstamped writes: the common case without the generic path's calls -----------------
+
+    def set_versionstamped_key(self, key: bytes, value: bytes) -> None:
+        """Write ``value`` at ``key`` with its 10 stamp bytes filled in at commit (their offset
+        in ``key``'s last 4 bytes, little-endian). A journaled operation writes two or three:
+        the checks of ``LocalTransaction``'s (the same limits, codes and size counted, tested
+        against it in tests/engines/sqlite/test_versionstamps.py) done inline; anything they
+        would refuse, or a transaction not yet begun, goes the generic way."""
+        if type(key) is bytes and type(value) is bytes and self._live:
+            n = len(key)
+            # The offset, the stamp, and a key within the limit once its offset is gone; no
+            # system key (as key[:-4] < SYSTEM_KEYS: it keeps the 10 bytes of the stamp).
+            if 14 <= n <= _STAMPED_KEY_MAX and len(value) <= VALUE_SIZE_LIMIT and key < SYSTEM_KEYS:
+                at = _STAMP_AT(key, n - 4)[0]
+                if at + 14 <= n:
+                    self._size += _SET_BYTES + 3 * n - 8 + len(value)  # type: ignore[misc]  # the mutation and its range
+                    self._has_writes = self._dirty = True  # type: ignore[misc]
+                    self._stamped.append((at, key, value))
+                    return
+        super().set_versionstamped_key(key, value)  # type: ignore[misc]
+
+    def set_versionstamped_value(self, key: bytes, value: bytes) -> None:
+        """Write ``value`` (its stamp filled in at commit) at ``key``: as
+        :meth:`set_versionstamped_key`, the common case inline."""
+        if type(key) is bytes and type(value) is bytes and self._live:
+            n = len(value)
+            if 14 <= n <= _STAMPED_VALUE_MAX and len(key) <= KEY_SIZE_LIMIT and key < SYSTEM_KEYS:
+                at = _STAMP_AT(value, n - 4)[0]
+                if at + 14 <= n:
+                    self._size += _SET_BYTES + 3 * len(key) + n  # type: ignore[misc]
+                    self._has_writes = self._dirty = True  # type: ignore[misc]
+                    self._stamped.append((~at, key, value))
+                    return
+        super().set_versionstamped_value(key, value)  # type: ignore[misc]
+
+    def _versionstamped(self, kind: str, key: bytes, value: bytes) -> None:
+        # Applied at commit, once the version is known. Like FDB (which raises 1036),
+        # this transaction cannot read what it wrote here: it simply does not see it.
+        # The caller checked the template: its offset is kept, ~offset for a value's.
+        if self._nested:
+            raise self._store.no_writes()
+        at = _STAMP_AT(key, len(key) - 4)[0] if kind == "key" else ~_STAMP_AT(value, len(value) - 4)[0]
+        self._stamped.append((at, key, value))
+        self._dirty = True  # type: ignore[misc]
+
+    def _only_volatile(self) -> bool:
+        """Whether every key this transaction writes lies under a declared volatile prefix."""
+        options = self._options
+        if options is None or not options.volatile:
+            return False
+        prefixes = options.volatile
+        inside = [*self._values, *(key for _, key, _ in self._stamped)]
+        if not all(k.startswith(prefixes) for k in inside):
+            return False
+        ranges = self._wm.cleared_ranges if self._wm is not None else []
+        return all(any(p <= b and e <= _end_of(p) for p in prefixes) for b, e in ranges)
+
     def _apply_writes(self, conn: sqlite3.Cursor) -> None:
         """Apply the buffered writes: the first one turns the read snapshot into a write
         transaction, which SQLite refuses (SQLITE_BUSY_SNAPSHOT) when another connection
         committed since the snapshot began (https://www.sqlite.org/rescode.html#busy_snapshot):
         then nothing was applied, and the commit fails with 1020 not_committed."""
-        wm = self._wm
+        values = self._values
         try:
-            if wm.values or self._all:
-                if self._all:  # ranges are cleared only through _clear_range, which sets it
-                    for begin, end in wm.cleared_ranges:
+            if values or self._all:
+                if self._all:  # ranges are cleared only through _clear_range, which sets it (and the map)
+                    for begin, end in self._wm.cleared_ranges:  # type: ignore[union-attr]
                         conn.execute(_DEL_RANGE, (begin, end))
-                values = wm.values
                 puts: list[bytes] = []
                 dels: list[tuple[bytes]] = []
                 if None in values.values():
@@ -332,6 +419,12 @@ class WriteApplication:
         one INSERT."""
         n = len(puts) // 2
         conn.execute(PUT_N.get(n) or put_n(n), puts)
+
+
+def _end_of(prefix: bytes) -> bytes:
+    """The end of the range of keys starting with ``prefix`` (FoundationDB's strinc)."""
+    stripped = prefix.rstrip(b"\xff")
+    return stripped[:-1] + bytes((stripped[-1] + 1,)) if stripped else b"\xff"
 
 
 def put_n(n: int) -> str:

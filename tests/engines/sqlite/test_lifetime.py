@@ -95,7 +95,7 @@ def test_a_transaction_made_flat_has_the_state_the_shared_half_would_give_it(tmp
         tr[b"k"] = b"v"
         tr.reset()
         after = state(tr)
-        assert after["_started"] is None and after["_state"] == "open" and tr._wm.values == {}  # type: ignore[attr-defined]
+        assert after["_started"] is None and after["_state"] == "open" and tr._values == {}  # type: ignore[attr-defined]
         LocalTransaction._clear_state(tr)  # type: ignore[arg-type]
         assert state(tr) == after
         tr.cancel()
