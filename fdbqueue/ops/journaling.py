@@ -114,6 +114,19 @@ def record(
     _append(tr, keys, message_id, value, op not in ARRIVALS)
 
 
+def record_short(tr: Transaction, keys: QueueKeys, op: str, message_id: str, deliveries: int) -> None:
+    """``record(tr, keys, op, message_id, deliveries=deliveries)`` for a consuming operation
+    (``op`` one of OPS, not an arrival) with no reason and no details: the common lease's and
+    ack's entry (``leasing.lease_short``, ``delivery.ack_short``), the same rows and bytes.
+    The caller checks that the queue is journaled; composes inside ``tr``."""
+    found = getattr(tr.db, "principal", None)  # principal_of, inline
+    value = (
+        f'[{_FORMAT},"{op}",{_quote(message_id)},'
+        f"{_quote(found if isinstance(found, str) and found else ANONYMOUS)},{int(deliveries)},null,{{}},{now_us()}]"
+    ).encode()
+    _append(tr, keys, message_id, value, True)
+
+
 def record_enqueue(tr: Transaction, keys: QueueKeys, message_id: str, priority: int, at_us: int) -> None:
     """``record(tr, keys, "enqueue", message_id, details={"priority": priority} if priority
     else None, at_us=at_us)``: a new message's entry, the same rows and bytes, without what
