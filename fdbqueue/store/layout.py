@@ -588,6 +588,8 @@ def queues_prefix_range(root: tuple[Any, ...], prefix: str) -> tuple[bytes, byte
 # fdb.tuple's code of a Versionstamp: its 12 bytes (the commit's 10, the order's 2) follow it
 _VS_CODE = b"\x33"
 _EH = enc_str("eh")  # the tag of a queue's own history pointers (JournalKeys.queue_pointer_prefix)
+# An id's bytes, each inverted (JournalKeys.arrival_prefixes): newer ids sort first.
+_INVERT = bytes(range(255, -1, -1))
 JOURNAL_SHARDS = 8  # ranges a queue's journal is spread over, by message id
 HISTORY_SHARDS = 16  # ranges the per-message history pointers are spread over
 
@@ -595,7 +597,8 @@ HISTORY_SHARDS = 16  # ranges the per-message history pointers are spread over
 class JournalKeys:
     """The journal's keys under a root: entries ``("j", queue, shard, stamp)``, history
     pointers ``("h", hshard, message_id, stamp)`` (on the embedded engine a consuming
-    operation's in its queue instead, ``Q + ("eh", message_id, stamp)``), the registry of journaled queues
+    operation's in its queue instead, ``Q + ("eh", message_id, stamp)``, and an arrival's
+    beside the bells, ``("jo", inverted id, stamp)``), the registry of journaled queues
     ``("jq", queue)`` and the bells a follower watches: ``("jn", queue)`` per queue, ``("jn",)``
     when a queue starts journaling.
 
@@ -605,7 +608,7 @@ class JournalKeys:
     than the rest. :meth:`entry_to_stamp` and :meth:`history_to_stamp` give the same keys as
     ``set_versionstamped_key``'s templates (the incomplete versionstamp, then its offset)."""
 
-    __slots__ = ("_bells", "_entries", "_hs", "_local", "_prefixes", "_rows", "root")
+    __slots__ = ("_bells", "_entries", "_hs", "_jo", "_local", "_prefixes", "_rows", "root")
     _made: dict[bytes, JournalKeys] = {}
 
     def __init__(self, root: Subspace) -> None:
@@ -620,6 +623,7 @@ class JournalKeys:
         self._local: dict[str, tuple[bytes, bytes]] = {}
         h = root.key() + enc_str("h")
         self._hs = tuple(h + enc_int(hs) for hs in range(HISTORY_SHARDS))  # ("h", hshard)
+        self._jo = root.key() + enc_str("jo") + b"\x01"  # ("jo", <bytes>: arrival_prefixes)
 
     @classmethod
     def make(cls, root: tuple[Any, ...] = DEFAULT_ROOT) -> JournalKeys:
@@ -691,6 +695,13 @@ class JournalKeys:
         One CRC of the id serves the entry's shard and the pointer's."""
         idb = message_id.encode()
         crc = zlib.crc32(idb)
+        entry, pointer_value = self._rows_of(queue)[crc % JOURNAL_SHARDS if spread else 0]
+        # enc_str(message_id), inline, then the versionstamp's code
+        pointer = self._hs[crc % HISTORY_SHARDS] + b"\x02" + idb.replace(b"\x00", b"\x00\xff") + b"\x00\x33"
+        return entry, pointer, pointer_value
+
+    def _rows_of(self, queue: str) -> tuple[tuple[bytes, bytes], ...]:
+        """For each shard of ``queue``: a message's entry's key prefix and its pointer's value."""
         rows = self._rows.get(queue)
         if rows is None:
             if len(self._rows) > 4096:
@@ -699,10 +710,7 @@ class JournalKeys:
             rows = self._rows[queue] = tuple(
                 (self.entry_prefix(queue, shard), name + bytes((shard,))) for shard in range(JOURNAL_SHARDS)
             )
-        entry, pointer_value = rows[crc % JOURNAL_SHARDS if spread else 0]
-        # enc_str(message_id), inline, then the versionstamp's code
-        pointer = self._hs[crc % HISTORY_SHARDS] + b"\x02" + idb.replace(b"\x00", b"\x00\xff") + b"\x00\x33"
-        return entry, pointer, pointer_value
+        return rows
 
     def queue_prefixes(self, keys: QueueKeys, message_id: str) -> tuple[bytes, bytes, bytes]:
         """:meth:`prefixes` (not spread: shard 0) with the pointer inside the queue's own keys,
@@ -722,6 +730,29 @@ class JournalKeys:
         entry, head = found
         # enc_str(message_id) after its tag, inline, then the versionstamp's code
         return entry, head + message_id.encode().replace(b"\x00", b"\x00\xff") + b"\x00\x33", b"\x00"
+
+    def arrival_prefixes(self, queue: str, message_id: str) -> tuple[bytes, bytes, bytes]:
+        """:meth:`prefixes` (not spread: shard 0) with the pointer under ``("jo", inverted id,
+        stamp)``, each byte of the id's UTF-8 inverted (255 - b), its value the queue's name,
+        NUL, the shard, as ``("h", ...)``'s. Where one writer at a time appends (the embedded
+        engine), an arrival's pointer (an enqueue's, a move's into the queue) goes here: ids
+        grow with time (``entropy.new_id``) and with a queue's ready index (home ids), so the
+        newest sorts first in the range, and ``"jo"`` sorts right after the bells (``"jn"``),
+        which follow the journal's entries: the entry, the bell and the pointer of one commit
+        usually share one leaf page, where a pointer under ``("h", hshard, ...)`` dirtied a
+        leaf of its own (at one of HISTORY_SHARDS growing ends)."""
+        entry, pointer_value = self._rows_of(queue)[0]
+        # enc_bytes(inverted id), inline, then the versionstamp's code
+        inverted = message_id.encode().translate(_INVERT).replace(b"\x00", b"\x00\xff")
+        return entry, self._jo + inverted + b"\x00\x33", pointer_value
+
+    def arrival_key(self, message_id: str, version: bytes) -> bytes:
+        return bytes(self.root.pack(("jo", message_id.encode().translate(_INVERT), versionstamp(version))))
+
+    def arrival_range(self, message_id: str) -> tuple[bytes, bytes]:
+        """A message's arrival pointers under ``("jo", ...)`` (:meth:`arrival_prefixes`)."""
+        r = self.root.range(("jo", message_id.encode().translate(_INVERT)))
+        return bytes(r.start), bytes(r.stop)
 
     def queue_history_key(self, queue: str, message_id: str, version: bytes) -> bytes:
         return bytes(self.root.pack(("q", queue, "eh", message_id, versionstamp(version))))

@@ -100,7 +100,7 @@ def test_a_journaled_lease_and_ack_are_the_short_steps_and_journal_what_the_long
                 d = fdbqueue.open(u)
             m = q.lease(d)
             assert m is not None
-            raw = run_transaction(d, lambda tr, m=m: tr.get(q.keys.inflight_key(m.id)))  # type: ignore[misc]
+            raw = run_transaction(d, lambda tr, m=m, q=q: tr.get(q.keys.inflight_key(m.id)))  # type: ignore[misc]
             leased.append((m, raw))
         mid = counts(d)
         for m, _ in leased:
@@ -110,7 +110,7 @@ def test_a_journaled_lease_and_ack_are_the_short_steps_and_journal_what_the_long
                 d.close()
                 d = fdbqueue.open(u)
                 delivery._held.clear()  # nothing held: the ack reads the leased record
-                run_transaction(d, lambda tr, m=m: q.ack(tr, m))  # type: ignore[misc]
+                run_transaction(d, lambda tr, m=m, q=q: q.ack(tr, m))  # type: ignore[misc]
         if short:  # the first lease keeps the run; the other three and every ack are the steps'
             assert (ways.leases, ways.acks) == (1, 0)
         else:
