@@ -590,6 +590,7 @@ _VS_CODE = b"\x33"
 _EH = enc_str("eh")  # the tag of a queue's own history pointers (JournalKeys.queue_pointer_prefix)
 # An id's bytes, each inverted (JournalKeys.arrival_prefixes): newer ids sort first.
 _INVERT = bytes(range(255, -1, -1))
+_RA = enc_str("ra")  # the tag of a queue's arrivals' history pointers, right after its ready range
 JOURNAL_SHARDS = 8  # ranges a queue's journal is spread over, by message id
 HISTORY_SHARDS = 16  # ranges the per-message history pointers are spread over
 
@@ -598,7 +599,7 @@ class JournalKeys:
     """The journal's keys under a root: entries ``("j", queue, shard, stamp)``, history
     pointers ``("h", hshard, message_id, stamp)`` (on the embedded engine a consuming
     operation's in its queue instead, ``Q + ("eh", message_id, stamp)``, and an arrival's
-    beside the bells, ``("jo", inverted id, stamp)``), the registry of journaled queues
+    after its ready range, ``Q + ("ra", inverted id, stamp)``), the registry of journaled queues
     ``("jq", queue)`` and the bells a follower watches: ``("jn", queue)`` per queue, ``("jn",)``
     when a queue starts journaling.
 
@@ -608,7 +609,7 @@ class JournalKeys:
     than the rest. :meth:`entry_to_stamp` and :meth:`history_to_stamp` give the same keys as
     ``set_versionstamped_key``'s templates (the incomplete versionstamp, then its offset)."""
 
-    __slots__ = ("_bells", "_entries", "_hs", "_jo", "_local", "_prefixes", "_rows", "root")
+    __slots__ = ("_bells", "_entries", "_hs", "_local", "_prefixes", "_rows", "root")
     _made: dict[bytes, JournalKeys] = {}
 
     def __init__(self, root: Subspace) -> None:
@@ -623,7 +624,6 @@ class JournalKeys:
         self._local: dict[str, tuple[bytes, bytes]] = {}
         h = root.key() + enc_str("h")
         self._hs = tuple(h + enc_int(hs) for hs in range(HISTORY_SHARDS))  # ("h", hshard)
-        self._jo = root.key() + enc_str("jo") + b"\x01"  # ("jo", <bytes>: arrival_prefixes)
 
     @classmethod
     def make(cls, root: tuple[Any, ...] = DEFAULT_ROOT) -> JournalKeys:
@@ -731,27 +731,35 @@ class JournalKeys:
         # enc_str(message_id) after its tag, inline, then the versionstamp's code
         return entry, head + message_id.encode().replace(b"\x00", b"\x00\xff") + b"\x00\x33", b"\x00"
 
-    def arrival_prefixes(self, queue: str, message_id: str) -> tuple[bytes, bytes, bytes]:
-        """:meth:`prefixes` (not spread: shard 0) with the pointer under ``("jo", inverted id,
-        stamp)``, each byte of the id's UTF-8 inverted (255 - b), its value the queue's name,
-        NUL, the shard, as ``("h", ...)``'s. Where one writer at a time appends (the embedded
-        engine), an arrival's pointer (an enqueue's, a move's into the queue) goes here: ids
-        grow with time (``entropy.new_id``) and with a queue's ready index (home ids), so the
-        newest sorts first in the range, and ``"jo"`` sorts right after the bells (``"jn"``),
-        which follow the journal's entries: the entry, the bell and the pointer of one commit
-        usually share one leaf page, where a pointer under ``("h", hshard, ...)`` dirtied a
-        leaf of its own (at one of HISTORY_SHARDS growing ends)."""
-        entry, pointer_value = self._rows_of(queue)[0]
+    def arrival_prefixes(self, keys: QueueKeys, message_id: str) -> tuple[bytes, bytes, bytes]:
+        """:meth:`queue_prefixes` for a message's arrival in the queue (an enqueue, a move or
+        a forward into it, a redrive): the pointer at ``Q + ("ra", inverted id, stamp)``,
+        each byte of the id's UTF-8 inverted (255 - b), its value the entry's shard as one
+        byte. Where one writer at a time appends (the embedded engine), an arrival's pointer
+        goes here: ``"ra"`` sorts right after the queue's ready range, whose end the enqueue
+        writes (a ready key's index grows, and priority 0 sorts last), and ids grow with the
+        ready index (home ids) and with time (``entropy.new_id``), so inverted the newest sorts
+        first, beside the newest ready record: usually the leaf the enqueue dirties anyway,
+        where a pointer under ``("h", hshard, ...)`` dirtied a leaf of its own (at one of
+        HISTORY_SHARDS growing ends)."""
+        entry = self._rows_of(keys.name)[0][0]
         # enc_bytes(inverted id), inline, then the versionstamp's code
         inverted = message_id.encode().translate(_INVERT).replace(b"\x00", b"\x00\xff")
-        return entry, self._jo + inverted + b"\x00\x33", pointer_value
+        return entry, keys.packed + _RA + b"\x01" + inverted + b"\x00\x33", b"\x00"
 
-    def arrival_key(self, message_id: str, version: bytes) -> bytes:
-        return bytes(self.root.pack(("jo", message_id.encode().translate(_INVERT), versionstamp(version))))
+    def arrival_key(self, queue: str, message_id: str, version: bytes) -> bytes:
+        inverted = message_id.encode().translate(_INVERT)
+        return bytes(self.root.pack(("q", queue, "ra", inverted, versionstamp(version))))
 
-    def arrival_range(self, message_id: str) -> tuple[bytes, bytes]:
-        """A message's arrival pointers under ``("jo", ...)`` (:meth:`arrival_prefixes`)."""
-        r = self.root.range(("jo", message_id.encode().translate(_INVERT)))
+    def arrival_range(self, queue: str, message_id: str | None = None) -> tuple[bytes, bytes]:
+        """A message's arrival pointers in ``queue`` (:meth:`arrival_prefixes`; None: every
+        message's, what a queue's destroy keeps with the journal it points into)."""
+        tail = (
+            ("q", queue, "ra")
+            if message_id is None
+            else ("q", queue, "ra", message_id.encode().translate(_INVERT))
+        )
+        r = self.root.range(tail)
         return bytes(r.start), bytes(r.stop)
 
     def queue_history_key(self, queue: str, message_id: str, version: bytes) -> bytes:

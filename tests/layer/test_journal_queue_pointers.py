@@ -10,9 +10,9 @@ a trim that leaves no pointer behind; and a store written before the change (by 
 main ``0478719``, run in a subprocess) opens, its journal reads in full, is followed, and its
 messages' histories join what the new code adds.
 
-Since issue 30's eighth pass an arrival's pointer on the embedded engine goes under
-``("jo", inverted id, stamp)``, beside the bells that follow the journal's tail (the leaf the
-entry and the bell dirty anyway): a store written by main ``e3bc553`` (its arrivals' pointers
+Since issue 30's eighth pass an arrival's pointer on the embedded engine goes into its queue's
+keys too, at ``Q + ("ra", inverted id, stamp)``, right after the ready range whose tail the
+enqueue writes (newest first): a store written by main ``e3bc553`` (its arrivals' pointers
 under ``("h", ...)``) reads, follows and continues alike.
 """
 
@@ -53,12 +53,11 @@ def _root_pointers(db: Any) -> dict[bytes, bytes]:
     return _rows(db, r.start, r.stop)
 
 
-def _arrival_pointers(db: Any) -> dict[bytes, bytes]:
-    r = JK.root.range(("jo",))
-    return _rows(db, r.start, r.stop)
+def _arrival_pointers(db: Any, queue: str = "jobs") -> dict[bytes, bytes]:
+    return _rows(db, *JK.arrival_range(queue))
 
 
-def test_a_consuming_operations_pointer_lives_in_its_queue_and_an_arrivals_beside_the_bells(
+def test_a_consuming_operations_pointer_lives_in_its_queue_and_an_arrivals_after_its_ready_range(
     tmp_path: Path,
 ) -> None:
     db = fdbqueue.open(f"sqlite://{tmp_path / 'q.db'}")
@@ -67,12 +66,13 @@ def test_a_consuming_operations_pointer_lives_in_its_queue_and_an_arrivals_besid
     mid = q.enqueue(db, b"a")
     assert _root_pointers(db) == {}
     ((arrival, value),) = _arrival_pointers(db).items()
-    assert arrival == JK.arrival_key(mid, fdbqueue.history(db, mid)[0].version)
-    assert value == b"jobs\x00\x00"  # the queue, NUL, the entry's shard (as under "h")
-    # Where it sorts: after the bells, before the registry; a newer id first.
-    assert JK.bell("jobs") < arrival < JK.registry("jobs")
+    assert arrival == JK.arrival_key("jobs", mid, fdbqueue.history(db, mid)[0].version)
+    assert value == b"\x00"  # the entry's shard: one range on this engine
+    # Where it sorts: right after the ready range (the newest ready record), a newer id first.
+    sub = JK.root["q"]["jobs"]
+    assert q.keys.ready_range()[1] < arrival < sub.pack(("rc", ""))
     newer = q.enqueue(db, b"b")
-    assert JK.arrival_key(newer, b"\xff" * 12) < arrival
+    assert q.keys.ready_range()[1] < JK.arrival_key("jobs", newer, b"\xff" * 12) < arrival
     assert _rows(db, *JK.queue_history_range("jobs")) == {}
     before = _root_pointers(db)
     m = q.lease(db, 30)

@@ -3,8 +3,8 @@
 before), each operation leaves exactly the rows the templates name - the entry at
 ``JournalKeys.entry_to_stamp``'s key, its history pointer at ``history_to_stamp``'s (on the
 embedded engine, since issue 30's seventh pass, a pointer of an operation other than an
-arrival in its queue's keys, ``queue_history_key``; since the eighth, an arrival's beside the
-bells, ``arrival_key``), the queue's bell - with the commit's own
+arrival in its queue's keys, ``queue_history_key``; since the eighth, an arrival's there too,
+``arrival_key``), the queue's bell - with the commit's own
 stamp, on every engine; the journal, a message's history
 and a follower in another process read them as before; a failed commit and its retry leave
 one entry."""
@@ -40,14 +40,13 @@ def _journal_rows(db: Database) -> dict[bytes, bytes]:
     root = JK.root.key()
     tr: Any = db.create_transaction()
     got = {}
-    for kind in ("j", "h", "jn", "jo", "jq"):
+    for kind in ("j", "h", "jn", "jq"):
         r = JK.root.range((kind,))
         got.update({kv.key: kv.value for kv in tr.get_range(r.start, r.stop)})
     got.update({kv.key: kv.value for kv in tr.get_range(root + b"\x02jn\x00", root + b"\x02jn\x01")})
     for reg in tr.get_range(*JK.registry_range()):
-        got.update(
-            {kv.key: kv.value for kv in tr.get_range(*JK.queue_history_range(JK.registry_name(reg.key)))}
-        )
+        for r in (JK.queue_history_range, JK.arrival_range):
+            got.update({kv.key: kv.value for kv in tr.get_range(*r(JK.registry_name(reg.key)))})
     tr.cancel()
     return got
 
@@ -74,8 +73,8 @@ def _check(
             want[fill_versionstamp(JK.history_to_stamp(e.message_id, order), stamp)] = (
                 e.queue.encode() + b"\x00" + bytes((shard,))
             )
-        elif e.message_id is not None and e.op in ARRIVALS:  # one writer: beside the bells
-            want[JK.arrival_key(e.message_id, e.version)] = e.queue.encode() + b"\x00" + bytes((shard,))
+        elif e.message_id is not None and e.op in ARRIVALS:  # one writer: after the ready range
+            want[JK.arrival_key(e.queue, e.message_id, e.version)] = bytes((shard,))
         elif e.message_id is not None:  # one writer at a time: in the queue, beside its head
             want[JK.queue_history_key(e.queue, e.message_id, e.version)] = bytes((shard,))
     for q in {e.queue for e in entries}:
