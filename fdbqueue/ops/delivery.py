@@ -37,6 +37,7 @@ from fdbqueue.engines.contract import (
     retry_loop,
 )
 from fdbqueue.errors import CorruptMessageError, EngineError, LeaseError, LeaseExpiredError, QueueStoppedError
+from fdbqueue.ops.journaling import record_short
 from fdbqueue.ops.moves import (
     CORRUPT_REASON,
     JOURNALED,
@@ -390,9 +391,10 @@ def ack_short(keys: QueueKeys, tr: Transaction, m: Message) -> bool:
     """:func:`ack_in` of ``m`` in its common case, where nothing conflicts: this process's own
     lease of it in this queue (its bytes, record and keys kept: ``_held``), read back as the
     very bytes that lease wrote, not expired, on a queue with no owner, its record without
-    chunks, TTL, journal, strict order or volatile prefix. Then its two keys cleared and the
+    chunks, TTL, strict order or volatile prefix. Then its two keys cleared and the
     in-flight and done counters set to what was read less and plus one (``ack_in``'s writes,
-    ``moves.end_lease_one``), and True. False, having written nothing (the reads are
+    ``moves.end_lease_one``), the ``ack`` entry when the record carries the journal's mark
+    (``finish_lease``'s, ``journaling.record_short``), and True. False, having written nothing (the reads are
     snapshot reads the long way makes again, from the transaction's own cache), for any
     other case: the caller acks the long way (``ack_in``), which raises or acts as ever.
     Composes inside the caller's transaction."""
@@ -408,7 +410,6 @@ def ack_short(keys: QueueKeys, tr: Transaction, m: Message) -> bool:
         or rec.id != m.id
         or rec.chunks
         or rec.expires_us is not None
-        or JOURNALED in extra
         or VOLATILE in extra
         or "strict" in extra
     ):
@@ -436,6 +437,8 @@ def ack_short(keys: QueueKeys, tr: Transaction, m: Message) -> bool:
         return False
     del _held[m.receipt]  # (_lease_of's pop: the lease is settled)
     end_lease_one(tr, at, (inflight_key, done_key), counts)
+    if JOURNALED in extra:
+        record_short(tr, keys, "ack", rec.id, rec.deliveries)  # (finish_lease's entry)
     return True
 
 

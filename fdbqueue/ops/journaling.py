@@ -64,9 +64,10 @@ OPS = frozenset(
         "revoke",
     ]
 )
-# A message's arrival in a queue: its history pointer goes under ("h", ...) on every engine (the
-# id is new there: those ranges grow at their ends). Every other operation's pointer goes, on an
-# engine of one writer at a time, into its queue beside the ready range's head (_append).
+# A message's arrival in a queue: its history pointer goes under ("h", ...) where many writers
+# share a cluster; on an engine of one writer at a time into its queue right after the ready
+# range's tail ("ra", inverted id: newest first). Every other operation's pointer goes, on such
+# an engine, into its queue beside the ready range's head (_append).
 ARRIVALS = frozenset(["enqueue", "move_in", "forward_in", "redrive"])
 PAGE = 500  # entries per shard per read of a page: well inside a transaction's budget
 # journal(db, None) reads the queues' journals in transactions of at most this many queues
@@ -112,6 +113,17 @@ def record(
     else:
         value = encode_entry(op, message_id, principal, deliveries, reason, details, at_us)
     _append(tr, keys, message_id, value, op not in ARRIVALS)
+
+
+def record_short(tr: Transaction, keys: QueueKeys, op: str, message_id: str, deliveries: int) -> None:
+    """``record(tr, keys, op, message_id, deliveries=deliveries)`` for a consuming operation
+    (``op`` one of OPS, not an arrival) with no reason and no details: the common lease's and
+    ack's entry (``leasing.lease_short``, ``delivery.ack_short``), the same rows and bytes.
+    The caller checks that the queue is journaled; composes inside ``tr``."""
+    found = getattr(tr.db, "principal", None)  # principal_of, inline
+    who = _quote(found if isinstance(found, str) and found else ANONYMOUS)
+    value = f'[{_FORMAT},"{op}",{_quote(message_id)},{who},{int(deliveries)},null,{{}},{now_us()}]'.encode()
+    _append(tr, keys, message_id, value, True)
 
 
 def record_enqueue(tr: Transaction, keys: QueueKeys, message_id: str, priority: int, at_us: int) -> None:
@@ -165,10 +177,14 @@ def _append(tr: Transaction, keys: QueueKeys, message_id: str | None, value: byt
         # ("h", ...) for a consumed message lands beside its enqueue's, a leaf of its own
         # (often a full one, split), where one in the queue's own keys shares the leaf of the
         # counters and the ready head the commit writes anyway (JournalKeys.queue_prefixes).
-        if local and not spread:
+        # An arrival's, where one writer appends, right after the ready range's tail
+        # (JournalKeys.arrival_prefixes): the leaf the enqueue's record dirties anyway.
+        if spread:
+            entry, pointer, pointer_value = jk.prefixes(name, message_id, True)
+        elif local:
             entry, pointer, pointer_value = jk.queue_prefixes(keys, message_id)
         else:
-            entry, pointer, pointer_value = jk.prefixes(name, message_id, spread)
+            entry, pointer, pointer_value = jk.arrival_prefixes(keys, message_id)
         tr.set_journal_entry(order, entry, value, pointer, pointer_value, bell)
 
 
@@ -512,8 +528,8 @@ def history(
 ) -> list[JournalEntry]:
     """Every journal entry of message ``message_id``, across the queues of this database it
     passed through, in commit order: one range read of its history pointers (on an engine of
-    one writer at a time, also one in each journaled queue: a consuming operation's pointer
-    lives there, ``_append``)."""
+    one writer at a time, also two in each journaled queue: an arrival's and a consuming
+    operation's pointers live there, ``_append``)."""
     if not isinstance(message_id, str) or not message_id:
         raise QueueError(f"message_id must be a non-empty str, got {message_id!r}")
     jk = JournalKeys.make(root)
@@ -530,6 +546,9 @@ def history(
                 q = jk.registry_name(reg.key)
                 for kv in t.get_range(*jk.queue_history_range(q, message_id)):
                     found.append((q, kv.value[0], jk.history_version(kv.key)))  # the shard's byte
+                # its arrivals' since issue 30's eighth pass (those written before: under "h")
+                for kv in t.get_range(*jk.arrival_range(q, message_id)):
+                    found.append((q, kv.value[0], jk.history_version(kv.key)))
             found.sort(key=lambda f: f[2])  # commit order over both places
         mine = {q: readable(t, QueueKeys.make(q, root)) for q, _, _ in found}
         found = [f for f in found if mine[f[0]]]
@@ -596,6 +615,7 @@ def trim_some(t: Transaction, jk: JournalKeys, queue: str, before: bytes, limit:
                 t.clear(jk.history_key(mid, version))
                 if local:
                     t.clear(jk.queue_history_key(queue, mid, version))
+                    t.clear(jk.arrival_key(queue, mid, version))
             t.clear(kv.key)
         n += len(kvs)
         if n >= limit:

@@ -18,7 +18,7 @@ from typing import Any
 from fdbqueue.engines.contract import Attempt, Transaction, retry_loop
 from fdbqueue.engines.versions import VERSIONS_PER_SECOND
 from fdbqueue.errors import CorruptMessageError
-from fdbqueue.ops import ratelimit
+from fdbqueue.ops import journaling, ratelimit
 from fdbqueue.ops.delivery import (
     hold,
     lease_heads,
@@ -42,7 +42,7 @@ from fdbqueue.ops.head import (
     kept_run,
     take_kept,
 )
-from fdbqueue.ops.moves import count_known, count_leased, move_corrupt, put_leased_one
+from fdbqueue.ops.moves import JOURNALED, count_known, count_leased, move_corrupt, put_leased_one
 from fdbqueue.ops.scan import expire_within
 from fdbqueue.ops.sweep import sweep_step
 from fdbqueue.store.budget import BATCH_PAYLOAD_BYTES, CHUNK_BYTES, Budget, encoded_len, grown_record
@@ -268,13 +268,15 @@ _NO_PAYLOADS: dict[str, bytes] = {}  # (read only: lease_batch's when no message
 #
 # Most leases of one message on the embedded engine are the same, as most dequeues are
 # (ops/head.py, "the common dequeue's own step"): a queue with no owner, open for dequeues,
-# without strict order, a volatile prefix, a journal or a rate limit; nothing delayed, and
+# without strict order, a volatile prefix or a rate limit; nothing delayed, and
 # no lease due to expire; the head the kept run's first record, without headers, TTL,
 # chunks or extra fields. lease_short does that one case straight from what it reads: the
 # metadata version and the counters in one read (config.read_take, the settings this process
 # last found for the queue while they are the queue's at that version), the record's fields
 # (record.decode_fields), the leased record's bytes (record.encode_leased), five writes in one
-# call (moves.put_leased_one) and the kept run's rest kept for the next take. Any other case,
+# call (moves.put_leased_one), on a journaled queue the lease's entry (journaling.record_short,
+# the long way's put_leased writes the same) and the leased record's mark with it, and the kept
+# run's rest kept for the next take. Any other case,
 # found before anything is written or kept, takes the long way (lease_batch), which reads again
 # and acts as it always did: the step is the long way's kept-head lease of one with its
 # choices made (_ready_heads' take_kept, count_known, lease_heads), not another rule.
@@ -301,7 +303,6 @@ def lease_short(keys: QueueKeys, tr: Transaction, seconds: float | None, receipt
     if (
         (_delayed is not None and _delayed != _ZERO)
         or cfg is None
-        or cfg.journal
         or ratelimit.limited(cfg)
         or entry.ready != ready
         or entry.wake != wake
@@ -309,8 +310,8 @@ def lease_short(keys: QueueKeys, tr: Transaction, seconds: float | None, receipt
         or entry.version != version
         or entry.db() is not db
     ):
-        # A delayed message may be due (the long way's due check); a journal's entry or a
-        # rate limit's tokens to take; the ready set changed, or another queue under the name
+        # A delayed message may be due (the long way's due check); a rate limit's tokens to
+        # take; the ready set changed, or another queue under the name
         # (head.kept_run says so).
         return None
     now = int(tr.get_read_version())  # db_now where nothing conflicts: the read version
@@ -338,7 +339,8 @@ def lease_short(keys: QueueKeys, tr: Transaction, seconds: float | None, receipt
     # The record read and its leased bytes written in one pass (record.lease_plain: the
     # checks of decode_fields, the bytes of encode_leased); None for headers to copy, a TTL to
     # check, chunks to read, a retry delay or more, or damage: the long way.
-    found_plain = lease_plain(raw, key_hex.encode(), rcpt_bytes, deadline, until)
+    journaled = cfg.journal
+    found_plain = lease_plain(raw, key_hex.encode(), rcpt_bytes, deadline, until, journaled)
     if found_plain is None:
         return None
     msg_id, enqueued_us, content_type, deliveries, payload, leased_raw = found_plain
@@ -359,7 +361,10 @@ def lease_short(keys: QueueKeys, tr: Transaction, seconds: float | None, receipt
         (read[1], read[3]),
         (left, held),
     )
-    extra = {"key": key_hex, "receipt": rcpt, "deadline": deadline, "until": until}
+    extra: dict[str, Any] = {"key": key_hex, "receipt": rcpt, "deadline": deadline, "until": until}
+    if journaled:  # (lease_heads' mark: the ack, nack, release and extend journal by it)
+        extra[JOURNALED] = 1
+        journaling.record_short(tr, keys, "lease", msg_id, deliveries + 1)  # put_leased's entry
     leased = _RECORD(Record, (msg_id, enqueued_us, content_type, {}, deliveries + 1, None, 0, extra, payload))
     hold(rcpt, (leased_raw, leased, keys, at))  # for the ack, nack, extend (as lease_heads')
     if len(run) > 1:  # head.keep_run's, in the same entry: its wake and version are as read

@@ -654,13 +654,18 @@ def reclaim_result(
 
 def destroy(tr: Transaction, keys: QueueKeys, *, journaled: bool = False) -> None:
     """Remove the queue and every key it has: messages, indexes, counters, settings (its
-    journal stays, until trimmed, with the history pointers kept in the queue's keys)."""
+    journal stays, until trimmed, with the history pointers kept in the queue's keys: the
+    consuming operations' and the arrivals', ``JournalKeys.queue_history_range`` and
+    ``arrival_range``)."""
     if journaled:
         journaling.record(tr, keys, "destroy")
     begin, end = keys.all_range()
-    kept, after = keys.journal_keys().queue_history_range(keys.name)
+    jk = keys.journal_keys()
+    kept, after = jk.queue_history_range(keys.name)
+    arrived, past = jk.arrival_range(keys.name)
     tr.clear_range(begin, kept)
-    tr.clear_range(after, end)
+    tr.clear_range(after, arrived)
+    tr.clear_range(past, end)
     tr.clear(keys.listing)
     workindex.unmark(tr, keys)
 

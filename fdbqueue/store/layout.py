@@ -601,6 +601,9 @@ def queues_prefix_range(root: tuple[Any, ...], prefix: str) -> tuple[bytes, byte
 # fdb.tuple's code of a Versionstamp: its 12 bytes (the commit's 10, the order's 2) follow it
 _VS_CODE = b"\x33"
 _EH = enc_str("eh")  # the tag of a queue's own history pointers (JournalKeys.queue_pointer_prefix)
+# An id's bytes, each inverted (JournalKeys.arrival_prefixes): newer ids sort first.
+_INVERT = bytes(range(255, -1, -1))
+_RA = enc_str("ra")  # the tag of a queue's arrivals' history pointers, right after its ready range
 JOURNAL_SHARDS = 8  # ranges a queue's journal is spread over, by message id
 HISTORY_SHARDS = 16  # ranges the per-message history pointers are spread over
 
@@ -608,7 +611,8 @@ HISTORY_SHARDS = 16  # ranges the per-message history pointers are spread over
 class JournalKeys:
     """The journal's keys under a root: entries ``("j", queue, shard, stamp)``, history
     pointers ``("h", hshard, message_id, stamp)`` (on the embedded engine a consuming
-    operation's in its queue instead, ``Q + ("eh", message_id, stamp)``), the registry of journaled queues
+    operation's in its queue instead, ``Q + ("eh", message_id, stamp)``, and an arrival's
+    after its ready range, ``Q + ("ra", inverted id, stamp)``), the registry of journaled queues
     ``("jq", queue)`` and the bells a follower watches: ``("jn", queue)`` per queue, ``("jn",)``
     when a queue starts journaling.
 
@@ -704,6 +708,13 @@ class JournalKeys:
         One CRC of the id serves the entry's shard and the pointer's."""
         idb = message_id.encode()
         crc = zlib.crc32(idb)
+        entry, pointer_value = self._rows_of(queue)[crc % JOURNAL_SHARDS if spread else 0]
+        # enc_str(message_id), inline, then the versionstamp's code
+        pointer = self._hs[crc % HISTORY_SHARDS] + b"\x02" + idb.replace(b"\x00", b"\x00\xff") + b"\x00\x33"
+        return entry, pointer, pointer_value
+
+    def _rows_of(self, queue: str) -> tuple[tuple[bytes, bytes], ...]:
+        """For each shard of ``queue``: a message's entry's key prefix and its pointer's value."""
         rows = self._rows.get(queue)
         if rows is None:
             if len(self._rows) > 4096:
@@ -712,10 +723,7 @@ class JournalKeys:
             rows = self._rows[queue] = tuple(
                 (self.entry_prefix(queue, shard), name + bytes((shard,))) for shard in range(JOURNAL_SHARDS)
             )
-        entry, pointer_value = rows[crc % JOURNAL_SHARDS if spread else 0]
-        # enc_str(message_id), inline, then the versionstamp's code
-        pointer = self._hs[crc % HISTORY_SHARDS] + b"\x02" + idb.replace(b"\x00", b"\x00\xff") + b"\x00\x33"
-        return entry, pointer, pointer_value
+        return rows
 
     def queue_prefixes(self, keys: QueueKeys, message_id: str) -> tuple[bytes, bytes, bytes]:
         """:meth:`prefixes` (not spread: shard 0) with the pointer inside the queue's own keys,
@@ -735,6 +743,37 @@ class JournalKeys:
         entry, head = found
         # enc_str(message_id) after its tag, inline, then the versionstamp's code
         return entry, head + message_id.encode().replace(b"\x00", b"\x00\xff") + b"\x00\x33", b"\x00"
+
+    def arrival_prefixes(self, keys: QueueKeys, message_id: str) -> tuple[bytes, bytes, bytes]:
+        """:meth:`queue_prefixes` for a message's arrival in the queue (an enqueue, a move or
+        a forward into it, a redrive): the pointer at ``Q + ("ra", inverted id, stamp)``,
+        each byte of the id's UTF-8 inverted (255 - b), its value the entry's shard as one
+        byte. Where one writer at a time appends (the embedded engine), an arrival's pointer
+        goes here: ``"ra"`` sorts right after the queue's ready range, whose end the enqueue
+        writes (a ready key's index grows, and priority 0 sorts last), and ids grow with the
+        ready index (home ids) and with time (``entropy.new_id``), so inverted the newest sorts
+        first, beside the newest ready record: usually the leaf the enqueue dirties anyway,
+        where a pointer under ``("h", hshard, ...)`` dirtied a leaf of its own (at one of
+        HISTORY_SHARDS growing ends)."""
+        entry = self._rows_of(keys.name)[0][0]
+        # enc_bytes(inverted id), inline, then the versionstamp's code
+        inverted = message_id.encode().translate(_INVERT).replace(b"\x00", b"\x00\xff")
+        return entry, keys.packed + _RA + b"\x01" + inverted + b"\x00\x33", b"\x00"
+
+    def arrival_key(self, queue: str, message_id: str, version: bytes) -> bytes:
+        inverted = message_id.encode().translate(_INVERT)
+        return bytes(self.root.pack(("q", queue, "ra", inverted, versionstamp(version))))
+
+    def arrival_range(self, queue: str, message_id: str | None = None) -> tuple[bytes, bytes]:
+        """A message's arrival pointers in ``queue`` (:meth:`arrival_prefixes`; None: every
+        message's, what a queue's destroy keeps with the journal it points into)."""
+        tail = (
+            ("q", queue, "ra")
+            if message_id is None
+            else ("q", queue, "ra", message_id.encode().translate(_INVERT))
+        )
+        r = self.root.range(tail)
+        return bytes(r.start), bytes(r.stop)
 
     def queue_history_key(self, queue: str, message_id: str, version: bytes) -> bytes:
         return bytes(self.root.pack(("q", queue, "eh", message_id, versionstamp(version))))

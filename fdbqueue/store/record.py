@@ -337,6 +337,7 @@ def encode_leased(
 
 
 _JOURNAL_MARK = ',"j":1'  # encode_leased's journaled extra: ops/moves.py's JOURNALED, set to 1
+_JOURNAL_MARK_BYTES = _JOURNAL_MARK.encode()  # lease_plain's
 
 # The fields of a ready record in the common shape, as encode_plain (and the general encoder,
 # for the same record) writes them: an id of ours, JSON integers as json.dumps writes them, no
@@ -347,7 +348,7 @@ _PLAIN_FIELDS = re.compile(
 
 
 def lease_plain(
-    raw: bytes, key_hex: bytes, receipt: bytes, deadline: int, until: int
+    raw: bytes, key_hex: bytes, receipt: bytes, deadline: int, until: int, journaled: bool = False
 ) -> tuple[str, int, str, int, bytes, bytes] | None:
     """A ready record in the common shape (no headers, TTL, chunks nor extra fields; an id of
     ours, a plain content type) read and leased in one pass, for a lease of one message
@@ -358,7 +359,8 @@ def lease_plain(
     match: the caller goes the long way, which decodes and encodes (or reports the damage) as
     ever. ``key_hex`` (the ready key's hex digits) and ``receipt`` as ASCII bytes; the receipt
     is the caller's own, letters, digits and dots (``bytes.hex()`` and ``.0``: what
-    ``encode_leased`` checks with ``_RECEIPT_CHARS``), written as it is."""
+    ``encode_leased`` checks with ``_RECEIPT_CHARS``), written as it is. ``journaled``: the
+    extra ends with the journal's mark, as ``encode_leased``'s."""
     if len(raw) < _MIN_RECORD or _crc32(raw) != _RESIDUE:  # decode_fields' checksum check
         return None
     body_end = len(raw) - CRC_BYTES
@@ -371,7 +373,7 @@ def lease_plain(
         return None
     msg_id, enqueued, ct, delivered = found.groups()
     deliveries = int(delivered)
-    meta = b'["%s",%s,"%s",{},%d,null,0,{"key":"%s","receipt":"%s","deadline":%d,"until":%d}]' % (
+    meta = b'["%s",%s,"%s",{},%d,null,0,{"key":"%s","receipt":"%s","deadline":%d,"until":%d%s}]' % (
         msg_id,
         enqueued,
         ct,
@@ -380,6 +382,7 @@ def lease_plain(
         receipt,
         deadline,
         until,
+        _JOURNAL_MARK_BYTES if journaled else b"",
     )
     payload = raw[end:body_end]
     head = _HEAD.pack(RECORD_FORMAT, len(meta)) + meta

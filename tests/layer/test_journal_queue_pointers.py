@@ -9,6 +9,11 @@ message that reached its queue before the journal was turned on), the journal an
 a trim that leaves no pointer behind; and a store written before the change (by the tree of
 main ``0478719``, run in a subprocess) opens, its journal reads in full, is followed, and its
 messages' histories join what the new code adds.
+
+Since issue 30's eighth pass an arrival's pointer on the embedded engine goes into its queue's
+keys too, at ``Q + ("ra", inverted id, stamp)``, right after the ready range whose tail the
+enqueue writes (newest first): a store written by main ``e3bc553`` (its arrivals' pointers
+under ``("h", ...)``) reads, follows and continues alike.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from fdbqueue.store.layout import DEFAULT_ROOT, JournalKeys
 JK = JournalKeys.make(DEFAULT_ROOT)
 REPO = Path(__file__).resolve().parents[2]
 OLD = "0478719"  # main before the pointers moved: every pointer under ("h", ...)
+OLD_ARRIVALS = "e3bc553"  # main before the arrivals' pointers moved: theirs under ("h", ...)
 
 
 def _rows(db: Any, begin: bytes, end: bytes) -> dict[bytes, bytes]:
@@ -47,13 +53,26 @@ def _root_pointers(db: Any) -> dict[bytes, bytes]:
     return _rows(db, r.start, r.stop)
 
 
-def test_a_consuming_operations_pointer_lives_in_its_queue_and_an_arrivals_under_h(tmp_path: Path) -> None:
+def _arrival_pointers(db: Any, queue: str = "jobs") -> dict[bytes, bytes]:
+    return _rows(db, *JK.arrival_range(queue))
+
+
+def test_a_consuming_operations_pointer_lives_in_its_queue_and_an_arrivals_after_its_ready_range(
+    tmp_path: Path,
+) -> None:
     db = fdbqueue.open(f"sqlite://{tmp_path / 'q.db'}")
     fdbqueue.create_queue(db, "jobs", journal=True)
     q = Queue("jobs")
     mid = q.enqueue(db, b"a")
-    (arrival,) = _root_pointers(db)
-    assert JK.history_version(arrival) == fdbqueue.history(db, mid)[0].version
+    assert _root_pointers(db) == {}
+    ((arrival, value),) = _arrival_pointers(db).items()
+    assert arrival == JK.arrival_key("jobs", mid, fdbqueue.history(db, mid)[0].version)
+    assert value == b"\x00"  # the entry's shard: one range on this engine
+    # Where it sorts: right after the ready range (the newest ready record), a newer id first.
+    sub = JK.root["q"]["jobs"]
+    assert q.keys.ready_range()[1] < arrival < sub.pack(("rc", ""))
+    newer = q.enqueue(db, b"b")
+    assert q.keys.ready_range()[1] < JK.arrival_key("jobs", newer, b"\xff" * 12) < arrival
     assert _rows(db, *JK.queue_history_range("jobs")) == {}
     before = _root_pointers(db)
     m = q.lease(db, 30)
@@ -139,6 +158,7 @@ def test_a_trim_removes_the_queues_pointers_with_their_entries(tmp_path: Path) -
     assert [JK.history_version(k) for k in left] == [keep]
     assert [e.op for e in fdbqueue.history(db, ids[1])] == ["ack"]
     assert fdbqueue.history(db, ids[0]) == fdbqueue.history(db, ids[2]) == [] and _root_pointers(db) == {}
+    assert _arrival_pointers(db) == {}
     db.close()
 
 
@@ -159,23 +179,24 @@ db.close()
 """
 
 
-def _old_tree(dest: Path) -> Path:
-    """The package as main ``0478719`` had it, from this repository's history (skip where the
+def _old_tree(dest: Path, commit: str = OLD) -> Path:
+    """The package as main ``commit`` had it, from this repository's history (skip where the
     checkout does not hold that commit, a shallow clone)."""
     git = shutil.which("git")
-    if git is None or subprocess.run([git, "-C", str(REPO), "cat-file", "-e", f"{OLD}^{{commit}}"],
+    if git is None or subprocess.run([git, "-C", str(REPO), "cat-file", "-e", f"{commit}^{{commit}}"],
                                      capture_output=True).returncode != 0:  # fmt: skip
-        pytest.skip(f"this checkout does not hold commit {OLD}")
+        pytest.skip(f"this checkout does not hold commit {commit}")
     archive = dest / "old.tar"
     with archive.open("wb") as out:
-        subprocess.run([git, "-C", str(REPO), "archive", OLD, "fdbqueue"], stdout=out, check=True)
+        subprocess.run([git, "-C", str(REPO), "archive", commit, "fdbqueue"], stdout=out, check=True)
     with tarfile.open(archive) as tar:
         tar.extractall(dest / "old", filter="data")
     return dest / "old"
 
 
-def test_a_store_written_before_the_change_reads_follows_and_continues(tmp_path: Path) -> None:
-    old = _old_tree(tmp_path)
+@pytest.mark.parametrize("commit", [OLD, OLD_ARRIVALS])
+def test_a_store_written_before_the_change_reads_follows_and_continues(tmp_path: Path, commit: str) -> None:
+    old = _old_tree(tmp_path, commit)
     url = f"sqlite://{tmp_path / 'q.db'}"
     env = {**os.environ, "PYTHONPATH": str(old)}
     out = subprocess.run([sys.executable, "-c", _OLD_WRITER, url], env=env, capture_output=True, text=True)
@@ -220,4 +241,5 @@ def test_a_store_written_before_the_change_reads_follows_and_continues(tmp_path:
     # A trim over both layouts leaves nothing of either.
     assert fdbqueue.trim_journal(db, "jobs", before=b"\xff" * 12) == len(every)
     assert _root_pointers(db) == {} and _rows(db, *JK.queue_history_range("jobs")) == {}
+    assert _arrival_pointers(db) == {}
     db.close()

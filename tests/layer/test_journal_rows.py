@@ -3,7 +3,8 @@
 before), each operation leaves exactly the rows the templates name - the entry at
 ``JournalKeys.entry_to_stamp``'s key, its history pointer at ``history_to_stamp``'s (on the
 embedded engine, since issue 30's seventh pass, a pointer of an operation other than an
-arrival in its queue's keys, ``queue_history_key``), the queue's bell - with the commit's own
+arrival in its queue's keys, ``queue_history_key``; since the eighth, an arrival's there too,
+``arrival_key``), the queue's bell - with the commit's own
 stamp, on every engine; the journal, a message's history
 and a follower in another process read them as before; a failed commit and its retry leave
 one entry."""
@@ -44,9 +45,8 @@ def _journal_rows(db: Database) -> dict[bytes, bytes]:
         got.update({kv.key: kv.value for kv in tr.get_range(r.start, r.stop)})
     got.update({kv.key: kv.value for kv in tr.get_range(root + b"\x02jn\x00", root + b"\x02jn\x01")})
     for reg in tr.get_range(*JK.registry_range()):
-        got.update(
-            {kv.key: kv.value for kv in tr.get_range(*JK.queue_history_range(JK.registry_name(reg.key)))}
-        )
+        for r in (JK.queue_history_range, JK.arrival_range):
+            got.update({kv.key: kv.value for kv in tr.get_range(*r(JK.registry_name(reg.key)))})
     tr.cancel()
     return got
 
@@ -69,10 +69,12 @@ def _check(
         assert fields[7] / 1e6 == e.at
         assert raw == json.dumps(fields, separators=(",", ":")).encode()
         want[key] = raw
-        if e.message_id is not None and (spread or e.op in ARRIVALS):
+        if e.message_id is not None and spread:
             want[fill_versionstamp(JK.history_to_stamp(e.message_id, order), stamp)] = (
                 e.queue.encode() + b"\x00" + bytes((shard,))
             )
+        elif e.message_id is not None and e.op in ARRIVALS:  # one writer: after the ready range
+            want[JK.arrival_key(e.queue, e.message_id, e.version)] = bytes((shard,))
         elif e.message_id is not None:  # one writer at a time: in the queue, beside its head
             want[JK.queue_history_key(e.queue, e.message_id, e.version)] = bytes((shard,))
     for q in {e.queue for e in entries}:
