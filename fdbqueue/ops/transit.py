@@ -130,12 +130,6 @@ def leases_of(receipts: Iterable[str]) -> list[str]:
     return list(heads)
 
 
-def apart(a: list[Entry], b: list[Entry]) -> bool:
-    """Whether no lease (:func:`batch_of`) has entries in both ``a`` and ``b``: no batch's
-    tombstone names both."""
-    return set(leases_of(list(map(_second, a)))).isdisjoint(leases_of(list(map(_second, b))))
-
-
 def entries_of(batch: list[Message]) -> list[Entry]:
     """(id, receipt) of each leased message of ``batch``, in order (loops in C)."""
     return list(zip(map(_ID, batch), map(str, map(_RECEIPT, batch)), strict=True))

@@ -147,20 +147,13 @@ class Leased(Outbox):
 
         def body(t: Transaction) -> tuple[list[Message], list[Message], transit.Record_ | None]:
             now = db_now(t)
-            mine = transit.entries_of(batch)
-            # The tombstones of what was published since cleared after this batch's reads
-            # (its tombstone's, its acks'): those read nothing this transaction wrote, the
-            # engine's short way. First only where one tombstone could be both (never in a
-            # run: a batch is published after its removal, and each lease is a batch's own).
-            first = bool(published) and not transit.apart(published, mine)
-            if first:
+            if published:  # before this batch's: a batch is published after its removal
                 transit.clear_tombs(t, skeys, dest, published)
+            mine = transit.entries_of(batch)
             found = transit.read_tombs(t, skeys, dest, mine) if batch else set()
             earlier = {mid for mid, _ in found}
             rest = [m for m in batch if m.id not in earlier] if earlier else batch
             done = ack_many_in(skeys, t, rest, now, note) if rest else []
-            if published and not first:
-                transit.clear_tombs(t, skeys, dest, published)
             whole = not earlier and len(done) == len(batch)  # the common case: all of it, now
             if done:  # one tombstone for the batch, not one a message
                 transit.write_tombs(t, skeys, dest, mine if whole else transit.entries_of(done), found, now)

@@ -251,12 +251,10 @@ def test_a_store_an_earlier_version_left_mid_batch_is_finished_once(tmp_path: Pa
     assert (st.ready, st.inflight) == (0, 0)
 
 
-def test_a_removal_clears_the_tombstones_of_what_was_published_after_its_own_reads() -> None:
-    """The removal reads its batch's tombstone and acks before it clears the tombstones of the
-    batches published since (the engine's short way for reads in a transaction that wrote
-    nothing yet). Where one tombstone names both (a batch removed again after part of it was
-    published: never in a run), it is cleared first, as before: the tombstone then names
-    just what is left, and a recover publishes that, once."""
+def test_a_removal_after_part_of_its_batch_was_published_names_just_the_rest() -> None:
+    """A batch removed again after part of it was published (never in a run; a retried step
+    could): the removal clears the published part of the tombstone before it reads it, so
+    the tombstone then names just what is left, and a recover publishes that, once."""
     src, dst = fdbqueue.open("sim://?seed=13&faults=0"), fdbqueue.open("sim://?seed=14&faults=0")
     sent = Queue("jobs").enqueue_many(src, [b"m%d" % i for i in range(10)])
     f = Forwarder(src, "jobs", dst, "jobs", batch=10, lease_seconds=0.2)
