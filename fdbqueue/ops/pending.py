@@ -1,12 +1,13 @@
 """A leased forward's pending copies on the destination (``runtime/leased.py``; the protocol in
 ``transit.py`` and docs/forwarding.md): written (:func:`install`, :func:`install_parts`), read
-(:func:`read_pending`, :func:`pendings`), published as messages (:func:`as_item`) and cleared
-(:meth:`Pending.drop`).
+(:func:`read_pending`, :func:`pendings`), published as messages (:func:`as_item`; the common
+batch by :func:`read_plain` and :func:`publish_plain`) and cleared (:meth:`Pending.drop`).
 
 A leased batch's copies live in parts under ``("fp", source token, None, lease, part)``, each
 under the value limit (:func:`encode_part`: each copy's fields as JSON, the inline payloads,
-a CRC-32 of it all; a payload over ``CHUNK_SIZE`` in chunks ``("fp", source token, id,
-receipt, n)``); a batch installed by a transaction of its own (and every batch an earlier
+a CRC-32 of it all; or, for the common batch, each copy as the record its publication writes:
+"the records' format" below; a payload over ``CHUNK_SIZE`` in chunks ``("fp", source token,
+id, receipt, n)``); a batch installed by a transaction of its own (and every batch an earlier
 version installed) has one key a message, ``("fp", source token, id, receipt)`` -> a Record.
 The keys are built in ``store/layout.py``. A copy is not a message: not counted, never
 delivered, left alone by purges; every reader reads both forms.
