@@ -13,7 +13,9 @@ on ``sqlite://...?sync=normal`` (the fsync is not an instruction), ``PYTHONHASHS
   by the exclusive forwarder, beside ``enqueue_many`` of batches of 100 into the destination
   (issue 30: the leased forwarder >= 0.5 of ``enqueue_many``); and the share of a leased
   forward that is the source's lease and ack alone (``lease_many`` of 100, then ``ack_many``
-  of them with the next ``lease_many`` in one transaction, as the forwarder's removal does).
+  of them with the next ``lease_many`` in one transaction, as the forwarder's removal does),
+  and the destination's: the same leased forward with the destination's steps (install and
+  publication) run in a thread of their own, counted apart (callgrind ``--separate-threads``).
 
 Usage: .venv/bin/python scripts/count_journal_forward.py [--n 200] [--what journal,forward]
        (needs valgrind: apt install valgrind)
@@ -32,15 +34,19 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import fdbqueue
 from fdbqueue import Message, Queue
+from fdbqueue.runtime.leased import Leased
 
 PAYLOAD = b"x" * 200
 JOURNAL_OPS = ("enqueue", "dequeue", "lease_ack")
-FORWARDS = ("enqueue_many", "leased", "exclusive", "source")
+FORWARDS = ("enqueue_many", "leased", "exclusive", "source", "destination")
 
 
 @fdbqueue.transactional
@@ -58,6 +64,15 @@ def _one(kind: str, q: Queue, db: fdbqueue.Database) -> None:
         m = q.lease(db)
         assert m is not None
         q.ack(db, m)
+
+
+def _apart(pool: ThreadPoolExecutor, step: Callable[..., Any]) -> Callable[..., Any]:
+    """``step`` (a method of the leased forwarder) as a method run in ``pool``'s one thread."""
+
+    def apart(*args: Any) -> Any:
+        return pool.submit(step, *args).result()
+
+    return apart
 
 
 def child(what: str, op: str, n: int, fill: int = 0) -> None:
@@ -81,6 +96,17 @@ def child(what: str, op: str, n: int, fill: int = 0) -> None:
                 batch = q.lease_many(src, 100, 60)
                 while batch:
                     batch = settle(src, batch)
+            elif op == "destination":  # the destination's steps in a thread of their own
+                steps = {step: getattr(Leased, step) for step in ("_publish", "_install")}
+                with ThreadPoolExecutor(1) as pool:
+                    pool.submit(int).result()  # (the thread started before the forward)
+                    try:
+                        for step, inner in steps.items():
+                            setattr(Leased, step, _apart(pool, inner))
+                        fdbqueue.forward(src, "a", dst, "a", batch=100)
+                    finally:
+                        for step, inner in steps.items():
+                            setattr(Leased, step, inner)
             elif op != "enqueue_many":
                 fdbqueue.forward(src, "a", dst, "a", batch=100, exclusive=op == "exclusive")
             return
@@ -139,16 +165,34 @@ def pages(op: str, n: int) -> float:
 def instructions(what: str, op: str, n: int) -> float:
     counts = []
     for k in (n, 2 * n):
-        out = subprocess.run(
-            ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
-             os.path.abspath(__file__), "--child", what, op, str(k), str(2 * n + 10)],
-            capture_output=True, text=True, check=True, env={**os.environ, "PYTHONHASHSEED": "0"},
-        )  # fmt: skip
+        with tempfile.TemporaryDirectory() as tmp:
+            # "destination": every thread counted apart, the main thread's left out
+            out_file = ["--separate-threads=yes", f"--callgrind-out-file={tmp}/cg"]
+            out = subprocess.run(
+                ["valgrind", "--tool=callgrind", *(out_file if op == "destination" else
+                 ["--callgrind-out-file=/dev/null"]), sys.executable,
+                 os.path.abspath(__file__), "--child", what, op, str(k), str(2 * n + 10)],
+                capture_output=True, text=True, check=True, env={**os.environ, "PYTHONHASHSEED": "0"},
+            )  # fmt: skip
+            if op == "destination":
+                counts.append(_threads_but_first(tmp))
+                continue
         found = re.search(r"Collected : (\d+)", out.stderr)
         if found is None:
             raise RuntimeError(f"no instruction count from callgrind: {out.stderr[-500:]}")
         counts.append(int(found.group(1)))
     return (counts[1] - counts[0]) / n
+
+
+def _threads_but_first(folder: str) -> int:
+    """The instructions of every thread but the first (``cg-01``) in callgrind's files there."""
+    total = 0
+    for name in os.listdir(folder):
+        if re.fullmatch(r"cg-0*(\d+)", name) and not re.fullmatch(r"cg-0*1", name):
+            with open(os.path.join(folder, name)) as f:
+                found = re.search(r"^totals: (\d+)", f.read(), re.M)
+            total += int(found.group(1)) if found else 0
+    return total
 
 
 def seconds(what: str, op: str, n: int) -> float:
@@ -194,13 +238,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{op:12} WAL pages an operation: plain {plain:.2f}  journaled {journaled:.2f}  "
                   f"+{journaled - plain:.2f}", flush=True)  # fmt: skip
     if "forward" in whats:
-        direct, leased, exclusive, source = (measure("forward", op, n) for op in FORWARDS)
-        # A forward's run also filled the source with enqueue_many: the same cost as ``direct``.
+        direct, leased, exclusive, source, destination = (measure("forward", op, n) for op in FORWARDS)
+        # A forward's run also filled the source with enqueue_many: the same cost as ``direct``
+        # (not in the destination's thread: its figure is its own).
         leased, exclusive, source = leased - direct, exclusive - direct, source - direct
         print(f"a message: enqueue_many {direct:,.0f}  leased forwarder {leased:,.0f} "
               f"({ratio(direct, leased)})  exclusive {exclusive:,.0f} "
               f"({ratio(direct, exclusive)})  of the leased, the source's lease_many + ack_many "
-              f"{source:,.0f}")  # fmt: skip
+              f"{source:,.0f}, the destination's steps {destination:,.0f} "
+              f"({ratio(direct, destination)} of enqueue_many)")  # fmt: skip
     return 0
 
 

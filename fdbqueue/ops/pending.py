@@ -1,12 +1,13 @@
 """A leased forward's pending copies on the destination (``runtime/leased.py``; the protocol in
 ``transit.py`` and docs/forwarding.md): written (:func:`install`, :func:`install_parts`), read
-(:func:`read_pending`, :func:`pendings`), published as messages (:func:`as_item`) and cleared
-(:meth:`Pending.drop`).
+(:func:`read_pending`, :func:`pendings`), published as messages (:func:`as_item`; the common
+batch by :func:`read_plain` and :func:`publish_plain`) and cleared (:meth:`Pending.drop`).
 
 A leased batch's copies live in parts under ``("fp", source token, None, lease, part)``, each
 under the value limit (:func:`encode_part`: each copy's fields as JSON, the inline payloads,
-a CRC-32 of it all; a payload over ``CHUNK_SIZE`` in chunks ``("fp", source token, id,
-receipt, n)``); a batch installed by a transaction of its own (and every batch an earlier
+a CRC-32 of it all; or, for the common batch, each copy as the record its publication writes:
+"the records' format" below; a payload over ``CHUNK_SIZE`` in chunks ``("fp", source token,
+id, receipt, n)``); a batch installed by a transaction of its own (and every batch an earlier
 version installed) has one key a message, ``("fp", source token, id, receipt)`` -> a Record.
 The keys are built in ``store/layout.py``. A copy is not a message: not counted, never
 delivered, left alone by purges; every reader reads both forms.
@@ -25,12 +26,14 @@ from itertools import accumulate, repeat
 from operator import attrgetter, itemgetter, setitem
 from typing import Any, NamedTuple
 
-from fdbqueue.engines.contract import Transaction
+from fdbqueue.engines.contract import KeyValue, Transaction, check_room
 from fdbqueue.engines.limits import VALUE_SIZE_LIMIT
 from fdbqueue.errors import CorruptMessageError, QueueError
-from fdbqueue.ops.moves import CHUNK_SIZE
+from fdbqueue.ops.moves import CHUNK_SIZE, count_new
 from fdbqueue.ops.remotededup import DEDUP_HEADER, header_key
 from fdbqueue.ops.transit import Entry, batch_of, enqueued_us, leases_of
+from fdbqueue.store.budget import MAX_PAYLOAD_BYTES
+from fdbqueue.store.config import Meta
 from fdbqueue.store.entropy import new_rand
 from fdbqueue.store.layout import (
     QueueKeys,
@@ -43,11 +46,11 @@ from fdbqueue.store.layout import (
     pending_range,
     unpack_pending,
 )
-from fdbqueue.store.record import Record, decode_record, join_chunks, seal_chunk
+from fdbqueue.store.record import Record, decode_record, encode_plain, join_chunks, seal_chunk
 from fdbqueue.types import ContentType, Item, Message
 
 _first, _second = itemgetter(0), itemgetter(1)
-_ID, _RECEIPT = attrgetter("id"), attrgetter("receipt")
+_ID, _RECEIPT, _PRIORITY = attrgetter("id"), attrgetter("receipt"), attrgetter("priority")
 _PAYLOAD, _HEADERS = attrgetter("payload"), attrgetter("headers")
 
 
@@ -158,6 +161,14 @@ def _put_plain(
     cost = _ROW_BYTES * len(msgs) + sum(sizes) + sum(map(len, ids)) + sum(map(len, receipts))
     if cost > PART_BYTES:
         return False
+    joined = "".join(ids)
+    if joined.isascii() and joined.isalnum() and "".join(receipts).isascii() and not any(map(_UNTIL, msgs)):
+        # (no TTL, ids of ours: the records' format, unless its encoding passes the value
+        # limit after all - then the rows below, which _put_part halves)
+        raw = _encode_records(ids, receipts, msgs, payloads, now)
+        if len(raw) <= VALUE_SIZE_LIMIT:
+            t.set(part_key(dst, source, lease, part), raw)
+            return True
     # (round(...): enqueued_us(m), without the call; ._value_: the enum's value, without its
     # property's Python-level call)
     rows = [[mid, r, round(m.enqueued_at * 1e6), m.content_type._value_, {}, m.priority, m.expires_at,
@@ -239,6 +250,8 @@ def decode_part(raw: bytes, keys: QueueKeys, key: bytes) -> list[Copy]:
     if end < _PART_HEAD.size or _CRC.unpack_from(raw, end)[0] != zlib.crc32(memoryview(raw)[:end]):
         raise CorruptMessageError("pending copies: checksum mismatch", queue=keys.name, key=key)
     fmt, n = _PART_HEAD.unpack_from(raw)
+    if fmt == RECORDS_FORMAT:
+        return _copies_of(raw, keys, key)
     if fmt != PART_FORMAT:
         raise QueueError(f"pending copies of unknown format {fmt}: written by a newer fdbqueue?")
     at = _PART_HEAD.size + n
@@ -257,6 +270,7 @@ def decode_part(raw: bytes, keys: QueueKeys, key: bytes) -> list[Copy]:
 
 _new_copy = _new_item = tuple.__new__
 _SIZE, _CHUNKS = itemgetter(10), itemgetter(9)
+_UNTIL = attrgetter("expires_at")
 _COPY_FIELDS = len(Copy._fields)
 
 
@@ -301,15 +315,24 @@ class Pending:
 
 
 def read_pending(
-    t: Transaction, dst: QueueKeys, source: str, entries: list[Entry], *, payloads: bool = True
+    t: Transaction,
+    dst: QueueKeys,
+    source: str,
+    entries: list[Entry],
+    *,
+    payloads: bool = True,
+    read: list[KeyValue] | None = None,
 ) -> Pending:
     """The pending copies of ``entries`` (id, receipt), in a batch's parts (one range read a
     batch) or each under a key of its own (one ``get_many`` for those the parts do not hold):
-    payloads joined (``payloads=False``: chunked ones left unread)."""
+    payloads joined (``payloads=False``: chunked ones left unread). ``read``: the parts of
+    the entries' one lease as ``t`` read them already (:func:`read_plain`)."""
     found: dict[Entry, Copy] = {}
     parts: dict[bytes, list[Copy]] = {}
-    for lease in leases_of(map(_second, entries)):
-        for kv in t.get_range(*part_range(dst, source, lease), 10_000):
+    leases = leases_of(map(_second, entries))
+    for lease in leases:
+        kvs = read if read is not None and len(leases) == 1 else None
+        for kv in kvs if kvs is not None else t.get_range(*part_range(dst, source, lease), 10_000):
             copies = parts[kv.key] = decode_part(kv.value, dst, kv.key)
             for c in copies:
                 found[(c.id, c.receipt)] = c
@@ -332,6 +355,150 @@ def read_pending(
                 vals = [kv.value for kv in t.get_range(at + b"\x00", at + b"\xff", got.chunks + 1)]
                 out[i] = got._replace(payload=join_chunks(vals, got.chunks, dst.name, mid))
     return Pending(out, parts, own)
+
+
+# -- the records' format: a batch of plain copies as the records their publication writes ------
+#
+# A run's batch of copies without headers, TTL or chunks, with ids of ours (ASCII letters and
+# digits), installed in the publication of the one before it (``_put_plain``): each copy is
+# kept as the very record its publication writes (``record.encode_plain``: its id, enqueue
+# time, content type and payload; no deliveries), beside its receipt and priority. The
+# common publication (:func:`read_plain`, :func:`publish_plain`) then writes those bytes
+# as they are, with the message's id entry: no copy decoded, no Item, no record encoded.
+# A part's value: ``_RECORDS_HEAD`` (format 2, copies, the version they were installed
+# at), a ``_RECORDS_ROW`` a copy (its id's and receipt's lengths, priority, record's
+# length), the ids, the receipts, the records, a CRC-32 of it all. Every other reader
+# decodes it into :class:`Copy`s (:func:`decode_part`), as a part of format 1.
+RECORDS_FORMAT = 2
+_RECORDS_HEAD = struct.Struct("<BIq")
+_RECORDS_ROW = struct.Struct("<HHqI")
+
+
+def _encode_records(
+    ids: list[str], receipts: list[str], msgs: list[Message], payloads: list[bytes], now: int
+) -> bytes:
+    # (round(...): enqueued_us(m), without the call; ._value_: the enum's value without its
+    # property's Python-level call)
+    recs = [encode_plain(mid, round(m.enqueued_at * 1e6), m.content_type._value_, payload)
+            for mid, m, payload in zip(ids, msgs, payloads, strict=True)]  # fmt: skip
+    rows = map(_RECORDS_ROW.pack, map(len, ids), map(len, receipts), map(_PRIORITY, msgs), map(len, recs))
+    body = b"".join([_RECORDS_HEAD.pack(RECORDS_FORMAT, len(msgs), now), *rows,
+                     "".join(ids).encode(), "".join(receipts).encode(), *recs])  # fmt: skip
+    return body + _CRC.pack(zlib.crc32(body))
+
+
+def _records_of(
+    raw: bytes, keys: QueueKeys, key: bytes
+) -> tuple[list[str], list[str], list[int], list[bytes], int]:
+    """A part of the records' format: its ids, receipts, priorities, records and when it was
+    installed; :class:`CorruptMessageError` naming ``key`` when its checksum does not match
+    (or its lengths do not add up)."""
+    end = len(raw) - _CRC.size
+    if end < _RECORDS_HEAD.size or _CRC.unpack_from(raw, end)[0] != zlib.crc32(memoryview(raw)[:end]):
+        raise CorruptMessageError("pending copies: checksum mismatch", queue=keys.name, key=key)
+    _, n, at = _RECORDS_HEAD.unpack_from(raw)
+    start = _RECORDS_HEAD.size + n * _RECORDS_ROW.size
+    if not n or start > end:
+        raise CorruptMessageError("pending copies: no copy in a part", queue=keys.name, key=key)
+    id_lens, receipt_lens, priorities, rec_lens = zip(
+        *_RECORDS_ROW.iter_unpack(raw[_RECORDS_HEAD.size : start]), strict=True
+    )
+    mid = start + sum(id_lens)
+    last = mid + sum(receipt_lens)
+    if last + sum(rec_lens) != end:
+        raise CorruptMessageError("pending copies: lengths do not add up", queue=keys.name, key=key)
+    return (
+        _cut(raw[start:mid].decode(), id_lens, 0), _cut(raw[mid:last].decode(), receipt_lens, 0),
+        list(priorities), _cut(raw, rec_lens, last), at,
+    )  # fmt: skip
+
+
+def _cut(seq: Any, lens: tuple[int, ...], start: int) -> list[Any]:
+    """``seq`` cut in pieces of ``lens`` from ``start`` (loops in C)."""
+    ends = list(accumulate(lens, initial=start))
+    return list(map(seq.__getitem__, map(slice, ends, ends[1:])))
+
+
+def _copies_of(raw: bytes, keys: QueueKeys, key: bytes) -> list[Copy]:
+    """A part of the records' format as :class:`Copy`s (for every reader but the common
+    publication)."""
+    ids, receipts, priorities, recs, at = _records_of(raw, keys, key)
+    out = []
+    for mid, receipt, priority, raw_rec in zip(ids, receipts, priorities, recs, strict=True):
+        rec = decode_record(raw_rec, keys, key, mid)
+        out.append(Copy(mid, receipt, rec.enqueued_us, rec.content_type, rec.headers, priority, None, None,
+                        False, 0, rec.payload, at))  # fmt: skip
+    return out
+
+
+class Plain(NamedTuple):
+    """A batch's copies as the common publication reads them (:func:`read_plain`)."""
+
+    parts: list[bytes]  # the keys of the batch's parts, each read
+    ids: list[str]
+    priorities: list[int]
+    records: list[bytes]
+
+
+def plain_queue(meta: Meta) -> bool:
+    """Whether an enqueue into the queue ``meta`` describes writes a plain copy's record as it
+    is (``enqueuing._write_new``'s general path for a ready message given its id): settings
+    made, enqueues open, no journal, no queue TTL, a ``max_payload`` every inline payload
+    fits (a payload over ``CHUNK_SIZE`` has chunks: never a plain copy)."""
+    cfg = meta.config
+    return (
+        cfg is not None and meta.state.enqueue and not cfg.journal and cfg.ttl is None
+        and min(cfg.max_payload, MAX_PAYLOAD_BYTES) >= CHUNK_SIZE
+    )  # fmt: skip
+
+
+def read_plain(
+    t: Transaction, dst: QueueKeys, source: str, entries: list[Entry]
+) -> tuple[Plain | None, list[KeyValue] | None]:
+    """The copies of ``entries`` when they are the common publication's case: one lease's
+    batch, every part of it in the records' format, holding exactly ``entries``, in order
+    (none published, withdrawn or held back since). Else None, with the parts as read (for
+    :func:`read_pending`: one range read either way; None when not one lease, nothing read).
+    The range read is not a snapshot read: a part rewritten meanwhile conflicts."""
+    leases = leases_of(map(_second, entries))
+    if len(leases) != 1:
+        return None, None
+    kvs = t.get_range(*part_range(dst, source, leases[0]), 10_000)
+    if not kvs or any(kv.value[0] != RECORDS_FORMAT for kv in kvs):
+        return None, kvs
+    ids: list[str] = []
+    receipts: list[str] = []
+    priorities: list[int] = []
+    records: list[bytes] = []
+    for kv in kvs:
+        i, r, p, c, _ = _records_of(kv.value, dst, kv.key)
+        ids += i
+        receipts += r
+        priorities += p
+        records += c
+    if len(ids) != len(entries) or list(zip(ids, receipts, strict=True)) != entries:
+        return None, kvs
+    return Plain([kv.key for kv in kvs], ids, priorities, records), kvs
+
+
+def publish_plain(t: Transaction, dst: QueueKeys, meta: Meta, plain: Plain) -> int:
+    """Publish ``plain`` in ``t`` (the destination's settings ``meta``, read by ``t``, said
+    :func:`plain_queue`; the caller checked the right and the room, and that no copy is held
+    by the destination already): what ``enqueuing.enqueue_in`` writes for their Items - each
+    record at the next ready key with its id entry (a forwarded message keeps its id), the
+    batch counted once - then the parts cleared. Returns how many."""
+    check_room(t.db)  # below the disk's free-space reserve a producer is refused, as enqueue_in
+    base = meta.made_ready + 1
+    ready_key, id_key, tset = dst.ready_key, dst.id_key, t.set
+    at = [ready_key(p, base + i, new_rand()) for i, p in enumerate(plain.priorities)]
+    for key, mid, rec in zip(at, plain.ids, plain.records, strict=True):
+        tset(key, rec)
+        tset(id_key(mid), key)
+    fresh = set(plain.priorities) - meta.priorities
+    count_new(t, dst, len(at), 0, fresh, meta.work, conflicts=meta.cluster, seen=meta.raw)
+    for key in plain.parts:
+        t.clear(key)
+    return len(at)
 
 
 def copy_of(rec: Record, receipt: str) -> Copy:

@@ -18,7 +18,16 @@ from fdbqueue.ops import transit
 from fdbqueue.ops.delivery import ack_many_in
 from fdbqueue.ops.enqueuing import enqueue_in
 from fdbqueue.ops.moves import Note
-from fdbqueue.ops.pending import as_item, install, install_parts, pendings, read_pending
+from fdbqueue.ops.pending import (
+    as_item,
+    install,
+    install_parts,
+    pendings,
+    plain_queue,
+    publish_plain,
+    read_pending,
+    read_plain,
+)
 from fdbqueue.ops.privileges import check
 from fdbqueue.ops.receipts import run_once_confirmed
 from fdbqueue.ops.remotededup import carry, layer_keys, there_named
@@ -189,16 +198,26 @@ class Leased(Outbox):
         def body(t: Transaction) -> tuple[int, list[transit.Entry], int | None, dict[str, str] | None]:
             meta = read_meta(t, dkeys)
             check(t, dkeys, "enqueue", meta)
-            now = db_now(t)
-            pending = read_pending(t, dkeys, source, entries)
-            recs = pending.copies
+            plain, read = read_plain(t, dkeys, source, entries) if plain_queue(meta) else (None, None)
             marks = _marks(t, dkeys, self.origin, entries)
+            room = transit.room_of(meta)
+            if plain is not None and marks is None and (room is None or room >= len(entries)):
+                # The common publication: a run's batch of plain copies, all there, none
+                # installed already (no marker; a plain copy has no RemoteQueue key), room
+                # for all: their records written as installed (pending.publish_plain).
+                wrote = publish_plain(t, dkeys, meta, plain)
+                big = None
+                if ahead is not None and meta.state.enqueue:
+                    big = self._install_in(t, ahead.batch, layer_ahead, meta)
+                return wrote, [], None if room is None else room - wrote, big
+            now = db_now(t)
+            pending = read_pending(t, dkeys, source, entries, read=read)
+            recs = pending.copies
             # A RemoteQueue's message that may have reached the destination directly (its
             # enqueue there ended without an answer): skipped only as the stores confirm it.
             named = [(rec.id, rec.dk) for rec in recs if rec is not None and rec.dk is not None]
             layer = {rec.id: rec.dk for rec in recs if rec is not None and rec.dk is not None and rec.dkl}
             there = there_named(t, dkeys, named, layer, now)
-            room = transit.room_of(meta)
             items: list[Item] = []
             left: list[transit.Entry] = []
             handled = 0
