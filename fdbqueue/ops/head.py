@@ -11,7 +11,6 @@ from __future__ import annotations
 import struct
 import weakref
 from collections.abc import Mapping
-from functools import partial
 from operator import itemgetter
 from typing import Any
 
@@ -24,7 +23,7 @@ from fdbqueue.ops.scan import KEYS, ReadyScan, expire_within
 from fdbqueue.ops.sweep import sweep_step
 from fdbqueue.ops.waiting import next_due
 from fdbqueue.store.budget import Budget
-from fdbqueue.store.config import LEASE_COUNTERS, TAKE_COUNTERS, QueueConfig, read_take
+from fdbqueue.store.config import LEASE_COUNTERS, TAKE_COUNTERS, QueueConfig, take_plan
 from fdbqueue.store.layout import QueueKeys
 from fdbqueue.store.record import Record, decode_fields, decode_record
 from fdbqueue.types import Message
@@ -273,9 +272,27 @@ def _find(
 class _Kept:
     """A kept run: the ready records after the last take's, and the ready, taken and wake
     counters (as stored: 8 bytes little-endian, or None) its commit left; in ``_kept`` once
-    that commit landed."""
+    that commit landed. ``expect``: what :func:`take_short`'s one read must find for the step
+    to apply (its ``reads``: the metadata version and the ready, wake, inflight, delayed and
+    taken counters), or None where it may not (settings that need the dequeue's checks,
+    leases or delays in the queue, a run used by another step)."""
 
-    __slots__ = ("db", "pause", "prio", "ready", "run", "slot", "taken", "version", "wake")
+    __slots__ = (
+        "db",
+        "expect",
+        "journal",
+        "keys",
+        "msg",
+        "pause",
+        "prio",
+        "reads",
+        "ready",
+        "run",
+        "slot",
+        "taken",
+        "version",
+        "wake",
+    )
 
     def __init__(
         self,
@@ -296,6 +313,11 @@ class _Kept:
         self.version = version  # the queue's metadata version: a queue destroyed and made again
         self.pause = 0
         self.prio: tuple[bytes, int] | None = None  # take_short's: a priority's prefix, the priority
+        self.expect: list[bytes | None] | None = None  # take_short's (above)
+        self.reads: list[bytes] = []  # the keys take_short reads (config.take_plan's)
+        self.journal = False  # whether the queue journals, at ``version``
+        self.keys: QueueKeys | None = None  # take_short's in a caller's transaction: the take
+        self.msg: Message | None = None  # and its message, for :meth:`took`
 
     def landed(self, error: EngineError | None) -> None:
         """``Transaction.on_finish``: kept once the take's commit landed."""
@@ -304,6 +326,16 @@ class _Kept:
             if len(_kept) >= KEPT_QUEUES:
                 del _kept[next(iter(_kept))]  # the oldest (dicts keep insertion order)
             _kept[self.slot] = self
+
+    def took(self, error: EngineError | None) -> None:
+        """``Transaction.on_finish`` of :func:`take_short` in a caller's transaction: the rest of
+        the run kept once the take's commit landed (:meth:`landed`; nothing when the take used
+        it up), the delivery counted as failed when it did not (:func:`failed_take`)."""
+        if error is None:
+            if self.run:
+                self.landed(None)
+        else:
+            count_failed_attempt(self.keys, self.db(), self.msg, error)  # type: ignore[arg-type]
 
 
 _kept: dict[tuple[int, bytes], _Kept] = {}
@@ -337,6 +369,7 @@ def kept_run(keys: QueueKeys, tr: Transaction, raw: list[bytes | None]) -> _Kept
     # the same queue: one destroyed and made again under its name starts its counters from
     # nothing, and they can come back to what the run expects (write_config writes a fresh
     # random version at every creation: store/config.py, bump_metadata_version).
+    entry.expect = None  # (used by the long way: keep_run says again what take_short may expect)
     if entry.ready != raw[1] or entry.taken != raw[6] or entry.wake != raw[2] or entry.version != raw[0]:
         entry.run = []
         entry.pause = KEPT_PAUSE
@@ -400,6 +433,21 @@ def keep_run(
         entry.taken = raw[6]
         entry.wake = raw[2]
         entry.version = raw[0]
+    # What take_short's read must find for the next take to be its: the counters as this take
+    # leaves them, nothing leased or delayed (its due check), settings that need none of the
+    # dequeue's checks at this metadata version (config.take_plan). A lease (inflight grows)
+    # leaves the expectation out of date, which only sends the next take the long way.
+    inflight, delayed = raw[4], raw[5]
+    plan = (
+        take_plan(tr.db, keys, raw[0])
+        if (inflight is None or inflight == _ZERO) and (delayed is None or delayed == _ZERO)
+        else None
+    )
+    if plan is None:
+        entry.expect = None
+    else:
+        entry.reads, entry.journal = plan
+        entry.expect = [raw[0], entry.ready, raw[2], inflight, delayed, raw[6]]
     tr.on_finish(entry.landed)
 
 
@@ -449,9 +497,10 @@ _taken: dict[bytes, tuple[bytes, bytes]] = {}
 # Most dequeues in a caller's transaction on the embedded engine are the same: a queue with no
 # owner, open, without strict order or a volatile prefix; nothing delayed or leased; the head
 # the kept run's first record, without TTL, chunks or extra fields. take_short does that one
-# case straight from what it reads: the metadata version and the counters in one read, the
-# settings this process last found for the queue (config.read_take: only while they are the
-# queue's at that version), the record's fields (record.decode_fields: no Record), the Message
+# case straight from what it reads: the metadata version and the counters in one read,
+# compared in one with what the take that kept the run left (_Kept.expect: the same metadata
+# version, at which the settings this process found need none of the dequeue's checks,
+# config.take_plan), the record's fields (record.decode_fields: no Record), the Message
 # from them (Message.handed_out), two writes (the record cleared, the taken counter set to what
 # was read plus one: one counter row, not the ready and done counters' two; every reader takes
 # ready as ready - taken and done as done + taken, store/layout.py) and one callback for the
@@ -478,23 +527,17 @@ def take_short(keys: QueueKeys, tr: Transaction, in_caller: bool = True) -> Mess
     entry = _kept.pop(slot, None)
     if entry is None:
         return None
-    if not entry.run or entry.pause or entry.db() is not db:
-        return _back(slot, entry)  # (a paused slot's, or another database's under a reused id)
-    found = read_take(tr, keys)
-    if found is None:
+    expect = entry.expect  # (None for a paused slot's, or where the step may not apply)
+    if expect is None or entry.db() is not db:
+        return _back(slot, entry)  # (or another database's under a reused id)
+    # One read: the metadata version and the ready, wake, inflight, delayed and taken counters.
+    # What the take that kept the run left (keep_run, or this step's last take), compared in
+    # one: the same metadata version (the same queue, and settings that need none of the
+    # dequeue's checks: config.take_plan, valid while that version is), nothing leased or
+    # delayed (no due check to make), the ready set unchanged (kept_run's counters).
+    values = tr.snapshot.get_many(entry.reads)
+    if values != expect:
         return _back(slot, entry)
-    values, settings, read = found  # version, ready, wake, inflight, delayed, taken (and their keys)
-    version, ready, wake, inflight, delayed, taken = values
-    if (
-        (inflight is not None and inflight != _ZERO)
-        or (delayed is not None and delayed != _ZERO)
-        # the ready set changed, or another queue under the name: kept_run says so
-        or entry.ready != ready
-        or entry.taken != taken
-        or entry.wake != wake
-        or entry.version != version
-    ):
-        return _back(slot, entry)  # (delayed or leased messages may be due: the due check)
     run = entry.run
     key, raw = run[0]
     fields = decode_fields(raw)
@@ -503,6 +546,7 @@ def take_short(keys: QueueKeys, tr: Transaction, in_caller: bool = True) -> Mess
     msg_id, enqueued_us, content_type, headers, deliveries, expires_us, chunks, extra, payload = fields
     if expires_us is not None or chunks or extra:
         return _back(slot, entry)  # a TTL to check, chunks to read, a retry delay (not_before) or more
+    taken = values[5]
     try:  # count_known's arithmetic; not 8 bytes, or past 64 bits: the long way
         taken = _ONE if taken is None else _PACK(_UNPACK(taken)[0] + 1)
     except struct.error:
@@ -510,27 +554,29 @@ def take_short(keys: QueueKeys, tr: Transaction, in_caller: bool = True) -> Mess
     # The priority: the run's last one, while the key starts with its encoding (a tuple-encoded
     # int is prefix-free), else decoded from the key.
     known = entry.prio
-    if known is not None and key.startswith(known[0]):
-        priority = known[1]
-    else:
+    if known is None or not key.startswith(known[0]):
         entry.prio = known = keys.priority_prefix(key)
-        priority = known[1]
     msg = Message.handed_out(
-        keys.name, priority, key, msg_id, enqueued_us, content_type, headers, deliveries, payload
+        keys.name, known[1], key, msg_id, enqueued_us, content_type, headers, deliveries, payload
     )
     # Decided: from here on as the long way writes (remove_message, count_known, take_counted).
     tr.clear(key)
     if key != keys.home_key(msg_id):  # at home it has no id entry
         tr.clear(keys.id_key(msg_id))
-    tr.set(read[5], taken)  # counted taken: ready - 1 and done + 1 to every reader (layout.py)
-    if settings.config.journal:  # type: ignore[union-attr]  # (read_take: never None)
+    tr.set(entry.reads[5], taken)  # counted taken: ready - 1 and done + 1 to every reader (layout.py)
+    if entry.journal:
         journaling.record(tr, keys, "dequeue", msg_id, deliveries=deliveries + 1)
-    if len(run) > 1:  # keep_run's, in the same entry: its wake and version are as read
-        entry.run = run[1:]
-        entry.taken = taken
-        tr.on_finish(partial(_landed_or_failed, entry, keys, db, msg) if in_caller else entry.landed)
-    elif in_caller:
-        tr.on_finish(partial(failed_take, keys, db, msg))
+    # keep_run's, in the same entry: the rest of the run, what the next take's read must find
+    # (this read with the taken counter as written), kept once the commit lands.
+    entry.run = run[1:]
+    entry.taken = values[5] = taken
+    entry.expect = values
+    if in_caller:
+        entry.keys = keys
+        entry.msg = msg
+        tr.on_finish(entry.took)  # and the failed delivery counted when it does not land
+    elif len(run) > 1:
+        tr.on_finish(entry.landed)
     return msg
 
 
@@ -540,17 +586,6 @@ def _back(slot: tuple[int, bytes], entry: _Kept) -> Message | None:
     date."""
     _kept.setdefault(slot, entry)
     return None
-
-
-def _landed_or_failed(
-    entry: _Kept, keys: QueueKeys, db: Any, msg: Message, error: EngineError | None
-) -> None:
-    """take_short's ``on_finish``: the rest of the run kept once the take's commit landed
-    (``_Kept.landed``), the delivery counted as failed when it did not (:func:`failed_take`)."""
-    if error is None:
-        entry.landed(None)
-    else:
-        count_failed_attempt(keys, db, msg, error)
 
 
 def failed_take(keys: QueueKeys, db: Any, msg: Message, error: EngineError | None) -> None:
@@ -576,7 +611,10 @@ def claim_kept(db: Any, keys: QueueKeys, entry: _Kept) -> bool:
     """Take ``entry`` (from :func:`kept_entry`) out, as :func:`kept_run` does once it is used;
     False when another thread's take on this handle took it since (the caller then takes the
     long way, as :func:`take_short`)."""
-    return _kept.pop((id(db), keys.packed), None) is entry
+    if _kept.pop((id(db), keys.packed), None) is not entry:
+        return False
+    entry.expect = None  # (its counters change with this take: not take_short's to expect)
+    return True
 
 
 def kept_paused(db: Any, keys: QueueKeys) -> bool:

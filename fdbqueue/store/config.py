@@ -557,6 +557,23 @@ def read_take(tr: Transaction, keys: QueueKeys) -> tuple[list[bytes | None], _Se
     return values, settings, wanted
 
 
+def take_plan(db: Any, keys: QueueKeys, version: bytes | None) -> tuple[list[bytes], bool] | None:
+    """What a dequeue of the head in ``db`` reads :func:`read_take`'s way (the keys, in its
+    order) and whether the queue journals, when the settings this process last found for the
+    queue are those at metadata ``version`` and need none of the dequeue's checks
+    (:func:`_take_keys`); else None. Valid for as long as the queue's metadata version is
+    ``version`` (every change of settings, state or markers writes a new random one:
+    :func:`bump_metadata_version`): the caller compares it at every take (``ops/head.py``
+    ``take_short``)."""
+    hot = _hot.get(keys.packed)
+    if hot is None or version is None or (wanted := hot[4]) is None:
+        return None
+    settings = hot[1]
+    if settings.version != version or hot[0]() is not db:
+        return None
+    return wanted, settings.config.journal  # type: ignore[union-attr]  # (_take_keys: a config)
+
+
 def read_plain(
     tr: Transaction, keys: QueueKeys, size: int
 ) -> tuple[list[bytes | None], _Settings, list[bytes]] | None:
