@@ -170,31 +170,46 @@ def _plain_step(
         return _attempt(keys, [plain_item(payload, priority, rand)], None, tr, at)[0]
     check_room(tr.db)
     values, settings, read = found
-    wake = values[2]  # read_meta's made_ready, + 1
-    index = 1 if wake is None else _I64_UNPACK(wake)[0] + 1 if len(wake) == 8 else unpack_count(wake) + 1
-    key, msg_id = keys.home(priority, index, rand)
-    t_us = now_us()  # the wall clock: enqueued_at, for people only
-    if settings.config.journal:  # type: ignore[union-attr]  # (read_plain: never None)
-        write_plain_journaled(tr, keys, key, msg_id, t_us, _BYTES_VALUE, payload, priority, t_us)
-    else:
-        tr.set(key, encode_plain(msg_id, t_us, _BYTES_VALUE, payload))
-    if priority in settings.priorities and values[3] == b"" and (wake is None or len(wake) == 8):
+    _, ready, wake, work = values  # (the metadata version: read_plain compared it)
+    if priority in settings.priorities and work == b"":
         # count_new's common case, without its call: the priority's marker and the work
-        # index's entry there already, the ready and wake counters plain 8-byte ones, set to
-        # what was read plus one (count_known's arithmetic: an add would leave the same; past
-        # 64 bits count_new wraps them as an add does)
-        ready = values[1]
+        # index's entry there already, the ready and wake counters plain 8-byte ones (absent:
+        # count_new's), set to what was read plus one (count_known's arithmetic: an add would
+        # leave the same). Another length, or past 64 bits (count_new wraps them as an add
+        # does), raises struct.error: count_new's then.
         try:
-            counted = _I64_PACK(1 if ready is None else _I64_UNPACK(ready)[0] + 1), _I64_PACK(index)
-        except struct.error:
+            index = _I64_UNPACK(wake)[0] + 1
+            counted = _I64_PACK(_I64_UNPACK(ready)[0] + 1), _I64_PACK(index)
+        except (struct.error, TypeError):  # (TypeError: a counter absent)
             pass
         else:
+            key, msg_id = keys.home(priority, index, rand)
+            t_us = now_us()  # the wall clock: enqueued_at, for people only (_write_plain's)
+            if settings.config.journal:  # type: ignore[union-attr]  # (read_plain: never None)
+                write_plain_journaled(tr, keys, key, msg_id, t_us, _BYTES_VALUE, payload, priority, t_us)
+            else:
+                tr.set(key, encode_plain(msg_id, t_us, _BYTES_VALUE, payload))
             tr.set(read[1], counted[0])
             tr.set(read[2], counted[1])
             return msg_id
+    # read_meta's made_ready, + 1
+    index = 1 if wake is None else _I64_UNPACK(wake)[0] + 1 if len(wake) == 8 else unpack_count(wake) + 1
+    key, msg_id = keys.home(priority, index, rand)
+    _write_plain(tr, keys, key, msg_id, payload, priority, settings.config.journal)  # type: ignore[union-attr]
     fresh = _NO_PRIORITIES if priority in settings.priorities else {priority}
-    count_new(tr, keys, 1, 0, fresh, values[3], conflicts=False, seen=values)
+    count_new(tr, keys, 1, 0, fresh, work, conflicts=False, seen=values)
     return msg_id
+
+
+def _write_plain(
+    tr: Transaction, keys: QueueKeys, key: bytes, msg_id: str, payload: bytes, priority: int, journal: bool
+) -> None:
+    """_plain_step's record (``_write_new``'s short way), and on a journaled queue its entry."""
+    t_us = now_us()  # the wall clock: enqueued_at, for people only
+    if journal:
+        write_plain_journaled(tr, keys, key, msg_id, t_us, _BYTES_VALUE, payload, priority, t_us)
+    else:
+        tr.set(key, encode_plain(msg_id, t_us, _BYTES_VALUE, payload))
 
 
 def enqueue_in(

@@ -316,24 +316,27 @@ class _Kept:
         self.expect: list[bytes | None] | None = None  # take_short's (above)
         self.reads: list[bytes] = []  # the keys take_short reads (config.take_plan's)
         self.journal = False  # whether the queue journals, at ``version``
-        self.keys: QueueKeys | None = None  # take_short's in a caller's transaction: the take
-        self.msg: Message | None = None  # and its message, for :meth:`took`
+        self.keys: QueueKeys | None = None  # the queue's (keep_run's), for :meth:`took`
+        self.msg: Message | None = None  # take_short's in a caller's transaction: its message
 
     def landed(self, error: EngineError | None) -> None:
-        """``Transaction.on_finish``: kept once the take's commit landed."""
+        """``Transaction.on_finish``: kept once the take's commit landed, as the newest (the
+        take took it out, kept_run or take_short; in place if another thread's take kept one
+        since)."""
         if error is None:
-            _kept.pop(self.slot, None)  # put back as the newest
-            if len(_kept) >= KEPT_QUEUES:
+            if len(_kept) >= KEPT_QUEUES and self.slot not in _kept:
                 del _kept[next(iter(_kept))]  # the oldest (dicts keep insertion order)
             _kept[self.slot] = self
 
     def took(self, error: EngineError | None) -> None:
         """``Transaction.on_finish`` of :func:`take_short` in a caller's transaction: the rest of
-        the run kept once the take's commit landed (:meth:`landed`; nothing when the take used
-        it up), the delivery counted as failed when it did not (:func:`failed_take`)."""
+        the run kept once the take's commit landed (:meth:`landed`'s, inline; nothing when the
+        take used it up), the delivery counted as failed when it did not (:func:`failed_take`)."""
         if error is None:
             if self.run:
-                self.landed(None)
+                if len(_kept) >= KEPT_QUEUES and self.slot not in _kept:
+                    del _kept[next(iter(_kept))]
+                _kept[self.slot] = self
         else:
             count_failed_attempt(self.keys, self.db(), self.msg, error)  # type: ignore[arg-type]
 
@@ -427,6 +430,7 @@ def keep_run(
         except TypeError:  # a database that cannot be weakly referenced: nothing kept
             return
         entry = _Kept(ref, (id(db), keys.packed), run, _PACK(_UNPACK(ready)[0] - n), raw[2], raw[0], raw[6])
+        entry.keys = keys
     else:
         entry.run = run
         entry.ready = _PACK(_UNPACK(ready)[0] - n)
@@ -572,7 +576,6 @@ def take_short(keys: QueueKeys, tr: Transaction, in_caller: bool = True) -> Mess
     entry.taken = values[5] = taken
     entry.expect = values
     if in_caller:
-        entry.keys = keys
         entry.msg = msg
         tr.on_finish(entry.took)  # and the failed delivery counted when it does not land
     elif len(run) > 1:

@@ -397,8 +397,9 @@ _settings_lock = threading.Lock()
 # dict lookup for the common case of one database, before the per-database cache above.
 # (the database, its settings, whether they set a max_size, the longest payload a plain
 # enqueue may take read_plain's way with them: -1 when none may, _plain_limit; the keys a
-# plain take reads read_take's way with them: None when none may, _take_keys)
-_Hot = tuple[weakref.ref[Any], _Settings, bool, int, "list[bytes] | None"]
+# plain take reads read_take's way with them: None when none may, _take_keys; the keys a plain
+# enqueue reads read_plain's way, QueueKeys.meta_read_short)
+_Hot = tuple[weakref.ref[Any], _Settings, bool, int, "list[bytes] | None", list[bytes]]
 _hot: dict[bytes, _Hot] = {}
 
 
@@ -492,7 +493,8 @@ def _settings_at(tr: Transaction, keys: QueueKeys, version: bytes | None, hot: _
         if len(_hot) > 4096:  # a process touching very many queues: start again
             _hot.clear()
         bounded = cached.config is not None and cached.config.max_size is not None
-        _hot[keys.packed] = (ref, cached, bounded, _plain_limit(cached), _take_keys(keys, cached))
+        limit = _plain_limit(cached)
+        _hot[keys.packed] = (ref, cached, bounded, limit, _take_keys(keys, cached), keys.meta_read_short())
     return cached
 
 
@@ -591,7 +593,7 @@ def read_plain(
     hot = _hot.get(keys.packed)
     if hot is None or size > hot[3]:
         return None
-    read = keys.meta_read_short()
+    read = hot[5]
     values = tr.snapshot.get_many(read)
     settings = hot[1]
     if values[0] != settings.version or hot[0]() is not tr.db:

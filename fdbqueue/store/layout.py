@@ -178,6 +178,7 @@ class QueueKeys:
         "_d",
         "_f",
         "_heads",
+        "_homes",
         "_id",
         "_jk",
         "_l",
@@ -211,6 +212,8 @@ class QueueKeys:
         self._names: dict[bytes, str] | None = None
         self._markers: dict[bytes, int] = {}
         self._heads: dict[int, bytes] = {}  # priority -> the ready keys' prefix
+        # priority -> (the ready keys' prefix, the hex of its part past _r after "r"): home's
+        self._homes: dict[int, tuple[bytes, str]] = {}
         self._meta_read: list[bytes] | None = None
         self._meta_short: list[bytes] | None = None
         self._jk: JournalKeys | None = None
@@ -373,14 +376,24 @@ class QueueKeys:
     # -- ready items ---------------------------------------------------------------------------
     def home(self, priority: int, index: int, rand: bytes) -> tuple[bytes, str]:
         """A new ready message's key and the id that names it (:meth:`id_of_home`), together."""
-        head = self._heads.get(priority)
+        head = self._homes.get(priority)
         if head is None or not 0 < index < _BIG:
             key = self.ready_key(priority, index, rand)
-        else:  # ready_key's common case, inline (one made per message)
-            size = (index.bit_length() + 7) >> 3
-            key = head + _INT_CODES[size] + index.to_bytes(size, "big") + b"\x01"
-            key += rand.replace(b"\x00", b"\x00\xff") + b"\x00"
-        return key, "r" + key[len(self._r) :].hex()
+            if len(self._homes) < 64 and priority in self._heads:  # (ready_key's: a few priorities)
+                prefix = self._heads[priority]
+                self._homes[priority] = prefix, "r" + prefix[len(self._r) :].hex()
+            return key, "r" + key[len(self._r) :].hex()
+        # ready_key's common case, inline (one made per message): the key's tail past the
+        # priority's prefix, and the id as the prefix's hex (made once) and the tail's
+        size = (index.bit_length() + 7) >> 3
+        tail = (
+            _INT_CODES[size]
+            + index.to_bytes(size, "big")
+            + b"\x01"
+            + rand.replace(b"\x00", b"\x00\xff")
+            + b"\x00"
+        )
+        return head[0] + tail, head[1] + tail.hex()
 
     def ready_key(self, priority: int, index: int, rand: bytes) -> bytes:
         head = self._heads.get(priority)
