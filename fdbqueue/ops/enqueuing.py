@@ -178,8 +178,8 @@ def _plain_step(
         # leave the same). Another length, or past 64 bits (count_new wraps them as an add
         # does), raises struct.error: count_new's then.
         try:
-            index = _I64_UNPACK(wake)[0] + 1
-            counted = _I64_PACK(_I64_UNPACK(ready)[0] + 1), _I64_PACK(index)
+            index = _I64_UNPACK(wake)[0] + 1  # type: ignore[arg-type]  # (None: TypeError)
+            counted = _I64_PACK(_I64_UNPACK(ready)[0] + 1), _I64_PACK(index)  # type: ignore[arg-type]
         except (struct.error, TypeError):  # (TypeError: a counter absent)
             pass
         else:
