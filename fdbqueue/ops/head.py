@@ -571,14 +571,16 @@ def take_short(keys: QueueKeys, tr: Transaction, in_caller: bool = True) -> Mess
     if entry.journal:
         journaling.record(tr, keys, "dequeue", msg_id, deliveries=deliveries + 1)
     # keep_run's, in the same entry: the rest of the run, what the next take's read must find
-    # (this read with the taken counter as written), kept once the commit lands.
-    entry.run = run[1:]
+    # (this read with the taken counter as written), kept once the commit lands. The run is
+    # the entry's own list (keep_run's and lease_short's slices) and out of _kept until then:
+    # its head is dropped in place, no copy of the rest made.
+    del run[0]
     entry.taken = values[5] = taken
     entry.expect = values
     if in_caller:
         entry.msg = msg
         tr.on_finish(entry.took)  # and the failed delivery counted when it does not land
-    elif len(run) > 1:
+    elif run:
         tr.on_finish(entry.landed)
     return msg
 
