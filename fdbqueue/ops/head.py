@@ -272,10 +272,8 @@ def _find(
 class _Kept:
     """A kept run: the ready records after the last take's, and the ready, taken and wake
     counters (as stored: 8 bytes little-endian, or None) its commit left; in ``_kept`` once
-    that commit landed. ``expect``: what :func:`take_short`'s one read must find for the step
-    to apply (its ``reads``: the metadata version and the ready, wake, inflight, delayed and
-    taken counters), or None where it may not (settings that need the dequeue's checks,
-    leases or delays in the queue, a run used by another step)."""
+    that commit landed; ``expect``, what :func:`take_short`'s one read must find (None: the
+    step may not apply)."""
 
     __slots__ = (
         "db",
@@ -320,18 +318,15 @@ class _Kept:
         self.msg: Message | None = None  # take_short's in a caller's transaction: its message
 
     def landed(self, error: EngineError | None) -> None:
-        """``Transaction.on_finish``: kept once the take's commit landed, as the newest (the
-        take took it out, kept_run or take_short; in place if another thread's take kept one
-        since)."""
+        """``Transaction.on_finish``: kept once the take's commit landed (the take took it out)."""
         if error is None:
             if len(_kept) >= KEPT_QUEUES and self.slot not in _kept:
                 del _kept[next(iter(_kept))]  # the oldest (dicts keep insertion order)
             _kept[self.slot] = self
 
     def took(self, error: EngineError | None) -> None:
-        """``Transaction.on_finish`` of :func:`take_short` in a caller's transaction: the rest of
-        the run kept once the take's commit landed (:meth:`landed`'s, inline; nothing when the
-        take used it up), the delivery counted as failed when it did not (:func:`failed_take`)."""
+        """:func:`take_short`'s ``on_finish`` in a caller's transaction: :meth:`landed` (inline)
+        when its commit landed, else the delivery counted as failed (:func:`failed_take`)."""
         if error is None:
             if self.run:
                 if len(_kept) >= KEPT_QUEUES and self.slot not in _kept:
@@ -437,16 +432,12 @@ def keep_run(
         entry.taken = raw[6]
         entry.wake = raw[2]
         entry.version = raw[0]
-    # What take_short's read must find for the next take to be its: the counters as this take
-    # leaves them, nothing leased or delayed (its due check), settings that need none of the
-    # dequeue's checks at this metadata version (config.take_plan). A lease (inflight grows)
-    # leaves the expectation out of date, which only sends the next take the long way.
+    # What take_short's read must find: the counters as this take leaves them, nothing leased
+    # or delayed, settings that need none of the dequeue's checks (config.take_plan).
     inflight, delayed = raw[4], raw[5]
-    plan = (
-        take_plan(tr.db, keys, raw[0])
-        if (inflight is None or inflight == _ZERO) and (delayed is None or delayed == _ZERO)
-        else None
-    )
+    plan = None
+    if (inflight is None or inflight == _ZERO) and (delayed is None or delayed == _ZERO):
+        plan = take_plan(tr.db, keys, raw[0])
     if plan is None:
         entry.expect = None
     else:
@@ -504,14 +495,14 @@ _taken: dict[bytes, tuple[bytes, bytes]] = {}
 # case straight from what it reads: the metadata version and the counters in one read,
 # compared in one with what the take that kept the run left (_Kept.expect: the same metadata
 # version, at which the settings this process found need none of the dequeue's checks,
-# config.take_plan), the record's fields (record.decode_fields: no Record), the Message
-# from them (Message.handed_out), two writes (the record cleared, the taken counter set to what
-# was read plus one: one counter row, not the ready and done counters' two; every reader takes
-# ready as ready - taken and done as done + taken, store/layout.py) and one callback for the
-# end of the transaction. Any
-# other case, found before anything is written or kept, takes the long way (Queue._take), which
-# reads again and acts as it always did: the step is the long way's kept-head take with its
-# choices made (take_kept, take_counted, failed_take), not another rule.
+# config.take_plan; nothing leased or delayed; the ready set unchanged, as kept_run tells), the
+# record's fields (record.decode_fields: no Record), the Message from them
+# (Message.handed_out), two writes (the record cleared, the taken counter set to what was read
+# plus one: one counter row, not the ready and done counters' two; every reader takes ready as
+# ready - taken and done as done + taken, store/layout.py) and one callback for the end of the
+# transaction. Any other case, found before anything is written or kept, takes the long way
+# (Queue._take), which reads again and acts as it always did: the step is the long way's
+# kept-head take with its choices made (take_kept, take_counted, failed_take), not another rule.
 
 
 def take_short(keys: QueueKeys, tr: Transaction, in_caller: bool = True) -> Message | None:
@@ -534,11 +525,8 @@ def take_short(keys: QueueKeys, tr: Transaction, in_caller: bool = True) -> Mess
     expect = entry.expect  # (None for a paused slot's, or where the step may not apply)
     if expect is None or entry.db() is not db:
         return _back(slot, entry)  # (or another database's under a reused id)
-    # One read: the metadata version and the ready, wake, inflight, delayed and taken counters.
-    # What the take that kept the run left (keep_run, or this step's last take), compared in
-    # one: the same metadata version (the same queue, and settings that need none of the
-    # dequeue's checks: config.take_plan, valid while that version is), nothing leased or
-    # delayed (no due check to make), the ready set unchanged (kept_run's counters).
+    # One read (the metadata version, the ready, wake, inflight, delayed and taken counters)
+    # compared with what keep_run or this step's last take left: see the comment above.
     values = tr.snapshot.get_many(entry.reads)
     if values != expect:
         return _back(slot, entry)
@@ -570,10 +558,8 @@ def take_short(keys: QueueKeys, tr: Transaction, in_caller: bool = True) -> Mess
     tr.set(entry.reads[5], taken)  # counted taken: ready - 1 and done + 1 to every reader (layout.py)
     if entry.journal:
         journaling.record(tr, keys, "dequeue", msg_id, deliveries=deliveries + 1)
-    # keep_run's, in the same entry: the rest of the run, what the next take's read must find
-    # (this read with the taken counter as written), kept once the commit lands. The run is
-    # the entry's own list (keep_run's and lease_short's slices) and out of _kept until then:
-    # its head is dropped in place, no copy of the rest made.
+    # keep_run's, in the same entry (its own list, out of _kept until the commit lands: the
+    # head dropped in place), with what the next take's read must find.
     del run[0]
     entry.taken = values[5] = taken
     entry.expect = values
