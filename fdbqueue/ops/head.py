@@ -41,9 +41,10 @@ KEPT_BYTES = 64 * 1024  # of their values at most
 # however many queues one process takes from (a Worker over a pattern of thousands).
 KEPT_QUEUES = 256
 KEPT_PAUSE = 16  # takes that read as before once a kept head was found out of date
-#: What a take that may use a kept head reads with the metadata (:func:`keeps_head`).
-TAKE_KEPT = (*TAKE_COUNTERS, "wake")
-LEASE_KEPT = (*LEASE_COUNTERS, "wake")
+#: What a take that may use a kept head reads with the metadata (:func:`keeps_head`): the
+#: counters' own (the wake counter among them: the ready count needs it, layout.ready_count).
+TAKE_KEPT = TAKE_COUNTERS
+LEASE_KEPT = LEASE_COUNTERS
 
 
 def deliverable_head(
@@ -475,7 +476,7 @@ def take_counted(
         if len(_taken) > 4096:  # a process taking from very many queues: start again
             _taken.clear()
         found = _taken[keys.packed] = (keys.counter("ready"), keys.counter("done"))
-    if len(raw) < 8 or not count_known(tr, found, (raw[1], raw[7]), (-1, 1)):
+    if len(raw) < 9 or not count_known(tr, found, (raw[1], raw[8]), (-1, 1)):
         return False
     remove_message(tr, keys, key, rec)
     if journaled:
