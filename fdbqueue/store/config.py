@@ -633,7 +633,7 @@ TAKE_COUNTERS = ("ready", "inflight", "delayed", "taken", "done", "wake", "count
 LEASE_COUNTERS = ("ready", "inflight", "delayed", "taken", "wake", "counted")
 # Where transactions may conflict (FoundationDB, sim): neither the counted counter (never
 # written there: read_meta) nor the wake counter (no kept head there: ops/head.py keeps_head).
-_CLUSTER_COUNTERS = {
+_CLUSTER_COUNTERS: dict[tuple[str, ...], tuple[str, ...]] = {
     c: tuple(n for n in c if n not in ("wake", "counted")) for c in (TAKE_COUNTERS, LEASE_COUNTERS)
 }
 
