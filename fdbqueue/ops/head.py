@@ -41,8 +41,7 @@ KEPT_BYTES = 64 * 1024  # of their values at most
 # however many queues one process takes from (a Worker over a pattern of thousands).
 KEPT_QUEUES = 256
 KEPT_PAUSE = 16  # takes that read as before once a kept head was found out of date
-#: What a take that may use a kept head reads with the metadata (:func:`keeps_head`): the
-#: counters' own (the wake counter among them: the ready count needs it, layout.ready_count).
+#: What a take that may use a kept head reads with the metadata (:func:`keeps_head`).
 TAKE_KEPT = TAKE_COUNTERS
 LEASE_KEPT = LEASE_COUNTERS
 
@@ -248,33 +247,26 @@ def _find(
 
 # -- a head kept between transactions ------------------------------------------------------------
 #
-# A consumer alone on a queue reads the ready range for every take, one record at a time, though
-# the record after the one it took is the next head unless someone changed the ready set. A take
-# on an engine where transactions cannot conflict (the embedded one: one writer at a time) reads
-# KEPT_RUN records instead and keeps those after the one it took; the next take uses them in place
-# of its range read when nothing can have changed the ready set in between, which it tells from
-# two counters it reads with the queue's metadata anyway (one key more, from memory when this
-# handle made the last commit): every message made ready adds to the wake counter (moves.put_ready,
-# moves.count_new), and every message leaving the ready set subtracts from the ready counter
-# (moves.take, count_leased, remove_message). So while both are exactly what the commit that kept
-# the run left, no message was made ready and none left: the run is still the head of the ready
-# set. Counters say nothing across a queue destroyed and made again under its name (they start
-# again from nothing, and can come back to what the run expects): the queue's metadata version,
-# read with them, a fresh random value at every creation, must be the one the run was kept at
-# too. The run is kept only once that commit landed (Transaction.on_finish), with the counters as
-# the take left them; any other write of the same transaction to the counters (an enqueue or a
-# delete after the dequeue, in the caller's transaction) leaves them different, and so does an
-# abort (the message is back, the ready counter one more). A run is used once (taken out, even by
-# an attempt that fails), and a record of it is handed out only if it is live as a scan would find
-# it (decoded, not expired, no retry delay); else the take scans as before. Where transactions
-# may conflict (FoundationDB, sim) nothing is kept: the counters are not read and the scan runs.
+# A consumer alone on a queue reads the ready range for every take, though the record after the
+# one it took is the next head unless someone changed the ready set. Where transactions cannot
+# conflict (the embedded engine) a take reads KEPT_RUN records and keeps those after the one it
+# took, for the next take to use in place of its range read while nothing changed the ready set,
+# which it tells from counters it reads with the queue's metadata anyway: every message made ready
+# adds to the wake counter (moves.put_ready, count_new, enqueuing._plain_step), every one leaving
+# subtracts from the ready counter or adds to taken (moves.take, count_leased, remove_message,
+# take_short). While they are what the commit that kept the run left, with the same metadata
+# version (a fresh random value at every creation: a queue destroyed and made again under its name
+# counts from nothing again), the run is still the head of the ready set. A run is kept once that
+# commit landed (Transaction.on_finish); another write of the same transaction to the counters, or
+# an abort, leaves them different. A run serves one take (taken out, even by an attempt that
+# fails), and hands out a record only if a scan would find it live (decoded, not expired, no retry
+# delay). Where transactions may conflict (FoundationDB, sim) nothing is kept.
 
 
 class _Kept:
     """A kept run: the ready records after the last take's, and the ready, taken and wake
-    counters (as stored: 8 bytes little-endian, or None) its commit left; in ``_kept`` once
-    that commit landed; ``expect``, what :func:`take_short`'s one read must find (None: the
-    step may not apply)."""
+    counters (as stored) its commit left; in ``_kept`` once that commit landed; ``expect``,
+    what :func:`take_short`'s one read must find (None: the step may not apply)."""
 
     __slots__ = (
         "db",
@@ -491,19 +483,15 @@ _taken: dict[bytes, tuple[bytes, bytes]] = {}
 # -- the common dequeue's own step ----------------------------------------------------------------
 #
 # Most dequeues in a caller's transaction on the embedded engine are the same: a queue with no
-# owner, open, without strict order or a volatile prefix; nothing delayed or leased; the head
-# the kept run's first record, without TTL, chunks or extra fields. take_short does that one
-# case straight from what it reads: the metadata version and the counters in one read,
-# compared in one with what the take that kept the run left (_Kept.expect: the same metadata
-# version, at which the settings this process found need none of the dequeue's checks,
-# config.take_plan; nothing leased or delayed; the ready set unchanged, as kept_run tells), the
-# record's fields (record.decode_fields: no Record), the Message from them
-# (Message.handed_out), two writes (the record cleared, the taken counter set to what was read
-# plus one: one counter row, not the ready and done counters' two; every reader takes ready as
-# ready - taken and done as done + taken, store/layout.py) and one callback for the end of the
-# transaction. Any other case, found before anything is written or kept, takes the long way
-# (Queue._take), which reads again and acts as it always did: the step is the long way's
-# kept-head take with its choices made (take_kept, take_counted, failed_take), not another rule.
+# owner, open, without strict order or a volatile prefix; nothing delayed or leased; the head the
+# kept run's first record, without TTL, chunks or extra fields. take_short does that case from one
+# read (the metadata version and the counters) compared in one with what the take that kept the
+# run left (_Kept.expect: the settings found at that version need none of the dequeue's checks,
+# config.take_plan; the ready set unchanged, as kept_run tells), the record's fields
+# (record.decode_fields), the Message from them, two writes (the record cleared, the taken counter
+# plus one: every reader takes ready as ready - taken and done as done + taken, store/layout.py)
+# and one callback. Any other case, found before anything is written or kept, takes the long way
+# (Queue._take): the step is its kept-head take with its choices made, not another rule.
 
 
 def take_short(keys: QueueKeys, tr: Transaction, in_caller: bool = True) -> Message | None:
@@ -517,17 +505,15 @@ def take_short(keys: QueueKeys, tr: Transaction, in_caller: bool = True) -> Mess
     transaction; a dequeue's own retried one counts none, as ``Queue._take``)."""
     db = tr.db
     slot = (id(db), keys.packed)
-    # Taken out first (kept_run's: a run serves one take, and another thread's take on this
-    # handle then finds none and scans), put back by _back when the case is another. An entry
-    # of this database (entry.db) was kept by a take where nothing conflicts (keeps_head).
+    # Taken out first (kept_run's: another thread's take on this handle then scans), put back
+    # by _back when the case is another. Kept by a take where nothing conflicts (keeps_head).
     entry = _kept.pop(slot, None)
     if entry is None:
         return None
     expect = entry.expect  # (None for a paused slot's, or where the step may not apply)
     if expect is None or entry.db() is not db:
         return _back(slot, entry)  # (or another database's under a reused id)
-    # One read (the metadata version, the ready, wake, inflight, delayed and taken counters)
-    # compared with what keep_run or this step's last take left: see the comment above.
+    # One read compared with what keep_run or this step's last take left (the comment above).
     values = tr.snapshot.get_many(entry.reads)
     if values != expect:
         return _back(slot, entry)
@@ -574,15 +560,13 @@ def take_short(keys: QueueKeys, tr: Transaction, in_caller: bool = True) -> Mess
 
 def _back(slot: tuple[int, bytes], entry: _Kept) -> Message | None:
     """take_short's way out when the case is another (its None): the kept run put back as it
-    was (unless another thread's take kept one since), for the long way to use or find out of
-    date."""
+    was (unless another thread's take kept one since), for the long way."""
     _kept.setdefault(slot, entry)
     return None
 
 
 def failed_take(keys: QueueKeys, db: Any, msg: Message, error: EngineError | None) -> None:
-    """A dequeue in a caller's transaction (``Transaction.on_finish``): the delivery counts as
-    failed when that transaction does not commit."""
+    """``Transaction.on_finish`` of a dequeue in a caller's transaction: a failed delivery."""
     if error is not None:
         count_failed_attempt(keys, db, msg, error)
 
@@ -601,8 +585,7 @@ def kept_entry(db: Any, keys: QueueKeys) -> _Kept | None:
 
 def claim_kept(db: Any, keys: QueueKeys, entry: _Kept) -> bool:
     """Take ``entry`` (from :func:`kept_entry`) out, as :func:`kept_run` does once it is used;
-    False when another thread's take on this handle took it since (the caller then takes the
-    long way, as :func:`take_short`)."""
+    False when another thread's take on this handle took it since (then the long way)."""
     if _kept.pop((id(db), keys.packed), None) is not entry:
         return False
     entry.expect = None  # (its counters change with this take: not take_short's to expect)
@@ -610,7 +593,7 @@ def claim_kept(db: Any, keys: QueueKeys, entry: _Kept) -> bool:
 
 
 def kept_paused(db: Any, keys: QueueKeys) -> bool:
-    """Whether this queue's kept run on ``db`` is paused (:func:`kept_run` found it out of date
-    in the last KEPT_PAUSE takes): a take that found it so reads as one that keeps nothing."""
+    """Whether this queue's kept run on ``db`` is paused (found out of date in the last
+    KEPT_PAUSE takes: :func:`kept_run`)."""
     entry = _kept.get((id(db), keys.packed))
     return entry is not None and entry.pause > 0

@@ -405,7 +405,7 @@ _settings_lock = threading.Lock()
 # (the database, its settings, whether they set a max_size, the longest payload a plain
 # enqueue may take read_plain's way with them: -1 when none may, _plain_limit; the keys a
 # plain take reads read_take's way with them: None when none may, _take_keys; the keys a plain
-# enqueue reads read_plain's way, QueueKeys.meta_read_short)
+# enqueue reads read_plain's way, QueueKeys.meta_read_short's and the counted counter)
 _Hot = tuple[weakref.ref[Any], _Settings, bool, int, "list[bytes] | None", list[bytes]]
 _hot: dict[bytes, _Hot] = {}
 
@@ -645,16 +645,18 @@ _RAW_SLOTS = (None, "ready", "wake", None, "inflight", "delayed", "taken", "coun
 def read_meta_for(tr: Transaction, keys: QueueKeys, counters: tuple[str, ...]) -> Meta:
     """:func:`read_meta` for an operation that needs only the counters ``counters`` (a dequeue:
     :data:`TAKE_COUNTERS`; a lease: :data:`LEASE_COUNTERS`), read with the metadata version
-    in one round trip and cached settings as there, but neither the wake counter nor the
-    work-index entry, which only an enqueue uses: ``Meta.made_ready`` is then 0 and
-    ``Meta.work`` None. Every key a read costs (on the embedded engine a B-tree seek each,
-    about as much as a statement of its own), and a counter an operation adds to is read
-    here so that an engine resolving the add when it is made asks for it no more.
+    in one round trip and cached settings as there, but not the work-index entry, which only
+    an enqueue uses: ``Meta.made_ready`` is then 0 and ``Meta.work`` None. Every key a read
+    costs (on the embedded engine a B-tree seek each, about as much as a statement of its
+    own), and a counter an operation adds to is read here so that an engine resolving the add
+    when it is made asks for it no more.
 
     ``Meta.raw`` is in ``QueueKeys.meta_read``'s order: no work-index entry; the wake counter
-    only when asked for (a take that may use a kept head: ops/head.py), and still no
-    made_ready; the taken counter, meta_read's last; then the done counter, past meta_read's
-    (a take writes it as read: head.take_counted). Counters not asked for are None there."""
+    when asked for (the ready count, a kept head: ops/head.py), and still no made_ready; the
+    taken and counted counters, meta_read's last; then the done counter, past meta_read's (a
+    take writes it as read: head.take_counted). Counters not asked for are None there; where
+    transactions may conflict neither the wake nor the counted counter of TAKE_COUNTERS and
+    LEASE_COUNTERS is read (``_CLUSTER_COUNTERS``)."""
     db = tr.db
     cluster = getattr(db, "may_conflict", True)  # engine_traits' first
     if cluster:  # no counted counter there (read_meta's), nor a kept head's wake to read
