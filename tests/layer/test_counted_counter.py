@@ -307,6 +307,16 @@ def test_sim_never_writes_a_counted_counter() -> None:
     """sim:// conflicts as FoundationDB does: the short step never runs there, every enqueue
     counts in ready and wake, and no counted counter is ever written (nor read)."""
     db = fdbqueue.open("sim://?seed=17&faults=0")
+    check_no_counted(db)
+    db.close()
+
+
+def test_fdb_never_writes_a_counted_counter(fdb_db: Database) -> None:
+    """fdb:// (a real cluster's store, or the double's): no new key a message, as on sim://."""
+    check_no_counted(fdb_db)
+
+
+def check_no_counted(db: Database) -> None:
     q = Queue("jobs")
     for i in range(5):
         q.enqueue(db, f"m{i}".encode())
@@ -318,4 +328,3 @@ def test_sim_never_writes_a_counted_counter() -> None:
     assert stored(db, q, "counted") is None
     assert (raw(db, q, "ready"), raw(db, q, "wake")) == (6, 8)
     assert_views(db, q)
-    db.close()
