@@ -161,40 +161,62 @@ def _plain_step(
     exists, is open to every principal and admits enqueues, no max_size, TTL nor volatile
     flag); else the attempt is ``_attempt``'s, which checks and refreshes them. Then the
     steps of ``_attempt`` for this message: the room check, ``_write_new``'s short way (and on
-    a journaled queue its entry), and ``count_new`` given what was read: the ready and wake
-    counters set to what was read of them plus one (``count_known``: nothing conflicts, so an
-    ``add`` would resolve against the same values), the work index marked unless its entry
-    says marked, a new priority's marker."""
+    a journaled queue its entry), and ``count_new`` given what was read: the wake counter set
+    to what was read of it plus one (``count_known``: nothing conflicts, so an ``add`` would
+    resolve against the same value) and nothing else counted - the ready count is ready -
+    taken + (wake - counted) (``layout.ready_count``): one counter row, not two -, the work
+    index marked unless its entry says marked, a new priority's marker."""
     found = read_plain(tr, keys, len(payload)) if len(payload) <= CHUNK_SIZE else None
     if found is None:
         return _attempt(keys, [plain_item(payload, priority, rand)], None, tr, at)[0]
     check_room(tr.db)
     values, settings, read = found
-    wake = values[2]  # read_meta's made_ready, + 1
+    _, ready, wake, work, counted = values  # (the metadata version: read_plain compared it)
+    if priority in settings.priorities and work == b"":
+        # count_new's common case, without its call: the priority's marker and the work
+        # index's entry there already, the wake counter a plain 8-byte one (absent:
+        # count_new's), set to what was read plus one (count_known's arithmetic: an add would
+        # leave the same); the ready counter left as it is where the counted counter is
+        # there (every other writer of wake keeps it in step: moves.count_made_ready). A
+        # queue without one (a store made before it) gets it here, once: the ready counter
+        # counts this message, counted = wake from here on. Another length, or past 64 bits
+        # (count_new wraps them as an add does), raises struct.error: count_new's then.
+        try:
+            index = _I64_UNPACK(wake)[0] + 1  # type: ignore[arg-type]  # (None: TypeError)
+            made = _I64_PACK(index)
+            first = None if counted is not None else _I64_PACK(_I64_UNPACK(ready)[0] + 1)  # type: ignore[arg-type]
+        except (struct.error, TypeError):  # (TypeError: a counter absent)
+            pass
+        else:
+            key, msg_id = keys.home(priority, index, rand)
+            t_us = now_us()  # the wall clock: enqueued_at, for people only (_write_plain's)
+            if settings.config.journal:  # type: ignore[union-attr]  # (read_plain: never None)
+                write_plain_journaled(tr, keys, key, msg_id, t_us, _BYTES_VALUE, payload, priority, t_us)
+            else:
+                tr.set(key, encode_plain(msg_id, t_us, _BYTES_VALUE, payload))
+            tr.set(read[2], made)  # counted in wake alone: ready - taken + (wake - counted)
+            if first is not None:
+                tr.set(read[1], first)
+                tr.set(read[4], made)
+            return msg_id
+    # read_meta's made_ready, + 1
     index = 1 if wake is None else _I64_UNPACK(wake)[0] + 1 if len(wake) == 8 else unpack_count(wake) + 1
     key, msg_id = keys.home(priority, index, rand)
+    _write_plain(tr, keys, key, msg_id, payload, priority, settings.config.journal)  # type: ignore[union-attr]
+    fresh = _NO_PRIORITIES if priority in settings.priorities else {priority}
+    count_new(tr, keys, 1, 0, fresh, work, conflicts=False, seen=values, counted=counted)
+    return msg_id
+
+
+def _write_plain(
+    tr: Transaction, keys: QueueKeys, key: bytes, msg_id: str, payload: bytes, priority: int, journal: bool
+) -> None:
+    """_plain_step's record (``_write_new``'s short way), and on a journaled queue its entry."""
     t_us = now_us()  # the wall clock: enqueued_at, for people only
-    if settings.config.journal:  # type: ignore[union-attr]  # (read_plain: never None)
+    if journal:
         write_plain_journaled(tr, keys, key, msg_id, t_us, _BYTES_VALUE, payload, priority, t_us)
     else:
         tr.set(key, encode_plain(msg_id, t_us, _BYTES_VALUE, payload))
-    if priority in settings.priorities and values[3] == b"" and (wake is None or len(wake) == 8):
-        # count_new's common case, without its call: the priority's marker and the work
-        # index's entry there already, the ready and wake counters plain 8-byte ones, set to
-        # what was read plus one (count_known's arithmetic: an add would leave the same; past
-        # 64 bits count_new wraps them as an add does)
-        ready = values[1]
-        try:
-            counted = _I64_PACK(1 if ready is None else _I64_UNPACK(ready)[0] + 1), _I64_PACK(index)
-        except struct.error:
-            pass
-        else:
-            tr.set(read[1], counted[0])
-            tr.set(read[2], counted[1])
-            return msg_id
-    fresh = _NO_PRIORITIES if priority in settings.priorities else {priority}
-    count_new(tr, keys, 1, 0, fresh, values[3], conflicts=False, seen=values)
-    return msg_id
 
 
 def enqueue_in(

@@ -11,7 +11,6 @@ from __future__ import annotations
 import struct
 import weakref
 from collections.abc import Mapping
-from functools import partial
 from operator import itemgetter
 from typing import Any
 
@@ -24,7 +23,7 @@ from fdbqueue.ops.scan import KEYS, ReadyScan, expire_within
 from fdbqueue.ops.sweep import sweep_step
 from fdbqueue.ops.waiting import next_due
 from fdbqueue.store.budget import Budget
-from fdbqueue.store.config import LEASE_COUNTERS, TAKE_COUNTERS, QueueConfig, read_take
+from fdbqueue.store.config import LEASE_COUNTERS, TAKE_COUNTERS, QueueConfig, take_plan
 from fdbqueue.store.layout import QueueKeys
 from fdbqueue.store.record import Record, decode_fields, decode_record
 from fdbqueue.types import Message
@@ -43,8 +42,8 @@ KEPT_BYTES = 64 * 1024  # of their values at most
 KEPT_QUEUES = 256
 KEPT_PAUSE = 16  # takes that read as before once a kept head was found out of date
 #: What a take that may use a kept head reads with the metadata (:func:`keeps_head`).
-TAKE_KEPT = (*TAKE_COUNTERS, "wake")
-LEASE_KEPT = (*LEASE_COUNTERS, "wake")
+TAKE_KEPT = TAKE_COUNTERS
+LEASE_KEPT = LEASE_COUNTERS
 
 
 def deliverable_head(
@@ -248,34 +247,43 @@ def _find(
 
 # -- a head kept between transactions ------------------------------------------------------------
 #
-# A consumer alone on a queue reads the ready range for every take, one record at a time, though
-# the record after the one it took is the next head unless someone changed the ready set. A take
-# on an engine where transactions cannot conflict (the embedded one: one writer at a time) reads
-# KEPT_RUN records instead and keeps those after the one it took; the next take uses them in place
-# of its range read when nothing can have changed the ready set in between, which it tells from
-# two counters it reads with the queue's metadata anyway (one key more, from memory when this
-# handle made the last commit): every message made ready adds to the wake counter (moves.put_ready,
-# moves.count_new), and every message leaving the ready set subtracts from the ready counter
-# (moves.take, count_leased, remove_message). So while both are exactly what the commit that kept
-# the run left, no message was made ready and none left: the run is still the head of the ready
-# set. Counters say nothing across a queue destroyed and made again under its name (they start
-# again from nothing, and can come back to what the run expects): the queue's metadata version,
-# read with them, a fresh random value at every creation, must be the one the run was kept at
-# too. The run is kept only once that commit landed (Transaction.on_finish), with the counters as
-# the take left them; any other write of the same transaction to the counters (an enqueue or a
-# delete after the dequeue, in the caller's transaction) leaves them different, and so does an
-# abort (the message is back, the ready counter one more). A run is used once (taken out, even by
-# an attempt that fails), and a record of it is handed out only if it is live as a scan would find
-# it (decoded, not expired, no retry delay); else the take scans as before. Where transactions
-# may conflict (FoundationDB, sim) nothing is kept: the counters are not read and the scan runs.
+# A consumer alone on a queue reads the ready range for every take, though the record after the
+# one it took is the next head unless someone changed the ready set. Where transactions cannot
+# conflict (the embedded engine) a take reads KEPT_RUN records and keeps those after the one it
+# took, for the next take to use in place of its range read while nothing changed the ready set,
+# which it tells from counters it reads with the queue's metadata anyway: every message made ready
+# adds to the wake counter (moves.put_ready, count_new, enqueuing._plain_step), every one leaving
+# subtracts from the ready counter or adds to taken (moves.take, count_leased, remove_message,
+# take_short). While they are what the commit that kept the run left, with the same metadata
+# version (a fresh random value at every creation: a queue destroyed and made again under its name
+# counts from nothing again), the run is still the head of the ready set. A run is kept once that
+# commit landed (Transaction.on_finish); another write of the same transaction to the counters, or
+# an abort, leaves them different. A run serves one take (taken out, even by an attempt that
+# fails), and hands out a record only if a scan would find it live (decoded, not expired, no retry
+# delay). Where transactions may conflict (FoundationDB, sim) nothing is kept.
 
 
 class _Kept:
     """A kept run: the ready records after the last take's, and the ready, taken and wake
-    counters (as stored: 8 bytes little-endian, or None) its commit left; in ``_kept`` once
-    that commit landed."""
+    counters (as stored) its commit left; in ``_kept`` once that commit landed; ``expect``,
+    what :func:`take_short`'s one read must find (None: the step may not apply)."""
 
-    __slots__ = ("db", "pause", "prio", "ready", "run", "slot", "taken", "version", "wake")
+    __slots__ = (
+        "db",
+        "expect",
+        "journal",
+        "keys",
+        "msg",
+        "pause",
+        "prio",
+        "reads",
+        "ready",
+        "run",
+        "slot",
+        "taken",
+        "version",
+        "wake",
+    )
 
     def __init__(
         self,
@@ -296,14 +304,29 @@ class _Kept:
         self.version = version  # the queue's metadata version: a queue destroyed and made again
         self.pause = 0
         self.prio: tuple[bytes, int] | None = None  # take_short's: a priority's prefix, the priority
+        self.expect: list[bytes | None] | None = None  # take_short's (above)
+        self.reads: list[bytes] = []  # the keys take_short reads (config.take_plan's)
+        self.journal = False  # whether the queue journals, at ``version``
+        self.keys: QueueKeys | None = None  # the queue's (keep_run's), for :meth:`took`
+        self.msg: Message | None = None  # take_short's in a caller's transaction: its message
 
     def landed(self, error: EngineError | None) -> None:
-        """``Transaction.on_finish``: kept once the take's commit landed."""
+        """``Transaction.on_finish``: kept once the take's commit landed (the take took it out)."""
         if error is None:
-            _kept.pop(self.slot, None)  # put back as the newest
-            if len(_kept) >= KEPT_QUEUES:
+            if len(_kept) >= KEPT_QUEUES and self.slot not in _kept:
                 del _kept[next(iter(_kept))]  # the oldest (dicts keep insertion order)
             _kept[self.slot] = self
+
+    def took(self, error: EngineError | None) -> None:
+        """:func:`take_short`'s ``on_finish`` in a caller's transaction: :meth:`landed` (inline)
+        when its commit landed, else the delivery counted as failed (:func:`failed_take`)."""
+        if error is None:
+            if self.run:
+                if len(_kept) >= KEPT_QUEUES and self.slot not in _kept:
+                    del _kept[next(iter(_kept))]
+                _kept[self.slot] = self
+        else:
+            count_failed_attempt(self.keys, self.db(), self.msg, error)  # type: ignore[arg-type]
 
 
 _kept: dict[tuple[int, bytes], _Kept] = {}
@@ -337,6 +360,7 @@ def kept_run(keys: QueueKeys, tr: Transaction, raw: list[bytes | None]) -> _Kept
     # the same queue: one destroyed and made again under its name starts its counters from
     # nothing, and they can come back to what the run expects (write_config writes a fresh
     # random version at every creation: store/config.py, bump_metadata_version).
+    entry.expect = None  # (used by the long way: keep_run says again what take_short may expect)
     if entry.ready != raw[1] or entry.taken != raw[6] or entry.wake != raw[2] or entry.version != raw[0]:
         entry.run = []
         entry.pause = KEPT_PAUSE
@@ -394,12 +418,24 @@ def keep_run(
         except TypeError:  # a database that cannot be weakly referenced: nothing kept
             return
         entry = _Kept(ref, (id(db), keys.packed), run, _PACK(_UNPACK(ready)[0] - n), raw[2], raw[0], raw[6])
+        entry.keys = keys
     else:
         entry.run = run
         entry.ready = _PACK(_UNPACK(ready)[0] - n)
         entry.taken = raw[6]
         entry.wake = raw[2]
         entry.version = raw[0]
+    # What take_short's read must find: the counters as this take leaves them, nothing leased
+    # or delayed, settings that need none of the dequeue's checks (config.take_plan).
+    inflight, delayed = raw[4], raw[5]
+    plan = None
+    if (inflight is None or inflight == _ZERO) and (delayed is None or delayed == _ZERO):
+        plan = take_plan(tr.db, keys, raw[0])
+    if plan is None:
+        entry.expect = None
+    else:
+        entry.reads, entry.journal = plan
+        entry.expect = [raw[0], entry.ready, raw[2], inflight, delayed, raw[6]]
     tr.on_finish(entry.landed)
 
 
@@ -432,7 +468,7 @@ def take_counted(
         if len(_taken) > 4096:  # a process taking from very many queues: start again
             _taken.clear()
         found = _taken[keys.packed] = (keys.counter("ready"), keys.counter("done"))
-    if len(raw) < 8 or not count_known(tr, found, (raw[1], raw[7]), (-1, 1)):
+    if len(raw) < 9 or not count_known(tr, found, (raw[1], raw[8]), (-1, 1)):
         return False
     remove_message(tr, keys, key, rec)
     if journaled:
@@ -447,18 +483,15 @@ _taken: dict[bytes, tuple[bytes, bytes]] = {}
 # -- the common dequeue's own step ----------------------------------------------------------------
 #
 # Most dequeues in a caller's transaction on the embedded engine are the same: a queue with no
-# owner, open, without strict order or a volatile prefix; nothing delayed or leased; the head
-# the kept run's first record, without TTL, chunks or extra fields. take_short does that one
-# case straight from what it reads: the metadata version and the counters in one read, the
-# settings this process last found for the queue (config.read_take: only while they are the
-# queue's at that version), the record's fields (record.decode_fields: no Record), the Message
-# from them (Message.handed_out), two writes (the record cleared, the taken counter set to what
-# was read plus one: one counter row, not the ready and done counters' two; every reader takes
-# ready as ready - taken and done as done + taken, store/layout.py) and one callback for the
-# end of the transaction. Any
-# other case, found before anything is written or kept, takes the long way (Queue._take), which
-# reads again and acts as it always did: the step is the long way's kept-head take with its
-# choices made (take_kept, take_counted, failed_take), not another rule.
+# owner, open, without strict order or a volatile prefix; nothing delayed or leased; the head the
+# kept run's first record, without TTL, chunks or extra fields. take_short does that case from one
+# read (the metadata version and the counters) compared in one with what the take that kept the
+# run left (_Kept.expect: the settings found at that version need none of the dequeue's checks,
+# config.take_plan; the ready set unchanged, as kept_run tells), the record's fields
+# (record.decode_fields), the Message from them, two writes (the record cleared, the taken counter
+# plus one: every reader takes ready as ready - taken and done as done + taken, store/layout.py)
+# and one callback. Any other case, found before anything is written or kept, takes the long way
+# (Queue._take): the step is its kept-head take with its choices made, not another rule.
 
 
 def take_short(keys: QueueKeys, tr: Transaction, in_caller: bool = True) -> Message | None:
@@ -472,29 +505,18 @@ def take_short(keys: QueueKeys, tr: Transaction, in_caller: bool = True) -> Mess
     transaction; a dequeue's own retried one counts none, as ``Queue._take``)."""
     db = tr.db
     slot = (id(db), keys.packed)
-    # Taken out first (kept_run's: a run serves one take, and another thread's take on this
-    # handle then finds none and scans), put back by _back when the case is another. An entry
-    # of this database (entry.db) was kept by a take where nothing conflicts (keeps_head).
+    # Taken out first (kept_run's: another thread's take on this handle then scans), put back
+    # by _back when the case is another. Kept by a take where nothing conflicts (keeps_head).
     entry = _kept.pop(slot, None)
     if entry is None:
         return None
-    if not entry.run or entry.pause or entry.db() is not db:
-        return _back(slot, entry)  # (a paused slot's, or another database's under a reused id)
-    found = read_take(tr, keys)
-    if found is None:
+    expect = entry.expect  # (None for a paused slot's, or where the step may not apply)
+    if expect is None or entry.db() is not db:
+        return _back(slot, entry)  # (or another database's under a reused id)
+    # One read compared with what keep_run or this step's last take left (the comment above).
+    values = tr.snapshot.get_many(entry.reads)
+    if values != expect:
         return _back(slot, entry)
-    values, settings, read = found  # version, ready, wake, inflight, delayed, taken (and their keys)
-    version, ready, wake, inflight, delayed, taken = values
-    if (
-        (inflight is not None and inflight != _ZERO)
-        or (delayed is not None and delayed != _ZERO)
-        # the ready set changed, or another queue under the name: kept_run says so
-        or entry.ready != ready
-        or entry.taken != taken
-        or entry.wake != wake
-        or entry.version != version
-    ):
-        return _back(slot, entry)  # (delayed or leased messages may be due: the due check)
     run = entry.run
     key, raw = run[0]
     fields = decode_fields(raw)
@@ -503,6 +525,7 @@ def take_short(keys: QueueKeys, tr: Transaction, in_caller: bool = True) -> Mess
     msg_id, enqueued_us, content_type, headers, deliveries, expires_us, chunks, extra, payload = fields
     if expires_us is not None or chunks or extra:
         return _back(slot, entry)  # a TTL to check, chunks to read, a retry delay (not_before) or more
+    taken = values[5]
     try:  # count_known's arithmetic; not 8 bytes, or past 64 bits: the long way
         taken = _ONE if taken is None else _PACK(_UNPACK(taken)[0] + 1)
     except struct.error:
@@ -510,52 +533,40 @@ def take_short(keys: QueueKeys, tr: Transaction, in_caller: bool = True) -> Mess
     # The priority: the run's last one, while the key starts with its encoding (a tuple-encoded
     # int is prefix-free), else decoded from the key.
     known = entry.prio
-    if known is not None and key.startswith(known[0]):
-        priority = known[1]
-    else:
+    if known is None or not key.startswith(known[0]):
         entry.prio = known = keys.priority_prefix(key)
-        priority = known[1]
     msg = Message.handed_out(
-        keys.name, priority, key, msg_id, enqueued_us, content_type, headers, deliveries, payload
+        keys.name, known[1], key, msg_id, enqueued_us, content_type, headers, deliveries, payload
     )
     # Decided: from here on as the long way writes (remove_message, count_known, take_counted).
     tr.clear(key)
     if key != keys.home_key(msg_id):  # at home it has no id entry
         tr.clear(keys.id_key(msg_id))
-    tr.set(read[5], taken)  # counted taken: ready - 1 and done + 1 to every reader (layout.py)
-    if settings.config.journal:  # type: ignore[union-attr]  # (read_take: never None)
+    tr.set(entry.reads[5], taken)  # counted taken: ready - 1 and done + 1 to every reader (layout.py)
+    if entry.journal:
         journaling.record(tr, keys, "dequeue", msg_id, deliveries=deliveries + 1)
-    if len(run) > 1:  # keep_run's, in the same entry: its wake and version are as read
-        entry.run = run[1:]
-        entry.taken = taken
-        tr.on_finish(partial(_landed_or_failed, entry, keys, db, msg) if in_caller else entry.landed)
-    elif in_caller:
-        tr.on_finish(partial(failed_take, keys, db, msg))
+    # keep_run's, in the same entry (its own list, out of _kept until the commit lands: the
+    # head dropped in place), with what the next take's read must find.
+    del run[0]
+    entry.taken = values[5] = taken
+    entry.expect = values
+    if in_caller:
+        entry.msg = msg
+        tr.on_finish(entry.took)  # and the failed delivery counted when it does not land
+    elif run:
+        tr.on_finish(entry.landed)
     return msg
 
 
 def _back(slot: tuple[int, bytes], entry: _Kept) -> Message | None:
     """take_short's way out when the case is another (its None): the kept run put back as it
-    was (unless another thread's take kept one since), for the long way to use or find out of
-    date."""
+    was (unless another thread's take kept one since), for the long way."""
     _kept.setdefault(slot, entry)
     return None
 
 
-def _landed_or_failed(
-    entry: _Kept, keys: QueueKeys, db: Any, msg: Message, error: EngineError | None
-) -> None:
-    """take_short's ``on_finish``: the rest of the run kept once the take's commit landed
-    (``_Kept.landed``), the delivery counted as failed when it did not (:func:`failed_take`)."""
-    if error is None:
-        entry.landed(None)
-    else:
-        count_failed_attempt(keys, db, msg, error)
-
-
 def failed_take(keys: QueueKeys, db: Any, msg: Message, error: EngineError | None) -> None:
-    """A dequeue in a caller's transaction (``Transaction.on_finish``): the delivery counts as
-    failed when that transaction does not commit."""
+    """``Transaction.on_finish`` of a dequeue in a caller's transaction: a failed delivery."""
     if error is not None:
         count_failed_attempt(keys, db, msg, error)
 
@@ -574,13 +585,15 @@ def kept_entry(db: Any, keys: QueueKeys) -> _Kept | None:
 
 def claim_kept(db: Any, keys: QueueKeys, entry: _Kept) -> bool:
     """Take ``entry`` (from :func:`kept_entry`) out, as :func:`kept_run` does once it is used;
-    False when another thread's take on this handle took it since (the caller then takes the
-    long way, as :func:`take_short`)."""
-    return _kept.pop((id(db), keys.packed), None) is entry
+    False when another thread's take on this handle took it since (then the long way)."""
+    if _kept.pop((id(db), keys.packed), None) is not entry:
+        return False
+    entry.expect = None  # (its counters change with this take: not take_short's to expect)
+    return True
 
 
 def kept_paused(db: Any, keys: QueueKeys) -> bool:
-    """Whether this queue's kept run on ``db`` is paused (:func:`kept_run` found it out of date
-    in the last KEPT_PAUSE takes): a take that found it so reads as one that keeps nothing."""
+    """Whether this queue's kept run on ``db`` is paused (found out of date in the last
+    KEPT_PAUSE takes: :func:`kept_run`)."""
     entry = _kept.get((id(db), keys.packed))
     return entry is not None and entry.pause > 0

@@ -36,7 +36,7 @@ from fdbqueue.store.clock import now_us
 from fdbqueue.store.codec import MINUS_ONE, ONE, pack_count, unpack_count
 from fdbqueue.store.config import QueueConfig, bump_metadata_version
 from fdbqueue.store.entropy import new_id, new_rand
-from fdbqueue.store.layout import QueueKeys
+from fdbqueue.store.layout import QueueKeys, ready_count
 from fdbqueue.store.record import Record, decode_record, encode_plain, fit_reason, seal_chunk
 
 log = logging.getLogger("fdbqueue")
@@ -127,6 +127,7 @@ def put_ready(
         tr.set(keys.expiry_key(rec.expires_us, rec.id), b"")
     tr.add(keys.counter("ready"), ONE)
     tr.add(keys.wake, ONE)
+    count_made_ready(tr, keys, 1)
     workindex.mark(tr, keys, seen)
     after(tr, keys, journaled, note, rec)
     return key
@@ -546,13 +547,15 @@ def count_new(
     *,
     conflicts: bool = True,
     seen: list[bytes | None] | None = None,
+    counted: bytes | None = UNREAD,
 ) -> None:
     """Count a batch of new messages: one atomic add per counter (no conflicts between
     producers), the wake key for blocked consumers, and a marker per new priority.
     ``work``: the queue's work-index entry when the caller read it (``Meta.work``);
     ``conflicts``: False where the engine never conflicts (``Meta.cluster``); ``seen``: what
     the caller read of the counters in this transaction, nothing written to them since
-    (``Meta.raw``, in ``QueueKeys.meta_read``'s order)."""
+    (``Meta.raw``, in ``QueueKeys.meta_read``'s order); ``counted``: the counted counter as
+    read, where the caller read it apart (:func:`count_made_ready`)."""
     if new_priorities:
         for p in new_priorities:
             tr.set(keys.priority_marker(p), b"")
@@ -563,6 +566,10 @@ def count_new(
         n = ONE if ready == 1 else pack_count(ready)
         tr.add(read[1], n)
         tr.add(read[2], n)
+    if ready:
+        if counted is UNREAD and seen is not None and len(seen) > 7:
+            counted = seen[7]
+        count_made_ready(tr, keys, ready, counted)
     if delayed:
         tr.add(read[5], ONE if delayed == 1 else pack_count(delayed))
     if (ready or delayed) and (conflicts or work != b""):  # (marked, and nothing conflicts: no call)
@@ -583,7 +590,29 @@ def wake(tr: Transaction, keys: QueueKeys, n: int = 1) -> None:
     """Wake blocked consumers: a watch on the wake key fires (an atomic add: no conflicts);
     and the work index's consumers (a strict-order ack, dequeue enabled again)."""
     tr.add(keys.wake, pack_count(n) if n != 1 else ONE)
+    count_made_ready(tr, keys, n)  # (made ready: none; the ready count must not move)
     workindex.mark(tr, keys)
+
+
+def count_made_ready(tr: Transaction, keys: QueueKeys, n: int, counted: bytes | None = UNREAD) -> None:
+    """Keep the counted counter in step with the wake counter that the caller adds ``n`` to
+    (having counted what it made ready in the ready counter, if anything): the ready count is
+    ready - taken + (wake - counted) (``layout.ready_count``), so that what the embedded
+    engine's short enqueue (``enqueuing._plain_step``) counts in wake alone is the difference.
+    Only where it is present (absent: the ready count is ready - taken) and where nothing
+    conflicts: elsewhere (FoundationDB, sim) the short enqueue never runs, so it is never
+    present and nothing is read. ``counted``: as the caller read it, else read here."""
+    if getattr(tr.db, "may_conflict", True):
+        return
+    key = keys.counter("counted")
+    if counted is UNREAD:
+        counted = tr.snapshot.get(key)
+    if counted is None:
+        return
+    try:  # count_known's arithmetic; another length or past 64 bits: the add's
+        tr.set(key, _I64_PACK(_I64_UNPACK(counted)[0] + n))
+    except struct.error:
+        tr.add(key, pack_count(n))
 
 
 def count_leased(tr: Transaction, keys: QueueKeys, n: int) -> None:
@@ -682,16 +711,21 @@ def purge(tr: Transaction, keys: QueueKeys) -> int:
     whatever was added meanwhile: the same commit clears every message they count. The taken
     counter (layout.py: ready less it, done plus it) is folded into done and zeroed, so that
     the ready count starts from zero again; only the embedded engine writes it, where nothing
-    conflicts (head.take_short), so what is read of it is what is there.
+    conflicts (head.take_short), so what is read of it is what is there. So for the counted
+    counter (ready plus wake less it: enqueuing._plain_step): cleared, the ready count is the
+    ready counter's again (zero).
     """
     removed = 0
-    taken = unpack_count(tr.snapshot.get(keys.counter("taken")))
+    taken, wake, counted = tr.snapshot.get_many([keys.counter(c) for c in ("taken", "wake", "counted")])
     for tag in ("ready", "inflight", "delayed"):
-        removed += max(0, unpack_count(tr.snapshot.get(keys.counter(tag))) - (taken if tag == "ready" else 0))
+        raw = tr.snapshot.get(keys.counter(tag))
+        removed += ready_count(raw, taken, wake, counted) if tag == "ready" else max(0, unpack_count(raw))
         tr.set(keys.counter(tag), pack_count(0))
-    if taken:
-        tr.add(keys.counter("done"), pack_count(taken))
+    if taken is not None and unpack_count(taken):
+        tr.add(keys.counter("done"), pack_count(unpack_count(taken)))
         tr.set(keys.counter("taken"), pack_count(0))
+    if counted is not None:
+        tr.clear(keys.counter("counted"))
     for begin, end in keys.message_ranges():
         tr.clear_range(begin, end)
     tr.clear_range(*keys.priority_marker_range())

@@ -39,7 +39,7 @@ from fdbqueue.ops.receipts import run_once_confirmed
 from fdbqueue.store.clock import db_now
 from fdbqueue.store.config import config_or_create
 from fdbqueue.store.entropy import random_bytes
-from fdbqueue.store.layout import QueueKeys, ready_count
+from fdbqueue.store.layout import READY_PARTS, QueueKeys, ready_count
 from fdbqueue.store.record import check_reason
 from fdbqueue.types import Message, check_duration
 
@@ -366,8 +366,8 @@ def lease_settling(
         if retire and not leased:
             workindex.retire(t, q.keys, db_now(t))
         elif claim is not None and leased:
-            # read by the lease; the ready count is ready - taken (store/layout.py)
-            left = ready_count(*t.snapshot.get_many([q.keys.counter("ready"), q.keys.counter("taken")]))
+            # read by the lease; the ready count is ready - taken + (wake - counted) (layout.py)
+            left = ready_count(*t.snapshot.get_many([q.keys.counter(c) for c in READY_PARTS]))
             workindex.claim(t, q.keys, claim, left > 0)
         elif claim is not None and not contended:
             # Empty for now, and nobody else's: what comes next is this consumer's, the

@@ -48,7 +48,7 @@ from fdbqueue.ops.waiting import LOST_WAKEUP_RECHECK
 from fdbqueue.store.clock import db_now, seconds_of, versions
 from fdbqueue.store.codec import unpack_count
 from fdbqueue.store.entropy import new_rand
-from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys, ready_count
+from fdbqueue.store.layout import DEFAULT_ROOT, READY_PARTS, QueueKeys, ready_count
 
 log = logging.getLogger("fdbqueue.runtime.worker")
 
@@ -443,9 +443,9 @@ class WorkSet:
                 busy = []
                 for _key, name in found:
                     keys = QueueKeys.make(name, self.root)
-                    wanted = [keys.counter(c) for c in ("ready", "taken", "delayed", "inflight")]
-                    ready, taken, *raws = t.snapshot.get_many(wanted)
-                    if ready_count(ready, taken) > 0 or any(unpack_count(raw) > 0 for raw in raws):
+                    wanted = [keys.counter(c) for c in (*READY_PARTS, "delayed", "inflight")]
+                    raws = t.snapshot.get_many(wanted)
+                    if ready_count(*raws[:4]) > 0 or any(unpack_count(raw) > 0 for raw in raws[4:]):
                         busy.append(name)
                 workindex.fill(t, self.root, busy)
                 if len(found) < FILL_BATCH:

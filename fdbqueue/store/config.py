@@ -332,9 +332,10 @@ class Meta(NamedTuple):
 
     @property
     def counters(self) -> dict[str, int]:
-        """The hot counters by name (``layout.HOT_COUNTERS``; ready less taken)."""
+        """The hot counters by name (``layout.HOT_COUNTERS``; ready less taken, plus wake less
+        counted where counted is present: ``layout.ready_count``)."""
         found = {name: self._counter(name) for name in HOT_COUNTERS}
-        found["ready"] -= self._counter("taken")
+        found["ready"] = self.count("ready")
         return found
 
     def count(self, name: str) -> int:
@@ -346,10 +347,16 @@ class Meta(NamedTuple):
             return 0
         value = raw[at]
         if value is None or value == _ZERO:
-            return 0
-        n = int(_COUNT(value)[0]) if len(value) == 8 else unpack_count(value)
-        if at == 1 and len(raw) > 6 and (taken := raw[6]) is not None and taken != _ZERO:
-            n -= _count(taken)  # the ready count: ready - taken (layout.ready_count)
+            if at != 1 or len(raw) < 8 or raw[7] is None:
+                return 0
+            n = 0
+        else:
+            n = int(_COUNT(value)[0]) if len(value) == 8 else unpack_count(value)
+        if at == 1:  # the ready count: ready - taken + (wake - counted) (layout.ready_count)
+            if len(raw) > 6 and (taken := raw[6]) is not None and taken != _ZERO:
+                n -= _count(taken)
+            if len(raw) > 7 and (counted := raw[7]) is not None:
+                n += _count(raw[2]) - _count(counted)
         return n if n > 0 else 0
 
     def _counter(self, name: str) -> int:
@@ -370,9 +377,9 @@ class Meta(NamedTuple):
 
 
 # Where each hot counter is in Meta.raw (QueueKeys.meta_read's order).
-_RAW_AT = {"ready": 1, "inflight": 4, "delayed": 5, "wake": 2, "taken": 6}
+_RAW_AT = {"ready": 1, "inflight": 4, "delayed": 5, "wake": 2, "taken": 6, "counted": 7}
 _DUE_AT = (_RAW_AT["delayed"], _RAW_AT["inflight"])  # Meta.waiting's
-assert set(_RAW_AT) == {*HOT_COUNTERS, "taken"}
+assert set(_RAW_AT) == {*HOT_COUNTERS, "taken", "counted"}
 _new_meta = tuple.__new__
 
 
@@ -397,8 +404,9 @@ _settings_lock = threading.Lock()
 # dict lookup for the common case of one database, before the per-database cache above.
 # (the database, its settings, whether they set a max_size, the longest payload a plain
 # enqueue may take read_plain's way with them: -1 when none may, _plain_limit; the keys a
-# plain take reads read_take's way with them: None when none may, _take_keys)
-_Hot = tuple[weakref.ref[Any], _Settings, bool, int, "list[bytes] | None"]
+# plain take reads read_take's way with them: None when none may, _take_keys; the keys a plain
+# enqueue reads read_plain's way, QueueKeys.meta_read_short's and the counted counter)
+_Hot = tuple[weakref.ref[Any], _Settings, bool, int, "list[bytes] | None", list[bytes]]
 _hot: dict[bytes, _Hot] = {}
 
 
@@ -435,19 +443,28 @@ def read_meta(tr: Transaction, keys: QueueKeys, *, enqueue: bool = False) -> Met
     """
     hot = _hot.get(keys.packed)
     short = enqueue and (hot is None or not hot[2])
-    wanted = keys.meta_read_short() if short else keys.meta_read()
+    full = keys.meta_read()
     cluster = getattr(tr.db, "may_conflict", True)  # engine_traits' first
     if cluster:
-        values, _ = _read_keys(tr, keys, wanted)
+        # No counted counter where transactions may conflict: only the embedded engine's
+        # short enqueue makes one (enqueuing._plain_step), so it is never there to read.
+        values, _ = _read_keys(tr, keys, full[:4] if short else full[:7])
     else:  # _read_keys' case of an engine where nothing conflicts, without its call
-        values = tr.snapshot.get_many(wanted)
+        # short: the first four and the counted counter (count_new keeps it in step), the
+        # inflight, delayed and taken counters left out (None: read 0)
+        values = tr.snapshot.get_many([*full[:4], full[7]] if short else full)
+        if short:
+            values = [*values[:4], None, None, None, values[4]]
     cached = _settings_at(tr, keys, values[0], hot)
     cfg = cached.config
     if cfg is not None:
         if cfg.volatile:  # (_volatile, inline)
             tr.options.set_volatile_prefix(keys.q.key())
         if short and cfg.max_size is not None:  # a bound since the last look: its counters too
-            values = values + tr.snapshot.get_many(keys.meta_read()[4:])
+            if len(values) == 4:
+                values = values + tr.snapshot.get_many(full[4:7])
+            else:
+                values[4:7] = tr.snapshot.get_many(full[4:7])
     wake = values[2]
     made_ready = 0 if wake is None else _COUNT(wake)[0] if len(wake) == 8 else unpack_count(wake)
     # (config, state, priorities, owner, acl) from the settings, then what was read
@@ -492,7 +509,9 @@ def _settings_at(tr: Transaction, keys: QueueKeys, version: bytes | None, hot: _
         if len(_hot) > 4096:  # a process touching very many queues: start again
             _hot.clear()
         bounded = cached.config is not None and cached.config.max_size is not None
-        _hot[keys.packed] = (ref, cached, bounded, _plain_limit(cached), _take_keys(keys, cached))
+        limit = _plain_limit(cached)
+        plain = [*keys.meta_read_short(), keys.counter("counted")]
+        _hot[keys.packed] = (ref, cached, bounded, limit, _take_keys(keys, cached), plain)
     return cached
 
 
@@ -557,6 +576,23 @@ def read_take(tr: Transaction, keys: QueueKeys) -> tuple[list[bytes | None], _Se
     return values, settings, wanted
 
 
+def take_plan(db: Any, keys: QueueKeys, version: bytes | None) -> tuple[list[bytes], bool] | None:
+    """What a dequeue of the head in ``db`` reads :func:`read_take`'s way (the keys, in its
+    order) and whether the queue journals, when the settings this process last found for the
+    queue are those at metadata ``version`` and need none of the dequeue's checks
+    (:func:`_take_keys`); else None. Valid for as long as the queue's metadata version is
+    ``version`` (every change of settings, state or markers writes a new random one:
+    :func:`bump_metadata_version`): the caller compares it at every take (``ops/head.py``
+    ``take_short``)."""
+    hot = _hot.get(keys.packed)
+    if hot is None or version is None or (wanted := hot[4]) is None:
+        return None
+    settings = hot[1]
+    if settings.version != version or hot[0]() is not db:
+        return None
+    return wanted, settings.config.journal  # type: ignore[union-attr]  # (_take_keys: a config)
+
+
 def read_plain(
     tr: Transaction, keys: QueueKeys, size: int
 ) -> tuple[list[bytes | None], _Settings, list[bytes]] | None:
@@ -564,7 +600,8 @@ def read_plain(
     transaction where nothing conflicts (the caller asks ``engine_traits``' first), when the
     settings this process last found for the queue are those at the metadata version read and
     need none of the enqueue's checks (:func:`_plain_limit`). Then what it read
-    (``QueueKeys.meta_read_short``'s keys, snapshot reads as ``read_meta``'s) and those
+    (``QueueKeys.meta_read_short``'s keys and the counted counter, snapshot reads as
+    ``read_meta``'s) and those
     settings; else None, read or not, and the caller takes ``read_meta``'s way, which
     refreshes them; and the keys read (not to be changed by the caller).
 
@@ -574,7 +611,7 @@ def read_plain(
     hot = _hot.get(keys.packed)
     if hot is None or size > hot[3]:
         return None
-    read = keys.meta_read_short()
+    read = hot[5]
     values = tr.snapshot.get_many(read)
     settings = hot[1]
     if values[0] != settings.version or hot[0]() is not tr.db:
@@ -589,34 +626,46 @@ _for_plans: dict[tuple[bytes, tuple[str, ...]], tuple[list[bytes], Callable[[lis
 #: What a dequeue reads with the metadata version: the counters its due check looks at
 #: (inflight, delayed), those it adds to (ready, done) and taken (the ready count is ready -
 #: taken, and a kept run is out of date when another take counted there: ops/head.py).
-TAKE_COUNTERS = ("ready", "inflight", "delayed", "taken", "done")
+#: The wake and counted counters too: the ready count is ready - taken + (wake - counted)
+#: where counted is present (a short enqueue counts itself in wake alone: layout.ready_count).
+TAKE_COUNTERS = ("ready", "inflight", "delayed", "taken", "done", "wake", "counted")
 #: What a lease reads: the same but ``done``, which it does not add to.
-LEASE_COUNTERS = ("ready", "inflight", "delayed", "taken")
+LEASE_COUNTERS = ("ready", "inflight", "delayed", "taken", "wake", "counted")
+# Where transactions may conflict (FoundationDB, sim): neither the counted counter (never
+# written there: read_meta) nor the wake counter (no kept head there: ops/head.py keeps_head).
+_CLUSTER_COUNTERS: dict[tuple[str, ...], tuple[str, ...]] = {
+    c: tuple(n for n in c if n not in ("wake", "counted")) for c in (TAKE_COUNTERS, LEASE_COUNTERS)
+}
 
-# Meta.raw's slots (QueueKeys.meta_read's order, taken its last, then the done counter): a
-# counter's name, or None for what read_meta_for never reads (the work-index entry).
-_RAW_SLOTS = (None, "ready", "wake", None, "inflight", "delayed", "taken", "done")
+# Meta.raw's slots (QueueKeys.meta_read's order, taken and counted its last, then the done
+# counter): a counter's name, or None for what read_meta_for never reads (the work-index entry).
+_RAW_SLOTS = (None, "ready", "wake", None, "inflight", "delayed", "taken", "counted", "done")
 
 
 def read_meta_for(tr: Transaction, keys: QueueKeys, counters: tuple[str, ...]) -> Meta:
     """:func:`read_meta` for an operation that needs only the counters ``counters`` (a dequeue:
     :data:`TAKE_COUNTERS`; a lease: :data:`LEASE_COUNTERS`), read with the metadata version
-    in one round trip and cached settings as there, but neither the wake counter nor the
-    work-index entry, which only an enqueue uses: ``Meta.made_ready`` is then 0 and
-    ``Meta.work`` None. Every key a read costs (on the embedded engine a B-tree seek each,
-    about as much as a statement of its own), and a counter an operation adds to is read
-    here so that an engine resolving the add when it is made asks for it no more.
+    in one round trip and cached settings as there, but not the work-index entry, which only
+    an enqueue uses: ``Meta.made_ready`` is then 0 and ``Meta.work`` None. Every key a read
+    costs (on the embedded engine a B-tree seek each, about as much as a statement of its
+    own), and a counter an operation adds to is read here so that an engine resolving the add
+    when it is made asks for it no more.
 
     ``Meta.raw`` is in ``QueueKeys.meta_read``'s order: no work-index entry; the wake counter
-    only when asked for (a take that may use a kept head: ops/head.py), and still no
-    made_ready; the taken counter, meta_read's last; then the done counter, past meta_read's
-    (a take writes it as read: head.take_counted). Counters not asked for are None there."""
+    when asked for (the ready count, a kept head: ops/head.py), and still no made_ready; the
+    taken and counted counters, meta_read's last; then the done counter, past meta_read's (a
+    take writes it as read: head.take_counted). Counters not asked for are None there; where
+    transactions may conflict neither the wake nor the counted counter of TAKE_COUNTERS and
+    LEASE_COUNTERS is read (``_CLUSTER_COUNTERS``)."""
+    db = tr.db
+    cluster = getattr(db, "may_conflict", True)  # engine_traits' first
+    if cluster:  # no counted counter there (read_meta's), nor a kept head's wake to read
+        counters = _CLUSTER_COUNTERS.get(counters, counters)
     plan = _for_plans.get((keys.packed, counters))
     if plan is None:
         plan = _plan_for(keys, counters)
     wanted, order = plan
-    db = tr.db
-    if getattr(db, "may_conflict", True):  # engine_traits' first
+    if cluster:
         values, cluster = _read_keys(tr, keys, wanted)
     else:  # _read_keys' case of an engine where nothing conflicts, without its call
         values, cluster = tr.snapshot.get_many(wanted), False

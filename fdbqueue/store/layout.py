@@ -60,6 +60,13 @@ default. ``Q`` below is ``root + ("q", queue_name)``::
                                                 ready is ready - taken, its done done + taken
                                                 (absent, as in every store made before it and on
                                                 FoundationDB: 0); a purge folds it into done
+    Q + ("m", "n", "counted")                   what of wake the ready counter holds: the embedded
+                                                engine's common enqueue (enqueuing._plain_step)
+                                                counts itself in wake alone, every other writer of
+                                                wake adds here too where it is present, so the
+                                                queue's ready is ready - taken + (wake - counted)
+                                                (absent, as in every store made before it and on
+                                                FoundationDB: ready - taken); a purge clears it
     Q + ("rc", version, rand)                   enqueue/dequeue receipts: settle a commit_unknown_result
     Q + ("rl", shard)                           the queue's rate limit's token bucket (rates.py)
 
@@ -117,14 +124,26 @@ TIME_KEY: bytes = bytes(fdb.tuple.pack((*DEFAULT_ROOT, "time")))
 # ready/inflight/delayed: messages in each state now; done/dead/expired: totals ever (rates
 # come from two samples); wake: messages ever made ready (enqueues, retries, promotions);
 # corrupt: damaged records moved to the error queue (delivery.move_corrupt); taken: ready
-# messages dequeued that the ready and done counters do not show yet (ready_count, done_count).
-COUNTERS = ("ready", "inflight", "delayed", "done", "dead", "expired", "wake", "corrupt", "taken")
+# messages dequeued that the ready and done counters do not show yet (ready_count, done_count);
+# counted: what of wake the ready counter holds (absent: all of it; ready_count).
+COUNTERS = ("ready", "inflight", "delayed", "done", "dead", "expired", "wake", "corrupt", "taken", "counted")
 HOT_COUNTERS = ("ready", "inflight", "delayed", "wake")  # what an enqueue or dequeue needs to know
 
 
-def ready_count(ready: bytes | None, taken: bytes | None) -> int:
-    """A queue's ready messages from its ready and taken counters as stored (never below 0)."""
-    return max(0, unpack_count(ready) - unpack_count(taken))
+#: The counters :func:`ready_count` takes, in its order.
+READY_PARTS = ("ready", "taken", "wake", "counted")
+
+
+def ready_count(
+    ready: bytes | None, taken: bytes | None, wake: bytes | None = None, counted: bytes | None = None
+) -> int:
+    """A queue's ready messages from its ready, taken, wake and counted counters as stored
+    (never below 0): ready - taken, plus wake - counted where counted is present (what short
+    enqueues counted in wake alone)."""
+    n = unpack_count(ready) - unpack_count(taken)
+    if counted is not None:
+        n += unpack_count(wake) - unpack_count(counted)
+    return max(0, n)
 
 
 def done_count(done: bytes | None, taken: bytes | None) -> int:
@@ -182,6 +201,7 @@ class QueueKeys:
         "_d",
         "_f",
         "_heads",
+        "_homes",
         "_id",
         "_jk",
         "_l",
@@ -215,6 +235,8 @@ class QueueKeys:
         self._names: dict[bytes, str] | None = None
         self._markers: dict[bytes, int] = {}
         self._heads: dict[int, bytes] = {}  # priority -> the ready keys' prefix
+        # priority -> (the ready keys' prefix, the hex of its part past _r after "r"): home's
+        self._homes: dict[int, tuple[bytes, str]] = {}
         self._meta_read: list[bytes] | None = None
         self._meta_short: list[bytes] | None = None
         self._jk: JournalKeys | None = None
@@ -284,9 +306,9 @@ class QueueKeys:
         """What ``config.read_meta`` reads, built once (a dozen calls otherwise), in this order:
         the metadata version, the ready and wake counters, the work-index entry (an enqueue
         marks it: ``workindex.mark``), then the inflight and delayed counters (which an
-        enqueue into a queue without a max_size leaves out: :meth:`meta_read_short`) and the
-        taken counter (the ready count is ready - taken: :func:`ready_count`). Not to be
-        changed by the caller."""
+        enqueue into a queue without a max_size leaves out: :meth:`meta_read_short`), the
+        taken and counted counters (the ready count is ready - taken + wake - counted:
+        :func:`ready_count`). Not to be changed by the caller."""
         found = self._meta_read
         if found is None:
             c = self.counter
@@ -298,12 +320,14 @@ class QueueKeys:
                 c("inflight"),
                 c("delayed"),
                 c("taken"),
+                c("counted"),
             ]
             self._meta_read = found
         return found
 
     def meta_read_short(self) -> list[bytes]:
-        """The first four of :meth:`meta_read`: all but the inflight, delayed and taken counters."""
+        """The first four of :meth:`meta_read`: all but the inflight, delayed, taken and counted
+        counters."""
         found = self._meta_short
         if found is None:
             found = self._meta_short = self.meta_read()[:4]
@@ -377,14 +401,24 @@ class QueueKeys:
     # -- ready items ---------------------------------------------------------------------------
     def home(self, priority: int, index: int, rand: bytes) -> tuple[bytes, str]:
         """A new ready message's key and the id that names it (:meth:`id_of_home`), together."""
-        head = self._heads.get(priority)
+        head = self._homes.get(priority)
         if head is None or not 0 < index < _BIG:
             key = self.ready_key(priority, index, rand)
-        else:  # ready_key's common case, inline (one made per message)
-            size = (index.bit_length() + 7) >> 3
-            key = head + _INT_CODES[size] + index.to_bytes(size, "big") + b"\x01"
-            key += rand.replace(b"\x00", b"\x00\xff") + b"\x00"
-        return key, "r" + key[len(self._r) :].hex()
+            if len(self._homes) < 64 and priority in self._heads:  # (ready_key's: a few priorities)
+                prefix = self._heads[priority]
+                self._homes[priority] = prefix, "r" + prefix[len(self._r) :].hex()
+            return key, "r" + key[len(self._r) :].hex()
+        # ready_key's common case, inline (one made per message): the key's tail past the
+        # priority's prefix, and the id as the prefix's hex (made once) and the tail's
+        size = (index.bit_length() + 7) >> 3
+        tail = (
+            _INT_CODES[size]
+            + index.to_bytes(size, "big")
+            + b"\x01"
+            + rand.replace(b"\x00", b"\x00\xff")
+            + b"\x00"
+        )
+        return head[0] + tail, head[1] + tail.hex()
 
     def ready_key(self, priority: int, index: int, rand: bytes) -> bytes:
         head = self._heads.get(priority)

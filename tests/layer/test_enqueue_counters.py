@@ -16,7 +16,7 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Queue
-from fdbqueue.store.layout import QueueKeys
+from fdbqueue.store.layout import READY_PARTS, QueueKeys, ready_count
 
 _OTHER = r"""
 import sys, fdbqueue
@@ -29,9 +29,11 @@ db.close()
 
 
 def _counters(db: object) -> tuple[int, int]:
+    """The ready count (ready - taken + wake - counted: store/layout.py) and the wake counter."""
     keys = QueueKeys.make("jobs")
     tr = db.create_transaction()  # type: ignore[attr-defined]
-    ready, wake = (struct.unpack("<q", tr[k])[0] for k in (keys.counter("ready"), keys.wake))
+    ready = ready_count(*(tr[keys.counter(c)] for c in READY_PARTS))
+    wake = struct.unpack("<q", tr[keys.wake])[0]
     tr.cancel()
     return ready, wake
 

@@ -4,7 +4,8 @@ still guarantees.
 On the embedded engine an enqueue of bytes without options runs a step of its own: the
 settings this process last found for the queue, when still the queue's at the metadata
 version read and needing none of the enqueue's checks (``config.read_plain``); the record,
-its journal entry, and the ready and wake counters set to what was read plus one. Each test
+its journal entry, and the wake counter set to what was read plus one (the ready count is
+ready - taken + wake - counted: store/layout.py). Each test
 here changes what the step leans on - from another process, another handle, or this one -
 and checks the next enqueue acts on the change as the long way would.
 """
@@ -308,23 +309,39 @@ def test_a_new_priority_gets_its_marker_and_a_new_metadata_version(tmp_path: Pat
 
 
 def test_counters_at_their_limit_or_of_another_length_are_counted_as_an_add_would(tmp_path: Path) -> None:
-    """The short step sets the ready and wake counters to what it read plus one; a ready counter
-    at 2**63 - 1 wraps as FoundationDB's ADD does, and one of four bytes is widened as the add's
-    operand: both are left to count_new, which counts as an add."""
+    """The short step sets the wake counter to what it read plus one (the ready count is ready -
+    taken + wake - counted: the ready counter is left as it is); a wake counter at 2**63 - 1
+    wraps as FoundationDB's ADD does, and one of four bytes is widened as the add's operand:
+    both are left to count_new, which counts as an add, the counted counter with it."""
     import struct
 
     db = fdbqueue.open(url_of(tmp_path))
     q = Queue("jobs")
     warm(q, db)
-    ready = q.keys.counter("ready")
+    ready, wake, counted = (q.keys.counter(c) for c in ("ready", "wake", "counted"))
 
-    def set_ready(value: bytes) -> None:
-        run_transaction(db, lambda tr: tr.set(ready, value))
+    def get(key: bytes) -> bytes | None:
+        return run_transaction(db, lambda tr: tr.get(key))
 
-    set_ready(struct.pack("<q", 2**63 - 1))
+    def set_wake(value: bytes) -> None:
+        run_transaction(db, lambda tr: tr.set(wake, value))
+
+    before = get(ready), get(counted)
+    q.enqueue(db, b"short")
+    assert (get(ready), get(counted)) == before and get(wake) == struct.pack("<q", 4)
+    set_wake(struct.pack("<q", 2**63 - 1))
     q.enqueue(db, b"wraps")
-    assert run_transaction(db, lambda tr: tr.get(ready)) == struct.pack("<q", -(2**63))
-    set_ready(b"\x05\x00\x00\x00")
+    assert get(wake) == struct.pack("<q", -(2**63))
+    assert get(ready) == struct.pack("<q", unpack(before[0]) + 1)  # count_new's: ready, counted
+    assert get(counted) == struct.pack("<q", unpack(before[1]) + 1)
+    set_wake(b"\x05\x00\x00\x00")
     q.enqueue(db, b"widens")
-    assert run_transaction(db, lambda tr: tr.get(ready)) == struct.pack("<q", 6)
+    assert get(wake) == struct.pack("<q", 6)
     db.close()
+
+
+def unpack(raw: bytes | None) -> int:
+    import struct
+
+    assert raw is not None
+    return int(struct.unpack("<q", raw)[0])

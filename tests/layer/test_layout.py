@@ -161,3 +161,22 @@ def test_a_consuming_operations_pointer_in_its_queue_matches_the_tuple_layer(
         assert every[0] <= begin and end <= every[1]
         # inside the queue's keys, after its delayed range and before its leased records
         assert keys.q.range(("d",)).stop <= every[0] and every[1] <= keys.q.range(("f",)).start
+
+
+HOME_KEYS = QueueKeys.make("jobs", ("app", 1))  # one object over every example: its caches fill
+
+
+@given(st.integers(-(2**31), 2**31 - 1), st.integers(-5, 2**66), st.binary(min_size=8, max_size=8))
+def test_home_is_the_ready_key_and_its_id_every_time(priority: int, index: int, rand: bytes) -> None:
+    """``home`` (an enqueue's key and id, its priority's prefixes kept after the first) gives
+    ``ready_key`` and ``home_id`` for any priority, index (past the inline case's bounds too) and
+    random part, on a priority's first message and every later one."""
+    for _ in range(2):
+        key, mid = HOME_KEYS.home(priority, index, rand)
+        assert (
+            key
+            == HOME_KEYS.ready_key(priority, index, rand)
+            == HOME_KEYS.q.pack(("r", -priority, index, rand))
+        )
+        assert mid == HOME_KEYS.home_id(priority, index, rand)
+        assert HOME_KEYS.home_key(mid) == key

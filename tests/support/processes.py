@@ -24,7 +24,7 @@ import fdbqueue
 from fdbqueue import Queue
 from fdbqueue.engines import versions
 from fdbqueue.store.codec import unpack_count
-from fdbqueue.store.layout import ready_count
+from fdbqueue.store.layout import READY_PARTS, ready_count
 
 # Every key tag a message can leave behind (fdbqueue/store/layout.py): none may remain once drained.
 MESSAGE_TAGS = ("r", "id", "b", "f", "l", "d", "pop", "res")
@@ -159,12 +159,12 @@ def child_stderr(errors: str) -> None:
 
 
 def held(db: Any, q: Queue) -> tuple[int, int, int]:
-    """The queue's ready (less taken: store/layout.py), in-flight and delayed counters, read in
-    one transaction."""
+    """The queue's ready (less taken, plus wake less counted: store/layout.py), in-flight and
+    delayed counters, read in one transaction."""
 
     @fdbqueue.transactional
     def read(tr: Any) -> tuple[int, int, int]:
-        ready = ready_count(tr.get(q.keys.counter("ready")), tr.get(q.keys.counter("taken")))
+        ready = ready_count(*(tr.get(q.keys.counter(c)) for c in READY_PARTS))
         return (
             ready,
             unpack_count(tr.get(q.keys.counter("inflight"))),
