@@ -80,8 +80,9 @@ TOKEN = Region("watchers' token", 64, "=", (("token", "8s"),))
 #: The sync mark: the version clock's tag, the highest version known to be on disk, and the
 #: last version whose COMMIT returned; each version written on its own (8 aligned bytes).
 SYNC = Region("sync mark", 128, ">", (("tag", "32s"), ("on_disk", "Q"), ("committed", "Q")))
-#: The version clock's last reading handed out under the store lock, and the wall clock (µs)
-#: of the process that read it.
+#: A reading of the version clock handed out under the store lock (written again once the
+#: versions are a second past it: ``versionclock._STAMP_EVERY_US``), and the wall clock (µs)
+#: of the process that read it, taken with it.
 STAMP = Region("clock stamp", 176, "=", (("reading", "q"), ("wall", "q")))
 #: The lease's current generation; its slots follow, one for even generations, one for odd.
 LEASE = Region("lease generation", 192, "=", (("generation", "Q"),))
@@ -136,6 +137,12 @@ SLOT_WORDS = tuple(r.at("generation") // 8 for r in LEASE_SLOTS)
 SLOT_HALVES = tuple(r.at("pid") // 4 for r in LEASE_SLOTS)
 STAMP_WORD = STAMP.at("reading") // 8  # the wall clock's follows
 TOKEN_WORD = TOKEN.offset // 8  # the watchers' token, its 8 bytes as one word
+#: The version clock's last commit version (big-endian) and the first 8 bytes of its tag's
+#: store id, each as the native word its bytes make: compared, never written, this way (a
+#: version's word is a one-to-one image of it; see ``WritableStore.begin``).
+LAST_WORD = CLOCK.at("last") // 8
+STORE_WORD = (CLOCK.at("tag") + 16) // 8
+assert CLOCK.at("last") % 8 == 0 and CLOCK.at("tag") % 8 == 0
 assert all(r.order == "=" for r in (LEASE, STAMP, TOKEN, *LEASE_SLOTS)) and TOKEN.size == 8
 assert LEASE.offset % 8 == STAMP.offset % 8 == TOKEN.offset % 8 == 0 and all(
     r.offset % 8 == 0 for r in LEASE_SLOTS
