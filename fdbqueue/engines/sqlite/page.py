@@ -100,6 +100,8 @@ WAL_RECORD = Region(
 )
 
 REGIONS = (CLOCK, TOKEN, SYNC, STAMP, LEASE, *LEASE_SLOTS, WAL_RECORD)
+#: The WAL record's bytes in the page, written whole (``WritableStore.after_writes``).
+WAL_RECORD_BYTES = slice(WAL_RECORD.offset, WAL_RECORD.end)
 #: The version clock's ``pending`` flag: a raised reservation is not committed yet.
 PENDING = 1
 

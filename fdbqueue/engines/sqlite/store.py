@@ -25,14 +25,20 @@ from fdbqueue.engines.sqlite import files as _files
 from fdbqueue.engines.sqlite import shared as _shared
 from fdbqueue.engines.sqlite import walcheck as _walcheck
 from fdbqueue.engines.sqlite.notify import WatchHub
-from fdbqueue.engines.sqlite.page import BOOT_ID, LAST_WORD, STORE_WORD, SharedPage, clock_tag
+from fdbqueue.engines.sqlite.page import (
+    BOOT_ID,
+    LAST_WORD,
+    STORE_WORD,
+    WAL_RECORD_BYTES,
+    SharedPage,
+    clock_tag,
+)
 from fdbqueue.engines.sqlite.walsync import WalSync
 from fdbqueue.errors import NestedTransactionError, QueueError, StoreError
 
 _get_ident = threading.get_ident
-_pread = os.pread
+_preadv = getattr(os, "preadv", None)  # (not on every system: then os.pread, and a struct)
 _HEADER_BYTES = _walcheck.HEADER_BYTES
-_HEADER_UNPACK = _walcheck.HEADER.unpack
 
 
 class Clock(Protocol):
@@ -279,6 +285,8 @@ class WritableStore(Store):
             raise
         # The one cursor every transaction on the connection runs on (Store.cursor).
         self._cursor = self._cur = self.conn.cursor()
+        if self.clock_tag is not None:
+            self._record, self._scatter = _walcheck.record_reader(self.clock_tag)
         self._last = None
         self.ready = not self.closed and self.broken is None
 
@@ -482,13 +490,22 @@ class WritableStore(Store):
             # -shm at every commit with writes (here, not in a call of its own).
             shm = self._walheld.shm
             if shm is not None:
-                try:
-                    hdr = _pread(shm, _HEADER_BYTES, 0)
-                except OSError:
-                    hdr = b""
-                if len(hdr) == _HEADER_BYTES:
-                    mx_frame, salts, backfilled = _HEADER_UNPACK(hdr)
-                    page.set_wal_record(tag, mx_frame, backfilled, salts)
+                if _preadv is not None:
+                    # Read into the record itself (walcheck.record_reader), copied whole.
+                    try:
+                        read = _preadv(shm, self._scatter, 0)
+                    except OSError:
+                        read = 0
+                    if read == _HEADER_BYTES:
+                        page.buffer[WAL_RECORD_BYTES] = self._record
+                else:
+                    try:
+                        hdr = os.pread(shm, _HEADER_BYTES, 0)
+                    except OSError:
+                        hdr = b""
+                    if len(hdr) == _HEADER_BYTES:
+                        mx_frame, salts, backfilled = _walcheck.HEADER.unpack(hdr)
+                        page.set_wal_record(tag, mx_frame, backfilled, salts)
         wal = self.wal
         return None if wal is None else wal.committed(page, tag, version)
 

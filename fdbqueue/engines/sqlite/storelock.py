@@ -307,6 +307,7 @@ class StoreLock:
         # What this process asks of the generation it holds (_requests: the generation, its
         # requests and its slot's fields), or None: the pin and the release look nothing up.
         self._held: Requests | None = None
+        self._pinned = False  # pinned since the claim (pin): only release clears it
         self._waiters: dict[int, _Waiter] = {}
         self.holder = "another process holds it"  # who, after an acquire that timed out
         # The page as this process last saw it while waiting, and since when (its own
@@ -431,6 +432,7 @@ class StoreLock:
                     halves[half + 1] = (halves[half + 1] + 1) & 0xFFFFFFFF
                     if words[GEN_WORD] == gen:
                         self._held = requests
+                        self._pinned = False
                         self._seen = None
                         self.owner = me
                         return True
@@ -481,6 +483,7 @@ class StoreLock:
         if requests[0] != gen:
             requests = self._requests = _requests(gen)
         self._held = requests
+        self._pinned = False
 
     def _take_over(self, seen: tuple[int, int, int, int, int], stealable: bool) -> bool:
         """The page has not moved for the window while someone held the byte: a holder
@@ -549,6 +552,7 @@ class StoreLock:
         words[at] = gen
         words[at + 1] = _PINNED
         self._halves[half] = _pid
+        self._pinned = True
         return True
 
     def release(self) -> None:
@@ -561,9 +565,16 @@ class StoreLock:
                 gen, _, unlock, at, half = held
                 # The slot only, without the mutex: a takeover writes the next generation's
                 # slot and the generation, never this slot, so nothing here can undo one.
+                # Pinned (a commit), nobody took the lock over since (the page mutex is still
+                # held): the slot is this claim's, or a late claim of an older generation of
+                # its parity wrote it (storelock's docstring), which the generation already
+                # says is not the current one's, so "released" is no news to anyone.
                 words = self._words
-                if words[at] == gen and self._halves[half] == _pid:
+                if self._pinned:
+                    self._pinned = False
                     words[at + 1] = 0  # since: released (the rest of the slot stays this claim's)
+                elif words[at] == gen and self._halves[half] == _pid:
+                    words[at + 1] = 0
                 # One unlock from the page mutex (held since pin, if this holder committed) to
                 # the lease's byte: an unlock neither waits nor is refused, and drops only this
                 # open file description's locks in the range. The only others it can hold there

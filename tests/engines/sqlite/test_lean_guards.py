@@ -13,6 +13,7 @@ would break them:
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import struct
 import subprocess
@@ -186,5 +187,31 @@ def test_the_clock_stamp_is_written_once_a_second_and_still_calibrates_a_process
         # At the store's time: within seconds of this process's commits, not an hour ahead.
         assert last < ahead < after, (last, ahead, after)
         assert after - last < 60 * VERSIONS_PER_SECOND
+    finally:
+        db.close()
+
+
+def test_the_wal_record_holds_what_the_wal_index_header_says_after_each_commit(tmp_path: Path) -> None:
+    """The record is read with one ``preadv`` straight into its bytes: after each commit it is
+    (this store's tag, mxFrame, nBackfill, the salts) as the header in ``-shm`` says them,
+    through a checkpoint that restarts the WAL (new salts, nBackfill back to 0)."""
+    from fdbqueue.engines.sqlite import walcheck
+
+    path = tmp_path / "q.db"
+    db = fdbqueue.open(f"sqlite://{path}?sync=normal")
+    try:
+        store = db._store  # type: ignore[attr-defined]
+        shm = store._walheld.shm
+        seen = set()
+        for i in range(30):
+            db[b"k%d" % i] = b"v" * 3000
+            if i == 15:
+                store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the WAL restarts
+            if i % 5 == 0:
+                db[b"after"] = b"%d" % i
+            frames, salts, backfilled = walcheck.HEADER.unpack(os.pread(shm, walcheck.HEADER_BYTES, 0))
+            assert store.page.wal_record() == (store.clock_tag, frames, backfilled, salts), i
+            seen.add(salts)
+        assert len(seen) >= 2  # the salts changed at the restart: the fields are not stale
     finally:
         db.close()
