@@ -80,9 +80,8 @@ TOKEN = Region("watchers' token", 64, "=", (("token", "8s"),))
 #: The sync mark: the version clock's tag, the highest version known to be on disk, and the
 #: last version whose COMMIT returned; each version written on its own (8 aligned bytes).
 SYNC = Region("sync mark", 128, ">", (("tag", "32s"), ("on_disk", "Q"), ("committed", "Q")))
-#: A reading of the version clock handed out under the store lock (written again once the
-#: versions are a second past it: ``versionclock._STAMP_EVERY_US``), and the wall clock (µs)
-#: of the process that read it, taken with it.
+#: The version clock's last reading handed out under the store lock, and the wall clock (µs)
+#: of the process that read it.
 STAMP = Region("clock stamp", 176, "=", (("reading", "q"), ("wall", "q")))
 #: The lease's current generation; its slots follow, one for even generations, one for odd.
 LEASE = Region("lease generation", 192, "=", (("generation", "Q"),))

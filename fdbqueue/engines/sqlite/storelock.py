@@ -174,7 +174,6 @@ def byte_request(kind: int, at: int) -> bytes:
 # fcntl(2) and the OFD commands, looked up once: the hot calls (acquire, pin, release) run
 # at every transaction. (Without OFD locks those paths are never taken: 0 stands in.)
 _fcntl = fcntl.fcntl
-_monotonic_ns = time.monotonic_ns
 _SETLK = getattr(fcntl, "F_OFD_SETLK", 0)
 _SETLKW = getattr(fcntl, "F_OFD_SETLKW", 0)
 _MUTEX_LOCK = byte_request(fcntl.F_WRLCK, MUTEX_BYTE)
@@ -427,7 +426,7 @@ class StoreLock:
                     at, half = requests[3], requests[4]
                     halves = self._halves
                     words[at] = gen
-                    words[at + 1] = _monotonic_ns() // 1000
+                    words[at + 1] = time.monotonic_ns() // 1000
                     halves[half] = _pid
                     halves[half + 1] = (halves[half + 1] + 1) & 0xFFFFFFFF
                     if words[GEN_WORD] == gen:
@@ -462,7 +461,7 @@ class StoreLock:
             words, halves = self._words, self._halves
             at, half = SLOT_WORDS[gen & 1], SLOT_HALVES[gen & 1]
             words[at] = gen
-            words[at + 1] = _monotonic_ns() // 1000
+            words[at + 1] = time.monotonic_ns() // 1000
             halves[half] = _pid
             halves[half + 1] = (halves[half + 1] + 1) & 0xFFFFFFFF
             current = words[GEN_WORD]

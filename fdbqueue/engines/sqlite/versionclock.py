@@ -23,14 +23,6 @@ _RESERVE_US = 1_000_000  # one meta write per second of versions
 # since, before its monotonic clock is taken for offset: 1 s, plus 0.1 % of that time (NTP
 # slews a wall clock by 0.05 % at most: ntpd's 500 ppm).
 _AGREE_US = 1_000_000
-# The clock's stamp (page.STAMP: a reading and the wall clock then) is written again once the
-# version has moved this far past it (or below it), not at every commit: a process's first
-# use compares its clock with the stamp's reading plus the wall-clock time since
-# (_calibrated), which a stamp a second old tells as well as a fresh one - the reading and
-# its wall clock were taken together, and the two clocks drift apart by at most 0.05 % over
-# that second (the 0.1 % of _AGREE_US's allowance covers it).
-_STAMP_EVERY_US = VERSIONS_PER_SECOND
-_monotonic_ns = time.monotonic_ns
 
 
 def _calibrated(page: SharedPage, base: int, mono: int) -> int:
@@ -88,12 +80,10 @@ class VersionClock:
             if held is not None:
                 last, now = held[0], held[3]
                 version = max(last, now - 1)  # (as below)
-                # page.set_stamp's two fields, one word each (page.STAMP_WORD), when the
-                # stamp is a second old (see _STAMP_EVERY_US)
+                # page.set_stamp's two fields, one word each (page.STAMP_WORD)
                 words = self._store.page.words
-                if not 0 <= version - words[STAMP_WORD] < _STAMP_EVERY_US:
-                    words[STAMP_WORD] = version
-                    words[STAMP_WORD + 1] = int(_versions._wall() * 1e6)
+                words[STAMP_WORD] = version
+                words[STAMP_WORD + 1] = int(_versions._wall() * 1e6)
                 return version, held
         state = self._now(reserved, nested)
         last, _, _, now, _ = state
@@ -206,7 +196,7 @@ class VersionClock:
             own = store.shared.clock_base
             if found == tag and pending != PENDING and own is not None:
                 if _versions._frozen_us is None:  # monotonic_us(), inline
-                    now = own + _monotonic_ns() // 1000 + _versions._ahead_us
+                    now = own + time.monotonic_ns() // 1000 + _versions._ahead_us
                 else:
                     now = own + monotonic_us()
                 trusted = now + VERSIONS_PER_SECOND >= last
@@ -230,15 +220,14 @@ class VersionClock:
             conn.execute(_SET_VERSION, (meta,))
         if tag is not None:
             # page.set_clock's two writes: pending only while a raised reservation is not
-            # committed yet; the stamp, once it is a second old (_STAMP_EVERY_US).
+            # committed yet; the stamp, the version read at this process's wall clock (wall_us).
             if trusted and not bumped:
                 page.set_last(version)  # the rest of the clock holds these bytes already
             else:
                 page.pack_clock(tag, version, meta, PENDING if bumped else 0, base)
-            words = page.words
-            if not 0 <= version - words[STAMP_WORD] < _STAMP_EVERY_US:
-                words[STAMP_WORD] = version
-                words[STAMP_WORD + 1] = int(_versions._wall() * 1e6)
+            words = page.words  # page.set_stamp's two fields, one word each (page.STAMP_WORD)
+            words[STAMP_WORD] = version
+            words[STAMP_WORD + 1] = int(_versions._wall() * 1e6)
         return version, bumped
 
 
