@@ -24,6 +24,8 @@ import time
 
 from fdbqueue.errors import InvalidURLError, StoreFullError
 
+_monotonic = time.monotonic
+
 MB = 1024 * 1024
 
 # The default reserve. What a drain needs: the WAL's working size (at sync=full it is
@@ -71,7 +73,8 @@ class DiskRoom:
         self.folder = folder
         self.path = path  # the store as the user named it, for messages
         self.reserve = reserve
-        self._next = 0.0  # when to read the free space again (time.monotonic)
+        # When to read the free space again (time.monotonic): never without a reserve.
+        self._next = 0.0 if reserve > 0 else math.inf
 
     def free(self) -> int | None:
         """Free space for an unprivileged writer, or None if the file system will not say."""
@@ -83,7 +86,7 @@ class DiskRoom:
 
     def check(self) -> None:
         """Raise StoreFullError if a producer must be turned away now."""
-        if self.reserve <= 0 or time.monotonic() < self._next:
+        if _monotonic() < self._next:  # (every enqueue asks: one comparison while far above)
             return
         free = self.free()
         if free is None:

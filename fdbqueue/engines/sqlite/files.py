@@ -35,6 +35,7 @@ TABLES = "SELECT name FROM sqlite_master WHERE type = 'table'"
 # A folder unchanged for this long has time stamps that any later change moves (the file
 # system's clock ticks every few milliseconds): see FileIdentities.changed.
 QUIET_NS = 200_000_000
+_stat = os.stat
 # The WAL index header at the start of -shm (https://www.sqlite.org/walformat.html, 2.1),
 # in the machine's byte order: version, unused, change counter, isInit, big-endian
 # checksums, page size, frames; two copies, equal unless a writer is changing them.
@@ -164,30 +165,36 @@ class FileIdentities:
             except OSError as exc:
                 raise StoreError(f"{path}: cannot find {name} of the open store: {exc.strerror}") from exc
             self._files.append((name, (st.st_dev, st.st_ino)))
-        self._folder_seen: tuple[int, int, int] | None = None
+        # The folder's ctime (ns) and inode at the last full check that found it quiet, or -1.
+        self._ctime_seen = self._ino_seen = -1
 
     def changed(self) -> list[tuple[str, str]]:
         """The files removed or replaced since the open, each with how.
 
         Checked at every commit: a file's identity is its (device, inode), which only a new
         file changes. Removing, renaming or creating a file in a folder updates the folder's
-        modification time, so while the folder's (inode, mtime, ctime) stay what they were at
-        the last full check, one ``stat`` of the folder answers for all four files
+        change time (its ctime, set with its mtime; a change of the mtime alone, utimensat(2),
+        sets the ctime too), so while the folder's (inode, ctime) stay what they were at the
+        last full check, one ``stat`` of the folder answers for all four files
         (docs/architecture.md has the cost). A full check is trusted for later commits only
         when the folder has been quiet for a while: a change made in the same tick of the
         file system's clock as the one before it could leave its time stamp unchanged.
         """
         try:
-            st = os.stat(self._folder)
-            folder: tuple[int, int, int] | None = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+            st = _stat(self._folder)
         except OSError:
-            folder = None
-        if folder is not None and folder == self._folder_seen:
+            return self._check(None)
+        if st.st_ctime_ns == self._ctime_seen and st.st_ino == self._ino_seen:
             return []
+        return self._check(st)
+
+    def _check(self, st: os.stat_result | None) -> list[tuple[str, str]]:
+        """The full check: each file's identity (``st``: the folder's stat, None without one)."""
+        self._ctime_seen = self._ino_seen = -1  # untrusted until this check finds all quiet
         changed = []
         for name, ident in self._files:
             try:
-                st = os.stat(name)
+                found = os.stat(name)
             except FileNotFoundError:
                 gone = (
                     "removed"
@@ -199,10 +206,10 @@ class FileIdentities:
             except OSError as exc:
                 changed.append((name, f"made unreadable ({exc.strerror})"))
                 continue
-            if (st.st_dev, st.st_ino) != ident:
+            if (found.st_dev, found.st_ino) != ident:
                 changed.append((name, "replaced by another file"))
-        quiet = folder is not None and time.time_ns() - max(folder[1:]) > QUIET_NS
-        self._folder_seen = folder if quiet and not changed else None
+        if st is not None and not changed and time.time_ns() - st.st_ctime_ns > QUIET_NS:
+            self._ctime_seen, self._ino_seen = st.st_ctime_ns, st.st_ino
         return changed
 
 

@@ -80,6 +80,7 @@ class WatchHub:
         self._ident: tuple[int, int] | None = None  # our socket file's (device, inode)
         self._read = read
         self._page = page
+        self._words = page.words
         self._lock = threading.Lock()
         self._watches: dict[bytes, set[EventWatch]] = {}
         self._by_hash: dict[bytes, set[bytes]] = {}
@@ -289,7 +290,7 @@ class WatchHub:
         if self._watches:
             self.check(keys)
         cached, targets = self._cache
-        if self._page.words[TOKEN_WORD] != cached:  # _targets' own test, inline: every commit asks
+        if self._words[TOKEN_WORD] != cached:  # _targets' own test, inline: every commit asks
             targets = self._targets()
         if not targets:
             return

@@ -99,6 +99,8 @@ WAL_RECORD = Region(
 )
 
 REGIONS = (CLOCK, TOKEN, SYNC, STAMP, LEASE, *LEASE_SLOTS, WAL_RECORD)
+#: The WAL record's bytes in the page, written whole (``WritableStore.after_writes``).
+WAL_RECORD_BYTES = slice(WAL_RECORD.offset, WAL_RECORD.end)
 #: The version clock's ``pending`` flag: a raised reservation is not committed yet.
 PENDING = 1
 
@@ -136,6 +138,12 @@ SLOT_WORDS = tuple(r.at("generation") // 8 for r in LEASE_SLOTS)
 SLOT_HALVES = tuple(r.at("pid") // 4 for r in LEASE_SLOTS)
 STAMP_WORD = STAMP.at("reading") // 8  # the wall clock's follows
 TOKEN_WORD = TOKEN.offset // 8  # the watchers' token, its 8 bytes as one word
+#: The version clock's last commit version (big-endian) and the first 8 bytes of its tag's
+#: store id, each as the native word its bytes make: compared, never written, this way (a
+#: version's word is a one-to-one image of it; see ``WritableStore.begin``).
+LAST_WORD = CLOCK.at("last") // 8
+STORE_WORD = (CLOCK.at("tag") + 16) // 8
+assert CLOCK.at("last") % 8 == 0 and CLOCK.at("tag") % 8 == 0
 assert all(r.order == "=" for r in (LEASE, STAMP, TOKEN, *LEASE_SLOTS)) and TOKEN.size == 8
 assert LEASE.offset % 8 == STAMP.offset % 8 == TOKEN.offset % 8 == 0 and all(
     r.offset % 8 == 0 for r in LEASE_SLOTS

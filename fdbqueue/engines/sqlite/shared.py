@@ -89,12 +89,6 @@ class SharedStore:
             "opening the store or committing: resume it (kill -CONT) or end it, or raise lock_timeout"
         )
 
-    def pin(self) -> bool:
-        """Before a commit: False when another process took the store lock over from this
-        holder (see acquire); else it is this holder's until release. (The lock's method is
-        looked up at each call, not bound at open: a test may stop a process inside it.)"""
-        return self.lock.pin()
-
     @property
     def owner(self) -> int | None:
         """The thread holding the store lock (:attr:`StoreLock.owner`), or None."""
@@ -201,6 +195,8 @@ def close_at_exit(handle: Any) -> None:
 
 def _after_fork_in_child() -> None:
     global _registry_lock, _stores, _handles, fork_generation
+    for handle in list(_handles):
+        handle.ready = False  # its next begin opens its files again (WritableStore.begin)
     inherited.append(_stores)
     _registry_lock = threading.Lock()
     _stores = {}

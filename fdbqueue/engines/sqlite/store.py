@@ -14,6 +14,7 @@ import contextlib
 import os
 import secrets
 import sqlite3
+import sys
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection
@@ -24,9 +25,20 @@ from fdbqueue.engines.sqlite import files as _files
 from fdbqueue.engines.sqlite import shared as _shared
 from fdbqueue.engines.sqlite import walcheck as _walcheck
 from fdbqueue.engines.sqlite.notify import WatchHub
-from fdbqueue.engines.sqlite.page import BOOT_ID, SharedPage, clock_tag
+from fdbqueue.engines.sqlite.page import (
+    BOOT_ID,
+    LAST_WORD,
+    STORE_WORD,
+    WAL_RECORD_BYTES,
+    SharedPage,
+    clock_tag,
+)
 from fdbqueue.engines.sqlite.walsync import WalSync
 from fdbqueue.errors import NestedTransactionError, QueueError, StoreError
+
+_get_ident = threading.get_ident
+_preadv = getattr(os, "preadv", None)  # (not on every system: then os.pread, and a struct)
+_HEADER_BYTES = _walcheck.HEADER_BYTES
 
 
 class Clock(Protocol):
@@ -87,20 +99,14 @@ class Store(ABC):
         self.kept = (version, seen, wrote)
 
     def take_kept(self) -> tuple[int, dict[bytes, bytes | None], dict[bytes, bytes | None]] | None:
-        """Under the store lock, at a transaction's begin: what :meth:`keep` kept (its version,
-        the values read, the values written), while the store's last commit is still the one
-        that kept it (taken once: the transaction reads into it), else None.
+        """Under the store lock, after :meth:`begin`: what :meth:`keep` kept (its version, the
+        values read, the values written), while the store's last commit is still the one that
+        kept it (taken once: the transaction reads into it), else None.
 
-        Every commit of every process sets the version clock's last version in the lock
-        file's page before its COMMIT (``VersionClock.next_version``), and versions only
-        grow: while the page still names this handle's version, trusted (this boot, this
-        store) and with no commit pending, no other commit has changed any key since."""
+        The begin that took the store lock checked it (``WritableStore.begin``) and dropped
+        what a commit since made stale: :attr:`kept` is then None, and this is not asked. (A
+        read-only store never keeps anything.)"""
         kept, self.kept = self.kept, None
-        if kept is None:
-            return None
-        tag, last, _, pending, _ = self.page.clock()  # type: ignore[attr-defined]
-        if last != kept[0] or pending or tag != self.clock_tag or tag is None:
-            return None
         return kept
 
     # -- a transaction's beginning and end ---------------------------------------------------
@@ -224,6 +230,16 @@ class WritableStore(Store):
         self.wal = WalSync(real, path) if sync == "full" else None
         self.syncs = self.wal is not None
         self.generation = _shared.fork_generation
+        # False after a fork (shared marks this process's handles in the child), a close or a
+        # refusal: the begin then takes the general way (reopen, or raise). One flag, so
+        # that a transaction's begin asks once.
+        self.ready = False
+        # The version and the page's word for it (page.LAST_WORD) that this handle's last
+        # commit left, and the word of its store id (page.STORE_WORD): what the begin compares
+        # to trust what that commit kept. None: nothing to trust.
+        self._last: tuple[int, int] | None = None
+        self._store_word: int | None = None
+        self._cur: sqlite3.Cursor  # the connection's cursor (set by the opening)
         self.shared: _shared.SharedStore
         self.hub: WatchHub
         self.page: SharedPage
@@ -247,13 +263,15 @@ class WritableStore(Store):
         self.generation = _shared.fork_generation
         shared = _shared.attach(self.real, self.path)
         self.shared, self.page, self.hub = shared, shared.page, shared.hub
-        # The store lock's guard and release, bound to the shared store's methods: a commit
-        # calls them without passing through this store.
+        # The store lock's guard and release, bound to the lock's methods: a commit calls them
+        # without passing through this store.
         # pin: False when another process took the store lock over from this holder (past
         # the 5-second window); else nobody may until the release.
-        self.pin = shared.pin
+        self.pin = shared.lock.pin
         self.release = shared.lock.release  # both halves, in one call (StoreLock.release)
         self.publish = shared.hub.publish
+        self._lock = shared.lock
+        self._words = shared.page.words
         _shared.close_at_exit(self)  # the last process to leave leaves only the store's files
         try:
             # Refuses a store whose WAL lost acknowledged commits (walcheck).
@@ -265,6 +283,12 @@ class WritableStore(Store):
         except BaseException:
             _shared.detach(shared)
             raise
+        # The one cursor every transaction on the connection runs on (Store.cursor).
+        self._cursor = self._cur = self.conn.cursor()
+        if self.clock_tag is not None:
+            self._record, self._scatter = _walcheck.record_reader(self.clock_tag)
+        self._last = None
+        self.ready = not self.closed and self.broken is None
 
     def _connect(self) -> sqlite3.Connection:
         try:
@@ -298,7 +322,8 @@ class WritableStore(Store):
         store_id = _files.read_format(conn, self.path)
         if store_id is None:
             return False
-        self.clock_tag = clock_tag(store_id)
+        self.clock_tag = tag = clock_tag(store_id)
+        self._store_word = None if tag is None else int.from_bytes(tag[16:24], sys.byteorder, signed=True)
         return True
 
     def _initialise(self, conn: sqlite3.Connection) -> None:
@@ -352,22 +377,46 @@ class WritableStore(Store):
         BEGIN before its first statement (``SqliteTransaction._open_sql``: one that asks SQLite
         nothing before its commit runs none); or, when this thread holds the lock in another
         transaction, which cannot end while we wait, a snapshot of the last committed state on
-        a connection of its own, begun (nested: it may read, not write)."""
-        if self.generation != _shared.fork_generation:
-            self._reopen_after_fork()
-        if self.closed or self.broken is not None:
-            self.usable()
-        shared = self.shared
-        me = threading.get_ident()
-        if shared.lock.owner == me:
+        a connection of its own, begun (nested: it may read, not write).
+
+        Under the lock it took, it drops what this handle's last commit kept (:attr:`kept`)
+        unless that commit is still the store's last: every commit of every process sets the
+        version clock's last version in the lock file's page before its COMMIT
+        (``VersionClock.next_version``), and versions only grow, so while the page still names
+        that version, under this store's id, no other commit has changed any key since. (A
+        commit left pending names its own, later version; an untrusted page is rewritten
+        under another tag first.) The page is compared as two native words, no ``struct``
+        read: the version's bytes as the commit left them (:meth:`after_writes`) and the store
+        id's first eight."""
+        if not self.ready:
+            self._make_ready()
+        lock = self._lock
+        me = _get_ident()
+        if lock.owner == me:
             return self.cursor(self.snapshot()), True
-        cur = self._cursor
-        if cur is None or cur.connection is not self.conn:
-            cur = self.cursor(self.conn)
         # The read snapshot starts at the first read, SQLite's write lock is taken only at
         # commit (writes are buffered until then).
-        shared.acquire(self.lock_timeout, self.path, True, me)  # (me: not nested, checked above)
-        return cur, False
+        if not lock.take(me):  # the common case in one call, else everything else (waiting)
+            self.shared.acquire(self.lock_timeout, self.path, True, me)  # (me: not nested)
+        kept = self.kept
+        if kept is not None:
+            last, words = self._last, self._words
+            if (
+                last is None
+                or kept[0] != last[0]
+                or words[LAST_WORD] != last[1]
+                or words[STORE_WORD] != self._store_word
+            ):
+                self.kept = None
+        return self._cur, False
+
+    def _make_ready(self) -> None:
+        """The begin's rare cases: a handle inherited through fork() opens its files again;
+        a closed or refused one raises."""
+        if self.generation != _shared.fork_generation:
+            self._reopen_after_fork()
+        self.usable()
+        self.ready = True
 
     def end(self, conn: sqlite3.Connection, nested: bool) -> None:
         if nested:
@@ -397,6 +446,7 @@ class WritableStore(Store):
         """
         saved = f"; the commits it held were copied into {self.path}" if self._save_lost_wal(changed) else ""
         what = "; ".join(f"{path} was {how}" for path, how in changed)
+        self.ready = False
         self.broken = (
             f"{what} while this process had the store {self.path} open{saved}. Commits are refused "
             "until it is reopened (close it and open it again); never remove or replace a store's "
@@ -434,19 +484,30 @@ class WritableStore(Store):
         if tag is not None:
             if bumped:
                 page.clear_pending()  # the raised reservation is committed
+            # What the next begin compares to trust what this commit keeps (begin).
+            self._last = (version, self._words[LAST_WORD])
             # The WAL record (walcheck): what the WAL index says the WAL holds now, read from
             # -shm at every commit with writes (here, not in a call of its own).
             shm = self._walheld.shm
             if shm is not None:
-                try:
-                    hdr = os.pread(shm, _walcheck.HEADER_BYTES, 0)
-                except OSError:
-                    hdr = b""
-                if len(hdr) == _walcheck.HEADER_BYTES:
-                    mx_frame, salts, backfilled = _walcheck.HEADER.unpack(hdr)
-                    page.set_wal_record(tag, mx_frame, backfilled, salts)
+                if _preadv is not None:
+                    # Read into the record itself (walcheck.record_reader), copied whole.
+                    try:
+                        read = _preadv(shm, self._scatter, 0)
+                    except OSError:
+                        read = 0
+                    if read == _HEADER_BYTES:
+                        page.buffer[WAL_RECORD_BYTES] = self._record
+                else:
+                    try:
+                        hdr = os.pread(shm, _HEADER_BYTES, 0)
+                    except OSError:
+                        hdr = b""
+                    if len(hdr) == _HEADER_BYTES:
+                        mx_frame, salts, backfilled = _walcheck.HEADER.unpack(hdr)
+                        page.set_wal_record(tag, mx_frame, backfilled, salts)
         wal = self.wal
-        return wal.committed(page, tag, version) if wal is not None else None
+        return None if wal is None else wal.committed(page, tag, version)
 
     def after_reads(self) -> int | None:
         wal = self.wal
@@ -473,6 +534,7 @@ class WritableStore(Store):
         if self.closed:
             return
         self.closed = True
+        self.ready = False
         if self.generation != _shared.fork_generation:
             return  # inherited from the parent process: its resources are not ours to release
         self._save_at_close()

@@ -180,13 +180,20 @@ _MUTEX_LOCK = byte_request(fcntl.F_WRLCK, MUTEX_BYTE)
 _MUTEX_UNLOCK = byte_request(fcntl.F_UNLCK, MUTEX_BYTE)
 
 
-def _requests(gen: int) -> tuple[int, bytes, bytes]:
+#: What a transaction asks of one generation's lock (:func:`_requests`).
+Requests = tuple[int, bytes, bytes, int, int]
+
+
+def _requests(gen: int) -> Requests:
     """What a transaction asks of generation ``gen``'s lock: (gen, lock its byte, unlock the
-    page mutex through its byte: see StoreLock.release)."""
+    page mutex through its byte: see StoreLock.release, the word of its slot's generation
+    and the half of its pid: page.SLOT_WORDS, page.SLOT_HALVES)."""
     return (
         gen,
         FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, LEASE_BYTES + gen, 1, 0),
         FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, MUTEX_BYTE, LEASE_BYTES + gen - MUTEX_BYTE + 1, 0),
+        SLOT_WORDS[gen & 1],
+        SLOT_HALVES[gen & 1],
     )
 
 
@@ -280,6 +287,7 @@ class StoreLock:
     """The store lock of one process on one store file: its threads' half (:attr:`mutex`, held
     with :attr:`owner` set from the acquire to :meth:`release`) and the processes' half.
 
+    :meth:`take` is a transaction's begin when nothing is in its way: both halves in one call.
     :meth:`acquire` is the processes' half only: callers take :attr:`mutex` first (one acquire
     at a time per process), as :class:`~fdbqueue.engines.sqlite.shared.SharedStore` does, and
     set :attr:`owner`; :meth:`release` releases both (a commit's one call). Used alone (no
@@ -295,7 +303,10 @@ class StoreLock:
         # acquire, the pin and the release read and write, one item each (page.GEN_WORD).
         self._words = page.words
         self._halves = page.halves
-        self._gen: int | None = None  # the generation this process holds
+        # What this process asks of the generation it holds (_requests: the generation, its
+        # requests and its slot's fields), or None: the pin and the release look nothing up.
+        self._held: Requests | None = None
+        self._pinned = False  # pinned since the claim (pin): only release clears it
         self._waiters: dict[int, _Waiter] = {}
         self.holder = "another process holds it"  # who, after an acquire that timed out
         # The page as this process last saw it while waiting, and since when (its own
@@ -303,9 +314,9 @@ class StoreLock:
         # that waits shorter than the window (lock_timeout, retried) still add up to it.
         self._seen: tuple[int, int, int, int, int] | None = None
         self._seen_at = self._looked = 0.0
-        # The requests of the fast acquire and of release, packed once per generation (it
-        # moves only at a takeover): (generation, lock its byte, unlock the mutex to its byte).
-        self._requests: tuple[int, bytes, bytes] = (-1, b"", b"")
+        # The requests of the fast acquire (take) and of release, packed once per generation
+        # (it moves only at a takeover): see _requests.
+        self._requests: Requests = (-1, b"", b"", 0, 0)
 
     # -- the page ----------------------------------------------------------------------------
 
@@ -384,6 +395,54 @@ class StoreLock:
                 return None
             self._forget_old(gen)
 
+    def take(self, me: int) -> bool:
+        """A transaction's begin, its common case in one call: the thread mutex free, no
+        waiter of this process on the current generation and its byte free; then the claim
+        recorded (as :meth:`_claim` records it) and ``me`` the :attr:`owner`. False, with
+        nothing taken, in every other case: the caller then waits through
+        :meth:`SharedStore.acquire <fdbqueue.engines.sqlite.shared.SharedStore.acquire>`,
+        which does the same and everything else (waiting, taking over).
+
+        The byte is locked through the module's ``_fcntl``, looked up at each call: a test
+        stops a process right after it (tests/engines/sqlite/test_stalls.py), the moment the
+        byte is held while the page does not say so yet."""
+        mutex = self.mutex
+        if not mutex.acquire(False):
+            return False
+        try:
+            words = self._words
+            gen = words[GEN_WORD]
+            if OFD and gen not in self._waiters:
+                requests = self._requests
+                if requests[0] != gen:
+                    requests = self._requests = _requests(gen)
+                try:
+                    _fcntl(self._fd, _SETLK, requests[1])  # _byte_lock's
+                except (BlockingIOError, PermissionError):  # held by another description
+                    pass
+                else:
+                    # _claim's (stealable) writes, field by field in the slot's order:
+                    # generation, since, pid, claims moved on. No page mutex: see _claim.
+                    at, half = requests[3], requests[4]
+                    halves = self._halves
+                    words[at] = gen
+                    words[at + 1] = time.monotonic_ns() // 1000
+                    halves[half] = _pid
+                    halves[half + 1] = (halves[half + 1] + 1) & 0xFFFFFFFF
+                    if words[GEN_WORD] == gen:
+                        self._held = requests
+                        self._pinned = False
+                        self._seen = None
+                        self.owner = me
+                        return True
+                    # The generation moved on meanwhile (a takeover): the byte handed back.
+                    _byte_lock(self._fd, LEASE_BYTES + gen, fcntl.F_UNLCK, False)
+        except BaseException:
+            mutex.release()
+            raise
+        mutex.release()
+        return False
+
     def _claim(self, gen: int, stealable: bool) -> bool:
         """Holding byte ``gen``: record the claim in the generation's slot, unless the
         generation moved on (then the byte is handed back).
@@ -398,7 +457,7 @@ class StoreLock:
         """
         if stealable:
             # _write(gen, _now_us()) inline, field by field in the slot's order (generation,
-            # since, pid, claims moved on): this runs at every acquire.
+            # since, pid, claims moved on), as take writes it.
             words, halves = self._words, self._halves
             at, half = SLOT_WORDS[gen & 1], SLOT_HALVES[gen & 1]
             words[at] = gen
@@ -412,10 +471,18 @@ class StoreLock:
                 if current == gen:
                     self._write(gen, _PINNED)
         if current == gen:
-            self._gen = gen
+            self._hold(gen)
             return True
         _byte_lock(self._fd, LEASE_BYTES + gen, fcntl.F_UNLCK, False)
         return False
+
+    def _hold(self, gen: int) -> None:
+        """Generation ``gen`` claimed: what the pin and the release ask of it, kept."""
+        requests = self._requests
+        if requests[0] != gen:
+            requests = self._requests = _requests(gen)
+        self._held = requests
+        self._pinned = False
 
     def _take_over(self, seen: tuple[int, int, int, int, int], stealable: bool) -> bool:
         """The page has not moved for the window while someone held the byte: a holder
@@ -433,7 +500,7 @@ class StoreLock:
                 return False  # a process still on an older page view: try again
             self._write(gen + 1, _now_us() if stealable else _PINNED)  # the slot first, then
             self._page.set_generation(gen + 1)  # the generation that points at it
-            self._gen = gen + 1
+            self._hold(gen + 1)
         finally:
             fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK, _MUTEX_UNLOCK)
         self._forget_old(gen + 1)
@@ -470,11 +537,10 @@ class StoreLock:
         slot already says), and a claim that is never taken over (opening, recovery) holds
         the lease's byte first, which a pinned holder has.
         """
-        if not OFD:
-            return True
-        gen = self._gen
-        if gen is None:
-            return False
+        held = self._held
+        if held is None:
+            return not OFD  # (without OFD locks there is no lease to lose)
+        gen, _, _, at, half = held
         fd, words = self._fd, self._words
         # The page mutex (as _PageMutex), its request packed once: this runs at every commit.
         _fcntl(fd, _SETLKW, _MUTEX_LOCK)
@@ -482,38 +548,40 @@ class StoreLock:
             _fcntl(fd, _SETLK, _MUTEX_UNLOCK)
             return False
         # The slot as this holder's pinned claim (its claims counter left as it is).
-        at = SLOT_WORDS[gen & 1]
         words[at] = gen
         words[at + 1] = _PINNED
-        self._halves[SLOT_HALVES[gen & 1]] = _pid
+        self._halves[half] = _pid
+        self._pinned = True
         return True
 
     def release(self) -> None:
         """Release the processes' half, then the threads' when it was taken (:attr:`owner` set:
         :attr:`mutex` held since the acquire): one call at a commit's end."""
         owner, self.owner = self.owner, None
+        held, self._held = self._held, None
         try:
-            if not OFD:
+            if held is not None:
+                gen, _, unlock, at, half = held
+                # The slot only, without the mutex: a takeover writes the next generation's
+                # slot and the generation, never this slot, so nothing here can undo one.
+                # Pinned (a commit), nobody took the lock over since (the page mutex is still
+                # held): the slot is this claim's, or a late claim of an older generation of
+                # its parity wrote it (storelock's docstring), which the generation already
+                # says is not the current one's, so "released" is no news to anyone.
+                words = self._words
+                if self._pinned:
+                    self._pinned = False
+                    words[at + 1] = 0  # since: released (the rest of the slot stays this claim's)
+                elif words[at] == gen and self._halves[half] == _pid:
+                    words[at + 1] = 0
+                # One unlock from the page mutex (held since pin, if this holder committed) to
+                # the lease's byte: an unlock neither waits nor is refused, and drops only this
+                # open file description's locks in the range. The only others it can hold there
+                # are older generations' bytes that a waiter thread got late and is handing back
+                # anyway (_Waiter): a later unlock of a byte not held is a no-op.
+                _fcntl(self._fd, _SETLK, unlock)
+            elif not OFD:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
-                return
-            gen, self._gen = self._gen, None
-            if gen is None:
-                return
-            # The slot only, without the mutex: a takeover writes the next generation's slot and
-            # the generation, never this slot, so nothing here can undo one.
-            at = SLOT_WORDS[gen & 1]
-            words = self._words
-            if words[at] == gen and self._halves[SLOT_HALVES[gen & 1]] == _pid:
-                words[at + 1] = 0  # since: released (the rest of the slot stays this claim's)
-            # One unlock from the page mutex (held since pin, if this holder committed) to the
-            # lease's byte: an unlock neither waits nor is refused, and drops only this open file
-            # description's locks in the range. The only others it can hold there are older
-            # generations' bytes that a waiter thread got late and is handing back anyway
-            # (_Waiter): a later unlock of a byte not held is a no-op.
-            requests = self._requests
-            if requests[0] != gen:
-                requests = self._requests = _requests(gen)
-            _fcntl(self._fd, _SETLK, requests[2])
         finally:
             if owner is not None:
                 self.mutex.release()

@@ -188,14 +188,29 @@ class VersionClock:
         store = self._store
         tag = store.clock_tag
         page = store.page
-        trusted = None
-        if held is not None:
+        trusted = False
+        if held is None:
+            # _trusted_now inline (every commit asks): the page trusted as it stands (this tag,
+            # nothing pending, this process's base known and not behind the last commit).
+            found, last, meta, pending, base = page.clock() if state is None else state
+            own = store.shared.clock_base
+            if found == tag and pending != PENDING and own is not None:
+                if _versions._frozen_us is None:  # monotonic_us(), inline
+                    now = own + time.monotonic_ns() // 1000 + _versions._ahead_us
+                else:
+                    now = own + monotonic_us()
+                trusted = now + VERSIONS_PER_SECOND >= last
+            if not trusted:
+                last, meta, base, now, _ = self._now(reserved, False)
+        else:
             last, meta, base, _, own = held
             now = own + monotonic_us()
-        else:
-            trusted = self._trusted_now(state)
-            last, meta, base, now, _ = trusted or self._now(reserved, False)
-        version = max(last + 1, now, -1 if read is None else read + 1)
+        # max(last + 1, now, read + 1), without the call
+        version = last + 1
+        if now > version:
+            version = now
+        if read is not None and read >= version:
+            version = read + 1
         bumped = version > meta
         if bumped:
             # Without a trusted lock file (no boot id), meta holds the last version itself.
@@ -206,7 +221,7 @@ class VersionClock:
         if tag is not None:
             # page.set_clock's two writes: pending only while a raised reservation is not
             # committed yet; the stamp, the version read at this process's wall clock (wall_us).
-            if trusted is not None and not bumped:
+            if trusted and not bumped:
                 page.set_last(version)  # the rest of the clock holds these bytes already
             else:
                 page.pack_clock(tag, version, meta, PENDING if bumped else 0, base)

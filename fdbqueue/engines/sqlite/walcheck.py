@@ -49,7 +49,7 @@ from urllib.parse import quote
 
 from fdbqueue.engines.sqlite import shared as _shared
 from fdbqueue.engines.sqlite import storelock as _storelock
-from fdbqueue.engines.sqlite.page import PRESENCE_BYTE, SharedPage
+from fdbqueue.engines.sqlite.page import PRESENCE_BYTE, WAL_RECORD, SharedPage
 from fdbqueue.errors import StoreError
 
 # WalIndexHdr (https://www.sqlite.org/walformat.html): mxFrame at 16, aSalt at 32; the
@@ -58,6 +58,12 @@ from fdbqueue.errors import StoreError
 # lock, reads them from ``-shm`` through Held.shm): mxFrame, aSalt, nBackfill.
 HEADER = struct.Struct("=16xI12x8s56xI")
 HEADER_BYTES = HEADER.size
+#: Where HEADER's three fields lie in those bytes, and their sizes (mxFrame, aSalt, nBackfill).
+HEADER_FIELDS = ((16, 4), (32, 8), (96, 4))
+_probe = HEADER.unpack(bytes(range(HEADER_BYTES)))
+assert [struct.pack("=I", _probe[0]), _probe[1], struct.pack("=I", _probe[2])] == [
+    bytes(range(at, at + n)) for at, n in HEADER_FIELDS
+]
 _WAL_HEADER = 32  # bytes before the first frame (https://www.sqlite.org/fileformat.html)
 DAMAGED = "-wal.damaged"
 AT_OPEN = "-wal.at-open"
@@ -100,6 +106,26 @@ class Held:
         if self.shm is None:
             with contextlib.suppress(OSError):
                 self.shm = os.open(real + "-shm", os.O_RDONLY | os.O_CLOEXEC)
+
+
+def record_reader(tag: bytes) -> tuple[bytearray, list[memoryview]]:
+    """A WAL record (:data:`.page.WAL_RECORD`'s bytes) with ``tag`` in it, and the buffers that
+    ``os.preadv`` of ``-shm``'s first :data:`HEADER_BYTES` fills so that the header's fields
+    land in the record (the rest in scratch space): what a commit records in one system call
+    and one copy into the page (``WritableStore.after_writes``), no object made."""
+    record = bytearray(WAL_RECORD.size)
+    record[: len(tag)] = tag
+    view, scratch = memoryview(record), memoryview(bytearray(HEADER_BYTES))
+    into = [WAL_RECORD.at(field) - WAL_RECORD.offset for field in ("frames", "salts", "backfilled")]
+    buffers: list[memoryview] = []
+    read = 0
+    for (at, size), to in zip(HEADER_FIELDS, into, strict=True):
+        if at > read:
+            buffers.append(scratch[read:at])
+        buffers.append(view[to : to + size])
+        read = at + size
+    assert read == HEADER_BYTES
+    return record, buffers
 
 
 def all_copied(page: SharedPage) -> None:

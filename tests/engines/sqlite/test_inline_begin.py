@@ -78,8 +78,10 @@ def test_a_lock_held_elsewhere_times_out_and_leaves_the_thread_mutex_free(
 
 
 def test_a_failure_inside_the_locks_acquire_releases_the_thread_mutex(
-    db: SqliteDatabase, monkeypatch: pytest.MonkeyPatch
+    db: SqliteDatabase, path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The waiting way: the begin's one call (StoreLock.take) finds the byte held by another
+    open file description and hands over to SharedStore.acquire, whose StoreLock.acquire fails."""
     acquire = StoreLock.acquire
     fails = [True]
 
@@ -89,9 +91,44 @@ def test_a_failure_inside_the_locks_acquire_releases_the_thread_mutex(
             raise KeyboardInterrupt
         return acquire(self, timeout, stealable)
 
-    monkeypatch.setattr(_storelock.StoreLock, "acquire", fail_once)
+    fd = os.open(path + "-lock", os.O_RDWR)  # another open file description: as another process
+    mapped, page = map_page(fd)
+    other = StoreLock(fd, page)
+    try:
+        assert other.acquire(1.0, True) is None
+        monkeypatch.setattr(_storelock.StoreLock, "acquire", fail_once)
+        with pytest.raises(KeyboardInterrupt):
+            _commit(db, b"b")
+        assert not fails  # it went the waiting way
+        shared = db._store.shared  # type: ignore[attr-defined]
+        assert shared.owner is None and not shared.mutex.locked()
+    finally:
+        other.release()
+        other.close()
+        mapped.close()
+        os.close(fd)
+    _commit(db, b"b")
+    assert _read(db, b"b") == b"v"
+
+
+def test_a_failure_inside_the_begins_one_call_releases_the_thread_mutex(
+    db: SqliteDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one-call way (StoreLock.take): a failure as it locks the lease's byte leaves both
+    halves free, and the next begin takes them."""
+    lock_byte = _storelock._fcntl
+    fails = [True]
+
+    def fail_once(fd: int, cmd: int, arg: bytes) -> object:
+        if fails and cmd == _storelock._SETLK:
+            fails.pop()
+            raise KeyboardInterrupt
+        return lock_byte(fd, cmd, arg)
+
+    monkeypatch.setattr(_storelock, "_fcntl", fail_once)
     with pytest.raises(KeyboardInterrupt):
         _commit(db, b"b")
+    assert not fails
     shared = db._store.shared  # type: ignore[attr-defined]
     assert shared.owner is None and not shared.mutex.locked()
     _commit(db, b"b")

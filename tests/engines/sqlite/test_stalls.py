@@ -9,6 +9,7 @@ once it resumes, nothing lost or duplicated (the store lock is a lease: engines/
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import sqlite3
@@ -22,6 +23,7 @@ import pytest
 import fdbqueue
 import fdbqueue.engines.versions
 from fdbqueue import Queue
+from fdbqueue.engines.sqlite.page import LEASE_BYTES
 from tests.support.processes import Children, real_clock
 
 __all__ = ["real_clock"]
@@ -198,15 +200,27 @@ def stopped_at_the_claim(url: str, outdir: str) -> None:
 
     db = fdbqueue.open(url)
     claim = _storelock.StoreLock._claim
+    lock_byte = _storelock._fcntl
     stops = [True]
 
-    def stop_then_claim(self: _storelock.StoreLock, gen: int, stealable: bool) -> bool:
+    def stop() -> None:
         if stops:
             stops.pop()
             os.kill(os.getpid(), signal.SIGSTOP)
+
+    def stop_then_claim(self: _storelock.StoreLock, gen: int, stealable: bool) -> bool:
+        stop()  # the byte taken by the waiting way (StoreLock.acquire), the claim not written yet
         return claim(self, gen, stealable)
 
+    def lock_then_stop(fd: int, cmd: int, arg: bytes) -> object:
+        out = lock_byte(fd, cmd, arg)
+        kind, _, start, _, _ = _storelock.FLOCK.unpack(arg)
+        if cmd == _storelock._SETLK and kind == fcntl.F_WRLCK and start >= LEASE_BYTES:
+            stop()  # the byte taken by a begin's one call (StoreLock.take), the claim not written yet
+        return out
+
     _storelock.StoreLock._claim = stop_then_claim  # type: ignore[method-assign]
+    _storelock._fcntl = lock_then_stop
     try:
         Queue("jobs").enqueue(db, b"from the stopped one")
         outcome = "committed"
@@ -263,17 +277,16 @@ def test_a_process_stopped_as_it_takes_the_lock_byte_is_taken_over_after_the_win
 def stopped_in_its_commit(url: str) -> None:
     """Open the store, then SIGSTOP this process in its next commit, once pinned (a stop
     there is not bounded: the process holds SQLite's write lock in a moment)."""
-    from fdbqueue.engines.sqlite import storelock as _storelock
-
     db = fdbqueue.open(url)
-    pin = _storelock.StoreLock.pin
+    store = db._store  # type: ignore[attr-defined]
+    pin = store.pin  # the store lock's own (StoreLock.pin), which a commit calls through the store
 
-    def pin_then_stop(self: _storelock.StoreLock) -> bool:
-        pinned = pin(self)
+    def pin_then_stop() -> bool:
+        pinned = pin()
         os.kill(os.getpid(), signal.SIGSTOP)
-        return pinned
+        return bool(pinned)
 
-    _storelock.StoreLock.pin = pin_then_stop  # type: ignore[method-assign]
+    store.pin = pin_then_stop
     Queue("jobs").enqueue(db, b"from the stopped one")
 
 

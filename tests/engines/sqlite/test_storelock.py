@@ -156,3 +156,29 @@ def test_a_pin_keeps_the_page_mutex_until_release_which_drops_it_with_the_lease(
     b.release()
     assert a.acquire(1.0, stealable=True) is None  # b's byte went too
     a.release()
+
+
+def test_a_pinned_release_leaves_the_slot_released_even_after_a_late_claim_wrote_it(
+    locks: list[StoreLock],
+) -> None:
+    """Issue 30, eighth pass: a release after a pin (a commit) writes its slot's "released"
+    without reading the slot first, nobody having been able to take the lock over since. A late
+    claim of an older generation of the same parity (a process stopped past the window between
+    its byte and its claim) may still write the slot meanwhile: the page then reads free, and the
+    next holders take the lock and release it as usual."""
+    a, b, c = locks
+    a._page.set_generation(4)  # as after takeovers: an older generation of its parity exists
+    assert a.acquire(1.0, stealable=True) is None and a.pin()
+    gen, claimed, since, pid, _ = a._page.lease()
+    assert (claimed, since, pid) == (gen, _storelock._PINNED, os.getpid())
+    a._page.set_slot[gen & 1](gen - 2, 12345, 999_999, 7)  # a late claim of gen - 2, as it writes it
+    a.release()
+    assert a._page.lease()[1:3] == (gen - 2, 0)  # not this generation's claim: free
+    assert b.acquire(0.5, stealable=True) is None  # the byte went with the release
+    assert c.acquire(0.05, stealable=True) == "another process"
+    assert b._page.lease()[:2] == (gen, gen) and b._page.lease()[2] > 0  # b's claim
+    b.release()
+    assert a._page.lease()[2] == 0  # unpinned, its own claim: released
+    assert c.acquire(0.5, stealable=True) is None and c.pin()
+    c.release()
+    assert c._page.lease()[1:3] == (gen, 0)
