@@ -9,9 +9,6 @@ short way to no counted counter at all."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -26,6 +23,7 @@ from fdbqueue.errors import QueueFullError
 from fdbqueue.store.codec import unpack_count
 from fdbqueue.store.config import read_meta
 from fdbqueue.store.layout import READY_PARTS, ready_count
+from tests.support.old_code import run_old
 
 OLD = "e3bc553"  # main before the counted counter: its stores have no such key
 ROOT = Path(__file__).resolve().parents[2]
@@ -262,27 +260,8 @@ _OLD_WRITER = textwrap.dedent(
 
 
 def test_a_store_written_before_the_counted_counter_is_read_exactly_and_served_once(tmp_path: Path) -> None:
-    git = shutil.which("git")
-    if git is None:
-        pytest.skip("git is needed to take out the older code")
-    old = tmp_path / "old"
-    old.mkdir()
-    archive = subprocess.run([git, "-C", str(ROOT), "archive", OLD], capture_output=True)
-    if archive.returncode != 0:
-        pytest.skip(f"commit {OLD} is not in this checkout's history")
-    subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
     url = f"sqlite://{tmp_path / 'q.db'}?sync=normal"
-    env = {"PYTHONPATH": str(old), "PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"}
-    out = subprocess.run(
-        [sys.executable, "-c", _OLD_WRITER, url],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        cwd=old,
-    )
-    assert out.returncode == 0, out.stderr
-    kept_id = out.stdout.strip()
+    kept_id = run_old(tmp_path, OLD, _OLD_WRITER, url).strip()
     db = fdbqueue.open(url)
     q = Queue("jobs")
     assert stored(db, q, "counted") is None, "an old store"

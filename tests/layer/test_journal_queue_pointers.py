@@ -19,11 +19,6 @@ under ``("h", ...)``) reads, follows and continues alike.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
-import tarfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -33,6 +28,7 @@ import pytest
 import fdbqueue
 from fdbqueue import Queue
 from fdbqueue.store.layout import DEFAULT_ROOT, JournalKeys
+from tests.support.old_code import run_old
 
 JK = JournalKeys.make(DEFAULT_ROOT)
 REPO = Path(__file__).resolve().parents[2]
@@ -179,29 +175,10 @@ db.close()
 """
 
 
-def _old_tree(dest: Path, commit: str = OLD) -> Path:
-    """The package as main ``commit`` had it, from this repository's history (skip where the
-    checkout does not hold that commit, a shallow clone)."""
-    git = shutil.which("git")
-    if git is None or subprocess.run([git, "-C", str(REPO), "cat-file", "-e", f"{commit}^{{commit}}"],
-                                     capture_output=True).returncode != 0:  # fmt: skip
-        pytest.skip(f"this checkout does not hold commit {commit}")
-    archive = dest / "old.tar"
-    with archive.open("wb") as out:
-        subprocess.run([git, "-C", str(REPO), "archive", commit, "fdbqueue"], stdout=out, check=True)
-    with tarfile.open(archive) as tar:
-        tar.extractall(dest / "old", filter="data")
-    return dest / "old"
-
-
 @pytest.mark.parametrize("commit", [OLD, OLD_ARRIVALS])
 def test_a_store_written_before_the_change_reads_follows_and_continues(tmp_path: Path, commit: str) -> None:
-    old = _old_tree(tmp_path, commit)
     url = f"sqlite://{tmp_path / 'q.db'}"
-    env = {**os.environ, "PYTHONPATH": str(old)}
-    out = subprocess.run([sys.executable, "-c", _OLD_WRITER, url], env=env, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    made = json.loads(out.stdout)
+    made = json.loads(run_old(tmp_path, commit, _OLD_WRITER, url))
     ids: list[str] = made["ids"]
 
     db = fdbqueue.open(url)

@@ -9,9 +9,6 @@ this path too (their batches are plain)."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -23,6 +20,7 @@ from fdbqueue import Forwarder, Queue
 from fdbqueue.ops import pending, transit
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.record import Record
+from tests.support.old_code import run_old
 
 OLD = "e3bc553"  # main before the records' format: its parts are all of format 1
 ROOT = Path(__file__).resolve().parents[2]
@@ -218,26 +216,8 @@ def test_a_store_an_earlier_version_left_mid_batch_is_finished_once(tmp_path: Pa
     removal and its publication: the pending part it left is of format 1. This version's
     forwarder (a namesake taking over, or an unnamed one's recover) publishes it and forwards
     the rest: each message once, in order, nothing left in transit."""
-    git = shutil.which("git")
-    if git is None:
-        pytest.skip("git is needed to take out the older code")
-    old = tmp_path / "old"
-    old.mkdir()
-    archive = subprocess.run([git, "-C", str(ROOT), "archive", OLD, "fdbqueue"], capture_output=True)
-    if archive.returncode != 0:
-        pytest.skip(f"commit {OLD} is not in this checkout's history")
-    subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
     urls = [f"sqlite://{tmp_path / 'src.db'}?sync=normal", f"sqlite://{tmp_path / 'dst.db'}?sync=normal"]
-    env = {"PYTHONPATH": str(old), "PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"}
-    out = subprocess.run(
-        [sys.executable, "-c", _OLD_WRITER, *urls],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        cwd=old,
-    )
-    assert out.returncode == 0, out.stderr
+    run_old(tmp_path, OLD, _OLD_WRITER, *urls)
     src, dst = fdbqueue.open(urls[0]), fdbqueue.open(urls[1])
     assert len(list(Queue("jobs").browse(dst, limit=None))) == 10
     [(_, raw)] = _keys(dst, "fp")

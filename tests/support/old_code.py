@@ -1,0 +1,58 @@
+"""Run an earlier commit's code in a process of its own, to make a store as that version left it
+(a keyspace or format change must read what an earlier version wrote).
+
+The package is taken out of this checkout's history with ``git archive``; where git or the
+commit is missing (a shallow clone, an export) the test is skipped with that reason.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def old_tree(dest: Path, commit: str) -> Path:
+    """The package as ``commit`` had it, under ``dest / "old"`` (made once per ``dest``)."""
+    git = shutil.which("git")
+    found = git is not None and (
+        subprocess.run(
+            [git, "-C", str(REPO), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True
+        ).returncode
+        == 0
+    )
+    if not found or git is None:
+        pytest.skip(
+            f"git and commit {commit} of this checkout's history are needed to take out the older code"
+        )
+    old = dest / "old"
+    if not (old / "fdbqueue").is_dir():
+        archive = dest / "old.tar"
+        with archive.open("wb") as out:
+            subprocess.run([git, "-C", str(REPO), "archive", commit, "fdbqueue"], stdout=out, check=True)
+        with tarfile.open(archive) as tar:
+            tar.extractall(old, filter="data")
+    return old
+
+
+def run_old(dest: Path, commit: str, script: str, *args: str, timeout: float = 120) -> str:
+    """Run ``script`` (Python source) with ``args`` on ``commit``'s package in a process of its
+    own; its standard output. Fails the test, with its standard error, when it fails."""
+    old = old_tree(dest, commit)
+    env = {"PYTHONPATH": str(old), "PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"}
+    out = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=old,
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout
