@@ -14,7 +14,6 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -22,8 +21,9 @@ import fdbqueue
 from fdbqueue import Queue
 from fdbqueue.engines.contract import Database, run_transaction
 from fdbqueue.errors import StoreError
-from fdbqueue.ops import delivery, leasing
+from fdbqueue.ops import delivery
 from fdbqueue.store.record import Record
+from tests.support.ways import Ways
 
 
 @pytest.fixture
@@ -36,30 +36,6 @@ def db(url: str) -> Iterator[Database]:
     database = fdbqueue.open(url)
     yield database
     database.close()
-
-
-class Ways:
-    """How many leases and acks went the long way (``lease_batch``, ``ack_in``)."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.leases = 0
-        self.acks = 0
-        real_batch, real_ack = leasing.lease_batch, delivery.ack_in
-
-        def batch(*args: Any, **kwargs: Any) -> Any:
-            self.leases += 1
-            return real_batch(*args, **kwargs)
-
-        def ack(*args: Any, **kwargs: Any) -> Any:
-            self.acks += 1
-            return real_ack(*args, **kwargs)
-
-        import fdbqueue.api.queue as api
-
-        for mod in (leasing, api):
-            monkeypatch.setattr(mod, "lease_batch", batch)
-        for mod in (api, delivery):
-            monkeypatch.setattr(mod, "ack_in", ack)
 
 
 def journaled(db: Database, n: int) -> Queue:

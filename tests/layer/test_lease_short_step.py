@@ -31,9 +31,10 @@ import fdbqueue
 from fdbqueue import AccessDeniedError, LeaseError, Queue
 from fdbqueue.engines.contract import Database, Transaction, run_transaction
 from fdbqueue.errors import LeaseExpiredError, QueueStoppedError, StoreError
-from fdbqueue.ops import delivery, leasing, ratelimit
+from fdbqueue.ops import leasing, ratelimit
 from fdbqueue.store.clock import fake_clock
 from fdbqueue.store.config import error_queue_name
+from tests.support.ways import Ways
 
 OTHER = textwrap.dedent(
     """
@@ -90,30 +91,6 @@ def filled(db: Database, n: int = 20, **options: Any) -> Queue:
 def counts(db: Database) -> tuple[int, int, int]:
     st = fdbqueue.queue_stats(db, "jobs")
     return st.ready, st.inflight, st.done
-
-
-class Ways:
-    """How many leases and acks went the long way (``lease_batch``, ``ack_in``)."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.leases = 0
-        self.acks = 0
-        real_batch, real_ack = leasing.lease_batch, delivery.ack_in
-
-        def batch(*args: Any, **kwargs: Any) -> Any:
-            self.leases += 1
-            return real_batch(*args, **kwargs)
-
-        def ack(*args: Any, **kwargs: Any) -> Any:
-            self.acks += 1
-            return real_ack(*args, **kwargs)
-
-        monkeypatch.setattr(leasing, "lease_batch", batch)
-        import fdbqueue.api.queue as api
-
-        monkeypatch.setattr(api, "lease_batch", batch)
-        monkeypatch.setattr(api, "ack_in", ack)
-        monkeypatch.setattr(delivery, "ack_in", ack)  # (delivery.ack_own's long way)
 
 
 def lease_ack(db: Database, q: Queue, n: int) -> list[bytes]:
