@@ -189,11 +189,7 @@ def _plain_step(
             pass
         else:
             key, msg_id = keys.home(priority, index, rand)
-            t_us = now_us()  # the wall clock: enqueued_at, for people only (_write_plain's)
-            if settings.config.journal:  # type: ignore[union-attr]  # (read_plain: never None)
-                write_plain_journaled(tr, keys, key, msg_id, t_us, _BYTES_VALUE, payload, priority, t_us)
-            else:
-                tr.set(key, encode_plain(msg_id, t_us, _BYTES_VALUE, payload))
+            _write_plain(tr, keys, key, msg_id, payload, priority, settings.config.journal)  # type: ignore[union-attr]
             tr.set(read[2], made)  # counted in wake alone: ready - taken + (wake - counted)
             if first is not None:
                 tr.set(read[1], first)

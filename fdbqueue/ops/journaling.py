@@ -544,11 +544,11 @@ def history(
             # message reached unjournaled has no pointer of its arrival under ("h", ...).
             for reg in t.get_range(*jk.registry_range()):
                 q = jk.registry_name(reg.key)
-                for kv in t.get_range(*jk.queue_history_range(q, message_id)):
-                    found.append((q, kv.value[0], jk.history_version(kv.key)))  # the shard's byte
-                # its arrivals' since issue 30's eighth pass (those written before: under "h")
-                for kv in t.get_range(*jk.arrival_range(q, message_id)):
-                    found.append((q, kv.value[0], jk.history_version(kv.key)))
+                # its consuming operations' pointers, and its arrivals' since issue 30's eighth
+                # pass (those written before: under "h")
+                for r in (jk.queue_history_range(q, message_id), jk.arrival_range(q, message_id)):
+                    for kv in t.get_range(*r):
+                        found.append((q, kv.value[0], jk.history_version(kv.key)))  # the shard's byte
             found.sort(key=lambda f: f[2])  # commit order over both places
         mine = {q: readable(t, QueueKeys.make(q, root)) for q, _, _ in found}
         found = [f for f in found if mine[f[0]]]
