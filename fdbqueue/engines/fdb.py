@@ -27,6 +27,15 @@ from typing import Any, TypeVar
 
 import fdb
 
+from fdbqueue.engines.checks import (
+    check_bytes,
+    check_value,
+    check_write_key,
+    check_write_range,
+    clamp_end,
+    journal_templates,
+    strinc,
+)
 from fdbqueue.engines.contract import (
     BELL_TEMPLATE,
     SYSTEM_KEYS,
@@ -36,15 +45,8 @@ from fdbqueue.engines.contract import (
     KeySelector,
     KeyValue,
     TransactionOptions,
-    check_bytes,
-    check_value,
-    check_write_key,
-    check_write_range,
-    clamp_end,
-    journal_templates,
     register_bindings_adapter,
     register_transaction_type,
-    strinc,
 )
 from fdbqueue.engines.conveniences import DatabaseConveniences
 from fdbqueue.engines.fdb_support import (

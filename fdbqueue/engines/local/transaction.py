@@ -14,6 +14,18 @@ import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
+from fdbqueue.engines.checks import (
+    check_bytes,
+    check_get_key,
+    check_range_end,
+    check_read_key,
+    check_value,
+    check_write_key,
+    check_write_range,
+    journal_templates,
+    key_after,
+    strinc,
+)
 from fdbqueue.engines.contract import (
     BELL_TEMPLATE,
     KEY_RANGE_REF_BYTES,
@@ -27,17 +39,7 @@ from fdbqueue.engines.contract import (
     TransactionOptions,
     VersionstampFuture,
     Watch,
-    check_bytes,
-    check_get_key,
-    check_range_end,
-    check_read_key,
-    check_value,
-    check_write_key,
-    check_write_range,
-    journal_templates,
-    key_after,
     register_transaction_type,
-    strinc,
 )
 from fdbqueue.engines.conveniences import DatabaseConveniences
 from fdbqueue.engines.limits import (

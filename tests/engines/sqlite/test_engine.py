@@ -26,10 +26,10 @@ import pytest
 
 import fdbqueue
 from fdbqueue import EngineError, InvalidURLError, NestedTransactionError, StoreError, UnsupportedFormatError
-from fdbqueue.engines.contract import run_transaction
 from fdbqueue.engines.sqlite import versionclock as _versionclock
 from fdbqueue.engines.sqlite.database import SqliteDatabase
 from fdbqueue.engines.sqlite.notify import notify_dir_for
+from fdbqueue.engines.transactional import run_transaction
 from tests.support import ROOT
 
 CHILD = r"""
