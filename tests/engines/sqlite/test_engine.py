@@ -36,7 +36,7 @@ CHILD = r"""
 import struct, sys, time
 import fdbqueue
 from fdbqueue.engines.sqlite.notify import notify_dir_for
-from fdbqueue.engines.contract import run_transaction
+from fdbqueue.engines.transactional import run_transaction
 
 mode, url = sys.argv[1], sys.argv[2]
 db = fdbqueue.open(url)
