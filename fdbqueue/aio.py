@@ -45,16 +45,15 @@ from fdbqueue.runtime.handling import (
     WorkerStats,
     _as_queues,
     check_handler,
-    check_time_limit,
     engine_failure,
     give_back,
     settle_failure,
-    time_limit_reason,
     until_empty_wait,
     work_set_of,
 )
 from fdbqueue.runtime.hooks import ack_after, dead_hook, log_refused, nack_noting
 from fdbqueue.runtime.registry import DEFAULT_INTERVAL, Registration, worker_counts
+from fdbqueue.runtime.timelimit import check_time_limit, time_limit_reason
 from fdbqueue.store.layout import DEFAULT_ROOT
 from fdbqueue.types import Item, JournalEntry, Message, SweepStats, check_duration, check_flag
 

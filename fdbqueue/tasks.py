@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from fdbqueue.api.tasks import TaskRegistry
 from fdbqueue.engines.contract import Database
 from fdbqueue.errors import QueueError
-from fdbqueue.runtime.handling import WorkerStats, check_time_limit
+from fdbqueue.runtime.handling import WorkerStats
 from fdbqueue.runtime.tasks import (
     AsyncTaskRunner,
     ExactlyOnceTaskRunner,
@@ -18,6 +18,7 @@ from fdbqueue.runtime.tasks import (
     prepare_queues,
     worker_time_limit,
 )
+from fdbqueue.runtime.timelimit import check_time_limit
 from fdbqueue.runtime.worker import Worker
 
 if TYPE_CHECKING:  # imported when used: `import fdbqueue` imports no asyncio
