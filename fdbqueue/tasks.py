@@ -24,7 +24,7 @@ from fdbqueue.runtime.worker import Worker
 if TYPE_CHECKING:  # imported when used: `import fdbqueue` imports no asyncio
     import asyncio
 
-    from fdbqueue.aio import AsyncWorker
+    from fdbqueue.aio.worker import AsyncWorker
 
 
 class Tasks(TaskRegistry):
@@ -108,7 +108,7 @@ class Tasks(TaskRegistry):
         """An :class:`~fdbqueue.aio.AsyncWorker` over the tasks' queues, for an application's
         own event loop: ``await app.aio_worker().run()``. ``async def`` tasks are awaited on
         it, plain ones run in its thread pool."""
-        from fdbqueue.aio import AsyncWorker
+        from fdbqueue.aio.worker import AsyncWorker
 
         if not self.tasks:
             raise QueueError("no task is registered: decorate functions with @app.task first")
