@@ -32,14 +32,8 @@ from fdbqueue.api.schedules import Schedule, Scheduler, run_schedules, schedule,
 from fdbqueue.api.transfer import move
 from fdbqueue.api.workers import CurrentMessage, WorkerInfo, prune_workers, workers
 from fdbqueue.engines import open_database as open
-from fdbqueue.engines.contract import (
-    Database,
-    KeySelector,
-    KeyValue,
-    Transaction,
-    Watch,
-    transactional,
-)
+from fdbqueue.engines.contract import Database, KeySelector, KeyValue, Transaction, Watch
+from fdbqueue.engines.transactional import transactional
 from fdbqueue.errors import (
     AccessDeniedError,
     BudgetExceededError,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from fdbqueue.api.tasks import TaskRegistry
 from fdbqueue.engines.contract import Database
 from fdbqueue.errors import QueueError
-from fdbqueue.runtime.handling import WorkerStats, check_time_limit
+from fdbqueue.runtime.handling import WorkerStats
 from fdbqueue.runtime.tasks import (
     AsyncTaskRunner,
     ExactlyOnceTaskRunner,
@@ -18,12 +18,13 @@ from fdbqueue.runtime.tasks import (
     prepare_queues,
     worker_time_limit,
 )
+from fdbqueue.runtime.timelimit import check_time_limit
 from fdbqueue.runtime.worker import Worker
 
 if TYPE_CHECKING:  # imported when used: `import fdbqueue` imports no asyncio
     import asyncio
 
-    from fdbqueue.aio import AsyncWorker
+    from fdbqueue.aio.worker import AsyncWorker
 
 
 class Tasks(TaskRegistry):
@@ -107,7 +108,7 @@ class Tasks(TaskRegistry):
         """An :class:`~fdbqueue.aio.AsyncWorker` over the tasks' queues, for an application's
         own event loop: ``await app.aio_worker().run()``. ``async def`` tasks are awaited on
         it, plain ones run in its thread pool."""
-        from fdbqueue.aio import AsyncWorker
+        from fdbqueue.aio.worker import AsyncWorker
 
         if not self.tasks:
             raise QueueError("no task is registered: decorate functions with @app.task first")

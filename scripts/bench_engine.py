@@ -25,7 +25,8 @@ from typing import Any
 import benchlib
 
 import fdbqueue
-from fdbqueue.engines.contract import Transaction, run_transaction
+from fdbqueue.engines.contract import Transaction
+from fdbqueue.engines.transactional import run_transaction
 
 VALUE = b"v" * 100
 

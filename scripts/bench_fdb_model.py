@@ -56,7 +56,7 @@ from txncost import (
 
 import fdbqueue
 from fdbqueue import Queue
-from fdbqueue.engines.contract import run_transaction
+from fdbqueue.engines.transactional import run_transaction
 from fdbqueue.ops.contention import staged_dequeue
 
 PAYLOAD = b"p" * 200

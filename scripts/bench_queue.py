@@ -43,8 +43,8 @@ import benchlib
 
 import fdbqueue
 import fdbqueue.ops.contention as contention
-from fdbqueue.engines.contract import run_transaction
 from fdbqueue.engines.sim.database import SimDatabase, SimTransaction
+from fdbqueue.engines.transactional import run_transaction
 
 PAYLOAD_SIZE = 200
 # The targets (docs/performance.md): enqueue and exactly-once dequeue within 2x of the raw floor, lease + ack

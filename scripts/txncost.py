@@ -134,7 +134,7 @@ class _CountingReads:
         return rows
 
     def get_range_startswith(self, prefix: bytes, limit: int = 0, reverse: bool = False) -> list[KeyValue]:
-        from fdbqueue.engines.contract import strinc
+        from fdbqueue.engines.checks import strinc
 
         return self.get_range(prefix, strinc(prefix) if prefix else b"\xff", limit, reverse)
 
@@ -180,7 +180,7 @@ class CountingTransaction(_CountingReads):
         self._mutation(begin, end, begin, end)
 
     def clear_range_startswith(self, prefix: bytes) -> None:
-        from fdbqueue.engines.contract import strinc
+        from fdbqueue.engines.checks import strinc
 
         self.clear_range(prefix, strinc(prefix) if prefix else b"\xff")
 
@@ -195,7 +195,8 @@ class CountingTransaction(_CountingReads):
     ) -> None:
         """The mutations FoundationDB gets for a journal entry: its templates' (the engine's
         ``set_journal_entry`` writes the same rows), each measured as its own call."""
-        from fdbqueue.engines.contract import BELL_TEMPLATE, journal_templates
+        from fdbqueue.engines.checks import journal_templates
+        from fdbqueue.engines.contract import BELL_TEMPLATE
 
         key, pointer_key = journal_templates(order, entry, value, pointer, pointer_value, bell)
         self.set_versionstamped_key(key, value)

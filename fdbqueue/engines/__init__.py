@@ -29,9 +29,9 @@ def open_database(url: str | None = None, *, principal: str | None = None) -> Da
 
 
 def _load_fdb_adapters() -> None:
-    """Import the FoundationDB engine, which registers the adapters of raw ``fdb`` objects
-    (``fdbqueue.engines.contract.adopt``): it loads the bindings' Python package only."""
-    import fdbqueue.engines.fdb  # noqa: F401
+    """Import the FoundationDB engine's opening, which registers the adapters of raw ``fdb``
+    objects (``fdbqueue.engines.contract.adopt``): it loads the bindings' Python package only."""
+    import fdbqueue.engines.fdb_open  # noqa: F401
 
 
 register_bindings_loader(_load_fdb_adapters)
@@ -49,6 +49,6 @@ def _open(url: str | None) -> Database:
         from fdbqueue.engines.sim.database import open_sim
 
         return open_sim(url, parsed)
-    from fdbqueue.engines.fdb import open_fdb
+    from fdbqueue.engines.fdb_open import open_fdb
 
     return open_fdb(url, parsed)

@@ -4,7 +4,10 @@ The queue layer is written once against :class:`Transaction` and :class:`Databas
 Reads return values (not futures); everything else mirrors ``fdb``: ``tr.snapshot``,
 key selectors, atomic ops, conflict ranges, watches, ``commit`` / ``on_error`` / ``reset``.
 
-The argument checks here (against ``engines/limits.py``) are shared by the engines;
+Here too: the retry loop every loop of the layer is built on (:func:`retry`), and which
+objects are an engine's transactions and databases (:func:`adopt`). Beside it,
+``engines/transactional.py`` runs a function in a transaction (``@transactional``) on that
+loop, and ``engines/checks.py`` holds the argument checks the engines share;
 ``engines/local/`` builds the in-process engines' common transaction on them (with the write
 map, the mutations they apply themselves, and their watches).
 """
@@ -12,13 +15,10 @@ map, the mutations they apply themselves, and their watches).
 from __future__ import annotations
 
 import enum
-import functools
 import inspect
 from collections.abc import Callable
-from types import GeneratorType
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar, runtime_checkable
 
-from fdbqueue.engines.limits import KEY_SIZE_LIMIT, VALUE_SIZE_LIMIT
 from fdbqueue.errors import EngineError, QueueError
 from fdbqueue.errors import unknown_outcome as commit_unknown
 
@@ -296,129 +296,8 @@ def _nonneg_int(value: int) -> int:
     return value
 
 
-# ---------------------------------------------------------------------------------------------
-# Argument checks shared by the local engines (FoundationDB raises the same codes).
-
-
-def check_bytes(name: str, value: object) -> bytes:
-    if not isinstance(value, bytes):
-        raise TypeError(f"{name} must be bytes, not {type(value).__name__}")
-    return value
-
-
-def check_write_key(key: object) -> bytes:
-    k = check_bytes("key", key)
-    if len(k) > KEY_SIZE_LIMIT:
-        raise EngineError(2102, f"key of {len(k)} bytes exceeds {KEY_SIZE_LIMIT}")
-    if k >= SYSTEM_KEYS:
-        raise EngineError(2004, "keys at or after b'\\xff' are reserved")
-    return k
-
-
-def check_read_key(key: object) -> bytes:
-    k = check_bytes("key", key)
-    if len(k) > KEY_SIZE_LIMIT:
-        raise EngineError(2102, f"key of {len(k)} bytes exceeds {KEY_SIZE_LIMIT}")
-    if k > SYSTEM_KEYS:
-        raise EngineError(2004, "keys after b'\\xff' are reserved")
-    return k
-
-
-def check_get_key(key: object) -> bytes:
-    """A point read's key: 2004 from b'\\xff' on (ReadYourWritesTransaction::get refuses
-    ``key >= getMaxReadKey()`` without read_system_keys, fdbclient/ReadYourWrites.cpp).
-    A longer key than any stored one is not an error there: the read finds nothing."""
-    k = check_bytes("key", key)
-    if k >= SYSTEM_KEYS:
-        raise EngineError(2004, "keys at or after b'\\xff' are reserved")
-    return k
-
-
-def check_range_end(key: object) -> bytes:
-    """A range's end (a read, a clear, a conflict range): 2004 past b'\\xff'.
-
-    FoundationDB refuses ``end > getMaxReadKey()`` (ReadYourWritesTransaction::getRange,
-    ::clear, ::addReadConflictRange, ::addWriteConflictRange); only what a key selector
-    resolves to is clamped to b'\\xff'.
-    """
-    k = check_bytes("end", key)
-    if k > SYSTEM_KEYS:
-        raise EngineError(2004, "range ends after b'\\xff' are reserved")
-    return k
-
-
-def check_value(value: object) -> bytes:
-    v = check_bytes("value", value)
-    if len(v) > VALUE_SIZE_LIMIT:
-        raise EngineError(2103, f"value of {len(v)} bytes exceeds {VALUE_SIZE_LIMIT}")
-    return v
-
-
 # set_versionstamped_value's template of a value that is the commit's 10-byte stamp (a bell's)
 BELL_TEMPLATE = b"\x00" * 10 + (0).to_bytes(4, "little")
-# An incomplete versionstamp's 10 bytes in a key template, as fdb.tuple writes them (the
-# commit writes the stamp over them): journal_templates' are byte for byte fdb.tuple's.
-_NO_STAMP = b"\xff" * 10
-
-
-def journal_templates(
-    order: int, entry: bytes, value: bytes, pointer: bytes | None, pointer_value: bytes, bell: bytes | None
-) -> tuple[bytes, bytes | None]:
-    """:meth:`Transaction.set_journal_entry`'s arguments checked, every one before any row is
-    written (a refused call writes none), as its templates would be checked: the entry's and
-    the pointer's key templates (``set_versionstamped_key``'s: the stamp's offset in the last
-    four bytes, little-endian)."""
-    if type(order) is not int:
-        raise TypeError(f"order must be an int, not {type(order).__name__}")
-    if not 0 <= order <= 0xFFFF:
-        raise EngineError(2006, f"a journal entry's order must be 0 to 65535, got {order}")
-    tail = _NO_STAMP + order.to_bytes(2, "big")
-    keys = []
-    for prefix in (entry,) if pointer is None else (entry, pointer):
-        check_bytes("key", prefix)
-        if len(prefix) + 12 > KEY_SIZE_LIMIT:
-            raise EngineError(2102, f"key of {len(prefix) + 12} bytes exceeds {KEY_SIZE_LIMIT}")
-        key = prefix + tail
-        if key >= SYSTEM_KEYS:  # as the template is checked: an empty prefix is all 0xff
-            raise EngineError(2004, "keys at or after b'\\xff' are reserved")
-        keys.append(key + len(prefix).to_bytes(4, "little"))
-    check_value(value)
-    if pointer is not None:
-        check_value(pointer_value)
-    if bell is not None:
-        check_write_key(bell)
-    return keys[0], keys[1] if pointer is not None else None
-
-
-def check_write_range(begin: object, end: object) -> tuple[bytes, bytes]:
-    """A clear range's bounds: each at most b'\\xff' (2004, ReadYourWritesTransaction::clear);
-    2005 if inverted."""
-    b = check_bytes("key", begin)
-    if len(b) > KEY_SIZE_LIMIT:
-        raise EngineError(2102, f"key of {len(b)} bytes exceeds {KEY_SIZE_LIMIT}")
-    if b > SYSTEM_KEYS:
-        raise EngineError(2004, "keys after b'\\xff' are reserved")
-    e = check_range_end(end)
-    if e < b:
-        raise EngineError(2005, "clear_range end is before begin")
-    return b, e
-
-
-def clamp_end(key: bytes) -> bytes:
-    """Range ends may be anything up to b'\\xff'; later keys are clamped (as FDB clamps selectors)."""
-    return key if key <= SYSTEM_KEYS else SYSTEM_KEYS
-
-
-def strinc(prefix: bytes) -> bytes:
-    """The first key after every key that starts with ``prefix`` (fdb's ``strinc``)."""
-    p = prefix.rstrip(b"\xff")
-    if not p:
-        raise ValueError("prefix must contain a byte other than 0xff")
-    return p[:-1] + bytes([p[-1] + 1])
-
-
-def key_after(key: bytes) -> bytes:
-    return key + b"\x00"
 
 
 T = TypeVar("T")
@@ -560,29 +439,6 @@ def retry_loop(
         raise
 
 
-def run_transaction(db: Database, body: Callable[[Transaction], T]) -> T:
-    """Run ``body(tr)`` in a fresh transaction on ``db``, retrying retryable errors.
-
-    The loop of ``@fdb.transactional`` (:func:`retry`): commit, and on error ``on_error``
-    (which backs off, or re-raises what is not retryable). A body may therefore run more than
-    once. A raw ``fdb.Database`` of the bindings is wrapped (see :func:`adopt`).
-    """
-
-    return retry_loop(_own_database(db, "run_transaction"), _body_step(body), None, False)
-
-
-def _body_step(body: Callable[[Transaction], T]) -> Callable[[Transaction, Attempt], T]:
-    """``body`` as a step of :func:`retry_loop` (a generator returned is refused)."""
-
-    def step(tr: Transaction, attempt: Attempt) -> T:
-        result = body(tr)
-        if inspect.isgenerator(result):
-            raise ValueError("a transactional function must not return a generator")
-        return result
-
-    return step
-
-
 def check_room(db: object) -> None:
     """Raise StoreFullError if ``db``'s engine has no room now for writes that add data.
 
@@ -706,121 +562,3 @@ def adopt(obj: object) -> Transaction | Database:
         f"expected a Database (from fdbqueue.open, or an fdb.Database) or a Transaction of one "
         f"(or an fdb.Transaction), not {kind.__name__}"
     )
-
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _step(
-    func: Callable[..., Any], index: int, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Callable[..., Any]:
-    """``func``'s call with ``tr`` in place of the transaction or database it was given: a
-    joined call, or (``attempt`` given) the retry loop's step, which refuses a generator."""
-    if "tr" in kwargs:
-
-        def call(tr: Any, attempt: Attempt | None = None) -> Any:
-            result = func(*args, **{**kwargs, "tr": tr})
-            if attempt is not None and type(result) is GeneratorType:
-                raise ValueError("a transactional function must not return a generator")
-            return result
-
-        return call
-
-    def call_at(tr: Any, attempt: Attempt | None = None) -> Any:
-        result = func(*args[:index], tr, *args[index + 1 :], **kwargs)
-        if attempt is not None and type(result) is GeneratorType:
-            raise ValueError("a transactional function must not return a generator")
-        return result
-
-    return call_at
-
-
-def _call_loop(
-    db: Database,
-    func: Callable[..., Any],
-    before: tuple[Any, ...],
-    after: tuple[Any, ...],
-    kwargs: dict[str, Any],
-) -> Any:
-    """:func:`retry_loop` running ``func(*before, tr, *after, **kwargs)`` as its step with no
-    ``on_error`` hook and no unknown outcome to report (``transactional``'s call on a
-    Database, the common one): the same commits, resets and retries, without the step's
-    closure, its frame and the :class:`Attempt` that nothing here reads. A returned
-    :class:`Done` or :class:`Again` is taken as :func:`retry_loop` takes it; a generator is
-    refused as :func:`_step`'s step refuses it."""
-    tr = db.create_transaction()
-    try:
-        while True:
-            try:
-                result = func(*before, tr, *after, **kwargs)
-                kind = type(result)
-                if kind is GeneratorType:
-                    raise ValueError("a transactional function must not return a generator")
-                if kind is Done:
-                    tr.cancel()
-                    return result.value
-                tr.commit()
-                if kind is Again:
-                    if result.then is not None:
-                        result.then()
-                    tr.reset()
-                    continue
-                return result
-            except EngineError as exc:
-                tr.on_error(exc)  # backs off, or raises what is not retryable (retry_loop's, unhooked)
-    except BaseException:
-        tr.cancel()
-        raise
-
-
-def transactional(func: F) -> F:
-    """Run ``func`` inside a transaction: the argument ``tr`` (by position or keyword).
-
-    Given a Transaction, ``func`` joins it and the caller commits. Given a Database,
-    ``func`` runs in its own transaction, committed and retried on retryable errors
-    (so it may run more than once: keep it idempotent). Generator functions are refused.
-    Raw ``fdb.Database`` / ``fdb.Transaction`` objects of the bindings are wrapped (:func:`adopt`).
-    """
-    if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
-        raise ValueError("generator functions cannot be transactional: the body may run twice")
-    params = list(inspect.signature(func).parameters)
-    if "tr" not in params:
-        raise ValueError(f"{func.__qualname__} needs a parameter named 'tr'")
-    index = params.index("tr")
-
-    # Every operation of the layer comes through here. A joined call (``tr`` a transaction of
-    # a kind already known: :func:`adopt`, :func:`is_transaction`, looked up inline) calls
-    # ``func`` with the arguments as given; otherwise :func:`_step` makes the call with the
-    # adopted ``tr`` in its place, which is both the joined call and the retry loop's step
-    # (``attempt`` given: :func:`_body_step`'s, with its generator check). The closure is made
-    # only there: a wrapper that held it would make its cells at every call.
-    # (GeneratorType cannot be subclassed: ``type() is`` is isinstance.)
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if "tr" in kwargs:
-            target = kwargs["tr"]
-        elif index < len(args):
-            target = args[index]
-        else:
-            raise TypeError(f"{func.__qualname__}() missing the transaction or database 'tr'")
-        kind = type(target)
-        if kind in _adopted:
-            own = target
-        else:
-            try:
-                own = adopt(target)
-            except QueueError as exc:
-                raise QueueError(f"{func.__qualname__}(), as 'tr': {exc}") from None
-            kind = type(own)
-        joined = _transaction_kinds.get(kind)
-        if joined is None:
-            joined = is_transaction(own)
-        if joined:
-            if own is target:
-                return func(*args, **kwargs)  # _step's call, with the same tr
-            return _step(func, index, args, kwargs)(own)
-        if "tr" in kwargs:  # run_transaction's loop on the database adopted and checked here
-            return retry_loop(own, _step(func, index, args, kwargs), None, False)
-        return _call_loop(own, func, args[:index], args[index + 1 :], kwargs)
-
-    return wrapper  # type: ignore[return-value]

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from fdbqueue.engines.contract import KeyOrSelector, KeyValue, Transaction, Watch, run_transaction
+from fdbqueue.engines.contract import KeyOrSelector, KeyValue, Transaction, Watch
+from fdbqueue.engines.transactional import run_transaction
 
 T = TypeVar("T")
 

@@ -1,10 +1,11 @@
-"""What the FoundationDB engine (``engines/fdb.py``) needs that does not touch the bindings.
+"""What the FoundationDB engine (``engines/fdb.py``, ``engines/fdb_open.py``) needs that does not
+touch the bindings.
 
 The ``fdb://`` URL's parameters checked, the cluster file found as libfdb_c finds it, the
 bindings' version read from their metadata, an error's code and description made an
 :class:`~fdbqueue.errors.EngineError`, and the journal numbering kept on a raw transaction.
-Nothing here imports ``fdb``: ``engines/fdb.py`` stays the one module that calls it, and
-passes in what it read from it.
+Nothing here imports ``fdb``: ``engines/fdb.py`` and ``engines/fdb_open.py`` stay the modules
+that call it, and pass in what they read from it.
 """
 
 from __future__ import annotations

@@ -43,7 +43,8 @@ from fdbqueue.errors import (
     UnknownTaskError,
 )
 from fdbqueue.ops.settling import AfterAck
-from fdbqueue.runtime.handling import failure_text, time_limit_reason
+from fdbqueue.runtime.handling import failure_text
+from fdbqueue.runtime.timelimit import time_limit_reason
 from fdbqueue.store.config import QueueConfig
 from fdbqueue.types import Message
 

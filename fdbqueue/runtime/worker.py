@@ -62,11 +62,9 @@ from fdbqueue.runtime.handling import (
     Heartbeat,
     PrefetchBudget,
     Queues,
-    TimeLimit,
     WorkerStats,
     _as_queues,
     check_handler,
-    check_time_limit,
     engine_failure,
     normalise_mode,
     settle_failure,
@@ -76,6 +74,7 @@ from fdbqueue.runtime.handling import (
 from fdbqueue.runtime.hooks import ack_after, dead_hook, log_refused
 from fdbqueue.runtime.pool import OK, TIMED_OUT, UNAVAILABLE, ProcessPool, check_processes, pool_settings
 from fdbqueue.runtime.registry import DEFAULT_INTERVAL
+from fdbqueue.runtime.timelimit import TimeLimit, check_time_limit
 from fdbqueue.runtime.worker_base import log, rate_limits
 from fdbqueue.types import Message, check_duration, check_flag
 

@@ -26,11 +26,11 @@ from fdbqueue.runtime.handling import (
     WorkerStats,
     engine_failure,
     give_back,
-    time_limit_reason,
     until_empty_wait,
 )
 from fdbqueue.runtime.hooks import DeadHook, nack_noting
 from fdbqueue.runtime.registry import Registration, worker_counts
+from fdbqueue.runtime.timelimit import time_limit_reason
 from fdbqueue.store.rates import Rate, parse_rate
 from fdbqueue.types import Message
 

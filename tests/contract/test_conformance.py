@@ -16,8 +16,9 @@ import pytest
 
 import fdbqueue
 from fdbqueue import EngineError, KeySelector, KeyValue
-from fdbqueue.engines.contract import Database, run_transaction
+from fdbqueue.engines.contract import Database
 from fdbqueue.engines.local.transaction import LocalDatabase
+from fdbqueue.engines.transactional import run_transaction
 
 
 def put(db: Database, items: dict[bytes, bytes]) -> None:

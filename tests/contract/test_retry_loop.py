@@ -16,8 +16,9 @@ import pytest
 
 import fdbqueue
 from fdbqueue.api.queue import Queue
-from fdbqueue.engines.contract import RAISE, RETRY, Again, Attempt, Done, Transaction, retry, run_transaction
+from fdbqueue.engines.contract import RAISE, RETRY, Again, Attempt, Done, Transaction, retry
 from fdbqueue.engines.sim.database import SimDatabase, SimTransaction
+from fdbqueue.engines.transactional import run_transaction
 from fdbqueue.errors import CommitUnknownError, EngineError, QueueError
 from fdbqueue.ops.contention import BATCH, fulfil
 from fdbqueue.ops.steps import refused

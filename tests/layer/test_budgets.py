@@ -20,7 +20,8 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Queue
-from fdbqueue.engines.contract import Database, Transaction, run_transaction
+from fdbqueue.engines.contract import Database, Transaction
+from fdbqueue.engines.transactional import run_transaction
 from fdbqueue.ops.contention import staged_dequeue
 from scripts.txncost import CountingDatabase, TxnCost
 

@@ -18,7 +18,8 @@ import pytest
 import fdbqueue
 from fdbqueue import Queue, create_queue, move, purge_queue, queue_stats
 from fdbqueue.api.admin import set_state
-from fdbqueue.engines.contract import Database, Transaction, run_transaction
+from fdbqueue.engines.contract import Database, Transaction
+from fdbqueue.engines.transactional import run_transaction
 from fdbqueue.errors import QueueFullError
 from fdbqueue.store.codec import unpack_count
 from fdbqueue.store.config import read_meta

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import fdbqueue
-from fdbqueue.engines.contract import Transaction, run_transaction
+from fdbqueue.engines.contract import Transaction
+from fdbqueue.engines.transactional import run_transaction
 from fdbqueue.ops.moves import count_known
 
 EDGES = [

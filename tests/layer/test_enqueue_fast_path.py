@@ -20,7 +20,8 @@ import pytest
 import fdbqueue
 from fdbqueue import Queue
 from fdbqueue.api.admin import create_queue, queue_stats, set_state
-from fdbqueue.engines.contract import Database, run_transaction
+from fdbqueue.engines.contract import Database
+from fdbqueue.engines.transactional import run_transaction
 from fdbqueue.errors import PayloadTooLargeError, QueueError, QueueFullError, QueueStoppedError
 from fdbqueue.ops.items import new_item
 from fdbqueue.store.clock import fake_clock

@@ -22,7 +22,8 @@ import pytest
 
 import fdbqueue
 from fdbqueue import AccessDeniedError, Queue
-from fdbqueue.engines.contract import Database, run_transaction
+from fdbqueue.engines.contract import Database
+from fdbqueue.engines.transactional import run_transaction
 from fdbqueue.errors import QueueStoppedError, StoreError
 from fdbqueue.store.config import read_plain
 from fdbqueue.store.record import decode_record

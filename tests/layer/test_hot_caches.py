@@ -16,7 +16,7 @@ import pytest
 import fdbqueue
 from fdbqueue import Queue
 from fdbqueue.api.admin import create_queue, destroy_queue, purge_queue, queue_stats, set_state
-from fdbqueue.engines.contract import run_transaction
+from fdbqueue.engines.transactional import run_transaction
 from fdbqueue.errors import LeaseError, PayloadTooLargeError, QueueStoppedError
 
 OTHER = textwrap.dedent(

@@ -12,8 +12,8 @@ import pytest
 
 import fdbqueue
 from fdbqueue import JournalEntry, Queue
-from fdbqueue.engines.contract import run_transaction
 from fdbqueue.engines.sim.database import SimDatabase
+from fdbqueue.engines.transactional import run_transaction
 from scripts.txncost import CountingDatabase, LoggingDatabase
 
 QUEUES = 2000

@@ -19,7 +19,8 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Queue
-from fdbqueue.engines.contract import Database, run_transaction
+from fdbqueue.engines.contract import Database
+from fdbqueue.engines.transactional import run_transaction
 from fdbqueue.errors import StoreError
 from fdbqueue.ops import delivery
 from fdbqueue.store.record import Record

@@ -9,7 +9,7 @@ from fdb.subspace_impl import Subspace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fdbqueue.engines.contract import journal_templates
+from fdbqueue.engines.checks import journal_templates
 from fdbqueue.errors import QueueError
 from fdbqueue.store.codec import dec_int, enc_bytes, enc_int, enc_str
 from fdbqueue.store.layout import HISTORY_SHARDS, JOURNAL_SHARDS, JournalKeys, QueueKeys, WorkKeys

@@ -19,7 +19,8 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Database, Queue, create_queue, queue_stats
-from fdbqueue.engines.contract import Transaction, run_transaction
+from fdbqueue.engines.contract import Transaction
+from fdbqueue.engines.transactional import run_transaction
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.budget import Budget
 

@@ -29,7 +29,8 @@ import pytest
 
 import fdbqueue
 from fdbqueue import AccessDeniedError, LeaseError, Queue
-from fdbqueue.engines.contract import Database, Transaction, run_transaction
+from fdbqueue.engines.contract import Database, Transaction
+from fdbqueue.engines.transactional import run_transaction
 from fdbqueue.errors import LeaseExpiredError, QueueStoppedError, StoreError
 from fdbqueue.ops import leasing, ratelimit
 from fdbqueue.store.clock import fake_clock

@@ -12,7 +12,8 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Queue
-from fdbqueue.engines.contract import Database, Transaction, run_transaction
+from fdbqueue.engines.contract import Database, Transaction
+from fdbqueue.engines.transactional import run_transaction
 from fdbqueue.ops.head import LEASE_KEPT, TAKE_KEPT
 from fdbqueue.store.codec import unpack_count
 from fdbqueue.store.config import LEASE_COUNTERS, TAKE_COUNTERS, Meta, read_meta, read_meta_for

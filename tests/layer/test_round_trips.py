@@ -18,7 +18,8 @@ import pytest
 import fdbqueue
 from fdbqueue import Queue
 from fdbqueue.api.admin import create_queue, set_state
-from fdbqueue.engines.contract import Database, run_transaction
+from fdbqueue.engines.contract import Database
+from fdbqueue.engines.transactional import run_transaction
 from fdbqueue.errors import EngineError, PayloadTooLargeError, QueueStoppedError
 from fdbqueue.ops.contention import fulfil, staged_dequeue
 from fdbqueue.store.clock import now_us

@@ -19,7 +19,8 @@ import pytest
 import fdbqueue
 from fdbqueue import Queue
 from fdbqueue.api.admin import create_queue, set_state
-from fdbqueue.engines.contract import Database, Transaction, run_transaction
+from fdbqueue.engines.contract import Database, Transaction
+from fdbqueue.engines.transactional import run_transaction
 from fdbqueue.errors import QueueStoppedError
 from fdbqueue.ops import head
 from fdbqueue.store.codec import unpack_count

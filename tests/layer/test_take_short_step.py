@@ -26,7 +26,8 @@ import pytest
 
 import fdbqueue
 from fdbqueue import AccessDeniedError, Queue
-from fdbqueue.engines.contract import Database, Transaction, run_transaction
+from fdbqueue.engines.contract import Database, Transaction
+from fdbqueue.engines.transactional import run_transaction
 from fdbqueue.errors import QueueStoppedError
 from fdbqueue.store.codec import unpack_count
 from fdbqueue.store.config import read_take

@@ -15,8 +15,8 @@ import pytest
 
 import fdbqueue
 from fdbqueue import EngineError
-from fdbqueue.engines.contract import run_transaction
 from fdbqueue.engines.sim.database import SimDatabase
+from fdbqueue.engines.transactional import run_transaction
 from fdbqueue.ops.journaling import trim_journal
 from fdbqueue.store.clock import db_now
 from fdbqueue.testing import recovery

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import fdbqueue
-from fdbqueue.engines.contract import run_transaction
+from fdbqueue.engines.transactional import run_transaction
 from scripts.txncost import CountingDatabase
 
 

@@ -48,8 +48,8 @@ import fdbqueue
 import fdbqueue.api.queue
 import fdbqueue.ops.moves
 from fdbqueue import LeaseError, LeaseExpiredError, Message, Queue
-from fdbqueue.engines.contract import run_transaction
 from fdbqueue.engines.sim.database import SimDatabase
+from fdbqueue.engines.transactional import run_transaction
 from fdbqueue.ops.delivery import locate
 from fdbqueue.store.clock import FakeClock, set_clock
 from fdbqueue.store.codec import unpack_count

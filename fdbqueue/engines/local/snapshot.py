@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from fdbqueue.engines.contract import SYSTEM_KEYS, KeyOrSelector, KeySelector, KeyValue, check_bytes, strinc
+from fdbqueue.engines.checks import check_bytes, strinc
+from fdbqueue.engines.contract import SYSTEM_KEYS, KeyOrSelector, KeySelector, KeyValue
 
 
 class _Reads(Protocol):

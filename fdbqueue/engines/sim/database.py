@@ -37,13 +37,13 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from fdbqueue.engines.checks import key_after
 from fdbqueue.engines.contract import (
     KEY_RANGE_REF_BYTES,
     MUTATION_REF_BYTES,
     SYSTEM_KEYS,
     KeySelector,
     KeyValue,
-    key_after,
 )
 from fdbqueue.engines.limits import TRANSACTION_WINDOW_SECONDS
 from fdbqueue.engines.local.mutations import apply_atomic, fill_versionstamp, make_versionstamp

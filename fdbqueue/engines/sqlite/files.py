@@ -19,8 +19,8 @@ from typing import Any
 from urllib.parse import quote
 
 from fdbqueue.engines.local.watches import park_at_exit
+from fdbqueue.engines.sqlite.lockwait import sqlite_holder
 from fdbqueue.engines.sqlite.page import CLOCK, read_page
-from fdbqueue.engines.sqlite.storelock import sqlite_holder
 from fdbqueue.errors import QueueError, StoreError, StoreLockedError, UnsupportedFormatError
 
 FORMAT = "fdbqueue-sqlite"

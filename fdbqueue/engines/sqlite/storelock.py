@@ -14,7 +14,7 @@ transactions"); here the bound is enforced on the lock itself:
   every claim moves on.
 - A waiter blocks in the kernel on the current generation's byte (a helper thread, so that
   it can give up after a timeout; the kernel wakes it on release), and looks at the page
-  again at least every :data:`_SLICE` seconds. When the page has not changed for the
+  again at least every :data:`.lockwait._SLICE` seconds. When the page has not changed for the
   window (:data:`WINDOW`, 5 s) while the byte stayed held, measured on the waiter's own
   monotonic clock, the waiter takes the lock over: under a short page mutex (another byte)
   it checks the page is still what it saw, locks the next generation's byte, writes that
@@ -40,8 +40,8 @@ What is not bounded: a holder stopped *during* its commit (pinned, holding SQLit
 lock for those microseconds) or while opening the store blocks the others until it runs;
 so does a process stopped while holding the page mutex (a committing holder keeps it from its
 pin to its release, the commit's microseconds; a takeover a few microseconds), or while
-SQLite's last close holds SQLite's own lock on the store file (:func:`sqlite_holder` names
-it). A waiter that gives up says who holds the lock (:attr:`StoreLock.holder`: the pid,
+SQLite's last close holds SQLite's own lock on the store file (:func:`.lockwait.sqlite_holder`
+names it). A waiter that gives up says who holds the lock (:attr:`StoreLock.holder`: the pid,
 whether it is stopped). A waiter thread blocked on the byte of a generation taken
 over from a stopped process stays in the kernel, with its descriptor, until that process
 resumes or dies.
@@ -52,16 +52,15 @@ holder then blocks writers until ``lock_timeout`` and the layer retries.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import struct
 import sys
 import threading
 import time
-from collections.abc import Callable
 
 from fdbqueue.engines.limits import TRANSACTION_WINDOW_SECONDS
+from fdbqueue.engines.sqlite.lockwait import _SLICE, _stopped, _Waiter
 from fdbqueue.engines.sqlite.page import (
     GEN_WORD,
     LEASE_BYTES,
@@ -77,7 +76,6 @@ OFD = sys.platform.startswith("linux") and hasattr(fcntl, "F_OFD_SETLKW")
 #: The window, in seconds: how long a waiter sees the page unchanged while the byte is held
 #: before it takes the lock over (a module attribute, so that a test may shorten it).
 WINDOW = TRANSACTION_WINDOW_SECONDS
-_SLICE = 0.25  # a blocked waiter looks at the page at least this often
 # The start recorded by a holder that must not be taken over (opening, checkpointing a
 # removed WAL, a commit: see StoreLock.pin): only transactions are bounded by the window.
 _PINNED = 2**62
@@ -102,50 +100,6 @@ def _holder(state: tuple[int, int, int, int, int], seen_for: float) -> str:
         )
     doing = "opening the store or committing" if since == _PINNED else "in a transaction"
     return f"process {pid} holds it ({doing}{_stopped(pid)}; unchanged for {seen_for:.1f} s)"
-
-
-def _stopped(pid: int) -> str:
-    """ ", stopped" when ``pid`` is a stopped process (SIGSTOP, a debugger), as /proc says."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
-    return ", stopped (SIGSTOP or a debugger)" if state in (b"T", b"t") else ""
-
-
-def sqlite_holder(real: str) -> str:
-    """Who holds SQLite's lock on the store file ``real`` (or on its ``-shm``) against us, as a
-    waiter that SQLite's busy timeout gave up on says it.
-
-    SQLite locks with POSIX record locks (fcntl(2), ``F_SETLK``), which /proc/locks lists with
-    the holder's pid (Linux; proc(5)): only a write lock keeps a reader out. The last
-    connection's close holds one on ``real`` while it copies the WAL into the file and removes
-    it (``sqlite3WalClose`` in SQLite's ``src/wal.c``), outside fdbqueue's store lock.
-    """
-    idents = set()
-    for path in (real, real + "-shm"):
-        with contextlib.suppress(OSError):
-            st = os.stat(path)
-            idents.add(f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}")
-    pids: list[int] = []
-    with contextlib.suppress(OSError, ValueError), open("/proc/locks") as f:
-        for line in f:
-            # "1: POSIX  ADVISORY  WRITE 4242 fe:00:2164135 1073741826 1073742335" ("->": a waiter)
-            parts = line.split()
-            if len(parts) > 5 and parts[1:4] == ["POSIX", "ADVISORY", "WRITE"] and parts[5] in idents:
-                pid = int(parts[4])
-                if pid != os.getpid() and pid not in pids:
-                    pids.append(pid)
-    if not pids:
-        return (
-            "another process holds SQLite's lock on it (a process closing the store, or a program "
-            "outside fdbqueue)"
-        )
-    return (
-        "; ".join(f"process {pid} holds SQLite's lock on it{_stopped(pid)}" for pid in pids)
-        + " (a process's last close holds it while it copies the WAL into the store file)"
-    )
 
 
 _pid = os.getpid()  # written with every claim: a system call each time, were it asked
@@ -206,81 +160,6 @@ def _byte_lock(fd: int, at: int, kind: int, wait: bool) -> bool:
     except (BlockingIOError, PermissionError):  # EAGAIN / EACCES: held by another description
         return False
     return True
-
-
-class _Waiter:
-    """A thread that blocks in the kernel for one lock so that its caller can give up.
-
-    Runs ``lock(fd)`` (blocking) once asked; hands the lock to a caller still waiting, else
-    releases it with ``unlock(fd)``. ``retire()`` ends it once it is out of the kernel. ``fd``
-    is a duplicate of the store's descriptor (the same open file description, so the same
-    lock owner), closed by the thread: the store may close its own meanwhile.
-    """
-
-    def __init__(
-        self, fd: int, lock: Callable[[int], object], unlock: Callable[[int], object], name: str
-    ) -> None:
-        self._fd = os.dup(fd)
-        self._lock = lock
-        self._unlock = unlock
-        self._cond = threading.Condition(threading.Lock())
-        self._blocking = False
-        self._wanted = False
-        self._granted = False
-        self._retired = False
-        threading.Thread(target=self._run, name=name, daemon=True).start()
-
-    @property
-    def blocking(self) -> bool:
-        """In the kernel, or about to be: the lock must then come through this waiter (a
-        second request by the same open file description would be granted to both)."""
-        return self._blocking
-
-    def wait(self, timeout: float) -> bool:
-        with self._cond:
-            self._wanted = True
-            if not self._blocking:
-                self._blocking = True
-                self._cond.notify_all()
-            if self._cond.wait_for(lambda: self._granted, max(timeout, 0.0)):
-                self._granted = self._wanted = False
-                return True
-            self._wanted = False  # the thread hands the lock back if it gets it later
-            return False
-
-    def retire(self) -> None:
-        with self._cond:
-            self._retired = True
-            self._cond.notify_all()
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._blocking or self._retired)
-                if not self._blocking:
-                    os.close(self._fd)
-                    return
-            try:
-                got = self._lock(self._fd) is not False
-            except OSError:
-                got = False
-            if not got:
-                with self._cond:
-                    self._blocking = False
-                time.sleep(_SLICE)  # the caller times out and asks again
-                continue
-            with self._cond:
-                if self._wanted and not self._retired:
-                    self._blocking = False
-                    self._granted = True
-                    self._cond.notify_all()
-                    continue
-                # Handed back while still marked blocking: until the byte is unlocked, the
-                # caller must not lock it through the same open file description (that
-                # would succeed, and this unlock would then drop the caller's lock).
-                with contextlib.suppress(OSError):
-                    self._unlock(self._fd)
-                self._blocking = False
 
 
 class StoreLock:

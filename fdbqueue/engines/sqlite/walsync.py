@@ -42,8 +42,8 @@ import sqlite3
 import threading
 
 from fdbqueue.engines.local.watches import park_at_exit
+from fdbqueue.engines.sqlite.lockwait import _Waiter
 from fdbqueue.engines.sqlite.page import SharedPage
-from fdbqueue.engines.sqlite.storelock import _Waiter
 from fdbqueue.errors import StoreError
 
 # SQLite checkpoints once the WAL passes 1,000 pages; a commit may add a few past that first.

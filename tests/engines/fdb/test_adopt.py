@@ -10,7 +10,7 @@ import pytest
 
 import fdbqueue
 from fdbqueue.engines import fdb as fdb_engine
-from fdbqueue.engines.contract import run_transaction, transactional
+from fdbqueue.engines.transactional import run_transaction, transactional
 from fdbqueue.errors import QueueError
 
 

@@ -32,9 +32,8 @@ from fdbqueue.engines.contract import (
     Transaction,
     Watch,
     is_transaction,
-    run_transaction,
-    transactional,
 )
+from fdbqueue.engines.transactional import run_transaction, transactional
 from fdbqueue.errors import ClusterUnavailableError, EngineError, InvalidURLError
 from tests.support import fdbdouble as fdb_double
 from tests.support.engines import double_only, fdb_cluster_file

@@ -18,8 +18,9 @@ import pytest
 import fdbqueue
 from fdbqueue import ClusterUnavailableError, EngineError, QueueError
 from fdbqueue.api.queue import Queue
-from fdbqueue.engines.contract import engine_traits, run_transaction
+from fdbqueue.engines.contract import engine_traits
 from fdbqueue.engines.sim.database import SimDatabase
+from fdbqueue.engines.transactional import run_transaction
 from fdbqueue.testing import FaultScript, FaultScriptError, on_backoff, outage
 
 

@@ -208,7 +208,7 @@ def test_counters_from_processes_are_exact_and_on_disk(tmp_path: Path) -> None:
     db[b"n"] = struct.pack("<q", 0)
     code = (
         "import struct, sys, fdbqueue\n"
-        "from fdbqueue.engines.contract import run_transaction\n"
+        "from fdbqueue.engines.transactional import run_transaction\n"
         "db = fdbqueue.open(sys.argv[1])\n"
         "for _ in range(200):\n"
         "    run_transaction(db, lambda tr: tr.add(b'n', struct.pack('<q', 1)))\n"

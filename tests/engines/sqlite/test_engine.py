@@ -26,17 +26,17 @@ import pytest
 
 import fdbqueue
 from fdbqueue import EngineError, InvalidURLError, NestedTransactionError, StoreError, UnsupportedFormatError
-from fdbqueue.engines.contract import run_transaction
 from fdbqueue.engines.sqlite import versionclock as _versionclock
 from fdbqueue.engines.sqlite.database import SqliteDatabase
 from fdbqueue.engines.sqlite.notify import notify_dir_for
+from fdbqueue.engines.transactional import run_transaction
 from tests.support import ROOT
 
 CHILD = r"""
 import struct, sys, time
 import fdbqueue
 from fdbqueue.engines.sqlite.notify import notify_dir_for
-from fdbqueue.engines.contract import run_transaction
+from fdbqueue.engines.transactional import run_transaction
 
 mode, url = sys.argv[1], sys.argv[2]
 db = fdbqueue.open(url)

@@ -92,7 +92,7 @@ def test_a_blind_commit_between_other_handles_and_processes_commits_loses_nothin
                 sys.executable,
                 "-c",
                 "import struct, sys, fdbqueue\n"
-                "from fdbqueue.engines.contract import run_transaction\n"
+                "from fdbqueue.engines.transactional import run_transaction\n"
                 "db = fdbqueue.open(sys.argv[1])\n"
                 "for _ in range(5):\n"
                 "    run_transaction(db, lambda tr: tr.add(b'n', struct.pack('<q', 1)))\n",

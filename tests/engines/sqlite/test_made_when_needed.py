@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 import fdbqueue
-from fdbqueue.engines.contract import Again, Attempt, Done, transactional
+from fdbqueue.engines.contract import Again, Attempt, Done
 from fdbqueue.engines.local.writemap import WriteMap
+from fdbqueue.engines.transactional import transactional
 from fdbqueue.errors import EngineError
 
 
