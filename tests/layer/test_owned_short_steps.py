@@ -111,16 +111,20 @@ def refused_everywhere(
 ) -> None:
     """Each step by ``db`` refused with AccessDeniedError and the store unchanged; ``leased``:
     a message another principal leased, which ``db`` may not ack either; ``first``: the step
-    tried first (0: the enqueue, 1: the take in a transaction, 2: the dequeue, 3: the lease)."""
+    tried first (0: the enqueue, 1: the take in a transaction, 2: the dequeue, 3: the lease;
+    then each in a caller's transaction)."""
     before = dump(admin)
     steps: list[Callable[[], object]] = [
         lambda: q.enqueue(db, b"intruder"),
         lambda: take(db, q),
         lambda: q.dequeue(db),
         lambda: q.lease(db),
+        lambda: run_transaction(db, lambda tr: q.enqueue(tr, b"intruder")),
+        lambda: run_transaction(db, lambda tr: q.lease(tr)),
     ]
     if leased is not None:
         steps.append(lambda: q.ack(db, leased))
+        steps.append(lambda: run_transaction(db, lambda tr: q.ack(tr, leased)))
     steps = steps[first:] + steps[:first]
     # Each step twice, in both orders: right after a refusal too, and each one first (a step
     # first after the change finds the plans as they were before it).
