@@ -18,6 +18,7 @@ first table's ratios (issue 30's sixth and seventh passes); unlike its times the
 on the machine's load.
 
 Usage: .venv/bin/python scripts/bench_journal.py [--n 300] [--rounds 6] [--markdown] [--pages]
+       [--owned]  (the owner table alone: the owned queue against an open one)
 """
 
 from __future__ import annotations
@@ -146,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=6, help="alternating rounds per side (default 6)")
     ap.add_argument("--markdown", action="store_true", help="print Markdown tables")
     ap.add_argument("--pages", action="store_true", help="WAL pages an operation, not times")
+    ap.add_argument("--owned", action="store_true", help="the owner table alone (sync=normal)")
     args = benchlib.parse_args(ap, argv, n=30, rounds=2)
     print(benchlib.machine(n=args.n, rounds=args.rounds))
     if args.pages:
@@ -186,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
                 "anonymous",
             )
         )
+        if args.owned:  # (the owned queue's run: the one used by a granted principal)
+            runs = [run for run in runs if run[4] != "anonymous"]
         for i, (title, sync, other, target, who) in enumerate(runs):
             url = f"sqlite:///{os.path.join(tmp, f'{i}.db')}?sync={sync}"
             rows = measure(url, args.n, args.rounds, dict(other), target, who)

@@ -36,6 +36,9 @@ the message written, its counters, the commit, and the glue between them.
 
 Usage: .venv/bin/python scripts/count_instructions.py [--n 300]
        [--ops enqueue,enqueue_many,dequeue,lease_ack,worker,worker64] [--markdown] [--steps]
+       (``enqueue_owned``, ``dequeue_owned``, ``lease_ack_owned``: the same on a queue with an
+       owner and 100 principals' grants, used by a granted principal, bench_journal's third
+       table's queue: against the open queue's ops, an owned queue's cost)
        (needs valgrind for the instruction column: apt install valgrind)
        --smoke: every operation at the smallest settings, callgrind left out, then the steps
        (so that CI runs every path of the script; its figures mean nothing)
@@ -71,6 +74,9 @@ OPS = (
     "lease_ack4",
     "worker",
     "worker64",
+    "enqueue_owned",
+    "dequeue_owned",
+    "lease_ack_owned",
     "raw_enqueue",
     "raw_dequeue",
 )
@@ -83,7 +89,11 @@ FLOOR = {
     "lease_ack4": "raw_dequeue",
     "worker": "raw_dequeue",
     "worker64": "raw_dequeue",
+    "enqueue_owned": "raw_enqueue",
+    "dequeue_owned": "raw_dequeue",
+    "lease_ack_owned": "raw_dequeue",
 }
+OWNER, GRANTS, USER = "svc-owner", 100, "svc-050"  # the *_owned ops' queue and who uses it
 
 
 def _setup(op: str, folder: str, stock: int) -> tuple[Callable[[int], object], list[sqlite3.Connection]]:
@@ -127,7 +137,16 @@ def _setup_one(op: str, folder: str, stock: int) -> tuple[Callable[[], object], 
             conn.execute("COMMIT")
 
         return (raw_enqueue if op == "raw_enqueue" else raw_dequeue), [conn]
-    db = fdbqueue.open(f"sqlite://{os.path.join(folder, 'q.db')}?sync=normal")
+    url = f"sqlite://{os.path.join(folder, 'q.db')}?sync=normal"
+    owned = op.endswith("_owned")
+    if owned:  # an owner and 100 principals' grants; the operations run as a granted one
+        op = op[: -len("_owned")]
+        admin = fdbqueue.open(url, principal=OWNER)
+        fdbqueue.create_queue(admin, "jobs", owner=OWNER)
+        for i in range(GRANTS):
+            fdbqueue.grant(admin, "jobs", f"svc-{i:03d}", ["enqueue", "dequeue", "browse"])
+        admin.close()
+    db = fdbqueue.open(url, principal=USER if owned else None)
     q = fdbqueue.Queue("jobs")
     for lo in range(0, stock, 500):  # a transaction's byte budget holds about 900 of them
         q.enqueue_many(db, [PAYLOAD] * min(500, stock - lo))

@@ -13,7 +13,6 @@ from fdbqueue.ops import journaling
 from fdbqueue.ops.moves import destroy, purge, purge_some, wake
 from fdbqueue.ops.privileges import (
     ALL_RIGHTS,
-    allowed,
     check,
     check_create,
     checked,
@@ -33,12 +32,12 @@ from fdbqueue.store.config import (
     Meta,
     QueueConfig,
     bump_metadata_version,
-    decode_guard,
     read_config,
     read_meta,
     read_state,
     write_config,
 )
+from fdbqueue.store.guard import allowed, decode_guard
 from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys, done_count, queues_range, root_subspace
 from fdbqueue.store.record import decode_record
 from fdbqueue.types import QueueState, QueueStats, check_principal

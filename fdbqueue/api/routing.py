@@ -27,11 +27,11 @@ from fdbqueue.api.admin import queue_stats
 from fdbqueue.api.queue import Queue
 from fdbqueue.engines.contract import Database, Transaction, adopt, is_transaction
 from fdbqueue.errors import AccessDeniedError, ForeignQueueError, QueueError, QueueNotFoundError
-from fdbqueue.ops.privileges import allowed, principal_of
+from fdbqueue.ops.privileges import principal_of
 from fdbqueue.ops.receipts import run_once_confirmed
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.codec import stable_hash, utf8
-from fdbqueue.store.config import decode_guard
+from fdbqueue.store.guard import allowed, decode_guard
 from fdbqueue.store.layout import (
     DEFAULT_ROOT,
     QueueKeys,

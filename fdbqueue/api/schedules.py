@@ -35,11 +35,11 @@ from fdbqueue.engines.contract import Database, Transaction, adopt
 from fdbqueue.errors import QueueError
 from fdbqueue.ops.enqueuing import enqueue_items
 from fdbqueue.ops.items import new_item
-from fdbqueue.ops.privileges import allowed, check, principal_of
+from fdbqueue.ops.privileges import check, principal_of
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.clock import now_us
 from fdbqueue.store.codec import utf8
-from fdbqueue.store.config import decode_guard
+from fdbqueue.store.guard import allowed, decode_guard
 from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys, ScheduleKeys
 
 log = logging.getLogger("fdbqueue.scheduler")

@@ -27,10 +27,10 @@ from typing import Any
 from fdbqueue.engines.contract import Database, Transaction
 from fdbqueue.engines.versions import VERSIONS_PER_SECOND
 from fdbqueue.errors import QueueError
-from fdbqueue.ops.privileges import allowed, principal_of
+from fdbqueue.ops.privileges import principal_of
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.clock import db_now
-from fdbqueue.store.config import decode_guard
+from fdbqueue.store.guard import allowed, decode_guard
 from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys, WorkerKeys
 from fdbqueue.types import check_duration, check_flag
 

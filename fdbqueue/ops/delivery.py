@@ -62,7 +62,7 @@ from fdbqueue.ops.moves import (
     take_delayed,
     wake,
 )
-from fdbqueue.ops.privileges import check, checked
+from fdbqueue.ops.privileges import check, checked, dequeuer
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.budget import Budget, move_cost
 from fdbqueue.store.clock import db_now, now_us, seconds_of, versions
@@ -390,7 +390,8 @@ def ack_in(keys: QueueKeys, tr: Transaction, m: Message, now: int | None, note: 
 def ack_short(keys: QueueKeys, tr: Transaction, m: Message) -> bool:
     """:func:`ack_in` of ``m`` in its common case, where nothing conflicts: this process's own
     lease of it in this queue (its bytes, record and keys kept: ``_held``), read back as the
-    very bytes that lease wrote, not expired, on a queue with no owner, its record without
+    very bytes that lease wrote, not expired, on a queue with no owner or whose owner granted
+    ``tr``'s principal ``dequeue`` (``privileges.dequeuer``), its record without
     chunks, TTL, strict order or volatile prefix. Then its two keys cleared and the
     in-flight and done counters set to what was read less and plus one (``ack_in``'s writes,
     ``moves.end_lease_one``), the ``ack`` entry when the record carries the journal's mark
@@ -424,8 +425,8 @@ def ack_short(keys: QueueKeys, tr: Transaction, m: Message) -> bool:
     guard_key, inflight_key, done_key = read
     # privileges.check's one round trip: the guard, the leased record, the two counters
     guard, raw, inflight, done = tr.snapshot.get_many([guard_key, at[0], inflight_key, done_key])
-    if guard is not None or raw != written:  # an owner or grants to check; another lease's record
-        return False
+    if raw != written or (guard is not None and not dequeuer(tr.db, keys, guard)):
+        return False  # another lease's record; an owner who did not grant the right (ack_in raises)
     if int(extra["deadline"]) <= int(tr.get_read_version()):  # db_now where nothing conflicts
         return False  # expired: the long way says so
     try:  # count_known's arithmetic; a counter of another length or past 64 bits: the long way

@@ -24,6 +24,7 @@ from fdbqueue.ops.sweep import sweep_step
 from fdbqueue.ops.waiting import next_due
 from fdbqueue.store.budget import Budget
 from fdbqueue.store.config import LEASE_COUNTERS, TAKE_COUNTERS, QueueConfig, take_plan
+from fdbqueue.store.guard import acting_for
 from fdbqueue.store.layout import QueueKeys
 from fdbqueue.store.record import Record, decode_fields, decode_record
 from fdbqueue.types import Message
@@ -283,6 +284,7 @@ class _Kept:
         "taken",
         "version",
         "wake",
+        "who",
     )
 
     def __init__(
@@ -307,6 +309,7 @@ class _Kept:
         self.expect: list[bytes | None] | None = None  # take_short's (above)
         self.reads: list[bytes] = []  # the keys take_short reads (config.take_plan's)
         self.journal = False  # whether the queue journals, at ``version``
+        self.who: str | None = None  # the principal take_plan decided for (None: an open queue)
         self.keys: QueueKeys | None = None  # the queue's (keep_run's), for :meth:`took`
         self.msg: Message | None = None  # take_short's in a caller's transaction: its message
 
@@ -434,7 +437,7 @@ def keep_run(
     if plan is None:
         entry.expect = None
     else:
-        entry.reads, entry.journal = plan
+        entry.reads, entry.journal, entry.who = plan
         entry.expect = [raw[0], entry.ready, raw[2], inflight, delayed, raw[6]]
     tr.on_finish(entry.landed)
 
@@ -511,8 +514,8 @@ def take_short(keys: QueueKeys, tr: Transaction, in_caller: bool = True) -> Mess
     if entry is None:
         return None
     expect = entry.expect  # (None for a paused slot's, or where the step may not apply)
-    if expect is None or entry.db() is not db:
-        return _back(slot, entry)  # (or another database's under a reused id)
+    if expect is None or entry.db() is not db or ((who := entry.who) is not None and who != acting_for(db)):
+        return _back(slot, entry)  # (or another database's under a reused id, or principal's)
     # One read compared with what keep_run or this step's last take left (the comment above).
     values = tr.snapshot.get_many(entry.reads)
     if values != expect:

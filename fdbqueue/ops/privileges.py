@@ -24,25 +24,23 @@ from fdbqueue.store.config import (
     QueueConfig,
     bump_metadata_version,
     decode_config,
-    decode_guard,
-    encode_guard,
     read_config,
     read_meta,
     write_config,
 )
+from fdbqueue.store.guard import RIGHT_BITS, acting_for, allowed, decode_guard, encode_guard
 from fdbqueue.store.layout import TIME_KEY, QueueKeys
-from fdbqueue.types import ANONYMOUS, RIGHTS, check_principal
+from fdbqueue.types import RIGHTS, check_principal
 
-__all__ = ["allowed", "check", "mask", "principal_of", "rights_of", "set_owner"]
+__all__ = ["check", "mask", "principal_of", "rights_of", "set_owner"]
 
-_BIT = {name: 1 << i for i, name in enumerate(RIGHTS)}
+_BIT = RIGHT_BITS
 ALL_RIGHTS = sum(_BIT.values())
 
 
 def principal_of(tr: Transaction) -> str:
     """The principal ``tr`` acts for: its database's (``open(url, principal=...)``)."""
-    found = getattr(tr.db, "principal", None)
-    return found if isinstance(found, str) and found else ANONYMOUS
+    return acting_for(tr.db)
 
 
 def mask(rights: Iterable[str]) -> int:
@@ -59,13 +57,6 @@ def mask(rights: Iterable[str]) -> int:
 
 def rights_of(mask: int) -> frozenset[str]:
     return frozenset(r for r, bit in _BIT.items() if mask & bit)
-
-
-def allowed(owner: str | None, acl: Mapping[str, int], principal: str, right: str) -> bool:
-    """Whether ``principal`` holds ``right`` on a queue of ``owner`` and ``acl``."""
-    if owner is None or principal == owner:
-        return True
-    return bool(acl.get(principal, 0) & _BIT[right])
 
 
 def check(
@@ -108,6 +99,27 @@ def check(
         if not allowed(owner, acl, who, right):
             raise AccessDeniedError(who, keys.name, right)
     return values
+
+
+def dequeuer(db: object, keys: QueueKeys, guard: bytes) -> bool:
+    """Whether ``db``'s principal holds ``dequeue`` on the queue whose guard key holds ``guard``
+    (read in the caller's transaction, as :func:`check` reads it): the common ack's check
+    (``delivery.ack_short``), decided once per queue, guard value and principal - the value is
+    the owner and the ACL, so a grant, revoke or owner change is a new one - and compared after
+    as bytes, not decoded or hashed again (an ACL of a hundred principals is a few KB)."""
+    who = acting_for(db)
+    last = _dequeuers.get(keys.packed)
+    if last is not None and last[1] == who and last[0] == guard:
+        return last[2]
+    owner, acl = decode_guard(guard)
+    held = allowed(owner, acl, who, "dequeue")
+    if len(_dequeuers) > 4096:  # a process settling in very many queues: start again
+        _dequeuers.clear()
+    _dequeuers[keys.packed] = (guard, who, held)
+    return held
+
+
+_dequeuers: dict[bytes, tuple[bytes, str, bool]] = {}
 
 
 def check_any(tr: Transaction, keys: QueueKeys, rights: Sequence[str]) -> None:

@@ -13,14 +13,15 @@ import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from operator import itemgetter
-from types import MappingProxyType
 from typing import Any, NamedTuple, TypeVar
 
 from fdbqueue.engines.contract import ReadView, Transaction
-from fdbqueue.errors import QueueError, UnsupportedLayerFormatError
+from fdbqueue.errors import QueueError
 from fdbqueue.store.budget import DEFAULT_MAX_PAYLOAD, MAX_PAYLOAD_BYTES
 from fdbqueue.store.clock import note_time
 from fdbqueue.store.codec import unpack_count
+from fdbqueue.store.guard import NO_ACL, acting_for, allowed, decode_guard
+from fdbqueue.store.layerformat import check_format, check_layer_format
 from fdbqueue.store.layout import (
     HOT_COUNTERS,
     LAYER_FORMAT,
@@ -31,23 +32,6 @@ from fdbqueue.store.layout import (
 )
 from fdbqueue.store.rates import parse_rate
 from fdbqueue.types import MAX_DURATION_SECONDS, QueueState, check_duration
-
-
-def check_format(found: str) -> None:
-    """Refuse a layer format whose major differs from ours (stored by another fdbqueue)."""
-    if found.split(".")[0] == LAYER_FORMAT.split(".")[0]:
-        return
-    why = (
-        "it kept deadlines, due times and receipts in wall-clock microseconds, which this "
-        "version keeps in database versions; drain its queues with the fdbqueue that wrote "
-        "them, then clear their keys"
-        if found.split(".")[0] == "1"
-        else "it was written by another fdbqueue version; use that one"
-    )
-    raise UnsupportedLayerFormatError(
-        f"this database holds fdbqueue layer format {found}; this version reads format "
-        f"{LAYER_FORMAT} only: {why}"
-    )
 
 
 def error_queue_name(name: str) -> str:
@@ -263,15 +247,6 @@ def _decoded(cache: dict[bytes, T], raw: bytes, decode: Callable[[bytes], T], bo
 _last_config: tuple[bytes, QueueConfig] | None = None
 
 
-def check_layer_format(tr: Transaction, keys: QueueKeys) -> None:
-    """Write the layer format on first use; refuse a store of another major format."""
-    raw = tr.get(keys.format)
-    if raw is None:
-        tr.set(keys.format, LAYER_FORMAT.encode())
-        return
-    check_format(raw.decode(errors="replace"))
-
-
 def write_config(tr: Transaction, keys: QueueKeys, cfg: QueueConfig) -> None:
     check_layer_format(tr, keys)
     tr.set(keys.config, cfg.encode())
@@ -300,17 +275,8 @@ def config_or_create(
     return cfg
 
 
-def _volatile(tr: Transaction, keys: QueueKeys, cfg: QueueConfig | None) -> None:
-    """A volatile queue's operation tells the engine which keys may skip the fsync."""
-    if cfg is not None and cfg.volatile:
-        tr.options.set_volatile_prefix(keys.q.key())
-
-
 def read_state(tr: ReadView, keys: QueueKeys) -> QueueState:
     return QueueState.decode(tr.get(keys.state))
-
-
-_NO_ACL: Mapping[str, int] = MappingProxyType({})
 
 
 class Meta(NamedTuple):
@@ -405,8 +371,9 @@ _settings_lock = threading.Lock()
 # (the database, its settings, whether they set a max_size, the longest payload a plain
 # enqueue may take read_plain's way with them: -1 when none may, _plain_limit; the keys a
 # plain take reads read_take's way with them: None when none may, _take_keys; the keys a plain
-# enqueue reads read_plain's way, QueueKeys.meta_read_short's and the counted counter)
-_Hot = tuple[weakref.ref[Any], _Settings, bool, int, "list[bytes] | None", list[bytes]]
+# enqueue reads read_plain's way, QueueKeys.meta_read_short's and the counted counter; the
+# principal the two decisions were made for, None when the queue has no owner: anyone's)
+_Hot = tuple[weakref.ref[Any], _Settings, bool, int, "list[bytes] | None", list[bytes], "str | None"]
 _hot: dict[bytes, _Hot] = {}
 
 
@@ -458,7 +425,7 @@ def read_meta(tr: Transaction, keys: QueueKeys, *, enqueue: bool = False) -> Met
     cached = _settings_at(tr, keys, values[0], hot)
     cfg = cached.config
     if cfg is not None:
-        if cfg.volatile:  # (_volatile, inline)
+        if cfg.volatile:  # (the engine may skip the fsync for its keys)
             tr.options.set_volatile_prefix(keys.q.key())
         if short and cfg.max_size is not None:  # a bound since the last look: its counters too
             if len(values) == 4:
@@ -492,7 +459,13 @@ def _settings_at(tr: Transaction, keys: QueueKeys, version: bytes | None, hot: _
     """The queue's settings at metadata ``version``: this process's last look (``hot``, one
     lookup, no lock), else the per-database cache, else a range read, which refills both."""
     db = tr.db
-    if hot is not None and version is not None and hot[1].version == version and hot[0]() is db:
+    if (
+        hot is not None
+        and version is not None
+        and hot[1].version == version
+        and hot[0]() is db
+        and ((who := hot[6]) is None or who == acting_for(db))
+    ):
         return hot[1]  # the common case
     found = None if version is None else _cached(db, keys)
     if found is not None and found.version == version:
@@ -509,22 +482,24 @@ def _settings_at(tr: Transaction, keys: QueueKeys, version: bytes | None, hot: _
         if len(_hot) > 4096:  # a process touching very many queues: start again
             _hot.clear()
         bounded = cached.config is not None and cached.config.max_size is not None
-        limit = _plain_limit(cached)
+        who = None if cached.owner is None else acting_for(db)  # (an open queue: anyone's)
+        limit = _plain_limit(cached, who)
         plain = [*keys.meta_read_short(), keys.counter("counted")]
-        _hot[keys.packed] = (ref, cached, bounded, limit, _take_keys(keys, cached), plain)
+        _hot[keys.packed] = (ref, cached, bounded, limit, _take_keys(keys, cached, who), plain, who)
     return cached
 
 
-def _plain_limit(settings: _Settings) -> int:
-    """The longest payload an enqueue of one plain message may take :func:`read_plain`'s way
-    under ``settings``, or -1 when none may: each condition is one the enqueue's long way
-    (ops/enqueuing.py ``_attempt``) would act on - a queue to create, an owner whose rights
-    to check, enqueues disabled, a max_size to count against, a TTL to stamp, a volatile
-    prefix to declare."""
+def _plain_limit(settings: _Settings, who: str | None) -> int:
+    """The longest payload an enqueue of one plain message by principal ``who`` (None: an open
+    queue's, anyone's) may take :func:`read_plain`'s way under ``settings``, or -1 when none
+    may: each condition is one the enqueue's long way (ops/enqueuing.py ``_attempt``) would act
+    on - a queue to create, an owner who did not grant ``who`` the right (the long way's
+    AccessDeniedError), enqueues disabled, a max_size to count against, a TTL to stamp, a
+    volatile prefix to declare."""
     cfg = settings.config
     if (
         cfg is None
-        or settings.owner is not None
+        or _denied(settings, who, "enqueue")
         or not settings.state.enqueue
         or cfg.max_size is not None
         or cfg.ttl is not None
@@ -534,17 +509,24 @@ def _plain_limit(settings: _Settings) -> int:
     return min(cfg.max_payload, MAX_PAYLOAD_BYTES)
 
 
-def _take_keys(keys: QueueKeys, settings: _Settings) -> list[bytes] | None:
-    """What a dequeue of the head reads :func:`read_take`'s way under ``settings``, or None when
-    it may not: each condition is one the dequeue's long way (api/queue.py ``Queue._take``)
-    would act on - no queue (nothing to hand out), an owner whose rights to check, dequeues
+def _denied(settings: _Settings, who: str | None, right: str) -> bool:
+    """Whether the queue has an owner who did not grant ``who`` ``right`` (privileges.check's
+    rule, ``guard.allowed``: the long way would raise AccessDeniedError)."""
+    return settings.owner is not None and not allowed(settings.owner, settings.acl, who or "", right)
+
+
+def _take_keys(keys: QueueKeys, settings: _Settings, who: str | None) -> list[bytes] | None:
+    """What a dequeue (or lease) of the head by principal ``who`` (None: an open queue's)
+    reads :func:`read_take`'s way under ``settings``, or None when it may not: each condition
+    is one the dequeue's long way (api/queue.py ``Queue._take``) would act on - no queue
+    (nothing to hand out), an owner who did not grant ``who`` the dequeue right, dequeues
     disabled, strict order (one delivery in flight at a time), a volatile prefix to declare.
     The keys: the metadata version and the ready, wake, inflight, delayed and taken counters
     (the take counts itself in taken alone: head.take_short)."""
     cfg = settings.config
     if (
         cfg is None
-        or settings.owner is not None
+        or _denied(settings, who, "dequeue")
         or not settings.state.dequeue
         or cfg.strict_order
         or cfg.volatile
@@ -571,26 +553,36 @@ def read_take(tr: Transaction, keys: QueueKeys) -> tuple[list[bytes | None], _Se
         return None
     values = tr.snapshot.get_many(wanted)
     settings = hot[1]
-    if values[0] != settings.version or hot[0]() is not tr.db:
-        return None
+    db = tr.db
+    if (
+        values[0] != settings.version
+        or hot[0]() is not db
+        or ((who := hot[6]) is not None and who != acting_for(db))
+    ):
+        return None  # (another version, database, or principal than the plan was made for)
     return values, settings, wanted
 
 
-def take_plan(db: Any, keys: QueueKeys, version: bytes | None) -> tuple[list[bytes], bool] | None:
+def take_plan(db: Any, keys: QueueKeys, version: bytes | None) -> tuple[list[bytes], bool, str | None] | None:
     """What a dequeue of the head in ``db`` reads :func:`read_take`'s way (the keys, in its
-    order) and whether the queue journals, when the settings this process last found for the
-    queue are those at metadata ``version`` and need none of the dequeue's checks
+    order), whether the queue journals, and the principal the plan holds for (None: an open
+    queue's, anyone's), when the settings this process last found for the queue are those at
+    metadata ``version`` and need none of the dequeue's checks for ``db``'s principal
     (:func:`_take_keys`); else None. Valid for as long as the queue's metadata version is
-    ``version`` (every change of settings, state or markers writes a new random one:
-    :func:`bump_metadata_version`): the caller compares it at every take (``ops/head.py``
-    ``take_short``)."""
+    ``version`` (every change of settings, state, markers, owner or grants writes a new random
+    one: :func:`bump_metadata_version`) and ``db`` acts for that principal: the caller compares
+    both at every take (``ops/head.py`` ``take_short``)."""
     hot = _hot.get(keys.packed)
     if hot is None or version is None or (wanted := hot[4]) is None:
         return None
     settings = hot[1]
-    if settings.version != version or hot[0]() is not db:
+    if (
+        settings.version != version
+        or hot[0]() is not db
+        or ((who := hot[6]) is not None and who != acting_for(db))
+    ):
         return None
-    return wanted, settings.config.journal  # type: ignore[union-attr]  # (_take_keys: a config)
+    return wanted, settings.config.journal, who  # type: ignore[union-attr]  # (_take_keys: a config)
 
 
 def read_plain(
@@ -614,8 +606,13 @@ def read_plain(
     read = hot[5]
     values = tr.snapshot.get_many(read)
     settings = hot[1]
-    if values[0] != settings.version or hot[0]() is not tr.db:
-        return None
+    db = tr.db
+    if (
+        values[0] != settings.version
+        or hot[0]() is not db
+        or ((who := hot[6]) is not None and who != acting_for(db))
+    ):
+        return None  # (another version, database, or principal than the plan was made for)
     return values, settings, read
 
 
@@ -671,12 +668,18 @@ def read_meta_for(tr: Transaction, keys: QueueKeys, counters: tuple[str, ...]) -
         values, cluster = tr.snapshot.get_many(wanted), False
     version = values[0]
     hot = _hot.get(keys.packed)
-    if hot is not None and version is not None and hot[1].version == version and hot[0]() is db:
-        cached = hot[1]  # (_settings_at's common case, without its call)
+    if (
+        hot is not None
+        and version is not None
+        and hot[1].version == version
+        and hot[0]() is db
+        and hot[6] is None
+    ):
+        cached = hot[1]  # (_settings_at's common case for an open queue, without its call)
     else:
         cached = _settings_at(tr, keys, version, hot)
     cfg = cached.config
-    if cfg is not None and cfg.volatile:  # (_volatile, inline)
+    if cfg is not None and cfg.volatile:  # (the engine may skip the fsync for its keys)
         tr.options.set_volatile_prefix(keys.q.key())
     values.append(None)  # (what order takes for a slot not read)
     # (config, state, priorities, owner, acl) from the settings, as read_meta makes them
@@ -695,25 +698,6 @@ def _plan_for(
         _for_plans.clear()
     _for_plans[keys.packed, counters] = plan
     return plan
-
-
-def decode_guard(raw: bytes | None) -> tuple[str | None, Mapping[str, int]]:
-    """A queue's owner and ACL (principal -> rights mask) from its guard key's value."""
-    if not raw:
-        return None, _NO_ACL
-    return _decoded(_guard_cache, raw, _decode_guard, 256)  # read by every operation: decoded once
-
-
-def _decode_guard(raw: bytes) -> tuple[str | None, Mapping[str, int]]:
-    data = json.loads(raw)
-    return data.get("owner"), MappingProxyType(dict(data.get("acl", {})))
-
-
-def encode_guard(owner: str | None, acl: Mapping[str, int]) -> bytes | None:
-    """The guard key's value, or None (clear it) for an open queue with no grants."""
-    if owner is None and not acl:
-        return None
-    return json.dumps({"owner": owner, "acl": dict(sorted(acl.items()))}, separators=(",", ":")).encode()
 
 
 def due_entries(tr: Transaction, keys: QueueKeys, meta: Meta, now: int) -> bool:
@@ -737,7 +721,7 @@ def _read_settings(tr: Transaction, keys: QueueKeys, version: bytes) -> _Setting
     state = _OPEN
     priorities: set[int] = set()
     owner: str | None = None
-    acl: Mapping[str, int] = _NO_ACL
+    acl: Mapping[str, int] = NO_ACL
     names = keys.meta_names()
     for key, value in tr.snapshot.get_range(*keys.meta_range()):
         name = names.get(key)
@@ -786,7 +770,6 @@ _OPEN = QueueState()
 _COUNT = struct.Struct("<q").unpack
 _ZERO = bytes(8)
 _state_cache: dict[bytes, QueueState] = {}
-_guard_cache: dict[bytes, tuple[str | None, Mapping[str, int]]] = {}
 
 
 def _decode_state(raw: bytes) -> QueueState:
