@@ -26,7 +26,8 @@ import pytest
 import fdbqueue
 import fdbqueue.api.queue as api
 from fdbqueue import AccessDeniedError, Message, Queue
-from fdbqueue.engines.contract import Database, Transaction, run_transaction
+from fdbqueue.engines.contract import Database, Transaction
+from fdbqueue.engines.transactional import run_transaction
 from fdbqueue.ops import enqueuing
 from tests.support.ways import Ways
 
