@@ -27,7 +27,7 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Queue
-from fdbqueue.store.layout import DEFAULT_ROOT, JournalKeys
+from fdbqueue.store.layout import DEFAULT_ROOT, QUEUE_SHARD, JournalKeys
 from tests.support.old_code import run_old
 
 JK = JournalKeys.make(DEFAULT_ROOT)
@@ -63,7 +63,7 @@ def test_a_consuming_operations_pointer_lives_in_its_queue_and_an_arrivals_after
     assert _root_pointers(db) == {}
     ((arrival, value),) = _arrival_pointers(db).items()
     assert arrival == JK.arrival_key("jobs", mid, fdbqueue.history(db, mid)[0].version)
-    assert value == b"\x00"  # the entry's shard: one range on this engine
+    assert value == bytes((QUEUE_SHARD,))  # the entry's shard: the queue's own range on this engine
     # Where it sorts: right after the ready range (the newest ready record), a newer id first.
     sub = JK.root["q"]["jobs"]
     assert q.keys.ready_range()[1] < arrival < sub.pack(("rc", ""))
@@ -79,7 +79,7 @@ def test_a_consuming_operations_pointer_lives_in_its_queue_and_an_arrivals_after
     history = fdbqueue.history(db, mid)
     assert [e.op for e in history] == ["enqueue", "lease", "ack"]
     assert {JK.history_version(k) for k in local} == {e.version for e in history[1:]}
-    assert set(local.values()) == {b"\x00"}  # the entry's shard: one range on this engine
+    assert set(local.values()) == {bytes((QUEUE_SHARD,))}  # the entry's shard: the queue's own range
     # Where the pointer sorts: after the delayed range, before the leased records ("f").
     sub = JK.root["q"]["jobs"]
     assert sub.pack(("d", 2**60, "~")) < min(local) and max(local) < sub.pack(("f", ""))
