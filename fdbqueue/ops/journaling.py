@@ -557,9 +557,13 @@ def history(
             # message reached unjournaled has no pointer of its arrival under ("h", ...).
             for reg in t.get_range(*jk.registry_range()):
                 q = jk.registry_name(reg.key)
-                # its consuming operations' pointers, and its arrivals' since issue 30's eighth
-                # pass (those written before: under "h")
-                for r in (jk.queue_history_range(q, message_id), jk.arrival_range(q, message_id)):
+                # its consuming operations' pointers (where issue 30's seventh pass put them
+                # too), and its arrivals' since the eighth (those written before: under "h")
+                for r in (
+                    jk.queue_history_range(q, message_id),
+                    jk.earlier_history_range(q, message_id),
+                    jk.arrival_range(q, message_id),
+                ):
                     for kv in t.get_range(*r):
                         found.append((q, kv.value[0], jk.history_version(kv.key)))  # the shard's byte
             found.sort(key=lambda f: f[2])  # commit order over both places
@@ -628,6 +632,7 @@ def trim_some(t: Transaction, jk: JournalKeys, queue: str, before: bytes, limit:
                 t.clear(jk.history_key(mid, version))
                 if local:
                     t.clear(jk.queue_history_key(queue, mid, version))
+                    t.clear(jk.queue_history_key(queue, mid, version, "eh"))  # (before the ninth pass)
                     t.clear(jk.arrival_key(queue, mid, version))
             t.clear(kv.key)
         n += len(kvs)

@@ -40,8 +40,8 @@ default. ``Q`` below is ``root + ("q", queue_name)``::
                                                 their id names (below)
     Q + ("b", msg_id, chunk)                    payload chunks of a large message
     Q + ("eh", msg_id, stamp)                   the journal's history pointer of a consuming
-                                                operation on the embedded engine: the entry's
-                                                shard (JournalKeys; a destroy keeps them)
+                                                operation on the embedded engine, before issue
+                                                30's ninth pass (since then "mh"); read, kept
     Q + ("ej", stamp)                           the queue's journal entries on the embedded engine
                                                 (issue 30's ninth pass; JournalKeys: before it,
                                                 and on FoundationDB, under ("j", ...)); a destroy
@@ -57,6 +57,9 @@ default. ``Q`` below is ``root + ("q", queue_name)``::
     Q + ("kt", version, dedup_key)              dedup entries by time (the sweep forgets old ones)
     Q + ("pop", version, rand)                  staged dequeue requests (high contention)
     Q + ("res", rand)                           fulfilled staged requests -> version, message record
+    Q + ("mh", msg_id, stamp)                   the journal's history pointer of a consuming
+                                                operation on the embedded engine: the entry's
+                                                shard (JournalKeys; a destroy keeps them)
     Q + ("m", "n", "wake")                      grows by one for every message made ready (and when
                                                 dequeue is re-enabled): the index high-water mark,
                                                 and the key blocking dequeues watch
@@ -640,7 +643,8 @@ def queues_prefix_range(root: tuple[Any, ...], prefix: str) -> tuple[bytes, byte
 
 # fdb.tuple's code of a Versionstamp: its 12 bytes (the commit's 10, the order's 2) follow it
 _VS_CODE = b"\x33"
-_EH = enc_str("eh")  # the tag of a queue's own history pointers (JournalKeys.queue_pointer_prefix)
+# the tag of a queue's own history pointers (JournalKeys.queue_prefixes; "eh" before issue 30's ninth pass)
+_MH = enc_str("mh")
 # An id's bytes, each inverted (JournalKeys.arrival_prefixes): newer ids sort first.
 _INVERT = bytes(range(255, -1, -1))
 _RA = enc_str("ra")  # the tag of a queue's arrivals' history pointers, right after its ready range
@@ -658,7 +662,7 @@ HISTORY_SHARDS = 16  # ranges the per-message history pointers are spread over
 class JournalKeys:
     """The journal's keys under a root: entries ``("j", queue, shard, stamp)``, history
     pointers ``("h", hshard, message_id, stamp)`` (on the embedded engine a consuming
-    operation's in its queue instead, ``Q + ("eh", message_id, stamp)``, and an arrival's
+    operation's in its queue instead, ``Q + ("mh", message_id, stamp)``, and an arrival's
     after its ready range, ``Q + ("ra", inverted id, stamp)``), the registry of journaled queues
     ``("jq", queue)`` and the bells a follower watches: ``("jn", queue)`` per queue, ``("jn",)``
     when a queue starts journaling. On the embedded engine, since issue 30's ninth pass, a
@@ -806,16 +810,16 @@ class JournalKeys:
 
     def queue_prefixes(self, keys: QueueKeys, message_id: str) -> tuple[bytes, bytes, bytes]:
         """:meth:`prefixes` with the entry in the queue's own range (:meth:`queue_entry_prefix`)
-        and the pointer inside the queue's own keys, ``Q + ("eh", message_id, stamp)``, its
-        value the entry's shard as one byte (:data:`QUEUE_SHARD`; before issue 30's ninth pass
-        0, the entry under ``("j", queue, 0)``). Where one
-        writer at a time appends (the embedded engine), a consuming operation's pointer goes
-        here. ``"eh"`` sorts just before ``"f"``: after it come the queue's leased records,
-        lease deadlines, counters (``"m"``) and the ready range's head, what a dequeue, lease
-        or ack writes anyway; and a ready id is its ready key in hex, so the newest consumed
-        message's pointers sit at the range's end, beside them: usually the same leaf page,
-        where a pointer under ``("h", ...)``, beside the message's enqueue pointer, dirtied a
-        leaf of its own (and often split it)."""
+        and the pointer inside the queue's own keys, ``Q + ("mh", message_id, stamp)``, its
+        value the entry's shard as one byte (:data:`QUEUE_SHARD`). Where one writer at a time
+        appends (the embedded engine), a consuming operation's pointer goes here. ``"mh"``
+        sorts right after the counters (``"m"``), before the staged requests and the ready
+        range's head, what a dequeue, lease or ack writes anyway (the entry and the bell just
+        before the counters); and a ready id is its ready key in hex, so the newest consumed
+        message's pointers sit at the range's end, beside the ready head: usually a page the
+        commit writes anyway. Before issue 30's ninth pass the pointer was at ``Q + ("eh",
+        ...)`` (:meth:`earlier_history_range`), before the leased records, with the entry under
+        ``("j", queue, 0)``: pages of their own once the entries moved beside the counters."""
         found = self._local.get(keys.name) or self._local_of(keys)
         entry, head = found
         # enc_str(message_id) after its tag, inline, then the versionstamp's code
@@ -839,22 +843,24 @@ class JournalKeys:
 
     def _local_of(self, keys: QueueKeys) -> tuple[bytes, bytes]:
         """``keys``' queue's entry prefix (:meth:`queue_entry_prefix`) and its own pointers'
-        prefix up to the id (``Q + ("eh",)`` and the id's string code), cached."""
+        prefix up to the id (``Q + ("mh",)`` and the id's string code), cached."""
         if len(self._local) > 4096:
             self._local.clear()
-        found = self._local[keys.name] = (self.queue_entry_prefix(keys), keys.packed + _EH + b"\x02")
+        found = self._local[keys.name] = (self.queue_entry_prefix(keys), keys.packed + _MH + b"\x02")
         return found
 
     def queue_kept_ranges(self, queue: str) -> list[tuple[bytes, bytes]]:
         """The ranges of ``queue``'s own keys that belong to its journal (a destroy keeps them,
         with the journal they point into or are part of), in key order: its consuming
-        operations' pointers (``"eh"``), its entries (``"ej"``), its bell (``"lj"``) and its
-        arrivals' pointers (``"ra"``)."""
+        operations' pointers as written before issue 30's ninth pass (``"eh"``), its entries
+        (``"ej"``), its bell (``"lj"``), its consuming operations' pointers (``"mh"``) and its
+        arrivals' (``"ra"``)."""
         bell = self.queue_bell_of(queue)
         return [
-            self.queue_history_range(queue),
+            self.earlier_history_range(queue),
             self.entry_range(queue, QUEUE_SHARD, None),
             (bell, bell + b"\x00"),
+            self.queue_history_range(queue),
             self.arrival_range(queue),
         ]
 
@@ -873,14 +879,23 @@ class JournalKeys:
         r = self.root.range(tail)
         return bytes(r.start), bytes(r.stop)
 
-    def queue_history_key(self, queue: str, message_id: str, version: bytes) -> bytes:
-        return bytes(self.root.pack(("q", queue, "eh", message_id, versionstamp(version))))
+    def queue_history_key(self, queue: str, message_id: str, version: bytes, tag: str = "mh") -> bytes:
+        """A consuming operation's pointer in ``queue`` (:meth:`queue_prefixes`; ``tag`` "eh":
+        where it was before issue 30's ninth pass)."""
+        return bytes(self.root.pack(("q", queue, tag, message_id, versionstamp(version))))
 
-    def queue_history_range(self, queue: str, message_id: str | None = None) -> tuple[bytes, bytes]:
-        """A message's pointers inside ``queue`` (None: every message's: what a queue's destroy
-        keeps, with the journal it points into)."""
-        r = self.root.range(("q", queue, "eh") if message_id is None else ("q", queue, "eh", message_id))
+    def queue_history_range(
+        self, queue: str, message_id: str | None = None, tag: str = "mh"
+    ) -> tuple[bytes, bytes]:
+        """A message's consuming operations' pointers inside ``queue`` (None: every message's:
+        what a queue's destroy keeps, with the journal it points into)."""
+        r = self.root.range(("q", queue, tag) if message_id is None else ("q", queue, tag, message_id))
         return bytes(r.start), bytes(r.stop)
+
+    def earlier_history_range(self, queue: str, message_id: str | None = None) -> tuple[bytes, bytes]:
+        """:meth:`queue_history_range` where stores written before issue 30's ninth pass (since
+        its seventh) have them, ``Q + ("eh", message_id, stamp)``: read, trimmed and kept too."""
+        return self.queue_history_range(queue, message_id, "eh")
 
     def history_key(self, message_id: str, version: bytes) -> bytes:
         hs = zlib.crc32(message_id.encode()) % HISTORY_SHARDS

@@ -77,10 +77,14 @@ def test_a_journaled_commit_writes_its_entry_and_bell_in_its_queues_keys(tmp_pat
     assert [JK.entry_version(k) for k in local] == [e.version for e in every]
     assert list(local) == [JK.entry_key("jobs", QUEUE_SHARD, e.version) for e in every]
     assert db[JK.queue_bell_of("jobs")] == every[-1].version[:10]  # type: ignore[index]
-    # Where they sort: the entries after the consuming operations' pointers ("eh") and before
-    # the leased records ("f"); the bell after the lease deadlines ("l"), before the counters.
+    # Where they sort: the entries after the earlier consuming operations' pointers ("eh") and
+    # before the leased records ("f"); the bell after the lease deadlines ("l"), before the
+    # counters ("m"), and the consuming operations' pointers ("mh") right after those.
     sub = JK.root["q"]["jobs"]
-    assert JK.queue_history_range("jobs")[1] <= min(local) and max(local) < sub.pack(("f", ""))
+    assert JK.earlier_history_range("jobs")[1] <= min(local) and max(local) < sub.pack(("f", ""))
+    pointers = _rows(db, *JK.queue_history_range("jobs"))
+    assert len(pointers) == 7 and sub.range(("m",)).stop <= min(pointers)
+    assert max(pointers) < sub.pack(("pop", 0)) and max(pointers) < q.keys.ready_range()[0]
     bell = JK.queue_bell_of("jobs")
     assert sub.pack(("l", 2**60, "~")) < bell < sub.pack(("m",))
     assert bell == JK.queue_bell(q.keys)

@@ -147,7 +147,7 @@ def test_a_consuming_operations_pointer_in_its_queue_matches_the_tuple_layer(
 ) -> None:
     """``queue_prefixes``: the entry's key in the queue's own keys (``Q + ("ej", stamp)``, since
     issue 30's ninth pass; shard 0 before), the pointer's key inside the queue's own keys
-    (``Q + ("eh", message_id, stamp)``) up to the stamp, its value QUEUE_SHARD; the key a
+    (``Q + ("mh", message_id, stamp)``; ``"eh"`` before) up to the stamp, its value QUEUE_SHARD; the key a
     reader builds (``queue_history_key``) and the range it reads (``queue_history_range``)
     agree with them; asked twice (the builder keeps the queue's part)."""
     jk, sub = JournalKeys.make(root), Subspace(root)
@@ -167,7 +167,7 @@ def test_a_consuming_operations_pointer_in_its_queue_matches_the_tuple_layer(
         assert jk.queue_bell(keys) == jk.queue_bell_of(queue) == sub.pack(("q", queue, "lj"))
         tail = b"\xff" * 10 + order.to_bytes(2, "big")
         assert pointer + tail + len(pointer).to_bytes(4, "little") == sub.pack_with_versionstamp(
-            ("q", queue, "eh", message_id, fdb.tuple.Versionstamp(user_version=order))
+            ("q", queue, "mh", message_id, fdb.tuple.Versionstamp(user_version=order))
         )
         key = pointer + stamp
         assert key == jk.queue_history_key(queue, message_id, stamp)
@@ -176,8 +176,15 @@ def test_a_consuming_operations_pointer_in_its_queue_matches_the_tuple_layer(
         assert begin <= key < end
         every = jk.queue_history_range(queue)
         assert every[0] <= begin and end <= every[1]
-        # inside the queue's keys, after its delayed range and before its leased records
-        assert keys.q.range(("d",)).stop <= every[0] and every[1] <= keys.q.range(("f",)).start
+        # inside the queue's keys, right after its counters and before its staged requests and
+        # ready range; the earlier place after the delayed range, before the leased records
+        assert keys.q.range(("m",)).stop <= every[0] and every[1] <= keys.q.range(("pop",)).start
+        assert every[1] <= keys.q.range(("r",)).start
+        earlier = jk.earlier_history_range(queue)
+        assert keys.q.range(("d",)).stop <= earlier[0] and earlier[1] <= keys.q.range(("f",)).start
+        assert jk.queue_history_key(queue, message_id, stamp, "eh") == sub.pack(
+            ("q", queue, "eh", message_id, fdb.tuple.Versionstamp(stamp[:10], order))
+        )
 
 
 HOME_KEYS = QueueKeys.make("jobs", ("app", 1))  # one object over every example: its caches fill
