@@ -74,7 +74,8 @@ from fdbqueue.errors import (
     UnsupportedFormatError,
     UnsupportedLayerFormatError,
 )
-from fdbqueue.ops.journaling import history, journal, trim_journal
+from fdbqueue.ops.journal_trim import trim_journal
+from fdbqueue.ops.journaling import history, journal
 from fdbqueue.runtime.dispatcher import Consumer, Dispatcher, DispatcherStats
 from fdbqueue.runtime.forwarding import Forwarder, forward
 from fdbqueue.runtime.handling import WorkerStats

@@ -33,7 +33,7 @@ from fdbqueue.ops.privileges import check
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.budget import CHUNK_BYTES, SCAN_READ_BYTES
 from fdbqueue.store.config import read_config
-from fdbqueue.store.layout import DEFAULT_ROOT, JOURNAL_SHARDS, STATE_TAGS, JournalKeys, QueueKeys
+from fdbqueue.store.layout import DEFAULT_ROOT, STATE_TAGS, JournalKeys, QueueKeys
 from fdbqueue.store.record import Record, decode_record
 
 PAGE = 500  # records a read transaction returns at most
@@ -282,8 +282,9 @@ def journal_plan(
     (versions), cut every ``split`` entries. The principal needs ``browse`` on each queue."""
     jk = JournalKeys.make(root)
     pieces = []
+    shards = jk.shards(not getattr(db, "may_conflict", True))  # the queue's own range too (embedded)
     for name in journal_names(db, spec, root=root):
-        for shard in range(JOURNAL_SHARDS):
+        for shard in shards:
             begin, end = jk.entry_range(name, shard, since)
             if until is not None:
                 end = min(end, jk.entry_key(name, shard, until))
@@ -319,7 +320,7 @@ def journal_head(db: Database, names: list[str], *, root: tuple[Any, ...] = DEFA
         head = None
         for name in names:
             check(t, QueueKeys.make(name, root), "browse")
-            for shard in range(JOURNAL_SHARDS):
+            for shard in jk.shards(not getattr(t.db, "may_conflict", True)):
                 last = t.snapshot.get_range(*jk.entry_range(name, shard, None), limit=1, reverse=True)
                 if last:
                     v = jk.entry_version(last[0].key)
@@ -343,7 +344,7 @@ def read_journal_piece(db: Database, piece: Piece, *, root: tuple[Any, ...] = DE
     keys = QueueKeys.make(piece.queue, root)
     if piece.state != "journal":
         raise QueueError(f"a journal piece's state is 'journal', got {piece.state!r}")
-    shards = [jk.entry_range(piece.queue, shard, None) for shard in range(JOURNAL_SHARDS)]
+    shards = [jk.entry_range(piece.queue, shard, None) for shard in jk.shards(True)]  # every place
     shard = [(lo, hi) for lo, hi in shards if isinstance(piece.begin, bytes) and lo <= piece.begin < hi]
     _inside(piece, *(shard[0] if shard else shards[0]))
     cursor = piece.begin

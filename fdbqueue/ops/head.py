@@ -546,8 +546,8 @@ def take_short(keys: QueueKeys, tr: Transaction, in_caller: bool = True) -> Mess
     if key != keys.home_key(msg_id):  # at home it has no id entry
         tr.clear(keys.id_key(msg_id))
     tr.set(entry.reads[5], taken)  # counted taken: ready - 1 and done + 1 to every reader (layout.py)
-    if entry.journal:
-        journaling.record(tr, keys, "dequeue", msg_id, deliveries=deliveries + 1)
+    if entry.journal:  # (record's entry for it: no reason, no details)
+        journaling.record_short(tr, keys, "dequeue", msg_id, deliveries + 1)
     # keep_run's, in the same entry (its own list, out of _kept until the commit lands: the
     # head dropped in place), with what the next take's read must find.
     del run[0]

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import heapq
 import json
-import random
 import time
 from collections.abc import Iterator, Mapping
 from functools import partial
@@ -32,9 +31,9 @@ from fdbqueue.ops.privileges import check, readable
 from fdbqueue.ops.steps import Emit, Run, Steps, Wait, iterate
 from fdbqueue.ops.txn import as_database, run_once
 from fdbqueue.store.budget import Budget
-from fdbqueue.store.clock import db_now, now_us, versions
+from fdbqueue.store.clock import now_us
 from fdbqueue.store.config import read_config
-from fdbqueue.store.layout import DEFAULT_ROOT, JOURNAL_SHARDS, JournalKeys, QueueKeys
+from fdbqueue.store.layout import DEFAULT_ROOT, JournalKeys, QueueKeys
 from fdbqueue.types import ANONYMOUS, JournalEntry
 
 OPS = frozenset(
@@ -82,7 +81,6 @@ QUEUES_PER_TRANSACTION = 16
 FOLLOW_WATCHES = 64
 BELLS_PER_TRANSACTION = 2_000
 POLL_SECONDS = 1.0
-TRIM_BATCH = 200  # entries one trimming transaction removes at most
 _FORMAT = 1
 
 
@@ -155,22 +153,22 @@ def _append(tr: Transaction, keys: QueueKeys, message_id: str | None, value: byt
     state.entries = order + 1
     jk = keys.journal_keys()
     name = keys.name
+    # Spread over shards where many writers share a cluster (engine_traits' first); in the
+    # queue's own keys on an engine of one writer at a time, where appending beside what the
+    # commit writes anyway dirties the fewest pages (JournalKeys.queue_entry_prefix).
+    spread = getattr(tr.db, "may_conflict", True)
     # The queue's bell, which followers watch, takes the commit's stamp: a blind write, never
     # a conflict, and no read (an atomic add would cost the embedded engine one); once per
-    # queue and transaction.
+    # queue and transaction. In the queue's keys where its entries are (JournalKeys.queue_bell).
     queues = state.queues
     if name in queues:
         bell = None
     else:
         queues.add(name)
-        bell = jk.bell(name)
-    # Spread over shards where many writers share a cluster (engine_traits' first); one range
-    # on an engine of one writer at a time, where appending to one range dirties the fewest pages.
-    spread = getattr(tr.db, "may_conflict", True)
+        bell = jk.bell(name) if spread else jk.queue_bell(keys)
     if message_id is None:
-        tr.set_journal_entry(
-            order, jk.entry_prefix(name, jk.shard(None) if spread else 0), value, None, b"", bell
-        )
+        entry = jk.entry_prefix(name, jk.shard(None)) if spread else jk.queue_entry_prefix(keys)
+        tr.set_journal_entry(order, entry, value, None, b"", bell)
     else:
         # The entry, and a pointer: history() finds the entry by the same stamp. At sync=full
         # a commit's cost is its pages (each written to the WAL and synced): a pointer under
@@ -265,8 +263,9 @@ def _page(
     """Up to ``want`` entries after ``since`` in commit order, merged over queues and shards."""
     streams: list[list[JournalEntry]] = []
     bound: bytes | None = None  # entries past the smallest last version of a full stream may be missing
+    shards = jk.shards(not getattr(t.db, "may_conflict", True))
     for q in queues:
-        for shard in range(JOURNAL_SHARDS):
+        for shard in shards:
             begin, end = jk.entry_range(q, shard, since)
             kvs = t.get_range(begin, end, want)
             got = [_decode(q, jk.entry_version(kv.key), kv.value) for kv in kvs]
@@ -453,7 +452,7 @@ def _page_spread(
                 q = jk.registry_name(kv.key)
                 if readable(t, QueueKeys.make(q, root)):
                     readable_here.append(q)
-                    for shard in range(JOURNAL_SHARDS):
+                    for shard in jk.shards(not getattr(t.db, "may_conflict", True)):
                         kvs = t.get_range(*jk.entry_range(q, shard, since), want)
                         budget.read(kvs)
                         got = [_decode(q, jk.entry_version(k.key), k.value) for k in kvs]
@@ -493,8 +492,10 @@ def _arm_spread(
     def newer(values: list[bytes | None]) -> bool:
         return any(v is not None and (since is None or v[:10] > since[:10]) for v in values)
 
+    local = not getattr(db, "may_conflict", True)
+
     def arm(t: Transaction, _: bool) -> tuple[list[Watch], bool]:
-        bells = [jk.bell(None)] + [jk.bell(q) for q in watched]
+        bells = [jk.bell(None), *_bells(jk, watched, local)]
         values = t.snapshot.get_many(bells)
         return [t.watch(b) for b in bells], newer(values[1:])
 
@@ -503,7 +504,7 @@ def _arm_spread(
     for i in range(0, len(rest), BELLS_PER_TRANSACTION):
         if ready:
             break
-        part = [jk.bell(q) for q in rest[i : i + BELLS_PER_TRANSACTION]]
+        part = _bells(jk, rest[i : i + BELLS_PER_TRANSACTION], local)
         ready = run_once(db, lambda t, _, part=part: newer(t.snapshot.get_many(part)))  # type: ignore[misc]
     return watches, ready
 
@@ -517,10 +518,20 @@ def arm_more(
 
     def arm(t: Transaction, _: bool) -> tuple[list[Watch], bool]:
         queues = _queues(t, jk, root, queue)
-        bells = [jk.bell(q) for q in queues] + ([jk.bell(None)] if queue is None else [])
+        bells = _bells(jk, queues, not getattr(t.db, "may_conflict", True))
+        bells += [jk.bell(None)] if queue is None else []
         return [t.watch(b) for b in bells], bool(_page(t, jk, queues, since, 1))
 
     return run_once(db, arm)
+
+
+def _bells(jk: JournalKeys, queues: list[str], local: bool) -> list[bytes]:
+    """The bells of ``queues`` a follower watches: each one's ``("jn", queue)``, and where
+    ``local`` (the embedded engine) the one in its own keys too, which its journaled commits
+    ring since issue 30's ninth pass (``_append``)."""
+    if not local:
+        return [jk.bell(q) for q in queues]
+    return [b for q in queues for b in (jk.bell(q), jk.queue_bell_of(q))]
 
 
 def history(
@@ -544,9 +555,13 @@ def history(
             # message reached unjournaled has no pointer of its arrival under ("h", ...).
             for reg in t.get_range(*jk.registry_range()):
                 q = jk.registry_name(reg.key)
-                # its consuming operations' pointers, and its arrivals' since issue 30's eighth
-                # pass (those written before: under "h")
-                for r in (jk.queue_history_range(q, message_id), jk.arrival_range(q, message_id)):
+                # its consuming operations' pointers (where issue 30's seventh pass put them
+                # too), and its arrivals' since the eighth (those written before: under "h")
+                for r in (
+                    jk.queue_history_range(q, message_id),
+                    jk.earlier_history_range(q, message_id),
+                    jk.arrival_range(q, message_id),
+                ):
                     for kv in t.get_range(*r):
                         found.append((q, kv.value[0], jk.history_version(kv.key)))  # the shard's byte
             found.sort(key=lambda f: f[2])  # commit order over both places
@@ -556,77 +571,3 @@ def history(
         return [_decode(q, v, raw) for (q, _, v), raw in zip(found, values, strict=True) if raw is not None]
 
     return run_once(adopt(tr), body)
-
-
-def trim_journal(
-    tr: Transaction | Database,
-    queue: str,
-    *,
-    before: bytes | str | None = None,
-    retention: float | None = None,
-    root: tuple[Any, ...] = DEFAULT_ROOT,
-) -> int:
-    """Remove ``queue``'s journal entries older than ``before`` (a version, exclusive), else
-    older than the queue's ``journal_retention`` (database time), with their history pointers.
-    Returns how many it removed. Given a transaction, at most TRIM_BATCH of them (call again);
-    given a Database, batches of its own transactions until none is left."""
-    keys = QueueKeys.make(queue, root)
-    cut = _check_version(before)
-    jk = JournalKeys.make(root)
-
-    def step(t: Transaction, _: bool) -> int:
-        check(t, keys, "admin")
-        limit_version = cut
-        if limit_version is None:
-            keep = retention
-            if keep is None:
-                cfg = read_config(t, keys)
-                keep = cfg.journal_retention if cfg is not None else None
-            if keep is None:
-                return 0
-            oldest = max(0, db_now(t) - versions(keep))
-            limit_version = oldest.to_bytes(8, "big") + b"\x00" * 4
-        return trim_some(t, jk, queue, limit_version, TRIM_BATCH)
-
-    tr = adopt(tr)
-    if is_transaction(tr):
-        return run_once(tr, step)
-    total = 0
-    while True:
-        n = run_once(tr, step)
-        total += n
-        if n < TRIM_BATCH:
-            return total
-
-
-def trim_some(t: Transaction, jk: JournalKeys, queue: str, before: bytes, limit: int) -> int:
-    """Clear up to ``limit`` entries of ``queue`` older than version ``before``, oldest first,
-    with their history pointers; composes inside ``t``."""
-    n = 0
-    for shard in range(JOURNAL_SHARDS):
-        begin, _ = jk.entry_range(queue, shard, None)
-        end = jk.entry_key(queue, shard, before)
-        kvs = t.get_range(begin, end, limit - n)
-        local = not getattr(t.db, "may_conflict", True)  # pointers in the queue too (_append)
-        for kv in kvs:
-            mid = json.loads(kv.value)[2]
-            if mid is not None:
-                version = jk.entry_version(kv.key)
-                t.clear(jk.history_key(mid, version))
-                if local:
-                    t.clear(jk.queue_history_key(queue, mid, version))
-                    t.clear(jk.arrival_key(queue, mid, version))
-            t.clear(kv.key)
-        n += len(kvs)
-        if n >= limit:
-            break
-    return n
-
-
-def maybe_trim(t: Transaction, keys: QueueKeys, retention: float) -> None:
-    """About one sweep in 64 trims a bounded batch of the queue's journal (as receipts are)."""
-    if random.random() < 1 / 64:
-        oldest = max(0, db_now(t) - versions(retention))
-        trim_some(
-            t, JournalKeys.of(keys.root), keys.name, oldest.to_bytes(8, "big") + b"\x00" * 4, TRIM_BATCH
-        )

@@ -683,18 +683,16 @@ def reclaim_result(
 
 def destroy(tr: Transaction, keys: QueueKeys, *, journaled: bool = False) -> None:
     """Remove the queue and every key it has: messages, indexes, counters, settings (its
-    journal stays, until trimmed, with the history pointers kept in the queue's keys: the
-    consuming operations' and the arrivals', ``JournalKeys.queue_history_range`` and
-    ``arrival_range``)."""
+    journal stays, until trimmed, with what of it is kept in the queue's keys on the embedded
+    engine: the consuming operations' and the arrivals' history pointers, the entries and the
+    bell, ``JournalKeys.queue_kept_ranges``)."""
     if journaled:
         journaling.record(tr, keys, "destroy")
     begin, end = keys.all_range()
-    jk = keys.journal_keys()
-    kept, after = jk.queue_history_range(keys.name)
-    arrived, past = jk.arrival_range(keys.name)
-    tr.clear_range(begin, kept)
-    tr.clear_range(after, arrived)
-    tr.clear_range(past, end)
+    for kept, after in keys.journal_keys().queue_kept_ranges(keys.name):
+        tr.clear_range(begin, kept)
+        begin = after
+    tr.clear_range(begin, end)
     tr.clear(keys.listing)
     workindex.unmark(tr, keys)
 

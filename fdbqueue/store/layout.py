@@ -40,17 +40,26 @@ default. ``Q`` below is ``root + ("q", queue_name)``::
                                                 their id names (below)
     Q + ("b", msg_id, chunk)                    payload chunks of a large message
     Q + ("eh", msg_id, stamp)                   the journal's history pointer of a consuming
-                                                operation on the embedded engine: the entry's
-                                                shard (JournalKeys; a destroy keeps them)
+                                                operation on the embedded engine, before issue
+                                                30's ninth pass (since then "mh"); read, kept
+    Q + ("ej", stamp)                           the queue's journal entries on the embedded engine
+                                                (issue 30's ninth pass; JournalKeys: before it,
+                                                and on FoundationDB, under ("j", ...)); a destroy
+                                                keeps them
     Q + ("f", msg_id)                           in-flight (leased) message record: found by its id,
                                                 so a leased message has no id entry
     Q + ("l", deadline, msg_id)                 lease deadlines (sweep order)
+    Q + ("lj",)                                 the queue's journal bell on the embedded engine
+                                                (JournalKeys.queue_bell)
     Q + ("d", due, msg_id)                      delayed messages by due time
     Q + ("x", expires, msg_id)                  TTL index by expiry time
     Q + ("k", dedup_key)                        dedup key -> b"<message id>|<first-seen version>"
     Q + ("kt", version, dedup_key)              dedup entries by time (the sweep forgets old ones)
     Q + ("pop", version, rand)                  staged dequeue requests (high contention)
     Q + ("res", rand)                           fulfilled staged requests -> version, message record
+    Q + ("mh", msg_id, stamp)                   the journal's history pointer of a consuming
+                                                operation on the embedded engine: the entry's
+                                                shard (JournalKeys; a destroy keeps them)
     Q + ("m", "n", "wake")                      grows by one for every message made ready (and when
                                                 dequeue is re-enabled): the index high-water mark,
                                                 and the key blocking dequeues watch
@@ -634,21 +643,32 @@ def queues_prefix_range(root: tuple[Any, ...], prefix: str) -> tuple[bytes, byte
 
 # fdb.tuple's code of a Versionstamp: its 12 bytes (the commit's 10, the order's 2) follow it
 _VS_CODE = b"\x33"
-_EH = enc_str("eh")  # the tag of a queue's own history pointers (JournalKeys.queue_pointer_prefix)
+# the tag of a queue's own history pointers (JournalKeys.queue_prefixes; "eh" before issue 30's ninth pass)
+_MH = enc_str("mh")
 # An id's bytes, each inverted (JournalKeys.arrival_prefixes): newer ids sort first.
 _INVERT = bytes(range(255, -1, -1))
 _RA = enc_str("ra")  # the tag of a queue's arrivals' history pointers, right after its ready range
 JOURNAL_SHARDS = 8  # ranges a queue's journal is spread over, by message id
+# On an engine of one writer at a time (the embedded one), since issue 30's ninth pass: a
+# queue's entries in its own keys, Q + ("ej", stamp), its bell at Q + ("lj",) (JournalKeys):
+# the "shard" a pointer names for them, and read besides the JOURNAL_SHARDS ranges (which hold
+# what earlier versions wrote: JournalKeys.shards).
+QUEUE_SHARD = 0xFF
+_EJ = enc_str("ej")  # the tag of a queue's own journal entries (JournalKeys.queue_entry_prefix)
+_LJ = enc_str("lj")  # the tag of a queue's own bell, right before its counters ("m")
 HISTORY_SHARDS = 16  # ranges the per-message history pointers are spread over
 
 
 class JournalKeys:
     """The journal's keys under a root: entries ``("j", queue, shard, stamp)``, history
     pointers ``("h", hshard, message_id, stamp)`` (on the embedded engine a consuming
-    operation's in its queue instead, ``Q + ("eh", message_id, stamp)``, and an arrival's
+    operation's in its queue instead, ``Q + ("mh", message_id, stamp)``, and an arrival's
     after its ready range, ``Q + ("ra", inverted id, stamp)``), the registry of journaled queues
     ``("jq", queue)`` and the bells a follower watches: ``("jn", queue)`` per queue, ``("jn",)``
-    when a queue starts journaling.
+    when a queue starts journaling. On the embedded engine, since issue 30's ninth pass, a
+    queue's entries and bell are in its own keys instead, ``Q + ("ej", stamp)`` and
+    ``Q + ("lj",)`` (:meth:`queue_entry_prefix`, :meth:`queue_bell`): readers read both places
+    (:meth:`shards`: the queue's entries are the "shard" :data:`QUEUE_SHARD`).
 
     A new entry's keys are ``fdb.tuple``-encoded up to the versionstamp's code (0x33), from
     cached prefixes: the engine writes the commit's stamp and the entry's order after them
@@ -690,6 +710,33 @@ class JournalKeys:
     def shard(message_id: str | None) -> int:
         return zlib.crc32((message_id or "").encode()) % JOURNAL_SHARDS
 
+    @staticmethod
+    def shards(local: bool) -> tuple[int, ...]:
+        """The shards a reader reads a queue's entries in: the JOURNAL_SHARDS ranges, and
+        where ``local`` (an engine of one writer at a time: ``not may_conflict``) the queue's
+        own range too, :data:`QUEUE_SHARD`, where its entries go since issue 30's ninth pass
+        (the ranges keep what earlier versions wrote)."""
+        return _LOCAL_SHARDS if local else _SPREAD_SHARDS
+
+    def queue_entry_prefix(self, keys: QueueKeys) -> bytes:
+        """A new entry's key in ``keys``' own journal range up to its versionstamp (where one
+        writer at a time appends): ``Q + ("ej", stamp)``. ``"ej"`` sorts before the leased
+        records, the lease deadlines, the bell (``"lj"``) and the counters (``"m"``): the
+        newest entry is at the range's end, beside what every operation writes anyway (the
+        counters, the bell), usually in the same leaf page, where the entries under
+        ``("j", queue, shard)`` took a page of their own each commit."""
+        return keys.packed + _EJ + _VS_CODE
+
+    @staticmethod
+    def queue_bell(keys: QueueKeys) -> bytes:
+        """The bell of ``keys``' queue where its entries are in its own keys (the embedded
+        engine): ``Q + ("lj",)``, right before its counters."""
+        return keys.packed + _LJ
+
+    def queue_bell_of(self, queue: str) -> bytes:
+        """:meth:`queue_bell` of the queue named ``queue`` (a reader's)."""
+        return bytes(self.root.pack(("q", queue, "lj")))
+
     def _prefix(self, kind: str, a: str, b: object) -> bytes:
         found = self._prefixes.get((a, b)) if kind == "j" else None
         if found is None:
@@ -713,10 +760,12 @@ class JournalKeys:
         return found
 
     def entry_key(self, queue: str, shard: int, version: bytes) -> bytes:
+        if shard == QUEUE_SHARD:
+            return bytes(self.root.pack(("q", queue, "ej", versionstamp(version))))
         return bytes(self.root.pack(("j", queue, shard, versionstamp(version))))
 
     def entry_range(self, queue: str, shard: int, since: bytes | None) -> tuple[bytes, bytes]:
-        r = self.root.range(("j", queue, shard))
+        r = self.root.range(("q", queue, "ej") if shard == QUEUE_SHARD else ("j", queue, shard))
         begin = r.start if since is None else self.entry_key(queue, shard, since) + b"\x00"
         return begin, bytes(r.stop)
 
@@ -760,39 +809,60 @@ class JournalKeys:
         return rows
 
     def queue_prefixes(self, keys: QueueKeys, message_id: str) -> tuple[bytes, bytes, bytes]:
-        """:meth:`prefixes` (not spread: shard 0) with the pointer inside the queue's own keys,
-        ``Q + ("eh", message_id, stamp)``, its value the entry's shard as one byte. Where one
-        writer at a time appends (the embedded engine), a consuming operation's pointer goes
-        here. ``"eh"`` sorts just before ``"f"``: after it come the queue's leased records,
-        lease deadlines, counters (``"m"``) and the ready range's head, what a dequeue, lease
-        or ack writes anyway; and a ready id is its ready key in hex, so the newest consumed
-        message's pointers sit at the range's end, beside them: usually the same leaf page,
-        where a pointer under ``("h", ...)``, beside the message's enqueue pointer, dirtied a
-        leaf of its own (and often split it)."""
-        found = self._local.get(keys.name)
-        if found is None:
-            if len(self._local) > 4096:
-                self._local.clear()
-            found = self._local[keys.name] = (self.entry_prefix(keys.name, 0), keys.packed + _EH + b"\x02")
+        """:meth:`prefixes` with the entry in the queue's own range (:meth:`queue_entry_prefix`)
+        and the pointer inside the queue's own keys, ``Q + ("mh", message_id, stamp)``, its
+        value the entry's shard as one byte (:data:`QUEUE_SHARD`). Where one writer at a time
+        appends (the embedded engine), a consuming operation's pointer goes here. ``"mh"``
+        sorts right after the counters (``"m"``), before the staged requests and the ready
+        range's head, what a dequeue, lease or ack writes anyway (the entry and the bell just
+        before the counters); and a ready id is its ready key in hex, so the newest consumed
+        message's pointers sit at the range's end, beside the ready head: usually a page the
+        commit writes anyway. Before issue 30's ninth pass the pointer was at ``Q + ("eh",
+        ...)`` (:meth:`earlier_history_range`), before the leased records, with the entry under
+        ``("j", queue, 0)``: pages of their own once the entries moved beside the counters."""
+        found = self._local.get(keys.name) or self._local_of(keys)
         entry, head = found
         # enc_str(message_id) after its tag, inline, then the versionstamp's code
-        return entry, head + message_id.encode().replace(b"\x00", b"\x00\xff") + b"\x00\x33", b"\x00"
+        return entry, head + message_id.encode().replace(b"\x00", b"\x00\xff") + b"\x00\x33", _QUEUE_SHARD
 
     def arrival_prefixes(self, keys: QueueKeys, message_id: str) -> tuple[bytes, bytes, bytes]:
         """:meth:`queue_prefixes` for a message's arrival in the queue (an enqueue, a move or
         a forward into it, a redrive): the pointer at ``Q + ("ra", inverted id, stamp)``,
         each byte of the id's UTF-8 inverted (255 - b), its value the entry's shard as one
-        byte. Where one writer at a time appends (the embedded engine), an arrival's pointer
-        goes here: ``"ra"`` sorts right after the queue's ready range, whose end the enqueue
-        writes (a ready key's index grows, and priority 0 sorts last), and ids grow with the
-        ready index (home ids) and with time (``entropy.new_id``), so inverted the newest sorts
-        first, beside the newest ready record: usually the leaf the enqueue dirties anyway,
-        where a pointer under ``("h", hshard, ...)`` dirtied a leaf of its own (at one of
-        HISTORY_SHARDS growing ends)."""
-        entry = self._rows_of(keys.name)[0][0]
+        byte (:data:`QUEUE_SHARD`). Where one writer at a time appends (the embedded engine),
+        an arrival's pointer goes here: ``"ra"`` sorts right after the queue's ready range,
+        whose end the enqueue writes (a ready key's index grows, and priority 0 sorts last),
+        and ids grow with the ready index (home ids) and with time (``entropy.new_id``), so
+        inverted the newest sorts first, beside the newest ready record: usually the leaf the
+        enqueue dirties anyway, where a pointer under ``("h", hshard, ...)`` dirtied a leaf of
+        its own (at one of HISTORY_SHARDS growing ends)."""
+        entry = (self._local.get(keys.name) or self._local_of(keys))[0]
         # enc_bytes(inverted id), inline, then the versionstamp's code
         inverted = message_id.encode().translate(_INVERT).replace(b"\x00", b"\x00\xff")
-        return entry, keys.packed + _RA + b"\x01" + inverted + b"\x00\x33", b"\x00"
+        return entry, keys.packed + _RA + b"\x01" + inverted + b"\x00\x33", _QUEUE_SHARD
+
+    def _local_of(self, keys: QueueKeys) -> tuple[bytes, bytes]:
+        """``keys``' queue's entry prefix (:meth:`queue_entry_prefix`) and its own pointers'
+        prefix up to the id (``Q + ("mh",)`` and the id's string code), cached."""
+        if len(self._local) > 4096:
+            self._local.clear()
+        found = self._local[keys.name] = (self.queue_entry_prefix(keys), keys.packed + _MH + b"\x02")
+        return found
+
+    def queue_kept_ranges(self, queue: str) -> list[tuple[bytes, bytes]]:
+        """The ranges of ``queue``'s own keys that belong to its journal (a destroy keeps them,
+        with the journal they point into or are part of), in key order: its consuming
+        operations' pointers as written before issue 30's ninth pass (``"eh"``), its entries
+        (``"ej"``), its bell (``"lj"``), its consuming operations' pointers (``"mh"``) and its
+        arrivals' (``"ra"``)."""
+        bell = self.queue_bell_of(queue)
+        return [
+            self.earlier_history_range(queue),
+            self.entry_range(queue, QUEUE_SHARD, None),
+            (bell, bell + b"\x00"),
+            self.queue_history_range(queue),
+            self.arrival_range(queue),
+        ]
 
     def arrival_key(self, queue: str, message_id: str, version: bytes) -> bytes:
         inverted = message_id.encode().translate(_INVERT)
@@ -809,14 +879,23 @@ class JournalKeys:
         r = self.root.range(tail)
         return bytes(r.start), bytes(r.stop)
 
-    def queue_history_key(self, queue: str, message_id: str, version: bytes) -> bytes:
-        return bytes(self.root.pack(("q", queue, "eh", message_id, versionstamp(version))))
+    def queue_history_key(self, queue: str, message_id: str, version: bytes, tag: str = "mh") -> bytes:
+        """A consuming operation's pointer in ``queue`` (:meth:`queue_prefixes`; ``tag`` "eh":
+        where it was before issue 30's ninth pass)."""
+        return bytes(self.root.pack(("q", queue, tag, message_id, versionstamp(version))))
 
-    def queue_history_range(self, queue: str, message_id: str | None = None) -> tuple[bytes, bytes]:
-        """A message's pointers inside ``queue`` (None: every message's: what a queue's destroy
-        keeps, with the journal it points into)."""
-        r = self.root.range(("q", queue, "eh") if message_id is None else ("q", queue, "eh", message_id))
+    def queue_history_range(
+        self, queue: str, message_id: str | None = None, tag: str = "mh"
+    ) -> tuple[bytes, bytes]:
+        """A message's consuming operations' pointers inside ``queue`` (None: every message's:
+        what a queue's destroy keeps, with the journal it points into)."""
+        r = self.root.range(("q", queue, tag) if message_id is None else ("q", queue, tag, message_id))
         return bytes(r.start), bytes(r.stop)
+
+    def earlier_history_range(self, queue: str, message_id: str | None = None) -> tuple[bytes, bytes]:
+        """:meth:`queue_history_range` where stores written before issue 30's ninth pass (since
+        its seventh) have them, ``Q + ("eh", message_id, stamp)``: read, trimmed and kept too."""
+        return self.queue_history_range(queue, message_id, "eh")
 
     def history_key(self, message_id: str, version: bytes) -> bytes:
         hs = zlib.crc32(message_id.encode()) % HISTORY_SHARDS
@@ -849,6 +928,11 @@ class JournalKeys:
                 self._bells.clear()
             found = self._bells[queue] = bytes(self.root.pack(("jn",) if queue is None else ("jn", queue)))
         return found
+
+
+_SPREAD_SHARDS = tuple(range(JOURNAL_SHARDS))
+_LOCAL_SHARDS = (*_SPREAD_SHARDS, QUEUE_SHARD)
+_QUEUE_SHARD = bytes((QUEUE_SHARD,))
 
 
 # -- routes (routing.py) ----------------------------------------------------------------------

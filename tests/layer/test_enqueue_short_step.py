@@ -260,7 +260,7 @@ def test_a_journaled_short_enqueue_writes_records_entry_byte_for_byte(tmp_path: 
     ``json.dumps`` of its fields, with its history pointer, and the bell rung."""
     import json
 
-    from fdbqueue.store.layout import DEFAULT_ROOT, JournalKeys
+    from fdbqueue.store.layout import DEFAULT_ROOT, QUEUE_SHARD, JournalKeys
 
     db = fdbqueue.open(url_of(tmp_path), principal='svc "a" é')
     fdbqueue.create_queue(db, "jobs", journal=True)
@@ -273,7 +273,7 @@ def test_a_journaled_short_enqueue_writes_records_entry_byte_for_byte(tmp_path: 
     for mid, details in zip(ids, ({}, {"priority": -5}, {"priority": 2**31 - 1}), strict=True):
         e = entries[mid]
         assert (e.principal, e.details) == ('svc "a" é', details)
-        raw = tr.get(jk.entry_key("jobs", 0, e.version))
+        raw = tr.get(jk.entry_key("jobs", QUEUE_SHARD, e.version))  # (in the queue: the embedded engine)
         want = [1, "enqueue", mid, 'svc "a" é', 0, None, details, round(e.at * 1e6)]
         assert raw == json.dumps(want, separators=(",", ":")).encode()
         assert [h.version for h in fdbqueue.history(tr, mid)] == [e.version]

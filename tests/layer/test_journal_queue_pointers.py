@@ -14,6 +14,10 @@ Since issue 30's eighth pass an arrival's pointer on the embedded engine goes in
 keys too, at ``Q + ("ra", inverted id, stamp)``, right after the ready range whose tail the
 enqueue writes (newest first): a store written by main ``e3bc553`` (its arrivals' pointers
 under ``("h", ...)``) reads, follows and continues alike.
+
+Since issue 30's ninth pass a consuming operation's pointer is at ``Q + ("mh", message_id,
+stamp)``, right after the queue's counters (its entry and bell just before them,
+``test_journal_queue_entries.py``); those written at ``"eh"`` are read, kept and trimmed alike.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Queue
-from fdbqueue.store.layout import DEFAULT_ROOT, JournalKeys
+from fdbqueue.store.layout import DEFAULT_ROOT, QUEUE_SHARD, JournalKeys
 from tests.support.old_code import run_old
 
 JK = JournalKeys.make(DEFAULT_ROOT)
@@ -63,7 +67,7 @@ def test_a_consuming_operations_pointer_lives_in_its_queue_and_an_arrivals_after
     assert _root_pointers(db) == {}
     ((arrival, value),) = _arrival_pointers(db).items()
     assert arrival == JK.arrival_key("jobs", mid, fdbqueue.history(db, mid)[0].version)
-    assert value == b"\x00"  # the entry's shard: one range on this engine
+    assert value == bytes((QUEUE_SHARD,))  # the entry's shard: the queue's own range on this engine
     # Where it sorts: right after the ready range (the newest ready record), a newer id first.
     sub = JK.root["q"]["jobs"]
     assert q.keys.ready_range()[1] < arrival < sub.pack(("rc", ""))
@@ -79,10 +83,12 @@ def test_a_consuming_operations_pointer_lives_in_its_queue_and_an_arrivals_after
     history = fdbqueue.history(db, mid)
     assert [e.op for e in history] == ["enqueue", "lease", "ack"]
     assert {JK.history_version(k) for k in local} == {e.version for e in history[1:]}
-    assert set(local.values()) == {b"\x00"}  # the entry's shard: one range on this engine
-    # Where the pointer sorts: after the delayed range, before the leased records ("f").
+    assert set(local.values()) == {bytes((QUEUE_SHARD,))}  # the entry's shard: the queue's own range
+    # Where the pointer sorts (since issue 30's ninth pass): right after the counters ("m"),
+    # before the staged requests and the ready range (before it, after the delayed range).
     sub = JK.root["q"]["jobs"]
-    assert sub.pack(("d", 2**60, "~")) < min(local) and max(local) < sub.pack(("f", ""))
+    assert sub.range(("m",)).stop <= min(local) and max(local) < sub.pack(("pop", 0))
+    assert _rows(db, *JK.earlier_history_range("jobs")) == {}
     db.close()
 
 
@@ -218,5 +224,6 @@ def test_a_store_written_before_the_change_reads_follows_and_continues(tmp_path:
     # A trim over both layouts leaves nothing of either.
     assert fdbqueue.trim_journal(db, "jobs", before=b"\xff" * 12) == len(every)
     assert _root_pointers(db) == {} and _rows(db, *JK.queue_history_range("jobs")) == {}
+    assert _rows(db, *JK.earlier_history_range("jobs")) == {}
     assert _arrival_pointers(db) == {}
     db.close()

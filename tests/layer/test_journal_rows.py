@@ -4,7 +4,8 @@ before), each operation leaves exactly the rows the templates name - the entry a
 ``JournalKeys.entry_to_stamp``'s key, its history pointer at ``history_to_stamp``'s (on the
 embedded engine, since issue 30's seventh pass, a pointer of an operation other than an
 arrival in its queue's keys, ``queue_history_key``; since the eighth, an arrival's there too,
-``arrival_key``), the queue's bell - with the commit's own
+``arrival_key``; since the ninth, the entry and the bell there too, ``entry_key`` of
+``QUEUE_SHARD`` and ``queue_bell_of``), the queue's bell - with the commit's own
 stamp, on every engine; the journal, a message's history
 and a follower in another process read them as before; a failed commit and its retry leave
 one entry."""
@@ -28,7 +29,7 @@ from fdbqueue.engines.contract import Database
 from fdbqueue.engines.local.mutations import fill_versionstamp
 from fdbqueue.errors import QueueError
 from fdbqueue.ops.journaling import ARRIVALS
-from fdbqueue.store.layout import DEFAULT_ROOT, JournalKeys
+from fdbqueue.store.layout import DEFAULT_ROOT, QUEUE_SHARD, JournalKeys
 from fdbqueue.testing import FaultScript
 
 JK = JournalKeys.make(DEFAULT_ROOT)
@@ -45,8 +46,9 @@ def _journal_rows(db: Database) -> dict[bytes, bytes]:
         got.update({kv.key: kv.value for kv in tr.get_range(r.start, r.stop)})
     got.update({kv.key: kv.value for kv in tr.get_range(root + b"\x02jn\x00", root + b"\x02jn\x01")})
     for reg in tr.get_range(*JK.registry_range()):
-        for r in (JK.queue_history_range, JK.arrival_range):
-            got.update({kv.key: kv.value for kv in tr.get_range(*r(JK.registry_name(reg.key)))})
+        q = JK.registry_name(reg.key)
+        for begin, end in (*JK.queue_kept_ranges(q), JK.entry_range(q, QUEUE_SHARD, None)):
+            got.update({kv.key: kv.value for kv in tr.get_range(begin, end)})
     tr.cancel()
     return got
 
@@ -61,8 +63,12 @@ def _check(
     want = {}
     for order, e in enumerate(entries):
         assert e.version == stamp + order.to_bytes(2, "big")
-        shard = JK.shard(e.message_id) if spread else 0
-        key = fill_versionstamp(JK.entry_to_stamp(e.queue, shard, order), stamp)
+        shard = JK.shard(e.message_id) if spread else QUEUE_SHARD  # one writer: in the queue
+        key = (
+            fill_versionstamp(JK.entry_to_stamp(e.queue, shard, order), stamp)
+            if spread
+            else JK.entry_key(e.queue, shard, e.version)
+        )
         raw = rows.get(key, b"null")
         fields = json.loads(raw)
         assert fields[:7] == [1, e.op, e.message_id, e.principal, e.deliveries, e.reason, e.details]
@@ -78,7 +84,7 @@ def _check(
         elif e.message_id is not None:  # one writer at a time: in the queue, beside its head
             want[JK.queue_history_key(e.queue, e.message_id, e.version)] = bytes((shard,))
     for q in {e.queue for e in entries}:
-        want[JK.bell(q)] = stamp
+        want[JK.bell(q) if spread else JK.queue_bell_of(q)] = stamp
     assert rows == want
 
 

@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 from fdbqueue.engines.checks import journal_templates
 from fdbqueue.errors import QueueError
 from fdbqueue.store.codec import dec_int, enc_bytes, enc_int, enc_str
-from fdbqueue.store.layout import HISTORY_SHARDS, JOURNAL_SHARDS, JournalKeys, QueueKeys, WorkKeys
+from fdbqueue.store.layout import (
+    HISTORY_SHARDS,
+    JOURNAL_SHARDS,
+    QUEUE_SHARD,
+    JournalKeys,
+    QueueKeys,
+    WorkKeys,
+)
 
 INTS = st.one_of(
     st.integers(min_value=-(2**70), max_value=2**70),
@@ -138,8 +145,9 @@ def test_journal_stamp_keys_match_the_tuple_layer(
 def test_a_consuming_operations_pointer_in_its_queue_matches_the_tuple_layer(
     queue: str, message_id: str, order: int, root: tuple[object, ...]
 ) -> None:
-    """``queue_prefixes``: the entry's key in shard 0, the pointer's key inside the queue's own
-    keys (``Q + ("eh", message_id, stamp)``) up to the stamp, its value shard 0; the key a
+    """``queue_prefixes``: the entry's key in the queue's own keys (``Q + ("ej", stamp)``, since
+    issue 30's ninth pass; shard 0 before), the pointer's key inside the queue's own keys
+    (``Q + ("mh", message_id, stamp)``; ``"eh"`` before) up to the stamp, its value QUEUE_SHARD; the key a
     reader builds (``queue_history_key``) and the range it reads (``queue_history_range``)
     agree with them; asked twice (the builder keeps the queue's part)."""
     jk, sub = JournalKeys.make(root), Subspace(root)
@@ -147,10 +155,19 @@ def test_a_consuming_operations_pointer_in_its_queue_matches_the_tuple_layer(
     stamp = bytes(range(10)) + order.to_bytes(2, "big")
     for _ in range(2):
         entry, pointer, value = jk.queue_prefixes(keys, message_id)
-        assert entry == jk.entry_prefix(queue, 0) and value == b"\x00"
+        assert entry == jk.queue_entry_prefix(keys) and value == bytes((QUEUE_SHARD,))
+        assert entry + stamp == jk.entry_key(queue, QUEUE_SHARD, stamp)
+        assert entry + stamp == sub.pack(("q", queue, "ej", fdb.tuple.Versionstamp(stamp[:10], order)))
+        assert jk.entry_version(entry + stamp) == stamp
+        begin, end = jk.entry_range(queue, QUEUE_SHARD, None)
+        assert begin <= entry + stamp < end
+        assert jk.entry_range(queue, QUEUE_SHARD, stamp)[0] > entry + stamp  # after ``since``
+        # the queue's bell: after its lease deadlines, before its counters
+        assert keys.q.range(("l",)).stop <= jk.queue_bell(keys) < keys.q.range(("m",)).start
+        assert jk.queue_bell(keys) == jk.queue_bell_of(queue) == sub.pack(("q", queue, "lj"))
         tail = b"\xff" * 10 + order.to_bytes(2, "big")
         assert pointer + tail + len(pointer).to_bytes(4, "little") == sub.pack_with_versionstamp(
-            ("q", queue, "eh", message_id, fdb.tuple.Versionstamp(user_version=order))
+            ("q", queue, "mh", message_id, fdb.tuple.Versionstamp(user_version=order))
         )
         key = pointer + stamp
         assert key == jk.queue_history_key(queue, message_id, stamp)
@@ -159,8 +176,15 @@ def test_a_consuming_operations_pointer_in_its_queue_matches_the_tuple_layer(
         assert begin <= key < end
         every = jk.queue_history_range(queue)
         assert every[0] <= begin and end <= every[1]
-        # inside the queue's keys, after its delayed range and before its leased records
-        assert keys.q.range(("d",)).stop <= every[0] and every[1] <= keys.q.range(("f",)).start
+        # inside the queue's keys, right after its counters and before its staged requests and
+        # ready range; the earlier place after the delayed range, before the leased records
+        assert keys.q.range(("m",)).stop <= every[0] and every[1] <= keys.q.range(("pop",)).start
+        assert every[1] <= keys.q.range(("r",)).start
+        earlier = jk.earlier_history_range(queue)
+        assert keys.q.range(("d",)).stop <= earlier[0] and earlier[1] <= keys.q.range(("f",)).start
+        assert jk.queue_history_key(queue, message_id, stamp, "eh") == sub.pack(
+            ("q", queue, "eh", message_id, fdb.tuple.Versionstamp(stamp[:10], order))
+        )
 
 
 HOME_KEYS = QueueKeys.make("jobs", ("app", 1))  # one object over every example: its caches fill

@@ -17,7 +17,7 @@ import fdbqueue
 from fdbqueue import EngineError
 from fdbqueue.engines.sim.database import SimDatabase
 from fdbqueue.engines.transactional import run_transaction
-from fdbqueue.ops.journaling import trim_journal
+from fdbqueue.ops.journal_trim import trim_journal
 from fdbqueue.store.clock import db_now
 from fdbqueue.testing import recovery
 from scripts.txncost import CountingDatabase
