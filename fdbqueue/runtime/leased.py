@@ -146,6 +146,15 @@ class Leased(Outbox):
         published, records = list(self._published), list(self._records)
 
         def body(t: Transaction) -> tuple[list[Message], list[Message], transit.Record_ | None]:
+            # The next batch leased first, while this transaction has written nothing: its
+            # range read of the ready set then finds no write of its own to merge, and the
+            # embedded engine keeps its writes without a sorted index of them (WriteMap: built
+            # at the first range read over writes, then kept up by every later write). The
+            # same outcome in either order: the batch in hand is in flight, never among the
+            # ready messages leased; one of it whose lease has expired is not acked (its
+            # record released by this lease's sweep, or expired: either way lost), as when
+            # the ack came first.
+            nxt, hand = self._lease_in(t, ahead) if ahead else ([], None)
             now = db_now(t)
             if published:  # before this batch's: a batch is published after its removal
                 transit.clear_tombs(t, skeys, dest, published)
@@ -160,7 +169,6 @@ class Leased(Outbox):
             self._acknowledge(t, done)
             for record in records:  # named: batches published, nothing left to take over
                 transit.clear_record(t, record)
-            nxt, hand = self._lease_in(t, ahead) if ahead else ([], None)
             if whole:
                 return list(batch), nxt, hand
             removed = earlier | {m.id for m in done}
