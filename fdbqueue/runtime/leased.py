@@ -212,11 +212,15 @@ class Leased(Outbox):
             if plain is not None and marks is None and (room is None or room >= len(entries)):
                 # The common publication: a run's batch of plain copies, all there, none
                 # installed already (no marker; a plain copy has no RemoteQueue key), room
-                # for all: their records written as installed (pending.publish_plain).
-                wrote = publish_plain(t, dkeys, meta, plain)
+                # for all: their records written as installed (pending.publish_plain). The
+                # next batch installed first, while nothing is written: its read of its own
+                # parts then meets no write of this transaction (no sorted index of the
+                # publication's writes built for it, as in _remove); the two touch no key
+                # in common (another lease's parts; no counter).
                 big = None
                 if ahead is not None and meta.state.enqueue:
                     big = self._install_in(t, ahead.batch, layer_ahead, meta)
+                wrote = publish_plain(t, dkeys, meta, plain)
                 return wrote, [], None if room is None else room - wrote, big
             now = db_now(t)
             pending = read_pending(t, dkeys, source, entries, read=read)
@@ -226,6 +230,9 @@ class Leased(Outbox):
             named = [(rec.id, rec.dk) for rec in recs if rec is not None and rec.dk is not None]
             layer = {rec.id: rec.dk for rec in recs if rec is not None and rec.dk is not None and rec.dkl}
             there = there_named(t, dkeys, named, layer, now)
+            big = None  # the next batch installed before anything is written, as above
+            if ahead is not None and meta.state.enqueue:
+                big = self._install_in(t, ahead.batch, layer_ahead, meta)
             items: list[Item] = []
             left: list[transit.Entry] = []
             handled = 0
@@ -257,9 +264,6 @@ class Leased(Outbox):
             # (no tombstone names it): its forwarder withdraws it at its step 3, or
             # ``recover`` once its lease ended.
             pending.drop(t, dkeys, source, set(entries[:handled]))
-            big = None
-            if ahead is not None and meta.state.enqueue:
-                big = self._install_in(t, ahead.batch, layer_ahead, meta)
             return len(items), left, room, big
 
         wrote, left, self._room, big = run_once_confirmed(self.dst_db, dkeys, body)

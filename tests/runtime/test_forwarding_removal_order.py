@@ -1,8 +1,9 @@
 """The leased forwarder's removal in a run's steady state leases the next batch before it writes
-anything (runtime/leased.py ``_remove``): the lease's range read then meets no write of its
-own transaction, so the embedded engine keeps no sorted index of the removal's writes (issue
-30's ninth pass, docs/performance.md). And the order changes no outcome: a batch in hand whose
-lease expired during a stall is swept back by that lease and forwarded once, never twice."""
+anything (runtime/leased.py ``_remove``), and its publication installs the next batch before
+it publishes (``_publish``): each read then meets no write of its own transaction, so the
+embedded engine keeps no sorted index of the transaction's writes (issue 30's ninth pass,
+docs/performance.md). And the order changes no outcome: a batch in hand whose lease expired
+during a stall is swept back by that lease and forwarded once, never twice."""
 
 from __future__ import annotations
 
@@ -58,6 +59,26 @@ def test_a_removal_leases_the_next_batch_before_it_writes(tmp_path: Path, name: 
     # The four removals that lease a batch ahead (and, named, the first lease): none of them
     # after a write of its own transaction.
     assert len(wrote_before) >= 4
+    assert not any(wrote_before), wrote_before
+
+
+@pytest.mark.parametrize("name", [None, "outbox-1"])
+def test_a_publication_installs_the_next_batch_before_it_writes(tmp_path: Path, name: str | None) -> None:
+    src, dst = _pair("sqlite", tmp_path, 0)
+    sent = Queue("jobs").enqueue_many(src, [b"m%d" % i for i in range(50)])
+    f = Forwarder(src, "jobs", dst, "jobs", batch=10, name=name)
+    inner = f._install_in
+    wrote_before: list[bool] = []
+
+    def install_in(t: Any, batch: Any, layer: Any, meta: Any) -> Any:
+        if meta is not None:  # in a publication's transaction (else one of its own)
+            wrote_before.append(bool(t._has_writes))
+        return inner(t, batch, layer, meta)
+
+    f._install_in = install_in  # type: ignore[method-assign]
+    assert f.run().forwarded == 50
+    assert _ids_at(dst, "jobs") == sent  # each once, in order
+    assert len(wrote_before) >= 4  # the four batches installed by a publication
     assert not any(wrote_before), wrote_before
 
 
