@@ -12,10 +12,13 @@ on ``sqlite://...?sync=normal`` (the fsync is not an instruction), ``PYTHONHASHS
 - **forward**: a message forwarded between two embedded stores (batch 100) by the leased and
   by the exclusive forwarder, beside ``enqueue_many`` of batches of 100 into the destination
   (issue 30: the leased forwarder >= 0.5 of ``enqueue_many``); and the share of a leased
-  forward that is the source's lease and ack alone (``lease_many`` of 100, then ``ack_many``
-  of them with the next ``lease_many`` in one transaction, as the forwarder's removal does),
+  forward that is the source's lease and ack alone (``lease_many`` of 100, then the next
+  ``lease_many`` and ``ack_many`` of the last in one transaction, as the forwarder's removal
+  does),
   and the destination's: the same leased forward with the destination's steps (install and
-  publication) run in a thread of their own, counted apart (callgrind ``--separate-threads``).
+  publication) run in a thread of their own, counted apart (callgrind ``--separate-threads``);
+  beside them, a lease-mode Worker's whole message (a no-op handler, prefetch 64) on the same
+  stock, counted the same way: each run leases its n messages and none past them.
 
 Usage: .venv/bin/python scripts/count_journal_forward.py [--n 200] [--what journal,forward]
        (needs valgrind: apt install valgrind)
@@ -46,7 +49,7 @@ from fdbqueue.runtime.leased import Leased
 
 PAYLOAD = b"x" * 200
 JOURNAL_OPS = ("enqueue", "dequeue", "lease_ack")
-FORWARDS = ("enqueue_many", "leased", "exclusive", "source", "destination")
+FORWARDS = ("enqueue_many", "leased", "exclusive", "source", "destination", "worker")
 
 
 @fdbqueue.transactional
@@ -90,12 +93,28 @@ def child(what: str, op: str, n: int, fill: int = 0) -> None:
 
                 @fdbqueue.transactional
                 def settle(tr: fdbqueue.Transaction, done: list[Message]) -> list[Message]:
-                    q.ack_many(tr, done)  # the last batch acked, the next leased: as the removal
-                    return q.lease_many(tr, 100, 60)
+                    got = q.lease_many(tr, 100, 60)  # the next batch leased, the last acked:
+                    q.ack_many(tr, done)  # in the removal's order (runtime/leased.py _remove)
+                    return got
 
                 batch = q.lease_many(src, 100, 60)
                 while batch:
                     batch = settle(src, batch)
+            elif op == "worker":  # a lease-mode Worker's message on the same stock, to compare
+                # Prefetch 64, as count_instructions.py's worker64; a stock of exactly n, so
+                # that no message is leased past n and released at the end; a settle linger
+                # longer than the run, so that each batch's acks commit with the next batch's
+                # lease (the Worker's steady state), not when a wall-clock linger (slower under
+                # callgrind) runs out. worker64 (n = 200, a stock of 2n + 10) differs: its n-run
+                # leases 256 and releases 56, its 2n-run's stock runs out at 410
+                # (docs/performance.md, "Issue 30, ninth pass: forwarding's source").
+                def noop(m: Message) -> None:
+                    pass
+
+                stats = fdbqueue.Worker(
+                    src, "a", noop, mode="lease", prefetch=(64, 64), settle_linger=3600.0
+                ).run(max_messages=n)
+                assert stats.processed == n and not stats.released, stats
             elif op == "destination":  # the destination's steps in a thread of their own
                 steps = {step: getattr(Leased, step) for step in ("_publish", "_install")}
                 with ThreadPoolExecutor(1) as pool:
@@ -238,15 +257,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{op:12} WAL pages an operation: plain {plain:.2f}  journaled {journaled:.2f}  "
                   f"+{journaled - plain:.2f}", flush=True)  # fmt: skip
     if "forward" in whats:
-        direct, leased, exclusive, source, destination = (measure("forward", op, n) for op in FORWARDS)
+        direct, leased, exclusive, source, destination, worker = (
+            measure("forward", op, n) for op in FORWARDS
+        )
         # A forward's run also filled the source with enqueue_many: the same cost as ``direct``
         # (not in the destination's thread: its figure is its own).
-        leased, exclusive, source = leased - direct, exclusive - direct, source - direct
+        leased, exclusive, source, worker = (x - direct for x in (leased, exclusive, source, worker))
         print(f"a message: enqueue_many {direct:,.0f}  leased forwarder {leased:,.0f} "
               f"({ratio(direct, leased)})  exclusive {exclusive:,.0f} "
               f"({ratio(direct, exclusive)})  of the leased, the source's lease_many + ack_many "
               f"{source:,.0f}, the destination's steps {destination:,.0f} "
-              f"({ratio(direct, destination)} of enqueue_many)")  # fmt: skip
+              f"({ratio(direct, destination)} of enqueue_many); a lease-mode Worker's message "
+              f"on the same stock (prefetch 64) {worker:,.0f}")  # fmt: skip
     return 0
 
 

@@ -146,6 +146,15 @@ class Leased(Outbox):
         published, records = list(self._published), list(self._records)
 
         def body(t: Transaction) -> tuple[list[Message], list[Message], transit.Record_ | None]:
+            # The next batch leased first, while this transaction has written nothing: its
+            # range read of the ready set then finds no write of its own to merge, and the
+            # embedded engine keeps its writes without a sorted index of them (WriteMap: built
+            # at the first range read over writes, then kept up by every later write). The
+            # same outcome in either order: the batch in hand is in flight, never among the
+            # ready messages leased; one of it whose lease has expired is not acked (its
+            # record released by this lease's sweep, or expired: either way lost), as when
+            # the ack came first.
+            nxt, hand = self._lease_in(t, ahead) if ahead else ([], None)
             now = db_now(t)
             if published:  # before this batch's: a batch is published after its removal
                 transit.clear_tombs(t, skeys, dest, published)
@@ -160,7 +169,6 @@ class Leased(Outbox):
             self._acknowledge(t, done)
             for record in records:  # named: batches published, nothing left to take over
                 transit.clear_record(t, record)
-            nxt, hand = self._lease_in(t, ahead) if ahead else ([], None)
             if whole:
                 return list(batch), nxt, hand
             removed = earlier | {m.id for m in done}
@@ -204,11 +212,15 @@ class Leased(Outbox):
             if plain is not None and marks is None and (room is None or room >= len(entries)):
                 # The common publication: a run's batch of plain copies, all there, none
                 # installed already (no marker; a plain copy has no RemoteQueue key), room
-                # for all: their records written as installed (pending.publish_plain).
-                wrote = publish_plain(t, dkeys, meta, plain)
+                # for all: their records written as installed (pending.publish_plain). The
+                # next batch installed first, while nothing is written: its read of its own
+                # parts then meets no write of this transaction (no sorted index of the
+                # publication's writes built for it, as in _remove); the two touch no key
+                # in common (another lease's parts; no counter).
                 big = None
                 if ahead is not None and meta.state.enqueue:
                     big = self._install_in(t, ahead.batch, layer_ahead, meta)
+                wrote = publish_plain(t, dkeys, meta, plain)
                 return wrote, [], None if room is None else room - wrote, big
             now = db_now(t)
             pending = read_pending(t, dkeys, source, entries, read=read)
@@ -218,6 +230,9 @@ class Leased(Outbox):
             named = [(rec.id, rec.dk) for rec in recs if rec is not None and rec.dk is not None]
             layer = {rec.id: rec.dk for rec in recs if rec is not None and rec.dk is not None and rec.dkl}
             there = there_named(t, dkeys, named, layer, now)
+            big = None  # the next batch installed before anything is written, as above
+            if ahead is not None and meta.state.enqueue:
+                big = self._install_in(t, ahead.batch, layer_ahead, meta)
             items: list[Item] = []
             left: list[transit.Entry] = []
             handled = 0
@@ -249,9 +264,6 @@ class Leased(Outbox):
             # (no tombstone names it): its forwarder withdraws it at its step 3, or
             # ``recover`` once its lease ended.
             pending.drop(t, dkeys, source, set(entries[:handled]))
-            big = None
-            if ahead is not None and meta.state.enqueue:
-                big = self._install_in(t, ahead.batch, layer_ahead, meta)
             return len(items), left, room, big
 
         wrote, left, self._room, big = run_once_confirmed(self.dst_db, dkeys, body)

@@ -47,7 +47,9 @@ EXPECTED = {
     # Without callgrind in a smoke run: the statements and µs columns, SQLite alone, the steps.
     "count_instructions.py": r"lease_ack .*worker64 .*the commit: guards.* total",
     # Timed in-process in a smoke run (valgrind may be absent): every journal row, the forward line.
-    "count_journal_forward.py": r"enqueue plain .*dequeue plain .*lease_ack plain .*leased forwarder",
+    "count_journal_forward.py": (
+        r"enqueue plain .*dequeue plain .*lease_ack plain .*leased forwarder .*Worker.s message"
+    ),
 }
 
 
