@@ -28,7 +28,7 @@ from fdbqueue.errors import (
     Retry,
     StoreError,
 )
-from fdbqueue.ops.delivery import engine_fault
+from fdbqueue.ops.aborts import engine_fault
 from fdbqueue.ops.waiting import QueueWatcher
 from fdbqueue.runtime.fairness import WorkSet
 from fdbqueue.runtime.hooks import DeadHook, nack_noting
