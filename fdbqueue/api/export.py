@@ -27,9 +27,9 @@ from fdbqueue.api.routing import partitioned_queues
 from fdbqueue.engines import open_database
 from fdbqueue.engines.contract import Database, KeySelector, Transaction
 from fdbqueue.errors import CorruptMessageError, QueueError
-from fdbqueue.ops.delivery import expires_at, read_payloads
 from fdbqueue.ops.journaling import decode_entry, journaled_queues
 from fdbqueue.ops.privileges import check
+from fdbqueue.ops.reading import expires_at, read_payloads
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.budget import CHUNK_BYTES, SCAN_READ_BYTES
 from fdbqueue.store.config import read_config

@@ -10,18 +10,18 @@ leases and dedup windows are in database time (read versions, ``fdbqueue.store.c
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from functools import partial
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
-from fdbqueue.api.redrive import delete_by_id
+from fdbqueue.api.examining import Examining
+from fdbqueue.api.leases import Leases
 from fdbqueue.engines.contract import (
     RETRY,
     Again,
     Attempt,
     Database,
     Done,
-    KeySelector,
     Transaction,
     Verdict,
     Watch,
@@ -29,30 +29,11 @@ from fdbqueue.engines.contract import (
     engine_traits,
     is_transaction,
     retry,
-    retry_loop,
 )
-from fdbqueue.errors import (
-    CorruptMessageError,
-    EngineError,
-    QueueError,
-    QueueStoppedError,
-)
-from fdbqueue.ops import contention, ratelimit
+from fdbqueue.errors import CorruptMessageError, EngineError, QueueError
+from fdbqueue.ops import contention
 from fdbqueue.ops.autonomous import enqueue_autonomous
-from fdbqueue.ops.browse import browse, nth_in_order
-from fdbqueue.ops.delivery import (
-    ack_in,
-    ack_own,
-    ack_short,
-    check_lease_seconds,
-    extend_in,
-    locate,
-    message_elsewhere,
-    nack_in,
-    open_for_dequeue,
-    release_in,
-    to_message,
-)
+from fdbqueue.ops.delivery import open_for_dequeue
 from fdbqueue.ops.enqueuing import deduplicated, enqueue_items, enqueue_one
 from fdbqueue.ops.head import (
     TAKE_KEPT,
@@ -65,26 +46,21 @@ from fdbqueue.ops.head import (
     take_short,
 )
 from fdbqueue.ops.items import batch_items, new_item
-from fdbqueue.ops.leasing import lease_batch, lease_own, lease_short
-from fdbqueue.ops.moves import move_corrupt, take, wake
-from fdbqueue.ops.privileges import check, checked
-from fdbqueue.ops.receipts import maybe_clear_old_receipts, new_receipt, read_receipt, run_once_confirmed
-from fdbqueue.ops.settling import ack_many, nack_many
+from fdbqueue.ops.moves import move_corrupt, take
+from fdbqueue.ops.reading import to_message
+from fdbqueue.ops.receipts import maybe_clear_old_receipts, new_receipt, read_receipt
 from fdbqueue.ops.steps import Steps, drive
 from fdbqueue.ops.sweep import sweep
 from fdbqueue.ops.txn import as_database, run_once
-from fdbqueue.ops.views import due_unswept, ready_count
-from fdbqueue.ops.waiting import blocking_steps, strict_of, wait_ready_steps, watch_queue
+from fdbqueue.ops.waiting import _blocking_steps, wait_ready_steps, watch_queue
 from fdbqueue.store.budget import Budget
 from fdbqueue.store.clock import db_now
-from fdbqueue.store.config import TAKE_COUNTERS, Meta, config_or_create, read_meta_for
+from fdbqueue.store.config import TAKE_COUNTERS, Meta, read_meta_for
 from fdbqueue.store.entropy import new_id, random_bytes
 from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys
-from fdbqueue.store.record import Record, check_reason, decode_record
-from fdbqueue.types import AutonomousId, Item, Message, SweepStats, check_duration, check_where
+from fdbqueue.types import AutonomousId, Item, Message, SweepStats, check_duration
 
 log = logging.getLogger("fdbqueue")
-R = TypeVar("R")
 
 
 # The classes of the transactions adopt gives back as they are (an engine's own): Queue.dequeue
@@ -101,7 +77,7 @@ _Taken = tuple[Message | None, bool]  # the message, or None and whether the que
 _Item = Item  # its old name
 
 
-class Queue:
+class Queue(Leases, Examining):
     """A handle on one queue: no I/O until used; the queue is created on first use with defaults.
 
     ``Queue("jobs", root=("myapp",))`` keeps the queue's keys under another root subspace.
@@ -203,14 +179,6 @@ class Queue:
         """Enqueue in a transaction of its own, whatever becomes of the caller's (``autonomous.py``)."""
         return enqueue_autonomous(self.keys, tr, item._replace(fixed_id=True, id=item.id or new_id()))
 
-    # -- reading messages ----------------------------------------------------------------------
-
-    def _message(self, tr: Any, key: bytes, raw: bytes, *, delivered: bool = False) -> Message:
-        return self._to_message(tr, key, decode_record(raw, self.keys, key), delivered=delivered)
-
-    def _to_message(self, tr: Any, key: bytes, rec: Record, *, delivered: bool = False) -> Message:
-        return to_message(tr, self.keys, key, rec, delivered=delivered)
-
     # -- dequeue and leases --------------------------------------------------------------------
 
     def dequeue(
@@ -259,180 +227,6 @@ class Queue:
         and ``fdbqueue.aio`` both run. Arguments are checked here."""
         _check_mapping(where)
         return _blocking_steps(db, self.keys, timeout, partial(self._dequeue_own, db, where, fallback))
-
-    def lease(
-        self, tr: Transaction | Database, lease_seconds: float | None = None, *, timeout: float | None = None
-    ) -> Message | None:
-        """Take the next message in worker mode: hidden until ack, nack or lease expiry.
-
-        Every lease counts a delivery. Composes inside a caller's transaction; ``timeout``
-        (blocking) needs a Database. ``lease_seconds`` defaults to the queue's setting.
-        """
-        if timeout is None:  # the common lease: its own transaction and step (ops/leasing.py), there first
-            secs = None if lease_seconds is None else check_lease_seconds(lease_seconds)
-            one = lease_own(tr, self.keys, secs)
-            if one is not None:
-                return one[0] if one else None
-        got = self.lease_many(tr, 1, lease_seconds, timeout=timeout)
-        return got[0] if got else None
-
-    def lease_many(
-        self,
-        tr: Transaction | Database,
-        n: int,
-        lease_seconds: float | None = None,
-        *,
-        timeout: float | None = None,
-        where: Mapping[str, Any] | None = None,
-    ) -> list[Message]:
-        """Lease up to ``n`` messages in one transaction (a worker's prefetch); [] when none.
-        ``where``: only messages whose headers match it (a forward's filter)."""
-        tr = adopt(tr)
-        if is_transaction(tr):
-            secs, where = _lease_args(n, lease_seconds, where)
-            if timeout:
-                raise QueueError("a blocking lease cannot join a caller's transaction; pass a Database")
-            receipt = random_bytes(16).hex()
-            return lease_batch(self.keys, tr, secs, receipt, n, None, where)  # type: ignore[arg-type]
-        if timeout is None:  # non-blocking: the one attempt the steps would run, without them
-            secs, where = _lease_args(n, lease_seconds, where)
-            return self._lease_attempt(cast("Database", tr), n, secs, where)(False)[0] or []
-        return drive(self.lease_steps(cast("Database", tr), n, lease_seconds, timeout, where)) or []
-
-    def lease_steps(
-        self,
-        db: Database,
-        n: int,
-        lease_seconds: float | None,
-        timeout: float | None,
-        where: Mapping[str, Any] | None,
-    ) -> Steps[list[Message] | None]:
-        """:meth:`lease_many` in a Database, as steps: see :meth:`dequeue_steps`."""
-        secs, where = _lease_args(n, lease_seconds, where)
-        return _blocking_steps(db, self.keys, timeout, self._lease_attempt(db, n, secs, where))
-
-    def _lease_attempt(
-        self, db: Database, n: int, secs: float | None, where: Mapping[str, Any] | None
-    ) -> Callable[[bool], tuple[list[Message] | None, Watch | None]]:
-        """One attempt of a lease of up to ``n`` (its arguments checked): ``attempt(want_watch)``
-        gives what it leased, or None and the watch to wait on (``want_watch``)."""
-        receipt = random_bytes(16).hex()  # made outside the retry loop: settles a 1021
-        taken: list[Message] = []
-        budget = Budget(TAKE_RESERVE)
-        short = n == 1 and where is None
-
-        def step(t: Transaction, at: Attempt) -> list[Message]:
-            if at.unknown and taken:
-                raw = t.get(self.keys.inflight_key(taken[0].id))
-                if (
-                    raw is not None
-                    and decode_record(raw, self.keys, self.keys.inflight_key(taken[0].id)).extra.get(
-                        "receipt"
-                    )
-                    == taken[0].receipt
-                ):
-                    return list(taken)  # the attempt that ended in commit_unknown_result committed
-            if short:  # the common lease of one: its own step (ops/leasing.py lease_short), there first
-                one = lease_short(self.keys, t, secs, receipt)
-                if one is not None:
-                    taken[:] = got = [one]
-                    return got
-            budget.next_transaction()
-            got = lease_batch(self.keys, t, secs, receipt, n, budget, where)
-            taken[:] = got  # what this attempt leased, kept for a retry to recognise
-            return got
-
-        def attempt(want_watch: bool) -> tuple[list[Message] | None, Watch | None]:
-            ratelimit.throttled()  # forget an earlier lease's: this one says
-            # run_once's loop on ``db`` (a Database, adopted by every caller): no second look.
-            got = retry_loop(db, step, None, True)
-            while not got and budget.more:  # expired messages moved aside: go on in another
-                got = retry_loop(db, step, None, True)
-            if got or not want_watch:
-                return got, None
-            held = ratelimit.throttled()
-            if held is not None:  # ready, but the rate limit holds it back: until a token
-                return None, ratelimit.timer_watch(self.keys.wake, held)
-            return None, watch_queue(db, self.keys, strict_of(db, self.keys))
-
-        return attempt
-
-    def ack(self, tr: Transaction | Database, m: Message) -> None:
-        """Settle a leased message: it is done and removed. LeaseError if the lease is gone.
-
-        Given a Database, exactly once across commit_unknown_result (a receipt: see
-        ``fdbqueue.ops.receipts.run_once_confirmed``): it returns only if its own commit landed."""
-        if ack_own(tr, self.keys, m):  # its own transaction, the common ack its own step (ops/delivery.py)
-            return
-
-        def body(t: Transaction) -> None:
-            if ack_short(self.keys, t, m):  # the common ack: its own step (ops/delivery.py)
-                return
-            if ack_in(self.keys, t, m, None).extra.get("strict"):
-                wake(t, self.keys)  # strict order: the next delivery may go ahead now
-
-        run_once_confirmed(tr, self.keys, body)
-
-    def ack_many(self, tr: Transaction | Database, messages: Sequence[Message]) -> list[Message]:
-        """Ack leased ``messages`` (at most 1,000) in one transaction, with :meth:`ack`'s
-        receipt checks; returns those acked: one whose lease has gone (expired, or taken back
-        by a sweep) is left out, not raised. Composes inside a caller's transaction; given a
-        Database, exactly once across commit_unknown_result, as :meth:`ack`."""
-        return ack_many(tr, self.keys, messages)
-
-    def nack_many(
-        self,
-        tr: Transaction | Database,
-        messages: Sequence[Message],
-        *,
-        delay: float | None = None,
-        reason: str | None = None,
-    ) -> list[str | None]:
-        """:meth:`nack` for many leased messages in one transaction; where each went
-        (``ready``, ``delayed``, ``dead``, ``expired``), or None for one whose lease had gone.
-        Settled like :meth:`ack_many`."""
-        return nack_many(tr, self.keys, messages, delay=delay, reason=reason)
-
-    def nack(
-        self,
-        tr: Transaction | Database,
-        m: Message,
-        *,
-        delay: float | None = None,
-        reason: str | None = None,
-        discard: bool = False,
-    ) -> str:
-        """Give a leased message back: to its original place after ``delay`` (default: the
-        queue's retry delay), or to the error queue (tagged ``reason``) once it has had
-        max_deliveries, or at once with ``discard``. Returns where it went: ``ready``,
-        ``delayed``, ``dead``, ``expired``. Settled like :meth:`ack`: LeaseError only if its
-        own commit did not land."""
-        if delay is not None:
-            delay = check_duration("delay", delay)
-        if reason is not None and not isinstance(reason, str):
-            raise QueueError("reason must be a str")
-        if reason is not None:
-            check_reason(reason)
-
-        def body(t: Transaction) -> str:
-            cfg = config_or_create(t, self.keys)
-            return nack_in(self.keys, t, cfg, m, delay, reason, db_now(t), discard)
-
-        return run_once_confirmed(tr, self.keys, body)
-
-    def release(self, tr: Transaction | Database, m: Message) -> None:
-        """Give a leased message back to its place at once, without counting the delivery
-        (a worker shutting down returns what it prefetched but never started). Settled
-        like :meth:`ack`."""
-
-        run_once_confirmed(tr, self.keys, lambda t: release_in(self.keys, t, m, db_now(t)))
-
-    def extend(self, tr: Transaction | Database, m: Message, lease_seconds: float) -> Message:
-        """Renew a lease for ``lease_seconds`` from now; returns the message with its new
-        deadline. Settled like :meth:`ack`: the lease of the attempt that landed."""
-        secs = check_lease_seconds(lease_seconds)
-
-        return run_once_confirmed(tr, self.keys, lambda t: extend_in(self.keys, t, m, secs, db_now(t)))
 
     def sweep(self, tr: Transaction | Database, *, limit: int = 100) -> SweepStats:
         """Expired leases back, due delayed messages in, TTLs out, old dedup entries forgotten.
@@ -614,121 +408,10 @@ class Queue:
             tr.on_finish(partial(failed_take, keys, tr.db, msg))
         return msg
 
-    # -- examining without consuming ----------------------------------------------------------
-
-    def peek(self, tr: Transaction | Database) -> Message | None:
-        """The next message dequeue would return, left in place."""
-        return self.nth(tr, 0)
-
-    def nth(self, tr: Transaction | Database, n: int) -> Message | None:
-        """The message at 0-based position ``n`` in dequeue order, or None."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise QueueError(f"n must be an int >= 0, got {n!r}")
-
-        begin, end = self.keys.ready_range()
-
-        def body(t: Transaction, _: bool) -> Message | None:
-            # One key selector resolved by the storage servers, then one point read: not the
-            # n + 1 records a range read would bring back (key selectors with an offset:
-            # documentation/sphinx/source/developer-guide.rst in apple/foundationdb). While
-            # expired or due messages wait for a sweep, positions are counted as browse
-            # counts them (fdbqueue/ops/views.py): a walk in dequeue order.
-            meta = checked(t, self.keys, "browse")
-            due = due_unswept(t, self.keys, meta, db_now(t))
-            if due:
-                return nth_in_order(self.keys, t, n, meta, due)
-            row = t.get_range(KeySelector.first_greater_or_equal(begin) + n, end, limit=1)
-            return self._message(t, row[0].key, row[0].value) if row else None
-
-        return run_once(tr, body)
-
-    def get(self, tr: Transaction | Database, msg_id: str) -> Message | None:
-        """The message with id ``msg_id`` wherever it waits (ready, leased, delayed), or None."""
-        if not isinstance(msg_id, str):
-            raise QueueError(f"message id must be a str, not {type(msg_id).__name__}")
-
-        def body(t: Transaction, _: bool) -> Message | None:
-            check(t, self.keys, "browse")
-            where = locate(t, self.keys, msg_id)
-            raw = None if where is None else t.get(where)
-            if where is None or raw is None:
-                return None
-            if self.keys.unpack_tail(where)[0] == "r":
-                return self._message(t, where, raw)
-            return message_elsewhere(self.keys, t, where, raw)
-
-        return run_once(tr, body)
-
-    def delete(self, tr: Transaction | Database, msg_id: str) -> bool:
-        """Remove message ``msg_id`` wherever it waits (ready, leased, delayed); True if it
-        was there. A leased message's holder then gets LeaseError on ack. Journaled
-        ``delete``; needs ``admin``; composes inside the caller's transaction."""
-        return delete_by_id(tr, self.keys, msg_id)
-
-    def size(self, tr: Transaction | Database) -> int:
-        """Ready messages, by database time (fdbqueue/ops/views.py: not those past their TTL, with
-        delayed ones that are due): the atomic counter, corrected by a bounded read of what
-        is due and not yet swept; snapshot reads."""
-        return run_once(tr, lambda t, _: ready_count(t, self.keys, checked(t, self.keys, "browse")))
-
-    def empty(self, tr: Transaction | Database) -> bool:
-        """True when no message is ready (``size() == 0``)."""
-        return self.size(tr) == 0
-
-    def browse(
-        self, tr: Transaction | Database, *, limit: int | None = None, batch: int = 100
-    ) -> Iterator[Message]:
-        """Walk ready messages in dequeue order without consuming them (a cursor).
-
-        Each batch is its own read (a Database) or a read in the caller's transaction.
-        The cursor keeps its place across concurrent dequeues, and a higher-priority
-        message that arrives behind it is still visited (the cursor moves back, as a
-        browsing subscription does in Apache Qpid's queue design). Messages are classified
-        by database time, as a dequeue would: an expired message is not shown, and a due
-        delayed one is shown where a dequeue would make it ready, before any sweep.
-        """
-        return browse(self.keys, tr, limit=limit, batch=batch)
-
 
 def _check_mapping(where: object) -> None:
     if where is not None and not isinstance(where, Mapping):
         raise QueueError("where must be a mapping of header names to values")
-
-
-def _lease_args(
-    n: object, lease_seconds: object, where: object
-) -> tuple[float | None, dict[str, Any] | None]:
-    """``lease_many``'s arguments checked: the lease in seconds (None: the queue's) and ``where``."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise QueueError(f"n must be an int >= 1, got {n!r}")
-    return (None if lease_seconds is None else check_lease_seconds(lease_seconds)), check_where(where)
-
-
-def _blocking_steps(
-    db: Database,
-    keys: QueueKeys,
-    timeout: float | None,
-    attempt: Callable[[bool], tuple[R | None, Watch | None]],
-) -> Steps[R | None]:
-    """:func:`blocking_steps`, saying ``QueueStoppedError`` when the wait ends on a paused queue.
-
-    A blocking dequeue waits through a pause (resuming wakes it); if the queue is still
-    paused when the wait ends, it says so as a non-blocking dequeue does, not "nothing ready".
-    """
-    stopped: list[QueueStoppedError] = []
-
-    def watched(want_watch: bool) -> tuple[R | None, Watch | None]:
-        stopped.clear()
-        try:
-            return attempt(want_watch)
-        except QueueStoppedError as exc:
-            stopped.append(exc)
-            raise
-
-    got = yield from blocking_steps(db, keys, timeout, watched)
-    if got is None and stopped:
-        raise stopped[0]
-    return got
 
 
 __all__ = ["Queue"]

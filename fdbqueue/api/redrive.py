@@ -26,9 +26,9 @@ from fdbqueue.api.transfer import (
 )
 from fdbqueue.engines.contract import Database, Transaction, adopt
 from fdbqueue.errors import CorruptMessageError, NotAnErrorQueueError, QueueError, QueueNotFoundError
-from fdbqueue.ops.delivery import locate
 from fdbqueue.ops.moves import CORRUPT_REASON, delete_message, redrive_message
 from fdbqueue.ops.privileges import check, checked
+from fdbqueue.ops.reading import locate
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.budget import Budget, move_cost
 from fdbqueue.store.config import QueueConfig, decode_config, read_meta

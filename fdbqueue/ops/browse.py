@@ -24,8 +24,8 @@ from typing import Any
 
 from fdbqueue.engines.contract import Database, KeyValue, Transaction
 from fdbqueue.errors import QueueError
-from fdbqueue.ops.delivery import read_payload, to_message
 from fdbqueue.ops.privileges import checked
+from fdbqueue.ops.reading import read_payload, to_message
 from fdbqueue.ops.scan import RAISE, SKIP, ReadyScan
 from fdbqueue.ops.txn import run_once
 from fdbqueue.ops.views import VIEW_SCAN_LIMIT, pending

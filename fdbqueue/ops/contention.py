@@ -22,10 +22,10 @@ import time
 
 from fdbqueue.engines.contract import RETRY, Again, Attempt, Database, Done, KeyValue, Transaction, retry
 from fdbqueue.errors import CommitUnknownError, CorruptMessageError, QueueStoppedError
-from fdbqueue.ops.delivery import to_message
 from fdbqueue.ops.head import HEAD_BATCH, HEAD_SKIP_LIMIT
 from fdbqueue.ops.moves import collect_result, count_handed, drop_result, hand_over, move_corrupt
 from fdbqueue.ops.privileges import checked
+from fdbqueue.ops.reading import to_message
 from fdbqueue.ops.receipts import RESULT_TTL_VERSIONS, decode_result
 from fdbqueue.ops.scan import KEYS, ReadyScan
 from fdbqueue.ops.sweep import sweep_step

@@ -24,19 +24,18 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 
 from fdbqueue.engines.contract import (
     Attempt,
     Database,
-    ReadView,
     Transaction,
     adopt,
     is_transaction,
     retry_loop,
 )
 from fdbqueue.errors import CorruptMessageError, EngineError, LeaseError, LeaseExpiredError, QueueStoppedError
+from fdbqueue.ops.aborts import _noted, _reason_of, _uncounted, engine_fault
 from fdbqueue.ops.journaling import record_short
 from fdbqueue.ops.moves import (
     CORRUPT_REASON,
@@ -55,7 +54,6 @@ from fdbqueue.ops.moves import (
     finish_lease,
     move_corrupt,
     put_delayed,
-    put_leased_batch,
     put_ready,
     remove_message,
     renew_lease,
@@ -63,12 +61,13 @@ from fdbqueue.ops.moves import (
     wake,
 )
 from fdbqueue.ops.privileges import check, checked, dequeuer
+from fdbqueue.ops.reading import expires_at, locate, read_payload
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.budget import Budget, move_cost
-from fdbqueue.store.clock import db_now, now_us, seconds_of, versions
+from fdbqueue.store.clock import db_now, now_us, versions
 from fdbqueue.store.config import Meta, QueueConfig, config_or_create
 from fdbqueue.store.layout import QueueKeys
-from fdbqueue.store.record import Record, decode_record, encode_leased, fit_reason, join_chunks
+from fdbqueue.store.record import Record, decode_record
 from fdbqueue.types import Message, check_duration
 
 log = logging.getLogger("fdbqueue")
@@ -138,98 +137,6 @@ def lease_until(seconds: float) -> int:
     """Wall-clock microseconds when a lease of ``seconds`` taken now ends, by this client's
     clock: what ``Message.lease_deadline`` shows. Expiry is decided by database time."""
     return now_us() + int(seconds * 1e6)
-
-
-def expires_at(tr: Transaction, rec: Record) -> float | None:
-    """``Message.expires_at``: when the message's TTL ends, as a wall-clock estimate (seconds
-    since the epoch, by this client's clock); the TTL itself is kept in database time."""
-    if rec.expires_us is None:
-        return None
-    return now_us() / 1e6 + seconds_of(rec.expires_us - db_now(tr))
-
-
-def lease_heads(
-    keys: QueueKeys,
-    tr: Transaction,
-    heads: list[tuple[bytes, Record]],
-    seconds: float,
-    receipt: str,
-    now: int,
-    cfg: QueueConfig,
-    payloads: Mapping[str, bytes],
-) -> list[Message]:
-    """Move each ready message of ``heads`` (key, record) into flight under ``receipt.i``:
-    taken out of the ready set here (with its TTL entry, as ``moves.put_leased_batch`` does), the
-    caller counting the batch (``moves.count_leased``). What every lease of one batch shares
-    is made once: the deadline (a version), the wall-clock ``until``, the lease entries'
-    prefix, the queue's settings. The leased record carries the journal's mark on a journaled
-    queue (its ack, release and extend know without reading the settings). ``payloads``: the
-    chunked messages' payloads read already (``read_payloads``)."""
-    deadline = now + versions(seconds)
-    until = lease_until(seconds)
-    shown = until / 1e6
-    strict, journaled, volatile = cfg.strict_order, cfg.journal, cfg.volatile
-    general = strict or volatile
-    if len(_held) + len(heads) > HELD_LEASES:  # leases never settled here: start again
-        _held.clear()
-    name = keys.name
-    out: list[Message] = []
-    writes: list[tuple[bytes, Record, bytes, tuple[bytes, bytes], str]] = []
-    ats = keys.leased_at(deadline, [r.id for _, r in heads])
-    priorities = keys.priorities_of([key for key, _ in heads])
-    for i, ((key, rec), at, priority) in enumerate(zip(heads, ats, priorities, strict=True)):
-        key_hex = key.hex()
-        rcpt = f"{receipt}.{i}"
-        raw: bytes | None = None
-        if rec.extra or general:
-            extra = dict(rec.extra)
-            extra.update(key=key_hex, receipt=rcpt, deadline=deadline, until=until)
-            extra.pop("not_before", None)
-            if journaled:
-                extra[JOURNALED] = 1
-            if volatile:
-                extra[VOLATILE] = 1
-            if strict:
-                extra["strict"] = True
-        else:  # the common shape: written directly when it can be (encode_leased), else encoded
-            extra = {"key": key_hex, "receipt": rcpt, "deadline": deadline, "until": until}
-            if journaled:
-                extra[JOURNALED] = 1
-            raw = encode_leased(rec, key_hex, rcpt, deadline, until, journaled)
-        leased = Record(
-            rec.id,
-            rec.enqueued_us,
-            rec.content_type,
-            rec.headers,
-            rec.deliveries + 1,
-            rec.expires_us,
-            rec.chunks,
-            extra,
-            rec.payload,
-        )
-        if raw is None:
-            raw = leased.encode()
-        writes.append((key, leased, raw, at, rcpt))
-        _held[rcpt] = raw, leased, keys, at
-        if not rec.chunks:
-            payload = rec.payload
-        else:
-            found = payloads.get(rec.id)
-            payload = read_payload(tr, keys, rec) if found is None else found
-        out.append(
-            Message.from_record(
-                leased,
-                name,
-                priority,
-                key,
-                payload,
-                receipt=rcpt,
-                lease_deadline=shown,
-                expires_at=None if rec.expires_us is None else expires_at(tr, rec),
-            )
-        )
-    put_leased_batch(tr, keys, deadline, writes)
-    return out
 
 
 def _leased(
@@ -592,68 +499,6 @@ def promote_delayed(
     return "ready"
 
 
-def locate(tr: Transaction, keys: QueueKeys, msg_id: str) -> bytes | None:
-    """The key where message ``msg_id`` is now, or None: its home key, its lease
-    (``("f", id)``), else where its id entry points (delayed, or ready away from home)."""
-    home = keys.home_key(msg_id)
-    if home is not None and tr.get(home) is not None:
-        return home
-    fkey = keys.inflight_key(msg_id)
-    if tr.get(fkey) is not None:
-        return fkey
-    return tr.get(keys.id_key(msg_id))
-
-
-def read_payload(tr: ReadView, keys: QueueKeys, rec: Record) -> bytes:
-    """``rec``'s payload: inline, or its chunks (one range read) joined and checked
-    (CorruptMessageError when they are damaged)."""
-    if not rec.chunks:
-        return rec.payload
-    values = [kv.value for kv in tr.get_range(*keys.chunk_range(rec.id))]
-    return join_chunks(values, rec.chunks, keys.name, rec.id)
-
-
-def read_payloads(
-    tr: Transaction, keys: QueueKeys, recs: list[Record]
-) -> tuple[dict[str, bytes], dict[str, CorruptMessageError]]:
-    """The payloads of the chunked messages among ``recs``: one ``get_many`` for all their
-    chunks (their count is in the record), not a range read per message. Second: the
-    messages whose chunks are damaged.
-
-    Snapshot reads: chunks never change while their message exists, and the message's
-    own key carries the read conflict.
-    """
-    chunked = [rec for rec in recs if rec.chunks]
-    if not chunked:
-        return {}, {}
-    values = iter(
-        tr.snapshot.get_many([keys.chunk_key(rec.id, i) for rec in chunked for i in range(rec.chunks)])
-    )
-    payloads: dict[str, bytes] = {}
-    damaged: dict[str, CorruptMessageError] = {}
-    for rec in chunked:
-        try:
-            payloads[rec.id] = join_chunks(
-                [next(values) for _ in range(rec.chunks)], rec.chunks, keys.name, rec.id
-            )
-        except CorruptMessageError as exc:
-            damaged[rec.id] = exc
-    return payloads, damaged
-
-
-def to_message(
-    tr: Transaction, keys: QueueKeys, key: bytes, rec: Record, *, delivered: bool = False
-) -> Message:
-    """The ready message ``rec`` at ``key`` as a :class:`Message` (its payload read)."""
-    payload = rec.payload if not rec.chunks else read_payload(tr, keys, rec)
-    priority = keys.priority_of(key)
-    if rec.expires_us is None:
-        return Message.from_record(rec, keys.name, priority, key, payload, delivered=delivered)
-    return Message.from_record(
-        rec, keys.name, priority, key, payload, delivered=delivered, expires_at=expires_at(tr, rec)
-    )
-
-
 def open_for_dequeue(tr: Transaction, keys: QueueKeys, meta: Meta | None) -> tuple[QueueConfig, Meta] | None:
     """The queue's settings and metadata for a dequeue or lease, once ``tr``'s principal may
     dequeue; None when the queue was never created (empty); QueueStoppedError when paused."""
@@ -691,76 +536,6 @@ def message_elsewhere(keys: QueueKeys, tr: Transaction, key: bytes, raw: bytes) 
 def check_lease_seconds(seconds: object) -> float:
     """A lease length: a number of seconds above 0 and at most ten years (``check_duration``)."""
     return check_duration("lease_seconds", seconds, positive=True)
-
-
-# Why a caller is about to abort the transaction that dequeued a message (by the Message
-# object's identity, which the abort's callback holds): see failure_reason.
-_failure_notes: dict[int, tuple[str, str, float | None, bool]] = {}
-
-# The reason a failed delivery keeps when its transaction outlived the 5-second window: the
-# resolver refuses a read version older than MAX_WRITE_TRANSACTION_LIFE_VERSIONS
-# (fdbserver/core/ServerKnobs.cpp) with transaction_too_old.
-TOO_OLD_REASON = (
-    "the handler's transaction outlived FoundationDB's 5-second transaction limit (1007 transaction_too_old)"
-)
-
-
-@contextmanager
-def failure_reason(
-    msg: Message, reason: str, *, delay: float | None = None, discard: bool = False
-) -> Iterator[None]:
-    """Within the block, an abort of the caller's transaction that dequeued ``msg`` counts
-    the failed delivery with ``reason`` (the message's ``last_error``; the dead letter's
-    reason once it reaches max_deliveries), retried after ``delay`` (None: the queue's retry
-    delay) or, ``discard``, dead-lettered now. Wrap the abort (``tr.cancel()``) in it."""
-    _failure_notes[id(msg)] = (msg.id, fit_reason(reason), delay, discard)
-    try:
-        yield
-    finally:
-        _failure_notes.pop(id(msg), None)
-
-
-def _noted(msg: Message) -> tuple[str, str, float | None, bool] | None:
-    """What :func:`failure_reason` noted for ``msg`` (this very Message object), if anything."""
-    noted = _failure_notes.get(id(msg))
-    return noted if noted is not None and noted[0] == msg.id else None
-
-
-def _reason_of(msg: Message, error: EngineError) -> str | None:
-    noted = _noted(msg)
-    if noted is not None:
-        return noted[1]
-    if error.code == 1007:
-        return TOO_OLD_REASON
-    if error.code == 1025:
-        return None  # a plain abort: the caller did not say why
-    return fit_reason(str(error))
-
-
-@contextmanager
-def not_counted(msg: Message) -> Iterator[None]:
-    """Within the block, an abort of the caller's transaction that dequeued ``msg`` is not
-    counted as a failed delivery: the engine failed (a full disk, an unreachable cluster),
-    not the message. Wrap the abort (``tr.cancel()``) in it."""
-    _uncounted[id(msg)] = msg.id
-    try:
-        yield
-    finally:
-        _uncounted.pop(id(msg), None)
-
-
-_uncounted: dict[int, str] = {}
-
-
-def engine_fault(error: EngineError) -> bool:
-    """Whether a transaction that ended with ``error`` failed for the engine's reasons.
-
-    4100 is what the engines report when a commit fails without a FoundationDB error (a
-    full disk, an I/O error, an unreachable cluster); the retryable codes are contention,
-    load or recovery (``fdb_error_predicate``, bindings/c/fdb_c.cpp). 1007 is not among
-    them: a handler that outlives the 5-second window is the handler's doing.
-    """
-    return error.code == 4100 or (error.retryable and error.code != 1007)
 
 
 def count_failed_attempt(keys: QueueKeys, db: Database, msg: Message, error: EngineError) -> None:

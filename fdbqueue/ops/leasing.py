@@ -20,11 +20,12 @@ from fdbqueue.engines.versions import VERSIONS_PER_SECOND
 from fdbqueue.errors import CorruptMessageError
 from fdbqueue.ops import journaling, ratelimit
 from fdbqueue.ops.delivery import (
+    HELD_LEASES,
+    _held,
     hold,
-    lease_heads,
+    lease_until,
     open_for_dequeue,
     own_database,
-    read_payloads,
 )
 from fdbqueue.ops.head import (
     FILTER_SCAN_LIMIT,
@@ -42,15 +43,24 @@ from fdbqueue.ops.head import (
     kept_run,
     take_kept,
 )
-from fdbqueue.ops.moves import JOURNALED, count_known, count_leased, move_corrupt, put_leased_one
+from fdbqueue.ops.moves import (
+    JOURNALED,
+    VOLATILE,
+    count_known,
+    count_leased,
+    move_corrupt,
+    put_leased_batch,
+    put_leased_one,
+)
+from fdbqueue.ops.reading import expires_at, read_payload, read_payloads
 from fdbqueue.ops.scan import expire_within
 from fdbqueue.ops.sweep import sweep_step
 from fdbqueue.store.budget import BATCH_PAYLOAD_BYTES, CHUNK_BYTES, Budget, encoded_len, grown_record
-from fdbqueue.store.clock import db_now, now_us
+from fdbqueue.store.clock import db_now, now_us, versions
 from fdbqueue.store.config import LEASE_COUNTERS, Meta, QueueConfig, due_entries, read_meta_for, read_take
 from fdbqueue.store.entropy import new_rand
 from fdbqueue.store.layout import QueueKeys
-from fdbqueue.store.record import Record, decode_record, lease_plain
+from fdbqueue.store.record import Record, decode_record, encode_leased, lease_plain
 from fdbqueue.types import Message, headers_match
 
 
@@ -241,6 +251,90 @@ def _ready_heads(
         begin = batch[-1].key + b"\x00"
         extra = min(max(1, extra) * 8, HEAD_BATCH)  # past a run of expired ones: a few round trips
     return out, not (swept or skipped)
+
+
+def lease_heads(
+    keys: QueueKeys,
+    tr: Transaction,
+    heads: list[tuple[bytes, Record]],
+    seconds: float,
+    receipt: str,
+    now: int,
+    cfg: QueueConfig,
+    payloads: Mapping[str, bytes],
+) -> list[Message]:
+    """Move each ready message of ``heads`` (key, record) into flight under ``receipt.i``:
+    taken out of the ready set here (with its TTL entry, as ``moves.put_leased_batch`` does), the
+    caller counting the batch (``moves.count_leased``). What every lease of one batch shares
+    is made once: the deadline (a version), the wall-clock ``until``, the lease entries'
+    prefix, the queue's settings. The leased record carries the journal's mark on a journaled
+    queue (its ack, release and extend know without reading the settings). ``payloads``: the
+    chunked messages' payloads read already (``read_payloads``)."""
+    deadline = now + versions(seconds)
+    until = lease_until(seconds)
+    shown = until / 1e6
+    strict, journaled, volatile = cfg.strict_order, cfg.journal, cfg.volatile
+    general = strict or volatile
+    if len(_held) + len(heads) > HELD_LEASES:  # leases never settled here: start again
+        _held.clear()
+    name = keys.name
+    out: list[Message] = []
+    writes: list[tuple[bytes, Record, bytes, tuple[bytes, bytes], str]] = []
+    ats = keys.leased_at(deadline, [r.id for _, r in heads])
+    priorities = keys.priorities_of([key for key, _ in heads])
+    for i, ((key, rec), at, priority) in enumerate(zip(heads, ats, priorities, strict=True)):
+        key_hex = key.hex()
+        rcpt = f"{receipt}.{i}"
+        raw: bytes | None = None
+        if rec.extra or general:
+            extra = dict(rec.extra)
+            extra.update(key=key_hex, receipt=rcpt, deadline=deadline, until=until)
+            extra.pop("not_before", None)
+            if journaled:
+                extra[JOURNALED] = 1
+            if volatile:
+                extra[VOLATILE] = 1
+            if strict:
+                extra["strict"] = True
+        else:  # the common shape: written directly when it can be (encode_leased), else encoded
+            extra = {"key": key_hex, "receipt": rcpt, "deadline": deadline, "until": until}
+            if journaled:
+                extra[JOURNALED] = 1
+            raw = encode_leased(rec, key_hex, rcpt, deadline, until, journaled)
+        leased = Record(
+            rec.id,
+            rec.enqueued_us,
+            rec.content_type,
+            rec.headers,
+            rec.deliveries + 1,
+            rec.expires_us,
+            rec.chunks,
+            extra,
+            rec.payload,
+        )
+        if raw is None:
+            raw = leased.encode()
+        writes.append((key, leased, raw, at, rcpt))
+        _held[rcpt] = raw, leased, keys, at
+        if not rec.chunks:
+            payload = rec.payload
+        else:
+            found = payloads.get(rec.id)
+            payload = read_payload(tr, keys, rec) if found is None else found
+        out.append(
+            Message.from_record(
+                leased,
+                name,
+                priority,
+                key,
+                payload,
+                receipt=rcpt,
+                lease_deadline=shown,
+                expires_at=None if rec.expires_us is None else expires_at(tr, rec),
+            )
+        )
+    put_leased_batch(tr, keys, deadline, writes)
+    return out
 
 
 def lease_cost(key_len: int, rec: Record) -> int:

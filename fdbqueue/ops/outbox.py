@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from fdbqueue.engines.contract import Transaction
-from fdbqueue.ops.delivery import to_message
+from fdbqueue.ops.reading import to_message
 from fdbqueue.ops.scan import SKIP, ReadyScan
 from fdbqueue.store.clock import db_now
 from fdbqueue.store.layout import QueueKeys

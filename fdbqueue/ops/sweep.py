@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from fdbqueue.engines.contract import Transaction
 from fdbqueue.errors import CorruptMessageError
-from fdbqueue.ops.delivery import expire_lease, locate, promote_delayed
+from fdbqueue.ops.delivery import expire_lease, promote_delayed
 from fdbqueue.ops.journal_trim import maybe_trim
 from fdbqueue.ops.moves import drop_stale_entry, expire, move_corrupt, reclaim_result
+from fdbqueue.ops.reading import locate
 from fdbqueue.ops.receipts import RESULT_TTL_VERSIONS, clear_old_receipts, decode_result
 from fdbqueue.store.budget import Budget, move_cost
 from fdbqueue.store.clock import versions

@@ -176,6 +176,33 @@ def blocking_steps(
             watch.cancel()
 
 
+def _blocking_steps(
+    db: Database,
+    keys: QueueKeys,
+    timeout: float | None,
+    attempt: Callable[[bool], tuple[R | None, Watch | None]],
+) -> Steps[R | None]:
+    """:func:`blocking_steps`, saying ``QueueStoppedError`` when the wait ends on a paused queue.
+
+    A blocking dequeue waits through a pause (resuming wakes it); if the queue is still
+    paused when the wait ends, it says so as a non-blocking dequeue does, not "nothing ready".
+    """
+    stopped: list[QueueStoppedError] = []
+
+    def watched(want_watch: bool) -> tuple[R | None, Watch | None]:
+        stopped.clear()
+        try:
+            return attempt(want_watch)
+        except QueueStoppedError as exc:
+            stopped.append(exc)
+            raise
+
+    got = yield from blocking_steps(db, keys, timeout, watched)
+    if got is None and stopped:
+        raise stopped[0]
+    return got
+
+
 def wait_ready_steps(db: Database, keys: QueueKeys, timeout: float | None) -> Steps[bool]:
     """Until a message may be ready on the queue (True) or ``timeout`` passes (False): steps.
 

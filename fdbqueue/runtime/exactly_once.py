@@ -10,7 +10,7 @@ from fdbqueue.api.queue import Queue
 from fdbqueue.engines.limits import TRANSACTION_WINDOW_SECONDS
 from fdbqueue.errors import EngineError, LeaseError, QueueError, StopNow
 from fdbqueue.ops import tracing
-from fdbqueue.ops.delivery import TOO_OLD_REASON
+from fdbqueue.ops.aborts import TOO_OLD_REASON
 from fdbqueue.ops.txn import run_once
 from fdbqueue.runtime.handling import engine_failure, judge
 from fdbqueue.runtime.worker_base import WorkerBase, log

@@ -28,7 +28,7 @@ from fdbqueue.errors import (
     Retry,
     StoreError,
 )
-from fdbqueue.ops.delivery import engine_fault
+from fdbqueue.ops.aborts import engine_fault
 from fdbqueue.ops.waiting import QueueWatcher
 from fdbqueue.runtime.fairness import WorkSet
 from fdbqueue.runtime.hooks import DeadHook, nack_noting
@@ -322,7 +322,7 @@ def engine_failure(exc: BaseException) -> bool:
 
     A store that cannot write (a full disk, an I/O error: :class:`StoreError`), a cluster
     that cannot be reached, or an engine error the engines report for either or for load
-    (:func:`fdbqueue.ops.delivery.engine_fault`; a retryable one that outlasted its retries).
+    (:func:`fdbqueue.ops.aborts.engine_fault`; a retryable one that outlasted its retries).
     Never counted as a failed delivery: a worker backs off (:class:`Backoff`) and tries
     again, and the message keeps its deliveries.
     """

@@ -22,8 +22,8 @@ from fdbqueue.api.workers import workers as registered
 from fdbqueue.engines.contract import Database, Transaction
 from fdbqueue.errors import CorruptMessageError, QueueError, QueueNotFoundError
 from fdbqueue.ops import journaling
-from fdbqueue.ops.delivery import expires_at, locate, read_payload
 from fdbqueue.ops.privileges import check, may
+from fdbqueue.ops.reading import expires_at, locate, read_payload
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.clock import now_us
 from fdbqueue.store.config import read_meta, read_state

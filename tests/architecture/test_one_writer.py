@@ -98,7 +98,7 @@ def test_only_moves_writes_message_state(writes: list[tuple[str, bytes, str]], c
     assert m3 is not None
     w.ack(db, m3)
     w.enqueue_many(db, [b"batch0", b"batch1"])
-    batch = w.lease_many(db, 2)  # a batch's leases and acks (delivery.lease_heads, ack_many_in)
+    batch = w.lease_many(db, 2)  # a batch's leases and acks (leasing.lease_heads, delivery.ack_many_in)
     assert len(batch) == 2
     assert w.ack_many(db, batch) == batch
     for _ in range(3):  # leases expire; nacks dead-letter at max_deliveries

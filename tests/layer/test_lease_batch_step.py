@@ -1,5 +1,5 @@
 """A lease batch and an ack batch do what a batch shares once (issue 30, sixth pass, second
-round): ``delivery.lease_heads`` makes the deadline, ``until``, the lease entries' prefix and the
+round): ``leasing.lease_heads`` makes the deadline, ``until``, the lease entries' prefix and the
 queue's settings once a batch (``moves.put_leased_batch`` writes them); ``ack_many_in`` takes
 the records and keys of this process's own leases as they were written, checks their deadline,
 and clears the plain ones in one ``moves.end_leases`` call. Each test changes what those steps

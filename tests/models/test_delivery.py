@@ -50,7 +50,7 @@ import fdbqueue.ops.moves
 from fdbqueue import LeaseError, LeaseExpiredError, Message, Queue
 from fdbqueue.engines.sim.database import SimDatabase
 from fdbqueue.engines.transactional import run_transaction
-from fdbqueue.ops.delivery import locate
+from fdbqueue.ops.reading import locate
 from fdbqueue.store.clock import FakeClock, set_clock
 from fdbqueue.store.codec import unpack_count
 from fdbqueue.store.record import Record

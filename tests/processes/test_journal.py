@@ -21,7 +21,7 @@ import pytest
 
 import fdbqueue
 from fdbqueue import Queue
-from fdbqueue.ops.delivery import locate
+from fdbqueue.ops.reading import locate
 from fdbqueue.store.layout import QueueKeys
 
 CHILD = textwrap.dedent(

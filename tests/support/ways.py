@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-import fdbqueue.api.queue as api
+import fdbqueue.api.leases as api
 from fdbqueue.ops import delivery, leasing
 
 
