@@ -24,13 +24,15 @@ Its prefetch grows with rates measured in wall-clock time, so how many messages 
 transaction varies between runs; ``worker64`` fixes the prefetch at 64 (``prefetch=(64,
 64)``) for a figure that compares across revisions. Each run's queue holds exactly the n
 messages it handles (the rest of the same fill, 2n + 10 in all, goes to a queue beside it,
-so that the fill still cancels), so that no message is leased past n; and the settle linger
-is longer than the run, so that each batch's acks commit with the next batch's lease, a
-steady Worker's settlement. Before (issue 30's ninth pass), both runs drained one stock of
-2n + 10 with the Worker's 5 ms linger: at n = 200 the n-run leased 256 and released 56, one
-transaction each, and the 2n-run's leases stopped at 410; the linger ran out under callgrind
-more often than at full speed. The difference of the two runs was then not n messages of
-the same work, and it moved with n (about 444k at n = 100, 134k at 200, 206k at 400).
+so that the fill still cancels), so that no message is leased past n; the settle linger is
+longer than the run, so that each batch's acks commit with the next batch's lease, a steady
+Worker's settlement; and ``worker64``'s n is rounded down to whole batches (--n 200: runs of
+192 and 384), so that the two runs differ by whole batches of the same work. Before (issue
+30's ninth pass), both runs drained one stock of 2n + 10 with the Worker's 5 ms linger: at
+n = 200 the n-run leased 256 and released 56, one transaction each, and the 2n-run's leases
+stopped at 410; the linger ran out under callgrind more often than at full speed. The
+difference of the two runs was then not n messages of the same work, and it moved with n
+(about 444k at n = 100, 134k at 200, 206k at 400).
 
 ``lease_ack4`` is a message of four processes draining one store with lease + ack, as
 ``bench_contention.py``'s row, in one process: four handles of the store take turns (four
@@ -106,6 +108,7 @@ OWNER, GRANTS, USER = "svc-owner", 100, "svc-050"  # the *_owned ops' queue and 
 
 WORKERS = ("worker", "worker64")  # each run's queue holds exactly the messages it handles
 REST = "rest"  # the workers' queue beside "jobs" for the rest of the fill (a name as long)
+PREFETCH = 64  # worker64's prefetch; its runs are rounded down to whole batches of it
 LINGER = 3600.0  # the workers' settle linger: longer than any run (acks go with the next lease)
 
 
@@ -204,7 +207,7 @@ def _setup_one(
         return batch, conns
 
     if op in ("worker", "worker64"):
-        prefetch = (64, 64) if op == "worker64" else (1, 256)  # the second: Worker's default
+        prefetch = (PREFETCH, PREFETCH) if op == "worker64" else (1, 256)  # the second: Worker's default
 
         def noop(m: fdbqueue.Message) -> None:
             pass
@@ -254,9 +257,12 @@ def child(op: str, n: int, stock: int) -> None:
 
 
 def instructions(op: str, n: int) -> float | None:
-    """(I(2n) - I(n)) / n under callgrind; None without valgrind."""
+    """(I(2n) - I(n)) / n under callgrind (for worker64, n rounded down to a multiple of 64);
+    None without valgrind."""
     if shutil.which("valgrind") is None:
         return None
+    if op == "worker64":  # whole batches of 64 in both runs: the same work, no partial batch
+        n = max(PREFETCH, n // PREFETCH * PREFETCH)
     counts = []
     for k in (n, 2 * n):
         out = subprocess.run(
