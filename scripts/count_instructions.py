@@ -22,7 +22,17 @@ figures are per message, against the floor's one-row transactions.
 ``Worker.run(max_messages=n)`` handles n messages, so its start and stop cancel out too.
 Its prefetch grows with rates measured in wall-clock time, so how many messages share a
 transaction varies between runs; ``worker64`` fixes the prefetch at 64 (``prefetch=(64,
-64)``) for a figure that compares across revisions.
+64)``) for a figure that compares across revisions. Each run's queue holds exactly the n
+messages it handles (the rest of the same fill, 2n + 10 in all, goes to a queue beside it,
+so that the fill still cancels), so that no message is leased past n; the settle linger is
+longer than the run, so that each batch's acks commit with the next batch's lease, a steady
+Worker's settlement; and ``worker64``'s n is rounded down to whole batches (--n 200: runs of
+192 and 384), so that the two runs differ by whole batches of the same work. Before (issue
+30's ninth pass), both runs drained one stock of 2n + 10 with the Worker's 5 ms linger: at
+n = 200 the n-run leased 256 and released 56, one transaction each, and the 2n-run's leases
+stopped at 410; the linger ran out under callgrind more often than at full speed. The
+difference of the two runs was then not n messages of the same work, and it moved with n
+(about 444k at n = 100, 134k at 200, 206k at 400).
 
 ``lease_ack4`` is a message of four processes draining one store with lease + ack, as
 ``bench_contention.py``'s row, in one process: four handles of the store take turns (four
@@ -96,10 +106,19 @@ FLOOR = {
 OWNER, GRANTS, USER = "svc-owner", 100, "svc-050"  # the *_owned ops' queue and who uses it
 
 
-def _setup(op: str, folder: str, stock: int) -> tuple[Callable[[int], object], list[sqlite3.Connection]]:
+WORKERS = ("worker", "worker64")  # each run's queue holds exactly the messages it handles
+REST = "rest"  # the workers' queue beside "jobs" for the rest of the fill (a name as long)
+PREFETCH = 64  # worker64's prefetch; its runs are rounded down to whole batches of it
+LINGER = 3600.0  # the workers' settle linger: longer than any run (acks go with the next lease)
+
+
+def _setup(
+    op: str, folder: str, stock: int, ready: int | None = None
+) -> tuple[Callable[[int], object], list[sqlite3.Connection]]:
     """The operation as a call that does it n times, with ``stock`` messages in place for a
-    dequeue, and the SQLite connections whose statements it runs."""
-    one, conns = _setup_one(op, folder, stock)
+    dequeue (of them ``ready`` in the operation's queue, the rest in a queue beside it; all
+    of them when None), and the SQLite connections whose statements it runs."""
+    one, conns = _setup_one(op, folder, stock, stock if ready is None else ready)
     if callable(getattr(one, "times", None)):
         return one.times, conns  # type: ignore[attr-defined]
 
@@ -110,7 +129,9 @@ def _setup(op: str, folder: str, stock: int) -> tuple[Callable[[int], object], l
     return times, conns
 
 
-def _setup_one(op: str, folder: str, stock: int) -> tuple[Callable[[], object], list[sqlite3.Connection]]:
+def _setup_one(
+    op: str, folder: str, stock: int, ready: int
+) -> tuple[Callable[[], object], list[sqlite3.Connection]]:
     if op.startswith("raw_"):
         conn = sqlite3.connect(os.path.join(folder, "raw.db"), isolation_level=None)
         conn.execute("PRAGMA journal_mode=WAL")
@@ -148,8 +169,17 @@ def _setup_one(op: str, folder: str, stock: int) -> tuple[Callable[[], object], 
         admin.close()
     db = fdbqueue.open(url, principal=USER if owned else None)
     q = fdbqueue.Queue("jobs")
+    rest = fdbqueue.Queue(REST)
+
+    @fdbqueue.transactional
+    def fill(tr: fdbqueue.Transaction, lo: int, hi: int) -> None:
+        if lo < min(hi, ready):  # the operation's queue first, then the rest beside it
+            q.enqueue_many(tr, [PAYLOAD] * (min(hi, ready) - lo))
+        if max(lo, ready) < hi:
+            rest.enqueue_many(tr, [PAYLOAD] * (hi - max(lo, ready)))
+
     for lo in range(0, stock, 500):  # a transaction's byte budget holds about 900 of them
-        q.enqueue_many(db, [PAYLOAD] * min(500, stock - lo))
+        fill(db, lo, min(stock, lo + 500))
     for _ in range(3):  # settings cached, pages warm
         q.enqueue(db, PAYLOAD)
         q.dequeue(db)
@@ -177,7 +207,7 @@ def _setup_one(op: str, folder: str, stock: int) -> tuple[Callable[[], object], 
         return batch, conns
 
     if op in ("worker", "worker64"):
-        prefetch = (64, 64) if op == "worker64" else (1, 256)  # the second: Worker's default
+        prefetch = (PREFETCH, PREFETCH) if op == "worker64" else (1, 256)  # the second: Worker's default
 
         def noop(m: fdbqueue.Message) -> None:
             pass
@@ -186,8 +216,10 @@ def _setup_one(op: str, folder: str, stock: int) -> tuple[Callable[[], object], 
             raise AssertionError("a Worker runs n messages at once")
 
         def times(n: int) -> None:
-            stats = fdbqueue.Worker(db, "jobs", noop, mode="lease", prefetch=prefetch).run(max_messages=n)
-            assert stats.processed >= n, stats
+            # The queue holds n (``ready``): nothing leased past n, nothing released.
+            worker = fdbqueue.Worker(db, "jobs", noop, mode="lease", prefetch=prefetch, settle_linger=LINGER)
+            stats = worker.run(max_messages=n)
+            assert stats.processed == n and not stats.released, stats
 
         worker.times = times  # type: ignore[attr-defined]
         return worker, conns
@@ -220,14 +252,17 @@ def _setup_one(op: str, folder: str, stock: int) -> tuple[Callable[[], object], 
 def child(op: str, n: int, stock: int) -> None:
     """Run ``n`` operations (valgrind counts the whole process; the parent subtracts)."""
     with tempfile.TemporaryDirectory() as folder:
-        run, _ = _setup(op, folder, stock)
+        run, _ = _setup(op, folder, stock, n if op in WORKERS else None)
         run(n)
 
 
 def instructions(op: str, n: int) -> float | None:
-    """(I(2n) - I(n)) / n under callgrind; None without valgrind."""
+    """(I(2n) - I(n)) / n under callgrind (for worker64, n rounded down to a multiple of 64);
+    None without valgrind."""
     if shutil.which("valgrind") is None:
         return None
+    if op == "worker64":  # whole batches of 64 in both runs: the same work, no partial batch
+        n = max(PREFETCH, n // PREFETCH * PREFETCH)
     counts = []
     for k in (n, 2 * n):
         out = subprocess.run(
@@ -256,13 +291,17 @@ def instructions(op: str, n: int) -> float | None:
 def statements_and_time(op: str, timed: int) -> tuple[float, float]:
     """Statements per operation (over 100) and mean seconds per operation (over ``timed``)."""
     with tempfile.TemporaryDirectory() as folder:
-        run, conns = _setup(op, folder, timed + 110)
+        # A worker's queue holds exactly what each run handles: a store for each of the two.
+        run, conns = _setup(op, folder, timed + 110, 100 if op in WORKERS else None)
         seen: list[str] = []
         for c in conns:
             c.set_trace_callback(seen.append)
         run(100)
         for c in conns:
             c.set_trace_callback(None)
+        if op in WORKERS:
+            os.mkdir(os.path.join(folder, "timed"))
+            run, _ = _setup(op, os.path.join(folder, "timed"), timed + 110, timed)
         start = time.perf_counter()
         run(timed)
         return len(seen) / 100, (time.perf_counter() - start) / timed

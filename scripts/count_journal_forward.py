@@ -105,9 +105,9 @@ def child(what: str, op: str, n: int, fill: int = 0) -> None:
                 # that no message is leased past n and released at the end; a settle linger
                 # longer than the run, so that each batch's acks commit with the next batch's
                 # lease (the Worker's steady state), not when a wall-clock linger (slower under
-                # callgrind) runs out. worker64 (n = 200, a stock of 2n + 10) differs: its n-run
-                # leases 256 and releases 56, its 2n-run's stock runs out at 410
-                # (docs/performance.md, "Issue 30, ninth pass: forwarding's source").
+                # callgrind) runs out, as count_instructions.py's worker64 now counts it
+                # (docs/performance.md, "Issue 30, ninth pass: a Worker's message counted
+                # honestly").
                 def noop(m: Message) -> None:
                     pass
 

@@ -337,6 +337,16 @@ def lease_settling(
     attempts = [0] if tries is None else tries  # how many attempts it took, for the caller
 
     def body(t: Transaction) -> tuple[list[Any], list[Message]]:
+        if not retire and claim is None:
+            # A plain lease goes first, before anything is written: its range read of the
+            # ready messages then meets no write of this transaction, and the embedded engine
+            # builds no sorted index of the acks' clears to keep up for each of the lease's
+            # writes (engines/local/writemap.py). The outcome is the same in either order: the
+            # acked messages are in flight, never among the ready ones; one whose lease expired
+            # is given back by the lease's due check and leased again, and its ack finds it
+            # gone, as it found it expired (tests/runtime/test_settling_order.py).
+            leased = lease(t)
+            return (settler.settle(t, got) if settler is not None and got else []), leased
         # The acks first, then the lease: a lease that finds nothing retires the queue from
         # the work index (workindex.retire), which parks it until its first lease deadline
         # while lease entries remain - so the acks this transaction carries must be gone from
