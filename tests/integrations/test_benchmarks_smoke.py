@@ -99,3 +99,28 @@ def test_bench_journal_counts_pages(tmp_path: Path) -> None:
     rows = re.findall(r"^\| (enqueue|dequeue|lease \+ ack) \| ([\d.]+) \| ([\d.]+) \| \+", done.stdout, re.M)
     assert [r[0] for r in rows] == ["enqueue", "dequeue", "lease + ack"], done.stdout
     assert all(0 < float(plain) < float(journaled) for _, plain, journaled in rows), done.stdout
+
+
+def test_bench_journal_puts_the_feature_on_either_side_of_its_neighbour(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``bench_journal.measure`` runs each table in two stores, the queue with the feature sorting
+    after the plain one in the first and before it in the second: which of two queues sorts first
+    moved their rates by itself (1.09 / 0.87 with the same settings on both), which the tables
+    measured as the feature's cost before (issue 30's ninth pass)."""
+    monkeypatch.syspath_prepend(str(SCRIPTS))  # (the script imports benchlib beside it)
+    import fdbqueue
+    from fdbqueue.api.admin import queue_config
+    from scripts.bench_journal import measure
+
+    urls = (f"sqlite:///{tmp_path / 'a.db'}?sync=normal", f"sqlite:///{tmp_path / 'b.db'}?sync=normal")
+    rows = measure(urls, 2, 2, {"journal": True}, 0.85)
+    assert [row[0] for row in rows] == ["enqueue", "dequeue", "lease + ack"]
+    places = []
+    for url in urls:
+        db = fdbqueue.open(url)
+        names = sorted(fdbqueue.list_queues(db))
+        assert len(names) == 2
+        places.append([queue_config(db, name).journal for name in names])
+        db.close()
+    assert places == [[False, True], [True, False]]
