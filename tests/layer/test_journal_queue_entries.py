@@ -19,24 +19,16 @@ import fdbqueue
 from fdbqueue import Queue
 from fdbqueue.api.export import journal_head, journal_plan, read_journal_piece
 from fdbqueue.store.layout import DEFAULT_ROOT, JOURNAL_SHARDS, QUEUE_SHARD, JournalKeys
-from tests.support.old_code import run_old
+from tests.support.old_code import JOURNALED_WORK, run_old, store_rows
 
 JK = JournalKeys.make(DEFAULT_ROOT)
 BEFORE = "6f745c8"  # main before the entries moved: under ("j", queue, 0), the bell ("jn", queue)
 
 
-def _rows(db: Any, begin: bytes, end: bytes) -> dict[bytes, bytes]:
-    tr = db.create_transaction()
-    try:
-        return {kv.key: kv.value for kv in tr.get_range(begin, end)}
-    finally:
-        tr.cancel()
-
-
 def _old_entries(db: Any, queue: str = "jobs") -> dict[bytes, bytes]:
     """The queue's entries where they were before (every shard of ``("j", queue)``)."""
     r = JK.root.range(("j", queue))
-    return _rows(db, r.start, r.stop)
+    return store_rows(db, r.start, r.stop)
 
 
 def _work(q: Queue, db: Any) -> list[str]:
@@ -73,7 +65,7 @@ def test_a_journaled_commit_writes_its_entry_and_bell_in_its_queues_keys(tmp_pat
     # Nothing under ("j", ...) nor at ("jn", "jobs"): every entry, the queue's own too, in the queue.
     assert _old_entries(db) == {}
     assert db[JK.bell("jobs")] is None  # type: ignore[index]
-    local = _rows(db, *JK.entry_range("jobs", QUEUE_SHARD, None))
+    local = store_rows(db, *JK.entry_range("jobs", QUEUE_SHARD, None))
     assert [JK.entry_version(k) for k in local] == [e.version for e in every]
     assert list(local) == [JK.entry_key("jobs", QUEUE_SHARD, e.version) for e in every]
     assert db[JK.queue_bell_of("jobs")] == every[-1].version[:10]  # type: ignore[index]
@@ -82,7 +74,7 @@ def test_a_journaled_commit_writes_its_entry_and_bell_in_its_queues_keys(tmp_pat
     # counters ("m"), and the consuming operations' pointers ("mh") right after those.
     sub = JK.root["q"]["jobs"]
     assert JK.earlier_history_range("jobs")[1] <= min(local) and max(local) < sub.pack(("f", ""))
-    pointers = _rows(db, *JK.queue_history_range("jobs"))
+    pointers = store_rows(db, *JK.queue_history_range("jobs"))
     assert len(pointers) == 7 and sub.range(("m",)).stop <= min(pointers)
     assert max(pointers) < sub.pack(("pop", 0)) and max(pointers) < q.keys.ready_range()[0]
     bell = JK.queue_bell_of("jobs")
@@ -163,35 +155,20 @@ def test_a_destroy_keeps_the_queues_entries_and_a_trim_clears_them(tmp_path: Pat
     again = list(fdbqueue.journal(db, "jobs"))
     assert again[: len(after)] == after and again[-1].op == "enqueue"
     assert fdbqueue.trim_journal(db, "jobs", before=b"\xff" * 12) == len(again)
-    assert _rows(db, *JK.entry_range("jobs", QUEUE_SHARD, None)) == {}
+    assert store_rows(db, *JK.entry_range("jobs", QUEUE_SHARD, None)) == {}
     assert fdbqueue.history(db, first) == []
     db.close()
 
 
-_OLD_WRITER = r"""
-import json, sys, fdbqueue
-from fdbqueue import Queue
-db = fdbqueue.open(sys.argv[1])
-fdbqueue.create_queue(db, "jobs", journal=True, retry_delay=0.0)
-q = Queue("jobs")
-ids = q.enqueue_many(db, [b"a", b"b", b"c", b"d"])
-q.dequeue(db)
-m = q.lease(db, 30)
-q.ack(db, m)
-print(json.dumps({"ids": ids, "ops": [e.op for e in fdbqueue.journal(db, "jobs")]}))
-db.close()
-"""
-
-
 def test_a_store_written_before_the_entries_moved_reads_follows_exports_and_continues(tmp_path: Path) -> None:
     url = f"sqlite://{tmp_path / 'q.db'}"
-    made = json.loads(run_old(tmp_path, BEFORE, _OLD_WRITER, url))
+    made = json.loads(run_old(tmp_path, BEFORE, JOURNALED_WORK, url))
     ids: list[str] = made["ids"]
     db = fdbqueue.open(url)
     q = Queue("jobs")
     old = list(fdbqueue.journal(db, "jobs"))
     assert [e.op for e in old] == made["ops"] and len(_old_entries(db)) == len(old)
-    assert _rows(db, *JK.entry_range("jobs", QUEUE_SHARD, None)) == {}
+    assert store_rows(db, *JK.entry_range("jobs", QUEUE_SHARD, None)) == {}
     assert [r[0] for r in _export(db)] == [e.version for e in old]
 
     followed: list[fdbqueue.JournalEntry] = []
@@ -214,13 +191,13 @@ def test_a_store_written_before_the_entries_moved_reads_follows_exports_and_cont
     assert [e.op for e in followed] == ["lease", "ack", "dequeue", "enqueue"]
     # The new entries in the queue, the old where they were; every reader reads both.
     assert len(_old_entries(db)) == len(old)
-    assert len(_rows(db, *JK.entry_range("jobs", QUEUE_SHARD, None))) == 4
+    assert len(store_rows(db, *JK.entry_range("jobs", QUEUE_SHARD, None))) == 4
     for mid in ids:
         assert fdbqueue.history(db, mid) == [e for e in every if e.message_id == mid]
     assert [r[0] for r in _export(db)] == [e.version for e in every]
     assert journal_head(db, ["jobs"]) == every[-1].version
     assert fdbqueue.trim_journal(db, "jobs", before=b"\xff" * 12) == len(every)
-    assert _old_entries(db) == {} and _rows(db, *JK.entry_range("jobs", QUEUE_SHARD, None)) == {}
+    assert _old_entries(db) == {} and store_rows(db, *JK.entry_range("jobs", QUEUE_SHARD, None)) == {}
     db.close()
 
 

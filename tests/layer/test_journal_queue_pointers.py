@@ -32,7 +32,7 @@ import pytest
 import fdbqueue
 from fdbqueue import Queue
 from fdbqueue.store.layout import DEFAULT_ROOT, QUEUE_SHARD, JournalKeys
-from tests.support.old_code import run_old
+from tests.support.old_code import JOURNALED_WORK, run_old, store_rows
 
 JK = JournalKeys.make(DEFAULT_ROOT)
 REPO = Path(__file__).resolve().parents[2]
@@ -40,21 +40,13 @@ OLD = "0478719"  # main before the pointers moved: every pointer under ("h", ...
 OLD_ARRIVALS = "e3bc553"  # main before the arrivals' pointers moved: theirs under ("h", ...)
 
 
-def _rows(db: Any, begin: bytes, end: bytes) -> dict[bytes, bytes]:
-    tr = db.create_transaction()
-    try:
-        return {kv.key: kv.value for kv in tr.get_range(begin, end)}
-    finally:
-        tr.cancel()
-
-
 def _root_pointers(db: Any) -> dict[bytes, bytes]:
     r = JK.root.range(("h",))
-    return _rows(db, r.start, r.stop)
+    return store_rows(db, r.start, r.stop)
 
 
 def _arrival_pointers(db: Any, queue: str = "jobs") -> dict[bytes, bytes]:
-    return _rows(db, *JK.arrival_range(queue))
+    return store_rows(db, *JK.arrival_range(queue))
 
 
 def test_a_consuming_operations_pointer_lives_in_its_queue_and_an_arrivals_after_its_ready_range(
@@ -73,13 +65,13 @@ def test_a_consuming_operations_pointer_lives_in_its_queue_and_an_arrivals_after
     assert q.keys.ready_range()[1] < arrival < sub.pack(("rc", ""))
     newer = q.enqueue(db, b"b")
     assert q.keys.ready_range()[1] < JK.arrival_key("jobs", newer, b"\xff" * 12) < arrival
-    assert _rows(db, *JK.queue_history_range("jobs")) == {}
+    assert store_rows(db, *JK.queue_history_range("jobs")) == {}
     before = _root_pointers(db)
     m = q.lease(db, 30)
     assert m is not None and m.id == mid
     q.ack(db, m)
     assert _root_pointers(db) == before  # no pointer under ("h", ...) for the lease or the ack
-    local = _rows(db, *JK.queue_history_range("jobs", mid))
+    local = store_rows(db, *JK.queue_history_range("jobs", mid))
     history = fdbqueue.history(db, mid)
     assert [e.op for e in history] == ["enqueue", "lease", "ack"]
     assert {JK.history_version(k) for k in local} == {e.version for e in history[1:]}
@@ -88,7 +80,7 @@ def test_a_consuming_operations_pointer_lives_in_its_queue_and_an_arrivals_after
     # before the staged requests and the ready range (before it, after the delayed range).
     sub = JK.root["q"]["jobs"]
     assert sub.range(("m",)).stop <= min(local) and max(local) < sub.pack(("pop", 0))
-    assert _rows(db, *JK.earlier_history_range("jobs")) == {}
+    assert store_rows(db, *JK.earlier_history_range("jobs")) == {}
     db.close()
 
 
@@ -156,7 +148,7 @@ def test_a_trim_removes_the_queues_pointers_with_their_entries(tmp_path: Path) -
     every = list(fdbqueue.journal(db, "jobs"))
     keep = every[-1].version  # the last ack stays
     assert fdbqueue.trim_journal(db, "jobs", before=keep) == len(every) - 1
-    left = _rows(db, *JK.queue_history_range("jobs"))
+    left = store_rows(db, *JK.queue_history_range("jobs"))
     assert [JK.history_version(k) for k in left] == [keep]
     assert [e.op for e in fdbqueue.history(db, ids[1])] == ["ack"]
     assert fdbqueue.history(db, ids[0]) == fdbqueue.history(db, ids[2]) == [] and _root_pointers(db) == {}
@@ -166,25 +158,11 @@ def test_a_trim_removes_the_queues_pointers_with_their_entries(tmp_path: Path) -
 
 # -- a store written by the code before the change ---------------------------------------------
 
-_OLD_WRITER = r"""
-import json, sys, fdbqueue
-from fdbqueue import Queue
-db = fdbqueue.open(sys.argv[1])
-fdbqueue.create_queue(db, "jobs", journal=True, retry_delay=0.0)
-q = Queue("jobs")
-ids = q.enqueue_many(db, [b"a", b"b", b"c", b"d"])
-q.dequeue(db)
-m = q.lease(db, 30)
-q.ack(db, m)
-print(json.dumps({"ids": ids, "ops": [e.op for e in fdbqueue.journal(db, "jobs")]}))
-db.close()
-"""
-
 
 @pytest.mark.parametrize("commit", [OLD, OLD_ARRIVALS])
 def test_a_store_written_before_the_change_reads_follows_and_continues(tmp_path: Path, commit: str) -> None:
     url = f"sqlite://{tmp_path / 'q.db'}"
-    made = json.loads(run_old(tmp_path, commit, _OLD_WRITER, url))
+    made = json.loads(run_old(tmp_path, commit, JOURNALED_WORK, url))
     ids: list[str] = made["ids"]
 
     db = fdbqueue.open(url)
@@ -223,7 +201,7 @@ def test_a_store_written_before_the_change_reads_follows_and_continues(tmp_path:
         assert fdbqueue.history(db, mid) == [e for e in every if e.message_id == mid]
     # A trim over both layouts leaves nothing of either.
     assert fdbqueue.trim_journal(db, "jobs", before=b"\xff" * 12) == len(every)
-    assert _root_pointers(db) == {} and _rows(db, *JK.queue_history_range("jobs")) == {}
-    assert _rows(db, *JK.earlier_history_range("jobs")) == {}
+    assert _root_pointers(db) == {} and store_rows(db, *JK.queue_history_range("jobs")) == {}
+    assert store_rows(db, *JK.earlier_history_range("jobs")) == {}
     assert _arrival_pointers(db) == {}
     db.close()

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,3 +57,30 @@ def run_old(dest: Path, commit: str, script: str, *args: str, timeout: float = 1
     )
     assert out.returncode == 0, out.stderr
     return out.stdout
+
+
+#: ``run_old``'s script for a journaled queue's work as an earlier version did it: four arrivals,
+#: a dequeue, a lease and its ack on queue "jobs" of the store at ``argv[1]``; prints the ids
+#: and the journal's operations as JSON.
+JOURNALED_WORK = r"""
+import json, sys, fdbqueue
+from fdbqueue import Queue
+db = fdbqueue.open(sys.argv[1])
+fdbqueue.create_queue(db, "jobs", journal=True, retry_delay=0.0)
+q = Queue("jobs")
+ids = q.enqueue_many(db, [b"a", b"b", b"c", b"d"])
+q.dequeue(db)
+m = q.lease(db, 30)
+q.ack(db, m)
+print(json.dumps({"ids": ids, "ops": [e.op for e in fdbqueue.journal(db, "jobs")]}))
+db.close()
+"""
+
+
+def store_rows(db: Any, begin: bytes, end: bytes) -> dict[bytes, bytes]:
+    """Every key and value of ``db`` in [``begin``, ``end``), read in one transaction."""
+    tr = db.create_transaction()
+    try:
+        return {kv.key: kv.value for kv in tr.get_range(begin, end)}
+    finally:
+        tr.cancel()
