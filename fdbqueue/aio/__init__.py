@@ -20,8 +20,6 @@ method at once in the event loop's thread, inside that transaction.
 from __future__ import annotations
 
 from fdbqueue.aio.queue import AsyncQueue, journal, transactional, wait_watch
-from fdbqueue.aio.queue import drive as drive
-from fdbqueue.aio.queue import iterate as iterate
 from fdbqueue.aio.worker import AsyncWorker
 
 __all__ = ["AsyncQueue", "AsyncWorker", "journal", "transactional", "wait_watch"]

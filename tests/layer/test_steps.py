@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from fdbqueue import aio
+import fdbqueue.aio.queue as aio
 from fdbqueue.engines.local.watches import EventWatch
 from fdbqueue.ops.steps import Emit, Run, Steps, Wait, drive, iterate
 
