@@ -203,6 +203,12 @@ class Leased(Outbox):
         dkeys, (source, _) = self.dst.keys, self._token_pair()
         layer_ahead = {} if ahead is None else layer_keys(self._src_db, self.src.keys, ahead.batch)
 
+        def install_ahead(t: Transaction, meta: Meta) -> dict[str, str] | None:
+            """The next batch installed (step 2) while the queue takes enqueues, else None."""
+            if ahead is None or not meta.state.enqueue:
+                return None
+            return self._install_in(t, ahead.batch, layer_ahead, meta)
+
         def body(t: Transaction) -> tuple[int, list[transit.Entry], int | None, dict[str, str] | None]:
             meta = read_meta(t, dkeys)
             check(t, dkeys, "enqueue", meta)
@@ -217,9 +223,7 @@ class Leased(Outbox):
                 # parts then meets no write of this transaction (no sorted index of the
                 # publication's writes built for it, as in _remove); the two touch no key
                 # in common (another lease's parts; no counter).
-                big = None
-                if ahead is not None and meta.state.enqueue:
-                    big = self._install_in(t, ahead.batch, layer_ahead, meta)
+                big = install_ahead(t, meta)
                 wrote = publish_plain(t, dkeys, meta, plain)
                 return wrote, [], None if room is None else room - wrote, big
             now = db_now(t)
@@ -230,9 +234,7 @@ class Leased(Outbox):
             named = [(rec.id, rec.dk) for rec in recs if rec is not None and rec.dk is not None]
             layer = {rec.id: rec.dk for rec in recs if rec is not None and rec.dk is not None and rec.dkl}
             there = there_named(t, dkeys, named, layer, now)
-            big = None  # the next batch installed before anything is written, as above
-            if ahead is not None and meta.state.enqueue:
-                big = self._install_in(t, ahead.batch, layer_ahead, meta)
+            big = install_ahead(t, meta)  # before anything is written, as above
             items: list[Item] = []
             left: list[transit.Entry] = []
             handled = 0
