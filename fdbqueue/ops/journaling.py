@@ -33,8 +33,9 @@ from fdbqueue.ops.txn import as_database, run_once
 from fdbqueue.store.budget import Budget
 from fdbqueue.store.clock import now_us
 from fdbqueue.store.config import read_config
+from fdbqueue.store.guard import acting_for
 from fdbqueue.store.layout import DEFAULT_ROOT, JournalKeys, QueueKeys
-from fdbqueue.types import ANONYMOUS, JournalEntry
+from fdbqueue.types import JournalEntry
 
 OPS = frozenset(
     [
@@ -102,8 +103,7 @@ def record(
         raise QueueError(f"unknown journal operation {op!r}")
     if at_us is None:
         at_us = now_us()
-    found = getattr(tr.db, "principal", None)  # principal_of, inline
-    principal = found if isinstance(found, str) and found else ANONYMOUS
+    principal = acting_for(tr.db)
     if reason is None and not details and deliveries.__class__ is int:
         # encode_entry's common case (a move's entry: no reason, no details), formatted here
         mid = "null" if message_id is None else _quote(message_id)
@@ -118,8 +118,7 @@ def record_short(tr: Transaction, keys: QueueKeys, op: str, message_id: str, del
     (``op`` one of OPS, not an arrival) with no reason and no details: the common lease's and
     ack's entry (``leasing.lease_short``, ``delivery.ack_short``), the same rows and bytes.
     The caller checks that the queue is journaled; composes inside ``tr``."""
-    found = getattr(tr.db, "principal", None)  # principal_of, inline
-    who = _quote(found if isinstance(found, str) and found else ANONYMOUS)
+    who = _quote(acting_for(tr.db))
     value = f'[{_FORMAT},"{op}",{_quote(message_id)},{who},{int(deliveries)},null,{{}},{now_us()}]'.encode()
     _append(tr, keys, message_id, value, True)
 
@@ -129,12 +128,9 @@ def record_enqueue(tr: Transaction, keys: QueueKeys, message_id: str, priority: 
     else None, at_us=at_us)``: a new message's entry, the same rows and bytes, without what
     :func:`record` decides for every operation (which one, whose clock, a reason, details of
     any shape). The caller checks that the queue is journaled."""
-    found = getattr(tr.db, "principal", None)  # principal_of, inline
+    who = _quote(acting_for(tr.db))
     more = f'{{"priority":{int(priority)}}}' if priority else "{}"  # _ENCODER's bytes for it
-    value = (
-        f'[{_FORMAT},"enqueue",{_quote(message_id)},'
-        f"{_quote(found if isinstance(found, str) and found else ANONYMOUS)},0,null,{more},{at_us}]"
-    ).encode()
+    value = f'[{_FORMAT},"enqueue",{_quote(message_id)},{who},0,null,{more},{at_us}]'.encode()
     _append(tr, keys, message_id, value, False)
 
 
