@@ -91,19 +91,24 @@ def deliverable_head(
     if where is not None:
         budget = Budget(TAKE_RESERVE) if budget is None else budget
         return _find(keys, tr, cfg, begin, end, dict(where), fallback, now, budget)
-    if kept is not None and start is None and not cfg.strict_order:
+    if kept is not None and start is None and not cfg.strict_order and not kept_paused(tr.db, keys):
         found = take_kept(keys, tr, kept, now)
         if found is not None:
             if clean is not None:
                 clean.append(True)
             return found
-        read: list[KeyValue] = []
-        found = _head(keys, tr, cfg, begin, end, now, budget, read)
-        if found is not None and read:  # the head was the first record read: the rest is next
-            keep_run(keys, tr, read, 1, kept, 1)
-            if clean is not None:
-                clean.append(True)
-        return found
+        # Found out of date just now (another consumer or producer is at work): read the head
+        # alone and keep nothing, as the next KEPT_PAUSE takes will (keeps_head), rather than
+        # read KEPT_RUN records and keep them over the pause (the lease does the same:
+        # leasing.lease_batch). Keeping a run here would also end the pause it just began.
+        if not kept_paused(tr.db, keys):
+            read: list[KeyValue] = []
+            found = _head(keys, tr, cfg, begin, end, now, budget, read)
+            if found is not None and read:  # the head was the first record read: the rest is next
+                keep_run(keys, tr, read, 1, kept, 1)
+                if clean is not None:
+                    clean.append(True)
+            return found
     return _head(keys, tr, cfg, start or begin, end, now, budget)
 
 
