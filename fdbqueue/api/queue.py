@@ -33,6 +33,7 @@ from fdbqueue.engines.contract import (
 from fdbqueue.errors import CorruptMessageError, EngineError, QueueError
 from fdbqueue.ops import contention
 from fdbqueue.ops.autonomous import enqueue_autonomous
+from fdbqueue.ops.contended import take_contended
 from fdbqueue.ops.delivery import open_for_dequeue
 from fdbqueue.ops.enqueuing import deduplicated, enqueue_items, enqueue_one
 from fdbqueue.ops.head import (
@@ -204,6 +205,8 @@ class Queue(Leases, Examining):
             # The common call in a caller's transaction: its own step (ops/head.py take_short),
             # else the long way in the same transaction.
             msg = take_short(self.keys, tr)  # type: ignore[arg-type]
+            if msg is None:  # among other consumers (the kept head paused): ops/contended.py
+                msg = take_contended(self.keys, tr)  # type: ignore[arg-type]
             return msg if msg is not None else self._take(tr, None, False, in_caller=True)  # type: ignore[arg-type]
         tr = adopt(tr)
         if is_transaction(tr):
@@ -283,6 +286,8 @@ class Queue(Leases, Examining):
             nonlocal receipt, taken, staged_ok
             if short:  # the common take's own step (ops/head.py), else the long way below
                 msg = take_short(keys, t, False)
+                if msg is None:  # among other consumers (the kept head paused): ops/contended.py
+                    msg = take_contended(keys, t, False)
                 if msg is not None:
                     taken = msg
                     return msg, False

@@ -91,21 +91,22 @@ def deliverable_head(
     if where is not None:
         budget = Budget(TAKE_RESERVE) if budget is None else budget
         return _find(keys, tr, cfg, begin, end, dict(where), fallback, now, budget)
-    if kept is not None and start is None and not cfg.strict_order and not kept_paused(tr.db, keys):
+    if kept is not None and start is None and not cfg.strict_order and not _stale_twice(tr.db, keys):
         found = take_kept(keys, tr, kept, now)
         if found is not None:
             if clean is not None:
                 clean.append(True)
             return found
-        # Found out of date just now (another consumer or producer is at work): read the head
-        # alone and keep nothing, as the next KEPT_PAUSE takes will (keeps_head), rather than
-        # read KEPT_RUN records and keep them over the pause (the lease does the same:
-        # leasing.lease_batch). Keeping a run here would also end the pause it just began.
-        if not kept_paused(tr.db, keys):
+        # Found out of date twice in a row (another consumer or producer is at work): read the
+        # head alone and keep nothing, as the next KEPT_PAUSE takes will (keeps_head, and
+        # ops/contended.py), rather than read KEPT_RUN records and keep them over the pause;
+        # keeping a run here would also end the pause it just began. Once (this handle's own
+        # lease_many, release or enqueue in between, a consumer alone): the run read again.
+        if not _stale_twice(tr.db, keys):
             read: list[KeyValue] = []
             found = _head(keys, tr, cfg, begin, end, now, budget, read)
             if found is not None and read:  # the head was the first record read: the rest is next
-                keep_run(keys, tr, read, 1, kept, 1)
+                keep_run(keys, tr, read, 1, kept, 1, stale=True)
                 if clean is not None:
                     clean.append(True)
             return found
@@ -286,6 +287,7 @@ class _Kept:
         "ready",
         "run",
         "slot",
+        "stale",
         "taken",
         "version",
         "wake",
@@ -310,6 +312,7 @@ class _Kept:
         self.wake = wake
         self.version = version  # the queue's metadata version: a queue destroyed and made again
         self.pause = 0
+        self.stale = False  # kept by a take that found the run before it out of date (_stale_twice)
         self.prio: tuple[bytes, int] | None = None  # take_short's: a priority's prefix, the priority
         self.expect: list[bytes | None] | None = None  # take_short's (above)
         self.reads: list[bytes] = []  # the keys take_short reads (config.take_plan's)
@@ -406,13 +409,16 @@ def keep_run(
     raw: list[bytes | None],
     n: int,
     entry: _Kept | None = None,
+    *,
+    stale: bool = False,
 ) -> None:
     """Keep ``kvs[taken:]`` for the next take, once ``tr`` commits, with the counters as this
     take of ``n`` leaves them (``raw``: as it read them); nothing past KEPT_BYTES of values
     (large messages are read when they are taken). ``entry``: the kept run ``kvs`` is (from
     :func:`kept_run`, so out of ``_kept`` and this transaction's alone): kept again with its
     rest, without another object, weak reference or count of its bytes (a tail of a run
-    within KEPT_BYTES is within it)."""
+    within KEPT_BYTES is within it). ``stale``: kept by a take that found the run before it out
+    of date (:func:`_stale_twice`); a run kept again after a take from it is not."""
     run = kvs[taken:]
     ready = raw[1]
     if not run or ready is None or len(ready) != 8:
@@ -433,6 +439,7 @@ def keep_run(
         entry.taken = raw[6]
         entry.wake = raw[2]
         entry.version = raw[0]
+    entry.stale = stale
     # What take_short's read must find: the counters as this take leaves them, nothing leased
     # or delayed, settings that need none of the dequeue's checks (config.take_plan).
     inflight, delayed = raw[4], raw[5]
@@ -556,6 +563,7 @@ def take_short(keys: QueueKeys, tr: Transaction, in_caller: bool = True) -> Mess
     # keep_run's, in the same entry (its own list, out of _kept until the commit lands: the
     # head dropped in place), with what the next take's read must find.
     del run[0]
+    entry.stale = False  # (taken from: not a run kept after one found out of date)
     entry.taken = values[5] = taken
     entry.expect = values
     if in_caller:
@@ -598,6 +606,21 @@ def claim_kept(db: Any, keys: QueueKeys, entry: _Kept) -> bool:
         return False
     entry.expect = None  # (its counters change with this take: not take_short's to expect)
     return True
+
+
+def _stale_twice(db: Any, keys: QueueKeys) -> bool:
+    """After a dequeue's :func:`take_kept` found nothing to take: whether its kept run is paused
+    and was itself kept by a take that found the run before it out of date (two in a row:
+    other consumers or producers at work), so that the pause holds. A run out of date once
+    after takes from it (this handle's own lease_many, release or enqueue in between) is not
+    paused: the take reads and keeps a run again, as the take before a pause always did."""
+    entry = _kept.get((id(db), keys.packed))
+    if entry is None or not entry.pause:
+        return False
+    if entry.stale:
+        return True
+    entry.pause = 0
+    return False
 
 
 def kept_paused(db: Any, keys: QueueKeys) -> bool:

@@ -364,14 +364,16 @@ def test_a_run_kept_again_take_after_take_survives_aborts_and_retries_between(em
     assert (st.ready, st.inflight, st.done) == (9, 0, 11)
 
 
-def test_a_dequeue_that_finds_its_kept_run_out_of_date_keeps_nothing_through_the_pause(
+def test_a_dequeue_that_finds_its_kept_run_out_of_date_twice_keeps_nothing_through_the_pause(
     tmp_path: Path, embedded: Database
 ) -> None:
     """Another handle dequeues between this handle's dequeues (contention: another process in
-    the field, as four draining processes are): the dequeue that finds the kept run out of date
-    pauses keeping (head.KEPT_PAUSE takes), as a lease does. Over the pause each dequeue reads
-    the head alone (one record, not a run of KEPT_RUN) and keeps no run, so that no take pays
-    for a run the other handle's next take makes stale; every message once, in order."""
+    the field, as four draining processes are). Found out of date once, the run is read and
+    kept again (a consumer alone meets that after its own lease_many or release); found out of
+    date again by the next take, keeping pauses (head.KEPT_PAUSE takes), as a lease's does.
+    Over the pause each dequeue reads the head alone (one record, not a run of KEPT_RUN) and
+    keeps no run, so that no take pays for a run the other handle's next take makes stale;
+    every message once, in order, the counts exact."""
     from fdbqueue.ops.head import KEPT_PAUSE, kept_paused
 
     q = filled(embedded, 40)
@@ -379,15 +381,18 @@ def test_a_dequeue_that_finds_its_kept_run_out_of_date_keeps_nothing_through_the
     other = fdbqueue.open(f"sqlite://{tmp_path / 'q.db'}?sync=normal")
     try:
         assert payloads([take(other, q)]) == [b"m2"]
-        assert payloads([take(embedded, q)]) == [b"m3"]  # out of date: the head read afresh
+        assert payloads([take(embedded, q)]) == [b"m3"]  # out of date once: a run kept again
+        assert not kept_paused(embedded, q.keys)
+        assert payloads([take(other, q)]) == [b"m4"]
+        assert payloads([take(embedded, q)]) == [b"m5"]  # out of date twice in a row: paused
         assert kept_paused(embedded, q.keys)
         reads, got = range_reads(embedded, lambda: [take(embedded, q) for _ in range(KEPT_PAUSE - 2)])
-        assert payloads(got) == [f"m{i}".encode() for i in range(4, 4 + KEPT_PAUSE - 2)]
+        assert payloads(got) == [f"m{i}".encode() for i in range(6, 6 + KEPT_PAUSE - 2)]
         assert kept_paused(embedded, q.keys)  # still paused: no run kept over it
         assert len(reads) == KEPT_PAUSE - 2 and all(s.endswith("LIMIT 1") for s in reads), reads
     finally:
         other.close()
-    rest = payloads([take(embedded, q) for _ in range(40 - 4 - (KEPT_PAUSE - 2))])
-    assert rest == [f"m{i}".encode() for i in range(4 + KEPT_PAUSE - 2, 40)]
+    rest = payloads([take(embedded, q) for _ in range(40 - 6 - (KEPT_PAUSE - 2))])
+    assert rest == [f"m{i}".encode() for i in range(6 + KEPT_PAUSE - 2, 40)]
     st = fdbqueue.queue_stats(embedded, "jobs")
     assert (st.ready, st.done) == (0, 40)
