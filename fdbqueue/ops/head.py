@@ -19,7 +19,7 @@ from fdbqueue.errors import CorruptMessageError, EngineError, QueueError
 from fdbqueue.ops import journaling
 from fdbqueue.ops.delivery import count_failed_attempt
 from fdbqueue.ops.moves import count_known, move_corrupt, remove_message
-from fdbqueue.ops.scan import KEYS, ReadyScan, expire_within
+from fdbqueue.ops.scan import expire_within, find_match
 from fdbqueue.ops.sweep import sweep_step
 from fdbqueue.ops.waiting import next_due
 from fdbqueue.store.budget import Budget
@@ -31,8 +31,6 @@ from fdbqueue.types import Message
 
 HEAD_SKIP_LIMIT = 100  # expired messages the staged dequeue looks past per pairing batch
 HEAD_BATCH = 64  # the head scan reads 1, then 8, then up to this many records at a time
-FILTER_SCAN_LIMIT = 10_000  # dequeue(where=...) looks at most this many messages, over all transactions
-FILTER_BATCH = 100
 # Kept back from a dequeue's or lease's budget for the message it takes: the leased record
 # (at most the value limit) and its index entries.
 TAKE_RESERVE = 110_000
@@ -90,7 +88,10 @@ def deliverable_head(
     begin, end = keys.ready_range()
     if where is not None:
         budget = Budget(TAKE_RESERVE) if budget is None else budget
-        return _find(keys, tr, cfg, begin, end, dict(where), fallback, now, budget)
+        found = find_match(keys, tr, cfg, begin, dict(where), now, budget)
+        if found is None and fallback and not budget.more:  # the scan is over, none matched
+            return _head(keys, tr, cfg, begin, end, now, budget)
+        return found
     if kept is not None and start is None and not cfg.strict_order and not _stale_twice(tr.db, keys):
         found = take_kept(keys, tr, kept, now)
         if found is not None:
@@ -201,55 +202,6 @@ def _head(
             budget.more = True  # expired messages beyond this transaction's reading: later
             return None
         want = min(want * 8, HEAD_BATCH)
-
-
-def _find(
-    keys: QueueKeys,
-    tr: Transaction,
-    cfg: QueueConfig,
-    begin: bytes,
-    end: bytes,
-    where: dict[str, Any],
-    fallback: bool,
-    now: int,
-    budget: Budget,
-) -> tuple[bytes, Record] | None:
-    """The oldest ready message whose headers match ``where``; with ``fallback`` the oldest
-    live message when none matches.
-
-    Snapshot batches from ``budget.resume`` (or the head), at most SCAN_READ_BYTES and
-    SCAN_SECONDS per transaction and FILTER_SCAN_LIMIT messages in all; a match is taken
-    with a read conflict on its key alone (a serializable point read of it at this
-    transaction's read version), so only a concurrent take of the same message conflicts.
-    Where the per-transaction bound is reached first, ``budget.resume`` and ``budget.more``
-    say where the next transaction goes on (a dequeue given a Database does so; in a
-    caller's transaction the dequeue returns None).
-    """
-    scan = ReadyScan(
-        tr,
-        keys,
-        now,
-        cfg=cfg,
-        budget=budget,
-        begin=budget.resume or begin,
-        where=where,
-        sizes=(FILTER_BATCH,) if budget.read_rows else (8, FILTER_BATCH),
-        row_limit=FILTER_SCAN_LIMIT - budget.scanned,
-        conflict=KEYS,
-    )
-    for key, _raw, rec in scan:
-        budget.scanned += scan.rows
-        tr.add_read_conflict_key(key)
-        budget.resume = None
-        return key, rec
-    budget.scanned += scan.rows
-    if scan.exhausted:
-        budget.resume = scan.cursor
-        budget.more = True
-        return None
-    budget.resume = None
-    budget.more = False  # the scan is over: what it left is a sweep's
-    return _head(keys, tr, cfg, begin, end, now, budget) if fallback else None
 
 
 # -- a head kept between transactions ------------------------------------------------------------

@@ -28,7 +28,6 @@ from fdbqueue.ops.delivery import (
     own_database,
 )
 from fdbqueue.ops.head import (
-    FILTER_SCAN_LIMIT,
     HEAD_BATCH,
     HEAD_SKIP_LIMIT,
     KEPT_RUN,
@@ -53,7 +52,7 @@ from fdbqueue.ops.moves import (
     put_leased_one,
 )
 from fdbqueue.ops.reading import expires_at, read_payload, read_payloads
-from fdbqueue.ops.scan import expire_within
+from fdbqueue.ops.scan import FILTER_SCAN_LIMIT, expire_within
 from fdbqueue.ops.sweep import sweep_step
 from fdbqueue.store.budget import BATCH_PAYLOAD_BYTES, CHUNK_BYTES, Budget, encoded_len, grown_record
 from fdbqueue.store.clock import db_now, now_us, versions

@@ -1,6 +1,6 @@
 """The ready-set scanner: every walk of a queue's ready messages inside one transaction.
 
-A dequeue's filtered search (``head._find``), the staged dequeue's pairing
+A dequeue's filtered search (:func:`find_match`), the staged dequeue's pairing
 (``contention.py``), an exclusive forwarder's peek (``outbox.py``), a browse page
 (``browse.py``) and ``move`` (``api/transfer.py``) all read the ready set in key order,
 decode each record, deal with the damaged and the expired, and filter by headers.
@@ -216,3 +216,55 @@ class ReadyScan:
         if self.need is not None:
             self.need -= 1
         return True
+
+
+FILTER_SCAN_LIMIT = 10_000  # dequeue(where=...) looks at most this many messages, over all transactions
+FILTER_BATCH = 100
+
+
+def find_match(
+    keys: QueueKeys,
+    tr: Transaction,
+    cfg: QueueConfig,
+    begin: bytes,
+    where: dict[str, Any],
+    now: int,
+    budget: Budget,
+) -> tuple[bytes, Record] | None:
+    """The oldest ready message whose headers match ``where`` (a dequeue's filtered search:
+    ``head.deliverable_head``, which takes the oldest live message instead when the scan is
+    over with ``budget.more`` False and the caller asked for a fallback).
+
+    Snapshot batches from ``budget.resume`` (or the head), at most SCAN_READ_BYTES and
+    SCAN_SECONDS per transaction and FILTER_SCAN_LIMIT messages in all; a match is taken
+    with a read conflict on its key alone (a serializable point read of it at this
+    transaction's read version), so only a concurrent take of the same message conflicts.
+    Where the per-transaction bound is reached first, ``budget.resume`` and ``budget.more``
+    say where the next transaction goes on (a dequeue given a Database does so; in a
+    caller's transaction the dequeue returns None).
+    """
+    scan = ReadyScan(
+        tr,
+        keys,
+        now,
+        cfg=cfg,
+        budget=budget,
+        begin=budget.resume or begin,
+        where=where,
+        sizes=(FILTER_BATCH,) if budget.read_rows else (8, FILTER_BATCH),
+        row_limit=FILTER_SCAN_LIMIT - budget.scanned,
+        conflict=KEYS,
+    )
+    for key, _raw, rec in scan:
+        budget.scanned += scan.rows
+        tr.add_read_conflict_key(key)
+        budget.resume = None
+        return key, rec
+    budget.scanned += scan.rows
+    if scan.exhausted:
+        budget.resume = scan.cursor
+        budget.more = True
+        return None
+    budget.resume = None
+    budget.more = False  # the scan is over: what it left is a sweep's
+    return None
