@@ -39,6 +39,13 @@ difference of the two runs was then not n messages of the same work, and it move
 leases, then their four acks), so that every transaction follows another handle's commit, as
 it does under contention - no kept head, nothing kept from the handle's last commit.
 
+``dequeue_among`` is a ``dequeue(tr)`` among other consumers, as in ``bench_contention.py``'s
+four processes draining: before each of ours, another process (a child at a pipe, which
+callgrind does not count) takes one message from the same queue and commits, so that every
+take of ours follows another consumer's (the kept head out of date, paused: ops/contended.py).
+``among_ping`` is the same turn without our take (the pipe's round trip and the other's take,
+as seen from here): subtract it from ``dequeue_among`` for the take alone.
+
 ``--steps``: what each step of an enqueue costs, in Python bytecodes executed (deterministic,
 counted with ``sys.settrace``'s opcode events; callgrind cannot see Python functions) - the
 call, the transaction begun (store lock, BEGIN), the queue's metadata read, database time,
@@ -87,6 +94,8 @@ OPS = (
     "enqueue_owned",
     "dequeue_owned",
     "lease_ack_owned",
+    "dequeue_among",
+    "among_ping",
     "raw_enqueue",
     "raw_dequeue",
 )
@@ -102,7 +111,21 @@ FLOOR = {
     "enqueue_owned": "raw_enqueue",
     "dequeue_owned": "raw_dequeue",
     "lease_ack_owned": "raw_dequeue",
+    "dequeue_among": "raw_dequeue",
+    "among_ping": "raw_dequeue",
 }
+AMONG = ("dequeue_among", "among_ping")  # another process takes one before each of ours
+# The other consumer: takes one message (dequeue(tr), its own transaction) for each byte read.
+OTHER = """
+import os, sys
+import fdbqueue
+db = fdbqueue.open(sys.argv[1])
+q = fdbqueue.Queue("jobs")
+take = fdbqueue.transactional(lambda tr: q.dequeue(tr))
+while os.read(0, 1):
+    assert take(db) is not None
+    os.write(1, b"+")
+"""
 OWNER, GRANTS, USER = "svc-owner", 100, "svc-050"  # the *_owned ops' queue and who uses it
 
 
@@ -183,6 +206,24 @@ def _setup_one(
     for _ in range(3):  # settings cached, pages warm
         q.enqueue(db, PAYLOAD)
         q.dequeue(db)
+    if op in AMONG:
+        pipe = subprocess.PIPE
+        other = subprocess.Popen([sys.executable, "-c", OTHER, url], stdin=pipe, stdout=pipe)
+        assert other.stdin is not None and other.stdout is not None
+        to, back = other.stdin.fileno(), other.stdout.fileno()
+
+        @fdbqueue.transactional
+        def ours(tr: fdbqueue.Transaction) -> fdbqueue.Message | None:
+            return q.dequeue(tr)
+
+        def among() -> None:
+            os.write(to, b"+")  # the other process takes one and commits, then ours
+            if os.read(back, 1) != b"+":
+                raise RuntimeError("the other consumer stopped")
+            if op == "dequeue_among" and ours(db) is None:
+                raise RuntimeError("the queue ran dry")
+
+        return among, [db._store.conn]  # type: ignore[attr-defined]
     conns = [db._store.conn]  # type: ignore[attr-defined]
     if op == "enqueue":
         return (lambda: q.enqueue(db, PAYLOAD)), conns
@@ -252,7 +293,8 @@ def _setup_one(
 def child(op: str, n: int, stock: int) -> None:
     """Run ``n`` operations (valgrind counts the whole process; the parent subtracts)."""
     with tempfile.TemporaryDirectory() as folder:
-        run, _ = _setup(op, folder, stock, n if op in WORKERS else None)
+        # Among another consumer each turn takes two: the same stock for both runs, doubled.
+        run, _ = _setup(op, folder, 2 * stock if op in AMONG else stock, n if op in WORKERS else None)
         run(n)
 
 
@@ -292,7 +334,8 @@ def statements_and_time(op: str, timed: int) -> tuple[float, float]:
     """Statements per operation (over 100) and mean seconds per operation (over ``timed``)."""
     with tempfile.TemporaryDirectory() as folder:
         # A worker's queue holds exactly what each run handles: a store for each of the two.
-        run, conns = _setup(op, folder, timed + 110, 100 if op in WORKERS else None)
+        stock = timed + 110
+        run, conns = _setup(op, folder, 2 * stock if op in AMONG else stock, 100 if op in WORKERS else None)
         seen: list[str] = []
         for c in conns:
             c.set_trace_callback(seen.append)

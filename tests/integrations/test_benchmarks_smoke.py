@@ -45,7 +45,9 @@ EXPECTED = {
     "bench_web.py": r"ratios: ",
     "bench_workers.py": r"on / off",
     # Without callgrind in a smoke run: the statements and µs columns, SQLite alone, the steps.
-    "count_instructions.py": r"lease_ack .*worker64 .*the commit: guards.* total",
+    "count_instructions.py": (
+        r"lease_ack .*worker64 .*dequeue_among .*among_ping .*the commit: guards.* total"
+    ),
     # Timed in-process in a smoke run (valgrind may be absent): every journal row, the forward line.
     "count_journal_forward.py": (
         r"enqueue plain .*dequeue plain .*lease_ack plain .*leased forwarder .*Worker.s message"
