@@ -31,6 +31,7 @@ from functools import partial
 from fdbqueue.engines.contract import Transaction
 from fdbqueue.ops import journaling
 from fdbqueue.ops.head import _ONE, _PACK, _UNPACK, _ZERO, _kept, failed_take
+from fdbqueue.ops.moves import take_plain
 from fdbqueue.store.config import read_take
 from fdbqueue.store.layout import QueueKeys
 from fdbqueue.store.record import decode_fields
@@ -80,10 +81,7 @@ def take_contended(keys: QueueKeys, tr: Transaction, in_caller: bool = True) -> 
         keys.name, keys.priority_of(key), key, msg_id, enqueued_us, content_type, headers, deliveries, payload
     )
     # Decided: from here on as take_short writes.
-    tr.clear(key)
-    if key != keys.home_key(msg_id):  # at home it has no id entry
-        tr.clear(keys.id_key(msg_id))
-    tr.set(read[5], taken)  # counted taken: ready - 1 and done + 1 to every reader (layout.py)
+    take_plain(tr, keys, key, msg_id, read[5], taken)  # (moves: the record, its id entry, taken + 1)
     if settings.config.journal:  # type: ignore[union-attr]  # (read_take: a config)
         journaling.record_short(tr, keys, "dequeue", msg_id, deliveries + 1)
     entry.pause -= 1  # (keeps_head's count: the pause ends after KEPT_PAUSE takes, whichever way)

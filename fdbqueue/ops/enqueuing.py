@@ -34,7 +34,14 @@ from fdbqueue.errors import (
     QueueStoppedError,
 )
 from fdbqueue.ops.items import check_batch_size, new_item, plain_item
-from fdbqueue.ops.moves import CHUNK_SIZE, count_new, write_new, write_plain, write_plain_journaled
+from fdbqueue.ops.moves import (
+    CHUNK_SIZE,
+    count_new,
+    count_plain_enqueue,
+    write_new,
+    write_plain,
+    write_plain_journaled,
+)
 from fdbqueue.ops.privileges import check, check_create
 from fdbqueue.ops.receipts import maybe_clear_old_receipts, new_receipt, read_receipt
 from fdbqueue.ops.tracing import inject
@@ -47,10 +54,7 @@ from fdbqueue.store.codec import unpack_count
 from fdbqueue.store.config import Meta, QueueConfig, read_meta, read_plain, write_config
 from fdbqueue.store.entropy import new_rand
 from fdbqueue.store.layout import QueueKeys
-from fdbqueue.store.record import (
-    Record,
-    encode_plain,
-)
+from fdbqueue.store.record import Record
 from fdbqueue.types import ContentType, Item, check_duration
 
 
@@ -190,10 +194,7 @@ def _plain_step(
         else:
             key, msg_id = keys.home(priority, index, rand)
             _write_plain(tr, keys, key, msg_id, payload, priority, settings.config.journal)  # type: ignore[union-attr]
-            tr.set(read[2], made)  # counted in wake alone: ready - taken + (wake - counted)
-            if first is not None:
-                tr.set(read[1], first)
-                tr.set(read[4], made)
+            count_plain_enqueue(tr, read[2], made, read[1], read[4], first)  # (counted in wake alone)
             return msg_id
     # read_meta's made_ready, + 1
     index = 1 if wake is None else _I64_UNPACK(wake)[0] + 1 if len(wake) == 8 else unpack_count(wake) + 1
@@ -212,7 +213,7 @@ def _write_plain(
     if journal:
         write_plain_journaled(tr, keys, key, msg_id, t_us, _BYTES_VALUE, payload, priority, t_us)
     else:
-        tr.set(key, encode_plain(msg_id, t_us, _BYTES_VALUE, payload))
+        write_plain(tr, key, msg_id, t_us, _BYTES_VALUE, payload)
 
 
 def enqueue_in(

@@ -18,7 +18,7 @@ from fdbqueue.engines.contract import KeyValue, Transaction
 from fdbqueue.errors import CorruptMessageError, EngineError, QueueError
 from fdbqueue.ops import journaling
 from fdbqueue.ops.delivery import count_failed_attempt
-from fdbqueue.ops.moves import count_known, move_corrupt, remove_message
+from fdbqueue.ops.moves import count_known, move_corrupt, remove_message, take_plain
 from fdbqueue.ops.scan import expire_within, find_match
 from fdbqueue.ops.sweep import sweep_step
 from fdbqueue.ops.waiting import next_due
@@ -506,10 +506,7 @@ def take_short(keys: QueueKeys, tr: Transaction, in_caller: bool = True) -> Mess
         keys.name, known[1], key, msg_id, enqueued_us, content_type, headers, deliveries, payload
     )
     # Decided: from here on as the long way writes (remove_message, count_known, take_counted).
-    tr.clear(key)
-    if key != keys.home_key(msg_id):  # at home it has no id entry
-        tr.clear(keys.id_key(msg_id))
-    tr.set(entry.reads[5], taken)  # counted taken: ready - 1 and done + 1 to every reader (layout.py)
+    take_plain(tr, keys, key, msg_id, entry.reads[5], taken)  # (moves: the record, its id entry, taken + 1)
     if entry.journal:  # (record's entry for it: no reason, no details)
         journaling.record_short(tr, keys, "dequeue", msg_id, deliveries + 1)
     # keep_run's, in the same entry (its own list, out of _kept until the commit lands: the

@@ -490,6 +490,34 @@ def write_plain(
     tr.set(key, encode_plain(msg_id, enqueued_us, content_type, payload))
 
 
+def count_plain_enqueue(
+    tr: Transaction, wake_at: bytes, made: bytes, ready_at: bytes, counted_at: bytes, first: bytes | None
+) -> None:
+    """The counters of the common enqueue of one message (``enqueuing._plain_step``): the wake
+    counter (``wake_at``) set to ``made``, the value read plus one, which counts the message
+    (ready - taken + (wake - counted): ``store/layout.py``); where the queue had no counted
+    counter yet (``first``: the ready counter read plus one), the ready counter set to ``first``
+    and the counted counter to ``made``, so that the message is counted once from here on."""
+    tr.set(wake_at, made)
+    if first is not None:
+        tr.set(ready_at, first)
+        tr.set(counted_at, made)
+
+
+def take_plain(
+    tr: Transaction, keys: QueueKeys, key: bytes, msg_id: str, taken_at: bytes, taken: bytes
+) -> None:
+    """The common take of the head (``head.take_short``, ``contended.take_contended``): the
+    record at ``key`` cleared, its id entry where it is away from home, and the taken counter
+    (``taken_at``) set to ``taken``, the value read plus one (every reader takes ready as
+    ready - taken and done as done + taken: ``store/layout.py``). No Record built, no journal
+    entry (the caller's, ``journaling.record_short``)."""
+    tr.clear(key)
+    if key != keys.home_key(msg_id):  # at home it has no id entry
+        tr.clear(keys.id_key(msg_id))
+    tr.set(taken_at, taken)
+
+
 def write_plain_journaled(
     tr: Transaction,
     keys: QueueKeys,
