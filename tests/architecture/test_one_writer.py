@@ -57,20 +57,30 @@ def is_state_key(key: bytes, keys: QueueKeys) -> bool:
     return key.startswith(counters) or key.startswith(keys.priority_marker_range()[0])
 
 
+def record_writes(monkeypatch: pytest.MonkeyPatch, classes: tuple[type, ...]) -> list[tuple[str, bytes, str]]:
+    """Each write by a transaction of ``classes`` (the first's writing methods, inherited or
+    its own; a subclass's, those it defines itself), noted as (method, key, the package module
+    that made it)."""
+    noted: list[tuple[str, bytes, str]] = []
+    for cls in classes:
+        for name in WRITERS:
+            if cls is not classes[0] and name not in vars(cls):
+                continue  # (inherited from the first: wrapped there once)
+            real = getattr(cls, name)
+
+            def wrapper(
+                self: Any, key: bytes, *args: Any, _real: Callable[..., Any] = real, _name: str = name
+            ) -> Any:
+                noted.append((_name, key, _writer_module()))
+                return _real(self, key, *args)
+
+            monkeypatch.setattr(cls, name, wrapper)
+    return noted
+
+
 @pytest.fixture
 def writes(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, bytes, str]]]:
-    noted: list[tuple[str, bytes, str]] = []
-    for name in WRITERS:
-        real = getattr(LocalTransaction, name)
-
-        def wrapper(
-            self: Any, key: bytes, *args: Any, _real: Callable[..., Any] = real, _name: str = name
-        ) -> Any:
-            noted.append((_name, key, _writer_module()))
-            return _real(self, key, *args)
-
-        monkeypatch.setattr(LocalTransaction, name, wrapper)
-    yield noted
+    yield record_writes(monkeypatch, (LocalTransaction,))
 
 
 @pytest.fixture
@@ -172,20 +182,7 @@ def test_only_moves_writes_message_state_on_the_embedded_engines_own_steps(
     dequeues (its writes are its own, not recorded here), as draining consumers do."""
     from fdbqueue.engines.sqlite.transaction import SqliteTransaction
 
-    noted: list[tuple[str, bytes, str]] = []
-    for cls in (LocalTransaction, SqliteTransaction):
-        for name in WRITERS:
-            if name not in vars(cls):
-                continue
-            real = vars(cls)[name]
-
-            def wrapper(
-                self: Any, key: bytes, *args: Any, _real: Callable[..., Any] = real, _name: str = name
-            ) -> Any:
-                noted.append((_name, key, _writer_module()))
-                return _real(self, key, *args)
-
-            monkeypatch.setattr(cls, name, wrapper)
+    noted = record_writes(monkeypatch, (LocalTransaction, SqliteTransaction))
     url = f"sqlite://{tmp_path / 'q.db'}?sync=normal"
     db = fdbqueue.open(url)
     fdbqueue.create_queue(db, "j", journal=True)
