@@ -19,6 +19,7 @@ from fdbqueue.engines.contract import Attempt, Transaction, retry_loop
 from fdbqueue.engines.versions import VERSIONS_PER_SECOND
 from fdbqueue.errors import CorruptMessageError
 from fdbqueue.ops import journaling, ratelimit
+from fdbqueue.ops.contended import lease_contended
 from fdbqueue.ops.delivery import (
     HELD_LEASES,
     _held,
@@ -495,6 +496,8 @@ def lease_own(db: object, keys: QueueKeys, seconds: float | None) -> list[Messag
 
     def step(t: Transaction, _: Attempt) -> list[Message]:
         one = lease_short(keys, t, seconds, receipt)
+        if one is None:  # among other consumers (the kept head paused): ops/contended.py
+            one = lease_contended(keys, t, seconds, receipt)
         if one is not None:
             return [one]
         if budgets:
