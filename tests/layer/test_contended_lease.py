@@ -32,6 +32,7 @@ from fdbqueue.errors import QueueStoppedError
 from fdbqueue.ops import leasing, ratelimit
 from fdbqueue.ops.head import KEPT_PAUSE, _kept
 from fdbqueue.store.clock import fake_clock
+from tests.support.sqlite_files import traced
 from tests.support.ways import Ways
 
 OTHER = textwrap.dedent(
@@ -364,3 +365,19 @@ def test_processes_draining_with_lease_and_ack_take_every_message_once(url: str,
         assert out[1:] == sorted(out[1:])
     assert sum(int(out[0]) for out in outs) > 0  # the step served leases among the others
     assert counts(db) == (0, 0, n)
+
+
+def test_a_handle_whose_settings_another_handle_found_last_reads_the_metadata_once(
+    db: Database, other: Database
+) -> None:
+    """The settings this process found for a queue are kept for one handle at a time
+    (``config.read_take``): a lease over the pause by the other handle goes the long way, which
+    reads the metadata and counters itself, so the step reads nothing before it knows that
+    (one read of point keys, not two)."""
+    q = filled(db, 60)
+    paused(db, other, q)
+    got = lease_ack(other, q, 1)  # other's settings now
+    statements, m = traced(db, lambda: q.lease(db))
+    assert m is not None and [m.payload] != got
+    points = [s for s in statements if s.startswith("SELECT k, v FROM kv WHERE k = ")]
+    assert len(points) == 1, [s[:80] for s in statements]
