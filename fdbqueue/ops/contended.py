@@ -137,7 +137,7 @@ def lease_contended(keys: QueueKeys, tr: Transaction, seconds: float | None, rec
             held = _PACK(leases + 1)
             # Leases in flight may have expired (config.due_entries' read of the lease index):
             # the long way's due check releases them first.
-            if leases > 0 and tr.snapshot.get_range(*keys.index_range("l", now + 1), 1):
+            if leases > 0 and tr.snapshot.get_range(*keys.leases_due(now), 1):
                 return None
     except struct.error:
         return None
