@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 from fdbqueue.engines.contract import Attempt, Database, Transaction, Watch, adopt, is_transaction, retry_loop
 from fdbqueue.errors import QueueError
 from fdbqueue.ops import ratelimit
+from fdbqueue.ops.contended import lease_contended
 from fdbqueue.ops.delivery import (
     ack_in,
     ack_own,
@@ -124,6 +125,8 @@ class Leases:
                     return list(taken)  # the attempt that ended in commit_unknown_result committed
             if short:  # the common lease of one: its own step (ops/leasing.py lease_short), there first
                 one = lease_short(self.keys, t, secs, receipt)
+                if one is None:  # among other consumers (the kept head paused): ops/contended.py
+                    one = lease_contended(self.keys, t, secs, receipt)
                 if one is not None:
                     taken[:] = got = [one]
                     return got

@@ -1,4 +1,5 @@
-"""The common dequeue among other consumers: its own step while the kept head is paused.
+"""The common dequeue and lease among other consumers: their own steps while the kept head is
+paused.
 
 A consumer alone takes its head from the run its last take kept (``ops/head.py``,
 ``take_short``: one read, two writes). Where other consumers or producers are at work - four
@@ -21,20 +22,32 @@ ready - taken and done as done + taken: ``store/layout.py``), the journal's entr
 case, found before anything is written, takes the long way in the same transaction, which
 reads again and acts as it always did: the step is the long way's take with its choices made,
 not another rule.
+
+:func:`lease_contended` is the same for a lease of one (``Queue.lease(db)``), beside
+``leasing.lease_short``: the metadata version and the counters in one read, the lease index
+where leases are in flight (one may have expired), the head alone, then ``lease_short``'s
+writes - the record leased and written in one pass (``record.lease_plain``), five writes in one
+call (``moves.put_leased_one``), the ready and in-flight counters set to what was read less and
+plus one, the lease's journal entry on a journaled queue. A rate limit to take tokens from, a
+delay that may be due, a head not in the common shape: the long way (``leasing.lease_batch``).
 """
 
 from __future__ import annotations
 
 import struct
 from functools import partial
+from typing import Any
 
 from fdbqueue.engines.contract import Transaction
-from fdbqueue.ops import journaling
+from fdbqueue.engines.versions import VERSIONS_PER_SECOND
+from fdbqueue.ops import journaling, ratelimit
+from fdbqueue.ops.delivery import hold
 from fdbqueue.ops.head import _ONE, _PACK, _UNPACK, _ZERO, _kept, failed_take
-from fdbqueue.ops.moves import take_plain
+from fdbqueue.ops.moves import JOURNALED, put_leased_one, take_plain
+from fdbqueue.store.clock import now_us
 from fdbqueue.store.config import read_take
 from fdbqueue.store.layout import QueueKeys
-from fdbqueue.store.record import decode_fields
+from fdbqueue.store.record import Record, decode_fields, lease_plain
 from fdbqueue.types import Message
 
 
@@ -90,4 +103,81 @@ def take_contended(keys: QueueKeys, tr: Transaction, in_caller: bool = True) -> 
     return msg
 
 
-__all__ = ["take_contended"]
+def lease_contended(keys: QueueKeys, tr: Transaction, seconds: float | None, receipt: str) -> Message | None:
+    """A lease of one message in ``tr`` under ``receipt + ".0"`` for ``seconds`` (None: the
+    queue's lease_seconds) while this handle's kept head of the queue is paused (the case
+    above), leased and counted as ``leasing.lease_batch(keys, tr, seconds, receipt, 1)`` leases
+    it; None, having written nothing, when the case is another (no pause, settings to check, a
+    rate limit, a delay or a lease that may be due, a head with headers, a TTL, chunks or extra
+    fields, damage, nothing ready): the caller takes the long way in the same ``tr``. Counts
+    one lease of the pause, as the long way's ``keeps_head`` does, so that the pause ends.
+    Composes inside the caller's transaction."""
+    db = tr.db
+    entry = _kept.get((id(db), keys.packed))
+    if entry is None or not entry.pause or entry.db() is not db:
+        return None  # (no pause: lease_short's or the long way's; or another database's under a reused id)
+    found = read_take(tr, keys)  # (no owner, or one who granted it; open, not strict or volatile)
+    if found is None:
+        return None
+    values, settings, read = found  # version, ready, wake, inflight, delayed, taken (and their keys)
+    ready, inflight, delayed = values[1], values[3], values[4]
+    cfg = settings.config
+    if (delayed is not None and delayed != _ZERO) or ready is None or cfg is None or ratelimit.limited(cfg):
+        return None  # a delay may be due (the long way's due check); a rate limit's tokens to take
+    now = int(tr.get_read_version())  # db_now where nothing conflicts: the read version
+    try:  # count_known's arithmetic; a counter of another length or past 64 bits: the long way
+        left = _PACK(_UNPACK(ready)[0] - 1)
+        if inflight is None:
+            held = _ONE
+        else:
+            leases = _UNPACK(inflight)[0]
+            held = _PACK(leases + 1)
+            # Leases in flight may have expired (config.due_entries' read of the lease index):
+            # the long way's due check releases them first.
+            if leases > 0 and tr.snapshot.get_range(*keys.leases_due(now), 1):
+                return None
+    except struct.error:
+        return None
+    head = tr.snapshot.get_range(*keys.ready_range(), 1)  # (nothing conflicts here: no range to record)
+    if not head:
+        return None  # nothing ready: the long way says so (and watches, for a blocking lease)
+    key, raw = head[0]
+    secs = seconds or cfg.lease_seconds
+    deadline = now + round(secs * VERSIONS_PER_SECOND)  # (clock.versions)
+    until = now_us() + int(secs * 1e6)  # (delivery.lease_until)
+    key_hex = key.hex()
+    rcpt = receipt + ".0"  # (receipt: hex digits, made by the callers with bytes.hex())
+    rcpt_bytes = rcpt.encode()
+    # The record read and its leased bytes written in one pass (as lease_short); None for
+    # headers to copy, a TTL to check, chunks to read, a retry delay or more, or damage.
+    journaled = cfg.journal
+    found_plain = lease_plain(raw, key_hex.encode(), rcpt_bytes, deadline, until, journaled)
+    if found_plain is None:
+        return None
+    msg_id, enqueued_us, content_type, deliveries, payload, leased_raw = found_plain
+    # Decided: from here on as lease_short writes (lease_heads, put_leased_batch, count_known).
+    ikey, lkey, id_key = keys.lease_keys(deadline, msg_id, key)  # (no id entry at home)
+    at = ikey, lkey
+    put_leased_one(tr, key, id_key, at, leased_raw, rcpt_bytes, (read[1], read[3]), (left, held))
+    extra: dict[str, Any] = {"key": key_hex, "receipt": rcpt, "deadline": deadline, "until": until}
+    if journaled:  # (lease_heads' mark: the ack, nack, release and extend journal by it)
+        extra[JOURNALED] = 1
+        journaling.record_short(tr, keys, "lease", msg_id, deliveries + 1)  # put_leased's entry
+    leased = _RECORD(Record, (msg_id, enqueued_us, content_type, {}, deliveries + 1, None, 0, extra, payload))
+    hold(rcpt, (leased_raw, leased, keys, at))  # for the ack, nack, extend (as lease_heads')
+    entry.pause -= 1  # (keeps_head's count: the pause ends after KEPT_PAUSE leases, whichever way)
+    return Message.from_record(
+        leased,
+        keys.name,
+        keys.priority_of(key),
+        key,
+        payload,
+        receipt=rcpt,
+        lease_deadline=until / 1e6,
+        expires_at=None,
+    )
+
+
+_RECORD = tuple.__new__
+
+__all__ = ["lease_contended", "take_contended"]

@@ -19,6 +19,7 @@ from fdbqueue.engines.contract import Attempt, Transaction, retry_loop
 from fdbqueue.engines.versions import VERSIONS_PER_SECOND
 from fdbqueue.errors import CorruptMessageError
 from fdbqueue.ops import journaling, ratelimit
+from fdbqueue.ops.contended import lease_contended
 from fdbqueue.ops.delivery import (
     HELD_LEASES,
     _held,
@@ -417,7 +418,7 @@ def lease_short(keys: QueueKeys, tr: Transaction, seconds: float | None, receipt
             held = _PACK(leases + 1)
             # Leases in flight may have expired (config.due_entries' read of the lease index):
             # the long way's due check releases them first.
-            if leases > 0 and tr.snapshot.get_range(*keys.index_range("l", now + 1), 1):
+            if leases > 0 and tr.snapshot.get_range(*keys.leases_due(now), 1):
                 return None
     except struct.error:
         return None
@@ -494,6 +495,8 @@ def lease_own(db: object, keys: QueueKeys, seconds: float | None) -> list[Messag
 
     def step(t: Transaction, _: Attempt) -> list[Message]:
         one = lease_short(keys, t, seconds, receipt)
+        if one is None:  # among other consumers (the kept head paused): ops/contended.py
+            one = lease_contended(keys, t, seconds, receipt)
         if one is not None:
             return [one]
         if budgets:

@@ -563,6 +563,12 @@ class QueueKeys:
             key = self._cache["\x00" + tag] = _pack(self.q, (tag,))
         return key
 
+    def leases_due(self, now: int) -> tuple[bytes, bytes]:
+        """``index_range("l", now + 1)``: the lease entries whose deadline version has come at
+        ``now``, made from the packed prefix (``lease_key``'s) with no tuple packing - a lease
+        among other consumers reads it at every lease, inside the store lock."""
+        return self._l + b"\x00", self._l + enc_int(now + 1)
+
     def index_range(self, tag: str, upto: int | None = None) -> tuple[bytes, bytes]:
         """The time-ordered index ``tag`` ('l', 'd', 'x', ...), up to (excluding) version ``upto``."""
         r = self.q.range((tag,))

@@ -177,12 +177,30 @@ def test_only_moves_writes_message_state_on_the_embedded_engines_own_steps(
 ) -> None:
     """The embedded engine's own steps of the common operations (issue 30: the short enqueue,
     ``take_short``, ``lease_short``, ``ack_short``, and among other consumers
-    ``take_contended``) run only where nothing conflicts, so the sim workload above never meets
-    them: the same rule, checked where they run. Another process takes between this one's
-    dequeues (its writes are its own, not recorded here), as draining consumers do."""
+    ``take_contended`` and ``lease_contended``) run only where nothing conflicts, so the sim
+    workload above never meets them: the same rule, checked where they run. Another process
+    takes between this one's dequeues and leases (its writes are its own, not recorded here), as
+    draining consumers do."""
+    from fdbqueue.api import leases as api_leases
+    from fdbqueue.api import queue as api_queue
     from fdbqueue.engines.sqlite.transaction import SqliteTransaction
+    from fdbqueue.ops import contended, leasing
 
     noted = record_writes(monkeypatch, (LocalTransaction, SqliteTransaction))
+    served = {"take_contended": 0, "lease_contended": 0}  # the steps among others did run
+    for mod, name in (
+        (api_queue, "take_contended"),
+        (leasing, "lease_contended"),
+        (api_leases, "lease_contended"),
+    ):
+        real = getattr(contended, name)
+
+        def counted(*args: Any, _real: Callable[..., Any] = real, _name: str = name) -> Any:
+            got = _real(*args)
+            served[_name] += got is not None
+            return got
+
+        monkeypatch.setattr(mod, name, counted)
     url = f"sqlite://{tmp_path / 'q.db'}?sync=normal"
     db = fdbqueue.open(url)
     fdbqueue.create_queue(db, "j", journal=True)
@@ -192,7 +210,7 @@ def test_only_moves_writes_message_state_on_the_embedded_engines_own_steps(
         q = Queue(name)
         for i in range(8):  # the short enqueue from the second on
             q.enqueue(db, f"{name}{i}".encode())
-        q.enqueue_many(db, [b"more"] * 60)
+        q.enqueue_many(db, [b"more"] * 100)
         for _ in range(4):  # take_short from the second on
             assert take(db, q) is not None
         for _ in range(4):  # lease_short and ack_short from the second on
@@ -204,10 +222,15 @@ def test_only_moves_writes_message_state_on_the_embedded_engines_own_steps(
         )
         assert other.stdin is not None and other.stdout is not None
         try:
-            for _ in range(20):  # among another consumer: take_contended once paused
+            for i in range(40):  # among another consumer: take_contended, lease_contended once paused
                 os.write(other.stdin.fileno(), b"+")
                 assert os.read(other.stdout.fileno(), 1) == b"+"
-                assert take(db, q) is not None
+                if i < 20:
+                    assert take(db, q) is not None
+                else:
+                    m = q.lease(db)
+                    assert m is not None
+                    q.ack(db, m)
         finally:
             other.stdin.close()
             other.wait(timeout=60)
@@ -222,4 +245,5 @@ def test_only_moves_writes_message_state_on_the_embedded_engines_own_steps(
         }
     )
     assert len([1 for _, key, _ in noted for keys in all_keys if is_state_key(key, keys)]) > 100
+    assert served["take_contended"] >= 10 and served["lease_contended"] >= 10, served
     assert not wrong, f"message state written outside fdbqueue.ops.moves: {wrong}"

@@ -77,6 +77,7 @@ def test_index_keys_match_the_subspace(t_us: int, msg_id: str) -> None:
     assert k.delayed_key(t_us, msg_id) == k.q.pack(("d", t_us, msg_id))
     assert k.expiry_key(t_us, msg_id) == k.q.pack(("x", t_us, msg_id))
     assert k.unpack_tail(k.lease_key(t_us, msg_id)) == ("l", t_us, msg_id)
+    assert k.leases_due(t_us) == k.index_range("l", t_us + 1)  # (leasing.lease_short's read)
 
 
 @given(st.text(min_size=1, max_size=60).filter(lambda s: "\x00" not in s))
