@@ -43,8 +43,10 @@ it does under contention - no kept head, nothing kept from the handle's last com
 four processes draining: before each of ours, another process (a child at a pipe, which
 callgrind does not count) takes one message from the same queue and commits, so that every
 take of ours follows another consumer's (the kept head out of date, paused: ops/contended.py).
-``among_ping`` is the same turn without our take (the pipe's round trip and the other's take,
-as seen from here): subtract it from ``dequeue_among`` for the take alone.
+``enqueue_among`` and ``lease_ack_among`` are the same for an enqueue among other producers
+and a lease + ack among other consumers (the other process enqueues, or leases and acks).
+``among_ping`` is the turn without ours (the pipe's round trip and the other's take, as seen
+from here): subtract it for the operation alone.
 
 ``--steps``: what each step of an enqueue costs, in Python bytecodes executed (deterministic,
 counted with ``sys.settrace``'s opcode events; callgrind cannot see Python functions) - the
@@ -95,6 +97,8 @@ OPS = (
     "dequeue_owned",
     "lease_ack_owned",
     "dequeue_among",
+    "enqueue_among",
+    "lease_ack_among",
     "among_ping",
     "raw_enqueue",
     "raw_dequeue",
@@ -112,18 +116,34 @@ FLOOR = {
     "dequeue_owned": "raw_dequeue",
     "lease_ack_owned": "raw_dequeue",
     "dequeue_among": "raw_dequeue",
+    "enqueue_among": "raw_enqueue",
+    "lease_ack_among": "raw_dequeue",
     "among_ping": "raw_dequeue",
 }
-AMONG = ("dequeue_among", "among_ping")  # another process takes one before each of ours
-# The other consumer: takes one message (dequeue(tr), its own transaction) for each byte read.
+# Another process does one of the same before each of ours (among_ping: takes one, ours none).
+AMONG = {
+    "dequeue_among": "dequeue",
+    "enqueue_among": "enqueue",
+    "lease_ack_among": "lease_ack",
+    "among_ping": "dequeue",
+}
+# The other process: for each byte read, one operation in its own transaction(s), then a byte back.
 OTHER = """
 import os, sys
 import fdbqueue
 db = fdbqueue.open(sys.argv[1])
+what = sys.argv[2]
 q = fdbqueue.Queue("jobs")
 take = fdbqueue.transactional(lambda tr: q.dequeue(tr))
 while os.read(0, 1):
-    assert take(db) is not None
+    if what == "enqueue":
+        q.enqueue(db, b"x" * 200)
+    elif what == "lease_ack":
+        m = q.lease(db)
+        assert m is not None
+        q.ack(db, m)
+    else:
+        assert take(db) is not None
     os.write(1, b"+")
 """
 OWNER, GRANTS, USER = "svc-owner", 100, "svc-050"  # the *_owned ops' queue and who uses it
@@ -208,7 +228,7 @@ def _setup_one(
         q.dequeue(db)
     if op in AMONG:
         pipe = subprocess.PIPE
-        other = subprocess.Popen([sys.executable, "-c", OTHER, url], stdin=pipe, stdout=pipe)
+        other = subprocess.Popen([sys.executable, "-c", OTHER, url, AMONG[op]], stdin=pipe, stdout=pipe)
         assert other.stdin is not None and other.stdout is not None
         to, back = other.stdin.fileno(), other.stdout.fileno()
 
@@ -217,11 +237,18 @@ def _setup_one(
             return q.dequeue(tr)
 
         def among() -> None:
-            os.write(to, b"+")  # the other process takes one and commits, then ours
+            os.write(to, b"+")  # the other process's operation commits, then ours
             if os.read(back, 1) != b"+":
-                raise RuntimeError("the other consumer stopped")
+                raise RuntimeError("the other process stopped")
             if op == "dequeue_among" and ours(db) is None:
                 raise RuntimeError("the queue ran dry")
+            if op == "enqueue_among":
+                q.enqueue(db, PAYLOAD)
+            elif op == "lease_ack_among":
+                m = q.lease(db)
+                if m is None:
+                    raise RuntimeError("the queue ran dry")
+                q.ack(db, m)
 
         return among, [db._store.conn]  # type: ignore[attr-defined]
     conns = [db._store.conn]  # type: ignore[attr-defined]

@@ -46,7 +46,8 @@ EXPECTED = {
     "bench_workers.py": r"on / off",
     # Without callgrind in a smoke run: the statements and µs columns, SQLite alone, the steps.
     "count_instructions.py": (
-        r"lease_ack .*worker64 .*dequeue_among .*among_ping .*the commit: guards.* total"
+        r"lease_ack .*worker64 .*dequeue_among .*enqueue_among .*lease_ack_among .*among_ping "
+        r".*the commit: guards.* total"
     ),
     # Timed in-process in a smoke run (valgrind may be absent): every journal row, the forward line.
     "count_journal_forward.py": (
