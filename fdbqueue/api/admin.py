@@ -10,7 +10,8 @@ from typing import Any
 from fdbqueue.engines.contract import Database, Transaction, adopt, is_transaction
 from fdbqueue.errors import CorruptMessageError, QueueError, QueueNotFoundError
 from fdbqueue.ops import journaling
-from fdbqueue.ops.moves import destroy, purge, purge_some, wake
+from fdbqueue.ops.moves.manager import destroy, purge, purge_some
+from fdbqueue.ops.moves.places import wake
 from fdbqueue.ops.privileges import (
     ALL_RIGHTS,
     check,

@@ -47,7 +47,8 @@ from fdbqueue.ops.head import (
     take_short,
 )
 from fdbqueue.ops.items import batch_items, new_item
-from fdbqueue.ops.moves import move_corrupt, take
+from fdbqueue.ops.moves.departures import take
+from fdbqueue.ops.moves.places import move_corrupt
 from fdbqueue.ops.reading import to_message
 from fdbqueue.ops.receipts import maybe_clear_old_receipts, new_receipt, read_receipt
 from fdbqueue.ops.steps import Steps, drive

@@ -26,7 +26,8 @@ from fdbqueue.api.transfer import (
 )
 from fdbqueue.engines.contract import Database, Transaction, adopt
 from fdbqueue.errors import CorruptMessageError, NotAnErrorQueueError, QueueError, QueueNotFoundError
-from fdbqueue.ops.moves import CORRUPT_REASON, delete_message, redrive_message
+from fdbqueue.ops.moves.core import CORRUPT_REASON
+from fdbqueue.ops.moves.manager import delete_message, redrive_message
 from fdbqueue.ops.privileges import check, checked
 from fdbqueue.ops.reading import locate
 from fdbqueue.ops.txn import run_once

@@ -13,7 +13,7 @@ from typing import Any
 
 from fdbqueue.engines.contract import Database, Transaction, adopt, is_transaction
 from fdbqueue.errors import QueueError, QueueNotFoundError
-from fdbqueue.ops.moves import move_message
+from fdbqueue.ops.moves.manager import move_message
 from fdbqueue.ops.privileges import check, check_create
 from fdbqueue.ops.receipts import run_once_confirmed
 from fdbqueue.ops.scan import ReadyScan

@@ -43,7 +43,9 @@ from fdbqueue.engines.versions import VERSIONS_PER_SECOND
 from fdbqueue.ops import journaling, ratelimit
 from fdbqueue.ops.delivery import hold
 from fdbqueue.ops.head import _ONE, _PACK, _UNPACK, _ZERO, _kept, failed_take
-from fdbqueue.ops.moves import JOURNALED, put_leased_one, take_plain
+from fdbqueue.ops.moves.core import JOURNALED
+from fdbqueue.ops.moves.departures import take_plain
+from fdbqueue.ops.moves.leases import put_leased_one
 from fdbqueue.store.clock import now_us
 from fdbqueue.store.config import read_take
 from fdbqueue.store.layout import QueueKeys

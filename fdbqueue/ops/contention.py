@@ -23,7 +23,8 @@ import time
 from fdbqueue.engines.contract import RETRY, Again, Attempt, Database, Done, KeyValue, Transaction, retry
 from fdbqueue.errors import CommitUnknownError, CorruptMessageError, QueueStoppedError
 from fdbqueue.ops.head import HEAD_BATCH, HEAD_SKIP_LIMIT
-from fdbqueue.ops.moves import collect_result, count_handed, drop_result, hand_over, move_corrupt
+from fdbqueue.ops.moves.departures import collect_result, count_handed, drop_result, hand_over
+from fdbqueue.ops.moves.places import move_corrupt
 from fdbqueue.ops.privileges import checked
 from fdbqueue.ops.reading import to_message
 from fdbqueue.ops.receipts import RESULT_TTL_VERSIONS, decode_result

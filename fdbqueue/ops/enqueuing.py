@@ -34,7 +34,7 @@ from fdbqueue.errors import (
     QueueStoppedError,
 )
 from fdbqueue.ops.items import check_batch_size, new_item, plain_item
-from fdbqueue.ops.moves import (
+from fdbqueue.ops.moves.arrivals import (
     CHUNK_SIZE,
     count_new,
     count_plain_enqueue,

@@ -18,7 +18,9 @@ from fdbqueue.engines.contract import KeyValue, Transaction
 from fdbqueue.errors import CorruptMessageError, EngineError, QueueError
 from fdbqueue.ops import journaling
 from fdbqueue.ops.delivery import count_failed_attempt
-from fdbqueue.ops.moves import count_known, move_corrupt, remove_message, take_plain
+from fdbqueue.ops.moves.core import count_known, remove_message
+from fdbqueue.ops.moves.departures import take_plain
+from fdbqueue.ops.moves.places import move_corrupt
 from fdbqueue.ops.scan import expire_within, find_match
 from fdbqueue.ops.sweep import sweep_step
 from fdbqueue.ops.waiting import next_due

@@ -43,15 +43,9 @@ from fdbqueue.ops.head import (
     kept_run,
     take_kept,
 )
-from fdbqueue.ops.moves import (
-    JOURNALED,
-    VOLATILE,
-    count_known,
-    count_leased,
-    move_corrupt,
-    put_leased_batch,
-    put_leased_one,
-)
+from fdbqueue.ops.moves.core import JOURNALED, VOLATILE, count_known
+from fdbqueue.ops.moves.leases import count_leased, put_leased_batch, put_leased_one
+from fdbqueue.ops.moves.places import move_corrupt
 from fdbqueue.ops.reading import expires_at, read_payload, read_payloads
 from fdbqueue.ops.scan import FILTER_SCAN_LIMIT, expire_within
 from fdbqueue.ops.sweep import sweep_step

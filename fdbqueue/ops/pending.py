@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 from fdbqueue.engines.contract import KeyValue, Transaction, check_room
 from fdbqueue.engines.limits import VALUE_SIZE_LIMIT
 from fdbqueue.errors import CorruptMessageError, QueueError
-from fdbqueue.ops.moves import CHUNK_SIZE, count_new
+from fdbqueue.ops.moves.arrivals import CHUNK_SIZE, count_new
 from fdbqueue.ops.remotededup import DEDUP_HEADER, header_key
 from fdbqueue.ops.transit import Entry, batch_of, enqueued_us, leases_of
 from fdbqueue.store.budget import MAX_PAYLOAD_BYTES

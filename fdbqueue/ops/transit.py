@@ -46,7 +46,9 @@ from typing import NamedTuple
 from fdbqueue.engines.contract import Database, Transaction
 from fdbqueue.errors import EngineError, LeaseError, QueueError, QueueStoppedError
 from fdbqueue.ops.delivery import expire_lease, lease_until, message_elsewhere, nack_in
-from fdbqueue.ops.moves import dead_letter, remove_message, renew_lease
+from fdbqueue.ops.moves.core import remove_message
+from fdbqueue.ops.moves.leases import renew_lease
+from fdbqueue.ops.moves.places import dead_letter
 from fdbqueue.ops.privileges import check
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.budget import MAX_PAYLOAD_BYTES

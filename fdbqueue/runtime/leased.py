@@ -17,7 +17,7 @@ from fdbqueue.errors import QueueError
 from fdbqueue.ops import transit
 from fdbqueue.ops.delivery import ack_many_in
 from fdbqueue.ops.enqueuing import enqueue_in
-from fdbqueue.ops.moves import Note
+from fdbqueue.ops.moves.core import Note
 from fdbqueue.ops.pending import (
     as_item,
     install,

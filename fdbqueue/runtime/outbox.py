@@ -17,7 +17,8 @@ from fdbqueue.api.queue import Queue
 from fdbqueue.engines.contract import Database, Transaction
 from fdbqueue.ops import transit
 from fdbqueue.ops.enqueuing import enqueue_in
-from fdbqueue.ops.moves import Note, count_sent, send_away
+from fdbqueue.ops.moves.core import Note
+from fdbqueue.ops.moves.departures import count_sent, send_away
 from fdbqueue.ops.outbox import Ready, peek
 from fdbqueue.ops.privileges import check
 from fdbqueue.ops.receipts import run_once_confirmed
