@@ -57,9 +57,9 @@ from fdbqueue.ops.txn import as_database, run_once
 from fdbqueue.ops.waiting import _blocking_steps, wait_ready_steps, watch_queue
 from fdbqueue.store.budget import Budget
 from fdbqueue.store.clock import db_now
-from fdbqueue.store.config import TAKE_COUNTERS, Meta, read_meta_for
 from fdbqueue.store.entropy import new_id, random_bytes
 from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys
+from fdbqueue.store.meta import TAKE_COUNTERS, Meta, read_meta_for
 from fdbqueue.types import AutonomousId, Item, Message, SweepStats, check_duration
 
 log = logging.getLogger("fdbqueue")

@@ -32,8 +32,9 @@ from fdbqueue.ops.privileges import check, checked
 from fdbqueue.ops.reading import locate
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.budget import Budget, move_cost
-from fdbqueue.store.config import QueueConfig, decode_config, read_meta
+from fdbqueue.store.config import QueueConfig, decode_config
 from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys
+from fdbqueue.store.meta import read_meta
 from fdbqueue.store.record import decode_record
 from fdbqueue.types import check_where, headers_match
 

@@ -20,8 +20,9 @@ from fdbqueue.ops.scan import ReadyScan
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.budget import Budget, move_cost
 from fdbqueue.store.clock import db_now
-from fdbqueue.store.config import QueueConfig, read_meta, write_config
+from fdbqueue.store.config import QueueConfig, write_config
 from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys
+from fdbqueue.store.meta import read_meta
 from fdbqueue.types import check_where
 
 BATCH = 100  # messages one transaction moves at most (each also bounded by the byte budget)

@@ -33,9 +33,10 @@ from fdbqueue.ops.sweep import sweep_step
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.budget import Budget, move_cost
 from fdbqueue.store.clock import db_now, versions
-from fdbqueue.store.config import QueueConfig, due_entries, read_meta
+from fdbqueue.store.config import QueueConfig
 from fdbqueue.store.entropy import random_bytes
 from fdbqueue.store.layout import QueueKeys
+from fdbqueue.store.meta import due_entries, read_meta
 from fdbqueue.store.record import decode_record
 from fdbqueue.types import Message
 

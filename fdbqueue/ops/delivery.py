@@ -69,8 +69,9 @@ from fdbqueue.ops.reading import expires_at, locate, read_payload
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.budget import Budget, move_cost
 from fdbqueue.store.clock import db_now, now_us, versions
-from fdbqueue.store.config import Meta, QueueConfig, config_or_create
+from fdbqueue.store.config import QueueConfig, config_or_create
 from fdbqueue.store.layout import QueueKeys
+from fdbqueue.store.meta import Meta
 from fdbqueue.store.record import Record, decode_record
 from fdbqueue.types import Message, check_duration
 

@@ -51,9 +51,10 @@ from fdbqueue.store.budget import (
 )
 from fdbqueue.store.clock import db_now, now_us, versions
 from fdbqueue.store.codec import unpack_count
-from fdbqueue.store.config import Meta, QueueConfig, read_meta, read_plain, write_config
+from fdbqueue.store.config import QueueConfig, write_config
 from fdbqueue.store.entropy import new_rand
 from fdbqueue.store.layout import QueueKeys
+from fdbqueue.store.meta import Meta, read_meta, read_plain
 from fdbqueue.store.record import Record
 from fdbqueue.types import ContentType, Item, check_duration
 

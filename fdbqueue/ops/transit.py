@@ -53,7 +53,7 @@ from fdbqueue.ops.privileges import check
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.budget import MAX_PAYLOAD_BYTES
 from fdbqueue.store.clock import db_now, versions
-from fdbqueue.store.config import Meta, QueueConfig, read_config, read_meta
+from fdbqueue.store.config import QueueConfig, read_config
 from fdbqueue.store.entropy import new_rand
 from fdbqueue.store.layout import (
     QueueKeys,
@@ -65,6 +65,7 @@ from fdbqueue.store.layout import (
     tomb_name,
     tombs_range,
 )
+from fdbqueue.store.meta import Meta, read_meta
 from fdbqueue.store.record import Record, decode_record, fit_reason
 from fdbqueue.types import Message
 
