@@ -10,7 +10,8 @@ from typing import Any
 from fdbqueue.engines.contract import Database, Transaction, adopt, is_transaction
 from fdbqueue.errors import CorruptMessageError, QueueError, QueueNotFoundError
 from fdbqueue.ops import journaling
-from fdbqueue.ops.moves import destroy, purge, purge_some, wake
+from fdbqueue.ops.moves.manager import destroy, purge, purge_some
+from fdbqueue.ops.moves.places import wake
 from fdbqueue.ops.privileges import (
     ALL_RIGHTS,
     check,
@@ -28,17 +29,10 @@ from fdbqueue.ops.txn import run_once
 from fdbqueue.ops.views import counts, pending
 from fdbqueue.store.clock import db_now, now_us
 from fdbqueue.store.codec import unpack_count
-from fdbqueue.store.config import (
-    Meta,
-    QueueConfig,
-    bump_metadata_version,
-    read_config,
-    read_meta,
-    read_state,
-    write_config,
-)
+from fdbqueue.store.config import QueueConfig, bump_metadata_version, read_config, read_state, write_config
 from fdbqueue.store.guard import allowed, decode_guard
 from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys, done_count, queues_range, root_subspace
+from fdbqueue.store.meta import Meta, read_meta
 from fdbqueue.store.record import decode_record
 from fdbqueue.types import QueueState, QueueStats, check_principal
 

@@ -29,7 +29,7 @@ from fdbqueue.ops.delivery import (
 )
 from fdbqueue.ops.head import TAKE_RESERVE
 from fdbqueue.ops.leasing import lease_batch, lease_own, lease_short
-from fdbqueue.ops.moves import wake
+from fdbqueue.ops.moves.places import wake
 from fdbqueue.ops.receipts import run_once_confirmed
 from fdbqueue.ops.settling import ack_many, nack_many
 from fdbqueue.ops.steps import Steps, drive

@@ -47,7 +47,8 @@ from fdbqueue.ops.head import (
     take_short,
 )
 from fdbqueue.ops.items import batch_items, new_item
-from fdbqueue.ops.moves import move_corrupt, take
+from fdbqueue.ops.moves.departures import take
+from fdbqueue.ops.moves.places import move_corrupt
 from fdbqueue.ops.reading import to_message
 from fdbqueue.ops.receipts import maybe_clear_old_receipts, new_receipt, read_receipt
 from fdbqueue.ops.steps import Steps, drive
@@ -56,9 +57,9 @@ from fdbqueue.ops.txn import as_database, run_once
 from fdbqueue.ops.waiting import _blocking_steps, wait_ready_steps, watch_queue
 from fdbqueue.store.budget import Budget
 from fdbqueue.store.clock import db_now
-from fdbqueue.store.config import TAKE_COUNTERS, Meta, read_meta_for
 from fdbqueue.store.entropy import new_id, random_bytes
 from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys
+from fdbqueue.store.meta import TAKE_COUNTERS, Meta, read_meta_for
 from fdbqueue.types import AutonomousId, Item, Message, SweepStats, check_duration
 
 log = logging.getLogger("fdbqueue")

@@ -26,13 +26,15 @@ from fdbqueue.api.transfer import (
 )
 from fdbqueue.engines.contract import Database, Transaction, adopt
 from fdbqueue.errors import CorruptMessageError, NotAnErrorQueueError, QueueError, QueueNotFoundError
-from fdbqueue.ops.moves import CORRUPT_REASON, delete_message, redrive_message
+from fdbqueue.ops.moves.core import CORRUPT_REASON
+from fdbqueue.ops.moves.manager import delete_message, redrive_message
 from fdbqueue.ops.privileges import check, checked
 from fdbqueue.ops.reading import locate
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.budget import Budget, move_cost
-from fdbqueue.store.config import QueueConfig, decode_config, read_meta
+from fdbqueue.store.config import QueueConfig, decode_config
 from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys
+from fdbqueue.store.meta import read_meta
 from fdbqueue.store.record import decode_record
 from fdbqueue.types import check_where, headers_match
 

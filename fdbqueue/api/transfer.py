@@ -13,15 +13,16 @@ from typing import Any
 
 from fdbqueue.engines.contract import Database, Transaction, adopt, is_transaction
 from fdbqueue.errors import QueueError, QueueNotFoundError
-from fdbqueue.ops.moves import move_message
+from fdbqueue.ops.moves.manager import move_message
 from fdbqueue.ops.privileges import check, check_create
 from fdbqueue.ops.receipts import run_once_confirmed
 from fdbqueue.ops.scan import ReadyScan
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.budget import Budget, move_cost
 from fdbqueue.store.clock import db_now
-from fdbqueue.store.config import QueueConfig, read_meta, write_config
+from fdbqueue.store.config import QueueConfig, write_config
 from fdbqueue.store.layout import DEFAULT_ROOT, QueueKeys
+from fdbqueue.store.meta import read_meta
 from fdbqueue.types import check_where
 
 BATCH = 100  # messages one transaction moves at most (each also bounded by the byte budget)

@@ -35,8 +35,9 @@ from fdbqueue.errors import (
 from fdbqueue.ops.enqueuing import enqueue_items, first_of
 from fdbqueue.store.budget import MAX_PAYLOAD_BYTES
 from fdbqueue.store.clock import db_now
-from fdbqueue.store.config import QueueConfig, read_meta
+from fdbqueue.store.config import QueueConfig
 from fdbqueue.store.layout import QueueKeys
+from fdbqueue.store.meta import read_meta
 from fdbqueue.types import AutonomousId, Item
 
 log = logging.getLogger("fdbqueue")

@@ -30,8 +30,8 @@ from fdbqueue.ops.scan import RAISE, SKIP, ReadyScan
 from fdbqueue.ops.txn import run_once
 from fdbqueue.ops.views import VIEW_SCAN_LIMIT, pending
 from fdbqueue.store.clock import db_now
-from fdbqueue.store.config import Meta
 from fdbqueue.store.layout import QueueKeys
+from fdbqueue.store.meta import Meta
 from fdbqueue.types import Message, Outlook
 
 DUE_LIMIT = VIEW_SCAN_LIMIT  # due delayed / expired entries looked at per read (a bounded snapshot read)

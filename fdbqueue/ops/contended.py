@@ -13,7 +13,7 @@ the others wait.
 
 :func:`take_contended` does the paused case in the same few steps as ``take_short``, with a
 read of the head in place of the kept run: the metadata version and the counters in one read
-(``config.read_take``: the settings this process last found for the queue, while they are the
+(``meta.read_take``: the settings this process last found for the queue, while they are the
 queue's at that version and need none of the dequeue's checks for this principal), nothing
 leased or delayed (no due check to make), the head alone (one record, a snapshot read: where
 this runs nothing conflicts), its fields (``record.decode_fields``), and the writes of
@@ -43,10 +43,12 @@ from fdbqueue.engines.versions import VERSIONS_PER_SECOND
 from fdbqueue.ops import journaling, ratelimit
 from fdbqueue.ops.delivery import hold
 from fdbqueue.ops.head import _ONE, _PACK, _UNPACK, _ZERO, _kept, failed_take
-from fdbqueue.ops.moves import JOURNALED, put_leased_one, take_plain
+from fdbqueue.ops.moves.core import JOURNALED
+from fdbqueue.ops.moves.departures import take_plain
+from fdbqueue.ops.moves.leases import put_leased_one
 from fdbqueue.store.clock import now_us
-from fdbqueue.store.config import read_take
 from fdbqueue.store.layout import QueueKeys
+from fdbqueue.store.meta import read_take
 from fdbqueue.store.record import Record, decode_fields, lease_plain
 from fdbqueue.types import Message
 
@@ -132,7 +134,7 @@ def lease_contended(keys: QueueKeys, tr: Transaction, seconds: float | None, rec
         else:
             leases = _UNPACK(inflight)[0]
             held = _PACK(leases + 1)
-            # Leases in flight may have expired (config.due_entries' read of the lease index):
+            # Leases in flight may have expired (meta.due_entries' read of the lease index):
             # the long way's due check releases them first.
             if leases > 0 and tr.snapshot.get_range(*keys.leases_due(now), 1):
                 return None

@@ -23,7 +23,8 @@ import time
 from fdbqueue.engines.contract import RETRY, Again, Attempt, Database, Done, KeyValue, Transaction, retry
 from fdbqueue.errors import CommitUnknownError, CorruptMessageError, QueueStoppedError
 from fdbqueue.ops.head import HEAD_BATCH, HEAD_SKIP_LIMIT
-from fdbqueue.ops.moves import collect_result, count_handed, drop_result, hand_over, move_corrupt
+from fdbqueue.ops.moves.departures import collect_result, count_handed, drop_result, hand_over
+from fdbqueue.ops.moves.places import move_corrupt
 from fdbqueue.ops.privileges import checked
 from fdbqueue.ops.reading import to_message
 from fdbqueue.ops.receipts import RESULT_TTL_VERSIONS, decode_result
@@ -32,9 +33,10 @@ from fdbqueue.ops.sweep import sweep_step
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.budget import Budget, move_cost
 from fdbqueue.store.clock import db_now, versions
-from fdbqueue.store.config import QueueConfig, due_entries, read_meta
+from fdbqueue.store.config import QueueConfig
 from fdbqueue.store.entropy import random_bytes
 from fdbqueue.store.layout import QueueKeys
+from fdbqueue.store.meta import due_entries, read_meta
 from fdbqueue.store.record import decode_record
 from fdbqueue.types import Message
 

@@ -37,26 +37,30 @@ from fdbqueue.engines.contract import (
 from fdbqueue.errors import CorruptMessageError, EngineError, LeaseError, LeaseExpiredError, QueueStoppedError
 from fdbqueue.ops.aborts import _noted, _reason_of, _uncounted, engine_fault
 from fdbqueue.ops.journaling import record_short
-from fdbqueue.ops.moves import (
+from fdbqueue.ops.moves.core import (
     CORRUPT_REASON,
     JOURNALED,
     LEASE_FIELDS,
     VOLATILE,
     Note,
     count_known,
+    remove_message,
+)
+from fdbqueue.ops.moves.leases import (
     count_settled,
-    dead_letter,
     drop_stale_entry,
     end_lease,
     end_lease_one,
     end_leases,
-    expire_unready,
     finish_lease,
+    renew_lease,
+)
+from fdbqueue.ops.moves.places import (
+    dead_letter,
+    expire_unready,
     move_corrupt,
     put_delayed,
     put_ready,
-    remove_message,
-    renew_lease,
     take_delayed,
     wake,
 )
@@ -65,8 +69,9 @@ from fdbqueue.ops.reading import expires_at, locate, read_payload
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.budget import Budget, move_cost
 from fdbqueue.store.clock import db_now, now_us, versions
-from fdbqueue.store.config import Meta, QueueConfig, config_or_create
+from fdbqueue.store.config import QueueConfig, config_or_create
 from fdbqueue.store.layout import QueueKeys
+from fdbqueue.store.meta import Meta
 from fdbqueue.store.record import Record, decode_record
 from fdbqueue.types import Message, check_duration
 

@@ -34,7 +34,7 @@ from fdbqueue.errors import (
     QueueStoppedError,
 )
 from fdbqueue.ops.items import check_batch_size, new_item, plain_item
-from fdbqueue.ops.moves import (
+from fdbqueue.ops.moves.arrivals import (
     CHUNK_SIZE,
     count_new,
     count_plain_enqueue,
@@ -51,9 +51,10 @@ from fdbqueue.store.budget import (
 )
 from fdbqueue.store.clock import db_now, now_us, versions
 from fdbqueue.store.codec import unpack_count
-from fdbqueue.store.config import Meta, QueueConfig, read_meta, read_plain, write_config
+from fdbqueue.store.config import QueueConfig, write_config
 from fdbqueue.store.entropy import new_rand
 from fdbqueue.store.layout import QueueKeys
+from fdbqueue.store.meta import Meta, read_meta, read_plain
 from fdbqueue.store.record import Record
 from fdbqueue.types import ContentType, Item, check_duration
 

@@ -18,14 +18,17 @@ from fdbqueue.engines.contract import KeyValue, Transaction
 from fdbqueue.errors import CorruptMessageError, EngineError, QueueError
 from fdbqueue.ops import journaling
 from fdbqueue.ops.delivery import count_failed_attempt
-from fdbqueue.ops.moves import count_known, move_corrupt, remove_message, take_plain
+from fdbqueue.ops.moves.core import count_known, remove_message
+from fdbqueue.ops.moves.departures import take_plain
+from fdbqueue.ops.moves.places import move_corrupt
 from fdbqueue.ops.scan import expire_within, find_match
 from fdbqueue.ops.sweep import sweep_step
 from fdbqueue.ops.waiting import next_due
 from fdbqueue.store.budget import Budget
-from fdbqueue.store.config import LEASE_COUNTERS, TAKE_COUNTERS, QueueConfig, take_plan
+from fdbqueue.store.config import QueueConfig
 from fdbqueue.store.guard import acting_for
 from fdbqueue.store.layout import QueueKeys
+from fdbqueue.store.meta import LEASE_COUNTERS, TAKE_COUNTERS, take_plan
 from fdbqueue.store.record import Record, decode_fields, decode_record
 from fdbqueue.types import Message
 
@@ -267,7 +270,7 @@ class _Kept:
         self.stale = False  # kept by a take that found the run before it out of date (_stale_twice)
         self.prio: tuple[bytes, int] | None = None  # take_short's: a priority's prefix, the priority
         self.expect: list[bytes | None] | None = None  # take_short's (above)
-        self.reads: list[bytes] = []  # the keys take_short reads (config.take_plan's)
+        self.reads: list[bytes] = []  # the keys take_short reads (meta.take_plan's)
         self.journal = False  # whether the queue journals, at ``version``
         self.who: str | None = None  # the principal take_plan decided for (None: an open queue)
         self.keys: QueueKeys | None = None  # the queue's (keep_run's), for :meth:`took`
@@ -393,7 +396,7 @@ def keep_run(
         entry.version = raw[0]
     entry.stale = stale
     # What take_short's read must find: the counters as this take leaves them, nothing leased
-    # or delayed, settings that need none of the dequeue's checks (config.take_plan).
+    # or delayed, settings that need none of the dequeue's checks (meta.take_plan).
     inflight, delayed = raw[4], raw[5]
     plan = None
     if (inflight is None or inflight == _ZERO) and (delayed is None or delayed == _ZERO):
@@ -454,7 +457,7 @@ _taken: dict[bytes, tuple[bytes, bytes]] = {}
 # kept run's first record, without TTL, chunks or extra fields. take_short does that case from one
 # read (the metadata version and the counters) compared in one with what the take that kept the
 # run left (_Kept.expect: the settings found at that version need none of the dequeue's checks,
-# config.take_plan; the ready set unchanged, as kept_run tells), the record's fields
+# meta.take_plan; the ready set unchanged, as kept_run tells), the record's fields
 # (record.decode_fields), the Message from them, two writes (the record cleared, the taken counter
 # plus one: every reader takes ready as ready - taken and done as done + taken, store/layout.py)
 # and one callback. Any other case, found before anything is written or kept, takes the long way

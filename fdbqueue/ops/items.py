@@ -14,7 +14,7 @@ from typing import Any
 
 from fdbqueue.engines.limits import TRANSACTION_SIZE_LIMIT
 from fdbqueue.errors import BudgetExceededError, QueueError
-from fdbqueue.ops.moves import CHUNK_SIZE
+from fdbqueue.ops.moves.arrivals import CHUNK_SIZE
 from fdbqueue.ops.tracing import inject
 from fdbqueue.store.budget import LAYER_MARGIN_BYTES, USER_TXN_LIMIT, set_cost
 from fdbqueue.store.entropy import new_id, new_rand, random_bytes

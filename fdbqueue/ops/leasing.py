@@ -43,23 +43,18 @@ from fdbqueue.ops.head import (
     kept_run,
     take_kept,
 )
-from fdbqueue.ops.moves import (
-    JOURNALED,
-    VOLATILE,
-    count_known,
-    count_leased,
-    move_corrupt,
-    put_leased_batch,
-    put_leased_one,
-)
+from fdbqueue.ops.moves.core import JOURNALED, VOLATILE, count_known
+from fdbqueue.ops.moves.leases import count_leased, put_leased_batch, put_leased_one
+from fdbqueue.ops.moves.places import move_corrupt
 from fdbqueue.ops.reading import expires_at, read_payload, read_payloads
 from fdbqueue.ops.scan import FILTER_SCAN_LIMIT, expire_within
 from fdbqueue.ops.sweep import sweep_step
 from fdbqueue.store.budget import BATCH_PAYLOAD_BYTES, CHUNK_BYTES, Budget, encoded_len, grown_record
 from fdbqueue.store.clock import db_now, now_us, versions
-from fdbqueue.store.config import LEASE_COUNTERS, Meta, QueueConfig, due_entries, read_meta_for, read_take
+from fdbqueue.store.config import QueueConfig
 from fdbqueue.store.entropy import new_rand
 from fdbqueue.store.layout import QueueKeys
+from fdbqueue.store.meta import LEASE_COUNTERS, Meta, due_entries, read_meta_for, read_take
 from fdbqueue.store.record import Record, decode_record, encode_leased, lease_plain
 from fdbqueue.types import Message, headers_match
 
@@ -365,7 +360,7 @@ _NO_PAYLOADS: dict[str, bytes] = {}  # (read only: lease_batch's when no message
 # without strict order, a volatile prefix or a rate limit; nothing delayed, and
 # no lease due to expire; the head the kept run's first record, without headers, TTL,
 # chunks or extra fields. lease_short does that one case straight from what it reads: the
-# metadata version and the counters in one read (config.read_take, the settings this process
+# metadata version and the counters in one read (meta.read_take, the settings this process
 # last found for the queue while they are the queue's at that version), the record's fields
 # (record.decode_fields), the leased record's bytes (record.encode_leased), five writes in one
 # call (moves.put_leased_one), on a journaled queue the lease's entry (journaling.record_short,
@@ -416,7 +411,7 @@ def lease_short(keys: QueueKeys, tr: Transaction, seconds: float | None, receipt
         else:
             leases = _UNPACK(inflight)[0]
             held = _PACK(leases + 1)
-            # Leases in flight may have expired (config.due_entries' read of the lease index):
+            # Leases in flight may have expired (meta.due_entries' read of the lease index):
             # the long way's due check releases them first.
             if leases > 0 and tr.snapshot.get_range(*keys.leases_due(now), 1):
                 return None

@@ -29,11 +29,10 @@ from typing import Any, NamedTuple
 from fdbqueue.engines.contract import KeyValue, Transaction, check_room
 from fdbqueue.engines.limits import VALUE_SIZE_LIMIT
 from fdbqueue.errors import CorruptMessageError, QueueError
-from fdbqueue.ops.moves import CHUNK_SIZE, count_new
+from fdbqueue.ops.moves.arrivals import CHUNK_SIZE, count_new
 from fdbqueue.ops.remotededup import DEDUP_HEADER, header_key
 from fdbqueue.ops.transit import Entry, batch_of, enqueued_us, leases_of
 from fdbqueue.store.budget import MAX_PAYLOAD_BYTES
-from fdbqueue.store.config import Meta
 from fdbqueue.store.entropy import new_rand
 from fdbqueue.store.layout import (
     QueueKeys,
@@ -46,6 +45,7 @@ from fdbqueue.store.layout import (
     pending_range,
     unpack_pending,
 )
+from fdbqueue.store.meta import Meta
 from fdbqueue.store.record import Record, decode_record, encode_plain, join_chunks, seal_chunk
 from fdbqueue.types import ContentType, Item, Message
 

@@ -3,7 +3,7 @@
 A queue with an owner admits only its owner (every right) and the principals granted rights;
 one without an owner is open to every principal, so stores made before owners existed keep
 working. The owner and the ACL live among the queue's metadata, which every operation reads
-anyway and caches against the queue's metadata version (``config.read_meta``): a check costs
+anyway and caches against the queue's metadata version (``meta.read_meta``): a check costs
 no extra read while nothing changed, and a grant or revoke, which writes a new metadata
 version, takes effect in the next transaction of every process.
 
@@ -19,17 +19,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from fdbqueue.engines.contract import Transaction
 from fdbqueue.errors import AccessDeniedError, ForeignQueueError, QueueError
 from fdbqueue.store.clock import note_time
-from fdbqueue.store.config import (
-    Meta,
-    QueueConfig,
-    bump_metadata_version,
-    decode_config,
-    read_config,
-    read_meta,
-    write_config,
-)
+from fdbqueue.store.config import QueueConfig, bump_metadata_version, decode_config, read_config, write_config
 from fdbqueue.store.guard import RIGHT_BITS, acting_for, allowed, decode_guard, encode_guard
 from fdbqueue.store.layout import TIME_KEY, QueueKeys
+from fdbqueue.store.meta import Meta, read_meta
 from fdbqueue.types import RIGHTS, check_principal
 
 __all__ = ["check", "mask", "principal_of", "rights_of", "set_owner"]
@@ -156,7 +149,7 @@ def set_owner(t: Transaction, keys: QueueKeys, owner: str | None) -> str | bool 
 
 def write_guard(t: Transaction, keys: QueueKeys, owner: str | None, acl: Mapping[str, int]) -> None:
     """Store the queue's owner and ACL; every process sees them from its next transaction
-    (a new metadata version: ``config.read_meta``)."""
+    (a new metadata version: ``meta.read_meta``)."""
     raw = encode_guard(owner, acl)
     if raw is None:
         t.clear(keys.guard)

@@ -29,8 +29,9 @@ from fdbqueue.engines.contract import Database, Transaction
 from fdbqueue.errors import QueueError
 from fdbqueue.ops.enqueuing import first_of
 from fdbqueue.ops.txn import run_once
-from fdbqueue.store.config import QueueConfig, read_meta
+from fdbqueue.store.config import QueueConfig
 from fdbqueue.store.layout import QueueKeys
+from fdbqueue.store.meta import read_meta
 from fdbqueue.store.record import check_dedup_key
 from fdbqueue.types import Message
 

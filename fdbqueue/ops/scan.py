@@ -38,7 +38,7 @@ from typing import Any
 
 from fdbqueue.engines.contract import Transaction
 from fdbqueue.errors import CorruptMessageError
-from fdbqueue.ops.moves import expire, move_corrupt
+from fdbqueue.ops.moves.places import expire, move_corrupt
 from fdbqueue.store.budget import BATCH_PAYLOAD_BYTES, CHUNK_BYTES, Budget, move_cost
 from fdbqueue.store.config import QueueConfig
 from fdbqueue.store.layout import QueueKeys

@@ -15,7 +15,9 @@ from fdbqueue.engines.contract import Transaction
 from fdbqueue.errors import CorruptMessageError
 from fdbqueue.ops.delivery import expire_lease, promote_delayed
 from fdbqueue.ops.journal_trim import maybe_trim
-from fdbqueue.ops.moves import drop_stale_entry, expire, move_corrupt, reclaim_result
+from fdbqueue.ops.moves.departures import reclaim_result
+from fdbqueue.ops.moves.leases import drop_stale_entry
+from fdbqueue.ops.moves.places import expire, move_corrupt
 from fdbqueue.ops.reading import locate
 from fdbqueue.ops.receipts import RESULT_TTL_VERSIONS, clear_old_receipts, decode_result
 from fdbqueue.store.budget import Budget, move_cost

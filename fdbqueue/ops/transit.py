@@ -46,12 +46,14 @@ from typing import NamedTuple
 from fdbqueue.engines.contract import Database, Transaction
 from fdbqueue.errors import EngineError, LeaseError, QueueError, QueueStoppedError
 from fdbqueue.ops.delivery import expire_lease, lease_until, message_elsewhere, nack_in
-from fdbqueue.ops.moves import dead_letter, remove_message, renew_lease
+from fdbqueue.ops.moves.core import remove_message
+from fdbqueue.ops.moves.leases import renew_lease
+from fdbqueue.ops.moves.places import dead_letter
 from fdbqueue.ops.privileges import check
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.budget import MAX_PAYLOAD_BYTES
 from fdbqueue.store.clock import db_now, versions
-from fdbqueue.store.config import Meta, QueueConfig, read_config, read_meta
+from fdbqueue.store.config import QueueConfig, read_config
 from fdbqueue.store.entropy import new_rand
 from fdbqueue.store.layout import (
     QueueKeys,
@@ -63,6 +65,7 @@ from fdbqueue.store.layout import (
     tomb_name,
     tombs_range,
 )
+from fdbqueue.store.meta import Meta, read_meta
 from fdbqueue.store.record import Record, decode_record, fit_reason
 from fdbqueue.types import Message
 

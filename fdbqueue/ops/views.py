@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from fdbqueue.engines.contract import Transaction
 from fdbqueue.errors import CorruptMessageError
 from fdbqueue.store.clock import db_now
-from fdbqueue.store.config import Meta
 from fdbqueue.store.layout import QueueKeys
+from fdbqueue.store.meta import Meta
 from fdbqueue.store.record import Record, decode_record
 
 VIEW_SCAN_LIMIT = 1000  # due entries of each index a view reads at most (one range read each)

@@ -61,8 +61,8 @@ from fdbqueue.ops.delivery import check_lease_seconds
 from fdbqueue.ops.outbox import Ready
 from fdbqueue.ops.txn import run_once
 from fdbqueue.runtime.leased import _ITSELF, Leased
-from fdbqueue.store.config import read_meta
 from fdbqueue.store.layout import DEFAULT_ROOT
+from fdbqueue.store.meta import read_meta
 from fdbqueue.types import ForwardStats, check_duration, check_flag, check_where
 
 log = logging.getLogger("fdbqueue.runtime.forwarding")

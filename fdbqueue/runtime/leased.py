@@ -17,7 +17,7 @@ from fdbqueue.errors import QueueError
 from fdbqueue.ops import transit
 from fdbqueue.ops.delivery import ack_many_in
 from fdbqueue.ops.enqueuing import enqueue_in
-from fdbqueue.ops.moves import Note
+from fdbqueue.ops.moves.core import Note
 from fdbqueue.ops.pending import (
     as_item,
     install,
@@ -34,8 +34,8 @@ from fdbqueue.ops.remotededup import carry, layer_keys, there_named
 from fdbqueue.ops.txn import run_once
 from fdbqueue.runtime.outbox import Outbox
 from fdbqueue.store.clock import db_now, versions
-from fdbqueue.store.config import Meta, read_meta
 from fdbqueue.store.layout import QueueKeys, forward_marker, forward_marker_range
+from fdbqueue.store.meta import Meta, read_meta
 from fdbqueue.types import Item, Message
 
 

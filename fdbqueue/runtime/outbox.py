@@ -17,16 +17,17 @@ from fdbqueue.api.queue import Queue
 from fdbqueue.engines.contract import Database, Transaction
 from fdbqueue.ops import transit
 from fdbqueue.ops.enqueuing import enqueue_in
-from fdbqueue.ops.moves import Note, count_sent, send_away
+from fdbqueue.ops.moves.core import Note
+from fdbqueue.ops.moves.departures import count_sent, send_away
 from fdbqueue.ops.outbox import Ready, peek
 from fdbqueue.ops.privileges import check
 from fdbqueue.ops.receipts import run_once_confirmed
 from fdbqueue.ops.remotededup import DEDUP_HEADER, already_there, carry, layer_keys
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.clock import db_now, versions
-from fdbqueue.store.config import read_meta
 from fdbqueue.store.entropy import new_rand
 from fdbqueue.store.layout import forward_marker, forward_marker_range
+from fdbqueue.store.meta import read_meta
 from fdbqueue.types import ForwardStats, Item, Message
 
 log = logging.getLogger("fdbqueue.runtime.forwarding")

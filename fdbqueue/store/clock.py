@@ -21,7 +21,7 @@ measured) is a jump, and the excess is recorded in the database's time correctio
 (``layout.TIME_KEY``: from a read version on, how many versions were not time) in the
 transaction that saw it, under a read conflict, so two clients that see one jump add it once.
 Every transaction reads the correction with the metadata it reads anyway
-(``config.read_meta``, ``privileges.check``; one key more in the same ``get_many``, no round
+(``meta.read_meta``, ``privileges.check``; one key more in the same ``get_many``, no round
 trip more) and leaves it out of database time: every client counts the same time. Only the
 engines whose versions can jump (the optimistic ones: FoundationDB, the sim) read it; the
 embedded engine's versions are its clock. What is not handled: a jump while no process of the
@@ -181,7 +181,7 @@ def db_now(tr: Transaction) -> int:
     The read version is free once the transaction has read (FoundationDB keeps the
     transaction's read version future, ``readVersionFuture`` in
     ``fdbclient/NativeAPI.actor.cpp``, and returns it again); the correction comes with the
-    queue metadata an operation reads first (``config.read_meta``), else with one read here.
+    queue metadata an operation reads first (``meta.read_meta``), else with one read here.
     Every later transaction reads a database time >= it (but for a jump that a client without
     a baseline saw before it was recorded: the correction takes it back).
     """

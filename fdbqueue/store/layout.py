@@ -33,7 +33,7 @@ default. ``Q`` below is ``root + ("q", queue_name)``::
     Q + ("m", "pri", -priority)                 priorities in use (browse looks back over them)
     Q + ("m", "mv")                             the queue's metadata version: a fresh random value
                                                 written with every change of settings, state or
-                                                priority markers (see ``config.read_meta``)
+                                                priority markers (see ``meta.read_meta``)
     Q + ("r", -priority, index, rand)           ready messages: higher priority first, FIFO within
     Q + ("id", msg_id)                          id index -> the message's current key, for messages
                                                 delayed, or ready away from the home key
@@ -270,7 +270,7 @@ class QueueKeys:
         return isinstance(other, QueueKeys) and other.packed == self.packed
 
     def __hash__(self) -> int:
-        # Every operation looks its queue's keys up (config.read_meta); a bytes object keeps its
+        # Every operation looks its queue's keys up (meta.read_meta); a bytes object keeps its
         # hash, and none is stored here, so that a pickled QueueKeys hashes right in another process.
         return hash(self.packed)
 
@@ -312,7 +312,7 @@ class QueueKeys:
         return key
 
     def meta_read(self) -> list[bytes]:
-        """What ``config.read_meta`` reads, built once (a dozen calls otherwise), in this order:
+        """What ``meta.read_meta`` reads, built once (a dozen calls otherwise), in this order:
         the metadata version, the ready and wake counters, the work-index entry (an enqueue
         marks it: ``workindex.mark``), then the inflight and delayed counters (which an
         enqueue into a queue without a max_size leaves out: :meth:`meta_read_short`), the

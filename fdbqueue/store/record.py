@@ -314,7 +314,7 @@ def encode_leased(
     written directly for the common shape (no headers, nothing extra, a plain content type,
     an id of ours, a receipt of letters, digits and dots): the same bytes at a fraction of the
     encoder's cost (tests/layer/test_consume_statements.py compares). ``journaled``: the extra
-    ends with the journal's mark too (``"j": 1``, ``ops/moves.py`` JOURNALED), as the lease
+    ends with the journal's mark too (``"j": 1``, ``ops/moves/core.py`` JOURNALED), as the lease
     of a journaled queue writes it. None for any other shape: the caller encodes the record."""
     ct = rec.content_type
     if (
@@ -336,7 +336,7 @@ def encode_leased(
     return body + _CRC.pack(_crc32(body))
 
 
-_JOURNAL_MARK = ',"j":1'  # encode_leased's journaled extra: ops/moves.py's JOURNALED, set to 1
+_JOURNAL_MARK = ',"j":1'  # encode_leased's journaled extra: ops/moves/core.py's JOURNALED, set to 1
 _JOURNAL_MARK_BYTES = _JOURNAL_MARK.encode()  # lease_plain's
 
 # The fields of a ready record in the common shape, as encode_plain (and the general encoder,

@@ -26,8 +26,9 @@ from fdbqueue.ops.privileges import check, may
 from fdbqueue.ops.reading import expires_at, locate, read_payload
 from fdbqueue.ops.txn import run_once
 from fdbqueue.store.clock import now_us
-from fdbqueue.store.config import read_meta, read_state
+from fdbqueue.store.config import read_state
 from fdbqueue.store.layout import DEFAULT_ROOT, STATE_TAGS, QueueKeys, validate_queue_name
+from fdbqueue.store.meta import read_meta
 from fdbqueue.store.record import Record, decode_record
 from fdbqueue.types import QueueStats
 

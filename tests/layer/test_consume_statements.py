@@ -375,8 +375,8 @@ def test_meta_waiting_is_count_of_delayed_or_inflight_for_every_read_and_value(e
     """``Meta.waiting()`` (whether a take must first look for due messages) says what
     ``count("delayed") or count("inflight")`` says: for each read of the metadata, with the
     counters absent, zero, positive, negative and of odd lengths (an ADD zero-extends)."""
-    from fdbqueue.store.config import LEASE_COUNTERS, TAKE_COUNTERS, read_meta, read_meta_for
     from fdbqueue.store.layout import HOT_COUNTERS
+    from fdbqueue.store.meta import LEASE_COUNTERS, TAKE_COUNTERS, read_meta, read_meta_for
 
     q = warmed(embedded)
     q.enqueue(embedded, b"later", delay=60)

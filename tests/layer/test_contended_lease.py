@@ -371,7 +371,7 @@ def test_a_handle_whose_settings_another_handle_found_last_reads_the_metadata_on
     db: Database, other: Database
 ) -> None:
     """The settings this process found for a queue are kept for one handle at a time
-    (``config.read_take``): a lease over the pause by the other handle goes the long way, which
+    (``meta.read_take``): a lease over the pause by the other handle goes the long way, which
     reads the metadata and counters itself, so the step reads nothing before it knows that
     (one read of point keys, not two)."""
     q = filled(db, 60)

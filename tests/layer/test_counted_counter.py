@@ -22,8 +22,8 @@ from fdbqueue.engines.contract import Database, Transaction
 from fdbqueue.engines.transactional import run_transaction
 from fdbqueue.errors import QueueFullError
 from fdbqueue.store.codec import unpack_count
-from fdbqueue.store.config import read_meta
 from fdbqueue.store.layout import READY_PARTS, ready_count
+from fdbqueue.store.meta import read_meta
 from tests.support.old_code import run_old
 
 OLD = "e3bc553"  # main before the counted counter: its stores have no such key

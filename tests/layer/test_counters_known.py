@@ -13,7 +13,7 @@ import pytest
 import fdbqueue
 from fdbqueue.engines.contract import Transaction
 from fdbqueue.engines.transactional import run_transaction
-from fdbqueue.ops.moves import count_known
+from fdbqueue.ops.moves.core import count_known
 
 EDGES = [
     None,

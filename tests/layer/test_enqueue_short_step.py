@@ -3,7 +3,7 @@ still guarantees.
 
 On the embedded engine an enqueue of bytes without options runs a step of its own: the
 settings this process last found for the queue, when still the queue's at the metadata
-version read and needing none of the enqueue's checks (``config.read_plain``); the record,
+version read and needing none of the enqueue's checks (``meta.read_plain``); the record,
 its journal entry, and the wake counter set to what was read plus one (the ready count is
 ready - taken + wake - counted: store/layout.py). Each test
 here changes what the step leans on - from another process, another handle, or this one -
@@ -25,7 +25,7 @@ from fdbqueue import AccessDeniedError, Queue
 from fdbqueue.engines.contract import Database
 from fdbqueue.engines.transactional import run_transaction
 from fdbqueue.errors import QueueStoppedError, StoreError
-from fdbqueue.store.config import read_plain
+from fdbqueue.store.meta import read_plain
 from fdbqueue.store.record import decode_record
 
 OTHER = textwrap.dedent(

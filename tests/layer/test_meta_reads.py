@@ -16,7 +16,7 @@ from fdbqueue.engines.contract import Database, Transaction
 from fdbqueue.engines.transactional import run_transaction
 from fdbqueue.ops.head import LEASE_KEPT, TAKE_KEPT
 from fdbqueue.store.codec import unpack_count
-from fdbqueue.store.config import LEASE_COUNTERS, TAKE_COUNTERS, Meta, read_meta, read_meta_for
+from fdbqueue.store.meta import LEASE_COUNTERS, TAKE_COUNTERS, Meta, read_meta, read_meta_for
 
 ALL = ("ready", "wake", "inflight", "delayed", "taken", "counted", "done")
 

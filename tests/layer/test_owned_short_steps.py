@@ -306,8 +306,8 @@ def test_a_handle_whose_principal_changes_is_refused_what_the_new_one_lacks(
     for who in ("svc-077", ""):  # "": the anonymous principal (principal_of's default)
         for first in range(4):
             # A take right before, nothing in flight: a kept run whose next take
-            # (head.take_short) and lease (leasing.lease_short, config.read_take) were planned
-            # for svc-050, and an enqueue's plan (config.read_plain) made for it.
+            # (head.take_short) and lease (leasing.lease_short, meta.read_take) were planned
+            # for svc-050, and an enqueue's plan (meta.read_plain) made for it.
             q.enqueue(user, b"more")
             assert take(user, q) is not None
             user.principal = who

@@ -23,7 +23,7 @@ from fdbqueue.engines.transactional import run_transaction
 from fdbqueue.errors import EngineError, PayloadTooLargeError, QueueStoppedError
 from fdbqueue.ops.contention import fulfil, staged_dequeue
 from fdbqueue.store.clock import now_us
-from fdbqueue.store.config import read_meta
+from fdbqueue.store.meta import read_meta
 from scripts.txncost import CountingDatabase, LoggingDatabase, TxnCost
 
 

@@ -2,7 +2,7 @@
 
 The step compares what it reads - the metadata version and the ready, wake, inflight, delayed
 and taken counters - with one list its last take, or the take that kept the run, left
-(``_Kept.expect``), and takes the settings that list was made under (``config.take_plan``) for
+(``_Kept.expect``), and takes the settings that list was made under (``meta.take_plan``) for
 as long as that metadata version is the queue's. Each test here changes one of the things the
 list stands for, with this process's own handles (the other files try other processes), and
 checks that the next ``dequeue(tr)`` hands out what the long way would.

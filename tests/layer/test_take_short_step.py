@@ -4,7 +4,7 @@ still guarantees.
 On the embedded engine a ``dequeue(tr)`` in a caller's transaction whose head is the first
 record of the run the last take kept runs a step of its own: the settings this process last
 found for the queue, when still the queue's at the metadata version read and needing none of
-the dequeue's checks (``config.read_take``); the counters read with that version; the record's
+the dequeue's checks (``meta.read_take``); the counters read with that version; the record's
 fields as decoded; three writes and one callback. Each test here changes what the step leans
 on - from another process, another handle, or this one - and checks that the next dequeue acts
 on the change as the long way (``Queue._take``) would: the same message, the same counts, the
@@ -30,7 +30,7 @@ from fdbqueue.engines.contract import Database, Transaction
 from fdbqueue.engines.transactional import run_transaction
 from fdbqueue.errors import QueueStoppedError
 from fdbqueue.store.codec import unpack_count
-from fdbqueue.store.config import read_take
+from fdbqueue.store.meta import read_take
 
 OTHER = textwrap.dedent(
     """

@@ -19,7 +19,7 @@ from fdbqueue.engines.contract import Database, Transaction
 from fdbqueue.engines.transactional import run_transaction
 from fdbqueue.errors import EngineError, QueueFullError
 from fdbqueue.store.codec import unpack_count
-from fdbqueue.store.config import read_meta
+from fdbqueue.store.meta import read_meta
 from tests.support.old_code import run_old
 
 OLD = "0478719"  # main before the taken counter: its stores have no such key

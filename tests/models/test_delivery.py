@@ -46,7 +46,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import fdbqueue
 import fdbqueue.api.queue
-import fdbqueue.ops.moves
+import fdbqueue.ops.moves.places
 from fdbqueue import LeaseError, LeaseExpiredError, Message, Queue
 from fdbqueue.engines.sim.database import SimDatabase
 from fdbqueue.engines.transactional import run_transaction
@@ -546,7 +546,7 @@ class DeliveryModelIdsAgainstTime(DeliveryModel):
     def open_db(self, seed: int) -> None:
         countdown = itertools.count(2**64, -1)
         self._patch = pytest.MonkeyPatch()
-        for module in (fdbqueue.api.queue, fdbqueue.ops.moves):
+        for module in (fdbqueue.api.queue, fdbqueue.ops.moves.places):
             self._patch.setattr(module, "new_id", lambda: f"{next(countdown):032x}")
         super().open_db(seed)
 
