@@ -36,20 +36,15 @@ from __future__ import annotations
 
 import struct
 from functools import partial
-from typing import Any
 
 from fdbqueue.engines.contract import Transaction
-from fdbqueue.engines.versions import VERSIONS_PER_SECOND
 from fdbqueue.ops import journaling, ratelimit
-from fdbqueue.ops.delivery import hold
 from fdbqueue.ops.head import _ONE, _PACK, _UNPACK, _ZERO, _kept, failed_take
-from fdbqueue.ops.moves.core import JOURNALED
+from fdbqueue.ops.lease_one import lease_counts, prepare_lease, write_lease
 from fdbqueue.ops.moves.departures import take_plain
-from fdbqueue.ops.moves.leases import put_leased_one
-from fdbqueue.store.clock import now_us
 from fdbqueue.store.layout import QueueKeys
 from fdbqueue.store.meta import read_take
-from fdbqueue.store.record import Record, decode_fields, lease_plain
+from fdbqueue.store.record import decode_fields
 from fdbqueue.types import Message
 
 
@@ -127,59 +122,18 @@ def lease_contended(keys: QueueKeys, tr: Transaction, seconds: float | None, rec
     if (delayed is not None and delayed != _ZERO) or ready is None or cfg is None or ratelimit.limited(cfg):
         return None  # a delay may be due (the long way's due check); a rate limit's tokens to take
     now = int(tr.get_read_version())  # db_now where nothing conflicts: the read version
-    try:  # count_known's arithmetic; a counter of another length or past 64 bits: the long way
-        left = _PACK(_UNPACK(ready)[0] - 1)
-        if inflight is None:
-            held = _ONE
-        else:
-            leases = _UNPACK(inflight)[0]
-            held = _PACK(leases + 1)
-            # Leases in flight may have expired (meta.due_entries' read of the lease index):
-            # the long way's due check releases them first.
-            if leases > 0 and tr.snapshot.get_range(*keys.leases_due(now), 1):
-                return None
-    except struct.error:
+    counts = lease_counts(keys, tr, ready, inflight, now)
+    if counts is None:
         return None
     head = tr.snapshot.get_range(*keys.ready_range(), 1)  # (nothing conflicts here: no range to record)
     if not head:
         return None  # nothing ready: the long way says so (and watches, for a blocking lease)
-    key, raw = head[0]
-    secs = seconds or cfg.lease_seconds
-    deadline = now + round(secs * VERSIONS_PER_SECOND)  # (clock.versions)
-    until = now_us() + int(secs * 1e6)  # (delivery.lease_until)
-    key_hex = key.hex()
-    rcpt = receipt + ".0"  # (receipt: hex digits, made by the callers with bytes.hex())
-    rcpt_bytes = rcpt.encode()
-    # The record read and its leased bytes written in one pass (as lease_short); None for
-    # headers to copy, a TTL to check, chunks to read, a retry delay or more, or damage.
-    journaled = cfg.journal
-    found_plain = lease_plain(raw, key_hex.encode(), rcpt_bytes, deadline, until, journaled)
-    if found_plain is None:
+    prepared = prepare_lease(head[0][0], head[0][1], seconds, cfg, now, receipt)
+    if prepared is None:
         return None
-    msg_id, enqueued_us, content_type, deliveries, payload, leased_raw = found_plain
-    # Decided: from here on as lease_short writes (lease_heads, put_leased_batch, count_known).
-    ikey, lkey, id_key = keys.lease_keys(deadline, msg_id, key)  # (no id entry at home)
-    at = ikey, lkey
-    put_leased_one(tr, key, id_key, at, leased_raw, rcpt_bytes, (read[1], read[3]), (left, held))
-    extra: dict[str, Any] = {"key": key_hex, "receipt": rcpt, "deadline": deadline, "until": until}
-    if journaled:  # (lease_heads' mark: the ack, nack, release and extend journal by it)
-        extra[JOURNALED] = 1
-        journaling.record_short(tr, keys, "lease", msg_id, deliveries + 1)  # put_leased's entry
-    leased = _RECORD(Record, (msg_id, enqueued_us, content_type, {}, deliveries + 1, None, 0, extra, payload))
-    hold(rcpt, (leased_raw, leased, keys, at))  # for the ack, nack, extend (as lease_heads')
+    # Decided: from here on as lease_short writes (lease_one.write_lease).
     entry.pause -= 1  # (keeps_head's count: the pause ends after KEPT_PAUSE leases, whichever way)
-    return Message.from_record(
-        leased,
-        keys.name,
-        keys.priority_of(key),
-        key,
-        payload,
-        receipt=rcpt,
-        lease_deadline=until / 1e6,
-        expires_at=None,
-    )
+    return write_lease(keys, tr, prepared, (read[1], read[3]), counts)
 
-
-_RECORD = tuple.__new__
 
 __all__ = ["lease_contended", "take_contended"]

@@ -16,14 +16,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from fdbqueue.engines.contract import Attempt, Transaction, retry_loop
-from fdbqueue.engines.versions import VERSIONS_PER_SECOND
 from fdbqueue.errors import CorruptMessageError
-from fdbqueue.ops import journaling, ratelimit
+from fdbqueue.ops import ratelimit
 from fdbqueue.ops.contended import lease_contended
 from fdbqueue.ops.delivery import (
     HELD_LEASES,
     _held,
-    hold,
     lease_until,
     open_for_dequeue,
     own_database,
@@ -43,19 +41,20 @@ from fdbqueue.ops.head import (
     kept_run,
     take_kept,
 )
+from fdbqueue.ops.lease_one import lease_counts, prepare_lease, write_lease
 from fdbqueue.ops.moves.core import JOURNALED, VOLATILE, count_known
-from fdbqueue.ops.moves.leases import count_leased, put_leased_batch, put_leased_one
+from fdbqueue.ops.moves.leases import count_leased, put_leased_batch
 from fdbqueue.ops.moves.places import move_corrupt
 from fdbqueue.ops.reading import expires_at, read_payload, read_payloads
 from fdbqueue.ops.scan import FILTER_SCAN_LIMIT, expire_within
 from fdbqueue.ops.sweep import sweep_step
 from fdbqueue.store.budget import BATCH_PAYLOAD_BYTES, CHUNK_BYTES, Budget, encoded_len, grown_record
-from fdbqueue.store.clock import db_now, now_us, versions
+from fdbqueue.store.clock import db_now, versions
 from fdbqueue.store.config import QueueConfig
 from fdbqueue.store.entropy import new_rand
 from fdbqueue.store.layout import QueueKeys
 from fdbqueue.store.meta import LEASE_COUNTERS, Meta, due_entries, read_meta_for, read_take
-from fdbqueue.store.record import Record, decode_record, encode_leased, lease_plain
+from fdbqueue.store.record import Record, decode_record, encode_leased
 from fdbqueue.types import Message, headers_match
 
 
@@ -404,72 +403,24 @@ def lease_short(keys: QueueKeys, tr: Transaction, seconds: float | None, receipt
         # (head.kept_run says so).
         return None
     now = int(tr.get_read_version())  # db_now where nothing conflicts: the read version
-    try:  # count_known's arithmetic; a counter of another length or past 64 bits: the long way
-        left = _PACK(_UNPACK(ready)[0] - 1)  # (ready is 8 bytes: entry.ready is)
-        if inflight is None:
-            held = _ONE
-        else:
-            leases = _UNPACK(inflight)[0]
-            held = _PACK(leases + 1)
-            # Leases in flight may have expired (meta.due_entries' read of the lease index):
-            # the long way's due check releases them first.
-            if leases > 0 and tr.snapshot.get_range(*keys.leases_due(now), 1):
-                return None
-    except struct.error:
+    counts = lease_counts(keys, tr, ready, inflight, now)  # (ready is 8 bytes: entry.ready is)
+    if counts is None:
         return None
     run = entry.run
-    key, raw = run[0]
-    secs = seconds or cfg.lease_seconds
-    deadline = now + round(secs * VERSIONS_PER_SECOND)  # (clock.versions)
-    until = now_us() + int(secs * 1e6)  # (delivery.lease_until)
-    key_hex = key.hex()
-    rcpt = receipt + ".0"  # (receipt: hex digits, made by the callers with bytes.hex())
-    rcpt_bytes = rcpt.encode()
-    # The record read and its leased bytes written in one pass (record.lease_plain: the
-    # checks of decode_fields, the bytes of encode_leased); None for headers to copy, a TTL to
-    # check, chunks to read, a retry delay or more, or damage: the long way.
-    journaled = cfg.journal
-    found_plain = lease_plain(raw, key_hex.encode(), rcpt_bytes, deadline, until, journaled)
-    if found_plain is None:
+    prepared = prepare_lease(run[0][0], run[0][1], seconds, cfg, now, receipt)
+    if prepared is None:
         return None
-    msg_id, enqueued_us, content_type, deliveries, payload, leased_raw = found_plain
     # Taken out (head.kept_run: a run serves one take), unless another thread's take of this
     # queue on this handle took it since the lookup above: the long way then.
     if not claim_kept(db, keys, entry):
         return None
     # Decided: from here on as the long way writes (lease_heads, put_leased_batch, count_known).
-    ikey, lkey, id_key = keys.lease_keys(deadline, msg_id, key)  # (no id entry at home)
-    at = ikey, lkey
-    put_leased_one(
-        tr,
-        key,
-        id_key,
-        at,
-        leased_raw,
-        rcpt_bytes,
-        (read[1], read[3]),
-        (left, held),
-    )
-    extra: dict[str, Any] = {"key": key_hex, "receipt": rcpt, "deadline": deadline, "until": until}
-    if journaled:  # (lease_heads' mark: the ack, nack, release and extend journal by it)
-        extra[JOURNALED] = 1
-        journaling.record_short(tr, keys, "lease", msg_id, deliveries + 1)  # put_leased's entry
-    leased = _RECORD(Record, (msg_id, enqueued_us, content_type, {}, deliveries + 1, None, 0, extra, payload))
-    hold(rcpt, (leased_raw, leased, keys, at))  # for the ack, nack, extend (as lease_heads')
+    msg = write_lease(keys, tr, prepared, (read[1], read[3]), counts)
     if len(run) > 1:  # head.keep_run's, in the same entry: its wake and version are as read
         entry.run = run[1:]
-        entry.ready = left
+        entry.ready = counts[0]
         tr.on_finish(entry.landed)
-    return Message.from_record(
-        leased,
-        keys.name,
-        keys.priority_of(key),
-        key,
-        payload,
-        receipt=rcpt,
-        lease_deadline=until / 1e6,
-        expires_at=None,
-    )
+    return msg
 
 
 def lease_own(db: object, keys: QueueKeys, seconds: float | None) -> list[Message] | None:
