@@ -3,7 +3,8 @@ written, whether the files of an open store are still the ones it opened (the co
 guard), and what a SQLite error means for them.
 
 A store ``X.db`` is ``X.db`` and ``X.db-lock``, plus SQLite's ``X.db-wal`` and ``X.db-shm``
-while a process has it open (docs/architecture.md). A connection keeps using the files it
+while a process has it open, and the store lock's wake-up FIFO ``X.db-wake`` once a process
+waited for it (docs/architecture.md). A connection keeps using the files it
 opened, whatever their paths name later; so the engine records each file's identity at open
 and checks it at every commit (:class:`FileIdentities`), and explains what SQLite reports
 when a WAL was removed under another process (:func:`wal_lost`, :func:`translate`).

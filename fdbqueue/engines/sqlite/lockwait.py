@@ -1,7 +1,8 @@
 """Waiting on a kernel lock, and saying who holds it: a thread that blocks in the kernel for
-one lock so that its caller can give up (:class:`_Waiter`: the store lock's waiters, the WAL
-sync's), and what a waiter that gave up says of the holder (:func:`sqlite_holder`: SQLite's own
-lock on the store file, from /proc/locks; a stopped process, from /proc).
+one lock so that its caller can give up (:class:`_Waiter`: the WAL sync's waiters, the store
+lock's where it has no wake-up FIFO), the store lock's wake-one FIFO (:class:`WakeChannel`),
+and what a waiter that gave up says of the holder (:func:`sqlite_holder`: SQLite's own lock
+on the store file, from /proc/locks; a stopped process, from /proc).
 
 Apart from :mod:`.storelock` (the lease itself: its generations, claims, takeovers and pin),
 whose waiters and error messages use them, as the WAL sync (:mod:`.walsync`) and the store's
@@ -12,11 +13,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
+import stat
 import threading
 import time
 from collections.abc import Callable
 
 _SLICE = 0.25  # a blocked waiter looks at the page at least this often
+#: The longest a waiter on the wake-up channel waits for a byte (WakeChannel): one lost or
+#: never written (a process of an older version releasing, a FIFO removed) costs no more.
+WAKE_SLICE = 0.02
 
 
 def _stopped(pid: int) -> str:
@@ -136,3 +142,70 @@ class _Waiter:
                 with contextlib.suppress(OSError):
                     self._unlock(self._fd)
                 self._blocking = False
+
+
+class WakeChannel:
+    """Wake-one between the processes of a store, for the store lock's waiters: a FIFO beside
+    the store (``<db>-wake``) that a releaser writes one byte to when the page says someone
+    may wait (:data:`.page.WAITERS`), and a waiter waits on in its own thread, with a timeout.
+
+    Why not the kernel's own queue: a thread blocked in ``F_OFD_SETLKW`` cannot be made to
+    give up, so it runs in a helper (:class:`_Waiter`) and the grant costs two more switches
+    (helper, then caller); and a release wakes every blocked waiter, of which one wins
+    (fcntl(2)). Here the waiting thread is the caller, and ``EPOLLEXCLUSIVE`` has the kernel
+    wake one of the processes waiting on the FIFO for a byte, not all (epoll_ctl(2), Linux
+    4.5). The lock itself is still only ever taken with ``F_OFD_SETLK``: a byte lost or late
+    costs a wait of :data:`WAKE_SLICE` at most, never the lock.
+
+    Opening a FIFO for reading and writing does not block on Linux (fifo(7)), nor does either
+    end then: one descriptor, non-blocking, serves to wait and to wake.
+    """
+
+    __slots__ = ("_epoll", "fd")
+
+    def __init__(self, fd: int, epoll: select.epoll) -> None:
+        self.fd = fd
+        self._epoll = epoll
+
+    @classmethod
+    def open(cls, path: str, create: bool) -> WakeChannel | None:
+        """The channel at ``path`` (made first when ``create``); None where it cannot be had
+        (no epoll or no EPOLLEXCLUSIVE, a directory not writable, no FIFOs on this file
+        system): the caller then waits as before."""
+        exclusive = getattr(select, "EPOLLEXCLUSIVE", None)
+        if exclusive is None or not hasattr(select, "epoll"):
+            return None
+        fd = -1
+        try:
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkfifo(path, 0o666)
+            fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+            if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+                raise OSError(f"{path} is not a FIFO")
+            epoll = select.epoll()
+            try:
+                epoll.register(fd, select.EPOLLIN | exclusive)
+            except BaseException:
+                epoll.close()
+                raise
+        except OSError:
+            if fd >= 0:
+                os.close(fd)
+            return None
+        return cls(fd, epoll)
+
+    def wait(self, timeout: float) -> None:
+        """Until a byte comes (taken, if no other process took it first) or ``timeout``."""
+        if self._epoll.poll(max(timeout, 0.0), 1):
+            with contextlib.suppress(BlockingIOError):
+                os.read(self.fd, 1)
+
+    def wake(self) -> None:
+        """Wake one waiter (a full FIFO already wakes them: the byte is not needed)."""
+        with contextlib.suppress(BlockingIOError):
+            os.write(self.fd, b"w")
+
+    def close(self) -> None:
+        self._epoll.close()
+        os.close(self.fd)

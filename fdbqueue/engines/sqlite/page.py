@@ -97,8 +97,11 @@ LEASE_SLOTS = (
 WAL_RECORD = Region(
     "WAL record", 256, "=", (("tag", "32s"), ("frames", "I"), ("backfilled", "I"), ("salts", "8s"))
 )
+#: The lease's waiters: non-zero when a process may be waiting for the store lock on the
+#: wake-up FIFO (:class:`.lockwait.WakeChannel`): the next release writes it a byte.
+WAITERS = Region("lease waiters", 304, "=", (("wanted", "Q"),))
 
-REGIONS = (CLOCK, TOKEN, SYNC, STAMP, LEASE, *LEASE_SLOTS, WAL_RECORD)
+REGIONS = (CLOCK, TOKEN, SYNC, STAMP, LEASE, *LEASE_SLOTS, WAL_RECORD, WAITERS)
 #: The WAL record's bytes in the page, written whole (``WritableStore.after_writes``).
 WAL_RECORD_BYTES = slice(WAL_RECORD.offset, WAL_RECORD.end)
 #: The version clock's ``pending`` flag: a raised reservation is not committed yet.
@@ -120,6 +123,7 @@ _SYNC = SYNC.layout
 _ON_DISK = SYNC.at("on_disk")
 _COMMITTED = SYNC.at("committed")
 _U64 = struct.Struct(">Q")
+_U64N = WAITERS.layout  # native, as the store lock reads it (words[WANTED_WORD])
 _STAMP = STAMP.layout
 _GEN = LEASE.layout
 _SLOT = LEASE_SLOTS[0].layout
@@ -138,14 +142,15 @@ SLOT_WORDS = tuple(r.at("generation") // 8 for r in LEASE_SLOTS)
 SLOT_HALVES = tuple(r.at("pid") // 4 for r in LEASE_SLOTS)
 STAMP_WORD = STAMP.at("reading") // 8  # the wall clock's follows
 TOKEN_WORD = TOKEN.offset // 8  # the watchers' token, its 8 bytes as one word
+WANTED_WORD = WAITERS.offset // 8  # the lease's waiters' flag
 #: The version clock's last commit version (big-endian) and the first 8 bytes of its tag's
 #: store id, each as the native word its bytes make: compared, never written, this way (a
 #: version's word is a one-to-one image of it; see ``WritableStore.begin``).
 LAST_WORD = CLOCK.at("last") // 8
 STORE_WORD = (CLOCK.at("tag") + 16) // 8
 assert CLOCK.at("last") % 8 == 0 and CLOCK.at("tag") % 8 == 0
-assert all(r.order == "=" for r in (LEASE, STAMP, TOKEN, *LEASE_SLOTS)) and TOKEN.size == 8
-assert LEASE.offset % 8 == STAMP.offset % 8 == TOKEN.offset % 8 == 0 and all(
+assert all(r.order == "=" for r in (LEASE, STAMP, TOKEN, WAITERS, *LEASE_SLOTS)) and TOKEN.size == 8
+assert LEASE.offset % 8 == STAMP.offset % 8 == TOKEN.offset % 8 == WAITERS.offset % 8 == 0 and all(
     r.offset % 8 == 0 for r in LEASE_SLOTS
 )
 assert all(r.at("since") == r.offset + 8 and r.at("claims") == r.at("pid") + 4 for r in LEASE_SLOTS)
@@ -177,11 +182,13 @@ class SharedPage:
         "set_sync_mark",
         "set_token",
         "set_wal_record",
+        "set_wanted",
         "slot",
         "stamp",
         "sync_mark",
         "token",
         "wal_record",
+        "wanted",
         "words",
     )
 
@@ -235,6 +242,9 @@ class SharedPage:
         #: The watchers' token (8 bytes).
         self.token = cast("Callable[[], bytes]", partial(operator.getitem, buffer, _TOKEN))
         self.set_token: Callable[[bytes], None] = partial(operator.setitem, buffer, _TOKEN)
+        #: The lease's waiters' flag (the store lock reads and writes it as ``words[WANTED_WORD]``).
+        self.wanted: Callable[[], tuple[int]] = partial(_U64N.unpack_from, buffer, WAITERS.offset)
+        self.set_wanted: Callable[[int], None] = partial(_U64N.pack_into, buffer, WAITERS.offset)
 
     def release(self) -> None:
         """Release the views of the buffer (:attr:`words`, :attr:`halves`), so that a mapping

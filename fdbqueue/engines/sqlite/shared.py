@@ -42,7 +42,7 @@ class SharedStore:
         # The store lock, both halves: this process's threads one at a time (its mutex and
         # owner), then the processes' (a transaction's begin takes it inline:
         # WritableStore.begin; its commit releases both in one call: StoreLock.release).
-        self.lock = StoreLock(fd, self.page)
+        self.lock = StoreLock(fd, self.page, real + "-wake")
         self.mutex = self.lock.mutex
         self._reader: sqlite3.Connection | None = None
         self._reader_lock = threading.Lock()

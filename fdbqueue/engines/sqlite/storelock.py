@@ -12,9 +12,14 @@ transactions"); here the bound is enforced on the lock itself:
   followed by two slots (even and odd generations, :data:`.page.LEASE_SLOTS`), each holding
   the generation it was claimed for, the holder's start, its pid and a claims counter that
   every claim moves on.
-- A waiter blocks in the kernel on the current generation's byte (a helper thread, so that
-  it can give up after a timeout; the kernel wakes it on release), and looks at the page
-  again at least every :data:`.lockwait._SLICE` seconds. When the page has not changed for the
+- A waiter raises the page's waiters' flag (:data:`.page.WAITERS`), tries the byte once more,
+  and waits in its own thread on the store's wake-up FIFO (:class:`.lockwait.WakeChannel`,
+  ``<db>-wake``), to which a release that finds the flag up clears it and writes one byte:
+  the kernel wakes one waiting process, which tries the byte again (a claim after a wait
+  raises the flag again, for the waiters not woken). Where no FIFO can be had, a waiter
+  blocks in the kernel on the byte instead (a helper thread, so that it can give up after a
+  timeout; the kernel wakes it on release). Either way it looks at the page again at least
+  every :data:`.lockwait._SLICE` seconds. When the page has not changed for the
   window (:data:`WINDOW`, 5 s) while the byte stayed held, measured on the waiter's own
   monotonic clock, the waiter takes the lock over: under a short page mutex (another byte)
   it checks the page is still what it saw, locks the next generation's byte, writes that
@@ -60,13 +65,14 @@ import threading
 import time
 
 from fdbqueue.engines.limits import TRANSACTION_WINDOW_SECONDS
-from fdbqueue.engines.sqlite.lockwait import _SLICE, _stopped, _Waiter
+from fdbqueue.engines.sqlite.lockwait import _SLICE, WAKE_SLICE, WakeChannel, _stopped, _Waiter
 from fdbqueue.engines.sqlite.page import (
     GEN_WORD,
     LEASE_BYTES,
     MUTEX_BYTE,
     SLOT_HALVES,
     SLOT_WORDS,
+    WANTED_WORD,
     SharedPage,
 )
 
@@ -173,7 +179,7 @@ class StoreLock:
     owner set), it is the processes' half only.
     """
 
-    def __init__(self, fd: int, page: SharedPage) -> None:
+    def __init__(self, fd: int, page: SharedPage, wake_path: str | None = None) -> None:
         self.mutex = threading.Lock()
         self.owner: int | None = None  # the thread holding the store lock
         self._fd = fd
@@ -196,6 +202,13 @@ class StoreLock:
         # The requests of the fast acquire (take) and of release, packed once per generation
         # (it moves only at a takeover): see _requests.
         self._requests: Requests = (-1, b"", b"", 0, 0)
+        # The wake-up FIFO (WakeChannel, at wake_path): opened by the first wait, or by the
+        # first release that finds the page's waiters' flag up. None until then, and where
+        # it cannot be had (_no_channel: a waiter could not make or open it).
+        self._wake_path = wake_path
+        self._channel: WakeChannel | None = None
+        self._no_channel = wake_path is None or not OFD
+        self._woken = False  # waited on the channel since the last claim: see _hold
 
     # -- the page ----------------------------------------------------------------------------
 
@@ -265,10 +278,28 @@ class StoreLock:
             left = deadline - now
             if left <= 0:
                 self.holder = _holder(state, now - seen_at)
+                if self._woken:  # a wake-up this waiter took is passed on (see _hold)
+                    self._woken = False
+                    self._words[WANTED_WORD] = 1
+                    self._wake_one()
                 return "another process"
             # Until the window ends for what we see, or a slice: the page may move on meanwhile.
             until_window = seen_at + _window() - now + 0.01
-            granted = self._waiter(gen).wait(min(left, _SLICE, max(until_window, 0.0)))
+            wait = min(left, _SLICE, max(until_window, 0.0))
+            channel = self._wake(True) if free else None
+            if channel is not None:
+                # The flag up first, then one more try: a release before the flag was up
+                # wrote nothing, and one after it finds the flag and wakes a waiter.
+                self._words[WANTED_WORD] = 1
+                if _byte_lock(self._fd, LEASE_BYTES + gen, fcntl.F_WRLCK, False):
+                    if self._claim(gen, stealable):
+                        self._seen = None
+                        return None
+                    continue
+                self._woken = True
+                channel.wait(min(wait, WAKE_SLICE))
+                continue
+            granted = self._waiter(gen).wait(wait)
             if granted and self._claim(gen, stealable):
                 self._seen = None
                 return None
@@ -356,7 +387,13 @@ class StoreLock:
         return False
 
     def _hold(self, gen: int) -> None:
-        """Generation ``gen`` claimed: what the pin and the release ask of it, kept."""
+        """Generation ``gen`` claimed: what the pin and the release ask of it, kept.
+
+        A claim after waiting on the wake-up channel raises the waiters' flag: the release
+        that cleared it woke one waiter only, and others may still wait."""
+        if self._woken:
+            self._woken = False
+            self._words[WANTED_WORD] = 1
         requests = self._requests
         if requests[0] != gen:
             requests = self._requests = _requests(gen)
@@ -384,6 +421,22 @@ class StoreLock:
             fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK, _MUTEX_UNLOCK)
         self._forget_old(gen + 1)
         return True
+
+    def _wake(self, create: bool) -> WakeChannel | None:
+        """The wake-up channel, opened at the first call (made if ``create``); None where
+        there is none (no path, not Linux, the FIFO cannot be made): waiters then block
+        through a helper thread (_waiter). A release opens it without making it: one that
+        finds the flag up finds the FIFO that the waiter made, as a rule."""
+        channel = self._channel
+        if channel is None and not self._no_channel and self._wake_path is not None:
+            channel = self._channel = WakeChannel.open(self._wake_path, create)
+            self._no_channel = channel is None and create
+        return channel
+
+    def _wake_one(self) -> None:
+        channel = self._wake(False)
+        if channel is not None:
+            channel.wake()
 
     def _waiter(self, gen: int) -> _Waiter:
         waiter = self._waiters.get(gen)
@@ -459,6 +512,12 @@ class StoreLock:
                 # are older generations' bytes that a waiter thread got late and is handing back
                 # anyway (_Waiter): a later unlock of a byte not held is a no-op.
                 _fcntl(self._fd, _SETLK, unlock)
+                # After the unlock: a waiter raises the flag before its last try, so one that
+                # failed it raised the flag before this release could see it (fcntl(2)'s
+                # locks are taken and dropped under the kernel's lock of the file's locks).
+                if words[WANTED_WORD]:
+                    words[WANTED_WORD] = 0
+                    self._wake_one()
             elif not OFD:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
         finally:
@@ -466,6 +525,9 @@ class StoreLock:
                 self.mutex.release()
 
     def close(self) -> None:
+        channel, self._channel, self._no_channel = self._channel, None, True
+        if channel is not None:
+            channel.close()
         for waiter in self._waiters.values():
             waiter.retire()
         self._waiters.clear()

@@ -32,6 +32,7 @@ def test_the_regions_are_where_the_format_has_them() -> None:
         "lease slot (even generations)": (200, 24),
         "lease slot (odd generations)": (224, 24),
         "WAL record": (256, 48),
+        "lease waiters": (304, 8),
     }
     assert _page.CLOCK.at("pending") == 48
     assert (_page.SYNC.at("on_disk"), _page.SYNC.at("committed")) == (160, 168)
@@ -77,6 +78,9 @@ def test_each_accessor_writes_its_own_region_only() -> None:
     page.set_wal_record(b"w" * 32, 7, 6, b"saltsalt")
     assert page.wal_record() == (b"w" * 32, 7, 6, b"saltsalt")
     changed("WAL record")
+    page.set_wanted(1)
+    assert page.wanted() == (1,) and page.words[_page.WANTED_WORD] == 1
+    changed("lease waiters")
     assert len(written) == len(REGIONS)
 
 

@@ -19,13 +19,17 @@ from fdbqueue.engines.sqlite.storelock import StoreLock
 pytestmark = pytest.mark.skipif(not _storelock.OFD, reason="open-file-description locks are Linux's")
 
 
-@pytest.fixture
-def locks(tmp_path: Path) -> Iterator[list[StoreLock]]:
+@pytest.fixture(params=["helper thread", "wake-up channel"])
+def locks(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[list[StoreLock]]:
+    """Three locks on one lock file; waiting through a helper thread blocked in the kernel
+    (no wake-up channel), or on the wake-up FIFO (lockwait.WakeChannel): every guarantee
+    holds both ways."""
     path = tmp_path / "q.db-lock"
     path.write_bytes(bytes(4096))
+    wake = str(tmp_path / "q.db-wake") if request.param == "wake-up channel" else None
     fds = [os.open(path, os.O_RDWR) for _ in range(3)]
     pages = [mmap.mmap(fd, 4096) for fd in fds]
-    made = [StoreLock(fd, SharedPage(page)) for fd, page in zip(fds, pages, strict=True)]
+    made = [StoreLock(fd, SharedPage(page), wake) for fd, page in zip(fds, pages, strict=True)]
     yield made
     for lock in made:
         lock.close()
